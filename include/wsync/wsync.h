@@ -1,0 +1,351 @@
+/*
+ * wsync — weight synchronization from RL trainers to inference workers.
+ *
+ * One public header. A *sender* (trainer rank) describes the shards it holds; a *receiver*
+ * (inference rank) describes the buffers it wants filled (its *targets*, each made of *pieces* of
+ * params). Sender rank 0 is the *coordinator*: every participant connects to it over TCP, it
+ * compiles a plan that carries each needed byte once, picks a *scheme* (how bytes travel), and
+ * orders each *version*. See docs/ and DESIGN.md for the vocabulary.
+ *
+ * Conventions (UCX/NCCL style):
+ *  - Every function returns a wsync_status_t: 0 (WSYNC_OK) on success, a negative code otherwise.
+ *    wsync_last_error() then holds a sentence naming what was wrong (which param, peer, field).
+ *  - Output arguments are written only on success.
+ *  - create/free pairs; freeing NULL is a no-op.
+ *  - Objects (ctx, sender, receiver) may be used from any thread but by one thread at a time,
+ *    except where a function says otherwise. A ctx may be shared by several senders/receivers of
+ *    one process and must outlive them.
+ *  - Params structs are initialized with their *_INIT macro; fields left at their "unset" value
+ *    are taken from the WSYNC_* environment variable named beside them, else from the default.
+ *    A value set in code wins over the environment.
+ */
+#ifndef WSYNC_H
+#define WSYNC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WSYNC_VERSION_MAJOR 0
+#define WSYNC_VERSION_MINOR 1
+#define WSYNC_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One table gives the enum, the names and the texts (libuv style). */
+#define WSYNC_STATUS_MAP(X)                                                                   \
+    X(OK, 0, "success")                                                                       \
+    X(ERR_INVALID, -1, "invalid argument")                                                    \
+    X(ERR_NOMEM, -2, "out of memory")                                                         \
+    X(ERR_TIMEOUT, -3, "deadline passed")                                                     \
+    X(ERR_PEER_LOST, -4, "a peer was lost")                                                   \
+    X(ERR_PROTOCOL, -5, "malformed or unexpected message")                                    \
+    X(ERR_MISMATCH, -6, "descriptions of senders and receivers do not match")                 \
+    X(ERR_UNSUPPORTED, -7, "operation not supported")                                         \
+    X(ERR_STATE, -8, "call not valid in the object's current state")                          \
+    X(ERR_IO, -9, "system call failed")                                                       \
+    X(ERR_ABORTED, -10, "the group was aborted")                                              \
+    X(ERR_NOT_FOUND, -11, "not found")                                                        \
+    X(ERR_RANGE, -12, "value out of range")                                                   \
+    X(ERR_NONFINITE, -13, "non-finite value (NaN or Inf) in a source")                        \
+    X(ERR_CONFIG, -14, "invalid model configuration")                                         \
+    X(ERR_DEVICE, -15, "device (CUDA) error")                                                 \
+    X(ERR_TRANSPORT, -16, "transport error")                                                  \
+    X(ERR_INTEGRITY, -17, "data failed its integrity check")                                  \
+    X(ERR_INTERNAL, -18, "internal error")
+
+typedef enum {
+#define WSYNC_STATUS_ENUM_(name, code, text) WSYNC_##name = code,
+    WSYNC_STATUS_MAP(WSYNC_STATUS_ENUM_)
+#undef WSYNC_STATUS_ENUM_
+} wsync_status_t;
+
+/* Short text of a status ("deadline passed"). Never NULL; static storage; thread-safe. */
+const char *wsync_status_str(wsync_status_t status);
+
+/* Name of a status ("WSYNC_ERR_TIMEOUT"). Never NULL; static storage; thread-safe. */
+const char *wsync_status_name(wsync_status_t status);
+
+/* Detail of the last failure on the calling thread: the status text followed by what was wrong
+ * ("deadline passed: receiver 2 (pid 4121) sent nothing for 30000 ms"). Empty string if no call
+ * on this thread has failed. Thread-local storage, valid until the next wsync call on the thread. */
+const char *wsync_last_error(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Basic types                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum {
+    WSYNC_DTYPE_BF16 = 1,
+    WSYNC_DTYPE_F16 = 2,
+    WSYNC_DTYPE_F32 = 3,
+    WSYNC_DTYPE_F8E4M3FN = 4,
+    WSYNC_DTYPE_F8E5M2 = 5,
+    WSYNC_DTYPE_U8 = 6,
+} wsync_dtype_t;
+
+/* Bytes per element of dtype; 0 for an unknown dtype. Thread-safe. */
+size_t wsync_dtype_size(wsync_dtype_t dtype);
+/* "bf16", "f16", "f32", "f8e4m3fn", "f8e5m2", "u8"; "?" for an unknown dtype. Thread-safe. */
+const char *wsync_dtype_name(wsync_dtype_t dtype);
+/* Parse a dtype name as printed by wsync_dtype_name (also "bfloat16", "float32", ...).
+ * Returns WSYNC_OK or WSYNC_ERR_INVALID. */
+wsync_status_t wsync_dtype_parse(const char *name, wsync_dtype_t *dtype);
+
+typedef enum {
+    WSYNC_MEM_HOST = 0, /* ordinary host memory (malloc, mmap, pinned) */
+    WSYNC_MEM_CUDA = 1, /* CUDA device memory on `device` */
+} wsync_mem_t;
+
+#define WSYNC_MAX_DIMS 4
+
+/* One logical tensor of the model, by its checkpoint name. */
+typedef struct {
+    const char *name;                /* "model.layers.3.self_attn.q_proj.weight" */
+    wsync_dtype_t dtype;             /* dtype as held by the senders */
+    int ndim;                        /* 1..WSYNC_MAX_DIMS */
+    int64_t shape[WSYNC_MAX_DIMS];   /* global shape */
+} wsync_param_t;
+
+/* A rectangular region of a param: start[d] .. start[d]+len[d] for d < ndim. */
+typedef struct {
+    int64_t start[WSYNC_MAX_DIMS];
+    int64_t len[WSYNC_MAX_DIMS];
+} wsync_box_t;
+
+/* What one sender holds of one param: a box, stored dense and row-major at `data`. An empty box
+ * (some len 0) is allowed and holds nothing (e.g. the last FSDP shard of a short param). */
+typedef struct {
+    wsync_param_t param;
+    wsync_box_t box;
+    const void *data;                /* [box.len[0], ..., box.len[ndim-1]] of param.dtype */
+    wsync_mem_t mem;
+    int device;                      /* CUDA device ordinal when mem == WSYNC_MEM_CUDA */
+} wsync_shard_t;
+
+/* One piece of a target: the box `src` of `param` lands at `dst_start` of the target buffer (same
+ * lengths, same number of dims as the target). `param` states what the receiver expects the param
+ * to be (dtype and global shape); a difference from the senders' description is an error. */
+typedef struct {
+    wsync_param_t param;
+    wsync_box_t src;
+    int64_t dst_start[WSYNC_MAX_DIMS];
+} wsync_piece_t;
+
+/* How a target is derived from its pieces when its dtype is FP8. */
+typedef enum {
+    WSYNC_QUANT_NONE = 0,     /* plain copy, or a cast when dtypes differ (bf16/f16/f32) */
+    WSYNC_QUANT_TENSOR = 1,   /* one fp32 scale = amax/fmax over the whole target */
+    WSYNC_QUANT_CHANNEL = 2,  /* one fp32 scale per row: [rows, 1] */
+    WSYNC_QUANT_BLOCK = 3,    /* one fp32 scale per block_rows x block_cols block */
+} wsync_quant_scheme_t;
+
+typedef struct {
+    wsync_quant_scheme_t scheme;
+    int block_rows, block_cols;  /* WSYNC_QUANT_BLOCK: 0 → 128 x 128 */
+    float eps;                   /* floor on a block's amax; <= 0 → 1e-4 (DeepGEMM, vLLM) */
+    int ue8m0;                   /* round block scales up to powers of two */
+    int no_saturate;             /* 1: overflow to NaN/Inf like PyTorch's plain cast; 0: clamp */
+    float *scales;               /* fp32 dequantization multipliers (x ~= q * s), written at commit */
+    wsync_mem_t scales_mem;
+} wsync_quant_t;
+
+/* One destination buffer of a receiver. Bytes of the buffer covered by no piece are zeroed once,
+ * when the group is set up (vocab padding rows, for example). */
+typedef struct {
+    const char *name;                /* "model.layers.3.self_attn.qkv_proj.weight" */
+    wsync_dtype_t dtype;
+    int ndim;
+    int64_t shape[WSYNC_MAX_DIMS];
+    void *data;                      /* dense row-major, shape x dtype */
+    wsync_mem_t mem;
+    int device;
+    const wsync_piece_t *pieces;     /* copied at add time */
+    int npieces;
+    wsync_quant_t quant;             /* used when dtype is FP8 */
+} wsync_target_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Context                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct wsync_ctx wsync_ctx_t;
+
+typedef enum {
+    WSYNC_LOG_UNSET = -1,
+    WSYNC_LOG_ERROR = 0,
+    WSYNC_LOG_WARN = 1,
+    WSYNC_LOG_INFO = 2,
+    WSYNC_LOG_DEBUG = 3,
+} wsync_log_level_t;
+
+typedef struct {
+    wsync_log_level_t log_level;     /* WSYNC_LOG_LEVEL=error|warn|info|debug; default warn */
+} wsync_ctx_params_t;
+
+#define WSYNC_CTX_PARAMS_INIT {WSYNC_LOG_UNSET}
+
+/* Create a context: reads the environment and probes which transports work on this machine.
+ * params may be NULL (all defaults). *ctx is owned by the caller; free with wsync_ctx_free.
+ * Thread-safe. */
+wsync_status_t wsync_ctx_create(const wsync_ctx_params_t *params, wsync_ctx_t **ctx);
+
+/* Free a context after every sender and receiver made from it. NULL is a no-op. */
+void wsync_ctx_free(wsync_ctx_t *ctx);
+
+/* What the library knows about one transport or scheme, for wsync-info. Strings are static or
+ * owned by the ctx, valid while it lives. */
+typedef struct {
+    const char *name;        /* "shm", "ipc", ... */
+    int compiled;            /* built into this library */
+    int available;           /* usable on this machine now */
+    const char *reason;      /* why not compiled/available, or what was found ("memfd ok") */
+    const char *caps;        /* capability words, space separated ("host rma fd-pass") */
+} wsync_component_info_t;
+
+/* Number of transports (shm, tcp, cuda_ipc, nccl, ucx, ofi) known to the library. */
+int wsync_transport_count(const wsync_ctx_t *ctx);
+/* Describe transport i (0 <= i < count). Returns WSYNC_ERR_RANGE for a bad index. */
+wsync_status_t wsync_transport_info(const wsync_ctx_t *ctx, int i, wsync_component_info_t *info);
+/* Number of schemes (ipc, nccl, store) known to the library. */
+int wsync_scheme_count(const wsync_ctx_t *ctx);
+/* Describe scheme i. `available` tells whether it can run in this process at all. */
+wsync_status_t wsync_scheme_info(const wsync_ctx_t *ctx, int i, wsync_component_info_t *info);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Sender                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct wsync_sender wsync_sender_t;
+
+typedef struct {
+    const char *coordinator;   /* "host:port" sender 0 listens on; WSYNC_COORDINATOR */
+    int rank;                  /* sender rank in [0, nranks); WSYNC_SENDER_RANK; -1 = unset */
+    int nranks;                /* number of senders; WSYNC_SENDERS; 0 = unset (1) */
+    int nreceivers;            /* number of receivers; WSYNC_RECEIVERS; 0 = unset (1) */
+    const char *scheme;        /* "auto", "ipc", "nccl", "store"; WSYNC_SCHEME; default auto */
+    size_t bucket_bytes;       /* staging bucket size; WSYNC_BUCKET_BYTES (accepts K/M/G);
+                                  default 256 MiB */
+    int timeout_ms;            /* deadline of every wait; WSYNC_TIMEOUT_MS; default 60000 */
+    int heartbeat_ms;          /* heartbeat period; WSYNC_HEARTBEAT_MS; default 1000 */
+} wsync_sender_params_t;
+
+#define WSYNC_SENDER_PARAMS_INIT {NULL, -1, 0, 0, NULL, 0, 0, 0}
+
+/* Create a sender. Rank 0 also starts the coordinator, listening on params->coordinator (port 0
+ * picks a free port; see wsync_sender_coordinator). Other ranks connect to it, retrying until the
+ * deadline. Returns WSYNC_ERR_INVALID for bad params (the message names the field),
+ * WSYNC_ERR_IO if rank 0 cannot listen, WSYNC_ERR_TIMEOUT if the coordinator was not reached,
+ * WSYNC_ERR_MISMATCH/ABORTED if the coordinator refused this sender (a rank claimed twice).
+ * *sender is owned by the caller; free with wsync_sender_free. */
+wsync_status_t wsync_sender_create(wsync_ctx_t *ctx, const wsync_sender_params_t *params,
+                                   wsync_sender_t **sender);
+
+/* Leave the group and free the sender. Shared memory it exported is released once every peer
+ * unmapped it. NULL is a no-op. */
+void wsync_sender_free(wsync_sender_t *sender);
+
+/* Describe one shard this sender holds. The description (strings included) is copied; the
+ * memory at shard->data is not, and must stay valid and unchanged during every push. Only before
+ * the first push or setup: WSYNC_ERR_STATE afterwards. WSYNC_ERR_INVALID names the bad field. */
+wsync_status_t wsync_sender_add_shard(wsync_sender_t *sender, const wsync_shard_t *shard);
+
+/* Complete the group's setup now rather than at the first push: send the descriptions, wait (up
+ * to the timeout) for every receiver's, receive the plan and the scheme, and set the scheme up.
+ * Collective over all senders. Errors from plan compilation (an unknown param, an uncovered box,
+ * a dtype or shape mismatch) arrive here, on every participant, as WSYNC_ERR_MISMATCH. */
+wsync_status_t wsync_sender_setup(wsync_sender_t *sender);
+
+/* Push version `version` (> every version pushed before) of the shards. Collective over the
+ * senders (all push the same number). Returns when every receiver has committed the version.
+ * Shard memory must not change until it returns. WSYNC_ERR_PEER_LOST names the lost peer;
+ * after such an error the group is unusable and every later call returns the same error. */
+wsync_status_t wsync_sender_push(wsync_sender_t *sender, uint64_t version);
+
+/* Name of the scheme chosen for the group ("ipc"), or NULL before setup. */
+const char *wsync_sender_scheme(const wsync_sender_t *sender);
+
+/* Why the scheme was chosen and why each other one was refused, one line each. Valid after
+ * setup, until the sender is freed. */
+const char *wsync_sender_explain(const wsync_sender_t *sender);
+
+/* "host:port" the coordinator listens on (rank 0 only; NULL for other ranks). Useful with port 0. */
+const char *wsync_sender_coordinator(const wsync_sender_t *sender);
+
+/* Figures of the last successful push. */
+typedef struct {
+    uint64_t version;
+    uint64_t bytes_packed;    /* bytes this sender staged into buckets */
+    uint64_t bytes_delivered; /* bytes copied into all receivers' targets, from this sender */
+    uint64_t buckets;         /* buckets this sender filled */
+    double seconds;           /* push call to every receiver committed */
+} wsync_push_stats_t;
+
+wsync_status_t wsync_sender_stats(const wsync_sender_t *sender, wsync_push_stats_t *stats);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Receiver                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct wsync_receiver wsync_receiver_t;
+
+/* Called on the thread inside wsync_receiver_wait as bytes of a version land. */
+typedef void (*wsync_progress_fn)(void *arg, uint64_t version, uint64_t bytes_done,
+                                  uint64_t bytes_total);
+
+typedef struct {
+    const char *coordinator;   /* WSYNC_COORDINATOR */
+    int rank;                  /* receiver rank in [0, nreceivers); WSYNC_RECEIVER_RANK */
+    int nreceivers;            /* WSYNC_RECEIVERS; 0 = unset (1) */
+    int timeout_ms;            /* WSYNC_TIMEOUT_MS; default 60000 */
+    int heartbeat_ms;          /* WSYNC_HEARTBEAT_MS; default 1000 */
+    wsync_progress_fn progress;
+    void *progress_arg;
+} wsync_receiver_params_t;
+
+#define WSYNC_RECEIVER_PARAMS_INIT {NULL, -1, 0, 0, 0, NULL, NULL}
+
+/* Create a receiver and connect to the coordinator (retrying until the deadline).
+ * *receiver is owned by the caller; free with wsync_receiver_free. */
+wsync_status_t wsync_receiver_create(wsync_ctx_t *ctx, const wsync_receiver_params_t *params,
+                                     wsync_receiver_t **receiver);
+
+/* Leave the group and free the receiver. NULL is a no-op. */
+void wsync_receiver_free(wsync_receiver_t *receiver);
+
+/* Describe one destination buffer. The description and its pieces are copied; the buffer is
+ * written by wsync_receiver_wait only. Only before setup: WSYNC_ERR_STATE afterwards. */
+wsync_status_t wsync_receiver_add_target(wsync_receiver_t *receiver, const wsync_target_t *target);
+
+/* Wait up to timeout_ms (0: just look; < 0: the params' timeout) for the next version to begin,
+ * then receive it into the targets and commit it (each step bounded by the params' timeout).
+ * The first call also sends this receiver's description and sets the scheme up.
+ * On success *version is the version now committed in the targets.
+ * WSYNC_ERR_TIMEOUT: no version began; the targets are untouched.
+ * WSYNC_ERR_PEER_LOST / WSYNC_ERR_ABORTED / WSYNC_ERR_MISMATCH: the group failed (the message
+ * says why and who); a version that did not complete is never reported, and the targets may hold
+ * part of it (wsync_receiver_torn says so). */
+wsync_status_t wsync_receiver_wait(wsync_receiver_t *receiver, int timeout_ms, uint64_t *version);
+
+/* Last committed version, 0 if none. */
+uint64_t wsync_receiver_version(const wsync_receiver_t *receiver);
+
+/* 1 when a version began landing in the targets and did not complete. */
+int wsync_receiver_torn(const wsync_receiver_t *receiver);
+
+/* Name of the scheme of the group, or NULL before setup. */
+const char *wsync_receiver_scheme(const wsync_receiver_t *receiver);
+
+#ifdef __cplusplus
+}
+#endif
+
+#include "wsync/wsync_fp8.h"
+#include "wsync/wsync_layout.h"
+
+#endif /* WSYNC_H */

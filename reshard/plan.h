@@ -1,0 +1,144 @@
+/* Internal: descriptions of shards and targets as the coordinator sees them, and the plan
+ * compiled from them.
+ *
+ * The plan is the list of *chunks* and *segments*:
+ *  - a chunk is a 2-D region of one sender's shard, packed dense into one bucket of that sender's
+ *    schedule (bucket number, byte offset). A chunk is never larger than a bucket: big regions are
+ *    split by rows, and a single row larger than a bucket by columns.
+ *  - a segment is one receiver's use of one chunk: the same [rows, cols] elements land in a 2-D
+ *    region of one of the receiver's targets. Receivers that need identical bytes share a chunk,
+ *    so a sender stages each byte once whatever the number of receivers.
+ * A scheme that can read shard memory in place uses chunk.src (shard region) and segment.dst
+ * (target region) directly and ignores the buckets.
+ *
+ * Descriptions and plan are computed once per group; every version reuses them.
+ */
+#ifndef WSYNC_RESHARD_PLAN_H
+#define WSYNC_RESHARD_PLAN_H
+
+#include "core/wire.h"
+#include "wsync/wsync.h"
+
+#define WSYNC_NAME_MAX 1024          /* longest param/target name accepted from the wire */
+
+/* A param as described on the wire (owned name). */
+typedef struct {
+    char *name;
+    wsync_dtype_t dtype;
+    int32_t ndim;
+    int64_t shape[WSYNC_MAX_DIMS];
+} wsync_pdesc_t;
+
+typedef struct {
+    uint32_t sender;                 /* sender rank */
+    uint32_t index;                  /* index among that sender's shards (add order) */
+    wsync_pdesc_t param;
+    wsync_box_t box;
+    wsync_mem_t mem;
+    int32_t device;
+} wsync_shard_desc_t;
+
+typedef struct {
+    wsync_pdesc_t param;
+    wsync_box_t src;
+    int64_t dst_start[WSYNC_MAX_DIMS];
+} wsync_piece_desc_t;
+
+typedef struct {
+    uint32_t receiver;               /* receiver rank */
+    uint32_t index;                  /* index among that receiver's targets (add order) */
+    char *name;
+    wsync_dtype_t dtype;
+    int32_t ndim;
+    int64_t shape[WSYNC_MAX_DIMS];
+    wsync_mem_t mem;
+    int32_t device;
+    wsync_quant_scheme_t quant;      /* FP8 targets: how scales are formed */
+    int32_t block_rows, block_cols;
+    uint32_t npieces;
+    wsync_piece_desc_t *pieces;
+} wsync_target_desc_t;
+
+/* A 2-D region of a dense row-major buffer, in elements of that buffer's dtype. */
+typedef struct {
+    uint64_t off;                    /* element offset of the region's first element */
+    uint64_t pitch;                  /* elements from one row of the region to the next */
+    uint64_t rows, cols;             /* cols elements are contiguous */
+} wsync_region_t;
+
+#define WSYNC_BUCKET_NONE UINT32_MAX
+
+typedef struct {
+    uint32_t sender, shard;          /* source: shard `shard` (index) of sender `sender` */
+    wsync_dtype_t dtype;             /* the param's dtype */
+    wsync_region_t src;              /* region of the shard */
+    uint32_t bucket;                 /* bucket number in the sender's schedule */
+    uint64_t bucket_off;             /* byte offset in that bucket, 64-byte aligned */
+} wsync_chunk_t;
+
+typedef struct {
+    uint32_t receiver, target;       /* destination: target `target` (index) of `receiver` */
+    uint32_t piece;                  /* which piece of the target it serves */
+    uint32_t chunk;                  /* index into plan->chunks */
+    wsync_region_t dst;              /* region of the target; rows, cols equal the chunk's */
+} wsync_segment_t;
+
+typedef struct {
+    uint32_t nsenders, nreceivers;
+    uint64_t bucket_bytes;
+    uint32_t nchunks;
+    wsync_chunk_t *chunks;           /* ordered by (sender, bucket, bucket_off) */
+    uint32_t nsegments;
+    wsync_segment_t *segments;       /* ordered by (receiver, chunk) */
+    uint32_t *nbuckets;              /* [nsenders] buckets in each sender's schedule */
+    uint64_t *bucket_used;           /* [sum nbuckets] bytes used in each bucket, sender-major */
+    uint64_t *pair_bytes;            /* [nsenders * nreceivers] bytes receiver r takes from
+                                        sender s, at s * nreceivers + r */
+    uint64_t fingerprint;            /* xxh3-64 of the encoded plan body */
+} wsync_plan_t;
+
+/* Compile the plan. Checks, with errors naming the param/target and receiver:
+ *  - every sender's description of a param agrees (dtype, shape); boxes lie inside the param;
+ *    boxes of one param are either identical (replicas) or disjoint (WSYNC_ERR_MISMATCH);
+ *  - every piece names a param some sender holds, with the same dtype and shape;
+ *  - every piece lies inside its param and its target, and is fully covered by shards;
+ *  - target dtype is reachable from the param dtype (same, a float cast, or FP8 with a quant).
+ * Deterministic: the same inputs give the same plan and fingerprint. Replicated boxes are read
+ * from the replica that has been given the fewest bytes so far, reusing an identical chunk where
+ * one exists. *plan is owned by the caller (wsync_plan_free). */
+wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshards,
+                                  const wsync_target_desc_t *targets, size_t ntargets,
+                                  uint32_t nsenders, uint32_t nreceivers, uint64_t bucket_bytes,
+                                  wsync_plan_t **plan);
+void wsync_plan_free(wsync_plan_t *plan);
+
+/* Wire form of a plan (the fingerprint travels with it and is checked on decode). */
+void wsync_plan_encode(const wsync_plan_t *plan, wsync_wbuf_t *out);
+/* Decode and validate structure (indices in range, regions consistent, bucket offsets inside
+ * buckets). WSYNC_ERR_PROTOCOL on anything malformed. */
+wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **plan);
+
+/* Validate a decoded plan against this participant's own descriptions: every chunk of sender
+ * `rank` lies inside its shard, or every segment of receiver `rank` inside its target.
+ * WSYNC_ERR_PROTOCOL naming the shard/target otherwise. */
+wsync_status_t wsync_plan_check_sender(const wsync_plan_t *plan, uint32_t rank,
+                                       const wsync_shard_desc_t *shards, size_t nshards);
+wsync_status_t wsync_plan_check_receiver(const wsync_plan_t *plan, uint32_t rank,
+                                         const wsync_target_desc_t *targets, size_t ntargets);
+
+/* Descriptions on the wire. Decoders allocate (free with the *_free functions below). */
+void wsync_shards_encode(const wsync_shard_desc_t *shards, size_t n, wsync_wbuf_t *out);
+wsync_status_t wsync_shards_decode(wsync_rbuf_t *in, wsync_shard_desc_t **shards, size_t *n);
+void wsync_targets_encode(const wsync_target_desc_t *targets, size_t n, wsync_wbuf_t *out);
+wsync_status_t wsync_targets_decode(wsync_rbuf_t *in, wsync_target_desc_t **targets, size_t *n);
+void wsync_shard_descs_free(wsync_shard_desc_t *shards, size_t n);
+void wsync_target_descs_free(wsync_target_desc_t *targets, size_t n);
+
+/* From the public structs (validated: ndim, dims > 0, box inside shape, dtype known; errors name
+ * the param and field). Allocates the owned strings. */
+wsync_status_t wsync_shard_desc_from(const wsync_shard_t *shard, uint32_t sender, uint32_t index,
+                                     wsync_shard_desc_t *out);
+wsync_status_t wsync_target_desc_from(const wsync_target_t *target, uint32_t receiver,
+                                      uint32_t index, wsync_target_desc_t *out);
+
+#endif
