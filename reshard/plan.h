@@ -21,7 +21,18 @@
 
 #define WSYNC_NAME_MAX 1024          /* longest param/target name accepted from the wire */
 
-/* A param as described on the wire (owned name). */
+/* Limits a plan (compiled or decoded) must respect; anything beyond is refused, so that hostile
+ * input can never drive a huge allocation. */
+#define WSYNC_PLAN_ALIGN 64u                         /* chunk offsets in a bucket */
+#define WSYNC_PLAN_MIN_BUCKET 64u                    /* smallest bucket_bytes */
+#define WSYNC_PLAN_MAX_BUCKET (UINT64_C(1) << 40)     /* largest bucket_bytes */
+#define WSYNC_PLAN_MAX_RANKS (1u << 20)              /* senders, and receivers */
+#define WSYNC_PLAN_MAX_PAIRS (1u << 24)              /* nsenders * nreceivers */
+#define WSYNC_PLAN_MAX_ELEMS (UINT64_C(1) << 56)      /* elements of one param or target */
+#define WSYNC_MAX_PIECES 65536                       /* pieces of one target */
+
+/* A param as described on the wire (owned name). In descriptions made by wsync_*_desc_from or
+ * decoded, dims >= ndim of shapes, boxes and dst_start are zero. */
 typedef struct {
     char *name;
     wsync_dtype_t dtype;
@@ -38,6 +49,7 @@ typedef struct {
     int32_t device;
 } wsync_shard_desc_t;
 
+/* A piece keeps its dims: param.ndim equals its target's ndim. */
 typedef struct {
     wsync_pdesc_t param;
     wsync_box_t src;
@@ -54,12 +66,15 @@ typedef struct {
     wsync_mem_t mem;
     int32_t device;
     wsync_quant_scheme_t quant;      /* FP8 targets: how scales are formed */
-    int32_t block_rows, block_cols;
+    int32_t block_rows, block_cols;  /* WSYNC_QUANT_BLOCK: 0 in the public struct becomes 128 */
     uint32_t npieces;
     wsync_piece_desc_t *pieces;
 } wsync_target_desc_t;
 
-/* A 2-D region of a dense row-major buffer, in elements of that buffer's dtype. */
+/* A 2-D region of a dense row-major buffer, in elements of that buffer's dtype. Element (r, c)
+ * is at off + r * pitch + c. The last dim of a param is always the columns; the dims above it are
+ * the rows (merged where a box spans them whole), and a box that cannot be one region (3-4 dims)
+ * becomes several. A 1-D box is one row. rows, cols >= 1; pitch >= cols. */
 typedef struct {
     uint64_t off;                    /* element offset of the region's first element */
     uint64_t pitch;                  /* elements from one row of the region to the next */
@@ -87,17 +102,23 @@ typedef struct {
     uint32_t nsenders, nreceivers;
     uint64_t bucket_bytes;
     uint32_t nchunks;
-    wsync_chunk_t *chunks;           /* ordered by (sender, bucket, bucket_off) */
+    wsync_chunk_t *chunks;           /* ordered by (sender, bucket, bucket_off); a sender's
+                                        buckets are numbered 0, 1, ... and none is empty */
     uint32_t nsegments;
     wsync_segment_t *segments;       /* ordered by (receiver, chunk) */
     uint32_t *nbuckets;              /* [nsenders] buckets in each sender's schedule */
-    uint64_t *bucket_used;           /* [sum nbuckets] bytes used in each bucket, sender-major */
+    uint64_t *bucket_used;           /* [sum nbuckets] bytes used in each bucket, sender-major:
+                                        the end of its last chunk, so [0, used) holds them all */
     uint64_t *pair_bytes;            /* [nsenders * nreceivers] bytes receiver r takes from
-                                        sender s, at s * nreceivers + r */
+                                        sender s, at s * nreceivers + r (param dtype bytes) */
     uint64_t fingerprint;            /* xxh3-64 of the encoded plan body */
 } wsync_plan_t;
+/* nbuckets, bucket_used and pair_bytes are derived from chunks and segments (by compile and by
+ * decode alike); they do not travel. */
 
-/* Compile the plan. Checks, with errors naming the param/target and receiver:
+/* Compile the plan. bucket_bytes in [WSYNC_PLAN_MIN_BUCKET, WSYNC_PLAN_MAX_BUCKET]; ranks within
+ * WSYNC_PLAN_MAX_RANKS / _PAIRS (WSYNC_ERR_INVALID otherwise). Checks, with errors naming the
+ * param/target and receiver:
  *  - every sender's description of a param agrees (dtype, shape); boxes lie inside the param;
  *    boxes of one param are either identical (replicas) or disjoint (WSYNC_ERR_MISMATCH);
  *  - every piece names a param some sender holds, with the same dtype and shape;
@@ -112,30 +133,48 @@ wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshar
                                   wsync_plan_t **plan);
 void wsync_plan_free(wsync_plan_t *plan);
 
-/* Wire form of a plan (the fingerprint travels with it and is checked on decode). */
+/* Wire form of a plan: "WSPL", version, then counts, chunks, segments, then the xxh3-64 of all
+ * that (the fingerprint), checked on decode. Appends to out; out->err set on allocation failure. */
 void wsync_plan_encode(const wsync_plan_t *plan, wsync_wbuf_t *out);
-/* Decode and validate structure (indices in range, regions consistent, bucket offsets inside
- * buckets). WSYNC_ERR_PROTOCOL on anything malformed. */
+/* Decode and validate structure (counts against the bytes left, indices in range, regions
+ * consistent, chunks inside their buckets and in order, segment rows/cols equal their chunk's,
+ * the fingerprint, no trailing bytes). WSYNC_ERR_PROTOCOL on anything malformed; never reads out
+ * of bounds, and allocates at most a small multiple of len. *plan owned by the caller. */
 wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **plan);
 
 /* Validate a decoded plan against this participant's own descriptions: every chunk of sender
- * `rank` lies inside its shard, or every segment of receiver `rank` inside its target.
- * WSYNC_ERR_PROTOCOL naming the shard/target otherwise. */
+ * `rank` names one of its shards (by index, among the descriptions whose sender is `rank`), has
+ * its dtype and lies inside it; or every segment of receiver `rank` names one of its targets and
+ * pieces, brings a dtype the target can take, and lies inside it. WSYNC_ERR_PROTOCOL naming the
+ * shard/target otherwise. */
 wsync_status_t wsync_plan_check_sender(const wsync_plan_t *plan, uint32_t rank,
                                        const wsync_shard_desc_t *shards, size_t nshards);
 wsync_status_t wsync_plan_check_receiver(const wsync_plan_t *plan, uint32_t rank,
                                          const wsync_target_desc_t *targets, size_t ntargets);
 
-/* Descriptions on the wire. Decoders allocate (free with the *_free functions below). */
+/* Descriptions on the wire: a u32 count, then each description (only ndim dims of each array).
+ * Decoders read from `in` (advancing it), validate every field as the *_desc_from functions do
+ * (WSYNC_ERR_PROTOCOL naming the description and field), allocate (free with the *_free
+ * functions below; freeing NULL is a no-op), and write their outputs only on success. */
 void wsync_shards_encode(const wsync_shard_desc_t *shards, size_t n, wsync_wbuf_t *out);
 wsync_status_t wsync_shards_decode(wsync_rbuf_t *in, wsync_shard_desc_t **shards, size_t *n);
 void wsync_targets_encode(const wsync_target_desc_t *targets, size_t n, wsync_wbuf_t *out);
 wsync_status_t wsync_targets_decode(wsync_rbuf_t *in, wsync_target_desc_t **targets, size_t *n);
+/* Free what n descriptions own, then the array itself (as the decoders allocate it). NULL is a
+ * no-op. Not for an element inside a larger array: use the *_desc_clear functions for that. */
 void wsync_shard_descs_free(wsync_shard_desc_t *shards, size_t n);
 void wsync_target_descs_free(wsync_target_desc_t *targets, size_t n);
+/* Free what one description owns (names, pieces), not the description itself (e.g. one filled by
+ * wsync_*_desc_from into a caller's array). The description is zeroed. NULL is a no-op. */
+void wsync_shard_desc_clear(wsync_shard_desc_t *shard);
+void wsync_target_desc_clear(wsync_target_desc_t *target);
 
-/* From the public structs (validated: ndim, dims > 0, box inside shape, dtype known; errors name
- * the param and field). Allocates the owned strings. */
+/* From the public structs (validated: name non-NULL, non-empty, <= WSYNC_NAME_MAX; dtype known;
+ * 1 <= ndim <= WSYNC_MAX_DIMS; dims > 0; box/src inside the param; shard data non-NULL when the
+ * box is not empty; target data non-NULL; mem known; pieces non-NULL when npieces > 0, at most
+ * WSYNC_MAX_PIECES, each with the target's ndim, its destination inside the target, and no two
+ * destinations overlapping). WSYNC_ERR_INVALID naming the param/target and field. Allocates the
+ * owned strings; *out written only on success. */
 wsync_status_t wsync_shard_desc_from(const wsync_shard_t *shard, uint32_t sender, uint32_t index,
                                      wsync_shard_desc_t *out);
 wsync_status_t wsync_target_desc_from(const wsync_target_t *target, uint32_t receiver,

@@ -198,6 +198,16 @@ wsync_status_t wsync_ctx_create(const wsync_ctx_params_t *params, wsync_ctx_t **
 /* Free a context after every sender and receiver made from it. NULL is a no-op. */
 void wsync_ctx_free(wsync_ctx_t *ctx);
 
+/* Allocate `bytes` of host memory that same-node receivers can read in place. Shards that lie in
+ * such memory are shared once with the receivers (a memfd passed over a Unix socket) and copied
+ * straight into their targets: the ipc scheme then stages nothing on the sender. Any other host
+ * memory works too, through staging buckets. Zero-filled. Free with wsync_mem_free before the ctx;
+ * thread-safe. WSYNC_ERR_NOMEM when the memory cannot be had. */
+wsync_status_t wsync_mem_alloc(wsync_ctx_t *ctx, size_t bytes, void **ptr);
+/* Free memory from wsync_mem_alloc. Peers that mapped it keep their mapping until they let go.
+ * NULL is a no-op. */
+void wsync_mem_free(wsync_ctx_t *ctx, void *ptr);
+
 /* What the library knows about one transport or scheme, for wsync-info. Strings are static or
  * owned by the ctx, valid while it lives. */
 typedef struct {

@@ -1,0 +1,124 @@
+/* Params resolution: a field set in code wins; an unset field comes from its WSYNC_* variable,
+ * else from the default. A malformed variable is an error naming it, never silently ignored. */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/objects.h"
+#include "core/status.h"
+#include "core/util.h"
+
+#define DEFAULT_TIMEOUT_MS 60000
+#define DEFAULT_HEARTBEAT_MS 1000
+#define DEFAULT_BUCKET_BYTES (256ull << 20)
+#define MIN_BUCKET_BYTES 4096ull
+
+/* Read an int variable: 1 if set and valid, 0 if unset, a status < 0 if malformed. */
+static int env_int(const char *var, int min, int max, int *out)
+{
+    const char *s = getenv(var);
+    char *end;
+    long v;
+
+    if (s == NULL || *s == '\0')
+        return 0;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v < min || v > max)
+        return wsync_err(WSYNC_ERR_INVALID, "environment variable %s='%s': expected an integer in "
+                                            "[%d, %d]", var, s, min, max);
+    *out = (int)v;
+    return 1;
+}
+
+static const char *env_str(const char *var)
+{
+    const char *s = getenv(var);
+    return s != NULL && *s != '\0' ? s : NULL;
+}
+
+#define RESOLVE_INT(field, unset, var, min, max, def)                                        \
+    do {                                                                                      \
+        if (out->field == (unset)) {                                                          \
+            int v_, rc_ = env_int(var, min, max, &v_);                                        \
+            if (rc_ < 0)                                                                      \
+                return (wsync_status_t)rc_;                                                   \
+            out->field = rc_ == 1 ? v_ : (def);                                               \
+        }                                                                                     \
+    } while (0)
+
+static wsync_status_t check_common(const char *who, int rank, int n, const char *nname,
+                                   int timeout_ms, int heartbeat_ms)
+{
+    if (n < 1)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: %s = %d, must be >= 1", who, nname, n);
+    if (rank < 0 || rank >= n)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: rank %d is outside [0, %s = %d)", who, rank,
+                         nname, n);
+    if (timeout_ms < 1)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: timeout_ms = %d, must be >= 1", who, timeout_ms);
+    if (heartbeat_ms < 1)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: heartbeat_ms = %d, must be >= 1", who,
+                         heartbeat_ms);
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_config_sender(const wsync_sender_params_t *in, wsync_sender_params_t *out)
+{
+    static const wsync_sender_params_t defaults = WSYNC_SENDER_PARAMS_INIT;
+
+    *out = in != NULL ? *in : defaults;
+    if (out->coordinator == NULL)
+        out->coordinator = env_str("WSYNC_COORDINATOR");
+    if (out->coordinator == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "sender: no coordinator address (set "
+                                            "params.coordinator or WSYNC_COORDINATOR to host:port)");
+    RESOLVE_INT(rank, -1, "WSYNC_SENDER_RANK", 0, INT_MAX, 0);
+    RESOLVE_INT(nranks, 0, "WSYNC_SENDERS", 1, INT_MAX, 1);
+    RESOLVE_INT(nreceivers, 0, "WSYNC_RECEIVERS", 1, INT_MAX, 1);
+    RESOLVE_INT(timeout_ms, 0, "WSYNC_TIMEOUT_MS", 1, INT_MAX, DEFAULT_TIMEOUT_MS);
+    RESOLVE_INT(heartbeat_ms, 0, "WSYNC_HEARTBEAT_MS", 1, INT_MAX, DEFAULT_HEARTBEAT_MS);
+    if (out->scheme == NULL)
+        out->scheme = env_str("WSYNC_SCHEME");
+    if (out->scheme == NULL)
+        out->scheme = "auto";
+    if (strcmp(out->scheme, "auto") != 0 && wsync_scheme_find(out->scheme) == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "sender: unknown scheme '%s' (expected auto, ipc, nccl "
+                                            "or store)", out->scheme);
+    if (out->bucket_bytes == 0) {
+        const char *s = env_str("WSYNC_BUCKET_BYTES");
+        uint64_t v = DEFAULT_BUCKET_BYTES;
+        if (s != NULL && wsync_parse_size(s, &v) != 0)
+            return wsync_err(WSYNC_ERR_INVALID, "environment variable WSYNC_BUCKET_BYTES='%s': "
+                                                "expected a size such as 268435456 or 256M", s);
+        out->bucket_bytes = (size_t)v;
+    }
+    if (out->bucket_bytes < MIN_BUCKET_BYTES)
+        return wsync_err(WSYNC_ERR_INVALID, "sender: bucket_bytes = %zu, must be >= %llu",
+                         out->bucket_bytes, MIN_BUCKET_BYTES);
+    if (out->nranks < 1)
+        return wsync_err(WSYNC_ERR_INVALID, "sender: nranks = %d, must be >= 1", out->nranks);
+    if (out->nreceivers < 1)
+        return wsync_err(WSYNC_ERR_INVALID, "sender: nreceivers = %d, must be >= 1", out->nreceivers);
+    return check_common("sender", out->rank, out->nranks, "nranks", out->timeout_ms,
+                        out->heartbeat_ms);
+}
+
+wsync_status_t wsync_config_receiver(const wsync_receiver_params_t *in, wsync_receiver_params_t *out)
+{
+    static const wsync_receiver_params_t defaults = WSYNC_RECEIVER_PARAMS_INIT;
+
+    *out = in != NULL ? *in : defaults;
+    if (out->coordinator == NULL)
+        out->coordinator = env_str("WSYNC_COORDINATOR");
+    if (out->coordinator == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "receiver: no coordinator address (set "
+                                            "params.coordinator or WSYNC_COORDINATOR to host:port)");
+    RESOLVE_INT(rank, -1, "WSYNC_RECEIVER_RANK", 0, INT_MAX, 0);
+    RESOLVE_INT(nreceivers, 0, "WSYNC_RECEIVERS", 1, INT_MAX, 1);
+    RESOLVE_INT(timeout_ms, 0, "WSYNC_TIMEOUT_MS", 1, INT_MAX, DEFAULT_TIMEOUT_MS);
+    RESOLVE_INT(heartbeat_ms, 0, "WSYNC_HEARTBEAT_MS", 1, INT_MAX, DEFAULT_HEARTBEAT_MS);
+    return check_common("receiver", out->rank, out->nreceivers, "nreceivers", out->timeout_ms,
+                        out->heartbeat_ms);
+}

@@ -1,0 +1,564 @@
+/* The coordinator (runs in sender 0's process, on its own progress thread). It admits each
+ * participant once (HELLO), collects every description (DESCRIBE), compiles the plan, picks the
+ * scheme and sends both to all (PLAN), then orders each version: BEGIN to receivers once every
+ * sender began it, DONE to senders once every receiver committed it. Any failure — a lost peer, a
+ * bad description, a rank claimed twice — ends the group and every participant is told why. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "core/objects.h"
+#include "core/sock.h"
+#include "core/util.h"
+
+typedef struct {
+    wsync_conn_t *conn;
+    wsync_hello_t hello;
+    int present;                     /* HELLO accepted */
+    int described;
+    int left;                        /* said BYE */
+    uint64_t begun, committed;       /* versions */
+    wsync_shard_desc_t *shards;
+    size_t nshards;
+    wsync_target_desc_t *targets;
+    size_t ntargets;
+} coord_peer_t;
+
+struct wsync_coord {
+    wsync_loop_t *loop;
+    char addr[128];
+    int nsenders, nreceivers;
+    int timeout_ms;
+    coord_peer_t *senders, *receivers;
+    int npresent, ndescribed;
+    int planned;
+    int failed;
+    char fail_text[1024];            /* why the group ended, for late joiners */
+    uint64_t version;                /* the version in flight or last done */
+    int nbegun, ncommitted;
+};
+
+static int send_timeout(const wsync_coord_t *co)
+{
+    return WSYNC_MIN(co->timeout_ms, 5000);
+}
+
+static void peer_name(const coord_peer_t *p, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s %d (pid %u on %s)",
+             p->hello.role == WSYNC_ROLE_SENDER ? "sender" : "receiver", p->hello.rank,
+             p->hello.pid, p->hello.hostname ? p->hello.hostname : "?");
+}
+
+static void for_each_peer(wsync_coord_t *co, void (*fn)(wsync_coord_t *, coord_peer_t *, void *),
+                          void *arg)
+{
+    for (int i = 0; i < co->nsenders; i++)
+        if (co->senders[i].present)
+            fn(co, &co->senders[i], arg);
+    for (int i = 0; i < co->nreceivers; i++)
+        if (co->receivers[i].present)
+            fn(co, &co->receivers[i], arg);
+}
+
+typedef struct {
+    uint16_t type;
+    const wsync_wbuf_t *payload;
+    const wsync_conn_t *except;
+} bcast_t;
+
+static void bcast_one(wsync_coord_t *co, coord_peer_t *p, void *arg)
+{
+    bcast_t *b = arg;
+    if (p->conn == b->except || p->left || atomic_load(&p->conn->closed))
+        return;
+    wsync_conn_send(p->conn, b->type, b->payload->data, (uint32_t)b->payload->len, NULL, 0,
+                    send_timeout(co));
+}
+
+/* End the group: every participant (but `except`) gets type (ABORT or PEER_LOST) and the text. */
+static void group_fail(wsync_coord_t *co, uint16_t type, wsync_status_t st, const char *text,
+                       const wsync_conn_t *except)
+{
+    wsync_wbuf_t b;
+    bcast_t arg;
+
+    if (co->failed)
+        return;
+    co->failed = 1;
+    snprintf(co->fail_text, sizeof(co->fail_text), "%s", text);
+    if (st == WSYNC_ERR_ABORTED)
+        WSYNC_LOG_I("coordinator: %s", text);   /* the orderly end */
+    else
+        WSYNC_LOG_W("coordinator: group ended: %s", text);
+    wsync_wbuf_init(&b);
+    wsync_status_msg_encode(st, text, &b);
+    arg.type = type;
+    arg.payload = &b;
+    arg.except = except;
+    for_each_peer(co, bcast_one, &arg);
+    wsync_wbuf_free(&b);
+}
+
+static void reject(wsync_coord_t *co, wsync_conn_t *c, wsync_status_t st, const char *text)
+{
+    wsync_wbuf_t b;
+
+    wsync_wbuf_init(&b);
+    wsync_status_msg_encode(st, text, &b);
+    wsync_conn_send(c, WSYNC_MSG_ABORT, b.data, (uint32_t)b.len, NULL, 0, send_timeout(co));
+    wsync_wbuf_free(&b);
+    wsync_loop_close(co->loop, c, WSYNC_OK, text);
+}
+
+static void send_u64(wsync_coord_t *co, coord_peer_t *p, uint16_t type, uint64_t v)
+{
+    wsync_wbuf_t b;
+
+    wsync_wbuf_init(&b);
+    wsync_put_u64(&b, v);
+    wsync_conn_send(p->conn, type, b.data, (uint32_t)b.len, NULL, 0, send_timeout(co));
+    wsync_wbuf_free(&b);
+}
+
+static void on_hello(wsync_coord_t *co, wsync_conn_t *c, wsync_msg_t *m)
+{
+    wsync_hello_t h;
+    char text[512], name[160];
+    coord_peer_t *p;
+    int n;
+
+    if (wsync_hello_decode(m->payload, m->len, &h) != WSYNC_OK) {
+        snprintf(text, sizeof(text), "%s sent a malformed HELLO", c->name);
+        wsync_loop_close(co->loop, c, WSYNC_ERR_PROTOCOL, text);
+        return;
+    }
+    n = h.role == WSYNC_ROLE_SENDER ? co->nsenders : co->nreceivers;
+    const char *role = h.role == WSYNC_ROLE_SENDER ? "sender" : "receiver";
+    /* receivers may leave the number of senders to the coordinator (-1) */
+    if ((h.nsenders != co->nsenders && !(h.role == WSYNC_ROLE_RECEIVER && h.nsenders == -1)) ||
+        h.nreceivers != co->nreceivers) {
+        snprintf(text, sizeof(text), "%s %d (pid %u) expects %d senders and %d receivers; the "
+                 "coordinator was created for %d and %d", role, h.rank, h.pid, h.nsenders,
+                 h.nreceivers, co->nsenders, co->nreceivers);
+        reject(co, c, WSYNC_ERR_MISMATCH, text);
+        wsync_hello_clear(&h);
+        return;
+    }
+    if (h.rank < 0 || h.rank >= n) {
+        snprintf(text, sizeof(text), "%s rank %d (pid %u) is outside [0, %d)", role, h.rank, h.pid, n);
+        reject(co, c, WSYNC_ERR_INVALID, text);
+        wsync_hello_clear(&h);
+        return;
+    }
+    p = h.role == WSYNC_ROLE_SENDER ? &co->senders[h.rank] : &co->receivers[h.rank];
+    if (p->present) {
+        /* two processes claim one rank: neither can be trusted, so the group ends */
+        snprintf(text, sizeof(text), "%s rank %d claimed twice: by pid %u on %s and by pid %u on %s",
+                 role, h.rank, p->hello.pid, p->hello.hostname, h.pid, h.hostname);
+        reject(co, c, WSYNC_ERR_MISMATCH, text);
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_MISMATCH, text, NULL);
+        wsync_hello_clear(&h);
+        return;
+    }
+    if (co->failed || co->planned) {
+        if (co->failed)
+            snprintf(text, sizeof(text), "%s %d (pid %u) came after the group had ended: %s", role,
+                     h.rank, h.pid, co->fail_text);
+        else
+            snprintf(text, sizeof(text), "%s %d (pid %u) came after the group was set up", role,
+                     h.rank, h.pid);
+        reject(co, c, co->failed ? WSYNC_ERR_ABORTED : WSYNC_ERR_STATE, text);
+        wsync_hello_clear(&h);
+        return;
+    }
+    p->hello = h;
+    p->conn = c;
+    p->present = 1;
+    co->npresent++;
+    c->user = p;
+    peer_name(p, name, sizeof(name));
+    pthread_mutex_lock(&c->send_lock);
+    snprintf(c->name, sizeof(c->name), "%s", name);
+    pthread_mutex_unlock(&c->send_lock);
+    WSYNC_LOG_I("coordinator: %s joined (%d of %d)", name, co->npresent,
+                co->nsenders + co->nreceivers);
+    wsync_conn_send(c, WSYNC_MSG_WELCOME, NULL, 0, NULL, 0, send_timeout(co));
+}
+
+static void compile_and_send_plan(wsync_coord_t *co)
+{
+    size_t nsh = 0, ntg = 0, k;
+    wsync_shard_desc_t *shards;
+    wsync_target_desc_t *targets;
+    wsync_hello_t *sh, *rh;
+    wsync_plan_t *plan = NULL;
+    const wsync_scheme_ops_t *scheme = NULL;
+    char explain[4096];
+    wsync_group_info_t g;
+    wsync_status_t st;
+    uint64_t bucket = co->senders[0].hello.bucket_bytes;
+
+    for (int i = 0; i < co->nsenders; i++)
+        nsh += co->senders[i].nshards;
+    for (int i = 0; i < co->nreceivers; i++)
+        ntg += co->receivers[i].ntargets;
+    shards = calloc(nsh ? nsh : 1, sizeof(*shards));
+    targets = calloc(ntg ? ntg : 1, sizeof(*targets));
+    sh = calloc((size_t)co->nsenders, sizeof(*sh));
+    rh = calloc((size_t)co->nreceivers, sizeof(*rh));
+    if (shards == NULL || targets == NULL || sh == NULL || rh == NULL) {
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_NOMEM, "coordinator: out of memory", NULL);
+        goto out;
+    }
+    /* shallow views: descriptions stay owned by their peers */
+    k = 0;
+    for (int i = 0; i < co->nsenders; i++) {
+        memcpy(shards + k, co->senders[i].shards, co->senders[i].nshards * sizeof(*shards));
+        k += co->senders[i].nshards;
+        sh[i] = co->senders[i].hello;
+    }
+    k = 0;
+    for (int i = 0; i < co->nreceivers; i++) {
+        memcpy(targets + k, co->receivers[i].targets, co->receivers[i].ntargets * sizeof(*targets));
+        k += co->receivers[i].ntargets;
+        rh[i] = co->receivers[i].hello;
+    }
+    st = wsync_plan_compile(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
+                            (uint32_t)co->nreceivers, bucket, &plan);
+    if (st != WSYNC_OK) {
+        group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
+        goto out;
+    }
+    memset(&g, 0, sizeof(g));
+    g.nsenders = (uint32_t)co->nsenders;
+    g.nreceivers = (uint32_t)co->nreceivers;
+    g.senders = sh;
+    g.receivers = rh;
+    for (size_t i = 0; i < nsh; i++)
+        g.mem_kinds |= 1u << shards[i].mem;
+    for (size_t i = 0; i < ntg; i++)
+        g.mem_kinds |= 1u << targets[i].mem;
+    st = wsync_negotiate(&g, co->senders[0].hello.scheme, &scheme, explain, sizeof(explain));
+    if (st != WSYNC_OK) {
+        group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
+        goto out;
+    }
+    WSYNC_LOG_I("coordinator: plan %016llx, %u chunks, %u segments; scheme %s\n%s",
+                (unsigned long long)plan->fingerprint, plan->nchunks, plan->nsegments,
+                scheme->name, explain);
+    {
+        wsync_wbuf_t pb, mb;
+        wsync_plan_msg_t pm;
+        uint32_t np = (uint32_t)(co->nsenders + co->nreceivers);
+        wsync_peer_t *peers = calloc(np, sizeof(*peers));
+
+        if (peers == NULL) {
+            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_NOMEM, "coordinator: out of memory", NULL);
+            goto out;
+        }
+        for (uint32_t i = 0; i < np; i++) {
+            const wsync_hello_t *h = i < (uint32_t)co->nsenders ? &sh[i] : &rh[i - co->nsenders];
+            peers[i].role = h->role;
+            peers[i].rank = h->rank;
+            peers[i].pid = h->pid;
+            peers[i].host_id = h->host_id;
+            peers[i].data_addr = h->data_addr;
+        }
+        wsync_wbuf_init(&pb);
+        wsync_wbuf_init(&mb);
+        wsync_plan_encode(plan, &pb);
+        pm.scheme = (char *)scheme->name;
+        pm.explain = explain;
+        pm.npeers = np;
+        pm.peers = peers;
+        pm.plan = pb.data;
+        pm.plan_len = (uint32_t)pb.len;
+        wsync_plan_msg_encode(&pm, &mb);
+        if (pb.err || mb.err || mb.len > WSYNC_FRAME_MAX) {
+            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_RANGE,
+                       "coordinator: the plan does not fit one control frame", NULL);
+        } else {
+            bcast_t arg = {WSYNC_MSG_PLAN, &mb, NULL};
+            co->planned = 1;
+            for_each_peer(co, bcast_one, &arg);
+        }
+        free(peers);
+        wsync_wbuf_free(&pb);
+        wsync_wbuf_free(&mb);
+    }
+out:
+    wsync_plan_free(plan);
+    free(shards);
+    free(targets);
+    free(sh);
+    free(rh);
+}
+
+static void on_describe(wsync_coord_t *co, coord_peer_t *p, wsync_msg_t *m)
+{
+    wsync_rbuf_t r;
+    wsync_status_t st;
+    char name[160], text[1200];
+
+    peer_name(p, name, sizeof(name));
+    if (p->described) {
+        snprintf(text, sizeof(text), "%s described itself twice", name);
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_STATE, text, NULL);
+        return;
+    }
+    wsync_rbuf_init(&r, m->payload, m->len);
+    if (p->hello.role == WSYNC_ROLE_SENDER)
+        st = wsync_shards_decode(&r, &p->shards, &p->nshards);
+    else
+        st = wsync_targets_decode(&r, &p->targets, &p->ntargets);
+    if (st == WSYNC_OK) {
+        /* the wire says who the descriptions belong to; trust only the connection */
+        for (size_t i = 0; i < p->nshards; i++)
+            p->shards[i].sender = (uint32_t)p->hello.rank;
+        for (size_t i = 0; i < p->ntargets; i++)
+            p->targets[i].receiver = (uint32_t)p->hello.rank;
+    }
+    if (st != WSYNC_OK) {
+        snprintf(text, sizeof(text), "%s sent a malformed description: %s", name, wsync_last_error());
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PROTOCOL, text, NULL);
+        return;
+    }
+    p->described = 1;
+    co->ndescribed++;
+    if (co->ndescribed == co->nsenders + co->nreceivers)
+        compile_and_send_plan(co);
+}
+
+static void on_push_begin(wsync_coord_t *co, coord_peer_t *p, uint64_t v)
+{
+    char name[160], text[512];
+
+    peer_name(p, name, sizeof(name));
+    if (!co->planned) {
+        snprintf(text, sizeof(text), "%s began version %llu before the group was set up", name,
+                 (unsigned long long)v);
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_STATE, text, NULL);
+        return;
+    }
+    if (co->nbegun == 0) {
+        if (v <= co->version) {
+            snprintf(text, sizeof(text), "%s pushes version %llu, not newer than version %llu",
+                     name, (unsigned long long)v, (unsigned long long)co->version);
+            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_INVALID, text, NULL);
+            return;
+        }
+        for (int i = 0; i < co->nreceivers; i++) {
+            if (co->receivers[i].left) {
+                snprintf(text, sizeof(text), "version %llu cannot be delivered: receiver %d has "
+                         "left the group", (unsigned long long)v, i);
+                group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PEER_LOST, text, NULL);
+                return;
+            }
+        }
+        co->version = v;
+        co->ncommitted = 0;
+    } else if (v != co->version || p->begun == v) {
+        snprintf(text, sizeof(text), "senders disagree: %s pushes version %llu while version %llu "
+                 "is in flight", name, (unsigned long long)v, (unsigned long long)co->version);
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_INVALID, text, NULL);
+        return;
+    }
+    p->begun = v;
+    if (++co->nbegun == co->nsenders)
+        for (int i = 0; i < co->nreceivers; i++)
+            send_u64(co, &co->receivers[i], WSYNC_MSG_BEGIN, v);
+}
+
+static void on_commit(wsync_coord_t *co, coord_peer_t *p, uint64_t v)
+{
+    char name[160], text[512];
+
+    if (v != co->version || co->nbegun != co->nsenders || p->committed == v) {
+        peer_name(p, name, sizeof(name));
+        snprintf(text, sizeof(text), "%s committed version %llu, but version %llu is in flight",
+                 name, (unsigned long long)v, (unsigned long long)co->version);
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PROTOCOL, text, NULL);
+        return;
+    }
+    p->committed = v;
+    if (++co->ncommitted == co->nreceivers) {
+        co->nbegun = 0;
+        for (int i = 0; i < co->nsenders; i++)
+            send_u64(co, &co->senders[i], WSYNC_MSG_DONE, v);
+    }
+}
+
+static void coord_on_msg(void *user, wsync_conn_t *c, wsync_msg_t *m)
+{
+    wsync_coord_t *co = user;
+    coord_peer_t *p = c->user;
+    char name[160], text[1400];
+
+    if (p == NULL) {
+        if (m->type == WSYNC_MSG_HELLO) {
+            on_hello(co, c, m);
+        } else {
+            snprintf(text, sizeof(text), "%s sent %s before HELLO", c->name, wsync_msg_name(m->type));
+            wsync_loop_close(co->loop, c, WSYNC_ERR_PROTOCOL, text);
+        }
+        wsync_msg_free(m);
+        return;
+    }
+    peer_name(p, name, sizeof(name));
+    if (co->failed && m->type != WSYNC_MSG_BYE) {
+        wsync_msg_free(m);
+        return;
+    }
+    switch (m->type) {
+    case WSYNC_MSG_DESCRIBE:
+        on_describe(co, p, m);
+        break;
+    case WSYNC_MSG_PUSH_BEGIN:
+    case WSYNC_MSG_COMMIT: {
+        wsync_rbuf_t r;
+        uint64_t v;
+        wsync_rbuf_init(&r, m->payload, m->len);
+        v = wsync_get_u64(&r);
+        if (r.err || wsync_rbuf_left(&r) != 0 ||
+            (m->type == WSYNC_MSG_PUSH_BEGIN) != (p->hello.role == WSYNC_ROLE_SENDER)) {
+            snprintf(text, sizeof(text), "%s sent a malformed or misplaced %s", name,
+                     wsync_msg_name(m->type));
+            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PROTOCOL, text, NULL);
+        } else if (m->type == WSYNC_MSG_PUSH_BEGIN) {
+            on_push_begin(co, p, v);
+        } else {
+            on_commit(co, p, v);
+        }
+        break;
+    }
+    case WSYNC_MSG_ERROR: {
+        wsync_status_t st;
+        char detail[1024];
+        wsync_status_msg_decode(m->payload, m->len, &st, detail, sizeof(detail));
+        snprintf(text, sizeof(text), "%s failed: %s", name, detail);
+        group_fail(co, WSYNC_MSG_ABORT, st, text, c);
+        break;
+    }
+    case WSYNC_MSG_BYE:
+        p->left = 1;
+        break;
+    default:
+        snprintf(text, sizeof(text), "%s sent an unexpected %s", name, wsync_msg_name(m->type));
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PROTOCOL, text, NULL);
+        break;
+    }
+    wsync_msg_free(m);
+}
+
+static void coord_on_close(void *user, wsync_conn_t *c, wsync_status_t why, const char *text)
+{
+    wsync_coord_t *co = user;
+    coord_peer_t *p = c->user;
+    char name[160], msg[700];
+
+    if (p == NULL) {
+        if (why != WSYNC_OK)
+            WSYNC_LOG_W("coordinator: dropped a connection: %s", text);
+        return;
+    }
+    if (why == WSYNC_OK || p->left) {
+        p->left = 1;
+        /* leaving in the middle of a version is a loss for those waiting on it */
+        int in_flight = co->nbegun > 0 && p->hello.role == WSYNC_ROLE_RECEIVER &&
+                        p->committed != co->version;
+        if (!in_flight)
+            return;
+        peer_name(p, name, sizeof(name));
+        snprintf(msg, sizeof(msg), "%s left during version %llu", name,
+                 (unsigned long long)co->version);
+        group_fail(co, WSYNC_MSG_PEER_LOST, WSYNC_ERR_PEER_LOST, msg, c);
+        return;
+    }
+    snprintf(msg, sizeof(msg), "lost %s", text);
+    group_fail(co, WSYNC_MSG_PEER_LOST, why == WSYNC_ERR_TIMEOUT ? WSYNC_ERR_PEER_LOST : why, msg, c);
+}
+
+static void coord_on_tick(void *user)
+{
+    (void)user;
+}
+
+static void coord_on_accept(void *user, wsync_conn_t *c)
+{
+    (void)user;
+    (void)c;
+}
+
+wsync_status_t wsync_coord_create(const char *addr, int nsenders, int nreceivers,
+                                  int heartbeat_ms, int timeout_ms, wsync_coord_t **out)
+{
+    static const wsync_loop_ops_t ops = {coord_on_msg, coord_on_accept, coord_on_close,
+                                         coord_on_tick};
+    wsync_coord_t *co = calloc(1, sizeof(*co));
+    wsync_status_t st;
+    int fd;
+
+    if (co == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "no memory for the coordinator");
+    co->nsenders = nsenders;
+    co->nreceivers = nreceivers;
+    co->timeout_ms = timeout_ms;
+    co->senders = calloc((size_t)nsenders, sizeof(*co->senders));
+    co->receivers = calloc((size_t)nreceivers, sizeof(*co->receivers));
+    if (co->senders == NULL || co->receivers == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "no memory for the coordinator's peers");
+        goto err;
+    }
+    st = wsync_tcp_listen(addr, &fd, co->addr, sizeof(co->addr));
+    if (st != WSYNC_OK)
+        goto err;
+    st = wsync_loop_create(&ops, co, heartbeat_ms, timeout_ms, &co->loop);
+    if (st != WSYNC_OK) {
+        close(fd);
+        goto err;
+    }
+    st = wsync_loop_listen(co->loop, fd, WSYNC_CONN_HEARTBEAT);
+    if (st == WSYNC_OK)
+        st = wsync_loop_start(co->loop);
+    if (st != WSYNC_OK)
+        goto err;
+    WSYNC_LOG_I("coordinator listening on %s for %d senders and %d receivers", co->addr,
+                nsenders, nreceivers);
+    *out = co;
+    return WSYNC_OK;
+err:
+    wsync_coord_free(co);
+    return st;
+}
+
+const char *wsync_coord_address(const wsync_coord_t *co)
+{
+    return co->addr;
+}
+
+void wsync_coord_free(wsync_coord_t *co)
+{
+    if (co == NULL)
+        return;
+    if (co->loop != NULL) {
+        /* with the thread stopped the peers table is ours: say why the group ends, then close */
+        wsync_loop_stop(co->loop);
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_ABORTED,
+                   "the group ended: its coordinator (sender 0) closed", NULL);
+        wsync_loop_free(co->loop);
+    }
+    for (int i = 0; co->senders != NULL && i < co->nsenders; i++) {
+        wsync_hello_clear(&co->senders[i].hello);
+        wsync_shard_descs_free(co->senders[i].shards, co->senders[i].nshards);
+    }
+    for (int i = 0; co->receivers != NULL && i < co->nreceivers; i++) {
+        wsync_hello_clear(&co->receivers[i].hello);
+        wsync_target_descs_free(co->receivers[i].targets, co->receivers[i].ntargets);
+    }
+    free(co->senders);
+    free(co->receivers);
+    free(co);
+}

@@ -1,0 +1,216 @@
+/* What senders and receivers share: the progress loop, the control connection to the
+ * coordinator, HELLO/WELCOME, DESCRIBE and the PLAN. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "core/objects.h"
+#include "core/sock.h"
+#include "core/util.h"
+
+const char *wsync_member_who(const wsync_member_t *m, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s %d", m->role == WSYNC_ROLE_SENDER ? "sender" : "receiver", m->rank);
+    return buf;
+}
+
+static void member_on_msg(void *user, wsync_conn_t *c, wsync_msg_t *msg)
+{
+    wsync_member_t *m = user;
+    wsync_status_t st;
+    char text[1024];
+
+    switch (msg->type) {
+    case WSYNC_MSG_ABORT:
+    case WSYNC_MSG_PEER_LOST:
+        if (wsync_status_msg_decode(msg->payload, msg->len, &st, text, sizeof(text)) != WSYNC_OK)
+            snprintf(text, sizeof(text), "%s sent a malformed %s", c->name, wsync_msg_name(msg->type));
+        wsync_inbox_fail(&m->inbox, st, text);
+        wsync_msg_free(msg);
+        return;
+    case WSYNC_MSG_BYE:
+        wsync_msg_free(msg);
+        return;
+    default:
+        wsync_inbox_push(&m->inbox, msg);
+    }
+}
+
+static void member_on_close(void *user, wsync_conn_t *c, wsync_status_t why, const char *text)
+{
+    wsync_member_t *m = user;
+    char msg[600];
+
+    if (why == WSYNC_OK)
+        return;
+    if (c == m->ctrl) {
+        snprintf(msg, sizeof(msg), "lost the coordinator: %s", text);
+        wsync_inbox_fail(&m->inbox, why == WSYNC_ERR_PROTOCOL ? why : WSYNC_ERR_PEER_LOST, msg);
+    } else {
+        /* a data peer: only we can see it go, so tell the coordinator before anyone acts on it */
+        wsync_status_t st = why == WSYNC_ERR_TIMEOUT ? WSYNC_ERR_PEER_LOST : why;
+        wsync_wbuf_t b;
+        wsync_wbuf_init(&b);
+        wsync_status_msg_encode(st, text, &b);
+        if (m->ctrl != NULL)
+            wsync_conn_send(m->ctrl, WSYNC_MSG_ERROR, b.data, (uint32_t)b.len, NULL, 0, 1000);
+        wsync_wbuf_free(&b);
+        wsync_inbox_fail(&m->inbox, st, text);
+    }
+}
+
+wsync_status_t wsync_member_connect(wsync_member_t *m, const wsync_hello_t *hello)
+{
+    static const wsync_loop_ops_t ops = {member_on_msg, NULL, member_on_close, NULL};
+    int64_t deadline = wsync_deadline_in(m->timeout_ms);
+    wsync_status_t st;
+    wsync_wbuf_t b;
+    wsync_msg_t *msg;
+    char name[160];
+    int fd;
+    const uint16_t welcome[] = {WSYNC_MSG_WELCOME};
+
+    wsync_inbox_init(&m->inbox);
+    st = wsync_loop_create(&ops, m, m->heartbeat_ms, m->timeout_ms, &m->loop);
+    if (st != WSYNC_OK)
+        return st;
+    st = wsync_tcp_connect(m->coordinator, deadline, &fd);
+    if (st != WSYNC_OK)
+        return st;
+    snprintf(name, sizeof(name), "the coordinator at %s", m->coordinator);
+    /* ctrl must be known before the loop can report on it: start the thread after adding */
+    st = wsync_loop_add(m->loop, fd, WSYNC_CONN_HEARTBEAT, name, NULL, &m->ctrl);
+    if (st != WSYNC_OK)
+        return st;
+    st = wsync_loop_start(m->loop);
+    if (st != WSYNC_OK)
+        return st;
+    wsync_wbuf_init(&b);
+    wsync_hello_encode(hello, &b);
+    st = b.err ? wsync_err(WSYNC_ERR_NOMEM, "no memory for HELLO")
+               : wsync_conn_send(m->ctrl, WSYNC_MSG_HELLO, b.data, (uint32_t)b.len, NULL, 0,
+                                 m->timeout_ms);
+    wsync_wbuf_free(&b);
+    if (st != WSYNC_OK)
+        return st;
+    st = wsync_inbox_pop(&m->inbox, welcome, 1, deadline, &msg);
+    if (st == WSYNC_ERR_TIMEOUT)
+        return wsync_err(st, "the coordinator at %s did not answer HELLO within %d ms",
+                         m->coordinator, m->timeout_ms);
+    if (st != WSYNC_OK)
+        return st;
+    wsync_msg_free(msg);
+    WSYNC_LOG_I("%s joined the group at %s", wsync_member_who(m, name, sizeof(name)),
+                m->coordinator);
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_member_describe(wsync_member_t *m, const wsync_wbuf_t *desc)
+{
+    wsync_status_t st;
+
+    if (desc->err)
+        return wsync_err(WSYNC_ERR_NOMEM, "no memory for the description");
+    if (desc->len > WSYNC_FRAME_MAX)
+        return wsync_err(WSYNC_ERR_RANGE, "description of %zu bytes exceeds one frame", desc->len);
+    st = wsync_conn_send(m->ctrl, WSYNC_MSG_DESCRIBE, desc->data, (uint32_t)desc->len, NULL, 0,
+                         m->timeout_ms);
+    if (st == WSYNC_OK)
+        m->state = WSYNC_STATE_DESCRIBED;
+    return st;
+}
+
+wsync_status_t wsync_member_await_plan(wsync_member_t *m, int64_t deadline_ms)
+{
+    const uint16_t types[] = {WSYNC_MSG_PLAN};
+    wsync_msg_t *msg;
+    wsync_status_t st;
+    char who[32];
+
+    st = wsync_inbox_pop(&m->inbox, types, 1, deadline_ms, &msg);
+    if (st == WSYNC_ERR_TIMEOUT)
+        return wsync_err(st, "%s: no plan from the coordinator yet (every sender and receiver must "
+                             "have described itself: senders in setup or push, receivers in wait)",
+                         wsync_member_who(m, who, sizeof(who)));
+    if (st != WSYNC_OK)
+        return st;
+    st = wsync_plan_msg_decode(msg->payload, msg->len, &m->planmsg);
+    if (st == WSYNC_OK)
+        st = wsync_plan_decode(m->planmsg.plan, m->planmsg.plan_len, &m->plan);
+    if (st == WSYNC_OK) {
+        m->scheme = wsync_scheme_find(m->planmsg.scheme);
+        if (m->scheme == NULL)
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "the coordinator chose scheme '%s', unknown here",
+                           m->planmsg.scheme);
+    }
+    if (st == WSYNC_OK && m->role == WSYNC_ROLE_RECEIVER && m->nsenders <= 0)
+        m->nsenders = (int)m->plan->nsenders;
+    if (st == WSYNC_OK && (m->plan->nsenders != (uint32_t)m->nsenders ||
+                           m->plan->nreceivers != (uint32_t)m->nreceivers ||
+                           m->planmsg.npeers != (uint32_t)(m->nsenders + m->nreceivers)))
+        st = wsync_err(WSYNC_ERR_PROTOCOL, "the plan is for %u senders and %u receivers, this group "
+                       "has %d and %d", m->plan->nsenders, m->plan->nreceivers, m->nsenders,
+                       m->nreceivers);
+    /* the plan message borrows the payload: keep it */
+    m->plan_payload = msg->payload;
+    msg->payload = NULL;
+    wsync_msg_free(msg);
+    if (st != WSYNC_OK)
+        return wsync_member_fail(m, st);
+    WSYNC_LOG_I("%s: plan %016llx, scheme %s", wsync_member_who(m, who, sizeof(who)),
+                (unsigned long long)m->plan->fingerprint, m->planmsg.scheme);
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_member_send_u64(wsync_member_t *m, uint16_t type, uint64_t v)
+{
+    wsync_wbuf_t b;
+    wsync_status_t st;
+
+    wsync_wbuf_init(&b);
+    wsync_put_u64(&b, v);
+    st = wsync_conn_send(m->ctrl, type, b.data, (uint32_t)b.len, NULL, 0, m->timeout_ms);
+    wsync_wbuf_free(&b);
+    return st;
+}
+
+wsync_status_t wsync_member_fail(wsync_member_t *m, wsync_status_t st)
+{
+    char text[1024];
+    wsync_wbuf_t b;
+
+    if (wsync_inbox_failed(&m->inbox) != WSYNC_OK)
+        return wsync_inbox_failed(&m->inbox);   /* the group had already failed: say why */
+    snprintf(text, sizeof(text), "%s", wsync_last_error());
+    wsync_inbox_fail(&m->inbox, st, text);
+    if (m->ctrl != NULL) {
+        wsync_wbuf_init(&b);
+        wsync_status_msg_encode(st, text, &b);
+        wsync_conn_send(m->ctrl, WSYNC_MSG_ERROR, b.data, (uint32_t)b.len, NULL, 0, 1000);
+        wsync_wbuf_free(&b);
+    }
+    wsync_err_set_text(st, text);
+    return st;
+}
+
+void wsync_member_close(wsync_member_t *m)
+{
+    if (m->loop != NULL) {
+        if (m->ctrl != NULL) {
+            atomic_store(&m->ctrl->leaving, 1);
+            wsync_conn_send(m->ctrl, WSYNC_MSG_BYE, NULL, 0, NULL, 0, 100);
+        }
+        wsync_loop_free(m->loop);
+        m->loop = NULL;
+        wsync_inbox_destroy(&m->inbox);
+    }
+    wsync_plan_free(m->plan);
+    wsync_plan_msg_clear(&m->planmsg);
+    free(m->plan_payload);
+    free(m->coordinator);
+    m->plan = NULL;
+    m->plan_payload = NULL;
+    m->coordinator = NULL;
+}

@@ -1,0 +1,105 @@
+/* Internal: the sender, receiver and context objects, shared by core/ and the schemes. */
+#ifndef WSYNC_CORE_OBJECTS_H
+#define WSYNC_CORE_OBJECTS_H
+
+#include "core/loop.h"
+#include "core/proto.h"
+#include "core/registry.h"
+#include "reshard/plan.h"
+
+typedef struct {
+    void *base;
+    size_t bytes;
+    int fd;                          /* memfd behind the mapping */
+} wsync_alloc_t;
+
+struct wsync_ctx {
+    wsync_log_level_t log_level;
+    pthread_mutex_t allocs_mu;       /* wsync_mem_alloc may be called from any thread */
+    wsync_alloc_t *allocs;
+    size_t nallocs, allocs_cap;
+    int transport_available[WSYNC_NTRANSPORTS];
+    char transport_reason[WSYNC_NTRANSPORTS][256];
+    char transport_caps[WSYNC_NTRANSPORTS][128];
+    uint32_t transport_mask;         /* bit i: transport i available */
+};
+
+typedef struct wsync_coord wsync_coord_t;
+
+typedef enum {
+    WSYNC_STATE_CONNECTED = 0,       /* HELLO accepted */
+    WSYNC_STATE_DESCRIBED = 1,       /* DESCRIBE sent */
+    WSYNC_STATE_READY = 2,           /* plan received, scheme set up */
+} wsync_obj_state_t;
+
+/* What sender and receiver share: the control connection, the inbox, the plan. */
+typedef struct {
+    wsync_ctx_t *ctx;
+    wsync_role_t role;
+    int rank;
+    int nsenders, nreceivers;
+    int timeout_ms, heartbeat_ms;
+    char *coordinator;
+    wsync_loop_t *loop;
+    wsync_conn_t *ctrl;              /* to the coordinator */
+    wsync_inbox_t inbox;
+    wsync_obj_state_t state;
+    wsync_plan_t *plan;
+    wsync_plan_msg_t planmsg;        /* scheme, explanation, peers */
+    uint8_t *plan_payload;           /* keeps planmsg.plan alive */
+    const wsync_scheme_ops_t *scheme;
+    void *scheme_state;
+} wsync_member_t;
+
+struct wsync_sender {
+    wsync_member_t m;
+    char *scheme_choice;
+    uint64_t bucket_bytes;
+    wsync_coord_t *coord;            /* rank 0 only */
+    int data_listen_fd;
+    char data_addr[108];
+    wsync_shard_desc_t *shards;
+    const void **shard_data;         /* [nshards] the caller's memory */
+    size_t nshards, cap;
+    uint64_t last_version;
+    wsync_push_stats_t stats;
+};
+
+struct wsync_receiver {
+    wsync_member_t m;
+    wsync_target_desc_t *targets;
+    void **target_data;              /* [ntargets] the caller's buffers */
+    size_t ntargets, cap;
+    uint64_t version;                /* last committed */
+    int torn;
+    wsync_progress_fn progress;
+    void *progress_arg;
+};
+
+/* core/member.c: connecting, HELLO, DESCRIBE and PLAN, shared by sender and receiver. */
+wsync_status_t wsync_member_connect(wsync_member_t *m, const wsync_hello_t *hello);
+wsync_status_t wsync_member_describe(wsync_member_t *m, const wsync_wbuf_t *desc);
+/* Wait (until deadline) for the plan; decodes it into m->plan and m->planmsg. */
+wsync_status_t wsync_member_await_plan(wsync_member_t *m, int64_t deadline_ms);
+/* Record a local failure as the group's, tell the coordinator, and return st. */
+wsync_status_t wsync_member_fail(wsync_member_t *m, wsync_status_t st);
+void wsync_member_close(wsync_member_t *m);
+/* Send a u64 (version) message to the coordinator. */
+wsync_status_t wsync_member_send_u64(wsync_member_t *m, uint16_t type, uint64_t v);
+/* "sender 1" / "receiver 0", for messages. */
+const char *wsync_member_who(const wsync_member_t *m, char *buf, size_t len);
+
+/* core/ctx.c: the shareable allocation holding [ptr, ptr + bytes), copied into *out; 0 if any. */
+int wsync_ctx_find_alloc(wsync_ctx_t *ctx, const void *ptr, size_t bytes, wsync_alloc_t *out);
+
+/* core/coordinator.c */
+wsync_status_t wsync_coord_create(const char *addr, int nsenders, int nreceivers,
+                                  int heartbeat_ms, int timeout_ms, wsync_coord_t **coord);
+const char *wsync_coord_address(const wsync_coord_t *coord);
+void wsync_coord_free(wsync_coord_t *coord);
+
+/* core/config.c: params resolved from code, then environment, then defaults. */
+wsync_status_t wsync_config_sender(const wsync_sender_params_t *in, wsync_sender_params_t *out);
+wsync_status_t wsync_config_receiver(const wsync_receiver_params_t *in, wsync_receiver_params_t *out);
+
+#endif

@@ -1,0 +1,103 @@
+/* Internal: the control-plane messages and their payloads.
+ *
+ * Control connections (TCP, every participant to the coordinator, heartbeats both ways):
+ *   HELLO       participant → coordinator   who I am (wsync_hello_t)
+ *   WELCOME     coordinator → participant   accepted
+ *   DESCRIBE    participant → coordinator   my shards or targets (reshard/plan.h codecs)
+ *   PLAN        coordinator → all           scheme, explanation, peers, compiled plan
+ *   PUSH_BEGIN  sender → coordinator        u64 version
+ *   BEGIN       coordinator → receivers     u64 version (every sender began it)
+ *   COMMIT      receiver → coordinator      u64 version
+ *   DONE        coordinator → senders       u64 version (every receiver committed it)
+ *   ERROR       participant → coordinator   i32 status, str text: a local failure; aborts group
+ *   ABORT       coordinator → all           i32 status, str text: the group is over
+ *   PEER_LOST   coordinator → all           i32 status, str text: who was lost and how
+ *   BYE         participant → peer          leaving on purpose; the closing is not a loss
+ *   HEARTBEAT   both ways                   empty
+ * Data connections (scheme-specific, e.g. ipc over an abstract Unix socket):
+ *   DATA_HELLO  receiver → sender           u32 receiver rank, u32 pid
+ *   DATA_FDS    sender → receiver           scheme-defined payload; file descriptors attached
+ *   READY       sender → receiver           u64 version, u32 bucket, u32 slot
+ *   RELEASE     receiver → sender           u64 version, u32 bucket
+ */
+#ifndef WSYNC_CORE_PROTO_H
+#define WSYNC_CORE_PROTO_H
+
+#include <stdint.h>
+
+#include "core/wire.h"
+#include "wsync/wsync.h"
+
+enum {
+    WSYNC_MSG_HELLO = 1,
+    WSYNC_MSG_WELCOME,
+    WSYNC_MSG_DESCRIBE,
+    WSYNC_MSG_PLAN,
+    WSYNC_MSG_PUSH_BEGIN,
+    WSYNC_MSG_BEGIN,
+    WSYNC_MSG_COMMIT,
+    WSYNC_MSG_DONE,
+    WSYNC_MSG_ERROR,
+    WSYNC_MSG_ABORT,
+    WSYNC_MSG_PEER_LOST,
+    WSYNC_MSG_BYE,
+    WSYNC_MSG_HEARTBEAT,
+    WSYNC_MSG_DATA_HELLO,
+    WSYNC_MSG_DATA_FDS,
+    WSYNC_MSG_READY,
+    WSYNC_MSG_RELEASE,
+    WSYNC_MSG_COUNT_
+};
+
+const char *wsync_msg_name(unsigned type);
+
+typedef enum { WSYNC_ROLE_NONE = 0, WSYNC_ROLE_SENDER = 1, WSYNC_ROLE_RECEIVER = 2 } wsync_role_t;
+
+#define WSYNC_STR_MAX 4096            /* longest string field accepted from the wire */
+
+typedef struct {
+    uint32_t role;                    /* wsync_role_t */
+    int32_t rank;
+    int32_t nsenders, nreceivers;
+    uint32_t pid;
+    uint64_t bucket_bytes;            /* senders: their bucket size */
+    uint32_t transports;              /* bit i: registry transport i available here */
+    char *hostname;
+    char *host_id;                    /* core/util.h wsync_host_id() */
+    char *data_addr;                  /* senders: abstract Unix socket for same-node data */
+    char *scheme;                     /* senders: the user's choice ("auto", "ipc", ...) */
+} wsync_hello_t;
+
+void wsync_hello_encode(const wsync_hello_t *h, wsync_wbuf_t *out);
+wsync_status_t wsync_hello_decode(const void *p, size_t n, wsync_hello_t *h);
+void wsync_hello_clear(wsync_hello_t *h);
+
+/* The peers table in PLAN: what each participant must know of the others. */
+typedef struct {
+    uint32_t role;
+    int32_t rank;
+    uint32_t pid;
+    char *host_id;
+    char *data_addr;
+} wsync_peer_t;
+
+typedef struct {
+    char *scheme;
+    char *explain;
+    uint32_t npeers;
+    wsync_peer_t *peers;              /* senders in rank order, then receivers */
+    const uint8_t *plan;              /* points into the decoded payload */
+    uint32_t plan_len;
+} wsync_plan_msg_t;
+
+void wsync_plan_msg_encode(const wsync_plan_msg_t *m, wsync_wbuf_t *out);
+/* The decoded message borrows `plan` from p: keep the payload alive while using it. */
+wsync_status_t wsync_plan_msg_decode(const void *p, size_t n, wsync_plan_msg_t *m);
+void wsync_plan_msg_clear(wsync_plan_msg_t *m);
+
+/* Status + text payload of ERROR, ABORT and PEER_LOST. */
+void wsync_status_msg_encode(wsync_status_t st, const char *text, wsync_wbuf_t *out);
+wsync_status_t wsync_status_msg_decode(const void *p, size_t n, wsync_status_t *st, char *text,
+                                       size_t text_len);
+
+#endif

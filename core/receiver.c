@@ -1,0 +1,215 @@
+/* The receiver: an inference rank's view. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "core/objects.h"
+#include "core/util.h"
+#include "reshard/exec.h"
+
+wsync_status_t wsync_receiver_create(wsync_ctx_t *ctx, const wsync_receiver_params_t *params,
+                                     wsync_receiver_t **out)
+{
+    wsync_receiver_params_t p;
+    wsync_receiver_t *r;
+    wsync_status_t st;
+    wsync_hello_t hello;
+    char hostname[256] = "";
+
+    if (ctx == NULL || out == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_receiver_create: ctx and receiver must not be NULL");
+    st = wsync_config_receiver(params, &p);
+    if (st != WSYNC_OK)
+        return st;
+    r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "no memory for a receiver");
+    r->m.ctx = ctx;
+    r->m.role = WSYNC_ROLE_RECEIVER;
+    r->m.rank = p.rank;
+    r->m.nreceivers = p.nreceivers;
+    r->m.timeout_ms = p.timeout_ms;
+    r->m.heartbeat_ms = p.heartbeat_ms;
+    r->m.coordinator = wsync_strdup(p.coordinator);
+    r->progress = p.progress;
+    r->progress_arg = p.progress_arg;
+    /* the number of senders is learnt from the plan; HELLO says -1 for "as the coordinator says" */
+    gethostname(hostname, sizeof(hostname) - 1);
+    memset(&hello, 0, sizeof(hello));
+    hello.role = WSYNC_ROLE_RECEIVER;
+    hello.rank = p.rank;
+    hello.nsenders = -1;
+    hello.nreceivers = p.nreceivers;
+    hello.pid = (uint32_t)getpid();
+    hello.transports = ctx->transport_mask;
+    hello.hostname = hostname;
+    hello.host_id = (char *)wsync_host_id();
+    st = r->m.coordinator == NULL ? wsync_err(WSYNC_ERR_NOMEM, "no memory for a receiver")
+                                  : wsync_member_connect(&r->m, &hello);
+    if (st != WSYNC_OK) {
+        char text[1024];
+        snprintf(text, sizeof(text), "%s", wsync_last_error());
+        wsync_receiver_free(r);
+        return wsync_err_set_text(st, text);
+    }
+    *out = r;
+    return WSYNC_OK;
+}
+
+void wsync_receiver_free(wsync_receiver_t *r)
+{
+    if (r == NULL)
+        return;
+    if (r->m.scheme != NULL && r->m.scheme_state != NULL)
+        r->m.scheme->receiver_teardown(r);
+    wsync_member_close(&r->m);
+    wsync_target_descs_free(r->targets, r->ntargets);
+    free(r->target_data);
+    free(r);
+}
+
+wsync_status_t wsync_receiver_add_target(wsync_receiver_t *r, const wsync_target_t *t)
+{
+    wsync_status_t st;
+
+    if (r == NULL || t == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_receiver_add_target: NULL argument");
+    if (r->m.state != WSYNC_STATE_CONNECTED)
+        return wsync_err(WSYNC_ERR_STATE, "receiver %d: targets must be added before the first "
+                         "wait (target '%s')", r->m.rank, t->name ? t->name : "?");
+    if (t->mem != WSYNC_MEM_HOST)
+        return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: target '%s' is in CUDA memory, which "
+                         "this version of wsync cannot fill yet", r->m.rank, t->name ? t->name : "?");
+    if (t->data == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s' has no buffer (data is NULL)",
+                         r->m.rank, t->name ? t->name : "?");
+    if (r->ntargets == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 64;
+        wsync_target_desc_t *d = realloc(r->targets, cap * sizeof(*d));
+        if (d == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
+        r->targets = d;
+        void **p = realloc(r->target_data, cap * sizeof(*p));
+        if (p == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
+        r->target_data = p;
+        r->cap = cap;
+    }
+    st = wsync_target_desc_from(t, (uint32_t)r->m.rank, (uint32_t)r->ntargets,
+                                &r->targets[r->ntargets]);
+    if (st != WSYNC_OK)
+        return st;
+    for (size_t i = 0; i < r->ntargets; i++) {
+        if (strcmp(r->targets[i].name, t->name) == 0) {
+            wsync_target_descs_free(&r->targets[r->ntargets], 1);
+            return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s' added twice", r->m.rank,
+                             t->name);
+        }
+    }
+    r->target_data[r->ntargets++] = t->data;
+    return WSYNC_OK;
+}
+
+/* Describe, wait for the plan and set the scheme up; resumable across calls. */
+static wsync_status_t receiver_setup(wsync_receiver_t *r, int64_t plan_deadline)
+{
+    wsync_status_t st;
+
+    if (r->m.state == WSYNC_STATE_CONNECTED) {
+        wsync_wbuf_t b;
+        wsync_wbuf_init(&b);
+        wsync_targets_encode(r->targets, r->ntargets, &b);
+        st = wsync_member_describe(&r->m, &b);
+        wsync_wbuf_free(&b);
+        if (st != WSYNC_OK)
+            return wsync_member_fail(&r->m, st);
+    }
+    st = wsync_member_await_plan(&r->m, plan_deadline);
+    if (st == WSYNC_ERR_TIMEOUT)
+        return st;                      /* not a failure: the others may not be there yet */
+    if (st != WSYNC_OK)
+        return st;
+    st = wsync_plan_check_receiver(r->m.plan, (uint32_t)r->m.rank, r->targets, r->ntargets);
+    if (st != WSYNC_OK)
+        return wsync_member_fail(&r->m, st);
+    for (size_t i = 0; i < r->ntargets; i++)
+        wsync_exec_zero_uncovered(&r->targets[i], r->target_data[i]);
+    st = r->m.scheme->receiver_setup(r);
+    if (st != WSYNC_OK)
+        return wsync_member_fail(&r->m, st);
+    r->m.state = WSYNC_STATE_READY;
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t *version)
+{
+    const uint16_t begin[] = {WSYNC_MSG_BEGIN};
+    int64_t deadline;
+    wsync_status_t st;
+    wsync_msg_t *msg;
+    uint64_t v;
+
+    if (r == NULL || version == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_receiver_wait: NULL argument");
+    if (timeout_ms < 0)
+        timeout_ms = r->m.timeout_ms;
+    deadline = wsync_deadline_in(timeout_ms);
+    st = wsync_inbox_failed(&r->m.inbox);
+    if (st != WSYNC_OK)
+        return st;
+    if (r->m.state != WSYNC_STATE_READY) {
+        st = receiver_setup(r, deadline);
+        if (st == WSYNC_ERR_TIMEOUT)
+            return wsync_err(st, "receiver %d: no version within %d ms (the group is still being "
+                             "set up)", r->m.rank, timeout_ms);
+        if (st != WSYNC_OK)
+            return st;
+    }
+    st = wsync_inbox_pop(&r->m.inbox, begin, 1, deadline, &msg);
+    if (st == WSYNC_ERR_TIMEOUT)
+        return wsync_err(st, "receiver %d: no new version within %d ms (last committed: %llu)",
+                         r->m.rank, timeout_ms, (unsigned long long)r->version);
+    if (st != WSYNC_OK)
+        return st;
+    {
+        wsync_rbuf_t rb;
+        wsync_rbuf_init(&rb, msg->payload, msg->len);
+        v = wsync_get_u64(&rb);
+        st = rb.err || v <= r->version
+                 ? wsync_err(WSYNC_ERR_PROTOCOL, "receiver %d: BEGIN of version %llu after version "
+                             "%llu", r->m.rank, (unsigned long long)v,
+                             (unsigned long long)r->version)
+                 : WSYNC_OK;
+        wsync_msg_free(msg);
+        if (st != WSYNC_OK)
+            return wsync_member_fail(&r->m, st);
+    }
+    r->torn = 1;
+    st = r->m.scheme->receiver_recv(r, v);
+    if (st != WSYNC_OK)
+        return wsync_member_fail(&r->m, st);
+    r->torn = 0;
+    r->version = v;
+    st = wsync_member_send_u64(&r->m, WSYNC_MSG_COMMIT, v);
+    if (st != WSYNC_OK)
+        return wsync_member_fail(&r->m, st);
+    *version = v;
+    return WSYNC_OK;
+}
+
+uint64_t wsync_receiver_version(const wsync_receiver_t *r)
+{
+    return r != NULL ? r->version : 0;
+}
+
+int wsync_receiver_torn(const wsync_receiver_t *r)
+{
+    return r != NULL ? r->torn : 0;
+}
+
+const char *wsync_receiver_scheme(const wsync_receiver_t *r)
+{
+    return r != NULL && r->m.plan != NULL ? r->m.planmsg.scheme : NULL;
+}

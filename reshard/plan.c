@@ -1,0 +1,1547 @@
+/* Plan compiler and the plan's wire form.
+ *
+ * Compilation, in four passes:
+ *  1. shards are grouped by param name (all senders must agree on dtype and shape); the non-empty
+ *     boxes of each param are grouped into distinct boxes, each with its replicas, and distinct
+ *     boxes are checked to be disjoint;
+ *  2. every piece of every target is intersected with its param's distinct boxes; each
+ *     intersection becomes one or more 2-D regions: a *logical chunk* (source side, shared by
+ *     every receiver that needs the same region of the same box) and a *logical segment* (one
+ *     receiver's destination);
+ *  3. each sender's logical chunks are laid out in buckets, split by rows (or, for a row larger
+ *     than a bucket, by columns) where a bucket ends; segments are split alongside;
+ *  4. bucket use, pair bytes and the fingerprint are derived from the chunks and segments (the
+ *     decoder derives them the same way, so they never travel).
+ */
+#include "reshard/plan.h"
+
+#include "core/status.h"
+#include "core/util.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#define PLAN_MAGIC 0x4c505357u          /* "WSPL" */
+#define PLAN_VERSION 1u
+#define CHUNK_WIRE_BYTES 53u            /* smallest encoded chunk and segment: bounds counts */
+#define SEGMENT_WIRE_BYTES 48u
+#define UNCOVERED_BUDGET 100000         /* box-subtraction steps spent naming an uncovered index */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Boxes and text                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+static int dtype_is_float(wsync_dtype_t dt)
+{
+    return dt == WSYNC_DTYPE_BF16 || dt == WSYNC_DTYPE_F16 || dt == WSYNC_DTYPE_F32;
+}
+
+static int dtype_is_fp8(wsync_dtype_t dt)
+{
+    return dt == WSYNC_DTYPE_F8E4M3FN || dt == WSYNC_DTYPE_F8E5M2;
+}
+
+/* Can a target of dtype `to` be filled from a param of dtype `from`? FP8 from float only with a
+ * quant scheme: the receiver lands the floats and quantizes them itself. */
+static int dtype_reachable(wsync_dtype_t from, wsync_dtype_t to, wsync_quant_scheme_t quant)
+{
+    if (from == to)
+        return 1;
+    if (dtype_is_float(from) && dtype_is_float(to))
+        return 1;
+    return dtype_is_float(from) && dtype_is_fp8(to) && quant != WSYNC_QUANT_NONE;
+}
+
+/* Elements of a shape; 0 when a dim is not positive or the product passes WSYNC_PLAN_MAX_ELEMS. */
+static uint64_t shape_volume(int nd, const int64_t *shape)
+{
+    uint64_t v = 1;
+
+    for (int d = 0; d < nd; d++) {
+        if (shape[d] <= 0 || wsync_mul_u64(v, (uint64_t)shape[d], &v) != 0 ||
+            v > WSYNC_PLAN_MAX_ELEMS)
+            return 0;
+    }
+    return v;
+}
+
+static uint64_t box_volume(int nd, const wsync_box_t *b)
+{
+    uint64_t v = 1;
+
+    for (int d = 0; d < nd; d++)
+        v *= (uint64_t)b->len[d];  /* inside a validated shape: cannot overflow */
+    return v;
+}
+
+/* start[d] + len[d] (a box `len` long placed at `start`) lies inside shape. */
+static int span_inside(int nd, const int64_t *start, const int64_t *len, const int64_t *shape)
+{
+    for (int d = 0; d < nd; d++)
+        if (start[d] < 0 || len[d] < 0 || start[d] > shape[d] || len[d] > shape[d] - start[d])
+            return 0;
+    return 1;
+}
+
+static int box_is_empty(int nd, const wsync_box_t *b)
+{
+    for (int d = 0; d < nd; d++)
+        if (b->len[d] == 0)
+            return 1;
+    return 0;
+}
+
+/* Intersection of two boxes; 0 when empty. */
+static int box_intersect(int nd, const wsync_box_t *a, const wsync_box_t *b, wsync_box_t *out)
+{
+    wsync_box_t r;
+
+    memset(&r, 0, sizeof(r));
+    for (int d = 0; d < nd; d++) {
+        int64_t lo = WSYNC_MAX(a->start[d], b->start[d]);
+        int64_t hi = WSYNC_MIN(a->start[d] + a->len[d], b->start[d] + b->len[d]);
+        if (hi <= lo)
+            return 0;
+        r.start[d] = lo;
+        r.len[d] = hi - lo;
+    }
+    *out = r;
+    return 1;
+}
+
+typedef struct {
+    char s[256];            /* 4 dims of "start:end" int64 pairs fit with room to spare */
+} text_t;
+
+static const char *fmt_shape(text_t *t, int nd, const int64_t *shape)
+{
+    size_t k = 0;
+
+    t->s[k++] = '[';
+    for (int d = 0; d < nd && d < WSYNC_MAX_DIMS; d++)
+        k += (size_t)snprintf(t->s + k, sizeof(t->s) - k, "%s%" PRId64, d ? ", " : "", shape[d]);
+    snprintf(t->s + k, sizeof(t->s) - k, "]");
+    return t->s;
+}
+
+/* "start:end" of one dim; "start:+len" when the end does not fit (messages about bad input). */
+static size_t fmt_span(char *s, size_t n, int d, int64_t start, int64_t len)
+{
+    int64_t end;
+    int w = __builtin_add_overflow(start, len, &end)
+                ? snprintf(s, n, "%s%" PRId64 ":+%" PRId64, d ? ", " : "", start, len)
+                : snprintf(s, n, "%s%" PRId64 ":%" PRId64, d ? ", " : "", start, end);
+    return w > 0 ? (size_t)w : 0;
+}
+
+static const char *fmt_box(text_t *t, int nd, const wsync_box_t *b)
+{
+    size_t k = 0;
+
+    t->s[k++] = '[';
+    for (int d = 0; d < nd && d < WSYNC_MAX_DIMS; d++)
+        k += fmt_span(t->s + k, sizeof(t->s) - k, d, b->start[d], b->len[d]);
+    snprintf(t->s + k, sizeof(t->s) - k, "]");
+    return t->s;
+}
+
+/* A name a message can quote: never NULL. */
+static const char *nm(const char *s)
+{
+    return s ? s : "(null)";
+}
+
+static int name_ok(const char *s)
+{
+    return s != NULL && s[0] != '\0' && strnlen(s, WSYNC_NAME_MAX + 1) <= WSYNC_NAME_MAX;
+}
+
+/* Last element of a region plus one; 0 on overflow (a region always has rows, cols >= 1). */
+static uint64_t region_end(const wsync_region_t *r)
+{
+    uint64_t v;
+
+    if (wsync_mul_u64(r->rows - 1, r->pitch, &v) != 0 || wsync_add_u64(v, r->off, &v) != 0 ||
+        wsync_add_u64(v, r->cols, &v) != 0)
+        return 0;
+    return v;
+}
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    size_t n = *cap ? *cap : 64;
+    void *q;
+
+    if (need <= *cap)
+        return 0;
+    while (n < need)
+        n *= 2;
+    q = realloc(*p, n * elem);
+    if (q == NULL)
+        return -1;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Compilation state                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    const wsync_shard_desc_t *ref;   /* the param as its first sender (by rank) describes it */
+    uint32_t box0, nbox;             /* its distinct boxes in compile_t.boxes, by start */
+} param_t;
+
+typedef struct {
+    wsync_box_t box;                 /* unused dims zero */
+    uint32_t rep0, nrep;             /* holders: compile_t.reps[rep0 ..), by (sender, index) */
+} dbox_t;
+
+/* A 2-D region of one distinct box, before bucketing. */
+typedef struct {
+    uint32_t sender, shard, dbox;
+    wsync_dtype_t dtype;
+    wsync_region_t src;
+    uint32_t part0, nparts;          /* its pieces in plan->chunks after bucketing */
+} lchunk_t;
+
+typedef struct {
+    uint32_t receiver, target, piece, lchunk;
+    wsync_region_t dst;
+} lseg_t;
+
+/* Where a bucketed part starts inside its logical chunk. */
+typedef struct {
+    uint64_t row, col;
+} part_t;
+
+typedef struct {
+    const wsync_shard_desc_t *shards;
+    size_t nshards;
+    const wsync_target_desc_t *targets;
+    size_t ntargets;
+    uint32_t nsenders, nreceivers;
+    uint64_t bucket_bytes;
+
+    param_t *params;                 /* by name */
+    size_t nparams;
+    dbox_t *boxes;
+    size_t nboxes;
+    const wsync_shard_desc_t **reps;
+    size_t nreps;
+    uint64_t *load;                  /* [nsenders] bytes of logical chunks given to each */
+
+    lchunk_t *lchunks;
+    size_t nlchunks, cap_lchunks;
+    lseg_t *lsegs;
+    size_t nlsegs, cap_lsegs;
+    uint32_t *map;                   /* open addressing: lchunk index or UINT32_MAX */
+    size_t map_cap;
+
+    part_t *parts;                   /* parallel to plan->chunks */
+    size_t cap_chunks, cap_parts;
+    wsync_plan_t *plan;
+} compile_t;
+
+static void compile_release(compile_t *c)
+{
+    free(c->params);
+    free(c->boxes);
+    free(c->reps);
+    free(c->load);
+    free(c->lchunks);
+    free(c->lsegs);
+    free(c->map);
+    free(c->parts);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pass 1: params and distinct boxes                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+static int cmp_rank_index(uint32_t ra, uint32_t ia, uint32_t rb, uint32_t ib)
+{
+    if (ra != rb)
+        return ra < rb ? -1 : 1;
+    if (ia != ib)
+        return ia < ib ? -1 : 1;
+    return 0;
+}
+
+static int cmp_shard_by_rank(const void *a, const void *b)
+{
+    const wsync_shard_desc_t *x = *(const wsync_shard_desc_t *const *)a;
+    const wsync_shard_desc_t *y = *(const wsync_shard_desc_t *const *)b;
+    return cmp_rank_index(x->sender, x->index, y->sender, y->index);
+}
+
+static int cmp_shard_by_name(const void *a, const void *b)
+{
+    const wsync_shard_desc_t *x = *(const wsync_shard_desc_t *const *)a;
+    const wsync_shard_desc_t *y = *(const wsync_shard_desc_t *const *)b;
+    int c = strcmp(x->param.name, y->param.name);
+    return c ? c : cmp_rank_index(x->sender, x->index, y->sender, y->index);
+}
+
+typedef struct {
+    wsync_box_t box;                 /* unused dims zero, so whole-struct order is well defined */
+    const wsync_shard_desc_t *shard;
+} boxed_t;
+
+static int cmp_i64(int64_t a, int64_t b)
+{
+    return a < b ? -1 : a > b;
+}
+
+static int cmp_box(const wsync_box_t *a, const wsync_box_t *b)
+{
+    for (int d = 0; d < WSYNC_MAX_DIMS; d++) {
+        int c = cmp_i64(a->start[d], b->start[d]);
+        if (c)
+            return c;
+    }
+    for (int d = 0; d < WSYNC_MAX_DIMS; d++) {
+        int c = cmp_i64(a->len[d], b->len[d]);
+        if (c)
+            return c;
+    }
+    return 0;
+}
+
+static int cmp_boxed(const void *a, const void *b)
+{
+    const boxed_t *x = a, *y = b;
+    int c = cmp_box(&x->box, &y->box);
+    return c ? c : cmp_rank_index(x->shard->sender, x->shard->index, y->shard->sender,
+                                  y->shard->index);
+}
+
+static wsync_status_t check_shard(const compile_t *c, const wsync_shard_desc_t *s)
+{
+    text_t a, b;
+
+    if (!name_ok(s->param.name))
+        return wsync_err(WSYNC_ERR_INVALID, "sender %u shard %u: param name is missing, empty or "
+                         "longer than %d bytes", s->sender, s->index, WSYNC_NAME_MAX);
+    if (s->sender >= c->nsenders)
+        return wsync_err(WSYNC_ERR_INVALID, "param '%s': sender rank %u is not below the %u "
+                         "senders", s->param.name, s->sender, c->nsenders);
+    if (wsync_dtype_size(s->param.dtype) == 0)
+        return wsync_err(WSYNC_ERR_INVALID, "param '%s' at sender %u: unknown dtype %d",
+                         s->param.name, s->sender, (int)s->param.dtype);
+    if (s->param.ndim < 1 || s->param.ndim > WSYNC_MAX_DIMS)
+        return wsync_err(WSYNC_ERR_INVALID, "param '%s' at sender %u: ndim %d not in [1, %d]",
+                         s->param.name, s->sender, (int)s->param.ndim, WSYNC_MAX_DIMS);
+    if (shape_volume(s->param.ndim, s->param.shape) == 0)
+        return wsync_err(WSYNC_ERR_INVALID, "param '%s' at sender %u: shape %s has a dim <= 0 or "
+                         "too many elements", s->param.name, s->sender,
+                         fmt_shape(&a, s->param.ndim, s->param.shape));
+    if (!span_inside(s->param.ndim, s->box.start, s->box.len, s->param.shape))
+        return wsync_err(WSYNC_ERR_INVALID, "param '%s' at sender %u: box %s lies outside the "
+                         "shape %s", s->param.name, s->sender, fmt_box(&a, s->param.ndim, &s->box),
+                         fmt_shape(&b, s->param.ndim, s->param.shape));
+    return WSYNC_OK;
+}
+
+static int same_param(const wsync_shard_desc_t *a, const wsync_shard_desc_t *b)
+{
+    if (a->param.dtype != b->param.dtype || a->param.ndim != b->param.ndim)
+        return 0;
+    for (int d = 0; d < a->param.ndim; d++)
+        if (a->param.shape[d] != b->param.shape[d])
+            return 0;
+    return 1;
+}
+
+/* Group one param's non-empty shards (sorted[0..n)) into distinct boxes; check they are
+ * disjoint. */
+static wsync_status_t build_boxes(compile_t *c, param_t *p, const wsync_shard_desc_t **sorted,
+                                  size_t n, boxed_t *tmp)
+{
+    int nd = p->ref->param.ndim;
+    size_t m = 0;
+    text_t ta, tb;
+
+    for (size_t i = 0; i < n; i++) {
+        if (box_is_empty(nd, &sorted[i]->box))
+            continue;
+        memset(&tmp[m].box, 0, sizeof(tmp[m].box));
+        memcpy(tmp[m].box.start, sorted[i]->box.start, (size_t)nd * sizeof(int64_t));
+        memcpy(tmp[m].box.len, sorted[i]->box.len, (size_t)nd * sizeof(int64_t));
+        tmp[m].shard = sorted[i];
+        m++;
+    }
+    qsort(tmp, m, sizeof(*tmp), cmp_boxed);
+
+    p->box0 = (uint32_t)c->nboxes;
+    for (size_t i = 0; i < m; i++) {
+        if (i == 0 || cmp_box(&tmp[i].box, &tmp[i - 1].box) != 0) {
+            dbox_t *db = &c->boxes[c->nboxes++];
+            db->box = tmp[i].box;
+            db->rep0 = (uint32_t)c->nreps;
+            db->nrep = 0;
+        }
+        c->boxes[c->nboxes - 1].nrep++;
+        c->reps[c->nreps++] = tmp[i].shard;
+    }
+    p->nbox = (uint32_t)c->nboxes - p->box0;
+
+    /* Sorted by start, so only boxes starting before i ends in dim 0 can meet it. */
+    for (uint32_t i = p->box0; i < p->box0 + p->nbox; i++) {
+        const dbox_t *a = &c->boxes[i];
+        for (uint32_t j = i + 1; j < p->box0 + p->nbox; j++) {
+            const dbox_t *b = &c->boxes[j];
+            wsync_box_t x;
+            if (b->box.start[0] >= a->box.start[0] + a->box.len[0])
+                break;
+            if (box_intersect(nd, &a->box, &b->box, &x))
+                return wsync_err(WSYNC_ERR_MISMATCH, "param '%s': the boxes of sender %u %s and "
+                                 "sender %u %s partially overlap (boxes must be identical "
+                                 "replicas or disjoint)", p->ref->param.name,
+                                 c->reps[a->rep0]->sender, fmt_box(&ta, nd, &a->box),
+                                 c->reps[b->rep0]->sender, fmt_box(&tb, nd, &b->box));
+        }
+    }
+    return WSYNC_OK;
+}
+
+static wsync_status_t index_shards(compile_t *c)
+{
+    const wsync_shard_desc_t **sorted = NULL;
+    boxed_t *tmp = NULL;
+    wsync_status_t st = WSYNC_OK;
+    size_t n = c->nshards;
+    text_t ta, tb;
+
+    sorted = malloc((n ? n : 1) * sizeof(*sorted));
+    tmp = malloc((n ? n : 1) * sizeof(*tmp));
+    c->params = malloc((n ? n : 1) * sizeof(*c->params));
+    c->boxes = malloc((n ? n : 1) * sizeof(*c->boxes));
+    c->reps = malloc((n ? n : 1) * sizeof(*c->reps));
+    if (!sorted || !tmp || !c->params || !c->boxes || !c->reps) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan: indexing %zu shards", n);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if ((st = check_shard(c, &c->shards[i])) != WSYNC_OK)
+            goto out;
+        sorted[i] = &c->shards[i];
+    }
+
+    qsort(sorted, n, sizeof(*sorted), cmp_shard_by_rank);
+    for (size_t i = 1; i < n; i++) {
+        if (cmp_shard_by_rank(&sorted[i - 1], &sorted[i]) == 0) {
+            st = wsync_err(WSYNC_ERR_INVALID, "sender %u describes two shards with index %u "
+                           "('%s' and '%s')", sorted[i]->sender, sorted[i]->index,
+                           sorted[i - 1]->param.name, sorted[i]->param.name);
+            goto out;
+        }
+    }
+
+    qsort(sorted, n, sizeof(*sorted), cmp_shard_by_name);
+    for (size_t i = 0, j; i < n; i = j) {
+        param_t *p = &c->params[c->nparams++];
+        p->ref = sorted[i];
+        for (j = i + 1; j < n && strcmp(sorted[j]->param.name, p->ref->param.name) == 0; j++) {
+            const wsync_shard_desc_t *s = sorted[j];
+            if (!same_param(p->ref, s)) {
+                st = wsync_err(WSYNC_ERR_MISMATCH, "param '%s': sender %u describes it as %s %s, "
+                               "sender %u as %s %s", s->param.name, p->ref->sender,
+                               wsync_dtype_name(p->ref->param.dtype),
+                               fmt_shape(&ta, p->ref->param.ndim, p->ref->param.shape), s->sender,
+                               wsync_dtype_name(s->param.dtype),
+                               fmt_shape(&tb, s->param.ndim, s->param.shape));
+                goto out;
+            }
+        }
+        if ((st = build_boxes(c, p, sorted + i, j - i, tmp)) != WSYNC_OK)
+            goto out;
+    }
+out:
+    free(sorted);
+    free(tmp);
+    return st;
+}
+
+static const param_t *find_param(const compile_t *c, const char *name)
+{
+    size_t lo = 0, hi = c->nparams;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int r = strcmp(name, c->params[mid].ref->param.name);
+        if (r == 0)
+            return &c->params[mid];
+        if (r < 0)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pass 2: pieces → logical chunks and segments                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+static uint64_t hash_key(uint32_t dbox, const wsync_region_t *r)
+{
+    uint64_t k[5] = {dbox, r->off, r->pitch, r->rows, r->cols};
+    return XXH3_64bits(k, sizeof(k));
+}
+
+static int lchunk_matches(const lchunk_t *l, uint32_t dbox, const wsync_region_t *r)
+{
+    return l->dbox == dbox && l->src.off == r->off && l->src.pitch == r->pitch &&
+           l->src.rows == r->rows && l->src.cols == r->cols;
+}
+
+/* Slot of (dbox, region) in the map: its lchunk, or the empty slot where it would go. */
+static size_t map_slot(const compile_t *c, uint32_t dbox, const wsync_region_t *r)
+{
+    size_t mask = c->map_cap - 1;
+    size_t i = (size_t)hash_key(dbox, r) & mask;
+
+    while (c->map[i] != UINT32_MAX && !lchunk_matches(&c->lchunks[c->map[i]], dbox, r))
+        i = (i + 1) & mask;
+    return i;
+}
+
+static int map_grow(compile_t *c)
+{
+    size_t old_cap = c->map_cap;
+    uint32_t *old = c->map;
+    size_t cap = old_cap ? old_cap * 2 : 1024;
+
+    c->map = malloc(cap * sizeof(*c->map));
+    if (c->map == NULL) {
+        c->map = old;
+        return -1;
+    }
+    memset(c->map, 0xff, cap * sizeof(*c->map));
+    c->map_cap = cap;
+    for (size_t i = 0; i < old_cap; i++) {
+        if (old[i] != UINT32_MAX) {
+            const lchunk_t *l = &c->lchunks[old[i]];
+            c->map[map_slot(c, l->dbox, &l->src)] = old[i];
+        }
+    }
+    free(old);
+    return 0;
+}
+
+/* Everything needed to emit the regions of one intersection. */
+typedef struct {
+    const wsync_target_desc_t *target;
+    uint32_t piece;
+    uint32_t dbox;
+    const wsync_shard_desc_t *rep;   /* replica that stages new chunks */
+    wsync_dtype_t dtype;
+} emit_t;
+
+static wsync_status_t emit_region(compile_t *c, const emit_t *e, const wsync_region_t *src,
+                                  const wsync_region_t *dst)
+{
+    size_t slot;
+    uint32_t idx;
+    lseg_t *sg;
+
+    if ((c->nlchunks + 1) * 2 > c->map_cap && map_grow(c) != 0)
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: chunk index");
+    slot = map_slot(c, e->dbox, src);
+    idx = c->map[slot];
+    if (idx == UINT32_MAX) {
+        lchunk_t *l;
+        if (c->nlchunks >= UINT32_MAX - 1)
+            return wsync_err(WSYNC_ERR_RANGE, "plan: more than %u chunks", UINT32_MAX - 1);
+        if (grow((void **)&c->lchunks, &c->cap_lchunks, c->nlchunks + 1, sizeof(*c->lchunks)))
+            return wsync_err(WSYNC_ERR_NOMEM, "plan: %zu chunks", c->nlchunks + 1);
+        idx = (uint32_t)c->nlchunks++;
+        l = &c->lchunks[idx];
+        memset(l, 0, sizeof(*l));
+        l->sender = e->rep->sender;
+        l->shard = e->rep->index;
+        l->dbox = e->dbox;
+        l->dtype = e->dtype;
+        l->src = *src;
+        c->load[l->sender] += src->rows * src->cols * wsync_dtype_size(e->dtype);
+        c->map[slot] = idx;
+    }
+    if (c->nlsegs >= UINT32_MAX - 1)
+        return wsync_err(WSYNC_ERR_RANGE, "plan: more than %u segments", UINT32_MAX - 1);
+    if (grow((void **)&c->lsegs, &c->cap_lsegs, c->nlsegs + 1, sizeof(*c->lsegs)))
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: %zu segments", c->nlsegs + 1);
+    sg = &c->lsegs[c->nlsegs++];
+    sg->receiver = e->target->receiver;
+    sg->target = e->target->index;
+    sg->piece = e->piece;
+    sg->lchunk = idx;
+    sg->dst = *dst;
+    return WSYNC_OK;
+}
+
+/* Row-major strides of a dense array. */
+static void strides_of(int nd, const int64_t *shape, uint64_t *stride)
+{
+    stride[nd - 1] = 1;
+    for (int d = nd - 2; d >= 0; d--)
+        stride[d] = stride[d + 1] * (uint64_t)shape[d + 1];
+}
+
+/* Cut intersection `x` (param coordinates) of piece `p` with distinct box `db` into 2-D regions
+ * of the shard (dense over db's box) and of the target, and emit them. The last dim is always the
+ * columns (params of 1 or 2 dims map directly); the dims above form the rows, merged upward while
+ * they span their whole extent in both buffers; what cannot merge loops, one region per index. */
+static wsync_status_t emit_intersection(compile_t *c, const emit_t *e, const wsync_box_t *x,
+                                        const wsync_box_t *db, const wsync_piece_desc_t *p)
+{
+    const wsync_target_desc_t *t = e->target;
+    int nd = t->ndim;
+    uint64_t ss[WSYNC_MAX_DIMS], ds[WSYNC_MAX_DIMS];
+    uint64_t sbase = 0, dbase = 0, cols = (uint64_t)x->len[nd - 1];
+    /* groups above the columns, innermost first: [0] rows, then loops */
+    uint64_t glen[WSYNC_MAX_DIMS], gss[WSYNC_MAX_DIMS], gds[WSYNC_MAX_DIMS];
+    int ng = 0, have = 0, full = 0;
+    uint64_t len = 0, gs = 0, gd = 0;
+
+    strides_of(nd, db->len, ss);
+    strides_of(nd, t->shape, ds);
+    for (int d = 0; d < nd; d++) {
+        sbase += (uint64_t)(x->start[d] - db->start[d]) * ss[d];
+        dbase += (uint64_t)(x->start[d] - p->src.start[d] + p->dst_start[d]) * ds[d];
+    }
+    for (int d = nd - 2; d >= 0; d--) {
+        uint64_t l = (uint64_t)x->len[d];
+        int f = x->len[d] == db->len[d] && x->len[d] == t->shape[d];
+        if (have && full) {          /* the group spans its dims whole: dim d stacks on it */
+            len *= l;
+            full = f;
+            continue;
+        }
+        if (l == 1)                  /* contributes only to the offsets */
+            continue;
+        if (have && len > 1) {
+            glen[ng] = len, gss[ng] = gs, gds[ng] = gd;
+            ng++;
+        }
+        len = l, gs = ss[d], gd = ds[d], full = f, have = 1;
+    }
+    if (have && len > 1) {
+        glen[ng] = len, gss[ng] = gs, gds[ng] = gd;
+        ng++;
+    }
+
+    uint64_t rows = ng > 0 ? glen[0] : 1;
+    wsync_region_t src = {0, rows > 1 ? gss[0] : cols, rows, cols};
+    wsync_region_t dst = {0, rows > 1 ? gds[0] : cols, rows, cols};
+    uint64_t n1 = ng > 1 ? glen[1] : 1, n2 = ng > 2 ? glen[2] : 1;
+
+    for (uint64_t i2 = 0; i2 < n2; i2++) {
+        for (uint64_t i1 = 0; i1 < n1; i1++) {
+            wsync_status_t st;
+            src.off = sbase + (ng > 1 ? i1 * gss[1] : 0) + (ng > 2 ? i2 * gss[2] : 0);
+            dst.off = dbase + (ng > 1 ? i1 * gds[1] : 0) + (ng > 2 ? i2 * gds[2] : 0);
+            if ((st = emit_region(c, e, &src, &dst)) != WSYNC_OK)
+                return st;
+        }
+    }
+    return WSYNC_OK;
+}
+
+/* The replica of a distinct box with the fewest bytes staged so far (ties: lowest rank). */
+static const wsync_shard_desc_t *pick_replica(const compile_t *c, const dbox_t *db)
+{
+    const wsync_shard_desc_t *best = c->reps[db->rep0];
+
+    for (uint32_t k = 1; k < db->nrep; k++) {
+        const wsync_shard_desc_t *r = c->reps[db->rep0 + k];
+        if (c->load[r->sender] < c->load[best->sender])
+            best = r;
+    }
+    return best;
+}
+
+static int index_less(int nd, const int64_t *a, const int64_t *b)
+{
+    for (int d = 0; d < nd; d++)
+        if (a[d] != b[d])
+            return a[d] < b[d];
+    return 0;
+}
+
+/* Smallest (row-major) index of box b that none of boxes[from..n) covers, by box subtraction:
+ * 1 found (*out), 0 all covered, -1 out of budget. */
+static int find_uncovered(int nd, const wsync_box_t *b, const dbox_t *boxes, uint32_t from,
+                          uint32_t n, int64_t *out, int *budget)
+{
+    wsync_box_t x, rem = *b, frags[2 * WSYNC_MAX_DIMS];
+    int nf = 0, found = 0;
+    uint32_t k;
+
+    if (--*budget < 0)
+        return -1;
+    for (k = from; k < n; k++)
+        if (box_intersect(nd, b, &boxes[k].box, &x))
+            break;
+    if (k == n) {
+        memcpy(out, b->start, (size_t)nd * sizeof(int64_t));
+        return 1;
+    }
+    /* b minus x as disjoint fragments: below and above x in dim d, dims < d clipped to x */
+    for (int d = 0; d < nd; d++) {
+        if (rem.start[d] < x.start[d]) {
+            frags[nf] = rem;
+            frags[nf].len[d] = x.start[d] - rem.start[d];
+            nf++;
+        }
+        if (x.start[d] + x.len[d] < rem.start[d] + rem.len[d]) {
+            frags[nf] = rem;
+            frags[nf].start[d] = x.start[d] + x.len[d];
+            frags[nf].len[d] = rem.start[d] + rem.len[d] - frags[nf].start[d];
+            nf++;
+        }
+        rem.start[d] = x.start[d];
+        rem.len[d] = x.len[d];
+    }
+    for (int f = 0; f < nf; f++) {
+        int64_t idx[WSYNC_MAX_DIMS];
+        int r = find_uncovered(nd, &frags[f], boxes, k + 1, n, idx, budget);
+        if (r < 0)
+            return -1;       /* a partial search cannot tell which index is first */
+        if (r == 1 && (!found || index_less(nd, idx, out)))
+            memcpy(out, idx, (size_t)nd * sizeof(int64_t));
+        found |= r == 1;
+    }
+    return found;
+}
+
+static wsync_status_t map_piece(compile_t *c, const wsync_target_desc_t *t, uint32_t pi)
+{
+    const wsync_piece_desc_t *p = &t->pieces[pi];
+    const param_t *par;
+    const wsync_shard_desc_t *ref;
+    int nd = t->ndim;
+    uint64_t vol, covered = 0;
+    wsync_box_t dstbox;
+    text_t ta, tb;
+
+    if (!name_ok(p->param.name))
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %u target '%s' piece %u: param name is "
+                         "missing, empty or too long", t->receiver, t->name, pi);
+    par = find_param(c, p->param.name);
+    if (par == NULL)
+        return wsync_err(WSYNC_ERR_MISMATCH, "receiver %u target '%s' asks for param '%s', which "
+                         "no sender holds", t->receiver, t->name, p->param.name);
+    ref = par->ref;
+    if (p->param.ndim != ref->param.ndim || p->param.dtype != ref->param.dtype ||
+        memcmp(p->param.shape, ref->param.shape,
+               (size_t)WSYNC_MIN(WSYNC_MAX(p->param.ndim, 1), WSYNC_MAX_DIMS) * sizeof(int64_t))) {
+        return wsync_err(WSYNC_ERR_MISMATCH, "receiver %u target '%s' piece %u: param '%s' is %s "
+                         "%s at the senders but the receiver expects %s %s", t->receiver, t->name,
+                         pi, p->param.name, wsync_dtype_name(ref->param.dtype),
+                         fmt_shape(&ta, ref->param.ndim, ref->param.shape),
+                         wsync_dtype_name(p->param.dtype),
+                         fmt_shape(&tb, WSYNC_MIN(WSYNC_MAX(p->param.ndim, 0), WSYNC_MAX_DIMS),
+                                   p->param.shape));
+    }
+    if (p->param.ndim != nd)
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %u target '%s' piece %u: param '%s' has %d "
+                         "dims, the target %d (a piece keeps its dims)", t->receiver, t->name, pi,
+                         p->param.name, (int)p->param.ndim, nd);
+    if (!span_inside(nd, p->src.start, p->src.len, ref->param.shape))
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %u target '%s' piece %u: box %s lies outside "
+                         "param '%s' %s", t->receiver, t->name, pi, fmt_box(&ta, nd, &p->src),
+                         p->param.name, fmt_shape(&tb, nd, ref->param.shape));
+    memset(&dstbox, 0, sizeof(dstbox));
+    memcpy(dstbox.start, p->dst_start, (size_t)nd * sizeof(int64_t));
+    memcpy(dstbox.len, p->src.len, (size_t)nd * sizeof(int64_t));
+    if (!span_inside(nd, dstbox.start, dstbox.len, t->shape))
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %u target '%s' piece %u (param '%s'): "
+                         "destination %s lies outside the target %s", t->receiver, t->name, pi,
+                         p->param.name, fmt_box(&ta, nd, &dstbox), fmt_shape(&tb, nd, t->shape));
+    if (!dtype_reachable(ref->param.dtype, t->dtype, t->quant))
+        return wsync_err(WSYNC_ERR_MISMATCH, "receiver %u target '%s' (%s%s) cannot be filled from "
+                         "param '%s' (%s)", t->receiver, t->name, wsync_dtype_name(t->dtype),
+                         dtype_is_fp8(t->dtype) && t->quant == WSYNC_QUANT_NONE ? ", no quant"
+                                                                                 : "",
+                         p->param.name, wsync_dtype_name(ref->param.dtype));
+    if (box_is_empty(nd, &p->src))
+        return WSYNC_OK;
+
+    vol = box_volume(nd, &p->src);
+    for (uint32_t k = par->box0; k < par->box0 + par->nbox; k++) {
+        const dbox_t *db = &c->boxes[k];
+        wsync_box_t x;
+        emit_t e;
+        wsync_status_t st;
+
+        if (db->box.start[0] >= p->src.start[0] + p->src.len[0])
+            break;           /* boxes are sorted by start: none further can meet the piece */
+        if (!box_intersect(nd, &p->src, &db->box, &x))
+            continue;
+        covered += box_volume(nd, &x);
+        e.target = t;
+        e.piece = pi;
+        e.dbox = k;
+        e.rep = pick_replica(c, db);
+        e.dtype = ref->param.dtype;
+        if ((st = emit_intersection(c, &e, &x, &db->box, p)) != WSYNC_OK)
+            return st;
+    }
+    if (covered != vol) {
+        int64_t idx[WSYNC_MAX_DIMS] = {0};
+        int budget = UNCOVERED_BUDGET;
+        int r = find_uncovered(nd, &p->src, c->boxes, par->box0, par->box0 + par->nbox, idx,
+                               &budget);
+        char where[300] = "";
+        if (r == 1)
+            snprintf(where, sizeof(where), "; the first is at index %s", fmt_shape(&ta, nd, idx));
+        return wsync_err(WSYNC_ERR_MISMATCH, "receiver %u target '%s' piece %u: %" PRIu64 " of "
+                         "%" PRIu64 " elements of param '%s' box %s are held by no sender%s",
+                         t->receiver, t->name, pi, vol - covered, vol, p->param.name,
+                         fmt_box(&tb, nd, &p->src), where);
+    }
+    return WSYNC_OK;
+}
+
+static int cmp_target_by_rank(const void *a, const void *b)
+{
+    const wsync_target_desc_t *x = *(const wsync_target_desc_t *const *)a;
+    const wsync_target_desc_t *y = *(const wsync_target_desc_t *const *)b;
+    return cmp_rank_index(x->receiver, x->index, y->receiver, y->index);
+}
+
+static wsync_status_t check_target(const compile_t *c, const wsync_target_desc_t *t)
+{
+    text_t a;
+
+    if (!name_ok(t->name))
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %u target %u: name is missing, empty or "
+                         "longer than %d bytes", t->receiver, t->index, WSYNC_NAME_MAX);
+    if (t->receiver >= c->nreceivers)
+        return wsync_err(WSYNC_ERR_INVALID, "target '%s': receiver rank %u is not below the %u "
+                         "receivers", t->name, t->receiver, c->nreceivers);
+    if (wsync_dtype_size(t->dtype) == 0)
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %u target '%s': unknown dtype %d",
+                         t->receiver, t->name, (int)t->dtype);
+    if (t->ndim < 1 || t->ndim > WSYNC_MAX_DIMS)
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %u target '%s': ndim %d not in [1, %d]",
+                         t->receiver, t->name, (int)t->ndim, WSYNC_MAX_DIMS);
+    if (shape_volume(t->ndim, t->shape) == 0)
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %u target '%s': shape %s has a dim <= 0 or "
+                         "too many elements", t->receiver, t->name,
+                         fmt_shape(&a, t->ndim, t->shape));
+    if (t->npieces > 0 && t->pieces == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %u target '%s': %u pieces but no array",
+                         t->receiver, t->name, t->npieces);
+    return WSYNC_OK;
+}
+
+static wsync_status_t map_targets(compile_t *c)
+{
+    const wsync_target_desc_t **sorted;
+    wsync_status_t st = WSYNC_OK;
+    size_t n = c->ntargets;
+
+    sorted = malloc((n ? n : 1) * sizeof(*sorted));
+    if (sorted == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: indexing %zu targets", n);
+    for (size_t i = 0; i < n; i++) {
+        if ((st = check_target(c, &c->targets[i])) != WSYNC_OK)
+            goto out;
+        sorted[i] = &c->targets[i];
+    }
+    qsort(sorted, n, sizeof(*sorted), cmp_target_by_rank);
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 && cmp_target_by_rank(&sorted[i - 1], &sorted[i]) == 0) {
+            st = wsync_err(WSYNC_ERR_INVALID, "receiver %u describes two targets with index %u "
+                           "('%s' and '%s')", sorted[i]->receiver, sorted[i]->index,
+                           sorted[i - 1]->name, sorted[i]->name);
+            goto out;
+        }
+        for (uint32_t k = 0; k < sorted[i]->npieces; k++)
+            if ((st = map_piece(c, sorted[i], k)) != WSYNC_OK)
+                goto out;
+    }
+out:
+    free(sorted);
+    return st;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pass 3: buckets                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+static int cmp_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? -1 : a > b;
+}
+
+static int cmp_lchunk(const void *a, const void *b)
+{
+    const lchunk_t *x = *(const lchunk_t *const *)a, *y = *(const lchunk_t *const *)b;
+    int r = cmp_rank_index(x->sender, x->shard, y->sender, y->shard);
+    if (!r)
+        r = cmp_u64(x->src.off, y->src.off);
+    if (!r)
+        r = cmp_u64(x->src.rows, y->src.rows);
+    if (!r)
+        r = cmp_u64(x->src.cols, y->src.cols);
+    if (!r)
+        r = cmp_u64(x->src.pitch, y->src.pitch);
+    return r;
+}
+
+static wsync_status_t add_part(compile_t *c, lchunk_t *l, uint64_t row, uint64_t col,
+                               uint64_t rows, uint64_t cols, uint32_t bucket, uint64_t off)
+{
+    wsync_plan_t *pl = c->plan;
+    wsync_chunk_t *ch;
+
+    if (pl->nchunks >= UINT32_MAX - 1)
+        return wsync_err(WSYNC_ERR_RANGE, "plan: more than %u chunks", UINT32_MAX - 1);
+    if (grow((void **)&pl->chunks, &c->cap_chunks, pl->nchunks + 1, sizeof(*pl->chunks)) ||
+        grow((void **)&c->parts, &c->cap_parts, pl->nchunks + 1, sizeof(*c->parts)))
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: %u chunks", pl->nchunks + 1);
+    ch = &pl->chunks[pl->nchunks];
+    ch->sender = l->sender;
+    ch->shard = l->shard;
+    ch->dtype = l->dtype;
+    ch->src.off = l->src.off + row * l->src.pitch + col;
+    ch->src.pitch = l->src.pitch;
+    ch->src.rows = rows;
+    ch->src.cols = cols;
+    ch->bucket = bucket;
+    ch->bucket_off = off;
+    c->parts[pl->nchunks].row = row;
+    c->parts[pl->nchunks].col = col;
+    pl->nchunks++;
+    l->nparts++;
+    return WSYNC_OK;
+}
+
+/* Lay one sender's logical chunks (in order) into its buckets, splitting at bucket ends. */
+static wsync_status_t layout_buckets(compile_t *c)
+{
+    lchunk_t **order;
+    uint64_t B = c->bucket_bytes, off = 0;
+    uint32_t sender = UINT32_MAX, bucket = 0;
+    wsync_status_t st = WSYNC_OK;
+
+    order = malloc((c->nlchunks ? c->nlchunks : 1) * sizeof(*order));
+    if (order == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: ordering %zu chunks", c->nlchunks);
+    for (size_t i = 0; i < c->nlchunks; i++)
+        order[i] = &c->lchunks[i];
+    qsort(order, c->nlchunks, sizeof(*order), cmp_lchunk);
+
+    for (size_t i = 0; i < c->nlchunks; i++) {
+        lchunk_t *l = order[i];
+        uint64_t esz = wsync_dtype_size(l->dtype), rowbytes = l->src.cols * esz;
+        uint64_t row = 0, col = 0;
+
+        if (l->sender != sender) {
+            sender = l->sender;
+            bucket = 0;
+            off = 0;
+        }
+        l->part0 = c->plan->nchunks;
+        while (row < l->src.rows) {
+            off = align_up(off, WSYNC_PLAN_ALIGN);
+            if (off >= B) {
+                bucket++;
+                off = 0;
+            }
+            if (bucket == WSYNC_BUCKET_NONE) {
+                st = wsync_err(WSYNC_ERR_RANGE, "plan: sender %u needs more than %u buckets",
+                               sender, WSYNC_BUCKET_NONE - 1);
+                goto out;
+            }
+            uint64_t space = B - off;
+            if (col == 0 && rowbytes <= B) {     /* whole rows: as many as fit */
+                uint64_t k = WSYNC_MIN(l->src.rows - row, space / rowbytes);
+                if (k == 0) {
+                    bucket++;
+                    off = 0;
+                    continue;
+                }
+                if ((st = add_part(c, l, row, 0, k, l->src.cols, bucket, off)) != WSYNC_OK)
+                    goto out;
+                off += k * rowbytes;
+                row += k;
+            } else {                             /* a row larger than a bucket: by columns */
+                uint64_t w = WSYNC_MIN(l->src.cols - col, space / esz);
+                if (w == 0) {
+                    bucket++;
+                    off = 0;
+                    continue;
+                }
+                if ((st = add_part(c, l, row, col, 1, w, bucket, off)) != WSYNC_OK)
+                    goto out;
+                off += w * esz;
+                col += w;
+                if (col == l->src.cols) {
+                    col = 0;
+                    row++;
+                }
+            }
+        }
+    }
+out:
+    free(order);
+    return st;
+}
+
+static int cmp_segment(const void *a, const void *b)
+{
+    const wsync_segment_t *x = a, *y = b;
+    int r = cmp_rank_index(x->receiver, x->chunk, y->receiver, y->chunk);
+    if (!r)
+        r = cmp_rank_index(x->target, x->piece, y->target, y->piece);
+    if (!r)
+        r = cmp_u64(x->dst.off, y->dst.off);
+    return r;
+}
+
+static wsync_status_t split_segments(compile_t *c)
+{
+    wsync_plan_t *pl = c->plan;
+    uint64_t n = 0;
+
+    for (size_t i = 0; i < c->nlsegs; i++)
+        n += c->lchunks[c->lsegs[i].lchunk].nparts;
+    if (n >= UINT32_MAX)
+        return wsync_err(WSYNC_ERR_RANGE, "plan: %" PRIu64 " segments, more than %u", n,
+                         UINT32_MAX - 1);
+    pl->segments = malloc((n ? n : 1) * sizeof(*pl->segments));
+    if (pl->segments == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " segments", n);
+    for (size_t i = 0; i < c->nlsegs; i++) {
+        const lseg_t *s = &c->lsegs[i];
+        const lchunk_t *l = &c->lchunks[s->lchunk];
+        for (uint32_t k = l->part0; k < l->part0 + l->nparts; k++) {
+            wsync_segment_t *sg = &pl->segments[pl->nsegments++];
+            const wsync_chunk_t *ch = &pl->chunks[k];
+            sg->receiver = s->receiver;
+            sg->target = s->target;
+            sg->piece = s->piece;
+            sg->chunk = k;
+            sg->dst.off = s->dst.off + c->parts[k].row * s->dst.pitch + c->parts[k].col;
+            sg->dst.pitch = s->dst.pitch;
+            sg->dst.rows = ch->src.rows;
+            sg->dst.cols = ch->src.cols;
+        }
+    }
+    qsort(pl->segments, pl->nsegments, sizeof(*pl->segments), cmp_segment);
+    return WSYNC_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pass 4: derived tables, wire form, fingerprint                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+static uint64_t chunk_bytes(const wsync_chunk_t *ch)
+{
+    return ch->src.rows * ch->src.cols * wsync_dtype_size(ch->dtype);
+}
+
+/* nbuckets, bucket_used (high-water mark) and pair_bytes from chunks and segments, which must
+ * already be ordered by (sender, bucket) with each sender's buckets numbered densely from 0. */
+static wsync_status_t plan_derive(wsync_plan_t *p)
+{
+    uint64_t total = 0, *base;
+
+    p->nbuckets = calloc(p->nsenders, sizeof(*p->nbuckets));
+    p->pair_bytes = calloc((size_t)p->nsenders * p->nreceivers, sizeof(*p->pair_bytes));
+    base = calloc(p->nsenders, sizeof(*base));
+    if (!p->nbuckets || !p->pair_bytes || !base) {
+        free(base);
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: tables for %u senders x %u receivers",
+                         p->nsenders, p->nreceivers);
+    }
+    for (uint32_t i = 0; i < p->nchunks; i++) {
+        const wsync_chunk_t *ch = &p->chunks[i];
+        if (ch->bucket + 1 > p->nbuckets[ch->sender])
+            p->nbuckets[ch->sender] = ch->bucket + 1;
+    }
+    for (uint32_t s = 0; s < p->nsenders; s++) {
+        base[s] = total;
+        total += p->nbuckets[s];
+    }
+    p->bucket_used = calloc(total ? total : 1, sizeof(*p->bucket_used));
+    if (p->bucket_used == NULL) {
+        free(base);
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " buckets", total);
+    }
+    for (uint32_t i = 0; i < p->nchunks; i++) {
+        const wsync_chunk_t *ch = &p->chunks[i];
+        uint64_t *u = &p->bucket_used[base[ch->sender] + ch->bucket];
+        *u = WSYNC_MAX(*u, ch->bucket_off + chunk_bytes(ch));
+    }
+    for (uint32_t i = 0; i < p->nsegments; i++) {
+        const wsync_segment_t *sg = &p->segments[i];
+        const wsync_chunk_t *ch = &p->chunks[sg->chunk];
+        p->pair_bytes[(size_t)ch->sender * p->nreceivers + sg->receiver] += chunk_bytes(ch);
+    }
+    free(base);
+    return WSYNC_OK;
+}
+
+static void put_region(wsync_wbuf_t *b, const wsync_region_t *r)
+{
+    wsync_put_u64(b, r->off);
+    wsync_put_u64(b, r->pitch);
+    wsync_put_u64(b, r->rows);
+    wsync_put_u64(b, r->cols);
+}
+
+static void encode_body(const wsync_plan_t *p, wsync_wbuf_t *b)
+{
+    wsync_put_u32(b, PLAN_MAGIC);
+    wsync_put_u16(b, PLAN_VERSION);
+    wsync_put_u16(b, 0);                          /* flags */
+    wsync_put_u32(b, p->nsenders);
+    wsync_put_u32(b, p->nreceivers);
+    wsync_put_u64(b, p->bucket_bytes);
+    wsync_put_u32(b, p->nchunks);
+    for (uint32_t i = 0; i < p->nchunks; i++) {
+        const wsync_chunk_t *ch = &p->chunks[i];
+        wsync_put_u32(b, ch->sender);
+        wsync_put_u32(b, ch->shard);
+        wsync_put_u8(b, (uint8_t)ch->dtype);
+        put_region(b, &ch->src);
+        wsync_put_u32(b, ch->bucket);
+        wsync_put_u64(b, ch->bucket_off);
+    }
+    wsync_put_u32(b, p->nsegments);
+    for (uint32_t i = 0; i < p->nsegments; i++) {
+        const wsync_segment_t *sg = &p->segments[i];
+        wsync_put_u32(b, sg->receiver);
+        wsync_put_u32(b, sg->target);
+        wsync_put_u32(b, sg->piece);
+        wsync_put_u32(b, sg->chunk);
+        put_region(b, &sg->dst);
+    }
+}
+
+void wsync_plan_encode(const wsync_plan_t *plan, wsync_wbuf_t *out)
+{
+    size_t start = out->len;
+
+    encode_body(plan, out);
+    if (!out->err)   /* hash what was written, so the fingerprint always matches the bytes */
+        wsync_put_u64(out, XXH3_64bits(out->data + start, out->len - start));
+}
+
+static wsync_status_t check_limits(uint32_t nsenders, uint32_t nreceivers, uint64_t bucket_bytes,
+                                   wsync_status_t code)
+{
+    if (nsenders == 0 || nreceivers == 0 || nsenders > WSYNC_PLAN_MAX_RANKS ||
+        nreceivers > WSYNC_PLAN_MAX_RANKS ||
+        (uint64_t)nsenders * nreceivers > WSYNC_PLAN_MAX_PAIRS)
+        return wsync_err(code, "plan: %u senders and %u receivers (each must be in [1, %u], their "
+                         "product at most %u)", nsenders, nreceivers, WSYNC_PLAN_MAX_RANKS,
+                         WSYNC_PLAN_MAX_PAIRS);
+    if (bucket_bytes < WSYNC_PLAN_MIN_BUCKET || bucket_bytes > WSYNC_PLAN_MAX_BUCKET)
+        return wsync_err(code, "plan: bucket of %" PRIu64 " bytes (must be in [%u, %" PRIu64 "])",
+                         bucket_bytes, WSYNC_PLAN_MIN_BUCKET, (uint64_t)WSYNC_PLAN_MAX_BUCKET);
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshards,
+                                  const wsync_target_desc_t *targets, size_t ntargets,
+                                  uint32_t nsenders, uint32_t nreceivers, uint64_t bucket_bytes,
+                                  wsync_plan_t **plan)
+{
+    compile_t c;
+    wsync_wbuf_t body;
+    wsync_status_t st;
+
+    if (plan == NULL || (nshards > 0 && shards == NULL) || (ntargets > 0 && targets == NULL))
+        return wsync_err(WSYNC_ERR_INVALID, "plan: NULL argument");
+    if ((st = check_limits(nsenders, nreceivers, bucket_bytes, WSYNC_ERR_INVALID)) != WSYNC_OK)
+        return st;
+    if (nshards >= UINT32_MAX || ntargets >= UINT32_MAX)
+        return wsync_err(WSYNC_ERR_RANGE, "plan: %zu shards, %zu targets", nshards, ntargets);
+
+    memset(&c, 0, sizeof(c));
+    c.shards = shards;
+    c.nshards = nshards;
+    c.targets = targets;
+    c.ntargets = ntargets;
+    c.nsenders = nsenders;
+    c.nreceivers = nreceivers;
+    c.bucket_bytes = bucket_bytes;
+    c.plan = calloc(1, sizeof(*c.plan));
+    c.load = calloc(nsenders, sizeof(*c.load));
+    if (c.plan == NULL || c.load == NULL || map_grow(&c) != 0) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan: compile state");
+        goto fail;
+    }
+    c.plan->nsenders = nsenders;
+    c.plan->nreceivers = nreceivers;
+    c.plan->bucket_bytes = bucket_bytes;
+
+    if ((st = index_shards(&c)) != WSYNC_OK || (st = map_targets(&c)) != WSYNC_OK ||
+        (st = layout_buckets(&c)) != WSYNC_OK || (st = split_segments(&c)) != WSYNC_OK ||
+        (st = plan_derive(c.plan)) != WSYNC_OK)
+        goto fail;
+
+    wsync_wbuf_init(&body);
+    encode_body(c.plan, &body);
+    if (body.err) {
+        wsync_wbuf_free(&body);
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan: encoding for the fingerprint");
+        goto fail;
+    }
+    c.plan->fingerprint = XXH3_64bits(body.data, body.len);
+    wsync_wbuf_free(&body);
+
+    *plan = c.plan;
+    c.plan = NULL;
+    compile_release(&c);
+    return WSYNC_OK;
+fail:
+    wsync_plan_free(c.plan);
+    compile_release(&c);
+    return st;
+}
+
+void wsync_plan_free(wsync_plan_t *plan)
+{
+    if (plan == NULL)
+        return;
+    free(plan->chunks);
+    free(plan->segments);
+    free(plan->nbuckets);
+    free(plan->bucket_used);
+    free(plan->pair_bytes);
+    free(plan);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Decoding: everything from the wire is checked before it is used                              */
+/* ------------------------------------------------------------------------------------------ */
+
+static void get_region(wsync_rbuf_t *r, wsync_region_t *g)
+{
+    g->off = wsync_get_u64(r);
+    g->pitch = wsync_get_u64(r);
+    g->rows = wsync_get_u64(r);
+    g->cols = wsync_get_u64(r);
+}
+
+/* rows, cols >= 1, pitch >= cols (rows > 1), and the end fits in 64 bits. */
+static int region_sane(const wsync_region_t *g)
+{
+    return g->rows >= 1 && g->cols >= 1 && (g->rows == 1 || g->pitch >= g->cols) &&
+           region_end(g) != 0;
+}
+
+static wsync_status_t decode_chunk(wsync_rbuf_t *r, const wsync_plan_t *p, uint32_t i)
+{
+    wsync_chunk_t *ch = &p->chunks[i];
+    uint8_t dt;
+    uint64_t esz, bytes;
+
+    ch->sender = wsync_get_u32(r);
+    ch->shard = wsync_get_u32(r);
+    dt = wsync_get_u8(r);
+    ch->dtype = (wsync_dtype_t)dt;
+    get_region(r, &ch->src);
+    ch->bucket = wsync_get_u32(r);
+    ch->bucket_off = wsync_get_u64(r);
+    if (r->err)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated at chunk %u", i);
+    if (ch->sender >= p->nsenders)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u names sender %u of %u", i,
+                         ch->sender, p->nsenders);
+    esz = wsync_dtype_size(ch->dtype);
+    if (esz == 0)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u has unknown dtype %u", i, dt);
+    if (!region_sane(&ch->src))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u has a malformed region (%" PRIu64
+                         " x %" PRIu64 ", pitch %" PRIu64 ")", i, ch->src.rows, ch->src.cols,
+                         ch->src.pitch);
+    if (wsync_mul_u64(ch->src.rows, ch->src.cols, &bytes) || wsync_mul_u64(bytes, esz, &bytes) ||
+        bytes > p->bucket_bytes || ch->bucket_off % WSYNC_PLAN_ALIGN != 0 ||
+        ch->bucket_off > p->bucket_bytes - bytes)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u (%" PRIu64 " x %" PRIu64 " %s at "
+                         "offset %" PRIu64 ") does not fit a %" PRIu64 "-byte bucket at a %u-byte "
+                         "aligned offset", i, ch->src.rows, ch->src.cols,
+                         wsync_dtype_name(ch->dtype), ch->bucket_off, p->bucket_bytes,
+                         WSYNC_PLAN_ALIGN);
+    if (i == 0 || ch->sender != p->chunks[i - 1].sender) {
+        if ((i > 0 && ch->sender < p->chunks[i - 1].sender) || ch->bucket != 0)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u out of order (sender %u, bucket "
+                             "%u)", i, ch->sender, ch->bucket);
+    } else {
+        const wsync_chunk_t *pv = &p->chunks[i - 1];
+        int same = ch->bucket == pv->bucket && ch->bucket_off >= pv->bucket_off + chunk_bytes(pv);
+        if (!same && ch->bucket != pv->bucket + 1)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u (sender %u, bucket %u, offset "
+                             "%" PRIu64 ") is out of order or overlaps the one before", i,
+                             ch->sender, ch->bucket, ch->bucket_off);
+    }
+    return WSYNC_OK;
+}
+
+static wsync_status_t decode_segment(wsync_rbuf_t *r, const wsync_plan_t *p, uint32_t i)
+{
+    wsync_segment_t *sg = &p->segments[i];
+    const wsync_chunk_t *ch;
+
+    sg->receiver = wsync_get_u32(r);
+    sg->target = wsync_get_u32(r);
+    sg->piece = wsync_get_u32(r);
+    sg->chunk = wsync_get_u32(r);
+    get_region(r, &sg->dst);
+    if (r->err)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated at segment %u", i);
+    if (sg->receiver >= p->nreceivers || sg->chunk >= p->nchunks)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %u names receiver %u of %u, chunk %u "
+                         "of %u", i, sg->receiver, p->nreceivers, sg->chunk, p->nchunks);
+    ch = &p->chunks[sg->chunk];
+    if (sg->dst.rows != ch->src.rows || sg->dst.cols != ch->src.cols || !region_sane(&sg->dst))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %u (%" PRIu64 " x %" PRIu64 ", pitch "
+                         "%" PRIu64 ") does not match chunk %u (%" PRIu64 " x %" PRIu64 ")", i,
+                         sg->dst.rows, sg->dst.cols, sg->dst.pitch, sg->chunk, ch->src.rows,
+                         ch->src.cols);
+    if (i > 0) {
+        const wsync_segment_t *pv = &p->segments[i - 1];
+        if (cmp_rank_index(pv->receiver, pv->chunk, sg->receiver, sg->chunk) > 0)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %u out of order", i);
+    }
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **plan)
+{
+    wsync_rbuf_t r;
+    wsync_plan_t *p;
+    wsync_status_t st;
+    uint32_t magic, version, flags;
+    size_t body_len;
+    uint64_t fp;
+
+    if (plan == NULL || (data == NULL && len > 0))
+        return wsync_err(WSYNC_ERR_INVALID, "plan decode: NULL argument");
+    if (len == 0)                     /* also keeps NULL + 0 out of the reader */
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: empty message");
+    wsync_rbuf_init(&r, data, len);
+    magic = wsync_get_u32(&r);
+    version = wsync_get_u16(&r);
+    flags = wsync_get_u16(&r);
+    if (r.err || magic != PLAN_MAGIC)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: not a plan (bad magic or %zu bytes)", len);
+    if (version != PLAN_VERSION || flags != 0)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: version %u flags %u, this library reads "
+                         "version %u flags 0", version, flags, PLAN_VERSION);
+
+    p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "plan decode");
+    p->nsenders = wsync_get_u32(&r);
+    p->nreceivers = wsync_get_u32(&r);
+    p->bucket_bytes = wsync_get_u64(&r);
+    if (r.err) {
+        st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated header");
+        goto fail;
+    }
+    if ((st = check_limits(p->nsenders, p->nreceivers, p->bucket_bytes, WSYNC_ERR_PROTOCOL)))
+        goto fail;
+
+    p->nchunks = wsync_get_count(&r, CHUNK_WIRE_BYTES);
+    if (r.err) {
+        st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk count larger than the message");
+        goto fail;
+    }
+    p->chunks = calloc(p->nchunks ? p->nchunks : 1, sizeof(*p->chunks));
+    if (p->chunks == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan decode: %u chunks", p->nchunks);
+        goto fail;
+    }
+    for (uint32_t i = 0; i < p->nchunks; i++)
+        if ((st = decode_chunk(&r, p, i)) != WSYNC_OK)
+            goto fail;
+
+    p->nsegments = wsync_get_count(&r, SEGMENT_WIRE_BYTES);
+    if (r.err) {
+        st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment count larger than the message");
+        goto fail;
+    }
+    p->segments = calloc(p->nsegments ? p->nsegments : 1, sizeof(*p->segments));
+    if (p->segments == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan decode: %u segments", p->nsegments);
+        goto fail;
+    }
+    for (uint32_t i = 0; i < p->nsegments; i++)
+        if ((st = decode_segment(&r, p, i)) != WSYNC_OK)
+            goto fail;
+
+    body_len = len - wsync_rbuf_left(&r);
+    fp = wsync_get_u64(&r);
+    if (r.err || wsync_rbuf_left(&r) != 0) {
+        st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: %s after the segments",
+                       r.err ? "fingerprint missing" : "trailing bytes");
+        goto fail;
+    }
+    if (fp != XXH3_64bits(data, body_len)) {
+        st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: fingerprint %016" PRIx64 " does not match the "
+                       "content (corrupted in transit?)", fp);
+        goto fail;
+    }
+    p->fingerprint = fp;
+    if ((st = plan_derive(p)) != WSYNC_OK)
+        goto fail;
+    *plan = p;
+    return WSYNC_OK;
+fail:
+    wsync_plan_free(p);
+    return st;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Checks against a participant's own descriptions                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    uint32_t index;
+    const void *desc;
+} by_index_t;
+
+static int cmp_by_index(const void *a, const void *b)
+{
+    const by_index_t *x = a, *y = b;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+static const void *lookup(const by_index_t *v, size_t n, uint32_t index)
+{
+    by_index_t key = {index, NULL};
+    const by_index_t *hit = bsearch(&key, v, n, sizeof(*v), cmp_by_index);
+    return hit ? hit->desc : NULL;
+}
+
+wsync_status_t wsync_plan_check_sender(const wsync_plan_t *plan, uint32_t rank,
+                                       const wsync_shard_desc_t *shards, size_t nshards)
+{
+    by_index_t *v;
+    size_t n = 0;
+    wsync_status_t st = WSYNC_OK;
+
+    if (plan == NULL || (nshards > 0 && shards == NULL))
+        return wsync_err(WSYNC_ERR_INVALID, "plan check: NULL argument");
+    if (rank >= plan->nsenders)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan has %u senders; this is sender %u",
+                         plan->nsenders, rank);
+    v = malloc((nshards ? nshards : 1) * sizeof(*v));
+    if (v == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "plan check");
+    for (size_t i = 0; i < nshards; i++)
+        if (shards[i].sender == rank)
+            v[n++] = (by_index_t){shards[i].index, &shards[i]};
+    qsort(v, n, sizeof(*v), cmp_by_index);
+
+    for (uint32_t i = 0; i < plan->nchunks && st == WSYNC_OK; i++) {
+        const wsync_chunk_t *ch = &plan->chunks[i];
+        const wsync_shard_desc_t *s;
+        uint64_t vol, end;
+
+        if (ch->sender != rank)
+            continue;
+        s = lookup(v, n, ch->shard);
+        if (s == NULL) {
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan chunk %u reads shard %u of sender %u, which "
+                           "it does not hold", i, ch->shard, rank);
+            break;
+        }
+        if (s->param.ndim < 1 || s->param.ndim > WSYNC_MAX_DIMS ||
+            !span_inside(s->param.ndim, s->box.start, s->box.len, s->param.shape)) {
+            st = wsync_err(WSYNC_ERR_INVALID, "sender %u shard %u ('%s') is malformed", rank,
+                           ch->shard, nm(s->param.name));
+            break;
+        }
+        vol = box_volume(s->param.ndim, &s->box);
+        end = region_end(&ch->src);
+        if (ch->dtype != s->param.dtype || !region_sane(&ch->src) || end > vol)
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan chunk %u does not fit shard %u (param '%s', "
+                           "%s, %" PRIu64 " elements): %s, elements [%" PRIu64 ", %" PRIu64 ")",
+                           i, ch->shard, nm(s->param.name), wsync_dtype_name(s->param.dtype), vol,
+                           wsync_dtype_name(ch->dtype), ch->src.off, end);
+    }
+    free(v);
+    return st;
+}
+
+wsync_status_t wsync_plan_check_receiver(const wsync_plan_t *plan, uint32_t rank,
+                                         const wsync_target_desc_t *targets, size_t ntargets)
+{
+    by_index_t *v;
+    size_t n = 0;
+    wsync_status_t st = WSYNC_OK;
+
+    if (plan == NULL || (ntargets > 0 && targets == NULL))
+        return wsync_err(WSYNC_ERR_INVALID, "plan check: NULL argument");
+    if (rank >= plan->nreceivers)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan has %u receivers; this is receiver %u",
+                         plan->nreceivers, rank);
+    v = malloc((ntargets ? ntargets : 1) * sizeof(*v));
+    if (v == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "plan check");
+    for (size_t i = 0; i < ntargets; i++)
+        if (targets[i].receiver == rank)
+            v[n++] = (by_index_t){targets[i].index, &targets[i]};
+    qsort(v, n, sizeof(*v), cmp_by_index);
+
+    for (uint32_t i = 0; i < plan->nsegments && st == WSYNC_OK; i++) {
+        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_target_desc_t *t;
+        const wsync_chunk_t *ch;
+        uint64_t vol, end;
+
+        if (sg->receiver != rank)
+            continue;
+        t = lookup(v, n, sg->target);
+        if (t == NULL) {
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %u writes target %u of receiver %u, "
+                           "which it does not have", i, sg->target, rank);
+            break;
+        }
+        if (sg->chunk >= plan->nchunks) {
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %u names chunk %u of %u", i,
+                           sg->chunk, plan->nchunks);
+            break;
+        }
+        ch = &plan->chunks[sg->chunk];
+        vol = t->ndim >= 1 && t->ndim <= WSYNC_MAX_DIMS ? shape_volume(t->ndim, t->shape) : 0;
+        end = region_end(&sg->dst);
+        if (sg->piece >= t->npieces || t->pieces == NULL) {
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %u serves piece %u of target '%s', "
+                           "which has %u", i, sg->piece, nm(t->name), t->npieces);
+        } else if (ch->dtype != t->pieces[sg->piece].param.dtype ||
+                   !dtype_reachable(ch->dtype, t->dtype, t->quant)) {
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %u brings %s to target '%s' (%s), "
+                           "piece %u of param '%s' (%s)", i, wsync_dtype_name(ch->dtype),
+                           nm(t->name), wsync_dtype_name(t->dtype), sg->piece,
+                           nm(t->pieces[sg->piece].param.name),
+                           wsync_dtype_name(t->pieces[sg->piece].param.dtype));
+        } else if (sg->dst.rows != ch->src.rows || sg->dst.cols != ch->src.cols ||
+                   !region_sane(&sg->dst) || end > vol) {
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %u does not fit target '%s' (%" PRIu64
+                           " elements): elements [%" PRIu64 ", %" PRIu64 ")", i, nm(t->name), vol,
+                           sg->dst.off, end);
+        }
+    }
+    free(v);
+    return st;
+}

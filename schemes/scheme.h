@@ -1,0 +1,38 @@
+/* Internal: a scheme is *how* a version travels (ipc, nccl, store). Each file in schemes/ exports
+ * one wsync_scheme_ops_t. The coordinator asks every scheme to score the group (0 = cannot serve,
+ * with the reason) and picks by the rules in core/negotiate.c. Schemes know nothing of each other. */
+#ifndef WSYNC_SCHEMES_SCHEME_H
+#define WSYNC_SCHEMES_SCHEME_H
+
+#include <stddef.h>
+
+#include "core/proto.h"
+#include "wsync/wsync.h"
+
+typedef struct {
+    uint32_t nsenders, nreceivers;
+    const wsync_hello_t *senders;    /* [nsenders], by rank */
+    const wsync_hello_t *receivers;  /* [nreceivers], by rank */
+    unsigned mem_kinds;              /* bit (1 << wsync_mem_t) for each memory kind described */
+} wsync_group_info_t;
+
+typedef struct wsync_scheme_ops {
+    const char *name;
+    int implemented;                 /* has a data path in this version */
+    /* 0 if the scheme cannot serve the group, else a preference (higher first). Writes the
+     * reason either way ("all 4 participants share host X" / "receiver 2 is on another host"). */
+    int (*score)(const wsync_group_info_t *g, char *reason, size_t len);
+    wsync_status_t (*sender_setup)(wsync_sender_t *s);
+    wsync_status_t (*sender_push)(wsync_sender_t *s, uint64_t version);
+    void (*sender_teardown)(wsync_sender_t *s);
+    wsync_status_t (*receiver_setup)(wsync_receiver_t *r);
+    /* Land version `version` (its BEGIN was seen) in the targets. */
+    wsync_status_t (*receiver_recv)(wsync_receiver_t *r, uint64_t version);
+    void (*receiver_teardown)(wsync_receiver_t *r);
+} wsync_scheme_ops_t;
+
+extern const wsync_scheme_ops_t wsync_scheme_ipc;
+extern const wsync_scheme_ops_t wsync_scheme_nccl;
+extern const wsync_scheme_ops_t wsync_scheme_store;
+
+#endif

@@ -1,0 +1,111 @@
+#include "tests/support/proc.h"
+
+#include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/support/check.h"
+
+pid_t proc_spawn(proc_fn fn, void *arg, int limit_s)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm((unsigned)limit_s);
+        int rc = fn(arg);
+        if (check_failures != 0 && rc == 0)
+            rc = 1;
+        fflush(NULL);
+        _exit(rc);
+    }
+    return pid;
+}
+
+long long proc_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int proc_wait_all(const pid_t *pids, int n, int timeout_ms, int *codes)
+{
+    long long deadline = proc_now_ms() + timeout_ms;
+    int left = n, bad = 0;
+
+    for (int i = 0; i < n; i++)
+        codes[i] = -2;
+    while (left > 0) {
+        for (int i = 0; i < n; i++) {
+            int status;
+            if (codes[i] != -2)
+                continue;
+            if (waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+                codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+                left--;
+            }
+        }
+        if (left == 0)
+            break;
+        if (proc_now_ms() > deadline) {
+            for (int i = 0; i < n; i++) {
+                if (codes[i] == -2) {
+                    fprintf(stderr, "child %d (pid %d) still running at the deadline: killed\n", i,
+                            (int)pids[i]);
+                    kill(pids[i], SIGKILL);
+                    waitpid(pids[i], NULL, 0);
+                    codes[i] = -1;
+                }
+            }
+            break;
+        }
+        usleep(10000);
+    }
+    for (int i = 0; i < n; i++)
+        if (codes[i] != 0)
+            bad++;
+    return bad;
+}
+
+int proc_free_port(void)
+{
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof(sa);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    getsockname(fd, (struct sockaddr *)&sa, &sl);
+    port = ntohs(sa.sin_port);
+    close(fd);
+    return port;
+}
+
+void proc_list_dev_shm(char *buf, size_t len)
+{
+    DIR *d = opendir("/dev/shm");
+    size_t n = 0;
+    struct dirent *e;
+
+    buf[0] = '\0';
+    if (d == NULL)
+        return;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        int w = snprintf(buf + n, len - n, "%s\n", e->d_name);
+        if (w < 0 || (size_t)w >= len - n)
+            break;
+        n += (size_t)w;
+    }
+    closedir(d);
+}

@@ -1,0 +1,23 @@
+/* Multi-process test helpers: fork children that run a function and exit with its result, wait
+ * for them all with a deadline (killing every child when it passes), pick a free TCP port. The
+ * parent never creates wsync objects before forking, so children start without foreign threads. */
+#ifndef WSYNC_TEST_PROC_H
+#define WSYNC_TEST_PROC_H
+
+#include <sys/types.h>
+
+typedef int (*proc_fn)(void *arg);
+
+/* Fork a child that runs fn(arg) and exits with its return value (killed after limit_s by alarm). */
+pid_t proc_spawn(proc_fn fn, void *arg, int limit_s);
+/* Wait for n children until timeout_ms. codes[i] = exit code, or 128 + signal, or -1 if it had to
+ * be killed at the deadline. Returns the number of children that did not exit 0. */
+int proc_wait_all(const pid_t *pids, int n, int timeout_ms, int *codes);
+/* A TCP port on 127.0.0.1 that was free a moment ago. */
+int proc_free_port(void);
+/* Milliseconds on the monotonic clock. */
+long long proc_now_ms(void);
+/* Names of files in /dev/shm, newline-joined, into buf. */
+void proc_list_dev_shm(char *buf, size_t len);
+
+#endif

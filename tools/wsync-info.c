@@ -1,0 +1,208 @@
+/* wsync-info: what this build of wsync has and what works on this machine: the library version,
+ * the optional dependencies it was built with, and every transport and scheme (compiled in,
+ * available now, capabilities, and why). Public API only. */
+#include "wsync/wsync.h"
+#include "wsync_build_config.h"
+
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PROG "wsync-info"
+
+typedef struct {
+    int count;
+    wsync_component_info_t *items;
+} info_list_t;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: " PROG " [--json]\n"
+            "\n"
+            "Prints the wsync version, the optional dependencies this build has (CUDA, NCCL,\n"
+            "UCX, libfabric), and for every transport and scheme: whether it is compiled in,\n"
+            "whether it is available on this machine now, its capabilities, and the reason.\n"
+            "\n"
+            "  --json       print one JSON object instead of tables\n"
+            "  -h, --help   this text\n"
+            "\n"
+            "Environment: WSYNC_LOG_LEVEL=error|warn|info|debug.\n");
+}
+
+static const struct {
+    const char *name;
+    int have;
+} build_options[] = {
+    {"cuda", WSYNC_HAVE_CUDA},
+    {"nccl", WSYNC_HAVE_NCCL},
+    {"ucx", WSYNC_HAVE_UCX},
+    {"ofi", WSYNC_HAVE_OFI},
+};
+#define NBUILD_OPTIONS ((int)(sizeof(build_options) / sizeof(build_options[0])))
+
+/* Collects the transports (which = 0) or the schemes (which = 1). 0 on success. */
+static int collect(const wsync_ctx_t *ctx, int which, info_list_t *list)
+{
+    int n = which ? wsync_scheme_count(ctx) : wsync_transport_count(ctx);
+    list->count = 0;
+    list->items = calloc(n > 0 ? (size_t)n : 1, sizeof(*list->items));
+    if (!list->items) {
+        fprintf(stderr, PROG ": out of memory\n");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        wsync_status_t st = which ? wsync_scheme_info(ctx, i, &list->items[i])
+                                  : wsync_transport_info(ctx, i, &list->items[i]);
+        if (st != WSYNC_OK) {
+            fprintf(stderr, PROG ": %s(%d) failed: %s\n",
+                    which ? "wsync_scheme_info" : "wsync_transport_info", i, wsync_last_error());
+            return -1;
+        }
+    }
+    list->count = n;
+    return 0;
+}
+
+static const char *or_dash(const char *s) { return s && *s ? s : "-"; }
+
+static void print_table(const char *title, const info_list_t *list)
+{
+    int wname = 4, wcaps = 4;
+    for (int i = 0; i < list->count; i++) {
+        int a = (int)strlen(or_dash(list->items[i].name));
+        int b = (int)strlen(or_dash(list->items[i].caps));
+        wname = a > wname ? a : wname;
+        wcaps = b > wcaps ? b : wcaps;
+    }
+    printf("%s\n", title);
+    printf("  %-*s  %-8s  %-9s  %-*s  %s\n", wname, "name", "compiled", "available", wcaps,
+           "caps", "reason");
+    for (int i = 0; i < list->count; i++) {
+        const wsync_component_info_t *c = &list->items[i];
+        printf("  %-*s  %-8s  %-9s  %-*s  %s\n", wname, or_dash(c->name),
+               c->compiled ? "yes" : "no", c->available ? "yes" : "no", wcaps, or_dash(c->caps),
+               or_dash(c->reason));
+    }
+}
+
+/* A JSON string of s; bytes that are not valid UTF-8 become '?' rather than losing the field. */
+static json_t *jstr(const char *s)
+{
+    json_t *j = json_string(s ? s : "");
+    if (j)
+        return j;
+    char *copy = strdup(s);
+    if (!copy)
+        return json_null();
+    for (char *p = copy; *p; p++)
+        if ((unsigned char)*p >= 0x80)
+            *p = '?';
+    j = json_string(copy);
+    free(copy);
+    return j ? j : json_null();
+}
+
+static json_t *list_json(const info_list_t *list)
+{
+    json_t *arr = json_array();
+    for (int i = 0; i < list->count; i++) {
+        const wsync_component_info_t *c = &list->items[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "name", jstr(c->name));
+        json_object_set_new(o, "compiled", json_boolean(c->compiled));
+        json_object_set_new(o, "available", json_boolean(c->available));
+        /* "-" is the library's way of printing no caps; JSON says that with "". */
+        int no_caps = !c->caps || strcmp(c->caps, "-") == 0;
+        json_object_set_new(o, "caps", jstr(no_caps ? "" : c->caps));
+        json_object_set_new(o, "reason", jstr(c->reason));
+        json_array_append_new(arr, o);
+    }
+    return arr;
+}
+
+static int print_json(const char *version, const info_list_t *transports,
+                      const info_list_t *schemes)
+{
+    json_t *root = json_object(), *build = json_object();
+    json_object_set_new(root, "version", json_string(version));
+    for (int i = 0; i < NBUILD_OPTIONS; i++)
+        json_object_set_new(build, build_options[i].name, json_boolean(build_options[i].have));
+    json_object_set_new(root, "build", build);
+    json_object_set_new(root, "transports", list_json(transports));
+    json_object_set_new(root, "schemes", list_json(schemes));
+    char *text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    if (!text) {
+        fprintf(stderr, PROG ": cannot encode the JSON output\n");
+        return -1;
+    }
+    printf("%s\n", text);
+    free(text);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int json = 0, c;
+    opterr = 0; /* reported below, naming the option */
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'j': json = 1; break;
+        case 'h': usage(stdout); return 0;
+        default: {
+            const char *arg = argv[optind - 1], *eq = strchr(arg, '=');
+            if (strncmp(arg, "--", 2) == 0 && eq)
+                fprintf(stderr, PROG ": option '%.*s' takes no value or is unknown (see --help)\n",
+                        (int)(eq - arg), arg);
+            else
+                fprintf(stderr, PROG ": unknown option '%s' (see --help)\n", arg);
+            return 2;
+        }
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", argv[optind]);
+        return 2;
+    }
+
+    wsync_ctx_t *ctx = NULL;
+    wsync_status_t st = wsync_ctx_create(NULL, &ctx);
+    if (st != WSYNC_OK) {
+        fprintf(stderr, PROG ": wsync_ctx_create failed: %s\n", wsync_last_error());
+        return 1;
+    }
+    info_list_t transports = {0}, schemes = {0};
+    int rc = 1;
+    if (collect(ctx, 0, &transports) != 0 || collect(ctx, 1, &schemes) != 0)
+        goto out;
+
+    char version[32];
+    snprintf(version, sizeof(version), "%d.%d.%d", WSYNC_VERSION_MAJOR, WSYNC_VERSION_MINOR,
+             WSYNC_VERSION_PATCH);
+    if (json) {
+        rc = print_json(version, &transports, &schemes) == 0 ? 0 : 1;
+        goto out;
+    }
+    printf("wsync %s\n", version);
+    printf("build:");
+    for (int i = 0; i < NBUILD_OPTIONS; i++)
+        printf(" %s=%s", build_options[i].name, build_options[i].have ? "yes" : "no");
+    printf("\n\n");
+    print_table("transports", &transports);
+    printf("\n");
+    print_table("schemes", &schemes);
+    rc = 0;
+out:
+    free(transports.items);
+    free(schemes.items);
+    wsync_ctx_free(ctx);
+    return rc;
+}

@@ -1,0 +1,23 @@
+/* Internal: host shared memory without names. Segments are memfds: they have no path in
+ * /dev/shm or anywhere, are passed to peers as file descriptors over Unix sockets, and vanish
+ * when the last process holding a descriptor or mapping exits — also when it is killed. */
+#ifndef WSYNC_TRANSPORTS_SHM_H
+#define WSYNC_TRANSPORTS_SHM_H
+
+#include <stddef.h>
+
+#include "wsync/wsync.h"
+
+typedef struct {
+    int fd;
+    void *base;
+    size_t bytes;
+} wsync_shm_t;
+
+/* Create and map (read-write) a segment of `bytes`, pages populated. */
+wsync_status_t wsync_shm_create(const char *label, size_t bytes, wsync_shm_t *shm);
+/* Map a segment received as fd (read-only); checks it is at least `bytes` long. Takes fd. */
+wsync_status_t wsync_shm_map_fd(int fd, size_t bytes, wsync_shm_t *shm);
+void wsync_shm_release(wsync_shm_t *shm);
+
+#endif
