@@ -41,6 +41,7 @@ typedef struct {
     int iters, warmup, params;
     int json;
     int timeout_s;           /* the parent's deadline for the whole run */
+    int private_mem;         /* --source private: plain malloc'd weights, staged in buckets */
 } bench_opts_t;
 
 /* What the sender leaves for the receivers: one xxh3 per param, then ready = 1. Mapped shared
@@ -87,6 +88,9 @@ static void usage(FILE *out)
             "  --warmup W       untimed pushes first (default 1)\n"
             "  --params P       number of params the bytes are split into (default 16)\n"
             "  --timeout S      kill every process and fail after S seconds (default 600)\n"
+            "  --source S       shared (default): the sender's weights are in wsync_mem_alloc\n"
+            "                   memory, which receivers read in place; private: malloc'd\n"
+            "                   weights, staged through the buckets\n"
             "  --json           end stdout with one JSON object of the results\n"
             "  -h, --help       this text\n"
             "\n"
@@ -156,7 +160,7 @@ static int parse_bytes(const char *opt, const char *text, uint64_t *out)
 static int parse_options(int argc, char **argv, bench_opts_t *o)
 {
     enum { OPT_SCHEME = 1000, OPT_MEM, OPT_RECEIVERS, OPT_BYTES, OPT_BUCKET, OPT_ITERS,
-           OPT_WARMUP, OPT_PARAMS, OPT_TIMEOUT, OPT_JSON };
+           OPT_WARMUP, OPT_PARAMS, OPT_TIMEOUT, OPT_JSON, OPT_SOURCE };
     static const struct option longopts[] = {
         {"scheme", required_argument, NULL, OPT_SCHEME},
         {"mem", required_argument, NULL, OPT_MEM},
@@ -168,6 +172,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         {"params", required_argument, NULL, OPT_PARAMS},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"json", no_argument, NULL, OPT_JSON},
+        {"source", required_argument, NULL, OPT_SOURCE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -212,6 +217,16 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
                 return -1;
             break;
         case OPT_JSON: o->json = 1; break;
+        case OPT_SOURCE:
+            if (strcmp(optarg, "shared") == 0)
+                o->private_mem = 0;
+            else if (strcmp(optarg, "private") == 0)
+                o->private_mem = 1;
+            else {
+                fprintf(stderr, PROG ": --source '%s': expected shared or private\n", optarg);
+                return -1;
+            }
+            break;
         case 'h': usage(stdout); return 1;
         case ':':
             fprintf(stderr, PROG ": option '%s' needs a value (see --help)\n", argv[optind - 1]);
@@ -412,8 +427,19 @@ static int run_sender(const bench_opts_t *o, const char *coordinator, int res_fd
     wsync_ctx_t *ctx = NULL;
     wsync_sender_t *sender = NULL;
     bench_param_t *params = make_params(o);
-    char *block = alloc_block((size_t)o->bytes);
+    char *block = NULL;
     wsync_status_t st;
+
+    if ((st = wsync_ctx_create(NULL, &ctx)) != WSYNC_OK) {
+        rc = wsync_failed(who, "wsync_ctx_create", st);
+        goto out;
+    }
+    /* shared: weights in wsync_mem_alloc memory, which receivers read in place (how a trainer
+     * keeping host weights for sync would allocate them); private: malloc'd, staged in buckets */
+    if (o->private_mem)
+        block = alloc_block((size_t)o->bytes);
+    else if (wsync_mem_alloc(ctx, (size_t)o->bytes, (void **)&block) != WSYNC_OK)
+        block = NULL;
     if (!params || !block) {
         fprintf(stderr, PROG ": sender: cannot allocate %llu bytes of weights\n",
                 (unsigned long long)o->bytes);
@@ -421,10 +447,6 @@ static int run_sender(const bench_opts_t *o, const char *coordinator, int res_fd
     }
 
     /* The coordinator listens first, so receivers connect while the weights are made. */
-    if ((st = wsync_ctx_create(NULL, &ctx)) != WSYNC_OK) {
-        rc = wsync_failed(who, "wsync_ctx_create", st);
-        goto out;
-    }
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
     sp.coordinator = coordinator;
     sp.rank = 0;
@@ -482,8 +504,11 @@ static int run_sender(const bench_opts_t *o, const char *coordinator, int res_fd
     rc = 0;
 out:
     wsync_sender_free(sender);
+    if (o->private_mem)
+        free(block);
+    else
+        wsync_mem_free(ctx, block);
     wsync_ctx_free(ctx);
-    free(block);
     free(params);
     return rc;
 }
@@ -724,9 +749,10 @@ static void report(const bench_opts_t *o, const bench_result_t *res, double base
     double gb = (double)o->bytes / 1e9;
     double gbps = gb / median, ratio = baseline > 0 ? gbps / baseline : 0.0;
 
-    printf("%s: scheme %s, mem host, %d receiver%s, %llu bytes in %d bf16 params, bucket %.0f "
-           "MiB, %d timed pushes after %d warmup\n",
-           PROG, res->scheme, o->receivers, o->receivers == 1 ? "" : "s",
+    printf("%s: scheme %s, mem host (%s), %d receiver%s, %llu bytes in %d bf16 params, bucket "
+           "%.0f MiB, %d timed pushes after %d warmup\n",
+           PROG, res->scheme, o->private_mem ? "private, staged" : "shared, read in place",
+           o->receivers, o->receivers == 1 ? "" : "s",
            (unsigned long long)o->bytes, o->params, (double)o->bucket_bytes / MIB, o->iters,
            o->warmup);
     printf("  push seconds        median %.6f   min %.6f   max %.6f\n", median, tmin, tmax);
@@ -742,6 +768,7 @@ static void report(const bench_opts_t *o, const bench_result_t *res, double base
         json_t *j = json_object();
         json_object_set_new(j, "scheme", json_string(res->scheme));
         json_object_set_new(j, "mem", json_string("host"));
+        json_object_set_new(j, "source", json_string(o->private_mem ? "private" : "shared"));
         json_object_set_new(j, "receivers", json_integer(o->receivers));
         json_object_set_new(j, "bytes", json_integer((json_int_t)o->bytes));
         json_object_set_new(j, "params", json_integer(o->params));

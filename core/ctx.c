@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/util.h"
 #include "transports/shm.h"
 
 #include "core/log.h"
@@ -182,4 +183,43 @@ wsync_status_t wsync_scheme_info(const wsync_ctx_t *ctx, int i, wsync_component_
         }
     }
     return WSYNC_OK;
+}
+
+wsync_status_t wsync_ctx_explain(const wsync_ctx_t *ctx, wsync_mem_t mem, int nsenders,
+                                 int nreceivers, char *buf, size_t len)
+{
+    wsync_hello_t *peers;
+    wsync_group_info_t g;
+    const wsync_scheme_ops_t *chosen;
+    char host[256] = "this machine";
+    wsync_status_t st;
+
+    if (ctx == NULL || buf == NULL || len == 0 || nsenders < 1 || nreceivers < 1 ||
+        (mem != WSYNC_MEM_HOST && mem != WSYNC_MEM_CUDA))
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_ctx_explain: bad arguments");
+    peers = calloc((size_t)(nsenders + nreceivers), sizeof(*peers));
+    if (peers == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "wsync_ctx_explain: no memory");
+    gethostname(host, sizeof(host) - 1);
+    /* every participant looks like this process: same host, same transports */
+    for (int i = 0; i < nsenders + nreceivers; i++) {
+        peers[i].role = i < nsenders ? WSYNC_ROLE_SENDER : WSYNC_ROLE_RECEIVER;
+        peers[i].rank = i < nsenders ? i : i - nsenders;
+        peers[i].nsenders = nsenders;
+        peers[i].nreceivers = nreceivers;
+        peers[i].pid = (uint32_t)getpid();
+        peers[i].transports = ctx->transport_mask;
+        peers[i].hostname = host;
+        peers[i].host_id = (char *)wsync_host_id();
+    }
+    memset(&g, 0, sizeof(g));
+    g.nsenders = (uint32_t)nsenders;
+    g.nreceivers = (uint32_t)nreceivers;
+    g.senders = peers;
+    g.receivers = peers + nsenders;
+    g.mem_kinds = 1u << mem;
+    buf[0] = '\0';
+    st = wsync_negotiate(&g, "auto", &chosen, buf, len);
+    free(peers);
+    return st;
 }

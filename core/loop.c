@@ -623,10 +623,17 @@ void wsync_inbox_push(wsync_inbox_t *in, wsync_msg_t *m)
 
 void wsync_inbox_fail(wsync_inbox_t *in, wsync_status_t st, const char *text)
 {
+    const char *prefix = wsync_status_str(st);
+    size_t plen = strlen(prefix);
+
     pthread_mutex_lock(&in->mu);
     if (in->fatal == WSYNC_OK) {
         in->fatal = st;
-        snprintf(in->fatal_text, sizeof(in->fatal_text), "%s", text);
+        /* keep the whole sentence once: relayed texts already start with the status text */
+        if (strncmp(text, prefix, plen) == 0 && text[plen] == ':')
+            snprintf(in->fatal_text, sizeof(in->fatal_text), "%s", text);
+        else
+            snprintf(in->fatal_text, sizeof(in->fatal_text), "%s: %s", prefix, text);
     }
     pthread_cond_broadcast(&in->cv);
     pthread_mutex_unlock(&in->mu);
@@ -639,7 +646,7 @@ wsync_status_t wsync_inbox_failed(wsync_inbox_t *in)
     pthread_mutex_lock(&in->mu);
     st = in->fatal;
     if (st != WSYNC_OK)
-        wsync_err(st, "%s", in->fatal_text);
+        wsync_err_set_text(st, in->fatal_text);
     pthread_mutex_unlock(&in->mu);
     return st;
 }
@@ -668,7 +675,7 @@ wsync_status_t wsync_inbox_pop(wsync_inbox_t *in, const uint16_t *types, int nty
         }
         if (in->fatal != WSYNC_OK) {
             wsync_status_t st = in->fatal;
-            wsync_err(st, "%s", in->fatal_text);
+            wsync_err_set_text(st, in->fatal_text);
             pthread_mutex_unlock(&in->mu);
             return st;
         }

@@ -69,12 +69,24 @@ struct wsync_receiver {
     wsync_member_t m;
     wsync_target_desc_t *targets;
     void **target_data;              /* [ntargets] the caller's buffers */
+    /* Where a target's bytes land during a version: its own buffer, or for an FP8 target that
+     * is quantized here, an f32 staging buffer quantized into the target at commit. */
+    void **land;                     /* [ntargets] */
+    wsync_dtype_t *land_dtype;       /* [ntargets] */
+    wsync_quant_t *quant;            /* [ntargets] the caller's quantization (scales pointer) */
     size_t ntargets, cap;
     uint64_t version;                /* last committed */
     int torn;
     wsync_progress_fn progress;
     void *progress_arg;
 };
+
+/* An FP8 target filled by quantizing float values (rather than copying FP8 bytes). */
+static inline int wsync_target_quantized(wsync_dtype_t dtype, wsync_quant_scheme_t quant)
+{
+    return (dtype == WSYNC_DTYPE_F8E4M3FN || dtype == WSYNC_DTYPE_F8E5M2) &&
+           quant != WSYNC_QUANT_NONE;
+}
 
 /* core/member.c: connecting, HELLO, DESCRIBE and PLAN, shared by sender and receiver. */
 wsync_status_t wsync_member_connect(wsync_member_t *m, const wsync_hello_t *hello);

@@ -8,6 +8,7 @@
 #include "core/objects.h"
 #include "core/util.h"
 #include "reshard/exec.h"
+#include "reshard/fp8.h"
 
 wsync_status_t wsync_receiver_create(wsync_ctx_t *ctx, const wsync_receiver_params_t *params,
                                      wsync_receiver_t **out)
@@ -65,8 +66,14 @@ void wsync_receiver_free(wsync_receiver_t *r)
     if (r->m.scheme != NULL && r->m.scheme_state != NULL)
         r->m.scheme->receiver_teardown(r);
     wsync_member_close(&r->m);
+    for (size_t i = 0; i < r->ntargets; i++)
+        if (r->land != NULL && r->land[i] != r->target_data[i])
+            free(r->land[i]);
     wsync_target_descs_free(r->targets, r->ntargets);
     free(r->target_data);
+    free(r->land);
+    free(r->land_dtype);
+    free(r->quant);
     free(r);
 }
 
@@ -95,8 +102,26 @@ wsync_status_t wsync_receiver_add_target(wsync_receiver_t *r, const wsync_target
         if (p == NULL)
             return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
         r->target_data = p;
+        p = realloc(r->land, cap * sizeof(*p));
+        if (p == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
+        r->land = p;
+        wsync_dtype_t *ld = realloc(r->land_dtype, cap * sizeof(*ld));
+        if (ld == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
+        r->land_dtype = ld;
+        wsync_quant_t *q = realloc(r->quant, cap * sizeof(*q));
+        if (q == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
+        r->quant = q;
         r->cap = cap;
     }
+    if (wsync_target_quantized(t->dtype, t->quant.scheme) && t->quant.scales == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %d: FP8 target '%s' has no scales buffer "
+                         "(quant.scales is NULL)", r->m.rank, t->name ? t->name : "?");
+    if (wsync_target_quantized(t->dtype, t->quant.scheme) && t->quant.scales_mem != WSYNC_MEM_HOST)
+        return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: FP8 target '%s' has its scales in "
+                         "CUDA memory, which this version cannot fill yet", r->m.rank, t->name);
     st = wsync_target_desc_from(t, (uint32_t)r->m.rank, (uint32_t)r->ntargets,
                                 &r->targets[r->ntargets]);
     if (st != WSYNC_OK)
@@ -108,7 +133,27 @@ wsync_status_t wsync_receiver_add_target(wsync_receiver_t *r, const wsync_target
                              t->name);
         }
     }
-    r->target_data[r->ntargets++] = t->data;
+    {
+        size_t i = r->ntargets;
+        r->target_data[i] = t->data;
+        r->land[i] = t->data;
+        r->land_dtype[i] = t->dtype;
+        r->quant[i] = t->quant;
+        if (wsync_target_quantized(t->dtype, t->quant.scheme)) {
+            /* whole-group scales need every value first: land f32 here, quantize at commit */
+            uint64_t n = 1;
+            for (int d = 0; d < t->ndim; d++)
+                n *= (uint64_t)t->shape[d];
+            r->land[i] = calloc(n ? n : 1, sizeof(float));
+            r->land_dtype[i] = WSYNC_DTYPE_F32;
+            if (r->land[i] == NULL) {
+                wsync_target_descs_free(&r->targets[i], 1);
+                return wsync_err(WSYNC_ERR_NOMEM, "receiver %d: no memory to stage FP8 target "
+                                 "'%s' (%llu values)", r->m.rank, t->name, (unsigned long long)n);
+            }
+        }
+        r->ntargets++;
+    }
     return WSYNC_OK;
 }
 
@@ -134,8 +179,11 @@ static wsync_status_t receiver_setup(wsync_receiver_t *r, int64_t plan_deadline)
     st = wsync_plan_check_receiver(r->m.plan, (uint32_t)r->m.rank, r->targets, r->ntargets);
     if (st != WSYNC_OK)
         return wsync_member_fail(&r->m, st);
-    for (size_t i = 0; i < r->ntargets; i++)
-        wsync_exec_zero_uncovered(&r->targets[i], r->target_data[i]);
+    for (size_t i = 0; i < r->ntargets; i++) {
+        wsync_target_desc_t landing = r->targets[i];
+        landing.dtype = r->land_dtype[i];
+        wsync_exec_zero_uncovered(&landing, r->land[i]);
+    }
     st = r->m.scheme->receiver_setup(r);
     if (st != WSYNC_OK)
         return wsync_member_fail(&r->m, st);
@@ -190,6 +238,20 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
     st = r->m.scheme->receiver_recv(r, v);
     if (st != WSYNC_OK)
         return wsync_member_fail(&r->m, st);
+    for (size_t i = 0; i < r->ntargets; i++) {
+        const wsync_target_desc_t *t = &r->targets[i];
+        uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
+        if (r->land[i] == r->target_data[i])
+            continue;
+        for (int d = 0; d < t->ndim - 1; d++)
+            rows *= (uint64_t)t->shape[d];
+        if (t->ndim == 1)
+            rows = 1;
+        st = wsync_quantize_f32(t->name, r->land[i], rows, cols, cols, &r->quant[i], t->dtype,
+                                r->target_data[i], cols, r->quant[i].scales);
+        if (st != WSYNC_OK)
+            return wsync_member_fail(&r->m, st);
+    }
     r->torn = 0;
     r->version = v;
     st = wsync_member_send_u64(&r->m, WSYNC_MSG_COMMIT, v);

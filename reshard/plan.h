@@ -27,7 +27,7 @@
 #define WSYNC_PLAN_MIN_BUCKET 64u                    /* smallest bucket_bytes */
 #define WSYNC_PLAN_MAX_BUCKET (UINT64_C(1) << 40)     /* largest bucket_bytes */
 #define WSYNC_PLAN_MAX_RANKS (1u << 20)              /* senders, and receivers */
-#define WSYNC_PLAN_MAX_PAIRS (1u << 24)              /* nsenders * nreceivers */
+#define WSYNC_PLAN_MAX_PAIRS (1u << 22)              /* nsenders * nreceivers (2048 x 2048) */
 #define WSYNC_PLAN_MAX_ELEMS (UINT64_C(1) << 56)      /* elements of one param or target */
 #define WSYNC_MAX_PIECES 65536                       /* pieces of one target */
 

@@ -561,7 +561,7 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
     }
     for (uint32_t i = lo; i < hi; i++) {
         const wsync_segment_t *sg = &plan->segments[i];
-        st->bytes_total += sg->dst.rows * sg->dst.cols * wsync_dtype_size(r->targets[sg->target].dtype);
+        st->bytes_total += sg->dst.rows * sg->dst.cols * wsync_dtype_size(r->land_dtype[sg->target]);
     }
     /* connect to each sender we need and ask for its buckets */
     for (uint32_t s = 0; s < ns; s++) {
@@ -661,21 +661,21 @@ static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
         for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
             const wsync_segment_t *sg = &plan->segments[i];
             const wsync_chunk_t *c = &plan->chunks[sg->chunk];
-            const wsync_target_desc_t *t = &r->targets[sg->target];
             const ipc_inplace_t *ip = &f->inplace[c->shard];
+            void *dst = r->land[sg->target];
+            wsync_dtype_t dst_dtype = r->land_dtype[sg->target];
             if (ip->region >= 0) {   /* straight from the sender's shard */
                 const uint8_t *shard = (const uint8_t *)f->regions[ip->region].base + ip->offset;
-                rc = wsync_exec_copy(shard, c->dtype, &c->src, r->target_data[sg->target],
-                                     t->dtype, &sg->dst);
+                rc = wsync_exec_copy(shard, c->dtype, &c->src, dst, dst_dtype, &sg->dst);
             } else if (base == NULL) {
                 rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: bucket %u of sender %u "
                                "came without a slot", r->m.rank, k, c->sender);
             } else {
-                rc = wsync_exec_unpack(sg, c, base, t->dtype, r->target_data[sg->target]);
+                rc = wsync_exec_unpack(sg, c, base, dst_dtype, dst);
             }
             if (rc != WSYNC_OK)
                 return rc;
-            bytes_done += sg->dst.rows * sg->dst.cols * wsync_dtype_size(t->dtype);
+            bytes_done += sg->dst.rows * sg->dst.cols * wsync_dtype_size(dst_dtype);
         }
         f->done[k] = 1;
         remaining--;

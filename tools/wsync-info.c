@@ -20,13 +20,16 @@ typedef struct {
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: " PROG " [--json]\n"
+            "usage: " PROG " [--json] [--explain [--mem host|cuda] [--senders N] [--receivers R]]\n"
             "\n"
             "Prints the wsync version, the optional dependencies this build has (CUDA, NCCL,\n"
             "UCX, libfabric), and for every transport and scheme: whether it is compiled in,\n"
             "whether it is available on this machine now, its capabilities, and the reason.\n"
             "\n"
             "  --json       print one JSON object instead of tables\n"
+            "  --explain    also show which scheme a group of N senders and R receivers on\n"
+            "               this machine would get, and why every other scheme is refused\n"
+            "               (the coordinator's own negotiation; defaults: host, 1, 1)\n"
             "  -h, --help   this text\n"
             "\n"
             "Environment: WSYNC_LOG_LEVEL=error|warn|info|debug.\n");
@@ -148,14 +151,45 @@ int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"json", no_argument, NULL, 'j'},
+        {"explain", no_argument, NULL, 'e'},
+        {"mem", required_argument, NULL, 'm'},
+        {"senders", required_argument, NULL, 's'},
+        {"receivers", required_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    int json = 0, c;
+    int json = 0, explain = 0, nsenders = 1, nreceivers = 1, c;
+    wsync_mem_t mem = WSYNC_MEM_HOST;
+    char *end;
     opterr = 0; /* reported below, naming the option */
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case 'j': json = 1; break;
+        case 'e': explain = 1; break;
+        case 'm':
+            if (strcmp(optarg, "host") == 0)
+                mem = WSYNC_MEM_HOST;
+            else if (strcmp(optarg, "cuda") == 0)
+                mem = WSYNC_MEM_CUDA;
+            else {
+                fprintf(stderr, PROG ": --mem '%s': expected host or cuda\n", optarg);
+                return 2;
+            }
+            break;
+        case 's':
+        case 'r': {
+            long v = strtol(optarg, &end, 10);
+            if (*optarg == '\0' || *end != '\0' || v < 1 || v > 65536) {
+                fprintf(stderr, PROG ": --%s '%s': expected an integer in [1, 65536]\n",
+                        c == 's' ? "senders" : "receivers", optarg);
+                return 2;
+            }
+            if (c == 's')
+                nsenders = (int)v;
+            else
+                nreceivers = (int)v;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: {
             const char *arg = argv[optind - 1], *eq = strchr(arg, '=');
@@ -199,6 +233,14 @@ int main(int argc, char **argv)
     print_table("transports", &transports);
     printf("\n");
     print_table("schemes", &schemes);
+    if (explain) {
+        printf("\n");
+        char text[4096];
+        st = wsync_ctx_explain(ctx, mem, nsenders, nreceivers, text, sizeof(text));
+        printf("a group of %d sender%s and %d receiver%s on this machine, %s memory:\n%s\n",
+               nsenders, nsenders == 1 ? "" : "s", nreceivers, nreceivers == 1 ? "" : "s",
+               mem == WSYNC_MEM_HOST ? "host" : "CUDA", text);
+    }
     rc = 0;
 out:
     free(transports.items);

@@ -227,6 +227,14 @@ int wsync_scheme_count(const wsync_ctx_t *ctx);
 /* Describe scheme i. `available` tells whether it can run in this process at all. */
 wsync_status_t wsync_scheme_info(const wsync_ctx_t *ctx, int i, wsync_component_info_t *info);
 
+/* Explain which scheme a group of `nsenders` senders and `nreceivers` receivers, all on this
+ * machine, with shards and targets in memory `mem`, would get, and why each other scheme would be
+ * refused: the same negotiation the coordinator runs (wsync_sender_explain gives the real one).
+ * Writes one line per scheme into buf. WSYNC_ERR_UNSUPPORTED (with the lines in buf and the last
+ * error) when no scheme could serve. */
+wsync_status_t wsync_ctx_explain(const wsync_ctx_t *ctx, wsync_mem_t mem, int nsenders,
+                                 int nreceivers, char *buf, size_t len);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Sender                                                                                       */
 /* ------------------------------------------------------------------------------------------ */
@@ -357,5 +365,6 @@ const char *wsync_receiver_scheme(const wsync_receiver_t *receiver);
 
 #include "wsync/wsync_fp8.h"
 #include "wsync/wsync_layout.h"
+#include "wsync/wsync_plan.h"
 
 #endif /* WSYNC_H */

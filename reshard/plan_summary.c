@@ -1,0 +1,200 @@
+/* wsync_plan_summarize: the coordinator's plan compiled from public descriptions, reduced to the
+ * figures a tool prints (bytes per link, staging, counts, fingerprint). */
+#include "reshard/plan.h"
+
+#include "core/status.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_BUCKET_BYTES ((size_t)256 << 20)
+
+/* desc_from insists on data for non-empty boxes; a summary needs none, so NULL is replaced by
+ * this address, which is never dereferenced (descriptions do not keep data pointers). */
+static char no_data;
+
+static int is_fp8(wsync_dtype_t d)
+{
+    return d == WSYNC_DTYPE_F8E4M3FN || d == WSYNC_DTYPE_F8E5M2;
+}
+
+static void descs_clear(wsync_shard_desc_t *sd, size_t nsd, wsync_target_desc_t *td, size_t ntd)
+{
+    for (size_t i = 0; sd && i < nsd; i++)
+        wsync_shard_desc_clear(&sd[i]);
+    for (size_t i = 0; td && i < ntd; i++)
+        wsync_target_desc_clear(&td[i]);
+    free(sd);
+    free(td);
+}
+
+void wsync_plan_summary_free(wsync_plan_summary_t *s)
+{
+    if (s == NULL)
+        return;
+    free(s->pair_bytes);
+    free(s->bytes_per_receiver);
+    free(s->bytes_landed_per_receiver);
+    free(s->bytes_per_sender);
+    free(s->staged_bytes_per_sender);
+    free(s->buckets_per_sender);
+    free(s);
+}
+
+/* Fill the summary's figures from a compiled plan. */
+static wsync_status_t summarize(const wsync_plan_t *p, const wsync_target_desc_t *td, size_t ntd,
+                                const wsync_target_t *targets, wsync_plan_summary_t *s)
+{
+    size_t ns = p->nsenders, nr = p->nreceivers;
+    /* (receiver, index) → target, to find each segment's dtype */
+    size_t *first = calloc(nr + 1, sizeof(*first));
+    size_t *order = calloc(ntd ? ntd : 1, sizeof(*order));
+    if (first == NULL || order == NULL) {
+        free(first);
+        free(order);
+        return wsync_err(WSYNC_ERR_NOMEM, "plan summary: target index");
+    }
+    for (size_t j = 0; j < ntd; j++)
+        first[td[j].receiver + 1]++;
+    for (size_t r = 0; r < nr; r++)
+        first[r + 1] += first[r];
+    {
+        size_t *fill = calloc(nr ? nr : 1, sizeof(*fill));
+        if (fill == NULL) {
+            free(first);
+            free(order);
+            return wsync_err(WSYNC_ERR_NOMEM, "plan summary: target index");
+        }
+        for (size_t j = 0; j < ntd; j++) /* index = rank of j among its receiver's targets */
+            order[first[td[j].receiver] + fill[td[j].receiver]++] = j;
+        free(fill);
+    }
+
+    for (size_t sn = 0; sn < ns; sn++)
+        for (size_t r = 0; r < nr; r++) {
+            uint64_t b = p->pair_bytes[sn * nr + r];
+            s->bytes_per_receiver[r] += b;
+            s->bytes_per_sender[sn] += b;
+            s->total_bytes += b;
+        }
+    size_t k = 0;
+    for (size_t sn = 0; sn < ns; sn++) {
+        s->buckets_per_sender[sn] = p->nbuckets[sn];
+        for (uint32_t b = 0; b < p->nbuckets[sn]; b++)
+            s->staged_bytes_per_sender[sn] += p->bucket_used[k++];
+        s->total_staged_bytes += s->staged_bytes_per_sender[sn];
+    }
+    for (uint32_t i = 0; i < p->nsegments; i++) {
+        const wsync_segment_t *sg = &p->segments[i];
+        const wsync_target_desc_t *t = &td[order[first[sg->receiver] + sg->target]];
+        s->bytes_landed_per_receiver[sg->receiver] +=
+            sg->dst.rows * sg->dst.cols * wsync_dtype_size(t->dtype);
+    }
+    for (size_t j = 0; j < ntd; j++)
+        if (is_fp8(td[j].dtype) && td[j].quant != WSYNC_QUANT_NONE)
+            s->bytes_landed_per_receiver[td[j].receiver] +=
+                wsync_target_scale_count(&targets[j]) * sizeof(float);
+    for (size_t r = 0; r < nr; r++)
+        s->total_landed_bytes += s->bytes_landed_per_receiver[r];
+    s->nchunks = p->nchunks;
+    s->nsegments = p->nsegments;
+    s->fingerprint = p->fingerprint;
+    free(first);
+    free(order);
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shard_sender,
+                                    size_t nshards, const wsync_target_t *targets,
+                                    const int *target_receiver, size_t ntargets, int nsenders,
+                                    int nreceivers, size_t bucket_bytes,
+                                    wsync_plan_summary_t **summary)
+{
+    wsync_shard_desc_t *sd = NULL;
+    wsync_target_desc_t *td = NULL;
+    uint32_t *count = NULL;
+    wsync_plan_t *plan = NULL;
+    wsync_plan_summary_t *s = NULL;
+    size_t nsd = 0, ntd = 0;
+    wsync_status_t st;
+
+    if (summary == NULL || (nshards > 0 && shards == NULL) || (ntargets > 0 && targets == NULL))
+        return wsync_err(WSYNC_ERR_INVALID, "plan summary: NULL argument");
+    if (nsenders < 1 || nreceivers < 1 || (uint64_t)nsenders > WSYNC_PLAN_MAX_RANKS ||
+        (uint64_t)nreceivers > WSYNC_PLAN_MAX_RANKS ||
+        (uint64_t)nsenders * (uint64_t)nreceivers > WSYNC_PLAN_MAX_PAIRS)
+        return wsync_err(WSYNC_ERR_INVALID, "plan summary: %d senders and %d receivers (each "
+                         "must be in [1, %u], their product at most %u)", nsenders, nreceivers,
+                         WSYNC_PLAN_MAX_RANKS, WSYNC_PLAN_MAX_PAIRS);
+    if (bucket_bytes == 0)
+        bucket_bytes = DEFAULT_BUCKET_BYTES;
+    for (size_t i = 0; shard_sender && i < nshards; i++)
+        if (shard_sender[i] < 0 || shard_sender[i] >= nsenders)
+            return wsync_err(WSYNC_ERR_INVALID, "plan summary: shard %zu (param '%s') belongs "
+                             "to sender %d, not in [0, %d)", i,
+                             shards[i].param.name ? shards[i].param.name : "(null)",
+                             shard_sender[i], nsenders);
+    for (size_t j = 0; target_receiver && j < ntargets; j++)
+        if (target_receiver[j] < 0 || target_receiver[j] >= nreceivers)
+            return wsync_err(WSYNC_ERR_INVALID, "plan summary: target %zu ('%s') belongs to "
+                             "receiver %d, not in [0, %d)", j,
+                             targets[j].name ? targets[j].name : "(null)", target_receiver[j],
+                             nreceivers);
+
+    sd = calloc(nshards ? nshards : 1, sizeof(*sd));
+    td = calloc(ntargets ? ntargets : 1, sizeof(*td));
+    count = calloc((size_t)(nsenders > nreceivers ? nsenders : nreceivers), sizeof(*count));
+    if (sd == NULL || td == NULL || count == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan summary: %zu shards, %zu targets", nshards,
+                       ntargets);
+        goto out;
+    }
+    for (size_t i = 0; i < nshards; i++, nsd++) {
+        wsync_shard_t sh = shards[i];
+        int rank = shard_sender ? shard_sender[i] : 0;
+        if (sh.data == NULL)
+            sh.data = &no_data;
+        if ((st = wsync_shard_desc_from(&sh, (uint32_t)rank, count[rank]++, &sd[i])) != WSYNC_OK)
+            goto out;
+    }
+    memset(count, 0, (size_t)(nsenders > nreceivers ? nsenders : nreceivers) * sizeof(*count));
+    for (size_t j = 0; j < ntargets; j++, ntd++) {
+        wsync_target_t t = targets[j];
+        int rank = target_receiver ? target_receiver[j] : 0;
+        if (t.data == NULL)
+            t.data = &no_data;
+        if ((st = wsync_target_desc_from(&t, (uint32_t)rank, count[rank]++, &td[j])) != WSYNC_OK)
+            goto out;
+    }
+    st = wsync_plan_compile(sd, nsd, td, ntd, (uint32_t)nsenders, (uint32_t)nreceivers,
+                            (uint64_t)bucket_bytes, &plan);
+    if (st != WSYNC_OK)
+        goto out;
+
+    size_t ns = (size_t)nsenders, nr = (size_t)nreceivers;
+    s = calloc(1, sizeof(*s));
+    if (s == NULL || (s->pair_bytes = calloc(ns * nr, sizeof(uint64_t))) == NULL ||
+        (s->bytes_per_receiver = calloc(nr, sizeof(uint64_t))) == NULL ||
+        (s->bytes_landed_per_receiver = calloc(nr, sizeof(uint64_t))) == NULL ||
+        (s->bytes_per_sender = calloc(ns, sizeof(uint64_t))) == NULL ||
+        (s->staged_bytes_per_sender = calloc(ns, sizeof(uint64_t))) == NULL ||
+        (s->buckets_per_sender = calloc(ns, sizeof(uint64_t))) == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan summary: %d senders, %d receivers", nsenders,
+                       nreceivers);
+        goto out;
+    }
+    s->nsenders = nsenders;
+    s->nreceivers = nreceivers;
+    s->bucket_bytes = bucket_bytes;
+    memcpy(s->pair_bytes, plan->pair_bytes, ns * nr * sizeof(uint64_t));
+    if ((st = summarize(plan, td, ntd, targets, s)) != WSYNC_OK)
+        goto out;
+    *summary = s;
+    s = NULL;
+out:
+    wsync_plan_summary_free(s);
+    wsync_plan_free(plan);
+    descs_clear(sd, nsd, td, ntd);
+    free(count);
+    return st;
+}

@@ -1,0 +1,139 @@
+/* The command-line tools as a user runs them: wsync-info lists shm as available and explains the
+ * scheme choice; wsync-bench moves a small version between processes and reports JSON; every tool
+ * answers --help and names a bad option. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "tests/support/check.h"
+#include "wsync/wsync.h"
+
+/* Run a command, capture stdout (stderr goes to ours), return the exit code. */
+static int run(const char *cmd, char *out, size_t len)
+{
+    FILE *p = popen(cmd, "r");
+    size_t n = 0;
+
+    out[0] = '\0';
+    if (p == NULL)
+        return -1;
+    while (n + 1 < len) {
+        size_t got = fread(out + n, 1, len - n - 1, p);
+        if (got == 0)
+            break;
+        n += got;
+    }
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The last line of text, parsed as JSON. */
+static json_t *last_json_line(const char *text)
+{
+    const char *end = text + strlen(text), *start;
+    json_error_t err;
+
+    while (end > text && end[-1] == '\n')
+        end--;
+    start = end;
+    while (start > text && start[-1] != '\n')
+        start--;
+    return json_loadb(start, (size_t)(end - start), 0, &err);
+}
+
+static char out[1 << 16];
+
+static void case_info_lists_shm(void)
+{
+    int rc = run(WSYNC_BIN_DIR "/wsync-info --json", out, sizeof(out));
+    CHECK_MSG(rc == 0, "wsync-info --json exited %d", rc);
+    json_t *j = last_json_line(out);
+    CHECK_MSG(j != NULL, "wsync-info --json printed no JSON: %s", out);
+    if (j == NULL)
+        return;
+    json_t *transports = json_object_get(j, "transports");
+    int found = 0;
+    for (size_t i = 0; i < json_array_size(transports); i++) {
+        json_t *t = json_array_get(transports, i);
+        if (strcmp(json_string_value(json_object_get(t, "name")), "shm") != 0)
+            continue;
+        found = 1;
+        CHECK(json_is_true(json_object_get(t, "compiled")));
+        CHECK_MSG(json_is_true(json_object_get(t, "available")), "shm unavailable: %s",
+                  json_string_value(json_object_get(t, "reason")));
+    }
+    CHECK_MSG(found, "no shm transport in %s", out);
+    /* every scheme and transport says why, either way */
+    json_t *schemes = json_object_get(j, "schemes");
+    CHECK(json_array_size(schemes) == 3);
+    for (size_t i = 0; i < json_array_size(schemes); i++)
+        CHECK(strlen(json_string_value(json_object_get(json_array_get(schemes, i), "reason"))) > 0);
+    json_decref(j);
+}
+
+static void case_info_explains(void)
+{
+    int rc = run(WSYNC_BIN_DIR "/wsync-info --explain --senders 2 --receivers 3", out, sizeof(out));
+    CHECK_MSG(rc == 0, "wsync-info --explain exited %d", rc);
+    CHECK_MSG(strstr(out, "ipc: chosen: all 5 participants share host") != NULL, "%s", out);
+    CHECK_MSG(strstr(out, "nccl: refused:") != NULL, "%s", out);
+    rc = run(WSYNC_BIN_DIR "/wsync-info --explain --mem cuda", out, sizeof(out));
+    CHECK_MSG(strstr(out, "ipc: refused: some shards or targets are in CUDA memory") != NULL, "%s",
+              out);
+}
+
+static void case_bench_small_json(void)
+{
+    int rc = run(WSYNC_BIN_DIR "/wsync-bench --scheme ipc --mem host --receivers 2 --bytes 8M "
+                               "--bucket-mb 1 --iters 2 --json 2>/dev/null", out, sizeof(out));
+    CHECK_MSG(rc == 0, "wsync-bench exited %d: %s", rc, out);
+    json_t *j = last_json_line(out);
+    CHECK_MSG(j != NULL, "wsync-bench printed no JSON: %s", out);
+    if (j == NULL)
+        return;
+    CHECK(strcmp(json_string_value(json_object_get(j, "scheme")), "ipc") == 0);
+    CHECK(json_integer_value(json_object_get(j, "bytes")) == 8 << 20);
+    double gbps = json_number_value(json_object_get(j, "gbps_per_receiver"));
+    double base = json_number_value(json_object_get(j, "baseline_gbps"));
+    double ratio = json_number_value(json_object_get(j, "ratio"));
+    double secs = json_number_value(json_object_get(j, "seconds"));
+    CHECK(gbps > 0 && base > 0 && secs > 0);
+    /* the figures agree with each other (GB = 1e9 bytes) */
+    CHECK_MSG(ratio > 0.99 * gbps / base && ratio < 1.01 * gbps / base, "ratio %g, %g / %g", ratio,
+              gbps, base);
+    CHECK_MSG(gbps > 0.99 * 8388608 / 1e9 / secs && gbps < 1.01 * 8388608 / 1e9 / secs,
+              "%g GB/s for %g s", gbps, secs);
+    json_decref(j);
+    rc = run(WSYNC_BIN_DIR "/wsync-bench --scheme ipc --mem host --receivers 1 --bytes 4M "
+                           "--source private --iters 1 2>/dev/null", out, sizeof(out));
+    CHECK_MSG(rc == 0, "wsync-bench --source private exited %d: %s", rc, out);
+}
+
+static void case_help_and_bad_options(void)
+{
+    static const char *tools[] = {"wsync-info", "wsync-bench", "wsync-plan"};
+    char cmd[512];
+
+    for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++) {
+        snprintf(cmd, sizeof(cmd), WSYNC_BIN_DIR "/%s --help", tools[i]);
+        int rc = run(cmd, out, sizeof(out));
+        CHECK_MSG(rc == 0 && strstr(out, "usage") != NULL, "%s --help: exit %d, %s", tools[i], rc,
+                  out);
+        snprintf(cmd, sizeof(cmd), WSYNC_BIN_DIR "/%s --no-such-option 2>&1", tools[i]);
+        rc = run(cmd, out, sizeof(out));
+        CHECK_MSG(rc != 0 && strstr(out, "--no-such-option") != NULL,
+                  "%s with a bad option: exit %d, %s", tools[i], rc, out);
+    }
+}
+
+int main(void)
+{
+    RUN(case_info_lists_shm);
+    RUN(case_info_explains);
+    RUN(case_bench_small_json);
+    RUN(case_help_and_bad_options);
+    return check_summary();
+}

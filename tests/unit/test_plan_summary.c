@@ -1,0 +1,486 @@
+/* wsync_plan_summarize and the wsync-plan tool, checked against byte counts computed here from
+ * the tiny Qwen3 config and RESHARD_SPEC's layouts, independently of reshard/layout.c and the
+ * plan compiler: a receiver's bytes from a sender are the rows of each param both hold times
+ * the columns the receiver needs. */
+#include "wsync/wsync.h"
+
+#include "tests/support/check.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#define CONFIG WSYNC_TESTDATA "/hf_qwen3_tiny/config.json"
+#define TOOL WSYNC_BIN_DIR "/wsync-plan"
+
+/* hf_qwen3_tiny/config.json, as written there */
+enum { HD = 128, LAYERS = 2, H = 4, K = 2, D = 32, I = 384, V = 384 };
+#define BF16 2u
+#define NSEND 3
+#define TP 2
+#define NQUANT_PER_LAYER 4       /* qkv_proj, o_proj, gate_up_proj, down_proj */
+
+typedef enum { VOCAB, REPL, Q, KV, COLS, ROWPAR } kind_t;
+
+typedef struct {
+    kind_t kind;
+    int64_t rows, cols;          /* cols 1 for a 1-D param */
+    int quantized;               /* lands in an FP8 target when quant is on */
+} ref_param_t;
+
+/* The checkpoint's params (order does not matter here). */
+static size_t ref_params(ref_param_t *p)
+{
+    size_t n = 0;
+    p[n++] = (ref_param_t){VOCAB, V, HD, 0};                 /* embed_tokens */
+    for (int l = 0; l < LAYERS; l++) {
+        p[n++] = (ref_param_t){REPL, HD, 1, 0};              /* input_layernorm */
+        p[n++] = (ref_param_t){Q, H * D, HD, 1};             /* q_proj */
+        p[n++] = (ref_param_t){KV, K * D, HD, 1};            /* k_proj */
+        p[n++] = (ref_param_t){KV, K * D, HD, 1};            /* v_proj */
+        p[n++] = (ref_param_t){ROWPAR, HD, H * D, 1};        /* o_proj */
+        p[n++] = (ref_param_t){REPL, D, 1, 0};               /* q_norm */
+        p[n++] = (ref_param_t){REPL, D, 1, 0};               /* k_norm */
+        p[n++] = (ref_param_t){REPL, HD, 1, 0};              /* post_attention_layernorm */
+        p[n++] = (ref_param_t){COLS, I, HD, 1};              /* gate_proj */
+        p[n++] = (ref_param_t){COLS, I, HD, 1};              /* up_proj */
+        p[n++] = (ref_param_t){ROWPAR, HD, I, 1};            /* down_proj */
+    }
+    p[n++] = (ref_param_t){REPL, HD, 1, 0};                  /* norm */
+    p[n++] = (ref_param_t){VOCAB, V, HD, 0};                 /* lm_head (untied) */
+    return n;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Rows [*r0, *r1) and column count TP rank r of T needs of p (RESHARD_SPEC). */
+static void needed(const ref_param_t *p, int r, int t, int64_t pad, int64_t *r0, int64_t *r1,
+                   int64_t *ncols)
+{
+    *r0 = 0;
+    *r1 = p->rows;
+    *ncols = p->cols;
+    switch (p->kind) {
+    case VOCAB: {
+        int64_t vp = (V + pad - 1) / pad * pad, vr = vp / t;
+        *r0 = min64((int64_t)r * vr, V);     /* rows >= V are padding: nothing moves */
+        *r1 = min64((int64_t)(r + 1) * vr, V);
+        break;
+    }
+    case REPL: break;
+    case Q: *r0 = (int64_t)r * (H / t) * D; *r1 = *r0 + (H / t) * D; break;
+    case KV: {
+        int64_t kr = K >= t ? K / t : 1, rep = K >= t ? 1 : t / K, ks = r / rep;
+        *r0 = ks * kr * D;
+        *r1 = *r0 + kr * D;
+        break;
+    }
+    case COLS: *r0 = (int64_t)r * (p->rows / t); *r1 = *r0 + p->rows / t; break;
+    case ROWPAR: *ncols = p->cols / t; break;
+    }
+}
+
+/* Elements receiver r needs from FSDP sender s of n: rows both hold x needed columns.
+ * quantized: 1 counts only FP8-target params, 0 only the others, -1 all. */
+static uint64_t ref_pair_elems(int s, int n, int r, int t, int64_t pad, int quantized)
+{
+    ref_param_t p[64];
+    size_t np = ref_params(p);
+    uint64_t e = 0;
+    for (size_t i = 0; i < np; i++) {
+        if (quantized >= 0 && p[i].quantized != quantized)
+            continue;
+        int64_t r0, r1, nc, c = (p[i].rows + n - 1) / n;
+        needed(&p[i], r, t, pad, &r0, &r1, &nc);
+        int64_t a = max64(r0, s * c), b = min64(r1, min64(p[i].rows, (s + 1) * c));
+        if (b > a)
+            e += (uint64_t)((b - a) * nc);
+    }
+    return e;
+}
+
+static uint64_t ref_receiver_bytes(int r, int t, int64_t pad)
+{
+    uint64_t e = 0;
+    for (int s = 0; s < NSEND; s++)
+        e += ref_pair_elems(s, NSEND, r, t, pad, -1);
+    return e * BF16;
+}
+
+static uint64_t ref_naive_bytes(void)
+{
+    ref_param_t p[64];
+    size_t np = ref_params(p);
+    uint64_t e = 0;
+    for (size_t i = 0; i < np; i++)
+        e += (uint64_t)(p[i].rows * p[i].cols);
+    return e * BF16;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Building the group from the public layouts                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    wsync_shard_t *shards[NSEND];
+    size_t nshards[NSEND];
+    wsync_target_t *targets[TP];
+    size_t ntargets[TP];
+    wsync_shard_t *all_shards;     /* flat shallow copies */
+    int *shard_sender;
+    size_t nsh;
+    wsync_target_t *all_targets;
+    int *target_receiver;
+    size_t ntg;
+} group_t;
+
+static void group_free(group_t *g)
+{
+    for (int s = 0; s < NSEND; s++)
+        wsync_layout_shards_free(g->shards[s], g->nshards[s]);
+    for (int r = 0; r < TP; r++)
+        wsync_layout_targets_free(g->targets[r], g->ntargets[r]);
+    free(g->all_shards);
+    free(g->shard_sender);
+    free(g->all_targets);
+    free(g->target_receiver);
+    memset(g, 0, sizeof(*g));
+}
+
+/* Data pointers stay NULL: a summary needs geometry only. */
+static int group_build(group_t *g, wsync_quant_scheme_t quant, int64_t pad)
+{
+    wsync_model_config_t cfg;
+    wsync_tp_options_t opt = WSYNC_TP_OPTIONS_INIT;
+
+    memset(g, 0, sizeof(*g));
+    if (wsync_model_config_load(CONFIG, &cfg) != WSYNC_OK)
+        return -1;
+    /* the reference above is written from these numbers */
+    CHECK(cfg.hidden_size == HD && cfg.num_hidden_layers == LAYERS &&
+          cfg.num_attention_heads == H && cfg.num_key_value_heads == K && cfg.head_dim == D &&
+          cfg.intermediate_size == I && cfg.vocab_size == V && !cfg.tie_word_embeddings &&
+          cfg.qk_norm && !cfg.attention_bias && !cfg.mlp_bias);
+    opt.quant.scheme = quant;
+    opt.vocab_pad = pad;
+    for (int s = 0; s < NSEND; s++) {
+        if (wsync_layout_fsdp_shards(&cfg, (wsync_dtype_t)0, s, NSEND, &g->shards[s],
+                                     &g->nshards[s]) != WSYNC_OK)
+            return -1;
+        g->nsh += g->nshards[s];
+    }
+    for (int r = 0; r < TP; r++) {
+        if (wsync_layout_tp_targets(&cfg, r, TP, &opt, &g->targets[r], &g->ntargets[r]) !=
+            WSYNC_OK)
+            return -1;
+        g->ntg += g->ntargets[r];
+    }
+    g->all_shards = calloc(g->nsh, sizeof(*g->all_shards));
+    g->shard_sender = calloc(g->nsh, sizeof(*g->shard_sender));
+    g->all_targets = calloc(g->ntg, sizeof(*g->all_targets));
+    g->target_receiver = calloc(g->ntg, sizeof(*g->target_receiver));
+    if (!g->all_shards || !g->shard_sender || !g->all_targets || !g->target_receiver)
+        return -1;
+    size_t k = 0;
+    for (int s = 0; s < NSEND; s++)
+        for (size_t i = 0; i < g->nshards[s]; i++, k++) {
+            g->all_shards[k] = g->shards[s][i];
+            g->shard_sender[k] = s;
+        }
+    k = 0;
+    for (int r = 0; r < TP; r++)
+        for (size_t j = 0; j < g->ntargets[r]; j++, k++) {
+            g->all_targets[k] = g->targets[r][j];
+            g->target_receiver[k] = r;
+        }
+    return 0;
+}
+
+static wsync_status_t summarize(group_t *g, size_t bucket, wsync_plan_summary_t **out)
+{
+    return wsync_plan_summarize(g->all_shards, g->shard_sender, g->nsh, g->all_targets,
+                                g->target_receiver, g->ntg, NSEND, TP, bucket, out);
+}
+
+/* The summary's own figures agree with each other. */
+static void check_consistent(const wsync_plan_summary_t *s)
+{
+    uint64_t tot = 0, staged = 0, landed = 0;
+    CHECK(s->nsenders == NSEND && s->nreceivers == TP);
+    for (int r = 0; r < TP; r++) {
+        uint64_t in = 0;
+        for (int sn = 0; sn < NSEND; sn++)
+            in += s->pair_bytes[sn * TP + r];
+        CHECK_MSG(in == s->bytes_per_receiver[r], "receiver %d: %" PRIu64 " vs %" PRIu64, r, in,
+                  s->bytes_per_receiver[r]);
+        landed += s->bytes_landed_per_receiver[r];
+    }
+    for (int sn = 0; sn < NSEND; sn++) {
+        uint64_t out = 0;
+        for (int r = 0; r < TP; r++)
+            out += s->pair_bytes[sn * TP + r];
+        CHECK(out == s->bytes_per_sender[sn]);
+        tot += out;
+        staged += s->staged_bytes_per_sender[sn];
+        CHECK(s->buckets_per_sender[sn] >= 1);
+        /* the bucket holds each shared chunk once; alignment adds < 64 bytes per chunk */
+        CHECK(s->staged_bytes_per_sender[sn] <= s->bytes_per_sender[sn] + 64 * s->nchunks);
+        CHECK(s->staged_bytes_per_sender[sn] <= s->buckets_per_sender[sn] * s->bucket_bytes);
+    }
+    CHECK(tot == s->total_bytes);
+    CHECK(staged == s->total_staged_bytes);
+    CHECK(landed == s->total_landed_bytes);
+    CHECK(s->nchunks >= 1 && s->nsegments >= s->nchunks);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Cases                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+static void summary_matches_reference(void)
+{
+    /* pad 64: Vp = V; pad 256: Vp = 512, rank 1 holds 128 real rows and 128 of padding */
+    static const int64_t pads[] = {64, 256};
+    for (size_t pi = 0; pi < 2; pi++) {
+        group_t g;
+        wsync_plan_summary_t *s = NULL;
+        CHECK(group_build(&g, WSYNC_QUANT_NONE, pads[pi]) == 0);
+        CHECK_OK(summarize(&g, 0, &s));
+        if (s) {
+            check_consistent(s);
+            CHECK(s->bucket_bytes == (uint64_t)256 << 20);
+            CHECK(s->fingerprint != 0);
+            for (int r = 0; r < TP; r++) {
+                uint64_t want = ref_receiver_bytes(r, TP, pads[pi]);
+                CHECK_MSG(s->bytes_per_receiver[r] == want,
+                          "pad %" PRId64 " receiver %d: %" PRIu64 " bytes, reference %" PRIu64,
+                          pads[pi], r, s->bytes_per_receiver[r], want);
+                /* bf16 into bf16 targets: what lands is what moved */
+                CHECK(s->bytes_landed_per_receiver[r] == want);
+                for (int sn = 0; sn < NSEND; sn++)
+                    CHECK_MSG(s->pair_bytes[sn * TP + r] ==
+                                  ref_pair_elems(sn, NSEND, r, TP, pads[pi], -1) * BF16,
+                              "pad %" PRId64 " pair (%d, %d)", pads[pi], sn, r);
+            }
+            if (pads[pi] == 256)   /* padding rows are not moved */
+                CHECK(s->bytes_per_receiver[1] < s->bytes_per_receiver[0]);
+        }
+        wsync_plan_summary_free(s);
+        group_free(&g);
+    }
+}
+
+static void summary_small_buckets(void)
+{
+    group_t g;
+    wsync_plan_summary_t *big = NULL, *small = NULL;
+    CHECK(group_build(&g, WSYNC_QUANT_NONE, 64) == 0);
+    CHECK_OK(summarize(&g, 0, &big));
+    CHECK_OK(summarize(&g, 4096, &small));
+    if (big && small) {
+        check_consistent(small);
+        CHECK(small->bucket_bytes == 4096);
+        CHECK(memcmp(small->pair_bytes, big->pair_bytes, NSEND * TP * sizeof(uint64_t)) == 0);
+        for (int sn = 0; sn < NSEND; sn++)   /* ~330 kB per sender in 4 kB buckets */
+            CHECK(small->buckets_per_sender[sn] >= small->staged_bytes_per_sender[sn] / 4096);
+        CHECK(small->nchunks > big->nchunks);
+        CHECK(small->fingerprint != big->fingerprint);
+    }
+    wsync_plan_summary_free(big);
+    wsync_plan_summary_free(small);
+    group_free(&g);
+}
+
+static void summary_fp8_moved_vs_landed(void)
+{
+    group_t g;
+    wsync_plan_summary_t *s = NULL;
+    /* block FP8 is refused at T = 2 for this model (64 q rows per rank): per-tensor scales */
+    CHECK(group_build(&g, WSYNC_QUANT_TENSOR, 64) == 0);
+    CHECK_OK(summarize(&g, 0, &s));
+    if (s) {
+        check_consistent(s);
+        for (int r = 0; r < TP; r++) {
+            uint64_t plain = 0, quant = 0;
+            for (int sn = 0; sn < NSEND; sn++) {
+                plain += ref_pair_elems(sn, NSEND, r, TP, 64, 0);
+                quant += ref_pair_elems(sn, NSEND, r, TP, 64, 1);
+            }
+            /* the receiver quantizes: bf16 bytes travel */
+            CHECK(s->bytes_per_receiver[r] == (plain + quant) * BF16);
+            /* targets hold 1 byte per FP8 element and one fp32 scale per quantized target */
+            uint64_t landed = plain * BF16 + quant + LAYERS * NQUANT_PER_LAYER * 4;
+            CHECK_MSG(s->bytes_landed_per_receiver[r] == landed,
+                      "receiver %d landed %" PRIu64 ", reference %" PRIu64, r,
+                      s->bytes_landed_per_receiver[r], landed);
+        }
+    }
+    wsync_plan_summary_free(s);
+    group_free(&g);
+}
+
+static void summary_errors(void)
+{
+    wsync_model_config_t cfg;
+    wsync_plan_summary_t *s = NULL;
+    group_t g;
+
+    CHECK_ST(wsync_model_config_load(WSYNC_TESTDATA "/no_such_dir/config.json", &cfg),
+             WSYNC_ERR_IO);
+    CHECK_ERR_HAS(WSYNC_TESTDATA "/no_such_dir/config.json");
+
+    CHECK(group_build(&g, WSYNC_QUANT_NONE, 64) == 0);
+    CHECK_ST(wsync_plan_summarize(g.all_shards, g.shard_sender, g.nsh, g.all_targets,
+                                  g.target_receiver, g.ntg, NSEND, TP, 0, NULL),
+             WSYNC_ERR_INVALID);
+    /* a receiver rank outside [0, nreceivers) */
+    CHECK_ST(wsync_plan_summarize(g.all_shards, g.shard_sender, g.nsh, g.all_targets,
+                                  g.target_receiver, g.ntg, NSEND, 1, 0, &s),
+             WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("receiver 1");
+    /* the compiler's error passes through: without sender 0's first shard (embed_tokens
+     * rows [0, 128)), receiver 0's embed_tokens piece is not covered */
+    CHECK(strcmp(g.all_shards[0].param.name, "model.embed_tokens.weight") == 0);
+    CHECK_ST(wsync_plan_summarize(g.all_shards + 1, g.shard_sender + 1, g.nsh - 1,
+                                  g.all_targets, g.target_receiver, g.ntg, NSEND, TP, 0, &s),
+             WSYNC_ERR_MISMATCH);
+    CHECK_ERR_HAS("model.embed_tokens.weight");
+    /* bucket below the compiler's minimum */
+    CHECK_ST(summarize(&g, 8, &s), WSYNC_ERR_INVALID);
+    CHECK(s == NULL);   /* outputs untouched on failure */
+    group_free(&g);
+    wsync_plan_summary_free(NULL);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The tool                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Runs cmd, returns its output (caller frees) and exit status. */
+static char *run(const char *cmd, int *status)
+{
+    FILE *f = popen(cmd, "r");
+    size_t len = 0, cap = 1 << 16;
+    char *buf = malloc(cap);
+    if (f == NULL || buf == NULL) {
+        if (f)
+            pclose(f);
+        free(buf);
+        return NULL;
+    }
+    size_t got;
+    while ((got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += got;
+        if (cap - len < 2) {
+            char *nb = realloc(buf, cap *= 2);
+            if (nb == NULL)
+                break;
+            buf = nb;
+        }
+    }
+    buf[len] = '\0';
+    int st = pclose(f);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return buf;
+}
+
+static const char *last_line(char *out)
+{
+    size_t n = strlen(out);
+    while (n > 0 && out[n - 1] == '\n')
+        out[--n] = '\0';
+    char *nl = strrchr(out, '\n');
+    return nl ? nl + 1 : out;
+}
+
+static uint64_t jint(const json_t *o, const char *key)
+{
+    return (uint64_t)json_integer_value(json_object_get(o, key));
+}
+
+static void tool_json(void)
+{
+    int status = -1;
+    char *out = run(TOOL " --config '" CONFIG "' --senders 3 --tp 2 --json", &status);
+    CHECK(out != NULL);
+    if (out == NULL)
+        return;
+    CHECK_MSG(status == 0, "exit %d: %s", status, out);
+    CHECK(strstr(out, "quantized on the") != NULL);   /* the footer's honesty note */
+    json_error_t err;
+    json_t *j = json_loads(last_line(out), 0, &err);
+    CHECK_MSG(j != NULL && json_is_object(j), "last line is not a JSON object: %s", err.text);
+    if (j) {
+        static const char *keys[] = {"bytes_per_receiver", "bytes_landed_per_receiver",
+                                     "naive_bytes_per_receiver", "total_bytes",
+                                     "naive_total_bytes", "ratio_to_naive", "floor_seconds",
+                                     "pair_bytes", "config"};
+        for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+            CHECK_MSG(json_object_get(j, keys[i]) != NULL, "key %s missing", keys[i]);
+        const json_t *bpr = json_object_get(j, "bytes_per_receiver");
+        CHECK(json_is_array(bpr) && json_array_size(bpr) == TP);
+        uint64_t sum = 0, max_in = 0, max_out = 0;
+        for (int r = 0; r < TP; r++) {
+            uint64_t b = (uint64_t)json_integer_value(json_array_get(bpr, (size_t)r));
+            CHECK_MSG(b == ref_receiver_bytes(r, TP, 64), "receiver %d: %" PRIu64, r, b);
+            sum += b;
+            max_in = b > max_in ? b : max_in;
+        }
+        for (int s = 0; s < NSEND; s++) {
+            uint64_t o = 0;
+            for (int r = 0; r < TP; r++)
+                o += ref_pair_elems(s, NSEND, r, TP, 64, -1) * BF16;
+            max_out = o > max_out ? o : max_out;
+        }
+        CHECK(jint(j, "total_bytes") == sum);
+        CHECK(jint(j, "naive_bytes_per_receiver") == ref_naive_bytes());
+        CHECK(jint(j, "naive_total_bytes") == ref_naive_bytes() * TP);
+        double ratio = json_real_value(json_object_get(j, "ratio_to_naive"));
+        CHECK(fabs(ratio - (double)sum / (double)(ref_naive_bytes() * TP)) < 1e-9);
+        double floor_s = json_real_value(json_object_get(j, "floor_seconds"));
+        double want = (double)(max_in > max_out ? max_in : max_out) / 400e9;
+        CHECK_MSG(fabs(floor_s - want) <= 1e-9 * want, "floor %g, reference %g", floor_s, want);
+        const json_t *conf = json_object_get(j, "config");
+        CHECK(json_integer_value(json_object_get(conf, "senders")) == NSEND);
+        CHECK(json_integer_value(json_object_get(conf, "tp")) == TP);
+        CHECK(json_integer_value(json_object_get(conf, "replicas")) == 1);
+        CHECK(strcmp(json_string_value(json_object_get(conf, "quant")), "none") == 0);
+        json_decref(j);
+    }
+    free(out);
+}
+
+static void tool_errors(void)
+{
+    int status = 0;
+    char *out = run(TOOL " --config /nonexistent/wsync/config.json --senders 3 --tp 2 2>&1",
+                    &status);
+    CHECK(out != NULL && status != 0);
+    CHECK_MSG(out && strstr(out, "/nonexistent/wsync/config.json"), "output: %s", out);
+    free(out);
+    out = run(TOOL " --config '" CONFIG "' --senders 3 --tp 2 --quant fp9 2>&1", &status);
+    CHECK(out != NULL && status == 2);
+    CHECK_MSG(out && strstr(out, "--quant"), "output: %s", out);
+    free(out);
+    out = run(TOOL " --config '" CONFIG "' --senders 0 --tp 2 2>&1", &status);
+    CHECK(out != NULL && status == 2);
+    CHECK_MSG(out && strstr(out, "--senders"), "output: %s", out);
+    free(out);
+}
+
+int main(void)
+{
+    RUN(summary_matches_reference);
+    RUN(summary_small_buckets);
+    RUN(summary_fp8_moved_vs_landed);
+    RUN(summary_errors);
+    RUN(tool_json);
+    RUN(tool_errors);
+    return check_summary();
+}

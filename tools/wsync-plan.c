@@ -1,0 +1,498 @@
+/* wsync-plan: what one sync of a model would move, and the time floor that sets. Trainer ranks
+ * hold FSDP dim-0 shards, inference replicas hold vLLM's TP layouts; the plan the coordinator
+ * would compile is summarized per receiver, per sender and per link, and compared with the
+ * naive method (gather every full tensor, broadcast it to every receiver). Public API only. */
+#include "wsync/wsync.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PROG "wsync-plan"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: " PROG " --config config.json --senders N --tp T [--replicas R]\n"
+            "                  [--quant none|fp8-block|fp8-tensor|fp8-channel] [--vocab-pad P]\n"
+            "                  [--bucket-mb B] [--link-gbps G] [--json]\n"
+            "\n"
+            "Compiles the plan wsync would use to sync the model of a HF config.json from N\n"
+            "trainer ranks (FSDP, dim 0) to R inference replicas of T tensor-parallel ranks each\n"
+            "(vLLM layouts; receiver = replica * T + tp_rank), and prints the bytes each receiver,\n"
+            "each sender and each (sender, receiver) link carries, the total, the naive method's\n"
+            "figures (every full param gathered and broadcast to every receiver), and the floor:\n"
+            "max(most bytes into a receiver, most bytes out of a sender) / link bandwidth.\n"
+            "\n"
+            "  --config PATH     HF config.json (llama, qwen2, qwen3)\n"
+            "  --senders N       trainer ranks (FSDP dim-0 shards)\n"
+            "  --tp T            tensor-parallel size of each inference replica\n"
+            "  --replicas R      inference replicas (default 1)\n"
+            "  --quant Q         linear weights on the receivers: none (default), fp8-block\n"
+            "                    (128x128), fp8-tensor or fp8-channel (e4m3fn)\n"
+            "  --vocab-pad P     vocab padding multiple of embed_tokens/lm_head (default 64)\n"
+            "  --bucket-mb B     staging bucket size in MiB (default 256)\n"
+            "  --link-gbps G     link bandwidth in GB/s, 1 GB = 1e9 bytes (default 400)\n"
+            "  --json            also print one JSON object as the last line\n"
+            "  -h, --help        this text\n"
+            "\n"
+            "Moved bytes are counted in the checkpoint dtype. In this version FP8 targets are\n"
+            "quantized on the receiver: their params travel as bf16 (2 bytes per element), and\n"
+            "that is what 'moved' reports. 'landed' is what the targets then hold (1 byte per FP8\n"
+            "element plus 4 per fp32 scale); it is not what the links carry.\n");
+}
+
+typedef struct {
+    const char *config;
+    int senders, tp, replicas;
+    const char *quant;
+    long vocab_pad;
+    double bucket_mb, link_gbps;
+    int json;
+} options_t;
+
+/* A positive integer option, or an error naming it. */
+static int parse_int(const char *opt, const char *text, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < 1 || v > max) {
+        fprintf(stderr, PROG ": %s: '%s' is not an integer in [1, %ld]\n", opt, text, max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_pos(const char *opt, const char *text, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end || !isfinite(v) || v <= 0) {
+        fprintf(stderr, PROG ": %s: '%s' is not a positive number\n", opt, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_quant(const char *text, wsync_quant_scheme_t *q)
+{
+    static const struct {
+        const char *name;
+        wsync_quant_scheme_t q;
+    } names[] = {{"none", WSYNC_QUANT_NONE},
+                 {"fp8-block", WSYNC_QUANT_BLOCK},
+                 {"fp8-tensor", WSYNC_QUANT_TENSOR},
+                 {"fp8-channel", WSYNC_QUANT_CHANNEL}};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcmp(text, names[i].name) == 0) {
+            *q = names[i].q;
+            return 0;
+        }
+    fprintf(stderr, PROG ": --quant: '%s' is not one of none, fp8-block, fp8-tensor, "
+            "fp8-channel\n", text);
+    return -1;
+}
+
+/* "1.23 GB" style, decimal units (the link is in GB/s). */
+static const char *human(uint64_t b, char *buf, size_t len)
+{
+    static const char *units[] = {"B", "kB", "MB", "GB", "TB"};
+    double v = (double)b;
+    int u = 0;
+    while (v >= 1000 && u < 4) {
+        v /= 1000;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%" PRIu64 " B", b);
+    else
+        snprintf(buf, len, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+static json_t *u64_array(const uint64_t *v, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(a, json_integer((json_int_t)v[i]));
+    return a;
+}
+
+typedef struct {
+    wsync_shard_t **shards;    /* [senders] */
+    size_t *nshards;
+    wsync_target_t **targets;  /* [tp] (replicas share a layout) */
+    size_t *ntargets;
+} layouts_t;
+
+static void layouts_free(layouts_t *l, const options_t *o)
+{
+    for (int s = 0; l->shards && s < o->senders; s++)
+        wsync_layout_shards_free(l->shards[s], l->nshards[s]);
+    for (int r = 0; l->targets && r < o->tp; r++)
+        wsync_layout_targets_free(l->targets[r], l->ntargets[r]);
+    free(l->shards);
+    free(l->nshards);
+    free(l->targets);
+    free(l->ntargets);
+}
+
+static void print_table(const options_t *o, const wsync_model_config_t *cfg,
+                        const wsync_plan_summary_t *s, uint64_t naive_per_receiver,
+                        uint64_t naive_total, double floor_s, const char *bottleneck)
+{
+    char a[32], b[32], c[32];
+    int nr = s->nreceivers, ns = s->nsenders;
+
+    printf("wsync-plan: %s (%s, %" PRId64 " layers, hidden %" PRId64 ", vocab %" PRId64
+           ", %s)\n", o->config, wsync_model_type_name(cfg->model_type), cfg->num_hidden_layers,
+           cfg->hidden_size, cfg->vocab_size,
+           wsync_dtype_name(cfg->dtype ? cfg->dtype : WSYNC_DTYPE_BF16));
+    printf("senders %d (FSDP dim 0) -> %d replica(s) x TP %d = %d receivers; quant %s; "
+           "vocab pad %ld; bucket %g MiB; link %g GB/s\n\n", ns, o->replicas, o->tp, nr,
+           o->quant, o->vocab_pad, (double)s->bucket_bytes / 1048576.0, o->link_gbps);
+
+    printf("receivers\n  %-8s %-7s %-7s %14s %14s %14s\n", "receiver", "replica", "tp_rank",
+           "moved", "landed", "naive");
+    for (int r = 0; r < nr; r++)
+        printf("  %-8d %-7d %-7d %14s %14s %14s\n", r, r / o->tp, r % o->tp,
+               human(s->bytes_per_receiver[r], a, sizeof(a)),
+               human(s->bytes_landed_per_receiver[r], b, sizeof(b)),
+               human(naive_per_receiver, c, sizeof(c)));
+
+    printf("\nsenders\n  %-8s %14s %14s %8s\n", "sender", "sent", "staged", "buckets");
+    for (int sn = 0; sn < ns; sn++)
+        printf("  %-8d %14s %14s %8" PRIu64 "\n", sn,
+               human(s->bytes_per_sender[sn], a, sizeof(a)),
+               human(s->staged_bytes_per_sender[sn], b, sizeof(b)), s->buckets_per_sender[sn]);
+
+    printf("\nbytes per link (row: sender, column: receiver)\n  %-8s", "");
+    for (int r = 0; r < nr; r++) {
+        snprintf(a, sizeof(a), "r%d", r);
+        printf(" %14s", a);
+    }
+    printf("\n");
+    for (int sn = 0; sn < ns; sn++) {
+        printf("  s%-7d", sn);
+        for (int r = 0; r < nr; r++)
+            printf(" %14s", human(s->pair_bytes[(size_t)sn * nr + r], a, sizeof(a)));
+        printf("\n");
+    }
+
+    printf("\ntotal moved     %s (%" PRIu64 " bytes)\n", human(s->total_bytes, a, sizeof(a)),
+           s->total_bytes);
+    printf("naive total     %s (%" PRIu64 " bytes: full model to each of %d receivers)\n",
+           human(naive_total, a, sizeof(a)), naive_total, nr);
+    printf("ratio to naive  %.4f\n", naive_total ? (double)s->total_bytes / naive_total : 0.0);
+    printf("total landed    %s\n", human(s->total_landed_bytes, a, sizeof(a)));
+    printf("plan            %" PRIu64 " chunks, %" PRIu64 " segments, fingerprint %016" PRIx64
+           "\n", s->nchunks, s->nsegments, s->fingerprint);
+    if (floor_s >= 1)
+        snprintf(a, sizeof(a), "%.3f s", floor_s);
+    else if (floor_s >= 1e-3)
+        snprintf(a, sizeof(a), "%.3f ms", floor_s * 1e3);
+    else
+        snprintf(a, sizeof(a), "%.3f us", floor_s * 1e6);
+    printf("floor           %s at %g GB/s (bottleneck: %s)\n", a, o->link_gbps, bottleneck);
+    printf("\nNote: 'moved' counts the checkpoint dtype. FP8 targets are quantized on the "
+           "receiver in this version,\nso their params travel as bf16; 'landed' (1 byte per FP8 "
+           "element + fp32 scales) is what the\ntargets hold, not what the links carry. 'sent' "
+           "counts one copy per receiver (point to\npoint); 'staged' packs a chunk that several "
+           "receivers need once.\n");
+}
+
+static int print_json(const options_t *o, const wsync_model_config_t *cfg,
+                      const wsync_plan_summary_t *s, uint64_t naive_per_receiver,
+                      uint64_t naive_total, double floor_s, const char *bottleneck)
+{
+    size_t nr = (size_t)s->nreceivers, ns = (size_t)s->nsenders;
+    json_t *root = json_object(), *conf = json_object(), *pairs = json_array();
+    char fp[17];
+
+    json_object_set_new(conf, "config", json_string(o->config));
+    json_object_set_new(conf, "model_type", json_string(wsync_model_type_name(cfg->model_type)));
+    json_object_set_new(conf, "param_dtype",
+                        json_string(wsync_dtype_name(cfg->dtype ? cfg->dtype : WSYNC_DTYPE_BF16)));
+    json_object_set_new(conf, "senders", json_integer(o->senders));
+    json_object_set_new(conf, "tp", json_integer(o->tp));
+    json_object_set_new(conf, "replicas", json_integer(o->replicas));
+    json_object_set_new(conf, "receivers", json_integer((json_int_t)nr));
+    json_object_set_new(conf, "quant", json_string(o->quant));
+    json_object_set_new(conf, "vocab_pad", json_integer(o->vocab_pad));
+    json_object_set_new(conf, "bucket_bytes", json_integer((json_int_t)s->bucket_bytes));
+    json_object_set_new(conf, "link_gbps", json_real(o->link_gbps));
+    json_object_set_new(root, "config", conf);
+
+    json_object_set_new(root, "bytes_per_receiver", u64_array(s->bytes_per_receiver, nr));
+    json_object_set_new(root, "bytes_landed_per_receiver",
+                        u64_array(s->bytes_landed_per_receiver, nr));
+    json_object_set_new(root, "naive_bytes_per_receiver",
+                        json_integer((json_int_t)naive_per_receiver));
+    json_object_set_new(root, "total_bytes", json_integer((json_int_t)s->total_bytes));
+    json_object_set_new(root, "naive_total_bytes", json_integer((json_int_t)naive_total));
+    json_object_set_new(root, "ratio_to_naive",
+                        json_real(naive_total ? (double)s->total_bytes / naive_total : 0.0));
+    json_object_set_new(root, "total_landed_bytes",
+                        json_integer((json_int_t)s->total_landed_bytes));
+    for (size_t sn = 0; sn < ns; sn++)
+        json_array_append_new(pairs, u64_array(s->pair_bytes + sn * nr, nr));
+    json_object_set_new(root, "pair_bytes", pairs);
+    json_object_set_new(root, "bytes_per_sender", u64_array(s->bytes_per_sender, ns));
+    json_object_set_new(root, "staged_bytes_per_sender",
+                        u64_array(s->staged_bytes_per_sender, ns));
+    json_object_set_new(root, "buckets_per_sender", u64_array(s->buckets_per_sender, ns));
+    json_object_set_new(root, "nchunks", json_integer((json_int_t)s->nchunks));
+    json_object_set_new(root, "nsegments", json_integer((json_int_t)s->nsegments));
+    snprintf(fp, sizeof(fp), "%016" PRIx64, s->fingerprint);
+    json_object_set_new(root, "fingerprint", json_string(fp));
+    json_object_set_new(root, "floor_seconds", json_real(floor_s));
+    json_object_set_new(root, "floor_bottleneck", json_string(bottleneck));
+    json_object_set_new(root, "fp8_quantized_on_receiver", json_true());
+
+    char *text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(12));
+    json_decref(root);
+    if (!text) {
+        fprintf(stderr, PROG ": cannot encode the JSON output\n");
+        return -1;
+    }
+    printf("%s\n", text);
+    free(text);
+    return 0;
+}
+
+/* Parses argv into o; returns -1 to exit 0 (help), 2 on a usage error, 0 to go on. */
+static int parse_args(int argc, char **argv, options_t *o)
+{
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"senders", required_argument, NULL, 'n'},
+        {"tp", required_argument, NULL, 't'},
+        {"replicas", required_argument, NULL, 'r'},
+        {"quant", required_argument, NULL, 'q'},
+        {"vocab-pad", required_argument, NULL, 'v'},
+        {"bucket-mb", required_argument, NULL, 'b'},
+        {"link-gbps", required_argument, NULL, 'g'},
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    long v;
+    int c;
+    wsync_quant_scheme_t q;
+
+    opterr = 0; /* reported below, naming the option */
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'c': o->config = optarg; break;
+        case 'n':
+            if (parse_int("--senders", optarg, 1 << 20, &v))
+                return 2;
+            o->senders = (int)v;
+            break;
+        case 't':
+            if (parse_int("--tp", optarg, 1 << 16, &v))
+                return 2;
+            o->tp = (int)v;
+            break;
+        case 'r':
+            if (parse_int("--replicas", optarg, 1 << 16, &v))
+                return 2;
+            o->replicas = (int)v;
+            break;
+        case 'q':
+            if (parse_quant(optarg, &q))
+                return 2;
+            o->quant = optarg;
+            break;
+        case 'v':
+            if (parse_int("--vocab-pad", optarg, 1L << 30, &v))
+                return 2;
+            o->vocab_pad = v;
+            break;
+        case 'b':
+            if (parse_pos("--bucket-mb", optarg, &o->bucket_mb))
+                return 2;
+            break;
+        case 'g':
+            if (parse_pos("--link-gbps", optarg, &o->link_gbps))
+                return 2;
+            break;
+        case 'j': o->json = 1; break;
+        case 'h': usage(stdout); return -1;
+        default: {
+            const char *arg = argv[optind - 1], *eq = strchr(arg, '=');
+            int is_long = strncmp(arg, "--", 2) == 0;
+            if (optopt && is_long && eq)
+                fprintf(stderr, PROG ": option '%.*s' takes no value (see --help)\n",
+                        (int)(eq - arg), arg);
+            else if (optopt && is_long)
+                fprintf(stderr, PROG ": option '%s' needs a value (see --help)\n", arg);
+            else
+                fprintf(stderr, PROG ": unknown option '%s' (see --help)\n", arg);
+            return 2;
+        }
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", argv[optind]);
+        return 2;
+    }
+    if (!o->config || !o->senders || !o->tp) {
+        fprintf(stderr, PROG ": %s is required (see --help)\n",
+                !o->config ? "--config" : !o->senders ? "--senders" : "--tp");
+        return 2;
+    }
+    if ((int64_t)o->replicas * o->tp > (1 << 20)) {
+        fprintf(stderr, PROG ": --replicas %d x --tp %d: too many receivers\n", o->replicas,
+                o->tp);
+        return 2;
+    }
+    double bucket = o->bucket_mb * 1048576.0;
+    if (bucket < 64 || bucket > 1099511627776.0) {
+        fprintf(stderr, PROG ": --bucket-mb %g: the bucket must be between 64 bytes and 1 TiB\n",
+                o->bucket_mb);
+        return 2;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    options_t o = {NULL, 0, 0, 1, "none", 64, 256.0, 400.0, 0};
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+
+    wsync_quant_scheme_t qs = WSYNC_QUANT_NONE;
+    parse_quant(o.quant, &qs);
+    wsync_model_config_t cfg;
+    if (wsync_model_config_load(o.config, &cfg) != WSYNC_OK) {
+        fprintf(stderr, PROG ": --config: %s\n", wsync_last_error());
+        return 1;
+    }
+
+    layouts_t l = {0};
+    wsync_param_t *params = NULL;
+    size_t nparams = 0;
+    wsync_shard_t *shards = NULL;
+    wsync_target_t *targets = NULL;
+    int *shard_sender = NULL, *target_receiver = NULL;
+    wsync_plan_summary_t *sum = NULL;
+    int nr = o.replicas * o.tp;
+    rc = 1;
+
+    /* naive: every full param, in the checkpoint dtype, to every receiver */
+    uint64_t naive = 0;
+    if (wsync_model_params(&cfg, (wsync_dtype_t)0, &params, &nparams) != WSYNC_OK) {
+        fprintf(stderr, PROG ": %s\n", wsync_last_error());
+        goto out;
+    }
+    for (size_t i = 0; i < nparams; i++) {
+        uint64_t e = wsync_dtype_size(params[i].dtype);
+        for (int d = 0; d < params[i].ndim; d++)
+            e *= (uint64_t)params[i].shape[d];
+        naive += e;
+    }
+
+    l.shards = calloc((size_t)o.senders, sizeof(*l.shards));
+    l.nshards = calloc((size_t)o.senders, sizeof(*l.nshards));
+    l.targets = calloc((size_t)o.tp, sizeof(*l.targets));
+    l.ntargets = calloc((size_t)o.tp, sizeof(*l.ntargets));
+    if (!l.shards || !l.nshards || !l.targets || !l.ntargets) {
+        fprintf(stderr, PROG ": out of memory\n");
+        goto out;
+    }
+    size_t nsh = 0, ntg = 0;
+    for (int s = 0; s < o.senders; s++) {
+        if (wsync_layout_fsdp_shards(&cfg, (wsync_dtype_t)0, s, o.senders, &l.shards[s],
+                                     &l.nshards[s]) != WSYNC_OK) {
+            fprintf(stderr, PROG ": --senders %d: %s\n", o.senders, wsync_last_error());
+            goto out;
+        }
+        nsh += l.nshards[s];
+    }
+    wsync_tp_options_t topt = WSYNC_TP_OPTIONS_INIT;
+    topt.quant.scheme = qs;
+    topt.vocab_pad = o.vocab_pad;
+    for (int r = 0; r < o.tp; r++) {
+        if (wsync_layout_tp_targets(&cfg, r, o.tp, &topt, &l.targets[r], &l.ntargets[r]) !=
+            WSYNC_OK) {
+            fprintf(stderr, PROG ": --tp %d: %s\n", o.tp, wsync_last_error());
+            goto out;
+        }
+        ntg += l.ntargets[r];
+    }
+    ntg *= (size_t)o.replicas;
+
+    /* flat arrays of shallow copies; the layouts keep ownership of names and pieces */
+    shards = calloc(nsh ? nsh : 1, sizeof(*shards));
+    shard_sender = calloc(nsh ? nsh : 1, sizeof(*shard_sender));
+    targets = calloc(ntg ? ntg : 1, sizeof(*targets));
+    target_receiver = calloc(ntg ? ntg : 1, sizeof(*target_receiver));
+    if (!shards || !shard_sender || !targets || !target_receiver) {
+        fprintf(stderr, PROG ": out of memory\n");
+        goto out;
+    }
+    size_t k = 0;
+    for (int s = 0; s < o.senders; s++)
+        for (size_t i = 0; i < l.nshards[s]; i++, k++) {
+            shards[k] = l.shards[s][i];
+            shard_sender[k] = s;
+        }
+    k = 0;
+    for (int r = 0; r < nr; r++)
+        for (size_t j = 0; j < l.ntargets[r % o.tp]; j++, k++) {
+            targets[k] = l.targets[r % o.tp][j];
+            target_receiver[k] = r;
+        }
+
+    size_t bucket = (size_t)(o.bucket_mb * 1048576.0);
+    if (wsync_plan_summarize(shards, shard_sender, nsh, targets, target_receiver, ntg, o.senders,
+                             nr, bucket, &sum) != WSYNC_OK) {
+        fprintf(stderr, PROG ": plan: %s\n", wsync_last_error());
+        goto out;
+    }
+
+    uint64_t max_in = 0, max_out = 0;
+    int arg_in = 0, arg_out = 0;
+    for (int r = 0; r < nr; r++)
+        if (sum->bytes_per_receiver[r] > max_in) {
+            max_in = sum->bytes_per_receiver[r];
+            arg_in = r;
+        }
+    for (int s = 0; s < o.senders; s++)
+        if (sum->bytes_per_sender[s] > max_out) {
+            max_out = sum->bytes_per_sender[s];
+            arg_out = s;
+        }
+    char bottleneck[64];
+    if (max_in >= max_out)
+        snprintf(bottleneck, sizeof(bottleneck), "into receiver %d", arg_in);
+    else
+        snprintf(bottleneck, sizeof(bottleneck), "out of sender %d", arg_out);
+    double floor_s = (double)(max_in > max_out ? max_in : max_out) / (o.link_gbps * 1e9);
+    uint64_t naive_total = naive * (uint64_t)nr;
+
+    print_table(&o, &cfg, sum, naive, naive_total, floor_s, bottleneck);
+    if (o.json && print_json(&o, &cfg, sum, naive, naive_total, floor_s, bottleneck) != 0)
+        goto out;
+    rc = 0;
+out:
+    wsync_plan_summary_free(sum);
+    free(shards);
+    free(shard_sender);
+    free(targets);
+    free(target_receiver);
+    layouts_free(&l, &o);
+    wsync_model_params_free(params, nparams);
+    return rc;
+}
