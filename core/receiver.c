@@ -128,7 +128,7 @@ wsync_status_t wsync_receiver_add_target(wsync_receiver_t *r, const wsync_target
         return st;
     for (size_t i = 0; i < r->ntargets; i++) {
         if (strcmp(r->targets[i].name, t->name) == 0) {
-            wsync_target_descs_free(&r->targets[r->ntargets], 1);
+            wsync_target_desc_clear(&r->targets[r->ntargets]);
             return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s' added twice", r->m.rank,
                              t->name);
         }
@@ -147,7 +147,7 @@ wsync_status_t wsync_receiver_add_target(wsync_receiver_t *r, const wsync_target
             r->land[i] = calloc(n ? n : 1, sizeof(float));
             r->land_dtype[i] = WSYNC_DTYPE_F32;
             if (r->land[i] == NULL) {
-                wsync_target_descs_free(&r->targets[i], 1);
+                wsync_target_desc_clear(&r->targets[i]);
                 return wsync_err(WSYNC_ERR_NOMEM, "receiver %d: no memory to stage FP8 target "
                                  "'%s' (%llu values)", r->m.rank, t->name, (unsigned long long)n);
             }

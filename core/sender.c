@@ -133,7 +133,7 @@ wsync_status_t wsync_sender_add_shard(wsync_sender_t *s, const wsync_shard_t *sh
     for (size_t i = 0; i < s->nshards; i++) {
         if (strcmp(s->shards[i].param.name, shard->param.name) == 0 &&
             memcmp(&s->shards[i].box, &s->shards[s->nshards].box, sizeof(wsync_box_t)) == 0) {
-            wsync_shard_descs_free(&s->shards[s->nshards], 1);
+            wsync_shard_desc_clear(&s->shards[s->nshards]);
             return wsync_err(WSYNC_ERR_INVALID, "sender %d: param '%s' added twice with the same "
                              "box", s->m.rank, shard->param.name);
         }

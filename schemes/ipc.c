@@ -627,6 +627,7 @@ static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
         memset(st->from[s].done, 0, st->from[s].nbuckets);
     }
     total = remaining;
+    uint64_t t0 = wsync_now_ns();
     while (remaining > 0) {
         wsync_msg_t *msg;
         wsync_rbuf_t rb;
@@ -693,6 +694,10 @@ static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
         if (r->progress != NULL)
             r->progress(r->progress_arg, version, bytes_done, st->bytes_total);
     }
+    double secs = (double)(wsync_now_ns() - t0) / 1e9;
+    WSYNC_LOG_D("ipc: receiver %d: version %llu: %llu bytes landed in %.4f s (%.2f GB/s)",
+                r->m.rank, (unsigned long long)version, (unsigned long long)bytes_done, secs,
+                secs > 0 ? (double)bytes_done / secs / 1e9 : 0.0);
     return WSYNC_OK;
 }
 
