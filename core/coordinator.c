@@ -515,7 +515,8 @@ wsync_status_t wsync_coord_create(const char *addr, int nsenders, int nreceivers
     st = wsync_tcp_listen(addr, &fd, co->addr, sizeof(co->addr));
     if (st != WSYNC_OK)
         goto err;
-    st = wsync_loop_create(&ops, co, heartbeat_ms, timeout_ms, &co->loop);
+    st = wsync_loop_create(&ops, co, heartbeat_ms, wsync_peer_timeout_ms(timeout_ms, heartbeat_ms),
+                           &co->loop);
     if (st != WSYNC_OK) {
         close(fd);
         goto err;

@@ -73,7 +73,8 @@ wsync_status_t wsync_member_connect(wsync_member_t *m, const wsync_hello_t *hell
     const uint16_t welcome[] = {WSYNC_MSG_WELCOME};
 
     wsync_inbox_init(&m->inbox);
-    st = wsync_loop_create(&ops, m, m->heartbeat_ms, m->timeout_ms, &m->loop);
+    st = wsync_loop_create(&ops, m, m->heartbeat_ms,
+                           wsync_peer_timeout_ms(m->timeout_ms, m->heartbeat_ms), &m->loop);
     if (st != WSYNC_OK)
         return st;
     st = wsync_tcp_connect(m->coordinator, deadline, &fd);

@@ -18,6 +18,19 @@ static inline int64_t wsync_deadline_in(int ms) { return wsync_now_ms() + (ms < 
 /* Milliseconds left until deadline, clamped to [0, INT32_MAX]. */
 int wsync_ms_left(int64_t deadline_ms);
 
+/* How long a control peer may stay silent before it is lost: shorter than the operation deadline,
+ * so that when a stalled peer holds everyone up, its loss (naming it) is what everyone reports,
+ * not their own waits timing out. At least three heartbeats. */
+static inline int wsync_peer_timeout_ms(int timeout_ms, int heartbeat_ms)
+{
+    int t = timeout_ms / 2;
+    if (heartbeat_ms <= 200000000 && t > 10 * heartbeat_ms)
+        t = 10 * heartbeat_ms;
+    if (heartbeat_ms <= 700000000 && t < 3 * heartbeat_ms)
+        t = 3 * heartbeat_ms;
+    return t;
+}
+
 /* strdup that returns NULL for NULL. */
 char *wsync_strdup(const char *s);
 

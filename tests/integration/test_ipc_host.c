@@ -96,6 +96,8 @@ typedef struct {
     int sync_fd;               /* raw-client test: sender waits on it before version 2 */
     int push_sleep_ms;
     int inplace;               /* sender allocates even-numbered params with wsync_mem_alloc */
+    int stop_receiver;         /* receiver rank that stops (SIGSTOP) in version 2 (-1: none) */
+    int timeout_ms;            /* every participant's deadline (0: TIMEOUT_MS) */
     const char *expect_error;  /* failure tests: text every participant's error must contain */
 } group_t;
 
@@ -116,7 +118,7 @@ static int sender_main(void *arg)
     sp.nranks = g->nsenders;
     sp.nreceivers = g->nreceivers;
     sp.bucket_bytes = g->bucket;
-    sp.timeout_ms = TIMEOUT_MS;
+    sp.timeout_ms = g->timeout_ms ? g->timeout_ms : TIMEOUT_MS;
     sp.heartbeat_ms = 200;
     st = wsync_sender_create(ctx, &sp, &s);
     if (st != WSYNC_OK) {
@@ -241,6 +243,14 @@ static void on_progress(void *arg, uint64_t version, uint64_t done, uint64_t tot
         raise(SIGKILL);   /* die with part of version 2 landed */
 }
 
+static void on_progress_stop(void *arg, uint64_t version, uint64_t done, uint64_t total)
+{
+    (void)arg;
+    (void)total;
+    if (version == 2 && done > 0)
+        raise(SIGSTOP);   /* hang with the sockets open: only the silence deadline can tell */
+}
+
 static int receiver_main(void *arg)
 {
     const group_t *g = arg;
@@ -257,10 +267,12 @@ static int receiver_main(void *arg)
     rp.coordinator = coord_addr;
     rp.rank = r;
     rp.nreceivers = g->nreceivers;
-    rp.timeout_ms = TIMEOUT_MS;
+    rp.timeout_ms = g->timeout_ms ? g->timeout_ms : TIMEOUT_MS;
     rp.heartbeat_ms = 200;
     if (g->kill_receiver == r)
         rp.progress = on_progress;
+    if (g->stop_receiver == r)
+        rp.progress = on_progress_stop;
     st = wsync_receiver_create(ctx, &rp, &rv);
     if (st != WSYNC_OK && g->expect_error != NULL) {
         /* a group that failed before we joined must still say why */
@@ -377,6 +389,7 @@ static group_t base_group(void)
     g.versions = 3;
     g.bucket = 8 * MiB;
     g.kill_receiver = -1;
+    g.stop_receiver = -1;
     g.sync_fd = -1;
     return g;
 }
@@ -471,6 +484,42 @@ static void case_receiver_killed_mid_push(void)
     CHECK_MSG(codes[1] == 0, "receiver 0 exited with %d", codes[1]);
     CHECK_MSG(codes[2] == 128 + SIGKILL, "receiver 1 exited with %d, expected SIGKILL", codes[2]);
     CHECK_MSG(codes[3] == 0, "receiver 2 exited with %d", codes[3]);
+}
+
+static void case_receiver_stalled_mid_push(void)
+{
+    group_t g = base_group();
+    pid_t pids[8];
+    group_t cfg[8];
+    int codes[8], n = 0;
+    long long t0 = proc_now_ms();
+
+    g.bucket = 1 * MiB;
+    g.stop_receiver = 1;
+    g.timeout_ms = 2000;
+    g.expect_error = "receiver 1";
+    g.port = proc_free_port();
+    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", g.port);
+    cfg[n] = g;
+    pids[n] = proc_spawn(sender_main, &cfg[n], 60);
+    n++;
+    for (int r = 0; r < g.nreceivers; r++) {
+        cfg[n] = g;
+        cfg[n].receiver_rank = r;
+        pids[n] = proc_spawn(receiver_main, &cfg[n], 60);
+        n++;
+    }
+    /* the stopped receiver never exits: wait for the others, then kill it */
+    int others[3] = {0, 1, 3}, ocodes[3];
+    pid_t opids[3] = {pids[0], pids[1], pids[3]};
+    proc_wait_all(opids, 3, 60000, ocodes);
+    long long took = proc_now_ms() - t0;
+    kill(pids[2], SIGKILL);
+    proc_wait_all(&pids[2], 1, 5000, &codes[2]);
+    for (int i = 0; i < 3; i++)
+        CHECK_MSG(ocodes[i] == 0, "process %d exited with %d", others[i], ocodes[i]);
+    /* heartbeats every 200 ms, silence deadline 2 s: everyone knew well before 20 s */
+    CHECK_MSG(took < 15000, "the stall was reported after %lld ms", took);
 }
 
 static void case_rank_claimed_twice(void)
@@ -633,6 +682,7 @@ int main(void)
     RUN(case_dtype_mismatch);
     RUN(case_shape_mismatch);
     RUN(case_receiver_killed_mid_push);
+    RUN(case_receiver_stalled_mid_push);
     RUN(case_raw_client_frames);
     RUN(case_rank_claimed_twice);
     RUN(case_dev_shm_clean);
