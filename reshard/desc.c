@@ -4,6 +4,7 @@
  * mistake), the decoders WSYNC_ERR_PROTOCOL (a peer's). Descriptions keep dims >= ndim at zero, so
  * that a decoded description equals the one encoded. */
 #include "reshard/plan.h"
+#include "reshard/text.h"
 
 #include "core/status.h"
 #include "core/util.h"
@@ -17,42 +18,6 @@
 #define SHARD_WIRE_MIN 43u   /* sender, index, name len, dtype, ndim, 1 dim, start, len, mem, dev */
 #define TARGET_WIRE_MIN 40u  /* receiver, index, name, dtype, ndim, 1 dim, mem, dev, quant x3, n */
 #define PIECE_WIRE_MIN 38u   /* name len, dtype, ndim, 1 dim, start, len, dst */
-
-typedef struct {
-    char s[256];
-} text_t;
-
-static const char *fmt_dims(text_t *t, int nd, const int64_t *v)
-{
-    size_t k = 0;
-
-    t->s[k++] = '[';
-    for (int d = 0; d < nd && d < WSYNC_MAX_DIMS; d++)
-        k += (size_t)snprintf(t->s + k, sizeof(t->s) - k, "%s%" PRId64, d ? ", " : "", v[d]);
-    snprintf(t->s + k, sizeof(t->s) - k, "]");
-    return t->s;
-}
-
-/* "start:end" of one dim; "start:+len" when the end does not fit (messages about bad input). */
-static size_t fmt_span(char *s, size_t n, int d, int64_t start, int64_t len)
-{
-    int64_t end;
-    int w = __builtin_add_overflow(start, len, &end)
-                ? snprintf(s, n, "%s%" PRId64 ":+%" PRId64, d ? ", " : "", start, len)
-                : snprintf(s, n, "%s%" PRId64 ":%" PRId64, d ? ", " : "", start, end);
-    return w > 0 ? (size_t)w : 0;
-}
-
-static const char *fmt_box(text_t *t, int nd, const int64_t *start, const int64_t *len)
-{
-    size_t k = 0;
-
-    t->s[k++] = '[';
-    for (int d = 0; d < nd && d < WSYNC_MAX_DIMS; d++)
-        k += fmt_span(t->s + k, sizeof(t->s) - k, d, start[d], len[d]);
-    snprintf(t->s + k, sizeof(t->s) - k, "]");
-    return t->s;
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Checks shared by desc_from and decode                                                        */
@@ -89,7 +54,7 @@ static int span_empty(int nd, const int64_t *len)
 static wsync_status_t check_pdesc(wsync_status_t code, const char *what, const wsync_pdesc_t *p)
 {
     uint64_t v = 1;
-    text_t t;
+    wsync_text_t t;
 
     if (!name_len_ok(p->name))
         return wsync_err(code, "%s: param name is %s", what,
@@ -103,7 +68,7 @@ static wsync_status_t check_pdesc(wsync_status_t code, const char *what, const w
         if (p->shape[d] <= 0 || wsync_mul_u64(v, (uint64_t)p->shape[d], &v) != 0 ||
             v > WSYNC_PLAN_MAX_ELEMS)
             return wsync_err(code, "%s: param '%s' shape %s has a dim <= 0 or too many elements",
-                             what, p->name, fmt_dims(&t, p->ndim, p->shape));
+                             what, p->name, wsync_fmt_dims(&t, p->ndim, p->shape));
     }
     return WSYNC_OK;
 }
@@ -121,7 +86,7 @@ static wsync_status_t check_mem(wsync_status_t code, const char *what, const cha
 static wsync_status_t check_shard(wsync_status_t code, const wsync_shard_desc_t *s)
 {
     char what[64];
-    text_t a, b;
+    wsync_text_t a, b;
     wsync_status_t st;
 
     snprintf(what, sizeof(what), "sender %u shard %u", s->sender, s->index);
@@ -130,8 +95,8 @@ static wsync_status_t check_shard(wsync_status_t code, const wsync_shard_desc_t 
     if (!span_inside(s->param.ndim, s->box.start, s->box.len, s->param.shape))
         return wsync_err(code, "%s: box %s of param '%s' lies outside its shape %s (box.start "
                          ">= 0, box.len >= 0)", what,
-                         fmt_box(&a, s->param.ndim, s->box.start, s->box.len), s->param.name,
-                         fmt_dims(&b, s->param.ndim, s->param.shape));
+                         wsync_fmt_span_box(&a, s->param.ndim, s->box.start, s->box.len), s->param.name,
+                         wsync_fmt_dims(&b, s->param.ndim, s->param.shape));
     return check_mem(code, "shard of param", s->param.name, s->mem, s->device);
 }
 
@@ -188,7 +153,7 @@ static wsync_status_t check_overlaps(wsync_status_t code, const wsync_target_des
 static wsync_status_t check_target(wsync_status_t code, const wsync_target_desc_t *t)
 {
     char what[WSYNC_NAME_MAX + 96];
-    text_t a, b;
+    wsync_text_t a, b;
     wsync_status_t st;
     uint64_t v = 1;
 
@@ -205,7 +170,7 @@ static wsync_status_t check_target(wsync_status_t code, const wsync_target_desc_
         if (t->shape[d] <= 0 || wsync_mul_u64(v, (uint64_t)t->shape[d], &v) != 0 ||
             v > WSYNC_PLAN_MAX_ELEMS)
             return wsync_err(code, "receiver %u target '%s': shape %s has a dim <= 0 or too many "
-                             "elements", t->receiver, t->name, fmt_dims(&a, t->ndim, t->shape));
+                             "elements", t->receiver, t->name, wsync_fmt_dims(&a, t->ndim, t->shape));
     }
     if ((st = check_mem(code, "target", t->name, t->mem, t->device)) != WSYNC_OK)
         return st;
@@ -229,12 +194,12 @@ static wsync_status_t check_target(wsync_status_t code, const wsync_target_desc_
                              "dims)", what, p->param.name, (int)p->param.ndim, (int)t->ndim);
         if (!span_inside(t->ndim, p->src.start, p->src.len, p->param.shape))
             return wsync_err(code, "%s: src box %s lies outside param '%s' %s", what,
-                             fmt_box(&a, t->ndim, p->src.start, p->src.len), p->param.name,
-                             fmt_dims(&b, t->ndim, p->param.shape));
+                             wsync_fmt_span_box(&a, t->ndim, p->src.start, p->src.len), p->param.name,
+                             wsync_fmt_dims(&b, t->ndim, p->param.shape));
         if (!span_inside(t->ndim, p->dst_start, p->src.len, t->shape))
             return wsync_err(code, "%s (param '%s'): dst %s lies outside the target %s", what,
-                             p->param.name, fmt_box(&a, t->ndim, p->dst_start, p->src.len),
-                             fmt_dims(&b, t->ndim, t->shape));
+                             p->param.name, wsync_fmt_span_box(&a, t->ndim, p->dst_start, p->src.len),
+                             wsync_fmt_dims(&b, t->ndim, t->shape));
     }
     return check_overlaps(code, t);
 }

@@ -14,6 +14,7 @@
  *     decoder derives them the same way, so they never travel).
  */
 #include "reshard/plan.h"
+#include "reshard/text.h"
 
 #include "core/status.h"
 #include "core/util.h"
@@ -110,42 +111,6 @@ static int box_intersect(int nd, const wsync_box_t *a, const wsync_box_t *b, wsy
     }
     *out = r;
     return 1;
-}
-
-typedef struct {
-    char s[256];            /* 4 dims of "start:end" int64 pairs fit with room to spare */
-} text_t;
-
-static const char *fmt_shape(text_t *t, int nd, const int64_t *shape)
-{
-    size_t k = 0;
-
-    t->s[k++] = '[';
-    for (int d = 0; d < nd && d < WSYNC_MAX_DIMS; d++)
-        k += (size_t)snprintf(t->s + k, sizeof(t->s) - k, "%s%" PRId64, d ? ", " : "", shape[d]);
-    snprintf(t->s + k, sizeof(t->s) - k, "]");
-    return t->s;
-}
-
-/* "start:end" of one dim; "start:+len" when the end does not fit (messages about bad input). */
-static size_t fmt_span(char *s, size_t n, int d, int64_t start, int64_t len)
-{
-    int64_t end;
-    int w = __builtin_add_overflow(start, len, &end)
-                ? snprintf(s, n, "%s%" PRId64 ":+%" PRId64, d ? ", " : "", start, len)
-                : snprintf(s, n, "%s%" PRId64 ":%" PRId64, d ? ", " : "", start, end);
-    return w > 0 ? (size_t)w : 0;
-}
-
-static const char *fmt_box(text_t *t, int nd, const wsync_box_t *b)
-{
-    size_t k = 0;
-
-    t->s[k++] = '[';
-    for (int d = 0; d < nd && d < WSYNC_MAX_DIMS; d++)
-        k += fmt_span(t->s + k, sizeof(t->s) - k, d, b->start[d], b->len[d]);
-    snprintf(t->s + k, sizeof(t->s) - k, "]");
-    return t->s;
 }
 
 /* A name a message can quote: never NULL. */
@@ -327,7 +292,7 @@ static int cmp_boxed(const void *a, const void *b)
 
 static wsync_status_t check_shard(const compile_t *c, const wsync_shard_desc_t *s)
 {
-    text_t a, b;
+    wsync_text_t a, b;
 
     if (!name_ok(s->param.name))
         return wsync_err(WSYNC_ERR_INVALID, "sender %u shard %u: param name is missing, empty or "
@@ -344,11 +309,11 @@ static wsync_status_t check_shard(const compile_t *c, const wsync_shard_desc_t *
     if (shape_volume(s->param.ndim, s->param.shape) == 0)
         return wsync_err(WSYNC_ERR_INVALID, "param '%s' at sender %u: shape %s has a dim <= 0 or "
                          "too many elements", s->param.name, s->sender,
-                         fmt_shape(&a, s->param.ndim, s->param.shape));
+                         wsync_fmt_dims(&a, s->param.ndim, s->param.shape));
     if (!span_inside(s->param.ndim, s->box.start, s->box.len, s->param.shape))
         return wsync_err(WSYNC_ERR_INVALID, "param '%s' at sender %u: box %s lies outside the "
-                         "shape %s", s->param.name, s->sender, fmt_box(&a, s->param.ndim, &s->box),
-                         fmt_shape(&b, s->param.ndim, s->param.shape));
+                         "shape %s", s->param.name, s->sender, wsync_fmt_box(&a, s->param.ndim, &s->box),
+                         wsync_fmt_dims(&b, s->param.ndim, s->param.shape));
     return WSYNC_OK;
 }
 
@@ -369,7 +334,7 @@ static wsync_status_t build_boxes(compile_t *c, param_t *p, const wsync_shard_de
 {
     int nd = p->ref->param.ndim;
     size_t m = 0;
-    text_t ta, tb;
+    wsync_text_t ta, tb;
 
     for (size_t i = 0; i < n; i++) {
         if (box_is_empty(nd, &sorted[i]->box))
@@ -407,8 +372,8 @@ static wsync_status_t build_boxes(compile_t *c, param_t *p, const wsync_shard_de
                 return wsync_err(WSYNC_ERR_MISMATCH, "param '%s': the boxes of sender %u %s and "
                                  "sender %u %s partially overlap (boxes must be identical "
                                  "replicas or disjoint)", p->ref->param.name,
-                                 c->reps[a->rep0]->sender, fmt_box(&ta, nd, &a->box),
-                                 c->reps[b->rep0]->sender, fmt_box(&tb, nd, &b->box));
+                                 c->reps[a->rep0]->sender, wsync_fmt_box(&ta, nd, &a->box),
+                                 c->reps[b->rep0]->sender, wsync_fmt_box(&tb, nd, &b->box));
         }
     }
     return WSYNC_OK;
@@ -420,7 +385,7 @@ static wsync_status_t index_shards(compile_t *c)
     boxed_t *tmp = NULL;
     wsync_status_t st = WSYNC_OK;
     size_t n = c->nshards;
-    text_t ta, tb;
+    wsync_text_t ta, tb;
 
     sorted = malloc((n ? n : 1) * sizeof(*sorted));
     tmp = malloc((n ? n : 1) * sizeof(*tmp));
@@ -457,9 +422,9 @@ static wsync_status_t index_shards(compile_t *c)
                 st = wsync_err(WSYNC_ERR_MISMATCH, "param '%s': sender %u describes it as %s %s, "
                                "sender %u as %s %s", s->param.name, p->ref->sender,
                                wsync_dtype_name(p->ref->param.dtype),
-                               fmt_shape(&ta, p->ref->param.ndim, p->ref->param.shape), s->sender,
+                               wsync_fmt_dims(&ta, p->ref->param.ndim, p->ref->param.shape), s->sender,
                                wsync_dtype_name(s->param.dtype),
-                               fmt_shape(&tb, s->param.ndim, s->param.shape));
+                               wsync_fmt_dims(&tb, s->param.ndim, s->param.shape));
                 goto out;
             }
         }
@@ -732,7 +697,7 @@ static wsync_status_t map_piece(compile_t *c, const wsync_target_desc_t *t, uint
     int nd = t->ndim;
     uint64_t vol, covered = 0;
     wsync_box_t dstbox;
-    text_t ta, tb;
+    wsync_text_t ta, tb;
 
     if (!name_ok(p->param.name))
         return wsync_err(WSYNC_ERR_INVALID, "receiver %u target '%s' piece %u: param name is "
@@ -748,9 +713,9 @@ static wsync_status_t map_piece(compile_t *c, const wsync_target_desc_t *t, uint
         return wsync_err(WSYNC_ERR_MISMATCH, "receiver %u target '%s' piece %u: param '%s' is %s "
                          "%s at the senders but the receiver expects %s %s", t->receiver, t->name,
                          pi, p->param.name, wsync_dtype_name(ref->param.dtype),
-                         fmt_shape(&ta, ref->param.ndim, ref->param.shape),
+                         wsync_fmt_dims(&ta, ref->param.ndim, ref->param.shape),
                          wsync_dtype_name(p->param.dtype),
-                         fmt_shape(&tb, WSYNC_MIN(WSYNC_MAX(p->param.ndim, 0), WSYNC_MAX_DIMS),
+                         wsync_fmt_dims(&tb, WSYNC_MIN(WSYNC_MAX(p->param.ndim, 0), WSYNC_MAX_DIMS),
                                    p->param.shape));
     }
     if (p->param.ndim != nd)
@@ -759,15 +724,15 @@ static wsync_status_t map_piece(compile_t *c, const wsync_target_desc_t *t, uint
                          p->param.name, (int)p->param.ndim, nd);
     if (!span_inside(nd, p->src.start, p->src.len, ref->param.shape))
         return wsync_err(WSYNC_ERR_INVALID, "receiver %u target '%s' piece %u: box %s lies outside "
-                         "param '%s' %s", t->receiver, t->name, pi, fmt_box(&ta, nd, &p->src),
-                         p->param.name, fmt_shape(&tb, nd, ref->param.shape));
+                         "param '%s' %s", t->receiver, t->name, pi, wsync_fmt_box(&ta, nd, &p->src),
+                         p->param.name, wsync_fmt_dims(&tb, nd, ref->param.shape));
     memset(&dstbox, 0, sizeof(dstbox));
     memcpy(dstbox.start, p->dst_start, (size_t)nd * sizeof(int64_t));
     memcpy(dstbox.len, p->src.len, (size_t)nd * sizeof(int64_t));
     if (!span_inside(nd, dstbox.start, dstbox.len, t->shape))
         return wsync_err(WSYNC_ERR_INVALID, "receiver %u target '%s' piece %u (param '%s'): "
                          "destination %s lies outside the target %s", t->receiver, t->name, pi,
-                         p->param.name, fmt_box(&ta, nd, &dstbox), fmt_shape(&tb, nd, t->shape));
+                         p->param.name, wsync_fmt_box(&ta, nd, &dstbox), wsync_fmt_dims(&tb, nd, t->shape));
     if (!dtype_reachable(ref->param.dtype, t->dtype, t->quant))
         return wsync_err(WSYNC_ERR_MISMATCH, "receiver %u target '%s' (%s%s) cannot be filled from "
                          "param '%s' (%s)", t->receiver, t->name, wsync_dtype_name(t->dtype),
@@ -804,11 +769,11 @@ static wsync_status_t map_piece(compile_t *c, const wsync_target_desc_t *t, uint
                                &budget);
         char where[300] = "";
         if (r == 1)
-            snprintf(where, sizeof(where), "; the first is at index %s", fmt_shape(&ta, nd, idx));
+            snprintf(where, sizeof(where), "; the first is at index %s", wsync_fmt_dims(&ta, nd, idx));
         return wsync_err(WSYNC_ERR_MISMATCH, "receiver %u target '%s' piece %u: %" PRIu64 " of "
                          "%" PRIu64 " elements of param '%s' box %s are held by no sender%s",
                          t->receiver, t->name, pi, vol - covered, vol, p->param.name,
-                         fmt_box(&tb, nd, &p->src), where);
+                         wsync_fmt_box(&tb, nd, &p->src), where);
     }
     return WSYNC_OK;
 }
@@ -822,7 +787,7 @@ static int cmp_target_by_rank(const void *a, const void *b)
 
 static wsync_status_t check_target(const compile_t *c, const wsync_target_desc_t *t)
 {
-    text_t a;
+    wsync_text_t a;
 
     if (!name_ok(t->name))
         return wsync_err(WSYNC_ERR_INVALID, "receiver %u target %u: name is missing, empty or "
@@ -839,7 +804,7 @@ static wsync_status_t check_target(const compile_t *c, const wsync_target_desc_t
     if (shape_volume(t->ndim, t->shape) == 0)
         return wsync_err(WSYNC_ERR_INVALID, "receiver %u target '%s': shape %s has a dim <= 0 or "
                          "too many elements", t->receiver, t->name,
-                         fmt_shape(&a, t->ndim, t->shape));
+                         wsync_fmt_dims(&a, t->ndim, t->shape));
     if (t->npieces > 0 && t->pieces == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "receiver %u target '%s': %u pieces but no array",
                          t->receiver, t->name, t->npieces);
