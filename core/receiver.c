@@ -261,6 +261,29 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
     return WSYNC_OK;
 }
 
+wsync_status_t wsync_receiver_set_target_data(wsync_receiver_t *r, const char *name, void *data,
+                                              float *scales)
+{
+    if (r == NULL || name == NULL || data == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_receiver_set_target_data: NULL argument");
+    for (size_t i = 0; i < r->ntargets; i++) {
+        if (strcmp(r->targets[i].name, name) != 0)
+            continue;
+        int direct = r->land[i] == r->target_data[i];   /* else: staged FP8, quantized at commit */
+        if (direct) {
+            r->land[i] = data;
+            /* a fresh buffer holds garbage where no piece lands (vocab padding): zero it */
+            if (r->m.state == WSYNC_STATE_READY)
+                wsync_exec_zero_uncovered(&r->targets[i], data);
+        }
+        r->target_data[i] = data;
+        if (scales != NULL)
+            r->quant[i].scales = scales;
+        return WSYNC_OK;
+    }
+    return wsync_err(WSYNC_ERR_NOT_FOUND, "receiver %d has no target '%s'", r->m.rank, name);
+}
+
 uint64_t wsync_receiver_version(const wsync_receiver_t *r)
 {
     return r != NULL ? r->version : 0;

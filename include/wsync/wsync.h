@@ -340,6 +340,14 @@ void wsync_receiver_free(wsync_receiver_t *receiver);
  * written by wsync_receiver_wait only. Only before setup: WSYNC_ERR_STATE afterwards. */
 wsync_status_t wsync_receiver_add_target(wsync_receiver_t *receiver, const wsync_target_t *target);
 
+/* Point target `name` at another buffer (same shape and dtype), and for a quantized FP8 target at
+ * another scales buffer (NULL keeps the current one), for the next versions. Only between waits.
+ * This is how an engine double-buffers (shadow mode: land in the spare buffers, swap at commit)
+ * or frees its weights while asleep and brings new ones on wake, without a new plan.
+ * WSYNC_ERR_NOT_FOUND names an unknown target; WSYNC_ERR_INVALID for a NULL buffer. */
+wsync_status_t wsync_receiver_set_target_data(wsync_receiver_t *receiver, const char *name,
+                                              void *data, float *scales);
+
 /* Wait up to timeout_ms (0: just look; < 0: the params' timeout) for the next version to begin,
  * then receive it into the targets and commit it (each step bounded by the params' timeout).
  * The first call also sends this receiver's description and sets the scheme up.
