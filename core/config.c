@@ -79,6 +79,13 @@ wsync_status_t wsync_config_sender(const wsync_sender_params_t *in, wsync_sender
     RESOLVE_INT(nreceivers, 0, "WSYNC_RECEIVERS", 1, INT_MAX, 1);
     RESOLVE_INT(timeout_ms, 0, "WSYNC_TIMEOUT_MS", 1, INT_MAX, DEFAULT_TIMEOUT_MS);
     RESOLVE_INT(heartbeat_ms, 0, "WSYNC_HEARTBEAT_MS", 1, INT_MAX, DEFAULT_HEARTBEAT_MS);
+    RESOLVE_INT(snapshot, -1, "WSYNC_SNAPSHOT", 0, 1, 1);
+    RESOLVE_INT(keep_versions, 0, "WSYNC_KEEP_VERSIONS", 1, 1 << 20, 2);
+    if (out->snapshot != 0 && out->snapshot != 1)
+        return wsync_err(WSYNC_ERR_INVALID, "sender: snapshot = %d, expected 0 or 1", out->snapshot);
+    if (out->keep_versions < 1)
+        return wsync_err(WSYNC_ERR_INVALID, "sender: keep_versions = %d, must be >= 1",
+                         out->keep_versions);
     if (out->scheme == NULL)
         out->scheme = env_str("WSYNC_SCHEME");
     if (out->scheme == NULL)

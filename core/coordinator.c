@@ -20,6 +20,7 @@ typedef struct {
     int described;
     int left;                        /* said BYE */
     uint64_t begun, committed;       /* versions */
+    uint64_t lease;                  /* store: the version this reader holds, 0 if none */
     wsync_shard_desc_t *shards;
     size_t nshards;
     wsync_target_desc_t *targets;
@@ -34,6 +35,23 @@ struct wsync_coord {
     coord_peer_t *senders, *receivers;
     int npresent, ndescribed;
     int planned;
+    const wsync_scheme_ops_t *scheme;  /* chosen at the first plan */
+    char explain[4096];
+    /* store: published versions (the directory), readers waiting for one, how many to keep */
+    struct coord_version {
+        uint64_t version;
+        int npublished;
+        wsync_wbuf_t *entries;       /* [nsenders] each sender's encoded directory entry */
+        int leases;
+    } *versions;
+    int nversions;
+    uint64_t latest;                 /* newest version every sender published */
+    struct coord_fetch {
+        coord_peer_t *peer;
+        uint64_t version, after;
+    } *fetches;
+    int nfetches;
+    uint32_t keep;
     int failed;
     char fail_text[1024];            /* why the group ended, for late joiners */
     uint64_t version;                /* the version in flight or last done */
@@ -163,7 +181,9 @@ static void on_hello(wsync_coord_t *co, wsync_conn_t *c, wsync_msg_t *m)
         wsync_hello_clear(&h);
         return;
     }
-    if (co->failed || co->planned) {
+    int late_reader = co->planned && co->scheme != NULL && co->scheme->async &&
+                      h.role == WSYNC_ROLE_RECEIVER;
+    if (co->failed || (co->planned && !late_reader)) {
         if (co->failed)
             snprintf(text, sizeof(text), "%s %d (pid %u) came after the group had ended: %s", role,
                      h.rank, h.pid, co->fail_text);
@@ -174,6 +194,8 @@ static void on_hello(wsync_coord_t *co, wsync_conn_t *c, wsync_msg_t *m)
         wsync_hello_clear(&h);
         return;
     }
+    if (h.role == WSYNC_ROLE_SENDER && h.rank == 0)
+        co->keep = h.keep_versions > 0 ? h.keep_versions : 2;
     p->hello = h;
     p->conn = c;
     p->present = 1;
@@ -188,15 +210,16 @@ static void on_hello(wsync_coord_t *co, wsync_conn_t *c, wsync_msg_t *m)
     wsync_conn_send(c, WSYNC_MSG_WELCOME, NULL, 0, NULL, 0, send_timeout(co));
 }
 
-static void compile_and_send_plan(wsync_coord_t *co)
+/* Compile a plan from every sender's shards and the targets of receiver `only` (-1: every
+ * receiver; -2: none, for a store whose senders start before any reader), choose the scheme the
+ * first time, and send PLAN to `to` (NULL: everyone present). */
+static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
 {
     size_t nsh = 0, ntg = 0, k;
     wsync_shard_desc_t *shards;
     wsync_target_desc_t *targets;
     wsync_hello_t *sh, *rh;
     wsync_plan_t *plan = NULL;
-    const wsync_scheme_ops_t *scheme = NULL;
-    char explain[4096];
     wsync_group_info_t g;
     wsync_status_t st;
     uint64_t bucket = co->senders[0].hello.bucket_bytes;
@@ -204,7 +227,8 @@ static void compile_and_send_plan(wsync_coord_t *co)
     for (int i = 0; i < co->nsenders; i++)
         nsh += co->senders[i].nshards;
     for (int i = 0; i < co->nreceivers; i++)
-        ntg += co->receivers[i].ntargets;
+        if (only == -1 || only == i)
+            ntg += co->receivers[i].ntargets;
     shards = calloc(nsh ? nsh : 1, sizeof(*shards));
     targets = calloc(ntg ? ntg : 1, sizeof(*targets));
     sh = calloc((size_t)co->nsenders, sizeof(*sh));
@@ -222,33 +246,49 @@ static void compile_and_send_plan(wsync_coord_t *co)
     }
     k = 0;
     for (int i = 0; i < co->nreceivers; i++) {
-        memcpy(targets + k, co->receivers[i].targets, co->receivers[i].ntargets * sizeof(*targets));
-        k += co->receivers[i].ntargets;
+        if (only == -1 || only == i) {
+            memcpy(targets + k, co->receivers[i].targets,
+                   co->receivers[i].ntargets * sizeof(*targets));
+            k += co->receivers[i].ntargets;
+        }
         rh[i] = co->receivers[i].hello;
     }
     st = wsync_plan_compile(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
                             (uint32_t)co->nreceivers, bucket, &plan);
     if (st != WSYNC_OK) {
+        char text[1200];
+        if (only >= 0 && co->scheme != NULL && co->scheme->async) {
+            /* a store reader that does not fit is turned away; the others carry on */
+            snprintf(text, sizeof(text), "%s", wsync_last_error());
+            reject(co, to->conn, st, text);
+            to->present = 0;
+            to->described = 0;
+            co->npresent--;
+            goto out;
+        }
         group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
         goto out;
     }
-    memset(&g, 0, sizeof(g));
-    g.nsenders = (uint32_t)co->nsenders;
-    g.nreceivers = (uint32_t)co->nreceivers;
-    g.senders = sh;
-    g.receivers = rh;
-    for (size_t i = 0; i < nsh; i++)
-        g.mem_kinds |= 1u << shards[i].mem;
-    for (size_t i = 0; i < ntg; i++)
-        g.mem_kinds |= 1u << targets[i].mem;
-    st = wsync_negotiate(&g, co->senders[0].hello.scheme, &scheme, explain, sizeof(explain));
-    if (st != WSYNC_OK) {
-        group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
-        goto out;
+    if (co->scheme == NULL) {
+        memset(&g, 0, sizeof(g));
+        g.nsenders = (uint32_t)co->nsenders;
+        g.nreceivers = only == -2 ? 0 : (uint32_t)co->nreceivers;
+        g.senders = sh;
+        g.receivers = rh;
+        for (size_t i = 0; i < nsh; i++)
+            g.mem_kinds |= 1u << shards[i].mem;
+        for (size_t i = 0; i < ntg; i++)
+            g.mem_kinds |= 1u << targets[i].mem;
+        st = wsync_negotiate(&g, co->senders[0].hello.scheme, &co->scheme, co->explain,
+                             sizeof(co->explain));
+        if (st != WSYNC_OK) {
+            group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
+            goto out;
+        }
     }
     WSYNC_LOG_I("coordinator: plan %016llx, %u chunks, %u segments; scheme %s\n%s",
                 (unsigned long long)plan->fingerprint, plan->nchunks, plan->nsegments,
-                scheme->name, explain);
+                co->scheme->name, co->explain);
     {
         wsync_wbuf_t pb, mb;
         wsync_plan_msg_t pm;
@@ -261,8 +301,8 @@ static void compile_and_send_plan(wsync_coord_t *co)
         }
         for (uint32_t i = 0; i < np; i++) {
             const wsync_hello_t *h = i < (uint32_t)co->nsenders ? &sh[i] : &rh[i - co->nsenders];
-            peers[i].role = h->role;
-            peers[i].rank = h->rank;
+            peers[i].role = i < (uint32_t)co->nsenders ? WSYNC_ROLE_SENDER : WSYNC_ROLE_RECEIVER;
+            peers[i].rank = (int32_t)(i < (uint32_t)co->nsenders ? i : i - (uint32_t)co->nsenders);
             peers[i].pid = h->pid;
             peers[i].host_id = h->host_id;
             peers[i].data_addr = h->data_addr;
@@ -270,8 +310,8 @@ static void compile_and_send_plan(wsync_coord_t *co)
         wsync_wbuf_init(&pb);
         wsync_wbuf_init(&mb);
         wsync_plan_encode(plan, &pb);
-        pm.scheme = (char *)scheme->name;
-        pm.explain = explain;
+        pm.scheme = (char *)co->scheme->name;
+        pm.explain = co->explain;
         pm.npeers = np;
         pm.peers = peers;
         pm.plan = pb.data;
@@ -280,6 +320,14 @@ static void compile_and_send_plan(wsync_coord_t *co)
         if (pb.err || mb.err || mb.len > WSYNC_FRAME_MAX) {
             group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_RANGE,
                        "coordinator: the plan does not fit one control frame", NULL);
+        } else if (to != NULL) {
+            wsync_conn_send(to->conn, WSYNC_MSG_PLAN, mb.data, (uint32_t)mb.len, NULL, 0,
+                            send_timeout(co));
+        } else if (only == -2) {
+            co->planned = 1;
+            for (int i = 0; i < co->nsenders; i++)
+                wsync_conn_send(co->senders[i].conn, WSYNC_MSG_PLAN, mb.data, (uint32_t)mb.len,
+                                NULL, 0, send_timeout(co));
         } else {
             bcast_t arg = {WSYNC_MSG_PLAN, &mb, NULL};
             co->planned = 1;
@@ -295,6 +343,17 @@ out:
     free(targets);
     free(sh);
     free(rh);
+}
+
+/* The user chose an asynchronous scheme (store): senders need not wait for any reader. */
+static int store_first(const wsync_coord_t *co)
+{
+    const wsync_scheme_ops_t *s;
+
+    if (!co->senders[0].present || co->senders[0].hello.scheme == NULL)
+        return 0;
+    s = wsync_scheme_find(co->senders[0].hello.scheme);
+    return s != NULL && s->async;
 }
 
 static void on_describe(wsync_coord_t *co, coord_peer_t *p, wsync_msg_t *m)
@@ -328,8 +387,26 @@ static void on_describe(wsync_coord_t *co, coord_peer_t *p, wsync_msg_t *m)
     }
     p->described = 1;
     co->ndescribed++;
+    if (co->planned) {                       /* a store reader joining late */
+        if (p->hello.role == WSYNC_ROLE_RECEIVER)
+            compile_and_send_plan(co, p->hello.rank, p);
+        return;
+    }
+    if (store_first(co)) {
+        int senders_done = 1;
+        for (int i = 0; i < co->nsenders; i++)
+            senders_done &= co->senders[i].described;
+        if (!senders_done)
+            return;
+        /* the store starts with its senders; readers get plans of their own as they come */
+        compile_and_send_plan(co, -2, NULL);
+        for (int i = 0; i < co->nreceivers && !co->failed; i++)
+            if (co->receivers[i].described)
+                compile_and_send_plan(co, i, &co->receivers[i]);
+        return;
+    }
     if (co->ndescribed == co->nsenders + co->nreceivers)
-        compile_and_send_plan(co);
+        compile_and_send_plan(co, -1, NULL);
 }
 
 static void on_push_begin(wsync_coord_t *co, coord_peer_t *p, uint64_t v)
@@ -391,6 +468,225 @@ static void on_commit(wsync_coord_t *co, coord_peer_t *p, uint64_t v)
     }
 }
 
+/* ---- the store: directory of published versions ----------------------------------------- */
+
+static struct coord_version *version_find(wsync_coord_t *co, uint64_t v)
+{
+    for (int i = 0; i < co->nversions; i++)
+        if (co->versions[i].version == v)
+            return &co->versions[i];
+    return NULL;
+}
+
+static void version_drop(wsync_coord_t *co, int i)
+{
+    for (int s = 0; s < co->nsenders; s++)
+        wsync_wbuf_free(&co->versions[i].entries[s]);
+    free(co->versions[i].entries);
+    co->versions[i] = co->versions[--co->nversions];
+}
+
+/* Keep the newest `keep` published versions and any that a reader holds; tell the senders to
+ * release the others. */
+static void store_evict(wsync_coord_t *co)
+{
+    for (int i = 0; i < co->nversions;) {
+        struct coord_version *cv = &co->versions[i];
+        int newer = 0;
+        if (cv->npublished < co->nsenders || cv->leases > 0) {
+            i++;
+            continue;
+        }
+        for (int j = 0; j < co->nversions; j++)
+            newer += co->versions[j].npublished == co->nsenders &&
+                     co->versions[j].version > cv->version;
+        if ((uint32_t)newer < co->keep) {
+            i++;
+            continue;
+        }
+        WSYNC_LOG_I("coordinator: store evicts version %llu", (unsigned long long)cv->version);
+        for (int s = 0; s < co->nsenders; s++)
+            send_u64(co, &co->senders[s], WSYNC_MSG_FREE, cv->version);
+        version_drop(co, i);
+    }
+}
+
+static void store_reply_error(wsync_coord_t *co, coord_peer_t *p, wsync_status_t st,
+                              const char *text)
+{
+    wsync_wbuf_t b;
+
+    wsync_wbuf_init(&b);
+    wsync_put_i32(&b, st);
+    wsync_put_str(&b, text);
+    wsync_conn_send(p->conn, WSYNC_MSG_DIRECTORY, b.data, (uint32_t)b.len, NULL, 0,
+                    send_timeout(co));
+    wsync_wbuf_free(&b);
+}
+
+/* Answer a reader with version v's directory; it holds a lease on v until READ_DONE. */
+static void store_reply(wsync_coord_t *co, coord_peer_t *p, struct coord_version *cv)
+{
+    wsync_wbuf_t b;
+
+    wsync_wbuf_init(&b);
+    wsync_put_i32(&b, WSYNC_OK);
+    wsync_put_str(&b, "");
+    wsync_put_u64(&b, cv->version);
+    wsync_put_u32(&b, (uint32_t)co->nsenders);
+    for (int s = 0; s < co->nsenders; s++)
+        wsync_put_bytes(&b, cv->entries[s].data, cv->entries[s].len);
+    if (wsync_conn_send(p->conn, WSYNC_MSG_DIRECTORY, b.data, (uint32_t)b.len, NULL, 0,
+                        send_timeout(co)) == WSYNC_OK) {
+        cv->leases++;
+        p->lease = cv->version;
+    }
+    wsync_wbuf_free(&b);
+}
+
+/* Try to answer fetch f now: 1 if answered (with data or an error), 0 to keep waiting. */
+static int store_serve(wsync_coord_t *co, const struct coord_fetch *f)
+{
+    char text[256];
+    struct coord_version *cv;
+
+    if (f->version == 0) {
+        if (co->latest <= f->after)
+            return 0;
+        cv = version_find(co, co->latest);
+    } else {
+        cv = version_find(co, f->version);
+        if (cv == NULL || cv->npublished < co->nsenders) {
+            if (f->version > co->latest)
+                return 0;                     /* not published yet: wait for it */
+            uint64_t oldest = co->latest;
+            for (int i = 0; i < co->nversions; i++)
+                if (co->versions[i].npublished == co->nsenders && co->versions[i].version < oldest)
+                    oldest = co->versions[i].version;
+            snprintf(text, sizeof(text), "version %llu is not in the store: it was evicted or "
+                     "never published (kept now: %llu to %llu)", (unsigned long long)f->version,
+                     (unsigned long long)oldest, (unsigned long long)co->latest);
+            store_reply_error(co, f->peer, WSYNC_ERR_NOT_FOUND, text);
+            return 1;
+        }
+    }
+    store_reply(co, f->peer, cv);
+    return 1;
+}
+
+static void store_serve_pending(wsync_coord_t *co)
+{
+    for (int i = 0; i < co->nfetches;) {
+        if (store_serve(co, &co->fetches[i]))
+            co->fetches[i] = co->fetches[--co->nfetches];
+        else
+            i++;
+    }
+}
+
+static void store_drop_reader(wsync_coord_t *co, coord_peer_t *p)
+{
+    for (int i = 0; i < co->nfetches;) {
+        if (co->fetches[i].peer == p)
+            co->fetches[i] = co->fetches[--co->nfetches];
+        else
+            i++;
+    }
+    if (p->lease != 0) {
+        struct coord_version *cv = version_find(co, p->lease);
+        if (cv != NULL && cv->leases > 0)
+            cv->leases--;
+        p->lease = 0;
+    }
+    store_evict(co);
+}
+
+static void on_publish(wsync_coord_t *co, coord_peer_t *p, wsync_msg_t *m)
+{
+    char name[160], text[512];
+    wsync_rbuf_t r;
+    wsync_dir_entry_t e;
+    struct coord_version *cv;
+    uint64_t v;
+    int s = p->hello.rank;
+
+    peer_name(p, name, sizeof(name));
+    wsync_rbuf_init(&r, m->payload, m->len);
+    v = wsync_get_u64(&r);
+    const uint8_t *entry = r.p;
+    if (wsync_dir_entry_decode(&r, &e) != WSYNC_OK || wsync_rbuf_left(&r) != 0 ||
+        e.sender != (uint32_t)s || e.nshards != p->nshards) {
+        wsync_dir_entry_clear(&e);
+        snprintf(text, sizeof(text), "%s published a malformed directory entry", name);
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PROTOCOL, text, NULL);
+        return;
+    }
+    wsync_dir_entry_clear(&e);
+    cv = version_find(co, v);
+    if (cv == NULL) {
+        for (int i = 0; i < co->nversions; i++) {
+            if (co->versions[i].npublished < co->nsenders) {
+                snprintf(text, sizeof(text), "senders disagree: %s publishes version %llu while "
+                         "version %llu is incomplete", name, (unsigned long long)v,
+                         (unsigned long long)co->versions[i].version);
+                group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_INVALID, text, NULL);
+                return;
+            }
+        }
+        if (v <= co->latest) {
+            snprintf(text, sizeof(text), "%s publishes version %llu, not newer than version %llu",
+                     name, (unsigned long long)v, (unsigned long long)co->latest);
+            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_INVALID, text, NULL);
+            return;
+        }
+        struct coord_version *nv = realloc(co->versions, (size_t)(co->nversions + 1) * sizeof(*nv));
+        wsync_wbuf_t *entries = calloc((size_t)co->nsenders, sizeof(*entries));
+        if (nv == NULL || entries == NULL) {
+            free(entries);
+            if (nv != NULL)
+                co->versions = nv;
+            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_NOMEM, "coordinator: out of memory", NULL);
+            return;
+        }
+        co->versions = nv;
+        cv = &co->versions[co->nversions++];
+        memset(cv, 0, sizeof(*cv));
+        cv->version = v;
+        cv->entries = entries;
+    }
+    if (cv->entries[s].len != 0) {
+        snprintf(text, sizeof(text), "%s published version %llu twice", name, (unsigned long long)v);
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_INVALID, text, NULL);
+        return;
+    }
+    wsync_put_bytes(&cv->entries[s], entry, (size_t)(m->payload + m->len - entry));
+    if (++cv->npublished < co->nsenders)
+        return;
+    co->latest = v;
+    WSYNC_LOG_I("coordinator: store has version %llu", (unsigned long long)v);
+    for (int i = 0; i < co->nsenders; i++)
+        send_u64(co, &co->senders[i], WSYNC_MSG_PUBLISHED, v);
+    store_serve_pending(co);
+    store_evict(co);
+}
+
+static void on_fetch(wsync_coord_t *co, coord_peer_t *p, uint64_t version, uint64_t after)
+{
+    struct coord_fetch f = {p, version, after};
+
+    if (p->lease != 0)   /* one version at a time per reader: the previous read is over */
+        store_drop_reader(co, p);
+    if (store_serve(co, &f))
+        return;
+    struct coord_fetch *nf = realloc(co->fetches, (size_t)(co->nfetches + 1) * sizeof(*nf));
+    if (nf == NULL) {
+        store_reply_error(co, p, WSYNC_ERR_NOMEM, "coordinator: out of memory");
+        return;
+    }
+    co->fetches = nf;
+    co->fetches[co->nfetches++] = f;
+}
+
 static void coord_on_msg(void *user, wsync_conn_t *c, wsync_msg_t *m)
 {
     wsync_coord_t *co = user;
@@ -442,6 +738,34 @@ static void coord_on_msg(void *user, wsync_conn_t *c, wsync_msg_t *m)
         group_fail(co, WSYNC_MSG_ABORT, st, text, c);
         break;
     }
+    case WSYNC_MSG_PUBLISH:
+        if (p->hello.role != WSYNC_ROLE_SENDER || co->scheme == NULL || !co->scheme->async) {
+            snprintf(text, sizeof(text), "%s sent PUBLISH outside a store", name);
+            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PROTOCOL, text, NULL);
+        } else {
+            on_publish(co, p, m);
+        }
+        break;
+    case WSYNC_MSG_FETCH:
+    case WSYNC_MSG_CANCEL:
+    case WSYNC_MSG_READ_DONE: {
+        wsync_rbuf_t r;
+        wsync_rbuf_init(&r, m->payload, m->len);
+        uint64_t v = wsync_get_u64(&r);
+        uint64_t after = m->type == WSYNC_MSG_FETCH ? wsync_get_u64(&r) : 0;
+        if (r.err || wsync_rbuf_left(&r) != 0 || p->hello.role != WSYNC_ROLE_RECEIVER ||
+            co->scheme == NULL || !co->scheme->async) {
+            snprintf(text, sizeof(text), "%s sent a malformed or misplaced %s", name,
+                     wsync_msg_name(m->type));
+            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PROTOCOL, text, NULL);
+        } else if (m->type == WSYNC_MSG_FETCH) {
+            on_fetch(co, p, v, after);
+        } else {
+            /* CANCEL and READ_DONE both end whatever this reader was doing */
+            store_drop_reader(co, p);
+        }
+        break;
+    }
     case WSYNC_MSG_BYE:
         p->left = 1;
         break;
@@ -462,6 +786,20 @@ static void coord_on_close(void *user, wsync_conn_t *c, wsync_status_t why, cons
     if (p == NULL) {
         if (why != WSYNC_OK)
             WSYNC_LOG_W("coordinator: dropped a connection: %s", text);
+        return;
+    }
+    if (p->hello.role == WSYNC_ROLE_RECEIVER && co->scheme != NULL && co->scheme->async) {
+        /* store readers come and go: release what it held, free its rank for a return */
+        int described = p->described;
+        store_drop_reader(co, p);
+        WSYNC_LOG_I("coordinator: store reader %d left (%s)", p->hello.rank,
+                    why == WSYNC_OK ? "orderly" : text);
+        wsync_hello_clear(&p->hello);
+        wsync_target_descs_free(p->targets, p->ntargets);
+        memset(p, 0, sizeof(*p));
+        c->user = NULL;
+        co->npresent--;
+        co->ndescribed -= described;
         return;
     }
     if (why == WSYNC_OK || p->left) {
@@ -559,6 +897,10 @@ void wsync_coord_free(wsync_coord_t *co)
         wsync_hello_clear(&co->receivers[i].hello);
         wsync_target_descs_free(co->receivers[i].targets, co->receivers[i].ntargets);
     }
+    while (co->nversions > 0)
+        version_drop(co, co->nversions - 1);
+    free(co->versions);
+    free(co->fetches);
     free(co->senders);
     free(co->receivers);
     free(co);

@@ -55,6 +55,8 @@ struct wsync_sender {
     wsync_member_t m;
     char *scheme_choice;
     uint64_t bucket_bytes;
+    int snapshot;                    /* store: copy each version into registered memory */
+    int keep_versions;
     wsync_coord_t *coord;            /* rank 0 only */
     int data_listen_fd;
     char data_addr[108];

@@ -17,7 +17,10 @@ const char *wsync_msg_name(unsigned type)
         [WSYNC_MSG_PEER_LOST] = "PEER_LOST", [WSYNC_MSG_BYE] = "BYE",
         [WSYNC_MSG_HEARTBEAT] = "HEARTBEAT", [WSYNC_MSG_DATA_HELLO] = "DATA_HELLO",
         [WSYNC_MSG_DATA_FDS] = "DATA_FDS",   [WSYNC_MSG_READY] = "READY",
-        [WSYNC_MSG_RELEASE] = "RELEASE",
+        [WSYNC_MSG_RELEASE] = "RELEASE",     [WSYNC_MSG_PUBLISH] = "PUBLISH",
+        [WSYNC_MSG_PUBLISHED] = "PUBLISHED", [WSYNC_MSG_FREE] = "FREE",
+        [WSYNC_MSG_FETCH] = "FETCH",         [WSYNC_MSG_CANCEL] = "CANCEL",
+        [WSYNC_MSG_DIRECTORY] = "DIRECTORY", [WSYNC_MSG_READ_DONE] = "READ_DONE",
     };
     return type < WSYNC_MSG_COUNT_ && names[type] ? names[type] : "?";
 }
@@ -35,6 +38,7 @@ void wsync_hello_encode(const wsync_hello_t *h, wsync_wbuf_t *out)
     wsync_put_str(out, h->host_id);
     wsync_put_str(out, h->data_addr);
     wsync_put_str(out, h->scheme);
+    wsync_put_u32(out, h->keep_versions);
 }
 
 wsync_status_t wsync_hello_decode(const void *p, size_t n, wsync_hello_t *h)
@@ -54,6 +58,7 @@ wsync_status_t wsync_hello_decode(const void *p, size_t n, wsync_hello_t *h)
     h->host_id = wsync_get_str(&r, WSYNC_STR_MAX);
     h->data_addr = wsync_get_str(&r, WSYNC_STR_MAX);
     h->scheme = wsync_get_str(&r, WSYNC_STR_MAX);
+    h->keep_versions = wsync_get_u32(&r);
     if (r.err || wsync_rbuf_left(&r) != 0 || h->host_id == NULL ||
         (h->role != WSYNC_ROLE_SENDER && h->role != WSYNC_ROLE_RECEIVER)) {
         wsync_hello_clear(h);
@@ -153,4 +158,93 @@ wsync_status_t wsync_status_msg_decode(const void *p, size_t n, wsync_status_t *
     snprintf(text, text_len, "%s", s ? s : "");
     free(s);
     return WSYNC_OK;
+}
+
+#define DIR_MAX_BLOB 4096u
+
+void wsync_dir_entry_encode(const wsync_dir_entry_t *e, wsync_wbuf_t *out)
+{
+    wsync_put_u32(out, e->sender);
+    wsync_put_str(out, e->transport);
+    wsync_put_u32(out, e->addr_len);
+    wsync_put_bytes(out, e->addr, e->addr_len);
+    wsync_put_u32(out, e->nregions);
+    for (uint32_t i = 0; i < e->nregions; i++) {
+        wsync_put_u64(out, e->regions[i].base);
+        wsync_put_u64(out, e->regions[i].len);
+        wsync_put_u32(out, e->regions[i].rkey_len);
+        wsync_put_bytes(out, e->regions[i].rkey, e->regions[i].rkey_len);
+    }
+    wsync_put_u32(out, e->nshards);
+    for (uint32_t i = 0; i < e->nshards; i++) {
+        wsync_put_u32(out, e->shards[i].region);
+        wsync_put_u64(out, e->shards[i].addr);
+    }
+}
+
+static uint8_t *get_blob(wsync_rbuf_t *in, uint32_t *len)
+{
+    const void *p;
+    uint8_t *b;
+
+    *len = wsync_get_u32(in);
+    if (in->err || *len > DIR_MAX_BLOB) {
+        in->err = 1;
+        return NULL;
+    }
+    p = wsync_get_bytes(in, *len);
+    b = malloc(*len ? *len : 1);
+    if (p == NULL || b == NULL) {
+        free(b);
+        in->err = 1;
+        return NULL;
+    }
+    memcpy(b, p, *len);
+    return b;
+}
+
+wsync_status_t wsync_dir_entry_decode(wsync_rbuf_t *in, wsync_dir_entry_t *e)
+{
+    memset(e, 0, sizeof(*e));
+    e->sender = wsync_get_u32(in);
+    e->transport = wsync_get_str(in, 64);
+    e->addr = get_blob(in, &e->addr_len);
+    e->nregions = wsync_get_count(in, 20);
+    if (!in->err && e->nregions > 0 && (e->regions = calloc(e->nregions, sizeof(*e->regions))) == NULL)
+        in->err = 1;
+    for (uint32_t i = 0; !in->err && i < e->nregions; i++) {
+        e->regions[i].base = wsync_get_u64(in);
+        e->regions[i].len = wsync_get_u64(in);
+        e->regions[i].rkey = get_blob(in, &e->regions[i].rkey_len);
+        if (e->regions[i].base + e->regions[i].len < e->regions[i].base)
+            in->err = 1;
+    }
+    e->nshards = wsync_get_count(in, 12);
+    if (!in->err && e->nshards > 0 && (e->shards = calloc(e->nshards, sizeof(*e->shards))) == NULL)
+        in->err = 1;
+    for (uint32_t i = 0; !in->err && i < e->nshards; i++) {
+        e->shards[i].region = wsync_get_u32(in);
+        e->shards[i].addr = wsync_get_u64(in);
+        if (e->shards[i].region >= e->nregions ||
+            e->shards[i].addr < e->regions[e->shards[i].region].base ||
+            e->shards[i].addr > e->regions[e->shards[i].region].base +
+                                    e->regions[e->shards[i].region].len)
+            in->err = 1;
+    }
+    if (in->err || e->transport == NULL) {
+        wsync_dir_entry_clear(e);
+        return wsync_err(WSYNC_ERR_PROTOCOL, "malformed store directory entry");
+    }
+    return WSYNC_OK;
+}
+
+void wsync_dir_entry_clear(wsync_dir_entry_t *e)
+{
+    free(e->transport);
+    free(e->addr);
+    for (uint32_t i = 0; e->regions != NULL && i < e->nregions; i++)
+        free(e->regions[i].rkey);
+    free(e->regions);
+    free(e->shards);
+    memset(e, 0, sizeof(*e));
 }

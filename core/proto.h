@@ -14,6 +14,16 @@
  *   PEER_LOST   coordinator → all           i32 status, str text: who was lost and how
  *   BYE         participant → peer          leaving on purpose; the closing is not a loss
  *   HEARTBEAT   both ways                   empty
+ * Versioned store (scheme `store`: senders publish, receivers read when they like):
+ *   PUBLISH     sender → coordinator        u64 version, then the sender's directory entry
+ *                                           (wsync_dir_entry_t): where its shards of it lie
+ *   PUBLISHED   coordinator → sender        u64 version: every sender published it
+ *   FREE        coordinator → sender        u64 version: evicted, nobody reads it, release it
+ *   FETCH       receiver → coordinator      u64 version (0: the newest after `after`), u64 after
+ *   CANCEL      receiver → coordinator      u64 version: a FETCH given up on
+ *   DIRECTORY   coordinator → receiver      i32 status, str text, u64 version, u32 n, n entries:
+ *                                           the reader holds a lease on it until READ_DONE
+ *   READ_DONE   receiver → coordinator      u64 version: lease released
  * Data connections (scheme-specific, e.g. ipc over an abstract Unix socket):
  *   DATA_HELLO  receiver → sender           u32 receiver rank, u32 pid
  *   DATA_FDS    sender → receiver           scheme-defined payload; file descriptors attached
@@ -46,6 +56,13 @@ enum {
     WSYNC_MSG_DATA_FDS,
     WSYNC_MSG_READY,
     WSYNC_MSG_RELEASE,
+    WSYNC_MSG_PUBLISH,
+    WSYNC_MSG_PUBLISHED,
+    WSYNC_MSG_FREE,
+    WSYNC_MSG_FETCH,
+    WSYNC_MSG_CANCEL,
+    WSYNC_MSG_DIRECTORY,
+    WSYNC_MSG_READ_DONE,
     WSYNC_MSG_COUNT_
 };
 
@@ -66,6 +83,7 @@ typedef struct {
     char *host_id;                    /* core/util.h wsync_host_id() */
     char *data_addr;                  /* senders: abstract Unix socket for same-node data */
     char *scheme;                     /* senders: the user's choice ("auto", "ipc", ...) */
+    uint32_t keep_versions;           /* sender 0: store versions kept */
 } wsync_hello_t;
 
 void wsync_hello_encode(const wsync_hello_t *h, wsync_wbuf_t *out);
@@ -94,6 +112,31 @@ void wsync_plan_msg_encode(const wsync_plan_msg_t *m, wsync_wbuf_t *out);
 /* The decoded message borrows `plan` from p: keep the payload alive while using it. */
 wsync_status_t wsync_plan_msg_decode(const void *p, size_t n, wsync_plan_msg_t *m);
 void wsync_plan_msg_clear(wsync_plan_msg_t *m);
+
+/* One sender's part of a published version in the store: its RMA context address, the regions
+ * it registered (packed remote keys) and where each of its shards lies in them. */
+typedef struct {
+    uint32_t sender;
+    char *transport;                  /* "ucx" or "ofi" */
+    uint32_t addr_len;
+    uint8_t *addr;                    /* RMA context address */
+    uint32_t nregions;
+    struct wsync_dir_region {
+        uint64_t base, len;           /* in the sender's address space */
+        uint32_t rkey_len;
+        uint8_t *rkey;
+    } *regions;
+    uint32_t nshards;
+    struct wsync_dir_shard {
+        uint32_t region;
+        uint64_t addr;                /* the shard's first byte */
+    } *shards;
+} wsync_dir_entry_t;
+
+void wsync_dir_entry_encode(const wsync_dir_entry_t *e, wsync_wbuf_t *out);
+/* Strict: sizes bounded, shard addresses inside their region. */
+wsync_status_t wsync_dir_entry_decode(wsync_rbuf_t *in, wsync_dir_entry_t *e);
+void wsync_dir_entry_clear(wsync_dir_entry_t *e);
 
 /* Status + text payload of ERROR, ABORT and PEER_LOST. */
 void wsync_status_msg_encode(wsync_status_t st, const char *text, wsync_wbuf_t *out);

@@ -191,6 +191,62 @@ static wsync_status_t receiver_setup(wsync_receiver_t *r, int64_t plan_deadline)
     return WSYNC_OK;
 }
 
+/* Quantize every staged FP8 target into its buffer and scales, once all its values landed. */
+static wsync_status_t quantize_staged(wsync_receiver_t *r)
+{
+    for (size_t i = 0; i < r->ntargets; i++) {
+        const wsync_target_desc_t *t = &r->targets[i];
+        uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
+        wsync_status_t st;
+        if (r->land[i] == r->target_data[i])
+            continue;
+        for (int d = 0; d < t->ndim - 1; d++)
+            rows *= (uint64_t)t->shape[d];
+        st = wsync_quantize_f32(t->name, r->land[i], rows, cols, cols, &r->quant[i], t->dtype,
+                                r->target_data[i], cols, r->quant[i].scales);
+        if (st != WSYNC_OK)
+            return st;
+    }
+    return WSYNC_OK;
+}
+
+/* The group is usable and this receiver set up (resumable across calls). */
+static wsync_status_t receiver_ready(wsync_receiver_t *r, int64_t deadline, int timeout_ms)
+{
+    wsync_status_t st = wsync_inbox_failed(&r->m.inbox);
+
+    if (st != WSYNC_OK || r->m.state == WSYNC_STATE_READY)
+        return st;
+    st = receiver_setup(r, deadline);
+    if (st == WSYNC_ERR_TIMEOUT)
+        return wsync_err(st, "receiver %d: no version within %d ms (the group is still being set "
+                         "up)", r->m.rank, timeout_ms);
+    return st;
+}
+
+/* Async schemes: land a version the receiver asks for. */
+static wsync_status_t receiver_fetch(wsync_receiver_t *r, uint64_t want, int timeout_ms,
+                                     uint64_t *got)
+{
+    uint64_t v = 0;
+    wsync_status_t st;
+
+    r->torn = 1;
+    st = r->m.scheme->receiver_fetch(r, want, timeout_ms, &v);
+    if (st == WSYNC_ERR_TIMEOUT || st == WSYNC_ERR_NOT_FOUND) {
+        r->torn = 0;   /* nothing was written: the scheme writes only once it has a directory */
+        return st;
+    }
+    if (st == WSYNC_OK)
+        st = quantize_staged(r);
+    if (st != WSYNC_OK)
+        return wsync_member_fail(&r->m, st);
+    r->torn = 0;
+    r->version = v;
+    *got = v;
+    return WSYNC_OK;
+}
+
 wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t *version)
 {
     const uint16_t begin[] = {WSYNC_MSG_BEGIN};
@@ -204,17 +260,11 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
     if (timeout_ms < 0)
         timeout_ms = r->m.timeout_ms;
     deadline = wsync_deadline_in(timeout_ms);
-    st = wsync_inbox_failed(&r->m.inbox);
+    st = receiver_ready(r, deadline, timeout_ms);
     if (st != WSYNC_OK)
         return st;
-    if (r->m.state != WSYNC_STATE_READY) {
-        st = receiver_setup(r, deadline);
-        if (st == WSYNC_ERR_TIMEOUT)
-            return wsync_err(st, "receiver %d: no version within %d ms (the group is still being "
-                             "set up)", r->m.rank, timeout_ms);
-        if (st != WSYNC_OK)
-            return st;
-    }
+    if (r->m.scheme->async)
+        return receiver_fetch(r, 0, wsync_ms_left(deadline), version);
     st = wsync_inbox_pop(&r->m.inbox, begin, 1, deadline, &msg);
     if (st == WSYNC_ERR_TIMEOUT)
         return wsync_err(st, "receiver %d: no new version within %d ms (last committed: %llu)",
@@ -236,22 +286,10 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
     }
     r->torn = 1;
     st = r->m.scheme->receiver_recv(r, v);
+    if (st == WSYNC_OK)
+        st = quantize_staged(r);
     if (st != WSYNC_OK)
         return wsync_member_fail(&r->m, st);
-    for (size_t i = 0; i < r->ntargets; i++) {
-        const wsync_target_desc_t *t = &r->targets[i];
-        uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
-        if (r->land[i] == r->target_data[i])
-            continue;
-        for (int d = 0; d < t->ndim - 1; d++)
-            rows *= (uint64_t)t->shape[d];
-        if (t->ndim == 1)
-            rows = 1;
-        st = wsync_quantize_f32(t->name, r->land[i], rows, cols, cols, &r->quant[i], t->dtype,
-                                r->target_data[i], cols, r->quant[i].scales);
-        if (st != WSYNC_OK)
-            return wsync_member_fail(&r->m, st);
-    }
     r->torn = 0;
     r->version = v;
     st = wsync_member_send_u64(&r->m, WSYNC_MSG_COMMIT, v);
@@ -259,6 +297,27 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
         return wsync_member_fail(&r->m, st);
     *version = v;
     return WSYNC_OK;
+}
+
+wsync_status_t wsync_receiver_fetch(wsync_receiver_t *r, uint64_t version, int timeout_ms,
+                                    uint64_t *got)
+{
+    int64_t deadline;
+    wsync_status_t st;
+
+    if (r == NULL || got == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_receiver_fetch: NULL argument");
+    if (timeout_ms < 0)
+        timeout_ms = r->m.timeout_ms;
+    deadline = wsync_deadline_in(timeout_ms);
+    st = receiver_ready(r, deadline, timeout_ms);
+    if (st != WSYNC_OK)
+        return st;
+    if (!r->m.scheme->async)
+        return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: scheme '%s' delivers every version as "
+                         "it is pushed; fetching a chosen version needs the store scheme",
+                         r->m.rank, r->m.scheme->name);
+    return receiver_fetch(r, version, wsync_ms_left(deadline), got);
 }
 
 wsync_status_t wsync_receiver_set_target_data(wsync_receiver_t *r, const char *name, void *data,

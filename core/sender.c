@@ -36,6 +36,8 @@ wsync_status_t wsync_sender_create(wsync_ctx_t *ctx, const wsync_sender_params_t
     s->m.coordinator = wsync_strdup(p.coordinator);
     s->scheme_choice = wsync_strdup(p.scheme);
     s->bucket_bytes = p.bucket_bytes;
+    s->snapshot = p.snapshot;
+    s->keep_versions = p.keep_versions;
     s->data_listen_fd = -1;
     if (s->m.coordinator == NULL || s->scheme_choice == NULL) {
         st = wsync_err(WSYNC_ERR_NOMEM, "no memory for a sender");
@@ -66,6 +68,7 @@ wsync_status_t wsync_sender_create(wsync_ctx_t *ctx, const wsync_sender_params_t
     hello.host_id = (char *)wsync_host_id();
     hello.data_addr = s->data_addr;
     hello.scheme = s->scheme_choice;
+    hello.keep_versions = (uint32_t)p.keep_versions;
     st = wsync_member_connect(&s->m, &hello);
     if (st != WSYNC_OK)
         goto err;
@@ -189,6 +192,16 @@ wsync_status_t wsync_sender_push(wsync_sender_t *s, uint64_t version)
     if (st != WSYNC_OK)
         return st;
     memset(&s->stats, 0, sizeof(s->stats));
+    if (s->m.scheme->async) {
+        /* published, not delivered: the scheme returns once every sender published it */
+        st = s->m.scheme->sender_push(s, version);
+        if (st != WSYNC_OK)
+            return wsync_member_fail(&s->m, st);
+        s->last_version = version;
+        s->stats.version = version;
+        s->stats.seconds = (double)(wsync_now_ns() - t0) / 1e9;
+        return WSYNC_OK;
+    }
     st = wsync_member_send_u64(&s->m, WSYNC_MSG_PUSH_BEGIN, version);
     if (st == WSYNC_OK)
         st = s->m.scheme->sender_push(s, version);

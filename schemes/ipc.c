@@ -701,6 +701,16 @@ static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
     return WSYNC_OK;
 }
 
+static wsync_status_t ipc_receiver_fetch(wsync_receiver_t *r, uint64_t version, int timeout_ms,
+                                         uint64_t *got)
+{
+    (void)version;
+    (void)timeout_ms;
+    (void)got;
+    return wsync_err(WSYNC_ERR_UNSUPPORTED, "scheme 'ipc' delivers versions as they are pushed "
+                     "(receiver %d)", r->m.rank);
+}
+
 const wsync_scheme_ops_t wsync_scheme_ipc = {
     .name = "ipc",
     .implemented = 1,
@@ -710,5 +720,6 @@ const wsync_scheme_ops_t wsync_scheme_ipc = {
     .sender_teardown = ipc_sender_teardown,
     .receiver_setup = ipc_receiver_setup,
     .receiver_recv = ipc_receiver_recv,
+    .receiver_fetch = ipc_receiver_fetch,
     .receiver_teardown = ipc_receiver_teardown,
 };

@@ -47,6 +47,16 @@ static void nccl_receiver_teardown(wsync_receiver_t *r)
     (void)r;
 }
 
+static wsync_status_t nccl_receiver_fetch(wsync_receiver_t *r, uint64_t version, int timeout_ms,
+                                         uint64_t *got)
+{
+    (void)version;
+    (void)timeout_ms;
+    (void)got;
+    (void)r;
+    return wsync_err(WSYNC_ERR_UNSUPPORTED, "scheme 'nccl' has no data path in this version");
+}
+
 const wsync_scheme_ops_t wsync_scheme_nccl = {
     .name = "nccl",
     .implemented = 0,
@@ -56,5 +66,6 @@ const wsync_scheme_ops_t wsync_scheme_nccl = {
     .sender_teardown = nccl_sender_teardown,
     .receiver_setup = nccl_receiver_setup,
     .receiver_recv = nccl_receiver_recv,
+    .receiver_fetch = nccl_receiver_fetch,
     .receiver_teardown = nccl_receiver_teardown,
 };

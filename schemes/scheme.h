@@ -19,6 +19,10 @@ typedef struct {
 typedef struct wsync_scheme_ops {
     const char *name;
     int implemented;                 /* has a data path in this version */
+    /* Versions are published, not delivered: push returns once every sender published, and
+     * receivers fetch when they like (the coordinator keeps a directory, admits late joiners,
+     * and evicts old versions); 0: push returns when every receiver committed. */
+    int async;
     /* 0 if the scheme cannot serve the group, else a preference (higher first). Writes the
      * reason either way ("all 4 participants share host X" / "receiver 2 is on another host"). */
     int (*score)(const wsync_group_info_t *g, char *reason, size_t len);
@@ -26,8 +30,12 @@ typedef struct wsync_scheme_ops {
     wsync_status_t (*sender_push)(wsync_sender_t *s, uint64_t version);
     void (*sender_teardown)(wsync_sender_t *s);
     wsync_status_t (*receiver_setup)(wsync_receiver_t *r);
-    /* Land version `version` (its BEGIN was seen) in the targets. */
+    /* Synchronous schemes: land version `version` (its BEGIN was seen) in the targets. */
     wsync_status_t (*receiver_recv)(wsync_receiver_t *r, uint64_t version);
+    /* Async schemes: land `version` (0: the newest one newer than what the receiver holds),
+     * waiting up to timeout_ms for it to be published; *got is the version landed. */
+    wsync_status_t (*receiver_fetch)(wsync_receiver_t *r, uint64_t version, int timeout_ms,
+                                     uint64_t *got);
     void (*receiver_teardown)(wsync_receiver_t *r);
 } wsync_scheme_ops_t;
 

@@ -251,9 +251,14 @@ typedef struct {
                                   default 256 MiB */
     int timeout_ms;            /* deadline of every wait; WSYNC_TIMEOUT_MS; default 60000 */
     int heartbeat_ms;          /* heartbeat period; WSYNC_HEARTBEAT_MS; default 1000 */
+    int snapshot;              /* store: copy each version into registered memory so the trainer
+                                  may step on at once (1), or publish the shards in place (0);
+                                  WSYNC_SNAPSHOT; -1 = unset (1) */
+    int keep_versions;         /* store: versions kept for readers (rank 0's value counts);
+                                  WSYNC_KEEP_VERSIONS; 0 = unset (2) */
 } wsync_sender_params_t;
 
-#define WSYNC_SENDER_PARAMS_INIT {NULL, -1, 0, 0, NULL, 0, 0, 0}
+#define WSYNC_SENDER_PARAMS_INIT {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0}
 
 /* Create a sender. Rank 0 also starts the coordinator, listening on params->coordinator (port 0
  * picks a free port; see wsync_sender_coordinator). Other ranks connect to it, retrying until the
@@ -280,7 +285,9 @@ wsync_status_t wsync_sender_add_shard(wsync_sender_t *sender, const wsync_shard_
 wsync_status_t wsync_sender_setup(wsync_sender_t *sender);
 
 /* Push version `version` (> every version pushed before) of the shards. Collective over the
- * senders (all push the same number). Returns when every receiver has committed the version.
+ * senders (all push the same number). Returns when every receiver has committed the version —
+ * or, with the `store` scheme, once every sender has published it (receivers read it later; in
+ * snapshot mode the shards may change as soon as this returns).
  * Shard memory must not change until it returns. WSYNC_ERR_PEER_LOST names the lost peer;
  * after such an error the group is unusable and every later call returns the same error. */
 wsync_status_t wsync_sender_push(wsync_sender_t *sender, uint64_t version);
@@ -357,6 +364,14 @@ wsync_status_t wsync_receiver_set_target_data(wsync_receiver_t *receiver, const 
  * says why and who); a version that did not complete is never reported, and the targets may hold
  * part of it (wsync_receiver_torn says so). */
 wsync_status_t wsync_receiver_wait(wsync_receiver_t *receiver, int timeout_ms, uint64_t *version);
+
+/* Land a given version (or 0: the newest one newer than what the targets hold), waiting up to
+ * timeout_ms for it to be published. `store` scheme only (elsewhere versions are pushed, and
+ * wsync_receiver_wait takes them). WSYNC_ERR_NOT_FOUND when the version was evicted or never
+ * published (the message says which versions the store keeps); WSYNC_ERR_TIMEOUT when it did not
+ * appear in time (the targets are untouched). */
+wsync_status_t wsync_receiver_fetch(wsync_receiver_t *receiver, uint64_t version, int timeout_ms,
+                                    uint64_t *got);
 
 /* Last committed version, 0 if none. */
 uint64_t wsync_receiver_version(const wsync_receiver_t *receiver);
