@@ -49,6 +49,7 @@ struct wsync_coord {
     struct coord_fetch {
         coord_peer_t *peer;
         uint64_t version, after;
+        uint64_t seq;                /* echoed in the reply, so a late answer is recognised */
     } *fetches;
     int nfetches;
     uint32_t keep;
@@ -511,12 +512,13 @@ static void store_evict(wsync_coord_t *co)
     }
 }
 
-static void store_reply_error(wsync_coord_t *co, coord_peer_t *p, wsync_status_t st,
+static void store_reply_error(wsync_coord_t *co, coord_peer_t *p, uint64_t seq, wsync_status_t st,
                               const char *text)
 {
     wsync_wbuf_t b;
 
     wsync_wbuf_init(&b);
+    wsync_put_u64(&b, seq);
     wsync_put_i32(&b, st);
     wsync_put_str(&b, text);
     wsync_conn_send(p->conn, WSYNC_MSG_DIRECTORY, b.data, (uint32_t)b.len, NULL, 0,
@@ -525,11 +527,12 @@ static void store_reply_error(wsync_coord_t *co, coord_peer_t *p, wsync_status_t
 }
 
 /* Answer a reader with version v's directory; it holds a lease on v until READ_DONE. */
-static void store_reply(wsync_coord_t *co, coord_peer_t *p, struct coord_version *cv)
+static void store_reply(wsync_coord_t *co, coord_peer_t *p, uint64_t seq, struct coord_version *cv)
 {
     wsync_wbuf_t b;
 
     wsync_wbuf_init(&b);
+    wsync_put_u64(&b, seq);
     wsync_put_i32(&b, WSYNC_OK);
     wsync_put_str(&b, "");
     wsync_put_u64(&b, cv->version);
@@ -566,11 +569,11 @@ static int store_serve(wsync_coord_t *co, const struct coord_fetch *f)
             snprintf(text, sizeof(text), "version %llu is not in the store: it was evicted or "
                      "never published (kept now: %llu to %llu)", (unsigned long long)f->version,
                      (unsigned long long)oldest, (unsigned long long)co->latest);
-            store_reply_error(co, f->peer, WSYNC_ERR_NOT_FOUND, text);
+            store_reply_error(co, f->peer, f->seq, WSYNC_ERR_NOT_FOUND, text);
             return 1;
         }
     }
-    store_reply(co, f->peer, cv);
+    store_reply(co, f->peer, f->seq, cv);
     return 1;
 }
 
@@ -670,9 +673,10 @@ static void on_publish(wsync_coord_t *co, coord_peer_t *p, wsync_msg_t *m)
     store_evict(co);
 }
 
-static void on_fetch(wsync_coord_t *co, coord_peer_t *p, uint64_t version, uint64_t after)
+static void on_fetch(wsync_coord_t *co, coord_peer_t *p, uint64_t version, uint64_t after,
+                     uint64_t seq)
 {
-    struct coord_fetch f = {p, version, after};
+    struct coord_fetch f = {p, version, after, seq};
 
     if (p->lease != 0)   /* one version at a time per reader: the previous read is over */
         store_drop_reader(co, p);
@@ -680,7 +684,7 @@ static void on_fetch(wsync_coord_t *co, coord_peer_t *p, uint64_t version, uint6
         return;
     struct coord_fetch *nf = realloc(co->fetches, (size_t)(co->nfetches + 1) * sizeof(*nf));
     if (nf == NULL) {
-        store_reply_error(co, p, WSYNC_ERR_NOMEM, "coordinator: out of memory");
+        store_reply_error(co, p, seq, WSYNC_ERR_NOMEM, "coordinator: out of memory");
         return;
     }
     co->fetches = nf;
@@ -753,13 +757,14 @@ static void coord_on_msg(void *user, wsync_conn_t *c, wsync_msg_t *m)
         wsync_rbuf_init(&r, m->payload, m->len);
         uint64_t v = wsync_get_u64(&r);
         uint64_t after = m->type == WSYNC_MSG_FETCH ? wsync_get_u64(&r) : 0;
+        uint64_t seq = m->type == WSYNC_MSG_FETCH ? wsync_get_u64(&r) : 0;
         if (r.err || wsync_rbuf_left(&r) != 0 || p->hello.role != WSYNC_ROLE_RECEIVER ||
             co->scheme == NULL || !co->scheme->async) {
             snprintf(text, sizeof(text), "%s sent a malformed or misplaced %s", name,
                      wsync_msg_name(m->type));
             group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PROTOCOL, text, NULL);
         } else if (m->type == WSYNC_MSG_FETCH) {
-            on_fetch(co, p, v, after);
+            on_fetch(co, p, v, after, seq);
         } else {
             /* CANCEL and READ_DONE both end whatever this reader was doing */
             store_drop_reader(co, p);

@@ -19,9 +19,11 @@
  *                                           (wsync_dir_entry_t): where its shards of it lie
  *   PUBLISHED   coordinator → sender        u64 version: every sender published it
  *   FREE        coordinator → sender        u64 version: evicted, nobody reads it, release it
- *   FETCH       receiver → coordinator      u64 version (0: the newest after `after`), u64 after
+ *   FETCH       receiver → coordinator      u64 version (0: the newest after `after`), u64 after,
+ *                                           u64 seq (echoed in the reply)
  *   CANCEL      receiver → coordinator      u64 version: a FETCH given up on
- *   DIRECTORY   coordinator → receiver      i32 status, str text, u64 version, u32 n, n entries:
+ *   DIRECTORY   coordinator → receiver      u64 seq, i32 status, str text, then if OK: u64
+ *                                           version, u32 n, n entries:
  *                                           the reader holds a lease on it until READ_DONE
  *   READ_DONE   receiver → coordinator      u64 version: lease released
  * Data connections (scheme-specific, e.g. ipc over an abstract Unix socket):

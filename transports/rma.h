@@ -56,6 +56,11 @@ typedef struct {
     /* Drive progress until every posted operation completed, or the first failure (returned, with
      * which peer and operation), or deadline_ms (wsync_now_ms clock): WSYNC_ERR_TIMEOUT. */
     wsync_status_t (*flush)(wsync_rma_t *ctx, int64_t deadline_ms);
+    /* Serve peers for up to timeout_ms (returning early once something was done). Over software
+     * RMA (UCX's and libfabric's tcp) a reader's get completes only while the owner progresses,
+     * so an owner calls this continuously, from a thread of its own, holding the lock it uses for
+     * every other call on the context. */
+    wsync_status_t (*progress)(wsync_rma_t *ctx, int timeout_ms);
 } wsync_rma_ops_t;
 
 /* NULL when the transport is not compiled in. */

@@ -1,0 +1,359 @@
+"""The trainer side: wsync_sender_t."""
+from __future__ import annotations
+
+import ctypes as C
+import math
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+from . import _cdefs as D
+from ._cdefs import WSYNC_REPLICATE
+from ._library import lib
+from .context import Context
+from .errors import InvalidArgumentError, StateError, raise_status
+from .layout import Box, ModelConfig, Param, ShardSpec, shard_box
+from .tensors import (Region, dtensor_box, dtype_name, dtype_size, is_dtensor, region_of,
+                      sub_region)
+
+__all__ = ["Sender", "PushStats"]
+
+
+@dataclass(frozen=True)
+class PushStats:
+    """Figures of the last successful push (wsync_push_stats_t)."""
+    version: int
+    bytes_packed: int       # bytes this sender staged into buckets
+    bytes_delivered: int    # bytes copied into all receivers' targets, from this sender
+    buckets: int
+    seconds: float          # push call to every receiver committed
+
+
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    try:
+        return int(v) if v not in (None, "") else default
+    except ValueError:
+        return default
+
+
+def _opt(value: Optional[str]) -> Optional[bytes]:
+    return None if value is None else str(value).encode()
+
+
+class Sender:
+    """A trainer rank: describes the shards it holds and pushes versions of them.
+
+        with wsync.Sender("10.0.0.1:29600", rank=i, world=N, receivers=R) as s:
+            s.add_state_dict(model.state_dict())     # FSDP: DTensor shards, boxes from placement
+            for step in ...:
+                train_step()
+                s.push(step)                         # returns when every receiver committed
+
+    Sender rank 0 hosts the coordinator on `coordinator` ("host:port"; port 0 picks a free one:
+    read it back from .coordinator). Arguments left None come from the WSYNC_* variables, then
+    the library's defaults (timeout 60 s, 256 MiB buckets, scheme auto). `snapshot` and
+    `keep_versions` concern the store scheme (copy each version so the trainer may step on at
+    once; how many versions readers may fetch).
+
+    Memory given to add_shard / add_state_dict is read in place at every push: keep updating it
+    in place (optimizer steps do), and do not free or reallocate it while the sender is open; the
+    sender keeps a reference to every object (and holds buffer exports) until close().
+    A push blocks the calling thread (not the interpreter: the GIL is released), up to the
+    timeout. One thread at a time per sender (a lock enforces it)."""
+
+    def __init__(self, coordinator: Optional[str] = None, rank: Optional[int] = None,
+                 world: Optional[int] = None, receivers: Optional[int] = None, *,
+                 scheme: Optional[str] = None, bucket_bytes: Optional[int] = None,
+                 timeout_ms: Optional[int] = None, heartbeat_ms: Optional[int] = None,
+                 snapshot: Optional[bool] = None, keep_versions: Optional[int] = None,
+                 context: Optional[Context] = None, log_level: Any = None):
+        self._handle = None
+        self._regions: List[Region] = []
+        self._shards: List[ShardSpec] = []
+        self._lock = threading.RLock()
+        self._own_ctx = context is None
+        self._ctx = Context(log_level) if context is None else context
+        p = D.sender_params_init()
+        p.coordinator = _opt(coordinator)
+        if rank is not None:
+            p.rank = int(rank)
+        if world is not None:
+            p.nranks = int(world)
+        if receivers is not None:
+            p.nreceivers = int(receivers)
+        p.scheme = _opt(scheme)
+        if bucket_bytes is not None:
+            p.bucket_bytes = int(bucket_bytes)
+        if timeout_ms is not None:
+            p.timeout_ms = int(timeout_ms)
+        if heartbeat_ms is not None:
+            p.heartbeat_ms = int(heartbeat_ms)
+        if snapshot is not None:
+            p.snapshot = int(bool(snapshot))
+        if keep_versions is not None:
+            p.keep_versions = int(keep_versions)
+        self.rank = int(rank) if rank is not None else _env_int("WSYNC_SENDER_RANK", 0)
+        self.world = int(world) if world is not None else _env_int("WSYNC_SENDERS", 1)
+        ctx = self._ctx._acquire()
+        h = C.c_void_p()
+        try:
+            st = lib().wsync_sender_create(ctx, C.byref(p), C.byref(h))
+            if st != 0:
+                raise_status(st, "wsync_sender_create")
+        except BaseException:
+            self._ctx._release()
+            if self._own_ctx:
+                self._ctx.close()
+            raise
+        self._handle = h.value
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def _h(self) -> int:
+        if self._handle is None:
+            raise StateError("the sender is closed", None)
+        return self._handle
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def close(self) -> None:
+        """Leave the group and free the sender (then its memory references and, if it made
+        one, its context). Closing twice is a no-op."""
+        with self._lock:
+            h, self._handle = self._handle, None
+            if h is None:
+                return
+            lib().wsync_sender_free(h)
+            for r in self._regions:
+                r.release()
+            self._regions = []
+            self._ctx._release()
+            if self._own_ctx:
+                self._ctx.close()
+
+    def __enter__(self) -> "Sender":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_handle", None) is not None:
+                self.close()
+        except Exception:
+            pass
+
+    # -- describing shards ------------------------------------------------------------------
+
+    @property
+    def shards(self) -> List[ShardSpec]:
+        """What this sender described, in order."""
+        return list(self._shards)
+
+    def add_shard(self, param: Union[str, Param], tensor: Any, box: Any = None, *,
+                  global_shape: Optional[Sequence[int]] = None, dtype: Any = None) -> ShardSpec:
+        """Describe one shard: box `box` of param `param` lives in `tensor`.
+
+        param: a Param, or the checkpoint name (then the global shape is `global_shape`, else
+        the tensor's own shape, and the dtype is the tensor's).
+        tensor: a torch tensor (cpu; cuda gives WSYNC_MEM_CUDA, refused by this version of the
+        library), a DTensor (its local shard, the box from its placement: leave box None), a
+        HostTensor, or a buffer-protocol object (then dtype=... says its dtype).
+        box: a Box or (start, len); None is the whole param. The tensor holds either exactly the
+        box (the rank's local shard) or the whole param (then the box must be one contiguous
+        range of it, e.g. FSDP rows, and the sender reads that range in place).
+        Returns the ShardSpec described. Errors: InvalidArgumentError (names the param and what
+        is wrong), UnsupportedError for CUDA memory, StateError after setup/first push."""
+        name = param.name if isinstance(param, Param) else str(param)
+        what = f"param '{name}'"
+        if is_dtensor(tensor):
+            if box is not None:
+                raise InvalidArgumentError(f"{what}: a DTensor's box comes from its placement; "
+                                           "leave box None", None)
+            gshape, start, length = dtensor_box(tensor)
+            local = tensor.to_local()
+            region = region_of(local, dtype=dtype, what=what)
+            if tuple(region.shape) != tuple(length):
+                region.release()
+                raise InvalidArgumentError(
+                    f"{what}: the DTensor's local tensor is {list(region.shape)}, but its "
+                    f"placement gives a box of {list(length)} (start {list(start)})", None)
+            pdtype = region.dtype
+            if isinstance(param, Param):
+                self._check_param(param, gshape, pdtype)
+            p = param if isinstance(param, Param) else Param(name, pdtype, gshape)
+            return self._add(p, Box(start, length), region)
+        if dtype is None and isinstance(param, Param):
+            dtype = param.dtype
+        region = region_of(tensor, dtype=dtype, what=what)
+        try:
+            if isinstance(param, Param):
+                p = param
+                if region.dtype != p.dtype:
+                    raise InvalidArgumentError(f"{what} is {dtype_name(p.dtype)}, the tensor "
+                                               f"{dtype_name(region.dtype)}", None)
+            else:
+                gshape = tuple(global_shape) if global_shape is not None else region.shape
+                p = Param(name, region.dtype, gshape)
+            b = self._box(box, p)
+            return self._add(p, b, self._place(region, p, b, what))
+        except BaseException:
+            region.release()
+            raise
+
+    def add_state_dict(self, state_dict: Mapping[str, Any], layout: Union[str, int] = "fsdp",
+                       rank: Optional[int] = None, world: Optional[int] = None, *,
+                       config: Any = None) -> List[ShardSpec]:
+        """Describe every entry of a state dict (name -> tensor) in one call.
+
+        DTensor values (FSDP2's state dict) are described by their placement: the local shard
+        and its box. Other values are split by `layout` for rank `rank` of `world` (default:
+        this sender's rank and number of senders), with wsync_layout_shard_box's rule:
+        "fsdp" (dim 0, c = ceil(rows / world) rows per rank), an int d (Shard(d)), or
+        "replicated" (every rank describes the whole param; the plan reads each byte from one
+        of them). Such a value is the whole param (the rank then sends its rows of it, read in
+        place) — or, when `config` (a ModelConfig, config.json path, JSON text or dict) gives
+        the global shapes, either the whole param or the rank's local shard.
+        Raw buffers must be wrapped: wsync.HostTensor(buffer, dtype, shape).
+        Returns the ShardSpecs described, in state-dict order."""
+        if layout == "fsdp":
+            dim = 0
+        elif layout == "replicated":
+            dim = WSYNC_REPLICATE
+        elif isinstance(layout, int) and not isinstance(layout, bool):
+            dim = layout
+        else:
+            raise InvalidArgumentError(f"unknown layout {layout!r}: use \"fsdp\", "
+                                       "\"replicated\" or a dim (int)", None)
+        rank = self.rank if rank is None else int(rank)
+        world = self.world if world is None else int(world)
+        shapes: Optional[Dict[str, tuple]] = None
+        if config is not None:
+            shapes = {p.name: p.shape for p in ModelConfig.of(config).params()}
+        out = []
+        for name, value in state_dict.items():
+            if is_dtensor(value):
+                out.append(self.add_shard(name, value))
+                continue
+            what = f"param '{name}'"
+            region = region_of(value, what=what)
+            try:
+                if shapes is not None:
+                    if name not in shapes:
+                        raise InvalidArgumentError(
+                            f"{what} is in the state dict but not in the model config's params "
+                            "(filter the state dict, or leave config out)", None)
+                    gshape = shapes[name]
+                else:
+                    gshape = region.shape
+                p = Param(name, region.dtype, gshape)
+                b = shard_box(p, dim, rank, world)
+                out.append(self._add(p, b, self._place(region, p, b, what)))
+            except BaseException:
+                region.release()
+                raise
+        return out
+
+    @staticmethod
+    def _check_param(p: Param, gshape, dtype) -> None:
+        if tuple(p.shape) != tuple(gshape) or p.dtype != dtype:
+            raise InvalidArgumentError(
+                f"param '{p.name}' is {list(p.shape)} {dtype_name(p.dtype)}, the DTensor "
+                f"{list(gshape)} {dtype_name(dtype)}", None)
+
+    @staticmethod
+    def _box(box: Any, p: Param) -> Box:
+        if box is None:
+            return Box.whole(p.shape)
+        if isinstance(box, Box):
+            return box
+        start, length = box
+        return Box(start, length)
+
+    @staticmethod
+    def _place(region: Region, p: Param, b: Box, what: str) -> Region:
+        """The region of box b: the tensor is the box itself, or the whole param."""
+        esize = dtype_size(p.dtype)
+        box_bytes = math.prod(b.len) * esize
+        whole_bytes = math.prod(p.shape) * esize
+        if region.nbytes == box_bytes:
+            return region
+        if region.nbytes == whole_bytes:
+            return sub_region(region, p.shape, b.start, b.len, what)
+        raise InvalidArgumentError(
+            f"{what}: the tensor has {region.nbytes} bytes ({list(region.shape)}), neither the "
+            f"box {list(b.len)} at {list(b.start)} ({box_bytes} bytes) nor the whole param "
+            f"{list(p.shape)} ({whole_bytes} bytes) in {dtype_name(p.dtype)}", None)
+
+    def _add(self, p: Param, b: Box, region: Region) -> ShardSpec:
+        keep: list = []
+        sh = D.wsync_shard_t(p._c(keep), b._c(), region.address or None, int(region.mem),
+                             int(region.device))
+        with self._lock:
+            st = lib().wsync_sender_add_shard(self._h(), C.byref(sh))
+            if st != 0:
+                region.release()
+                raise_status(st, "wsync_sender_add_shard")
+            self._regions.append(region)
+            spec = ShardSpec(p, b)
+            self._shards.append(spec)
+        return spec
+
+    # -- running ------------------------------------------------------------------------------
+
+    def _call(self, fn, *args) -> None:
+        with self._lock:
+            st = fn(self._h(), *args)
+            if st != 0:
+                raise_status(st, fn.__name__)
+
+    def setup(self) -> None:
+        """Complete the group's setup now (otherwise the first push does): send the
+        descriptions, wait for every receiver's, get the plan and the scheme. Collective over
+        the senders. A description mismatch raises MismatchError naming the param, here, on
+        every participant."""
+        self._call(lib().wsync_sender_setup)
+
+    def push(self, version: int) -> None:
+        """Push `version` (greater than every version pushed before) of the shards; returns
+        when every receiver committed it (store scheme: once every sender published it).
+        Collective over the senders. Do not modify shard memory until it returns. PeerLostError names a lost peer; after any error the group is
+        over (close, and form a new one)."""
+        self._call(lib().wsync_sender_push, C.c_uint64(int(version)))
+
+    @property
+    def stats(self) -> PushStats:
+        """Figures of the last successful push."""
+        s = D.wsync_push_stats_t()
+        self._call(lib().wsync_sender_stats, C.byref(s))
+        return PushStats(s.version, s.bytes_packed, s.bytes_delivered, s.buckets, s.seconds)
+
+    @property
+    def scheme(self) -> Optional[str]:
+        """The group's scheme ("ipc"), or None before setup."""
+        with self._lock:
+            v = lib().wsync_sender_scheme(self._h())
+        return v.decode() if v else None
+
+    @property
+    def explain(self) -> Optional[str]:
+        """Why the scheme was chosen and why each other one was refused (after setup)."""
+        with self._lock:
+            v = lib().wsync_sender_explain(self._h())
+        return v.decode("utf-8", "replace") if v else None
+
+    @property
+    def coordinator(self) -> Optional[str]:
+        """"host:port" the coordinator listens on (rank 0 only; None for other ranks)."""
+        with self._lock:
+            v = lib().wsync_sender_coordinator(self._h())
+        return v.decode() if v else None
+
+    @property
+    def context(self) -> Context:
+        return self._ctx
