@@ -1,60 +1,655 @@
-/* The 'store' scheme: registered so that negotiation can explain it; its data path comes later. */
+/* The 'store' scheme: a versioned weight store read with one-sided RMA (UCX or libfabric), for
+ * disaggregated and asynchronous RL. Senders publish each version — a snapshot copied into
+ * registered host memory (the trainer may step on at once), or their shards in place — and the
+ * coordinator keeps a directory of the last K versions: where each shard lies and its remote key.
+ * Readers come and go; each asks for the newest version (or a given one), holds a lease on it
+ * while it reads exactly its plan's segments with gets, and releases it. Old versions are freed
+ * once nobody reads them. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include "core/status.h"
+#include "core/log.h"
+#include "core/objects.h"
+#include "core/util.h"
+#include "reshard/exec.h"
 #include "schemes/scheme.h"
+#include "transports/rma.h"
+
+#define ALIGN 64u
+/* posted bytes between flushes: bounds what is in flight without a registered bounce buffer */
+#define FLUSH_EVERY (256ull << 20)
+
+/* ---- choosing the transport ------------------------------------------------------------------ */
+
+/* WSYNC_STORE_TRANSPORT=ucx|ofi, else UCX, else libfabric; WSYNC_STORE_PROVIDER is passed to
+ * the transport as its hint (UCX_TLS list / libfabric provider). */
+static wsync_status_t open_rma(const char *want, const wsync_rma_ops_t **ops, wsync_rma_t **ctx,
+                               char *info, size_t len)
+{
+    const char *env = getenv("WSYNC_STORE_TRANSPORT");
+    const char *hint = getenv("WSYNC_STORE_PROVIDER");
+    const wsync_rma_ops_t *cands[2] = {wsync_rma_ucx(), wsync_rma_ofi()};
+    wsync_status_t st = WSYNC_ERR_UNSUPPORTED;
+    char why[512] = "";
+
+    if (want == NULL && env != NULL && *env != '\0')
+        want = env;
+    if (want != NULL && strcmp(want, "ucx") != 0 && strcmp(want, "ofi") != 0)
+        return wsync_err(WSYNC_ERR_INVALID, "store: transport '%s' is unknown (ucx or ofi; "
+                         "WSYNC_STORE_TRANSPORT)", want);
+    for (int i = 0; i < 2; i++) {
+        const char *name = i == 0 ? "ucx" : "ofi";
+        if (want != NULL && strcmp(want, name) != 0)
+            continue;
+        if (cands[i] == NULL) {
+            snprintf(why + strlen(why), sizeof(why) - strlen(why), "%s: not compiled in; ", name);
+            continue;
+        }
+        st = cands[i]->open(hint, info, len, ctx);
+        if (st == WSYNC_OK) {
+            *ops = cands[i];
+            return WSYNC_OK;
+        }
+        snprintf(why + strlen(why), sizeof(why) - strlen(why), "%s: %s; ", name,
+                 wsync_last_error());
+    }
+    return wsync_err(st == WSYNC_OK ? WSYNC_ERR_UNSUPPORTED : st, "store: no RMA transport could "
+                     "start: %s", why);
+}
 
 static int store_score(const wsync_group_info_t *g, char *reason, size_t len)
 {
-    (void)g;
-    snprintf(reason, len, "no data path in this version of wsync");
+    const wsync_rma_ops_t *u = wsync_rma_ucx(), *o = wsync_rma_ofi();
+    int ti[2] = {wsync_transport_index("ucx"), wsync_transport_index("ofi")};
+
+    if (g->mem_kinds & ~(1u << WSYNC_MEM_HOST)) {
+        snprintf(reason, len, "some shards or targets are in CUDA memory; the store serves host "
+                              "memory in this version");
+        return 0;
+    }
+    for (int t = 0; t < 2; t++) {
+        int everyone = (t == 0 ? u : o) != NULL;
+        for (uint32_t i = 0; everyone && i < g->nsenders + g->nreceivers; i++) {
+            const wsync_hello_t *h = i < g->nsenders ? &g->senders[i] : &g->receivers[i - g->nsenders];
+            everyone = (h->transports & (1u << ti[t])) != 0;
+        }
+        if (everyone) {
+            snprintf(reason, len, "one-sided reads over %s, which every participant has (the "
+                                  "last versions kept for readers that come when they like)",
+                     t == 0 ? "UCX" : "libfabric");
+            return 50;
+        }
+    }
+    snprintf(reason, len, "needs UCX or libfabric at every participant");
     return 0;
 }
 
-static wsync_status_t store_sender_setup(wsync_sender_t *s)
-{
-    (void)s;
-    return wsync_err(WSYNC_ERR_UNSUPPORTED, "scheme 'store' has no data path in this version");
-}
+/* ---- sender ------------------------------------------------------------------------------------ */
 
-static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
+typedef struct {
+    void *base;
+    size_t bytes;
+    wsync_rma_mr_t *mr;
+    uint8_t rkey[WSYNC_RMA_BLOB_MAX];
+    size_t rkey_len;
+    uint64_t version;                /* the version it holds; 0: free */
+} store_slot_t;
+
+typedef struct {
+    const wsync_rma_ops_t *rma;
+    wsync_rma_t *ctx;
+    char info[256];
+    uint8_t addr[WSYNC_RMA_BLOB_MAX];
+    size_t addr_len;
+    size_t *shard_off;               /* [nshards] offset of each shard in a snapshot */
+    size_t *shard_bytes;
+    size_t total;
+    store_slot_t *slots;             /* snapshots, or (in place) one per shard */
+    int nslots;
+} store_sender_t;
+
+static void slot_release(store_sender_t *st, store_slot_t *sl, int owned)
 {
-    (void)s;
-    (void)version;
-    return wsync_err(WSYNC_ERR_UNSUPPORTED, "scheme 'store' has no data path in this version");
+    if (sl->mr != NULL)
+        st->rma->dereg(sl->mr);
+    if (owned)
+        free(sl->base);
+    memset(sl, 0, sizeof(*sl));
 }
 
 static void store_sender_teardown(wsync_sender_t *s)
 {
-    (void)s;
+    store_sender_t *st = s->m.scheme_state;
+
+    if (st == NULL)
+        return;
+    for (int i = 0; i < st->nslots; i++)
+        slot_release(st, &st->slots[i], s->snapshot);
+    free(st->slots);
+    if (st->ctx != NULL)
+        st->rma->close(st->ctx);
+    free(st->shard_off);
+    free(st->shard_bytes);
+    free(st);
+    s->m.scheme_state = NULL;
+}
+
+static wsync_status_t reg_slot(store_sender_t *st, store_slot_t *sl, void *base, size_t bytes)
+{
+    wsync_status_t rc;
+
+    sl->base = base;
+    sl->bytes = bytes;
+    sl->rkey_len = sizeof(sl->rkey);
+    rc = st->rma->reg(st->ctx, base, bytes ? bytes : 1, &sl->mr, sl->rkey, &sl->rkey_len);
+    return rc;
+}
+
+static wsync_status_t store_sender_setup(wsync_sender_t *s)
+{
+    store_sender_t *st = calloc(1, sizeof(*st));
+    wsync_status_t rc;
+
+    if (st == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+    s->m.scheme_state = st;
+    rc = open_rma(NULL, &st->rma, &st->ctx, st->info, sizeof(st->info));
+    if (rc != WSYNC_OK)
+        return rc;
+    st->addr_len = sizeof(st->addr);
+    rc = st->rma->address(st->ctx, st->addr, &st->addr_len);
+    if (rc != WSYNC_OK)
+        return rc;
+    st->shard_off = calloc(s->nshards + 1, sizeof(size_t));
+    st->shard_bytes = calloc(s->nshards + 1, sizeof(size_t));
+    if (st->shard_off == NULL || st->shard_bytes == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+    for (size_t i = 0; i < s->nshards; i++) {
+        size_t b = wsync_dtype_size(s->shards[i].param.dtype);
+        for (int d = 0; d < s->shards[i].param.ndim; d++)
+            b *= (size_t)s->shards[i].box.len[d];
+        st->shard_off[i] = st->total;
+        st->shard_bytes[i] = b;
+        st->total += (b + ALIGN - 1) / ALIGN * ALIGN;
+    }
+    if (!s->snapshot) {
+        /* in place: the shards themselves, registered once */
+        st->slots = calloc(s->nshards + 1, sizeof(*st->slots));
+        if (st->slots == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+        for (size_t i = 0; i < s->nshards; i++, st->nslots++) {
+            rc = reg_slot(st, &st->slots[i], (void *)s->shard_data[i], st->shard_bytes[i]);
+            if (rc != WSYNC_OK)
+                return rc;
+        }
+    }
+    WSYNC_LOG_I("store: sender %d on %s, %s, %zu bytes per version", s->m.rank, st->info,
+                s->snapshot ? "snapshots" : "in place", st->total);
+    return WSYNC_OK;
+}
+
+/* A free snapshot slot, registered once and reused (a new one while all are held). */
+static wsync_status_t take_slot(wsync_sender_t *s, store_sender_t *st, store_slot_t **out)
+{
+    for (int i = 0; i < st->nslots; i++) {
+        if (st->slots[i].version == 0 && st->slots[i].base != NULL) {
+            *out = &st->slots[i];
+            return WSYNC_OK;
+        }
+    }
+    store_slot_t *ns = realloc(st->slots, (size_t)(st->nslots + 1) * sizeof(*ns));
+    void *mem = NULL;
+    if (ns == NULL || posix_memalign(&mem, 4096, st->total ? st->total : 1) != 0) {
+        if (ns != NULL)
+            st->slots = ns;
+        return wsync_err(WSYNC_ERR_NOMEM, "store: sender %d: no memory for a snapshot of %zu bytes",
+                         s->m.rank, st->total);
+    }
+    st->slots = ns;
+    store_slot_t *sl = &st->slots[st->nslots];
+    memset(sl, 0, sizeof(*sl));
+    wsync_status_t rc = reg_slot(st, sl, mem, st->total);
+    if (rc != WSYNC_OK) {
+        free(mem);
+        return rc;
+    }
+    st->nslots++;
+    *out = sl;
+    return WSYNC_OK;
+}
+
+static void handle_free(wsync_sender_t *s, store_sender_t *st, wsync_msg_t *msg)
+{
+    wsync_rbuf_t r;
+    uint64_t v;
+
+    wsync_rbuf_init(&r, msg->payload, msg->len);
+    v = wsync_get_u64(&r);
+    if (!s->snapshot || r.err)
+        return;
+    for (int i = 0; i < st->nslots; i++)
+        if (st->slots[i].version == v)
+            st->slots[i].version = 0;   /* the memory stays registered for the next snapshot */
+}
+
+static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
+{
+    store_sender_t *st = s->m.scheme_state;
+    const uint16_t types[] = {WSYNC_MSG_PUBLISHED, WSYNC_MSG_FREE};
+    wsync_dir_entry_t e;
+    wsync_wbuf_t b;
+    wsync_status_t rc;
+    wsync_msg_t *msg;
+    store_slot_t *sl = NULL;
+
+    /* versions the coordinator evicted since the last push free their snapshots first */
+    while (wsync_inbox_pop(&s->m.inbox, types + 1, 1, 0, &msg) == WSYNC_OK) {
+        handle_free(s, st, msg);
+        wsync_msg_free(msg);
+    }
+    memset(&e, 0, sizeof(e));
+    e.sender = (uint32_t)s->m.rank;
+    e.transport = (char *)st->rma->name;
+    e.addr = st->addr;
+    e.addr_len = (uint32_t)st->addr_len;
+    e.nshards = (uint32_t)s->nshards;
+    e.shards = calloc(s->nshards + 1, sizeof(*e.shards));
+    e.regions = calloc(s->snapshot ? 1 : s->nshards + 1, sizeof(*e.regions));
+    if (e.shards == NULL || e.regions == NULL) {
+        free(e.shards);
+        free(e.regions);
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+    }
+    if (s->snapshot) {
+        rc = take_slot(s, st, &sl);
+        if (rc != WSYNC_OK) {
+            free(e.shards);
+            free(e.regions);
+            return rc;
+        }
+        for (size_t i = 0; i < s->nshards; i++) {
+            memcpy((uint8_t *)sl->base + st->shard_off[i], s->shard_data[i], st->shard_bytes[i]);
+            e.shards[i].region = 0;
+            e.shards[i].addr = (uint64_t)(uintptr_t)sl->base + st->shard_off[i];
+        }
+        sl->version = version;
+        e.nregions = 1;
+        e.regions[0].base = (uint64_t)(uintptr_t)sl->base;
+        e.regions[0].len = sl->bytes;
+        e.regions[0].rkey = sl->rkey;
+        e.regions[0].rkey_len = (uint32_t)sl->rkey_len;
+        s->stats.bytes_packed += st->total;
+    } else {
+        e.nregions = (uint32_t)s->nshards;
+        for (size_t i = 0; i < s->nshards; i++) {
+            e.regions[i].base = (uint64_t)(uintptr_t)st->slots[i].base;
+            e.regions[i].len = st->slots[i].bytes;
+            e.regions[i].rkey = st->slots[i].rkey;
+            e.regions[i].rkey_len = (uint32_t)st->slots[i].rkey_len;
+            e.shards[i].region = (uint32_t)i;
+            e.shards[i].addr = (uint64_t)(uintptr_t)st->slots[i].base;
+        }
+    }
+    wsync_wbuf_init(&b);
+    wsync_put_u64(&b, version);
+    wsync_dir_entry_encode(&e, &b);
+    free(e.shards);
+    free(e.regions);
+    rc = b.err ? wsync_err(WSYNC_ERR_NOMEM, "store: no memory")
+               : wsync_conn_send(s->m.ctrl, WSYNC_MSG_PUBLISH, b.data, (uint32_t)b.len, NULL, 0,
+                                 s->m.timeout_ms);
+    wsync_wbuf_free(&b);
+    if (rc != WSYNC_OK)
+        return rc;
+    /* the version is in the store once every sender published it */
+    for (;;) {
+        rc = wsync_inbox_pop(&s->m.inbox, types, 2, wsync_deadline_in(s->m.timeout_ms), &msg);
+        if (rc == WSYNC_ERR_TIMEOUT)
+            return wsync_err(rc, "store: sender %d: version %llu was not published by every sender "
+                             "within %d ms", s->m.rank, (unsigned long long)version,
+                             s->m.timeout_ms);
+        if (rc != WSYNC_OK)
+            return rc;
+        if (msg->type == WSYNC_MSG_FREE) {
+            handle_free(s, st, msg);
+            wsync_msg_free(msg);
+            continue;
+        }
+        wsync_rbuf_t r;
+        wsync_rbuf_init(&r, msg->payload, msg->len);
+        uint64_t v = wsync_get_u64(&r);
+        wsync_msg_free(msg);
+        if (v == version)
+            return WSYNC_OK;
+        return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %d: PUBLISHED %llu while publishing "
+                         "%llu", s->m.rank, (unsigned long long)v, (unsigned long long)version);
+    }
+}
+
+
+/* ---- receiver ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    uint8_t *blob;
+    size_t len;
+    wsync_rma_rkey_t *key;
+} store_rkey_t;
+
+typedef struct {
+    wsync_rma_peer_t *peer;
+    uint8_t *addr;
+    size_t addr_len;
+    store_rkey_t *rkeys;             /* imported keys of this sender, reused across versions */
+    int nrkeys;
+} store_from_t;
+
+typedef struct {
+    const wsync_rma_ops_t *rma;
+    wsync_rma_t *ctx;
+    char info[256];
+    store_from_t *from;              /* [nsenders] */
+    uint32_t nsenders;
+    uint32_t lo, hi;                 /* our segments in the plan */
+    uint8_t *bounce;                 /* one chunk, for segments that change dtype */
+    size_t bounce_bytes;
+    uint64_t seq;                    /* FETCH sequence number */
+} store_receiver_t;
+
+static void store_receiver_teardown(wsync_receiver_t *r)
+{
+    store_receiver_t *st = r->m.scheme_state;
+
+    if (st == NULL)
+        return;
+    for (uint32_t s = 0; st->from != NULL && s < st->nsenders; s++) {
+        store_from_t *f = &st->from[s];
+        for (int k = 0; k < f->nrkeys; k++) {
+            st->rma->rkey_free(f->rkeys[k].key);
+            free(f->rkeys[k].blob);
+        }
+        free(f->rkeys);
+        if (f->peer != NULL)
+            st->rma->disconnect(f->peer);
+        free(f->addr);
+    }
+    free(st->from);
+    if (st->ctx != NULL)
+        st->rma->close(st->ctx);
+    free(st->bounce);
+    free(st);
+    r->m.scheme_state = NULL;
 }
 
 static wsync_status_t store_receiver_setup(wsync_receiver_t *r)
 {
-    (void)r;
-    return wsync_err(WSYNC_ERR_UNSUPPORTED, "scheme 'store' has no data path in this version");
+    const wsync_plan_t *plan = r->m.plan;
+    store_receiver_t *st = calloc(1, sizeof(*st));
+    uint32_t me = (uint32_t)r->m.rank;
+
+    if (st == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+    r->m.scheme_state = st;
+    st->nsenders = plan->nsenders;
+    st->from = calloc(plan->nsenders, sizeof(*st->from));
+    if (st->from == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+    for (st->lo = 0; st->lo < plan->nsegments && plan->segments[st->lo].receiver < me; st->lo++)
+        ;
+    for (st->hi = st->lo; st->hi < plan->nsegments && plan->segments[st->hi].receiver == me; st->hi++)
+        ;
+    return WSYNC_OK;
+}
+
+static wsync_status_t connect_sender(store_receiver_t *st, uint32_t s, const wsync_dir_entry_t *e)
+{
+    store_from_t *f = &st->from[s];
+    wsync_status_t rc;
+
+    if (f->peer != NULL && f->addr_len == e->addr_len && memcmp(f->addr, e->addr, e->addr_len) == 0)
+        return WSYNC_OK;
+    if (f->peer != NULL) {           /* the sender came back with another address */
+        for (int k = 0; k < f->nrkeys; k++) {
+            st->rma->rkey_free(f->rkeys[k].key);
+            free(f->rkeys[k].blob);
+        }
+        f->nrkeys = 0;
+        st->rma->disconnect(f->peer);
+        f->peer = NULL;
+    }
+    free(f->addr);
+    f->addr = malloc(e->addr_len ? e->addr_len : 1);
+    if (f->addr == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+    memcpy(f->addr, e->addr, e->addr_len);
+    f->addr_len = e->addr_len;
+    rc = st->rma->connect(st->ctx, e->addr, e->addr_len, &f->peer);
+    return rc;
+}
+
+static wsync_status_t rkey_for(store_receiver_t *st, uint32_t s, const uint8_t *blob, size_t len,
+                               wsync_rma_rkey_t **out)
+{
+    store_from_t *f = &st->from[s];
+    wsync_status_t rc;
+
+    for (int k = 0; k < f->nrkeys; k++) {
+        if (f->rkeys[k].len == len && memcmp(f->rkeys[k].blob, blob, len) == 0) {
+            *out = f->rkeys[k].key;
+            return WSYNC_OK;
+        }
+    }
+    store_rkey_t *nk = realloc(f->rkeys, (size_t)(f->nrkeys + 1) * sizeof(*nk));
+    if (nk == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+    f->rkeys = nk;
+    store_rkey_t *k = &f->rkeys[f->nrkeys];
+    k->blob = malloc(len ? len : 1);
+    if (k->blob == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+    memcpy(k->blob, blob, len);
+    k->len = len;
+    rc = st->rma->rkey_import(f->peer, blob, len, &k->key);
+    if (rc != WSYNC_OK) {
+        free(k->blob);
+        return rc;
+    }
+    f->nrkeys++;
+    *out = k->key;
+    return WSYNC_OK;
+}
+
+/* Read version v's segments of ours, as the directory entries say where they lie. */
+static wsync_status_t read_version(wsync_receiver_t *r, store_receiver_t *st,
+                                   const wsync_dir_entry_t *e, uint64_t v, uint64_t *bytes)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    uint64_t posted = 0;
+    wsync_status_t rc;
+
+    for (uint32_t i = st->lo; i < st->hi; i++) {
+        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+        const wsync_dir_entry_t *en = &e[c->sender];
+        size_t esz = wsync_dtype_size(c->dtype);
+        wsync_dtype_t land_dtype = r->land_dtype[sg->target];
+        uint8_t *land = r->land[sg->target];
+        int direct = land_dtype == c->dtype;
+        wsync_rma_rkey_t *key = NULL;
+
+        if (c->shard >= en->nshards)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's directory entry for version "
+                             "%llu has %u shards; the plan reads shard %u", c->sender,
+                             (unsigned long long)v, en->nshards, c->shard);
+        const struct wsync_dir_shard *sh = &en->shards[c->shard];
+        const struct wsync_dir_region *rg = &en->regions[sh->region];
+        /* refuse reads the directory does not cover: a wrong address never reaches the wire */
+        uint64_t first = sh->addr + c->src.off * esz;
+        uint64_t last = sh->addr + (c->src.off + (c->src.rows - 1) * c->src.pitch + c->src.cols) * esz;
+        if (c->src.rows == 0 || first < rg->base || last > rg->base + rg->len || last < first)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "store: version %llu: sender %u shard %u: the plan "
+                             "reads [%llu, %llu) outside its registered region [%llu, +%llu)",
+                             (unsigned long long)v, c->sender, c->shard,
+                             (unsigned long long)first, (unsigned long long)last,
+                             (unsigned long long)rg->base, (unsigned long long)rg->len);
+        rc = rkey_for(st, c->sender, rg->rkey, rg->rkey_len, &key);
+        if (rc != WSYNC_OK)
+            return rc;
+        store_from_t *f = &st->from[c->sender];
+        size_t row = (size_t)(c->src.cols * esz);
+        if (direct) {
+            /* straight into the target, one get per row, or one for a contiguous block */
+            if (c->src.pitch == c->src.cols && sg->dst.pitch == sg->dst.cols) {
+                rc = st->rma->get(f->peer, key, first, land + sg->dst.off * esz,
+                                  (size_t)(c->src.rows * row));
+                posted += c->src.rows * row;
+            } else {
+                for (uint64_t k = 0; k < c->src.rows && rc == WSYNC_OK; k++)
+                    rc = st->rma->get(f->peer, key, sh->addr + (c->src.off + k * c->src.pitch) * esz,
+                                      land + (sg->dst.off + k * sg->dst.pitch) * esz, row);
+                posted += c->src.rows * row;
+            }
+            if (rc == WSYNC_OK && posted >= FLUSH_EVERY) {
+                rc = st->rma->flush(st->ctx, wsync_deadline_in(r->m.timeout_ms));
+                posted = 0;
+            }
+        } else {
+            /* a cast: the chunk lands dense in the bounce buffer, then the executor converts */
+            size_t need = (size_t)(c->src.rows * row);
+            if (need > st->bounce_bytes) {
+                uint8_t *nb = realloc(st->bounce, need);
+                if (nb == NULL)
+                    return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for %zu bytes", need);
+                st->bounce = nb;
+                st->bounce_bytes = need;
+            }
+            for (uint64_t k = 0; k < c->src.rows && rc == WSYNC_OK; k++)
+                rc = st->rma->get(f->peer, key, sh->addr + (c->src.off + k * c->src.pitch) * esz,
+                                  st->bounce + k * row, row);
+            if (rc == WSYNC_OK)
+                rc = st->rma->flush(st->ctx, wsync_deadline_in(r->m.timeout_ms));
+            wsync_region_t dense = {0, c->src.cols, c->src.rows, c->src.cols};
+            if (rc == WSYNC_OK)
+                rc = wsync_exec_copy(st->bounce, c->dtype, &dense, land, land_dtype, &sg->dst);
+            posted = 0;
+        }
+        if (rc != WSYNC_OK)
+            return rc;
+        *bytes += c->src.rows * c->src.cols * wsync_dtype_size(land_dtype);
+    }
+    return st->rma->flush(st->ctx, wsync_deadline_in(r->m.timeout_ms));
+}
+
+static wsync_status_t store_receiver_fetch(wsync_receiver_t *r, uint64_t want, int timeout_ms,
+                                           uint64_t *got)
+{
+    store_receiver_t *st = r->m.scheme_state;
+    const uint16_t types[] = {WSYNC_MSG_DIRECTORY};
+    int64_t deadline = wsync_deadline_in(timeout_ms);
+    wsync_dir_entry_t *e = NULL;
+    wsync_status_t rc;
+    wsync_wbuf_t b;
+    wsync_msg_t *msg = NULL;
+    uint64_t v = 0, bytes = 0, seq = ++st->seq;
+    uint32_t n = 0;
+
+    wsync_wbuf_init(&b);
+    wsync_put_u64(&b, want);
+    wsync_put_u64(&b, r->version);
+    wsync_put_u64(&b, seq);
+    rc = wsync_conn_send(r->m.ctrl, WSYNC_MSG_FETCH, b.data, (uint32_t)b.len, NULL, 0,
+                         r->m.timeout_ms);
+    wsync_wbuf_free(&b);
+    if (rc != WSYNC_OK)
+        return rc;
+    for (;;) {
+        wsync_rbuf_t rb;
+        rc = wsync_inbox_pop(&r->m.inbox, types, 1, deadline, &msg);
+        if (rc == WSYNC_ERR_TIMEOUT) {
+            wsync_member_send_u64(&r->m, WSYNC_MSG_CANCEL, want);
+            if (want != 0)
+                return wsync_err(rc, "store: receiver %d: version %llu was not published within "
+                                 "%d ms", r->m.rank, (unsigned long long)want, timeout_ms);
+            return wsync_err(rc, "store: receiver %d: no version newer than %llu within %d ms",
+                             r->m.rank, (unsigned long long)r->version, timeout_ms);
+        }
+        if (rc != WSYNC_OK)
+            return rc;
+        wsync_rbuf_init(&rb, msg->payload, msg->len);
+        if (wsync_get_u64(&rb) == seq && !rb.err)
+            break;
+        wsync_msg_free(msg);            /* the answer to a fetch given up on: its lease is gone */
+    }
+    {
+        wsync_rbuf_t rb;
+        char text[1024];
+        wsync_rbuf_init(&rb, msg->payload, msg->len);
+        (void)wsync_get_u64(&rb);
+        wsync_status_t status = (wsync_status_t)wsync_get_i32(&rb);
+        char *t = wsync_get_str(&rb, WSYNC_STR_MAX);
+        snprintf(text, sizeof(text), "%s", t ? t : "");
+        free(t);
+        if (!rb.err && status != WSYNC_OK) {
+            wsync_msg_free(msg);
+            return wsync_err(status < 0 && status >= WSYNC_ERR_INTERNAL ? status : WSYNC_ERR_PROTOCOL,
+                             "store: receiver %d: %s", r->m.rank, text);
+        }
+        v = wsync_get_u64(&rb);
+        n = wsync_get_u32(&rb);
+        if (rb.err || n != st->nsenders || v == 0) {
+            wsync_msg_free(msg);
+            return wsync_err(WSYNC_ERR_PROTOCOL, "store: receiver %d: malformed DIRECTORY", r->m.rank);
+        }
+        e = calloc(n, sizeof(*e));
+        rc = e == NULL ? wsync_err(WSYNC_ERR_NOMEM, "store: no memory") : WSYNC_OK;
+        for (uint32_t s = 0; s < n && rc == WSYNC_OK; s++) {
+            rc = wsync_dir_entry_decode(&rb, &e[s]);
+            if (rc == WSYNC_OK && e[s].sender != s)
+                rc = wsync_err(WSYNC_ERR_PROTOCOL, "store: directory entries out of order");
+        }
+        wsync_msg_free(msg);
+    }
+    if (rc == WSYNC_OK && st->ctx == NULL)
+        rc = open_rma(e[0].transport, &st->rma, &st->ctx, st->info, sizeof(st->info));
+    for (uint32_t s = 0; s < n && rc == WSYNC_OK; s++) {
+        if (strcmp(e[s].transport, st->rma->name) != 0)
+            rc = wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u publishes over %s, sender 0 over %s",
+                           s, e[s].transport, st->rma->name);
+        else
+            rc = connect_sender(st, s, &e[s]);
+    }
+    if (rc == WSYNC_OK)
+        rc = read_version(r, st, e, v, &bytes);
+    for (uint32_t s = 0; e != NULL && s < n; s++)
+        wsync_dir_entry_clear(&e[s]);
+    free(e);
+    if (rc == WSYNC_OK && r->progress != NULL)
+        r->progress(r->progress_arg, v, bytes, bytes);   /* still under the lease */
+    /* the lease ends either way; a failed read is the caller's error to report */
+    wsync_member_send_u64(&r->m, WSYNC_MSG_READ_DONE, v);
+    if (rc != WSYNC_OK)
+        return rc;
+    *got = v;
+    return WSYNC_OK;
 }
 
 static wsync_status_t store_receiver_recv(wsync_receiver_t *r, uint64_t version)
 {
-    (void)r;
     (void)version;
-    return wsync_err(WSYNC_ERR_UNSUPPORTED, "scheme 'store' has no data path in this version");
-}
-
-static void store_receiver_teardown(wsync_receiver_t *r)
-{
-    (void)r;
+    return wsync_err(WSYNC_ERR_UNSUPPORTED, "store: receiver %d: versions are fetched, not pushed",
+                     r->m.rank);
 }
 
 const wsync_scheme_ops_t wsync_scheme_store = {
     .name = "store",
-    .implemented = 0,
+    .implemented = 1,
+    .async = 1,
     .score = store_score,
     .sender_setup = store_sender_setup,
     .sender_push = store_sender_push,
     .sender_teardown = store_sender_teardown,
     .receiver_setup = store_receiver_setup,
     .receiver_recv = store_receiver_recv,
+    .receiver_fetch = store_receiver_fetch,
     .receiver_teardown = store_receiver_teardown,
 };

@@ -8,8 +8,13 @@
  * outside a registration, a key that does not match, a peer that vanished, all come back as
  * errors from wsync_rma_ops_t.flush (or from get itself when detected at once).
  *
+ * Over software RMA (UCX's and libfabric's tcp providers) a reader's get completes only while the
+ * owner's side progresses, so from its first registration until its last, a context serves
+ * peers on a thread of its own: an owner need not call anything for reads to complete.
+ *
  * Blobs (addresses, packed keys) are opaque bytes of at most WSYNC_RMA_BLOB_MAX, sent as they
- * are on the wire by the scheme. Thread-safety: one context is used by one thread at a time. */
+ * are on the wire by the scheme. Thread-safety: one user thread at a time per context (the
+ * context's own serving thread is the transport's business). */
 #ifndef WSYNC_TRANSPORTS_RMA_H
 #define WSYNC_TRANSPORTS_RMA_H
 
@@ -56,11 +61,7 @@ typedef struct {
     /* Drive progress until every posted operation completed, or the first failure (returned, with
      * which peer and operation), or deadline_ms (wsync_now_ms clock): WSYNC_ERR_TIMEOUT. */
     wsync_status_t (*flush)(wsync_rma_t *ctx, int64_t deadline_ms);
-    /* Serve peers for up to timeout_ms (returning early once something was done). Over software
-     * RMA (UCX's and libfabric's tcp) a reader's get completes only while the owner progresses,
-     * so an owner calls this continuously, from a thread of its own, holding the lock it uses for
-     * every other call on the context. */
-    wsync_status_t (*progress)(wsync_rma_t *ctx, int timeout_ms);
+
 } wsync_rma_ops_t;
 
 /* NULL when the transport is not compiled in. */

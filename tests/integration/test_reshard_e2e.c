@@ -25,6 +25,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,8 @@
 #define CONFIG_PATH WSYNC_TESTDATA "/hf_qwen3_tiny/config.json"
 #define FP8_TABLE WSYNC_TESTDATA "/fp8/bf16_to_e4m3fn_satfinite.bin"
 
-#define NSENDERS 3
+#define NSENDERS 3          /* the ipc cases; the store cases use FSDP-2 */
+#define MAX_SENDERS 4
 #define TP 2
 #define VERSIONS 3
 #define TIMEOUT_MS 20000
@@ -333,7 +335,16 @@ typedef struct {
     bad_t bad;
     const char *expect_error; /* bad input: what every participant's error must name */
     int rank;                 /* of this child */
+    const char *scheme;       /* NULL: ipc */
+    const char *transport;    /* store: WSYNC_STORE_TRANSPORT for every process */
+    int nsenders;             /* 0: NSENDERS */
+    int versions;             /* 0: VERSIONS */
+    int linger_fd;            /* store: senders serve readers until this pipe closes (-1: no) */
 } group_t;
+
+static const char *scheme_of(const group_t *g) { return g->scheme ? g->scheme : "ipc"; }
+static int nsenders_of(const group_t *g) { return g->nsenders ? g->nsenders : NSENDERS; }
+static int versions_of(const group_t *g) { return g->versions ? g->versions : VERSIONS; }
 
 #define ABSENT_PARAM "model.layers.2.mlp.gate_proj.weight"   /* the model has layers 0 and 1 */
 #define SHAPE_PARAM "model.layers.1.self_attn.q_proj.weight"
@@ -357,16 +368,16 @@ static int sender_main(void *arg)
     if (model_open(&m) != 0)
         return 1;
     CHECK_OK(wsync_model_config_load(CONFIG_PATH, &cfg));
-    CHECK_OK(wsync_layout_fsdp_shards(&cfg, WSYNC_DTYPE_BF16, g->rank, NSENDERS, &shards,
+    CHECK_OK(wsync_layout_fsdp_shards(&cfg, WSYNC_DTYPE_BF16, g->rank, nsenders_of(g), &shards,
                                       &nshards));
     CHECK_MSG(nshards == st_count(m.f), "%zu shards for %zu checkpoint tensors", nshards,
               st_count(m.f));
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
     sp.coordinator = coord_addr;
     sp.rank = g->rank;
-    sp.nranks = NSENDERS;
+    sp.nranks = nsenders_of(g);
     sp.nreceivers = TP;
-    sp.scheme = "ipc";
+    sp.scheme = scheme_of(g);
     sp.timeout_ms = TIMEOUT_MS;
     sp.heartbeat_ms = 200;
     st = wsync_sender_create(ctx, &sp, &s);
@@ -400,7 +411,7 @@ static int sender_main(void *arg)
             row_elems *= t->shape[d];
         /* FSDP: c = ceil(n/N), rank i holds rows [i*c, min(n, (i+1)*c)) */
         rows = t->shape[0];
-        c = (rows + NSENDERS - 1) / NSENDERS;
+        c = (rows + nsenders_of(g) - 1) / nsenders_of(g);
         {
             int64_t lo = g->rank * c < rows ? g->rank * c : rows;
             int64_t hi = (g->rank + 1) * c < rows ? (g->rank + 1) * c : rows;
@@ -430,9 +441,11 @@ static int sender_main(void *arg)
     CHECK_OK(st);
     if (st != WSYNC_OK)
         goto out;
-    CHECK(wsync_sender_scheme(s) != NULL && strcmp(wsync_sender_scheme(s), "ipc") == 0);
+    CHECK(wsync_sender_scheme(s) != NULL && strcmp(wsync_sender_scheme(s), scheme_of(g)) == 0);
 
-    for (int v = 1; v <= VERSIONS; v++) {
+    /* with the store, the next version is written into the same memory as soon as push returns,
+     * while the receivers may still be reading: they must see each version's snapshot whole */
+    for (int v = 1; v <= versions_of(g); v++) {
         /* write version v into the rows this sender holds, from the pristine checkpoint */
         for (size_t i = 0; i < nshards; i++) {
             const st_tensor_t *t = st_find(m.f, shards[i].param.name);
@@ -455,6 +468,13 @@ static int sender_main(void *arg)
         CHECK(stats.version == (uint64_t)v);
     }
 
+    /* a store's publishers must outlive its readers: wait until the parent says they are done */
+    if (g->linger_fd >= 0) {
+        struct pollfd pfd = {g->linger_fd, POLLIN, 0};
+        char c;
+        if (poll(&pfd, 1, 100000) == 1 && read(g->linger_fd, &c, 1) != 1)
+            fprintf(stderr, "sender %d: no word from the parent\n", g->rank);
+    }
 out:
     wsync_sender_free(s);
     if (g->inplace)
@@ -669,9 +689,13 @@ static int receiver_main(void *arg)
         CHECK_OK(wsync_receiver_add_target(rv, &extra));
     }
 
-    for (int v = 1; v <= VERSIONS; v++) {
+    int store = strcmp(scheme_of(g), "store") == 0;
+    for (int v = 1; v <= versions_of(g); v++) {
         uint64_t got = 0;
         st = wsync_receiver_wait(rv, TIMEOUT_MS, &got);
+        /* a store reader takes the newest version, and may skip some: check that one */
+        if (store && st == WSYNC_OK && got >= (uint64_t)v && got <= (uint64_t)versions_of(g))
+            v = (int)got;
         if (g->expect_error != NULL) {
             CHECK_MSG(st == WSYNC_ERR_MISMATCH || st == WSYNC_ERR_ABORTED,
                       "receiver %d: wait returned %s (%s), expected a mismatch naming %s", r,
@@ -695,7 +719,8 @@ static int receiver_main(void *arg)
         CHECK_MSG(got == (uint64_t)v, "receiver %d got version %llu, expected %d", r,
                   (unsigned long long)got, v);
         CHECK(!wsync_receiver_torn(rv));
-        CHECK(wsync_receiver_scheme(rv) != NULL && strcmp(wsync_receiver_scheme(rv), "ipc") == 0);
+        CHECK(wsync_receiver_scheme(rv) != NULL &&
+              strcmp(wsync_receiver_scheme(rv), scheme_of(g)) == 0);
         for (size_t i = 0; i < ntargets; i++) {
             const wsync_target_t *t = &targets[i];
             size_t n = (size_t)(shapes[i].rows * shapes[i].cols);
@@ -748,14 +773,20 @@ out_model:
 
 static void run_group(const group_t *base)
 {
-    pid_t pids[NSENDERS + TP];
-    group_t cfg[NSENDERS + TP];
-    int codes[NSENDERS + TP], n = 0;
+    pid_t pids[MAX_SENDERS + TP];
+    group_t cfg[MAX_SENDERS + TP];
+    int codes[MAX_SENDERS + TP], n = 0, ns = nsenders_of(base);
 
     snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", proc_free_port());
-    for (int s = 0; s < NSENDERS; s++) {
+    int linger[2] = {-1, -1};   /* cfg[].linger_fd below: -1 unless a store group */
+    if (base->transport != NULL)
+        setenv("WSYNC_STORE_TRANSPORT", base->transport, 1);   /* inherited by the children */
+    if (base->scheme != NULL && strcmp(base->scheme, "store") == 0 && pipe(linger) != 0)
+        linger[0] = linger[1] = -1;
+    for (int s = 0; s < ns; s++) {
         cfg[n] = *base;
         cfg[n].rank = s;
+        cfg[n].linger_fd = linger[0];
         pids[n] = proc_spawn(sender_main, &cfg[n], 90);
         n++;
     }
@@ -765,10 +796,23 @@ static void run_group(const group_t *base)
         pids[n] = proc_spawn(receiver_main, &cfg[n], 90);
         n++;
     }
-    proc_wait_all(pids, n, 100000, codes);
+    if (linger[1] >= 0) {
+        /* readers first; then a byte for each sender lets it go (every child holds the write
+         * end too, so closing it would never read as the end) */
+        proc_wait_all(pids + ns, n - ns, 100000, codes + ns);
+        for (int s = 0; s < ns; s++)
+            if (write(linger[1], "x", 1) != 1)
+                break;
+        proc_wait_all(pids, ns, 30000, codes);
+        close(linger[1]);
+        close(linger[0]);
+    } else {
+        proc_wait_all(pids, n, 100000, codes);
+    }
     for (int i = 0; i < n; i++)
-        CHECK_MSG(codes[i] == 0, "%s %d exited with %d", i < NSENDERS ? "sender" : "receiver",
-                  i < NSENDERS ? i : i - NSENDERS, codes[i]);
+        CHECK_MSG(codes[i] == 0, "%s %d exited with %d", i < ns ? "sender" : "receiver",
+                  i < ns ? i : i - ns, codes[i]);
+    unsetenv("WSYNC_STORE_TRANSPORT");
 }
 
 /* ---- cases ------------------------------------------------------------------------------- */
@@ -900,6 +944,42 @@ static void case_fp8_block(void)
     run_group(&g);
 }
 
+/* The store: FSDP-2 -> TP-2 over each RMA transport, versions 1..5 published in snapshot mode
+ * while the senders write the next version into the same memory at once. */
+static void run_store(const char *transport, int fp8)
+{
+    wsync_ctx_t *ctx;
+    group_t g = {0};
+    int have = 0;
+
+    /* skip a transport this build or machine lacks, saying so */
+    if (wsync_ctx_create(NULL, &ctx) == WSYNC_OK) {
+        for (int i = 0; i < wsync_transport_count(ctx); i++) {
+            wsync_component_info_t info;
+            if (wsync_transport_info(ctx, i, &info) == WSYNC_OK &&
+                strcmp(info.name, transport) == 0) {
+                have = info.compiled && info.available;
+                if (!have)
+                    fprintf(stderr, "skipped: transport %s: %s\n", transport, info.reason);
+            }
+        }
+        wsync_ctx_free(ctx);
+    }
+    if (!have)
+        return;
+    g.scheme = "store";
+    g.transport = transport;
+    g.nsenders = 2;
+    g.versions = 5;
+    g.fp8 = fp8;
+    run_group(&g);
+}
+
+static void case_store_ucx_bf16(void) { run_store("ucx", 0); }
+static void case_store_ucx_fp8_block(void) { run_store("ucx", 1); }
+static void case_store_ofi_bf16(void) { run_store("ofi", 0); }
+static void case_store_ofi_fp8_block(void) { run_store("ofi", 1); }
+
 static void case_bad_absent_param(void)
 {
     group_t g = {0};
@@ -925,6 +1005,10 @@ int main(void)
     RUN(case_bf16);
     RUN(case_bf16_vocab_padding_inplace);
     RUN(case_fp8_block);
+    RUN(case_store_ucx_bf16);
+    RUN(case_store_ucx_fp8_block);
+    RUN(case_store_ofi_bf16);
+    RUN(case_store_ofi_fp8_block);
     RUN(case_bad_absent_param);
     RUN(case_bad_shape);
     return check_summary();
