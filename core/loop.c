@@ -468,13 +468,18 @@ static void *loop_main(void *arg)
             ssize_t n = read(loop->wake_fd, &v, sizeof(v));
             (void)n;
         }
-        for (size_t i = 1; i < np; i++) {
-            if (!pfds[i].revents)
-                continue;
-            if (i <= nl)
+        for (size_t i = 1; i <= nl; i++)
+            if (pfds[i].revents)
                 do_accept(loop, pfds[i].fd, loop->listeners[i - 1].flags);
-            else
-                conn_read(loop, pconns[i]);
+        /* data connections first: what a peer sent on them before anything it caused on the
+         * control connection (RELEASE before the COMMIT that led to DONE, then to the group's
+         * end) must be queued before that, or a finished push would report the group's end */
+        for (int pass = 0; pass < 2; pass++) {
+            for (size_t i = nl + 1; i < np; i++) {
+                int control = (pconns[i]->flags & WSYNC_CONN_HEARTBEAT) != 0;
+                if (pfds[i].revents && control == pass)
+                    conn_read(loop, pconns[i]);
+            }
         }
     }
     /* a last pass over what has already arrived, so that an owner stopping the loop still
