@@ -252,8 +252,10 @@ typedef struct {
     int timeout_ms;            /* deadline of every wait; WSYNC_TIMEOUT_MS; default 60000 */
     int heartbeat_ms;          /* heartbeat period; WSYNC_HEARTBEAT_MS; default 1000 */
     int snapshot;              /* store: copy each version into registered memory so the trainer
-                                  may step on at once (1), or publish the shards in place (0);
-                                  WSYNC_SNAPSHOT; -1 = unset (1) */
+                                  may step on at once (1), or publish the shards in place (0):
+                                  registered once, no copy, but readers read the live shards, so
+                                  change them only once the readers you care about have the
+                                  version; WSYNC_SNAPSHOT; -1 = unset (1) */
     int keep_versions;         /* store: versions kept for readers (rank 0's value counts);
                                   WSYNC_KEEP_VERSIONS; 0 = unset (2) */
 } wsync_sender_params_t;

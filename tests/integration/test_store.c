@@ -67,6 +67,7 @@ typedef struct {
     int rank;
     chan_t *chan;
     int keep;
+    int in_place;              /* publish the shards themselves, not snapshots */
 } sender_arg_t;
 
 static int sender_main(void *arg)
@@ -86,6 +87,7 @@ static int sender_main(void *arg)
     sp.nreceivers = 2;
     sp.scheme = "store";
     sp.keep_versions = a->keep;
+    sp.snapshot = !a->in_place;
     sp.timeout_ms = TIMEOUT_MS;
     sp.heartbeat_ms = 200;
     if (wsync_sender_create(ctx, &sp, &s) != WSYNC_OK) {
@@ -115,9 +117,12 @@ static int sender_main(void *arg)
             norm[i] = value(1, v, i);
         wsync_status_t st = wsync_sender_push(s, v);
         CHECK_OK(st);
-        /* snapshot mode: the trainer steps on at once, scribbling over what it just published */
-        memset(w, 0x5a, ROWS / NSENDERS * COLS * 2);
-        memset(norm, 0x5a, NORM * 2);
+        /* snapshot mode: the trainer steps on at once, scribbling over what it just published
+         * (in place, the shards are what readers read: they change only at the next version) */
+        if (!a->in_place) {
+            memset(w, 0x5a, ROWS / NSENDERS * COLS * 2);
+            memset(norm, 0x5a, NORM * 2);
+        }
         send_byte(a->chan->to_parent[1], st == WSYNC_OK ? 'y' : 'n');
     }
     wsync_sender_free(s);
@@ -223,13 +228,15 @@ typedef struct {
     int n;
 } world_t;
 
+static int in_place;
+
 static void start_senders(world_t *w, int keep)
 {
     snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", proc_free_port());
     w->n = 0;
     for (int s = 0; s < NSENDERS; s++) {
         chan_open(&w->sc[s]);
-        w->sa[s] = (sender_arg_t){s, &w->sc[s], keep};
+        w->sa[s] = (sender_arg_t){s, &w->sc[s], keep, in_place};
         w->pids[w->n++] = proc_spawn(sender_main, &w->sa[s], 90);
     }
 }
@@ -366,6 +373,23 @@ static void sender_killed(void)
     finish(&w, 1);
 }
 
+/* In place: readers read the senders' own shards, registered once; no copy is made. */
+static void in_place_reads(void)
+{
+    world_t w;
+    int r;
+
+    in_place = 1;
+    start_senders(&w, 1);
+    start_receiver(&w, 0);
+    for (int v = 1; v <= 3; v++) {
+        CHECK(publish(&w));
+        CHECK_MSG((r = fetch(&w, 0, 0)) == v, "in place, version %d: got %d", v, r);
+    }
+    finish(&w, -1);
+    in_place = 0;
+}
+
 static void run_all(const char *t)
 {
     transport = t;
@@ -375,6 +399,7 @@ static void run_all(const char *t)
     late_joiner();
     eviction_and_leases();
     sender_killed();
+    in_place_reads();
 }
 
 static void case_store_ucx(void) { run_all("ucx"); }
