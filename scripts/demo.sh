@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds wsync into build/, and shows it working on this machine.
+# Installs what is missing, builds wsync into build/, and shows it working on this machine:
+# 2 trainer processes push 3 versions of a small model to an engine of 2 tensor-parallel
+# processes, and every step is checked (weights by hash, tokens against a 1-process engine).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -7,8 +9,4 @@ bash scripts/setup.sh
 cmake -B build -S .
 cmake --build build -j "$(nproc)"
 
-if [ -x build/bin/wsync-demo ]; then
-    exec build/bin/wsync-demo
-fi
-# Until the end-to-end demo exists: one sender, two receiver processes, 1 GiB of bf16 weights.
-exec build/bin/wsync-bench --scheme ipc --mem host --receivers 2 --bytes 1G
+exec build/bin/wsync-demo --trainers 2 --tp 2 --steps 3 "$@"

@@ -59,7 +59,9 @@ typedef struct {
     wsync_status_t (*put)(wsync_rma_peer_t *peer, wsync_rma_rkey_t *rkey, uint64_t remote_addr,
                           const void *src, size_t len);
     /* Drive progress until every posted operation completed, or the first failure (returned, with
-     * which peer and operation), or deadline_ms (wsync_now_ms clock): WSYNC_ERR_TIMEOUT. */
+     * which peer and operation), or deadline_ms (wsync_now_ms clock): WSYNC_ERR_TIMEOUT. After a
+     * failure, operations may still be in flight: their buffers must stay valid until close or
+     * a later successful flush. */
     wsync_status_t (*flush)(wsync_rma_t *ctx, int64_t deadline_ms);
 
 } wsync_rma_ops_t;

@@ -1,11 +1,17 @@
 /* The libfabric RMA transport (transports/ofi.c) between two processes, an owner that registers
  * memory and a reader that reads and writes it, with no wsync control plane: the owner's address,
- * region and packed key travel over a socketpair. For each provider that libfabric offers here
- * (tcp, shm): 64 MiB in 1 MiB reads all in flight plus an unaligned 3-byte read, checked against
- * bytes the reader generates itself; writes read back and checked by the owner in its own memory;
- * reads outside the region and with wrong keys, which must fail with a clear message within a
- * deadline and leave the context usable; and an owner SIGKILLed with reads posted, which must fail
- * the flush within its deadline rather than hang. */
+ * region and packed key travel over a socketpair. For each provider libfabric offers here (tcp,
+ * shm; one it does not offer is skipped, saying why):
+ *   - 64 MiB in 1 MiB reads all in flight, and 3 bytes at an odd address, checked against bytes
+ *     the reader generates itself; the same with local buffers registered (the FI_MR_LOCAL path);
+ *   - writes, checked by the owner in its own memory, then read back;
+ *   - reads outside the region (refused by get), and reads only the provider can judge (a forged
+ *     length, a stale key, a wrong key, an unmapped address): each answers within a deadline, and
+ *     fails with a message naming the read where the provider checks (tcp: all; shm: unmapped
+ *     memory only, it checks no keys), and a good read works again afterwards;
+ *   - an owner SIGKILLed with reads posted: flush answers within its deadline, and reads from the
+ *     dead owner fail within theirs.
+ * The provider outcomes are printed, for the record. */
 #include <dirent.h>
 #include <errno.h>
 #include <poll.h>
@@ -34,7 +40,7 @@
 static const wsync_rma_ops_t *ops;
 static const char *hint;     /* provider under test */
 
-/* ---- the bytes -------------------------------------------------------------------------------- */
+/* ---- the bytes ------------------------------------------------------------------------------- */
 
 static uint64_t splitmix64(uint64_t x)
 {

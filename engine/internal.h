@@ -1,0 +1,169 @@
+/* Engine internals shared by the files of engine/ (never by tools or tests). */
+#ifndef WSYNC_ENGINE_INTERNAL_H
+#define WSYNC_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "engine/engine.h"
+
+/* Set the thread's engine error ("<status text>: <detail>") and return st. */
+wsync_status_t wse_err(wsync_status_t st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A wsync call failed with st: keep the library's detail, prefixed with what we were doing. */
+wsync_status_t wse_err_wsync(wsync_status_t st, const char *what);
+
+/* ---- element conversions ------------------------------------------------------------------ */
+
+static inline float wse_bf16_to_f32(uint16_t b)
+{
+    union { uint32_t u; float f; } v = {(uint32_t)b << 16};
+    return v.f;
+}
+
+/* round to nearest even; NaN stays NaN */
+static inline uint16_t wse_f32_to_bf16(float f)
+{
+    union { float f; uint32_t u; } v = {f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((v.u >> 16) | 0x40);
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
+
+float wse_f16_to_f32(uint16_t h);
+uint16_t wse_f32_to_f16(float f);
+
+/* Element i of a bf16/f16/f32 array (possibly unaligned) as float. */
+float wse_load(wsync_dtype_t dtype, const void *p, size_t i);
+/* Store x as element i of a bf16/f16/f32 array. */
+void wse_store(wsync_dtype_t dtype, void *p, size_t i, float x);
+
+/* ---- views of the weights ------------------------------------------------------------------ */
+
+typedef struct {
+    wsync_dtype_t dtype;    /* bf16, f16, f32 or F8E4M3FN */
+    const void *w;          /* [rows, cols] */
+    const float *s;         /* FP8: [ceil(rows/blk), ceil(cols/blk)] */
+    int64_t rows, cols;
+    int blk;
+} wse_mat_t;
+
+typedef struct {
+    wsync_dtype_t dtype;
+    const void *w;          /* NULL when the model has no such vector */
+} wse_vec_t;
+
+typedef struct {
+    wse_vec_t in_norm, post_norm, q_norm, k_norm;
+    wse_mat_t qkv, o, gate_up, down;
+    wse_vec_t qkv_b, o_b, gate_up_b, down_b;
+} wse_layer_t;
+
+typedef struct {
+    wse_mat_t embed, lm_head;    /* [Vr, Hd]; lm_head is embed when tied */
+    wse_vec_t norm;
+    wse_layer_t *layers;
+} wse_weights_t;
+
+/* Where target i goes in wse_weights_t. */
+typedef enum {
+    WSE_EMBED, WSE_LM_HEAD, WSE_NORM, WSE_IN_NORM, WSE_POST_NORM, WSE_Q_NORM, WSE_K_NORM,
+    WSE_QKV, WSE_QKV_B, WSE_O, WSE_O_B, WSE_GATE_UP, WSE_GATE_UP_B, WSE_DOWN, WSE_DOWN_B,
+} wse_role_t;
+
+typedef struct {
+    wse_role_t role;
+    int layer;            /* -1 for model-level targets */
+    size_t offset;        /* of the data in a weight set */
+    size_t bytes;
+    size_t scales_offset; /* of the scales, when nscales > 0 */
+    size_t nscales;
+} wse_slot_t;
+
+/* A block of target buffers: one allocation (anonymous mapping). */
+typedef struct {
+    uint8_t *base;        /* NULL while freed */
+    uint64_t version;     /* what it holds */
+    int valid;            /* holds a complete version */
+} wse_set_t;
+
+/* ---- the communicator ---------------------------------------------------------------------- */
+
+wsync_status_t wse_comm_join(wsync_engine_comm_t *c, int rank);
+wsync_status_t wse_comm_barrier(wsync_engine_comm_t *c, int rank);
+/* x[n] := sum over ranks of every rank's x[n], in rank order (the same bits on every rank). */
+wsync_status_t wse_comm_allreduce(wsync_engine_comm_t *c, int rank, float *x, size_t n);
+/* out[r * n + i] := rank r's in[i]. */
+wsync_status_t wse_comm_allgather(wsync_engine_comm_t *c, int rank, const void *in, size_t bytes,
+                                  void *out);
+size_t wse_comm_slot_bytes(const wsync_engine_comm_t *c);
+
+/* ---- the engine ---------------------------------------------------------------------------- */
+
+struct wsync_engine {
+    wsync_model_config_t cfg;
+    wsync_engine_params_t p;
+    int64_t Hd, H, K, D, I, V, Vp, Vr, Hr, Kr, Ir, kr, L;
+    int blk;                        /* FP8 block, 0 without */
+
+    /* the rank's targets (layout order) and where each lives in a weight set */
+    wsync_target_t *targets;
+    size_t ntargets;
+    wse_slot_t *slots;
+    size_t set_bytes;
+    wse_set_t sets[2];              /* [1] only in shadow mode */
+    int nsets;
+    int active;                     /* index of the set in use */
+    wse_weights_t w;                /* views into sets[active] */
+    wse_layer_t *layers;
+
+    /* run state: allocated once; kv freed by sleep level >= 1 */
+    float *x, *xb, *xb2, *qkv, *att_out, *att, *hb, *hb2, *logits_local, *logits;
+    float *rope_cos, *rope_sin;     /* [max_seq, D/2] */
+    float *kcache, *vcache;         /* [L, max_seq, Kr * D] */
+    size_t kv_bytes;
+    int max_seq;
+    int sleeping;
+
+    /* the source of the last load (descriptions only), for wake after level 2 */
+    wsync_engine_tensor_t *src;
+    size_t nsrc;
+    char *src_names;
+    wsync_engine_st_t **files;      /* checkpoint files opened by wsync_engine_open */
+    size_t nfiles;
+
+    wsync_engine_token_fn on_token;
+    void *on_token_arg;
+
+    /* wsync */
+    wsync_ctx_t *ctx;
+    wsync_receiver_t *rv;
+    double sync_seconds;
+    /* shadow mode: the receiver thread lands into sets[spare] */
+    pthread_t thread;
+    int thread_running;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;                       /* the thread should exit */
+    uint64_t pending;               /* version landed in the spare set, 0 if none */
+    int repoint;                    /* the thread must point the targets at the spare set */
+    wsync_status_t thread_st;       /* first failure of the thread */
+    char thread_err[1024];
+};
+
+/* Point e->w at sets[e->active]. */
+void wse_weights_bind(wsync_engine_t *e);
+/* Point the receiver's targets at set s (from the thread that owns the receiver). */
+wsync_status_t wse_targets_point(wsync_engine_t *e, int s);
+wsync_status_t wse_set_alloc(wsync_engine_t *e, int s);
+void wse_set_free(wsync_engine_t *e, int s);
+wsync_status_t wse_load_into(wsync_engine_t *e, int s, const wsync_engine_tensor_t *t, size_t n);
+/* Stop the shadow thread (if running) and wait for it. */
+void wse_shadow_stop(wsync_engine_t *e);
+wsync_status_t wse_shadow_start(wsync_engine_t *e);
+/* Shadow mode: swap a version every rank has landed. Collective. *swapped set to 1 if done.
+ * strict: a failure of any rank's receiver thread is an error (else it is left for update). */
+wsync_status_t wse_shadow_take(wsync_engine_t *e, int strict, int *swapped);
+wsync_status_t wse_kv_alloc(wsync_engine_t *e);
+
+#endif

@@ -1,0 +1,814 @@
+/* The engine's model: its targets (wsync's TP layout of the rank), the weight sets that hold
+ * them, loading full checkpoint tensors into them, and the views forward reads. */
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/internal.h"
+
+#define ALIGN 64
+#define DEFAULT_BLOCK 128
+#define DEFAULT_MAX_SEQ 4096
+
+static size_t align_up(size_t n)
+{
+    return (n + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+/* ---- FP8 block quantization -------------------------------------------------------------- */
+
+wsync_status_t wsync_engine_quantize_block(const char *name, const float *x, int64_t rows,
+                                           int64_t cols, int block, uint8_t *q, float *scales)
+{
+    int64_t nbr, nbc;
+    float y[256];
+
+    if (x == NULL || q == NULL || scales == NULL || rows < 0 || cols < 0 || block < 1 ||
+        block > 256)
+        return wse_err(WSYNC_ERR_INVALID, "wsync_engine_quantize_block: bad argument (%s)",
+                       name != NULL ? name : "?");
+    nbr = (rows + block - 1) / block;
+    nbc = (cols + block - 1) / block;
+    for (int64_t bi = 0; bi < nbr; bi++) {
+        int64_t r0 = bi * block, r1 = r0 + block < rows ? r0 + block : rows;
+        for (int64_t bj = 0; bj < nbc; bj++) {
+            int64_t c0 = bj * block, c1 = c0 + block < cols ? c0 + block : cols;
+            float amax = 0.0f, s, inv;
+            for (int64_t i = r0; i < r1; i++) {
+                for (int64_t j = c0; j < c1; j++) {
+                    float a = fabsf(x[i * cols + j]);
+                    if (!isfinite(a))
+                        return wse_err(WSYNC_ERR_NONFINITE, "%s: %s at row %lld, column %lld",
+                                       name != NULL ? name : "?",
+                                       isnan(a) ? "NaN" : "Inf", (long long)i, (long long)j);
+                    amax = a > amax ? a : amax;
+                }
+            }
+            if (amax < 1e-4f)
+                amax = 1e-4f;
+            s = amax / 448.0f;
+            if (!(s >= 0x1p-126f))
+                s = 1.0f;
+            inv = 1.0f / s;
+            scales[bi * nbc + bj] = s;
+            for (int64_t i = r0; i < r1; i++) {
+                for (int64_t j = c0; j < c1; j++)
+                    y[j - c0] = x[i * cols + j] * inv;
+                wsync_fp8_from_f32(y, (size_t)(c1 - c0), WSYNC_DTYPE_F8E4M3FN, 1,
+                                   q + i * cols + c0);
+            }
+        }
+    }
+    return WSYNC_OK;
+}
+
+/* ---- targets and slots ------------------------------------------------------------------- */
+
+static const struct {
+    const char *suffix;
+    wse_role_t role;
+} layer_roles[] = {
+    {"input_layernorm.weight", WSE_IN_NORM},
+    {"post_attention_layernorm.weight", WSE_POST_NORM},
+    {"self_attn.q_norm.weight", WSE_Q_NORM},
+    {"self_attn.k_norm.weight", WSE_K_NORM},
+    {"self_attn.qkv_proj.weight", WSE_QKV},
+    {"self_attn.qkv_proj.bias", WSE_QKV_B},
+    {"self_attn.o_proj.weight", WSE_O},
+    {"self_attn.o_proj.bias", WSE_O_B},
+    {"mlp.gate_up_proj.weight", WSE_GATE_UP},
+    {"mlp.gate_up_proj.bias", WSE_GATE_UP_B},
+    {"mlp.down_proj.weight", WSE_DOWN},
+    {"mlp.down_proj.bias", WSE_DOWN_B},
+};
+
+static wsync_status_t role_of(const wsync_engine_t *e, const char *name, wse_role_t *role,
+                              int *layer)
+{
+    int l = -1, used = 0;
+
+    *layer = -1;
+    if (strcmp(name, "model.embed_tokens.weight") == 0)
+        return *role = WSE_EMBED, WSYNC_OK;
+    if (strcmp(name, "lm_head.weight") == 0)
+        return *role = WSE_LM_HEAD, WSYNC_OK;
+    if (strcmp(name, "model.norm.weight") == 0)
+        return *role = WSE_NORM, WSYNC_OK;
+    if (sscanf(name, "model.layers.%d.%n", &l, &used) == 1 && used > 0 && l >= 0 && l < e->L) {
+        for (size_t k = 0; k < sizeof(layer_roles) / sizeof(layer_roles[0]); k++) {
+            if (strcmp(name + used, layer_roles[k].suffix) == 0) {
+                *role = layer_roles[k].role;
+                *layer = l;
+                return WSYNC_OK;
+            }
+        }
+    }
+    return wse_err(WSYNC_ERR_UNSUPPORTED, "target '%s' is not one the engine knows", name);
+}
+
+/* The view of slot i in a set based at `base`. */
+static void bind_slot(wsync_engine_t *e, size_t i, uint8_t *base)
+{
+    const wse_slot_t *sl = &e->slots[i];
+    const wsync_target_t *t = &e->targets[i];
+    void *data = base != NULL ? base + sl->offset : NULL;
+    wse_vec_t v = {t->dtype, data};
+    wse_mat_t m = {t->dtype, data, NULL, t->shape[0], t->ndim > 1 ? t->shape[1] : 1, 0};
+    wse_layer_t *ly = sl->layer >= 0 ? &e->layers[sl->layer] : NULL;
+
+    if (sl->nscales > 0) {
+        m.s = base != NULL ? (const float *)(base + sl->scales_offset) : NULL;
+        m.blk = e->blk;
+    }
+    switch (sl->role) {
+    case WSE_EMBED:
+        e->w.embed = m;
+        if (e->cfg.tie_word_embeddings)
+            e->w.lm_head = m;
+        break;
+    case WSE_LM_HEAD: e->w.lm_head = m; break;
+    case WSE_NORM: e->w.norm = v; break;
+    case WSE_IN_NORM: ly->in_norm = v; break;
+    case WSE_POST_NORM: ly->post_norm = v; break;
+    case WSE_Q_NORM: ly->q_norm = v; break;
+    case WSE_K_NORM: ly->k_norm = v; break;
+    case WSE_QKV: ly->qkv = m; break;
+    case WSE_QKV_B: ly->qkv_b = v; break;
+    case WSE_O: ly->o = m; break;
+    case WSE_O_B: ly->o_b = v; break;
+    case WSE_GATE_UP: ly->gate_up = m; break;
+    case WSE_GATE_UP_B: ly->gate_up_b = v; break;
+    case WSE_DOWN: ly->down = m; break;
+    case WSE_DOWN_B: ly->down_b = v; break;
+    }
+}
+
+void wse_weights_bind(wsync_engine_t *e)
+{
+    uint8_t *base = e->sets[e->active].base;
+    for (size_t i = 0; i < e->ntargets; i++)
+        bind_slot(e, i, base);
+}
+
+wsync_status_t wse_set_alloc(wsync_engine_t *e, int s)
+{
+    void *p;
+
+    if (e->sets[s].base != NULL)
+        return WSYNC_OK;
+    p = mmap(NULL, e->set_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return wse_err(WSYNC_ERR_NOMEM, "TP rank %d: cannot map %zu bytes of weights: %s",
+                       e->p.tp_rank, e->set_bytes, strerror(errno));
+    e->sets[s].base = p;
+    e->sets[s].valid = 0;
+    e->sets[s].version = 0;
+    return WSYNC_OK;
+}
+
+void wse_set_free(wsync_engine_t *e, int s)
+{
+    if (e->sets[s].base != NULL)
+        munmap(e->sets[s].base, e->set_bytes);
+    e->sets[s].base = NULL;
+    e->sets[s].valid = 0;
+}
+
+/* Shape checks that keep forward's indexing safe whatever the layout returned. */
+static wsync_status_t check_slot_shape(const wsync_engine_t *e, size_t i)
+{
+    const wsync_target_t *t = &e->targets[i];
+    int64_t want0 = 0, want1 = 0;
+
+    switch (e->slots[i].role) {
+    case WSE_EMBED: case WSE_LM_HEAD: want0 = e->Vr; want1 = e->Hd; break;
+    case WSE_NORM: case WSE_IN_NORM: case WSE_POST_NORM: case WSE_O_B: case WSE_DOWN_B:
+        want0 = e->Hd; break;
+    case WSE_Q_NORM: case WSE_K_NORM: want0 = e->D; break;
+    case WSE_QKV: want0 = (e->Hr + 2 * e->Kr) * e->D; want1 = e->Hd; break;
+    case WSE_QKV_B: want0 = (e->Hr + 2 * e->Kr) * e->D; break;
+    case WSE_O: want0 = e->Hd; want1 = e->Hr * e->D; break;
+    case WSE_GATE_UP: want0 = 2 * e->Ir; want1 = e->Hd; break;
+    case WSE_GATE_UP_B: want0 = 2 * e->Ir; break;
+    case WSE_DOWN: want0 = e->Hd; want1 = e->Ir; break;
+    }
+    if (t->ndim != (want1 ? 2 : 1) || t->shape[0] != want0 || (want1 && t->shape[1] != want1))
+        return wse_err(WSYNC_ERR_CONFIG, "target '%s' has an unexpected shape [%lld%s%lld] "
+                       "(expected [%lld%s%lld])", t->name, (long long)t->shape[0],
+                       t->ndim > 1 ? ", " : "", t->ndim > 1 ? (long long)t->shape[1] : 0LL,
+                       (long long)want0, want1 ? ", " : "", want1 ? (long long)want1 : 0LL);
+    if (t->dtype != WSYNC_DTYPE_BF16 && t->dtype != WSYNC_DTYPE_F16 &&
+        t->dtype != WSYNC_DTYPE_F32 && t->dtype != WSYNC_DTYPE_F8E4M3FN)
+        return wse_err(WSYNC_ERR_UNSUPPORTED, "target '%s' is %s, which the engine cannot compute "
+                       "with", t->name, wsync_dtype_name(t->dtype));
+    return WSYNC_OK;
+}
+
+static wsync_status_t runstate_alloc(wsync_engine_t *e)
+{
+    int64_t nq = (e->Hr + 2 * e->Kr) * e->D;
+    size_t half = (size_t)(e->D / 2);
+    struct { float **p; size_t n; } bufs[] = {
+        {&e->x, (size_t)e->Hd}, {&e->xb, (size_t)e->Hd}, {&e->xb2, (size_t)e->Hd},
+        {&e->qkv, (size_t)nq}, {&e->att_out, (size_t)(e->Hr * e->D)},
+        {&e->att, (size_t)e->Hr * (size_t)e->max_seq}, {&e->hb, (size_t)(2 * e->Ir)},
+        {&e->hb2, (size_t)e->Ir}, {&e->logits_local, (size_t)e->Vr},
+        {&e->logits, (size_t)(e->Vr * e->p.tp_size)},
+        {&e->rope_cos, (size_t)e->max_seq * half}, {&e->rope_sin, (size_t)e->max_seq * half},
+    };
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
+        *bufs[i].p = calloc(bufs[i].n ? bufs[i].n : 1, sizeof(float));
+        if (*bufs[i].p == NULL)
+            return wse_err(WSYNC_ERR_NOMEM, "no memory for the run state");
+    }
+    /* HF's default RoPE: inv_freq[i] = theta^(-2i/D), angle = pos * inv_freq[i] in float32.
+     * inv_freq is a module buffer, so a model loaded in bf16 (or f16) holds it in that dtype
+     * and upcasts it; HF's reference logits agree to 1e-6 only with that rounding. */
+    for (int pos = 0; pos < e->max_seq; pos++) {
+        for (size_t i = 0; i < half; i++) {
+            double inv = pow(e->cfg.rope_theta, -(double)(2 * i) / (double)e->D);
+            float freq = (float)inv;
+            if (e->cfg.dtype == WSYNC_DTYPE_BF16)
+                freq = wse_bf16_to_f32(wse_f32_to_bf16(freq));
+            else if (e->cfg.dtype == WSYNC_DTYPE_F16)
+                freq = wse_f16_to_f32(wse_f32_to_f16(freq));
+            float ang = (float)pos * freq;   /* float32, as HF computes it */
+            e->rope_cos[(size_t)pos * half + i] = cosf(ang);
+            e->rope_sin[(size_t)pos * half + i] = sinf(ang);
+        }
+    }
+    return wse_kv_alloc(e);
+}
+
+wsync_status_t wse_kv_alloc(wsync_engine_t *e)
+{
+    if (e->kcache != NULL)
+        return WSYNC_OK;
+    e->kv_bytes = (size_t)e->L * (size_t)e->max_seq * (size_t)(e->Kr * e->D) * sizeof(float);
+    e->kcache = malloc(e->kv_bytes ? e->kv_bytes : 1);
+    e->vcache = malloc(e->kv_bytes ? e->kv_bytes : 1);
+    if (e->kcache == NULL || e->vcache == NULL) {
+        free(e->kcache);
+        free(e->vcache);
+        e->kcache = e->vcache = NULL;
+        return wse_err(WSYNC_ERR_NOMEM, "no memory for the KV cache (%zu bytes)", 2 * e->kv_bytes);
+    }
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_engine_create(const wsync_model_config_t *cfg,
+                                   const wsync_engine_params_t *params, wsync_engine_t **out)
+{
+    wsync_engine_params_t p = WSYNC_ENGINE_PARAMS_INIT;
+    wsync_tp_options_t opts = WSYNC_TP_OPTIONS_INIT;
+    wsync_engine_t *e;
+    wsync_status_t st;
+    size_t off = 0;
+    int T, r;
+
+    if (cfg == NULL || out == NULL)
+        return wse_err(WSYNC_ERR_INVALID, "wsync_engine_create: NULL argument");
+    if (params != NULL)
+        p = *params;
+    T = p.tp_size;
+    r = p.tp_rank;
+    if (T < 1 || T > WSYNC_ENGINE_MAX_TP || r < 0 || r >= T)
+        return wse_err(WSYNC_ERR_INVALID, "TP rank %d of %d: need 1 <= tp_size <= %d and "
+                       "0 <= tp_rank < tp_size", r, T, WSYNC_ENGINE_MAX_TP);
+    if (T > 1 && p.comm == NULL)
+        return wse_err(WSYNC_ERR_INVALID, "TP size %d needs a communicator "
+                       "(wsync_engine_comm_create before fork)", T);
+    if (p.quant != WSYNC_ENGINE_QUANT_NONE && p.quant != WSYNC_ENGINE_QUANT_FP8_BLOCK)
+        return wse_err(WSYNC_ERR_INVALID, "unknown quantization %d", (int)p.quant);
+    if (p.fp8_block < 0 || p.fp8_block > 256)
+        return wse_err(WSYNC_ERR_INVALID, "fp8_block %d is outside [1, 256]", p.fp8_block);
+    if (p.mode != WSYNC_ENGINE_IN_PLACE && p.mode != WSYNC_ENGINE_SHADOW)
+        return wse_err(WSYNC_ERR_INVALID, "unknown mode %d", (int)p.mode);
+    if (p.max_seq < 0)
+        return wse_err(WSYNC_ERR_INVALID, "max_seq %d is negative", p.max_seq);
+    st = wsync_model_config_check(cfg);
+    if (st != WSYNC_OK)
+        return wse_err_wsync(st, "model config");
+
+    e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return wse_err(WSYNC_ERR_NOMEM, "no memory for an engine");
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->cfg = *cfg;
+    e->p = p;
+    e->Hd = cfg->hidden_size;
+    e->H = cfg->num_attention_heads;
+    e->K = cfg->num_key_value_heads;
+    e->D = cfg->head_dim;
+    e->I = cfg->intermediate_size;
+    e->V = cfg->vocab_size;
+    e->L = cfg->num_hidden_layers;
+    {
+        int64_t pad = p.vocab_pad > 0 ? p.vocab_pad : 64;
+        e->Vp = (e->V + pad - 1) / pad * pad;
+    }
+    /* the layout refuses what does not divide; these are only used once it accepted */
+    e->Vr = e->Vp / T;
+    e->Hr = e->H / T;
+    e->Kr = e->K >= T ? e->K / T : 1;
+    e->kr = e->K >= T ? r : r / (T / e->K);
+    e->Ir = e->I / T;
+    e->blk = p.quant == WSYNC_ENGINE_QUANT_FP8_BLOCK ? (p.fp8_block ? p.fp8_block : DEFAULT_BLOCK) : 0;
+    e->max_seq = p.max_seq > 0 ? p.max_seq
+                 : (int)(cfg->max_position_embeddings < DEFAULT_MAX_SEQ
+                             ? cfg->max_position_embeddings : DEFAULT_MAX_SEQ);
+    e->nsets = p.mode == WSYNC_ENGINE_SHADOW ? 2 : 1;
+    if (e->D % 2 != 0) {
+        st = wse_err(WSYNC_ERR_CONFIG, "head_dim %lld is odd; rotary embeddings need it even",
+                     (long long)e->D);
+        goto err;
+    }
+
+    opts.param_dtype = p.param_dtype;
+    opts.dtype = p.dtype ? p.dtype : WSYNC_DTYPE_BF16;
+    opts.vocab_pad = p.vocab_pad;
+    if (e->blk) {
+        opts.quant.scheme = WSYNC_QUANT_BLOCK;
+        opts.quant.block_rows = opts.quant.block_cols = e->blk;
+        opts.quant_dtype = WSYNC_DTYPE_F8E4M3FN;
+    }
+    st = wsync_layout_tp_targets(cfg, r, T, &opts, &e->targets, &e->ntargets);
+    if (st != WSYNC_OK) {
+        char what[96];
+        snprintf(what, sizeof(what), "TP rank %d of %d%s", r, T,
+                 e->blk ? " with FP8 blocks" : "");
+        wse_err_wsync(st, what);
+        goto err;
+    }
+    e->layers = calloc((size_t)e->L, sizeof(*e->layers));
+    e->slots = calloc(e->ntargets, sizeof(*e->slots));
+    e->w.layers = e->layers;
+    if (e->layers == NULL || e->slots == NULL) {
+        st = wse_err(WSYNC_ERR_NOMEM, "no memory for the weights");
+        goto err;
+    }
+    for (size_t i = 0; i < e->ntargets; i++) {
+        wse_slot_t *sl = &e->slots[i];
+        if ((st = role_of(e, e->targets[i].name, &sl->role, &sl->layer)) != WSYNC_OK ||
+            (st = check_slot_shape(e, i)) != WSYNC_OK)
+            goto err;
+        sl->bytes = wsync_target_bytes(&e->targets[i]);
+        sl->offset = off;
+        off += align_up(sl->bytes);
+        if (e->targets[i].dtype == WSYNC_DTYPE_F8E4M3FN) {
+            sl->nscales = wsync_target_scale_count(&e->targets[i]);
+            sl->scales_offset = off;
+            off += align_up(sl->nscales * sizeof(float));
+        }
+    }
+    e->set_bytes = off ? off : ALIGN;
+    /* every weight forward reads must exist */
+    {
+        unsigned model_roles = 0, *layer_roles_seen = calloc((size_t)e->L, sizeof(unsigned));
+        unsigned need = 1u << WSE_IN_NORM | 1u << WSE_POST_NORM | 1u << WSE_QKV | 1u << WSE_O |
+                        1u << WSE_GATE_UP | 1u << WSE_DOWN;
+        const char *missing = NULL;
+        if (layer_roles_seen == NULL) {
+            st = wse_err(WSYNC_ERR_NOMEM, "no memory for the weights");
+            goto err;
+        }
+        if (cfg->qk_norm)
+            need |= 1u << WSE_Q_NORM | 1u << WSE_K_NORM;
+        for (size_t i = 0; i < e->ntargets; i++) {
+            if (e->slots[i].layer >= 0)
+                layer_roles_seen[e->slots[i].layer] |= 1u << e->slots[i].role;
+            else
+                model_roles |= 1u << e->slots[i].role;
+        }
+        if (!(model_roles & 1u << WSE_EMBED))
+            missing = "model.embed_tokens.weight";
+        else if (!cfg->tie_word_embeddings && !(model_roles & 1u << WSE_LM_HEAD))
+            missing = "lm_head.weight";
+        else if (!(model_roles & 1u << WSE_NORM))
+            missing = "model.norm.weight";
+        for (int64_t l = 0; l < e->L && missing == NULL; l++)
+            if ((layer_roles_seen[l] & need) != need)
+                missing = "a layer's weights";
+        free(layer_roles_seen);
+        if (missing != NULL) {
+            st = wse_err(WSYNC_ERR_CONFIG, "the layout gave no target for %s", missing);
+            goto err;
+        }
+    }
+    for (int s = 0; s < e->nsets; s++)
+        if ((st = wse_set_alloc(e, s)) != WSYNC_OK)
+            goto err;
+    e->active = 0;
+    wse_weights_bind(e);
+    if ((st = runstate_alloc(e)) != WSYNC_OK)
+        goto err;
+    if (T > 1) {
+        size_t need = (size_t)(e->Hd > e->Vr ? e->Hd : e->Vr) * sizeof(float);
+        if (need > wse_comm_slot_bytes(p.comm)) {
+            st = wse_err(WSYNC_ERR_INVALID, "the communicator's slots hold %zu bytes, TP rank %d "
+                         "needs %zu (was it made for this model and vocab_pad?)",
+                         wse_comm_slot_bytes(p.comm), r, need);
+            goto err;
+        }
+        if ((st = wse_comm_join(p.comm, r)) != WSYNC_OK)
+            goto err;
+    }
+    *out = e;
+    return WSYNC_OK;
+err:
+    wsync_engine_free(e);
+    return st;
+}
+
+/* ---- loading full tensors ---------------------------------------------------------------- */
+
+static const wsync_engine_tensor_t *find_tensor(const wsync_engine_tensor_t *t, size_t n,
+                                                const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (t[i].name != NULL && strcmp(t[i].name, name) == 0)
+            return &t[i];
+    return NULL;
+}
+
+static void shape_text(char *buf, size_t len, int ndim, const int64_t *shape)
+{
+    size_t n = 0;
+    n += (size_t)snprintf(buf + n, len - n, "[");
+    for (int d = 0; d < ndim && n < len; d++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (n < len)
+        snprintf(buf + n, len - n, "]");
+}
+
+/* Copy piece pc of a target from tensor src into dst (a [rows, cols] array of dtype dd). */
+static wsync_status_t copy_piece(const wsync_target_t *t, const wsync_piece_t *pc,
+                                 const wsync_engine_tensor_t *src, wsync_dtype_t dd, void *dst)
+{
+    int64_t cols = t->ndim > 1 ? t->shape[1] : 1;
+    int64_t scols = src->ndim > 1 ? src->shape[1] : 1;
+    int64_t nr = pc->src.len[0], nc = t->ndim > 1 ? pc->src.len[1] : 1;
+    int64_t sr0 = pc->src.start[0], sc0 = t->ndim > 1 ? pc->src.start[1] : 0;
+    int64_t dr0 = pc->dst_start[0], dc0 = t->ndim > 1 ? pc->dst_start[1] : 0;
+    size_t esz = wsync_dtype_size(dd);
+
+    if (t->ndim > 2)
+        return wse_err(WSYNC_ERR_UNSUPPORTED, "target '%s' has %d dimensions", t->name, t->ndim);
+    for (int64_t i = 0; i < nr; i++) {
+        const uint8_t *s = (const uint8_t *)src->data +
+                           ((size_t)((sr0 + i) * scols + sc0)) * wsync_dtype_size(src->dtype);
+        size_t di = (size_t)((dr0 + i) * cols + dc0);
+        if (src->dtype == dd) {
+            memcpy((uint8_t *)dst + di * esz, s, (size_t)nc * esz);
+            continue;
+        }
+        for (int64_t j = 0; j < nc; j++)
+            wse_store(dd, dst, di + (size_t)j, wse_load(src->dtype, s, (size_t)j));
+    }
+    return WSYNC_OK;
+}
+
+wsync_status_t wse_load_into(wsync_engine_t *e, int s, const wsync_engine_tensor_t *tensors,
+                             size_t n)
+{
+    uint8_t *base = e->sets[s].base;
+    float *stage = NULL;
+    size_t stage_cap = 0;
+    wsync_status_t st = WSYNC_OK;
+    char a[96], b[96];
+
+    if (base == NULL)
+        return wse_err(WSYNC_ERR_STATE, "TP rank %d: the weights are freed (asleep)", e->p.tp_rank);
+    e->sets[s].valid = 0;
+    for (size_t i = 0; i < e->ntargets && st == WSYNC_OK; i++) {
+        const wsync_target_t *t = &e->targets[i];
+        const wse_slot_t *sl = &e->slots[i];
+        int fp8 = t->dtype == WSYNC_DTYPE_F8E4M3FN;
+        size_t elems = (size_t)t->shape[0] * (size_t)(t->ndim > 1 ? t->shape[1] : 1);
+        void *dst = base + sl->offset;
+
+        if (fp8) {
+            if (elems > stage_cap) {
+                free(stage);
+                stage_cap = elems;
+                stage = malloc(stage_cap * sizeof(float));
+                if (stage == NULL) {
+                    st = wse_err(WSYNC_ERR_NOMEM, "no memory to quantize '%s'", t->name);
+                    break;
+                }
+            }
+            memset(stage, 0, elems * sizeof(float));
+            dst = stage;
+        } else {
+            memset(dst, 0, sl->bytes);   /* rows no piece covers (vocab padding) are zero */
+        }
+        for (int k = 0; k < t->npieces && st == WSYNC_OK; k++) {
+            const wsync_piece_t *pc = &t->pieces[k];
+            const wsync_engine_tensor_t *src = find_tensor(tensors, n, pc->param.name);
+            int same = src != NULL && src->ndim == pc->param.ndim;
+            for (int d = 0; same && d < src->ndim; d++)
+                same = src->shape[d] == pc->param.shape[d];
+            if (src == NULL) {
+                st = wse_err(WSYNC_ERR_NOT_FOUND, "the checkpoint has no tensor '%s' (needed for "
+                             "target '%s')", pc->param.name, t->name);
+            } else if (src->dtype != WSYNC_DTYPE_BF16 && src->dtype != WSYNC_DTYPE_F16 &&
+                       src->dtype != WSYNC_DTYPE_F32) {
+                st = wse_err(WSYNC_ERR_UNSUPPORTED, "tensor '%s' has dtype %s, which the engine "
+                             "cannot read (BF16, F16 or F32)", src->name,
+                             src->dtype_name != NULL ? src->dtype_name
+                                                     : wsync_dtype_name(src->dtype));
+            } else if (!same) {
+                shape_text(a, sizeof(a), src->ndim, src->shape);
+                shape_text(b, sizeof(b), pc->param.ndim, pc->param.shape);
+                st = wse_err(WSYNC_ERR_CONFIG, "tensor '%s' is %s in the checkpoint, but the "
+                             "config implies %s", src->name, a, b);
+            } else if (src->data == NULL && src->nbytes > 0) {
+                st = wse_err(WSYNC_ERR_INVALID, "tensor '%s' has no data", src->name);
+            } else {
+                st = copy_piece(t, pc, src, fp8 ? WSYNC_DTYPE_F32 : t->dtype, dst);
+            }
+        }
+        if (st == WSYNC_OK && fp8)
+            st = wsync_engine_quantize_block(t->name, stage, t->shape[0], t->shape[1], e->blk,
+                                             base + sl->offset,
+                                             (float *)(base + sl->scales_offset));
+    }
+    free(stage);
+    if (st == WSYNC_OK) {
+        e->sets[s].valid = 1;
+        e->sets[s].version = 0;
+    }
+    return st;
+}
+
+/* Keep the descriptions of the source (not its data) for a reload after a level-2 sleep. */
+static wsync_status_t keep_source(wsync_engine_t *e, const wsync_engine_tensor_t *t, size_t n)
+{
+    size_t bytes = 0;
+    wsync_engine_tensor_t *copy;
+    char *names, *p;
+
+    if (t == e->src)
+        return WSYNC_OK;
+    for (size_t i = 0; i < n; i++)
+        bytes += (t[i].name != NULL ? strlen(t[i].name) : 0) + 1;
+    copy = calloc(n ? n : 1, sizeof(*copy));
+    names = malloc(bytes ? bytes : 1);
+    if (copy == NULL || names == NULL) {
+        free(copy);
+        free(names);
+        return wse_err(WSYNC_ERR_NOMEM, "no memory for %zu tensor descriptions", n);
+    }
+    p = names;
+    for (size_t i = 0; i < n; i++) {
+        copy[i] = t[i];
+        strcpy(p, t[i].name != NULL ? t[i].name : "");
+        copy[i].name = p;
+        p += strlen(p) + 1;
+    }
+    free(e->src);
+    free(e->src_names);
+    e->src = copy;
+    e->src_names = names;
+    e->nsrc = n;
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_engine_load(wsync_engine_t *e, const wsync_engine_tensor_t *tensors, size_t n)
+{
+    wsync_status_t st;
+
+    if (e == NULL || (tensors == NULL && n > 0))
+        return wse_err(WSYNC_ERR_INVALID, "wsync_engine_load: NULL argument");
+    if (e->sleeping >= 2)
+        return wse_err(WSYNC_ERR_STATE, "TP rank %d is asleep (level 2): wake it first",
+                       e->p.tp_rank);
+    if (e->thread_running)
+        return wse_err(WSYNC_ERR_STATE, "TP rank %d: cannot load from tensors while attached in "
+                       "shadow mode", e->p.tp_rank);
+    if ((st = keep_source(e, tensors, n)) != WSYNC_OK)
+        return st;
+    st = wse_load_into(e, e->active, e->src, e->nsrc);
+    if (st == WSYNC_OK)
+        wse_weights_bind(e);
+    return st;
+}
+
+/* ---- opening an HF directory -------------------------------------------------------------- */
+
+static int file_exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* The shard files named by model.safetensors.index.json, each once. */
+static wsync_status_t index_files(const char *dir, const char *index, char ***files, size_t *n)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr), *map, *v;
+    const char *key;
+    char **out = NULL;
+    size_t cnt = 0;
+
+    if (root == NULL)
+        return wse_err(WSYNC_ERR_INVALID, "%s: not valid JSON (line %d: %s)", index, jerr.line,
+                       jerr.text);
+    map = json_object_get(root, "weight_map");
+    if (!json_is_object(map)) {
+        json_decref(root);
+        return wse_err(WSYNC_ERR_INVALID, "%s: no 'weight_map' object", index);
+    }
+    out = calloc(json_object_size(map) + 1, sizeof(*out));
+    if (out == NULL) {
+        json_decref(root);
+        return wse_err(WSYNC_ERR_NOMEM, "%s", index);
+    }
+    json_object_foreach(map, key, v) {
+        const char *f = json_string_value(v);
+        size_t k;
+        if (f == NULL || strchr(f, '/') != NULL || f[0] == '.') {
+            for (k = 0; k < cnt; k++)
+                free(out[k]);
+            free(out);
+            json_decref(root);
+            return wse_err(WSYNC_ERR_INVALID, "%s: weight_map['%s'] is not a file name in %s",
+                           index, key, dir);
+        }
+        for (k = 0; k < cnt && strcmp(strrchr(out[k], '/') + 1, f) != 0; k++)
+            ;
+        if (k < cnt)
+            continue;
+        size_t len = strlen(dir) + strlen(f) + 2;
+        out[cnt] = malloc(len);
+        if (out[cnt] != NULL)
+            snprintf(out[cnt++], len, "%s/%s", dir, f);
+    }
+    json_decref(root);
+    *files = out;
+    *n = cnt;
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_engine_open(const char *dir, const wsync_engine_params_t *params,
+                                 wsync_engine_t **out)
+{
+    char path[4096], index[4096];
+    wsync_model_config_t cfg;
+    wsync_engine_t *e = NULL;
+    wsync_engine_st_t **files = NULL;
+    wsync_engine_tensor_t *all = NULL;
+    char **names = NULL;
+    size_t nfiles = 0, total = 0;
+    wsync_status_t st;
+
+    if (dir == NULL || out == NULL)
+        return wse_err(WSYNC_ERR_INVALID, "wsync_engine_open: NULL argument");
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    st = wsync_model_config_load(path, &cfg);
+    if (st != WSYNC_OK)
+        return wse_err_wsync(st, "model config");
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    snprintf(index, sizeof(index), "%s/model.safetensors.index.json", dir);
+    if (file_exists(path)) {
+        names = calloc(2, sizeof(*names));
+        if (names == NULL || (names[0] = strdup(path)) == NULL) {
+            free(names);
+            return wse_err(WSYNC_ERR_NOMEM, "%s", path);
+        }
+        nfiles = 1;
+    } else if (file_exists(index)) {
+        if ((st = index_files(dir, index, &names, &nfiles)) != WSYNC_OK)
+            return st;
+    } else {
+        return wse_err(WSYNC_ERR_NOT_FOUND, "%s has neither model.safetensors nor "
+                       "model.safetensors.index.json", dir);
+    }
+    files = calloc(nfiles + 1, sizeof(*files));
+    if (files == NULL) {
+        st = wse_err(WSYNC_ERR_NOMEM, "%s", dir);
+        goto out;
+    }
+    for (size_t i = 0; i < nfiles; i++) {
+        if ((st = wsync_engine_st_open(names[i], &files[i])) != WSYNC_OK)
+            goto out;
+        total += wsync_engine_st_count(files[i]);
+    }
+    all = calloc(total + 1, sizeof(*all));
+    if (all == NULL) {
+        st = wse_err(WSYNC_ERR_NOMEM, "%s", dir);
+        goto out;
+    }
+    total = 0;
+    for (size_t i = 0; i < nfiles; i++) {
+        const wsync_engine_tensor_t *t = wsync_engine_st_tensors(files[i]);
+        for (size_t k = 0; k < wsync_engine_st_count(files[i]); k++) {
+            if (find_tensor(all, total, t[k].name) != NULL) {
+                st = wse_err(WSYNC_ERR_INVALID, "tensor '%s' is in two checkpoint files (%s)",
+                             t[k].name, names[i]);
+                goto out;
+            }
+            all[total++] = t[k];
+        }
+    }
+    if ((st = wsync_engine_create(&cfg, params, &e)) != WSYNC_OK)
+        goto out;
+    if ((st = wsync_engine_load(e, all, total)) != WSYNC_OK)
+        goto out;
+    e->files = files;
+    e->nfiles = nfiles;
+    files = NULL;
+    *out = e;
+    e = NULL;
+out:
+    wsync_engine_free(e);
+    if (files != NULL)
+        for (size_t i = 0; i < nfiles; i++)
+            wsync_engine_st_close(files[i]);
+    free(files);
+    free(all);
+    for (size_t i = 0; names != NULL && i < nfiles; i++)
+        free(names[i]);
+    free(names);
+    return st;
+}
+
+/* ---- accessors and teardown --------------------------------------------------------------- */
+
+const wsync_model_config_t *wsync_engine_config(const wsync_engine_t *e)
+{
+    return e != NULL ? &e->cfg : NULL;
+}
+
+size_t wsync_engine_weight_count(const wsync_engine_t *e)
+{
+    return e != NULL ? e->ntargets : 0;
+}
+
+wsync_status_t wsync_engine_weight(const wsync_engine_t *e, size_t i, wsync_engine_weight_t *w)
+{
+    const wsync_target_t *t;
+    uint8_t *base;
+
+    if (e == NULL || w == NULL)
+        return wse_err(WSYNC_ERR_INVALID, "wsync_engine_weight: NULL argument");
+    if (i >= e->ntargets)
+        return wse_err(WSYNC_ERR_RANGE, "weight %zu of %zu", i, e->ntargets);
+    base = e->sets[e->active].base;
+    if (base == NULL)
+        return wse_err(WSYNC_ERR_STATE, "TP rank %d: the weights are freed (asleep)",
+                       e->p.tp_rank);
+    t = &e->targets[i];
+    memset(w, 0, sizeof(*w));
+    w->name = t->name;
+    w->dtype = t->dtype;
+    w->ndim = t->ndim;
+    memcpy(w->shape, t->shape, sizeof(w->shape));
+    w->data = base + e->slots[i].offset;
+    w->bytes = e->slots[i].bytes;
+    if (e->slots[i].nscales > 0) {
+        w->scales = (float *)(base + e->slots[i].scales_offset);
+        w->nscales = e->slots[i].nscales;
+        w->block = e->blk;
+    }
+    return WSYNC_OK;
+}
+
+void wsync_engine_free(wsync_engine_t *e)
+{
+    if (e == NULL)
+        return;
+    wse_shadow_stop(e);
+    wsync_receiver_free(e->rv);   /* before the buffers it writes */
+    for (int s = 0; s < 2; s++)
+        wse_set_free(e, s);
+    float *bufs[] = {e->x, e->xb, e->xb2, e->qkv, e->att_out, e->att, e->hb, e->hb2,
+                     e->logits_local, e->logits, e->rope_cos, e->rope_sin, e->kcache, e->vcache};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        free(bufs[i]);
+    if (e->targets != NULL) {
+        for (size_t i = 0; i < e->ntargets; i++) {
+            e->targets[i].data = NULL;
+            e->targets[i].quant.scales = NULL;
+        }
+        wsync_layout_targets_free(e->targets, e->ntargets);
+    }
+    free(e->slots);
+    free(e->layers);
+    free(e->src);
+    free(e->src_names);
+    for (size_t i = 0; i < e->nfiles; i++)
+        wsync_engine_st_close(e->files[i]);
+    free(e->files);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
