@@ -274,6 +274,7 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
             e.shards[i].addr = (uint64_t)(uintptr_t)sl->base + st->shard_off[i];
         }
         sl->version = version;
+        s->stats.bytes_delivered = st->total;   /* published: readers take what they need later */
         e.nregions = 1;
         e.regions[0].base = (uint64_t)(uintptr_t)sl->base;
         e.regions[0].len = sl->bytes;
@@ -281,6 +282,7 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
         e.regions[0].rkey_len = (uint32_t)sl->rkey_len;
         s->stats.bytes_packed += st->total;
     } else {
+        s->stats.bytes_delivered = st->total;
         e.nregions = (uint32_t)s->nshards;
         for (size_t i = 0; i < s->nshards; i++) {
             e.regions[i].base = (uint64_t)(uintptr_t)st->slots[i].base;

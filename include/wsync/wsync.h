@@ -308,7 +308,8 @@ const char *wsync_sender_coordinator(const wsync_sender_t *sender);
 typedef struct {
     uint64_t version;
     uint64_t bytes_packed;    /* bytes this sender staged into buckets */
-    uint64_t bytes_delivered; /* bytes copied into all receivers' targets, from this sender */
+    uint64_t bytes_delivered; /* bytes copied into all receivers' targets, from this sender
+                                 (store: bytes published, which readers fetch later) */
     uint64_t buckets;         /* buckets this sender filled */
     double seconds;           /* push call to every receiver committed */
 } wsync_push_stats_t;
