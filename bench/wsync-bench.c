@@ -1,16 +1,28 @@
-/* wsync-bench: time wsync_sender_push on this machine, one sender process and R receiver
- * processes, against one core's memcpy bandwidth measured in the same run.
+/* wsync-bench: time wsync on this machine against the same work done without wsync, measured in
+ * the same run.
  *
- * The parent forks every child before any wsync object exists (a process with wsync threads is
- * never forked), then only watches: the sender child sends its timings back through a pipe, the
- * receivers check the bytes they got against hashes the sender left in a shared page, and the
- * parent kills everyone if a child fails or the deadline passes. */
+ *  - ipc: one sender process and R receiver processes; times wsync_sender_push against one core's
+ *    memcpy bandwidth.
+ *  - store: one sender process (the store's publisher, snapshot mode) and R receiver processes
+ *    over UCX or libfabric; times each receiver's wsync_receiver_fetch of a published version
+ *    against a raw get loop over the same transport (1 owner process, R reader processes).
+ *
+ * The parent forks every child before any wsync object exists (a process with wsync or transport
+ * threads is never forked), then only watches: children send their timings back through a pipe
+ * or a shared page, the receivers check the bytes they got against hashes the sender left in the
+ * shared page, and the parent kills everyone if a child fails or the deadline passes. */
 #include "wsync/wsync.h"
+/* The one internal header of the bench: the store's baseline is, by definition, the transport
+ * without wsync, so it drives the very RMA transport the store uses (transports/rma.h: open,
+ * connect, register, get, flush) with no coordinator, plan, directory or lease around it. */
+#include "transports/rma.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -23,6 +35,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,9 +45,16 @@
 #define MIB (1024.0 * 1024.0)
 #define MAX_RECEIVERS 256
 #define MAX_PARAMS 65536
+#define MAX_VERSIONS 100000          /* store: warmup + iters, bounded by the shared page */
+#define STORE_KEEP_VERSIONS 2        /* the library's default, set explicitly */
+#define RAW_GET_BYTES ((size_t)1 << 20)
+#define RAW_WARMUP 1
+#define RAW_RUNS 3
 
 typedef struct {
-    const char *scheme;      /* "ipc" or "auto" */
+    const char *scheme;      /* "ipc", "auto" or "store" */
+    int store;               /* scheme is store */
+    const char *transport;   /* store: "ucx" or "ofi" */
     int receivers;
     uint64_t bytes;          /* total over all params */
     uint64_t bucket_bytes;
@@ -44,13 +64,28 @@ typedef struct {
     int private_mem;         /* --source private: plain malloc'd weights, staged in buckets */
 } bench_opts_t;
 
-/* What the sender leaves for the receivers: one xxh3 per param, then ready = 1. Mapped shared
- * by the parent before forking. */
+/* The page every process shares, mapped by the parent before forking. The sender leaves one xxh3
+ * per param, then ready = 1; the store's run also meets here (see bench_store_shm_t). */
 typedef struct {
     atomic_int ready;
     int nparams;
+    /* store: the last version published, receivers that finished (bytes checked, receiver
+     * freed), the raw readers' barrier (one counter per run) and the raw transport's words */
+    atomic_int published;
+    atomic_int done;
+    atomic_int raw_arrived[RAW_WARMUP + RAW_RUNS];
+    char raw_info[256];
     uint64_t hash[];
 } bench_shared_t;
+
+/* Arrays of the store's run, in a second shared mapping (also made before forking). */
+typedef struct {
+    atomic_int *fetched;     /* [versions + 1]: receivers that fetched version v */
+    double *fetch_s;         /* [versions * R]: seconds of version v's fetch by receiver r */
+    double *raw_s;           /* [RAW_RUNS * R]: seconds of timed raw run k by reader r */
+    void *base;
+    size_t len;
+} bench_store_shm_t;
 
 /* Param i of the benchmark model: a [rows, cols] bf16 matrix, params split bytes evenly. */
 typedef struct {
@@ -67,35 +102,86 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* A flush deadline `s` seconds from now. rma.h takes deadlines on wsync_now_ms's clock, which is
+ * CLOCK_MONOTONIC in ms (core/util.h); computed here so as to need no second internal header. */
+static int64_t rma_deadline_in(int s)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + (int64_t)s * 1000;
+}
+
+/* The children wait for each other on counters of the shared page, which only grow. A waiter
+ * sleeps in the kernel (a futex on the shared page), so that waiting takes no core from the
+ * processes being timed: the store's sender, say, waits while its transport thread serves the
+ * reads, and a 50 us polling loop cost a fifth of a core on the 2-core VM. The parent's deadline
+ * bounds every wait; the timeout only makes the waiter look again now and then. */
+static void wait_at_least(atomic_int *word, int target)
+{
+    for (;;) {
+        int seen = atomic_load_explicit(word, memory_order_acquire);
+        if (seen >= target)
+            return;
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        syscall(SYS_futex, (int *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
+    }
+}
+
+static void wake_all(atomic_int *word)
+{
+    syscall(SYS_futex, (int *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void count_up(atomic_int *word)
+{
+    atomic_fetch_add_explicit(word, 1, memory_order_acq_rel);
+    wake_all(word);
+}
+
 static void usage(FILE *out)
 {
     fprintf(out,
             "usage: " PROG " --scheme ipc --mem host --receivers R --bytes N [options]\n"
+            "       " PROG " --scheme store --transport ucx|ofi --mem host --receivers R\n"
+            "                   --bytes N [options]\n"
             "\n"
-            "Runs one sender process and R receiver processes on this machine, pushes versions\n"
-            "1..W+K of N bytes of bf16 weights, and reports the median push time, the GB/s\n"
-            "delivered to each receiver (GB = 1e9 bytes), one core's memcpy GB/s for N bytes\n"
-            "measured in the same run, and their ratio. Every receiver checks its bytes against\n"
-            "the sender's (xxh3); a mismatch fails the run.\n"
+            "ipc: runs one sender process and R receiver processes on this machine, pushes\n"
+            "versions 1..W+K of N bytes of bf16 weights, and reports the median push time, the\n"
+            "GB/s delivered to each receiver (GB = 1e9 bytes), one core's memcpy GB/s for N\n"
+            "bytes measured in the same run, and their ratio.\n"
             "\n"
-            "  --scheme S       ipc (or auto: let the library choose); nccl and store are not\n"
+            "store: first measures the transport without wsync (one owner process registers N\n"
+            "bytes, R reader processes each get all of them at once in 1 MiB gets: one warm-up,\n"
+            "then the median of 3 runs), then runs the store: one sender publishes versions\n"
+            "1..W+K (snapshots), and after each publish every receiver times\n"
+            "wsync_receiver_fetch of that version. Reports the median fetch time, the GB/s per\n"
+            "receiver, the raw get GB/s per reader, and their ratio.\n"
+            "\n"
+            "Every receiver checks its bytes against the sender's (xxh3); a mismatch fails the\n"
+            "run.\n"
+            "\n"
+            "  --scheme S       ipc, auto (let the library choose) or store; nccl is not\n"
             "                   built yet\n"
+            "  --transport T    store only: ucx or ofi (WSYNC_STORE_TRANSPORT of every process,\n"
+            "                   and the transport of the raw baseline)\n"
             "  --mem M          host (cuda is not built yet)\n"
             "  --receivers R    receiver processes, 1..%d\n"
             "  --bytes N        total bytes of weights; suffixes K, M, G, T (powers of 1024)\n"
-            "  --bucket-mb B    staging bucket size in MiB (default 256)\n"
-            "  --iters K        timed pushes (default 5)\n"
-            "  --warmup W       untimed pushes first (default 1)\n"
+            "  --bucket-mb B    ipc only: staging bucket size in MiB (default 256)\n"
+            "  --iters K        timed pushes or fetched versions (default 5)\n"
+            "  --warmup W       untimed ones first (default 1)\n"
             "  --params P       number of params the bytes are split into (default 16)\n"
             "  --timeout S      kill every process and fail after S seconds (default 600)\n"
-            "  --source S       shared (default): the sender's weights are in wsync_mem_alloc\n"
-            "                   memory, which receivers read in place; private: malloc'd\n"
-            "                   weights, staged through the buckets\n"
+            "  --source S       ipc only: shared (default): the sender's weights are in\n"
+            "                   wsync_mem_alloc memory, which receivers read in place; private:\n"
+            "                   malloc'd weights, staged through the buckets\n"
             "  --json           end stdout with one JSON object of the results\n"
             "  -h, --help       this text\n"
             "\n"
             "Environment: WSYNC_LOG_LEVEL, WSYNC_TIMEOUT_MS, WSYNC_HEARTBEAT_MS apply to every\n"
-            "process; the coordinator address, ranks, scheme and bucket are set by the bench.\n",
+            "process; WSYNC_STORE_PROVIDER (a UCX_TLS list or a libfabric provider) to the store\n"
+            "and to its raw baseline alike; the coordinator address, ranks, scheme, bucket and\n"
+            "store transport are set by the bench.\n",
             MAX_RECEIVERS);
 }
 
@@ -156,13 +242,20 @@ static int parse_bytes(const char *opt, const char *text, uint64_t *out)
     return bad_option(opt, "unknown size suffix in '%s' (use K, M, G or T)", text);
 }
 
+/* The transport's RMA table, NULL when this build has it not (no side effect: a static table). */
+static const wsync_rma_ops_t *rma_ops(const char *transport)
+{
+    return strcmp(transport, "ucx") == 0 ? wsync_rma_ucx() : wsync_rma_ofi();
+}
+
 /* Returns 0 to run, 1 when --help was asked, -1 on a bad command line (already reported). */
 static int parse_options(int argc, char **argv, bench_opts_t *o)
 {
     enum { OPT_SCHEME = 1000, OPT_MEM, OPT_RECEIVERS, OPT_BYTES, OPT_BUCKET, OPT_ITERS,
-           OPT_WARMUP, OPT_PARAMS, OPT_TIMEOUT, OPT_JSON, OPT_SOURCE };
+           OPT_WARMUP, OPT_PARAMS, OPT_TIMEOUT, OPT_JSON, OPT_SOURCE, OPT_TRANSPORT };
     static const struct option longopts[] = {
         {"scheme", required_argument, NULL, OPT_SCHEME},
+        {"transport", required_argument, NULL, OPT_TRANSPORT},
         {"mem", required_argument, NULL, OPT_MEM},
         {"receivers", required_argument, NULL, OPT_RECEIVERS},
         {"bytes", required_argument, NULL, OPT_BYTES},
@@ -176,8 +269,8 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *scheme = NULL, *mem = NULL;
-    int have_receivers = 0, have_bytes = 0, bucket_mb = 256;
+    const char *scheme = NULL, *mem = NULL, *source = NULL, *transport = NULL;
+    int have_receivers = 0, have_bytes = 0, have_bucket = 0, bucket_mb = 256;
 
     *o = (bench_opts_t){.iters = 5, .warmup = 1, .params = 16, .timeout_s = 600};
     opterr = 0; /* errors are reported below, naming the option */
@@ -185,6 +278,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
     while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         switch (c) {
         case OPT_SCHEME: scheme = optarg; break;
+        case OPT_TRANSPORT: transport = optarg; break;
         case OPT_MEM: mem = optarg; break;
         case OPT_RECEIVERS:
             if (parse_int("--receivers", optarg, 1, MAX_RECEIVERS, &o->receivers) != 0)
@@ -199,6 +293,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         case OPT_BUCKET:
             if (parse_int("--bucket-mb", optarg, 1, 1 << 20, &bucket_mb) != 0)
                 return -1;
+            have_bucket = 1;
             break;
         case OPT_ITERS:
             if (parse_int("--iters", optarg, 1, 1000000, &o->iters) != 0)
@@ -226,6 +321,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
                 fprintf(stderr, PROG ": --source '%s': expected shared or private\n", optarg);
                 return -1;
             }
+            source = optarg;
             break;
         case 'h': usage(stdout); return 1;
         case ':':
@@ -246,19 +342,64 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
     }
 
     if (!scheme) {
-        fprintf(stderr, PROG ": --scheme is required (ipc)\n");
+        fprintf(stderr, PROG ": --scheme is required (ipc or store)\n");
         return -1;
     }
-    if (strcmp(scheme, "nccl") == 0 || strcmp(scheme, "store") == 0) {
-        fprintf(stderr, PROG ": --scheme %s: not built yet (only ipc can be benchmarked now)\n",
+    if (strcmp(scheme, "nccl") == 0) {
+        fprintf(stderr, PROG ": --scheme %s: not built yet (ipc and store can be benchmarked "
+                        "now)\n",
                 scheme);
         return -1;
     }
-    if (strcmp(scheme, "ipc") != 0 && strcmp(scheme, "auto") != 0) {
-        fprintf(stderr, PROG ": --scheme: unknown scheme '%s' (expected ipc or auto)\n", scheme);
+    if (strcmp(scheme, "ipc") != 0 && strcmp(scheme, "auto") != 0 &&
+        strcmp(scheme, "store") != 0) {
+        fprintf(stderr, PROG ": --scheme: unknown scheme '%s' (expected ipc, auto or store)\n",
+                scheme);
         return -1;
     }
     o->scheme = scheme;
+    o->store = strcmp(scheme, "store") == 0;
+    if (o->store) {
+        if (!transport) {
+            fprintf(stderr, PROG ": --transport is required with --scheme store (ucx or ofi)\n");
+            return -1;
+        }
+        if (strcmp(transport, "ucx") != 0 && strcmp(transport, "ofi") != 0) {
+            fprintf(stderr, PROG ": --transport: unknown transport '%s' (expected ucx or ofi)\n",
+                    transport);
+            return -1;
+        }
+        if (rma_ops(transport) == NULL) {
+            fprintf(stderr, PROG ": --transport %s: not compiled into this build (configure with "
+                            "-DWSYNC_WITH_%s=ON; needs %s)\n",
+                    transport, strcmp(transport, "ucx") == 0 ? "UCX" : "OFI",
+                    strcmp(transport, "ucx") == 0 ? "libucx-dev" : "libfabric-dev");
+            return -1;
+        }
+        if (source) {
+            fprintf(stderr, PROG ": --source %s: only with --scheme ipc (the store publishes "
+                            "snapshots: where the sender's weights live does not matter)\n",
+                    source);
+            return -1;
+        }
+        if (have_bucket) {
+            fprintf(stderr, PROG ": --bucket-mb: only with --scheme ipc (the store stages "
+                            "nothing in buckets)\n");
+            return -1;
+        }
+        if (o->warmup + o->iters > MAX_VERSIONS) {
+            fprintf(stderr, PROG ": --iters %d with --warmup %d: at most %d versions with "
+                            "--scheme store\n",
+                    o->iters, o->warmup, MAX_VERSIONS);
+            return -1;
+        }
+        o->transport = transport;
+    } else if (transport) {
+        fprintf(stderr, PROG ": --transport %s: only with --scheme store (with --scheme %s the "
+                        "library picks the transports)\n",
+                transport, scheme);
+        return -1;
+    }
     if (!mem) {
         fprintf(stderr, PROG ": --mem is required (host)\n");
         return -1;
@@ -417,6 +558,63 @@ static int wsync_failed(const char *who, const char *call, wsync_status_t st)
     return 1;
 }
 
+/* One target per param, one piece covering it, in `block` at the param's offset. */
+static int add_targets(const char *who, wsync_receiver_t *receiver, const bench_param_t *params,
+                       int nparams, char *block)
+{
+    wsync_status_t st;
+    for (int i = 0; i < nparams; i++) {
+        wsync_piece_t piece = {
+            .param = param_desc(&params[i]),
+            .src = {.start = {0, 0}, .len = {params[i].rows, params[i].cols}},
+            .dst_start = {0, 0},
+        };
+        wsync_target_t target = {
+            .name = params[i].name,
+            .dtype = WSYNC_DTYPE_BF16,
+            .ndim = 2,
+            .shape = {params[i].rows, params[i].cols},
+            .data = block + params[i].offset,
+            .mem = WSYNC_MEM_HOST,
+            .pieces = &piece,
+            .npieces = 1,
+        };
+        if ((st = wsync_receiver_add_target(receiver, &target)) != WSYNC_OK)
+            return wsync_failed(who, "wsync_receiver_add_target", st);
+    }
+    return 0;
+}
+
+/* Compares each param's xxh3 with the sender's; 0 when all match. */
+static int verify(const char *who, uint64_t version, const bench_param_t *params, int nparams,
+                  const char *block, const bench_shared_t *shared)
+{
+    if (!atomic_load_explicit(&shared->ready, memory_order_acquire)) {
+        fprintf(stderr, PROG ": %s: got version %llu but the sender's hashes are missing\n", who,
+                (unsigned long long)version);
+        return 1;
+    }
+    int bad = 0;
+    for (int i = 0; i < nparams; i++) {
+        uint64_t h = XXH3_64bits(block + params[i].offset, params[i].bytes);
+        if (h != shared->hash[i]) {
+            if (bad < 5)
+                fprintf(stderr,
+                        PROG ": %s: version %llu: param %s (%zu bytes) has xxh3 %016llx, the "
+                             "sender's is %016llx\n",
+                        who, (unsigned long long)version, params[i].name, params[i].bytes,
+                        (unsigned long long)h, (unsigned long long)shared->hash[i]);
+            bad++;
+        }
+    }
+    if (bad) {
+        fprintf(stderr, PROG ": %s: %d of %d params differ from the sender's\n", who, bad,
+                nparams);
+        return 1;
+    }
+    return 0;
+}
+
 /* Sender: rank 0 of 1 and the coordinator. Timings go to res_fd as text lines:
  * "scheme NAME", one "time SECONDS" per timed push, then "end". */
 static int run_sender(const bench_opts_t *o, const char *coordinator, int res_fd,
@@ -545,27 +743,8 @@ static int run_receiver(const bench_opts_t *o, const char *coordinator, int rank
         rc = wsync_failed(who, "wsync_receiver_create", st);
         goto out;
     }
-    for (int i = 0; i < o->params; i++) {
-        wsync_piece_t piece = {
-            .param = param_desc(&params[i]),
-            .src = {.start = {0, 0}, .len = {params[i].rows, params[i].cols}},
-            .dst_start = {0, 0},
-        };
-        wsync_target_t target = {
-            .name = params[i].name,
-            .dtype = WSYNC_DTYPE_BF16,
-            .ndim = 2,
-            .shape = {params[i].rows, params[i].cols},
-            .data = block + params[i].offset,
-            .mem = WSYNC_MEM_HOST,
-            .pieces = &piece,
-            .npieces = 1,
-        };
-        if ((st = wsync_receiver_add_target(receiver, &target)) != WSYNC_OK) {
-            rc = wsync_failed(who, "wsync_receiver_add_target", st);
-            goto out;
-        }
-    }
+    if (add_targets(who, receiver, params, o->params, block) != 0)
+        goto out;
 
     /* A timeout only means no version began yet (the sender may still be making its weights);
      * the parent's deadline bounds the whole run. */
@@ -580,35 +759,374 @@ static int run_receiver(const bench_opts_t *o, const char *coordinator, int rank
         }
     }
 
-    if (!atomic_load_explicit(&shared->ready, memory_order_acquire)) {
-        fprintf(stderr, PROG ": %s: got version %llu but the sender's hashes are missing\n", who,
-                (unsigned long long)version);
+    if (verify(who, version, params, o->params, block, shared) != 0)
         goto out;
-    }
-    int bad = 0;
-    for (int i = 0; i < o->params; i++) {
-        uint64_t h = XXH3_64bits(block + params[i].offset, params[i].bytes);
-        if (h != shared->hash[i]) {
-            if (bad < 5)
-                fprintf(stderr,
-                        PROG ": %s: version %llu: param %s (%zu bytes) has xxh3 %016llx, the "
-                             "sender's is %016llx\n",
-                        who, (unsigned long long)version, params[i].name, params[i].bytes,
-                        (unsigned long long)h, (unsigned long long)shared->hash[i]);
-            bad++;
-        }
-    }
-    if (bad) {
-        fprintf(stderr, PROG ": %s: %d of %d params differ from the sender's\n", who, bad,
-                o->params);
-        goto out;
-    }
     rc = 0;
 out:
     wsync_receiver_free(receiver);
     wsync_ctx_free(ctx);
     free(block);
     free(params);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Store baseline: the same transport without wsync                                           */
+/* ---------------------------------------------------------------------------------------- */
+
+/* What the owner tells each reader, over their socketpair. */
+typedef struct {
+    uint64_t base, len, hash;
+    uint32_t addr_len, key_len;
+    uint8_t addr[WSYNC_RMA_BLOB_MAX], key[WSYNC_RMA_BLOB_MAX];
+} raw_hello_t;
+
+/* The same provider hint as the store's (store.c passes WSYNC_STORE_PROVIDER to open). */
+static const char *raw_hint(void)
+{
+    return getenv("WSYNC_STORE_PROVIDER");
+}
+
+static int io_all(int fd, void *p, size_t n, int writing)
+{
+    for (uint8_t *b = p; n > 0;) {
+        ssize_t r = writing ? write(fd, b, n) : read(fd, b, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int rma_failed(const char *who, const char *call, wsync_status_t st)
+{
+    fprintf(stderr, PROG ": %s: %s failed: %s (%s)\n", who, call, wsync_status_name(st),
+            wsync_last_error());
+    return 1;
+}
+
+/* Owner: registers N bytes of bf16 values, hands its address, the region and the packed key to
+ * every reader, and stays (its transport thread serving the reads) until each said it is done. */
+static int raw_owner(const bench_opts_t *o, const int *fds)
+{
+    const char *who = "raw owner";
+    const wsync_rma_ops_t *ops = rma_ops(o->transport);
+    size_t n = (size_t)o->bytes;
+    wsync_rma_t *ctx = NULL;
+    wsync_rma_mr_t *mr = NULL;
+    wsync_status_t st;
+    int rc = 1;
+    raw_hello_t *h = calloc(1, sizeof(*h));
+    uint8_t *region = alloc_block(n);
+    if (!h || !region) {
+        fprintf(stderr, PROG ": %s: cannot allocate %zu bytes\n", who, n);
+        goto out;
+    }
+    fill_bf16((uint16_t *)region, n / 2, 0xB45E);
+    size_t alen = sizeof(h->addr), klen = sizeof(h->key);
+    if ((st = ops->open(raw_hint(), NULL, 0, &ctx)) != WSYNC_OK) {
+        rc = rma_failed(who, "open", st);
+        goto out;
+    }
+    if ((st = ops->address(ctx, h->addr, &alen)) != WSYNC_OK) {
+        rc = rma_failed(who, "address", st);
+        goto out;
+    }
+    if ((st = ops->reg(ctx, region, n, &mr, h->key, &klen)) != WSYNC_OK) {
+        rc = rma_failed(who, "reg", st);
+        goto out;
+    }
+    h->base = (uint64_t)(uintptr_t)region;
+    h->len = n;
+    h->hash = XXH3_64bits(region, n);
+    h->addr_len = (uint32_t)alen;
+    h->key_len = (uint32_t)klen;
+    for (int r = 0; r < o->receivers; r++) {
+        if (io_all(fds[r], h, sizeof(*h), 1) != 0) {
+            fprintf(stderr, PROG ": %s: cannot reach raw reader %d: %s\n", who, r,
+                    strerror(errno));
+            goto out;
+        }
+    }
+    for (int r = 0; r < o->receivers; r++) {
+        char done;
+        if (io_all(fds[r], &done, 1, 0) != 0) {
+            fprintf(stderr, PROG ": %s: raw reader %d went away before it was done\n", who, r);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    if (mr)
+        ops->dereg(mr);
+    if (ctx)
+        ops->close(ctx);
+    free(region);
+    free(h);
+    return rc;
+}
+
+/* Reader `rank`: connects to the owner, then RAW_WARMUP + RAW_RUNS times, together with the
+ * other readers (a barrier on the shared page), gets all N bytes in 1 MiB gets, all in flight,
+ * and flushes; the timed runs' seconds go to the shared page. Checks the bytes at the end. */
+static int raw_reader(const bench_opts_t *o, int fd, int rank, bench_shared_t *shared,
+                      const bench_store_shm_t *ss)
+{
+    char who[32];
+    snprintf(who, sizeof(who), "raw reader %d", rank);
+    const wsync_rma_ops_t *ops = rma_ops(o->transport);
+    size_t n = (size_t)o->bytes;
+    wsync_rma_t *ctx = NULL;
+    wsync_rma_peer_t *peer = NULL;
+    wsync_rma_rkey_t *key = NULL;
+    wsync_status_t st;
+    char info[256] = "";
+    int rc = 1;
+    raw_hello_t *h = calloc(1, sizeof(*h));
+    uint8_t *dst = alloc_block(n);
+    if (!h || !dst) {
+        fprintf(stderr, PROG ": %s: cannot allocate %zu bytes\n", who, n);
+        goto out;
+    }
+    memset(dst, 0, n); /* fault the pages in before timing */
+    if (io_all(fd, h, sizeof(*h), 0) != 0) {
+        fprintf(stderr, PROG ": %s: the owner sent no address\n", who);
+        goto out;
+    }
+    if (h->len != n || h->addr_len > sizeof(h->addr) || h->key_len > sizeof(h->key)) {
+        fprintf(stderr, PROG ": %s: malformed offer from the owner\n", who);
+        goto out;
+    }
+    if ((st = ops->open(raw_hint(), info, sizeof(info), &ctx)) != WSYNC_OK) {
+        rc = rma_failed(who, "open", st);
+        goto out;
+    }
+    if (rank == 0)
+        snprintf(shared->raw_info, sizeof(shared->raw_info), "%s", info);
+    if ((st = ops->connect(ctx, h->addr, h->addr_len, &peer)) != WSYNC_OK) {
+        rc = rma_failed(who, "connect", st);
+        goto out;
+    }
+    if ((st = ops->rkey_import(peer, h->key, h->key_len, &key)) != WSYNC_OK) {
+        rc = rma_failed(who, "rkey_import", st);
+        goto out;
+    }
+    for (int run = 0; run < RAW_WARMUP + RAW_RUNS; run++) {
+        if (run > 0)
+            memset(dst, 0, n); /* so that the last run's bytes are its own */
+        count_up(&shared->raw_arrived[run]);
+        wait_at_least(&shared->raw_arrived[run], o->receivers);
+        double t0 = now_s();
+        for (size_t off = 0; off < n; off += RAW_GET_BYTES) {
+            size_t len = n - off < RAW_GET_BYTES ? n - off : RAW_GET_BYTES;
+            if ((st = ops->get(peer, key, h->base + off, dst + off, len)) != WSYNC_OK) {
+                rc = rma_failed(who, "get", st);
+                ops->flush(ctx, rma_deadline_in(o->timeout_s)); /* nothing left in flight */
+                goto out;
+            }
+        }
+        if ((st = ops->flush(ctx, rma_deadline_in(o->timeout_s))) != WSYNC_OK) {
+            rc = rma_failed(who, "flush", st);
+            goto out;
+        }
+        double dt = now_s() - t0;
+        int timed = run >= RAW_WARMUP;
+        if (timed)
+            ss->raw_s[(run - RAW_WARMUP) * o->receivers + rank] = dt;
+        fprintf(stderr, PROG ": %s: run %d/%d %s %.4f s, %.3f GB/s\n", who, run + 1,
+                RAW_WARMUP + RAW_RUNS, timed ? "timed " : "warmup", dt, (double)n / dt / 1e9);
+    }
+    if (XXH3_64bits(dst, n) != h->hash) {
+        fprintf(stderr, PROG ": %s: the bytes read differ from the owner's (xxh3)\n", who);
+        goto out;
+    }
+    char done = 'd';
+    if (io_all(fd, &done, 1, 1) != 0) {
+        fprintf(stderr, PROG ": %s: the owner went away\n", who);
+        goto out;
+    }
+    rc = 0;
+out:
+    if (key)
+        ops->rkey_free(key);
+    if (peer)
+        ops->disconnect(peer);
+    if (ctx)
+        ops->close(ctx);
+    free(dst);
+    free(h);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Store: one publisher, R readers                                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Store sender: rank 0 of 1, the coordinator and the store. Publishes version v once every
+ * receiver fetched v - 1 (so that no snapshot copy overlaps a timed read), then stays, as the
+ * store, until every receiver is done. Lines to res_fd: "scheme NAME", one "publish SECONDS"
+ * per timed version, then "end". */
+static int store_sender(const bench_opts_t *o, const char *coordinator, int res_fd,
+                        bench_shared_t *shared, const bench_store_shm_t *ss)
+{
+    const char *who = "sender";
+    int rc = 1;
+    wsync_ctx_t *ctx = NULL;
+    wsync_sender_t *sender = NULL;
+    bench_param_t *params = make_params(o);
+    char *block = alloc_block((size_t)o->bytes);
+    wsync_status_t st;
+
+    setenv("WSYNC_STORE_TRANSPORT", o->transport, 1); /* before any wsync object */
+    if (!params || !block) {
+        fprintf(stderr, PROG ": sender: cannot allocate %llu bytes of weights\n",
+                (unsigned long long)o->bytes);
+        goto out;
+    }
+    if ((st = wsync_ctx_create(NULL, &ctx)) != WSYNC_OK) {
+        rc = wsync_failed(who, "wsync_ctx_create", st);
+        goto out;
+    }
+    wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
+    sp.coordinator = coordinator;
+    sp.rank = 0;
+    sp.nranks = 1;
+    sp.nreceivers = o->receivers;
+    sp.scheme = "store";
+    sp.snapshot = 1;
+    sp.keep_versions = STORE_KEEP_VERSIONS;
+    if ((st = wsync_sender_create(ctx, &sp, &sender)) != WSYNC_OK) {
+        rc = wsync_failed(who, "wsync_sender_create", st);
+        goto out;
+    }
+    for (int i = 0; i < o->params; i++) {
+        uint16_t *data = (uint16_t *)(block + params[i].offset);
+        fill_bf16(data, params[i].bytes / 2, (uint64_t)i + 1);
+        shared->hash[i] = XXH3_64bits(data, params[i].bytes);
+        wsync_shard_t shard = {
+            .param = param_desc(&params[i]),
+            .box = {.start = {0, 0}, .len = {params[i].rows, params[i].cols}},
+            .data = data,
+            .mem = WSYNC_MEM_HOST,
+        };
+        if ((st = wsync_sender_add_shard(sender, &shard)) != WSYNC_OK) {
+            rc = wsync_failed(who, "wsync_sender_add_shard", st);
+            goto out;
+        }
+    }
+    atomic_store_explicit(&shared->ready, 1, memory_order_release);
+    if ((st = wsync_sender_setup(sender)) != WSYNC_OK) {
+        rc = wsync_failed(who, "wsync_sender_setup", st);
+        goto out;
+    }
+    const char *chosen = wsync_sender_scheme(sender);
+    dprintf(res_fd, "scheme %s\n", chosen ? chosen : "?");
+
+    int total = o->warmup + o->iters;
+    for (int v = 1; v <= total; v++) {
+        if (v > 1)
+            wait_at_least(&ss->fetched[v - 1], o->receivers);
+        double t0 = now_s();
+        st = wsync_sender_push(sender, (uint64_t)v);
+        double dt = now_s() - t0;
+        if (st != WSYNC_OK) {
+            char call[64];
+            snprintf(call, sizeof(call), "wsync_sender_push(version %d)", v);
+            rc = wsync_failed(who, call, st);
+            goto out;
+        }
+        atomic_store_explicit(&shared->published, v, memory_order_release);
+        wake_all(&shared->published);
+        int timed = v > o->warmup;
+        fprintf(stderr, PROG ": sender: published %d/%d %s in %.4f s\n", v, total,
+                timed ? "(timed) " : "(warmup)", dt);
+        if (timed)
+            dprintf(res_fd, "publish %.9f\n", dt);
+    }
+    /* the store lives in this process: stay until every receiver has left */
+    wait_at_least(&shared->done, o->receivers);
+    dprintf(res_fd, "end\n");
+    rc = 0;
+out:
+    wsync_sender_free(sender);
+    wsync_ctx_free(ctx);
+    free(block);
+    free(params);
+    return rc;
+}
+
+/* Store receiver `rank`: for each version, once it is published, times
+ * wsync_receiver_fetch(version) into its targets; checks the bytes after the last one. */
+static int store_receiver(const bench_opts_t *o, const char *coordinator, int rank,
+                          bench_shared_t *shared, const bench_store_shm_t *ss)
+{
+    char who[32];
+    snprintf(who, sizeof(who), "receiver %d", rank);
+    int rc = 1;
+    wsync_ctx_t *ctx = NULL;
+    wsync_receiver_t *receiver = NULL;
+    bench_param_t *params = make_params(o);
+    char *block = alloc_block((size_t)o->bytes);
+    wsync_status_t st;
+    uint64_t got = 0;
+
+    setenv("WSYNC_STORE_TRANSPORT", o->transport, 1); /* before any wsync object */
+    if (!params || !block) {
+        fprintf(stderr, PROG ": %s: cannot allocate %llu bytes of targets\n", who,
+                (unsigned long long)o->bytes);
+        goto out;
+    }
+    memset(block, 0, (size_t)o->bytes); /* touched, and wrong until wsync fills it */
+    if ((st = wsync_ctx_create(NULL, &ctx)) != WSYNC_OK) {
+        rc = wsync_failed(who, "wsync_ctx_create", st);
+        goto out;
+    }
+    wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
+    rp.coordinator = coordinator;
+    rp.rank = rank;
+    rp.nreceivers = o->receivers;
+    if ((st = wsync_receiver_create(ctx, &rp, &receiver)) != WSYNC_OK) {
+        rc = wsync_failed(who, "wsync_receiver_create", st);
+        goto out;
+    }
+    if (add_targets(who, receiver, params, o->params, block) != 0)
+        goto out;
+
+    int total = o->warmup + o->iters;
+    for (int v = 1; v <= total; v++) {
+        wait_at_least(&shared->published, v);
+        double t0 = now_s();
+        st = wsync_receiver_fetch(receiver, (uint64_t)v, -1, &got);
+        double dt = now_s() - t0;
+        if (st != WSYNC_OK) {
+            char call[64];
+            snprintf(call, sizeof(call), "wsync_receiver_fetch(version %d)", v);
+            rc = wsync_failed(who, call, st);
+            goto out;
+        }
+        if (got != (uint64_t)v) {
+            fprintf(stderr, PROG ": %s: asked for version %d, got %llu\n", who, v,
+                    (unsigned long long)got);
+            goto out;
+        }
+        ss->fetch_s[(size_t)(v - 1) * (size_t)o->receivers + (size_t)rank] = dt;
+        count_up(&ss->fetched[v]);
+        fprintf(stderr, PROG ": %s: fetch %d/%d %s %.4f s, %.3f GB/s\n", who, v, total,
+                v > o->warmup ? "timed " : "warmup", dt, (double)o->bytes / dt / 1e9);
+    }
+    if (verify(who, got, params, o->params, block, shared) != 0)
+        goto out;
+    rc = 0;
+out:
+    wsync_receiver_free(receiver);
+    wsync_ctx_free(ctx);
+    free(block);
+    free(params);
+    if (rc == 0) /* left the group: the sender may go */
+        count_up(&shared->done);
     return rc;
 }
 
@@ -637,6 +1155,19 @@ static int pick_port(void)
         port = ntohs(addr.sin_port);
     close(fd);
     return port;
+}
+
+/* "127.0.0.1:PORT" on a free port, picked just before the children that use it start; 0 on
+ * success. */
+static int make_coordinator(char *buf, size_t len)
+{
+    int port = pick_port();
+    if (port == 0) {
+        fprintf(stderr, PROG ": cannot find a free TCP port on 127.0.0.1: %s\n", strerror(errno));
+        return -1;
+    }
+    snprintf(buf, len, "127.0.0.1:%d", port);
+    return 0;
 }
 
 static int child_ok(const bench_child_t *c)
@@ -708,16 +1239,114 @@ static int drain(int fd, char **buf, size_t *len, size_t *cap)
     }
 }
 
+/* What child i of a group runs; res_fd is the write end of the group's result pipe. Returns the
+ * child's exit status. */
+typedef int (*bench_body_fn)(int i, int res_fd, void *arg);
+
+/* Forks kids[0..n) (their names already set), each running body(i, ...) and exiting with its
+ * result, then watches them: collects what they write to the result pipe into *text, reaps them,
+ * and enforces the deadline (now_s() clock). Returns 0 once all exited 0 and the pipe is at its
+ * end; otherwise names the failures, kills the rest and returns 1. */
+static int run_group(bench_child_t *kids, int n, bench_body_fn body, void *arg, double deadline,
+                     int timeout_s, char **text)
+{
+    int res_pipe[2];
+    if (pipe(res_pipe) != 0) {
+        fprintf(stderr, PROG ": pipe failed: %s\n", strerror(errno));
+        return 1;
+    }
+    pid_t parent = getpid();
+    for (int i = 0; i < n; i++) {
+        fflush(NULL); /* nothing buffered is written twice */
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, PROG ": fork of %s failed: %s\n", kids[i].name, strerror(errno));
+            kill_all(kids, i);
+            close(res_pipe[0]);
+            close(res_pipe[1]);
+            return 1;
+        }
+        if (pid == 0) {
+            /* Die with the parent rather than linger holding ports and shared memory. */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != parent)
+                _exit(1);
+            close(res_pipe[0]);
+            int rc = body(i, res_pipe[1], arg);
+            fflush(NULL);
+            _exit(rc);
+        }
+        kids[i].pid = pid;
+    }
+    close(res_pipe[1]);
+    /* Non-blocking, so that reading never keeps the parent from its deadline. */
+    fcntl(res_pipe[0], F_SETFL, fcntl(res_pipe[0], F_GETFL) | O_NONBLOCK);
+
+    size_t text_len = 0, text_cap = 0;
+    int eof = 0;
+    *text = NULL;
+    for (;;) {
+        if (!eof) {
+            struct pollfd pfd = {.fd = res_pipe[0], .events = POLLIN};
+            if (poll(&pfd, 1, 100) > 0) {
+                int d = drain(res_pipe[0], text, &text_len, &text_cap);
+                if (d != 0)
+                    eof = 1; /* end of file, or an error that the caller's parse reports */
+            }
+        } else {
+            usleep(100 * 1000);
+        }
+        int running = reap(kids, n), failed = 0;
+        for (int i = 0; i < n; i++)
+            if (kids[i].done && !child_ok(&kids[i]))
+                failed = 1;
+        if (failed) {
+            usleep(300 * 1000); /* let the others that are failing too be reaped and named */
+            reap(kids, n);
+            for (int i = 0; i < n; i++) {
+                if (kids[i].done && !child_ok(&kids[i])) {
+                    char why[160];
+                    describe_exit(&kids[i], why, sizeof(why));
+                    fprintf(stderr, PROG ": %s\n", why);
+                }
+            }
+            for (int i = 0; i < n; i++)
+                if (!kids[i].done)
+                    fprintf(stderr, PROG ": killing %s (pid %d)\n", kids[i].name,
+                            (int)kids[i].pid);
+            kill_all(kids, n);
+            close(res_pipe[0]);
+            return 1;
+        }
+        if (running == 0 && eof)
+            break;
+        if (now_s() > deadline) {
+            for (int i = 0; i < n; i++)
+                if (!kids[i].done)
+                    fprintf(stderr, PROG ": timeout after %d s: %s (pid %d) still running, "
+                                    "killed\n",
+                            timeout_s, kids[i].name, (int)kids[i].pid);
+            kill_all(kids, n);
+            close(res_pipe[0]);
+            return 1;
+        }
+    }
+    close(res_pipe[0]);
+    return 0;
+}
+
 typedef struct {
     char scheme[32];
     double *times;
     int ntimes;
 } bench_result_t;
 
-/* Parses the sender's lines; 0 when complete. */
-static int parse_result(char *text, int iters, bench_result_t *res)
+/* Parses a sender's lines ("scheme NAME", "<key> SECONDS" per timed version, "end"); 0 when
+ * complete. */
+static int parse_result(char *text, const char *key, int iters, bench_result_t *res)
 {
     int ended = 0;
+    size_t klen = strlen(key);
     res->times = calloc((size_t)iters, sizeof(double));
     if (!res->times)
         return -1;
@@ -726,7 +1355,8 @@ static int parse_result(char *text, int iters, bench_result_t *res)
         double t;
         if (strncmp(line, "scheme ", 7) == 0)
             snprintf(res->scheme, sizeof(res->scheme), "%s", line + 7);
-        else if (sscanf(line, "time %lf", &t) == 1 && res->ntimes < iters)
+        else if (strncmp(line, key, klen) == 0 && line[klen] == ' ' &&
+                 sscanf(line + klen, "%lf", &t) == 1 && res->ntimes < iters)
             res->times[res->ntimes++] = t;
         else if (strcmp(line, "end") == 0)
             ended = 1;
@@ -734,18 +1364,50 @@ static int parse_result(char *text, int iters, bench_result_t *res)
     return ended && res->ntimes == iters ? 0 : -1;
 }
 
-static void report(const bench_opts_t *o, const bench_result_t *res, double baseline)
+/* Median, minimum and maximum of n > 0 values (the array is left as it was). */
+typedef struct {
+    double median, min, max;
+} bench_stats_t;
+
+static bench_stats_t stats_of(const double *v, int n)
 {
-    double *sorted = malloc((size_t)res->ntimes * sizeof(double));
-    if (!sorted) {
-        fprintf(stderr, PROG ": out of memory\n");
-        return;
+    bench_stats_t s = {0, 0, 0};
+    double *sorted = malloc((size_t)n * sizeof(double));
+    if (!sorted || n <= 0) {
+        free(sorted);
+        return s;
     }
-    memcpy(sorted, res->times, (size_t)res->ntimes * sizeof(double));
-    qsort(sorted, (size_t)res->ntimes, sizeof(double), cmp_double);
+    memcpy(sorted, v, (size_t)n * sizeof(double));
+    qsort(sorted, (size_t)n, sizeof(double), cmp_double);
+    s.median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    s.min = sorted[0];
+    s.max = sorted[n - 1];
+    free(sorted);
+    return s;
+}
+
+static void print_json(json_t *j)
+{
+    char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
+    if (text)
+        printf("%s\n", text);
+    free(text);
+    json_decref(j);
+}
+
+static json_t *json_reals(const double *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, json_real(v[i]));
+    return a;
+}
+
+static void report_ipc(const bench_opts_t *o, const bench_result_t *res, double baseline)
+{
     int n = res->ntimes;
-    double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
-    double tmin = sorted[0], tmax = sorted[n - 1];
+    bench_stats_t t = stats_of(res->times, n);
+    double median = t.median, tmin = t.min, tmax = t.max;
     double gb = (double)o->bytes / 1e9;
     double gbps = gb / median, ratio = baseline > 0 ? gbps / baseline : 0.0;
 
@@ -762,9 +1424,6 @@ static void report(const bench_opts_t *o, const bench_result_t *res, double base
     printf("  ratio               %.4g  (per-receiver GB/s / memcpy GB/s)\n", ratio);
 
     if (o->json) {
-        json_t *times = json_array();
-        for (int i = 0; i < n; i++)
-            json_array_append_new(times, json_real(res->times[i]));
         json_t *j = json_object();
         json_object_set_new(j, "scheme", json_string(res->scheme));
         json_object_set_new(j, "mem", json_string("host"));
@@ -785,15 +1444,296 @@ static void report(const bench_opts_t *o, const bench_result_t *res, double base
         json_object_set_new(j, "baseline_gbps", json_real(baseline));
         json_object_set_new(j, "baseline", json_string("memcpy, 1 core"));
         json_object_set_new(j, "ratio", json_real(ratio));
-        json_object_set_new(j, "times", times);
-        char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
-        if (text)
-            printf("%s\n", text);
-        free(text);
-        json_decref(j);
+        json_object_set_new(j, "times", json_reals(res->times, n));
+        print_json(j);
     }
     fflush(stdout);
-    free(sorted);
+}
+
+/* Median over rounds of the slowest of the R samples of a round (v: rounds x R, round-major):
+ * how long one round took until every receiver or reader had all its bytes. */
+static double median_round(const double *v, int rounds, int R)
+{
+    double *slowest = malloc((size_t)rounds * sizeof(double));
+    if (!slowest)
+        return 0.0;
+    for (int k = 0; k < rounds; k++) {
+        slowest[k] = v[(size_t)k * (size_t)R];
+        for (int r = 1; r < R; r++)
+            if (v[(size_t)k * (size_t)R + (size_t)r] > slowest[k])
+                slowest[k] = v[(size_t)k * (size_t)R + (size_t)r];
+    }
+    double m = stats_of(slowest, rounds).median;
+    free(slowest);
+    return m;
+}
+
+/* fetch: the K x R timed fetch seconds (version-major); raw: the RAW_RUNS x R raw seconds.
+ * Besides the per-receiver figures, the aggregate ones (R x N bytes over the time until the
+ * last receiver or reader is done) do not depend on how evenly the owner shares itself: over
+ * tcp loopback a UCX owner may serve its readers one after the other, and the per-reader median
+ * then falls between the first reader's time and the last one's. */
+static void report_store(const bench_opts_t *o, const bench_result_t *res, const double *fetch,
+                         const double *raw, const char *raw_info)
+{
+    int nf = o->iters * o->receivers, nr = RAW_RUNS * o->receivers;
+    bench_stats_t f = stats_of(fetch, nf), p = stats_of(res->times, res->ntimes);
+    bench_stats_t b = stats_of(raw, nr);
+    double gb = (double)o->bytes / 1e9;
+    double gbps = gb / f.median, baseline = gb / b.median;
+    double ratio = baseline > 0 ? gbps / baseline : 0.0;
+    double agg = gb * o->receivers / median_round(fetch, o->iters, o->receivers);
+    double agg_base = gb * o->receivers / median_round(raw, RAW_RUNS, o->receivers);
+    double agg_ratio = agg_base > 0 ? agg / agg_base : 0.0;
+    char what[96];
+    snprintf(what, sizeof(what), "raw %s get, 1 owner, %d reader%s", o->transport, o->receivers,
+             o->receivers == 1 ? "" : "s");
+
+    printf("%s: scheme %s over %s, mem host (snapshots, %d kept), %d receiver%s, %llu bytes in "
+           "%d bf16 params, %d timed versions after %d warmup\n",
+           PROG, res->scheme, o->transport, STORE_KEEP_VERSIONS, o->receivers,
+           o->receivers == 1 ? "" : "s", (unsigned long long)o->bytes, o->params, o->iters,
+           o->warmup);
+    printf("  fetch seconds       median %.6f   min %.6f   max %.6f   (%d fetch%s: %d version%s x "
+           "%d receiver%s)\n",
+           f.median, f.min, f.max, nf, nf == 1 ? "" : "es", o->iters, o->iters == 1 ? "" : "s",
+           o->receivers, o->receivers == 1 ? "" : "s");
+    printf("  GB/s per receiver   median %.4g   max %.4g   min %.4g\n", gbps, gb / f.min,
+           gb / f.max);
+    printf("  publish seconds     median %.6f   (snapshot copy and directory; not delivery)\n",
+           p.median);
+    printf("  %-19s %.4g GB/s per reader   (median of %d runs x %d reader%s, %zu KiB gets; "
+           "%s)\n",
+           "raw get", baseline, RAW_RUNS, o->receivers, o->receivers == 1 ? "" : "s",
+           RAW_GET_BYTES >> 10, raw_info[0] ? raw_info : "?");
+    printf("  ratio               %.4g  (per-receiver GB/s / %s GB/s)\n", ratio, what);
+    printf("  aggregate           %.4g GB/s store, %.4g GB/s raw, ratio %.4g  (%d x N bytes / "
+           "median time until the last one is done)\n",
+           agg, agg_base, agg_ratio, o->receivers);
+
+    if (o->json) {
+        json_t *j = json_object();
+        json_object_set_new(j, "scheme", json_string(res->scheme));
+        json_object_set_new(j, "transport", json_string(o->transport));
+        json_object_set_new(j, "mem", json_string("host"));
+        json_object_set_new(j, "snapshot", json_true());
+        json_object_set_new(j, "keep_versions", json_integer(STORE_KEEP_VERSIONS));
+        json_object_set_new(j, "receivers", json_integer(o->receivers));
+        json_object_set_new(j, "bytes", json_integer((json_int_t)o->bytes));
+        json_object_set_new(j, "params", json_integer(o->params));
+        json_object_set_new(j, "dtype", json_string("bf16"));
+        json_object_set_new(j, "iters", json_integer(o->iters));
+        json_object_set_new(j, "warmup", json_integer(o->warmup));
+        json_object_set_new(j, "seconds", json_real(f.median));
+        json_object_set_new(j, "seconds_min", json_real(f.min));
+        json_object_set_new(j, "seconds_max", json_real(f.max));
+        json_object_set_new(j, "gbps_per_receiver", json_real(gbps));
+        json_object_set_new(j, "gbps_per_receiver_min", json_real(gb / f.max));
+        json_object_set_new(j, "gbps_per_receiver_max", json_real(gb / f.min));
+        json_object_set_new(j, "publish_seconds", json_real(p.median));
+        json_object_set_new(j, "baseline_gbps", json_real(baseline));
+        json_object_set_new(j, "baseline", json_string(what));
+        json_object_set_new(j, "baseline_transport", json_string(raw_info));
+        json_object_set_new(j, "baseline_seconds", json_real(b.median));
+        json_object_set_new(j, "baseline_get_bytes", json_integer((json_int_t)RAW_GET_BYTES));
+        json_object_set_new(j, "ratio", json_real(ratio));
+        json_object_set_new(j, "gbps_aggregate", json_real(agg));
+        json_object_set_new(j, "baseline_gbps_aggregate", json_real(agg_base));
+        json_object_set_new(j, "ratio_aggregate", json_real(agg_ratio));
+        json_object_set_new(j, "times", json_reals(fetch, nf));
+        json_object_set_new(j, "publish_times", json_reals(res->times, res->ntimes));
+        json_object_set_new(j, "baseline_times", json_reals(raw, nr));
+        print_json(j);
+    }
+    fflush(stdout);
+}
+
+/* Maps `len` bytes every child shares; NULL on failure (reported). */
+static void *map_shared(size_t len)
+{
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        fprintf(stderr, PROG ": mmap of %zu shared bytes failed: %s\n", len, strerror(errno));
+        return NULL;
+    }
+    return p;
+}
+
+typedef struct {
+    const bench_opts_t *o;
+    const char *coordinator;
+    bench_shared_t *shared;
+    bench_store_shm_t *ss;
+    int (*sv)[2];            /* raw: [R] socketpairs, owner end 0, reader end 1 */
+    int *owner_fds;          /* raw: sv[r][0] for every r */
+} bench_group_arg_t;
+
+static int ipc_body(int i, int res_fd, void *varg)
+{
+    bench_group_arg_t *a = varg;
+    if (i == 0)
+        return run_sender(a->o, a->coordinator, res_fd, a->shared);
+    close(res_fd);
+    return run_receiver(a->o, a->coordinator, i - 1, a->shared);
+}
+
+static int raw_body(int i, int res_fd, void *varg)
+{
+    bench_group_arg_t *a = varg;
+    close(res_fd);
+    if (i == 0)
+        return raw_owner(a->o, a->owner_fds);
+    return raw_reader(a->o, a->sv[i - 1][1], i - 1, a->shared, a->ss);
+}
+
+static int store_body(int i, int res_fd, void *varg)
+{
+    bench_group_arg_t *a = varg;
+    if (i == 0)
+        return store_sender(a->o, a->coordinator, res_fd, a->shared, a->ss);
+    close(res_fd);
+    return store_receiver(a->o, a->coordinator, i - 1, a->shared, a->ss);
+}
+
+static int main_ipc(const bench_opts_t *o, bench_shared_t *shared)
+{
+    /* Before any child exists, so nothing else competes for the memory bus. */
+    fprintf(stderr, PROG ": measuring memcpy of %llu bytes on one core\n",
+            (unsigned long long)o->bytes);
+    double baseline = memcpy_gbps((size_t)o->bytes);
+    if (baseline <= 0) {
+        fprintf(stderr, PROG ": cannot allocate 2 x %llu bytes for the memcpy baseline\n",
+                (unsigned long long)o->bytes);
+        return 1;
+    }
+    fprintf(stderr, PROG ": memcpy, 1 core: %.3f GB/s\n", baseline);
+
+    char coordinator[32];
+    if (make_coordinator(coordinator, sizeof(coordinator)) != 0)
+        return 1;
+    int nkids = 1 + o->receivers;
+    bench_child_t *kids = calloc((size_t)nkids, sizeof(*kids));
+    if (!kids) {
+        fprintf(stderr, PROG ": out of memory\n");
+        return 1;
+    }
+    for (int i = 0; i < nkids; i++) {
+        if (i == 0)
+            snprintf(kids[i].name, sizeof(kids[i].name), "sender");
+        else
+            snprintf(kids[i].name, sizeof(kids[i].name), "receiver %d", i - 1);
+    }
+    bench_group_arg_t arg = {.o = o, .coordinator = coordinator, .shared = shared};
+    char *text = NULL;
+    /* the deadline starts after the memcpy baseline */
+    int rc = run_group(kids, nkids, ipc_body, &arg, now_s() + o->timeout_s, o->timeout_s, &text);
+    bench_result_t res = {.scheme = "?"};
+    if (rc == 0 && (!text || parse_result(text, "time", o->iters, &res) != 0)) {
+        fprintf(stderr, PROG ": the sender exited cleanly but its results are incomplete (%d of "
+                        "%d timings)\n",
+                res.ntimes, o->iters);
+        rc = 1;
+    }
+    if (rc == 0)
+        report_ipc(o, &res, baseline);
+    free(res.times);
+    free(text);
+    free(kids);
+    return rc;
+}
+
+/* The raw baseline, then the store; the deadline covers both. */
+static int main_store(const bench_opts_t *o, bench_shared_t *shared)
+{
+    double deadline = now_s() + o->timeout_s;
+    char coordinator[32] = "";
+    int R = o->receivers, versions = o->warmup + o->iters, rc = 1;
+    bench_store_shm_t ss = {0};
+    bench_child_t *kids = calloc((size_t)(1 + R), sizeof(*kids));
+    int (*sv)[2] = calloc((size_t)R, sizeof(*sv));
+    int *owner_fds = calloc((size_t)R, sizeof(int));
+    char *text = NULL;
+    bench_result_t res = {.scheme = "?"};
+    if (!kids || !sv || !owner_fds) {
+        fprintf(stderr, PROG ": out of memory\n");
+        goto out;
+    }
+    for (int r = 0; r < R; r++)
+        sv[r][0] = sv[r][1] = -1;
+
+    size_t off_fetched = 0;
+    size_t off_fetch_s = (off_fetched + (size_t)(versions + 1) * sizeof(atomic_int) + 63) & ~63ul;
+    size_t off_raw_s = (off_fetch_s + (size_t)versions * (size_t)R * sizeof(double) + 63) & ~63ul;
+    ss.len = off_raw_s + (size_t)RAW_RUNS * (size_t)R * sizeof(double);
+    if (!(ss.base = map_shared(ss.len)))
+        goto out;
+    ss.fetched = (atomic_int *)((char *)ss.base + off_fetched);
+    ss.fetch_s = (double *)((char *)ss.base + off_fetch_s);
+    ss.raw_s = (double *)((char *)ss.base + off_raw_s);
+    for (int v = 0; v <= versions; v++)
+        atomic_init(&ss.fetched[v], 0);
+
+    /* 1. The transport without wsync: 1 owner, R readers, the store's shape. */
+    for (int r = 0; r < R; r++) {
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv[r]) != 0) {
+            fprintf(stderr, PROG ": socketpair failed: %s\n", strerror(errno));
+            goto out;
+        }
+        owner_fds[r] = sv[r][0];
+    }
+    snprintf(kids[0].name, sizeof(kids[0].name), "raw owner");
+    for (int r = 0; r < R; r++)
+        snprintf(kids[1 + r].name, sizeof(kids[1 + r].name), "raw reader %d", r);
+    fprintf(stderr, PROG ": raw %s get: 1 owner, %d reader%s of %llu bytes\n", o->transport, R,
+            R == 1 ? "" : "s", (unsigned long long)o->bytes);
+    bench_group_arg_t arg = {.o = o, .coordinator = coordinator, .shared = shared, .ss = &ss,
+                             .sv = sv, .owner_fds = owner_fds};
+    if (run_group(kids, 1 + R, raw_body, &arg, deadline, o->timeout_s, &text) != 0)
+        goto out;
+    free(text);
+    text = NULL;
+    for (int r = 0; r < R; r++) {
+        close(sv[r][0]);
+        close(sv[r][1]);
+        sv[r][0] = sv[r][1] = -1;
+    }
+    bench_stats_t b = stats_of(ss.raw_s, RAW_RUNS * R);
+    fprintf(stderr, PROG ": raw %s get: %.3f GB/s per reader (median)\n", o->transport,
+            (double)o->bytes / b.median / 1e9);
+
+    /* 2. The store. */
+    if (make_coordinator(coordinator, sizeof(coordinator)) != 0)
+        goto out;
+    memset(kids, 0, (size_t)(1 + R) * sizeof(*kids));
+    snprintf(kids[0].name, sizeof(kids[0].name), "sender");
+    for (int r = 0; r < R; r++)
+        snprintf(kids[1 + r].name, sizeof(kids[1 + r].name), "receiver %d", r);
+    if (run_group(kids, 1 + R, store_body, &arg, deadline, o->timeout_s, &text) != 0)
+        goto out;
+    if (!text || parse_result(text, "publish", o->iters, &res) != 0) {
+        fprintf(stderr, PROG ": the sender exited cleanly but its results are incomplete (%d of "
+                        "%d timings)\n",
+                res.ntimes, o->iters);
+        goto out;
+    }
+    /* the timed fetches: versions W+1..W+K, every receiver */
+    report_store(o, &res, ss.fetch_s + (size_t)o->warmup * (size_t)R, ss.raw_s, shared->raw_info);
+    rc = 0;
+out:
+    for (int r = 0; sv && r < R; r++) {
+        if (sv[r][0] >= 0)
+            close(sv[r][0]);
+        if (sv[r][1] >= 0)
+            close(sv[r][1]);
+    }
+    if (ss.base)
+        munmap(ss.base, ss.len);
+    free(res.times);
+    free(text);
+    free(owner_fds);
+    free(sv);
+    free(kids);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -803,145 +1743,22 @@ int main(int argc, char **argv)
     if (pr != 0)
         return pr > 0 ? 0 : 2;
 
-    /* Before any child exists, so nothing else competes for the memory bus. */
-    fprintf(stderr, PROG ": measuring memcpy of %llu bytes on one core\n",
-            (unsigned long long)o.bytes);
-    double baseline = memcpy_gbps((size_t)o.bytes);
-    if (baseline <= 0) {
-        fprintf(stderr, PROG ": cannot allocate 2 x %llu bytes for the memcpy baseline\n",
-                (unsigned long long)o.bytes);
-        return 1;
-    }
-    fprintf(stderr, PROG ": memcpy, 1 core: %.3f GB/s\n", baseline);
-
-    int port = pick_port();
-    if (port == 0) {
-        fprintf(stderr, PROG ": cannot find a free TCP port on 127.0.0.1: %s\n", strerror(errno));
-        return 1;
-    }
-    char coordinator[32];
-    snprintf(coordinator, sizeof(coordinator), "127.0.0.1:%d", port);
-
     size_t shared_len = sizeof(bench_shared_t) + (size_t)o.params * sizeof(uint64_t);
-    bench_shared_t *shared =
-        mmap(NULL, shared_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (shared == MAP_FAILED) {
-        fprintf(stderr, PROG ": mmap of %zu shared bytes failed: %s\n", shared_len,
-                strerror(errno));
+    bench_shared_t *shared = map_shared(shared_len);
+    if (!shared)
         return 1;
-    }
     atomic_init(&shared->ready, 0);
+    atomic_init(&shared->published, 0);
+    atomic_init(&shared->done, 0);
+    for (int i = 0; i < RAW_WARMUP + RAW_RUNS; i++)
+        atomic_init(&shared->raw_arrived[i], 0);
     shared->nparams = o.params;
 
-    int res_pipe[2];
-    if (pipe(res_pipe) != 0) {
-        fprintf(stderr, PROG ": pipe failed: %s\n", strerror(errno));
-        return 1;
-    }
-
-    int nkids = 1 + o.receivers;
-    bench_child_t *kids = calloc((size_t)nkids, sizeof(*kids));
-    if (!kids) {
-        fprintf(stderr, PROG ": out of memory\n");
-        return 1;
-    }
-    pid_t parent = getpid();
-    for (int i = 0; i < nkids; i++) {
-        if (i == 0)
-            snprintf(kids[i].name, sizeof(kids[i].name), "sender");
-        else
-            snprintf(kids[i].name, sizeof(kids[i].name), "receiver %d", i - 1);
-        fflush(NULL); /* nothing buffered is written twice */
-        pid_t pid = fork();
-        if (pid < 0) {
-            fprintf(stderr, PROG ": fork of %s failed: %s\n", kids[i].name, strerror(errno));
-            kill_all(kids, i);
-            return 1;
-        }
-        if (pid == 0) {
-            /* Die with the parent rather than linger holding ports and shared memory. */
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (getppid() != parent)
-                _exit(1);
-            close(res_pipe[0]);
-            int rc;
-            if (i == 0) {
-                rc = run_sender(&o, coordinator, res_pipe[1], shared);
-            } else {
-                close(res_pipe[1]);
-                rc = run_receiver(&o, coordinator, i - 1, shared);
-            }
-            fflush(NULL);
-            _exit(rc);
-        }
-        kids[i].pid = pid;
-    }
-    close(res_pipe[1]);
-    /* Non-blocking, so that reading never keeps the parent from its deadline. */
-    fcntl(res_pipe[0], F_SETFL, fcntl(res_pipe[0], F_GETFL) | O_NONBLOCK);
-
-    /* Watch: collect the sender's lines, reap children, enforce the deadline. */
-    char *text = NULL;
-    size_t text_len = 0, text_cap = 0;
-    int eof = 0, failed = 0;
-    double deadline = now_s() + o.timeout_s;
-    for (;;) {
-        if (!eof) {
-            struct pollfd pfd = {.fd = res_pipe[0], .events = POLLIN};
-            if (poll(&pfd, 1, 100) > 0) {
-                int d = drain(res_pipe[0], &text, &text_len, &text_cap);
-                if (d != 0)
-                    eof = 1; /* end of file, or an error that the parse below reports */
-            }
-        } else {
-            usleep(100 * 1000);
-        }
-        int running = reap(kids, nkids);
-        for (int i = 0; i < nkids; i++)
-            if (kids[i].done && !child_ok(&kids[i]))
-                failed = 1;
-        if (failed) {
-            usleep(300 * 1000); /* let the others that are failing too be reaped and named */
-            reap(kids, nkids);
-            for (int i = 0; i < nkids; i++) {
-                if (kids[i].done && !child_ok(&kids[i])) {
-                    char why[160];
-                    describe_exit(&kids[i], why, sizeof(why));
-                    fprintf(stderr, PROG ": %s\n", why);
-                }
-            }
-            for (int i = 0; i < nkids; i++)
-                if (!kids[i].done)
-                    fprintf(stderr, PROG ": killing %s (pid %d)\n", kids[i].name,
-                            (int)kids[i].pid);
-            kill_all(kids, nkids);
-            return 1;
-        }
-        if (running == 0 && eof)
-            break;
-        if (now_s() > deadline) {
-            for (int i = 0; i < nkids; i++)
-                if (!kids[i].done)
-                    fprintf(stderr, PROG ": timeout after %d s: %s (pid %d) still running, "
-                                    "killed\n",
-                            o.timeout_s, kids[i].name, (int)kids[i].pid);
-            kill_all(kids, nkids);
-            return 1;
-        }
-    }
-    close(res_pipe[0]);
-
-    bench_result_t res = {.scheme = "?"};
-    if (!text || parse_result(text, o.iters, &res) != 0) {
-        fprintf(stderr, PROG ": the sender exited cleanly but its results are incomplete (%d of "
-                        "%d timings)\n",
-                res.ntimes, o.iters);
-        return 1;
-    }
-    report(&o, &res, baseline);
-    free(res.times);
-    free(text);
-    free(kids);
+    int rc;
+    if (o.store)
+        rc = main_store(&o, shared);
+    else
+        rc = main_ipc(&o, shared);
     munmap(shared, shared_len);
-    return 0;
+    return rc;
 }
