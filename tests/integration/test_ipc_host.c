@@ -221,9 +221,14 @@ static int sender_main(void *arg)
         }
         CHECK(strcmp(wsync_sender_scheme(s), "ipc") == 0);
     }
-    if (g->expect_error != NULL)
+    if (g->expect_error != NULL) {
         CHECK_MSG(st != WSYNC_OK, "every push succeeded; expected an error with \"%s\"",
                   g->expect_error);
+        /* sender 0 is the coordinator: stay a moment, so that a participant still starting
+         * (a loaded machine) reaches it and is told why the group ended, not just refused */
+        if (g->sender_rank == 0)
+            usleep(1500000);
+    }
     wsync_sender_free(s);
     for (int p = 0; p < NPARAMS; p++) {
         if (g->inplace && p % 2 == 0)
@@ -376,6 +381,8 @@ static void run_group(group_t *g, int extra_senders_rank1, int *codes, int *npro
         pids[n] = proc_spawn(receiver_main, &cfg[n], 60);
         n++;
     }
+    /* (receivers retry until the coordinator listens; the lingering coordinator covers
+     * late starters of a group that fails at once) */
     proc_wait_all(pids, n, 90000, codes);
     *nprocs = n;
 }
