@@ -604,6 +604,30 @@ static void store_drop_reader(wsync_coord_t *co, coord_peer_t *p)
     store_evict(co);
 }
 
+/* The checksums a store sender publishes after its directory entry (schemes/store.c): u64 block
+ * bytes (0: none), then u32 nshards, and per shard u64 bytes and one u64 per block. Readers
+ * decode them from the directory as sent here, so their shape is checked against the sender's
+ * own description before they are kept. 0 if well formed (r then at their end). */
+static int checksums_ok(wsync_rbuf_t *r, const coord_peer_t *p)
+{
+    uint64_t block = wsync_get_u64(r);
+
+    if (r->err || block == 0)
+        return r->err ? -1 : 0;
+    if (block % 64 != 0 || block > (1ull << 40) || wsync_get_u32(r) != p->nshards)
+        return -1;
+    for (size_t i = 0; i < p->nshards && !r->err; i++) {
+        uint64_t want = wsync_dtype_size(p->shards[i].param.dtype), bytes = wsync_get_u64(r);
+        for (int d = 0; d < p->shards[i].param.ndim; d++)
+            want *= (uint64_t)p->shards[i].box.len[d];
+        uint64_t nb = bytes / block + (bytes % block != 0);
+        if (bytes != want || nb > wsync_rbuf_left(r) / 8)
+            return -1;
+        wsync_get_bytes(r, (size_t)nb * 8);
+    }
+    return r->err ? -1 : 0;
+}
+
 static void on_publish(wsync_coord_t *co, coord_peer_t *p, wsync_msg_t *m)
 {
     char name[160], text[512];
@@ -617,8 +641,8 @@ static void on_publish(wsync_coord_t *co, coord_peer_t *p, wsync_msg_t *m)
     wsync_rbuf_init(&r, m->payload, m->len);
     v = wsync_get_u64(&r);
     const uint8_t *entry = r.p;
-    if (wsync_dir_entry_decode(&r, &e) != WSYNC_OK || wsync_rbuf_left(&r) != 0 ||
-        e.sender != (uint32_t)s || e.nshards != p->nshards) {
+    if (wsync_dir_entry_decode(&r, &e) != WSYNC_OK || checksums_ok(&r, p) != 0 ||
+        wsync_rbuf_left(&r) != 0 || e.sender != (uint32_t)s || e.nshards != p->nshards) {
         wsync_dir_entry_clear(&e);
         snprintf(text, sizeof(text), "%s published a malformed directory entry", name);
         group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PROTOCOL, text, NULL);
@@ -691,6 +715,94 @@ static void on_fetch(wsync_coord_t *co, coord_peer_t *p, uint64_t version, uint6
     co->fetches[co->nfetches++] = f;
 }
 
+/* Append "what from A, B" to buf at *n, naming each peer pred() picks. */
+static void awaits_add(wsync_coord_t *co, char *buf, size_t len, size_t *n, const char *what,
+                       int senders, int (*pred)(const wsync_coord_t *, const coord_peer_t *, int, int),
+                       int arg)
+{
+    int count = senders ? co->nsenders : co->nreceivers, named = 0;
+
+    for (int i = 0; i < count && *n + 1 < len; i++) {
+        const coord_peer_t *p = senders ? &co->senders[i] : &co->receivers[i];
+        char name[160];
+        if (!pred(co, p, i, arg))
+            continue;
+        if (p->present)
+            peer_name(p, name, sizeof(name));
+        else
+            snprintf(name, sizeof(name), "%s %d (not connected)", senders ? "sender" : "receiver", i);
+        if (named++ > 0)
+            *n += (size_t)snprintf(buf + *n, len - *n, ", %s", name);
+        else
+            *n += (size_t)snprintf(buf + *n, len - *n, "%s%s from %s", *n ? "; " : "", what, name);
+    }
+    *n = WSYNC_MIN(*n, len - 1);
+}
+
+static int not_described(const wsync_coord_t *co, const coord_peer_t *p, int rank, int arg)
+{
+    (void)co, (void)rank, (void)arg;
+    return !p->present || !p->described;
+}
+
+static int not_begun(const wsync_coord_t *co, const coord_peer_t *p, int rank, int arg)
+{
+    (void)rank, (void)arg;
+    return p->begun != co->version;
+}
+
+static int not_committed(const wsync_coord_t *co, const coord_peer_t *p, int rank, int arg)
+{
+    (void)rank, (void)arg;
+    return p->committed != co->version;
+}
+
+static int not_published(const wsync_coord_t *co, const coord_peer_t *p, int rank, int version)
+{
+    (void)p;
+    return co->versions[version].entries[rank].len == 0;
+}
+
+/* What the group waits for and on whom, as the coordinator sees it ("COMMIT of version 2 from
+ * receiver 1 (pid 42 on host)"); returns its length, 0 if it waits on nobody. */
+static size_t coord_awaits(wsync_coord_t *co, char *buf, size_t len)
+{
+    size_t n = 0;
+    char what[64];
+
+    buf[0] = '\0';
+    if (!co->planned) {
+        awaits_add(co, buf, len, &n, "the description", 1, not_described, 0);
+        awaits_add(co, buf, len, &n, "the description", 0, not_described, 0);
+    } else if (co->scheme != NULL && co->scheme->async) {
+        for (int i = 0; i < co->nversions; i++) {
+            if (co->versions[i].npublished == co->nsenders)
+                continue;
+            snprintf(what, sizeof(what), "PUBLISH of version %llu",
+                     (unsigned long long)co->versions[i].version);
+            awaits_add(co, buf, len, &n, what, 1, not_published, i);
+        }
+        if (n == 0 && co->latest > 0)
+            n = (size_t)snprintf(buf, len, "nothing: every sender published version %llu",
+                                 (unsigned long long)co->latest);
+    } else if (co->nbegun > 0 && co->nbegun < co->nsenders) {
+        snprintf(what, sizeof(what), "PUSH_BEGIN of version %llu", (unsigned long long)co->version);
+        awaits_add(co, buf, len, &n, what, 1, not_begun, 0);
+    } else if (co->nbegun == co->nsenders) {
+        snprintf(what, sizeof(what), "COMMIT of version %llu", (unsigned long long)co->version);
+        awaits_add(co, buf, len, &n, what, 0, not_committed, 0);
+    } else if (co->version > 0) {
+        n = (size_t)snprintf(buf, len, "nothing: version %llu was committed by every receiver",
+                             (unsigned long long)co->version);
+    }
+    if (n > 0) {
+        char tmp[320];
+        snprintf(tmp, sizeof(tmp), "the coordinator awaits %s", buf);
+        snprintf(buf, len, "%s", tmp);
+    }
+    return n > 0 ? strlen(buf) : 0;
+}
+
 static void coord_on_msg(void *user, wsync_conn_t *c, wsync_msg_t *m)
 {
     wsync_coord_t *co = user;
@@ -737,9 +849,32 @@ static void coord_on_msg(void *user, wsync_conn_t *c, wsync_msg_t *m)
     case WSYNC_MSG_ERROR: {
         wsync_status_t st;
         char detail[1024];
+        char awaits[320];
         wsync_status_msg_decode(m->payload, m->len, &st, detail, sizeof(detail));
+        if (p->hello.role == WSYNC_ROLE_RECEIVER && co->scheme != NULL && co->scheme->async) {
+            /* a store reader that failed is one reader gone, as if it had left: the store and
+             * its other readers carry on. The reader still hears its verdict (its own words) */
+            WSYNC_LOG_W("coordinator: store reader %d failed: %s", p->hello.rank, detail);
+            store_drop_reader(co, p);
+            snprintf(text, sizeof(text), "%s failed: %s", name, detail);
+            wsync_wbuf_t b;
+            wsync_wbuf_init(&b);
+            wsync_status_msg_encode(st, text, &b);
+            wsync_conn_send(c, WSYNC_MSG_ABORT, b.data, (uint32_t)b.len, NULL, 0, send_timeout(co));
+            wsync_wbuf_free(&b);
+            break;
+        }
+        if (st == WSYNC_ERR_TIMEOUT && coord_awaits(co, awaits, sizeof(awaits)) > 0) {
+            /* a deadline passed waiting on someone: say whom */
+            int room = 1000 - (int)strlen(name) - (int)strlen(awaits) - 16;
+            snprintf(text, sizeof(text), "%s failed: %.*s [%s]", name, room > 0 ? room : 0, detail,
+                     awaits);
+            group_fail(co, WSYNC_MSG_ABORT, st, text, NULL);
+            break;
+        }
+        /* the failing member hears the verdict too: it waits for it (core/member.c) */
         snprintf(text, sizeof(text), "%s failed: %s", name, detail);
-        group_fail(co, WSYNC_MSG_ABORT, st, text, c);
+        group_fail(co, WSYNC_MSG_ABORT, st, text, NULL);
         break;
     }
     case WSYNC_MSG_PUBLISH:

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/fault.h"
 #include "core/util.h"
 #include "transports/shm.h"
 
@@ -16,6 +17,8 @@ wsync_status_t wsync_ctx_create(const wsync_ctx_params_t *params, wsync_ctx_t **
 
     if (out == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "wsync_ctx_create: ctx is NULL");
+    if (wsync_fault_init() != WSYNC_OK)
+        return WSYNC_ERR_INVALID;   /* the last error names the bad token */
     ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "no memory for a context");
@@ -31,6 +34,25 @@ wsync_status_t wsync_ctx_create(const wsync_ctx_params_t *params, wsync_ctx_t **
     }
     if (ctx->log_level == WSYNC_LOG_UNSET)
         ctx->log_level = WSYNC_LOG_WARN;
+    ctx->verify = params != NULL ? params->verify : -1;
+    if (ctx->verify == -1) {
+        const char *env = getenv("WSYNC_VERIFY");
+        ctx->verify = 0;
+        if (env != NULL && *env != '\0') {
+            if ((env[0] != '0' && env[0] != '1') || env[1] != '\0') {
+                free(ctx);
+                return wsync_err(WSYNC_ERR_INVALID, "environment variable WSYNC_VERIFY='%s': "
+                                                    "expected 0 or 1", env);
+            }
+            ctx->verify = env[0] == '1';
+        }
+    }
+    if (ctx->verify != 0 && ctx->verify != 1) {
+        int bad = ctx->verify;
+        free(ctx);
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_ctx_create: verify = %d, expected -1, 0 or 1",
+                         bad);
+    }
     wsync_log_set_level(ctx->log_level);
     pthread_mutex_init(&ctx->allocs_mu, NULL);
     for (int i = 0; i < WSYNC_NTRANSPORTS; i++) {

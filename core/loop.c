@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/fault.h"
 #include "core/log.h"
 #include "core/proto.h"
 #include "core/sock.h"
@@ -147,6 +148,17 @@ wsync_status_t wsync_conn_send(wsync_conn_t *c, uint16_t type, const void *paylo
 
     if (nfds < 0 || nfds > WSYNC_MSG_MAX_FDS || len > WSYNC_FRAME_MAX)
         return wsync_err(WSYNC_ERR_INTERNAL, "frame to %s: %d fds, %u bytes", c->name, nfds, len);
+    switch (WSYNC_FAULT_MSG(WSYNC_FAULT_CTRL_SEND, type)) {
+    case WSYNC_FAULT_DROP:
+        return WSYNC_OK;                 /* as if the peer never got it */
+    case WSYNC_FAULT_FAIL: {
+        char where[200];
+        snprintf(where, sizeof(where), "sending %s to %s", wsync_msg_name(type), c->name);
+        return wsync_fault_err(WSYNC_FAULT_CTRL_SEND, where);
+    }
+    default:
+        break;
+    }
     wsync_frame_hdr_encode(type, (uint32_t)nfds, payload, len, hdr);
     pthread_mutex_lock(&c->send_lock);
     if (atomic_load(&c->closed)) {
@@ -254,6 +266,19 @@ static int deliver(wsync_loop_t *loop, wsync_conn_t *c)
     if (m->type == WSYNC_MSG_HEARTBEAT) {
         wsync_msg_free(m);
         return 0;
+    }
+    switch (WSYNC_FAULT_MSG(WSYNC_FAULT_CTRL_RECV, m->type)) {
+    case WSYNC_FAULT_DROP:
+        wsync_msg_free(m);
+        return 0;
+    case WSYNC_FAULT_FAIL:
+        snprintf(why, sizeof(why), "%s from %s", wsync_msg_name(m->type), c->name);
+        wsync_fault_err(WSYNC_FAULT_CTRL_RECV, why);
+        wsync_msg_free(m);
+        conn_finish(loop, c, WSYNC_ERR_IO, wsync_last_error());
+        return -1;
+    default:
+        break;
     }
     if (m->type == WSYNC_MSG_BYE)
         atomic_store(&c->leaving, 1);

@@ -27,7 +27,9 @@ static void member_on_msg(void *user, wsync_conn_t *c, wsync_msg_t *msg)
     case WSYNC_MSG_PEER_LOST:
         if (wsync_status_msg_decode(msg->payload, msg->len, &st, text, sizeof(text)) != WSYNC_OK)
             snprintf(text, sizeof(text), "%s sent a malformed %s", c->name, wsync_msg_name(msg->type));
-        wsync_inbox_fail(&m->inbox, st, text);
+        /* someone else's deadline: to us the group was aborted (TIMEOUT from a wait means that
+         * nothing happened yet, and a dead group must not keep saying so) */
+        wsync_inbox_fail(&m->inbox, st == WSYNC_ERR_TIMEOUT ? WSYNC_ERR_ABORTED : st, text);
         wsync_msg_free(msg);
         return;
     case WSYNC_MSG_BYE:
@@ -177,23 +179,68 @@ wsync_status_t wsync_member_send_u64(wsync_member_t *m, uint16_t type, uint64_t 
     return st;
 }
 
+/* Tell the coordinator, and wait a little for its verdict: the ABORT it sends everyone, this
+ * member too. The group's first failure is the one every member reports: when another member's
+ * came first (this one may only be its consequence), that is the verdict. Returns 1 if the
+ * verdict is this failure's own echo, or none came; *suffix then points at what the coordinator
+ * added (whom it awaits) or is NULL. Returns with m->inbox.mu held. */
+static int report_and_hear(wsync_member_t *m, wsync_status_t st, const char *text,
+                           const char **suffix)
+{
+    wsync_wbuf_t b;
+    wsync_status_t sent;
+    wsync_msg_t *none;
+    const char *detail = strchr(text, ':');
+    int ours;
+
+    wsync_wbuf_init(&b);
+    wsync_status_msg_encode(st, text, &b);
+    sent = wsync_conn_send(m->ctrl, WSYNC_MSG_ERROR, b.data, (uint32_t)b.len, NULL, 0, 1000);
+    wsync_wbuf_free(&b);
+    if (sent == WSYNC_OK)
+        wsync_inbox_pop(&m->inbox, NULL, 0, wsync_deadline_in(WSYNC_MIN(m->timeout_ms, 1000)),
+                        &none);
+    pthread_mutex_lock(&m->inbox.mu);
+    *suffix = NULL;
+    ours = m->inbox.fatal == WSYNC_OK ||
+           (detail != NULL && strstr(m->inbox.fatal_text, detail + 1) != NULL);
+    if (ours && m->inbox.fatal != WSYNC_OK)
+        *suffix = strstr(m->inbox.fatal_text, " [the coordinator awaits");
+    return ours;
+}
+
 wsync_status_t wsync_member_fail(wsync_member_t *m, wsync_status_t st)
 {
-    char text[1024];
-    wsync_wbuf_t b;
+    char text[1024], full[1400];
+    const char *suffix;
 
     if (wsync_inbox_failed(&m->inbox) != WSYNC_OK)
         return wsync_inbox_failed(&m->inbox);   /* the group had already failed: say why */
     snprintf(text, sizeof(text), "%s", wsync_last_error());
-    wsync_inbox_fail(&m->inbox, st, text);
-    if (m->ctrl != NULL) {
-        wsync_wbuf_init(&b);
-        wsync_status_msg_encode(st, text, &b);
-        wsync_conn_send(m->ctrl, WSYNC_MSG_ERROR, b.data, (uint32_t)b.len, NULL, 0, 1000);
-        wsync_wbuf_free(&b);
+    if (st == WSYNC_ERR_TIMEOUT && m->role == WSYNC_ROLE_RECEIVER) {
+        /* TIMEOUT from a receiver's wait means "no version began"; a deadline passed waiting on
+         * a peer in the middle of one is that peer's loss, as a silent peer's is */
+        const char *prefix = wsync_status_str(st);
+        size_t plen = strlen(prefix);
+        char detail[1024];
+        snprintf(detail, sizeof(detail), "%s", strncmp(text, prefix, plen) == 0 &&
+                 text[plen] == ':' ? text + plen + 2 : text);
+        st = WSYNC_ERR_PEER_LOST;
+        snprintf(text, sizeof(text), "%s: %s", wsync_status_str(st), detail);
     }
-    wsync_err_set_text(st, text);
-    return st;
+    if (m->ctrl == NULL || atomic_load(&m->ctrl->closed)) {
+        wsync_inbox_fail(&m->inbox, st, text);
+        return wsync_err_set_text(st, text);
+    }
+    if (report_and_hear(m, st, text, &suffix)) {
+        /* this member's own failure, as it saw it, and whom the coordinator awaits */
+        snprintf(full, sizeof(full), "%s%s", text, suffix != NULL ? suffix : "");
+        m->inbox.fatal = st;
+        snprintf(m->inbox.fatal_text, sizeof(m->inbox.fatal_text), "%s", full);
+        pthread_cond_broadcast(&m->inbox.cv);
+    }
+    pthread_mutex_unlock(&m->inbox.mu);
+    return wsync_inbox_failed(&m->inbox);
 }
 
 void wsync_member_close(wsync_member_t *m)

@@ -15,6 +15,7 @@ typedef struct {
 
 struct wsync_ctx {
     wsync_log_level_t log_level;
+    int verify;                      /* checksum every chunk of every version (WSYNC_VERIFY) */
     pthread_mutex_t allocs_mu;       /* wsync_mem_alloc may be called from any thread */
     wsync_alloc_t *allocs;
     size_t nallocs, allocs_cap;

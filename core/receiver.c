@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/fault.h"
 #include "core/log.h"
 #include "core/objects.h"
 #include "core/util.h"
@@ -224,6 +225,18 @@ static wsync_status_t receiver_ready(wsync_receiver_t *r, int64_t deadline, int 
     return st;
 }
 
+/* The commit fault point: a version landed whole, not yet committed. */
+static wsync_status_t commit_point(wsync_receiver_t *r, uint64_t v)
+{
+    if (WSYNC_FAULT(WSYNC_FAULT_COMMIT) == WSYNC_FAULT_FAIL) {
+        char where[96];
+        snprintf(where, sizeof(where), "receiver %d committing version %llu", r->m.rank,
+                 (unsigned long long)v);
+        return wsync_fault_err(WSYNC_FAULT_COMMIT, where);
+    }
+    return WSYNC_OK;
+}
+
 /* Async schemes: land a version the receiver asks for. */
 static wsync_status_t receiver_fetch(wsync_receiver_t *r, uint64_t want, int timeout_ms,
                                      uint64_t *got)
@@ -231,14 +244,18 @@ static wsync_status_t receiver_fetch(wsync_receiver_t *r, uint64_t want, int tim
     uint64_t v = 0;
     wsync_status_t st;
 
-    r->torn = 1;
+    /* the scheme sets torn once it writes into the targets */
     st = r->m.scheme->receiver_fetch(r, want, timeout_ms, &v);
-    if (st == WSYNC_ERR_TIMEOUT || st == WSYNC_ERR_NOT_FOUND) {
-        r->torn = 0;   /* nothing was written: the scheme writes only once it has a directory */
-        return st;
+    if (st == WSYNC_ERR_TIMEOUT || st == WSYNC_ERR_NOT_FOUND)
+        return st;     /* nothing was written: the scheme writes only once it has a directory */
+    if (st == WSYNC_OK) {
+        r->torn = 1;
+        st = quantize_staged(r);
     }
     if (st == WSYNC_OK)
-        st = quantize_staged(r);
+        st = commit_point(r, v);
+    if (st == WSYNC_ERR_INTEGRITY)
+        return st;     /* this reader's copy is bad, not the store: it may fetch again */
     if (st != WSYNC_OK)
         return wsync_member_fail(&r->m, st);
     r->torn = 0;
@@ -284,10 +301,14 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
         if (st != WSYNC_OK)
             return wsync_member_fail(&r->m, st);
     }
-    r->torn = 1;
+    /* the scheme sets torn once it writes into the targets */
     st = r->m.scheme->receiver_recv(r, v);
-    if (st == WSYNC_OK)
+    if (st == WSYNC_OK) {
+        r->torn = 1;
         st = quantize_staged(r);
+    }
+    if (st == WSYNC_OK)
+        st = commit_point(r, v);
     if (st != WSYNC_OK)
         return wsync_member_fail(&r->m, st);
     r->torn = 0;

@@ -1,4 +1,5 @@
 /* The sender: a trainer rank's view. Rank 0 also hosts the coordinator. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,10 +209,14 @@ wsync_status_t wsync_sender_push(wsync_sender_t *s, uint64_t version)
     if (st != WSYNC_OK)
         return wsync_member_fail(&s->m, st);
     for (;;) {
-        st = wsync_inbox_pop(&s->m.inbox, done, 1, wsync_deadline_in(s->m.timeout_ms), &msg);
+        /* half as long again as a sender's wait for a receiver: waits farther from a stall end
+         * later (ipc: RELEASE 1x, a receiver's next bucket 1.25x, DONE 1.5x), so that the one
+         * waiting on the culprit reports it, by name, first */
+        int wait_ms = (int)WSYNC_MIN((int64_t)s->m.timeout_ms * 3 / 2, INT_MAX);
+        st = wsync_inbox_pop(&s->m.inbox, done, 1, wsync_deadline_in(wait_ms), &msg);
         if (st == WSYNC_ERR_TIMEOUT)
             st = wsync_err(st, "sender %d: version %llu was not committed by every receiver within "
-                           "%d ms", s->m.rank, (unsigned long long)version, s->m.timeout_ms);
+                           "%d ms", s->m.rank, (unsigned long long)version, wait_ms);
         if (st != WSYNC_OK)
             return wsync_member_fail(&s->m, st);
         wsync_rbuf_t r;

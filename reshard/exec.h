@@ -11,6 +11,10 @@
 wsync_status_t wsync_exec_copy(const void *src, wsync_dtype_t src_dtype, const wsync_region_t *src_region,
                                void *dst, wsync_dtype_t dst_dtype, const wsync_region_t *dst_region);
 
+/* xxh3-64 of a region's bytes, row by row (each row's digest seeds the next): equal for the same
+ * elements wherever they lie, so a chunk hashed in its shard and where it landed agree. */
+uint64_t wsync_exec_hash(const void *base, wsync_dtype_t dtype, const wsync_region_t *region);
+
 /* Pack a chunk from its shard's memory into its place in the bucket (dense [rows, cols]). */
 void wsync_exec_pack(const wsync_chunk_t *chunk, const void *shard_data, void *bucket);
 

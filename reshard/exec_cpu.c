@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <xxhash.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -168,6 +169,19 @@ wsync_status_t wsync_exec_copy(const void *src, wsync_dtype_t src_dtype,
         cast((const uint8_t *)src + (sr->off + r * sr->pitch) * ssz,
              (uint8_t *)dst + (dr->off + r * dr->pitch) * dsz, sr->cols);
     return WSYNC_OK;
+}
+
+uint64_t wsync_exec_hash(const void *base, wsync_dtype_t dtype, const wsync_region_t *region)
+{
+    size_t esz = wsync_dtype_size(dtype), row = (size_t)(region->cols * esz);
+    const uint8_t *p = (const uint8_t *)base + region->off * esz;
+    uint64_t h = 0;
+
+    /* rows chained through the seed: no state to allocate, and the same digest whatever the
+     * pitch, so a chunk hashed in its shard and where it landed agree */
+    for (uint64_t r = 0; r < region->rows; r++)
+        h = XXH3_64bits_withSeed(p + r * region->pitch * esz, row, h);
+    return h;
 }
 
 void wsync_exec_pack(const wsync_chunk_t *chunk, const void *shard_data, void *bucket)

@@ -872,8 +872,10 @@ static wsync_status_t add_part(compile_t *c, lchunk_t *l, uint64_t row, uint64_t
     wsync_plan_t *pl = c->plan;
     wsync_chunk_t *ch;
 
-    if (pl->nchunks >= UINT32_MAX - 1)
-        return wsync_err(WSYNC_ERR_RANGE, "plan: more than %u chunks", UINT32_MAX - 1);
+    if (pl->nchunks >= WSYNC_PLAN_MAX_CHUNKS)
+        return wsync_err(WSYNC_ERR_RANGE, "plan: more than %u chunks with buckets of %llu bytes; "
+                         "raise bucket_bytes", WSYNC_PLAN_MAX_CHUNKS,
+                         (unsigned long long)c->bucket_bytes);
     if (grow((void **)&pl->chunks, &c->cap_chunks, pl->nchunks + 1, sizeof(*pl->chunks)) ||
         grow((void **)&c->parts, &c->cap_parts, pl->nchunks + 1, sizeof(*c->parts)))
         return wsync_err(WSYNC_ERR_NOMEM, "plan: %u chunks", pl->nchunks + 1);
@@ -984,9 +986,9 @@ static wsync_status_t split_segments(compile_t *c)
 
     for (size_t i = 0; i < c->nlsegs; i++)
         n += c->lchunks[c->lsegs[i].lchunk].nparts;
-    if (n >= UINT32_MAX)
-        return wsync_err(WSYNC_ERR_RANGE, "plan: %" PRIu64 " segments, more than %u", n,
-                         UINT32_MAX - 1);
+    if (n > WSYNC_PLAN_MAX_CHUNKS)
+        return wsync_err(WSYNC_ERR_RANGE, "plan: %" PRIu64 " segments, more than %u; raise "
+                         "bucket_bytes", n, WSYNC_PLAN_MAX_CHUNKS);
     pl->segments = malloc((n ? n : 1) * sizeof(*pl->segments));
     if (pl->segments == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " segments", n);

@@ -27,6 +27,9 @@
 #define WSYNC_PLAN_MIN_BUCKET 64u                    /* smallest bucket_bytes */
 #define WSYNC_PLAN_MAX_BUCKET (UINT64_C(1) << 40)     /* largest bucket_bytes */
 #define WSYNC_PLAN_MAX_RANKS (1u << 20)              /* senders, and receivers */
+/* chunks and segments of one plan: a plan much larger cannot travel in one control frame, and a
+ * tiny bucket must not make the coordinator build millions of them before finding that out */
+#define WSYNC_PLAN_MAX_CHUNKS (1u << 21)
 #define WSYNC_PLAN_MAX_PAIRS (1u << 22)              /* nsenders * nreceivers (2048 x 2048) */
 #define WSYNC_PLAN_MAX_ELEMS (UINT64_C(1) << 56)      /* elements of one param or target */
 #define WSYNC_MAX_PIECES 65536                       /* pieces of one target */

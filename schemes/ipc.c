@@ -5,12 +5,16 @@
  * schedule, READY tells a receiver that the bucket may be read (and in which slot its staged
  * chunks are); the receiver copies out only its segments and answers RELEASE; a slot is refilled
  * only once every receiver that needed its previous bucket released it. Nothing has a name, so
- * nothing outlives the processes. */
+ * nothing outlives the processes. With verification on (WSYNC_VERIFY, at the sender or asked for
+ * by a receiver in DATA_HELLO), READY also carries the xxh3 of each of the bucket's chunks, taken
+ * from the shard, which the receiver checks against what landed. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "core/fault.h"
 #include "core/log.h"
 #include "core/objects.h"
 #include "core/sock.h"
@@ -46,8 +50,10 @@ typedef struct {
     uint32_t *chunk_start;           /* [nbuckets + 1] chunk ranges per bucket */
     uint8_t *need;                   /* [nbuckets * nreceivers] receiver r needs bucket k */
     uint32_t *pending;               /* [nbuckets] releases still due */
+    uint8_t *owed;                   /* [nbuckets * nreceivers] READY sent, RELEASE not yet in */
     wsync_conn_t **rconn;            /* [nreceivers] data connections */
     uint8_t *needs_any;              /* [nreceivers] */
+    int verify;                      /* READY carries the chunks' checksums */
 } ipc_sender_t;
 
 typedef struct {
@@ -61,14 +67,18 @@ typedef struct {
     uint32_t ninplace_slots;
     uint32_t nbuckets;               /* the sender's schedule length */
     uint32_t *seg_start;             /* [nbuckets + 1] ranges of plan->segments per bucket */
+    uint32_t *chunk_start;           /* [nbuckets + 1] ranges of plan->chunks per bucket */
     uint8_t *done;                   /* [nbuckets] landed in this version */
     uint32_t needed;                 /* buckets with segments of ours */
+    uint32_t pid;
 } ipc_from_t;
 
 typedef struct {
     uint32_t nsenders;
     ipc_from_t *from;                /* [nsenders] */
     uint64_t bytes_total;            /* bytes landing in our targets per version */
+    uint64_t *sums;                  /* the checksums of the READY at hand */
+    uint32_t sums_cap;
 } ipc_receiver_t;
 
 static uint64_t chunk_bytes(const wsync_chunk_t *c)
@@ -133,6 +143,7 @@ static void ipc_sender_teardown(wsync_sender_t *s)
     free(st->chunk_start);
     free(st->need);
     free(st->pending);
+    free(st->owed);
     free(st->rconn);
     free(st->needs_any);
     free(st);
@@ -158,9 +169,11 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
     st->chunk_start = calloc(st->nbuckets + 1, sizeof(uint32_t));
     st->need = calloc((size_t)st->nbuckets * nr + 1, 1);
     st->pending = calloc(st->nbuckets + 1, sizeof(uint32_t));
+    st->owed = calloc((size_t)st->nbuckets * nr + 1, 1);
     st->rconn = calloc(nr, sizeof(*st->rconn));
     st->needs_any = calloc(nr, 1);
-    if (!st->chunk_start || !st->need || !st->pending || !st->rconn || !st->needs_any)
+    st->verify = s->m.ctx->verify;
+    if (!st->chunk_start || !st->need || !st->pending || !st->owed || !st->rconn || !st->needs_any)
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for the schedule");
 
     /* chunks are ordered by (sender, bucket, offset): find our range and its bucket bounds */
@@ -253,6 +266,8 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
         wsync_rbuf_init(&r, msg->payload, msg->len);
         rank = wsync_get_u32(&r);
         pid = wsync_get_u32(&r);
+        if (wsync_rbuf_left(&r) >= 4 && (wsync_get_u32(&r) & 1u))
+            st->verify = 1;   /* this receiver verifies: ship checksums to all */
         if (r.err || rank >= nr || !st->needs_any[rank] || st->rconn[rank] != NULL) {
             wsync_loop_close(s->m.loop, msg->conn, WSYNC_ERR_PROTOCOL, "unexpected DATA_HELLO");
             wsync_msg_free(msg);
@@ -325,14 +340,19 @@ static wsync_status_t await_release(wsync_sender_t *s, ipc_sender_t *st, uint64_
         wsync_status_t rc = wsync_inbox_pop(&s->m.inbox, types, 1,
                                             wsync_deadline_in(s->m.timeout_ms), &msg);
         if (rc == WSYNC_ERR_TIMEOUT) {
-            char who[256] = "";
+            char who[512] = "";
             size_t n = 0;
-            for (uint32_t i = 0; i < nr; i++)
-                if (st->need[(size_t)k * nr + i] && n + 12 < sizeof(who))
-                    n += (size_t)snprintf(who + n, sizeof(who) - n, "%s%u", n ? ", " : "", i);
+            for (uint32_t i = 0; i < nr; i++) {
+                if (!st->owed[(size_t)k * nr + i] || n + 1 >= sizeof(who))
+                    continue;
+                pthread_mutex_lock(&st->rconn[i]->send_lock);   /* its name may be rewritten */
+                n += (size_t)snprintf(who + n, sizeof(who) - n, "%s%s", n ? ", " : "",
+                                      st->rconn[i]->name);
+                pthread_mutex_unlock(&st->rconn[i]->send_lock);
+            }
             return wsync_err(rc, "ipc: sender %d: version %llu: bucket %u not released within %d ms "
-                             "(receivers needing it: %s)", s->m.rank, (unsigned long long)version,
-                             k, s->m.timeout_ms, who);
+                             "by %s", s->m.rank, (unsigned long long)version, k, s->m.timeout_ms,
+                             who);
         }
         if (rc != WSYNC_OK)
             return rc;
@@ -347,6 +367,7 @@ static wsync_status_t await_release(wsync_sender_t *s, ipc_sender_t *st, uint64_
                              "version %llu from receiver %d", s->m.rank, b, (unsigned long long)v,
                              rank);
         st->pending[b]--;
+        st->owed[(size_t)b * nr + (uint32_t)rank] = 0;
     }
     return WSYNC_OK;
 }
@@ -388,6 +409,40 @@ static wsync_status_t ipc_sender_push(wsync_sender_t *s, uint64_t version)
         wsync_put_u64(&b, version);
         wsync_put_u32(&b, k);
         wsync_put_u32(&b, slot);
+        if (st->verify) {
+            /* from the shard itself: whatever happens to the bytes after this, the receiver sees */
+            wsync_put_u32(&b, st->chunk_start[k + 1] - st->chunk_start[k]);
+            for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++)
+                wsync_put_u64(&b, wsync_exec_hash(s->shard_data[plan->chunks[c].shard],
+                                                  plan->chunks[c].dtype, &plan->chunks[c].src));
+        }
+        switch (WSYNC_FAULT(WSYNC_FAULT_PUSH_BUCKET)) {
+        case WSYNC_FAULT_FAIL: {
+            char where[128];
+            snprintf(where, sizeof(where), "ipc sender %d, bucket %u of version %llu", s->m.rank,
+                     k, (unsigned long long)version);
+            wsync_wbuf_free(&b);
+            return wsync_fault_err(WSYNC_FAULT_PUSH_BUCKET, where);
+        }
+        case WSYNC_FAULT_CORRUPT:   /* in the staging slot: what the receivers copy from */
+            for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1] && slot != NO_SLOT; c++) {
+                if (st->inplace[plan->chunks[c].shard].region >= 0)
+                    continue;
+                wsync_fault_flip((uint8_t *)st->shm.base + (size_t)slot * st->slot_bytes +
+                                     plan->chunks[c].bucket_off, chunk_bytes(&plan->chunks[c]));
+                break;
+            }
+            if (slot == NO_SLOT)
+                WSYNC_LOG_W("ipc: sender %d: bucket %u is read in place: nothing staged to "
+                            "corrupt", s->m.rank, k);
+            break;
+        default:
+            break;
+        }
+        if (b.err) {
+            wsync_wbuf_free(&b);
+            return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for READY");
+        }
         for (uint32_t r = 0; r < nr; r++) {
             if (!st->need[(size_t)k * nr + r])
                 continue;
@@ -398,6 +453,7 @@ static wsync_status_t ipc_sender_push(wsync_sender_t *s, uint64_t version)
                 return rc;
             }
             st->pending[k]++;
+            st->owed[(size_t)k * nr + r] = 1;
         }
         wsync_wbuf_free(&b);
     }
@@ -428,9 +484,11 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
             wsync_shm_release(&f->regions[g]);
         free(f->inplace);
         free(f->seg_start);
+        free(f->chunk_start);
         free(f->done);
     }
     free(st->from);
+    free(st->sums);
     free(st);
     r->m.scheme_state = NULL;
 }
@@ -486,9 +544,16 @@ static wsync_status_t take_data_fds(wsync_receiver_t *r, ipc_from_t *f, wsync_ms
         const ipc_inplace_t *ip = &f->inplace[c->shard];
         uint64_t esz = wsync_dtype_size(c->dtype);
         if (ip->region >= 0) {
-            uint64_t end = ip->offset + (c->src.off + (c->src.rows - 1) * c->src.pitch +
-                                         c->src.cols) * esz;
-            if (c->src.rows == 0 || end > region_bytes[ip->region] || end < ip->offset)
+            /* end = offset + (off + (rows - 1) * pitch + cols) * esz, refusing any wrap: the
+             * plan only promises the element count fits, not the byte count */
+            uint64_t end = 0;
+            int wrap = c->src.rows == 0 ||
+                       wsync_mul_u64(c->src.rows - 1, c->src.pitch, &end) != 0 ||
+                       wsync_add_u64(end, c->src.off, &end) != 0 ||
+                       wsync_add_u64(end, c->src.cols, &end) != 0 ||
+                       wsync_mul_u64(end, esz, &end) != 0 ||
+                       wsync_add_u64(end, ip->offset, &end) != 0;
+            if (wrap || end > region_bytes[ip->region])
                 return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u's shard %u "
                                  "lies outside the memory it shared", me, c->sender, c->shard);
         } else if (nslots == 0 || c->bucket_off + chunk_bytes(c) > slot_bytes) {
@@ -545,9 +610,22 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
             f->regions[g].fd = -1;
         f->nbuckets = plan->nbuckets[s];
         f->seg_start = calloc(f->nbuckets + 1, sizeof(uint32_t));
+        f->chunk_start = calloc(f->nbuckets + 1, sizeof(uint32_t));
         f->done = calloc(f->nbuckets + 1, 1);
-        if (f->seg_start == NULL || f->done == NULL)
+        f->pid = r->m.planmsg.peers[s].pid;
+        if (f->seg_start == NULL || f->chunk_start == NULL || f->done == NULL)
             return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+        /* chunks are ordered by (sender, bucket): READY's checksums follow that order */
+        {
+            uint32_t c = 0;
+            while (c < plan->nchunks && plan->chunks[c].sender < s)
+                c++;
+            for (uint32_t k = 0; k <= f->nbuckets; k++) {
+                while (c < plan->nchunks && plan->chunks[c].sender == s && plan->chunks[c].bucket < k)
+                    c++;
+                f->chunk_start[k] = c;
+            }
+        }
         while (i < hi && plan->chunks[plan->segments[i].chunk].sender < s)
             i++;
         for (uint32_t k = 0; k <= f->nbuckets; k++) {
@@ -583,6 +661,7 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
         wsync_wbuf_init(&b);
         wsync_put_u32(&b, me);
         wsync_put_u32(&b, (uint32_t)getpid());
+        wsync_put_u32(&b, r->m.ctx->verify ? 1u : 0u);   /* bit 0: send me checksums */
         rc = wsync_conn_send(f->conn, WSYNC_MSG_DATA_HELLO, b.data, (uint32_t)b.len, NULL, 0,
                              r->m.timeout_ms);
         wsync_wbuf_free(&b);
@@ -613,6 +692,60 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
     return WSYNC_OK;
 }
 
+/* "sender 1 (pid 42): 2 buckets": whom a receiver still waits on in this version. */
+static void waiting_on(const ipc_receiver_t *st, char *buf, size_t len)
+{
+    size_t n = 0;
+
+    buf[0] = '\0';
+    for (uint32_t s = 0; s < st->nsenders && n + 1 < len; s++) {
+        const ipc_from_t *f = &st->from[s];
+        uint32_t missing = 0;
+        for (uint32_t k = 0; k < f->nbuckets; k++)
+            missing += f->seg_start[k] < f->seg_start[k + 1] && !f->done[k];
+        if (missing > 0)
+            n += (size_t)snprintf(buf + n, len - n, "%ssender %u (pid %u): %u bucket%s",
+                                  n ? ", " : "", s, f->pid, missing, missing == 1 ? "" : "s");
+    }
+}
+
+/* Check every segment of bucket k of sender s against the checksums READY brought: the bytes as
+ * they landed when no cast came between, else the source bytes the cast read. */
+static wsync_status_t verify_bucket(wsync_receiver_t *r, const ipc_from_t *f, uint32_t s,
+                                    uint32_t k, uint64_t version, const uint64_t *sums,
+                                    const uint8_t *base)
+{
+    const wsync_plan_t *plan = r->m.plan;
+
+    for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
+        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+        const ipc_inplace_t *ip = &f->inplace[c->shard];
+        uint64_t got;
+        if (r->land_dtype[sg->target] == c->dtype) {
+            got = wsync_exec_hash(r->land[sg->target], c->dtype, &sg->dst);
+        } else if (ip->region >= 0) {
+            got = wsync_exec_hash((const uint8_t *)f->regions[ip->region].base + ip->offset,
+                                  c->dtype, &c->src);
+        } else {
+            wsync_region_t dense = {0, c->src.cols, c->src.rows, c->src.cols};
+            got = wsync_exec_hash(base + c->bucket_off, c->dtype, &dense);
+        }
+        uint64_t want = sums[sg->chunk - f->chunk_start[k]];
+        if (got != want) {
+            const wsync_target_desc_t *t = &r->targets[sg->target];
+            return wsync_err(WSYNC_ERR_INTEGRITY, "receiver %d: version %llu refused: param '%s' "
+                             "(target '%s') from sender %u (pid %u), chunk %u (bucket %u, %llu x "
+                             "%llu %s): the sender's xxh3 is %016llx, what landed hashes to %016llx",
+                             r->m.rank, (unsigned long long)version, t->pieces[sg->piece].param.name,
+                             t->name, s, f->pid, sg->chunk, k, (unsigned long long)c->src.rows,
+                             (unsigned long long)c->src.cols, wsync_dtype_name(c->dtype),
+                             (unsigned long long)want, (unsigned long long)got);
+        }
+    }
+    return WSYNC_OK;
+}
+
 static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
 {
     ipc_receiver_t *st = r->m.scheme_state;
@@ -632,33 +765,62 @@ static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
         wsync_msg_t *msg;
         wsync_rbuf_t rb;
         ipc_from_t *f = NULL;
-        uint32_t s;
+        uint32_t s, nsums = 0;
+        int has_sums;
 
-        rc = wsync_inbox_pop(&r->m.inbox, types, 1, wsync_deadline_in(r->m.timeout_ms), &msg);
-        if (rc == WSYNC_ERR_TIMEOUT)
+        /* a quarter longer than a sender's wait for a RELEASE: a sender held up by another
+         * receiver names that receiver before this wait blames the sender */
+        int wait_ms = (int)WSYNC_MIN((int64_t)r->m.timeout_ms * 5 / 4, INT_MAX);
+        rc = wsync_inbox_pop(&r->m.inbox, types, 1, wsync_deadline_in(wait_ms), &msg);
+        if (rc == WSYNC_ERR_TIMEOUT) {
+            char who[512];
+            waiting_on(st, who, sizeof(who));
             return wsync_err(rc, "ipc: receiver %d: version %llu: no bucket for %d ms (%u of %u "
-                             "received)", r->m.rank, (unsigned long long)version, r->m.timeout_ms,
-                             total - remaining, total);
+                             "received; waiting on %s)", r->m.rank, (unsigned long long)version,
+                             wait_ms, total - remaining, total, who);
+        }
         if (rc != WSYNC_OK)
             return rc;
         for (s = 0; s < st->nsenders && f == NULL; s++)
             if (st->from[s].conn == msg->conn)
                 f = &st->from[s];
+        s--;
 
         wsync_rbuf_init(&rb, msg->payload, msg->len);
         uint64_t v = wsync_get_u64(&rb);
         uint32_t k = wsync_get_u32(&rb);
         uint32_t slot = wsync_get_u32(&rb);
+        has_sums = wsync_rbuf_left(&rb) > 0;
+        if (has_sums) {
+            nsums = wsync_get_count(&rb, 8);
+            if (!rb.err && nsums > st->sums_cap) {
+                uint64_t *ns = realloc(st->sums, (size_t)nsums * sizeof(*ns));
+                if (ns == NULL) {
+                    wsync_msg_free(msg);
+                    return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for %u checksums", nsums);
+                }
+                st->sums = ns;
+                st->sums_cap = nsums;
+            }
+            for (uint32_t i = 0; i < nsums && !rb.err; i++)
+                st->sums[i] = wsync_get_u64(&rb);
+        }
         wsync_conn_t *conn = msg->conn;
         wsync_msg_free(msg);
         if (f == NULL || rb.err || v != version || k >= f->nbuckets ||
             (slot != NO_SLOT && slot >= f->nslots) || f->done[k] ||
-            f->seg_start[k] == f->seg_start[k + 1])
+            f->seg_start[k] == f->seg_start[k + 1] ||
+            (has_sums && nsums != f->chunk_start[k + 1] - f->chunk_start[k]))
             return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: unexpected READY (version "
                              "%llu, bucket %u, slot %u) while receiving version %llu", r->m.rank,
                              (unsigned long long)v, k, slot, (unsigned long long)version);
+        if (r->m.ctx->verify && !has_sums)
+            return wsync_err(WSYNC_ERR_INTEGRITY, "ipc: receiver %d: version %llu refused: it "
+                             "cannot be verified, sender %u (pid %u) sent bucket %u without "
+                             "checksums", r->m.rank, (unsigned long long)version, s, f->pid, k);
         const uint8_t *base = slot == NO_SLOT ? NULL
                                               : (const uint8_t *)f->shm.base + (size_t)slot * f->slot_bytes;
+        r->torn = 1;   /* the targets no longer hold only the last version */
         for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
             const wsync_segment_t *sg = &plan->segments[i];
             const wsync_chunk_t *c = &plan->chunks[sg->chunk];
@@ -678,6 +840,25 @@ static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
                 return rc;
             bytes_done += sg->dst.rows * sg->dst.cols * wsync_dtype_size(dst_dtype);
         }
+        switch (WSYNC_FAULT(WSYNC_FAULT_RECV_UNPACK)) {
+        case WSYNC_FAULT_FAIL: {
+            char where[128];
+            snprintf(where, sizeof(where), "ipc receiver %d, bucket %u of sender %u, version %llu",
+                     r->m.rank, k, s, (unsigned long long)version);
+            return wsync_fault_err(WSYNC_FAULT_RECV_UNPACK, where);
+        }
+        case WSYNC_FAULT_CORRUPT: {   /* in the target, in the first row the bucket filled */
+            const wsync_segment_t *sg = &plan->segments[f->seg_start[k]];
+            size_t esz = wsync_dtype_size(r->land_dtype[sg->target]);
+            wsync_fault_flip((uint8_t *)r->land[sg->target] + sg->dst.off * esz,
+                             (size_t)sg->dst.cols * esz);
+            break;
+        }
+        default:
+            break;
+        }
+        if (r->m.ctx->verify && (rc = verify_bucket(r, f, s, k, version, st->sums, base)) != WSYNC_OK)
+            return rc;
         f->done[k] = 1;
         remaining--;
         {

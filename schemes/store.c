@@ -4,11 +4,20 @@
  * coordinator keeps a directory of the last K versions: where each shard lies and its remote key.
  * Readers come and go; each asks for the newest version (or a given one), holds a lease on it
  * while it reads exactly its plan's segments with gets, and releases it. Old versions are freed
- * once nobody reads them. */
+ * once nobody reads them.
+ *
+ * Verification (WSYNC_VERIFY at the senders): readers come with plans of their own, so a sender
+ * cannot know their chunks; it publishes, beside its directory entry, the xxh3 of every
+ * VERIFY_BLOCK bytes of each shard as published. A reader that verifies fetches the whole blocks
+ * under its segments into a bounce buffer, checks them, and only then copies (and casts) into its
+ * targets: it reads up to two extra blocks per segment, and whole rows where it wants only some
+ * columns. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
+#include "core/fault.h"
 #include "core/log.h"
 #include "core/objects.h"
 #include "core/util.h"
@@ -19,6 +28,10 @@
 #define ALIGN 64u
 /* posted bytes between flushes: bounds what is in flight without a registered bounce buffer */
 #define FLUSH_EVERY (256ull << 20)
+/* bytes of a shard under one published checksum */
+#define VERIFY_BLOCK (1ull << 20)
+/* rows of a segment fetched per verified batch, in bytes of shard: bounds the bounce buffer */
+#define VERIFY_BATCH (64ull << 20)
 
 /* ---- choosing the transport ------------------------------------------------------------------ */
 
@@ -107,6 +120,7 @@ typedef struct {
     size_t total;
     store_slot_t *slots;             /* snapshots, or (in place) one per shard */
     int nslots;
+    int verify;                      /* publish block checksums with each version */
 } store_sender_t;
 
 static void slot_release(store_sender_t *st, store_slot_t *sl, int owned)
@@ -154,6 +168,7 @@ static wsync_status_t store_sender_setup(wsync_sender_t *s)
     if (st == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
     s->m.scheme_state = st;
+    st->verify = s->m.ctx->verify;
     rc = open_rma(NULL, &st->rma, &st->ctx, st->info, sizeof(st->info));
     if (rc != WSYNC_OK)
         return rc;
@@ -296,8 +311,27 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
     wsync_wbuf_init(&b);
     wsync_put_u64(&b, version);
     wsync_dir_entry_encode(&e, &b);
+    /* then the checksums: u64 block bytes (0: none), u32 nshards, and per shard u64 bytes and
+     * one u64 xxh3 per block, of the bytes as published */
+    wsync_put_u64(&b, st->verify ? VERIFY_BLOCK : 0);
+    if (st->verify) {
+        wsync_put_u32(&b, (uint32_t)s->nshards);
+        for (size_t i = 0; i < s->nshards; i++) {
+            const uint8_t *p = (const uint8_t *)(uintptr_t)e.shards[i].addr;
+            wsync_put_u64(&b, st->shard_bytes[i]);
+            for (size_t o = 0; o < st->shard_bytes[i]; o += VERIFY_BLOCK)
+                wsync_put_u64(&b, XXH3_64bits(p + o, WSYNC_MIN(VERIFY_BLOCK, st->shard_bytes[i] - o)));
+        }
+    }
     free(e.shards);
     free(e.regions);
+    if (WSYNC_FAULT(WSYNC_FAULT_STORE_PUBLISH) == WSYNC_FAULT_FAIL) {
+        char where[96];
+        snprintf(where, sizeof(where), "store sender %d publishing version %llu", s->m.rank,
+                 (unsigned long long)version);
+        wsync_wbuf_free(&b);
+        return wsync_fault_err(WSYNC_FAULT_STORE_PUBLISH, where);
+    }
     rc = b.err ? wsync_err(WSYNC_ERR_NOMEM, "store: no memory")
                : wsync_conn_send(s->m.ctrl, WSYNC_MSG_PUBLISH, b.data, (uint32_t)b.len, NULL, 0,
                                  s->m.timeout_ms);
@@ -461,12 +495,216 @@ static wsync_status_t rkey_for(store_receiver_t *st, uint32_t s, const uint8_t *
     return WSYNC_OK;
 }
 
+/* One sender's checksums of a version, as published beside its directory entry. */
+typedef struct {
+    uint64_t block;                  /* bytes per checksum; 0: the sender published none */
+    uint32_t nshards;
+    uint64_t *shard_bytes;           /* [nshards] */
+    uint64_t *first;                 /* [nshards] index of each shard's first block in sums */
+    uint64_t *sums;
+} store_sums_t;
+
+static void sums_clear(store_sums_t *x)
+{
+    free(x->shard_bytes);
+    free(x->first);
+    free(x->sums);
+    memset(x, 0, sizeof(*x));
+}
+
+static wsync_status_t sums_decode(wsync_rbuf_t *rb, uint32_t sender, store_sums_t *x)
+{
+    uint64_t n = 0;
+
+    memset(x, 0, sizeof(*x));
+    x->block = wsync_get_u64(rb);
+    if (!rb->err && x->block == 0)
+        return WSYNC_OK;
+    x->nshards = wsync_get_count(rb, 8);
+    if (rb->err || x->block % 64 != 0 || x->block > (1ull << 40))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's checksums are malformed", sender);
+    x->shard_bytes = calloc(x->nshards + 1, sizeof(uint64_t));
+    x->first = calloc(x->nshards + 1, sizeof(uint64_t));
+    if (x->shard_bytes == NULL || x->first == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+    /* a first pass sizes the array from what the buffer really holds: a hostile count cannot */
+    wsync_rbuf_t peek = *rb;
+    for (uint32_t i = 0; i < x->nshards; i++) {
+        uint64_t bytes = wsync_get_u64(&peek);
+        uint64_t nb = bytes / x->block + (bytes % x->block != 0);
+        if (peek.err || nb > wsync_rbuf_left(&peek) / 8)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's checksums are malformed",
+                             sender);
+        x->shard_bytes[i] = bytes;
+        x->first[i] = n;
+        wsync_get_bytes(&peek, (size_t)nb * 8);
+        n += nb;
+    }
+    x->sums = malloc((size_t)(n + 1) * sizeof(uint64_t));
+    if (x->sums == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for %llu checksums",
+                         (unsigned long long)n);
+    for (uint32_t i = 0; i < x->nshards; i++) {
+        uint64_t end = i + 1 < x->nshards ? x->first[i + 1] : n;
+        (void)wsync_get_u64(rb);
+        for (uint64_t j = x->first[i]; j < end; j++)
+            x->sums[j] = wsync_get_u64(rb);
+    }
+    return rb->err ? wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's checksums are malformed",
+                               sender) : WSYNC_OK;
+}
+
+/* Where the fault points put their corruption: a get's bytes once landed (store.get), and the
+ * last bytes landed (recv.unpack). */
+typedef struct {
+    uint8_t *flip;
+    size_t flip_len;
+    uint8_t *last;
+    size_t last_len;
+} store_landing_t;
+
+/* One get, through the store.get fault point. */
+static wsync_status_t post_get(wsync_receiver_t *r, store_receiver_t *st, uint32_t s,
+                               wsync_rma_rkey_t *key, uint64_t addr, void *dst, size_t len,
+                               uint64_t v, store_landing_t *ld)
+{
+    switch (WSYNC_FAULT(WSYNC_FAULT_STORE_GET)) {
+    case WSYNC_FAULT_FAIL: {
+        char where[160];
+        snprintf(where, sizeof(where), "store reader %d reading %zu bytes of version %llu from "
+                 "sender %u", r->m.rank, len, (unsigned long long)v, s);
+        return wsync_fault_err(WSYNC_FAULT_STORE_GET, where);
+    }
+    case WSYNC_FAULT_CORRUPT:
+        ld->flip = dst;              /* once it has landed: at the next flush */
+        ld->flip_len = len;
+        break;
+    default:
+        break;
+    }
+    ld->last = dst;
+    ld->last_len = len;
+    return st->rma->get(st->from[s].peer, key, addr, dst, len);
+}
+
+/* Wait for every posted get: one batch landed (the recv.unpack fault point). */
+static wsync_status_t flush_landed(wsync_receiver_t *r, store_receiver_t *st, uint64_t v,
+                                   store_landing_t *ld)
+{
+    wsync_status_t rc = st->rma->flush(st->ctx, wsync_deadline_in(r->m.timeout_ms));
+
+    if (rc != WSYNC_OK)
+        return rc;
+    if (ld->flip != NULL)
+        wsync_fault_flip(ld->flip, ld->flip_len);
+    ld->flip = NULL;
+    switch (WSYNC_FAULT(WSYNC_FAULT_RECV_UNPACK)) {
+    case WSYNC_FAULT_FAIL: {
+        char where[96];
+        snprintf(where, sizeof(where), "store reader %d, version %llu", r->m.rank,
+                 (unsigned long long)v);
+        return wsync_fault_err(WSYNC_FAULT_RECV_UNPACK, where);
+    }
+    case WSYNC_FAULT_CORRUPT:
+        wsync_fault_flip(ld->last, ld->last_len);
+        break;
+    default:
+        break;
+    }
+    return WSYNC_OK;
+}
+
+static wsync_status_t grow_bounce(store_receiver_t *st, size_t need)
+{
+    if (need <= st->bounce_bytes)
+        return WSYNC_OK;
+    uint8_t *nb = realloc(st->bounce, need);
+    if (nb == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for %zu bytes", need);
+    st->bounce = nb;
+    st->bounce_bytes = need;
+    return WSYNC_OK;
+}
+
+/* Segment sg, verified: batches of its rows arrive as whole checksum blocks into the bounce
+ * buffer, are checked, then copied (and cast) into the target. */
+static wsync_status_t read_verified(wsync_receiver_t *r, store_receiver_t *st, uint32_t i,
+                                    const struct wsync_dir_shard *sh,
+                                    const struct wsync_dir_region *rg, wsync_rma_rkey_t *key,
+                                    const store_sums_t *x, uint64_t v, store_landing_t *ld)
+{
+    const wsync_segment_t *sg = &r->m.plan->segments[i];
+    const wsync_chunk_t *c = &r->m.plan->chunks[sg->chunk];
+    const wsync_target_desc_t *t = &r->targets[sg->target];
+    size_t esz = wsync_dtype_size(c->dtype);
+    uint64_t bytes = x->shard_bytes[c->shard], span = c->src.pitch * esz;
+    uint64_t batch = WSYNC_MAX(1, VERIFY_BATCH / (span ? span : 1));
+    wsync_status_t rc;
+
+    for (uint64_t r0 = 0; r0 < c->src.rows; r0 += batch) {
+        uint64_t n = WSYNC_MIN(batch, c->src.rows - r0);
+        uint64_t first = (c->src.off + r0 * c->src.pitch) * esz;
+        uint64_t last = (c->src.off + (r0 + n - 1) * c->src.pitch + c->src.cols) * esz;
+        uint64_t lo = first / x->block * x->block;
+        uint64_t hi = WSYNC_MIN((last + x->block - 1) / x->block * x->block, bytes);
+        if (last > bytes || sh->addr + hi > rg->base + rg->len)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "store: version %llu: sender %u shard %u: the "
+                             "plan reads up to byte %llu of a %llu-byte shard", (unsigned long long)v,
+                             c->sender, c->shard, (unsigned long long)last,
+                             (unsigned long long)bytes);
+        if ((rc = grow_bounce(st, (size_t)(hi - lo))) != WSYNC_OK ||
+            (rc = post_get(r, st, c->sender, key, sh->addr + lo, st->bounce, (size_t)(hi - lo), v,
+                           ld)) != WSYNC_OK ||
+            (rc = flush_landed(r, st, v, ld)) != WSYNC_OK)
+            return rc;
+        for (uint64_t o = lo; o < hi; o += x->block) {
+            uint64_t want = x->sums[x->first[c->shard] + o / x->block];
+            uint64_t got = XXH3_64bits(st->bounce + (o - lo), (size_t)WSYNC_MIN(x->block, hi - o));
+            if (got != want)
+                return wsync_err(WSYNC_ERR_INTEGRITY, "store: receiver %d: version %llu refused: "
+                                 "param '%s' (target '%s') from sender %u, chunk %u (shard %u, "
+                                 "block %llu): the sender's xxh3 is %016llx, what arrived hashes "
+                                 "to %016llx", r->m.rank, (unsigned long long)v,
+                                 t->pieces[sg->piece].param.name, t->name, c->sender, sg->chunk,
+                                 c->shard, (unsigned long long)(o / x->block),
+                                 (unsigned long long)want, (unsigned long long)got);
+        }
+        wsync_region_t from = {first / esz - lo / esz, c->src.pitch, n, c->src.cols};
+        wsync_region_t to = {sg->dst.off + r0 * sg->dst.pitch, sg->dst.pitch, n, sg->dst.cols};
+        rc = wsync_exec_copy(st->bounce, c->dtype, &from, r->land[sg->target],
+                             r->land_dtype[sg->target], &to);
+        if (rc != WSYNC_OK)
+            return rc;
+    }
+    return WSYNC_OK;
+}
+
+/* A transport's failure (which names the peer by its address), said again with the sender's
+ * rank; failures that already name what was wrong pass as they are. */
+static wsync_status_t from_sender(wsync_receiver_t *r, wsync_status_t rc, int sender, uint64_t v)
+{
+    char detail[1024];
+
+    if (rc == WSYNC_OK || rc == WSYNC_ERR_INTEGRITY || rc == WSYNC_ERR_PROTOCOL ||
+        rc == WSYNC_ERR_NOMEM || (rc == WSYNC_ERR_IO && strstr(wsync_last_error(), "injected")))
+        return rc;
+    snprintf(detail, sizeof(detail), "%s", wsync_last_error());
+    if (sender < 0)
+        return wsync_err(rc, "store: receiver %d: reading version %llu from the senders: %s",
+                         r->m.rank, (unsigned long long)v, detail);
+    return wsync_err(rc, "store: receiver %d: reading version %llu from sender %d (pid %u): %s",
+                     r->m.rank, (unsigned long long)v, sender, r->m.planmsg.peers[sender].pid,
+                     detail);
+}
+
 /* Read version v's segments of ours, as the directory entries say where they lie. */
 static wsync_status_t read_version(wsync_receiver_t *r, store_receiver_t *st,
-                                   const wsync_dir_entry_t *e, uint64_t v, uint64_t *bytes)
+                                   const wsync_dir_entry_t *e, const store_sums_t *sums,
+                                   uint64_t v, uint64_t *bytes)
 {
     const wsync_plan_t *plan = r->m.plan;
     uint64_t posted = 0;
+    store_landing_t ld = {NULL, 0, NULL, 0};
     wsync_status_t rc;
 
     for (uint32_t i = st->lo; i < st->hi; i++) {
@@ -496,50 +734,58 @@ static wsync_status_t read_version(wsync_receiver_t *r, store_receiver_t *st,
                              (unsigned long long)rg->base, (unsigned long long)rg->len);
         rc = rkey_for(st, c->sender, rg->rkey, rg->rkey_len, &key);
         if (rc != WSYNC_OK)
-            return rc;
-        store_from_t *f = &st->from[c->sender];
+            return from_sender(r, rc, (int)c->sender, v);
         size_t row = (size_t)(c->src.cols * esz);
-        if (direct) {
+        if (r->m.ctx->verify) {
+            const store_sums_t *x = &sums[c->sender];
+            if (x->block == 0)
+                return wsync_err(WSYNC_ERR_INTEGRITY, "store: receiver %d: version %llu refused: "
+                                 "it cannot be verified, sender %u published it without checksums "
+                                 "(WSYNC_VERIFY=1 must be set on the senders too)", r->m.rank,
+                                 (unsigned long long)v, c->sender);
+            if (c->shard >= x->nshards)
+                return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's checksums for version "
+                                 "%llu cover %u shards; the plan reads shard %u", c->sender,
+                                 (unsigned long long)v, x->nshards, c->shard);
+            rc = read_verified(r, st, i, sh, rg, key, x, v, &ld);
+            posted = 0;
+        } else if (direct) {
             /* straight into the target, one get per row, or one for a contiguous block */
             if (c->src.pitch == c->src.cols && sg->dst.pitch == sg->dst.cols) {
-                rc = st->rma->get(f->peer, key, first, land + sg->dst.off * esz,
-                                  (size_t)(c->src.rows * row));
+                rc = post_get(r, st, c->sender, key, first, land + sg->dst.off * esz,
+                              (size_t)(c->src.rows * row), v, &ld);
                 posted += c->src.rows * row;
             } else {
                 for (uint64_t k = 0; k < c->src.rows && rc == WSYNC_OK; k++)
-                    rc = st->rma->get(f->peer, key, sh->addr + (c->src.off + k * c->src.pitch) * esz,
-                                      land + (sg->dst.off + k * sg->dst.pitch) * esz, row);
+                    rc = post_get(r, st, c->sender, key,
+                                  sh->addr + (c->src.off + k * c->src.pitch) * esz,
+                                  land + (sg->dst.off + k * sg->dst.pitch) * esz, row, v, &ld);
                 posted += c->src.rows * row;
             }
             if (rc == WSYNC_OK && posted >= FLUSH_EVERY) {
-                rc = st->rma->flush(st->ctx, wsync_deadline_in(r->m.timeout_ms));
+                rc = flush_landed(r, st, v, &ld);
                 posted = 0;
             }
         } else {
             /* a cast: the chunk lands dense in the bounce buffer, then the executor converts */
-            size_t need = (size_t)(c->src.rows * row);
-            if (need > st->bounce_bytes) {
-                uint8_t *nb = realloc(st->bounce, need);
-                if (nb == NULL)
-                    return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for %zu bytes", need);
-                st->bounce = nb;
-                st->bounce_bytes = need;
-            }
+            rc = grow_bounce(st, (size_t)(c->src.rows * row));
             for (uint64_t k = 0; k < c->src.rows && rc == WSYNC_OK; k++)
-                rc = st->rma->get(f->peer, key, sh->addr + (c->src.off + k * c->src.pitch) * esz,
-                                  st->bounce + k * row, row);
+                rc = post_get(r, st, c->sender, key, sh->addr + (c->src.off + k * c->src.pitch) * esz,
+                              st->bounce + k * row, row, v, &ld);
             if (rc == WSYNC_OK)
-                rc = st->rma->flush(st->ctx, wsync_deadline_in(r->m.timeout_ms));
+                rc = flush_landed(r, st, v, &ld);
             wsync_region_t dense = {0, c->src.cols, c->src.rows, c->src.cols};
             if (rc == WSYNC_OK)
                 rc = wsync_exec_copy(st->bounce, c->dtype, &dense, land, land_dtype, &sg->dst);
             posted = 0;
         }
         if (rc != WSYNC_OK)
-            return rc;
+            return from_sender(r, rc, posted > 0 ? -1 : (int)c->sender, v);
         *bytes += c->src.rows * c->src.cols * wsync_dtype_size(land_dtype);
     }
-    return st->rma->flush(st->ctx, wsync_deadline_in(r->m.timeout_ms));
+    /* the last batch (verified reads flushed each of theirs) */
+    return r->m.ctx->verify && st->lo < st->hi ? WSYNC_OK
+                                               : from_sender(r, flush_landed(r, st, v, &ld), -1, v);
 }
 
 static wsync_status_t store_receiver_fetch(wsync_receiver_t *r, uint64_t want, int timeout_ms,
@@ -549,6 +795,7 @@ static wsync_status_t store_receiver_fetch(wsync_receiver_t *r, uint64_t want, i
     const uint16_t types[] = {WSYNC_MSG_DIRECTORY};
     int64_t deadline = wsync_deadline_in(timeout_ms);
     wsync_dir_entry_t *e = NULL;
+    store_sums_t *sums = NULL;
     wsync_status_t rc;
     wsync_wbuf_t b;
     wsync_msg_t *msg = NULL;
@@ -603,11 +850,14 @@ static wsync_status_t store_receiver_fetch(wsync_receiver_t *r, uint64_t want, i
             return wsync_err(WSYNC_ERR_PROTOCOL, "store: receiver %d: malformed DIRECTORY", r->m.rank);
         }
         e = calloc(n, sizeof(*e));
-        rc = e == NULL ? wsync_err(WSYNC_ERR_NOMEM, "store: no memory") : WSYNC_OK;
+        sums = calloc(n, sizeof(*sums));
+        rc = e == NULL || sums == NULL ? wsync_err(WSYNC_ERR_NOMEM, "store: no memory") : WSYNC_OK;
         for (uint32_t s = 0; s < n && rc == WSYNC_OK; s++) {
             rc = wsync_dir_entry_decode(&rb, &e[s]);
             if (rc == WSYNC_OK && e[s].sender != s)
                 rc = wsync_err(WSYNC_ERR_PROTOCOL, "store: directory entries out of order");
+            if (rc == WSYNC_OK)
+                rc = sums_decode(&rb, s, &sums[s]);
         }
         wsync_msg_free(msg);
     }
@@ -618,13 +868,35 @@ static wsync_status_t store_receiver_fetch(wsync_receiver_t *r, uint64_t want, i
             rc = wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u publishes over %s, sender 0 over %s",
                            s, e[s].transport, st->rma->name);
         else
-            rc = connect_sender(st, s, &e[s]);
+            rc = from_sender(r, connect_sender(st, s, &e[s]), (int)s, v);
     }
-    if (rc == WSYNC_OK)
-        rc = read_version(r, st, e, v, &bytes);
+    if (rc == WSYNC_OK) {
+        r->torn = 1;   /* from here on the targets no longer hold only the last version */
+        rc = read_version(r, st, e, sums, v, &bytes);
+        if (rc != WSYNC_OK) {
+            /* let the gets already posted finish before anything is torn down: a reader that
+             * goes away with a get in flight can abort the owner serving it (UCX 1.13 software
+             * RMA) */
+            char text[1024];
+            snprintf(text, sizeof(text), "%s", wsync_last_error());
+            st->rma->flush(st->ctx, wsync_deadline_in(r->m.timeout_ms));
+            wsync_err_set_text(rc, text);
+        }
+        /* TIMEOUT from a fetch means that nothing was written; reads that stalled have written
+         * some: a sender that does not serve them is lost to us */
+        if (rc == WSYNC_ERR_TIMEOUT) {
+            char detail[1024];
+            snprintf(detail, sizeof(detail), "%s", wsync_last_error());
+            rc = wsync_err(WSYNC_ERR_PEER_LOST, "store: receiver %d: the reads of version %llu "
+                           "did not complete: %s", r->m.rank, (unsigned long long)v, detail);
+        }
+    }
     for (uint32_t s = 0; e != NULL && s < n; s++)
         wsync_dir_entry_clear(&e[s]);
+    for (uint32_t s = 0; sums != NULL && s < n; s++)
+        sums_clear(&sums[s]);
     free(e);
+    free(sums);
     if (rc == WSYNC_OK && r->progress != NULL)
         r->progress(r->progress_arg, v, bytes, bytes);   /* still under the lease */
     /* the lease ends either way; a failed read is the caller's error to report */

@@ -186,9 +186,18 @@ typedef enum {
 
 typedef struct {
     wsync_log_level_t log_level;     /* WSYNC_LOG_LEVEL=error|warn|info|debug; default warn */
+    int verify;                      /* 1: senders ship an xxh3-64 of every chunk of each version
+                                        (of each 1 MiB block of each shard, with `store`) and
+                                        receivers check the bytes as they land, before any cast
+                                        or quantization: a mismatch refuses the version with
+                                        WSYNC_ERR_INTEGRITY naming the param, sender, version and
+                                        chunk. Costs one more read of every byte on each side.
+                                        A receiver that verifies asks its ipc senders for the
+                                        checksums; `store` senders must verify themselves.
+                                        WSYNC_VERIFY=0|1; -1 = unset (0) */
 } wsync_ctx_params_t;
 
-#define WSYNC_CTX_PARAMS_INIT {WSYNC_LOG_UNSET}
+#define WSYNC_CTX_PARAMS_INIT {WSYNC_LOG_UNSET, -1}
 
 /* Create a context: reads the environment and probes which transports work on this machine.
  * params may be NULL (all defaults). *ctx is owned by the caller; free with wsync_ctx_free.
@@ -291,7 +300,9 @@ wsync_status_t wsync_sender_setup(wsync_sender_t *sender);
  * or, with the `store` scheme, once every sender has published it (receivers read it later; in
  * snapshot mode the shards may change as soon as this returns).
  * Shard memory must not change until it returns. WSYNC_ERR_PEER_LOST names the lost peer;
- * after such an error the group is unusable and every later call returns the same error. */
+ * WSYNC_ERR_TIMEOUT says what this sender waited for and on whom the coordinator waits;
+ * WSYNC_ERR_INTEGRITY: a verifying receiver refused the version (verify in wsync_ctx_params_t).
+ * After any error the group is unusable and every later call returns an error. */
 wsync_status_t wsync_sender_push(wsync_sender_t *sender, uint64_t version);
 
 /* Name of the scheme chosen for the group ("ipc"), or NULL before setup. */
@@ -363,23 +374,28 @@ wsync_status_t wsync_receiver_set_target_data(wsync_receiver_t *receiver, const 
  * The first call also sends this receiver's description and sets the scheme up.
  * On success *version is the version now committed in the targets.
  * WSYNC_ERR_TIMEOUT: no version began; the targets are untouched.
- * WSYNC_ERR_PEER_LOST / WSYNC_ERR_ABORTED / WSYNC_ERR_MISMATCH: the group failed (the message
- * says why and who); a version that did not complete is never reported, and the targets may hold
- * part of it (wsync_receiver_torn says so). */
+ * WSYNC_ERR_PEER_LOST (a peer vanished, or stalled past the deadline in the middle of a version)
+ * / WSYNC_ERR_ABORTED / WSYNC_ERR_MISMATCH / WSYNC_ERR_INTEGRITY (the bytes of the version did not
+ * match the senders' checksums, with verification on): the group failed (the message says why
+ * and who); a version that did not complete is never reported, and the targets may hold part of
+ * it (wsync_receiver_torn says so). */
 wsync_status_t wsync_receiver_wait(wsync_receiver_t *receiver, int timeout_ms, uint64_t *version);
 
 /* Land a given version (or 0: the newest one newer than what the targets hold), waiting up to
  * timeout_ms for it to be published. `store` scheme only (elsewhere versions are pushed, and
  * wsync_receiver_wait takes them). WSYNC_ERR_NOT_FOUND when the version was evicted or never
  * published (the message says which versions the store keeps); WSYNC_ERR_TIMEOUT when it did not
- * appear in time (the targets are untouched). */
+ * appear in time (the targets are untouched); WSYNC_ERR_INTEGRITY when, with verification on, what
+ * arrived did not match the senders' checksums: the version is refused (the targets may hold part
+ * of it) and this reader may fetch again. Any other error ends this reader (not the store). */
 wsync_status_t wsync_receiver_fetch(wsync_receiver_t *receiver, uint64_t version, int timeout_ms,
                                     uint64_t *got);
 
 /* Last committed version, 0 if none. */
 uint64_t wsync_receiver_version(const wsync_receiver_t *receiver);
 
-/* 1 when a version began landing in the targets and did not complete. */
+/* 1 when a version began landing in the targets and did not complete: the targets hold neither
+ * the last committed version nor a whole new one. */
 int wsync_receiver_torn(const wsync_receiver_t *receiver);
 
 /* Name of the scheme of the group, or NULL before setup. */

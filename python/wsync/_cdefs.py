@@ -192,6 +192,7 @@ class wsync_ctx_params_t(_Struct):
     _c_name_ = "wsync_ctx_params_t"
     _fields_ = [
         ("log_level", c_enum),
+        ("verify", C.c_int),
     ]
 
 
@@ -342,8 +343,8 @@ MACROS = {
 # ---------------------------------------------------------------------------------------------
 
 def ctx_params_init() -> wsync_ctx_params_t:
-    """WSYNC_CTX_PARAMS_INIT."""
-    return wsync_ctx_params_t(LogLevel.UNSET)
+    """WSYNC_CTX_PARAMS_INIT: {WSYNC_LOG_UNSET, -1}."""
+    return wsync_ctx_params_t(LogLevel.UNSET, -1)
 
 
 def sender_params_init() -> wsync_sender_params_t:

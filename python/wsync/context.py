@@ -48,12 +48,15 @@ def _s(b: Optional[bytes]) -> str:
 class Context:
     """A wsync context (wsync_ctx_t): reads WSYNC_* variables and probes the transports.
 
-    ``with Context(log_level="info") as ctx: ...``. Must outlive every Sender and Receiver made
-    with it: close() refuses (StateError) while any is open. Thread-safe."""
+    ``with Context(log_level="info") as ctx: ...``. ``verify=True`` checksums every chunk of
+    every version (WSYNC_VERIFY; None: from the environment). Must outlive every Sender and
+    Receiver made with it: close() refuses (StateError) while any is open. Thread-safe."""
 
-    def __init__(self, log_level: Any = None):
+    def __init__(self, log_level: Any = None, verify: Optional[bool] = None):
         params = D.ctx_params_init()
         params.log_level = log_level_of(log_level)
+        if verify is not None:
+            params.verify = 1 if verify else 0
         h = C.c_void_p()
         st = lib().wsync_ctx_create(C.byref(params), C.byref(h))
         if st != 0:

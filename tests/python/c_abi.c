@@ -139,6 +139,7 @@ static void structs(void)
 
     STRUCT_BEGIN(wsync_ctx_params_t);
     FIELD(wsync_ctx_params_t, log_level);
+    FIELD(wsync_ctx_params_t, verify);
     STRUCT_END();
 
     STRUCT_BEGIN(wsync_component_info_t);
@@ -302,6 +303,7 @@ static void inits(void)
 
     begin("inits");
     num("wsync_ctx_params_t.log_level", cp.log_level);
+    num("wsync_ctx_params_t.verify", cp.verify);
 
     PTR("wsync_sender_params_t.coordinator", sp.coordinator);
     num("wsync_sender_params_t.rank", sp.rank);

@@ -1,0 +1,149 @@
+/* Internal: the CUDA kernels behind one C header — pack/unpack of a bucket's segments in one
+ * launch (with bf16/f16/f32 casts), amax, and FP8 quantization with every scale scheme.
+ *
+ * They give the same bytes as the CPU executor (reshard/exec.h) and the same bytes and scales as
+ * wsync_quantize_f32 (reshard/fp8.h); tests/gpu/test_kernels.c holds them to it.
+ *
+ * Compiled only when WSYNC_HAVE_CUDA (the .cu files of kernels/); callers guard their use the same way.
+ * Conventions:
+ *  - every pointer named device-side is CUDA device memory of the *current* device (the caller
+ *    sets it with cudaSetDevice); host-side arguments are read before the call returns;
+ *  - `stream` is a cudaStream_t passed as void * (NULL: the legacy default stream); work is
+ *    enqueued on it and the call returns without waiting, except where a function says it waits;
+ *  - errors: WSYNC_ERR_INVALID for bad arguments (nothing enqueued), WSYNC_ERR_DEVICE for a CUDA
+ *    failure, with wsync_last_error() naming the call and the CUDA error ("cudaMalloc:
+ *    cudaErrorMemoryAllocation (out of memory)");
+ *  - thread-safe: no state beyond the objects the caller holds (a batch may be launched from
+ *    several threads, on streams of the device it was created on).
+ */
+#ifndef WSYNC_KERNELS_H
+#define WSYNC_KERNELS_H
+
+#include "reshard/plan.h"
+#include "wsync/wsync.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Strided 2-D copies with casts: pack and unpack                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One copy, as wsync_exec_copy takes it: element (r, c) of the source, at
+ * src + (src_off + r * src_pitch + c) * size(src_dtype), lands at
+ * dst + (dst_off + r * dst_pitch + c) * size(dst_dtype), for r < rows, c < cols.
+ * Identical dtypes (any, FP8 and u8 included) copy bytes; different ones must both be bf16, f16
+ * or f32 and are converted as reshard/convert.h does (round to nearest even, NaN kept).
+ * src and dst are device pointers; the destinations of one batch must not overlap each other or
+ * any source. */
+typedef struct {
+    const void *src;
+    void *dst;
+    uint64_t src_off, src_pitch;       /* elements of src_dtype */
+    uint64_t dst_off, dst_pitch;       /* elements of dst_dtype */
+    uint64_t rows, cols;
+    wsync_dtype_t src_dtype, dst_dtype;
+} wsync_kcopy_t;
+
+/* The copy wsync_exec_pack(chunk, shard_data, bucket) does: the chunk's region of the shard into
+ * its dense place in the bucket. Fills *out; no device call. WSYNC_ERR_INVALID for NULL
+ * arguments or an unknown dtype. */
+wsync_status_t wsync_kernels_pack_desc(const wsync_chunk_t *chunk, const void *shard_data,
+                                       void *bucket, wsync_kcopy_t *out);
+
+/* The copy wsync_exec_unpack(seg, chunk, bucket, dst_dtype, target_data) does: the chunk's dense
+ * place in the bucket into the segment's region of the target, cast to dst_dtype. Same errors as
+ * wsync_exec_unpack (an FP8 target of another dtype is the quantizer's job: WSYNC_ERR_UNSUPPORTED;
+ * a cast other than between bf16, f16 and f32: WSYNC_ERR_UNSUPPORTED). Fills *out; no device
+ * call. */
+wsync_status_t wsync_kernels_unpack_desc(const wsync_segment_t *seg, const wsync_chunk_t *chunk,
+                                         const void *bucket, wsync_dtype_t dst_dtype,
+                                         void *target_data, wsync_kcopy_t *out);
+
+/* A batch: copy descriptors uploaded once to device memory (a plan is reused for every version,
+ * so a scheme builds one batch per bucket and direction at setup), then run by one kernel launch
+ * each time. Empty copies (rows or cols 0) are dropped. */
+typedef struct wsync_kcopy_batch wsync_kcopy_batch_t;
+
+/* Check every descriptor, lay out the work and upload it (synchronous: cudaMalloc, cudaMemcpy).
+ * WSYNC_ERR_INVALID names the first bad descriptor (NULL pointer, unknown dtype, cols above
+ * a pitch); WSYNC_ERR_UNSUPPORTED a cast between dtypes that have none; WSYNC_ERR_DEVICE;
+ * WSYNC_ERR_NOMEM. n may be 0. *batch owned by the caller (wsync_kernels_batch_free). */
+wsync_status_t wsync_kernels_batch_create(const wsync_kcopy_t *descs, uint32_t n,
+                                          wsync_kcopy_batch_t **batch);
+
+/* Enqueue the whole batch on `stream` as one kernel launch (none for an empty batch).
+ * WSYNC_ERR_DEVICE if the launch fails. */
+wsync_status_t wsync_kernels_batch_launch(const wsync_kcopy_batch_t *batch, void *stream);
+
+/* Bytes the batch reads and writes per launch, and its number of copies (for benchmarks and
+ * logs). Any pointer may be NULL. */
+void wsync_kernels_batch_info(const wsync_kcopy_batch_t *batch, uint64_t *bytes_read,
+                              uint64_t *bytes_written, uint32_t *ncopies);
+
+/* Free the batch (cudaFree: waits for the device). NULL is a no-op. */
+void wsync_kernels_batch_free(wsync_kcopy_batch_t *batch);
+
+/* Create, launch and free in one call, for copies that are not reused: the descriptors go up
+ * with stream-ordered memory (cudaMallocAsync / cudaFreeAsync) on `stream`, so it does not wait
+ * for the kernel. Errors as create and launch. */
+wsync_status_t wsync_kernels_copy(const wsync_kcopy_t *descs, uint32_t n, void *stream);
+
+/* ------------------------------------------------------------------------------------------ */
+/* amax and FP8 quantization                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Enqueue amax_out[0] = max |x| over the [rows, cols] matrix x (device; row i at
+ * x + i * x_pitch elements of x_dtype: bf16, f16 or f32), as wsync_amax_f32 finds it: on the bit
+ * patterns, so the result is +inf or NaN when x holds one, and 0 for an empty matrix.
+ * amax_out is a device float. */
+wsync_status_t wsync_kernels_amax(const void *x, wsync_dtype_t x_dtype, uint64_t rows,
+                                  uint64_t cols, uint64_t x_pitch, float *amax_out, void *stream);
+
+/* One quantization: the arguments of wsync_quantize_f32, on device memory, with an input dtype.
+ * Elements are in units of the buffer's own dtype. */
+typedef struct {
+    const char *name;                  /* the target's name, for error messages; may be NULL */
+    const void *x;                     /* device: [rows, cols] of x_dtype, row i at x + i * x_pitch */
+    wsync_dtype_t x_dtype;             /* f32, or bf16 / f16 (exactly as if converted to f32 first) */
+    uint64_t rows, cols, x_pitch;
+    wsync_quant_t quant;               /* scheme, block_rows/cols, eps, ue8m0, no_saturate; the
+                                          scales and scales_mem fields are not used */
+    wsync_dtype_t fp8_dtype;           /* WSYNC_DTYPE_F8E4M3FN or WSYNC_DTYPE_F8E5M2 */
+    uint8_t *out;                      /* device: row i at out + i * out_pitch */
+    uint64_t out_pitch;
+    float *scales;                     /* device: shape from wsync_quant_scales_shape, row-major */
+} wsync_kquant_t;
+
+/* Device workspace one quantization needs between launch and finish (the caller allocates it with
+ * cudaMalloc; one per quantization in flight). */
+#define WSYNC_KQUANT_WS_BYTES 16
+
+/* Enqueue the quantization: the same bytes in out and the same scales as wsync_quantize_f32 would
+ * write for the input converted to f32 (per-tensor: an amax kernel, then an encode kernel, so the
+ * input is read twice; per-channel and block: one kernel that reads each scale cell once, except
+ * cells too large for shared memory, read twice). Non-finite input is
+ * only recorded in ws: wsync_kernels_quantize_finish reports it. Unlike the CPU quantizer, cells
+ * free of NaN and Inf may already have been written when another holds one (the per-tensor path
+ * writes nothing). WSYNC_ERR_INVALID for what wsync_quantize_f32 refuses (and an input dtype that
+ * is not bf16, f16 or f32, or a NULL ws); WSYNC_ERR_DEVICE. */
+wsync_status_t wsync_kernels_quantize_launch(const wsync_kquant_t *a, void *ws, void *stream);
+
+/* Wait for `stream`, then report what the quantization launched with the same *a and ws found:
+ * WSYNC_OK, or WSYNC_ERR_NONFINITE with the message wsync_quantize_f32 gives ("<name>: NaN at
+ * row R, column C", the first bad element in row-major order); WSYNC_ERR_DEVICE for a CUDA error,
+ * including one the kernels raised. */
+wsync_status_t wsync_kernels_quantize_finish(const wsync_kquant_t *a, void *ws, void *stream);
+
+/* Launch, then finish. ws may be NULL here: a workspace is then allocated and freed on the
+ * stream. */
+wsync_status_t wsync_kernels_quantize(const wsync_kquant_t *a, void *ws, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,969 @@
+/* amax and FP8 quantization, bit for bit as reshard/fp8.c does it (wsync_quantize_f32).
+ *
+ * Per-tensor: an amax kernel (per-thread maxima of |x| bits, one atomic per warp), then an encode
+ * kernel that forms the one scale itself. Per-channel and block: kernels over the *cells* (a row,
+ * a block), each forming its cell's amax, scale and codes:
+ *  - large cells of whole 16-byte rows: persistent blocks that stream cells through 2 or 3 shared
+ *    buffers with cp.async, so that the next cells load while one is reduced and encoded;
+ *  - small cells (a warp each), unaligned ones, and cells too large for two buffers: a group of
+ *    threads per cell keeps it in shared memory (or, too large, reads it twice, from L2).
+ *
+ * Arithmetic matches the CPU: amax on bit patterns; s = amax / fmax (with the eps floor for
+ * blocks, then UE8M0, then 1 for s < FLT_MIN); x / s for tensor and channel, x * (1 / s) for
+ * blocks; every operation rounded to nearest even in f32 (__fdiv_rn, __fmul_rn, __fadd_rn: no
+ * contraction, no approximation); the FP8 encoder is the integer algorithm of
+ * wsync_fp8_encode_bits. */
+#include "kernels/common.cuh"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "reshard/convert.h"
+#include "reshard/fp8.h"
+}
+
+/* Constants of wsync_fp8_encode_bits for one format and overflow mode. */
+typedef struct {
+    uint32_t drop;                     /* f32 mantissa bits dropped */
+    uint32_t rnd;                      /* (1 << (drop - 1)) - 1 */
+    uint32_t rebias;                   /* (127 - bias) << 23 */
+    uint32_t magic;                    /* (151 - bias - man_bits) << 23 */
+    uint32_t sub_lim;                  /* (128 - bias) << 23: below it the result is subnormal */
+    uint32_t maxcode;
+} wk_fp8_fmt_t;
+
+typedef struct {
+    const unsigned char *x;
+    uint64_t xp;                       /* x row pitch, bytes */
+    unsigned char *out;
+    uint64_t op;                       /* out row pitch, bytes */
+    float *scales;
+    uint32_t *ws;                      /* [0] amax bits (per-tensor), [1] non-finite seen */
+    uint64_t rows, cols;
+    uint64_t br, bc, nbr, nbc;         /* cells: size, and how many down and across */
+    float fmax, eps;
+    int block, ue8m0;
+    wk_fp8_fmt_t f;
+    const char *name;                  /* host only: the target, for messages */
+} wk_quant_params_t;
+
+static const char wk_qfn[] = "wsync_kernels_quantize";
+
+/* A [rows, items per row] walk over a matrix for the per-tensor kernels. */
+typedef struct {
+    uint64_t rows, full, units;
+    uint32_t rem;
+} wk_walk_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Device helpers                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+__device__ __forceinline__ uint32_t wk_fp8_encode(uint32_t u, const wk_fp8_fmt_t &f)
+{
+    uint32_t sign = (u >> 24) & 0x80u;
+    uint32_t a = u & 0x7fffffffu;
+    uint32_t n = a - f.rebias;
+    n += f.rnd + ((n >> f.drop) & 1u);
+    n >>= f.drop;
+    uint32_t r = __float_as_uint(__fadd_rn(__uint_as_float(a), __uint_as_float(f.magic))) - f.magic;
+    uint32_t code = (int32_t)a < (int32_t)f.sub_lim ? r : n;
+    code = (int32_t)code > (int32_t)f.maxcode ? f.maxcode : code;
+    code = (int32_t)a > (int32_t)0x7f800000 ? 0x7fu : code;
+    return sign | code;
+}
+
+/* cell_scale of reshard/fp8.c */
+__device__ __forceinline__ float wk_cell_scale(uint32_t amax_u, const wk_quant_params_t &p)
+{
+    float amax = __uint_as_float(amax_u);
+    if (p.block && amax < p.eps)
+        amax = p.eps;
+    float s = __fdiv_rn(amax, p.fmax);
+    if (p.ue8m0) {
+        uint32_t u = __float_as_uint(s);
+        uint32_t e = ((u >> 23) & 0xffu) + ((u & 0x7fffffu) != 0);
+        e = e < 1 ? 1 : e > 254 ? 254 : e;
+        s = __uint_as_float(e << 23);
+    }
+    if (!(s >= __uint_as_float(0x00800000u)))   /* FLT_MIN */
+        s = 1.0f;
+    return s;
+}
+
+__device__ __forceinline__ uint32_t wk_quant_one(uint32_t u, float s, float inv, int block,
+                                                 const wk_fp8_fmt_t &f)
+{
+    float x = __uint_as_float(u);
+    float y = block ? __fmul_rn(x, inv) : __fdiv_rn(x, s);
+    return wk_fp8_encode(__float_as_uint(y), f);
+}
+
+/* One item: V elements of kind XK as f32 bits (whole), or the first `rem` of them; returns the
+ * max of their |bits|. */
+template <int XK, int V>
+__device__ __forceinline__ uint32_t wk_load_item(const unsigned char *p, bool whole, uint32_t rem,
+                                                 uint32_t *u)
+{
+    constexpr int XS = wk_size(XK);
+    uint32_t m = 0;
+    if (whole) {
+        wk_load_elems<XK, V>(p, u);
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            u[i] = wk_to_f32<XK>(u[i]);
+            m = max(m, u[i] & 0x7fffffffu);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            u[i] = 0;
+            if ((uint32_t)i < rem) {
+                u[i] = wk_to_f32<XK>(wk_load_one<XK>(p + i * XS));
+                m = max(m, u[i] & 0x7fffffffu);
+            }
+        }
+    }
+    return m;
+}
+
+/* Encode an item's V values and store the codes (all V, or the first rem). */
+template <int V>
+__device__ __forceinline__ void wk_store_item(unsigned char *p, bool whole, uint32_t rem,
+                                              const uint32_t *u, float s, float inv, int block,
+                                              const wk_fp8_fmt_t &f)
+{
+    uint32_t c[V];
+#pragma unroll
+    for (int i = 0; i < V; i++)
+        c[i] = wk_quant_one(u[i], s, inv, block, f);
+    if (whole) {
+        constexpr int NW = V >= 4 ? V / 4 : 1;
+        uint32_t w[NW];
+#pragma unroll
+        for (int i = 0; i < NW; i++)
+            w[i] = 0;
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            w[i / 4] |= c[i] << (8 * (i & 3));
+        wk_store_words<V>(p, w);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            if ((uint32_t)i < rem)
+                p[i] = (unsigned char)c[i];
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Cells: per-channel and block                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Items of a cell a thread takes, k = 0, 1, ...: item lane + k * G of the [crows, ipr] cell,
+ * walked as (row, col) with steps of G items. 32-bit: the host keeps cells within that. */
+struct wk_cell_walk {
+    uint32_t r, c, drow, dcol, ipr;
+
+    __device__ __forceinline__ void start(uint32_t lane, uint32_t g, uint32_t crows, uint32_t n)
+    {
+        ipr = n;
+        if (n == 0) {
+            r = crows;
+            c = drow = dcol = 0;
+        } else {
+            r = lane / n;
+            c = lane % n;
+            drow = g / n;
+            dcol = g % n;
+        }
+    }
+
+    __device__ __forceinline__ void next()
+    {
+        r += drow;
+        c += dcol;
+        if (c >= ipr) {
+            c -= ipr;
+            r++;
+        }
+    }
+};
+
+/* Items a thread loads before using them (memory-level parallelism with few registers). */
+#define WK_BATCH (V >= 8 ? 2 : 4)
+
+/* G threads per cell, NT per block (G == 32: a warp per cell, NT / 32 cells a block; else
+ * G == NT). CACHE: the cell is read once from memory and kept in shared memory, CI items a
+ * thread (32 values); otherwise it is read twice. */
+template <int XK, int V, int G, int NT, bool CACHE>
+__global__ void __launch_bounds__(NT, 1024 / NT) wk_cells_kernel(const wk_quant_params_t p)
+{
+    constexpr int XS = wk_size(XK);
+    constexpr int CI = 32 / V;
+    constexpr int CPB = NT / G;
+    extern __shared__ uint4 wk_smem[];
+    __shared__ uint32_t red[2][NT / 32];
+    const uint32_t lane = threadIdx.x % G;
+    const uint64_t ncells = p.nbr * p.nbc;
+    /* this group's cache: item k of the thread at words ((k * G + lane) * V), as V / 4 uint4
+     * chunks laid out lane-major so that a warp's accesses are contiguous */
+    uint32_t *cache = reinterpret_cast<uint32_t *>(wk_smem) + (threadIdx.x / G) * (G * 32);
+    int phase = 0;
+
+    for (uint64_t base = (uint64_t)blockIdx.x * CPB; base < ncells;
+         base += (uint64_t)gridDim.x * CPB) {
+        const uint64_t cell = base + threadIdx.x / G;
+        if (cell >= ncells)                    /* a whole warp (G == 32 only) */
+            continue;
+        const uint64_t bi = cell / p.nbc, bj = cell - bi * p.nbc;
+        const uint64_t r0 = bi * p.br, c0 = bj * p.bc;
+        const uint32_t crows = (uint32_t)min(p.br, p.rows - r0);
+        const uint32_t ccols = (uint32_t)min(p.bc, p.cols - c0);
+        const unsigned char *xc = p.x + r0 * p.xp + c0 * XS;
+        unsigned char *oc = p.out + r0 * p.op + c0;
+        const uint32_t full = ccols / V, rem = ccols % V;
+        wk_cell_walk w0;
+        w0.start(lane, G, crows, full + (rem != 0));
+
+        /* pass 1: amax (and the cache) */
+        uint32_t m = 0;
+        {
+            wk_cell_walk w = w0;
+            for (int k0 = 0; CACHE ? k0 < CI : w.r < crows; k0 += WK_BATCH) {
+                uint32_t v[WK_BATCH][V];
+                bool ok[WK_BATCH];
+#pragma unroll
+                for (int j = 0; j < WK_BATCH; j++) {
+                    ok[j] = w.r < crows && (!CACHE || k0 + j < CI);
+                    if (ok[j])
+                        m = max(m, wk_load_item<XK, V>(xc + w.r * p.xp + (uint64_t)w.c * (V * XS), w.c < full,
+                                                       rem, v[j]));
+                    w.next();
+                }
+                if constexpr (CACHE) {
+#pragma unroll
+                    for (int j = 0; j < WK_BATCH; j++) {
+                        if (!ok[j])
+                            continue;
+                        const int k = k0 + j;
+                        if constexpr (V >= 4) {
+#pragma unroll
+                            for (int q = 0; q < V / 4; q++)
+                                reinterpret_cast<uint4 *>(cache)[(k * (V / 4) + q) * G + lane] =
+                                    make_uint4(v[j][4 * q], v[j][4 * q + 1], v[j][4 * q + 2],
+                                               v[j][4 * q + 3]);
+                        } else {
+#pragma unroll
+                            for (int q = 0; q < V; q++)
+                                cache[(k * V + q) * G + lane] = v[j][q];
+                        }
+                    }
+                }
+            }
+        }
+
+        m = __reduce_max_sync(0xffffffffu, m);
+        if constexpr (G > 32) {
+            if ((threadIdx.x & 31) == 0)
+                red[phase][threadIdx.x >> 5] = m;
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < G / 32; i++)
+                m = max(m, red[phase][i]);
+            phase ^= 1;
+        }
+        /* (each thread reads back only what it wrote itself: no barrier needed for the cache,
+         * and the next cell's writes come after this cell's reads in every thread) */
+        if (m >= 0x7f800000u) {                /* NaN or Inf: reported by finish */
+            if (lane == 0)
+                p.ws[1] = 1;
+            continue;
+        }
+        const float s = wk_cell_scale(m, p);
+        const float inv = __fdiv_rn(1.0f, s);
+        if (lane == 0)
+            p.scales[cell] = s;
+
+        /* pass 2: encode */
+        wk_cell_walk w = w0;
+        if constexpr (CACHE) {
+#pragma unroll 4
+            for (int k = 0; k < CI; k++) {
+                if (w.r >= crows)
+                    break;
+                uint32_t v[V];
+                if constexpr (V >= 4) {
+#pragma unroll
+                    for (int q = 0; q < V / 4; q++) {
+                        uint4 t = reinterpret_cast<const uint4 *>(cache)[(k * (V / 4) + q) * G + lane];
+                        v[4 * q] = t.x;
+                        v[4 * q + 1] = t.y;
+                        v[4 * q + 2] = t.z;
+                        v[4 * q + 3] = t.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int q = 0; q < V; q++)
+                        v[q] = cache[(k * V + q) * G + lane];
+                }
+                wk_store_item<V>(oc + w.r * p.op + (uint64_t)w.c * V, w.c < full, rem, v, s, inv, p.block, p.f);
+                w.next();
+            }
+        } else {
+            while (w.r < crows) {
+                uint32_t v[WK_BATCH][V];
+                uint32_t rr[WK_BATCH], cc[WK_BATCH];
+#pragma unroll
+                for (int j = 0; j < WK_BATCH; j++) {
+                    rr[j] = w.r;
+                    cc[j] = w.c;
+                    if (w.r < crows)
+                        wk_load_item<XK, V>(xc + w.r * p.xp + (uint64_t)w.c * (V * XS), w.c < full, rem, v[j]);
+                    w.next();
+                }
+#pragma unroll
+                for (int j = 0; j < WK_BATCH; j++)
+                    if (rr[j] < crows)
+                        wk_store_item<V>(oc + rr[j] * p.op + (uint64_t)cc[j] * V, cc[j] < full, rem, v[j], s,
+                                         inv, p.block, p.f);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Cells, pipelined: large cells whose rows are whole 16-byte chunks                            */
+/* ------------------------------------------------------------------------------------------ */
+
+__device__ __forceinline__ void wk_cp_async16(void *smem, const void *gmem)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void wk_cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* Wait until at most N of this thread's groups are still in flight. */
+template <int N>
+__device__ __forceinline__ void wk_cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Geometry of a cell in 16-byte chunks: rows, chunks a row, origin. */
+struct wk_cell_geo {
+    uint64_t r0, c0;
+    uint32_t crows, cpr;
+
+    template <int XS>
+    __device__ __forceinline__ void at(const wk_quant_params_t &p, uint64_t cell)
+    {
+        uint64_t bi = cell / p.nbc, bj = cell - bi * p.nbc;
+        r0 = bi * p.br;
+        c0 = bj * p.bc;
+        crows = (uint32_t)min(p.br, p.rows - r0);
+        cpr = (uint32_t)(min(p.bc, p.cols - c0) * XS / 16);
+    }
+};
+
+/* Start copying a cell into shared memory (cp.async, no registers held). */
+template <int XS, int NT>
+__device__ __forceinline__ void wk_cell_fetch(const wk_quant_params_t &p, const wk_cell_geo &g,
+                                              unsigned char *buf)
+{
+    const uint32_t n = g.crows * g.cpr;
+    const unsigned char *x0 = p.x + g.r0 * p.xp + g.c0 * XS;
+    for (uint32_t q = threadIdx.x; q < n; q += NT) {
+        uint32_t r = q / g.cpr, c = q - r * g.cpr;
+        wk_cp_async16(buf + (size_t)q * 16, x0 + r * p.xp + (size_t)c * 16);
+    }
+}
+
+/* A persistent block walks its cells (blockIdx.x, + gridDim.x, ...) through NS shared buffers:
+ * while it reduces and encodes cell i from one, cells i + 1 .. i + NS - 1 are on their way into
+ * the others. Every cell's rows are whole 16-byte chunks, 16-byte aligned (the host checks). */
+template <int XK, int NT, int NS>
+__global__ void __launch_bounds__(NT) wk_cells_pipe_kernel(const wk_quant_params_t p,
+                                                            uint32_t buf_bytes)
+{
+    constexpr int XS = wk_size(XK), V = 16 / XS;
+    extern __shared__ uint4 wk_smem[];
+    __shared__ uint32_t red[NT / 32];
+    unsigned char *const bufs = reinterpret_cast<unsigned char *>(wk_smem);
+    const uint64_t ncells = p.nbr * p.nbc;
+    wk_cell_geo g;
+
+#pragma unroll
+    for (int k = 0; k < NS - 1; k++) {
+        uint64_t c = blockIdx.x + (uint64_t)k * gridDim.x;
+        if (c < ncells) {
+            g.at<XS>(p, c);
+            wk_cell_fetch<XS, NT>(p, g, bufs + (size_t)k * buf_bytes);
+        }
+        wk_cp_async_commit();
+    }
+    uint64_t cell = blockIdx.x;
+    for (uint32_t i = 0; cell < ncells; i++, cell += gridDim.x) {
+        const uint64_t ahead = cell + (uint64_t)(NS - 1) * gridDim.x;
+        if (ahead < ncells) {
+            g.at<XS>(p, ahead);
+            wk_cell_fetch<XS, NT>(p, g, bufs + (size_t)((i + NS - 1) % NS) * buf_bytes);
+        }
+        wk_cp_async_commit();
+        wk_cp_async_wait<NS - 1>();
+        __syncthreads();
+
+        const unsigned char *b = bufs + (size_t)(i % NS) * buf_bytes;
+        g.at<XS>(p, cell);
+        const uint32_t n = g.crows * g.cpr;
+        uint32_t m = 0;
+        for (uint32_t q = threadIdx.x; q < n; q += NT) {
+            uint32_t e[V];
+            wk_load_elems<XK, V>(b + (size_t)q * 16, e);
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                m = max(m, wk_to_f32<XK>(e[k]) & 0x7fffffffu);
+        }
+        m = __reduce_max_sync(0xffffffffu, m);
+        if ((threadIdx.x & 31) == 0)
+            red[threadIdx.x >> 5] = m;
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < NT / 32; k++)
+            m = max(m, red[k]);
+
+        if (m >= 0x7f800000u) {                /* NaN or Inf: reported by finish */
+            if (threadIdx.x == 0)
+                p.ws[1] = 1;
+        } else {
+            const float s = wk_cell_scale(m, p);
+            const float inv = __fdiv_rn(1.0f, s);
+            if (threadIdx.x == 0)
+                p.scales[cell] = s;
+            unsigned char *o0 = p.out + g.r0 * p.op + g.c0;
+            for (uint32_t q = threadIdx.x; q < n; q += NT) {
+                uint32_t r = q / g.cpr, c = q - r * g.cpr;
+                uint32_t e[V];
+                wk_load_elems<XK, V>(b + (size_t)q * 16, e);
+#pragma unroll
+                for (int k = 0; k < V; k++)
+                    e[k] = wk_to_f32<XK>(e[k]);
+                wk_store_item<V>(o0 + r * p.op + (size_t)c * V, true, 0, e, s, inv, p.block, p.f);
+            }
+        }
+        /* every thread is done with this buffer (and with red) before it is refilled */
+        __syncthreads();
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Per-tensor: amax, then encode                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+template <int XK, int V>
+__global__ void __launch_bounds__(WK_THREADS)
+wk_amax_kernel(const unsigned char *__restrict__ x, uint64_t xp, const wk_walk_t w, uint32_t *amax)
+{
+    constexpr int XS = wk_size(XK);
+    const uint64_t ipr = w.full + (w.rem != 0), items = w.rows * ipr;
+    uint32_t m = 0;
+
+    for (uint64_t u = blockIdx.x; u < w.units; u += gridDim.x) {
+        const uint64_t first = u * WK_UNIT;
+#pragma unroll
+        for (int k = 0; k < WK_IPT; k++) {
+            uint64_t it = first + threadIdx.x + (uint64_t)k * WK_THREADS, r, c;
+            uint32_t v[V];
+            if (it < items) {
+                wk_divmod(it, ipr, w.rows, r, c);
+                m = max(m, wk_load_item<XK, V>(x + r * xp + c * (V * XS), c < w.full, w.rem, v));
+            }
+        }
+    }
+    m = __reduce_max_sync(0xffffffffu, m);
+    if ((threadIdx.x & 31) == 0 && m != 0)
+        atomicMax(amax, m);
+}
+
+template <int XK, int V>
+__global__ void __launch_bounds__(WK_THREADS)
+wk_tensor_encode_kernel(const wk_quant_params_t p, const wk_walk_t w)
+{
+    constexpr int XS = wk_size(XK);
+    const uint64_t ipr = w.full + (w.rem != 0), items = w.rows * ipr;
+    const uint32_t m = *(volatile const uint32_t *)&p.ws[0];
+
+    if (m >= 0x7f800000u) {
+        if (blockIdx.x == 0 && threadIdx.x == 0)
+            p.ws[1] = 1;
+        return;
+    }
+    const float s = wk_cell_scale(m, p);
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        p.scales[0] = s;
+
+    for (uint64_t u = blockIdx.x; u < w.units; u += gridDim.x) {
+        const uint64_t first = u * WK_UNIT;
+        uint32_t v[WK_IPT][V];
+        uint64_t row[WK_IPT], col[WK_IPT];
+#pragma unroll
+        for (int k = 0; k < WK_IPT; k++) {
+            uint64_t it = first + threadIdx.x + (uint64_t)k * WK_THREADS;
+            row[k] = UINT64_MAX;
+            if (it < items) {
+                wk_divmod(it, ipr, w.rows, row[k], col[k]);
+                wk_load_item<XK, V>(p.x + row[k] * p.xp + col[k] * (V * XS), col[k] < w.full,
+                                    w.rem, v[k]);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < WK_IPT; k++)
+            if (row[k] != UINT64_MAX)
+                wk_store_item<V>(p.out + row[k] * p.op + col[k] * V, col[k] < w.full, w.rem, v[k],
+                                 s, s, 0, p.f);
+    }
+}
+
+/* First non-finite element (row-major linear index), only run once one is known to exist. */
+template <int XK>
+__global__ void wk_find_kernel(const unsigned char *x, uint64_t xp, uint64_t rows, uint64_t cols,
+                               unsigned long long *first)
+{
+    const uint64_t n = rows * cols;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t r = i / cols, c = i - r * cols;
+        uint32_t u = wk_to_f32<XK>(wk_load_one<XK>(x + r * xp + c * wk_size(XK)));
+        if ((u & 0x7f800000u) == 0x7f800000u)
+            atomicMin(first, (unsigned long long)i);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Host side                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static wsync_status_t wk_sms(int *sms)
+{
+    int dev;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+    return e == cudaSuccess ? WSYNC_OK : wk_cuda(e, "cudaDeviceGetAttribute(multiprocessors)");
+}
+
+/* The walk of a [rows, cols] matrix by items of V elements (one row when both are dense). */
+static wk_walk_t wk_walk(uint64_t rows, uint64_t cols, int dense, uint64_t v)
+{
+    wk_walk_t w;
+    if (rows == 0 || cols == 0) {
+        w.rows = w.full = w.units = 0;
+        w.rem = 0;
+        return w;
+    }
+    if (dense) {
+        cols *= rows;
+        rows = 1;
+    }
+    w.rows = rows;
+    w.full = cols / v;
+    w.rem = (uint32_t)(cols % v);
+    uint64_t items = rows * (w.full + (w.rem != 0));
+    w.units = items / WK_UNIT + (items % WK_UNIT != 0);
+    return w;
+}
+
+/* Blocks for the per-tensor kernels: enough to fill the device, each looping over units. */
+static unsigned wk_fill_grid(uint64_t units, int sms)
+{
+    uint64_t cap = (uint64_t)sms * (2048 / WK_THREADS);
+    return (unsigned)(units < cap ? (units > 0 ? units : 1) : cap);
+}
+
+template <int XK, int V>
+static wsync_status_t wk_amax_launch(const unsigned char *x, uint64_t xp, const wk_walk_t &w,
+                                     uint32_t *amax, int sms, cudaStream_t s)
+{
+    if (w.units == 0)
+        return WSYNC_OK;
+    wk_amax_kernel<XK, V><<<wk_fill_grid(w.units, sms), WK_THREADS, 0, s>>>(x, xp, w, amax);
+    return wk_launched("amax kernel launch");
+}
+
+/* Vector width of the per-tensor walk: 16-byte loads when the input allows them. */
+static int wk_vec_ok(const void *x, uint64_t xp_bytes, const void *out, uint64_t op, uint64_t v,
+                     int one_row)
+{
+    return ((uintptr_t)x % 16 == 0) && (one_row || xp_bytes % 16 == 0) &&
+           (out == NULL || ((uintptr_t)out % v == 0 && (one_row || op % v == 0)));
+}
+
+template <int XK>
+static wsync_status_t wk_amax_any(const void *x, uint64_t rows, uint64_t cols, uint64_t x_pitch,
+                                  uint32_t *amax, cudaStream_t s)
+{
+    constexpr int XS = wk_size(XK), VV = 16 / XS;
+    int sms;
+    wsync_status_t st = wk_sms(&sms);
+    if (st != WSYNC_OK)
+        return st;
+    int dense = rows <= 1 || x_pitch == cols;
+    uint64_t xp = x_pitch * XS;
+    if (wk_vec_ok(x, xp, NULL, 0, VV, dense))
+        return wk_amax_launch<XK, VV>((const unsigned char *)x, xp, wk_walk(rows, cols, dense, VV),
+                                      amax, sms, s);
+    return wk_amax_launch<XK, 1>((const unsigned char *)x, xp, wk_walk(rows, cols, dense, 1), amax,
+                                 sms, s);
+}
+
+static wsync_status_t wk_amax_dispatch(int xk, const void *x, uint64_t rows, uint64_t cols,
+                                       uint64_t x_pitch, uint32_t *amax, cudaStream_t s)
+{
+    switch (xk) {
+    case WK_BF16: return wk_amax_any<WK_BF16>(x, rows, cols, x_pitch, amax, s);
+    case WK_F16: return wk_amax_any<WK_F16>(x, rows, cols, x_pitch, amax, s);
+    default: return wk_amax_any<WK_F32>(x, rows, cols, x_pitch, amax, s);
+    }
+}
+
+/* Per-tensor: amax into ws[0], then encode (one block at least, to write the scale). */
+template <int XK>
+static wsync_status_t wk_tensor_run(const wk_quant_params_t &p, cudaStream_t s)
+{
+    constexpr int XS = wk_size(XK), VV = 16 / XS;
+    int sms;
+    wsync_status_t st = wk_sms(&sms);
+    if (st != WSYNC_OK)
+        return st;
+    int dense = p.rows <= 1 || (p.xp == p.cols * XS && p.op == p.cols);
+    int vec = wk_vec_ok(p.x, p.xp, p.out, p.op, VV, dense);
+    wk_walk_t w = wk_walk(p.rows, p.cols, dense, vec ? VV : 1);
+    if (vec) {
+        st = wk_amax_launch<XK, VV>(p.x, p.xp, w, p.ws, sms, s);
+        if (st == WSYNC_OK) {
+            wk_tensor_encode_kernel<XK, VV><<<wk_fill_grid(w.units, sms), WK_THREADS, 0, s>>>(p, w);
+            st = wk_launched("quantize (per-tensor) kernel launch");
+        }
+    } else {
+        st = wk_amax_launch<XK, 1>(p.x, p.xp, w, p.ws, sms, s);
+        if (st == WSYNC_OK) {
+            wk_tensor_encode_kernel<XK, 1><<<wk_fill_grid(w.units, sms), WK_THREADS, 0, s>>>(p, w);
+            st = wk_launched("quantize (per-tensor) kernel launch");
+        }
+    }
+    return st;
+}
+
+template <int XK, int V, int G, int NT, bool CACHE>
+static wsync_status_t wk_cells_launch(const wk_quant_params_t &p, uint64_t ncells, cudaStream_t s)
+{
+    const size_t smem = CACHE ? (size_t)NT * 32 * sizeof(uint32_t) : 0;
+    const uint64_t blocks = ncells / (NT / G) + (ncells % (NT / G) != 0);
+    if (smem > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(wk_cells_kernel<XK, V, G, NT, CACHE>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess)
+            return wk_cuda(e, "wsync_kernels_quantize: cudaFuncSetAttribute");
+    }
+    wk_cells_kernel<XK, V, G, NT, CACHE><<<wk_grid(blocks), NT, smem, s>>>(p);
+    return wk_launched("quantize kernel launch");
+}
+
+/* A warp per cell for small cells, 512 threads for larger ones; cached in shared memory when the
+ * cell has at most 32 values a thread. */
+template <int XK, int V>
+static wsync_status_t wk_cells_run_v(const wk_quant_params_t &p, cudaStream_t s)
+{
+    constexpr int CI = 32 / V;
+    uint64_t ncells = p.nbr * p.nbc;
+    uint64_t crows = p.br < p.rows ? p.br : p.rows, ccols = p.bc < p.cols ? p.bc : p.cols;
+    uint64_t ipr = ccols / V + (ccols % V != 0), items = crows * ipr;
+    if (ncells == 0)
+        return WSYNC_OK;
+    if (crows > INT32_MAX || ipr > INT32_MAX)
+        return wsync_err(WSYNC_ERR_UNSUPPORTED, "%s: %s: a scale cell of %" PRIu64 " x %" PRIu64
+                         " is beyond the GPU quantizer (2^31 rows or vectors a row)", wk_qfn,
+                         p.name, crows, ccols);
+    if (items <= 32u * CI)
+        return wk_cells_launch<XK, V, 32, 256, true>(p, ncells, s);
+    if (items <= 512u * CI)
+        return wk_cells_launch<XK, V, 512, 512, true>(p, ncells, s);
+    return wk_cells_launch<XK, V, 512, 512, false>(p, ncells, s);
+}
+
+#define WK_PIPE_MAX_SMEM (200u * 1024)
+
+template <int XK, int NT, int NS>
+static wsync_status_t wk_cells_pipe_launch(const wk_quant_params_t &p, uint64_t ncells,
+                                           uint32_t buf_bytes, cudaStream_t s)
+{
+    const size_t smem = NS * (size_t)buf_bytes;
+    int sms, occ = 0;
+    wsync_status_t st = wk_sms(&sms);
+    if (st != WSYNC_OK)
+        return st;
+    cudaError_t e = cudaFuncSetAttribute(wk_cells_pipe_kernel<XK, NT, NS>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, wk_cells_pipe_kernel<XK, NT, NS>, NT,
+                                                          smem);
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kernels_quantize: pipelined kernel set-up");
+    uint64_t cap = (uint64_t)sms * (uint64_t)(occ > 0 ? occ : 1);
+    wk_cells_pipe_kernel<XK, NT, NS><<<(unsigned)(ncells < cap ? ncells : cap), NT, smem, s>>>(p, buf_bytes);
+    return wk_launched("quantize (pipelined) kernel launch");
+}
+
+template <int XK>
+static wsync_status_t wk_cells_run(const wk_quant_params_t &p, cudaStream_t s)
+{
+    constexpr int XS = wk_size(XK), VV = 16 / XS;
+    int one_row = p.rows <= 1;
+    int vec = wk_vec_ok(p.x, p.xp, p.out, p.op, VV, one_row) && (p.nbc == 1 || p.bc % VV == 0);
+    uint64_t ncells = p.nbr * p.nbc;
+    uint64_t crows = p.br < p.rows ? p.br : p.rows, ccols = p.bc < p.cols ? p.bc : p.cols;
+    uint64_t cell_bytes = crows * ccols * XS;
+    /* large cells of whole 16-byte chunks: the pipelined kernel (cells of a warp or less, and
+     * cells too large for two shared buffers, take the others) */
+    if (vec && ncells > 0 && p.cols % VV == 0 && crows * (ccols / VV) > 32u * (32 / VV) &&
+        2 * cell_bytes <= WK_PIPE_MAX_SMEM) {
+        /* one block a multiprocessor: make it wide, and fetch two cells ahead if they fit */
+        if (2 * cell_bytes > 113u * 1024 && 3 * cell_bytes <= WK_PIPE_MAX_SMEM)
+            return wk_cells_pipe_launch<XK, 1024, 3>(p, ncells, (uint32_t)cell_bytes, s);
+        if (2 * cell_bytes > 113u * 1024)
+            return wk_cells_pipe_launch<XK, 1024, 2>(p, ncells, (uint32_t)cell_bytes, s);
+        return wk_cells_pipe_launch<XK, 512, 2>(p, ncells, (uint32_t)cell_bytes, s);
+    }
+    return vec ? wk_cells_run_v<XK, VV>(p, s) : wk_cells_run_v<XK, 1>(p, s);
+}
+
+/* quant_check and quant_grid of reshard/fp8.c, plus the input dtype and the workspace. */
+static wsync_status_t wk_quant_prepare(const wsync_kquant_t *a, const void *ws,
+                                       wk_quant_params_t *p, int *xk)
+{
+    const wsync_quant_t *q;
+
+    if (a == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: arguments are NULL", wk_qfn);
+    q = &a->quant;
+    if (a->fp8_dtype != WSYNC_DTYPE_F8E4M3FN && a->fp8_dtype != WSYNC_DTYPE_F8E5M2)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: dtype %s (%d) is not FP8", wk_qfn,
+                         wsync_dtype_name(a->fp8_dtype), (int)a->fp8_dtype);
+    *xk = wk_kind(a->x_dtype);
+    if (*xk < 0)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: input dtype %s (%d) is not bf16, f16 or f32",
+                         wk_qfn, wsync_dtype_name(a->x_dtype), (int)a->x_dtype);
+    memset(p, 0, sizeof(*p));
+    switch (q->scheme) {
+    case WSYNC_QUANT_TENSOR:
+    case WSYNC_QUANT_CHANNEL:
+        if (q->ue8m0)
+            return wsync_err(WSYNC_ERR_INVALID, "%s: ue8m0 applies to block scales only", wk_qfn);
+        p->bc = a->cols > 0 ? a->cols : 1;
+        p->nbc = 1;
+        if (q->scheme == WSYNC_QUANT_TENSOR) {
+            p->br = a->rows > 0 ? a->rows : 1;
+            p->nbr = 1;
+        } else {
+            p->br = 1;
+            p->nbr = a->rows;
+        }
+        break;
+    case WSYNC_QUANT_BLOCK:
+        if (q->block_rows < 0 || q->block_cols < 0)
+            return wsync_err(WSYNC_ERR_INVALID, "%s: block %d x %d has a negative size", wk_qfn,
+                             q->block_rows, q->block_cols);
+        if (q->eps != q->eps || q->eps > 3.40282347e+38f)
+            return wsync_err(WSYNC_ERR_INVALID, "%s: eps %g is not finite", wk_qfn, (double)q->eps);
+        p->block = 1;
+        p->br = q->block_rows > 0 ? (uint64_t)q->block_rows : 128;
+        p->bc = q->block_cols > 0 ? (uint64_t)q->block_cols : 128;
+        p->nbr = a->rows / p->br + (a->rows % p->br != 0);
+        p->nbc = a->cols / p->bc + (a->cols % p->bc != 0);
+        break;
+    default:
+        return wsync_err(WSYNC_ERR_INVALID, "%s: quant scheme %d has no scales", wk_qfn,
+                         (int)q->scheme);
+    }
+    if (a->rows > 0 && a->cols > 0) {
+        if (a->x == NULL || a->out == NULL)
+            return wsync_err(WSYNC_ERR_INVALID, "%s: %s is NULL", wk_qfn,
+                             a->x == NULL ? "input" : "output");
+        if (a->x_pitch < a->cols || a->out_pitch < a->cols)
+            return wsync_err(WSYNC_ERR_INVALID,
+                             "%s: pitch %" PRIu64 " of the %s is below cols %" PRIu64, wk_qfn,
+                             a->x_pitch < a->cols ? a->x_pitch : a->out_pitch,
+                             a->x_pitch < a->cols ? "input" : "output", a->cols);
+        if (a->rows >= (UINT64_C(1) << 56) || a->cols >= (UINT64_C(1) << 56) ||
+            a->rows - 1 > ((UINT64_C(1) << 56) - a->cols) / a->x_pitch ||
+            a->rows - 1 > ((UINT64_C(1) << 56) - a->cols) / a->out_pitch)
+            return wsync_err(WSYNC_ERR_INVALID, "%s: matrix too large", wk_qfn);
+    }
+    if (p->nbr > 0 && p->nbc > 0 && a->scales == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: scales is NULL", wk_qfn);
+    if (ws == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: workspace is NULL", wk_qfn);
+
+    int e4m3 = a->fp8_dtype == WSYNC_DTYPE_F8E4M3FN;
+    uint32_t man_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+    p->f.drop = 23u - man_bits;
+    p->f.rnd = (1u << (p->f.drop - 1)) - 1u;
+    p->f.rebias = (127u - bias) << 23;
+    p->f.magic = (151u - bias - man_bits) << 23;
+    p->f.sub_lim = (128u - bias) << 23;
+    p->f.maxcode = e4m3 ? (q->no_saturate ? 0x7fu : 0x7eu) : (q->no_saturate ? 0x7cu : 0x7bu);
+    p->fmax = wsync_fp8_max(a->fp8_dtype);
+    p->eps = q->eps > 0.0f ? q->eps : 1e-4f;
+    p->ue8m0 = p->block && q->ue8m0;
+    p->x = (const unsigned char *)a->x;
+    p->xp = a->x_pitch * (uint64_t)wk_size(*xk);
+    p->out = a->out;
+    p->op = a->out_pitch;
+    p->scales = a->scales;
+    p->ws = (uint32_t *)ws;
+    p->rows = a->rows;
+    p->cols = a->cols;
+    p->name = a->name != NULL ? a->name : "(unnamed)";
+    return WSYNC_OK;
+}
+
+extern "C" {
+
+wsync_status_t wsync_kernels_amax(const void *x, wsync_dtype_t x_dtype, uint64_t rows,
+                                  uint64_t cols, uint64_t x_pitch, float *amax_out, void *stream)
+{
+    static const char fn[] = "wsync_kernels_amax";
+    cudaStream_t s = (cudaStream_t)stream;
+    int xk = wk_kind(x_dtype);
+    cudaError_t e;
+
+    if (xk < 0)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: dtype %s (%d) is not bf16, f16 or f32", fn,
+                         wsync_dtype_name(x_dtype), (int)x_dtype);
+    if (amax_out == NULL || (rows > 0 && cols > 0 && x == NULL))
+        return wsync_err(WSYNC_ERR_INVALID, "%s: %s is NULL", fn, amax_out == NULL ? "amax_out" : "x");
+    if (rows > 1 && x_pitch < cols)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: pitch %" PRIu64 " is below cols %" PRIu64, fn,
+                         x_pitch, cols);
+    e = cudaMemsetAsync(amax_out, 0, sizeof(float), s);
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kernels_amax: cudaMemsetAsync");
+    return wk_amax_dispatch(xk, x, rows, cols, x_pitch, (uint32_t *)amax_out, s);
+}
+
+wsync_status_t wsync_kernels_quantize_launch(const wsync_kquant_t *a, void *ws, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    wk_quant_params_t p;
+    int xk = -1;
+    wsync_status_t st = wk_quant_prepare(a, ws, &p, &xk);
+    if (st != WSYNC_OK)
+        return st;
+    cudaError_t e = cudaMemsetAsync(ws, 0, 2 * sizeof(uint32_t), s);
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kernels_quantize: cudaMemsetAsync");
+    if (a->quant.scheme == WSYNC_QUANT_TENSOR) {
+        switch (xk) {
+        case WK_BF16: return wk_tensor_run<WK_BF16>(p, s);
+        case WK_F16: return wk_tensor_run<WK_F16>(p, s);
+        default: return wk_tensor_run<WK_F32>(p, s);
+        }
+    }
+    switch (xk) {
+    case WK_BF16: return wk_cells_run<WK_BF16>(p, s);
+    case WK_F16: return wk_cells_run<WK_F16>(p, s);
+    default: return wk_cells_run<WK_F32>(p, s);
+    }
+}
+
+wsync_status_t wsync_kernels_quantize_finish(const wsync_kquant_t *a, void *ws, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    uint32_t h[2];
+    unsigned long long first;
+    cudaError_t e;
+    int xk;
+
+    if (a == NULL || ws == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: %s is NULL", wk_qfn, a == NULL ? "arguments" : "workspace");
+    xk = wk_kind(a->x_dtype);
+    e = cudaMemcpyAsync(h, ws, sizeof(h), cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kernels_quantize: kernels");
+    if (h[1] == 0)
+        return WSYNC_OK;
+
+    /* Non-finite input: find the first bad element in row-major order, as the CPU names it. */
+    const char *name = a->name != NULL ? a->name : "(unnamed)";
+    unsigned long long *d_first = (unsigned long long *)((char *)ws + 8);
+    uint64_t xs = (uint64_t)wk_size(xk);
+    e = cudaMemsetAsync(d_first, 0xff, sizeof(*d_first), s);
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kernels_quantize: cudaMemsetAsync");
+    const unsigned char *x = (const unsigned char *)a->x;
+    uint64_t xp = a->x_pitch * xs;
+    switch (xk) {
+    case WK_BF16: wk_find_kernel<WK_BF16><<<1024, WK_THREADS, 0, s>>>(x, xp, a->rows, a->cols, d_first); break;
+    case WK_F16: wk_find_kernel<WK_F16><<<1024, WK_THREADS, 0, s>>>(x, xp, a->rows, a->cols, d_first); break;
+    default: wk_find_kernel<WK_F32><<<1024, WK_THREADS, 0, s>>>(x, xp, a->rows, a->cols, d_first); break;
+    }
+    wsync_status_t st = wk_launched("wsync_kernels_quantize: search kernel launch");
+    if (st != WSYNC_OK)
+        return st;
+    e = cudaMemcpyAsync(&first, d_first, sizeof(first), cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kernels_quantize: search");
+    if (first == ~0ull || a->cols == 0)
+        return wsync_err(WSYNC_ERR_INTERNAL, "%s: non-finite value vanished", name);
+    uint64_t r = first / a->cols, c = first % a->cols;
+    uint32_t raw = 0, u;
+    e = cudaMemcpy(&raw, x + r * xp + c * xs, xs, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kernels_quantize: cudaMemcpy");
+    if (xk == WK_BF16) {
+        float f = wsync_bf16_to_f32((uint16_t)raw);
+        memcpy(&u, &f, 4);
+    } else if (xk == WK_F16) {
+        float f = wsync_f16_to_f32((uint16_t)raw);
+        memcpy(&u, &f, 4);
+    } else {
+        u = raw;
+    }
+    return wsync_err(WSYNC_ERR_NONFINITE, "%s: %s at row %" PRIu64 ", column %" PRIu64, name,
+                     (u & 0x7fffffu) ? "NaN" : (u >> 31) ? "-Inf" : "Inf", r, c);
+}
+
+wsync_status_t wsync_kernels_quantize(const wsync_kquant_t *a, void *ws, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    void *own = NULL;
+    wsync_status_t st;
+    cudaError_t e;
+
+    if (ws == NULL) {
+        e = cudaMallocAsync(&own, WSYNC_KQUANT_WS_BYTES, s);
+        if (e != cudaSuccess)
+            return wk_cuda(e, "wsync_kernels_quantize: cudaMallocAsync");
+        ws = own;
+    }
+    st = wsync_kernels_quantize_launch(a, ws, stream);
+    if (st == WSYNC_OK)
+        st = wsync_kernels_quantize_finish(a, ws, stream);
+    if (own != NULL) {
+        e = cudaFreeAsync(own, s);
+        if (e != cudaSuccess && st == WSYNC_OK)
+            st = wk_cuda(e, "wsync_kernels_quantize: cudaFreeAsync");
+    }
+    return st;
+}
+
+} /* extern "C" */
