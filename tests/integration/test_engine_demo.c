@@ -8,40 +8,10 @@
 #include <sys/wait.h>
 
 #include "tests/support/check.h"
+#include "tests/support/proc.h"
 #include "wsync/wsync.h"
 
 static char out[1 << 16];
-
-static int run(const char *cmd, char *buf, size_t len)
-{
-    FILE *p = popen(cmd, "r");
-    size_t n = 0;
-
-    buf[0] = '\0';
-    if (p == NULL)
-        return -1;
-    while (n + 1 < len) {
-        size_t got = fread(buf + n, 1, len - n - 1, p);
-        if (got == 0)
-            break;
-        n += got;
-    }
-    buf[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static json_t *last_json_line(const char *text)
-{
-    const char *end = text + strlen(text), *start;
-    json_error_t err;
-    while (end > text && end[-1] == '\n')
-        end--;
-    start = end;
-    while (start > text && start[-1] != '\n')
-        start--;
-    return json_loadb(start, (size_t)(end - start), 0, &err);
-}
 
 /* Run the demo with `args`; every one of `steps` step lines must say yes. */
 static void demo(const char *args, int steps, const char *quant)
@@ -51,7 +21,7 @@ static void demo(const char *args, int steps, const char *quant)
     json_t *j;
 
     snprintf(cmd, sizeof(cmd), WSYNC_BIN_DIR "/wsync-demo %s --json", args);
-    rc = run(cmd, out, sizeof(out));
+    rc = proc_run(cmd, out, sizeof(out));
     fprintf(stderr, "$ %s\n%s", cmd, out);
     CHECK_MSG(rc == 0, "%s exited with %d", cmd, rc);
     for (int s = 1; s <= steps; s++) {
@@ -74,7 +44,7 @@ static void demo(const char *args, int steps, const char *quant)
     }
     CHECK(lines == steps);
     CHECK(strstr(out, "steps matched") != NULL);
-    j = last_json_line(out);
+    j = (json_t *)proc_last_json_line(out);
     CHECK_MSG(j != NULL, "no JSON summary");
     if (j == NULL)
         return;
@@ -109,17 +79,17 @@ static void case_from_checkpoint(void)
 
 static void case_refusals(void)
 {
-    CHECK(run(WSYNC_BIN_DIR "/wsync-demo --help", out, sizeof(out)) == 0);
+    CHECK(proc_run(WSYNC_BIN_DIR "/wsync-demo --help", out, sizeof(out)) == 0);
     CHECK(strstr(out, "--trainers") != NULL && strstr(out, "--scheme") != NULL &&
           strstr(out, "--quant") != NULL && strstr(out, "--model") != NULL);
-    CHECK(run(WSYNC_BIN_DIR "/wsync-demo --device cuda 2>&1", out, sizeof(out)) == 2);
+    CHECK(proc_run(WSYNC_BIN_DIR "/wsync-demo --device cuda 2>&1", out, sizeof(out)) == 2);
     CHECK_MSG(strstr(out, "not built yet") != NULL, "%s", out);
-    CHECK(run(WSYNC_BIN_DIR "/wsync-demo --steps zero 2>&1", out, sizeof(out)) == 2);
+    CHECK(proc_run(WSYNC_BIN_DIR "/wsync-demo --steps zero 2>&1", out, sizeof(out)) == 2);
     CHECK_MSG(strstr(out, "--steps") != NULL, "%s", out);
-    CHECK(run(WSYNC_BIN_DIR "/wsync-demo --frobnicate 2>&1", out, sizeof(out)) == 2);
+    CHECK(proc_run(WSYNC_BIN_DIR "/wsync-demo --frobnicate 2>&1", out, sizeof(out)) == 2);
     CHECK_MSG(strstr(out, "--frobnicate") != NULL, "%s", out);
     /* 4 heads cannot be split 8 ways: refused before anything starts, naming the numbers */
-    CHECK(run(WSYNC_BIN_DIR "/wsync-demo --tp 8 2>&1", out, sizeof(out)) == 1);
+    CHECK(proc_run(WSYNC_BIN_DIR "/wsync-demo --tp 8 2>&1", out, sizeof(out)) == 1);
     CHECK_MSG(strstr(out, "8") != NULL && strstr(out, "head") != NULL, "%s", out);
 }
 

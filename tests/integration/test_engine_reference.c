@@ -379,37 +379,6 @@ static void case_fp8_128_refused(void)
 
 /* ---- the command line --------------------------------------------------------------------- */
 
-static int run(const char *cmd, char *out, size_t len)
-{
-    FILE *p = popen(cmd, "r");
-    size_t n = 0;
-
-    out[0] = '\0';
-    if (p == NULL)
-        return -1;
-    while (n + 1 < len) {
-        size_t got = fread(out + n, 1, len - n - 1, p);
-        if (got == 0)
-            break;
-        n += got;
-    }
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static json_t *last_json_line(const char *text)
-{
-    const char *end = text + strlen(text), *start;
-    json_error_t err;
-    while (end > text && end[-1] == '\n')
-        end--;
-    start = end;
-    while (start > text && start[-1] != '\n')
-        start--;
-    return json_loadb(start, (size_t)(end - start), 0, &err);
-}
-
 static char out[1 << 16];
 
 static void cli_case(int tp)
@@ -422,8 +391,8 @@ static void cli_case(int tp)
         n += (size_t)snprintf(ids + n, sizeof(ids) - n, "%s%d", i ? "," : "", prompt[i]);
     snprintf(cmd, sizeof(cmd), WSYNC_BIN_DIR "/wsync-engine --model " MODEL_DIR
              " --tp %d --prompt-ids %s --max-new %d --json", tp, ids, ngreedy);
-    CHECK_MSG(run(cmd, out, sizeof(out)) == 0, "%s failed", cmd);
-    j = last_json_line(out);
+    CHECK_MSG(proc_run(cmd, out, sizeof(out)) == 0, "%s failed", cmd);
+    j = (json_t *)proc_last_json_line(out);
     CHECK_MSG(j != NULL, "no JSON from %s: %s", cmd, out);
     if (j == NULL)
         return;
@@ -442,15 +411,15 @@ static void case_cli(void)
 {
     cli_case(1);
     cli_case(2);
-    CHECK(run(WSYNC_BIN_DIR "/wsync-engine --help", out, sizeof(out)) == 0);
+    CHECK(proc_run(WSYNC_BIN_DIR "/wsync-engine --help", out, sizeof(out)) == 0);
     CHECK(strstr(out, "--prompt-ids") != NULL && strstr(out, "--tp") != NULL);
-    CHECK(run(WSYNC_BIN_DIR "/wsync-engine --model " MODEL_DIR " --prompt-ids 1 --max-new 1 "
+    CHECK(proc_run(WSYNC_BIN_DIR "/wsync-engine --model " MODEL_DIR " --prompt-ids 1 --max-new 1 "
               "--device cuda 2>&1", out, sizeof(out)) == 2);
     CHECK_MSG(strstr(out, "not built yet") != NULL, "%s", out);
-    CHECK(run(WSYNC_BIN_DIR "/wsync-engine --model " MODEL_DIR " --prompt-ids 1 --max-new 1 "
+    CHECK(proc_run(WSYNC_BIN_DIR "/wsync-engine --model " MODEL_DIR " --prompt-ids 1 --max-new 1 "
               "--bogus 2>&1", out, sizeof(out)) == 2);
     CHECK_MSG(strstr(out, "--bogus") != NULL, "%s", out);
-    CHECK(run(WSYNC_BIN_DIR "/wsync-engine --model " MODEL_DIR " --prompt-ids 1,400 --max-new 1 "
+    CHECK(proc_run(WSYNC_BIN_DIR "/wsync-engine --model " MODEL_DIR " --prompt-ids 1,400 --max-new 1 "
               "2>&1", out, sizeof(out)) == 1);
     CHECK_MSG(strstr(out, "400") != NULL, "%s", out);
 }

@@ -8,49 +8,16 @@
 #include <sys/wait.h>
 
 #include "tests/support/check.h"
+#include "tests/support/proc.h"
 #include "wsync/wsync.h"
-
-/* Run a command, capture stdout (stderr goes to ours), return the exit code. */
-static int run(const char *cmd, char *out, size_t len)
-{
-    FILE *p = popen(cmd, "r");
-    size_t n = 0;
-
-    out[0] = '\0';
-    if (p == NULL)
-        return -1;
-    while (n + 1 < len) {
-        size_t got = fread(out + n, 1, len - n - 1, p);
-        if (got == 0)
-            break;
-        n += got;
-    }
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-/* The last line of text, parsed as JSON. */
-static json_t *last_json_line(const char *text)
-{
-    const char *end = text + strlen(text), *start;
-    json_error_t err;
-
-    while (end > text && end[-1] == '\n')
-        end--;
-    start = end;
-    while (start > text && start[-1] != '\n')
-        start--;
-    return json_loadb(start, (size_t)(end - start), 0, &err);
-}
 
 static char out[1 << 16];
 
 static void case_info_lists_shm(void)
 {
-    int rc = run(WSYNC_BIN_DIR "/wsync-info --json", out, sizeof(out));
+    int rc = proc_run(WSYNC_BIN_DIR "/wsync-info --json", out, sizeof(out));
     CHECK_MSG(rc == 0, "wsync-info --json exited %d", rc);
-    json_t *j = last_json_line(out);
+    json_t *j = (json_t *)proc_last_json_line(out);
     CHECK_MSG(j != NULL, "wsync-info --json printed no JSON: %s", out);
     if (j == NULL)
         return;
@@ -76,21 +43,21 @@ static void case_info_lists_shm(void)
 
 static void case_info_explains(void)
 {
-    int rc = run(WSYNC_BIN_DIR "/wsync-info --explain --senders 2 --receivers 3", out, sizeof(out));
+    int rc = proc_run(WSYNC_BIN_DIR "/wsync-info --explain --senders 2 --receivers 3", out, sizeof(out));
     CHECK_MSG(rc == 0, "wsync-info --explain exited %d", rc);
     CHECK_MSG(strstr(out, "ipc: chosen: all 5 participants share host") != NULL, "%s", out);
     CHECK_MSG(strstr(out, "nccl: refused:") != NULL, "%s", out);
-    rc = run(WSYNC_BIN_DIR "/wsync-info --explain --mem cuda", out, sizeof(out));
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-info --explain --mem cuda", out, sizeof(out));
     CHECK_MSG(strstr(out, "ipc: refused: some shards or targets are in CUDA memory") != NULL, "%s",
               out);
 }
 
 static void case_bench_small_json(void)
 {
-    int rc = run(WSYNC_BIN_DIR "/wsync-bench --scheme ipc --mem host --receivers 2 --bytes 8M "
+    int rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --scheme ipc --mem host --receivers 2 --bytes 8M "
                                "--bucket-mb 1 --iters 2 --json 2>/dev/null", out, sizeof(out));
     CHECK_MSG(rc == 0, "wsync-bench exited %d: %s", rc, out);
-    json_t *j = last_json_line(out);
+    json_t *j = (json_t *)proc_last_json_line(out);
     CHECK_MSG(j != NULL, "wsync-bench printed no JSON: %s", out);
     if (j == NULL)
         return;
@@ -107,7 +74,7 @@ static void case_bench_small_json(void)
     CHECK_MSG(gbps > 0.99 * 8388608 / 1e9 / secs && gbps < 1.01 * 8388608 / 1e9 / secs,
               "%g GB/s for %g s", gbps, secs);
     json_decref(j);
-    rc = run(WSYNC_BIN_DIR "/wsync-bench --scheme ipc --mem host --receivers 1 --bytes 4M "
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --scheme ipc --mem host --receivers 1 --bytes 4M "
                            "--source private --iters 1 2>/dev/null", out, sizeof(out));
     CHECK_MSG(rc == 0, "wsync-bench --source private exited %d: %s", rc, out);
 }
@@ -119,11 +86,11 @@ static void case_help_and_bad_options(void)
 
     for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++) {
         snprintf(cmd, sizeof(cmd), WSYNC_BIN_DIR "/%s --help", tools[i]);
-        int rc = run(cmd, out, sizeof(out));
+        int rc = proc_run(cmd, out, sizeof(out));
         CHECK_MSG(rc == 0 && strstr(out, "usage") != NULL, "%s --help: exit %d, %s", tools[i], rc,
                   out);
         snprintf(cmd, sizeof(cmd), WSYNC_BIN_DIR "/%s --no-such-option 2>&1", tools[i]);
-        rc = run(cmd, out, sizeof(out));
+        rc = proc_run(cmd, out, sizeof(out));
         CHECK_MSG(rc != 0 && strstr(out, "--no-such-option") != NULL,
                   "%s with a bad option: exit %d, %s", tools[i], rc, out);
     }

@@ -1,6 +1,7 @@
 #include "tests/support/proc.h"
 
 #include <dirent.h>
+#include <jansson.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -125,4 +126,36 @@ void proc_list_dev_shm(char *buf, size_t len)
         n += (size_t)w;
     }
     closedir(d);
+}
+
+int proc_run(const char *cmd, char *out, size_t len)
+{
+    FILE *p = popen(cmd, "r");
+    size_t n = 0;
+
+    out[0] = '\0';
+    if (p == NULL)
+        return -1;
+    while (n + 1 < len) {
+        size_t got = fread(out + n, 1, len - n - 1, p);
+        if (got == 0)
+            break;
+        n += got;
+    }
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+void *proc_last_json_line(const char *text)
+{
+    const char *end = text + strlen(text), *start;
+    json_error_t err;
+
+    while (end > text && end[-1] == '\n')
+        end--;
+    start = end;
+    while (start > text && start[-1] != '\n')
+        start--;
+    return json_loadb(start, (size_t)(end - start), 0, &err);
 }

@@ -17,6 +17,12 @@ int proc_wait_all(const pid_t *pids, int n, int timeout_ms, int *codes);
 int proc_free_port(void);
 /* Milliseconds on the monotonic clock. */
 long long proc_now_ms(void);
+/* Run a shell command, capture its stdout into out (NUL-terminated; stderr is left alone);
+ * returns its exit code, or -1 if it did not exit normally. */
+int proc_run(const char *cmd, char *out, size_t len);
+/* The last non-empty line of text parsed as JSON (a jansson json_t *, NULL if it is not JSON);
+ * returned as void * so that this header needs no jansson. Free with json_decref. */
+void *proc_last_json_line(const char *text);
 /* Names of files in /dev/shm, newline-joined, into buf. */
 void proc_list_dev_shm(char *buf, size_t len);
 
