@@ -371,9 +371,15 @@ wsync_status_t wsync_layout_qkv(const char *name, const wsync_param_t *q, const 
     int64_t d = q->shape[0] / num_heads, dv = v->shape[0] / num_kv_heads;
     int64_t kvs = tp_rank / rep;            /* kv shard this rank reads */
 
-    int64_t shape[WSYNC_MAX_DIMS];
+    int64_t shape[WSYNC_MAX_DIMS], qr, kvr, vr;
     memcpy(shape, q->shape, sizeof(shape));
-    shape[0] = hr * d + kr * d + kr * dv;
+    /* hr * d + kr * d + kr * dv, refused where it does not fit (hostile configs) */
+    if (__builtin_mul_overflow(hr, d, &qr) || __builtin_mul_overflow(kr, d, &kvr) ||
+        __builtin_mul_overflow(kr, dv, &vr) || __builtin_add_overflow(qr, kvr, &shape[0]) ||
+        __builtin_add_overflow(shape[0], vr, &shape[0]))
+        return wsync_err(WSYNC_ERR_CONFIG, "%s: the fused rows (%" PRId64 " q heads + %" PRId64
+                         " kv heads of head_dim %" PRId64 ") do not fit in 64 bits", name, hr, kr,
+                         d);
     if ((st = target_new(&t, name, q->dtype, q->ndim, shape, 3)) ||
         (st = target_piece(&t, q, tp_rank * hr * d, hr * d, 0, 0, 0)) ||
         (st = target_piece(&t, k, kvs * kr * d, kr * d, 0, 0, hr * d)) ||

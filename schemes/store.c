@@ -81,7 +81,17 @@ static int store_score(const wsync_group_info_t *g, char *reason, size_t len)
                               "memory in this version");
         return 0;
     }
+    /* the transport the senders will open: WSYNC_STORE_TRANSPORT when set, else UCX first */
+    const char *want = getenv("WSYNC_STORE_TRANSPORT");
+    int only = want == NULL || *want == '\0' ? -1 : strcmp(want, "ofi") == 0 ? 1
+                                             : strcmp(want, "ucx") == 0 ? 0 : 2;
+    if (only == 2) {
+        snprintf(reason, len, "WSYNC_STORE_TRANSPORT='%s' is neither ucx nor ofi", want);
+        return 0;
+    }
     for (int t = 0; t < 2; t++) {
+        if (only >= 0 && t != only)
+            continue;
         int everyone = (t == 0 ? u : o) != NULL;
         for (uint32_t i = 0; everyone && i < g->nsenders + g->nreceivers; i++) {
             const wsync_hello_t *h = i < g->nsenders ? &g->senders[i] : &g->receivers[i - g->nsenders];
@@ -94,7 +104,11 @@ static int store_score(const wsync_group_info_t *g, char *reason, size_t len)
             return 50;
         }
     }
-    snprintf(reason, len, "needs UCX or libfabric at every participant");
+    if (only >= 0)
+        snprintf(reason, len, "WSYNC_STORE_TRANSPORT=%s, which not every participant has",
+                 only == 0 ? "ucx" : "ofi");
+    else
+        snprintf(reason, len, "needs UCX or libfabric at every participant");
     return 0;
 }
 
