@@ -3,18 +3,29 @@
  * Per-tensor: an amax kernel (per-thread maxima of |x| bits, one atomic per warp), then an encode
  * kernel that forms the one scale itself. Per-channel and block: kernels over the *cells* (a row,
  * a block), each forming its cell's amax, scale and codes:
- *  - large cells of whole 16-byte rows: persistent blocks that stream cells through 2 or 3 shared
- *    buffers with cp.async, so that the next cells load while one is reduced and encoded;
- *  - small cells (a warp each), unaligned ones, and cells too large for two buffers: a group of
+ *  - cells of whole 16-byte rows up to 128 KiB (every real case: rows of a weight, 128 x 128
+ *    blocks): G threads a cell (8 .. 1024) hold the whole cell in registers, 8 chunks of 16 bytes
+ *    a thread at most, all loads issued before any is used; amax over the group, then the codes
+ *    from the registers. Each element is read once, in one coalesced 16-byte load, and no shared
+ *    memory beyond the reduction's words limits how many blocks an SM holds;
+ *  - small unaligned cells (a warp each), and cells too large for the registers: a group of
  *    threads per cell keeps it in shared memory (or, too large, reads it twice, from L2).
  *
  * Arithmetic matches the CPU: amax on bit patterns; s = amax / fmax (with the eps floor for
  * blocks, then UE8M0, then 1 for s < FLT_MIN); x / s for tensor and channel, x * (1 / s) for
- * blocks; every operation rounded to nearest even in f32 (__fdiv_rn, __fmul_rn, __fadd_rn: no
- * contraction, no approximation); the FP8 encoder is the integer algorithm of
- * wsync_fp8_encode_bits. */
+ * blocks; every operation rounded to nearest even in f32 (no contraction, no approximation).
+ * Two cheaper forms, both exact:
+ *  - x / s as q = x * y, r = fma(-q, s, x), q + r * y with y = RN(1 / s) per cell (Markstein's
+ *    correction: checked against div.rn.f32 for every pair of f32 significands on an H200, which
+ *    covers every exponent while nothing under- or overflows; |x| in (0, 2^-100), where the
+ *    residual could lose bits, takes div.rn; the sign is put back afterwards, so -0 stays -0);
+ *  - the FP8 encoder of saturating formats as cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (sm_89 and
+ *    later; checked equal to the integer algorithm of wsync_fp8_encode_bits for every finite
+ *    f32, and cells holding NaN or Inf are never encoded). Without saturation, and before sm_89,
+ *    the integer algorithm runs. */
 #include "kernels/common.cuh"
 
+#include <cuda_fp16.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +56,7 @@ typedef struct {
     uint64_t br, bc, nbr, nbc;         /* cells: size, and how many down and across */
     float fmax, eps;
     int block, ue8m0;
+    int hw;                            /* 1: cvt e4m3 satfinite, 2: cvt e5m2 satfinite, 0: integer */
     wk_fp8_fmt_t f;
     const char *name;                  /* host only: the target, for messages */
 } wk_quant_params_t;
@@ -93,12 +105,102 @@ __device__ __forceinline__ float wk_cell_scale(uint32_t amax_u, const wk_quant_p
     return s;
 }
 
-__device__ __forceinline__ uint32_t wk_quant_one(uint32_t u, float s, float inv, int block,
-                                                 const wk_fp8_fmt_t &f)
+/* x / s exactly as div.rn.f32 rounds it, for x = |value| given as bits a and y = RN(1 / s), where
+ * s is a tensor or channel scale (FLT_MIN <= s < 2^120, so y is normal) and x >= 2^-100 or 0:
+ * Markstein's correction (see the top of the file). */
+__device__ __forceinline__ float wk_div_abs(uint32_t a, float s, float y)
 {
-    float x = __uint_as_float(u);
-    float y = block ? __fmul_rn(x, inv) : __fdiv_rn(x, s);
-    return wk_fp8_encode(__float_as_uint(y), f);
+    const float x = __uint_as_float(a);
+    const float q = __fmul_rn(x, y);
+    return __fmaf_rn(__fmaf_rn(-q, s, x), y, q);
+}
+
+/* x in (0, 2^-100), where the residual of wk_div_abs might not be exact: div.rn itself. */
+__device__ __forceinline__ bool wk_div_tiny(uint32_t a) { return a - 1u < 0x0d7fffffu; }
+
+/* FP8 codes of V values (f32 bits, signs included) packed little-endian into words w:
+ * HW 1 / 2 the hardware conversion to saturated E4M3 / E5M2, 0 the integer algorithm. */
+template <int HW, int V>
+__device__ __forceinline__ void wk_encode_as(const uint32_t *y, uint32_t *w, const wk_fp8_fmt_t &f)
+{
+    constexpr int NW = V >= 4 ? V / 4 : 1;
+#pragma unroll
+    for (int i = 0; i < NW; i++)
+        w[i] = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if constexpr (HW != 0 && V % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < V; i += 2) {
+            unsigned short h;
+            /* the second source goes to the low byte */
+            if constexpr (HW == 1)
+                asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;"
+                    : "=h"(h) : "f"(__uint_as_float(y[i])), "f"(__uint_as_float(y[i + 1])));
+            else
+                asm("cvt.rn.satfinite.e5m2x2.f32 %0, %2, %1;"
+                    : "=h"(h) : "f"(__uint_as_float(y[i])), "f"(__uint_as_float(y[i + 1])));
+            w[i / 4] |= (uint32_t)h << (8 * (i & 3));
+        }
+    } else
+#endif
+    {
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            w[i / 4] |= wk_fp8_encode(y[i], f) << (8 * (i & 3));
+    }
+}
+
+/* Codes of V values u (f32 bits) of a cell with scale s and inv = RN(1 / s): x * inv for blocks
+ * (BLOCK), x / s for the others, as wsync_quantize_f32 forms them; HW as wk_encode_as. */
+template <int BLOCK, int HW, int V>
+__device__ __forceinline__ void wk_quant_as(const uint32_t *u, float s, float inv,
+                                            const wk_fp8_fmt_t &f, uint32_t *w)
+{
+    uint32_t y[V];
+    if constexpr (BLOCK) {
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            y[i] = __float_as_uint(__fmul_rn(__uint_as_float(u[i]), inv));
+    } else {
+        bool tiny = false;
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            const uint32_t a = u[i] & 0x7fffffffu;
+            tiny |= wk_div_tiny(a);
+            y[i] = __float_as_uint(wk_div_abs(a, s, inv)) | (u[i] & 0x80000000u);
+        }
+        if (tiny) {                    /* rare: redo those elements by division */
+#pragma unroll
+            for (int i = 0; i < V; i++) {
+                const uint32_t a = u[i] & 0x7fffffffu;
+                if (wk_div_tiny(a))
+                    y[i] = __float_as_uint(__fdiv_rn(__uint_as_float(a), s)) | (u[i] & 0x80000000u);
+            }
+        }
+    }
+    wk_encode_as<HW, V>(y, w, f);
+}
+
+/* The same with the scheme and encoder read from p (uniform branches). */
+template <int V>
+__device__ __forceinline__ void wk_quant_v(const uint32_t *u, float s, float inv,
+                                           const wk_quant_params_t &p, uint32_t *w)
+{
+    if (p.block) {
+        if (p.hw == 1)
+            wk_quant_as<1, 1, V>(u, s, inv, p.f, w);
+        else if (p.hw == 2)
+            wk_quant_as<1, 2, V>(u, s, inv, p.f, w);
+        else
+            wk_quant_as<1, 0, V>(u, s, inv, p.f, w);
+    } else {
+        if (p.hw == 1)
+            wk_quant_as<0, 1, V>(u, s, inv, p.f, w);
+        else if (p.hw == 2)
+            wk_quant_as<0, 2, V>(u, s, inv, p.f, w);
+        else
+            wk_quant_as<0, 0, V>(u, s, inv, p.f, w);
+    }
 }
 
 /* One item: V elements of kind XK as f32 bits (whole), or the first `rem` of them; returns the
@@ -131,29 +233,20 @@ __device__ __forceinline__ uint32_t wk_load_item(const unsigned char *p, bool wh
 
 /* Encode an item's V values and store the codes (all V, or the first rem). */
 template <int V>
-__device__ __forceinline__ void wk_store_item(unsigned char *p, bool whole, uint32_t rem,
-                                              const uint32_t *u, float s, float inv, int block,
-                                              const wk_fp8_fmt_t &f)
+__device__ __forceinline__ void wk_store_item(unsigned char *o, bool whole, uint32_t rem,
+                                              const uint32_t *u, float s, float inv,
+                                              const wk_quant_params_t &p)
 {
-    uint32_t c[V];
-#pragma unroll
-    for (int i = 0; i < V; i++)
-        c[i] = wk_quant_one(u[i], s, inv, block, f);
+    constexpr int NW = V >= 4 ? V / 4 : 1;
+    uint32_t w[NW];
+    wk_quant_v<V>(u, s, inv, p, w);
     if (whole) {
-        constexpr int NW = V >= 4 ? V / 4 : 1;
-        uint32_t w[NW];
-#pragma unroll
-        for (int i = 0; i < NW; i++)
-            w[i] = 0;
-#pragma unroll
-        for (int i = 0; i < V; i++)
-            w[i / 4] |= c[i] << (8 * (i & 3));
-        wk_store_words<V>(p, w);
+        wk_store_words<V>(o, w);
     } else {
 #pragma unroll
         for (int i = 0; i < V; i++)
             if ((uint32_t)i < rem)
-                p[i] = (unsigned char)c[i];
+                o[i] = (unsigned char)(w[i / 4] >> (8 * (i & 3)));
     }
 }
 
@@ -308,7 +401,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT) wk_cells_kernel(const wk_quant_
                     for (int q = 0; q < V; q++)
                         v[q] = cache[(k * V + q) * G + lane];
                 }
-                wk_store_item<V>(oc + w.r * p.op + (uint64_t)w.c * V, w.c < full, rem, v, s, inv, p.block, p.f);
+                wk_store_item<V>(oc + w.r * p.op + (uint64_t)w.c * V, w.c < full, rem, v, s, inv, p);
                 w.next();
             }
         } else {
@@ -327,137 +420,208 @@ __global__ void __launch_bounds__(NT, 1024 / NT) wk_cells_kernel(const wk_quant_
                 for (int j = 0; j < WK_BATCH; j++)
                     if (rr[j] < crows)
                         wk_store_item<V>(oc + rr[j] * p.op + (uint64_t)cc[j] * V, cc[j] < full, rem, v[j], s,
-                                         inv, p.block, p.f);
+                                         inv, p);
             }
         }
     }
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Cells, pipelined: large cells whose rows are whole 16-byte chunks                            */
+/* Cells in registers: cells whose rows are whole, aligned 16-byte chunks                       */
 /* ------------------------------------------------------------------------------------------ */
 
-__device__ __forceinline__ void wk_cp_async16(void *smem, const void *gmem)
+#define WK_RIPT 8                      /* 16-byte chunks a thread holds at most */
+
+/* Threads of a block for G threads a cell: 256 at least, so that small cells share a block. */
+#define WK_REG_NT(G) ((G) > 256 ? (G) : 256)
+
+/* Running max of |x| over one 16-byte chunk: on the f32 bits (f32), or on two 16-bit halves at
+ * once (bf16, f16, whose magnitudes order like their bit patterns, as do their f32 images). */
+template <int XK>
+__device__ __forceinline__ uint32_t wk_chunk_amax(const uint4 &v, uint32_t m)
 {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void wk_cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/* Wait until at most N of this thread's groups are still in flight. */
-template <int N>
-__device__ __forceinline__ void wk_cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-/* Geometry of a cell in 16-byte chunks: rows, chunks a row, origin. */
-struct wk_cell_geo {
-    uint64_t r0, c0;
-    uint32_t crows, cpr;
-
-    template <int XS>
-    __device__ __forceinline__ void at(const wk_quant_params_t &p, uint64_t cell)
-    {
-        uint64_t bi = cell / p.nbc, bj = cell - bi * p.nbc;
-        r0 = bi * p.br;
-        c0 = bj * p.bc;
-        crows = (uint32_t)min(p.br, p.rows - r0);
-        cpr = (uint32_t)(min(p.bc, p.cols - c0) * XS / 16);
+    if constexpr (XK == WK_F32) {
+        m = max(m, v.x & 0x7fffffffu);
+        m = max(m, v.y & 0x7fffffffu);
+        m = max(m, v.z & 0x7fffffffu);
+        m = max(m, v.w & 0x7fffffffu);
+    } else {
+        m = __vmaxu2(m, v.x & 0x7fff7fffu);
+        m = __vmaxu2(m, v.y & 0x7fff7fffu);
+        m = __vmaxu2(m, v.z & 0x7fff7fffu);
+        m = __vmaxu2(m, v.w & 0x7fff7fffu);
     }
-};
-
-/* Start copying a cell into shared memory (cp.async, no registers held). */
-template <int XS, int NT>
-__device__ __forceinline__ void wk_cell_fetch(const wk_quant_params_t &p, const wk_cell_geo &g,
-                                              unsigned char *buf)
-{
-    const uint32_t n = g.crows * g.cpr;
-    const unsigned char *x0 = p.x + g.r0 * p.xp + g.c0 * XS;
-    for (uint32_t q = threadIdx.x; q < n; q += NT) {
-        uint32_t r = q / g.cpr, c = q - r * g.cpr;
-        wk_cp_async16(buf + (size_t)q * 16, x0 + r * p.xp + (size_t)c * 16);
-    }
+    return m;
 }
 
-/* A persistent block walks its cells (blockIdx.x, + gridDim.x, ...) through NS shared buffers:
- * while it reduces and encodes cell i from one, cells i + 1 .. i + NS - 1 are on their way into
- * the others. Every cell's rows are whole 16-byte chunks, 16-byte aligned (the host checks). */
-template <int XK, int NT, int NS>
-__global__ void __launch_bounds__(NT) wk_cells_pipe_kernel(const wk_quant_params_t p,
-                                                            uint32_t buf_bytes)
+/* That running max as the f32 bits of |x|. */
+template <int XK>
+__device__ __forceinline__ uint32_t wk_chunk_amax_bits(uint32_t m)
 {
-    constexpr int XS = wk_size(XK), V = 16 / XS;
-    extern __shared__ uint4 wk_smem[];
-    __shared__ uint32_t red[NT / 32];
-    unsigned char *const bufs = reinterpret_cast<unsigned char *>(wk_smem);
-    const uint64_t ncells = p.nbr * p.nbc;
-    wk_cell_geo g;
+    if constexpr (XK == WK_F32)
+        return m;
+    else
+        return wk_to_f32<XK>(max(m >> 16, m & 0xffffu));
+}
 
+/* The chunk's 16 / size(XK) elements as f32 bits, for a cell known to be finite (f16 by the
+ * hardware conversion, exact for every finite value). */
+template <int XK>
+__device__ __forceinline__ void wk_chunk_f32(const uint4 &v, uint32_t *u)
+{
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int k = 0; k < NS - 1; k++) {
-        uint64_t c = blockIdx.x + (uint64_t)k * gridDim.x;
-        if (c < ncells) {
-            g.at<XS>(p, c);
-            wk_cell_fetch<XS, NT>(p, g, bufs + (size_t)k * buf_bytes);
-        }
-        wk_cp_async_commit();
-    }
-    uint64_t cell = blockIdx.x;
-    for (uint32_t i = 0; cell < ncells; i++, cell += gridDim.x) {
-        const uint64_t ahead = cell + (uint64_t)(NS - 1) * gridDim.x;
-        if (ahead < ncells) {
-            g.at<XS>(p, ahead);
-            wk_cell_fetch<XS, NT>(p, g, bufs + (size_t)((i + NS - 1) % NS) * buf_bytes);
-        }
-        wk_cp_async_commit();
-        wk_cp_async_wait<NS - 1>();
-        __syncthreads();
-
-        const unsigned char *b = bufs + (size_t)(i % NS) * buf_bytes;
-        g.at<XS>(p, cell);
-        const uint32_t n = g.crows * g.cpr;
-        uint32_t m = 0;
-        for (uint32_t q = threadIdx.x; q < n; q += NT) {
-            uint32_t e[V];
-            wk_load_elems<XK, V>(b + (size_t)q * 16, e);
-#pragma unroll
-            for (int k = 0; k < V; k++)
-                m = max(m, wk_to_f32<XK>(e[k]) & 0x7fffffffu);
-        }
-        m = __reduce_max_sync(0xffffffffu, m);
-        if ((threadIdx.x & 31) == 0)
-            red[threadIdx.x >> 5] = m;
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < NT / 32; k++)
-            m = max(m, red[k]);
-
-        if (m >= 0x7f800000u) {                /* NaN or Inf: reported by finish */
-            if (threadIdx.x == 0)
-                p.ws[1] = 1;
+    for (int i = 0; i < 4; i++) {
+        if constexpr (XK == WK_F32) {
+            u[i] = w[i];
+        } else if constexpr (XK == WK_BF16) {
+            u[2 * i] = w[i] << 16;
+            u[2 * i + 1] = w[i] & 0xffff0000u;
         } else {
-            const float s = wk_cell_scale(m, p);
-            const float inv = __fdiv_rn(1.0f, s);
-            if (threadIdx.x == 0)
-                p.scales[cell] = s;
-            unsigned char *o0 = p.out + g.r0 * p.op + g.c0;
-            for (uint32_t q = threadIdx.x; q < n; q += NT) {
-                uint32_t r = q / g.cpr, c = q - r * g.cpr;
-                uint32_t e[V];
-                wk_load_elems<XK, V>(b + (size_t)q * 16, e);
+            u[2 * i] = __float_as_uint(__half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu))));
+            u[2 * i + 1] = __float_as_uint(__half2float(__ushort_as_half((unsigned short)(w[i] >> 16))));
+        }
+    }
+}
+
+/* Pass 2 of a cell in registers: encode the chunks a thread holds and store their codes. */
+template <int XK, int G, int BLOCK, int HW>
+__device__ __forceinline__ void wk_cell_codes(const uint4 *v, uint32_t lane, uint32_t n, uint32_t r,
+                                              uint32_t c, uint32_t dr, uint32_t dc, uint32_t cpr,
+                                              unsigned char *oc, uint64_t op, float s, float inv,
+                                              const wk_fp8_fmt_t &f)
+{
+    constexpr int V = 16 / wk_size(XK);
 #pragma unroll
-                for (int k = 0; k < V; k++)
-                    e[k] = wk_to_f32<XK>(e[k]);
-                wk_store_item<V>(o0 + r * p.op + (size_t)c * V, true, 0, e, s, inv, p.block, p.f);
+    for (int k = 0; k < WK_RIPT; k++) {
+        if (lane + (uint32_t)k * G < n) {
+            uint32_t u[V], w[V / 4];
+            wk_chunk_f32<XK>(v[k], u);
+            wk_quant_as<BLOCK, HW, V>(u, s, inv, f, w);
+            wk_store_words<V>(oc + (uint64_t)r * op + (uint64_t)c * V, w);
+        }
+        r += dr;
+        c += dc;
+        if (c >= cpr) {
+            c -= cpr;
+            r++;
+        }
+    }
+}
+
+/* G threads a cell (a power of two, 8 .. 1024), NT / G cells a block. The cell's [crows, cpr]
+ * chunks of 16 bytes are taken in row-major order, chunk lane + k * G by thread `lane` for
+ * k < WK_RIPT (a warp reads whole rows, or 512 contiguous bytes of one), all loaded into
+ * registers before the first is used; then the group's amax (a warp reduction, and for G > 32
+ * one barrier), the scale, and the codes from the registers (stores of 4 or 8 bytes, coalesced
+ * likewise). The host keeps cells within G * WK_RIPT chunks. */
+template <int XK, int G>
+__global__ void __launch_bounds__(WK_REG_NT(G), WK_REG_NT(G) == 256 ? 3 : 1024 / WK_REG_NT(G))
+wk_cells_reg_kernel(const wk_quant_params_t p)
+{
+    constexpr int NT = WK_REG_NT(G), CPB = NT / G, XS = wk_size(XK), V = 16 / XS;
+    constexpr int NWG = G >= 32 ? G / 32 : 1;
+    __shared__ uint32_t red[2][NT / 32];
+    const uint32_t lane = threadIdx.x % G, grp = threadIdx.x / G;
+    const uint64_t ncells = p.nbr * p.nbc;
+    int phase = 0;
+
+    for (uint64_t base = (uint64_t)blockIdx.x * CPB; base < ncells;
+         base += (uint64_t)gridDim.x * CPB) {
+        const uint64_t cell = base + grp;
+        const unsigned char *xc = p.x;
+        unsigned char *oc = p.out;
+        uint32_t n = 0, cpr = 1, r = 0, c = 0, dr = 0, dc = 0;
+        if (cell < ncells) {
+            uint64_t bi, bj;
+            if (p.nbc == 1) {
+                bi = cell;
+                bj = 0;
+            } else if (((cell | p.nbc) >> 32) == 0) {
+                bi = (uint32_t)cell / (uint32_t)p.nbc;
+                bj = (uint32_t)cell - (uint32_t)bi * (uint32_t)p.nbc;
+            } else {
+                bi = cell / p.nbc;
+                bj = cell - bi * p.nbc;
+            }
+            const uint64_t r0 = bi * p.br, c0 = bj * p.bc;
+            const uint32_t crows = (uint32_t)min(p.br, p.rows - r0);
+            cpr = (uint32_t)(min(p.bc, p.cols - c0) / V);
+            n = crows * cpr;
+            xc += r0 * p.xp + c0 * XS;
+            oc += r0 * p.op + c0;
+            r = lane / cpr;
+            c = lane - r * cpr;
+            dr = (uint32_t)G / cpr;
+            dc = (uint32_t)G - dr * cpr;
+        }
+
+        uint4 v[WK_RIPT];
+        {
+            uint32_t rr = r, cc = c;
+#pragma unroll
+            for (int k = 0; k < WK_RIPT; k++) {
+                v[k] = make_uint4(0, 0, 0, 0);
+                if (lane + (uint32_t)k * G < n)
+                    v[k] = *reinterpret_cast<const uint4 *>(xc + (uint64_t)rr * p.xp + (uint64_t)cc * 16);
+                rr += dr;
+                cc += dc;
+                if (cc >= cpr) {
+                    cc -= cpr;
+                    rr++;
+                }
             }
         }
-        /* every thread is done with this buffer (and with red) before it is refilled */
-        __syncthreads();
+        uint32_t m = 0;
+#pragma unroll
+        for (int k = 0; k < WK_RIPT; k++)
+            m = wk_chunk_amax<XK>(v[k], m);
+        m = wk_chunk_amax_bits<XK>(m);
+        if constexpr (G < 32) {
+#pragma unroll
+            for (int o = G / 2; o > 0; o /= 2)
+                m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+        } else {
+            m = __reduce_max_sync(0xffffffffu, m);
+            if constexpr (G > 32) {
+                if ((threadIdx.x & 31) == 0)
+                    red[phase][threadIdx.x >> 5] = m;
+                __syncthreads();
+#pragma unroll
+                for (int i = 0; i < NWG; i++)
+                    m = max(m, red[phase][grp * NWG + i]);
+                phase ^= 1;        /* the next write to red[phase] is a barrier away from these reads */
+            }
+        }
+        if (n == 0)
+            continue;
+        if (m >= 0x7f800000u) {                /* NaN or Inf: reported by finish */
+            if (lane == 0)
+                p.ws[1] = 1;
+            continue;
+        }
+        const float s = wk_cell_scale(m, p);
+        const float inv = __fdiv_rn(1.0f, s);
+        if (lane == 0)
+            p.scales[cell] = s;
+#define WK_CELL_CODES(B, H)                                                                   \
+    wk_cell_codes<XK, G, B, H>(v, lane, n, r, c, dr, dc, cpr, oc, p.op, s, inv, p.f)
+        if (p.block) {
+            if (p.hw == 1)
+                WK_CELL_CODES(1, 1);
+            else if (p.hw == 2)
+                WK_CELL_CODES(1, 2);
+            else
+                WK_CELL_CODES(1, 0);
+        } else {
+            if (p.hw == 1)
+                WK_CELL_CODES(0, 1);
+            else if (p.hw == 2)
+                WK_CELL_CODES(0, 2);
+            else
+                WK_CELL_CODES(0, 0);
+        }
+#undef WK_CELL_CODES
     }
 }
 
@@ -504,6 +668,7 @@ wk_tensor_encode_kernel(const wk_quant_params_t p, const wk_walk_t w)
         return;
     }
     const float s = wk_cell_scale(m, p);
+    const float inv = __fdiv_rn(1.0f, s);
     if (blockIdx.x == 0 && threadIdx.x == 0)
         p.scales[0] = s;
 
@@ -525,7 +690,7 @@ wk_tensor_encode_kernel(const wk_quant_params_t p, const wk_walk_t w)
         for (int k = 0; k < WK_IPT; k++)
             if (row[k] != UINT64_MAX)
                 wk_store_item<V>(p.out + row[k] * p.op + col[k] * V, col[k] < w.full, w.rem, v[k],
-                                 s, s, 0, p.f);
+                                 s, inv, p);
     }
 }
 
@@ -696,27 +861,12 @@ static wsync_status_t wk_cells_run_v(const wk_quant_params_t &p, cudaStream_t s)
     return wk_cells_launch<XK, V, 512, 512, false>(p, ncells, s);
 }
 
-#define WK_PIPE_MAX_SMEM (200u * 1024)
-
-template <int XK, int NT, int NS>
-static wsync_status_t wk_cells_pipe_launch(const wk_quant_params_t &p, uint64_t ncells,
-                                           uint32_t buf_bytes, cudaStream_t s)
+template <int XK, int G>
+static wsync_status_t wk_cells_reg_launch(const wk_quant_params_t &p, uint64_t ncells, cudaStream_t s)
 {
-    const size_t smem = NS * (size_t)buf_bytes;
-    int sms, occ = 0;
-    wsync_status_t st = wk_sms(&sms);
-    if (st != WSYNC_OK)
-        return st;
-    cudaError_t e = cudaFuncSetAttribute(wk_cells_pipe_kernel<XK, NT, NS>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, wk_cells_pipe_kernel<XK, NT, NS>, NT,
-                                                          smem);
-    if (e != cudaSuccess)
-        return wk_cuda(e, "wsync_kernels_quantize: pipelined kernel set-up");
-    uint64_t cap = (uint64_t)sms * (uint64_t)(occ > 0 ? occ : 1);
-    wk_cells_pipe_kernel<XK, NT, NS><<<(unsigned)(ncells < cap ? ncells : cap), NT, smem, s>>>(p, buf_bytes);
-    return wk_launched("quantize (pipelined) kernel launch");
+    constexpr uint64_t CPB = WK_REG_NT(G) / G;
+    wk_cells_reg_kernel<XK, G><<<wk_grid(ncells / CPB + (ncells % CPB != 0)), WK_REG_NT(G), 0, s>>>(p);
+    return wk_launched("quantize (cells in registers) kernel launch");
 }
 
 template <int XK>
@@ -727,17 +877,27 @@ static wsync_status_t wk_cells_run(const wk_quant_params_t &p, cudaStream_t s)
     int vec = wk_vec_ok(p.x, p.xp, p.out, p.op, VV, one_row) && (p.nbc == 1 || p.bc % VV == 0);
     uint64_t ncells = p.nbr * p.nbc;
     uint64_t crows = p.br < p.rows ? p.br : p.rows, ccols = p.bc < p.cols ? p.bc : p.cols;
-    uint64_t cell_bytes = crows * ccols * XS;
-    /* large cells of whole 16-byte chunks: the pipelined kernel (cells of a warp or less, and
-     * cells too large for two shared buffers, take the others) */
-    if (vec && ncells > 0 && p.cols % VV == 0 && crows * (ccols / VV) > 32u * (32 / VV) &&
-        2 * cell_bytes <= WK_PIPE_MAX_SMEM) {
-        /* one block a multiprocessor: make it wide, and fetch two cells ahead if they fit */
-        if (2 * cell_bytes > 113u * 1024 && 3 * cell_bytes <= WK_PIPE_MAX_SMEM)
-            return wk_cells_pipe_launch<XK, 1024, 3>(p, ncells, (uint32_t)cell_bytes, s);
-        if (2 * cell_bytes > 113u * 1024)
-            return wk_cells_pipe_launch<XK, 1024, 2>(p, ncells, (uint32_t)cell_bytes, s);
-        return wk_cells_pipe_launch<XK, 512, 2>(p, ncells, (uint32_t)cell_bytes, s);
+    /* cells of whole 16-byte chunks (every cell's columns a multiple of VV), up to
+     * 1024 * WK_RIPT chunks (128 KiB): in registers, the fewest threads a cell that hold it
+     * (an empty matrix, whose cells still get scale 1, goes to the general kernel) */
+    if (vec && ncells > 0 && p.rows > 0 && p.cols > 0 && p.cols % VV == 0) {
+        uint64_t n = crows * (ccols / VV);
+        if (n <= 8 * WK_RIPT)
+            return wk_cells_reg_launch<XK, 8>(p, ncells, s);
+        if (n <= 16 * WK_RIPT)
+            return wk_cells_reg_launch<XK, 16>(p, ncells, s);
+        if (n <= 32 * WK_RIPT)
+            return wk_cells_reg_launch<XK, 32>(p, ncells, s);
+        if (n <= 64 * WK_RIPT)
+            return wk_cells_reg_launch<XK, 64>(p, ncells, s);
+        if (n <= 128 * WK_RIPT)
+            return wk_cells_reg_launch<XK, 128>(p, ncells, s);
+        if (n <= 256 * WK_RIPT)
+            return wk_cells_reg_launch<XK, 256>(p, ncells, s);
+        if (n <= 512 * WK_RIPT)
+            return wk_cells_reg_launch<XK, 512>(p, ncells, s);
+        if (n <= 1024 * WK_RIPT)
+            return wk_cells_reg_launch<XK, 1024>(p, ncells, s);
     }
     return vec ? wk_cells_run_v<XK, VV>(p, s) : wk_cells_run_v<XK, 1>(p, s);
 }
@@ -817,6 +977,7 @@ static wsync_status_t wk_quant_prepare(const wsync_kquant_t *a, const void *ws,
     p->f.magic = (151u - bias - man_bits) << 23;
     p->f.sub_lim = (128u - bias) << 23;
     p->f.maxcode = e4m3 ? (q->no_saturate ? 0x7fu : 0x7eu) : (q->no_saturate ? 0x7cu : 0x7bu);
+    p->hw = q->no_saturate ? 0 : e4m3 ? 1 : 2;
     p->fmax = wsync_fp8_max(a->fp8_dtype);
     p->eps = q->eps > 0.0f ? q->eps : 1e-4f;
     p->ue8m0 = p->block && q->ue8m0;

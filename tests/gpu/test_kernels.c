@@ -397,7 +397,11 @@ static void test_copy_errors(void)
 
 /* Host matrix of x_dtype and its f32 image (what the CPU quantizer reads), with random
  * magnitudes per group of rows and a wide spread inside (FP8 subnormals and zeros after
- * scaling), some cells tiny (below the block eps), and, with `zero_rows`, a few rows of zeros. */
+ * scaling), some cells tiny (below the block eps); with MAT_ZERO_ROWS a few rows of zeros; with
+ * MAT_EXTREMES (not f16) some groups of rows in 2^-149 .. 2^-100, f32 subnormals included (where
+ * the GPU's x / s takes its exact-division path), and scattered +0 and -0. */
+#define MAT_ZERO_ROWS 1
+#define MAT_EXTREMES 2
 typedef struct {
     wsync_dtype_t dt;
     uint64_t rows, cols, pitch;
@@ -406,7 +410,7 @@ typedef struct {
 } mat_t;
 
 static void mat_make(mat_t *m, wsync_dtype_t dt, uint64_t rows, uint64_t cols, uint64_t pitch,
-                     int zero_rows)
+                     int flags)
 {
     size_t esz = wsync_dtype_size(dt);
     m->dt = dt;
@@ -415,17 +419,25 @@ static void mat_make(mat_t *m, wsync_dtype_t dt, uint64_t rows, uint64_t cols, u
     m->pitch = pitch;
     m->x = malloc(rows * pitch * esz + 1);
     m->f = malloc(rows * pitch * sizeof(float) + 1);
-    int group_e = 0;
+    int group_e = 0, tiny = 0;
+    int extremes = (flags & MAT_EXTREMES) && dt != WSYNC_DTYPE_F16;
     for (uint64_t r = 0; r < rows; r++) {
-        if (r % 16 == 0)
+        if (r % 16 == 0) {
             group_e = below(8) == 0 ? -30 : (int)range(0, 16) - 8;
-        int zero = zero_rows && below(40) == 0;
+            tiny = extremes && below(6) == 0;
+        }
+        int zero = (flags & MAT_ZERO_ROWS) && below(40) == 0;
         int spread = below(4) == 0 ? 20 : 8;
         for (uint64_t c = 0; c < pitch; c++) {
             int e = group_e - (int)below((uint64_t)spread + 1);
             if (dt == WSYNC_DTYPE_F16 && e < -24)
                 e = -24 + (int)below(4);
             float v = zero ? 0.0f : rnd_float(e);
+            if (tiny && !zero)
+                v = ldexpf((below(2) ? -1.0f : 1.0f) * (1.0f + (float)below(1u << 23) / 8388608.0f),
+                           -(int)range(100, 149));
+            if (extremes && below(64) == 0)
+                v = below(2) ? -0.0f : 0.0f;
             uint32_t u;
             if (dt == WSYNC_DTYPE_BF16) {
                 u = bits_of(v) >> 16;
@@ -608,11 +620,14 @@ static void test_quant_random(void)
                         default: rows = range(1, 300); cols = range(1000, 20000); break;
                         }
                         int aligned = below(3) != 0;
+                        if (aligned && below(2))   /* whole 16-byte chunks: cells in registers */
+                            cols = (cols + 7) / 8 * 8;
                         uint64_t pitch = aligned ? (cols + 15) / 16 * 16 : cols + below(3);
                         uint64_t op = aligned ? (cols + 15) / 16 * 16 : cols + below(3);
                         int shift = aligned ? 0 : (int)(below(2) * wsync_dtype_size(float_types[xi]));
                         mat_t m;
-                        mat_make(&m, float_types[xi], rows, cols, pitch, 1);
+                        mat_make(&m, float_types[xi], rows, cols, pitch,
+                                 MAT_ZERO_ROWS | MAT_EXTREMES);
                         total++;
                         passed += quant_case(&m, &q, fmt ? WSYNC_DTYPE_F8E5M2 : WSYNC_DTYPE_F8E4M3FN,
                                              shift, op, rep);
@@ -641,20 +656,23 @@ static void test_quant_edges(void)
             mat_free(&m);
         }
     }
-    /* large aligned cells, more of them than the blocks that take them (the pipelined kernel
-     * walks several), edge cells included */
+    /* large aligned cells, edge cells included: every size of group that holds a cell in
+     * registers (up to 8192 chunks of 16 bytes: rows of 32768 f32), one beyond (read twice) */
     static const struct {
         wsync_quant_scheme_t scheme;
         uint64_t rows, cols;
     } big[] = {{WSYNC_QUANT_CHANNEL, 3000, 2048}, {WSYNC_QUANT_BLOCK, 1100, 2312},
-               {WSYNC_QUANT_CHANNEL, 700, 6000}, {WSYNC_QUANT_TENSOR, 700, 2312}};
+               {WSYNC_QUANT_CHANNEL, 700, 6000}, {WSYNC_QUANT_TENSOR, 700, 2312},
+               {WSYNC_QUANT_CHANNEL, 40, 32768}, {WSYNC_QUANT_CHANNEL, 9, 40000},
+               {WSYNC_QUANT_CHANNEL, 5000, 64}, {WSYNC_QUANT_CHANNEL, 2000, 256}};
     for (size_t i = 0; i < sizeof(big) / sizeof(big[0]); i++) {
         for (int xi = 0; xi < 3; xi++) {
             wsync_quant_t q = {0};
             q.scheme = big[i].scheme;
             q.ue8m0 = big[i].scheme == WSYNC_QUANT_BLOCK && xi == 1;
             mat_t m;
-            mat_make(&m, float_types[xi], big[i].rows, big[i].cols, big[i].cols, 1);
+            mat_make(&m, float_types[xi], big[i].rows, big[i].cols, big[i].cols,
+                     MAT_ZERO_ROWS | MAT_EXTREMES);
             quant_case(&m, &q, xi == 2 ? WSYNC_DTYPE_F8E5M2 : WSYNC_DTYPE_F8E4M3FN, 0, big[i].cols,
                        xi != 1);
             mat_free(&m);
@@ -945,6 +963,8 @@ static void run_bench(void)
         {"quant tensor bf16 -> e4m3", WSYNC_QUANT_TENSOR, 0, 0, 1, WSYNC_DTYPE_F8E4M3FN},
         {"quant channel bf16 -> e4m3", WSYNC_QUANT_CHANNEL, 0, 0, 1, WSYNC_DTYPE_F8E4M3FN},
         {"quant block128 bf16 -> e4m3", WSYNC_QUANT_BLOCK, 0, 0, 1, WSYNC_DTYPE_F8E4M3FN},
+        {"quant channel bf16 -> e5m2 nosat", WSYNC_QUANT_CHANNEL, 0, 1, 1, WSYNC_DTYPE_F8E5M2},
+        {"quant block128 bf16 -> e4m3 nosat", WSYNC_QUANT_BLOCK, 0, 1, 1, WSYNC_DTYPE_F8E4M3FN},
     };
     for (size_t i = 0; i < sizeof(qs) / sizeof(qs[0]); i++) {
         qctx_t c;

@@ -1,0 +1,279 @@
+"""Shared parts of the PyTorch baselines (bench/baselines/*.py): model shapes, the vLLM-style
+fused tensor-parallel layout and its weight loader, FSDP-style dim-0 shards, timing, and the
+JSON result (the keys of wsync-bench --json, plus the baseline's own).
+
+Runs on the lent GPU machines (PyTorch with NCCL); never in CI. torch is imported lazily so that
+every script answers --help without it.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+# NVLink SHARP (multicast) stays off on the lent machines (../shared/DEVICE.md).
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+# The published configs (config.json of Qwen/Qwen3-0.6B, -8B, -32B), as bench/bench_model.c has
+# them: hidden, layers, heads, kv heads, head_dim, intermediate, vocab, tied embeddings.
+SHAPES = {
+    "tiny": dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=128, inter=512, vocab=1024, tie=False),
+    "qwen3-0.6b": dict(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, inter=3072, vocab=151936, tie=True),
+    "qwen3-8b": dict(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, inter=12288, vocab=151936, tie=False),
+    "qwen3-32b": dict(hidden=5120, layers=64, heads=64, kv_heads=8, head_dim=128, inter=25600, vocab=151936, tie=False),
+}
+
+# Scenarios of issue 9: senders (FSDP degree), TP degree, replicas, colocated.
+SCENARIOS = {
+    "colocated": dict(senders=4, tp=4, replicas=1, colocated=True),
+    "fanout": dict(senders=1, tp=1, replicas=3, colocated=False),
+    "disaggregated": dict(senders=2, tp=2, replicas=1, colocated=False),
+}
+
+VOCAB_PAD = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
+
+
+def add_common_args(p, scenarios=None):
+    p.add_argument("--model-shape", default="qwen3-8b", choices=sorted(SHAPES),
+                   help="synthetic weights of this shape (default qwen3-8b)")
+    p.add_argument("--scenario", default="colocated", choices=scenarios or sorted(SCENARIOS),
+                   help="colocated: FSDP-4 -> TP-4 on the same 4 GPUs; fanout: 1 trainer GPU -> 3 "
+                        "TP-1 replicas; disaggregated: FSDP-2 (GPUs 0, 1) -> TP-2 (GPUs 2, 3)")
+    p.add_argument("--iters", type=int, default=5, help="timed versions (default 5)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed versions first (default 1)")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the synthetic weights")
+    p.add_argument("--json-out", metavar="PATH", help="also write the JSON result to PATH")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip checking a few loaded tensors against their regenerated values")
+
+
+def param_specs(shape_name):
+    """[(name, shape)] of a Qwen3 model in the Hugging Face naming, in checkpoint order."""
+    s = SHAPES[shape_name]
+    h, hd, nh, kv, it = s["hidden"], s["head_dim"], s["heads"], s["kv_heads"], s["inter"]
+    out = [("model.embed_tokens.weight", (s["vocab"], h))]
+    for i in range(s["layers"]):
+        p = "model.layers.%d." % i
+        out += [
+            (p + "input_layernorm.weight", (h,)),
+            (p + "self_attn.q_proj.weight", (nh * hd, h)),
+            (p + "self_attn.k_proj.weight", (kv * hd, h)),
+            (p + "self_attn.v_proj.weight", (kv * hd, h)),
+            (p + "self_attn.o_proj.weight", (h, nh * hd)),
+            (p + "self_attn.q_norm.weight", (hd,)),
+            (p + "self_attn.k_norm.weight", (hd,)),
+            (p + "post_attention_layernorm.weight", (h,)),
+            (p + "mlp.gate_proj.weight", (it, h)),
+            (p + "mlp.up_proj.weight", (it, h)),
+            (p + "mlp.down_proj.weight", (h, it)),
+        ]
+    out.append(("model.norm.weight", (h,)))
+    if not s["tie"]:
+        out.append(("lm_head.weight", (s["vocab"], h)))
+    return out
+
+
+def numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def gen_full(torch, idx, shape, seed, device):
+    """Param idx's full tensor: bf16 N(0, 0.02^2), never zeros, the same on every rank."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed * 1000003 + idx)
+    t = torch.randn(shape, generator=g, device=device, dtype=torch.bfloat16)
+    return t.mul_(0.02)
+
+
+def fsdp_shard(torch, full, rank, world):
+    """FSDP2-style shard: rows [rank * sr, (rank + 1) * sr) of dim 0, sr = ceil(rows / world),
+    zero-padded to sr rows so that all_gather_into_tensor takes equal pieces."""
+    rows = full.shape[0]
+    sr = -(-rows // world)
+    shard = torch.zeros((sr,) + tuple(full.shape[1:]), dtype=full.dtype, device=full.device)
+    lo = min(rank * sr, rows)
+    hi = min(lo + sr, rows)
+    if hi > lo:
+        shard[: hi - lo].copy_(full[lo:hi])
+    return shard
+
+
+class FusedTP:
+    """One inference rank's weights in vLLM's fused tensor-parallel layout, and vLLM's way of
+    loading a full checkpoint tensor into it (weight_loader: narrow the full tensor to the rank's
+    part, copy it into its place):
+      qkv_proj = [q rows of the rank's heads; k rows; v rows] (KV heads replicated when kv < tp),
+      gate_up_proj = [gate rows; up rows] (column parallel), o_proj and down_proj row parallel
+      (the rank's columns), embed_tokens and lm_head vocab parallel (vocab padded to a multiple of 64),
+      norms replicated."""
+
+    def __init__(self, torch, shape_name, tp, tp_rank, device):
+        s = SHAPES[shape_name]
+        self.torch = torch
+        h, hd, nh, kv, it = s["hidden"], s["head_dim"], s["heads"], s["kv_heads"], s["inter"]
+        assert nh % tp == 0 and it % tp == 0, "heads and intermediate must split over tp"
+        qp = nh // tp
+        if kv >= tp:
+            assert kv % tp == 0
+            kvp, kv0 = kv // tp, tp_rank * (kv // tp)
+        else:
+            assert tp % kv == 0
+            kvp, kv0 = 1, tp_rank // (tp // kv)
+        ip = it // tp
+        vpad = -(-s["vocab"] // VOCAB_PAD) * VOCAB_PAD
+        vp = -(-vpad // tp)
+        v0 = tp_rank * vp
+        vn = max(0, min(s["vocab"] - v0, vp))
+        bf = torch.bfloat16
+        self.params = {}
+        self.loads = {}  # full-tensor name -> [(dst view, dim, start, length)]
+
+        def new(name, shp):
+            t = torch.empty(shp, dtype=bf, device=device)
+            self.params[name] = t
+            return t
+
+        emb = new("model.embed_tokens.weight", (vp, h))
+        if vn < vp:
+            emb[vn:].zero_()
+        self.loads["model.embed_tokens.weight"] = [(emb[:vn], 0, v0, vn)]
+        for i in range(s["layers"]):
+            p = "model.layers.%d." % i
+            qkv = new(p + "self_attn.qkv_proj.weight", ((qp + 2 * kvp) * hd, h))
+            self.loads[p + "self_attn.q_proj.weight"] = [(qkv[: qp * hd], 0, tp_rank * qp * hd, qp * hd)]
+            self.loads[p + "self_attn.k_proj.weight"] = [(qkv[qp * hd:(qp + kvp) * hd], 0, kv0 * hd, kvp * hd)]
+            self.loads[p + "self_attn.v_proj.weight"] = [(qkv[(qp + kvp) * hd:], 0, kv0 * hd, kvp * hd)]
+            o = new(p + "self_attn.o_proj.weight", (h, qp * hd))
+            self.loads[p + "self_attn.o_proj.weight"] = [(o, 1, tp_rank * qp * hd, qp * hd)]
+            gu = new(p + "mlp.gate_up_proj.weight", (2 * ip, h))
+            self.loads[p + "mlp.gate_proj.weight"] = [(gu[:ip], 0, tp_rank * ip, ip)]
+            self.loads[p + "mlp.up_proj.weight"] = [(gu[ip:], 0, tp_rank * ip, ip)]
+            d = new(p + "mlp.down_proj.weight", (h, ip))
+            self.loads[p + "mlp.down_proj.weight"] = [(d, 1, tp_rank * ip, ip)]
+            for n, ln in (("input_layernorm.weight", h), ("post_attention_layernorm.weight", h),
+                          ("self_attn.q_norm.weight", hd), ("self_attn.k_norm.weight", hd)):
+                t = new(p + n, (ln,))
+                self.loads[p + n] = [(t, 0, 0, ln)]
+        t = new("model.norm.weight", (h,))
+        self.loads["model.norm.weight"] = [(t, 0, 0, h)]
+        if not s["tie"]:
+            lm = new("lm_head.weight", (vp, h))
+            if vn < vp:
+                lm[vn:].zero_()
+            self.loads["lm_head.weight"] = [(lm[:vn], 0, v0, vn)]
+
+    def load(self, name, full):
+        """vLLM's weight_loader step for one full checkpoint tensor."""
+        for dst, dim, start, length in self.loads[name]:
+            if length > 0:
+                dst.copy_(full.narrow(dim, start, length))
+
+    def nbytes(self):
+        return sum(t.numel() * t.element_size() for t in self.params.values())
+
+    def verify(self, names, specs, seed, device):
+        """Regenerate a few full tensors and compare the rank's parts; returns the names that differ."""
+        idx = {n: i for i, (n, _) in enumerate(specs)}
+        shp = dict(specs)
+        bad = []
+        for n in names:
+            if n not in self.loads:
+                continue
+            full = gen_full(self.torch, idx[n], shp[n], seed, device)
+            for dst, dim, start, length in self.loads[n]:
+                if length > 0 and not self.torch.equal(dst, full.narrow(dim, start, length)):
+                    bad.append(n)
+        return bad
+
+
+def verify_names(shape_name):
+    s = SHAPES[shape_name]
+    last = s["layers"] - 1
+    names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+             "model.layers.0.self_attn.k_proj.weight", "model.layers.%d.mlp.up_proj.weight" % last,
+             "model.layers.%d.mlp.down_proj.weight" % last, "model.layers.%d.self_attn.o_proj.weight" % last,
+             "model.norm.weight"]
+    if not s["tie"]:
+        names.append("lm_head.weight")
+    return names
+
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    if n == 0:
+        return 0.0
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+def device_info(torch):
+    nccl = None
+    try:
+        nv = torch.cuda.nccl.version()
+        nccl = ".".join(str(x) for x in nv) if isinstance(nv, tuple) else str(nv)
+    except Exception:  # noqa: BLE001 - only informative
+        pass
+    return dict(device=torch.cuda.get_device_name(), torch=torch.__version__, nccl=nccl,
+                gpus=torch.cuda.device_count())
+
+
+def result(torch, args, method, scheme, steps, times, model_bytes, recv_bytes, receivers, nparams,
+           extra=None):
+    """The JSON object: wsync-bench --json's keys (scheme, mem, receivers, bytes, params, dtype,
+    iters, warmup, seconds, seconds_min/max, gbps_per_receiver(_min/_max), times) and the
+    baseline's own (method, steps, model_shape, scenario, senders, tp, replicas, colocated,
+    bytes_per_receiver, gbps_model, device...)."""
+    sc = SCENARIOS.get(args.scenario, {})
+    med = median(times)
+    tmin = min(times) if times else 0.0
+    tmax = max(times) if times else 0.0
+    r = dict(
+        scheme=scheme, baseline=True, method=method, steps=steps, mem="cuda",
+        model_shape=args.model_shape, scenario=args.scenario,
+        senders=sc.get("senders"), tp=sc.get("tp"), replicas=sc.get("replicas"),
+        colocated=sc.get("colocated"), receivers=receivers, bytes=model_bytes,
+        bytes_per_receiver=recv_bytes, params=nparams, dtype="bf16", iters=args.iters,
+        warmup=args.warmup, seconds=med, seconds_min=tmin, seconds_max=tmax,
+        gbps_per_receiver=recv_bytes / med / 1e9 if med > 0 else 0.0,
+        gbps_per_receiver_min=recv_bytes / tmax / 1e9 if tmax > 0 else 0.0,
+        gbps_per_receiver_max=recv_bytes / tmin / 1e9 if tmin > 0 else 0.0,
+        gbps_model=model_bytes / med / 1e9 if med > 0 else 0.0,
+        times=times, date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        nccl_nvls_enable=os.environ.get("NCCL_NVLS_ENABLE"))
+    r.update(device_info(torch))
+    if extra:
+        r.update(extra)
+    return r
+
+
+def emit(args, r):
+    text = json.dumps(r, sort_keys=False)
+    print(text, flush=True)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            f.write(text + "\n")
+
+
+def need_torch():
+    try:
+        import torch  # noqa: F401
+        import torch.distributed  # noqa: F401
+    except ImportError as e:
+        sys.exit("this baseline needs PyTorch with CUDA and NCCL (%s); run it on a lent GPU machine" % e)
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA device")
+    return torch
+
+
+def log(rank, msg):
+    if rank == 0:
+        print("[rank 0] " + msg, file=sys.stderr, flush=True)
+
+
+def parser(doc):
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
