@@ -11,6 +11,7 @@
  * threads is never forked), then only watches: children send their timings back through a pipe
  * or a shared page, the receivers check the bytes they got against hashes the sender left in the
  * shared page, and the parent kills everyone if a child fails or the deadline passes. */
+#include "bench/bench.h"
 #include "wsync/wsync.h"
 /* The one internal header of the bench: the store's baseline is, by definition, the transport
  * without wsync, so it drives the very RMA transport the store uses (transports/rma.h: open,
@@ -41,7 +42,6 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#define PROG "wsync-bench"
 #define MIB (1024.0 * 1024.0)
 #define MAX_RECEIVERS 256
 #define MAX_PARAMS 65536
@@ -50,19 +50,6 @@
 #define RAW_GET_BYTES ((size_t)1 << 20)
 #define RAW_WARMUP 1
 #define RAW_RUNS 3
-
-typedef struct {
-    const char *scheme;      /* "ipc", "auto" or "store" */
-    int store;               /* scheme is store */
-    const char *transport;   /* store: "ucx" or "ofi" */
-    int receivers;
-    uint64_t bytes;          /* total over all params */
-    uint64_t bucket_bytes;
-    int iters, warmup, params;
-    int json;
-    int timeout_s;           /* the parent's deadline for the whole run */
-    int private_mem;         /* --source private: plain malloc'd weights, staged in buckets */
-} bench_opts_t;
 
 /* The page every process shares, mapped by the parent before forking. The sender leaves one xxh3
  * per param, then ready = 1; the store's run also meets here (see bench_store_shm_t). */
@@ -95,7 +82,7 @@ typedef struct {
     size_t bytes;
 } bench_param_t;
 
-static double now_s(void)
+double bench_now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -116,7 +103,7 @@ static int64_t rma_deadline_in(int s)
  * processes being timed: the store's sender, say, waits while its transport thread serves the
  * reads, and a 50 us polling loop cost a fifth of a core on the 2-core VM. The parent's deadline
  * bounds every wait; the timeout only makes the waiter look again now and then. */
-static void wait_at_least(atomic_int *word, int target)
+void bench_wait_at_least(atomic_int *word, int target)
 {
     for (;;) {
         int seen = atomic_load_explicit(word, memory_order_acquire);
@@ -127,15 +114,15 @@ static void wait_at_least(atomic_int *word, int target)
     }
 }
 
-static void wake_all(atomic_int *word)
+void bench_wake_all(atomic_int *word)
 {
     syscall(SYS_futex, (int *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-static void count_up(atomic_int *word)
+void bench_count_up(atomic_int *word)
 {
     atomic_fetch_add_explicit(word, 1, memory_order_acq_rel);
-    wake_all(word);
+    bench_wake_all(word);
 }
 
 static void usage(FILE *out)
@@ -144,7 +131,11 @@ static void usage(FILE *out)
             "usage: " PROG " --scheme ipc --mem host --receivers R --bytes N [options]\n"
             "       " PROG " --scheme store --transport ucx|ofi --mem host --receivers R\n"
             "                   --bytes N [options]\n"
+            "       " PROG " --model-shape SHAPE --mem host|cuda --scheme nccl|ipc|store|auto\n"
+            "                   [--senders N] [--tp T] [--replicas R] [--colocated]\n"
+            "                   [--quant none|fp8-block] [options]\n"
             "\n"
+            "Flat runs (--bytes):\n"
             "ipc: runs one sender process and R receiver processes on this machine, pushes\n"
             "versions 1..W+K of N bytes of bf16 weights, and reports the median push time, the\n"
             "GB/s delivered to each receiver (GB = 1e9 bytes), one core's memcpy GB/s for N\n"
@@ -160,19 +151,59 @@ static void usage(FILE *out)
             "Every receiver checks its bytes against the sender's (xxh3); a mismatch fails the\n"
             "run.\n"
             "\n"
-            "  --scheme S       ipc, auto (let the library choose) or store; nccl is not\n"
-            "                   built yet\n"
+            "Model runs (--model-shape): the params of a real model's shape, random bf16 (never\n"
+            "zero), held FSDP-N (dim-0 shards) by N sender processes and wanted by R replicas\n"
+            "of T tensor-parallel receiver processes laid out as vLLM does (fused qkv_proj and\n"
+            "gate_up_proj, vocab-parallel embeddings; with --quant fp8-block the linear weights\n"
+            "are e4m3 targets with 128x128 block scales). One process per sender and receiver;\n"
+            "with --mem cuda each uses one GPU: --colocated puts sender i and receiver j on GPUs\n"
+            "i mod G and j mod G (G = GPUs visible); otherwise senders take GPUs 0..N-1 and\n"
+            "receivers (replica-major, receiver k*T+t is TP rank t of replica k) the next T*R.\n"
+            "Versions 1..W+K are pushed; the first elements (256) of every param change with\n"
+            "each version. Reported: the median over the K timed versions of the time to push\n"
+            "one (the slowest sender's wsync_sender_push, which returns when every receiver\n"
+            "committed; the senders start each push together), the bytes the plan moves (in\n"
+            "the params' dtype, summed over sender->receiver pairs), GB/s = those bytes over\n"
+            "that time, and with --mem cuda:\n"
+            "  links, measured in the same run before the sync starts: B_peer = median over the\n"
+            "    ordered GPU pairs that carry plan bytes of cudaMemcpyPeerAsync of 1 GiB;\n"
+            "    B_d2d = median over the GPUs used of a 1 GiB device-to-device cudaMemcpyAsync\n"
+            "    (bytes copied per second, not read + written); and one ncclBroadcast of a\n"
+            "    4 GiB buffer from sender 0's GPU over every GPU used (bytes per second).\n"
+            "  floor = max over GPUs g of  max(in_g, out_g) / B_peer + local_g / B_d2d,\n"
+            "    from the compiled plan's bytes per (sender, receiver) pair:\n"
+            "    in_g    bytes for receivers on g from senders on other GPUs;\n"
+            "    out_g   bytes from senders on g to receivers on other GPUs, a byte that\n"
+            "            several replicas need counted once (a broadcast relays it);\n"
+            "    local_g bytes from senders on g to receivers on g.\n"
+            "  ratio to floor = time / floor (1 is the best possible), and ratio to broadcast =\n"
+            "    (bytes per receiver / time) / broadcast GB/s (fan-out: 1 is a broadcast's\n"
+            "    speed).\n"
+            "With --mem host the floor is the largest receiver's bytes at one core's memcpy.\n"
+            "After the last version every receiver compares its targets (and FP8 scales) with\n"
+            "the bytes the same generator and the CPU quantizer give on the host: a mismatch\n"
+            "reports the run as WRONG (exit status 1) whatever its speed.\n"
+            "\n"
+            "  --scheme S       ipc, nccl (model runs), store or auto (let the library choose)\n"
             "  --transport T    store only: ucx or ofi (WSYNC_STORE_TRANSPORT of every process,\n"
             "                   and the transport of the raw baseline)\n"
-            "  --mem M          host (cuda is not built yet)\n"
-            "  --receivers R    receiver processes, 1..%d\n"
-            "  --bytes N        total bytes of weights; suffixes K, M, G, T (powers of 1024)\n"
-            "  --bucket-mb B    ipc only: staging bucket size in MiB (default 256)\n"
+            "  --mem M          host, or cuda (model runs)\n"
+            "  --receivers R    flat runs: receiver processes, 1..%d\n"
+            "  --bytes N        flat runs: total bytes of weights; suffixes K, M, G, T (powers\n"
+            "                   of 1024)\n"
+            "  --model-shape S  %s\n"
+            "  --senders N      FSDP senders (default 1)\n"
+            "  --tp T           tensor-parallel size of each replica (default 1)\n"
+            "  --replicas R     inference replicas (default 1)\n"
+            "  --colocated      senders and receivers share GPUs (see above)\n"
+            "  --quant Q        none (default: bf16 targets) or fp8-block\n"
+            "  --bucket-mb B    staging bucket size in MiB (default: the library's, 256)\n"
             "  --iters K        timed pushes or fetched versions (default 5)\n"
             "  --warmup W       untimed ones first (default 1)\n"
-            "  --params P       number of params the bytes are split into (default 16)\n"
+            "  --params P       flat runs: number of params the bytes are split into (default\n"
+            "                   16)\n"
             "  --timeout S      kill every process and fail after S seconds (default 600)\n"
-            "  --source S       ipc only: shared (default): the sender's weights are in\n"
+            "  --source S       flat ipc only: shared (default): the sender's weights are in\n"
             "                   wsync_mem_alloc memory, which receivers read in place; private:\n"
             "                   malloc'd weights, staged through the buckets\n"
             "  --json           end stdout with one JSON object of the results\n"
@@ -181,8 +212,9 @@ static void usage(FILE *out)
             "Environment: WSYNC_LOG_LEVEL, WSYNC_TIMEOUT_MS, WSYNC_HEARTBEAT_MS apply to every\n"
             "process; WSYNC_STORE_PROVIDER (a UCX_TLS list or a libfabric provider) to the store\n"
             "and to its raw baseline alike; the coordinator address, ranks, scheme, bucket and\n"
-            "store transport are set by the bench.\n",
-            MAX_RECEIVERS);
+            "store transport are set by the bench. Model runs set NCCL_NVLS_ENABLE=0 unless it\n"
+            "is set. CUDA_VISIBLE_DEVICES picks the GPUs.\n",
+            MAX_RECEIVERS, bench_model_shape_names());
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -248,11 +280,78 @@ static const wsync_rma_ops_t *rma_ops(const char *transport)
     return strcmp(transport, "ucx") == 0 ? wsync_rma_ucx() : wsync_rma_ofi();
 }
 
+/* The rest of a model run's command line (--model-shape given); 0 or -1 (reported). */
+static int parse_model_options(bench_opts_t *o, const char *scheme, const char *mem,
+                               const char *transport, const char *quant, int have_receivers,
+                               int have_flat, int have_bucket, int bucket_mb)
+{
+    if (have_flat) {
+        fprintf(stderr, PROG ": --bytes, --params and --source are for flat runs; with "
+                        "--model-shape the model's params are moved\n");
+        return -1;
+    }
+    if (have_receivers) {
+        fprintf(stderr, PROG ": --receivers: with --model-shape the receivers are --tp x "
+                        "--replicas\n");
+        return -1;
+    }
+    if (!mem) {
+        fprintf(stderr, PROG ": --mem is required (host or cuda)\n");
+        return -1;
+    }
+    if (strcmp(mem, "cuda") == 0)
+        o->mem_cuda = 1;
+    else if (strcmp(mem, "host") != 0) {
+        fprintf(stderr, PROG ": --mem: unknown memory kind '%s' (expected host or cuda)\n", mem);
+        return -1;
+    }
+    if (!quant || strcmp(quant, "none") == 0)
+        o->quant_fp8 = 0;
+    else if (strcmp(quant, "fp8-block") == 0)
+        o->quant_fp8 = 1;
+    else {
+        fprintf(stderr, PROG ": --quant: unknown '%s' (expected none or fp8-block)\n", quant);
+        return -1;
+    }
+    o->scheme = scheme;
+    o->store = strcmp(scheme, "store") == 0;
+    if (o->store) {
+        if (!transport || (strcmp(transport, "ucx") != 0 && strcmp(transport, "ofi") != 0)) {
+            fprintf(stderr, PROG ": --scheme store needs --transport ucx or ofi\n");
+            return -1;
+        }
+        if (rma_ops(transport) == NULL) {
+            fprintf(stderr, PROG ": --transport %s: not compiled into this build\n", transport);
+            return -1;
+        }
+        o->transport = transport;
+    } else if (transport) {
+        fprintf(stderr, PROG ": --transport %s: only with --scheme store\n", transport);
+        return -1;
+    }
+    if (o->tp * o->replicas > MODEL_MAX_RANKS) {
+        fprintf(stderr, PROG ": --tp %d x --replicas %d: at most %d receivers\n", o->tp,
+                o->replicas, MODEL_MAX_RANKS);
+        return -1;
+    }
+    if (o->warmup + o->iters > MODEL_MAX_VERSIONS) {
+        fprintf(stderr, PROG ": --iters %d with --warmup %d: at most %d versions with "
+                        "--model-shape\n",
+                o->iters, o->warmup, MODEL_MAX_VERSIONS);
+        return -1;
+    }
+    o->receivers = o->tp * o->replicas;
+    o->bucket_bytes = (uint64_t)bucket_mb << 20;
+    o->have_bucket = have_bucket;
+    return 0;
+}
+
 /* Returns 0 to run, 1 when --help was asked, -1 on a bad command line (already reported). */
 static int parse_options(int argc, char **argv, bench_opts_t *o)
 {
     enum { OPT_SCHEME = 1000, OPT_MEM, OPT_RECEIVERS, OPT_BYTES, OPT_BUCKET, OPT_ITERS,
-           OPT_WARMUP, OPT_PARAMS, OPT_TIMEOUT, OPT_JSON, OPT_SOURCE, OPT_TRANSPORT };
+           OPT_WARMUP, OPT_PARAMS, OPT_TIMEOUT, OPT_JSON, OPT_SOURCE, OPT_TRANSPORT,
+           OPT_MODEL, OPT_SENDERS, OPT_TP, OPT_REPLICAS, OPT_COLOCATED, OPT_QUANT };
     static const struct option longopts[] = {
         {"scheme", required_argument, NULL, OPT_SCHEME},
         {"transport", required_argument, NULL, OPT_TRANSPORT},
@@ -266,13 +365,21 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"json", no_argument, NULL, OPT_JSON},
         {"source", required_argument, NULL, OPT_SOURCE},
+        {"model-shape", required_argument, NULL, OPT_MODEL},
+        {"senders", required_argument, NULL, OPT_SENDERS},
+        {"tp", required_argument, NULL, OPT_TP},
+        {"replicas", required_argument, NULL, OPT_REPLICAS},
+        {"colocated", no_argument, NULL, OPT_COLOCATED},
+        {"quant", required_argument, NULL, OPT_QUANT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *scheme = NULL, *mem = NULL, *source = NULL, *transport = NULL;
-    int have_receivers = 0, have_bytes = 0, have_bucket = 0, bucket_mb = 256;
+    const char *scheme = NULL, *mem = NULL, *source = NULL, *transport = NULL, *quant = NULL;
+    int have_receivers = 0, have_bytes = 0, have_bucket = 0, bucket_mb = 256, have_params = 0;
+    int have_layout = 0; /* --senders, --tp, --replicas or --colocated */
 
-    *o = (bench_opts_t){.iters = 5, .warmup = 1, .params = 16, .timeout_s = 600};
+    *o = (bench_opts_t){.iters = 5, .warmup = 1, .params = 16, .timeout_s = 600, .senders = 1,
+                        .tp = 1, .replicas = 1};
     opterr = 0; /* errors are reported below, naming the option */
     int c;
     while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -306,7 +413,33 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         case OPT_PARAMS:
             if (parse_int("--params", optarg, 1, MAX_PARAMS, &o->params) != 0)
                 return -1;
+            have_params = 1;
             break;
+        case OPT_MODEL:
+            if (!bench_model_shape_known(optarg)) {
+                fprintf(stderr, PROG ": --model-shape: unknown shape '%s' (expected one of %s)\n",
+                        optarg, bench_model_shape_names());
+                return -1;
+            }
+            o->model_shape = optarg;
+            break;
+        case OPT_SENDERS:
+            if (parse_int("--senders", optarg, 1, MODEL_MAX_RANKS, &o->senders) != 0)
+                return -1;
+            have_layout = 1;
+            break;
+        case OPT_TP:
+            if (parse_int("--tp", optarg, 1, MODEL_MAX_RANKS, &o->tp) != 0)
+                return -1;
+            have_layout = 1;
+            break;
+        case OPT_REPLICAS:
+            if (parse_int("--replicas", optarg, 1, MODEL_MAX_RANKS, &o->replicas) != 0)
+                return -1;
+            have_layout = 1;
+            break;
+        case OPT_COLOCATED: o->colocated = 1; have_layout = 1; break;
+        case OPT_QUANT: quant = optarg; break;
         case OPT_TIMEOUT:
             if (parse_int("--timeout", optarg, 1, 7 * 24 * 3600, &o->timeout_s) != 0)
                 return -1;
@@ -342,19 +475,27 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
     }
 
     if (!scheme) {
-        fprintf(stderr, PROG ": --scheme is required (ipc or store)\n");
-        return -1;
-    }
-    if (strcmp(scheme, "nccl") == 0) {
-        fprintf(stderr, PROG ": --scheme %s: not built yet (ipc and store can be benchmarked "
-                        "now)\n",
-                scheme);
+        fprintf(stderr, PROG ": --scheme is required (ipc, nccl, store or auto)\n");
         return -1;
     }
     if (strcmp(scheme, "ipc") != 0 && strcmp(scheme, "auto") != 0 &&
-        strcmp(scheme, "store") != 0) {
-        fprintf(stderr, PROG ": --scheme: unknown scheme '%s' (expected ipc, auto or store)\n",
+        strcmp(scheme, "store") != 0 && strcmp(scheme, "nccl") != 0) {
+        fprintf(stderr, PROG ": --scheme: unknown scheme '%s' (expected ipc, nccl, store or "
+                        "auto)\n",
                 scheme);
+        return -1;
+    }
+    if (o->model_shape)
+        return parse_model_options(o, scheme, mem, transport, quant, have_receivers,
+                                   have_bytes || have_params || source, have_bucket, bucket_mb);
+    if (strcmp(scheme, "nccl") == 0) {
+        fprintf(stderr, PROG ": --scheme nccl needs --model-shape (GPU runs of a model's "
+                        "shape; see --help)\n");
+        return -1;
+    }
+    if (have_layout || quant) {
+        fprintf(stderr, PROG ": --senders, --tp, --replicas, --colocated and --quant need "
+                        "--model-shape\n");
         return -1;
     }
     o->scheme = scheme;
@@ -405,12 +546,12 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         return -1;
     }
     if (strcmp(mem, "cuda") == 0) {
-        fprintf(stderr, PROG ": --mem cuda: not built yet (only host memory can be benchmarked "
-                        "now)\n");
+        fprintf(stderr, PROG ": --mem cuda needs --model-shape (GPU runs move a model's "
+                        "shape; see --help)\n");
         return -1;
     }
     if (strcmp(mem, "host") != 0) {
-        fprintf(stderr, PROG ": --mem: unknown memory kind '%s' (expected host)\n", mem);
+        fprintf(stderr, PROG ": --mem: unknown memory kind '%s' (expected host or cuda)\n", mem);
         return -1;
     }
     if (!have_receivers) {
@@ -438,6 +579,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         return -1;
     }
     o->bucket_bytes = (uint64_t)bucket_mb << 20;
+    o->have_bucket = have_bucket;
     return 0;
 }
 
@@ -518,7 +660,7 @@ static int cmp_double(const void *a, const void *b)
 
 /* Median GB/s of single-threaded memcpy of `bytes` between pre-touched buffers; each sample
  * repeats small copies so that it lasts long enough to time. 0 on allocation failure. */
-static double memcpy_gbps(size_t bytes)
+double bench_memcpy_gbps(size_t bytes)
 {
     enum { SAMPLES = 5 };
     char *src = alloc_block(bytes), *dst = alloc_block(bytes);
@@ -533,12 +675,12 @@ static double memcpy_gbps(size_t bytes)
     memcpy(dst, src, bytes); /* one untimed copy */
     double gbps[SAMPLES];
     for (int s = 0; s < SAMPLES; s++) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         for (size_t r = 0; r < reps; r++) {
             memcpy(dst, src, bytes);
             __asm__ volatile("" : : "r"(dst) : "memory"); /* keep every copy */
         }
-        double dt = now_s() - t0;
+        double dt = bench_now_s() - t0;
         gbps[s] = (double)bytes * (double)reps / dt / 1e9;
     }
     free(src);
@@ -551,7 +693,7 @@ static double memcpy_gbps(size_t bytes)
 /* Children                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
-static int wsync_failed(const char *who, const char *call, wsync_status_t st)
+int bench_wsync_failed(const char *who, const char *call, wsync_status_t st)
 {
     fprintf(stderr, PROG ": %s: %s failed: %s (%s)\n", who, call, wsync_status_name(st),
             wsync_last_error());
@@ -580,7 +722,7 @@ static int add_targets(const char *who, wsync_receiver_t *receiver, const bench_
             .npieces = 1,
         };
         if ((st = wsync_receiver_add_target(receiver, &target)) != WSYNC_OK)
-            return wsync_failed(who, "wsync_receiver_add_target", st);
+            return bench_wsync_failed(who, "wsync_receiver_add_target", st);
     }
     return 0;
 }
@@ -629,7 +771,7 @@ static int run_sender(const bench_opts_t *o, const char *coordinator, int res_fd
     wsync_status_t st;
 
     if ((st = wsync_ctx_create(NULL, &ctx)) != WSYNC_OK) {
-        rc = wsync_failed(who, "wsync_ctx_create", st);
+        rc = bench_wsync_failed(who, "wsync_ctx_create", st);
         goto out;
     }
     /* shared: weights in wsync_mem_alloc memory, which receivers read in place (how a trainer
@@ -653,7 +795,7 @@ static int run_sender(const bench_opts_t *o, const char *coordinator, int res_fd
     sp.scheme = o->scheme;
     sp.bucket_bytes = (size_t)o->bucket_bytes;
     if ((st = wsync_sender_create(ctx, &sp, &sender)) != WSYNC_OK) {
-        rc = wsync_failed(who, "wsync_sender_create", st);
+        rc = bench_wsync_failed(who, "wsync_sender_create", st);
         goto out;
     }
 
@@ -668,14 +810,14 @@ static int run_sender(const bench_opts_t *o, const char *coordinator, int res_fd
             .mem = WSYNC_MEM_HOST,
         };
         if ((st = wsync_sender_add_shard(sender, &shard)) != WSYNC_OK) {
-            rc = wsync_failed(who, "wsync_sender_add_shard", st);
+            rc = bench_wsync_failed(who, "wsync_sender_add_shard", st);
             goto out;
         }
     }
     atomic_store_explicit(&shared->ready, 1, memory_order_release);
 
     if ((st = wsync_sender_setup(sender)) != WSYNC_OK) {
-        rc = wsync_failed(who, "wsync_sender_setup", st);
+        rc = bench_wsync_failed(who, "wsync_sender_setup", st);
         goto out;
     }
     const char *chosen = wsync_sender_scheme(sender);
@@ -683,13 +825,13 @@ static int run_sender(const bench_opts_t *o, const char *coordinator, int res_fd
 
     int total = o->warmup + o->iters;
     for (int v = 1; v <= total; v++) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         st = wsync_sender_push(sender, (uint64_t)v);
-        double dt = now_s() - t0;
+        double dt = bench_now_s() - t0;
         if (st != WSYNC_OK) {
             char call[64];
             snprintf(call, sizeof(call), "wsync_sender_push(version %d)", v);
-            rc = wsync_failed(who, call, st);
+            rc = bench_wsync_failed(who, call, st);
             goto out;
         }
         int timed = v > o->warmup;
@@ -732,7 +874,7 @@ static int run_receiver(const bench_opts_t *o, const char *coordinator, int rank
     memset(block, 0, (size_t)o->bytes); /* touched, and wrong until wsync fills it */
 
     if ((st = wsync_ctx_create(NULL, &ctx)) != WSYNC_OK) {
-        rc = wsync_failed(who, "wsync_ctx_create", st);
+        rc = bench_wsync_failed(who, "wsync_ctx_create", st);
         goto out;
     }
     wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
@@ -740,7 +882,7 @@ static int run_receiver(const bench_opts_t *o, const char *coordinator, int rank
     rp.rank = rank;
     rp.nreceivers = o->receivers;
     if ((st = wsync_receiver_create(ctx, &rp, &receiver)) != WSYNC_OK) {
-        rc = wsync_failed(who, "wsync_receiver_create", st);
+        rc = bench_wsync_failed(who, "wsync_receiver_create", st);
         goto out;
     }
     if (add_targets(who, receiver, params, o->params, block) != 0)
@@ -754,7 +896,7 @@ static int run_receiver(const bench_opts_t *o, const char *coordinator, int rank
         if (st == WSYNC_ERR_TIMEOUT)
             continue;
         if (st != WSYNC_OK) {
-            rc = wsync_failed(who, "wsync_receiver_wait", st);
+            rc = bench_wsync_failed(who, "wsync_receiver_wait", st);
             goto out;
         }
     }
@@ -917,9 +1059,9 @@ static int raw_reader(const bench_opts_t *o, int fd, int rank, bench_shared_t *s
     for (int run = 0; run < RAW_WARMUP + RAW_RUNS; run++) {
         if (run > 0)
             memset(dst, 0, n); /* so that the last run's bytes are its own */
-        count_up(&shared->raw_arrived[run]);
-        wait_at_least(&shared->raw_arrived[run], o->receivers);
-        double t0 = now_s();
+        bench_count_up(&shared->raw_arrived[run]);
+        bench_wait_at_least(&shared->raw_arrived[run], o->receivers);
+        double t0 = bench_now_s();
         for (size_t off = 0; off < n; off += RAW_GET_BYTES) {
             size_t len = n - off < RAW_GET_BYTES ? n - off : RAW_GET_BYTES;
             if ((st = ops->get(peer, key, h->base + off, dst + off, len)) != WSYNC_OK) {
@@ -932,7 +1074,7 @@ static int raw_reader(const bench_opts_t *o, int fd, int rank, bench_shared_t *s
             rc = rma_failed(who, "flush", st);
             goto out;
         }
-        double dt = now_s() - t0;
+        double dt = bench_now_s() - t0;
         int timed = run >= RAW_WARMUP;
         if (timed)
             ss->raw_s[(run - RAW_WARMUP) * o->receivers + rank] = dt;
@@ -987,7 +1129,7 @@ static int store_sender(const bench_opts_t *o, const char *coordinator, int res_
         goto out;
     }
     if ((st = wsync_ctx_create(NULL, &ctx)) != WSYNC_OK) {
-        rc = wsync_failed(who, "wsync_ctx_create", st);
+        rc = bench_wsync_failed(who, "wsync_ctx_create", st);
         goto out;
     }
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
@@ -999,7 +1141,7 @@ static int store_sender(const bench_opts_t *o, const char *coordinator, int res_
     sp.snapshot = 1;
     sp.keep_versions = STORE_KEEP_VERSIONS;
     if ((st = wsync_sender_create(ctx, &sp, &sender)) != WSYNC_OK) {
-        rc = wsync_failed(who, "wsync_sender_create", st);
+        rc = bench_wsync_failed(who, "wsync_sender_create", st);
         goto out;
     }
     for (int i = 0; i < o->params; i++) {
@@ -1013,13 +1155,13 @@ static int store_sender(const bench_opts_t *o, const char *coordinator, int res_
             .mem = WSYNC_MEM_HOST,
         };
         if ((st = wsync_sender_add_shard(sender, &shard)) != WSYNC_OK) {
-            rc = wsync_failed(who, "wsync_sender_add_shard", st);
+            rc = bench_wsync_failed(who, "wsync_sender_add_shard", st);
             goto out;
         }
     }
     atomic_store_explicit(&shared->ready, 1, memory_order_release);
     if ((st = wsync_sender_setup(sender)) != WSYNC_OK) {
-        rc = wsync_failed(who, "wsync_sender_setup", st);
+        rc = bench_wsync_failed(who, "wsync_sender_setup", st);
         goto out;
     }
     const char *chosen = wsync_sender_scheme(sender);
@@ -1028,18 +1170,18 @@ static int store_sender(const bench_opts_t *o, const char *coordinator, int res_
     int total = o->warmup + o->iters;
     for (int v = 1; v <= total; v++) {
         if (v > 1)
-            wait_at_least(&ss->fetched[v - 1], o->receivers);
-        double t0 = now_s();
+            bench_wait_at_least(&ss->fetched[v - 1], o->receivers);
+        double t0 = bench_now_s();
         st = wsync_sender_push(sender, (uint64_t)v);
-        double dt = now_s() - t0;
+        double dt = bench_now_s() - t0;
         if (st != WSYNC_OK) {
             char call[64];
             snprintf(call, sizeof(call), "wsync_sender_push(version %d)", v);
-            rc = wsync_failed(who, call, st);
+            rc = bench_wsync_failed(who, call, st);
             goto out;
         }
         atomic_store_explicit(&shared->published, v, memory_order_release);
-        wake_all(&shared->published);
+        bench_wake_all(&shared->published);
         int timed = v > o->warmup;
         fprintf(stderr, PROG ": sender: published %d/%d %s in %.4f s\n", v, total,
                 timed ? "(timed) " : "(warmup)", dt);
@@ -1047,7 +1189,7 @@ static int store_sender(const bench_opts_t *o, const char *coordinator, int res_
             dprintf(res_fd, "publish %.9f\n", dt);
     }
     /* the store lives in this process: stay until every receiver has left */
-    wait_at_least(&shared->done, o->receivers);
+    bench_wait_at_least(&shared->done, o->receivers);
     dprintf(res_fd, "end\n");
     rc = 0;
 out:
@@ -1081,7 +1223,7 @@ static int store_receiver(const bench_opts_t *o, const char *coordinator, int ra
     }
     memset(block, 0, (size_t)o->bytes); /* touched, and wrong until wsync fills it */
     if ((st = wsync_ctx_create(NULL, &ctx)) != WSYNC_OK) {
-        rc = wsync_failed(who, "wsync_ctx_create", st);
+        rc = bench_wsync_failed(who, "wsync_ctx_create", st);
         goto out;
     }
     wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
@@ -1089,7 +1231,7 @@ static int store_receiver(const bench_opts_t *o, const char *coordinator, int ra
     rp.rank = rank;
     rp.nreceivers = o->receivers;
     if ((st = wsync_receiver_create(ctx, &rp, &receiver)) != WSYNC_OK) {
-        rc = wsync_failed(who, "wsync_receiver_create", st);
+        rc = bench_wsync_failed(who, "wsync_receiver_create", st);
         goto out;
     }
     if (add_targets(who, receiver, params, o->params, block) != 0)
@@ -1097,14 +1239,14 @@ static int store_receiver(const bench_opts_t *o, const char *coordinator, int ra
 
     int total = o->warmup + o->iters;
     for (int v = 1; v <= total; v++) {
-        wait_at_least(&shared->published, v);
-        double t0 = now_s();
+        bench_wait_at_least(&shared->published, v);
+        double t0 = bench_now_s();
         st = wsync_receiver_fetch(receiver, (uint64_t)v, -1, &got);
-        double dt = now_s() - t0;
+        double dt = bench_now_s() - t0;
         if (st != WSYNC_OK) {
             char call[64];
             snprintf(call, sizeof(call), "wsync_receiver_fetch(version %d)", v);
-            rc = wsync_failed(who, call, st);
+            rc = bench_wsync_failed(who, call, st);
             goto out;
         }
         if (got != (uint64_t)v) {
@@ -1113,7 +1255,7 @@ static int store_receiver(const bench_opts_t *o, const char *coordinator, int ra
             goto out;
         }
         ss->fetch_s[(size_t)(v - 1) * (size_t)o->receivers + (size_t)rank] = dt;
-        count_up(&ss->fetched[v]);
+        bench_count_up(&ss->fetched[v]);
         fprintf(stderr, PROG ": %s: fetch %d/%d %s %.4f s, %.3f GB/s\n", who, v, total,
                 v > o->warmup ? "timed " : "warmup", dt, (double)o->bytes / dt / 1e9);
     }
@@ -1126,20 +1268,13 @@ out:
     free(block);
     free(params);
     if (rc == 0) /* left the group: the sender may go */
-        count_up(&shared->done);
+        bench_count_up(&shared->done);
     return rc;
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Parent                                                                                     */
 /* ---------------------------------------------------------------------------------------- */
-
-typedef struct {
-    pid_t pid;
-    char name[32];
-    int done;       /* reaped */
-    int status;     /* from waitpid */
-} bench_child_t;
 
 /* A free TCP port on 127.0.0.1 (bind port 0, read it back, close); 0 on failure. */
 static int pick_port(void)
@@ -1159,7 +1294,7 @@ static int pick_port(void)
 
 /* "127.0.0.1:PORT" on a free port, picked just before the children that use it start; 0 on
  * success. */
-static int make_coordinator(char *buf, size_t len)
+int bench_make_coordinator(char *buf, size_t len)
 {
     int port = pick_port();
     if (port == 0) {
@@ -1239,15 +1374,11 @@ static int drain(int fd, char **buf, size_t *len, size_t *cap)
     }
 }
 
-/* What child i of a group runs; res_fd is the write end of the group's result pipe. Returns the
- * child's exit status. */
-typedef int (*bench_body_fn)(int i, int res_fd, void *arg);
-
 /* Forks kids[0..n) (their names already set), each running body(i, ...) and exiting with its
  * result, then watches them: collects what they write to the result pipe into *text, reaps them,
- * and enforces the deadline (now_s() clock). Returns 0 once all exited 0 and the pipe is at its
+ * and enforces the deadline (bench_now_s() clock). Returns 0 once all exited 0 and the pipe is at its
  * end; otherwise names the failures, kills the rest and returns 1. */
-static int run_group(bench_child_t *kids, int n, bench_body_fn body, void *arg, double deadline,
+int bench_run_group(bench_child_t *kids, int n, bench_body_fn body, void *arg, double deadline,
                      int timeout_s, char **text)
 {
     int res_pipe[2];
@@ -1320,7 +1451,7 @@ static int run_group(bench_child_t *kids, int n, bench_body_fn body, void *arg, 
         }
         if (running == 0 && eof)
             break;
-        if (now_s() > deadline) {
+        if (bench_now_s() > deadline) {
             for (int i = 0; i < n; i++)
                 if (!kids[i].done)
                     fprintf(stderr, PROG ": timeout after %d s: %s (pid %d) still running, "
@@ -1364,12 +1495,7 @@ static int parse_result(char *text, const char *key, int iters, bench_result_t *
     return ended && res->ntimes == iters ? 0 : -1;
 }
 
-/* Median, minimum and maximum of n > 0 values (the array is left as it was). */
-typedef struct {
-    double median, min, max;
-} bench_stats_t;
-
-static bench_stats_t stats_of(const double *v, int n)
+bench_stats_t bench_stats_of(const double *v, int n)
 {
     bench_stats_t s = {0, 0, 0};
     double *sorted = malloc((size_t)n * sizeof(double));
@@ -1406,7 +1532,7 @@ static json_t *json_reals(const double *v, int n)
 static void report_ipc(const bench_opts_t *o, const bench_result_t *res, double baseline)
 {
     int n = res->ntimes;
-    bench_stats_t t = stats_of(res->times, n);
+    bench_stats_t t = bench_stats_of(res->times, n);
     double median = t.median, tmin = t.min, tmax = t.max;
     double gb = (double)o->bytes / 1e9;
     double gbps = gb / median, ratio = baseline > 0 ? gbps / baseline : 0.0;
@@ -1463,7 +1589,7 @@ static double median_round(const double *v, int rounds, int R)
             if (v[(size_t)k * (size_t)R + (size_t)r] > slowest[k])
                 slowest[k] = v[(size_t)k * (size_t)R + (size_t)r];
     }
-    double m = stats_of(slowest, rounds).median;
+    double m = bench_stats_of(slowest, rounds).median;
     free(slowest);
     return m;
 }
@@ -1477,8 +1603,8 @@ static void report_store(const bench_opts_t *o, const bench_result_t *res, const
                          const double *raw, const char *raw_info)
 {
     int nf = o->iters * o->receivers, nr = RAW_RUNS * o->receivers;
-    bench_stats_t f = stats_of(fetch, nf), p = stats_of(res->times, res->ntimes);
-    bench_stats_t b = stats_of(raw, nr);
+    bench_stats_t f = bench_stats_of(fetch, nf), p = bench_stats_of(res->times, res->ntimes);
+    bench_stats_t b = bench_stats_of(raw, nr);
     double gb = (double)o->bytes / 1e9;
     double gbps = gb / f.median, baseline = gb / b.median;
     double ratio = baseline > 0 ? gbps / baseline : 0.0;
@@ -1549,7 +1675,7 @@ static void report_store(const bench_opts_t *o, const bench_result_t *res, const
 }
 
 /* Maps `len` bytes every child shares; NULL on failure (reported). */
-static void *map_shared(size_t len)
+void *bench_map_shared(size_t len)
 {
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
@@ -1600,7 +1726,7 @@ static int main_ipc(const bench_opts_t *o, bench_shared_t *shared)
     /* Before any child exists, so nothing else competes for the memory bus. */
     fprintf(stderr, PROG ": measuring memcpy of %llu bytes on one core\n",
             (unsigned long long)o->bytes);
-    double baseline = memcpy_gbps((size_t)o->bytes);
+    double baseline = bench_memcpy_gbps((size_t)o->bytes);
     if (baseline <= 0) {
         fprintf(stderr, PROG ": cannot allocate 2 x %llu bytes for the memcpy baseline\n",
                 (unsigned long long)o->bytes);
@@ -1609,7 +1735,7 @@ static int main_ipc(const bench_opts_t *o, bench_shared_t *shared)
     fprintf(stderr, PROG ": memcpy, 1 core: %.3f GB/s\n", baseline);
 
     char coordinator[32];
-    if (make_coordinator(coordinator, sizeof(coordinator)) != 0)
+    if (bench_make_coordinator(coordinator, sizeof(coordinator)) != 0)
         return 1;
     int nkids = 1 + o->receivers;
     bench_child_t *kids = calloc((size_t)nkids, sizeof(*kids));
@@ -1626,7 +1752,7 @@ static int main_ipc(const bench_opts_t *o, bench_shared_t *shared)
     bench_group_arg_t arg = {.o = o, .coordinator = coordinator, .shared = shared};
     char *text = NULL;
     /* the deadline starts after the memcpy baseline */
-    int rc = run_group(kids, nkids, ipc_body, &arg, now_s() + o->timeout_s, o->timeout_s, &text);
+    int rc = bench_run_group(kids, nkids, ipc_body, &arg, bench_now_s() + o->timeout_s, o->timeout_s, &text);
     bench_result_t res = {.scheme = "?"};
     if (rc == 0 && (!text || parse_result(text, "time", o->iters, &res) != 0)) {
         fprintf(stderr, PROG ": the sender exited cleanly but its results are incomplete (%d of "
@@ -1645,7 +1771,7 @@ static int main_ipc(const bench_opts_t *o, bench_shared_t *shared)
 /* The raw baseline, then the store; the deadline covers both. */
 static int main_store(const bench_opts_t *o, bench_shared_t *shared)
 {
-    double deadline = now_s() + o->timeout_s;
+    double deadline = bench_now_s() + o->timeout_s;
     char coordinator[32] = "";
     int R = o->receivers, versions = o->warmup + o->iters, rc = 1;
     bench_store_shm_t ss = {0};
@@ -1665,7 +1791,7 @@ static int main_store(const bench_opts_t *o, bench_shared_t *shared)
     size_t off_fetch_s = (off_fetched + (size_t)(versions + 1) * sizeof(atomic_int) + 63) & ~63ul;
     size_t off_raw_s = (off_fetch_s + (size_t)versions * (size_t)R * sizeof(double) + 63) & ~63ul;
     ss.len = off_raw_s + (size_t)RAW_RUNS * (size_t)R * sizeof(double);
-    if (!(ss.base = map_shared(ss.len)))
+    if (!(ss.base = bench_map_shared(ss.len)))
         goto out;
     ss.fetched = (atomic_int *)((char *)ss.base + off_fetched);
     ss.fetch_s = (double *)((char *)ss.base + off_fetch_s);
@@ -1688,7 +1814,7 @@ static int main_store(const bench_opts_t *o, bench_shared_t *shared)
             R == 1 ? "" : "s", (unsigned long long)o->bytes);
     bench_group_arg_t arg = {.o = o, .coordinator = coordinator, .shared = shared, .ss = &ss,
                              .sv = sv, .owner_fds = owner_fds};
-    if (run_group(kids, 1 + R, raw_body, &arg, deadline, o->timeout_s, &text) != 0)
+    if (bench_run_group(kids, 1 + R, raw_body, &arg, deadline, o->timeout_s, &text) != 0)
         goto out;
     free(text);
     text = NULL;
@@ -1697,18 +1823,18 @@ static int main_store(const bench_opts_t *o, bench_shared_t *shared)
         close(sv[r][1]);
         sv[r][0] = sv[r][1] = -1;
     }
-    bench_stats_t b = stats_of(ss.raw_s, RAW_RUNS * R);
+    bench_stats_t b = bench_stats_of(ss.raw_s, RAW_RUNS * R);
     fprintf(stderr, PROG ": raw %s get: %.3f GB/s per reader (median)\n", o->transport,
             (double)o->bytes / b.median / 1e9);
 
     /* 2. The store. */
-    if (make_coordinator(coordinator, sizeof(coordinator)) != 0)
+    if (bench_make_coordinator(coordinator, sizeof(coordinator)) != 0)
         goto out;
     memset(kids, 0, (size_t)(1 + R) * sizeof(*kids));
     snprintf(kids[0].name, sizeof(kids[0].name), "sender");
     for (int r = 0; r < R; r++)
         snprintf(kids[1 + r].name, sizeof(kids[1 + r].name), "receiver %d", r);
-    if (run_group(kids, 1 + R, store_body, &arg, deadline, o->timeout_s, &text) != 0)
+    if (bench_run_group(kids, 1 + R, store_body, &arg, deadline, o->timeout_s, &text) != 0)
         goto out;
     if (!text || parse_result(text, "publish", o->iters, &res) != 0) {
         fprintf(stderr, PROG ": the sender exited cleanly but its results are incomplete (%d of "
@@ -1742,9 +1868,11 @@ int main(int argc, char **argv)
     int pr = parse_options(argc, argv, &o);
     if (pr != 0)
         return pr > 0 ? 0 : 2;
+    if (o.model_shape)
+        return bench_model_main(&o);
 
     size_t shared_len = sizeof(bench_shared_t) + (size_t)o.params * sizeof(uint64_t);
-    bench_shared_t *shared = map_shared(shared_len);
+    bench_shared_t *shared = bench_map_shared(shared_len);
     if (!shared)
         return 1;
     atomic_init(&shared->ready, 0);

@@ -469,6 +469,54 @@ static void on_commit(wsync_coord_t *co, coord_peer_t *p, uint64_t v)
     }
 }
 
+/* SCHEME_SETUP: forward a scheme's bytes, as SCHEME_RELAY naming their author, to one member or
+ * to every other one. Only once the group is planned: before that no scheme was chosen. */
+static void on_scheme_setup(wsync_coord_t *co, coord_peer_t *p, wsync_msg_t *m)
+{
+    char name[160], text[512];
+    wsync_relay_t in, out;
+    wsync_wbuf_t b;
+
+    peer_name(p, name, sizeof(name));
+    if (!co->planned || wsync_relay_decode(m->payload, m->len, WSYNC_MSG_SCHEME_SETUP, &in) != WSYNC_OK) {
+        snprintf(text, sizeof(text), "%s sent a %s SCHEME_SETUP", name,
+                 co->planned ? "malformed" : "premature (the group has no plan yet)");
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PROTOCOL, text, NULL);
+        return;
+    }
+    out.role = p->hello.role;
+    out.rank = p->hello.rank;
+    out.tag = in.tag;
+    out.len = in.len;
+    out.data = in.data;
+    wsync_wbuf_init(&b);
+    wsync_relay_encode(&out, &b);
+    if (b.err) {
+        wsync_wbuf_free(&b);
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_NOMEM, "coordinator: out of memory", NULL);
+        return;
+    }
+    if (in.role == WSYNC_ROLE_NONE) {
+        bcast_t arg = {WSYNC_MSG_SCHEME_RELAY, &b, p->conn};
+        for_each_peer(co, bcast_one, &arg);
+    } else {
+        int n = in.role == WSYNC_ROLE_SENDER ? co->nsenders : co->nreceivers;
+        coord_peer_t *to = in.rank < n ? (in.role == WSYNC_ROLE_SENDER ? &co->senders[in.rank]
+                                                                       : &co->receivers[in.rank])
+                                       : NULL;
+        if (to == NULL || !to->present || to == p) {
+            snprintf(text, sizeof(text), "%s sent SCHEME_SETUP to %s %d, not another member of "
+                     "this group", name, in.role == WSYNC_ROLE_SENDER ? "sender" : "receiver",
+                     in.rank);
+            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PROTOCOL, text, NULL);
+        } else if (!to->left && !atomic_load(&to->conn->closed)) {
+            wsync_conn_send(to->conn, WSYNC_MSG_SCHEME_RELAY, b.data, (uint32_t)b.len, NULL, 0,
+                            send_timeout(co));
+        }
+    }
+    wsync_wbuf_free(&b);
+}
+
 /* ---- the store: directory of published versions ----------------------------------------- */
 
 static struct coord_version *version_find(wsync_coord_t *co, uint64_t v)
@@ -906,6 +954,9 @@ static void coord_on_msg(void *user, wsync_conn_t *c, wsync_msg_t *m)
         }
         break;
     }
+    case WSYNC_MSG_SCHEME_SETUP:
+        on_scheme_setup(co, p, m);
+        break;
     case WSYNC_MSG_BYE:
         p->left = 1;
         break;

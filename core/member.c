@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "core/objects.h"
+#include "core/relay.h"
 #include "core/sock.h"
 #include "core/util.h"
 
@@ -261,4 +262,46 @@ void wsync_member_close(wsync_member_t *m)
     m->plan = NULL;
     m->plan_payload = NULL;
     m->coordinator = NULL;
+}
+
+/* ---- scheme side data through the coordinator (core/relay.h) ------------------------------ */
+
+wsync_status_t wsync_member_relay_send(wsync_member_t *m, wsync_role_t to_role, int to_rank,
+                                       uint32_t tag, const void *data, uint32_t len)
+{
+    wsync_relay_t r = {(uint32_t)to_role, to_role == WSYNC_ROLE_NONE ? -1 : to_rank, tag, len,
+                       data};
+    wsync_status_t st;
+    wsync_wbuf_t b;
+
+    if (len > WSYNC_RELAY_MAX)
+        return wsync_err(WSYNC_ERR_RANGE, "scheme data of %u bytes exceeds one relay (%u)", len,
+                         WSYNC_RELAY_MAX);
+    wsync_wbuf_init(&b);
+    wsync_relay_encode(&r, &b);
+    st = b.err ? wsync_err(WSYNC_ERR_NOMEM, "no memory for SCHEME_SETUP")
+               : wsync_conn_send(m->ctrl, WSYNC_MSG_SCHEME_SETUP, b.data, (uint32_t)b.len, NULL, 0,
+                                 m->timeout_ms);
+    wsync_wbuf_free(&b);
+    return st;
+}
+
+wsync_status_t wsync_member_relay_recv(wsync_member_t *m, int64_t deadline_ms, wsync_msg_t **msg,
+                                       wsync_relay_t *r)
+{
+    const uint16_t types[] = {WSYNC_MSG_SCHEME_RELAY};
+    wsync_msg_t *got;
+    wsync_status_t st;
+
+    st = wsync_inbox_pop(&m->inbox, types, 1, deadline_ms, &got);
+    if (st != WSYNC_OK)
+        return st;
+    st = wsync_relay_decode(got->payload, got->len, WSYNC_MSG_SCHEME_RELAY, r);
+    if (st != WSYNC_OK) {
+        wsync_msg_free(got);
+        return wsync_err(st, "the coordinator relayed malformed scheme data (%s)",
+                         wsync_last_error());
+    }
+    *msg = got;
+    return WSYNC_OK;
 }

@@ -66,22 +66,35 @@ struct wsync_sender {
     size_t nshards, cap;
     uint64_t last_version;
     wsync_push_stats_t stats;
+    int device;                      /* CUDA device of the CUDA shards; -1: none (host only) */
 };
 
 struct wsync_receiver {
     wsync_member_t m;
     wsync_target_desc_t *targets;
     void **target_data;              /* [ntargets] the caller's buffers */
-    /* Where a target's bytes land during a version: its own buffer, or for an FP8 target that
-     * is quantized here, an f32 staging buffer quantized into the target at commit. */
+    /* Where a target's bytes land during a version (Contract 2 of issue 4): its own buffer, or
+     * for an FP8 target that is quantized here, a staging buffer quantized into the target at
+     * commit: host f32 for a host target; for a CUDA target, device memory in its pieces' param
+     * dtype when they share one of bf16/f16/f32, else f32. Always in the target's memory kind
+     * (targets[i].mem, on targets[i].device). */
     void **land;                     /* [ntargets] */
     wsync_dtype_t *land_dtype;       /* [ntargets] */
+    /* Bumped whenever some land[i] changes (wsync_receiver_set_target_data): a scheme that built
+     * anything from the land pointers (copy batches) rebuilds it when this moved. */
+    uint64_t land_gen;
     wsync_quant_t *quant;            /* [ntargets] the caller's quantization (scales pointer) */
     size_t ntargets, cap;
     uint64_t version;                /* last committed */
     int torn;
     wsync_progress_fn progress;
     void *progress_arg;
+    /* CUDA targets (one device per receiver) */
+    int device;                      /* CUDA device of the CUDA targets; -1: none */
+    void *dev_stream;                /* receiver.c's stream: zeroing and quantizing */
+    float **dev_scales;              /* [ntargets] device scales of a CUDA FP8 target whose scales
+                                        are in host memory (copied out at commit), else NULL */
+    void *dev_ws;                    /* [ntargets] quantization workspaces, WSYNC_KQUANT_WS_BYTES each */
 };
 
 /* An FP8 target filled by quantizing float values (rather than copying FP8 bytes). */

@@ -21,6 +21,7 @@ const char *wsync_msg_name(unsigned type)
         [WSYNC_MSG_PUBLISHED] = "PUBLISHED", [WSYNC_MSG_FREE] = "FREE",
         [WSYNC_MSG_FETCH] = "FETCH",         [WSYNC_MSG_CANCEL] = "CANCEL",
         [WSYNC_MSG_DIRECTORY] = "DIRECTORY", [WSYNC_MSG_READ_DONE] = "READ_DONE",
+        [WSYNC_MSG_SCHEME_SETUP] = "SCHEME_SETUP", [WSYNC_MSG_SCHEME_RELAY] = "SCHEME_RELAY",
     };
     return type < WSYNC_MSG_COUNT_ && names[type] ? names[type] : "?";
 }
@@ -132,6 +133,42 @@ void wsync_plan_msg_clear(wsync_plan_msg_t *m)
     }
     free(m->peers);
     memset(m, 0, sizeof(*m));
+}
+
+void wsync_relay_encode(const wsync_relay_t *m, wsync_wbuf_t *out)
+{
+    wsync_put_u32(out, m->role);
+    wsync_put_i32(out, m->rank);
+    wsync_put_u32(out, m->tag);
+    wsync_put_u32(out, m->len);
+    wsync_put_bytes(out, m->data, m->len);
+}
+
+wsync_status_t wsync_relay_decode(const void *p, size_t n, unsigned type, wsync_relay_t *m)
+{
+    wsync_relay_t v;
+    wsync_rbuf_t r;
+    int ok;
+
+    wsync_rbuf_init(&r, p, n);
+    v.role = wsync_get_u32(&r);
+    v.rank = wsync_get_i32(&r);
+    v.tag = wsync_get_u32(&r);
+    v.len = wsync_get_u32(&r);
+    ok = !r.err && v.len <= WSYNC_RELAY_MAX && wsync_rbuf_left(&r) == v.len &&
+         (type == WSYNC_MSG_SCHEME_SETUP || type == WSYNC_MSG_SCHEME_RELAY);
+    if (ok && v.role == WSYNC_ROLE_NONE)
+        ok = type == WSYNC_MSG_SCHEME_SETUP && v.rank == -1;
+    else if (ok)
+        ok = (v.role == WSYNC_ROLE_SENDER || v.role == WSYNC_ROLE_RECEIVER) && v.rank >= 0;
+    if (ok) {
+        v.data = wsync_get_bytes(&r, v.len);
+        ok = !r.err && (v.data != NULL || v.len == 0);
+    }
+    if (!ok)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "malformed %s (%zu bytes)", wsync_msg_name(type), n);
+    *m = v;
+    return WSYNC_OK;
 }
 
 void wsync_status_msg_encode(wsync_status_t st, const char *text, wsync_wbuf_t *out)

@@ -26,6 +26,14 @@
  *                                           version, u32 n, n entries:
  *                                           the reader holds a lease on it until READ_DONE
  *   READ_DONE   receiver → coordinator      u64 version: lease released
+ * Scheme side data through the coordinator (any scheme, once the PLAN is out; wsync_relay_t):
+ *   SCHEME_SETUP participant → coordinator  u32 to_role, i32 to_rank, u32 tag, u32 len, len
+ *                                           bytes: deliver these bytes to that member, or with
+ *                                           to_role NONE (to_rank -1) to every other member
+ *                                           (e.g. nccl: the communicator's unique id, checksums)
+ *   SCHEME_RELAY coordinator → participant  u32 from_role, i32 from_rank, u32 tag, u32 len, len
+ *                                           bytes: a SCHEME_SETUP forwarded, naming its author
+ *                                           (the coordinator's word, not the author's, on who)
  * Data connections (scheme-specific, e.g. ipc over an abstract Unix socket):
  *   DATA_HELLO  receiver → sender           u32 receiver rank, u32 pid
  *   DATA_FDS    sender → receiver           scheme-defined payload; file descriptors attached
@@ -65,6 +73,8 @@ enum {
     WSYNC_MSG_CANCEL,
     WSYNC_MSG_DIRECTORY,
     WSYNC_MSG_READ_DONE,
+    WSYNC_MSG_SCHEME_SETUP,
+    WSYNC_MSG_SCHEME_RELAY,
     WSYNC_MSG_COUNT_
 };
 
@@ -139,6 +149,24 @@ void wsync_dir_entry_encode(const wsync_dir_entry_t *e, wsync_wbuf_t *out);
 /* Strict: sizes bounded, shard addresses inside their region. */
 wsync_status_t wsync_dir_entry_decode(wsync_rbuf_t *in, wsync_dir_entry_t *e);
 void wsync_dir_entry_clear(wsync_dir_entry_t *e);
+
+/* SCHEME_SETUP and SCHEME_RELAY: bytes a scheme sends to one member or to all the others through
+ * the coordinator. In SCHEME_SETUP (role, rank) is the destination, role WSYNC_ROLE_NONE with
+ * rank -1 meaning every member but the author; in SCHEME_RELAY it is the author, never NONE. */
+#define WSYNC_RELAY_MAX (16u << 20)   /* bytes of one relay's data */
+typedef struct {
+    uint32_t role;                    /* wsync_role_t */
+    int32_t rank;
+    uint32_t tag;                     /* the scheme's: what the bytes are */
+    uint32_t len;
+    const uint8_t *data;              /* [len]; decoded: points into the payload */
+} wsync_relay_t;
+
+void wsync_relay_encode(const wsync_relay_t *m, wsync_wbuf_t *out);
+/* Strict, for type WSYNC_MSG_SCHEME_SETUP or WSYNC_MSG_SCHEME_RELAY: a known role (NONE only in
+ * SETUP, and then rank -1), rank >= 0 otherwise, len <= WSYNC_RELAY_MAX and exactly the bytes
+ * left. WSYNC_ERR_PROTOCOL otherwise; *m borrows from p and is written only on success. */
+wsync_status_t wsync_relay_decode(const void *p, size_t n, unsigned type, wsync_relay_t *m);
 
 /* Status + text payload of ERROR, ABORT and PEER_LOST. */
 void wsync_status_msg_encode(wsync_status_t st, const char *text, wsync_wbuf_t *out);

@@ -8,8 +8,193 @@
 #include "core/log.h"
 #include "core/objects.h"
 #include "core/util.h"
+#include "kernels/device.h"
 #include "reshard/exec.h"
 #include "reshard/fp8.h"
+
+/* ---- CUDA targets ------------------------------------------------------------------------------ */
+
+/* Elements of a target (product of its shape). */
+static uint64_t target_elems(const wsync_target_t *t)
+{
+    uint64_t n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        n *= (uint64_t)t->shape[d];
+    return n;
+}
+
+/* The dtype a quantized CUDA target lands in (Contract 2): its pieces' param dtype when they all
+ * share one of bf16/f16/f32 (the copy kernels cast nothing then, and the staging is smallest),
+ * else f32. */
+static wsync_dtype_t cuda_land_dtype(const wsync_target_t *t)
+{
+    wsync_dtype_t d = t->npieces > 0 ? t->pieces[0].param.dtype : WSYNC_DTYPE_F32;
+    for (int i = 1; i < t->npieces; i++)
+        if (t->pieces[i].param.dtype != d)
+            return WSYNC_DTYPE_F32;
+    return d == WSYNC_DTYPE_BF16 || d == WSYNC_DTYPE_F16 || d == WSYNC_DTYPE_F32 ? d : WSYNC_DTYPE_F32;
+}
+
+/* The CUDA device a pointer given as `mem = WSYNC_MEM_CUDA` must be on. */
+static wsync_status_t check_cuda_ptr(const wsync_receiver_t *r, const char *name, const char *field,
+                                     const void *p, int device)
+{
+    wsync_dev_ptr_t info;
+    wsync_status_t st = wsync_dev_ptr_info(p, &info);
+
+    if (st != WSYNC_OK)
+        return st;
+    if (info.kind == WSYNC_DEV_PTR_MANAGED)
+        return WSYNC_OK;
+    if (info.kind != WSYNC_DEV_PTR_DEVICE)
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s': %s %p is host memory, but "
+                         "the target says CUDA memory of device %d", r->m.rank, name, field, p,
+                         device);
+    if (info.device != device)
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s': %s %p is memory of CUDA "
+                         "device %d, but the target says device %d", r->m.rank, name, field, p,
+                         info.device, device);
+    return WSYNC_OK;
+}
+
+/* Among the pieces whose destination holds the leading index `idx` (all dims but the last), the
+ * column span [*lo, *hi) with the smallest start that ends after `from`; 0 when none (as the CPU
+ * executor finds it). */
+static int next_span(const wsync_target_desc_t *t, const int64_t *idx, int64_t from, int64_t *lo,
+                     int64_t *hi)
+{
+    int nd = t->ndim, found = 0;
+
+    for (uint32_t i = 0; i < t->npieces; i++) {
+        const wsync_piece_desc_t *p = &t->pieces[i];
+        int in = 1;
+        int64_t s = 0, e = 0;
+        for (int d = 0; d < nd && in; d++) {
+            s = p->dst_start[d];
+            in = p->src.len[d] > 0 && !__builtin_add_overflow(s, p->src.len[d], &e) &&
+                 (d == nd - 1 || (idx[d] >= s && idx[d] < e));
+        }
+        if (!in)
+            continue;
+        if (e > from && (!found || s < *lo)) {
+            *lo = s;
+            *hi = e;
+            found = 1;
+        }
+    }
+    return found;
+}
+
+/* wsync_exec_zero_uncovered on device memory: the gaps, merged into as few runs as they allow
+ * (vocab padding rows are one run), each zeroed with a memset on the receiver's stream. */
+static wsync_status_t zero_uncovered_dev(wsync_receiver_t *r, const wsync_target_desc_t *t,
+                                         wsync_dtype_t dtype, void *data)
+{
+    size_t esz = wsync_dtype_size(dtype);
+    int64_t idx[WSYNC_MAX_DIMS] = {0}, width;
+    uint64_t row = 0, run_lo = 0, run_hi = 0, runs = 0;
+    wsync_status_t st = WSYNC_OK;
+
+    if (t->ndim < 1 || esz == 0)
+        return WSYNC_OK;
+    width = t->shape[t->ndim - 1];
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] <= 0)
+            return WSYNC_OK;
+#define ZERO_GAP(a, b)                                                                            \
+    do {                                                                                          \
+        uint64_t a_ = (a), b_ = (b);                                                              \
+        if (a_ == run_hi && run_hi > run_lo) {                                                    \
+            run_hi = b_;                                                                          \
+        } else {                                                                                  \
+            if (run_hi > run_lo && st == WSYNC_OK) {                                              \
+                st = wsync_dev_memset_async((uint8_t *)data + run_lo, 0, run_hi - run_lo,         \
+                                            r->dev_stream);                                       \
+                runs++;                                                                           \
+            }                                                                                     \
+            run_lo = a_;                                                                          \
+            run_hi = b_;                                                                          \
+        }                                                                                         \
+    } while (0)
+    for (;;) {
+        int64_t c = 0, lo = 0, hi = 0;
+        uint64_t base = row * (uint64_t)width * esz;
+        while (c < width) {
+            if (!next_span(t, idx, c, &lo, &hi)) {
+                ZERO_GAP(base + (uint64_t)c * esz, base + (uint64_t)width * esz);
+                break;
+            }
+            if (lo > c)
+                ZERO_GAP(base + (uint64_t)c * esz, base + (uint64_t)WSYNC_MIN(lo, width) * esz);
+            c = WSYNC_MAX(c, hi);
+        }
+        row++;
+        int d = t->ndim - 2;
+        for (; d >= 0; d--) {
+            if (++idx[d] < t->shape[d])
+                break;
+            idx[d] = 0;
+        }
+        if (d < 0)
+            break;
+    }
+    ZERO_GAP(0, 0);   /* flush the last run */
+#undef ZERO_GAP
+    if (st == WSYNC_OK && runs > 0)
+        st = wsync_dev_stream_sync(r->dev_stream, wsync_deadline_in(r->m.timeout_ms),
+                                   "zeroing a target's uncovered elements");
+    return st;
+}
+
+/* Quantize the staged CUDA FP8 targets on the device: every launch first, then one wait (with
+ * the deadline), then each result (NONFINITE names the target and element, as on the CPU), then
+ * the scales that live in host memory. */
+static wsync_status_t quantize_staged_dev(wsync_receiver_t *r)
+{
+    wsync_status_t st = WSYNC_OK;
+    int any = 0;
+
+    for (size_t i = 0; i < r->ntargets && st == WSYNC_OK; i++) {
+        const wsync_target_desc_t *t = &r->targets[i];
+        if (t->mem != WSYNC_MEM_CUDA || r->land[i] == r->target_data[i])
+            continue;
+        uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
+        for (int d = 0; d < t->ndim - 1; d++)
+            rows *= (uint64_t)t->shape[d];
+        wsync_kquant_t a = {t->name, r->land[i], r->land_dtype[i], rows, cols, cols, r->quant[i],
+                            t->dtype, r->target_data[i], cols,
+                            r->dev_scales[i] != NULL ? r->dev_scales[i] : r->quant[i].scales};
+        st = wsync_dev_quantize_launch(&a, (uint8_t *)r->dev_ws + i * WSYNC_KQUANT_WS_BYTES,
+                                       r->dev_stream);
+        any = 1;
+    }
+    if (!any || st != WSYNC_OK)
+        return st;
+    st = wsync_dev_stream_sync(r->dev_stream, wsync_deadline_in(r->m.timeout_ms),
+                               "quantizing the FP8 targets");
+    for (size_t i = 0; i < r->ntargets && st == WSYNC_OK; i++) {
+        const wsync_target_desc_t *t = &r->targets[i];
+        if (t->mem != WSYNC_MEM_CUDA || r->land[i] == r->target_data[i])
+            continue;
+        uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
+        for (int d = 0; d < t->ndim - 1; d++)
+            rows *= (uint64_t)t->shape[d];
+        wsync_kquant_t a = {t->name, r->land[i], r->land_dtype[i], rows, cols, cols, r->quant[i],
+                            t->dtype, r->target_data[i], cols,
+                            r->dev_scales[i] != NULL ? r->dev_scales[i] : r->quant[i].scales};
+        st = wsync_dev_quantize_finish(&a, (uint8_t *)r->dev_ws + i * WSYNC_KQUANT_WS_BYTES,
+                                       r->dev_stream);
+        if (st == WSYNC_OK && r->dev_scales[i] != NULL) {
+            int64_t sr = 0, sc = 0;
+            st = wsync_quant_scales_shape(&r->quant[i], (int64_t)rows, (int64_t)cols, &sr, &sc);
+            if (st == WSYNC_OK)
+                st = wsync_dev_copy_to_host(r->quant[i].scales, r->dev_scales[i],
+                                            (size_t)sr * (size_t)sc * sizeof(float), r->dev_stream,
+                                            wsync_deadline_in(r->m.timeout_ms));
+        }
+    }
+    return st;
+}
 
 wsync_status_t wsync_receiver_create(wsync_ctx_t *ctx, const wsync_receiver_params_t *params,
                                      wsync_receiver_t **out)
@@ -37,6 +222,7 @@ wsync_status_t wsync_receiver_create(wsync_ctx_t *ctx, const wsync_receiver_para
     r->m.coordinator = wsync_strdup(p.coordinator);
     r->progress = p.progress;
     r->progress_arg = p.progress_arg;
+    r->device = -1;
     /* the number of senders is learnt from the plan; HELLO says -1 for "as the coordinator says" */
     gethostname(hostname, sizeof(hostname) - 1);
     memset(&hello, 0, sizeof(hello));
@@ -67,9 +253,29 @@ void wsync_receiver_free(wsync_receiver_t *r)
     if (r->m.scheme != NULL && r->m.scheme_state != NULL)
         r->m.scheme->receiver_teardown(r);
     wsync_member_close(&r->m);
-    for (size_t i = 0; i < r->ntargets; i++)
-        if (r->land != NULL && r->land[i] != r->target_data[i])
-            free(r->land[i]);
+    int saved = -1, dev = r->device >= 0 && wsync_dev_enter(r->device, &saved) == WSYNC_OK;
+    if (dev && r->dev_stream != NULL &&
+        wsync_dev_stream_sync(r->dev_stream, wsync_deadline_in(r->m.timeout_ms),
+                              "receiver teardown") != WSYNC_OK)
+        WSYNC_LOG_W("receiver %d: %s", r->m.rank, wsync_last_error());
+    for (size_t i = 0; i < r->ntargets; i++) {
+        if (r->land != NULL && r->land[i] != r->target_data[i]) {
+            if (r->targets[i].mem == WSYNC_MEM_CUDA) {
+                if (dev)
+                    wsync_dev_free(r->land[i]);
+            } else {
+                free(r->land[i]);
+            }
+        }
+        if (dev && r->dev_scales != NULL)
+            wsync_dev_free(r->dev_scales[i]);
+    }
+    if (dev) {
+        wsync_dev_free(r->dev_ws);
+        wsync_dev_stream_destroy(r->dev_stream);
+        wsync_dev_leave(r->device, saved);
+    }
+    free(r->dev_scales);
     wsync_target_descs_free(r->targets, r->ntargets);
     free(r->target_data);
     free(r->land);
@@ -87,12 +293,34 @@ wsync_status_t wsync_receiver_add_target(wsync_receiver_t *r, const wsync_target
     if (r->m.state != WSYNC_STATE_CONNECTED)
         return wsync_err(WSYNC_ERR_STATE, "receiver %d: targets must be added before the first "
                          "wait (target '%s')", r->m.rank, t->name ? t->name : "?");
-    if (t->mem != WSYNC_MEM_HOST)
-        return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: target '%s' is in CUDA memory, which "
-                         "this version of wsync cannot fill yet", r->m.rank, t->name ? t->name : "?");
     if (t->data == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s' has no buffer (data is NULL)",
                          r->m.rank, t->name ? t->name : "?");
+    if (t->mem == WSYNC_MEM_CUDA) {
+        if (!wsync_dev_compiled())
+            return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: target '%s' is in CUDA memory, but "
+                             "this libwsync was built without CUDA", r->m.rank,
+                             t->name ? t->name : "?");
+        int ndev = 0;
+        if (wsync_dev_count(&ndev) != WSYNC_OK)
+            return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: target '%s' is in CUDA memory, "
+                             "but this process can use no CUDA device (%s)", r->m.rank,
+                             t->name ? t->name : "?", wsync_last_error());
+        if (t->device < 0 || t->device >= ndev)
+            return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s' is on CUDA device %d, but "
+                             "this process sees devices 0 to %d", r->m.rank,
+                             t->name ? t->name : "?", t->device, ndev - 1);
+        if (r->device >= 0 && t->device != r->device)
+            return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: target '%s' is on CUDA device %d, "
+                             "but its earlier targets are on device %d: a receiver uses one CUDA "
+                             "device (make one receiver per GPU)", r->m.rank,
+                             t->name ? t->name : "?", t->device, r->device);
+        if ((st = check_cuda_ptr(r, t->name ? t->name : "?", "data", t->data, t->device)) != WSYNC_OK)
+            return st;
+    } else if (t->mem != WSYNC_MEM_HOST) {
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s' has an unknown memory kind %d",
+                         r->m.rank, t->name ? t->name : "?", (int)t->mem);
+    }
     if (r->ntargets == r->cap) {
         size_t cap = r->cap ? r->cap * 2 : 64;
         wsync_target_desc_t *d = realloc(r->targets, cap * sizeof(*d));
@@ -115,14 +343,23 @@ wsync_status_t wsync_receiver_add_target(wsync_receiver_t *r, const wsync_target
         if (q == NULL)
             return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
         r->quant = q;
+        float **ds = realloc(r->dev_scales, cap * sizeof(*ds));
+        if (ds == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
+        r->dev_scales = ds;
         r->cap = cap;
     }
     if (wsync_target_quantized(t->dtype, t->quant.scheme) && t->quant.scales == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "receiver %d: FP8 target '%s' has no scales buffer "
                          "(quant.scales is NULL)", r->m.rank, t->name ? t->name : "?");
-    if (wsync_target_quantized(t->dtype, t->quant.scheme) && t->quant.scales_mem != WSYNC_MEM_HOST)
-        return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: FP8 target '%s' has its scales in "
-                         "CUDA memory, which this version cannot fill yet", r->m.rank, t->name);
+    if (wsync_target_quantized(t->dtype, t->quant.scheme) && t->quant.scales_mem != WSYNC_MEM_HOST) {
+        if (t->mem != WSYNC_MEM_CUDA)
+            return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: FP8 target '%s' is in host memory "
+                             "but has its scales in CUDA memory: put both on the GPU, or both on "
+                             "the host", r->m.rank, t->name);
+        if ((st = check_cuda_ptr(r, t->name, "quant.scales", t->quant.scales, t->device)) != WSYNC_OK)
+            return st;
+    }
     st = wsync_target_desc_from(t, (uint32_t)r->m.rank, (uint32_t)r->ntargets,
                                 &r->targets[r->ntargets]);
     if (st != WSYNC_OK)
@@ -134,12 +371,67 @@ wsync_status_t wsync_receiver_add_target(wsync_receiver_t *r, const wsync_target
                              t->name);
         }
     }
+    if (t->mem == WSYNC_MEM_CUDA) {
+        size_t i = r->ntargets;
+        int saved = -1;
+        r->target_data[i] = t->data;
+        r->land[i] = t->data;
+        r->land_dtype[i] = t->dtype;
+        r->quant[i] = t->quant;
+        r->dev_scales[i] = NULL;
+        if ((st = wsync_dev_enter(t->device, &saved)) != WSYNC_OK) {
+            wsync_target_desc_clear(&r->targets[i]);
+            return st;
+        }
+        if (r->dev_stream == NULL)
+            st = wsync_dev_stream_create(&r->dev_stream);
+        if (st == WSYNC_OK && wsync_target_quantized(t->dtype, t->quant.scheme)) {
+            /* whole-group scales need every value first: land here, quantize at commit */
+            uint64_t n = target_elems(t);
+            wsync_dtype_t ld = cuda_land_dtype(t);
+            void *land = NULL;
+            st = wsync_dev_malloc((size_t)(n ? n : 1) * wsync_dtype_size(ld), &land);
+            /* zeroed whole: what no piece covers stays 0, the rest is written every version */
+            if (st == WSYNC_OK &&
+                (st = wsync_dev_memset_async(land, 0, (size_t)(n ? n : 1) * wsync_dtype_size(ld),
+                                             r->dev_stream)) == WSYNC_OK)
+                st = wsync_dev_stream_sync(r->dev_stream, wsync_deadline_in(r->m.timeout_ms),
+                                           "zeroing an FP8 target's staging buffer");
+            if (st == WSYNC_OK && t->quant.scales_mem == WSYNC_MEM_HOST) {
+                int64_t rows = 1, cols = t->ndim > 0 ? t->shape[t->ndim - 1] : 1, sr = 0, sc = 0;
+                for (int d = 0; d < t->ndim - 1; d++)
+                    rows *= t->shape[d];
+                st = wsync_quant_scales_shape(&t->quant, rows, cols, &sr, &sc);
+                if (st == WSYNC_OK)
+                    st = wsync_dev_malloc((size_t)(sr * sc) * sizeof(float),
+                                          (void **)&r->dev_scales[i]);
+            }
+            if (st == WSYNC_OK) {
+                r->land[i] = land;
+                r->land_dtype[i] = ld;
+            } else {
+                wsync_dev_free(land);
+            }
+        }
+        wsync_dev_leave(t->device, saved);
+        if (st != WSYNC_OK) {
+            char text[1024];
+            snprintf(text, sizeof(text), "receiver %d: target '%s': %s", r->m.rank, t->name,
+                     wsync_last_error());
+            wsync_target_desc_clear(&r->targets[i]);
+            return wsync_err_set_text(st, text);
+        }
+        r->device = t->device;
+        r->ntargets++;
+        return WSYNC_OK;
+    }
     {
         size_t i = r->ntargets;
         r->target_data[i] = t->data;
         r->land[i] = t->data;
         r->land_dtype[i] = t->dtype;
         r->quant[i] = t->quant;
+        r->dev_scales[i] = NULL;
         if (wsync_target_quantized(t->dtype, t->quant.scheme)) {
             /* whole-group scales need every value first: land f32 here, quantize at commit */
             uint64_t n = 1;
@@ -183,7 +475,23 @@ static wsync_status_t receiver_setup(wsync_receiver_t *r, int64_t plan_deadline)
     for (size_t i = 0; i < r->ntargets; i++) {
         wsync_target_desc_t landing = r->targets[i];
         landing.dtype = r->land_dtype[i];
-        wsync_exec_zero_uncovered(&landing, r->land[i]);
+        if (landing.mem != WSYNC_MEM_CUDA)
+            wsync_exec_zero_uncovered(&landing, r->land[i]);
+    }
+    if (r->device >= 0) {
+        /* CUDA targets: the quantization workspaces, and the uncovered elements of the targets
+         * landed in directly (a staging buffer was zeroed whole) */
+        int saved = -1;
+        st = wsync_dev_enter(r->device, &saved);
+        if (st == WSYNC_OK && r->dev_ws == NULL)
+            st = wsync_dev_malloc(r->ntargets * WSYNC_KQUANT_WS_BYTES + 1, &r->dev_ws);
+        for (size_t i = 0; i < r->ntargets && st == WSYNC_OK; i++)
+            if (r->targets[i].mem == WSYNC_MEM_CUDA && r->land[i] == r->target_data[i])
+                st = zero_uncovered_dev(r, &r->targets[i], r->land_dtype[i], r->land[i]);
+        if (r->device >= 0)
+            wsync_dev_leave(r->device, saved);
+        if (st != WSYNC_OK)
+            return wsync_member_fail(&r->m, st);
     }
     st = r->m.scheme->receiver_setup(r);
     if (st != WSYNC_OK)
@@ -195,11 +503,20 @@ static wsync_status_t receiver_setup(wsync_receiver_t *r, int64_t plan_deadline)
 /* Quantize every staged FP8 target into its buffer and scales, once all its values landed. */
 static wsync_status_t quantize_staged(wsync_receiver_t *r)
 {
+    if (r->device >= 0) {
+        int saved = -1;
+        wsync_status_t st = wsync_dev_enter(r->device, &saved);
+        if (st == WSYNC_OK)
+            st = quantize_staged_dev(r);
+        wsync_dev_leave(r->device, saved);
+        if (st != WSYNC_OK)
+            return st;
+    }
     for (size_t i = 0; i < r->ntargets; i++) {
         const wsync_target_desc_t *t = &r->targets[i];
         uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
         wsync_status_t st;
-        if (r->land[i] == r->target_data[i])
+        if (r->land[i] == r->target_data[i] || t->mem == WSYNC_MEM_CUDA)
             continue;
         for (int d = 0; d < t->ndim - 1; d++)
             rows *= (uint64_t)t->shape[d];
@@ -350,11 +667,31 @@ wsync_status_t wsync_receiver_set_target_data(wsync_receiver_t *r, const char *n
         if (strcmp(r->targets[i].name, name) != 0)
             continue;
         int direct = r->land[i] == r->target_data[i];   /* else: staged FP8, quantized at commit */
+        if (r->targets[i].mem == WSYNC_MEM_CUDA) {
+            wsync_status_t st = check_cuda_ptr(r, name, "data", data, r->targets[i].device);
+            if (st == WSYNC_OK && scales != NULL && r->quant[i].scales_mem == WSYNC_MEM_CUDA)
+                st = check_cuda_ptr(r, name, "scales", scales, r->targets[i].device);
+            if (st != WSYNC_OK)
+                return st;
+        }
         if (direct) {
+            if (r->land[i] != data)
+                r->land_gen++;   /* schemes rebuild what they made from the old pointer */
             r->land[i] = data;
             /* a fresh buffer holds garbage where no piece lands (vocab padding): zero it */
-            if (r->m.state == WSYNC_STATE_READY)
-                wsync_exec_zero_uncovered(&r->targets[i], data);
+            if (r->m.state == WSYNC_STATE_READY) {
+                if (r->targets[i].mem == WSYNC_MEM_CUDA) {
+                    int saved = -1;
+                    wsync_status_t st = wsync_dev_enter(r->device, &saved);
+                    if (st == WSYNC_OK)
+                        st = zero_uncovered_dev(r, &r->targets[i], r->land_dtype[i], data);
+                    wsync_dev_leave(r->device, saved);
+                    if (st != WSYNC_OK)
+                        return st;
+                } else {
+                    wsync_exec_zero_uncovered(&r->targets[i], data);
+                }
+            }
         }
         r->target_data[i] = data;
         if (scales != NULL)

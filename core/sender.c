@@ -9,6 +9,7 @@
 #include "core/objects.h"
 #include "core/sock.h"
 #include "core/util.h"
+#include "kernels/device.h"
 
 wsync_status_t wsync_sender_create(wsync_ctx_t *ctx, const wsync_sender_params_t *params,
                                    wsync_sender_t **out)
@@ -40,6 +41,7 @@ wsync_status_t wsync_sender_create(wsync_ctx_t *ctx, const wsync_sender_params_t
     s->snapshot = p.snapshot;
     s->keep_versions = p.keep_versions;
     s->data_listen_fd = -1;
+    s->device = -1;
     if (s->m.coordinator == NULL || s->scheme_choice == NULL) {
         st = wsync_err(WSYNC_ERR_NOMEM, "no memory for a sender");
         goto err;
@@ -114,10 +116,42 @@ wsync_status_t wsync_sender_add_shard(wsync_sender_t *s, const wsync_shard_t *sh
         return wsync_err(WSYNC_ERR_STATE, "sender %d: shards must be added before the first push "
                          "or setup (param '%s')", s->m.rank,
                          shard->param.name ? shard->param.name : "?");
-    if (shard->mem != WSYNC_MEM_HOST)
-        return wsync_err(WSYNC_ERR_UNSUPPORTED, "sender %d: param '%s' is in CUDA memory, which "
-                         "this version of wsync cannot send yet", s->m.rank,
-                         shard->param.name ? shard->param.name : "?");
+    if (shard->mem == WSYNC_MEM_CUDA) {
+        const char *name = shard->param.name ? shard->param.name : "?";
+        wsync_dev_ptr_t info;
+        if (!wsync_dev_compiled())
+            return wsync_err(WSYNC_ERR_UNSUPPORTED, "sender %d: param '%s' is in CUDA memory, but "
+                             "this libwsync was built without CUDA", s->m.rank, name);
+        int ndev = 0;
+        if (wsync_dev_count(&ndev) != WSYNC_OK)
+            return wsync_err(WSYNC_ERR_UNSUPPORTED, "sender %d: param '%s' is in CUDA memory, but "
+                             "this process can use no CUDA device (%s)", s->m.rank, name,
+                             wsync_last_error());
+        if (shard->device < 0 || shard->device >= ndev)
+            return wsync_err(WSYNC_ERR_INVALID, "sender %d: param '%s' is on CUDA device %d, but "
+                             "this process sees devices 0 to %d", s->m.rank, name, shard->device,
+                             ndev - 1);
+        if (s->device >= 0 && shard->device != s->device)
+            return wsync_err(WSYNC_ERR_UNSUPPORTED, "sender %d: param '%s' is on CUDA device %d, but "
+                             "its earlier shards are on device %d: a sender uses one CUDA device "
+                             "(make one sender per GPU)", s->m.rank, name, shard->device, s->device);
+        if (shard->data != NULL) {   /* NULL only for an empty box, checked below */
+            st = wsync_dev_ptr_info(shard->data, &info);
+            if (st != WSYNC_OK)
+                return st;
+            if (info.kind == WSYNC_DEV_PTR_HOST || info.kind == WSYNC_DEV_PTR_HOST_PINNED)
+                return wsync_err(WSYNC_ERR_INVALID, "sender %d: param '%s': data %p is host memory, "
+                                 "but the shard says CUDA memory of device %d (use "
+                                 "WSYNC_MEM_HOST)", s->m.rank, name, shard->data, shard->device);
+            if (info.kind == WSYNC_DEV_PTR_DEVICE && info.device != shard->device)
+                return wsync_err(WSYNC_ERR_INVALID, "sender %d: param '%s': data %p is memory of CUDA "
+                                 "device %d, but the shard says device %d", s->m.rank, name,
+                                 shard->data, info.device, shard->device);
+        }
+    } else if (shard->mem != WSYNC_MEM_HOST) {
+        return wsync_err(WSYNC_ERR_INVALID, "sender %d: param '%s' has an unknown memory kind %d",
+                         s->m.rank, shard->param.name ? shard->param.name : "?", (int)shard->mem);
+    }
     if (s->nshards == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 64;
         wsync_shard_desc_t *d = realloc(s->shards, cap * sizeof(*d));
@@ -143,6 +177,8 @@ wsync_status_t wsync_sender_add_shard(wsync_sender_t *s, const wsync_shard_t *sh
         }
     }
     s->shard_data[s->nshards++] = shard->data;
+    if (shard->mem == WSYNC_MEM_CUDA)
+        s->device = shard->device;
     return WSYNC_OK;
 }
 

@@ -64,8 +64,8 @@ wsync_status_t wsync_engine_comm_create(int tp, const wsync_model_config_t *cfg,
         return wse_err(WSYNC_ERR_CONFIG, "hidden_size and vocab_size must be >= 1");
     vp = (cfg->vocab_size + pad - 1) / pad * pad;
     floats = (size_t)(cfg->hidden_size > vp / tp + 1 ? cfg->hidden_size : vp / tp + 1);
-    if (floats < 16)
-        floats = 16;   /* room for the small agreements (versions) */
+    if (floats < 64)
+        floats = 64;   /* room for the small agreements (versions, a CUDA engine's NCCL id) */
     c = calloc(1, sizeof(*c));
     if (c == NULL)
         return wse_err(WSYNC_ERR_NOMEM, "no memory for a communicator");
@@ -111,6 +111,11 @@ void wsync_engine_comm_abort(wsync_engine_comm_t *c, const char *why)
 size_t wse_comm_slot_bytes(const wsync_engine_comm_t *c)
 {
     return c->slot_bytes;
+}
+
+int wse_comm_timeout_ms(const wsync_engine_comm_t *c)
+{
+    return c->timeout_ms;
 }
 
 wsync_status_t wse_comm_join(wsync_engine_comm_t *c, int rank)
@@ -205,6 +210,22 @@ wsync_status_t wse_comm_barrier(wsync_engine_comm_t *c, int rank)
 passed:
     if (atomic_load(&h->aborted))
         return aborted_error(c, rank);
+    return WSYNC_OK;
+}
+
+wsync_status_t wse_comm_check(wsync_engine_comm_t *c, int rank)
+{
+    if (atomic_load(&c->head->aborted))
+        return aborted_error(c, rank);
+    for (int r = 0; r < c->tp; r++) {
+        pid_t pid = atomic_load(&c->head->pids[r]);
+        if (r == rank || pid <= 0 || !process_gone(pid))
+            continue;
+        char why[160];
+        snprintf(why, sizeof(why), "TP rank %d (pid %d) exited", r, (int)pid);
+        wsync_engine_comm_abort(c, why);
+        return wse_err(WSYNC_ERR_PEER_LOST, "TP rank %d: %s", rank, why);
+    }
     return WSYNC_OK;
 }
 

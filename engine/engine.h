@@ -6,6 +6,11 @@
  * non-owning views into one block of target buffers (a *weight set*; two in shadow mode), and a
  * run state allocated once; forward allocates nothing.
  *
+ * On CUDA (params.device) the same model runs on one GPU per TP rank: the weight sets are
+ * device memory registered as WSYNC_MEM_CUDA targets, the kernels mirror the CPU arithmetic
+ * (bf16/FP8 weights times f32 activations, f32 accumulation), and only the logits come back to
+ * the host (wsync_engine_forward's pointer is host memory either way).
+ *
  * Weights are held exactly as wsync_layout_tp_targets lays them out for TP rank r of T: fused
  * qkv_proj and gate_up_proj, row-parallel o_proj and down_proj, vocab-parallel embed_tokens and
  * lm_head padded to a multiple of vocab_pad, replicated norms; bf16 (or the checkpoint's f16/f32)
@@ -117,6 +122,14 @@ typedef enum {
     WSYNC_ENGINE_SHADOW = 1,    /* versions land in spare weights on a thread; swap at commit */
 } wsync_engine_mode_t;
 
+/* Where an engine's weights, KV cache and arithmetic live. */
+typedef enum {
+    WSYNC_ENGINE_CPU = 0,
+    WSYNC_ENGINE_CUDA = 1,   /* one GPU per TP rank; weights are WSYNC_MEM_CUDA targets, the TP
+                                all-reduce goes through NCCL (host shared memory without NCCL,
+                                or with more ranks than GPUs, or WSYNC_ENGINE_ALLREDUCE=shm) */
+} wsync_engine_device_t;
+
 typedef struct {
     int tp_rank, tp_size;            /* 0 of 1 by default */
     wsync_engine_comm_t *comm;       /* required when tp_size > 1 */
@@ -127,16 +140,27 @@ typedef struct {
     wsync_engine_mode_t mode;
     wsync_dtype_t param_dtype;       /* dtype the trainers send; 0: the config's, else bf16 */
     wsync_dtype_t dtype;             /* dtype of unquantized weights; 0: bf16 */
+    wsync_engine_device_t device;    /* CPU by default */
+    int gpu;                         /* CUDA: device ordinal, taken modulo the number of visible
+                                        devices; < 0: tp_rank (the default) */
 } wsync_engine_params_t;
 
 #define WSYNC_ENGINE_PARAMS_INIT                                                              \
     {0, 1, NULL, WSYNC_ENGINE_QUANT_NONE, 0, 0, 0, WSYNC_ENGINE_IN_PLACE, (wsync_dtype_t)0,    \
-     (wsync_dtype_t)0}
+     (wsync_dtype_t)0, WSYNC_ENGINE_CPU, -1}
+
+/* Number of CUDA devices this process sees. WSYNC_ERR_UNSUPPORTED when built without CUDA;
+ * WSYNC_ERR_DEVICE "no CUDA device (...)" when there is none (no GPU, or no driver). It
+ * initializes CUDA in the calling process: call it in the processes that use the GPUs, never
+ * before a fork() whose children will. Thread-safe. */
+wsync_status_t wsync_engine_cuda_devices(int *count);
 
 /* Create an engine for model cfg: the rank's targets (wsync_layout_tp_targets), one weight set
  * (two in shadow mode), zeroed, and the run state. No weights yet: load them, or take a version.
  * WSYNC_ERR_CONFIG when the layout refuses the model at this TP size or block size (the message
- * names the param and the numbers). */
+ * names the param and the numbers). With device CUDA, the sets, the run state and the KV cache
+ * are device memory of the rank's GPU (made current on the calling thread): WSYNC_ERR_UNSUPPORTED
+ * when built without CUDA, WSYNC_ERR_DEVICE naming the CUDA call otherwise ("no CUDA device"). */
 wsync_status_t wsync_engine_create(const wsync_model_config_t *cfg,
                                    const wsync_engine_params_t *params, wsync_engine_t **engine);
 
@@ -206,6 +230,9 @@ typedef struct {
     float *scales;             /* FP8 block scales, or NULL */
     size_t nscales;
     int block;                 /* FP8 block size, 0 when not quantized */
+    wsync_mem_t mem;           /* where data and scales are: CUDA memory of `device` for a
+                                  CUDA engine, else host */
+    int device;
 } wsync_engine_weight_t;
 
 size_t wsync_engine_weight_count(const wsync_engine_t *engine);
@@ -213,6 +240,13 @@ size_t wsync_engine_weight_count(const wsync_engine_t *engine);
  * WSYNC_ERR_STATE while the weights are freed (level-2 sleep). */
 wsync_status_t wsync_engine_weight(const wsync_engine_t *engine, size_t i,
                                    wsync_engine_weight_t *weight);
+
+/* Copy target i of the weights in use into host memory: data[bytes] and, when not NULL and the
+ * target is quantized, scales[nscales] (sizes as wsync_engine_weight says). Works on CPU and
+ * CUDA engines alike (the way to inspect a CUDA engine's weights). Errors as
+ * wsync_engine_weight, and WSYNC_ERR_DEVICE for a failed copy. */
+wsync_status_t wsync_engine_weight_read(const wsync_engine_t *engine, size_t i, void *data,
+                                        float *scales);
 
 /* Block-quantize a [rows, cols] float32 matrix to F8E4M3FN the way the engines (and wsync's
  * receivers) do: per block, s = max(amax, 1e-4) / 448 (1 if that underflows), q = sat(x * (1/s))

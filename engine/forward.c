@@ -156,6 +156,22 @@ static wsync_status_t ready(const wsync_engine_t *e)
     return WSYNC_OK;
 }
 
+/* The same step on the rank's GPU (engine/forward_cuda.cu); the logits come back to the host. */
+static wsync_status_t forward_cuda(wsync_engine_t *e, int32_t token, int pos, const float **logits)
+{
+    wse_cuda_coll_t coll;
+    wsync_status_t st;
+
+    memset(&coll, 0, sizeof(coll));
+    if (e->tpdev != NULL && (st = wse_tpdev_coll(e->tpdev, &coll)) != WSYNC_OK)
+        return st;
+    if ((st = wse_cuda_forward(e->cuda, &e->w, token, pos, &coll, e->logits)) != WSYNC_OK)
+        return st;
+    if (logits != NULL)
+        *logits = e->logits;
+    return WSYNC_OK;
+}
+
 static wsync_status_t forward_step(wsync_engine_t *e, int32_t token, int pos, const float **logits)
 {
     const int64_t Hd = e->Hd, D = e->D, Hr = e->Hr, Kr = e->Kr, Ir = e->Ir, kvd = Kr * D;
@@ -173,6 +189,8 @@ static wsync_status_t forward_step(wsync_engine_t *e, int32_t token, int pos, co
     if (pos < 0 || pos >= e->max_seq)
         return wse_err(WSYNC_ERR_RANGE, "position %d is outside [0, %d) (max_seq)", pos,
                        e->max_seq);
+    if (e->cuda != NULL)
+        return forward_cuda(e, token, pos, logits);
     pthread_once(&fp8_once, fp8_lut_init);
     cs = e->rope_cos + (size_t)pos * (size_t)half;
     sn = e->rope_sin + (size_t)pos * (size_t)half;

@@ -38,32 +38,8 @@ float wse_load(wsync_dtype_t dtype, const void *p, size_t i);
 /* Store x as element i of a bf16/f16/f32 array. */
 void wse_store(wsync_dtype_t dtype, void *p, size_t i, float x);
 
-/* ---- views of the weights ------------------------------------------------------------------ */
-
-typedef struct {
-    wsync_dtype_t dtype;    /* bf16, f16, f32 or F8E4M3FN */
-    const void *w;          /* [rows, cols] */
-    const float *s;         /* FP8: [ceil(rows/blk), ceil(cols/blk)] */
-    int64_t rows, cols;
-    int blk;
-} wse_mat_t;
-
-typedef struct {
-    wsync_dtype_t dtype;
-    const void *w;          /* NULL when the model has no such vector */
-} wse_vec_t;
-
-typedef struct {
-    wse_vec_t in_norm, post_norm, q_norm, k_norm;
-    wse_mat_t qkv, o, gate_up, down;
-    wse_vec_t qkv_b, o_b, gate_up_b, down_b;
-} wse_layer_t;
-
-typedef struct {
-    wse_mat_t embed, lm_head;    /* [Vr, Hd]; lm_head is embed when tied */
-    wse_vec_t norm;
-    wse_layer_t *layers;
-} wse_weights_t;
+#include "engine/cuda.h"
+#include "engine/views.h"
 
 /* Where target i goes in wse_weights_t. */
 typedef enum {
@@ -97,6 +73,22 @@ wsync_status_t wse_comm_allreduce(wsync_engine_comm_t *c, int rank, float *x, si
 wsync_status_t wse_comm_allgather(wsync_engine_comm_t *c, int rank, const void *in, size_t bytes,
                                   void *out);
 size_t wse_comm_slot_bytes(const wsync_engine_comm_t *c);
+/* WSYNC_ERR_PEER_LOST when the group was aborted or a peer process is gone (not collective). */
+wsync_status_t wse_comm_check(wsync_engine_comm_t *c, int rank);
+int wse_comm_timeout_ms(const wsync_engine_comm_t *c);
+
+/* ---- CUDA engines (engine/cuda.h; engine/comm_cuda.c) --------------------------------------- */
+
+/* The TP collectives of a CUDA engine: NCCL among the ranks' GPUs, set up collectively at the
+ * first forward, or the host communicator through staging copies (no NCCL in the build, two
+ * ranks on one GPU, or WSYNC_ENGINE_ALLREDUCE=shm). */
+typedef struct wse_tpdev wse_tpdev_t;
+wsync_status_t wse_tpdev_create(wsync_engine_t *e, wse_tpdev_t **out);
+void wse_tpdev_free(wse_tpdev_t *t);
+/* The collectives for forward; the first call (collective) sets NCCL up. */
+wsync_status_t wse_tpdev_coll(wse_tpdev_t *t, wse_cuda_coll_t *coll);
+/* A line for the logs when WSYNC_LOG_LEVEL is info or debug. */
+void wse_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- the engine ---------------------------------------------------------------------------- */
 
@@ -132,6 +124,10 @@ struct wsync_engine {
     wsync_engine_st_t **files;      /* checkpoint files opened by wsync_engine_open */
     size_t nfiles;
 
+    /* CUDA (p.device): the GPU side, NULL on CPU; the weight sets are its device memory */
+    wse_cuda_t *cuda;
+    wse_tpdev_t *tpdev;             /* TP > 1 */
+
     wsync_engine_token_fn on_token;
     void *on_token_arg;
 
@@ -165,5 +161,6 @@ wsync_status_t wse_shadow_start(wsync_engine_t *e);
  * strict: a failure of any rank's receiver thread is an error (else it is left for update). */
 wsync_status_t wse_shadow_take(wsync_engine_t *e, int strict, int *swapped);
 wsync_status_t wse_kv_alloc(wsync_engine_t *e);
+void wse_kv_free(wsync_engine_t *e);
 
 #endif

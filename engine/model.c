@@ -163,6 +163,17 @@ wsync_status_t wse_set_alloc(wsync_engine_t *e, int s)
 
     if (e->sets[s].base != NULL)
         return WSYNC_OK;
+    if (e->cuda != NULL) {
+        wsync_status_t st = wse_cuda_alloc(e->cuda, e->set_bytes, &p);
+        if (st == WSYNC_OK && (st = wse_cuda_zero(e->cuda, p, e->set_bytes)) != WSYNC_OK)
+            wse_cuda_release(e->cuda, p);
+        if (st != WSYNC_OK)
+            return st;
+        e->sets[s].base = p;
+        e->sets[s].valid = 0;
+        e->sets[s].version = 0;
+        return WSYNC_OK;
+    }
     p = mmap(NULL, e->set_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return wse_err(WSYNC_ERR_NOMEM, "TP rank %d: cannot map %zu bytes of weights: %s",
@@ -175,7 +186,9 @@ wsync_status_t wse_set_alloc(wsync_engine_t *e, int s)
 
 void wse_set_free(wsync_engine_t *e, int s)
 {
-    if (e->sets[s].base != NULL)
+    if (e->sets[s].base != NULL && e->cuda != NULL)
+        wse_cuda_release(e->cuda, e->sets[s].base);
+    else if (e->sets[s].base != NULL)
         munmap(e->sets[s].base, e->set_bytes);
     e->sets[s].base = NULL;
     e->sets[s].valid = 0;
@@ -211,6 +224,68 @@ static wsync_status_t check_slot_shape(const wsync_engine_t *e, size_t i)
     return WSYNC_OK;
 }
 
+/* A CUDA engine: its GPU, device run state and KV cache; its targets become CUDA memory. */
+static wsync_status_t cuda_setup(wsync_engine_t *e)
+{
+    wse_cuda_dims_t d;
+    wsync_status_t st;
+
+    memset(&d, 0, sizeof(d));
+    d.Hd = e->Hd;
+    d.H = e->H;
+    d.K = e->K;
+    d.D = e->D;
+    d.Hr = e->Hr;
+    d.Kr = e->Kr;
+    d.kr = e->kr;
+    d.Ir = e->Ir;
+    d.Vr = e->Vr;
+    d.L = e->L;
+    d.tp_rank = e->p.tp_rank;
+    d.tp_size = e->p.tp_size;
+    d.max_seq = e->max_seq;
+    d.eps = (float)e->cfg.rms_norm_eps;
+    st = wse_cuda_create(e->p.gpu, &d, e->rope_cos, e->rope_sin, &e->cuda);
+    if (st != WSYNC_OK) {
+        /* name the rank, keep the detail (without its status prefix, which wse_err adds) */
+        char detail[1024];
+        const char *d = wsync_engine_last_error(), *pre = wsync_status_str(st);
+        size_t n = strlen(pre);
+        if (strncmp(d, pre, n) == 0 && d[n] == ':' && d[n + 1] == ' ')
+            d += n + 2;
+        snprintf(detail, sizeof(detail), "%s", d);
+        return wse_err(st, "TP rank %d on CUDA: %s", e->p.tp_rank, detail);
+    }
+    for (size_t i = 0; i < e->ntargets; i++) {
+        e->targets[i].mem = WSYNC_MEM_CUDA;
+        e->targets[i].device = wse_cuda_gpu(e->cuda);
+        if (e->slots[i].nscales > 0)
+            e->targets[i].quant.scales_mem = WSYNC_MEM_CUDA;
+    }
+    if (e->p.tp_size > 1 && (st = wse_tpdev_create(e, &e->tpdev)) != WSYNC_OK)
+        return st;
+    wse_info("TP rank %d of %d: GPU %d (%s), %zu bytes of weights per set, %d KV positions",
+             e->p.tp_rank, e->p.tp_size, wse_cuda_gpu(e->cuda), wse_cuda_gpu_name(e->cuda),
+             e->set_bytes, e->max_seq);
+    return WSYNC_OK;
+}
+
+void wse_kv_free(wsync_engine_t *e)
+{
+    if (e->cuda != NULL)
+        wse_cuda_kv_free(e->cuda);
+    free(e->kcache);
+    free(e->vcache);
+    e->kcache = e->vcache = NULL;
+}
+
+wsync_status_t wsync_engine_cuda_devices(int *count)
+{
+    if (count == NULL)
+        return wse_err(WSYNC_ERR_INVALID, "wsync_engine_cuda_devices: NULL argument");
+    return wse_cuda_device_count(count);
+}
+
 static wsync_status_t runstate_alloc(wsync_engine_t *e)
 {
     int64_t nq = (e->Hr + 2 * e->Kr) * e->D;
@@ -244,11 +319,15 @@ static wsync_status_t runstate_alloc(wsync_engine_t *e)
             e->rope_sin[(size_t)pos * half + i] = sinf(ang);
         }
     }
+    if (e->p.device == WSYNC_ENGINE_CUDA)
+        return cuda_setup(e);
     return wse_kv_alloc(e);
 }
 
 wsync_status_t wse_kv_alloc(wsync_engine_t *e)
 {
+    if (e->cuda != NULL)
+        return wse_cuda_kv_alloc(e->cuda);
     if (e->kcache != NULL)
         return WSYNC_OK;
     e->kv_bytes = (size_t)e->L * (size_t)e->max_seq * (size_t)(e->Kr * e->D) * sizeof(float);
@@ -293,6 +372,8 @@ wsync_status_t wsync_engine_create(const wsync_model_config_t *cfg,
         return wse_err(WSYNC_ERR_INVALID, "unknown mode %d", (int)p.mode);
     if (p.max_seq < 0)
         return wse_err(WSYNC_ERR_INVALID, "max_seq %d is negative", p.max_seq);
+    if (p.device != WSYNC_ENGINE_CPU && p.device != WSYNC_ENGINE_CUDA)
+        return wse_err(WSYNC_ERR_INVALID, "unknown device %d (CPU or CUDA)", (int)p.device);
     st = wsync_model_config_check(cfg);
     if (st != WSYNC_OK)
         return wse_err_wsync(st, "model config");
@@ -403,13 +484,14 @@ wsync_status_t wsync_engine_create(const wsync_model_config_t *cfg,
             goto err;
         }
     }
+    /* the run state first: on CUDA it picks the GPU the weight sets live on */
+    if ((st = runstate_alloc(e)) != WSYNC_OK)
+        goto err;
     for (int s = 0; s < e->nsets; s++)
         if ((st = wse_set_alloc(e, s)) != WSYNC_OK)
             goto err;
     e->active = 0;
     wse_weights_bind(e);
-    if ((st = runstate_alloc(e)) != WSYNC_OK)
-        goto err;
     if (T > 1) {
         size_t need = (size_t)(e->Hd > e->Vr ? e->Hd : e->Vr) * sizeof(float);
         if (need > wse_comm_slot_bytes(p.comm)) {
@@ -479,7 +561,7 @@ static wsync_status_t copy_piece(const wsync_target_t *t, const wsync_piece_t *p
 wsync_status_t wse_load_into(wsync_engine_t *e, int s, const wsync_engine_tensor_t *tensors,
                              size_t n)
 {
-    uint8_t *base = e->sets[s].base;
+    uint8_t *base = e->sets[s].base, *host_set = NULL;
     float *stage = NULL;
     size_t stage_cap = 0;
     wsync_status_t st = WSYNC_OK;
@@ -488,6 +570,14 @@ wsync_status_t wse_load_into(wsync_engine_t *e, int s, const wsync_engine_tensor
     if (base == NULL)
         return wse_err(WSYNC_ERR_STATE, "TP rank %d: the weights are freed (asleep)", e->p.tp_rank);
     e->sets[s].valid = 0;
+    if (e->cuda != NULL) {
+        /* built on the host, then copied to the GPU in one piece */
+        host_set = calloc(1, e->set_bytes);
+        if (host_set == NULL)
+            return wse_err(WSYNC_ERR_NOMEM, "TP rank %d: no memory to stage %zu bytes of weights",
+                           e->p.tp_rank, e->set_bytes);
+        base = host_set;
+    }
     for (size_t i = 0; i < e->ntargets && st == WSYNC_OK; i++) {
         const wsync_target_t *t = &e->targets[i];
         const wse_slot_t *sl = &e->slots[i];
@@ -542,6 +632,9 @@ wsync_status_t wse_load_into(wsync_engine_t *e, int s, const wsync_engine_tensor
                                              (float *)(base + sl->scales_offset));
     }
     free(stage);
+    if (st == WSYNC_OK && host_set != NULL)
+        st = wse_cuda_upload(e->cuda, e->sets[s].base, host_set, e->set_bytes);
+    free(host_set);
     if (st == WSYNC_OK) {
         e->sets[s].valid = 1;
         e->sets[s].version = 0;
@@ -779,7 +872,32 @@ wsync_status_t wsync_engine_weight(const wsync_engine_t *e, size_t i, wsync_engi
         w->nscales = e->slots[i].nscales;
         w->block = e->blk;
     }
+    w->mem = e->cuda != NULL ? WSYNC_MEM_CUDA : WSYNC_MEM_HOST;
+    w->device = e->cuda != NULL ? wse_cuda_gpu(e->cuda) : 0;
     return WSYNC_OK;
+}
+
+wsync_status_t wsync_engine_weight_read(const wsync_engine_t *e, size_t i, void *data,
+                                        float *scales)
+{
+    wsync_engine_weight_t w;
+    wsync_status_t st;
+
+    if (data == NULL)
+        return wse_err(WSYNC_ERR_INVALID, "wsync_engine_weight_read: NULL data");
+    if ((st = wsync_engine_weight(e, i, &w)) != WSYNC_OK)
+        return st;
+    if (e->cuda == NULL) {
+        memcpy(data, w.data, w.bytes);
+        if (scales != NULL && w.nscales > 0)
+            memcpy(scales, w.scales, w.nscales * sizeof(float));
+        return WSYNC_OK;
+    }
+    if ((st = wse_cuda_download(e->cuda, data, w.data, w.bytes)) != WSYNC_OK)
+        return st;
+    if (scales != NULL && w.nscales > 0)
+        st = wse_cuda_download(e->cuda, scales, w.scales, w.nscales * sizeof(float));
+    return st;
 }
 
 void wsync_engine_free(wsync_engine_t *e)
@@ -790,6 +908,9 @@ void wsync_engine_free(wsync_engine_t *e)
     wsync_receiver_free(e->rv);   /* before the buffers it writes */
     for (int s = 0; s < 2; s++)
         wse_set_free(e, s);
+    wse_tpdev_free(e->tpdev);
+    wse_cuda_free(e->cuda);   /* after the sets, its memory */
+    e->cuda = NULL;
     float *bufs[] = {e->x, e->xb, e->xb2, e->qkv, e->att_out, e->att, e->hb, e->hb2,
                      e->logits_local, e->logits, e->rope_cos, e->rope_sin, e->kcache, e->vcache};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)

@@ -71,6 +71,15 @@ static void *shadow_main(void *arg)
 {
     wsync_engine_t *e = arg;
 
+    /* a CUDA engine's GPU is current on this thread too (the receiver lands into its memory) */
+    if (e->cuda != NULL && wse_cuda_enter(e->cuda) != WSYNC_OK) {
+        pthread_mutex_lock(&e->mu);
+        e->thread_st = WSYNC_ERR_DEVICE;
+        snprintf(e->thread_err, sizeof(e->thread_err), "%s", wsync_engine_last_error());
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        return NULL;
+    }
     pthread_mutex_lock(&e->mu);
     for (;;) {
         int spare;
@@ -372,9 +381,7 @@ wsync_status_t wsync_engine_sleep(wsync_engine_t *e, int level)
     if (e->sleeping >= level)
         return WSYNC_OK;
     wse_shadow_stop(e);
-    free(e->kcache);
-    free(e->vcache);
-    e->kcache = e->vcache = NULL;
+    wse_kv_free(e);
     if (level == 2) {
         for (int s = 0; s < e->nsets; s++)
             wse_set_free(e, s);

@@ -1,6 +1,7 @@
 /* The engine's last error, and element conversions. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/internal.h"
@@ -32,6 +33,20 @@ wsync_status_t wse_err_wsync(wsync_status_t st, const char *what)
     snprintf(detail, sizeof(detail), "%s", wsync_last_error());
     snprintf(last_error, sizeof(last_error), "%s: %s", what, detail[0] ? detail : wsync_status_str(st));
     return st;
+}
+
+void wse_info(const char *fmt, ...)
+{
+    const char *lv = getenv("WSYNC_LOG_LEVEL");
+    va_list ap;
+
+    if (lv == NULL || (strcmp(lv, "info") != 0 && strcmp(lv, "debug") != 0))
+        return;
+    fprintf(stderr, "wsync engine: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
 }
 
 float wse_f16_to_f32(uint16_t h)

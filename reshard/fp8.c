@@ -162,7 +162,7 @@ wsync_status_t wsync_quant_scales_shape(const wsync_quant_t *q, int64_t rows, in
                                         int64_t *scale_rows, int64_t *scale_cols)
 {
     static const char fn[] = "wsync_quant_scales_shape";
-    quant_grid_t g;
+    quant_grid_t g = {0};
     wsync_status_t st;
 
     if (q == NULL || scale_rows == NULL || scale_cols == NULL)
@@ -302,7 +302,7 @@ wsync_status_t wsync_quantize_f32(const char *name, const float *x, uint64_t row
     static const char fn[] = "wsync_quantize_f32";
     uint32_t local[64];
     uint32_t *cell;     /* [nbr, nbc]: amax bits in pass 1, then scale bits */
-    quant_grid_t g;
+    quant_grid_t g = {0};
     wsync_status_t st;
     uint64_t ncells, i;
     uint32_t worst = 0;
@@ -381,7 +381,7 @@ wsync_status_t wsync_dequantize_f32(const uint8_t *qv, uint64_t rows, uint64_t c
                                     uint64_t out_pitch)
 {
     static const char fn[] = "wsync_dequantize_f32";
-    quant_grid_t g;
+    quant_grid_t g = {0};
     wsync_status_t st;
     float lut[256];
 

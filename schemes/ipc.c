@@ -7,11 +7,32 @@
  * only once every receiver that needed its previous bucket released it. Nothing has a name, so
  * nothing outlives the processes. With verification on (WSYNC_VERIFY, at the sender or asked for
  * by a receiver in DATA_HELLO), READY also carries the xxh3 of each of the bucket's chunks, taken
- * from the shard, which the receiver checks against what landed. */
+ * from the shard, which the receiver checks against what landed.
+ *
+ * CUDA memory (issue 4). A receiver says in DATA_HELLO whether segments from this sender land in
+ * its host targets, in its CUDA targets, and which GPUs (UUIDs) its own GPU can read. Each CUDA
+ * shard is then, in this order of preference:
+ *  - read in place, through cuda_ipc (cudaMalloc handle or cuMemCreate fds), when every receiver
+ *    that needs it lands it in CUDA targets on a GPU that can read the sender's (same GPU or
+ *    peer access); the sender never touches it, so READY goes out for all such buckets at once;
+ *  - packed by a batch kernel into device bucket slots (cudaMalloc, shared through cuda_ipc) when
+ *    those receivers can read the sender's GPU but the memory cannot be shared (a memory pool,
+ *    managed memory, cuMemCreate without POSIX fds: logged once per param);
+ *  - else packed by a batch kernel into the memfd host slots, pinned with cudaHostRegister (the
+ *    kernel writes host memory through UVA: device to host), which every receiver can read.
+ * A receiver executes the segments that land in CUDA targets with one batch-kernel launch per
+ * bucket, built once at setup (and again only when wsync_receiver_set_target_data moved a target:
+ * the last two pointer sets are kept, so shadow mode's swaps rebuild nothing after the second
+ * version); host memory it reads (memfd slots and regions) is registered read-only. It launches
+ * bucket after bucket on one stream and sends each RELEASE when that bucket's event completes,
+ * polling events and the inbox against the deadline. Segments into host targets are copied by
+ * the CPU as before, so a sender stages CUDA shards into host slots for receivers that want them.
+ * With verification on, CUDA bytes are copied to the host to be hashed (slow, but exact). */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/fault.h"
@@ -19,21 +40,34 @@
 #include "core/objects.h"
 #include "core/sock.h"
 #include "core/util.h"
+#include "kernels/device.h"
 #include "reshard/exec.h"
 #include "schemes/scheme.h"
+#include "transports/cuda_ipc.h"
 #include "transports/shm.h"
 
 #define IPC_SLOTS 2
+#define DEV_SLOT0 IPC_SLOTS          /* slot numbers from here on name device slots */
 #define PAGE 4096u
 #define NO_SLOT UINT32_MAX
 /* descriptors in one DATA_FDS frame: the bucket memfd and up to this many minus one regions;
- * shards in further regions are staged instead */
+ * shards in further regions are staged instead. CUDA descriptors follow in more frames. */
 #define MAX_FDS WSYNC_MSG_MAX_FDS
+#define FDS_MORE 0xffffffffu         /* a DATA_FDS frame that only brings more descriptors */
+
+/* DATA_HELLO flags */
+#define HELLO_VERIFY 1u              /* send me checksums */
+#define HELLO_HOST 2u                /* segments from you land in my host targets */
+#define HELLO_GPU 4u                 /* ... in my CUDA targets; the UUIDs my GPU reads follow */
+#define MAX_UUIDS 64
 
 typedef struct {
-    int32_t region;                  /* index into the shared regions, -1: staged */
+    int32_t region;                  /* index into the shared host regions, -1: not there */
+    int32_t cregion;                 /* index into the shared CUDA regions, -1: not there */
     uint64_t offset;                 /* byte offset of the shard in its region */
 } ipc_inplace_t;
+
+static int in_place(const ipc_inplace_t *ip) { return ip->region >= 0 || ip->cregion >= 0; }
 
 typedef struct {
     wsync_shm_t shm;
@@ -44,7 +78,8 @@ typedef struct {
     uint64_t region_bytes[MAX_FDS];
     uint32_t nregions;
     uint8_t *staged;                 /* [nbuckets] bucket has chunks to pack */
-    int64_t last_in_slot[IPC_SLOTS]; /* bucket whose bytes a slot holds, -1 if none */
+    uint32_t *slot_of;               /* [nbuckets] NO_SLOT, a host slot, or DEV_SLOT0 + device slot */
+    int64_t last_in_slot[2 * IPC_SLOTS]; /* bucket whose bytes a slot holds, -1 if none */
     uint32_t nbuckets;
     uint32_t first_bucket;           /* index of this sender's bucket 0 in plan->bucket_used */
     uint32_t *chunk_start;           /* [nbuckets + 1] chunk ranges per bucket */
@@ -54,6 +89,21 @@ typedef struct {
     wsync_conn_t **rconn;            /* [nreceivers] data connections */
     uint8_t *needs_any;              /* [nreceivers] */
     int verify;                      /* READY carries the chunks' checksums */
+    /* CUDA shards */
+    uint32_t *rflags;                /* [nreceivers] DATA_HELLO flags */
+    uint8_t *rreach;                 /* [nreceivers] its GPU can read ours */
+    int device;                      /* -1: no CUDA shard */
+    void *stream, *ev;
+    wsync_cuda_exporter_t *cex;      /* shards read in place and the device slots */
+    void *dslots;                    /* device slots, cudaMalloc */
+    uint32_t ndslots, dslot_region;
+    uint64_t dslot_bytes;
+    void *shm_dev;                   /* the host slots as kernels see them (registered), or NULL */
+    int shm_registered;
+    wsync_kcopy_batch_t **pack;      /* [nbuckets] GPU pack of the bucket's staged CUDA chunks */
+    uint8_t *scratch;                /* host copy of device bytes, for checksums */
+    size_t scratch_cap;
+    uint64_t gpu_pack_ns;            /* this push: time waiting for GPU packs */
 } ipc_sender_t;
 
 typedef struct {
@@ -71,6 +121,23 @@ typedef struct {
     uint8_t *done;                   /* [nbuckets] landed in this version */
     uint32_t needed;                 /* buckets with segments of ours */
     uint32_t pid;
+    /* CUDA */
+    uint32_t flags;                  /* what DATA_HELLO said */
+    uint32_t *slot_of;               /* [nbuckets] as the sender assigned them */
+    uint32_t ndslots, dslot_region;
+    uint64_t dslot_bytes;
+    wsync_cuda_import_t *cim;        /* the sender's CUDA regions, opened on our device */
+    void *shm_dev;                   /* host slots as our kernels see them (registered) */
+    int shm_registered;
+    void *region_dev[MAX_FDS];
+    uint8_t region_registered[MAX_FDS];
+    uint8_t *gpu;                    /* [nbuckets] bucket has segments into CUDA targets */
+    wsync_kcopy_batch_t **batch[2];  /* [nbuckets] per cached set of target pointers */
+    void **ev;                       /* [nbuckets] */
+    /* DATA_FDS reassembly during setup */
+    wsync_msg_t *first;
+    int *xfds;
+    uint32_t nxfds, want_fds;
 } ipc_from_t;
 
 typedef struct {
@@ -79,6 +146,20 @@ typedef struct {
     uint64_t bytes_total;            /* bytes landing in our targets per version */
     uint64_t *sums;                  /* the checksums of the READY at hand */
     uint32_t sums_cap;
+    /* CUDA targets */
+    int gpu;                         /* some segment lands in a CUDA target */
+    void *stream;
+    void **cache_land[2];            /* [ntargets] the land pointers each batch set was built from */
+    uint64_t cache_stamp[2];         /* last use, 0: empty */
+    int cur;                         /* the batch set in use */
+    uint64_t seen_gen, stamp;
+    struct ipc_pend {
+        uint32_t s, k;
+        uint64_t bytes;
+    } *pend;                         /* buckets launched on the GPU, not yet released (FIFO) */
+    uint32_t pend_head, npend, pend_cap;
+    uint8_t *scratch;
+    size_t scratch_cap;
 } ipc_receiver_t;
 
 static uint64_t chunk_bytes(const wsync_chunk_t *c)
@@ -94,16 +175,74 @@ static uint32_t bucket_base(const wsync_plan_t *plan, uint32_t sender)
     return b;
 }
 
+/* Bytes from a region's first element to just past its last (the region must not be empty). */
+static uint64_t region_span(const wsync_region_t *g, size_t esz)
+{
+    return ((g->rows - 1) * g->pitch + g->cols) * esz;
+}
+
+/* xxh3 of a region of memory that may be on a device: copied to the host first (into *scratch,
+ * grown as needed), then hashed as wsync_exec_hash does. */
+static wsync_status_t hash_any(const void *base, int on_device, wsync_dtype_t dtype,
+                               const wsync_region_t *g, uint8_t **scratch, size_t *cap,
+                               void *stream, int timeout_ms, uint64_t *out)
+{
+    size_t esz = wsync_dtype_size(dtype);
+    wsync_status_t rc;
+
+    if (!on_device || g->rows == 0 || g->cols == 0) {
+        *out = wsync_exec_hash(base, dtype, g);
+        return WSYNC_OK;
+    }
+    uint64_t span = region_span(g, esz);
+    if (span > *cap) {
+        uint8_t *p = realloc(*scratch, span);
+        if (p == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory to check %llu bytes",
+                             (unsigned long long)span);
+        *scratch = p;
+        *cap = span;
+    }
+    rc = wsync_dev_copy_to_host(*scratch, (const uint8_t *)base + g->off * esz, span, stream,
+                                wsync_deadline_in(timeout_ms));
+    if (rc != WSYNC_OK)
+        return rc;
+    wsync_region_t local = {0, g->pitch, g->rows, g->cols};
+    *out = wsync_exec_hash(*scratch, dtype, &local);
+    return WSYNC_OK;
+}
+
+/* One bit flipped in the middle of [p, p + len), on the host or a device (fault injection). */
+static wsync_status_t flip_any(void *p, int on_device, size_t len, void *stream, int timeout_ms)
+{
+    uint8_t byte;
+    wsync_status_t rc;
+
+    if (!on_device) {
+        wsync_fault_flip(p, len);
+        return WSYNC_OK;
+    }
+    uint8_t *at = (uint8_t *)p + len / 2;
+    rc = wsync_dev_copy_to_host(&byte, at, 1, stream, wsync_deadline_in(timeout_ms));
+    if (rc != WSYNC_OK)
+        return rc;
+    wsync_fault_flip(&byte, 1);
+    rc = wsync_dev_memcpy_async(at, &byte, 1, stream);
+    return rc == WSYNC_OK ? wsync_dev_stream_sync(stream, wsync_deadline_in(timeout_ms),
+                                                  "a fault's bit flip") : rc;
+}
+
 /* ---- scoring ----------------------------------------------------------------------------------- */
 
 static int ipc_score(const wsync_group_info_t *g, char *reason, size_t len)
 {
     const char *host = g->senders[0].host_id;
     int shm = wsync_transport_index("shm");
+    int cuda = wsync_transport_index("cuda_ipc");
+    int want_cuda = (g->mem_kinds & (1u << WSYNC_MEM_CUDA)) != 0;
 
-    if (g->mem_kinds & ~(1u << WSYNC_MEM_HOST)) {
-        snprintf(reason, len, "some shards or targets are in CUDA memory; this version shares host "
-                              "memory only");
+    if (g->mem_kinds & ~((1u << WSYNC_MEM_HOST) | (1u << WSYNC_MEM_CUDA))) {
+        snprintf(reason, len, "some shards or targets are in a memory kind it cannot share");
         return 0;
     }
     for (uint32_t i = 0; i < g->nsenders + g->nreceivers; i++) {
@@ -118,9 +257,21 @@ static int ipc_score(const wsync_group_info_t *g, char *reason, size_t len)
             snprintf(reason, len, "%s %d cannot use shared memory (memfd)", role, h->rank);
             return 0;
         }
+        if (want_cuda && (cuda < 0 || !(h->transports & (1u << cuda)))) {
+            snprintf(reason, len, "some shards or targets are in CUDA memory, and %s %d cannot use "
+                                  "cuda_ipc (no CUDA device, or a build without CUDA)", role,
+                     h->rank);
+            return 0;
+        }
     }
-    snprintf(reason, len, "all %u participants share host %s; host memory through memfd buckets",
-             g->nsenders + g->nreceivers, g->senders[0].hostname);
+    if (want_cuda)
+        snprintf(reason, len, "all %u participants share host %s; CUDA memory through cuda_ipc: "
+                              "read in place where the receiver's GPU can read the sender's (same "
+                              "GPU or peer access), else through double-buffered device or pinned "
+                              "host buckets", g->nsenders + g->nreceivers, g->senders[0].hostname);
+    else
+        snprintf(reason, len, "all %u participants share host %s; host memory through memfd "
+                              "buckets", g->nsenders + g->nreceivers, g->senders[0].hostname);
     return 100;
 }
 
@@ -129,25 +280,309 @@ static int ipc_score(const wsync_group_info_t *g, char *reason, size_t len)
 static void ipc_sender_teardown(wsync_sender_t *s)
 {
     ipc_sender_t *st = s->m.scheme_state;
+    int saved = -1;
 
     if (st == NULL)
         return;
     for (int r = 0; r < s->m.nreceivers; r++)
-        if (st->rconn[r] != NULL) {
+        if (st->rconn != NULL && st->rconn[r] != NULL) {
             atomic_store(&st->rconn[r]->leaving, 1);
             wsync_conn_send(st->rconn[r], WSYNC_MSG_BYE, NULL, 0, NULL, 0, 100);
         }
+    if (st->device >= 0 && wsync_dev_enter(st->device, &saved) == WSYNC_OK) {
+        if (st->stream != NULL &&
+            wsync_dev_stream_sync(st->stream, wsync_deadline_in(s->m.timeout_ms),
+                                  "ipc sender teardown") != WSYNC_OK)
+            WSYNC_LOG_W("ipc: sender %d: %s", s->m.rank, wsync_last_error());
+        for (uint32_t k = 0; st->pack != NULL && k < st->nbuckets; k++)
+            wsync_dev_batch_free(st->pack[k]);
+        wsync_dev_event_destroy(st->ev);
+        wsync_dev_stream_destroy(st->stream);
+        if (st->shm_registered)
+            wsync_dev_host_unregister(st->shm.base);
+        wsync_cuda_exporter_free(st->cex);
+        wsync_dev_free(st->dslots);
+        wsync_dev_leave(st->device, saved);
+    }
     wsync_shm_release(&st->shm);
     free(st->inplace);
     free(st->staged);
+    free(st->slot_of);
     free(st->chunk_start);
     free(st->need);
     free(st->pending);
     free(st->owed);
     free(st->rconn);
     free(st->needs_any);
+    free(st->rflags);
+    free(st->rreach);
+    free(st->pack);
+    free(st->scratch);
     free(st);
     s->m.scheme_state = NULL;
+}
+
+static uint64_t shard_bytes(const wsync_shard_desc_t *d)
+{
+    uint64_t bytes = wsync_dtype_size(d->param.dtype);
+    for (int k = 0; k < d->param.ndim; k++)
+        bytes *= (uint64_t)d->box.len[k];
+    return bytes;
+}
+
+/* CUDA shards: which are read in place (exported), which are staged where. Needs every
+ * receiver's DATA_HELLO. Fills want_inplace and stage_host per shard. */
+static wsync_status_t plan_cuda_shards(wsync_sender_t *s, ipc_sender_t *st, uint8_t *want_inplace,
+                                       uint8_t *stage_host)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    uint32_t me = (uint32_t)s->m.rank;
+    uint8_t *noreach = calloc(s->nshards + 1, 1);
+    wsync_status_t rc = WSYNC_OK;
+
+    if (noreach == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+    for (uint32_t i = 0; i < plan->nsegments; i++) {
+        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+        if (c->sender != me)
+            continue;
+        if (st->rflags[sg->receiver] & HELLO_HOST)
+            stage_host[c->shard] = 1;
+        if (!(st->rflags[sg->receiver] & HELLO_GPU) || !st->rreach[sg->receiver])
+            noreach[c->shard] = 1;
+    }
+    for (size_t i = 0; i < s->nshards && rc == WSYNC_OK; i++) {
+        const wsync_shard_desc_t *d = &s->shards[i];
+        uint64_t bytes = shard_bytes(d);
+        char what[WSYNC_NAME_MAX + 16];
+        if (d->mem != WSYNC_MEM_CUDA || bytes == 0)
+            continue;
+        stage_host[i] |= noreach[i];
+        if (stage_host[i])
+            continue;
+        snprintf(what, sizeof(what), "param '%s'", d->param.name);
+        rc = wsync_cuda_export_add(st->cex, s->shard_data[i], bytes, what);
+        if (rc == WSYNC_OK) {
+            want_inplace[i] = 1;
+        } else if (rc == WSYNC_ERR_UNSUPPORTED) {
+            WSYNC_LOG_I("ipc: sender %u: staged through device buckets instead of read in place: "
+                        "%s", me, wsync_last_error());
+            rc = WSYNC_OK;
+        }
+    }
+    free(noreach);
+    return rc;
+}
+
+/* Decide where every chunk is read from, assign bucket slots, allocate and share them, and (with
+ * CUDA shards) build the pack batches. */
+static wsync_status_t plan_slots(wsync_sender_t *s, ipc_sender_t *st)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    uint32_t me = (uint32_t)s->m.rank, nhost = 0, ndev = 0;
+    uint8_t *want_inplace = calloc(s->nshards + 1, 1), *stage_host = calloc(s->nshards + 1, 1);
+    wsync_status_t rc = WSYNC_OK;
+
+    if (want_inplace == NULL || stage_host == NULL) {
+        rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+        goto out;
+    }
+    if (st->device >= 0) {
+        if ((rc = wsync_dev_stream_create(&st->stream)) != WSYNC_OK ||
+            (rc = wsync_dev_event_create(0, &st->ev)) != WSYNC_OK ||
+            (rc = wsync_cuda_exporter_create(st->device, &st->cex)) != WSYNC_OK ||
+            (rc = plan_cuda_shards(s, st, want_inplace, stage_host)) != WSYNC_OK)
+            goto out;
+    }
+    for (uint32_t k = 0; k < st->nbuckets; k++) {
+        int host = 0, dev = 0;
+        for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
+            uint32_t sh = plan->chunks[c].shard;
+            if (st->inplace[sh].region >= 0 || want_inplace[sh])
+                continue;
+            if (s->shards[sh].mem == WSYNC_MEM_CUDA && !stage_host[sh])
+                dev = 1;
+            else
+                host = 1;
+        }
+        st->staged[k] = (uint8_t)(host || dev);
+        st->slot_of[k] = NO_SLOT;
+        if (host) {
+            st->slot_of[k] = nhost++ % IPC_SLOTS;
+            st->slot_bytes = WSYNC_MAX(st->slot_bytes, plan->bucket_used[st->first_bucket + k]);
+        } else if (dev) {
+            st->slot_of[k] = DEV_SLOT0 + ndev++ % IPC_SLOTS;
+            st->dslot_bytes = WSYNC_MAX(st->dslot_bytes, plan->bucket_used[st->first_bucket + k]);
+        }
+    }
+    st->slot_bytes = (st->slot_bytes + PAGE - 1) / PAGE * PAGE;
+    st->dslot_bytes = (st->dslot_bytes + PAGE - 1) / PAGE * PAGE;
+    st->nslots = WSYNC_MIN(nhost, IPC_SLOTS);
+    st->ndslots = WSYNC_MIN(ndev, IPC_SLOTS);
+    st->dslot_region = NO_SLOT;
+    if (st->nslots > 0) {
+        char label[64];
+        snprintf(label, sizeof(label), "wsync-sender-%u", me);
+        rc = wsync_shm_create(label, (size_t)st->nslots * st->slot_bytes, &st->shm);
+        if (rc != WSYNC_OK)
+            goto out;
+    }
+    if (st->device < 0)
+        goto out;
+
+    /* CUDA shards: host slots the kernels write, device slots, exports, pack batches */
+    if (st->nslots > 0) {
+        rc = wsync_dev_host_register(st->shm.base, st->shm.bytes, 0, &st->shm_registered);
+        if (rc == WSYNC_OK)
+            rc = wsync_dev_host_device_ptr(st->shm.base, &st->shm_dev);
+        if (rc != WSYNC_OK)
+            goto out;
+    }
+    if (st->ndslots > 0) {
+        size_t bytes = (size_t)st->ndslots * st->dslot_bytes;
+        if ((rc = wsync_dev_malloc(bytes, &st->dslots)) != WSYNC_OK ||
+            (rc = wsync_cuda_export_add(st->cex, st->dslots, bytes, "the device bucket slots")) != WSYNC_OK)
+            goto out;
+    }
+    if ((rc = wsync_cuda_export_finish(st->cex)) != WSYNC_OK)
+        goto out;
+    if (st->ndslots > 0) {
+        uint64_t off = 0;
+        if (!wsync_cuda_export_find(st->cex, st->dslots, (size_t)st->ndslots * st->dslot_bytes,
+                                    &st->dslot_region, &off) || off != 0) {
+            rc = wsync_err(WSYNC_ERR_INTERNAL, "ipc: sender %u: the device slots were not exported",
+                           me);
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < s->nshards; i++) {
+        uint32_t g;
+        uint64_t off;
+        if (!want_inplace[i])
+            continue;
+        if (!wsync_cuda_export_find(st->cex, s->shard_data[i], shard_bytes(&s->shards[i]), &g,
+                                    &off)) {
+            rc = wsync_err(WSYNC_ERR_INTERNAL, "ipc: sender %u: param '%s' was not exported", me,
+                           s->shards[i].param.name);
+            goto out;
+        }
+        st->inplace[i].cregion = (int32_t)g;
+        st->inplace[i].offset = off;
+    }
+    st->pack = calloc(st->nbuckets + 1, sizeof(*st->pack));
+    if (st->pack == NULL) {
+        rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+        goto out;
+    }
+    {
+        wsync_kcopy_t *descs = NULL;
+        uint32_t cap = 0;
+        for (uint32_t k = 0; k < st->nbuckets && rc == WSYNC_OK; k++) {
+            uint32_t n = 0, slot = st->slot_of[k];
+            uint8_t *base;
+            if (slot == NO_SLOT)
+                continue;
+            base = slot >= DEV_SLOT0 ? (uint8_t *)st->dslots + (size_t)(slot - DEV_SLOT0) * st->dslot_bytes
+                                     : (uint8_t *)st->shm_dev + (size_t)slot * st->slot_bytes;
+            for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
+                const wsync_chunk_t *ch = &plan->chunks[c];
+                if (s->shards[ch->shard].mem != WSYNC_MEM_CUDA || in_place(&st->inplace[ch->shard]))
+                    continue;
+                if (n == cap) {
+                    cap = cap ? cap * 2 : 64;
+                    wsync_kcopy_t *d = realloc(descs, cap * sizeof(*d));
+                    if (d == NULL) {
+                        rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+                        break;
+                    }
+                    descs = d;
+                }
+                descs[n++] = (wsync_kcopy_t){s->shard_data[ch->shard], base + ch->bucket_off,
+                                             ch->src.off, ch->src.pitch, 0, ch->src.cols,
+                                             ch->src.rows, ch->src.cols, ch->dtype, ch->dtype};
+            }
+            if (rc == WSYNC_OK && n > 0)
+                rc = wsync_dev_batch_create(descs, n, &st->pack[k]);
+        }
+        free(descs);
+    }
+out:
+    free(want_inplace);
+    free(stage_host);
+    return rc;
+}
+
+/* DATA_FDS to one receiver: payload: host slots (u32 nslots, u64 slot_bytes), host regions (u32 n,
+ * u64 bytes each), host in-place shards (u32 n, then u32 shard, u32 region, u64 offset each);
+ * device slots (u32 n, u64 bytes, u32 region); CUDA in-place shards (as the host ones); the
+ * schedule's slots (u32 nbuckets, u32 slot each); u32 1 and the cuda_ipc description, or u32 0.
+ * Descriptors: the host slots' memfd, the regions', then cuda_ipc's, MAX_FDS per frame (frames
+ * after the first carry only FDS_MORE). */
+static wsync_status_t send_fds(wsync_sender_t *s, ipc_sender_t *st, uint32_t rank)
+{
+    wsync_wbuf_t b;
+    int fds[MAX_FDS];
+    const int *cfds = NULL;
+    uint32_t nfds = 0, ncfds = 0, ninplace = 0, ncinplace = 0, sent = 0;
+    int cuda = st->cex != NULL && wsync_cuda_export_count(st->cex) > 0 &&
+               (st->rflags[rank] & HELLO_GPU) && st->rreach[rank];
+    wsync_status_t rc = WSYNC_OK;
+
+    wsync_wbuf_init(&b);
+    wsync_put_u32(&b, st->nslots);
+    wsync_put_u64(&b, st->slot_bytes);
+    wsync_put_u32(&b, st->nregions);
+    for (uint32_t g = 0; g < st->nregions; g++)
+        wsync_put_u64(&b, st->region_bytes[g]);
+    for (size_t i = 0; i < s->nshards; i++) {
+        ninplace += st->inplace[i].region >= 0;
+        ncinplace += st->inplace[i].cregion >= 0;
+    }
+    wsync_put_u32(&b, ninplace);
+    for (size_t i = 0; i < s->nshards; i++) {
+        if (st->inplace[i].region < 0)
+            continue;
+        wsync_put_u32(&b, (uint32_t)i);
+        wsync_put_u32(&b, (uint32_t)st->inplace[i].region);
+        wsync_put_u64(&b, st->inplace[i].offset);
+    }
+    wsync_put_u32(&b, st->ndslots);
+    wsync_put_u64(&b, st->dslot_bytes);
+    wsync_put_u32(&b, st->dslot_region);
+    wsync_put_u32(&b, ncinplace);
+    for (size_t i = 0; i < s->nshards; i++) {
+        if (st->inplace[i].cregion < 0)
+            continue;
+        wsync_put_u32(&b, (uint32_t)i);
+        wsync_put_u32(&b, (uint32_t)st->inplace[i].cregion);
+        wsync_put_u64(&b, st->inplace[i].offset);
+    }
+    wsync_put_u32(&b, st->nbuckets);
+    for (uint32_t k = 0; k < st->nbuckets; k++)
+        wsync_put_u32(&b, st->slot_of[k]);
+    wsync_put_u32(&b, (uint32_t)cuda);
+    if (cuda)
+        wsync_cuda_export_encode(st->cex, &b, &cfds, &ncfds);
+    if (st->nslots > 0)
+        fds[nfds++] = st->shm.fd;
+    for (uint32_t g = 0; g < st->nregions; g++)
+        fds[nfds++] = st->region_fds[g];
+    /* fill the first frame up with CUDA descriptors, then send the rest MAX_FDS at a time */
+    while (nfds < MAX_FDS && sent < ncfds)
+        fds[nfds++] = cfds[sent++];
+    rc = b.err ? wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory")
+               : wsync_conn_send(st->rconn[rank], WSYNC_MSG_DATA_FDS, b.data, (uint32_t)b.len, fds,
+                                 (int)nfds, s->m.timeout_ms);
+    wsync_wbuf_free(&b);
+    while (rc == WSYNC_OK && sent < ncfds) {
+        uint8_t more[4] = {0xff, 0xff, 0xff, 0xff};
+        uint32_t n = WSYNC_MIN(ncfds - sent, (uint32_t)MAX_FDS);
+        rc = wsync_conn_send(st->rconn[rank], WSYNC_MSG_DATA_FDS, more, sizeof(more), cfds + sent,
+                             (int)n, s->m.timeout_ms);
+        sent += n;
+    }
+    return rc;
 }
 
 static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
@@ -158,12 +593,15 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
     int64_t deadline = wsync_deadline_in(s->m.timeout_ms);
     ipc_sender_t *st = calloc(1, sizeof(*st));
     uint32_t expected = 0, connected = 0, c0;
+    uint8_t my_uuid[WSYNC_DEV_UUID_BYTES];
+    int saved = -1;
     wsync_status_t rc;
 
     if (st == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
     s->m.scheme_state = st;
     st->shm.fd = -1;
+    st->device = -1;
     st->nbuckets = plan->nbuckets[me];
     st->first_bucket = bucket_base(plan, me);
     st->chunk_start = calloc(st->nbuckets + 1, sizeof(uint32_t));
@@ -172,9 +610,15 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
     st->owed = calloc((size_t)st->nbuckets * nr + 1, 1);
     st->rconn = calloc(nr, sizeof(*st->rconn));
     st->needs_any = calloc(nr, 1);
+    st->rflags = calloc(nr + 1, sizeof(*st->rflags));
+    st->rreach = calloc(nr + 1, 1);
+    st->slot_of = calloc(st->nbuckets + 1, sizeof(*st->slot_of));
     st->verify = s->m.ctx->verify;
-    if (!st->chunk_start || !st->need || !st->pending || !st->owed || !st->rconn || !st->needs_any)
+    if (!st->chunk_start || !st->need || !st->pending || !st->owed || !st->rconn ||
+        !st->needs_any || !st->rflags || !st->rreach || !st->slot_of)
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for the schedule");
+    for (uint32_t i = 0; i < 2 * IPC_SLOTS; i++)
+        st->last_in_slot[i] = -1;
 
     /* chunks are ordered by (sender, bucket, offset): find our range and its bucket bounds */
     for (c0 = 0; c0 < plan->nchunks && plan->chunks[c0].sender < me; c0++)
@@ -197,19 +641,21 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
             expected++;
         }
     }
-    /* shards in shareable memory are read in place; the rest is staged */
+    /* host shards in shareable memory are read in place; the rest is staged */
     st->inplace = calloc(s->nshards + 1, sizeof(*st->inplace));
     st->staged = calloc(st->nbuckets + 1, 1);
     if (st->inplace == NULL || st->staged == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for the schedule");
     for (size_t i = 0; i < s->nshards; i++) {
         const wsync_shard_desc_t *d = &s->shards[i];
-        uint64_t bytes = wsync_dtype_size(d->param.dtype);
+        uint64_t bytes = shard_bytes(d);
         wsync_alloc_t a;
         st->inplace[i].region = -1;
-        for (int k = 0; k < d->param.ndim; k++)
-            bytes *= (uint64_t)d->box.len[k];
-        if (bytes == 0 || !wsync_ctx_find_alloc(s->m.ctx, s->shard_data[i], bytes, &a))
+        st->inplace[i].cregion = -1;
+        if (d->mem == WSYNC_MEM_CUDA)
+            st->device = s->device;
+        if (d->mem != WSYNC_MEM_HOST || bytes == 0 ||
+            !wsync_ctx_find_alloc(s->m.ctx, s->shard_data[i], bytes, &a))
             continue;
         uint32_t g;
         for (g = 0; g < st->nregions && st->region_fds[g] != a.fd; g++)
@@ -226,30 +672,22 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
         st->inplace[i].region = (int32_t)g;
         st->inplace[i].offset = (uint64_t)((const uint8_t *)s->shard_data[i] - (uint8_t *)a.base);
     }
-    uint32_t nstaged = 0;
-    for (uint32_t k = 0; k < st->nbuckets; k++) {
-        for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++)
-            if (st->inplace[plan->chunks[c].shard].region < 0)
-                st->staged[k] = 1;
-        if (st->staged[k]) {
-            nstaged++;
-            st->slot_bytes = WSYNC_MAX(st->slot_bytes, plan->bucket_used[st->first_bucket + k]);
-        }
-    }
-    st->slot_bytes = (st->slot_bytes + PAGE - 1) / PAGE * PAGE;
-    st->nslots = WSYNC_MIN(nstaged, IPC_SLOTS);
-    if (st->nslots > 0) {
-        char label[64];
-        snprintf(label, sizeof(label), "wsync-sender-%u", me);
-        rc = wsync_shm_create(label, (size_t)st->nslots * st->slot_bytes, &st->shm);
-        if (rc != WSYNC_OK)
+    if (st->device >= 0) {
+        if ((rc = wsync_dev_enter(st->device, &saved)) != WSYNC_OK)
             return rc;
+        rc = wsync_dev_uuid(st->device, my_uuid);
+        if (rc != WSYNC_OK)
+            goto out;
+    } else if ((rc = plan_slots(s, st)) != WSYNC_OK) {
+        /* host shards only: where each is read from does not depend on the receivers */
+        return rc;
     }
-    /* every receiver that needs our buckets connects once and gets the segment's descriptor */
+    /* every receiver that needs our buckets connects once and gets the descriptors */
     while (connected < expected) {
         wsync_msg_t *msg;
         wsync_rbuf_t r;
-        uint32_t rank, pid;
+        uint32_t rank, pid, flags = 0;
+        int reach = 0;
 
         rc = wsync_inbox_pop(&s->m.inbox, hello_t, 1, deadline, &msg);
         if (rc == WSYNC_ERR_TIMEOUT) {
@@ -258,66 +696,73 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
             for (uint32_t i = 0; i < nr; i++)
                 if (st->needs_any[i] && st->rconn[i] == NULL && n + 12 < sizeof(missing))
                     n += (size_t)snprintf(missing + n, sizeof(missing) - n, "%s%u", n ? ", " : "", i);
-            return wsync_err(rc, "ipc: sender %u: receivers %s did not connect for data within %d "
-                             "ms", me, missing, s->m.timeout_ms);
+            rc = wsync_err(rc, "ipc: sender %u: receivers %s did not connect for data within %d "
+                           "ms", me, missing, s->m.timeout_ms);
+            goto out;
         }
         if (rc != WSYNC_OK)
-            return rc;
+            goto out;
         wsync_rbuf_init(&r, msg->payload, msg->len);
         rank = wsync_get_u32(&r);
         pid = wsync_get_u32(&r);
-        if (wsync_rbuf_left(&r) >= 4 && (wsync_get_u32(&r) & 1u))
+        if (wsync_rbuf_left(&r) >= 4)
+            flags = wsync_get_u32(&r);
+        if (flags & HELLO_VERIFY)
             st->verify = 1;   /* this receiver verifies: ship checksums to all */
+        if (flags & HELLO_GPU) {
+            /* the GPUs its GPU can read: is ours among them? */
+            uint32_t nu = wsync_get_count(&r, WSYNC_DEV_UUID_BYTES);
+            for (uint32_t i = 0; i < nu && !r.err && i < MAX_UUIDS; i++) {
+                const void *u = wsync_get_bytes(&r, WSYNC_DEV_UUID_BYTES);
+                if (u != NULL && st->device >= 0 && memcmp(u, my_uuid, WSYNC_DEV_UUID_BYTES) == 0)
+                    reach = 1;
+            }
+        }
         if (r.err || rank >= nr || !st->needs_any[rank] || st->rconn[rank] != NULL) {
             wsync_loop_close(s->m.loop, msg->conn, WSYNC_ERR_PROTOCOL, "unexpected DATA_HELLO");
             wsync_msg_free(msg);
-            return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: sender %u: unexpected data connection "
-                             "from receiver %u", me, rank);
+            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: sender %u: unexpected data connection from "
+                           "receiver %u", me, rank);
+            goto out;
         }
         st->rconn[rank] = msg->conn;
+        st->rflags[rank] = flags;
+        st->rreach[rank] = (uint8_t)reach;
         pthread_mutex_lock(&msg->conn->send_lock);
         snprintf(msg->conn->name, sizeof(msg->conn->name), "receiver %u (pid %u)", rank, pid);
         pthread_mutex_unlock(&msg->conn->send_lock);
         wsync_msg_free(msg);
-        {
-            /* payload: nslots, slot_bytes, the regions' sizes, then where each in-place shard
-             * lies; descriptors: the bucket memfd (if any slots), then the regions */
-            wsync_wbuf_t b;
-            int fds[MAX_FDS], nfds = 0;
-            uint32_t ninplace = 0;
-            wsync_wbuf_init(&b);
-            wsync_put_u32(&b, st->nslots);
-            wsync_put_u64(&b, st->slot_bytes);
-            wsync_put_u32(&b, st->nregions);
-            for (uint32_t g = 0; g < st->nregions; g++)
-                wsync_put_u64(&b, st->region_bytes[g]);
-            for (size_t i = 0; i < s->nshards; i++)
-                ninplace += st->inplace[i].region >= 0;
-            wsync_put_u32(&b, ninplace);
-            for (size_t i = 0; i < s->nshards; i++) {
-                if (st->inplace[i].region < 0)
-                    continue;
-                wsync_put_u32(&b, (uint32_t)i);
-                wsync_put_u32(&b, (uint32_t)st->inplace[i].region);
-                wsync_put_u64(&b, st->inplace[i].offset);
-            }
-            if (st->nslots > 0)
-                fds[nfds++] = st->shm.fd;
-            for (uint32_t g = 0; g < st->nregions; g++)
-                fds[nfds++] = st->region_fds[g];
-            rc = b.err ? wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory")
-                       : wsync_conn_send(st->rconn[rank], WSYNC_MSG_DATA_FDS, b.data,
-                                         (uint32_t)b.len, fds, nfds, s->m.timeout_ms);
-            wsync_wbuf_free(&b);
-        }
-        if (rc != WSYNC_OK)
-            return rc;
+        if (st->device < 0 && (rc = send_fds(s, st, rank)) != WSYNC_OK)
+            goto out;
         connected++;
     }
-    WSYNC_LOG_I("ipc: sender %u: %u buckets (%u staged) in %u slots of %llu bytes, %u shared "
-                "regions, %u receivers", me, st->nbuckets, nstaged, st->nslots,
-                (unsigned long long)st->slot_bytes, st->nregions, expected);
-    return WSYNC_OK;
+    if (st->device >= 0) {
+        /* CUDA shards: where each is read from depends on what every receiver can read */
+        if ((rc = plan_slots(s, st)) != WSYNC_OK)
+            goto out;
+        for (uint32_t r = 0; r < nr; r++)
+            if (st->rconn[r] != NULL && (rc = send_fds(s, st, r)) != WSYNC_OK)
+                goto out;
+        wsync_cuda_export_close_fds(st->cex);   /* every receiver holds its own now */
+    }
+    {
+        uint32_t nstaged = 0, ncuda = 0;
+        for (uint32_t k = 0; k < st->nbuckets; k++)
+            nstaged += st->staged[k];
+        for (size_t i = 0; i < s->nshards; i++)
+            ncuda += st->inplace[i].cregion >= 0;
+        WSYNC_LOG_I("ipc: sender %u: %u buckets (%u staged) in %u host slots of %llu bytes and %u "
+                    "device slots of %llu bytes, %u shared host regions, %u CUDA shards read in "
+                    "place (%u CUDA regions), %u receivers", me, st->nbuckets, nstaged, st->nslots,
+                    (unsigned long long)st->slot_bytes, st->ndslots,
+                    (unsigned long long)st->dslot_bytes, st->nregions, ncuda,
+                    wsync_cuda_export_count(st->cex), expected);
+    }
+    rc = WSYNC_OK;
+out:
+    if (st->device >= 0)
+        wsync_dev_leave(st->device, saved);
+    return rc;
 }
 
 static int rank_of_conn(const ipc_sender_t *st, uint32_t nr, const wsync_conn_t *c)
@@ -372,36 +817,57 @@ static wsync_status_t await_release(wsync_sender_t *s, ipc_sender_t *st, uint64_
     return WSYNC_OK;
 }
 
-static wsync_status_t ipc_sender_push(wsync_sender_t *s, uint64_t version)
+/* Where slot `slot`'s bytes start, as the CPU (host slots) or kernels (device slots) see them. */
+static uint8_t *slot_base(const ipc_sender_t *st, uint32_t slot)
 {
-    ipc_sender_t *st = s->m.scheme_state;
+    if (slot >= DEV_SLOT0)
+        return (uint8_t *)st->dslots + (size_t)(slot - DEV_SLOT0) * st->dslot_bytes;
+    return (uint8_t *)st->shm.base + (size_t)slot * st->slot_bytes;
+}
+
+static wsync_status_t push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t version)
+{
     const wsync_plan_t *plan = s->m.plan;
     uint32_t nr = plan->nreceivers;
     wsync_status_t rc;
 
-    uint32_t next_slot = 0;
-
-    for (uint32_t i = 0; i < IPC_SLOTS; i++)
+    for (uint32_t i = 0; i < 2 * IPC_SLOTS; i++)
         st->last_in_slot[i] = -1;
+    st->gpu_pack_ns = 0;
     for (uint32_t k = 0; k < st->nbuckets; k++) {
-        uint32_t slot = NO_SLOT;
+        uint32_t slot = st->slot_of[k];
         wsync_wbuf_t b;
 
-        if (st->staged[k]) {
+        if (slot != NO_SLOT) {
             /* refill a slot only once its previous bucket was released by all who needed it */
-            slot = next_slot;
-            next_slot = (next_slot + 1) % st->nslots;
             if (st->last_in_slot[slot] >= 0 &&
                 (rc = await_release(s, st, version, (uint32_t)st->last_in_slot[slot])) != WSYNC_OK)
                 return rc;
             st->last_in_slot[slot] = k;
-            uint8_t *base = (uint8_t *)st->shm.base + (size_t)slot * st->slot_bytes;
+            uint8_t *base = slot_base(st, slot);
+            if (st->pack != NULL && st->pack[k] != NULL) {
+                /* CUDA chunks first, so that the CPU packs below overlap them */
+                if ((rc = wsync_dev_batch_launch(st->pack[k], st->stream)) != WSYNC_OK ||
+                    (rc = wsync_dev_event_record(st->ev, st->stream)) != WSYNC_OK)
+                    return rc;
+            }
             for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
                 const wsync_chunk_t *ch = &plan->chunks[c];
-                if (st->inplace[ch->shard].region >= 0)
+                if (in_place(&st->inplace[ch->shard]))
                     continue;
-                wsync_exec_pack(ch, s->shard_data[ch->shard], base);
+                if (s->shards[ch->shard].mem == WSYNC_MEM_HOST)
+                    wsync_exec_pack(ch, s->shard_data[ch->shard], base);
                 s->stats.bytes_packed += chunk_bytes(ch);
+            }
+            if (st->pack != NULL && st->pack[k] != NULL) {
+                char what[96];
+                uint64_t t0 = wsync_now_ns();
+                snprintf(what, sizeof(what), "ipc sender %d: packing bucket %u of version %llu",
+                         s->m.rank, k, (unsigned long long)version);
+                rc = wsync_dev_event_wait(st->ev, wsync_deadline_in(s->m.timeout_ms), what);
+                if (rc != WSYNC_OK)
+                    return rc;
+                st->gpu_pack_ns += wsync_now_ns() - t0;
             }
             s->stats.buckets++;
         }
@@ -412,9 +878,18 @@ static wsync_status_t ipc_sender_push(wsync_sender_t *s, uint64_t version)
         if (st->verify) {
             /* from the shard itself: whatever happens to the bytes after this, the receiver sees */
             wsync_put_u32(&b, st->chunk_start[k + 1] - st->chunk_start[k]);
-            for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++)
-                wsync_put_u64(&b, wsync_exec_hash(s->shard_data[plan->chunks[c].shard],
-                                                  plan->chunks[c].dtype, &plan->chunks[c].src));
+            for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
+                const wsync_chunk_t *ch = &plan->chunks[c];
+                uint64_t h = 0;
+                rc = hash_any(s->shard_data[ch->shard], s->shards[ch->shard].mem == WSYNC_MEM_CUDA,
+                              ch->dtype, &ch->src, &st->scratch, &st->scratch_cap, st->stream,
+                              s->m.timeout_ms, &h);
+                if (rc != WSYNC_OK) {
+                    wsync_wbuf_free(&b);
+                    return rc;
+                }
+                wsync_put_u64(&b, h);
+            }
         }
         switch (WSYNC_FAULT(WSYNC_FAULT_PUSH_BUCKET)) {
         case WSYNC_FAULT_FAIL: {
@@ -426,10 +901,14 @@ static wsync_status_t ipc_sender_push(wsync_sender_t *s, uint64_t version)
         }
         case WSYNC_FAULT_CORRUPT:   /* in the staging slot: what the receivers copy from */
             for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1] && slot != NO_SLOT; c++) {
-                if (st->inplace[plan->chunks[c].shard].region >= 0)
+                if (in_place(&st->inplace[plan->chunks[c].shard]))
                     continue;
-                wsync_fault_flip((uint8_t *)st->shm.base + (size_t)slot * st->slot_bytes +
-                                     plan->chunks[c].bucket_off, chunk_bytes(&plan->chunks[c]));
+                rc = flip_any(slot_base(st, slot) + plan->chunks[c].bucket_off, slot >= DEV_SLOT0,
+                              chunk_bytes(&plan->chunks[c]), st->stream, s->m.timeout_ms);
+                if (rc != WSYNC_OK) {
+                    wsync_wbuf_free(&b);
+                    return rc;
+                }
                 break;
             }
             if (slot == NO_SLOT)
@@ -462,7 +941,25 @@ static wsync_status_t ipc_sender_push(wsync_sender_t *s, uint64_t version)
             return rc;
     for (uint32_t r = 0; r < nr; r++)
         s->stats.bytes_delivered += plan->pair_bytes[(size_t)s->m.rank * nr + r];
+    if (st->device >= 0)
+        WSYNC_LOG_D("ipc: sender %d: version %llu: %.3f ms waiting for GPU packs", s->m.rank,
+                    (unsigned long long)version, (double)st->gpu_pack_ns / 1e6);
     return WSYNC_OK;
+}
+
+static wsync_status_t ipc_sender_push(wsync_sender_t *s, uint64_t version)
+{
+    ipc_sender_t *st = s->m.scheme_state;
+    int saved = -1;
+    wsync_status_t rc;
+
+    if (st->device < 0)
+        return push_body(s, st, version);
+    if ((rc = wsync_dev_enter(st->device, &saved)) != WSYNC_OK)
+        return rc;
+    rc = push_body(s, st, version);
+    wsync_dev_leave(st->device, saved);
+    return rc;
 }
 
 /* ---- receiver ---------------------------------------------------------------------------------- */
@@ -470,6 +967,7 @@ static wsync_status_t ipc_sender_push(wsync_sender_t *s, uint64_t version)
 static void ipc_receiver_teardown(wsync_receiver_t *r)
 {
     ipc_receiver_t *st = r->m.scheme_state;
+    int saved = -1, entered = 0;
 
     if (st == NULL)
         return;
@@ -479,71 +977,277 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
             atomic_store(&f->conn->leaving, 1);
             wsync_conn_send(f->conn, WSYNC_MSG_BYE, NULL, 0, NULL, 0, 100);
         }
+    }
+    if (st->gpu && r->device >= 0 && wsync_dev_enter(r->device, &saved) == WSYNC_OK) {
+        entered = 1;
+        if (st->stream != NULL &&
+            wsync_dev_stream_sync(st->stream, wsync_deadline_in(r->m.timeout_ms),
+                                  "ipc receiver teardown") != WSYNC_OK)
+            WSYNC_LOG_W("ipc: receiver %d: %s", r->m.rank, wsync_last_error());
+    }
+    for (uint32_t s = 0; s < st->nsenders; s++) {
+        ipc_from_t *f = &st->from[s];
+        if (entered) {
+            for (int c = 0; c < 2; c++)
+                for (uint32_t k = 0; f->batch[c] != NULL && k < f->nbuckets; k++)
+                    wsync_dev_batch_free(f->batch[c][k]);
+            for (uint32_t k = 0; f->ev != NULL && k < f->nbuckets; k++)
+                wsync_dev_event_destroy(f->ev[k]);
+            if (f->shm_registered)
+                wsync_dev_host_unregister(f->shm.base);
+            for (uint32_t g = 0; g < f->nregions; g++)
+                if (f->region_registered[g])
+                    wsync_dev_host_unregister(f->regions[g].base);
+            wsync_cuda_import_free(f->cim);
+        }
         wsync_shm_release(&f->shm);
         for (uint32_t g = 0; g < f->nregions; g++)
             wsync_shm_release(&f->regions[g]);
+        wsync_msg_free(f->first);
+        for (uint32_t i = 0; f->xfds != NULL && i < f->nxfds; i++)
+            if (f->xfds[i] >= 0)
+                close(f->xfds[i]);
+        free(f->xfds);
         free(f->inplace);
         free(f->seg_start);
         free(f->chunk_start);
         free(f->done);
+        free(f->slot_of);
+        free(f->gpu);
+        free(f->batch[0]);
+        free(f->batch[1]);
+        free(f->ev);
     }
+    if (entered) {
+        wsync_dev_stream_destroy(st->stream);
+        wsync_dev_leave(r->device, saved);
+    }
+    free(st->cache_land[0]);
+    free(st->cache_land[1]);
+    free(st->pend);
+    free(st->scratch);
     free(st->from);
     free(st->sums);
     free(st);
     r->m.scheme_state = NULL;
 }
 
-/* Map what a sender shared (bucket slots, in-place regions) and check that every read our plan
- * makes from it stays inside. Takes the message's descriptors. */
-static wsync_status_t take_data_fds(wsync_receiver_t *r, ipc_from_t *f, wsync_msg_t *msg)
+/* Descriptors a DATA_FDS payload comes with (all frames together); UINT32_MAX if malformed, with
+ * *why saying which part. */
+static uint32_t fds_wanted(const uint8_t *payload, uint32_t len, const char **why)
+{
+    wsync_rbuf_t rb;
+    uint32_t nslots, nregions, n, host, cuda = 0;
+
+    wsync_rbuf_init(&rb, payload, len);
+    nslots = wsync_get_u32(&rb);
+    (void)wsync_get_u64(&rb);
+    nregions = wsync_get_u32(&rb);
+    if (rb.err) {
+        *why = "truncated header";
+        return UINT32_MAX;
+    }
+    if (nregions >= MAX_FDS) {
+        *why = "too many host regions";
+        return UINT32_MAX;
+    }
+    host = (nslots > 0) + nregions;
+    for (uint32_t g = 0; g < nregions; g++)
+        (void)wsync_get_u64(&rb);
+    n = wsync_get_count(&rb, 16);
+    for (uint32_t i = 0; i < n && !rb.err; i++)
+        (void)wsync_get_bytes(&rb, 16);
+    (void)wsync_get_u32(&rb);
+    (void)wsync_get_u64(&rb);
+    (void)wsync_get_u32(&rb);
+    if (rb.err) {
+        *why = "truncated host regions or host in-place shards";
+        return UINT32_MAX;
+    }
+    n = wsync_get_count(&rb, 16);
+    for (uint32_t i = 0; i < n && !rb.err; i++)
+        (void)wsync_get_bytes(&rb, 16);
+    n = wsync_get_count(&rb, 4);
+    for (uint32_t i = 0; i < n && !rb.err; i++)
+        (void)wsync_get_u32(&rb);
+    if (rb.err) {
+        *why = "truncated CUDA in-place shards or bucket slots";
+        return UINT32_MAX;
+    }
+    uint32_t has_cuda = wsync_get_u32(&rb);
+    if (rb.err || has_cuda > 1) {
+        *why = "bad CUDA flag";
+        return UINT32_MAX;
+    }
+    if (has_cuda) {
+        /* 0 descriptors is fine: cudaMalloc memory travels as IPC handles in the payload */
+        cuda = wsync_cuda_import_nfds(&rb);
+        if (cuda == UINT32_MAX) {
+            *why = "malformed CUDA memory description";
+            return UINT32_MAX;
+        }
+    }
+    if (host + cuda > (1u << 20)) {
+        *why = "too many descriptors";
+        return UINT32_MAX;
+    }
+    return host + cuda;
+}
+
+/* Map what a sender shared (bucket slots, in-place regions, CUDA memory) and check that every
+ * read our plan makes from it stays inside. Takes fds[0..nfds) (closed or kept, never leaked). */
+static wsync_status_t take_data_fds(wsync_receiver_t *r, ipc_from_t *f, const uint8_t *payload,
+                                    uint32_t len, int *fds, uint32_t nfds)
 {
     const wsync_plan_t *plan = r->m.plan;
     uint64_t region_bytes[MAX_FDS];
     wsync_rbuf_t rb;
     wsync_status_t rc = WSYNC_OK;
     int me = r->m.rank;
+    uint32_t k = 0;
 
-    if (f == NULL || f->nslots != 0 || f->nregions != 0 || f->inplace != NULL)
-        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: unexpected DATA_FDS", me);
-    wsync_rbuf_init(&rb, msg->payload, msg->len);
+    if (f->nslots != 0 || f->nregions != 0 || f->inplace != NULL) {
+        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: unexpected DATA_FDS", me);
+        goto out;
+    }
+    wsync_rbuf_init(&rb, payload, len);
     uint32_t nslots = wsync_get_u32(&rb);
     uint64_t slot_bytes = wsync_get_u64(&rb);
     uint32_t nregions = wsync_get_u32(&rb);
-    if (rb.err || nslots > IPC_SLOTS || nregions >= MAX_FDS ||
-        (uint32_t)msg->nfds != (nslots > 0) + nregions || (nslots > 0 && slot_bytes == 0) ||
-        slot_bytes > (1ull << 40))
-        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS from %s", me,
-                         msg->conn->name);
+    if (rb.err || nslots > IPC_SLOTS || nregions >= MAX_FDS || (nslots > 0 && slot_bytes == 0) ||
+        slot_bytes > (1ull << 40)) {
+        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS from %s: %s "
+                       "(%u host slots of %llu bytes, %u host regions)", me, f->conn->name,
+                       rb.err ? "truncated header" : nslots > IPC_SLOTS ? "too many host slots"
+                       : nregions >= MAX_FDS ? "too many host regions" : "bad host slot size",
+                       nslots, (unsigned long long)slot_bytes, nregions);
+        goto out;
+    }
     for (uint32_t g = 0; g < nregions; g++)
         region_bytes[g] = wsync_get_u64(&rb);
     uint32_t ninplace = wsync_get_count(&rb, 16);
+    const char *why = rb.err ? "truncated host regions or host in-place shard count" : NULL;
     uint32_t maxshard = 0;
     for (uint32_t i = f->seg_start[0]; i < f->seg_start[f->nbuckets]; i++)
         maxshard = WSYNC_MAX(maxshard, plan->chunks[plan->segments[i].chunk].shard + 1);
     f->ninplace_slots = maxshard;
     f->inplace = calloc(maxshard + 1, sizeof(*f->inplace));
-    if (f->inplace == NULL)
-        return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
-    for (uint32_t i = 0; i < maxshard; i++)
+    f->slot_of = calloc(f->nbuckets + 1, sizeof(*f->slot_of));
+    if (f->inplace == NULL || f->slot_of == NULL) {
+        rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+        goto out;
+    }
+    for (uint32_t i = 0; i < maxshard; i++) {
         f->inplace[i].region = -1;
+        f->inplace[i].cregion = -1;
+    }
     for (uint32_t i = 0; i < ninplace; i++) {
         uint32_t shard = wsync_get_u32(&rb), g = wsync_get_u32(&rb);
         uint64_t off = wsync_get_u64(&rb);
-        if (rb.err || g >= nregions)
-            return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table", me);
+        if (rb.err || g >= nregions) {
+            why = rb.err ? "truncated host in-place shards" : "host in-place shard in no region";
+            rb.err = 1;
+            break;
+        }
         if (shard < maxshard) {
             f->inplace[shard].region = (int32_t)g;
             f->inplace[shard].offset = off;
         }
     }
-    if (rb.err || wsync_rbuf_left(&rb) != 0)
-        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table", me);
+    f->ndslots = wsync_get_u32(&rb);
+    f->dslot_bytes = wsync_get_u64(&rb);
+    f->dslot_region = wsync_get_u32(&rb);
+    if (rb.err && why == NULL)
+        why = "truncated device slots";
+    uint32_t ncinplace = wsync_get_count(&rb, 16);
+    if (rb.err && why == NULL)
+        why = "truncated CUDA in-place shard count";
+    for (uint32_t i = 0; i < ncinplace && !rb.err; i++) {
+        uint32_t shard = wsync_get_u32(&rb), g = wsync_get_u32(&rb);
+        uint64_t off = wsync_get_u64(&rb);
+        if (rb.err) {
+            why = "truncated CUDA in-place shards";
+        } else if (g >= (1u << 24)) {
+            why = "CUDA in-place shard in an impossible region";
+            rb.err = 1;
+        } else if (shard < maxshard && f->inplace[shard].region < 0) {
+            f->inplace[shard].cregion = (int32_t)g;
+            f->inplace[shard].offset = off;
+        }
+    }
+    uint32_t nb = wsync_get_u32(&rb);
+    if (rb.err || nb != f->nbuckets || f->ndslots > IPC_SLOTS || f->dslot_bytes > (1ull << 40) ||
+        (f->ndslots > 0 && f->dslot_bytes == 0)) {
+        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table from %s: %s "
+                       "(%u in-place, %u CUDA in-place shards; %u buckets, plan has %u; %u device "
+                       "slots of %llu bytes)", me, f->conn->name,
+                       why != NULL ? why : rb.err ? "truncated bucket count"
+                       : nb != f->nbuckets ? "bucket count differs from the plan's"
+                       : f->ndslots > IPC_SLOTS ? "too many device slots" : "bad device slot size",
+                       ninplace, ncinplace, nb, f->nbuckets, f->ndslots,
+                       (unsigned long long)f->dslot_bytes);
+        goto out;
+    }
+    for (uint32_t b = 0; b < nb && !rb.err; b++) {
+        uint32_t slot = wsync_get_u32(&rb);
+        if (rb.err) {
+            why = "truncated bucket slots";
+        } else if (slot != NO_SLOT && slot >= nslots &&
+                   (slot < DEV_SLOT0 || slot - DEV_SLOT0 >= f->ndslots)) {
+            why = "a bucket names a slot that was not shared";
+            rb.err = 1;
+        }
+        f->slot_of[b] = slot;
+    }
+    uint32_t has_cuda = wsync_get_u32(&rb);
+    uint32_t host_fds = (nslots > 0) + nregions;
+    if (rb.err || has_cuda > 1 || nfds < host_fds) {
+        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table from %s: %s "
+                       "(%u descriptors, %u for host memory)", me, f->conn->name,
+                       why != NULL ? why : rb.err ? "truncated CUDA flag"
+                       : has_cuda > 1 ? "bad CUDA flag" : "fewer descriptors than host memory needs",
+                       nfds, host_fds);
+        goto out;
+    }
+    if (has_cuda) {
+        if (!(f->flags & HELLO_GPU)) {
+            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: %s shares CUDA memory, but no "
+                           "segment from it lands in a CUDA target here", me, f->conn->name);
+            goto out;
+        }
+        rc = wsync_cuda_import_open(&rb, fds + host_fds, nfds - host_fds, r->device,
+                                    f->conn->name, &f->cim);
+        if (rc != WSYNC_OK)
+            goto out;
+    } else if (nfds != host_fds) {
+        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table from %s: "
+                       "%u descriptors for host memory that needs %u, and no CUDA memory", me,
+                       f->conn->name, nfds, host_fds);
+        goto out;
+    }
+    if (rb.err || wsync_rbuf_left(&rb) != 0) {
+        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table from %s: %s",
+                       me, f->conn->name, rb.err ? "truncated CUDA memory description"
+                       : "trailing bytes");
+        goto out;
+    }
+    uint64_t dslots_have = 0;
+    void *dslots = f->ndslots > 0 ? wsync_cuda_import_base(f->cim, f->dslot_region, &dslots_have)
+                                  : NULL;
+    if (f->ndslots > 0 && (dslots == NULL || dslots_have < f->ndslots * f->dslot_bytes)) {
+        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: %s's device slots are not among the "
+                       "memory it shared", me, f->conn->name);
+        goto out;
+    }
     /* every read must stay inside the slot or region it comes from */
     for (uint32_t i = f->seg_start[0]; i < f->seg_start[f->nbuckets]; i++) {
-        const wsync_chunk_t *c = &plan->chunks[plan->segments[i].chunk];
+        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         const ipc_inplace_t *ip = &f->inplace[c->shard];
-        uint64_t esz = wsync_dtype_size(c->dtype);
-        if (ip->region >= 0) {
+        uint64_t esz = wsync_dtype_size(c->dtype), limit = 0;
+        uint32_t slot = f->slot_of[c->bucket];
+        int dev_src = 0;
+        if (in_place(ip)) {
             /* end = offset + (off + (rows - 1) * pitch + cols) * esz, refusing any wrap: the
              * plan only promises the element count fits, not the byte count */
             uint64_t end = 0;
@@ -553,30 +1257,174 @@ static wsync_status_t take_data_fds(wsync_receiver_t *r, ipc_from_t *f, wsync_ms
                        wsync_add_u64(end, c->src.cols, &end) != 0 ||
                        wsync_mul_u64(end, esz, &end) != 0 ||
                        wsync_add_u64(end, ip->offset, &end) != 0;
-            if (wrap || end > region_bytes[ip->region])
-                return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u's shard %u "
-                                 "lies outside the memory it shared", me, c->sender, c->shard);
-        } else if (nslots == 0 || c->bucket_off + chunk_bytes(c) > slot_bytes) {
-            return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u's slots (%llu bytes) "
-                             "cannot hold its plan", me, c->sender, (unsigned long long)slot_bytes);
+            if (ip->region >= 0) {
+                limit = region_bytes[ip->region];
+            } else if (wsync_cuda_import_base(f->cim, (uint32_t)ip->cregion, &limit) == NULL) {
+                wrap = 1;
+            }
+            dev_src = ip->cregion >= 0;
+            if (wrap || end > limit) {
+                rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u's shard %u lies "
+                               "outside the memory it shared", me, c->sender, c->shard);
+                goto out;
+            }
+        } else if (slot == NO_SLOT || (slot < DEV_SLOT0 && c->bucket_off + chunk_bytes(c) > slot_bytes) ||
+                   (slot >= DEV_SLOT0 && c->bucket_off + chunk_bytes(c) > f->dslot_bytes)) {
+            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u's slots (%llu bytes) "
+                           "cannot hold its plan", me, c->sender,
+                           (unsigned long long)(slot >= DEV_SLOT0 && slot != NO_SLOT ? f->dslot_bytes
+                                                                                      : slot_bytes));
+            goto out;
+        } else {
+            dev_src = slot >= DEV_SLOT0;
+        }
+        if (dev_src && r->targets[sg->target].mem != WSYNC_MEM_CUDA) {
+            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u offers param '%s' in "
+                           "device memory for host target '%s'", me, c->sender,
+                           r->targets[sg->target].pieces[sg->piece].param.name,
+                           r->targets[sg->target].name);
+            goto out;
         }
     }
-    int k = 0;
     if (nslots > 0) {
-        rc = wsync_shm_map_fd(msg->fds[k], (size_t)nslots * slot_bytes, &f->shm);
-        msg->fds[k++] = -1;   /* taken, even on failure */
+        rc = wsync_shm_map_fd(fds[k], (size_t)nslots * slot_bytes, &f->shm);
+        fds[k++] = -1;   /* taken, even on failure */
         if (rc != WSYNC_OK)
-            return rc;
+            goto out;
     }
     f->nslots = nslots;
     f->slot_bytes = slot_bytes;
     for (uint32_t g = 0; g < nregions; g++) {
-        rc = wsync_shm_map_fd(msg->fds[k], region_bytes[g], &f->regions[g]);
-        msg->fds[k++] = -1;
+        rc = wsync_shm_map_fd(fds[k], region_bytes[g], &f->regions[g]);
+        fds[k++] = -1;
         if (rc != WSYNC_OK)
-            return rc;
+            goto out;
         f->nregions++;
     }
+    if (f->flags & HELLO_GPU) {
+        /* our kernels read the host memory too: pin it (read-only: it is mapped PROT_READ) */
+        if (f->nslots > 0 &&
+            ((rc = wsync_dev_host_register(f->shm.base, f->shm.bytes, 1, &f->shm_registered)) != WSYNC_OK ||
+             (rc = wsync_dev_host_device_ptr(f->shm.base, &f->shm_dev)) != WSYNC_OK))
+            goto out;
+        for (uint32_t g = 0; g < f->nregions; g++) {
+            int reg = 0;
+            if ((rc = wsync_dev_host_register(f->regions[g].base, f->regions[g].bytes, 1, &reg)) != WSYNC_OK)
+                goto out;
+            f->region_registered[g] = (uint8_t)reg;
+            if ((rc = wsync_dev_host_device_ptr(f->regions[g].base, &f->region_dev[g])) != WSYNC_OK)
+                goto out;
+        }
+    }
+out:
+    for (uint32_t i = 0; i < nfds; i++)
+        if (fds[i] >= 0) {
+            close(fds[i]);
+            fds[i] = -1;
+        }
+    return rc;
+}
+
+/* Build batch set c: for every bucket with segments into CUDA targets, one kernel launch's worth
+ * of copies from where the sender's bytes lie to where ours land now. */
+static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int c)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    wsync_kcopy_t *descs = NULL;
+    uint32_t cap = 0, nbatches = 0;
+    uint64_t t0 = wsync_now_ns();
+    wsync_status_t rc = WSYNC_OK;
+
+    for (uint32_t s = 0; s < st->nsenders && rc == WSYNC_OK; s++) {
+        ipc_from_t *f = &st->from[s];
+        if (!(f->flags & HELLO_GPU))
+            continue;
+        if (f->batch[c] == NULL && (f->batch[c] = calloc(f->nbuckets + 1, sizeof(void *))) == NULL) {
+            rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+            break;
+        }
+        for (uint32_t k = 0; k < f->nbuckets && rc == WSYNC_OK; k++) {
+            uint32_t n = 0, slot = f->slot_of[k];
+            wsync_dev_batch_free(f->batch[c][k]);
+            f->batch[c][k] = NULL;
+            if (!f->gpu[k])
+                continue;
+            for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
+                const wsync_segment_t *sg = &plan->segments[i];
+                const wsync_chunk_t *ch = &plan->chunks[sg->chunk];
+                const ipc_inplace_t *ip = &f->inplace[ch->shard];
+                const uint8_t *src;
+                uint64_t src_off = ch->src.off, src_pitch = ch->src.pitch;
+                if (r->targets[sg->target].mem != WSYNC_MEM_CUDA)
+                    continue;
+                if (ip->region >= 0) {
+                    src = (const uint8_t *)f->region_dev[ip->region] + ip->offset;
+                } else if (ip->cregion >= 0) {
+                    src = (const uint8_t *)wsync_cuda_import_base(f->cim, (uint32_t)ip->cregion, NULL) +
+                          ip->offset;
+                } else {
+                    src = slot >= DEV_SLOT0
+                              ? (const uint8_t *)wsync_cuda_import_base(f->cim, f->dslot_region, NULL) +
+                                    (size_t)(slot - DEV_SLOT0) * f->dslot_bytes
+                              : (const uint8_t *)f->shm_dev + (size_t)slot * f->slot_bytes;
+                    src += ch->bucket_off;
+                    src_off = 0;
+                    src_pitch = ch->src.cols;
+                }
+                if (n == cap) {
+                    cap = cap ? cap * 2 : 64;
+                    wsync_kcopy_t *d = realloc(descs, cap * sizeof(*d));
+                    if (d == NULL) {
+                        rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+                        break;
+                    }
+                    descs = d;
+                }
+                descs[n++] = (wsync_kcopy_t){src, r->land[sg->target], src_off, src_pitch,
+                                             sg->dst.off, sg->dst.pitch, sg->dst.rows, sg->dst.cols,
+                                             ch->dtype, r->land_dtype[sg->target]};
+            }
+            if (rc == WSYNC_OK && n > 0 && (rc = wsync_dev_batch_create(descs, n, &f->batch[c][k])) == WSYNC_OK)
+                nbatches++;
+        }
+    }
+    free(descs);
+    if (rc != WSYNC_OK) {
+        st->cache_stamp[c] = 0;
+        return rc;
+    }
+    for (size_t i = 0; i < r->ntargets; i++)
+        st->cache_land[c][i] = r->land[i];
+    WSYNC_LOG_D("ipc: receiver %d: %u copy batches built (set %d) in %.3f ms", r->m.rank, nbatches,
+                c, (double)(wsync_now_ns() - t0) / 1e6);
+    return WSYNC_OK;
+}
+
+/* The batch set for the targets' current pointers: one of the two kept, or a rebuilt one. */
+static wsync_status_t select_batches(wsync_receiver_t *r, ipc_receiver_t *st)
+{
+    int hit = -1;
+
+    if (st->cache_stamp[st->cur] != 0 && r->land_gen == st->seen_gen) {
+        st->cache_stamp[st->cur] = ++st->stamp;
+        return WSYNC_OK;
+    }
+    for (int c = 0; c < 2 && hit < 0; c++) {
+        int same = st->cache_stamp[c] != 0;
+        for (size_t i = 0; i < r->ntargets && same; i++)
+            same = r->targets[i].mem != WSYNC_MEM_CUDA || st->cache_land[c][i] == r->land[i];
+        if (same)
+            hit = c;
+    }
+    if (hit < 0) {
+        wsync_status_t rc;
+        hit = st->cache_stamp[0] <= st->cache_stamp[1] ? 0 : 1;
+        if ((rc = build_batches(r, st, hit)) != WSYNC_OK)
+            return rc;
+    }
+    st->cur = hit;
+    st->seen_gen = r->land_gen;
+    st->cache_stamp[hit] = ++st->stamp;
     return WSYNC_OK;
 }
 
@@ -587,6 +1435,9 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
     const uint16_t fds_t[] = {WSYNC_MSG_DATA_FDS};
     int64_t deadline = wsync_deadline_in(r->m.timeout_ms);
     ipc_receiver_t *st = calloc(1, sizeof(*st));
+    uint8_t uuids[MAX_UUIDS][WSYNC_DEV_UUID_BYTES];
+    uint32_t nuuids = 0, nevents = 0;
+    int saved = -1;
     wsync_status_t rc;
 
     if (st == NULL)
@@ -612,8 +1463,9 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
         f->seg_start = calloc(f->nbuckets + 1, sizeof(uint32_t));
         f->chunk_start = calloc(f->nbuckets + 1, sizeof(uint32_t));
         f->done = calloc(f->nbuckets + 1, 1);
+        f->gpu = calloc(f->nbuckets + 1, 1);
         f->pid = r->m.planmsg.peers[s].pid;
-        if (f->seg_start == NULL || f->chunk_start == NULL || f->done == NULL)
+        if (f->seg_start == NULL || f->chunk_start == NULL || f->done == NULL || f->gpu == NULL)
             return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
         /* chunks are ordered by (sender, bucket): READY's checksums follow that order */
         {
@@ -639,7 +1491,59 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
     }
     for (uint32_t i = lo; i < hi; i++) {
         const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+        ipc_from_t *f = &st->from[c->sender];
         st->bytes_total += sg->dst.rows * sg->dst.cols * wsync_dtype_size(r->land_dtype[sg->target]);
+        if (r->targets[sg->target].mem == WSYNC_MEM_CUDA) {
+            f->flags |= HELLO_GPU;
+            nevents += !f->gpu[c->bucket];
+            f->gpu[c->bucket] = 1;
+            st->gpu = 1;
+        } else {
+            f->flags |= HELLO_HOST;
+        }
+    }
+    if (st->gpu) {
+        /* the GPUs ours can read, ours first: a sender on one of them is read in place */
+        int n = 0;
+        if (r->device < 0)
+            return wsync_err(WSYNC_ERR_INTERNAL, "ipc: receiver %d has CUDA targets but no device",
+                             r->m.rank);
+        if ((rc = wsync_dev_enter(r->device, &saved)) != WSYNC_OK)
+            return rc;
+        rc = wsync_dev_uuid(r->device, uuids[nuuids]);
+        if (rc == WSYNC_OK) {
+            nuuids++;
+            rc = wsync_dev_count(&n);
+        }
+        for (int d = 0; d < n && rc == WSYNC_OK && nuuids < MAX_UUIDS; d++) {
+            int can = 0;
+            if (d == r->device)
+                continue;
+            rc = wsync_dev_can_access_peer(r->device, d, &can);
+            if (rc == WSYNC_OK && can && (rc = wsync_dev_uuid(d, uuids[nuuids])) == WSYNC_OK)
+                nuuids++;
+        }
+        if (rc == WSYNC_OK)
+            rc = wsync_dev_stream_create(&st->stream);
+        st->pend = calloc(nevents + 1, sizeof(*st->pend));
+        st->pend_cap = nevents;
+        st->cache_land[0] = calloc(r->ntargets + 1, sizeof(void *));
+        st->cache_land[1] = calloc(r->ntargets + 1, sizeof(void *));
+        if (rc == WSYNC_OK && (st->pend == NULL || st->cache_land[0] == NULL || st->cache_land[1] == NULL))
+            rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+        for (uint32_t s = 0; s < ns && rc == WSYNC_OK; s++) {
+            ipc_from_t *f = &st->from[s];
+            if (!(f->flags & HELLO_GPU))
+                continue;
+            if ((f->ev = calloc(f->nbuckets + 1, sizeof(void *))) == NULL)
+                rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+            for (uint32_t k = 0; k < f->nbuckets && rc == WSYNC_OK; k++)
+                if (f->gpu[k])
+                    rc = wsync_dev_event_create(0, &f->ev[k]);
+        }
+        if (rc != WSYNC_OK)
+            goto out;
     }
     /* connect to each sender we need and ask for its buckets */
     for (uint32_t s = 0; s < ns; s++) {
@@ -653,43 +1557,104 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
             continue;
         rc = wsync_unix_connect(peer->data_addr, &fd);
         if (rc != WSYNC_OK)
-            return rc;
+            goto out;
         snprintf(name, sizeof(name), "sender %u (pid %u)", s, peer->pid);
         rc = wsync_loop_add(r->m.loop, fd, WSYNC_CONN_UNIX, name, NULL, &f->conn);
         if (rc != WSYNC_OK)
-            return rc;
+            goto out;
         wsync_wbuf_init(&b);
         wsync_put_u32(&b, me);
         wsync_put_u32(&b, (uint32_t)getpid());
-        wsync_put_u32(&b, r->m.ctx->verify ? 1u : 0u);   /* bit 0: send me checksums */
-        rc = wsync_conn_send(f->conn, WSYNC_MSG_DATA_HELLO, b.data, (uint32_t)b.len, NULL, 0,
-                             r->m.timeout_ms);
+        wsync_put_u32(&b, f->flags | (r->m.ctx->verify ? HELLO_VERIFY : 0u));
+        if (f->flags & HELLO_GPU) {
+            wsync_put_u32(&b, nuuids);
+            for (uint32_t u = 0; u < nuuids; u++)
+                wsync_put_bytes(&b, uuids[u], WSYNC_DEV_UUID_BYTES);
+        }
+        rc = b.err ? wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory")
+                   : wsync_conn_send(f->conn, WSYNC_MSG_DATA_HELLO, b.data, (uint32_t)b.len, NULL,
+                                     0, r->m.timeout_ms);
         wsync_wbuf_free(&b);
         if (rc != WSYNC_OK)
-            return rc;
+            goto out;
         nconn++;
     }
     while (nconn > 0) {
         wsync_msg_t *msg;
         ipc_from_t *f = NULL;
-        uint32_t s;
 
         rc = wsync_inbox_pop(&r->m.inbox, fds_t, 1, deadline, &msg);
-        if (rc == WSYNC_ERR_TIMEOUT)
-            return wsync_err(rc, "ipc: receiver %u: %u senders did not share their buckets within "
-                             "%d ms", me, nconn, r->m.timeout_ms);
+        if (rc == WSYNC_ERR_TIMEOUT) {
+            rc = wsync_err(rc, "ipc: receiver %u: %u senders did not share their buckets within "
+                           "%d ms", me, nconn, r->m.timeout_ms);
+            goto out;
+        }
         if (rc != WSYNC_OK)
-            return rc;
-        for (s = 0; s < ns; s++)
+            goto out;
+        for (uint32_t s = 0; s < ns; s++)
             if (st->from[s].conn == msg->conn)
                 f = &st->from[s];
-        rc = take_data_fds(r, f, msg);
-        wsync_msg_free(msg);
+        int more = msg->len == 4 && msg->payload[0] == 0xff && msg->payload[1] == 0xff &&
+                   msg->payload[2] == 0xff && msg->payload[3] == 0xff;
+        if (f == NULL || (more && f->first == NULL) || (!more && f->first != NULL)) {
+            wsync_msg_free(msg);
+            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %u: unexpected DATA_FDS", me);
+            goto out;
+        }
+        if (!more) {
+            const char *why = "?";
+            f->want_fds = fds_wanted(msg->payload, msg->len, &why);
+            if (f->want_fds == UINT32_MAX) {
+                rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %u: malformed DATA_FDS from %s: "
+                               "%s (%u bytes, %d descriptors in the first frame)", me,
+                               f->conn->name, why, msg->len, msg->nfds);
+                wsync_msg_free(msg);
+                goto out;
+            }
+            if ((f->xfds = calloc(f->want_fds + 1, sizeof(int))) == NULL) {
+                wsync_msg_free(msg);
+                rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+                goto out;
+            }
+            WSYNC_LOG_D("ipc: receiver %u: DATA_FDS from %s: %u bytes, %u descriptors in all", me,
+                        f->conn->name, msg->len, f->want_fds);
+            if (f->want_fds > WSYNC_MSG_MAX_FDS)
+                wsync_cuda_ipc_fd_room(f->want_fds);
+        }
+        if (f->nxfds + (uint32_t)msg->nfds > f->want_fds) {
+            wsync_msg_free(msg);
+            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %u: %s sent more descriptors than it "
+                           "announced", me, f->conn->name);
+            goto out;
+        }
+        for (int i = 0; i < msg->nfds; i++) {
+            f->xfds[f->nxfds++] = msg->fds[i];
+            msg->fds[i] = -1;
+        }
+        if (more)
+            wsync_msg_free(msg);
+        else
+            f->first = msg;
+        if (f->nxfds < f->want_fds)
+            continue;
+        rc = take_data_fds(r, f, f->first->payload, f->first->len, f->xfds, f->nxfds);
+        wsync_msg_free(f->first);
+        f->first = NULL;
+        free(f->xfds);
+        f->xfds = NULL;
+        f->nxfds = 0;
         if (rc != WSYNC_OK)
-            return rc;
+            goto out;
         nconn--;
     }
-    return WSYNC_OK;
+    if (st->gpu) {
+        st->cur = 0;
+        rc = select_batches(r, st);
+    }
+out:
+    if (st->gpu && r->device >= 0)
+        wsync_dev_leave(r->device, saved);
+    return rc;
 }
 
 /* "sender 1 (pid 42): 2 buckets": whom a receiver still waits on in this version. */
@@ -709,28 +1674,53 @@ static void waiting_on(const ipc_receiver_t *st, char *buf, size_t len)
     }
 }
 
+/* Where slot `slot` of a sender lies here, and whether on a device. */
+static const uint8_t *from_slot(const ipc_from_t *f, uint32_t slot, int *on_device)
+{
+    *on_device = slot != NO_SLOT && slot >= DEV_SLOT0;
+    if (slot == NO_SLOT)
+        return NULL;
+    if (slot >= DEV_SLOT0)
+        return (const uint8_t *)wsync_cuda_import_base(f->cim, f->dslot_region, NULL) +
+               (size_t)(slot - DEV_SLOT0) * f->dslot_bytes;
+    return (const uint8_t *)f->shm.base + (size_t)slot * f->slot_bytes;
+}
+
 /* Check every segment of bucket k of sender s against the checksums READY brought: the bytes as
  * they landed when no cast came between, else the source bytes the cast read. */
-static wsync_status_t verify_bucket(wsync_receiver_t *r, const ipc_from_t *f, uint32_t s,
-                                    uint32_t k, uint64_t version, const uint64_t *sums,
-                                    const uint8_t *base)
+static wsync_status_t verify_bucket(wsync_receiver_t *r, ipc_receiver_t *st, const ipc_from_t *f,
+                                    uint32_t s, uint32_t k, uint64_t version, const uint64_t *sums,
+                                    uint32_t slot)
 {
     const wsync_plan_t *plan = r->m.plan;
+    int slot_dev = 0;
+    const uint8_t *base = from_slot(f, slot, &slot_dev);
 
     for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
         const wsync_segment_t *sg = &plan->segments[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         const ipc_inplace_t *ip = &f->inplace[c->shard];
-        uint64_t got;
+        uint64_t got = 0;
+        wsync_status_t rc;
         if (r->land_dtype[sg->target] == c->dtype) {
-            got = wsync_exec_hash(r->land[sg->target], c->dtype, &sg->dst);
+            rc = hash_any(r->land[sg->target], r->targets[sg->target].mem == WSYNC_MEM_CUDA,
+                          c->dtype, &sg->dst, &st->scratch, &st->scratch_cap, st->stream,
+                          r->m.timeout_ms, &got);
         } else if (ip->region >= 0) {
-            got = wsync_exec_hash((const uint8_t *)f->regions[ip->region].base + ip->offset,
-                                  c->dtype, &c->src);
+            rc = hash_any((const uint8_t *)f->regions[ip->region].base + ip->offset, 0, c->dtype,
+                          &c->src, &st->scratch, &st->scratch_cap, st->stream, r->m.timeout_ms,
+                          &got);
+        } else if (ip->cregion >= 0) {
+            rc = hash_any((const uint8_t *)wsync_cuda_import_base(f->cim, (uint32_t)ip->cregion, NULL) +
+                              ip->offset, 1, c->dtype, &c->src, &st->scratch, &st->scratch_cap,
+                          st->stream, r->m.timeout_ms, &got);
         } else {
             wsync_region_t dense = {0, c->src.cols, c->src.rows, c->src.cols};
-            got = wsync_exec_hash(base + c->bucket_off, c->dtype, &dense);
+            rc = hash_any(base + c->bucket_off, slot_dev, c->dtype, &dense, &st->scratch,
+                          &st->scratch_cap, st->stream, r->m.timeout_ms, &got);
         }
+        if (rc != WSYNC_OK)
+            return rc;
         uint64_t want = sums[sg->chunk - f->chunk_start[k]];
         if (got != want) {
             const wsync_target_desc_t *t = &r->targets[sg->target];
@@ -746,13 +1736,87 @@ static wsync_status_t verify_bucket(wsync_receiver_t *r, const ipc_from_t *f, ui
     return WSYNC_OK;
 }
 
-static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
+/* Bucket k of sender s has landed whole: fault point, checks, RELEASE, progress. */
+static wsync_status_t finish_bucket(wsync_receiver_t *r, ipc_receiver_t *st, uint32_t s, uint32_t k,
+                                    uint64_t version, uint32_t slot, uint64_t bytes,
+                                    uint64_t *bytes_done)
 {
-    ipc_receiver_t *st = r->m.scheme_state;
+    ipc_from_t *f = &st->from[s];
+    const wsync_plan_t *plan = r->m.plan;
+    wsync_status_t rc;
+
+    switch (WSYNC_FAULT(WSYNC_FAULT_RECV_UNPACK)) {
+    case WSYNC_FAULT_FAIL: {
+        char where[128];
+        snprintf(where, sizeof(where), "ipc receiver %d, bucket %u of sender %u, version %llu",
+                 r->m.rank, k, s, (unsigned long long)version);
+        return wsync_fault_err(WSYNC_FAULT_RECV_UNPACK, where);
+    }
+    case WSYNC_FAULT_CORRUPT: {   /* in the target, in the first row the bucket filled */
+        const wsync_segment_t *sg = &plan->segments[f->seg_start[k]];
+        size_t esz = wsync_dtype_size(r->land_dtype[sg->target]);
+        rc = flip_any((uint8_t *)r->land[sg->target] + sg->dst.off * esz,
+                      r->targets[sg->target].mem == WSYNC_MEM_CUDA, (size_t)sg->dst.cols * esz,
+                      st->stream, r->m.timeout_ms);
+        if (rc != WSYNC_OK)
+            return rc;
+        break;
+    }
+    default:
+        break;
+    }
+    if (r->m.ctx->verify &&
+        (rc = verify_bucket(r, st, f, s, k, version, st->sums, slot)) != WSYNC_OK)
+        return rc;
+    {
+        wsync_wbuf_t b;
+        wsync_wbuf_init(&b);
+        wsync_put_u64(&b, version);
+        wsync_put_u32(&b, k);
+        rc = wsync_conn_send(f->conn, WSYNC_MSG_RELEASE, b.data, (uint32_t)b.len, NULL, 0,
+                             r->m.timeout_ms);
+        wsync_wbuf_free(&b);
+        if (rc != WSYNC_OK)
+            return rc;
+    }
+    *bytes_done += bytes;
+    if (r->progress != NULL)
+        r->progress(r->progress_arg, version, *bytes_done, st->bytes_total);
+    return WSYNC_OK;
+}
+
+/* Finish, in launch order, the buckets whose GPU copies are complete. */
+static wsync_status_t reap(wsync_receiver_t *r, ipc_receiver_t *st, uint64_t version,
+                           uint64_t *bytes_done, int64_t *last_ms)
+{
+    while (st->npend > 0) {
+        struct ipc_pend *p = &st->pend[st->pend_head];
+        int done = 0;
+        wsync_status_t rc = wsync_dev_event_query(st->from[p->s].ev[p->k], &done);
+        if (rc != WSYNC_OK)
+            return rc;
+        if (!done)
+            return WSYNC_OK;
+        rc = finish_bucket(r, st, p->s, p->k, version, NO_SLOT, p->bytes, bytes_done);
+        if (rc != WSYNC_OK)
+            return rc;
+        st->pend_head++;
+        st->npend--;
+        *last_ms = wsync_now_ms();
+    }
+    return WSYNC_OK;
+}
+
+static wsync_status_t recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_t version)
+{
     const wsync_plan_t *plan = r->m.plan;
     const uint16_t types[] = {WSYNC_MSG_READY};
-    uint32_t remaining = 0, total;
+    uint32_t remaining = 0, total, launched = 0;
     uint64_t bytes_done = 0;
+    /* a quarter longer than a sender's wait for a RELEASE: a sender held up by another
+     * receiver names that receiver before this wait blames the sender */
+    int wait_ms = (int)WSYNC_MIN((int64_t)r->m.timeout_ms * 5 / 4, INT_MAX);
+    int64_t last_ms;
     wsync_status_t rc;
 
     for (uint32_t s = 0; s < st->nsenders; s++) {
@@ -760,18 +1824,44 @@ static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
         memset(st->from[s].done, 0, st->from[s].nbuckets);
     }
     total = remaining;
+    st->pend_head = st->npend = 0;
+    if (st->gpu && (rc = select_batches(r, st)) != WSYNC_OK)
+        return rc;
     uint64_t t0 = wsync_now_ns();
-    while (remaining > 0) {
+    last_ms = wsync_now_ms();
+    while (remaining > 0 || st->npend > 0) {
         wsync_msg_t *msg;
         wsync_rbuf_t rb;
         ipc_from_t *f = NULL;
         uint32_t s, nsums = 0;
         int has_sums;
 
-        /* a quarter longer than a sender's wait for a RELEASE: a sender held up by another
-         * receiver names that receiver before this wait blames the sender */
-        int wait_ms = (int)WSYNC_MIN((int64_t)r->m.timeout_ms * 5 / 4, INT_MAX);
-        rc = wsync_inbox_pop(&r->m.inbox, types, 1, wsync_deadline_in(wait_ms), &msg);
+        if (st->npend > 0 && (rc = reap(r, st, version, &bytes_done, &last_ms)) != WSYNC_OK)
+            return rc;
+        if (remaining == 0) {
+            /* only GPU work left: wait for the oldest launch */
+            if (st->npend > 0) {
+                struct ipc_pend *p = &st->pend[st->pend_head];
+                char what[128];
+                snprintf(what, sizeof(what), "ipc: receiver %d: version %llu: bucket %u of sender "
+                         "%u", r->m.rank, (unsigned long long)version, p->k, p->s);
+                rc = wsync_dev_event_wait(st->from[p->s].ev[p->k], last_ms + wait_ms, what);
+                if (rc != WSYNC_OK)
+                    return rc;
+            }
+            continue;
+        }
+        rc = wsync_inbox_pop(&r->m.inbox, types, 1, st->npend > 0 ? 0 : last_ms + wait_ms, &msg);
+        if (rc == WSYNC_ERR_TIMEOUT && st->npend > 0) {
+            struct ipc_pend *p = &st->pend[st->pend_head];
+            if (wsync_now_ms() >= last_ms + wait_ms)
+                return wsync_err(rc, "ipc: receiver %d: version %llu: bucket %u of sender %u did "
+                                 "not finish on the GPU within %d ms", r->m.rank,
+                                 (unsigned long long)version, p->k, p->s, wait_ms);
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
         if (rc == WSYNC_ERR_TIMEOUT) {
             char who[512];
             waiting_on(st, who, sizeof(who));
@@ -794,22 +1884,20 @@ static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
         if (has_sums) {
             nsums = wsync_get_count(&rb, 8);
             if (!rb.err && nsums > st->sums_cap) {
-                uint64_t *ns = realloc(st->sums, (size_t)nsums * sizeof(*ns));
-                if (ns == NULL) {
+                uint64_t *nsp = realloc(st->sums, (size_t)nsums * sizeof(*nsp));
+                if (nsp == NULL) {
                     wsync_msg_free(msg);
                     return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for %u checksums", nsums);
                 }
-                st->sums = ns;
+                st->sums = nsp;
                 st->sums_cap = nsums;
             }
             for (uint32_t i = 0; i < nsums && !rb.err; i++)
                 st->sums[i] = wsync_get_u64(&rb);
         }
-        wsync_conn_t *conn = msg->conn;
         wsync_msg_free(msg);
-        if (f == NULL || rb.err || v != version || k >= f->nbuckets ||
-            (slot != NO_SLOT && slot >= f->nslots) || f->done[k] ||
-            f->seg_start[k] == f->seg_start[k + 1] ||
+        if (f == NULL || rb.err || v != version || k >= f->nbuckets || slot != f->slot_of[k] ||
+            f->done[k] || f->seg_start[k] == f->seg_start[k + 1] ||
             (has_sums && nsums != f->chunk_start[k + 1] - f->chunk_start[k]))
             return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: unexpected READY (version "
                              "%llu, bucket %u, slot %u) while receiving version %llu", r->m.rank,
@@ -818,68 +1906,87 @@ static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
             return wsync_err(WSYNC_ERR_INTEGRITY, "ipc: receiver %d: version %llu refused: it "
                              "cannot be verified, sender %u (pid %u) sent bucket %u without "
                              "checksums", r->m.rank, (unsigned long long)version, s, f->pid, k);
-        const uint8_t *base = slot == NO_SLOT ? NULL
-                                              : (const uint8_t *)f->shm.base + (size_t)slot * f->slot_bytes;
+        int slot_dev = 0;
+        const uint8_t *base = from_slot(f, slot, &slot_dev);
+        uint64_t bytes = 0;
         r->torn = 1;   /* the targets no longer hold only the last version */
+        if (f->gpu[k]) {
+            /* the segments into CUDA targets: one launch, finished when its event completes */
+            wsync_kcopy_batch_t *batch = f->batch[st->cur][k];
+            if (batch != NULL && (rc = wsync_dev_batch_launch(batch, st->stream)) != WSYNC_OK)
+                return rc;
+            if ((rc = wsync_dev_event_record(f->ev[k], st->stream)) != WSYNC_OK)
+                return rc;
+            launched++;
+        }
         for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
             const wsync_segment_t *sg = &plan->segments[i];
             const wsync_chunk_t *c = &plan->chunks[sg->chunk];
             const ipc_inplace_t *ip = &f->inplace[c->shard];
             void *dst = r->land[sg->target];
             wsync_dtype_t dst_dtype = r->land_dtype[sg->target];
+            bytes += sg->dst.rows * sg->dst.cols * wsync_dtype_size(dst_dtype);
+            if (r->targets[sg->target].mem == WSYNC_MEM_CUDA)
+                continue;   /* in the batch */
             if (ip->region >= 0) {   /* straight from the sender's shard */
                 const uint8_t *shard = (const uint8_t *)f->regions[ip->region].base + ip->offset;
                 rc = wsync_exec_copy(shard, c->dtype, &c->src, dst, dst_dtype, &sg->dst);
-            } else if (base == NULL) {
+            } else if (base == NULL || slot_dev || ip->cregion >= 0) {
                 rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: bucket %u of sender %u "
-                               "came without a slot", r->m.rank, k, c->sender);
+                               "came without a host slot", r->m.rank, k, c->sender);
             } else {
                 rc = wsync_exec_unpack(sg, c, base, dst_dtype, dst);
             }
             if (rc != WSYNC_OK)
                 return rc;
-            bytes_done += sg->dst.rows * sg->dst.cols * wsync_dtype_size(dst_dtype);
         }
-        switch (WSYNC_FAULT(WSYNC_FAULT_RECV_UNPACK)) {
-        case WSYNC_FAULT_FAIL: {
-            char where[128];
-            snprintf(where, sizeof(where), "ipc receiver %d, bucket %u of sender %u, version %llu",
-                     r->m.rank, k, s, (unsigned long long)version);
-            return wsync_fault_err(WSYNC_FAULT_RECV_UNPACK, where);
-        }
-        case WSYNC_FAULT_CORRUPT: {   /* in the target, in the first row the bucket filled */
-            const wsync_segment_t *sg = &plan->segments[f->seg_start[k]];
-            size_t esz = wsync_dtype_size(r->land_dtype[sg->target]);
-            wsync_fault_flip((uint8_t *)r->land[sg->target] + sg->dst.off * esz,
-                             (size_t)sg->dst.cols * esz);
-            break;
-        }
-        default:
-            break;
-        }
-        if (r->m.ctx->verify && (rc = verify_bucket(r, f, s, k, version, st->sums, base)) != WSYNC_OK)
-            return rc;
         f->done[k] = 1;
         remaining--;
-        {
-            wsync_wbuf_t b;
-            wsync_wbuf_init(&b);
-            wsync_put_u64(&b, version);
-            wsync_put_u32(&b, k);
-            rc = wsync_conn_send(conn, WSYNC_MSG_RELEASE, b.data, (uint32_t)b.len, NULL, 0,
-                                 r->m.timeout_ms);
-            wsync_wbuf_free(&b);
-            if (rc != WSYNC_OK)
+        last_ms = wsync_now_ms();
+        if (f->gpu[k] && !r->m.ctx->verify) {
+            st->pend[st->pend_head + st->npend++] = (struct ipc_pend){s, k, bytes};
+            continue;
+        }
+        if (f->gpu[k]) {
+            /* verifying: READY's checksums are this bucket's, so finish it before the next */
+            char what[128];
+            snprintf(what, sizeof(what), "ipc: receiver %d: version %llu: bucket %u of sender %u",
+                     r->m.rank, (unsigned long long)version, k, s);
+            if ((rc = wsync_dev_event_wait(f->ev[k], wsync_deadline_in(wait_ms), what)) != WSYNC_OK)
                 return rc;
         }
-        if (r->progress != NULL)
-            r->progress(r->progress_arg, version, bytes_done, st->bytes_total);
+        if ((rc = finish_bucket(r, st, s, k, version, slot, bytes, &bytes_done)) != WSYNC_OK)
+            return rc;
     }
     double secs = (double)(wsync_now_ns() - t0) / 1e9;
-    WSYNC_LOG_D("ipc: receiver %d: version %llu: %llu bytes landed in %.4f s (%.2f GB/s)",
-                r->m.rank, (unsigned long long)version, (unsigned long long)bytes_done, secs,
-                secs > 0 ? (double)bytes_done / secs / 1e9 : 0.0);
+    WSYNC_LOG_D("ipc: receiver %d: version %llu: %llu bytes landed in %.4f s (%.2f GB/s; %u GPU "
+                "batches)", r->m.rank, (unsigned long long)version, (unsigned long long)bytes_done,
+                secs, secs > 0 ? (double)bytes_done / secs / 1e9 : 0.0, launched);
     return WSYNC_OK;
+}
+
+static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
+{
+    ipc_receiver_t *st = r->m.scheme_state;
+    int saved = -1;
+    wsync_status_t rc;
+
+    if (!st->gpu)
+        return recv_body(r, st, version);
+    if ((rc = wsync_dev_enter(r->device, &saved)) != WSYNC_OK)
+        return rc;
+    rc = recv_body(r, st, version);
+    if (rc != WSYNC_OK && st->stream != NULL) {
+        /* nothing of ours may still write into the targets once we return */
+        char text[1024];
+        snprintf(text, sizeof(text), "%s", wsync_last_error());
+        if (wsync_dev_stream_sync(st->stream, wsync_deadline_in(r->m.timeout_ms),
+                                  "ipc: copies after a failed version") != WSYNC_OK)
+            WSYNC_LOG_W("ipc: receiver %d: %s", r->m.rank, wsync_last_error());
+        wsync_err_set_text(rc, text);
+    }
+    wsync_dev_leave(r->device, saved);
+    return rc;
 }
 
 static wsync_status_t ipc_receiver_fetch(wsync_receiver_t *r, uint64_t version, int timeout_ms,

@@ -1,65 +1,1746 @@
-/* The 'nccl' scheme: registered so that negotiation can explain it; its data path comes later. */
+/* The 'nccl' scheme: GPUs on one node or many. One NCCL communicator per group over every sender
+ * (NCCL ranks 0..S-1) and receiver (S..S+R-1), from a unique id that sender 0 sends the others
+ * through the coordinator (SCHEME_SETUP/RELAY, core/relay.h) together with every member's GPU;
+ * non-blocking init, aborted on timeout or peer loss.
+ *
+ * A version runs in steps (schemes/nccl.h: the schedule, from the plan alone): step k moves
+ * bucket k of every sender. Per step each rank issues its ops: ncclBroadcast where several
+ * receivers need the same chunks (replicas), on the whole communicator or on a sub-communicator
+ * split for that receiver set, and grouped ncclSend/ncclRecv carrying each receiver only its
+ * chunks. A sender sends a large contiguous chunk straight from its shard, and a receiver takes a
+ * large chunk straight into its target where its one segment is contiguous in the same dtype;
+ * everything else goes through a staging slot of device memory: packed on the sender and
+ * unpacked (with casts) on the receiver by one batch-copy kernel per step, its descriptors built
+ * once at setup. Two slots: pack of step k+1 and unpack of step k-1 overlap the transfer of step
+ * k (own streams, ordered by events). The host waits on a step's events only before reusing its
+ * slot, polling the events, NCCL's asynchronous errors and the control plane (a lost peer), with
+ * the member's timeout from the last progress: nothing hangs; a failure aborts the communicators.
+ *
+ * Integrity (WSYNC_VERIFY at any member): each sender hashes its chunks (copied to the host) and
+ * relays each receiver the checksums of the chunks it takes; a receiver hashes what landed (or,
+ * across a cast, the staged bytes the cast read) after each step and compares at the end. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
-#include "core/status.h"
+#include "core/fault.h"
+#include "core/log.h"
+#include "core/objects.h"
+#include "core/relay.h"
+#include "core/util.h"
+#include "kernels/device.h"
+#include "reshard/exec.h"
+#include "schemes/nccl.h"
 #include "schemes/scheme.h"
+#include "transports/nccl.h"
+
+#define NC_SLOTS 2
+#define NC_ALIGN 256u                /* staging offsets of ops */
+#define NC_TAG_HELLO 1u              /* relay: a member's GPU (and sender 0's unique id) */
+#define NC_TAG_SUMS 2u               /* relay: a sender's checksums for one receiver */
+#define NC_HELLO_MAGIC 0x4e43434cu   /* "NCCL" */
+
+static uint64_t chunk_bytes(const wsync_chunk_t *c)
+{
+    return c->src.rows * c->src.cols * wsync_dtype_size(c->dtype);
+}
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+/* ================================================================================================
+ * The schedule (schemes/nccl.h): from the plan alone
+ * ============================================================================================== */
+
+typedef struct {
+    const wsync_plan_t *plan;
+    const uint32_t *rstart, *rlist;  /* distinct receivers of chunk c: rlist[rstart[c]..[c+1]) */
+} sched_ctx_t;
+
+static int cmp_chunk_sets(const void *a, const void *b, void *arg)
+{
+    const sched_ctx_t *x = arg;
+    uint32_t ca = *(const uint32_t *)a, cb = *(const uint32_t *)b;
+    uint32_t sa = x->plan->chunks[ca].sender, sb = x->plan->chunks[cb].sender;
+    uint32_t na = x->rstart[ca + 1] - x->rstart[ca], nb = x->rstart[cb + 1] - x->rstart[cb];
+
+    if (sa != sb)
+        return sa < sb ? -1 : 1;
+    if (na != nb)
+        return na < nb ? -1 : 1;
+    for (uint32_t i = 0; i < na; i++) {
+        uint32_t ra = x->rlist[x->rstart[ca] + i], rb = x->rlist[x->rstart[cb] + i];
+        if (ra != rb)
+            return ra < rb ? -1 : 1;
+    }
+    return ca < cb ? -1 : ca > cb;
+}
+
+static int same_set(const sched_ctx_t *x, uint32_t ca, uint32_t cb)
+{
+    uint32_t na = x->rstart[ca + 1] - x->rstart[ca], nb = x->rstart[cb + 1] - x->rstart[cb];
+    return x->plan->chunks[ca].sender == x->plan->chunks[cb].sender && na == nb &&
+           memcmp(x->rlist + x->rstart[ca], x->rlist + x->rstart[cb], na * sizeof(uint32_t)) == 0;
+}
+
+typedef struct {
+    const wsync_nccl_group_t *groups;
+} split_ctx_t;
+
+/* candidates for a sub-communicator: most bytes first, then group order */
+static int cmp_split(const void *a, const void *b, void *arg)
+{
+    const split_ctx_t *x = arg;
+    uint32_t ga = *(const uint32_t *)a, gb = *(const uint32_t *)b;
+    uint64_t ba = x->groups[ga].bytes, bb = x->groups[gb].bytes;
+    if (ba != bb)
+        return ba > bb ? -1 : 1;
+    return ga < gb ? -1 : ga > gb;
+}
+
+typedef struct {
+    uint32_t receiver, chunk;
+} pair_t;
+
+static int cmp_pair(const void *a, const void *b)
+{
+    const pair_t *x = a, *y = b;
+    if (x->receiver != y->receiver)
+        return x->receiver < y->receiver ? -1 : 1;
+    return x->chunk < y->chunk ? -1 : x->chunk > y->chunk;
+}
+
+typedef struct {
+    wsync_nccl_sched_t *s;
+    uint32_t ops_cap, items_cap;
+    int err;
+} builder_t;
+
+/* Append one op carrying chunks[0..n) (packed: at aligned offsets in one buffer). */
+static void emit(builder_t *b, const wsync_plan_t *plan, uint8_t kind, int packed, uint32_t sender,
+                 uint32_t receiver, uint32_t group, const uint32_t *chunks, uint32_t n)
+{
+    wsync_nccl_sched_t *s = b->s;
+    uint64_t off = 0;
+
+    if (b->err || n == 0)
+        return;
+    if (s->nops == b->ops_cap) {
+        uint32_t cap = b->ops_cap ? b->ops_cap * 2 : 64;
+        wsync_nccl_op_t *p = realloc(s->ops, cap * sizeof(*p));
+        if (p == NULL) {
+            b->err = 1;
+            return;
+        }
+        s->ops = p;
+        b->ops_cap = cap;
+    }
+    while (s->nitems + n > b->items_cap) {
+        uint32_t cap = b->items_cap ? b->items_cap * 2 : 256;
+        wsync_nccl_item_t *p = realloc(s->items, cap * sizeof(*p));
+        if (p == NULL) {
+            b->err = 1;
+            return;
+        }
+        s->items = p;
+        b->items_cap = cap;
+    }
+    wsync_nccl_op_t *op = &s->ops[s->nops++];
+    op->kind = kind;
+    op->packed = (uint8_t)packed;
+    op->sender = sender;
+    op->receiver = receiver;
+    op->group = group;
+    op->item0 = s->nitems;
+    op->nitems = n;
+    for (uint32_t i = 0; i < n; i++) {
+        off = align_up(off, WSYNC_PLAN_ALIGN);
+        s->items[s->nitems].chunk = chunks[i];
+        s->items[s->nitems].off = off;
+        s->nitems++;
+        off += chunk_bytes(&plan->chunks[chunks[i]]);
+    }
+    op->bytes = off;
+    if (kind == WSYNC_NCCL_OP_BCAST)
+        s->bytes_bcast += off;
+    else
+        s->bytes_p2p += off;
+}
+
+/* One op per large chunk, then the small ones packed into one. */
+static void emit_list(builder_t *b, const wsync_plan_t *plan, uint64_t direct_min, uint8_t kind,
+                      uint32_t sender, uint32_t receiver, uint32_t group, const uint32_t *chunks,
+                      uint32_t n, uint32_t *small)
+{
+    uint32_t nsmall = 0;
+
+    for (uint32_t i = 0; i < n; i++) {
+        if (chunk_bytes(&plan->chunks[chunks[i]]) >= direct_min)
+            emit(b, plan, kind, 0, sender, receiver, group, &chunks[i], 1);
+        else
+            small[nsmall++] = chunks[i];
+    }
+    emit(b, plan, kind, 1, sender, receiver, group, small, nsmall);
+}
+
+void wsync_nccl_sched_free(wsync_nccl_sched_t *s)
+{
+    if (s == NULL)
+        return;
+    for (uint32_t g = 0; s->groups != NULL && g < s->ngroups; g++)
+        free(s->groups[g].recv);
+    free(s->groups);
+    free(s->step_op);
+    free(s->ops);
+    free(s->items);
+    free(s);
+}
+
+wsync_status_t wsync_nccl_sched_build(const wsync_plan_t *plan, uint64_t direct_min,
+                                      uint32_t max_splits, wsync_nccl_sched_t **out)
+{
+    uint32_t nc = plan->nchunks, nsb = 0, nmulti = 0;
+    wsync_nccl_sched_t *s = calloc(1, sizeof(*s));
+    uint32_t *rstart = calloc((size_t)nc + 1, sizeof(uint32_t));
+    uint32_t *chunk_group = malloc(((size_t)nc + 1) * sizeof(uint32_t));
+    uint32_t *rlist = NULL, *multi = NULL, *cstart = NULL, *sbase = NULL, *list = NULL;
+    uint32_t *small = NULL, *cand = NULL;
+    pair_t *pairs = NULL;
+    builder_t b = {s, 0, 0, 0};
+    wsync_status_t st = WSYNC_OK;
+
+    if (s == NULL || rstart == NULL || chunk_group == NULL)
+        goto nomem;
+    /* distinct receivers of each chunk: segments come by (receiver, chunk), so each chunk's
+     * receivers come out ascending */
+    for (uint32_t i = 0; i < plan->nsegments; i++) {
+        const wsync_segment_t *g = &plan->segments[i];
+        if (i == 0 || g[-1].receiver != g->receiver || g[-1].chunk != g->chunk)
+            rstart[g->chunk + 1]++;
+    }
+    for (uint32_t c = 0; c < nc; c++)
+        rstart[c + 1] += rstart[c];
+    rlist = malloc(((size_t)rstart[nc] + 1) * sizeof(uint32_t));
+    list = calloc((size_t)nc + 1, sizeof(uint32_t));   /* fill cursor, then a scratch list */
+    if (rlist == NULL || list == NULL)
+        goto nomem;
+    for (uint32_t i = 0; i < plan->nsegments; i++) {
+        const wsync_segment_t *g = &plan->segments[i];
+        if (i == 0 || g[-1].receiver != g->receiver || g[-1].chunk != g->chunk)
+            rlist[rstart[g->chunk] + list[g->chunk]++] = g->receiver;
+    }
+    /* receiver sets shared by several receivers: the broadcast groups */
+    sched_ctx_t x = {plan, rstart, rlist};
+    multi = malloc(((size_t)nc + 1) * sizeof(uint32_t));
+    if (multi == NULL)
+        goto nomem;
+    for (uint32_t c = 0; c < nc; c++) {
+        chunk_group[c] = UINT32_MAX;
+        if (rstart[c + 1] - rstart[c] >= 2)
+            multi[nmulti++] = c;
+    }
+    qsort_r(multi, nmulti, sizeof(uint32_t), cmp_chunk_sets, &x);
+    for (uint32_t i = 0; i < nmulti; i++) {
+        uint32_t c = multi[i];
+        if (i == 0 || !same_set(&x, multi[i - 1], c)) {
+            wsync_nccl_group_t *ng = realloc(s->groups, (s->ngroups + 1) * sizeof(*ng));
+            if (ng == NULL)
+                goto nomem;
+            s->groups = ng;
+            wsync_nccl_group_t *g = &s->groups[s->ngroups++];
+            memset(g, 0, sizeof(*g));
+            g->sender = plan->chunks[c].sender;
+            g->nrecv = rstart[c + 1] - rstart[c];
+            g->split = -1;
+            g->recv = malloc(g->nrecv * sizeof(uint32_t));
+            if (g->recv == NULL)
+                goto nomem;
+            memcpy(g->recv, rlist + rstart[c], g->nrecv * sizeof(uint32_t));
+            g->whole = plan->nsenders == 1 && g->nrecv == plan->nreceivers;
+            g->used = g->whole;
+        }
+        chunk_group[c] = s->ngroups - 1;
+        s->groups[s->ngroups - 1].bytes += chunk_bytes(&plan->chunks[c]);
+    }
+    /* sub-communicators for the sets carrying the most bytes; numbered in group order */
+    cand = malloc(((size_t)s->ngroups + 1) * sizeof(uint32_t));
+    if (cand == NULL)
+        goto nomem;
+    {
+        uint32_t ncand = 0;
+        split_ctx_t sx = {s->groups};
+        for (uint32_t g = 0; g < s->ngroups; g++)
+            if (!s->groups[g].whole)
+                cand[ncand++] = g;
+        qsort_r(cand, ncand, sizeof(uint32_t), cmp_split, &sx);
+        for (uint32_t i = 0; i < ncand && i < max_splits; i++)
+            s->groups[cand[i]].used = 1;
+        for (uint32_t g = 0; g < s->ngroups; g++)
+            if (s->groups[g].used && !s->groups[g].whole)
+                s->groups[g].split = (int)s->nsplits++;
+    }
+    /* chunk ranges of each sender's buckets (chunks come by sender, bucket) */
+    sbase = calloc((size_t)plan->nsenders + 1, sizeof(uint32_t));
+    if (sbase == NULL)
+        goto nomem;
+    for (uint32_t r = 0; r < plan->nsenders; r++) {
+        sbase[r + 1] = sbase[r] + plan->nbuckets[r];
+        s->nsteps = WSYNC_MAX(s->nsteps, plan->nbuckets[r]);
+    }
+    nsb = sbase[plan->nsenders];
+    cstart = calloc((size_t)nsb + 1, sizeof(uint32_t));
+    s->step_op = calloc((size_t)s->nsteps + 1, sizeof(uint32_t));
+    small = malloc(((size_t)nc + 1) * sizeof(uint32_t));
+    pairs = malloc(((size_t)rstart[nc] + 1) * sizeof(pair_t));
+    if (cstart == NULL || s->step_op == NULL || small == NULL || pairs == NULL)
+        goto nomem;
+    {
+        uint32_t c = 0;
+        for (uint32_t r = 0; r < plan->nsenders; r++)
+            for (uint32_t k = 0; k < plan->nbuckets[r]; k++) {
+                while (c < nc && (plan->chunks[c].sender < r ||
+                                  (plan->chunks[c].sender == r && plan->chunks[c].bucket < k)))
+                    c++;
+                cstart[sbase[r] + k] = c;
+            }
+        cstart[nsb] = nc;
+    }
+#define CHUNKS_END(r, k) (sbase[r] + (k) + 1 < nsb ? cstart[sbase[r] + (k) + 1] : nc)
+    for (uint32_t k = 0; k < s->nsteps; k++) {
+        s->step_op[k] = s->nops;
+        /* broadcasts, by group */
+        for (uint32_t g = 0; g < s->ngroups; g++) {
+            const wsync_nccl_group_t *gr = &s->groups[g];
+            uint32_t n = 0, r = gr->sender;
+            if (!gr->used || k >= plan->nbuckets[r])
+                continue;
+            for (uint32_t c = cstart[sbase[r] + k]; c < CHUNKS_END(r, k); c++)
+                if (chunk_group[c] == g)
+                    list[n++] = c;
+            emit_list(&b, plan, direct_min, WSYNC_NCCL_OP_BCAST, r, UINT32_MAX, g, list, n, small);
+        }
+        /* sends, by (sender, receiver) */
+        for (uint32_t r = 0; r < plan->nsenders; r++) {
+            uint32_t np = 0;
+            if (k >= plan->nbuckets[r])
+                continue;
+            for (uint32_t c = cstart[sbase[r] + k]; c < CHUNKS_END(r, k); c++) {
+                if (chunk_group[c] != UINT32_MAX && s->groups[chunk_group[c]].used)
+                    continue;
+                for (uint32_t i = rstart[c]; i < rstart[c + 1]; i++)
+                    pairs[np++] = (pair_t){rlist[i], c};
+            }
+            qsort(pairs, np, sizeof(pair_t), cmp_pair);
+            for (uint32_t i = 0; i < np;) {
+                uint32_t j = i, n = 0;
+                while (j < np && pairs[j].receiver == pairs[i].receiver)
+                    list[n++] = pairs[j++].chunk;
+                emit_list(&b, plan, direct_min, WSYNC_NCCL_OP_P2P, r, pairs[i].receiver,
+                          UINT32_MAX, list, n, small);
+                i = j;
+            }
+        }
+    }
+#undef CHUNKS_END
+    s->step_op[s->nsteps] = s->nops;
+    if (b.err)
+        goto nomem;
+    *out = s;
+    s = NULL;
+    goto out;
+nomem:
+    st = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for the schedule (%u chunks)", nc);
+out:
+    wsync_nccl_sched_free(s);
+    free(rstart);
+    free(chunk_group);
+    free(rlist);
+    free(multi);
+    free(cstart);
+    free(sbase);
+    free(list);
+    free(small);
+    free(cand);
+    free(pairs);
+    return st;
+}
+
+int wsync_nccl_op_has(const wsync_nccl_sched_t *s, const wsync_nccl_op_t *op, int role,
+                      uint32_t rank)
+{
+    if (role == WSYNC_ROLE_SENDER)
+        return op->sender == rank;
+    if (op->kind == WSYNC_NCCL_OP_P2P)
+        return op->receiver == rank;
+    const wsync_nccl_group_t *g = &s->groups[op->group];
+    for (uint32_t i = 0; i < g->nrecv; i++)
+        if (g->recv[i] == rank)
+            return 1;
+    return 0;
+}
+
+/* ================================================================================================
+ * Scoring
+ * ============================================================================================== */
 
 static int nccl_score(const wsync_group_info_t *g, char *reason, size_t len)
 {
-    (void)g;
-    snprintf(reason, len, "no data path in this version of wsync");
-    return 0;
+    int ti = wsync_transport_index("nccl");
+
+    if (g->mem_kinds & (1u << WSYNC_MEM_HOST)) {
+        snprintf(reason, len, "some shards or targets are in host memory; NCCL moves CUDA memory "
+                              "only");
+        return 0;
+    }
+    if (!(g->mem_kinds & (1u << WSYNC_MEM_CUDA))) {
+        snprintf(reason, len, "no shard or target is in CUDA memory");
+        return 0;
+    }
+    for (uint32_t i = 0; i < g->nsenders + g->nreceivers; i++) {
+        const wsync_hello_t *h = i < g->nsenders ? &g->senders[i] : &g->receivers[i - g->nsenders];
+        if (ti < 0 || !(h->transports & (1u << ti))) {
+            snprintf(reason, len, "%s %d (%s) has no NCCL with a GPU (not compiled in, or no "
+                                  "CUDA device: wsync-info says which)",
+                     h->role == WSYNC_ROLE_SENDER ? "sender" : "receiver", h->rank,
+                     h->hostname != NULL ? h->hostname : "?");
+            return 0;
+        }
+    }
+    snprintf(reason, len, "all %u participants have NCCL and a GPU, and every shard and target "
+                          "is in CUDA memory: grouped send/recv, broadcast to replicas",
+             g->nsenders + g->nreceivers);
+    return 80;
+}
+
+/* ================================================================================================
+ * State shared by both roles
+ * ============================================================================================== */
+
+typedef struct {
+    uint32_t op;                     /* in sched->ops */
+    uint32_t phase;                  /* 0: whole-communicator broadcasts, 1: sends and receives,
+                                        2 + j: sub-communicator j */
+    int peer;                        /* P2P: the peer's NCCL rank; BCAST: the root's, in the comm */
+    int staged;
+    uint64_t soff;                   /* staged: offset in the step's slot */
+    void *direct;                    /* not staged: the shard or target bytes */
+} nc_myop_t;
+
+typedef struct {
+    uint32_t seg;                    /* in plan->segments */
+    int staged;
+    uint64_t soff;                   /* staged: the chunk's dense bytes in the slot */
+} nc_rseg_t;
+
+typedef struct {
+    uint32_t myop0, nmyops;
+    uint32_t ncopies;                /* pack (sender) or unpack (receiver) copies */
+    wsync_kcopy_batch_t *batch;      /* those copies, into / out of slot k % 2 */
+    uint64_t staging;                /* bytes of the slot the step uses */
+    uint64_t bytes;                  /* sender: bytes it sends; receiver: bytes landing */
+    uint32_t rseg0, nrseg;           /* receiver: its segments of the step */
+} nc_step_t;
+
+typedef struct {
+    wsync_member_t *m;
+    int role;
+    uint32_t rank;                   /* sender or receiver rank */
+    int nrank, nranks;               /* in the communicator */
+    int device, prev_device;
+    int verify;
+    int aborted;
+    wsync_nccl_sched_t *sched;
+    wsync_nccl_comm_t *comm;
+    wsync_nccl_comm_t **sub;         /* [sched->nsplits], NULL where not a member */
+    void *cstream, *xstream;         /* NCCL calls; pack or unpack kernels */
+    void *ev_copy[NC_SLOTS];         /* sender: packed; receiver: received */
+    void *ev_done[NC_SLOTS];         /* sender: sent; receiver: unpacked */
+    int64_t slot_step[NC_SLOTS];     /* step whose work the slot's events track, -1 none */
+    void *slot[NC_SLOTS];
+    uint64_t slot_bytes;
+    nc_step_t *steps;                /* [sched->nsteps] */
+    nc_myop_t *myops;
+    uint32_t nmyops, myops_cap;
+    nc_rseg_t *rsegs;
+    uint32_t nrsegs, rsegs_cap;
+    uint32_t seg_lo, seg_hi;         /* receiver: its run of plan->segments */
+    void **bound_land;               /* receiver: the land pointers the steps were built for */
+    uint64_t *sums;                  /* receiver: [nrsegs] what landed, hashed */
+    uint8_t *host;                   /* verify and faults: host copies */
+    size_t host_cap;
+    uint64_t bytes_total;            /* receiver: landing bytes per version */
+} nc_state_t;
+
+static const char *role_word(int role)
+{
+    return role == WSYNC_ROLE_SENDER ? "sender" : "receiver";
+}
+
+/* "receiver 2 (pid 42)" for NCCL rank i */
+static void rank_name(const nc_state_t *st, int i, char *buf, size_t len)
+{
+    const wsync_plan_msg_t *pm = &st->m->planmsg;
+    int ns = st->m->nsenders;
+    if (i >= 0 && (uint32_t)i < pm->npeers)
+        snprintf(buf, len, "%s %d (pid %u)", i < ns ? "sender" : "receiver", i < ns ? i : i - ns,
+                 pm->peers[i].pid);
+    else
+        snprintf(buf, len, "rank %d", i);
+}
+
+static wsync_status_t nc_check_inbox(void *arg)
+{
+    nc_state_t *st = arg;
+    return wsync_inbox_failed(&st->m->inbox);
+}
+
+static void nc_abort(nc_state_t *st)
+{
+    if (st->aborted)
+        return;
+    st->aborted = 1;
+    for (uint32_t j = 0; st->sub != NULL && j < st->sched->nsplits; j++) {
+        wsync_nccl_abort(st->sub[j]);
+        st->sub[j] = NULL;
+    }
+    wsync_nccl_abort(st->comm);
+    st->comm = NULL;
+}
+
+/* A failure in the middle of setup or a version: abort, so that no NCCL call waits on a peer
+ * forever. An NCCL error is often a peer's death that NCCL saw first: give the control plane the
+ * time it takes to declare a silent peer lost, so that the error names the peer. */
+static wsync_status_t nc_fail(nc_state_t *st, wsync_status_t rc)
+{
+    char text[1024];
+
+    snprintf(text, sizeof(text), "%s", wsync_last_error());
+    nc_abort(st);
+    if (rc == WSYNC_ERR_DEVICE) {
+        int64_t until = wsync_deadline_in(wsync_peer_timeout_ms(st->m->timeout_ms,
+                                                                st->m->heartbeat_ms) +
+                                          2 * st->m->heartbeat_ms);
+        while (wsync_now_ms() < until) {
+            wsync_status_t lost = wsync_inbox_failed(&st->m->inbox);
+            if (lost != WSYNC_OK) {
+                WSYNC_LOG_W("nccl: %s %u: %s (after: %s)", role_word(st->role), st->rank, text,
+                            wsync_last_error());
+                return lost;
+            }
+            struct timespec ts = {0, 5000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return wsync_err_set_text(rc, text);
+}
+
+static wsync_status_t host_room(nc_state_t *st, size_t bytes)
+{
+    if (bytes <= st->host_cap)
+        return WSYNC_OK;
+    uint8_t *p = realloc(st->host, bytes);
+    if (p == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for %zu bytes of host copy", bytes);
+    st->host = p;
+    st->host_cap = bytes;
+    return WSYNC_OK;
+}
+
+/* xxh3 of a region of device memory, through a host copy. */
+static wsync_status_t hash_device(nc_state_t *st, const void *base, wsync_dtype_t dtype,
+                                  const wsync_region_t *r, uint64_t *out)
+{
+    size_t esz = wsync_dtype_size(dtype), width = (size_t)(r->cols * esz);
+    wsync_region_t dense = {0, r->cols, r->rows, r->cols};
+    wsync_status_t rc = host_room(st, width * (size_t)r->rows);
+
+    if (rc == WSYNC_OK)
+        rc = wsync_dev_memcpy2d_async(st->host, width, (const uint8_t *)base + r->off * esz,
+                                      (size_t)(r->pitch * esz), width, (size_t)r->rows,
+                                      st->xstream);
+    if (rc == WSYNC_OK)
+        rc = wsync_dev_stream_sync(st->xstream, wsync_deadline_in(st->m->timeout_ms),
+                                   "nccl: a copy to the host for checksums");
+    if (rc == WSYNC_OK)
+        *out = wsync_exec_hash(st->host, dtype, &dense);
+    return rc;
+}
+
+/* Flip one bit of device memory [p, p + bytes) (fault injection), through the host. */
+static wsync_status_t flip_device(nc_state_t *st, void *p, size_t bytes)
+{
+    wsync_status_t rc;
+
+    bytes = WSYNC_MIN(bytes, (size_t)4096);
+    if ((rc = host_room(st, bytes)) != WSYNC_OK ||
+        (rc = wsync_dev_copy_to_host(st->host, p, bytes, st->xstream,
+                                     wsync_deadline_in(st->m->timeout_ms))) != WSYNC_OK)
+        return rc;
+    wsync_fault_flip(st->host, bytes);
+    if ((rc = wsync_dev_memcpy_async(p, st->host, bytes, st->xstream)) != WSYNC_OK)
+        return rc;
+    return wsync_dev_stream_sync(st->xstream, wsync_deadline_in(st->m->timeout_ms),
+                                 "nccl: a fault's bit flip");
+}
+
+static wsync_status_t add_myop(nc_state_t *st, const nc_myop_t *o)
+{
+    if (st->nmyops == st->myops_cap) {
+        uint32_t cap = st->myops_cap ? st->myops_cap * 2 : 64;
+        nc_myop_t *p = realloc(st->myops, cap * sizeof(*p));
+        if (p == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for the schedule");
+        st->myops = p;
+        st->myops_cap = cap;
+    }
+    st->myops[st->nmyops++] = *o;
+    return WSYNC_OK;
+}
+
+static uint32_t op_phase(const nc_state_t *st, const wsync_nccl_op_t *op)
+{
+    if (op->kind == WSYNC_NCCL_OP_P2P)
+        return 1;
+    const wsync_nccl_group_t *g = &st->sched->groups[op->group];
+    return g->whole ? 0 : 2 + (uint32_t)g->split;
+}
+
+static wsync_nccl_comm_t *phase_comm(const nc_state_t *st, uint32_t phase)
+{
+    return phase < 2 ? st->comm : st->sub[phase - 2];
+}
+
+/* The ops of step k this member takes part in, by phase (the order every rank issues them in). */
+static wsync_status_t collect_ops(nc_state_t *st, uint32_t k)
+{
+    const wsync_nccl_sched_t *s = st->sched;
+    nc_step_t *step = &st->steps[k];
+    wsync_status_t rc;
+
+    step->myop0 = st->nmyops;
+    for (uint32_t phase = 0; phase < 2 + s->nsplits; phase++) {
+        for (uint32_t i = s->step_op[k]; i < s->step_op[k + 1]; i++) {
+            const wsync_nccl_op_t *op = &s->ops[i];
+            if (op_phase(st, op) != phase || !wsync_nccl_op_has(s, op, st->role, st->rank))
+                continue;
+            nc_myop_t o = {i, phase, 0, 1, 0, NULL};
+            if (op->kind == WSYNC_NCCL_OP_P2P)
+                o.peer = st->role == WSYNC_ROLE_SENDER ? st->m->nsenders + (int)op->receiver
+                                                       : (int)op->sender;
+            else
+                o.peer = s->groups[op->group].whole ? (int)op->sender : 0;
+            if ((rc = add_myop(st, &o)) != WSYNC_OK)
+                return rc;
+        }
+    }
+    step->nmyops = st->nmyops - step->myop0;
+    return WSYNC_OK;
+}
+
+/* ================================================================================================
+ * Setup: devices, the unique id, the communicators
+ * ============================================================================================== */
+
+/* One shard or target, in memory `mem` on device `dev`, named `name`: all must be in CUDA memory
+ * of one device, which becomes st->device (*first_name: the first one seen, NULL before). */
+static wsync_status_t device_item(nc_state_t *st, wsync_mem_t mem, int dev, const char *name,
+                                  const char **first_name)
+{
+    const char *what = st->role == WSYNC_ROLE_SENDER ? "param" : "target";
+
+    if (mem != WSYNC_MEM_CUDA)
+        return wsync_err(WSYNC_ERR_UNSUPPORTED, "nccl: %s %u: %s '%s' is in host memory; the "
+                         "nccl scheme moves CUDA memory only", role_word(st->role), st->rank,
+                         what, name);
+    if (*first_name == NULL) {
+        *first_name = name;
+        st->device = dev;
+    } else if (dev != st->device) {
+        return wsync_err(WSYNC_ERR_UNSUPPORTED, "nccl: %s %u uses two CUDA devices (%s '%s' on "
+                         "device %d, '%s' on device %d): one participant may use one device",
+                         role_word(st->role), st->rank, what, *first_name, st->device, name, dev);
+    }
+    return WSYNC_OK;
+}
+
+/* Every member tells every other its GPU (and verify wish); sender 0 adds the unique id. */
+static wsync_status_t exchange_hello(nc_state_t *st, uint8_t id[WSYNC_NCCL_ID_BYTES],
+                                     int64_t deadline)
+{
+    wsync_member_t *m = st->m;
+    int n = st->nranks;
+    uint8_t (*uuid)[WSYNC_DEV_UUID_BYTES] = calloc((size_t)n, WSYNC_DEV_UUID_BYTES);
+    uint8_t *seen = calloc((size_t)n, 1);
+    int got = 0;
+    wsync_status_t rc;
+    wsync_wbuf_t b;
+
+    if (uuid == NULL || seen == NULL) {
+        rc = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory");
+        goto out;
+    }
+    if ((rc = wsync_dev_uuid(st->device, uuid[st->nrank])) != WSYNC_OK)
+        goto out;
+    if (st->nrank == 0) {
+        if ((rc = wsync_nccl_unique_id(id)) != WSYNC_OK)
+            goto out;
+    }
+    wsync_wbuf_init(&b);
+    wsync_put_u32(&b, NC_HELLO_MAGIC);
+    wsync_put_u32(&b, st->verify ? 1u : 0u);
+    wsync_put_bytes(&b, uuid[st->nrank], WSYNC_DEV_UUID_BYTES);
+    wsync_put_i32(&b, st->device);
+    wsync_put_u32(&b, st->nrank == 0 ? WSYNC_NCCL_ID_BYTES : 0);
+    if (st->nrank == 0)
+        wsync_put_bytes(&b, id, WSYNC_NCCL_ID_BYTES);
+    rc = b.err ? wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory")
+               : wsync_member_relay_send(m, WSYNC_ROLE_NONE, -1, NC_TAG_HELLO, b.data,
+                                         (uint32_t)b.len);
+    wsync_wbuf_free(&b);
+    if (rc != WSYNC_OK)
+        goto out;
+    seen[st->nrank] = 1;
+    while (got < n - 1) {
+        wsync_msg_t *msg;
+        wsync_relay_t rl;
+        rc = wsync_member_relay_recv(m, deadline, &msg, &rl);
+        if (rc == WSYNC_ERR_TIMEOUT) {
+            char who[512] = "";
+            size_t k = 0;
+            for (int i = 0; i < n && k + 40 < sizeof(who); i++)
+                if (!seen[i]) {
+                    char nm[64];
+                    rank_name(st, i, nm, sizeof(nm));
+                    k += (size_t)snprintf(who + k, sizeof(who) - k, "%s%s", k ? ", " : "", nm);
+                }
+            rc = wsync_err(rc, "nccl: %s %u: no GPU description within %d ms from %s",
+                           role_word(st->role), st->rank, m->timeout_ms, who);
+            goto out;
+        }
+        if (rc != WSYNC_OK)
+            goto out;
+        int from = rl.role == WSYNC_ROLE_SENDER ? (rl.rank < m->nsenders ? rl.rank : -1)
+                                                : (rl.rank < m->nreceivers ? m->nsenders + rl.rank
+                                                                           : -1);
+        wsync_rbuf_t r;
+        wsync_rbuf_init(&r, rl.data, rl.len);
+        uint32_t magic = wsync_get_u32(&r), flags = wsync_get_u32(&r);
+        const void *u = wsync_get_bytes(&r, WSYNC_DEV_UUID_BYTES);
+        int32_t dev = wsync_get_i32(&r);
+        uint32_t idlen = wsync_get_u32(&r);
+        const void *idp = idlen == WSYNC_NCCL_ID_BYTES ? wsync_get_bytes(&r, idlen) : NULL;
+        int bad = r.err || wsync_rbuf_left(&r) != 0 || magic != NC_HELLO_MAGIC ||
+                  rl.tag != NC_TAG_HELLO || from < 0 || from >= n || seen[from] ||
+                  (idlen != 0 && (from != 0 || idp == NULL)) || (from == 0 && idlen == 0);
+        if (!bad) {
+            memcpy(uuid[from], u, WSYNC_DEV_UUID_BYTES);
+            if (idp != NULL)
+                memcpy(id, idp, WSYNC_NCCL_ID_BYTES);
+            st->verify |= (int)(flags & 1u);
+            seen[from] = 1;
+            got++;
+            WSYNC_LOG_D("nccl: %s %u: rank %d uses device %d", role_word(st->role), st->rank,
+                        from, dev);
+        }
+        wsync_msg_free(msg);
+        if (bad) {
+            rc = wsync_err(WSYNC_ERR_PROTOCOL, "nccl: %s %u: malformed or unexpected GPU "
+                           "description from %s %d (tag %u)", role_word(st->role), st->rank,
+                           role_word((int)rl.role), rl.rank, rl.tag);
+            goto out;
+        }
+    }
+    /* NCCL allows one rank per GPU: say so here, by name, rather than let init fail */
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            const wsync_peer_t *a = &m->planmsg.peers[i], *c = &m->planmsg.peers[j];
+            if (memcmp(uuid[i], uuid[j], WSYNC_DEV_UUID_BYTES) != 0 ||
+                strcmp(a->host_id ? a->host_id : "", c->host_id ? c->host_id : "") != 0)
+                continue;
+            char na[64], nb[64], us[48];
+            rank_name(st, i, na, sizeof(na));
+            rank_name(st, j, nb, sizeof(nb));
+            wsync_dev_uuid_str(uuid[i], us, sizeof(us));
+            rc = wsync_err(WSYNC_ERR_UNSUPPORTED, "nccl: %s and %s share GPU %s: NCCL allows one "
+                           "rank per GPU; colocated senders and receivers need the ipc scheme",
+                           na, nb, us);
+            goto out;
+        }
+    rc = WSYNC_OK;
+out:
+    free(uuid);
+    free(seen);
+    return rc;
+}
+
+static wsync_status_t make_comms(nc_state_t *st, const uint8_t id[WSYNC_NCCL_ID_BYTES],
+                                 int64_t deadline)
+{
+    char label[96];
+    wsync_status_t rc;
+    uint64_t t0 = wsync_now_ns();
+
+    snprintf(label, sizeof(label), "nccl %s %u (rank %d of %d)", role_word(st->role), st->rank,
+             st->nrank, st->nranks);
+    if ((rc = wsync_nccl_comm_init(id, st->nranks, st->nrank, label, &st->comm)) != WSYNC_OK)
+        return rc;
+    if ((rc = wsync_nccl_wait(st->comm, deadline, "ncclCommInitRankConfig", nc_check_inbox, st)) !=
+        WSYNC_OK)
+        return rc;
+    double t_init = (double)(wsync_now_ns() - t0) / 1e9;
+    st->sub = calloc(st->sched->nsplits + 1, sizeof(*st->sub));
+    if (st->sub == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory");
+    for (uint32_t g = 0; g < st->sched->ngroups; g++) {
+        const wsync_nccl_group_t *gr = &st->sched->groups[g];
+        int color = -1, key = 0;
+        if (gr->split < 0)
+            continue;
+        if (st->role == WSYNC_ROLE_SENDER && gr->sender == st->rank)
+            color = 0;
+        for (uint32_t i = 0; st->role == WSYNC_ROLE_RECEIVER && i < gr->nrecv; i++)
+            if (gr->recv[i] == st->rank) {
+                color = 0;
+                key = 1 + (int)i;   /* the sender is rank 0 of the child: the root */
+            }
+        snprintf(label, sizeof(label), "nccl %s %u, sub-communicator %d", role_word(st->role),
+                 st->rank, gr->split);
+        rc = wsync_nccl_comm_split(st->comm, color, key, label, deadline, nc_check_inbox, st,
+                                   &st->sub[gr->split]);
+        if (rc != WSYNC_OK)
+            return rc;
+        if ((color >= 0) != (st->sub[gr->split] != NULL))
+            return wsync_err(WSYNC_ERR_DEVICE, "nccl: %s %u: ncclCommSplit for sub-communicator "
+                             "%d gave %s child", role_word(st->role), st->rank, gr->split,
+                             color >= 0 ? "no" : "an unexpected");
+    }
+    WSYNC_LOG_I("nccl: %s %u: communicator of %d ranks on device %d in %.3f s (init %.3f s, %u "
+                "sub-communicators)", role_word(st->role), st->rank, st->nranks, st->device,
+                (double)(wsync_now_ns() - t0) / 1e9, t_init, st->sched->nsplits);
+    return WSYNC_OK;
+}
+
+static wsync_status_t common_setup(nc_state_t *st, wsync_member_t *m, int role, uint32_t rank)
+{
+    uint8_t id[WSYNC_NCCL_ID_BYTES];
+    int64_t deadline = wsync_deadline_in(m->timeout_ms);
+    wsync_status_t rc;
+    uint64_t t0 = wsync_now_ns();
+
+    st->m = m;
+    st->role = role;
+    st->rank = rank;
+    st->nranks = m->nsenders + m->nreceivers;
+    st->nrank = role == WSYNC_ROLE_SENDER ? (int)rank : m->nsenders + (int)rank;
+    st->verify = m->ctx->verify;
+    for (int i = 0; i < NC_SLOTS; i++)
+        st->slot_step[i] = -1;
+    if (!wsync_nccl_compiled())
+        return wsync_err(WSYNC_ERR_UNSUPPORTED, "nccl: %s %u: this wsync was built without NCCL",
+                         role_word(role), rank);
+    rc = wsync_nccl_sched_build(m->plan, WSYNC_NCCL_DIRECT_MIN, WSYNC_NCCL_MAX_SPLITS, &st->sched);
+    if (rc != WSYNC_OK)
+        return rc;
+    if ((rc = wsync_dev_set(st->device)) != WSYNC_OK)
+        return rc;
+    if ((rc = exchange_hello(st, id, deadline)) != WSYNC_OK)
+        return rc;
+    WSYNC_LOG_D("nccl: %s %u: GPUs exchanged in %.3f s", role_word(role), rank,
+                (double)(wsync_now_ns() - t0) / 1e9);
+    if ((rc = make_comms(st, id, deadline)) != WSYNC_OK)
+        return rc;
+    if ((rc = wsync_dev_stream_create(&st->cstream)) != WSYNC_OK ||
+        (rc = wsync_dev_stream_create(&st->xstream)) != WSYNC_OK)
+        return rc;
+    for (int i = 0; i < NC_SLOTS; i++)
+        if ((rc = wsync_dev_event_create(0, &st->ev_copy[i])) != WSYNC_OK ||
+            (rc = wsync_dev_event_create(0, &st->ev_done[i])) != WSYNC_OK)
+            return rc;
+    st->steps = calloc(st->sched->nsteps + 1, sizeof(*st->steps));
+    if (st->steps == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory");
+    for (uint32_t k = 0; k < st->sched->nsteps; k++)
+        if ((rc = collect_ops(st, k)) != WSYNC_OK)
+            return rc;
+    return WSYNC_OK;
+}
+
+static wsync_status_t alloc_slots(nc_state_t *st)
+{
+    wsync_status_t rc;
+    uint64_t need = 0;
+
+    for (uint32_t k = 0; k < st->sched->nsteps; k++)
+        need = WSYNC_MAX(need, st->steps[k].staging);
+    if (need <= st->slot_bytes)
+        return WSYNC_OK;
+    for (int i = 0; i < NC_SLOTS; i++) {
+        wsync_dev_free(st->slot[i]);
+        st->slot[i] = NULL;
+    }
+    st->slot_bytes = 0;
+    for (int i = 0; i < NC_SLOTS; i++)
+        if ((rc = wsync_dev_malloc((size_t)need, &st->slot[i])) != WSYNC_OK)
+            return rc;
+    st->slot_bytes = need;
+    return WSYNC_OK;
+}
+
+static void free_batches(nc_state_t *st)
+{
+    for (uint32_t k = 0; st->steps != NULL && k < st->sched->nsteps; k++) {
+        wsync_dev_batch_free(st->steps[k].batch);
+        st->steps[k].batch = NULL;
+    }
+}
+
+static void state_free(nc_state_t *st)
+{
+    if (st == NULL)
+        return;
+    if (st->sched != NULL && st->device >= 0 && wsync_dev_compiled()) {
+        int64_t deadline = wsync_deadline_in(WSYNC_MIN(st->m->timeout_ms, 10000));
+        if (!st->aborted && st->cstream != NULL &&
+            (wsync_dev_stream_sync(st->cstream, deadline, "nccl: teardown") != WSYNC_OK ||
+             wsync_dev_stream_sync(st->xstream, deadline, "nccl: teardown") != WSYNC_OK)) {
+            WSYNC_LOG_W("nccl: %s %u: %s; aborting", role_word(st->role), st->rank,
+                        wsync_last_error());
+            nc_abort(st);
+        }
+        if (!st->aborted) {
+            for (uint32_t j = 0; st->sub != NULL && j < st->sched->nsplits; j++)
+                wsync_nccl_destroy(st->sub[j], deadline);
+            wsync_nccl_destroy(st->comm, deadline);
+        }
+        free_batches(st);
+        for (int i = 0; i < NC_SLOTS; i++) {
+            wsync_dev_free(st->slot[i]);
+            wsync_dev_event_destroy(st->ev_copy[i]);
+            wsync_dev_event_destroy(st->ev_done[i]);
+        }
+        wsync_dev_stream_destroy(st->cstream);
+        wsync_dev_stream_destroy(st->xstream);
+    }
+    wsync_nccl_sched_free(st->sched);
+    free(st->sub);
+    free(st->steps);
+    free(st->myops);
+    free(st->rsegs);
+    free(st->bound_land);
+    free(st->sums);
+    free(st->host);
+    free(st);
+}
+
+/* Run `fn` on this member's device, restoring the caller's current device after. */
+static void dev_enter(nc_state_t *st)
+{
+    st->prev_device = -1;
+    if (wsync_dev_get(&st->prev_device) != WSYNC_OK)
+        st->prev_device = -1;
+    if (st->prev_device != st->device)
+        wsync_dev_set(st->device);
+}
+
+static void dev_leave(nc_state_t *st)
+{
+    if (st->prev_device >= 0 && st->prev_device != st->device)
+        wsync_dev_set(st->prev_device);
+}
+
+/* Issue step k's NCCL calls, phase by phase (one NCCL group per communicator), on cstream: each
+ * op from (to) its staging place in slot k % 2, or this member's own memory. */
+static wsync_status_t issue_step(nc_state_t *st, uint32_t k, int64_t deadline)
+{
+    const nc_step_t *step = &st->steps[k];
+    uint8_t *slot = st->slot[k % NC_SLOTS];
+    wsync_status_t rc = WSYNC_OK;
+
+    for (uint32_t i = 0; i < step->nmyops;) {
+        uint32_t phase = st->myops[step->myop0 + i].phase, j = i;
+        wsync_nccl_comm_t *comm = phase_comm(st, phase);
+        if ((rc = wsync_nccl_group_start()) != WSYNC_OK)
+            return rc;
+        for (; j < step->nmyops && st->myops[step->myop0 + j].phase == phase; j++) {
+            const nc_myop_t *o = &st->myops[step->myop0 + j];
+            const wsync_nccl_op_t *op = &st->sched->ops[o->op];
+            void *buf = o->staged ? slot + o->soff : o->direct;
+            if (rc != WSYNC_OK)
+                break;
+            if (op->kind == WSYNC_NCCL_OP_BCAST)
+                rc = wsync_nccl_bcast(comm, buf, buf, (size_t)op->bytes, o->peer, st->cstream);
+            else if (st->role == WSYNC_ROLE_SENDER)
+                rc = wsync_nccl_send(comm, buf, (size_t)op->bytes, o->peer, st->cstream);
+            else
+                rc = wsync_nccl_recv(comm, buf, (size_t)op->bytes, o->peer, st->cstream);
+        }
+        /* the group ends even after a failed call, so that NCCL's group state stays sane */
+        wsync_status_t end = wsync_nccl_group_end(comm);
+        if (rc == WSYNC_OK)
+            rc = end;
+        if (rc == WSYNC_OK)
+            rc = wsync_nccl_wait(comm, deadline, "enqueueing a step's transfers", nc_check_inbox,
+                                 st);
+        if (rc != WSYNC_OK)
+            return rc;
+        i = j;
+    }
+    return rc;
+}
+
+/* Wait until step k's work is done (its slot free again): polls its event, NCCL's asynchronous
+ * errors and the control plane, until the member's timeout. */
+static wsync_status_t wait_step(nc_state_t *st, uint32_t k, uint64_t version)
+{
+    int64_t t0 = wsync_now_ms(), deadline = wsync_deadline_in(st->m->timeout_ms), spins = 0;
+    void *ev = st->ev_done[k % NC_SLOTS];
+    wsync_status_t rc;
+
+    for (;;) {
+        int done = 0;
+        if ((rc = wsync_dev_event_query(ev, &done)) != WSYNC_OK)
+            return rc;
+        if (done)
+            return WSYNC_OK;
+        if ((rc = wsync_nccl_check(st->comm)) != WSYNC_OK)
+            return rc;
+        for (uint32_t j = 0; j < st->sched->nsplits; j++)
+            if ((rc = wsync_nccl_check(st->sub[j])) != WSYNC_OK)
+                return rc;
+        if ((rc = wsync_inbox_failed(&st->m->inbox)) != WSYNC_OK)
+            return rc;
+        if (wsync_now_ms() >= deadline) {
+            /* whom this step waits on: the peers of its ops */
+            char who[512] = "";
+            size_t n = 0;
+            const nc_step_t *step = &st->steps[k];
+            for (uint32_t i = 0; i < step->nmyops && n + 48 < sizeof(who); i++) {
+                const wsync_nccl_op_t *op = &st->sched->ops[st->myops[step->myop0 + i].op];
+                char nm[64];
+                if (op->kind == WSYNC_NCCL_OP_P2P)
+                    rank_name(st, st->role == WSYNC_ROLE_SENDER ? st->m->nsenders +
+                                  (int)op->receiver : (int)op->sender, nm, sizeof(nm));
+                else
+                    snprintf(nm, sizeof(nm), "the broadcast group of sender %u", op->sender);
+                if (strstr(who, nm) == NULL)
+                    n += (size_t)snprintf(who + n, sizeof(who) - n, "%s%s", n ? ", " : "", nm);
+            }
+            return wsync_err(WSYNC_ERR_TIMEOUT, "nccl: %s %u: version %llu: step %u of %u did not "
+                             "finish within %lld ms (transfers with %s)", role_word(st->role),
+                             st->rank, (unsigned long long)version, k, st->sched->nsteps,
+                             (long long)(wsync_now_ms() - t0), n ? who : "nobody");
+        }
+        if (++spins > 200) {
+            struct timespec ts = {0, spins < 5000 ? 20000 : 200000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* ================================================================================================
+ * Sender
+ * ============================================================================================== */
+
+static void nccl_sender_teardown(wsync_sender_t *s)
+{
+    nc_state_t *st = s->m.scheme_state;
+
+    if (st == NULL)
+        return;
+    dev_enter(st);
+    int prev = st->prev_device, dev = st->device;
+    state_free(st);
+    if (prev >= 0 && prev != dev)
+        wsync_dev_set(prev);
+    s->m.scheme_state = NULL;
+}
+
+/* Staging layout, pack copies and direct pointers of every step. */
+static wsync_status_t sender_bind(wsync_sender_t *s, nc_state_t *st)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    wsync_kcopy_t *descs = NULL;
+    uint32_t cap = 0;
+    wsync_status_t rc = WSYNC_OK;
+    uint32_t ndirect = 0, nstaged = 0;
+
+    /* offsets first: slot size is the largest step */
+    for (uint32_t k = 0; k < st->sched->nsteps; k++) {
+        nc_step_t *step = &st->steps[k];
+        for (uint32_t i = 0; i < step->nmyops; i++) {
+            nc_myop_t *o = &st->myops[step->myop0 + i];
+            const wsync_nccl_op_t *op = &st->sched->ops[o->op];
+            const wsync_chunk_t *c = &plan->chunks[st->sched->items[op->item0].chunk];
+            step->bytes += op->bytes;
+            if (!op->packed && wsync_nccl_region_contiguous(&c->src)) {
+                o->staged = 0;
+                o->direct = (uint8_t *)s->shard_data[c->shard] + c->src.off * wsync_dtype_size(c->dtype);
+                ndirect++;
+                continue;
+            }
+            o->staged = 1;
+            o->soff = align_up(step->staging, NC_ALIGN);
+            step->staging = o->soff + op->bytes;
+            step->ncopies += op->nitems;
+            nstaged++;
+        }
+    }
+    if ((rc = alloc_slots(st)) != WSYNC_OK)
+        return rc;
+    for (uint32_t k = 0; k < st->sched->nsteps && rc == WSYNC_OK; k++) {
+        nc_step_t *step = &st->steps[k];
+        uint32_t n = 0;
+        if (step->ncopies == 0)
+            continue;
+        if (step->ncopies > cap) {
+            wsync_kcopy_t *p = realloc(descs, step->ncopies * sizeof(*p));
+            if (p == NULL) {
+                rc = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for copy descriptors");
+                break;
+            }
+            descs = p;
+            cap = step->ncopies;
+        }
+        for (uint32_t i = 0; i < step->nmyops; i++) {
+            const nc_myop_t *o = &st->myops[step->myop0 + i];
+            const wsync_nccl_op_t *op = &st->sched->ops[o->op];
+            if (!o->staged)
+                continue;
+            for (uint32_t j = 0; j < op->nitems; j++) {
+                const wsync_nccl_item_t *it = &st->sched->items[op->item0 + j];
+                const wsync_chunk_t *c = &plan->chunks[it->chunk];
+                uint64_t esz = wsync_dtype_size(c->dtype);
+                descs[n++] = (wsync_kcopy_t){
+                    .src = s->shard_data[c->shard], .dst = st->slot[k % NC_SLOTS],
+                    .src_off = c->src.off, .src_pitch = c->src.pitch,
+                    .dst_off = (o->soff + it->off) / esz, .dst_pitch = c->src.cols,
+                    .rows = c->src.rows, .cols = c->src.cols,
+                    .src_dtype = c->dtype, .dst_dtype = c->dtype};
+            }
+        }
+        rc = wsync_dev_batch_create(descs, n, &step->batch);
+    }
+    free(descs);
+    if (rc == WSYNC_OK)
+        WSYNC_LOG_I("nccl: sender %d: %u steps, %u ops (%u straight from the shards, %u staged), "
+                    "staging 2 x %llu bytes; the group's broadcasts carry %llu bytes a version, "
+                    "its sends %llu", s->m.rank, st->sched->nsteps, ndirect + nstaged, ndirect,
+                    nstaged, (unsigned long long)st->slot_bytes,
+                    (unsigned long long)st->sched->bytes_bcast,
+                    (unsigned long long)st->sched->bytes_p2p);
+    return rc;
 }
 
 static wsync_status_t nccl_sender_setup(wsync_sender_t *s)
 {
-    (void)s;
-    return wsync_err(WSYNC_ERR_UNSUPPORTED, "scheme 'nccl' has no data path in this version");
+    nc_state_t *st = calloc(1, sizeof(*st));
+    const char *first = NULL;
+    wsync_status_t rc;
+
+    if (st == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory");
+    s->m.scheme_state = st;
+    st->m = &s->m;
+    st->role = WSYNC_ROLE_SENDER;
+    st->rank = (uint32_t)s->m.rank;
+    st->device = -1;
+    rc = WSYNC_OK;
+    for (size_t i = 0; i < s->nshards && rc == WSYNC_OK; i++)
+        rc = device_item(st, s->shards[i].mem, s->shards[i].device, s->shards[i].param.name,
+                         &first);
+    if (rc == WSYNC_OK && first == NULL)
+        rc = wsync_dev_get(&st->device);   /* nothing to send: any device will do */
+    st->prev_device = -1;
+    if (rc == WSYNC_OK && wsync_dev_get(&st->prev_device) != WSYNC_OK)
+        st->prev_device = -1;
+    if (rc == WSYNC_OK)
+        rc = common_setup(st, &s->m, WSYNC_ROLE_SENDER, (uint32_t)s->m.rank);
+    if (rc == WSYNC_OK)
+        rc = sender_bind(s, st);
+    if (rc != WSYNC_OK)
+        rc = nc_fail(st, rc);
+    dev_leave(st);
+    return rc;
+}
+
+/* WSYNC_VERIFY: hash every chunk of ours someone takes, and relay each receiver its list. */
+static wsync_status_t sender_sums(wsync_sender_t *s, nc_state_t *st, uint64_t version)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    uint32_t me = (uint32_t)s->m.rank, nr = plan->nreceivers;
+    uint64_t *sum = calloc(plan->nchunks + 1, sizeof(uint64_t));
+    uint8_t *have = calloc(plan->nchunks + 1, 1);
+    wsync_status_t rc = WSYNC_OK;
+
+    if (sum == NULL || have == NULL) {
+        rc = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for checksums");
+        goto out;
+    }
+    for (uint32_t i = 0; i < plan->nsegments && rc == WSYNC_OK; i++) {
+        uint32_t c = plan->segments[i].chunk;
+        const wsync_chunk_t *ch = &plan->chunks[c];
+        if (ch->sender != me || have[c])
+            continue;
+        rc = hash_device(st, s->shard_data[ch->shard], ch->dtype, &ch->src, &sum[c]);
+        have[c] = 1;
+    }
+    for (uint32_t r = 0, i = 0; r < nr && rc == WSYNC_OK; r++) {
+        wsync_wbuf_t b;
+        uint32_t n = 0, prev = UINT32_MAX;
+        wsync_wbuf_init(&b);
+        wsync_put_u64(&b, version);
+        wsync_put_u32(&b, 0);                       /* count, patched below */
+        for (; i < plan->nsegments && plan->segments[i].receiver == r; i++) {
+            uint32_t c = plan->segments[i].chunk;
+            if (plan->chunks[c].sender != me || c == prev)
+                continue;
+            wsync_put_u64(&b, sum[c]);
+            prev = c;
+            n++;
+        }
+        if (n > 0 && !b.err) {
+            for (int j = 0; j < 4; j++)
+                b.data[8 + j] = (uint8_t)(n >> (8 * j));
+            rc = b.len > WSYNC_RELAY_MAX
+                     ? wsync_err(WSYNC_ERR_RANGE, "nccl: sender %u: %u checksums for receiver %u "
+                                 "exceed one relay", me, n, r)
+                     : wsync_member_relay_send(&s->m, WSYNC_ROLE_RECEIVER, (int)r, NC_TAG_SUMS,
+                                               b.data, (uint32_t)b.len);
+        } else if (b.err) {
+            rc = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for checksums");
+        }
+        wsync_wbuf_free(&b);
+    }
+out:
+    free(sum);
+    free(have);
+    return rc;
+}
+
+static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint64_t version)
+{
+    wsync_status_t rc;
+    uint32_t nsteps = st->sched->nsteps;
+    uint64_t t0 = wsync_now_ns(), t_wait = 0;
+
+    if (st->verify && (rc = sender_sums(s, st, version)) != WSYNC_OK)
+        return rc;
+    for (int i = 0; i < NC_SLOTS; i++)
+        st->slot_step[i] = -1;
+    for (uint32_t k = 0; k < nsteps; k++) {
+        nc_step_t *step = &st->steps[k];
+        uint32_t slot = k % NC_SLOTS;
+        int64_t deadline = wsync_deadline_in(s->m.timeout_ms);
+        if (step->nmyops == 0)
+            continue;
+        if (st->slot_step[slot] >= 0) {             /* the slot's previous step must be sent */
+            uint64_t w = wsync_now_ns();
+            if ((rc = wait_step(st, (uint32_t)st->slot_step[slot], version)) != WSYNC_OK)
+                return rc;
+            t_wait += wsync_now_ns() - w;
+        }
+        if (step->batch != NULL) {
+            if ((rc = wsync_dev_batch_launch(step->batch, st->xstream)) != WSYNC_OK ||
+                (rc = wsync_dev_event_record(st->ev_copy[slot], st->xstream)) != WSYNC_OK ||
+                (rc = wsync_dev_stream_wait_event(st->cstream, st->ev_copy[slot])) != WSYNC_OK)
+                return rc;
+            s->stats.bytes_packed += step->staging;
+        }
+        switch (WSYNC_FAULT(WSYNC_FAULT_PUSH_BUCKET)) {
+        case WSYNC_FAULT_FAIL: {
+            char where[128];
+            snprintf(where, sizeof(where), "nccl sender %d, step %u of version %llu", s->m.rank, k,
+                     (unsigned long long)version);
+            return wsync_fault_err(WSYNC_FAULT_PUSH_BUCKET, where);
+        }
+        case WSYNC_FAULT_CORRUPT: {   /* in the staging slot: what goes on the wire */
+            const nc_myop_t *o = NULL;
+            for (uint32_t i = 0; i < step->nmyops && o == NULL; i++)
+                if (st->myops[step->myop0 + i].staged)
+                    o = &st->myops[step->myop0 + i];
+            if (o == NULL) {
+                WSYNC_LOG_W("nccl: sender %d: step %u is sent from the shards: nothing staged to "
+                            "corrupt", s->m.rank, k);
+                break;
+            }
+            if ((rc = wsync_dev_stream_sync(st->xstream, deadline, "nccl: packing")) != WSYNC_OK ||
+                (rc = flip_device(st, (uint8_t *)st->slot[slot] + o->soff,
+                                  (size_t)st->sched->ops[o->op].bytes)) != WSYNC_OK)
+                return rc;
+            break;
+        }
+        default:
+            break;
+        }
+        if ((rc = issue_step(st, k, deadline)) != WSYNC_OK ||
+            (rc = wsync_dev_event_record(st->ev_done[slot], st->cstream)) != WSYNC_OK)
+            return rc;
+        st->slot_step[slot] = k;
+        s->stats.buckets++;
+    }
+    for (uint32_t i = 0; i < NC_SLOTS; i++) {
+        uint32_t slot = (uint32_t)(i + nsteps) % NC_SLOTS;   /* oldest first */
+        if (st->slot_step[slot] >= 0 &&
+            (rc = wait_step(st, (uint32_t)st->slot_step[slot], version)) != WSYNC_OK)
+            return rc;
+    }
+    double secs = (double)(wsync_now_ns() - t0) / 1e9;
+    uint64_t sent = 0;
+    for (uint32_t k = 0; k < nsteps; k++)
+        sent += st->steps[k].bytes;
+    WSYNC_LOG_D("nccl: sender %d: version %llu: %llu bytes sent in %u steps in %.4f s (%.2f GB/s; "
+                "%.4f s waiting for slots)", s->m.rank, (unsigned long long)version,
+                (unsigned long long)sent, nsteps, secs, secs > 0 ? (double)sent / secs / 1e9 : 0.0,
+                (double)t_wait / 1e9);
+    return WSYNC_OK;
 }
 
 static wsync_status_t nccl_sender_push(wsync_sender_t *s, uint64_t version)
 {
-    (void)s;
-    (void)version;
-    return wsync_err(WSYNC_ERR_UNSUPPORTED, "scheme 'nccl' has no data path in this version");
+    nc_state_t *st = s->m.scheme_state;
+    wsync_status_t rc;
+
+    if (st == NULL || st->aborted)
+        return wsync_err(WSYNC_ERR_STATE, "nccl: sender %d: the communicator was aborted by an "
+                         "earlier failure", s->m.rank);
+    dev_enter(st);
+    rc = sender_push_steps(s, st, version);
+    if (rc != WSYNC_OK)
+        rc = nc_fail(st, rc);
+    dev_leave(st);
+    if (rc == WSYNC_OK)
+        for (uint32_t r = 0; r < s->m.plan->nreceivers; r++)
+            s->stats.bytes_delivered +=
+                s->m.plan->pair_bytes[(size_t)s->m.rank * s->m.plan->nreceivers + r];
+    return rc;
 }
 
-static void nccl_sender_teardown(wsync_sender_t *s)
+/* ================================================================================================
+ * Receiver
+ * ============================================================================================== */
+
+static void nccl_receiver_teardown(wsync_receiver_t *r)
 {
-    (void)s;
+    nc_state_t *st = r->m.scheme_state;
+
+    if (st == NULL)
+        return;
+    dev_enter(st);
+    int prev = st->prev_device, dev = st->device;
+    state_free(st);
+    if (prev >= 0 && prev != dev)
+        wsync_dev_set(prev);
+    r->m.scheme_state = NULL;
+}
+
+/* Our segments of chunk c: [*lo, *hi) in plan->segments. */
+static void my_segments(const wsync_plan_t *plan, const nc_state_t *st, uint32_t c, uint32_t *lo,
+                        uint32_t *hi)
+{
+    uint32_t a = st->seg_lo, b = st->seg_hi;
+    while (a < b) {
+        uint32_t mid = a + (b - a) / 2;
+        if (plan->segments[mid].chunk < c)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    *lo = a;
+    while (a < st->seg_hi && plan->segments[a].chunk == c)
+        a++;
+    *hi = a;
+}
+
+static wsync_status_t add_rseg(nc_state_t *st, uint32_t seg, int staged, uint64_t soff)
+{
+    if (st->nrsegs == st->rsegs_cap) {
+        uint32_t cap = st->rsegs_cap ? st->rsegs_cap * 2 : 64;
+        nc_rseg_t *p = realloc(st->rsegs, cap * sizeof(*p));
+        if (p == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for the schedule");
+        st->rsegs = p;
+        st->rsegs_cap = cap;
+    }
+    st->rsegs[st->nrsegs++] = (nc_rseg_t){seg, staged, soff};
+    return WSYNC_OK;
+}
+
+/* Staging layout, unpack copies and direct pointers of every step, for the landing buffers as
+ * they are now (again whenever the application moved a target). */
+static wsync_status_t receiver_bind(wsync_receiver_t *r, nc_state_t *st)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    wsync_kcopy_t *descs = NULL;
+    uint32_t cap = 0, ndirect = 0, nstaged = 0;
+    wsync_status_t rc = WSYNC_OK;
+
+    free_batches(st);
+    st->nrsegs = 0;
+    st->bytes_total = 0;
+    for (uint32_t k = 0; k < st->sched->nsteps; k++) {
+        nc_step_t *step = &st->steps[k];
+        step->staging = 0;
+        step->ncopies = 0;
+        step->bytes = 0;
+        step->rseg0 = st->nrsegs;
+        for (uint32_t i = 0; i < step->nmyops && rc == WSYNC_OK; i++) {
+            nc_myop_t *o = &st->myops[step->myop0 + i];
+            const wsync_nccl_op_t *op = &st->sched->ops[o->op];
+            uint32_t lo, hi;
+            o->staged = 1;
+            o->direct = NULL;
+            if (!op->packed) {
+                const wsync_chunk_t *c = &plan->chunks[st->sched->items[op->item0].chunk];
+                my_segments(plan, st, st->sched->items[op->item0].chunk, &lo, &hi);
+                if (hi == lo + 1) {
+                    const wsync_segment_t *sg = &plan->segments[lo];
+                    if (r->land_dtype[sg->target] == c->dtype &&
+                        wsync_nccl_region_contiguous(&sg->dst)) {
+                        o->staged = 0;
+                        o->direct = (uint8_t *)r->land[sg->target] +
+                                    sg->dst.off * wsync_dtype_size(c->dtype);
+                        rc = add_rseg(st, lo, 0, 0);
+                        step->bytes += sg->dst.rows * sg->dst.cols * wsync_dtype_size(c->dtype);
+                        ndirect++;
+                        continue;
+                    }
+                }
+            }
+            o->soff = align_up(step->staging, NC_ALIGN);
+            step->staging = o->soff + op->bytes;
+            nstaged++;
+            for (uint32_t j = 0; j < op->nitems && rc == WSYNC_OK; j++) {
+                const wsync_nccl_item_t *it = &st->sched->items[op->item0 + j];
+                my_segments(plan, st, it->chunk, &lo, &hi);
+                for (uint32_t g = lo; g < hi && rc == WSYNC_OK; g++) {
+                    const wsync_segment_t *sg = &plan->segments[g];
+                    rc = add_rseg(st, g, 1, o->soff + it->off);
+                    step->ncopies++;
+                    step->bytes += sg->dst.rows * sg->dst.cols *
+                                   wsync_dtype_size(r->land_dtype[sg->target]);
+                }
+            }
+        }
+        step->nrseg = st->nrsegs - step->rseg0;
+        st->bytes_total += step->bytes;
+    }
+    if (rc == WSYNC_OK)
+        rc = alloc_slots(st);
+    for (uint32_t k = 0; k < st->sched->nsteps && rc == WSYNC_OK; k++) {
+        nc_step_t *step = &st->steps[k];
+        uint32_t n = 0;
+        if (step->ncopies == 0)
+            continue;
+        if (step->ncopies > cap) {
+            wsync_kcopy_t *p = realloc(descs, step->ncopies * sizeof(*p));
+            if (p == NULL) {
+                rc = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for copy descriptors");
+                break;
+            }
+            descs = p;
+            cap = step->ncopies;
+        }
+        for (uint32_t i = 0; i < step->nrseg; i++) {
+            const nc_rseg_t *e = &st->rsegs[step->rseg0 + i];
+            const wsync_segment_t *sg = &plan->segments[e->seg];
+            const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+            if (!e->staged)
+                continue;
+            descs[n++] = (wsync_kcopy_t){
+                .src = st->slot[k % NC_SLOTS], .dst = r->land[sg->target],
+                .src_off = e->soff / wsync_dtype_size(c->dtype), .src_pitch = c->src.cols,
+                .dst_off = sg->dst.off, .dst_pitch = sg->dst.pitch,
+                .rows = sg->dst.rows, .cols = sg->dst.cols,
+                .src_dtype = c->dtype, .dst_dtype = r->land_dtype[sg->target]};
+        }
+        rc = wsync_dev_batch_create(descs, n, &step->batch);
+    }
+    free(descs);
+    if (rc != WSYNC_OK)
+        return rc;
+    free(st->sums);
+    st->sums = calloc(st->nrsegs + 1, sizeof(uint64_t));
+    if (st->sums == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory");
+    if (st->bound_land == NULL && (st->bound_land = calloc(r->ntargets + 1, sizeof(void *))) == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory");
+    memcpy(st->bound_land, r->land, r->ntargets * sizeof(void *));
+    WSYNC_LOG_I("nccl: receiver %d: %u steps, %u ops (%u straight into the targets, %u staged), "
+                "staging 2 x %llu bytes, %llu bytes landing a version", r->m.rank,
+                st->sched->nsteps, ndirect + nstaged, ndirect, nstaged,
+                (unsigned long long)st->slot_bytes, (unsigned long long)st->bytes_total);
+    return WSYNC_OK;
 }
 
 static wsync_status_t nccl_receiver_setup(wsync_receiver_t *r)
 {
-    (void)r;
-    return wsync_err(WSYNC_ERR_UNSUPPORTED, "scheme 'nccl' has no data path in this version");
+    nc_state_t *st = calloc(1, sizeof(*st));
+    const wsync_plan_t *plan = r->m.plan;
+    const char *first = NULL;
+    wsync_status_t rc;
+
+    if (st == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory");
+    r->m.scheme_state = st;
+    st->m = &r->m;
+    st->role = WSYNC_ROLE_RECEIVER;
+    st->rank = (uint32_t)r->m.rank;
+    st->device = -1;
+    for (st->seg_lo = 0; st->seg_lo < plan->nsegments &&
+                         plan->segments[st->seg_lo].receiver < st->rank; st->seg_lo++)
+        ;
+    for (st->seg_hi = st->seg_lo; st->seg_hi < plan->nsegments &&
+                                  plan->segments[st->seg_hi].receiver == st->rank; st->seg_hi++)
+        ;
+    rc = WSYNC_OK;
+    for (size_t i = 0; i < r->ntargets && rc == WSYNC_OK; i++)
+        rc = device_item(st, r->targets[i].mem, r->targets[i].device, r->targets[i].name, &first);
+    if (rc == WSYNC_OK && first == NULL)
+        rc = wsync_dev_get(&st->device);
+    st->prev_device = -1;
+    if (rc == WSYNC_OK && wsync_dev_get(&st->prev_device) != WSYNC_OK)
+        st->prev_device = -1;
+    if (rc == WSYNC_OK)
+        rc = common_setup(st, &r->m, WSYNC_ROLE_RECEIVER, (uint32_t)r->m.rank);
+    if (rc == WSYNC_OK)
+        rc = receiver_bind(r, st);
+    if (rc != WSYNC_OK)
+        rc = nc_fail(st, rc);
+    dev_leave(st);
+    return rc;
+}
+
+/* After step k landed: checksums of what landed (verify), the fault point, progress. */
+static wsync_status_t receiver_step_done(wsync_receiver_t *r, nc_state_t *st, uint32_t k,
+                                         uint64_t version, uint64_t *bytes_done)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    const nc_step_t *step = &st->steps[k];
+    wsync_status_t rc;
+
+    switch (WSYNC_FAULT(WSYNC_FAULT_RECV_UNPACK)) {
+    case WSYNC_FAULT_FAIL: {
+        char where[128];
+        snprintf(where, sizeof(where), "nccl receiver %d, step %u of version %llu", r->m.rank, k,
+                 (unsigned long long)version);
+        return wsync_fault_err(WSYNC_FAULT_RECV_UNPACK, where);
+    }
+    case WSYNC_FAULT_CORRUPT:   /* in the target, in the first row the step filled */
+        if (step->nrseg > 0) {
+            const wsync_segment_t *sg = &plan->segments[st->rsegs[step->rseg0].seg];
+            size_t esz = wsync_dtype_size(r->land_dtype[sg->target]);
+            if ((rc = flip_device(st, (uint8_t *)r->land[sg->target] + sg->dst.off * esz,
+                                  (size_t)sg->dst.cols * esz)) != WSYNC_OK)
+                return rc;
+        }
+        break;
+    default:
+        break;
+    }
+    for (uint32_t i = 0; st->verify && i < step->nrseg; i++) {
+        const nc_rseg_t *e = &st->rsegs[step->rseg0 + i];
+        const wsync_segment_t *sg = &plan->segments[e->seg];
+        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+        if (r->land_dtype[sg->target] == c->dtype || !e->staged) {
+            rc = hash_device(st, r->land[sg->target], c->dtype, &sg->dst,
+                             &st->sums[step->rseg0 + i]);
+        } else {
+            /* across a cast: the bytes the cast read, still in the slot */
+            wsync_region_t dense = {e->soff / wsync_dtype_size(c->dtype), c->src.cols,
+                                    c->src.rows, c->src.cols};
+            rc = hash_device(st, st->slot[k % NC_SLOTS], c->dtype, &dense,
+                             &st->sums[step->rseg0 + i]);
+        }
+        if (rc != WSYNC_OK)
+            return rc;
+    }
+    *bytes_done += step->bytes;
+    if (r->progress != NULL)
+        r->progress(r->progress_arg, version, *bytes_done, st->bytes_total);
+    return WSYNC_OK;
+}
+
+/* WSYNC_VERIFY: each sender's checksums against what landed. */
+static wsync_status_t receiver_verify(wsync_receiver_t *r, nc_state_t *st, uint64_t version)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    uint32_t ns = plan->nsenders, expect = 0, got = 0;
+    uint64_t **sums = calloc(ns, sizeof(*sums));
+    uint32_t *nsums = calloc(ns, sizeof(uint32_t)), *cursor = calloc(ns, sizeof(uint32_t));
+    uint64_t *landed = calloc(st->seg_hi - st->seg_lo + 1, sizeof(uint64_t));
+    uint8_t *need = calloc(ns, 1);
+    int64_t deadline = wsync_deadline_in(r->m.timeout_ms);
+    wsync_status_t rc = WSYNC_OK;
+
+    if (sums == NULL || nsums == NULL || cursor == NULL || landed == NULL || need == NULL) {
+        rc = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for checksums");
+        goto out;
+    }
+    for (uint32_t i = 0; i < st->nrsegs; i++)
+        landed[st->rsegs[i].seg - st->seg_lo] = st->sums[i];
+    for (uint32_t g = st->seg_lo; g < st->seg_hi; g++) {
+        uint32_t s = plan->chunks[plan->segments[g].chunk].sender;
+        expect += !need[s];
+        need[s] = 1;
+    }
+    while (got < expect) {
+        wsync_msg_t *msg;
+        wsync_relay_t rl;
+        rc = wsync_member_relay_recv(&r->m, deadline, &msg, &rl);
+        if (rc == WSYNC_ERR_TIMEOUT)
+            rc = wsync_err(rc, "nccl: receiver %d: version %llu: checksums from %u of %u senders "
+                           "did not come within %d ms", r->m.rank, (unsigned long long)version,
+                           expect - got, expect, r->m.timeout_ms);
+        if (rc != WSYNC_OK)
+            goto out;
+        wsync_rbuf_t rb;
+        wsync_rbuf_init(&rb, rl.data, rl.len);
+        uint64_t v = wsync_get_u64(&rb);
+        uint32_t n = wsync_get_count(&rb, 8);
+        uint32_t s = (uint32_t)rl.rank;
+        int bad = rb.err || rl.tag != NC_TAG_SUMS || rl.role != WSYNC_ROLE_SENDER || s >= ns ||
+                  !need[s] || sums[s] != NULL || v != version;
+        if (!bad && (sums[s] = malloc((size_t)n * sizeof(uint64_t) + 1)) == NULL)
+            bad = 1;
+        for (uint32_t i = 0; !bad && i < n; i++)
+            sums[s][i] = wsync_get_u64(&rb);
+        bad = bad || rb.err || wsync_rbuf_left(&rb) != 0;
+        nsums[s] = n;
+        wsync_msg_free(msg);
+        if (bad) {
+            rc = wsync_err(WSYNC_ERR_PROTOCOL, "nccl: receiver %d: unexpected checksums (tag %u) "
+                           "from %s %d while verifying version %llu", r->m.rank, rl.tag,
+                           role_word((int)rl.role), rl.rank, (unsigned long long)version);
+            goto out;
+        }
+        got++;
+    }
+    for (uint32_t g = st->seg_lo, prev = UINT32_MAX; g < st->seg_hi; g++) {
+        const wsync_segment_t *sg = &plan->segments[g];
+        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+        uint32_t s = c->sender;
+        if (sg->chunk != prev)
+            cursor[s]++;
+        prev = sg->chunk;
+        if (cursor[s] > nsums[s]) {
+            rc = wsync_err(WSYNC_ERR_PROTOCOL, "nccl: receiver %d: sender %u sent %u checksums, "
+                           "fewer than the chunks it sends us", r->m.rank, s, nsums[s]);
+            goto out;
+        }
+        uint64_t want = sums[s][cursor[s] - 1], have = landed[g - st->seg_lo];
+        if (want != have) {
+            const wsync_target_desc_t *t = &r->targets[sg->target];
+            rc = wsync_err(WSYNC_ERR_INTEGRITY, "receiver %d: version %llu refused: param '%s' "
+                           "(target '%s') from sender %u (pid %u), chunk %u (bucket %u, %llu x "
+                           "%llu %s): the sender's xxh3 is %016llx, what landed hashes to %016llx",
+                           r->m.rank, (unsigned long long)version, t->pieces[sg->piece].param.name,
+                           t->name, s, r->m.planmsg.peers[s].pid, sg->chunk, c->bucket,
+                           (unsigned long long)c->src.rows, (unsigned long long)c->src.cols,
+                           wsync_dtype_name(c->dtype), (unsigned long long)want,
+                           (unsigned long long)have);
+            goto out;
+        }
+    }
+out:
+    for (uint32_t s = 0; sums != NULL && s < ns; s++)
+        free(sums[s]);
+    free(sums);
+    free(nsums);
+    free(cursor);
+    free(landed);
+    free(need);
+    return rc;
+}
+
+static wsync_status_t receiver_recv_steps(wsync_receiver_t *r, nc_state_t *st, uint64_t version)
+{
+    uint32_t nsteps = st->sched->nsteps;
+    uint64_t t0 = wsync_now_ns(), bytes_done = 0, t_wait = 0;
+    wsync_status_t rc;
+
+    if (memcmp(st->bound_land, r->land, r->ntargets * sizeof(void *)) != 0) {
+        WSYNC_LOG_I("nccl: receiver %d: targets moved: rebuilding the copies", r->m.rank);
+        if ((rc = receiver_bind(r, st)) != WSYNC_OK)
+            return rc;
+    }
+    for (int i = 0; i < NC_SLOTS; i++)
+        st->slot_step[i] = -1;
+    r->torn = 1;   /* from the first byte on, the targets no longer hold only the last version */
+    for (uint32_t k = 0; k < nsteps; k++) {
+        nc_step_t *step = &st->steps[k];
+        uint32_t slot = k % NC_SLOTS;
+        if (step->nmyops == 0)
+            continue;
+        if (st->slot_step[slot] >= 0) {             /* the slot's previous step must be unpacked */
+            uint32_t prev = (uint32_t)st->slot_step[slot];
+            uint64_t w = wsync_now_ns();
+            if ((rc = wait_step(st, prev, version)) != WSYNC_OK)
+                return rc;
+            t_wait += wsync_now_ns() - w;
+            if ((rc = receiver_step_done(r, st, prev, version, &bytes_done)) != WSYNC_OK)
+                return rc;
+        }
+        if ((rc = issue_step(st, k, wsync_deadline_in(r->m.timeout_ms))) != WSYNC_OK ||
+            (rc = wsync_dev_event_record(st->ev_copy[slot], st->cstream)) != WSYNC_OK ||
+            (rc = wsync_dev_stream_wait_event(st->xstream, st->ev_copy[slot])) != WSYNC_OK)
+            return rc;
+        if (step->batch != NULL && (rc = wsync_dev_batch_launch(step->batch, st->xstream)) != WSYNC_OK)
+            return rc;
+        if ((rc = wsync_dev_event_record(st->ev_done[slot], st->xstream)) != WSYNC_OK)
+            return rc;
+        st->slot_step[slot] = k;
+    }
+    for (uint32_t i = 0; i < NC_SLOTS; i++) {
+        uint32_t slot = (uint32_t)(i + nsteps) % NC_SLOTS;   /* oldest first */
+        if (st->slot_step[slot] < 0)
+            continue;
+        uint32_t k = (uint32_t)st->slot_step[slot];
+        if ((rc = wait_step(st, k, version)) != WSYNC_OK ||
+            (rc = receiver_step_done(r, st, k, version, &bytes_done)) != WSYNC_OK)
+            return rc;
+    }
+    if (st->verify && (rc = receiver_verify(r, st, version)) != WSYNC_OK)
+        return rc;
+    double secs = (double)(wsync_now_ns() - t0) / 1e9;
+    WSYNC_LOG_D("nccl: receiver %d: version %llu: %llu bytes landed in %u steps in %.4f s "
+                "(%.2f GB/s; %.4f s waiting for slots)", r->m.rank, (unsigned long long)version,
+                (unsigned long long)bytes_done, nsteps, secs,
+                secs > 0 ? (double)bytes_done / secs / 1e9 : 0.0, (double)t_wait / 1e9);
+    return WSYNC_OK;
 }
 
 static wsync_status_t nccl_receiver_recv(wsync_receiver_t *r, uint64_t version)
 {
-    (void)r;
-    (void)version;
-    return wsync_err(WSYNC_ERR_UNSUPPORTED, "scheme 'nccl' has no data path in this version");
-}
+    nc_state_t *st = r->m.scheme_state;
+    wsync_status_t rc;
 
-static void nccl_receiver_teardown(wsync_receiver_t *r)
-{
-    (void)r;
+    if (st == NULL || st->aborted)
+        return wsync_err(WSYNC_ERR_STATE, "nccl: receiver %d: the communicator was aborted by an "
+                         "earlier failure", r->m.rank);
+    dev_enter(st);
+    rc = receiver_recv_steps(r, st, version);
+    if (rc != WSYNC_OK)
+        rc = nc_fail(st, rc);
+    dev_leave(st);
+    return rc;
 }
 
 static wsync_status_t nccl_receiver_fetch(wsync_receiver_t *r, uint64_t version, int timeout_ms,
-                                         uint64_t *got)
+                                          uint64_t *got)
 {
     (void)version;
     (void)timeout_ms;
     (void)got;
-    (void)r;
-    return wsync_err(WSYNC_ERR_UNSUPPORTED, "scheme 'nccl' has no data path in this version");
+    return wsync_err(WSYNC_ERR_UNSUPPORTED, "scheme 'nccl' delivers versions as they are pushed "
+                     "(receiver %d)", r->m.rank);
 }
 
 const wsync_scheme_ops_t wsync_scheme_nccl = {
     .name = "nccl",
-    .implemented = 0,
+    .implemented = 1,
     .score = nccl_score,
     .sender_setup = nccl_sender_setup,
     .sender_push = nccl_sender_push,

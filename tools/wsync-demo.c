@@ -8,7 +8,11 @@
  * generates greedily from a fixed prompt. This process, which holds no wsync object, checks
  * each step independently: every rank's weights must hash to what the trainers' full weights
  * imply (sliced here by RESHARD_SPEC's rules, quantized by the engine's own quantizer), and the
- * tokens must equal those of a single-process engine holding the full weights. */
+ * tokens must equal those of a single-process engine holding the full weights.
+ *
+ * With --device cuda the trainers' shards are CUDA memory (trainer i on GPU i mod n), the engine
+ * is the CUDA engine (rank r on GPU (r + offset) mod n), and the single-process reference engine
+ * runs on CUDA too; every process sets its own GPU after the fork. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -27,6 +31,11 @@
 #include <xxhash.h>
 
 #include "engine/engine.h"
+#include "wsync_build_config.h"
+
+#if WSYNC_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #define PROG "wsync-demo"
 #define MAX_TRAINERS 64
@@ -46,9 +55,9 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: " PROG " [--trainers N] [--tp T] [--steps S] [--scheme auto|ipc|nccl|store]\n"
-            "                  [--device cpu|cuda] [--quant none|fp8-block] [--fp8-block B]\n"
-            "                  [--model DIR] [--mode in-place|shadow] [--max-new K]\n"
-            "                  [--timeout SEC] [--json]\n"
+            "                  [--device cpu|cuda] [--gpu-offset G] [--quant none|fp8-block]\n"
+            "                  [--fp8-block B] [--model DIR] [--mode in-place|shadow]\n"
+            "                  [--max-new K] [--timeout SEC] [--json]\n"
             "\n"
             "Runs wsync end to end on this machine: N trainer processes (FSDP-N senders) push a\n"
             "new version of every param at each of S steps to one inference engine of T\n"
@@ -63,7 +72,13 @@ static void usage(FILE *out)
             "  --tp T           engine tensor-parallel processes (default 2)\n"
             "  --steps S        versions to push (default 3)\n"
             "  --scheme S       auto (default), ipc, nccl or store (as wsync_sender_params_t)\n"
-            "  --device D       cpu (default); cuda is not built yet\n"
+            "  --device D       cpu (default) or cuda: the trainers' shards and the engine's\n"
+            "                   weights are CUDA memory; trainer i uses GPU i mod n (n visible\n"
+            "                   GPUs), engine rank r GPU (r + G) mod n, and the single-process\n"
+            "                   reference engine GPU G mod n. With as many GPUs as processes each\n"
+            "                   has its own (what the nccl scheme needs)\n"
+            "  --gpu-offset G   first GPU of the engine with --device cuda (default: N, the\n"
+            "                   number of trainers)\n"
             "  --quant Q        engine linear weights: none (bf16, default) or fp8-block\n"
             "  --fp8-block B    FP8 block size (default 128; 32 for testdata's tiny model)\n"
             "  --model DIR      start from an HF checkpoint (config.json, model.safetensors)\n"
@@ -77,7 +92,7 @@ static void usage(FILE *out)
 }
 
 typedef struct {
-    int trainers, tp, steps, max_new, timeout_s, block, shadow, json;
+    int trainers, tp, steps, max_new, timeout_s, block, shadow, json, cuda, gpu_offset;
     const char *scheme, *quant, *model;
     wsync_model_config_t cfg;
     int32_t prompt[8];
@@ -287,6 +302,80 @@ static uint64_t target_hash(const wsync_engine_weight_t *w)
     return h;
 }
 
+/* ---- trainers' GPU memory (--device cuda) --------------------------------------------------- */
+
+/* Trainer `rank` uses GPU rank mod n: 0, or -1 with the reason on stderr. */
+static int trainer_gpu_set(int rank, int *gpu)
+{
+#if WSYNC_HAVE_CUDA
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess || n < 1) {
+        fprintf(stderr, PROG ": trainer %d: no CUDA device (cudaGetDeviceCount: %s)\n", rank,
+                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+        return -1;
+    }
+    *gpu = rank % n;
+    if ((err = cudaSetDevice(*gpu)) != cudaSuccess) {
+        fprintf(stderr, PROG ": trainer %d: cudaSetDevice(%d): %s\n", rank, *gpu,
+                cudaGetErrorString(err));
+        return -1;
+    }
+    return 0;
+#else
+    (void)gpu;
+    fprintf(stderr, PROG ": trainer %d: built without CUDA\n", rank);
+    return -1;
+#endif
+}
+
+static int trainer_gpu_alloc(int rank, int gpu, size_t bytes, uint8_t **dev)
+{
+#if WSYNC_HAVE_CUDA
+    void *p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+    if (err != cudaSuccess) {
+        fprintf(stderr, PROG ": trainer %d: cudaMalloc(%zu bytes) on GPU %d: %s\n", rank, bytes,
+                gpu, cudaGetErrorString(err));
+        return -1;
+    }
+    *dev = p;
+    return 0;
+#else
+    (void)rank, (void)gpu, (void)bytes, (void)dev;
+    return -1;
+#endif
+}
+
+/* This step's weights to the GPU, complete before wsync reads them (from any stream or process). */
+static int trainer_gpu_upload(int rank, int gpu, uint8_t *dev, const uint8_t *host, size_t bytes)
+{
+#if WSYNC_HAVE_CUDA
+    cudaError_t err = cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice);
+    if (err == cudaSuccess)
+        err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) {
+        fprintf(stderr, PROG ": trainer %d: copying %zu bytes to GPU %d: %s\n", rank, bytes, gpu,
+                cudaGetErrorString(err));
+        return -1;
+    }
+    return 0;
+#else
+    (void)rank, (void)gpu, (void)dev, (void)host, (void)bytes;
+    return -1;
+#endif
+}
+
+static void trainer_gpu_free(uint8_t *dev)
+{
+#if WSYNC_HAVE_CUDA
+    if (dev != NULL)
+        cudaFree(dev);
+#else
+    (void)dev;
+#endif
+}
+
 static int trainer_main(const options_t *o, int rank, int go_fd, int out_fd)
 {
     model_t m;
@@ -295,13 +384,17 @@ static int trainer_main(const options_t *o, int rank, int go_fd, int out_fd)
     wsync_ctx_t *ctx = NULL;
     wsync_sender_t *s = NULL;
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
-    uint8_t *mem = NULL;
+    uint8_t *mem = NULL, *dev = NULL;   /* dev: the shards on the GPU; mem then stages them */
     size_t *offs = NULL;
     wsync_status_t st;
-    int rc = 1;
+    int rc = 1, gpu = 0;
 
     if (model_open(o, &m) != 0)
         return 1;
+    if (o->cuda && trainer_gpu_set(rank, &gpu) != 0) {
+        model_close(&m);
+        return 1;
+    }
     if (wsync_layout_fsdp_shards(&o->cfg, WSYNC_DTYPE_BF16, rank, o->trainers, &shards,
                                  &nshards) != WSYNC_OK ||
         wsync_ctx_create(NULL, &ctx) != WSYNC_OK)
@@ -320,11 +413,20 @@ static int trainer_main(const options_t *o, int rank, int go_fd, int out_fd)
         offs[i] = total;
         total += (size_t)(shards[i].box.len[0] * (int64_t)row) * 2;
     }
-    /* shared memory: same-node receivers copy straight from it */
-    if (wsync_mem_alloc(ctx, total ? total : 1, (void **)&mem) != WSYNC_OK)
-        goto fail;
+    if (o->cuda) {
+        /* CUDA shards: the ipc scheme maps them into the receivers, nccl sends them */
+        if ((mem = malloc(total ? total : 1)) == NULL ||
+            trainer_gpu_alloc(rank, gpu, total, &dev) != 0)
+            goto done;
+    } else if (wsync_mem_alloc(ctx, total ? total : 1, (void **)&mem) != WSYNC_OK) {
+        goto fail;   /* shared memory: same-node receivers copy straight from it */
+    }
     for (size_t i = 0; i < nshards; i++) {
-        shards[i].data = mem + offs[i];
+        shards[i].data = (dev != NULL ? dev : mem) + offs[i];
+        if (dev != NULL) {
+            shards[i].mem = WSYNC_MEM_CUDA;
+            shards[i].device = gpu;
+        }
         if (wsync_sender_add_shard(s, &shards[i]) != WSYNC_OK)
             goto fail;
     }
@@ -344,6 +446,8 @@ static int trainer_main(const options_t *o, int rank, int go_fd, int out_fd)
             for (uint64_t k = 0; k < n; k++)
                 dst[k] = weight(&m, i, e0 + k, (uint32_t)step);
         }
+        if (dev != NULL && trainer_gpu_upload(rank, gpu, dev, mem, total) != 0)
+            goto done;
         if (read_all(go_fd, &go, sizeof(go), now_ms() + 3600000) != 0 || go != step)
             goto out;   /* the demo is over */
         if ((st = wsync_sender_push(s, (uint64_t)step)) != WSYNC_OK ||
@@ -372,8 +476,14 @@ fail:
     fprintf(stderr, PROG ": trainer %d: %s\n", rank, wsync_last_error());
 done:
     wsync_sender_free(s);
-    if (mem != NULL)
+    if (dev != NULL) {
+        trainer_gpu_free(dev);
+        free(mem);
+    } else if (mem != NULL && o->cuda) {
+        free(mem);
+    } else if (mem != NULL) {
         wsync_mem_free(ctx, mem);
+    }
     wsync_ctx_free(ctx);
     wsync_layout_shards_free(shards, nshards);
     free(offs);
@@ -393,6 +503,10 @@ static wsync_engine_params_t engine_params(const options_t *o, int rank, int tp,
     p.param_dtype = WSYNC_DTYPE_BF16;
     p.mode = o->shadow ? WSYNC_ENGINE_SHADOW : WSYNC_ENGINE_IN_PLACE;
     p.max_seq = o->nprompt + o->max_new;
+    if (o->cuda) {
+        p.device = WSYNC_ENGINE_CUDA;
+        p.gpu = rank + o->gpu_offset;   /* modulo the visible GPUs, in the engine */
+    }
     if (strcmp(o->quant, "fp8-block") == 0) {
         p.quant = WSYNC_ENGINE_QUANT_FP8_BLOCK;
         p.fp8_block = o->block;
@@ -436,7 +550,23 @@ static int engine_main(const options_t *o, int rank, wsync_engine_comm_t *comm, 
             wsync_engine_weight_t w;
             if (wsync_engine_weight(e, (size_t)i, &w) != WSYNC_OK)
                 goto fail;
-            rep->hashes[i] = target_hash(&w);
+            if (w.mem == WSYNC_MEM_CUDA) {
+                /* a CUDA engine's weights: hashed from a host copy */
+                void *data = malloc(w.bytes ? w.bytes : 1);
+                float *scales = w.nscales ? malloc(w.nscales * sizeof(float)) : NULL;
+                int ok = data != NULL && (w.nscales == 0 || scales != NULL) &&
+                         wsync_engine_weight_read(e, (size_t)i, data, scales) == WSYNC_OK;
+                w.data = data;
+                w.scales = scales;
+                if (ok)
+                    rep->hashes[i] = target_hash(&w);
+                free(data);
+                free(scales);
+                if (!ok)
+                    goto fail;
+            } else {
+                rep->hashes[i] = target_hash(&w);
+            }
         }
         if (wsync_engine_generate(e, o->prompt, o->nprompt, o->max_new, rep->tokens, &res) !=
             WSYNC_OK)
@@ -662,6 +792,7 @@ static int parse_args(int argc, char **argv, options_t *o)
         {"fp8-block", required_argument, NULL, 'b'}, {"model", required_argument, NULL, 'm'},
         {"mode", required_argument, NULL, 'M'},     {"max-new", required_argument, NULL, 'k'},
         {"timeout", required_argument, NULL, 'T'},  {"json", no_argument, NULL, 'j'},
+        {"gpu-offset", required_argument, NULL, 'g'},
         {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
     };
     int c;
@@ -674,6 +805,7 @@ static int parse_args(int argc, char **argv, options_t *o)
     o->block = 0;
     o->scheme = "auto";
     o->quant = "none";
+    o->gpu_offset = -1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         switch (c) {
@@ -692,16 +824,19 @@ static int parse_args(int argc, char **argv, options_t *o)
             o->scheme = optarg;
             break;
         case 'd':
-            if (strcmp(optarg, "cuda") == 0) {
-                fprintf(stderr, PROG ": --device cuda: the CUDA engine is not built yet (use "
-                        "--device cpu)\n");
-                return 2;
-            }
-            if (strcmp(optarg, "cpu") != 0) {
+            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0) {
                 fprintf(stderr, PROG ": --device: '%s' is not cpu or cuda\n", optarg);
                 return 2;
             }
+            o->cuda = strcmp(optarg, "cuda") == 0;
+            if (o->cuda && !WSYNC_HAVE_CUDA) {
+                fprintf(stderr, PROG ": --device cuda: wsync was built without CUDA (use "
+                        "--device cpu, or build with the CUDA toolkit)\n");
+                return 2;
+            }
             break;
+        case 'g': if (parse_int("--gpu-offset", optarg, 0, 1 << 16, &o->gpu_offset)) return 2;
+                  break;
         case 'q':
             if (strcmp(optarg, "none") && strcmp(optarg, "fp8-block")) {
                 fprintf(stderr, PROG ": --quant: '%s' is not none or fp8-block\n", optarg);
@@ -733,6 +868,8 @@ static int parse_args(int argc, char **argv, options_t *o)
     }
     if (o->block == 0)
         o->block = 128;
+    if (o->gpu_offset < 0)
+        o->gpu_offset = o->trainers;
     return 0;
 }
 
@@ -838,6 +975,8 @@ int main(int argc, char **argv)
     if (rc != 0)
         return rc < 0 ? 0 : rc;
     signal(SIGPIPE, SIG_IGN);
+    if (o.cuda)
+        setenv("NCCL_NVLS_ENABLE", "0", 0);   /* NVLink multicast off on shared hosts */
     if (o.model != NULL) {
         char path[4096];
         snprintf(path, sizeof(path), "%s/config.json", o.model);
@@ -889,10 +1028,10 @@ int main(int argc, char **argv)
         char blk[32] = "";
         if (strcmp(o.quant, "fp8-block") == 0)
             snprintf(blk, sizeof(blk), " %dx%d", o.block, o.block);
-        printf("  %d trainer process%s (FSDP-%d, bf16) -> 1 engine of TP %d (%s, %s weights%s), "
+        printf("  %d trainer process%s (FSDP-%d, bf16) -> 1 engine of TP %d (%s%s, %s weights%s), "
                "%d steps, %d new tokens per step\n",
                o.trainers, o.trainers > 1 ? "es" : "", o.trainers, o.tp,
-               o.shadow ? "shadow" : "in place",
+               o.cuda ? "CUDA, " : "", o.shadow ? "shadow" : "in place",
                strcmp(o.quant, "fp8-block") == 0 ? "FP8-E4M3 block" : "bf16", blk, o.steps,
                o.max_new);
     }
@@ -1076,10 +1215,11 @@ int main(int argc, char **argv)
         printf("%d of %d steps matched\n", matched, o.steps);
     if (o.json)
         printf("{\"ok\": %s, \"steps\": %d, \"matched\": %d, \"trainers\": %d, \"tp\": %d, "
-               "\"scheme\": \"%s\", \"quant\": \"%s\", \"mode\": \"%s\", \"bytes\": %.0f, "
-               "\"seconds\": %.6f, \"params\": %llu}\n",
+               "\"scheme\": \"%s\", \"quant\": \"%s\", \"mode\": \"%s\", \"device\": \"%s\", "
+               "\"bytes\": %.0f, \"seconds\": %.6f, \"params\": %llu}\n",
                rc == 0 ? "true" : "false", o.steps, matched, o.trainers, o.tp, scheme_seen,
-               o.quant, o.shadow ? "shadow" : "in-place", total_bytes, total_secs,
+               o.quant, o.shadow ? "shadow" : "in-place", o.cuda ? "cuda" : "cpu", total_bytes,
+               total_secs,
                (unsigned long long)nparams_total);
     for (size_t p = 0; full != NULL && p < m.nparams; p++)
         free(full[p]);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "wsync_build_config.h"
 
 #define PROG "wsync-engine"
 #define MAX_PROMPT 4096
@@ -17,21 +18,28 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: " PROG " --model DIR --prompt-ids 1,2,3 --max-new N [--tp T] [--device cpu]\n"
+            "usage: " PROG " --model DIR --prompt-ids 1,2,3 --max-new N [--tp T]\n"
+            "                    [--device cpu|cuda [--gpu-offset G]]\n"
             "                    [--quant none|fp8-block] [--fp8-block B] [--sync ADDR\n"
             "                    [--versions K] [--mode in-place|shadow]] [--timeout S] [--json]\n"
             "\n"
             "Greedy generation with the bundled engine (Llama, Qwen2, Qwen3) from an HF directory\n"
             "(config.json, model.safetensors). With --tp T it starts T processes, each holding\n"
             "only its tensor-parallel slices (vLLM's layouts), which all-reduce through shared\n"
-            "memory. With --sync each rank is a wsync receiver of the group whose coordinator\n"
-            "listens at ADDR: it takes K new versions (default 1) and generates after each.\n"
+            "memory (on CUDA: through NCCL, one GPU per rank). With --sync each rank is a wsync\n"
+            "receiver of the group whose coordinator listens at ADDR: it takes K new versions\n"
+            "(default 1) and generates after each.\n"
             "\n"
             "  --model DIR        HF directory: config.json and model.safetensors (or an index)\n"
             "  --prompt-ids LIST  prompt token ids, comma-separated\n"
             "  --max-new N        tokens to generate\n"
             "  --tp T             tensor-parallel processes (default 1)\n"
-            "  --device D         cpu (default); cuda is not built yet\n"
+            "  --device D         cpu (default) or cuda: TP rank r runs on GPU (r + G) mod the\n"
+            "                     number of visible GPUs; its weights are CUDA memory that wsync\n"
+            "                     lands directly. Ranks on distinct GPUs all-reduce through NCCL,\n"
+            "                     otherwise through host shared memory (WSYNC_ENGINE_ALLREDUCE=shm\n"
+            "                     forces that); WSYNC_LOG_LEVEL=info says which GPU and path\n"
+            "  --gpu-offset G     first GPU of --device cuda (default 0)\n"
             "  --quant Q          linear weights: none (bf16, default) or fp8-block (e4m3fn with\n"
             "                     fp32 block scales, dequantized on the fly)\n"
             "  --fp8-block B      block size of fp8-block (default 128; small models need 32)\n"
@@ -49,7 +57,7 @@ static void usage(FILE *out)
 typedef struct {
     const char *model, *sync, *quant;
     int32_t prompt[MAX_PROMPT];
-    int nprompt, max_new, tp, block, versions, shadow, timeout_s, json;
+    int nprompt, max_new, tp, block, versions, shadow, timeout_s, json, cuda, gpu_offset;
     wsync_model_config_t cfg;
 } options_t;
 
@@ -108,6 +116,7 @@ static int parse_args(int argc, char **argv, options_t *o)
         {"fp8-block", required_argument, NULL, 'b'}, {"sync", required_argument, NULL, 's'},
         {"versions", required_argument, NULL, 'k'}, {"mode", required_argument, NULL, 'M'},
         {"timeout", required_argument, NULL, 'T'}, {"json", no_argument, NULL, 'j'},
+        {"gpu-offset", required_argument, NULL, 'g'},
         {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
     };
     int c, have_max_new = 0;
@@ -126,16 +135,19 @@ static int parse_args(int argc, char **argv, options_t *o)
                   have_max_new = 1; break;
         case 't': if (parse_int("--tp", optarg, 1, WSYNC_ENGINE_MAX_TP, &o->tp)) return 2; break;
         case 'd':
-            if (strcmp(optarg, "cuda") == 0) {
-                fprintf(stderr, PROG ": --device cuda: the CUDA engine is not built yet "
-                        "(use --device cpu)\n");
-                return 2;
-            }
-            if (strcmp(optarg, "cpu") != 0) {
+            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0) {
                 fprintf(stderr, PROG ": --device: '%s' is not cpu or cuda\n", optarg);
                 return 2;
             }
+            o->cuda = strcmp(optarg, "cuda") == 0;
+            if (o->cuda && !WSYNC_HAVE_CUDA) {
+                fprintf(stderr, PROG ": --device cuda: wsync was built without CUDA (use "
+                        "--device cpu, or build with the CUDA toolkit)\n");
+                return 2;
+            }
             break;
+        case 'g': if (parse_int("--gpu-offset", optarg, 0, 1 << 16, &o->gpu_offset)) return 2;
+                  break;
         case 'q':
             if (strcmp(optarg, "none") != 0 && strcmp(optarg, "fp8-block") != 0) {
                 fprintf(stderr, PROG ": --quant: '%s' is not none or fp8-block\n", optarg);
@@ -216,6 +228,10 @@ static int rank_main(int rank, int tp, wsync_engine_comm_t *comm, void *arg)
                                                  : WSYNC_ENGINE_QUANT_NONE;
     p.fp8_block = o->block;
     p.mode = o->shadow ? WSYNC_ENGINE_SHADOW : WSYNC_ENGINE_IN_PLACE;
+    if (o->cuda) {
+        p.device = WSYNC_ENGINE_CUDA;
+        p.gpu = rank + o->gpu_offset;   /* modulo the visible GPUs, in the engine */
+    }
     if (o->nprompt + o->max_new > 4096)
         p.max_seq = o->nprompt + o->max_new;
     st = wsync_engine_open(o->model, &p, &e);
@@ -264,6 +280,7 @@ static int rank_main(int rank, int tp, wsync_engine_comm_t *comm, void *arg)
         char *text;
         json_object_set_new(j, "tp", json_integer(tp));
         json_object_set_new(j, "quant", json_string(o->quant));
+        json_object_set_new(j, "device", json_string(o->cuda ? "cuda" : "cpu"));
         json_object_set_new(j, "model", json_string(o->model));
         if (o->sync != NULL)
             json_object_set(j, "generations", gens);
@@ -297,6 +314,9 @@ int main(int argc, char **argv)
         fprintf(stderr, PROG ": %s\n", wsync_last_error());
         return 1;
     }
+    if (o.cuda)
+        setenv("NCCL_NVLS_ENABLE", "0", 0);   /* NVLink multicast off on shared hosts */
+    /* no CUDA call here: the rank processes (forked below) each set their own GPU */
     if (o.tp == 1)
         return rank_main(0, 1, NULL, &o);
     /* the communicator exists before the fork; wsync objects only after it */

@@ -286,7 +286,14 @@ void wsync_sender_free(wsync_sender_t *sender);
 
 /* Describe one shard this sender holds. The description (strings included) is copied; the
  * memory at shard->data is not, and must stay valid and unchanged during every push. Only before
- * the first push or setup: WSYNC_ERR_STATE afterwards. WSYNC_ERR_INVALID names the bad field. */
+ * the first push or setup: WSYNC_ERR_STATE afterwards. WSYNC_ERR_INVALID names the bad field.
+ * CUDA shards (mem = WSYNC_MEM_CUDA): data must be device memory of CUDA device `device` in this
+ * process (WSYNC_ERR_INVALID otherwise), and all CUDA shards of one sender on one device
+ * (WSYNC_ERR_UNSUPPORTED otherwise: one sender per GPU). Memory from cudaMalloc (PyTorch's
+ * default allocator) or from cuMemCreate with the POSIX-fd handle type (PyTorch's expandable
+ * segments) can be read in place by same-node receivers whose GPU can read this one; other device
+ * memory (cudaMallocAsync pools, managed memory) is staged through bucket slots instead, with an
+ * info log line. WSYNC_ERR_UNSUPPORTED when the library has no CUDA or the process no device. */
 wsync_status_t wsync_sender_add_shard(wsync_sender_t *sender, const wsync_shard_t *shard);
 
 /* Complete the group's setup now rather than at the first push: send the descriptions, wait (up
@@ -358,7 +365,12 @@ wsync_status_t wsync_receiver_create(wsync_ctx_t *ctx, const wsync_receiver_para
 void wsync_receiver_free(wsync_receiver_t *receiver);
 
 /* Describe one destination buffer. The description and its pieces are copied; the buffer is
- * written by wsync_receiver_wait only. Only before setup: WSYNC_ERR_STATE afterwards. */
+ * written by wsync_receiver_wait only. Only before setup: WSYNC_ERR_STATE afterwards.
+ * CUDA targets (mem = WSYNC_MEM_CUDA): data is device memory of `device` in this process, every
+ * CUDA target of one receiver on one device (WSYNC_ERR_UNSUPPORTED otherwise); an FP8 target's
+ * scales may be in host or CUDA memory (quant.scales_mem; CUDA scales need a CUDA target). An FP8
+ * target quantized here lands in a device staging buffer (the pieces' param dtype, or f32) that is
+ * quantized on the GPU at commit; uncovered elements are zeroed on the device at setup. */
 wsync_status_t wsync_receiver_add_target(wsync_receiver_t *receiver, const wsync_target_t *target);
 
 /* Point target `name` at another buffer (same shape and dtype), and for a quantized FP8 target at

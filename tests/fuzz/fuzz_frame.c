@@ -1,7 +1,8 @@
 /* Fuzz target: the control plane as a hostile peer sees it — a byte stream of frames (header
  * checks of core/frame.c, reassembly in core/loop.c), the payload of every message type decoded
  * as its receiver decodes it (HELLO, DESCRIBE, PLAN, status messages, the store's PUBLISH and
- * DIRECTORY with their directory entries, the fixed-size ones), and a real coordinator's handlers
+ * DIRECTORY with their directory entries, the schemes' SCHEME_SETUP and SCHEME_RELAY, the
+ * fixed-size ones), and a real coordinator's handlers
  * (core/coordinator.c) driven by one or two fuzzed clients.
  *
  * Input: a mode byte, a flags byte, then the stream.
@@ -206,6 +207,26 @@ static void on_directory(const uint8_t *p, size_t n)
             break;
 }
 
+/* SCHEME_SETUP (the coordinator) and SCHEME_RELAY (core/relay.h): strict, and what is accepted
+ * encodes back to the same bytes. */
+static void on_relay(uint16_t type, const uint8_t *p, size_t n)
+{
+    wsync_relay_t r;
+    wsync_wbuf_t b;
+
+    if (wsync_relay_decode(p, n, type, &r) != WSYNC_OK)
+        return;
+    FUZZ_ASSERT(r.len <= WSYNC_RELAY_MAX && (r.len == 0 || (r.data >= p && r.data + r.len == p + n)),
+                "relay data outside the payload");
+    FUZZ_ASSERT(r.role == WSYNC_ROLE_SENDER || r.role == WSYNC_ROLE_RECEIVER ||
+                    (type == WSYNC_MSG_SCHEME_SETUP && r.role == WSYNC_ROLE_NONE && r.rank == -1),
+                "relay role %u rank %d accepted", r.role, r.rank);
+    wsync_wbuf_init(&b);
+    wsync_relay_encode(&r, &b);
+    same_bytes(&b, p, n, wsync_msg_name(type));
+    wsync_wbuf_free(&b);
+}
+
 /* The fixed-size messages: each field read, the length checked, as their handlers do. */
 static void on_fixed(uint16_t type, const uint8_t *p, size_t n)
 {
@@ -261,6 +282,10 @@ static void handle(uint16_t type, const uint8_t *p, size_t n)
         break;
     case WSYNC_MSG_DIRECTORY:
         on_directory(p, n);
+        break;
+    case WSYNC_MSG_SCHEME_SETUP:
+    case WSYNC_MSG_SCHEME_RELAY:
+        on_relay(type, p, n);
         break;
     case WSYNC_MSG_WELCOME:
     case WSYNC_MSG_BYE:

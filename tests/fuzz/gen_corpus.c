@@ -408,6 +408,22 @@ static void frame_seeds(const group_t *g)
     frame_seed("abort", 0, WSYNC_MSG_ABORT, &b);
     wsync_wbuf_free(&b);
 
+    {
+        /* the nccl scheme's GPU description with sender 0's unique id, to everyone */
+        static const uint8_t blob[16 + 4 + 4 + 4 + 4 + 128] = {0x4c, 0x43, 0x43, 0x4e, 1};
+        wsync_relay_t rl = {WSYNC_ROLE_NONE, -1, 1, sizeof(blob), blob};
+        wsync_wbuf_init(&b);
+        wsync_relay_encode(&rl, &b);
+        frame_seed("scheme_setup", 0, WSYNC_MSG_SCHEME_SETUP, &b);
+        wsync_wbuf_free(&b);
+        rl.role = WSYNC_ROLE_SENDER;
+        rl.rank = 0;
+        wsync_wbuf_init(&b);
+        wsync_relay_encode(&rl, &b);
+        frame_seed("scheme_relay", 0, WSYNC_MSG_SCHEME_RELAY, &b);
+        wsync_wbuf_free(&b);
+    }
+
     wsync_wbuf_init(&b);
     wsync_put_u64(&b, 7);
     dir_entry(&b, 1, 5);

@@ -79,6 +79,47 @@ static void case_bench_small_json(void)
     CHECK_MSG(rc == 0, "wsync-bench --source private exited %d: %s", rc, out);
 }
 
+/* A model run over host memory: FSDP-2 -> 2 replicas of TP-2 with FP8-block targets; every
+ * receiver checks its bytes against the host's reference, and the replicas agree. */
+static void case_bench_model_host(void)
+{
+    int rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem host --scheme ipc "
+                               "--senders 2 --tp 2 --replicas 2 --quant fp8-block --iters 2 --json "
+                               "2>/dev/null", out, sizeof(out));
+    CHECK_MSG(rc == 0, "wsync-bench --model-shape tiny exited %d: %s", rc, out);
+    json_t *j = (json_t *)proc_last_json_line(out);
+    CHECK_MSG(j != NULL, "wsync-bench printed no JSON: %s", out);
+    if (j == NULL)
+        return;
+    CHECK(json_is_true(json_object_get(j, "correct")));
+    CHECK(json_integer_value(json_object_get(j, "receivers")) == 4);
+    CHECK(json_integer_value(json_object_get(j, "version")) == 3);
+    json_int_t moved = json_integer_value(json_object_get(j, "bytes_moved"));
+    double secs = json_number_value(json_object_get(j, "seconds"));
+    double gbps = json_number_value(json_object_get(j, "gbps"));
+    /* 2 replicas each take the whole model once (2 x its bf16 bytes), and each TP rank its
+     * own copy of the norms */
+    json_int_t model = 2 * json_integer_value(json_object_get(j, "param_elems"));
+    CHECK_MSG(moved >= 2 * model && moved < 2 * model + model / 100, "bytes_moved %lld of %lld",
+              (long long)moved, (long long)model);
+    CHECK_MSG(gbps > 0.99 * (double)moved / 1e9 / secs && gbps < 1.01 * (double)moved / 1e9 / secs,
+              "%g GB/s for %g s", gbps, secs);
+    json_t *d = json_object_get(j, "digests");
+    CHECK(json_array_size(d) == 4);
+    if (json_array_size(d) == 4) /* receiver k*T+t is TP rank t of replica k */
+        CHECK(strcmp(json_string_value(json_array_get(d, 0)),
+                     json_string_value(json_array_get(d, 2))) == 0 &&
+              strcmp(json_string_value(json_array_get(d, 0)),
+                     json_string_value(json_array_get(d, 1))) != 0);
+    json_decref(j);
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape qwen3-9b --mem host --scheme ipc "
+                           "2>&1", out, sizeof(out));
+    CHECK_MSG(rc != 0 && strstr(out, "qwen3-8b") != NULL, "unknown shape: exit %d, %s", rc, out);
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --mem cuda --scheme nccl --receivers 1 --bytes 1M "
+                           "2>&1", out, sizeof(out));
+    CHECK_MSG(rc != 0 && strstr(out, "--model-shape") != NULL, "flat cuda: exit %d, %s", rc, out);
+}
+
 static void case_help_and_bad_options(void)
 {
     static const char *tools[] = {"wsync-info", "wsync-bench", "wsync-plan"};
@@ -101,6 +142,7 @@ int main(void)
     RUN(case_info_lists_shm);
     RUN(case_info_explains);
     RUN(case_bench_small_json);
+    RUN(case_bench_model_host);
     RUN(case_help_and_bad_options);
     return check_summary();
 }

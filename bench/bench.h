@@ -1,0 +1,93 @@
+/* wsync-bench's internal header: the options, and the helpers wsync-bench.c (flat runs: ipc and
+ * store over host memory) shares with bench_model.c (model-shaped runs, host or CUDA memory) and
+ * bench_cuda.c (everything that calls CUDA or NCCL, stubs in a build without them). */
+#ifndef WSYNC_BENCH_H
+#define WSYNC_BENCH_H
+
+#include "wsync/wsync.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define PROG "wsync-bench"
+#define MODEL_MAX_RANKS 64      /* senders, and receivers, of a model run */
+#define MODEL_MAX_VERSIONS 64   /* warmup + iters of a model run */
+#define MODEL_MAX_GPUS 16
+
+typedef struct {
+    const char *scheme;      /* "ipc", "auto", "nccl" or "store" */
+    int store;               /* scheme is store */
+    const char *transport;   /* store: "ucx" or "ofi" */
+    int receivers;
+    uint64_t bytes;          /* flat runs: total over all params */
+    uint64_t bucket_bytes;
+    int have_bucket;         /* --bucket-mb was given (model runs pass it to the senders) */
+    int iters, warmup, params;
+    int json;
+    int timeout_s;           /* the parent's deadline for the whole run */
+    int private_mem;         /* --source private: plain malloc'd weights, staged in buckets */
+    /* model runs (--model-shape) */
+    const char *model_shape; /* NULL: a flat run */
+    int mem_cuda;            /* --mem cuda */
+    int senders, tp, replicas;
+    int colocated;
+    int quant_fp8;           /* --quant fp8-block */
+} bench_opts_t;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Helpers of wsync-bench.c                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+double bench_now_s(void);
+/* Prints "wsync-bench: WHO: CALL failed: NAME (last error)"; returns 1. */
+int bench_wsync_failed(const char *who, const char *call, wsync_status_t st);
+/* Sleep (futex) until *word >= target; count_up adds one and wakes every waiter. */
+void bench_wait_at_least(atomic_int *word, int target);
+void bench_count_up(atomic_int *word);
+void bench_wake_all(atomic_int *word);
+/* Maps `len` zeroed bytes every child shares; NULL on failure (reported). */
+void *bench_map_shared(size_t len);
+/* "127.0.0.1:PORT" on a free port; 0 on success. */
+int bench_make_coordinator(char *buf, size_t len);
+/* Median GB/s of single-threaded memcpy of `bytes`; 0 on allocation failure. */
+double bench_memcpy_gbps(size_t bytes);
+
+typedef struct {
+    pid_t pid;
+    char name[32];
+    int done;       /* reaped */
+    int status;     /* from waitpid */
+} bench_child_t;
+
+/* What child i of a group runs; res_fd is the write end of the group's result pipe. Returns the
+ * child's exit status. */
+typedef int (*bench_body_fn)(int i, int res_fd, void *arg);
+
+/* Forks kids[0..n) (their names already set), each running body(i, ...) and exiting with its
+ * result, then watches them: collects what they write to the result pipe into *text, reaps them,
+ * and enforces the deadline (bench_now_s() clock). Returns 0 once all exited 0 and the pipe is at
+ * its end; otherwise names the failures, kills the rest and returns 1. */
+int bench_run_group(bench_child_t *kids, int n, bench_body_fn body, void *arg, double deadline,
+                    int timeout_s, char **text);
+
+typedef struct {
+    double median, min, max;
+} bench_stats_t;
+
+/* Median, minimum and maximum of n > 0 values (the array is left as it was). */
+bench_stats_t bench_stats_of(const double *v, int n);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Model runs (bench_model.c)                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Names of the built-in shapes, for --help: "tiny, qwen3-0.6b, ...". */
+const char *bench_model_shape_names(void);
+/* 1 when `name` is a built-in shape. */
+int bench_model_shape_known(const char *name);
+/* The whole model run; returns the process exit status (0 ok, 1 failed or wrong). */
+int bench_model_main(const bench_opts_t *o);
+
+#endif

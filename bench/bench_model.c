@@ -1,0 +1,1294 @@
+/* wsync-bench's model runs (--model-shape): the params of a real model's shape moved from FSDP-N
+ * senders to R replicas of TP-T receivers, in host or CUDA memory, timed, set against the floor
+ * the compiled plan implies at link bandwidths measured in the same run, and checked byte for
+ * byte on every receiver at the end.
+ *
+ * The parent makes no CUDA call: it computes the layouts and the plan summary (pure CPU), then
+ * forks a probe child (device count, link bandwidths) and the sync's children, each of which
+ * picks its GPU before any CUDA or wsync object exists. Results come back through a shared page.
+ *
+ * Data: element i of param P in version v is a bf16 drawn from a counter-based hash of (P's name,
+ * i), except the first STRIPE elements of every param, drawn from (P's name, v, i): so each
+ * version differs from the last in every param, senders make a version by rewriting a few bytes,
+ * and any process can compute any element of any version without the others. Values are finite,
+ * never zero, |x| in [2^-7, 2): what FP8 block quantization sees in real weights. */
+#include "bench/bench.h"
+#include "bench/bench_cuda.h"
+/* The CPU quantizer is the reference an FP8 receiver's bytes must equal (bit for bit: the CUDA
+ * kernels are checked against it); it has no public entry point of its own. */
+#include "reshard/fp8.h"
+#include "wsync/wsync.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define STRIPE 256                       /* leading elements of each param that change per version */
+#define GEN_CHUNK_ELEMS ((size_t)64 << 20) /* host staging while filling device shards (128 MiB) */
+#define PROBE_COPY_BYTES ((size_t)1 << 30)
+#define PROBE_BCAST_BYTES ((size_t)4 << 30)
+#define ALIGN 256
+
+/* ---------------------------------------------------------------------------------------- */
+/* Shapes                                                                                     */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    wsync_model_type_t type;
+    int64_t hidden, layers, heads, kv_heads, head_dim, inter, vocab;
+    int tie, qk_norm;
+    double theta;
+} model_shape_t;
+
+/* The published configs' sizes (config.json of Qwen/Qwen3-0.6B, -8B, -32B and
+ * meta-llama/Llama-3.1-70B); "tiny" is a small Qwen3-like model whose every TP split up to 4
+ * keeps 128-row FP8 blocks whole, for quick runs and host tests. */
+static const model_shape_t shapes[] = {
+    {"tiny", WSYNC_MODEL_QWEN3, 256, 2, 4, 2, 128, 512, 1024, 0, 1, 1e6},
+    {"qwen3-0.6b", WSYNC_MODEL_QWEN3, 1024, 28, 16, 8, 128, 3072, 151936, 1, 1, 1e6},
+    {"qwen3-8b", WSYNC_MODEL_QWEN3, 4096, 36, 32, 8, 128, 12288, 151936, 0, 1, 1e6},
+    {"qwen3-32b", WSYNC_MODEL_QWEN3, 5120, 64, 64, 8, 128, 25600, 151936, 0, 1, 1e6},
+    {"llama-70b", WSYNC_MODEL_LLAMA, 8192, 80, 64, 8, 128, 28672, 128256, 0, 0, 5e5},
+};
+#define NSHAPES (sizeof(shapes) / sizeof(shapes[0]))
+
+const char *bench_model_shape_names(void)
+{
+    return "tiny, qwen3-0.6b, qwen3-8b, qwen3-32b, llama-70b";
+}
+
+static const model_shape_t *find_shape(const char *name)
+{
+    for (size_t i = 0; i < NSHAPES; i++)
+        if (strcmp(shapes[i].name, name) == 0)
+            return &shapes[i];
+    return NULL;
+}
+
+int bench_model_shape_known(const char *name) { return find_shape(name) != NULL; }
+
+static wsync_model_config_t config_of(const model_shape_t *s)
+{
+    wsync_model_config_t c;
+    memset(&c, 0, sizeof(c));
+    c.model_type = s->type;
+    c.hidden_size = s->hidden;
+    c.num_hidden_layers = s->layers;
+    c.num_attention_heads = s->heads;
+    c.num_key_value_heads = s->kv_heads;
+    c.head_dim = s->head_dim;
+    c.intermediate_size = s->inter;
+    c.vocab_size = s->vocab;
+    c.max_position_embeddings = 40960;
+    c.tie_word_embeddings = s->tie;
+    c.qk_norm = s->qk_norm;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = s->theta;
+    c.dtype = WSYNC_DTYPE_BF16;
+    return c;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Data: counter-based bf16 values, computed in parallel                                     */
+/* ---------------------------------------------------------------------------------------- */
+
+static int g_threads = 1; /* generator threads of this process */
+
+static inline uint64_t mix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Sign, exponent 120..127, 7 random mantissa bits: never zero, never non-finite. */
+static inline uint16_t bf16_of(uint16_t v)
+{
+    return (uint16_t)((v & 0x8000u) | ((120u + ((v >> 7) & 7u)) << 7) | (v & 0x7Fu));
+}
+
+static uint64_t seed_of(const char *name, uint64_t version)
+{
+    return XXH3_64bits_withSeed(name, strlen(name), 0x5EEDull + version);
+}
+
+/* Elements [start, start + n) of one stream. */
+static void gen_stream(uint64_t seed, uint64_t start, uint64_t n, uint16_t *out)
+{
+    uint64_t i = start, end = start + n;
+    while (i < end) {
+        uint64_t h = mix64(seed + (i >> 2) * 0xD1B54A32D192ED03ull);
+        for (unsigned k = (unsigned)(i & 3); k < 4 && i < end; k++, i++)
+            *out++ = bf16_of((uint16_t)(h >> (16 * k)));
+    }
+}
+
+/* Elements [start, start + n) (linear, row-major) of param `name` in version `version`. */
+static void gen_param(const char *name, uint64_t version, uint64_t start, uint64_t n,
+                      uint16_t *out)
+{
+    if (start < STRIPE && n > 0) {
+        uint64_t m = STRIPE - start < n ? STRIPE - start : n;
+        gen_stream(seed_of(name, version), start, m, out);
+        start += m;
+        out += m;
+        n -= m;
+    }
+    if (n > 0)
+        gen_stream(seed_of(name, 0), start, n, out);
+}
+
+typedef void (*range_fn)(void *ctx, uint64_t lo, uint64_t hi);
+
+typedef struct {
+    range_fn fn;
+    void *ctx;
+    uint64_t lo, hi;
+} par_job_t;
+
+static void *par_thread(void *p)
+{
+    par_job_t *j = p;
+    j->fn(j->ctx, j->lo, j->hi);
+    return NULL;
+}
+
+/* fn over [0, n) split into g_threads parts (fewer when n / grain is small). */
+static void par_for(uint64_t n, uint64_t grain, range_fn fn, void *ctx)
+{
+    int nt = g_threads;
+    if (grain == 0)
+        grain = 1;
+    if ((uint64_t)nt > n / grain)
+        nt = (int)(n / grain);
+    if (nt <= 1) {
+        if (n > 0)
+            fn(ctx, 0, n);
+        return;
+    }
+    pthread_t tid[64];
+    par_job_t job[64];
+    if (nt > 64)
+        nt = 64;
+    for (int t = 0; t < nt; t++) {
+        job[t] = (par_job_t){fn, ctx, n * (uint64_t)t / (uint64_t)nt,
+                             n * (uint64_t)(t + 1) / (uint64_t)nt};
+        if (t > 0 && pthread_create(&tid[t], NULL, par_thread, &job[t]) != 0)
+            job[t].fn = NULL; /* could not start: run it here */
+    }
+    fn(ctx, job[0].lo, job[0].hi);
+    for (int t = 1; t < nt; t++) {
+        if (job[t].fn)
+            pthread_join(tid[t], NULL);
+        else
+            fn(ctx, job[t].lo, job[t].hi);
+    }
+}
+
+typedef struct {
+    const char *name;
+    uint64_t version, start;
+    uint16_t *out;
+} gen_job_t;
+
+static void gen_range(void *p, uint64_t lo, uint64_t hi)
+{
+    gen_job_t *g = p;
+    gen_param(g->name, g->version, g->start + lo, hi - lo, g->out + lo);
+}
+
+static void gen_param_mt(const char *name, uint64_t version, uint64_t start, uint64_t n,
+                         uint16_t *out)
+{
+    gen_job_t g = {name, version, start, out};
+    par_for(n, 1 << 20, gen_range, &g);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The run: layouts, placement, shared page                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    atomic_int arrived[MODEL_MAX_VERSIONS + 1];  /* senders at the start of version v */
+    atomic_int pushed[MODEL_MAX_VERSIONS + 1];   /* senders whose push of v returned */
+    atomic_int fetched[MODEL_MAX_VERSIONS + 1];  /* store: receivers that fetched v */
+    atomic_int receivers_done;                   /* store: receivers that left */
+    int ngpu;
+    char gpu_name[96];
+    bench_probe_req_t probe_req;
+    bench_probe_res_t probe;
+    char scheme[32];
+    double push_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
+    double fetch_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
+    int verdict[MODEL_MAX_RANKS];                /* receivers: 1 right, 2 wrong */
+    uint64_t final_version[MODEL_MAX_RANKS];
+    uint64_t digest[MODEL_MAX_RANKS];
+    int wrong_targets[MODEL_MAX_RANKS];
+    int skipped_versions[MODEL_MAX_RANKS];
+    char first_wrong[MODEL_MAX_RANKS][256];
+    double verify_s[MODEL_MAX_RANKS];
+    double fill_s[MODEL_MAX_RANKS];
+} model_shared_t;
+
+typedef struct {
+    const bench_opts_t *o;
+    const model_shape_t *shape;
+    wsync_model_config_t cfg;
+    int N, T, R, NR;                              /* senders, tp, replicas, receivers */
+    wsync_shard_t *shards[MODEL_MAX_RANKS];
+    size_t nshards[MODEL_MAX_RANKS];
+    wsync_target_t *targets[MODEL_MAX_RANKS];
+    size_t ntargets[MODEL_MAX_RANKS];
+    wsync_plan_summary_t *sum;
+    uint64_t param_elems, param_count;
+    int ngpu;
+    int gpu_s[MODEL_MAX_RANKS], gpu_r[MODEL_MAX_RANKS];
+    char coordinator[32];
+    model_shared_t *sh;
+} model_t;
+
+/* GPU of sender i and receiver j for `ngpu` GPUs (see --help). */
+static void place(model_t *m, int ngpu)
+{
+    m->ngpu = ngpu;
+    for (int i = 0; i < m->N; i++)
+        m->gpu_s[i] = m->o->colocated ? i % ngpu : i;
+    for (int j = 0; j < m->NR; j++)
+        m->gpu_r[j] = m->o->colocated ? j % ngpu : m->N + j;
+}
+
+static int gpus_needed(const model_t *m)
+{
+    return m->o->colocated ? 1 : m->N + m->NR;
+}
+
+static size_t align_up(size_t v) { return (v + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
+
+static uint64_t box_elems(const wsync_param_t *p, const wsync_box_t *b)
+{
+    uint64_t n = 1;
+    for (int d = 0; d < p->ndim; d++)
+        n *= (uint64_t)b->len[d];
+    return n;
+}
+
+static uint64_t row_elems(const wsync_param_t *p)
+{
+    uint64_t n = 1;
+    for (int d = 1; d < p->ndim; d++)
+        n *= (uint64_t)p->shape[d];
+    return n;
+}
+
+static int model_build(model_t *m)
+{
+    const bench_opts_t *o = m->o;
+    wsync_status_t st;
+    m->cfg = config_of(m->shape);
+    if ((st = wsync_model_config_check(&m->cfg)) != WSYNC_OK)
+        return bench_wsync_failed("parent", "wsync_model_config_check", st);
+    m->N = o->senders;
+    m->T = o->tp;
+    m->R = o->replicas;
+    m->NR = m->T * m->R;
+    for (int i = 0; i < m->N; i++) {
+        st = wsync_layout_fsdp_shards(&m->cfg, WSYNC_DTYPE_BF16, i, m->N, &m->shards[i],
+                                      &m->nshards[i]);
+        if (st != WSYNC_OK)
+            return bench_wsync_failed("parent", "wsync_layout_fsdp_shards", st);
+    }
+    wsync_tp_options_t opt = WSYNC_TP_OPTIONS_INIT;
+    opt.param_dtype = WSYNC_DTYPE_BF16;
+    if (o->quant_fp8) {
+        opt.quant.scheme = WSYNC_QUANT_BLOCK;
+        opt.quant.block_rows = opt.quant.block_cols = 128;
+        opt.quant_dtype = WSYNC_DTYPE_F8E4M3FN;
+    }
+    for (int j = 0; j < m->NR; j++) {
+        st = wsync_layout_tp_targets(&m->cfg, j % m->T, m->T, &opt, &m->targets[j],
+                                     &m->ntargets[j]);
+        if (st != WSYNC_OK)
+            return bench_wsync_failed("parent", "wsync_layout_tp_targets", st);
+    }
+    for (size_t k = 0; k < m->nshards[0]; k++) {
+        uint64_t e = 1;
+        for (int d = 0; d < m->shards[0][k].param.ndim; d++)
+            e *= (uint64_t)m->shards[0][k].param.shape[d];
+        m->param_elems += e;
+    }
+    m->param_count = m->nshards[0];
+
+    /* the plan, as the coordinator will compile it */
+    size_t ns = 0, nt = 0;
+    for (int i = 0; i < m->N; i++)
+        ns += m->nshards[i];
+    for (int j = 0; j < m->NR; j++)
+        nt += m->ntargets[j];
+    wsync_shard_t *all_s = calloc(ns, sizeof(*all_s));
+    wsync_target_t *all_t = calloc(nt, sizeof(*all_t));
+    int *rank_s = calloc(ns, sizeof(int)), *rank_t = calloc(nt, sizeof(int));
+    if (!all_s || !all_t || !rank_s || !rank_t) {
+        free(all_s);
+        free(all_t);
+        free(rank_s);
+        free(rank_t);
+        fprintf(stderr, PROG ": out of memory\n");
+        return 1;
+    }
+    ns = nt = 0;
+    for (int i = 0; i < m->N; i++)
+        for (size_t k = 0; k < m->nshards[i]; k++) {
+            all_s[ns] = m->shards[i][k];
+            rank_s[ns++] = i;
+        }
+    for (int j = 0; j < m->NR; j++)
+        for (size_t k = 0; k < m->ntargets[j]; k++) {
+            all_t[nt] = m->targets[j][k];
+            rank_t[nt++] = j;
+        }
+    st = wsync_plan_summarize(all_s, rank_s, ns, all_t, rank_t, nt, m->N, m->NR,
+                              o->have_bucket ? (size_t)o->bucket_bytes : 0, &m->sum);
+    free(all_s);
+    free(all_t);
+    free(rank_s);
+    free(rank_t);
+    if (st != WSYNC_OK)
+        return bench_wsync_failed("parent", "wsync_plan_summarize", st);
+    return 0;
+}
+
+static void model_free(model_t *m)
+{
+    for (int i = 0; i < m->N; i++)
+        wsync_layout_shards_free(m->shards[i], m->nshards[i]);
+    for (int j = 0; j < m->NR; j++)
+        wsync_layout_targets_free(m->targets[j], m->ntargets[j]);
+    wsync_plan_summary_free(m->sum);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Probe child                                                                                */
+/* ---------------------------------------------------------------------------------------- */
+
+static int probe_body(int i, int res_fd, void *arg)
+{
+    model_t *m = arg;
+    model_shared_t *sh = m->sh;
+    (void)i;
+    close(res_fd);
+    int ngpu = 0;
+    if (bcuda_device_count(&ngpu) != 0)
+        return 1;
+    if (ngpu < 1) {
+        fprintf(stderr, PROG ": no CUDA device visible\n");
+        return 1;
+    }
+    if (ngpu > MODEL_MAX_GPUS)
+        ngpu = MODEL_MAX_GPUS;
+    sh->ngpu = ngpu;
+    if (gpus_needed(m) > ngpu) {
+        fprintf(stderr,
+                PROG ": %d sender%s and %d receivers on their own GPUs need %d GPUs; %d visible "
+                     "(use --colocated to share them)\n",
+                m->N, m->N == 1 ? "" : "s", m->NR, gpus_needed(m), ngpu);
+        return 1;
+    }
+    bcuda_device_name(0, sh->gpu_name, sizeof(sh->gpu_name));
+    place(m, ngpu);
+
+    bench_probe_req_t *q = &sh->probe_req;
+    memset(q, 0, sizeof(*q));
+    int used[MODEL_MAX_GPUS] = {0};
+    for (int s = 0; s < m->N; s++)
+        used[m->gpu_s[s]] = 1;
+    for (int r = 0; r < m->NR; r++)
+        used[m->gpu_r[r]] = 1;
+    for (int g = 0; g < ngpu; g++)
+        if (used[g])
+            q->gpus[q->ngpus++] = g;
+    int seen[MODEL_MAX_GPUS][MODEL_MAX_GPUS] = {{0}};
+    for (int s = 0; s < m->N; s++)
+        for (int r = 0; r < m->NR; r++) {
+            int a = m->gpu_s[s], b = m->gpu_r[r];
+            if (a == b || seen[a][b] || m->sum->pair_bytes[s * m->NR + r] == 0)
+                continue;
+            seen[a][b] = 1;
+            q->pair_src[q->npairs] = a;
+            q->pair_dst[q->npairs++] = b;
+        }
+    q->bcast_root = m->gpu_s[0];
+    q->copy_bytes = PROBE_COPY_BYTES;
+    q->bcast_bytes = PROBE_BCAST_BYTES;
+    return bcuda_probe(q, &sh->probe) == 0 ? 0 : 1;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Senders                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Writes the STRIPE leading elements of version v wherever shard k holds them. Shards are
+ * FSDP dim-0 boxes: their elements are one contiguous linear range of the param. */
+static int write_stripes(const model_t *m, int rank, void *const *data, uint64_t v)
+{
+    const wsync_shard_t *sh = m->shards[rank];
+    uint16_t buf[STRIPE];
+    for (size_t k = 0; k < m->nshards[rank]; k++) {
+        uint64_t n = box_elems(&sh[k].param, &sh[k].box);
+        uint64_t lo = (uint64_t)sh[k].box.start[0] * row_elems(&sh[k].param);
+        if (n == 0 || lo >= STRIPE)
+            continue;
+        uint64_t cnt = STRIPE - lo < n ? STRIPE - lo : n;
+        gen_param(sh[k].param.name, v, lo, cnt, buf);
+        if (m->o->mem_cuda) {
+            if (bcuda_h2d(data[k], buf, cnt * 2) != 0)
+                return -1;
+        } else {
+            memcpy(data[k], buf, cnt * 2);
+        }
+    }
+    return 0;
+}
+
+static int run_sender(model_t *m, int rank)
+{
+    const bench_opts_t *o = m->o;
+    model_shared_t *shp = m->sh;
+    char who[32];
+    snprintf(who, sizeof(who), "sender %d", rank);
+    int rc = 1, total = o->warmup + o->iters;
+    wsync_ctx_t *ctx = NULL;
+    wsync_sender_t *sender = NULL;
+    wsync_status_t st;
+    size_t n = m->nshards[rank], bytes = 0;
+    size_t *off = calloc(n ? n : 1, sizeof(size_t));
+    void **data = calloc(n ? n : 1, sizeof(void *));
+    uint16_t *chunk = NULL;
+    char *block = NULL;
+    if (!off || !data)
+        goto oom;
+    for (size_t k = 0; k < n; k++) {
+        off[k] = bytes;
+        bytes += align_up(box_elems(&m->shards[rank][k].param, &m->shards[rank][k].box) * 2);
+    }
+    if (o->store)
+        setenv("WSYNC_STORE_TRANSPORT", o->transport, 1);
+    if (o->mem_cuda && bcuda_set_device(m->gpu_s[rank]) != 0)
+        goto out;
+    if ((st = wsync_ctx_create(NULL, &ctx)) != WSYNC_OK) {
+        rc = bench_wsync_failed(who, "wsync_ctx_create", st);
+        goto out;
+    }
+    if (o->mem_cuda) {
+        if (bcuda_malloc((void **)&block, bytes) != 0)
+            goto out;
+    } else if (wsync_mem_alloc(ctx, bytes ? bytes : ALIGN, (void **)&block) != WSYNC_OK) {
+        fprintf(stderr, PROG ": %s: wsync_mem_alloc(%zu) failed: %s\n", who, bytes,
+                wsync_last_error());
+        goto out;
+    }
+
+    /* the coordinator listens first, so that the others connect while weights are made */
+    wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
+    sp.coordinator = m->coordinator;
+    sp.rank = rank;
+    sp.nranks = m->N;
+    sp.nreceivers = m->NR;
+    sp.scheme = o->scheme;
+    if (o->have_bucket)
+        sp.bucket_bytes = (size_t)o->bucket_bytes;
+    if (o->store) {
+        sp.snapshot = 1;
+        sp.keep_versions = 2;
+    }
+    if ((st = wsync_sender_create(ctx, &sp, &sender)) != WSYNC_OK) {
+        rc = bench_wsync_failed(who, "wsync_sender_create", st);
+        goto out;
+    }
+
+    double t0 = bench_now_s();
+    if (o->mem_cuda && !(chunk = malloc(GEN_CHUNK_ELEMS * 2)))
+        goto oom;
+    for (size_t k = 0; k < n; k++) {
+        const wsync_shard_t *s = &m->shards[rank][k];
+        uint64_t cnt = box_elems(&s->param, &s->box), lo = (uint64_t)s->box.start[0] *
+                                                            row_elems(&s->param);
+        data[k] = block + off[k];
+        if (!o->mem_cuda) {
+            gen_param_mt(s->param.name, 1, lo, cnt, (uint16_t *)data[k]);
+            continue;
+        }
+        for (uint64_t done = 0; done < cnt;) {
+            uint64_t c = cnt - done < GEN_CHUNK_ELEMS ? cnt - done : GEN_CHUNK_ELEMS;
+            gen_param_mt(s->param.name, 1, lo + done, c, chunk);
+            if (bcuda_h2d((uint16_t *)data[k] + done, chunk, c * 2) != 0)
+                goto out;
+            done += c;
+        }
+    }
+    shp->fill_s[rank] = bench_now_s() - t0;
+    fprintf(stderr, PROG ": %s: %zu shards, %.3f GB %s on %s %d, made in %.1f s\n", who, n,
+            (double)bytes / 1e9, "bf16", o->mem_cuda ? "GPU" : "host", o->mem_cuda ?
+            m->gpu_s[rank] : 0, shp->fill_s[rank]);
+    for (size_t k = 0; k < n; k++) {
+        wsync_shard_t s = m->shards[rank][k];
+        s.data = data[k];
+        s.mem = o->mem_cuda ? WSYNC_MEM_CUDA : WSYNC_MEM_HOST;
+        s.device = o->mem_cuda ? m->gpu_s[rank] : 0;
+        if ((st = wsync_sender_add_shard(sender, &s)) != WSYNC_OK) {
+            rc = bench_wsync_failed(who, "wsync_sender_add_shard", st);
+            goto out;
+        }
+    }
+    t0 = bench_now_s();
+    if ((st = wsync_sender_setup(sender)) != WSYNC_OK) {
+        rc = bench_wsync_failed(who, "wsync_sender_setup", st);
+        goto out;
+    }
+    if (rank == 0) {
+        const char *chosen = wsync_sender_scheme(sender);
+        snprintf(shp->scheme, sizeof(shp->scheme), "%s", chosen ? chosen : "?");
+        fprintf(stderr, PROG ": setup took %.3f s; scheme %s\n%s\n", bench_now_s() - t0,
+                shp->scheme, wsync_sender_explain(sender) ? wsync_sender_explain(sender) : "");
+    }
+
+    for (int v = 1; v <= total; v++) {
+        if (v > 1 && write_stripes(m, rank, data, (uint64_t)v) != 0)
+            goto out;
+        if (o->store && v > 1) /* no snapshot copy overlaps a timed fetch */
+            bench_wait_at_least(&shp->fetched[v - 1], m->NR);
+        bench_count_up(&shp->arrived[v]);
+        bench_wait_at_least(&shp->arrived[v], m->N);
+        double a = bench_now_s();
+        st = wsync_sender_push(sender, (uint64_t)v);
+        double dt = bench_now_s() - a;
+        if (st != WSYNC_OK) {
+            char call[64];
+            snprintf(call, sizeof(call), "wsync_sender_push(version %d)", v);
+            rc = bench_wsync_failed(who, call, st);
+            goto out;
+        }
+        shp->push_s[v - 1][rank] = dt;
+        bench_count_up(&shp->pushed[v]);
+        if (rank == 0)
+            fprintf(stderr, PROG ": push %d/%d %s %.4f s (sender 0)\n", v, total,
+                    v > o->warmup ? "timed " : "warmup", dt);
+    }
+    if (o->store) /* the store lives in the senders: stay until every receiver has left */
+        bench_wait_at_least(&shp->receivers_done, m->NR);
+    rc = 0;
+    goto out;
+oom:
+    fprintf(stderr, PROG ": %s: out of host memory\n", who);
+out:
+    wsync_sender_free(sender);
+    if (block) {
+        if (o->mem_cuda)
+            bcuda_free(block);
+        else
+            wsync_mem_free(ctx, block);
+    }
+    wsync_ctx_free(ctx);
+    free(chunk);
+    free(off);
+    free(data);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Receivers: the expected bytes of a target, and the check                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const wsync_target_t *t;
+    const wsync_piece_t *p;
+    uint64_t version;
+    uint16_t *dense;   /* the target's elements as bf16 */
+} piece_job_t;
+
+/* rows [lo, hi) of a piece (a 1-D piece is one row) */
+static void piece_rows(void *arg, uint64_t lo, uint64_t hi)
+{
+    piece_job_t *j = arg;
+    const wsync_piece_t *p = j->p;
+    const wsync_target_t *t = j->t;
+    if (p->param.ndim == 1) {
+        gen_param(p->param.name, j->version, (uint64_t)p->src.start[0], (uint64_t)p->src.len[0],
+                  j->dense + p->dst_start[0]);
+        return;
+    }
+    uint64_t pcols = (uint64_t)p->param.shape[1], tcols = (uint64_t)t->shape[1];
+    for (uint64_t r = lo; r < hi; r++) {
+        uint64_t src = ((uint64_t)p->src.start[0] + r) * pcols + (uint64_t)p->src.start[1];
+        uint64_t dst = ((uint64_t)p->dst_start[0] + r) * tcols + (uint64_t)p->dst_start[1];
+        gen_param(p->param.name, j->version, src, (uint64_t)p->src.len[1], j->dense + dst);
+    }
+}
+
+typedef struct {
+    const uint16_t *in;
+    float *out;
+} widen_job_t;
+
+static void widen(void *arg, uint64_t lo, uint64_t hi)
+{
+    widen_job_t *w = arg;
+    for (uint64_t i = lo; i < hi; i++) {
+        uint32_t u = (uint32_t)w->in[i] << 16;
+        memcpy(&w->out[i], &u, 4);
+    }
+}
+
+typedef struct {
+    const wsync_target_t *t;
+    const float *x;
+    uint8_t *q;
+    float *scales;
+    uint64_t cols, scols, br;
+    wsync_status_t st;
+    pthread_mutex_t lock;
+} quant_job_t;
+
+/* block-rows [lo, hi) of an FP8 block target: each is quantized alone (its scales are its own) */
+static void quant_rows(void *arg, uint64_t lo, uint64_t hi)
+{
+    quant_job_t *j = arg;
+    uint64_t rows = (uint64_t)j->t->shape[0];
+    uint64_t r0 = lo * j->br, r1 = hi * j->br < rows ? hi * j->br : rows;
+    wsync_status_t st = wsync_quantize_f32(j->t->name, j->x + r0 * j->cols, r1 - r0, j->cols,
+                                           j->cols, &j->t->quant, j->t->dtype,
+                                           j->q + r0 * j->cols, j->cols,
+                                           j->scales + lo * j->scols);
+    if (st != WSYNC_OK) {
+        pthread_mutex_lock(&j->lock);
+        j->st = st;
+        pthread_mutex_unlock(&j->lock);
+    }
+}
+
+/* The bytes target t holds after version v: *out (target bytes) and, for FP8, *scales
+ * (wsync_target_scale_count floats). */
+static int expected_target(const wsync_target_t *t, uint64_t v, uint8_t *out, float *scales)
+{
+    uint64_t elems = wsync_target_bytes(t) / wsync_dtype_size(t->dtype);
+    int fp8 = t->dtype == WSYNC_DTYPE_F8E4M3FN || t->dtype == WSYNC_DTYPE_F8E5M2;
+    uint16_t *dense = fp8 ? calloc(elems ? elems : 1, 2) : (uint16_t *)out;
+    if (!dense)
+        return -1;
+    if (!fp8)
+        memset(out, 0, elems * 2);
+    for (int k = 0; k < t->npieces; k++) {
+        piece_job_t j = {t, &t->pieces[k], v, dense};
+        uint64_t rows = t->pieces[k].param.ndim == 1 ? 1 : (uint64_t)t->pieces[k].src.len[0];
+        if (box_elems(&t->pieces[k].param, &t->pieces[k].src) > 0)
+            par_for(rows, 64, piece_rows, &j);
+    }
+    if (!fp8)
+        return 0;
+    int rc = -1;
+    float *x = malloc(elems * sizeof(float));
+    if (x && t->ndim == 2 && t->quant.scheme == WSYNC_QUANT_BLOCK) {
+        widen_job_t w = {dense, x};
+        par_for(elems, 1 << 20, widen, &w);
+        int64_t srows, scols;
+        uint64_t br = t->quant.block_rows > 0 ? (uint64_t)t->quant.block_rows : 128;
+        if (wsync_quant_scales_shape(&t->quant, t->shape[0], t->shape[1], &srows, &scols) ==
+            WSYNC_OK) {
+            quant_job_t q = {t, x, out, scales, (uint64_t)t->shape[1], (uint64_t)scols, br,
+                             WSYNC_OK, PTHREAD_MUTEX_INITIALIZER};
+            par_for((uint64_t)srows, 1, quant_rows, &q);
+            rc = q.st == WSYNC_OK ? 0 : -1;
+            if (q.st != WSYNC_OK)
+                fprintf(stderr, PROG ": reference quantization of %s failed: %s\n", t->name,
+                        wsync_last_error());
+        }
+    } else if (x) {
+        fprintf(stderr, PROG ": %s: only 2-D block FP8 targets are checked\n", t->name);
+    }
+    free(x);
+    free(dense);
+    return rc;
+}
+
+/* Index of the first differing element of size esz, or -1. */
+static int64_t first_diff(const uint8_t *a, const uint8_t *b, size_t bytes, size_t esz)
+{
+    if (memcmp(a, b, bytes) == 0)
+        return -1;
+    for (size_t i = 0; i < bytes; i++)
+        if (a[i] != b[i])
+            return (int64_t)(i / esz);
+    return -1;
+}
+
+/* Compares every target (and FP8 scales) of receiver j with the expected bytes of version v;
+ * 0 when all are right, 1 when some are wrong (recorded in the shared page), -1 on a failure. */
+static int check_receiver(model_t *m, int j, uint64_t v, uint8_t *const *data,
+                          float *const *scales)
+{
+    const bench_opts_t *o = m->o;
+    model_shared_t *sh = m->sh;
+    XXH3_state_t *hs = XXH3_createState();
+    size_t maxb = 0, maxs = 0;
+    int rc = -1, wrong = 0;
+    uint8_t *exp = NULL, *got = NULL;
+    float *exps = NULL, *gots = NULL;
+    if (!hs)
+        return -1;
+    XXH3_64bits_reset(hs);
+    for (size_t k = 0; k < m->ntargets[j]; k++) {
+        const wsync_target_t *t = &m->targets[j][k];
+        if (wsync_target_bytes(t) > maxb)
+            maxb = wsync_target_bytes(t);
+        if (wsync_target_scale_count(t) > maxs)
+            maxs = wsync_target_scale_count(t);
+    }
+    exp = malloc(maxb ? maxb : 1);
+    got = o->mem_cuda ? malloc(maxb ? maxb : 1) : NULL;
+    exps = malloc((maxs ? maxs : 1) * sizeof(float));
+    gots = malloc((maxs ? maxs : 1) * sizeof(float));
+    if (!exp || (o->mem_cuda && !got) || !exps || !gots) {
+        fprintf(stderr, PROG ": receiver %d: no host memory to check the targets\n", j);
+        goto out;
+    }
+    for (size_t k = 0; k < m->ntargets[j]; k++) {
+        const wsync_target_t *t = &m->targets[j][k];
+        size_t bytes = wsync_target_bytes(t), ns = wsync_target_scale_count(t);
+        int fp8 = t->dtype == WSYNC_DTYPE_F8E4M3FN || t->dtype == WSYNC_DTYPE_F8E5M2;
+        if (!fp8)
+            ns = 0;
+        const uint8_t *g = data[k];
+        if (o->mem_cuda) {
+            if (bcuda_d2h(got, data[k], bytes) != 0)
+                goto out;
+            g = got;
+        }
+        const float *gs = scales[k];
+        if (ns && o->mem_cuda) {
+            if (bcuda_d2h(gots, scales[k], ns * sizeof(float)) != 0)
+                goto out;
+            gs = gots;
+        }
+        XXH3_64bits_update(hs, g, bytes);
+        if (ns)
+            XXH3_64bits_update(hs, gs, ns * sizeof(float));
+        if (expected_target(t, v, exp, exps) != 0)
+            goto out;
+        size_t esz = wsync_dtype_size(t->dtype);
+        int64_t d = first_diff(exp, g, bytes, esz);
+        int64_t ds = ns ? first_diff((const uint8_t *)exps, (const uint8_t *)gs,
+                                     ns * sizeof(float), sizeof(float))
+                        : -1;
+        if (d < 0 && ds < 0)
+            continue;
+        if (wrong++ == 0 || wrong <= 5) {
+            char line[256];
+            if (d >= 0) {
+                int64_t cols = t->ndim == 2 ? t->shape[1] : 1;
+                uint32_t e = 0, h = 0;
+                memcpy(&e, exp + (size_t)d * esz, esz);
+                memcpy(&h, g + (size_t)d * esz, esz);
+                snprintf(line, sizeof(line),
+                         "%s [%s %lld elems]: element %lld (row %lld, col %lld) is 0x%x, "
+                         "expected 0x%x",
+                         t->name, wsync_dtype_name(t->dtype), (long long)(bytes / esz),
+                         (long long)d, (long long)(d / cols), (long long)(d % cols), h, e);
+            } else {
+                snprintf(line, sizeof(line), "%s: scale %lld is %g, expected %g", t->name,
+                         (long long)ds, (double)gs[ds], (double)exps[ds]);
+            }
+            fprintf(stderr, PROG ": receiver %d: version %llu: %s\n", j, (unsigned long long)v,
+                    line);
+            if (wrong == 1)
+                snprintf(sh->first_wrong[j], sizeof(sh->first_wrong[j]), "%s", line);
+        }
+    }
+    sh->wrong_targets[j] = wrong;
+    sh->digest[j] = XXH3_64bits_digest(hs);
+    rc = wrong ? 1 : 0;
+out:
+    XXH3_freeState(hs);
+    free(exp);
+    free(got);
+    free(exps);
+    free(gots);
+    return rc;
+}
+
+static int run_receiver(model_t *m, int j)
+{
+    const bench_opts_t *o = m->o;
+    model_shared_t *shp = m->sh;
+    char who[32];
+    snprintf(who, sizeof(who), "receiver %d", j);
+    int rc = 1, total = o->warmup + o->iters;
+    wsync_ctx_t *ctx = NULL;
+    wsync_receiver_t *rv = NULL;
+    wsync_status_t st;
+    size_t n = m->ntargets[j], bytes = 0, sbytes = 0;
+    size_t *off = calloc(n ? n : 1, sizeof(size_t)), *soff = calloc(n ? n : 1, sizeof(size_t));
+    uint8_t **data = calloc(n ? n : 1, sizeof(*data));
+    float **scales = calloc(n ? n : 1, sizeof(*scales));
+    char *block = NULL, *sblock = NULL;
+    uint64_t got = 0;
+    if (!off || !soff || !data || !scales) {
+        fprintf(stderr, PROG ": %s: out of host memory\n", who);
+        goto out;
+    }
+    for (size_t k = 0; k < n; k++) {
+        off[k] = bytes;
+        bytes += align_up(wsync_target_bytes(&m->targets[j][k]));
+        soff[k] = sbytes;
+        if (m->targets[j][k].quant.scheme != WSYNC_QUANT_NONE)
+            sbytes += align_up(wsync_target_scale_count(&m->targets[j][k]) * sizeof(float));
+    }
+    if (o->store)
+        setenv("WSYNC_STORE_TRANSPORT", o->transport, 1);
+    if (o->mem_cuda) {
+        if (bcuda_set_device(m->gpu_r[j]) != 0 || bcuda_malloc((void **)&block, bytes) != 0 ||
+            bcuda_malloc((void **)&sblock, sbytes) != 0)
+            goto out;
+        /* poison: 0xFF is NaN in bf16 and e4m3, so no stale byte passes for data */
+        if (bcuda_memset(block, 0xFF, bytes) != 0 || bcuda_memset(sblock, 0xFF, sbytes) != 0)
+            goto out;
+    } else {
+        block = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+        sblock = aligned_alloc(4096, ((sbytes ? sbytes : 1) + 4095) & ~(size_t)4095);
+        if (!block || !sblock) {
+            fprintf(stderr, PROG ": %s: cannot allocate %zu bytes of targets\n", who, bytes);
+            goto out;
+        }
+        memset(block, 0xFF, bytes);
+        memset(sblock, 0xFF, sbytes);
+    }
+    if ((st = wsync_ctx_create(NULL, &ctx)) != WSYNC_OK) {
+        rc = bench_wsync_failed(who, "wsync_ctx_create", st);
+        goto out;
+    }
+    wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
+    rp.coordinator = m->coordinator;
+    rp.rank = j;
+    rp.nreceivers = m->NR;
+    if ((st = wsync_receiver_create(ctx, &rp, &rv)) != WSYNC_OK) {
+        rc = bench_wsync_failed(who, "wsync_receiver_create", st);
+        goto out;
+    }
+    for (size_t k = 0; k < n; k++) {
+        wsync_target_t t = m->targets[j][k];
+        data[k] = (uint8_t *)block + off[k];
+        scales[k] = (float *)(sblock + soff[k]);
+        t.data = data[k];
+        t.mem = o->mem_cuda ? WSYNC_MEM_CUDA : WSYNC_MEM_HOST;
+        t.device = o->mem_cuda ? m->gpu_r[j] : 0;
+        if (t.quant.scheme != WSYNC_QUANT_NONE) {
+            t.quant.scales = scales[k];
+            t.quant.scales_mem = t.mem;
+        }
+        if ((st = wsync_receiver_add_target(rv, &t)) != WSYNC_OK) {
+            rc = bench_wsync_failed(who, "wsync_receiver_add_target", st);
+            goto out;
+        }
+    }
+
+    if (o->store) {
+        for (int v = 1; v <= total; v++) {
+            bench_wait_at_least(&shp->pushed[v], m->N);
+            double a = bench_now_s();
+            st = wsync_receiver_fetch(rv, (uint64_t)v, -1, &got);
+            double dt = bench_now_s() - a;
+            if (st != WSYNC_OK) {
+                char call[64];
+                snprintf(call, sizeof(call), "wsync_receiver_fetch(version %d)", v);
+                rc = bench_wsync_failed(who, call, st);
+                goto out;
+            }
+            shp->fetch_s[v - 1][j] = dt;
+            bench_count_up(&shp->fetched[v]);
+        }
+    } else {
+        /* a timeout only means no version began yet; the parent's deadline bounds the run */
+        uint64_t prev = 0;
+        while (got < (uint64_t)total) {
+            st = wsync_receiver_wait(rv, -1, &got);
+            if (st == WSYNC_ERR_TIMEOUT)
+                continue;
+            if (st != WSYNC_OK) {
+                rc = bench_wsync_failed(who, "wsync_receiver_wait", st);
+                goto out;
+            }
+            if (got != prev + 1)
+                shp->skipped_versions[j]++;
+            prev = got;
+        }
+    }
+    shp->final_version[j] = got;
+    /* leave the group first: checking a large model takes a while */
+    wsync_receiver_free(rv);
+    rv = NULL;
+    if (o->store)
+        bench_count_up(&shp->receivers_done);
+    double a = bench_now_s();
+    int c = check_receiver(m, j, got, data, scales);
+    shp->verify_s[j] = bench_now_s() - a;
+    if (c < 0)
+        goto out;
+    shp->verdict[j] = c == 0 ? 1 : 2;
+    fprintf(stderr, PROG ": %s: version %llu %s (checked in %.1f s)\n", who,
+            (unsigned long long)got, c == 0 ? "right" : "WRONG", shp->verify_s[j]);
+    rc = 0;
+out:
+    wsync_receiver_free(rv);
+    wsync_ctx_free(ctx);
+    if (o->mem_cuda) {
+        bcuda_free(block);
+        bcuda_free(sblock);
+    } else {
+        free(block);
+        free(sblock);
+    }
+    free(off);
+    free(soff);
+    free(data);
+    free(scales);
+    return rc;
+}
+
+static int sync_body(int i, int res_fd, void *arg)
+{
+    model_t *m = arg;
+    close(res_fd);
+    return i < m->N ? run_sender(m, i) : run_receiver(m, i - m->N);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Floor and report                                                                           */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    double peer_gbps, peer_min, peer_max, d2d_gbps, memcpy_gbps;
+    double floor_s;
+    int floor_gpu;
+    uint64_t in_b, out_b, local_b;        /* of the floor's GPU */
+} model_floor_t;
+
+static void compute_floor(const model_t *m, double memcpy_gbps, model_floor_t *f)
+{
+    const bench_probe_res_t *p = &m->sh->probe;
+    const bench_probe_req_t *q = &m->sh->probe_req;
+    memset(f, 0, sizeof(*f));
+    f->floor_gpu = -1;
+    if (!m->o->mem_cuda) {
+        uint64_t most = 0;
+        for (int r = 0; r < m->NR; r++)
+            if (m->sum->bytes_per_receiver[r] > most)
+                most = m->sum->bytes_per_receiver[r];
+        f->memcpy_gbps = memcpy_gbps;
+        f->floor_s = memcpy_gbps > 0 ? (double)most / (memcpy_gbps * 1e9) : 0;
+        return;
+    }
+    double v[MODEL_MAX_GPUS * MODEL_MAX_GPUS];
+    int nv = 0;
+    for (int i = 0; i < q->npairs; i++)
+        if (p->peer_gbps[i] > 0)
+            v[nv++] = p->peer_gbps[i];
+    if (nv > 0) {
+        bench_stats_t s = bench_stats_of(v, nv);
+        f->peer_gbps = s.median;
+        f->peer_min = s.min;
+        f->peer_max = s.max;
+    }
+    nv = 0;
+    for (int i = 0; i < q->ngpus; i++)
+        if (p->d2d_gbps[i] > 0)
+            v[nv++] = p->d2d_gbps[i];
+    if (nv > 0)
+        f->d2d_gbps = bench_stats_of(v, nv).median;
+    for (int g = 0; g < m->ngpu; g++) {
+        uint64_t in = 0, out = 0, local = 0;
+        for (int s = 0; s < m->N; s++)
+            for (int r = 0; r < m->NR; r++) {
+                uint64_t b = m->sum->pair_bytes[s * m->NR + r];
+                if (m->gpu_s[s] == g && m->gpu_r[r] == g)
+                    local += b;
+                else if (m->gpu_r[r] == g)
+                    in += b;
+            }
+        /* out: per sender on g and TP rank t, the most any replica on another GPU takes */
+        for (int s = 0; s < m->N; s++) {
+            if (m->gpu_s[s] != g)
+                continue;
+            for (int t = 0; t < m->T; t++) {
+                uint64_t most = 0;
+                for (int k = 0; k < m->R; k++) {
+                    int r = k * m->T + t;
+                    uint64_t b = m->sum->pair_bytes[s * m->NR + r];
+                    if (m->gpu_r[r] != g && b > most)
+                        most = b;
+                }
+                out += most;
+            }
+        }
+        double link = (double)(in > out ? in : out);
+        double t = (f->peer_gbps > 0 ? link / (f->peer_gbps * 1e9) : 0) +
+                   (f->d2d_gbps > 0 ? (double)local / (f->d2d_gbps * 1e9) : 0);
+        if (t > f->floor_s) {
+            f->floor_s = t;
+            f->floor_gpu = g;
+            f->in_b = in;
+            f->out_b = out;
+            f->local_b = local;
+        }
+    }
+}
+
+static json_t *reals(const double *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, json_real(v[i]));
+    return a;
+}
+
+static void gpu_list(char *buf, size_t len, const int *g, int n)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && used + 8 < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%d", i ? "," : "", g[i]);
+}
+
+static int report(const model_t *m, double memcpy_gbps)
+{
+    const bench_opts_t *o = m->o;
+    const model_shared_t *sh = m->sh;
+    int K = o->iters;
+    double times[MODEL_MAX_VERSIONS];
+    for (int k = 0; k < K; k++) {
+        int v = o->warmup + k; /* index of version v+1 */
+        times[k] = 0;
+        if (o->store) {
+            for (int r = 0; r < m->NR; r++)
+                if (sh->fetch_s[v][r] > times[k])
+                    times[k] = sh->fetch_s[v][r];
+        } else {
+            for (int s = 0; s < m->N; s++)
+                if (sh->push_s[v][s] > times[k])
+                    times[k] = sh->push_s[v][s];
+        }
+    }
+    bench_stats_t t = bench_stats_of(times, K);
+    uint64_t moved = m->sum->total_bytes, per_recv = 0;
+    for (int r = 0; r < m->NR; r++)
+        if (m->sum->bytes_per_receiver[r] > per_recv)
+            per_recv = m->sum->bytes_per_receiver[r];
+    model_floor_t f;
+    compute_floor(m, memcpy_gbps, &f);
+    double gbps = (double)moved / t.median / 1e9, gbps_recv = (double)per_recv / t.median / 1e9;
+    double ratio_floor = f.floor_s > 0 ? t.median / f.floor_s : 0;
+    double bcast = o->mem_cuda ? sh->probe.bcast_gbps : 0;
+    double ratio_bcast = bcast > 0 ? gbps_recv / bcast : 0;
+    int right = 1, skipped = 0;
+    const char *first_wrong = "";
+    for (int r = 0; r < m->NR; r++) {
+        if (sh->verdict[r] != 1 || sh->final_version[r] != (uint64_t)(o->warmup + K)) {
+            right = 0;
+            if (!first_wrong[0])
+                first_wrong = sh->first_wrong[r][0] ? sh->first_wrong[r] : "version";
+        }
+        skipped += sh->skipped_versions[r];
+    }
+    char gs[256], gr[256];
+    gs[0] = gr[0] = '\0';
+    if (o->mem_cuda) {
+        gpu_list(gs, sizeof(gs), m->gpu_s, m->N);
+        gpu_list(gr, sizeof(gr), m->gpu_r, m->NR);
+    }
+
+    printf("%s: %s (%llu params, %.3f GB bf16), FSDP-%d -> %d replica%s x TP-%d, %s, mem %s, "
+           "quant %s, scheme %s (asked %s)\n",
+           PROG, m->shape->name, (unsigned long long)m->param_elems,
+           (double)m->param_elems * 2 / 1e9, m->N, m->R, m->R == 1 ? "" : "s", m->T,
+           o->colocated ? "colocated" : "disaggregated", o->mem_cuda ? "cuda" : "host",
+           o->quant_fp8 ? "fp8-block" : "none", sh->scheme, o->scheme);
+    if (o->mem_cuda)
+        printf("  GPUs              %d visible (%s); senders on %s; receivers on %s\n", m->ngpu,
+               sh->gpu_name, gs, gr);
+    printf("  seconds           median %.6f   min %.6f   max %.6f   (%d version%s after %d "
+           "warm-up; %s)\n",
+           t.median, t.min, t.max, K, K == 1 ? "" : "s", o->warmup,
+           o->store ? "slowest receiver's fetch" : "slowest sender's push");
+    printf("  bytes moved       %.4f GB (plan: %llu chunks, %llu segments); most into one "
+           "receiver %.4f GB\n",
+           (double)moved / 1e9, (unsigned long long)m->sum->nchunks,
+           (unsigned long long)m->sum->nsegments, (double)per_recv / 1e9);
+    printf("  GB/s              %.1f (bytes moved / median); %.1f per receiver\n", gbps,
+           gbps_recv);
+    if (o->mem_cuda) {
+        printf("  links             peer %.1f GB/s (median of %d pairs, %.1f..%.1f), "
+               "device-to-device %.1f GB/s\n",
+               f.peer_gbps, sh->probe_req.npairs, f.peer_min, f.peer_max, f.d2d_gbps);
+        printf("  broadcast         %s%s%.1f GB/s\n", sh->probe.bcast_note,
+               bcast > 0 ? ": " : "", bcast);
+        printf("  floor             %.6f s: GPU %d, max(in %.3f GB, out %.3f GB) at peer "
+               "GB/s + %.3f GB local at device-to-device GB/s\n",
+               f.floor_s, f.floor_gpu, (double)f.in_b / 1e9, (double)f.out_b / 1e9,
+               (double)f.local_b / 1e9);
+    } else {
+        printf("  floor             %.6f s: the largest receiver's bytes at one core's memcpy "
+               "(%.2f GB/s)\n",
+               f.floor_s, f.memcpy_gbps);
+    }
+    printf("  ratio to floor    %.3f  (median seconds / floor seconds)\n", ratio_floor);
+    if (bcast > 0)
+        printf("  ratio to bcast    %.3f  (per-receiver GB/s / broadcast GB/s)\n", ratio_bcast);
+    if (right)
+        printf("  correct           yes: every receiver holds exactly version %d%s\n",
+               o->warmup + K, skipped ? " (some waits skipped a version)" : "");
+    else
+        printf("  correct           NO: %s\n", first_wrong);
+
+    if (o->json) {
+        json_t *j = json_object();
+        char dig[24];
+        json_object_set_new(j, "mode", json_string("model"));
+        json_object_set_new(j, "model_shape", json_string(m->shape->name));
+        json_object_set_new(j, "param_elems", json_integer((json_int_t)m->param_elems));
+        json_object_set_new(j, "params", json_integer((json_int_t)m->param_count));
+        json_object_set_new(j, "senders", json_integer(m->N));
+        json_object_set_new(j, "tp", json_integer(m->T));
+        json_object_set_new(j, "replicas", json_integer(m->R));
+        json_object_set_new(j, "receivers", json_integer(m->NR));
+        json_object_set_new(j, "colocated", json_boolean(o->colocated));
+        json_object_set_new(j, "mem", json_string(o->mem_cuda ? "cuda" : "host"));
+        json_object_set_new(j, "quant", json_string(o->quant_fp8 ? "fp8-block" : "none"));
+        json_object_set_new(j, "scheme_asked", json_string(o->scheme));
+        json_object_set_new(j, "scheme", json_string(sh->scheme));
+        json_object_set_new(j, "ngpu", json_integer(m->ngpu));
+        json_object_set_new(j, "gpu", json_string(sh->gpu_name));
+        json_object_set_new(j, "gpus_senders", json_string(gs));
+        json_object_set_new(j, "gpus_receivers", json_string(gr));
+        json_object_set_new(j, "iters", json_integer(K));
+        json_object_set_new(j, "warmup", json_integer(o->warmup));
+        json_object_set_new(j, "seconds", json_real(t.median));
+        json_object_set_new(j, "seconds_min", json_real(t.min));
+        json_object_set_new(j, "seconds_max", json_real(t.max));
+        json_object_set_new(j, "times", reals(times, K));
+        json_object_set_new(j, "bytes_moved", json_integer((json_int_t)moved));
+        json_object_set_new(j, "bytes_per_receiver_max", json_integer((json_int_t)per_recv));
+        json_object_set_new(j, "bytes_landed", json_integer((json_int_t)m->sum->total_landed_bytes));
+        json_object_set_new(j, "gbps", json_real(gbps));
+        json_object_set_new(j, "gbps_per_receiver", json_real(gbps_recv));
+        json_object_set_new(j, "peer_gbps", json_real(f.peer_gbps));
+        json_object_set_new(j, "peer_gbps_min", json_real(f.peer_min));
+        json_object_set_new(j, "peer_gbps_max", json_real(f.peer_max));
+        json_object_set_new(j, "d2d_gbps", json_real(f.d2d_gbps));
+        json_object_set_new(j, "memcpy_gbps", json_real(f.memcpy_gbps));
+        json_object_set_new(j, "bcast_gbps", json_real(bcast));
+        json_object_set_new(j, "bcast_note", json_string(o->mem_cuda ? sh->probe.bcast_note : ""));
+        json_object_set_new(j, "floor_seconds", json_real(f.floor_s));
+        json_object_set_new(j, "floor_gpu", json_integer(f.floor_gpu));
+        json_object_set_new(j, "floor_in_bytes", json_integer((json_int_t)f.in_b));
+        json_object_set_new(j, "floor_out_bytes", json_integer((json_int_t)f.out_b));
+        json_object_set_new(j, "floor_local_bytes", json_integer((json_int_t)f.local_b));
+        json_object_set_new(j, "ratio_floor", json_real(ratio_floor));
+        json_object_set_new(j, "ratio_bcast", json_real(ratio_bcast));
+        json_object_set_new(j, "correct", json_boolean(right));
+        json_object_set_new(j, "version", json_integer(o->warmup + K));
+        json_t *d = json_array();
+        for (int r = 0; r < m->NR; r++) {
+            snprintf(dig, sizeof(dig), "%016llx", (unsigned long long)sh->digest[r]);
+            json_array_append_new(d, json_string(dig));
+        }
+        json_object_set_new(j, "digests", d);
+        char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        if (text)
+            printf("%s\n", text);
+        free(text);
+        json_decref(j);
+    }
+    fflush(stdout);
+    return right ? 0 : 1;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Main                                                                                       */
+/* ---------------------------------------------------------------------------------------- */
+
+int bench_model_main(const bench_opts_t *o)
+{
+    model_t *m = calloc(1, sizeof(*m));
+    bench_child_t *kids = NULL;
+    char *text = NULL;
+    int rc = 1;
+    double memcpy_gbps = 0;
+    if (!m) {
+        fprintf(stderr, PROG ": out of memory\n");
+        return 1;
+    }
+    m->o = o;
+    if (o->mem_cuda && !bcuda_compiled()) {
+        fprintf(stderr, PROG ": --mem cuda: this wsync-bench was built without CUDA (configure "
+                        "with -DWSYNC_WITH_CUDA=ON)\n");
+        free(m);
+        return 2;
+    }
+    m->shape = find_shape(o->model_shape);
+    if (!m->shape || model_build(m) != 0)
+        goto out;
+    if (!(m->sh = bench_map_shared(sizeof(model_shared_t))))
+        goto out;
+    setenv("NCCL_NVLS_ENABLE", "0", 0); /* shared hosts: no NVLink multicast (DEVICE.md) */
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    g_threads = (int)(ncpu / (m->N + m->NR));
+    g_threads = g_threads < 1 ? 1 : g_threads > 16 ? 16 : g_threads;
+    double deadline = bench_now_s() + o->timeout_s;
+    fprintf(stderr, PROG ": %s: %llu params of %llu elements, plan moves %.3f GB (%llu chunks, "
+                    "%llu segments), fingerprint %016llx\n",
+            m->shape->name, (unsigned long long)m->param_count,
+            (unsigned long long)m->param_elems, (double)m->sum->total_bytes / 1e9,
+            (unsigned long long)m->sum->nchunks, (unsigned long long)m->sum->nsegments,
+            (unsigned long long)m->sum->fingerprint);
+
+    if (o->mem_cuda) {
+        bench_child_t probe = {.name = "link probe"};
+        fprintf(stderr, PROG ": measuring the links (1 GiB copies, a 4 GiB broadcast)\n");
+        if (bench_run_group(&probe, 1, probe_body, m, deadline, o->timeout_s, &text) != 0)
+            goto out;
+        free(text);
+        text = NULL;
+        place(m, m->sh->ngpu);
+    } else {
+        memcpy_gbps = bench_memcpy_gbps((size_t)256 << 20);
+        place(m, 1);
+    }
+
+    if (bench_make_coordinator(m->coordinator, sizeof(m->coordinator)) != 0)
+        goto out;
+    int nkids = m->N + m->NR;
+    if (!(kids = calloc((size_t)nkids, sizeof(*kids))))
+        goto out;
+    for (int i = 0; i < nkids; i++) {
+        if (i < m->N)
+            snprintf(kids[i].name, sizeof(kids[i].name), "sender %d", i);
+        else
+            snprintf(kids[i].name, sizeof(kids[i].name), "receiver %d", i - m->N);
+    }
+    if (bench_run_group(kids, nkids, sync_body, m, deadline, o->timeout_s, &text) != 0)
+        goto out;
+    rc = report(m, memcpy_gbps);
+out:
+    free(text);
+    free(kids);
+    if (m->sh)
+        munmap(m->sh, sizeof(model_shared_t));
+    model_free(m);
+    free(m);
+    return rc;
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Make the small folder a lent GPU machine needs (the device tool carries at most 64 MiB):
+#
+#   bash tests/gpu/pack.sh [BUILD_DIR] [DEST]
+#
+# From BUILD_DIR (default build-gpu: a CUDA build made here, e.g.
+# `cmake -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release && cmake --build
+# build-gpu`) it copies the tools and GPU test programs, stripped, into DEST (default gpu-carry,
+# ignored by git) in the same layout (bin/, tests/gpu/), plus ../shared/testdata/hf_qwen3_tiny.
+# On the machine: `WSYNC_TESTDATA=gpu-carry/testdata bash tests/gpu/run.sh gpu-carry`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+BUILD=${1:-build-gpu}
+DEST=${2:-gpu-carry}
+rm -rf "$DEST"
+mkdir -p "$DEST/bin" "$DEST/tests/gpu" "$DEST/testdata"
+for f in "$BUILD"/bin/*; do
+    [ -x "$f" ] && strip --strip-unneeded -o "$DEST/bin/$(basename "$f")" "$f"
+done
+for f in "$BUILD"/tests/gpu/test_*; do
+    [ -x "$f" ] && strip --strip-unneeded -o "$DEST/tests/gpu/$(basename "$f")" "$f"
+done
+for d in ../shared/testdata/hf_qwen3_tiny shared/testdata/hf_qwen3_tiny; do
+    if [ -d "$d" ]; then cp -r "$d" "$DEST/testdata/"; break; fi
+done
+du -sh "$DEST"

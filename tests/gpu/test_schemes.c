@@ -1,0 +1,903 @@
+/* The ipc and nccl schemes end to end on CUDA memory, through the public API: FSDP-N senders to
+ * TP-T receivers (fused qkv_proj and gate_up_proj, vocab-parallel embeddings) with bf16 and
+ * FP8-block targets, colocated (sender i and receiver i on GPU i mod G) and disaggregated
+ * (senders and receivers on different GPUs), one process each. Every version has fresh data
+ * (a hash of the param name, the version and the element index), the receivers' targets and
+ * scales are poisoned (0xFF: NaN in bf16 and e4m3) before each version, and after each version
+ * every receiver compares every byte with what the host computes: the same generator, and for
+ * FP8 targets the CPU quantizer (reshard/fp8.h, the reference the CUDA kernels are checked
+ * against). Three versions; each wait must report the version pushed.
+ *
+ * Also: sender shards in memory from cuMemCreate (POSIX file descriptor handles, what PyTorch's
+ * expandable segments use), through the driver API got at run time (no libcuda link); shards in
+ * cudaMallocAsync memory, which no process can export, are staged through device buckets and must
+ * arrive byte for byte; a host pointer described as WSYNC_MEM_CUDA must be refused with
+ * WSYNC_ERR_INVALID naming the shard (and every other participant must get an error, not hang);
+ * nccl groups where two participants share a GPU (colocated) must fail on every participant with
+ * WSYNC_ERR_UNSUPPORTED naming the shared GPU (NCCL allows one rank per GPU); and a receiver
+ * SIGKILLed in the middle of a push must make every survivor return an error that names it,
+ * within the deadline.
+ *
+ * usage: test_schemes [--json PATH] [--no-bench] [--only ipc|nccl] [--case SUBSTRING]
+ * Exit 0 when every case passed, 1 otherwise, 77 when there is no CUDA device. Needs no more
+ * than one GPU; cases that need more say so and are skipped. Not a ctest: tests/gpu/run.sh runs
+ * it on a GPU machine. --no-bench is accepted (run.sh passes it) and changes nothing. */
+#include "reshard/fp8.h"
+#include "tests/support/check.h"
+#include "tests/support/proc.h"
+#include "wsync/wsync.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define MAX_RANKS 16
+#define VERSIONS 3
+#define TIMEOUT_MS 15000       /* every wsync wait; the kill case uses KILL_TIMEOUT_MS */
+#define KILL_TIMEOUT_MS 5000
+#define CHILD_LIMIT_S 75       /* alarm in every child */
+#define GROUP_LIMIT_MS 60000   /* the parent's wait for a group */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Models                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Small Qwen3-like shapes: every TP split up to 4 keeps 128-row FP8 blocks inside one weight. */
+static wsync_model_config_t model_small(void)
+{
+    wsync_model_config_t c;
+    memset(&c, 0, sizeof(c));
+    c.model_type = WSYNC_MODEL_QWEN3;
+    c.hidden_size = 256;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 128;
+    c.intermediate_size = 512;
+    c.vocab_size = 1000; /* not a multiple of 64: vocab padding rows, zeroed once */
+    c.max_position_embeddings = 4096;
+    c.qk_norm = 1;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1e6;
+    c.dtype = WSYNC_DTYPE_BF16;
+    return c;
+}
+
+/* About 120 MB of bf16: a push that lasts long enough to be interrupted. */
+static wsync_model_config_t model_kill(void)
+{
+    wsync_model_config_t c = model_small();
+    c.hidden_size = 1024;
+    c.num_hidden_layers = 6;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 4;
+    c.intermediate_size = 4096;
+    c.vocab_size = 16384;
+    return c;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Data                                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+static inline uint64_t mix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Elements [start, start+n) of param `name` in version v: finite, non-zero bf16 with
+ * |x| in [2^-7, 2), different in every version. */
+static void gen(const char *name, uint64_t v, uint64_t start, uint64_t n, uint16_t *out)
+{
+    uint64_t seed = XXH3_64bits_withSeed(name, strlen(name), 0xC0FFEEull + v);
+    for (uint64_t i = start; i < start + n; i++) {
+        uint16_t x = (uint16_t)(mix64(seed + (i >> 2) * 0xD1B54A32D192ED03ull) >> (16 * (i & 3)));
+        *out++ = (uint16_t)((x & 0x8000u) | ((120u + ((x >> 7) & 7u)) << 7) | (x & 0x7Fu));
+    }
+}
+
+static uint64_t elems_of(const wsync_param_t *p, const wsync_box_t *b)
+{
+    uint64_t n = 1;
+    for (int d = 0; d < p->ndim; d++)
+        n *= (uint64_t)b->len[d];
+    return n;
+}
+
+/* The bytes target t holds after version v (out: wsync_target_bytes; scales: FP8 only). */
+static int expected(const wsync_target_t *t, uint64_t v, uint8_t *out, float *scales)
+{
+    uint64_t elems = wsync_target_bytes(t) / wsync_dtype_size(t->dtype);
+    int fp8 = t->dtype == WSYNC_DTYPE_F8E4M3FN;
+    uint16_t *dense = calloc(elems ? elems : 1, 2);
+    if (!dense)
+        return -1;
+    for (int k = 0; k < t->npieces; k++) {
+        const wsync_piece_t *p = &t->pieces[k];
+        if (elems_of(&p->param, &p->src) == 0)
+            continue;
+        if (p->param.ndim == 1) {
+            gen(p->param.name, v, (uint64_t)p->src.start[0], (uint64_t)p->src.len[0],
+                dense + p->dst_start[0]);
+            continue;
+        }
+        for (int64_t r = 0; r < p->src.len[0]; r++)
+            gen(p->param.name, v,
+                (uint64_t)((p->src.start[0] + r) * p->param.shape[1] + p->src.start[1]),
+                (uint64_t)p->src.len[1],
+                dense + (p->dst_start[0] + r) * t->shape[1] + p->dst_start[1]);
+    }
+    if (!fp8) {
+        memcpy(out, dense, elems * 2);
+        free(dense);
+        return 0;
+    }
+    float *x = malloc(elems * sizeof(float));
+    int rc = -1;
+    if (x) {
+        for (uint64_t i = 0; i < elems; i++) {
+            uint32_t u = (uint32_t)dense[i] << 16;
+            memcpy(&x[i], &u, 4);
+        }
+        wsync_status_t st = wsync_quantize_f32(t->name, x, (uint64_t)t->shape[0],
+                                               (uint64_t)t->shape[1], (uint64_t)t->shape[1],
+                                               &t->quant, t->dtype, out, (uint64_t)t->shape[1],
+                                               scales);
+        rc = st == WSYNC_OK ? 0 : -1;
+        if (st != WSYNC_OK)
+            fprintf(stderr, "reference quantization of %s: %s\n", t->name, wsync_last_error());
+    }
+    free(x);
+    free(dense);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* CUDA helpers                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+#define CU_OK(call)                                                                           \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess) {                                                              \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
+                    cudaGetErrorString(e_));                                                  \
+            check_failures++;                                                                 \
+            goto out;                                                                         \
+        }                                                                                     \
+    } while (0)
+
+/* Device memory from cuMemCreate with POSIX fd handles, mapped read-write on `dev`. */
+typedef struct {
+    PFN_cuMemCreate_v10020 create;
+    PFN_cuMemRelease_v10020 release;
+    PFN_cuMemAddressReserve_v10020 reserve;
+    PFN_cuMemAddressFree_v10020 addr_free;
+    PFN_cuMemMap_v10020 map;
+    PFN_cuMemUnmap_v10020 unmap;
+    PFN_cuMemSetAccess_v10020 set_access;
+    PFN_cuMemGetAllocationGranularity_v10020 granularity;
+} vmm_api_t;
+
+typedef struct {
+    CUdeviceptr ptr;
+    size_t size;
+    CUmemGenericAllocationHandle handle;
+} vmm_block_t;
+
+static int vmm_load(vmm_api_t *api)
+{
+    static const struct {
+        const char *name;
+        size_t off;
+    } syms[] = {
+        {"cuMemCreate", offsetof(vmm_api_t, create)},
+        {"cuMemRelease", offsetof(vmm_api_t, release)},
+        {"cuMemAddressReserve", offsetof(vmm_api_t, reserve)},
+        {"cuMemAddressFree", offsetof(vmm_api_t, addr_free)},
+        {"cuMemMap", offsetof(vmm_api_t, map)},
+        {"cuMemUnmap", offsetof(vmm_api_t, unmap)},
+        {"cuMemSetAccess", offsetof(vmm_api_t, set_access)},
+        {"cuMemGetAllocationGranularity", offsetof(vmm_api_t, granularity)},
+    };
+    for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
+        void *fn = NULL;
+        enum cudaDriverEntryPointQueryResult q;
+        cudaError_t e = cudaGetDriverEntryPointByVersion(syms[i].name, &fn, 10020,
+                                                         cudaEnableDefault, &q);
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || fn == NULL) {
+            fprintf(stderr, "cudaGetDriverEntryPointByVersion(%s): %s (query %d)\n",
+                    syms[i].name, cudaGetErrorString(e), (int)q);
+            return -1;
+        }
+        memcpy((char *)api + syms[i].off, &fn, sizeof(fn));
+    }
+    return 0;
+}
+
+static int vmm_alloc(const vmm_api_t *api, int dev, size_t bytes, vmm_block_t *b)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    CUresult r = api->granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (r != CUDA_SUCCESS || gran == 0) {
+        fprintf(stderr, "cuMemGetAllocationGranularity: error %d\n", (int)r);
+        return -1;
+    }
+    b->size = (bytes + gran - 1) / gran * gran;
+    if ((r = api->create(&b->handle, b->size, &prop, 0)) != CUDA_SUCCESS) {
+        fprintf(stderr, "cuMemCreate(%zu bytes, POSIX fd handles) on GPU %d: error %d\n",
+                b->size, dev, (int)r);
+        return -1;
+    }
+    if ((r = api->reserve(&b->ptr, b->size, gran, 0, 0)) != CUDA_SUCCESS ||
+        (r = api->map(b->ptr, b->size, 0, b->handle, 0)) != CUDA_SUCCESS) {
+        fprintf(stderr, "cuMemAddressReserve/cuMemMap: error %d\n", (int)r);
+        return -1;
+    }
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof(acc));
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if ((r = api->set_access(b->ptr, b->size, &acc, 1)) != CUDA_SUCCESS) {
+        fprintf(stderr, "cuMemSetAccess: error %d\n", (int)r);
+        return -1;
+    }
+    return 0;
+}
+
+static void vmm_free(const vmm_api_t *api, vmm_block_t *b)
+{
+    if (b->ptr) {
+        api->unmap(b->ptr, b->size);
+        api->addr_free(b->ptr, b->size);
+    }
+    if (b->handle)
+        api->release(b->handle);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Groups                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* ALLOC_HOST: plain malloc memory described as WSYNC_MEM_CUDA (must be refused) */
+typedef enum { ALLOC_MALLOC, ALLOC_VMM, ALLOC_ASYNC, ALLOC_HOST } alloc_kind_t;
+
+typedef struct {
+    const char *name;
+    const char *scheme;
+    int nsenders, tp, replicas, colocated, fp8, scales_host;
+    alloc_kind_t sender_alloc;
+    int kill_receiver;         /* -1: none */
+    int expect_error;          /* every participant must fail with an error, none hang */
+    wsync_status_t error_status; /* expect_error: some participant fails with this status... */
+    const char *error_has;     /* ...and an error text containing this */
+    int big;                   /* model_kill() instead of model_small() */
+    int ngpu;
+    int port;
+    int rank;                  /* in the child: sender rank, or receiver rank */
+} group_t;
+
+/* Shared with every child of a group. */
+typedef struct {
+    atomic_int pushing;              /* version sender 0 is pushing now */
+    atomic_llong killed_ms;          /* when the victim died */
+    atomic_int joined;               /* receivers whose wsync_receiver_create returned */
+    long long error_ms[2 * MAX_RANKS];
+    int error_status[2 * MAX_RANKS];
+    char error_text[2 * MAX_RANKS][400];
+    int versions_right[MAX_RANKS];
+} shared_t;
+
+static shared_t *g_shared;
+static char coord[64];
+
+static int gpu_of_sender(const group_t *g, int i) { return g->colocated ? i % g->ngpu : i; }
+static int gpu_of_receiver(const group_t *g, int j)
+{
+    return g->colocated ? j % g->ngpu : g->nsenders + j;
+}
+
+static void note_error(int slot, wsync_status_t st)
+{
+    g_shared->error_ms[slot] = proc_now_ms();
+    g_shared->error_status[slot] = (int)st;
+    snprintf(g_shared->error_text[slot], sizeof(g_shared->error_text[slot]), "%s",
+             wsync_last_error());
+}
+
+static int sender_main(void *arg)
+{
+    const group_t *g = arg;
+    int rank = g->rank, dev = gpu_of_sender(g, rank);
+    wsync_model_config_t cfg = g->big ? model_kill() : model_small();
+    wsync_shard_t *shards = NULL;
+    size_t n = 0, bytes = 0;
+    size_t *off = NULL;
+    uint8_t *block = NULL;
+    uint8_t *host = NULL; /* off[] are byte offsets: keep this a byte pointer */
+    vmm_api_t api;
+    vmm_block_t vb = {0};
+    cudaStream_t stream = NULL;
+    wsync_ctx_t *ctx = NULL;
+    wsync_sender_t *s = NULL;
+    wsync_status_t st;
+    int failed_at = 0;
+
+    check_failures = 0; /* a fresh count: the parent's is inherited through fork */
+    CU_OK(cudaSetDevice(dev));
+    CHECK_OK(wsync_layout_fsdp_shards(&cfg, WSYNC_DTYPE_BF16, rank, g->nsenders, &shards, &n));
+    off = calloc(n + 1, sizeof(size_t));
+    for (size_t k = 0; k < n; k++) {
+        off[k] = bytes;
+        bytes += (elems_of(&shards[k].param, &shards[k].box) * 2 + 255) & ~(size_t)255;
+    }
+    host = malloc(bytes + 2);
+    if (g->sender_alloc == ALLOC_VMM) {
+        CHECK(vmm_load(&api) == 0);
+        CHECK(vmm_alloc(&api, dev, bytes + 256, &vb) == 0);
+        block = (uint8_t *)(uintptr_t)vb.ptr;
+    } else if (g->sender_alloc == ALLOC_HOST) {
+        block = malloc(bytes + 256);
+    } else if (g->sender_alloc == ALLOC_ASYNC) {
+        CU_OK(cudaStreamCreate(&stream));
+        CU_OK(cudaMallocAsync((void **)&block, bytes + 256, stream));
+        CU_OK(cudaStreamSynchronize(stream));
+    } else {
+        CU_OK(cudaMalloc((void **)&block, bytes + 256));
+    }
+    if (check_failures || !block || !host)
+        goto out;
+
+    CHECK_OK(wsync_ctx_create(NULL, &ctx));
+    wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
+    sp.coordinator = coord;
+    sp.rank = rank;
+    sp.nranks = g->nsenders;
+    sp.nreceivers = g->tp * g->replicas;
+    sp.scheme = g->scheme;
+    sp.timeout_ms = g->kill_receiver >= 0 ? KILL_TIMEOUT_MS : TIMEOUT_MS;
+    sp.heartbeat_ms = 200;
+    if (g->big)
+        sp.bucket_bytes = 4 << 20;
+    CHECK_OK(wsync_sender_create(ctx, &sp, &s));
+    if (check_failures)
+        goto out;
+    for (size_t k = 0; k < n; k++) {
+        wsync_shard_t sh = shards[k];
+        sh.data = block + off[k];
+        sh.mem = WSYNC_MEM_CUDA;
+        sh.device = dev;
+        st = wsync_sender_add_shard(s, &sh);
+        if (st != WSYNC_OK && g->expect_error) { /* refused as soon as it is described */
+            note_error(rank, st);
+            if (g->sender_alloc == ALLOC_HOST) {
+                const char *name = sh.param.name ? sh.param.name : "?";
+                CHECK_MSG(st == WSYNC_ERR_INVALID, "sender %d: host memory as CUDA: %s, expected "
+                          "WSYNC_ERR_INVALID (%s)", rank, wsync_status_name(st),
+                          g_shared->error_text[rank]);
+                CHECK_MSG(strstr(g_shared->error_text[rank], name) != NULL,
+                          "sender %d: error \"%s\" does not name shard '%s'", rank,
+                          g_shared->error_text[rank], name);
+            }
+            failed_at = -1;
+            break;
+        }
+        CHECK_OK(st);
+    }
+    for (int v = 1; v <= VERSIONS && failed_at == 0; v++) {
+        /* fresh data: every element of every shard */
+        for (size_t k = 0; k < n; k++) {
+            uint64_t cnt = elems_of(&shards[k].param, &shards[k].box), rowe = 1;
+            for (int d = 1; d < shards[k].param.ndim; d++)
+                rowe *= (uint64_t)shards[k].param.shape[d];
+            gen(shards[k].param.name, (uint64_t)v, (uint64_t)shards[k].box.start[0] * rowe, cnt,
+                (uint16_t *)(void *)(host + off[k]));
+        }
+        CU_OK(cudaMemcpy(block, host, bytes, cudaMemcpyHostToDevice));
+        if (v == 1) {
+            st = wsync_sender_setup(s);
+            if (st != WSYNC_OK) {
+                note_error(rank, st);
+                failed_at = v;
+                break;
+            }
+        }
+        if (rank == 0)
+            atomic_store(&g_shared->pushing, v);
+        st = wsync_sender_push(s, (uint64_t)v);
+        if (st != WSYNC_OK) {
+            note_error(rank, st);
+            failed_at = v;
+            break;
+        }
+    }
+    if (g->kill_receiver < 0 && !g->expect_error && failed_at)
+        fprintf(stderr, "sender %d: version %d failed: %s\n", rank, failed_at,
+                g_shared->error_text[rank]);
+    CHECK(g->kill_receiver >= 0 || g->expect_error || failed_at == 0);
+    if ((g->kill_receiver >= 0 || g->expect_error) && failed_at == 0)
+        CHECK_MSG(0, "sender %d: every push succeeded; expected an error", rank);
+    if (rank == 0 && failed_at) {
+        /* the coordinator stays until every receiver has joined (bounded), and a moment more,
+         * so that late starters learn why rather than find nobody listening */
+        long long until = proc_now_ms() + 10000;
+        while (atomic_load(&g_shared->joined) < g->tp * g->replicas && proc_now_ms() < until)
+            usleep(10000);
+        usleep(1000000);
+    }
+out:
+    wsync_sender_free(s);
+    wsync_ctx_free(ctx);
+    if (g->sender_alloc == ALLOC_VMM)
+        vmm_free(&api, &vb);
+    else if (g->sender_alloc == ALLOC_ASYNC && block)
+        cudaFreeAsync(block, stream);
+    else if (g->sender_alloc == ALLOC_HOST)
+        free(block);
+    else if (block)
+        cudaFree(block);
+    wsync_layout_shards_free(shards, n);
+    free(off);
+    free(host);
+    return check_failures ? 1 : 0;
+}
+
+static void on_progress_kill(void *arg, uint64_t version, uint64_t done, uint64_t total)
+{
+    (void)arg;
+    (void)total;
+    if (version == 2 && done > 0) {
+        atomic_store(&g_shared->killed_ms, proc_now_ms());
+        raise(SIGKILL); /* die with part of version 2 landed */
+    }
+}
+
+/* The victim's second way to die mid-push, for schemes that report no progress: shortly after
+ * sender 0 starts pushing version 2. */
+static void *killer_thread(void *arg)
+{
+    (void)arg;
+    while (atomic_load(&g_shared->pushing) < 2)
+        usleep(200);
+    usleep(3000);
+    atomic_store(&g_shared->killed_ms, proc_now_ms());
+    raise(SIGKILL);
+    return NULL;
+}
+
+static int receiver_main(void *arg)
+{
+    const group_t *g = arg;
+    int rank = g->rank, dev = gpu_of_receiver(g, rank), slot = MAX_RANKS + rank;
+    int victim = g->kill_receiver == rank;
+    wsync_model_config_t cfg = g->big ? model_kill() : model_small();
+    wsync_target_t *tg = NULL;
+    size_t n = 0;
+    uint8_t **data = NULL;
+    float **scales = NULL;
+    wsync_ctx_t *ctx = NULL;
+    wsync_receiver_t *rv = NULL;
+    wsync_status_t st;
+    int failed = 0;
+
+    check_failures = 0;
+    CU_OK(cudaSetDevice(dev));
+    wsync_tp_options_t opt = WSYNC_TP_OPTIONS_INIT;
+    if (g->fp8) {
+        opt.quant.scheme = WSYNC_QUANT_BLOCK;
+        opt.quant_dtype = WSYNC_DTYPE_F8E4M3FN;
+    }
+    CHECK_OK(wsync_layout_tp_targets(&cfg, rank % g->tp, g->tp, &opt, &tg, &n));
+    if (check_failures)
+        goto out;
+    data = calloc(n, sizeof(*data));
+    scales = calloc(n, sizeof(*scales));
+    CHECK_OK(wsync_ctx_create(NULL, &ctx));
+    wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
+    rp.coordinator = coord;
+    rp.rank = rank;
+    rp.nreceivers = g->tp * g->replicas;
+    rp.timeout_ms = g->kill_receiver >= 0 ? KILL_TIMEOUT_MS : TIMEOUT_MS;
+    rp.heartbeat_ms = 200;
+    if (victim) {
+        pthread_t th;
+        rp.progress = on_progress_kill;
+        pthread_create(&th, NULL, killer_thread, NULL);
+    }
+    st = wsync_receiver_create(ctx, &rp, &rv);
+    atomic_fetch_add(&g_shared->joined, 1);
+    if (st != WSYNC_OK && g->expect_error) { /* the failing sender may already have gone */
+        note_error(slot, st);
+        goto out;
+    }
+    CHECK_OK(st);
+    if (check_failures)
+        goto out;
+    for (size_t k = 0; k < n; k++) {
+        wsync_target_t t = tg[k];
+        size_t ns = wsync_target_scale_count(&t);
+        CU_OK(cudaMalloc((void **)&data[k], wsync_target_bytes(&t)));
+        t.data = data[k];
+        t.mem = WSYNC_MEM_CUDA;
+        t.device = dev;
+        if (t.quant.scheme != WSYNC_QUANT_NONE) {
+            if (g->scales_host) {
+                scales[k] = malloc(ns * sizeof(float));
+                t.quant.scales_mem = WSYNC_MEM_HOST;
+            } else {
+                CU_OK(cudaMalloc((void **)&scales[k], ns * sizeof(float)));
+                t.quant.scales_mem = WSYNC_MEM_CUDA;
+            }
+            t.quant.scales = scales[k];
+        }
+        CHECK_OK(wsync_receiver_add_target(rv, &t));
+    }
+    for (int v = 1; v <= VERSIONS && !failed; v++) {
+        /* poison: a byte this version does not write cannot pass for data */
+        for (size_t k = 0; k < n; k++) {
+            /* the library zeroes what no piece covers (vocab padding) once, at setup: poison it
+             * before the first version only, and afterwards only the pieces' boxes */
+            if (v == 1 || tg[k].ndim > 2)
+                CU_OK(cudaMemset(data[k], 0xFF, wsync_target_bytes(&tg[k])));
+            else
+                for (int p = 0; p < tg[k].npieces; p++) {
+                    const wsync_piece_t *pc = &tg[k].pieces[p];
+                    size_t esz = wsync_dtype_size(tg[k].dtype);
+                    size_t cols = tg[k].ndim == 2 ? (size_t)tg[k].shape[1] : 0;
+                    if (tg[k].ndim == 1)
+                        CU_OK(cudaMemset((uint8_t *)data[k] + (size_t)pc->dst_start[0] * esz, 0xFF,
+                                         (size_t)pc->src.len[0] * esz));
+                    else
+                        CU_OK(cudaMemset2D((uint8_t *)data[k] +
+                                               ((size_t)pc->dst_start[0] * cols +
+                                                (size_t)pc->dst_start[1]) * esz,
+                                           cols * esz, 0xFF, (size_t)pc->src.len[1] * esz,
+                                           (size_t)pc->src.len[0]));
+                }
+            if (scales[k] && g->scales_host)
+                memset(scales[k], 0xFF, wsync_target_scale_count(&tg[k]) * sizeof(float));
+            else if (scales[k])
+                CU_OK(cudaMemset(scales[k], 0xFF, wsync_target_scale_count(&tg[k]) * 4));
+        }
+        CU_OK(cudaDeviceSynchronize());
+        uint64_t got = 0;
+        st = wsync_receiver_wait(rv, -1, &got);
+        if (st != WSYNC_OK) {
+            note_error(slot, st);
+            failed = v;
+            break;
+        }
+        CHECK_MSG(got == (uint64_t)v, "receiver %d: wait reported version %llu, expected %d",
+                  rank, (unsigned long long)got, v);
+        CHECK(wsync_receiver_version(rv) == (uint64_t)v);
+        int wrong = 0;
+        for (size_t k = 0; k < n; k++) {
+            size_t bytes = wsync_target_bytes(&tg[k]), ns = scales[k] ?
+                                                                wsync_target_scale_count(&tg[k]) : 0;
+            uint8_t *want = malloc(bytes), *have = malloc(bytes);
+            float *want_s = malloc((ns + 1) * 4), *have_s = malloc((ns + 1) * 4);
+            CHECK(expected(&tg[k], (uint64_t)v, want, want_s) == 0);
+            CU_OK(cudaMemcpy(have, data[k], bytes, cudaMemcpyDeviceToHost));
+            if (ns && g->scales_host)
+                memcpy(have_s, scales[k], ns * 4);
+            else if (ns)
+                CU_OK(cudaMemcpy(have_s, scales[k], ns * 4, cudaMemcpyDeviceToHost));
+            if (memcmp(want, have, bytes) != 0 || (ns && memcmp(want_s, have_s, ns * 4) != 0)) {
+                size_t i = 0;
+                while (i < bytes && want[i] == have[i])
+                    i++;
+                if (wrong++ < 4)
+                    fprintf(stderr,
+                            "receiver %d (GPU %d) version %d: target %s differs (%s byte %zu of "
+                            "%zu: 0x%02x, expected 0x%02x)\n",
+                            rank, dev, v, tg[k].name, i < bytes ? "first" : "scales; bytes equal,",
+                            i < bytes ? i : 0, bytes, i < bytes ? have[i] : 0,
+                            i < bytes ? want[i] : 0);
+            }
+            free(want);
+            free(have);
+            free(want_s);
+            free(have_s);
+        }
+        CHECK_MSG(wrong == 0, "receiver %d: %d targets differ in version %d", rank, wrong, v);
+        if (!wrong)
+            g_shared->versions_right[rank]++;
+    }
+    if (g->kill_receiver < 0 && !g->expect_error && failed)
+        fprintf(stderr, "receiver %d: version %d failed: %s\n", rank, failed,
+                g_shared->error_text[slot]);
+    CHECK(g->kill_receiver >= 0 || g->expect_error || !failed);
+    if (g->expect_error && !failed)
+        CHECK_MSG(0, "receiver %d: every version arrived; expected an error", rank);
+out:
+    wsync_receiver_free(rv);
+    wsync_ctx_free(ctx);
+    for (size_t k = 0; data && k < n; k++) {
+        cudaFree(data[k]);
+        if (scales[k] && g->scales_host)
+            free(scales[k]);
+        else if (scales[k])
+            cudaFree(scales[k]);
+    }
+    free(data);
+    free(scales);
+    wsync_layout_targets_free(tg, n);
+    return check_failures ? 1 : 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Cases                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+static int g_ngpu;
+static const char *g_only, *g_case;
+
+typedef struct {
+    char name[96];
+    const char *result;   /* "pass", "FAIL", "skipped" */
+    char why[160];
+    double seconds;
+} case_row_t;
+
+static case_row_t rows[64];
+static int nrows;
+
+static int wanted(const group_t *g)
+{
+    if (g_only && strcmp(g_only, g->scheme) != 0)
+        return 0;
+    if (g_case && !strstr(g->name, g_case))
+        return 0;
+    return 1;
+}
+
+static int gpus_needed(const group_t *g)
+{
+    return g->colocated ? 1 : g->nsenders + g->tp * g->replicas;
+}
+
+/* Runs one group; returns 0 if every check passed. */
+static void run_group(group_t g)
+{
+    case_row_t *row = &rows[nrows++];
+    snprintf(row->name, sizeof(row->name), "%s", g.name);
+    if (gpus_needed(&g) > g_ngpu) {
+        row->result = "skipped";
+        snprintf(row->why, sizeof(row->why), "needs %d GPUs, %d visible", gpus_needed(&g),
+                 g_ngpu);
+        printf("-- %s: skipped (%s)\n", g.name, row->why);
+        fflush(stdout);
+        return;
+    }
+    g.ngpu = g_ngpu;
+    memset(g_shared, 0, sizeof(*g_shared));
+    g.port = proc_free_port();
+    snprintf(coord, sizeof(coord), "127.0.0.1:%d", g.port);
+    int nr = g.tp * g.replicas, np = g.nsenders + nr, codes[2 * MAX_RANKS];
+    pid_t pids[2 * MAX_RANKS];
+    group_t cfg[2 * MAX_RANKS];
+    long long t0 = proc_now_ms();
+    printf("-- %s: %d sender%s -> %d receiver%s, scheme %s\n", g.name, g.nsenders,
+           g.nsenders == 1 ? "" : "s", nr, nr == 1 ? "" : "s", g.scheme);
+    fflush(stdout);
+    for (int i = 0; i < np; i++) {
+        cfg[i] = g;
+        cfg[i].rank = i < g.nsenders ? i : i - g.nsenders;
+        pids[i] = proc_spawn(i < g.nsenders ? sender_main : receiver_main, &cfg[i],
+                             CHILD_LIMIT_S);
+    }
+    proc_wait_all(pids, np, GROUP_LIMIT_MS, codes);
+    row->seconds = (double)(proc_now_ms() - t0) / 1000.0;
+    int before = check_failures;
+    char victim[32] = "";
+    if (g.kill_receiver >= 0)
+        snprintf(victim, sizeof(victim), "receiver %d", g.kill_receiver);
+    for (int i = 0; i < np; i++) {
+        int is_recv = i >= g.nsenders, r = is_recv ? i - g.nsenders : i;
+        int slot = is_recv ? MAX_RANKS + r : r;
+        char who[32];
+        snprintf(who, sizeof(who), "%s %d", is_recv ? "receiver" : "sender", r);
+        if (is_recv && r == g.kill_receiver) {
+            CHECK_MSG(codes[i] == 128 + SIGKILL, "%s exited with %d, expected SIGKILL", who,
+                      codes[i]);
+            continue;
+        }
+        CHECK_MSG(codes[i] == 0, "%s exited with %d", who, codes[i]);
+        if (g.kill_receiver >= 0) {
+            const char *text = g_shared->error_text[slot];
+            long long dt = g_shared->error_ms[slot] - atomic_load(&g_shared->killed_ms);
+            CHECK_MSG(g_shared->error_status[slot] != 0, "%s saw no error", who);
+            CHECK_MSG(strstr(text, victim) != NULL, "%s: error \"%s\" does not name %s", who,
+                      text, victim);
+            CHECK_MSG(dt < KILL_TIMEOUT_MS + 5000, "%s learned of the loss %lld ms after it", who,
+                      dt);
+            printf("   %s: %s after %lld ms: %s\n", who,
+                   wsync_status_name((wsync_status_t)g_shared->error_status[slot]), dt, text);
+        } else if (g.expect_error) {
+            const char *text = g_shared->error_text[slot];
+            CHECK_MSG(g_shared->error_status[slot] != 0, "%s saw no error", who);
+            CHECK_MSG(text[0] != '\0', "%s: empty error text", who);
+            printf("   %s: %s: %s\n", who,
+                   wsync_status_name((wsync_status_t)g_shared->error_status[slot]), text);
+        } else if (is_recv) {
+            CHECK_MSG(g_shared->versions_right[r] == VERSIONS, "%s: %d of %d versions right",
+                      who, g_shared->versions_right[r], VERSIONS);
+        }
+    }
+    if (g.expect_error) {
+        /* at least one participant says what is wrong, with the expected status */
+        int found = 0;
+        for (int i = 0; i < np && !found; i++) {
+            int is_recv = i >= g.nsenders, r = is_recv ? i - g.nsenders : i;
+            int slot = is_recv ? MAX_RANKS + r : r;
+            found = g_shared->error_status[slot] == (int)g.error_status &&
+                    strstr(g_shared->error_text[slot], g.error_has) != NULL;
+        }
+        CHECK_MSG(found, "no participant failed with %s and an error containing \"%s\"",
+                  wsync_status_name(g.error_status), g.error_has);
+    }
+    row->result = check_failures == before ? "pass" : "FAIL";
+    printf("-- %s: %s in %.1f s\n", g.name, row->result, row->seconds);
+    fflush(stdout);
+}
+
+static void run_cases(void)
+{
+    static const char *schemes[] = {"ipc", "nccl"};
+    for (int si = 0; si < 2; si++) {
+        const char *sc = schemes[si];
+        for (int fp8 = 0; fp8 <= 1; fp8++) {
+            /* colocated: FSDP-G -> TP-G on the same G GPUs (2 -> 2 on one GPU) */
+            int c = g_ngpu >= 4 ? 4 : g_ngpu >= 2 ? 2 : 2;
+            group_t g = {.scheme = sc, .nsenders = c, .tp = c, .replicas = 1, .colocated = 1,
+                         .fp8 = fp8, .kill_receiver = -1};
+            int nccl = strcmp(sc, "nccl") == 0;
+            if (nccl) { /* one rank per GPU: refused on every participant, naming the GPU */
+                g.expect_error = 1;
+                g.error_status = WSYNC_ERR_UNSUPPORTED;
+                g.error_has = "share GPU";
+            }
+            char name[96];
+            snprintf(name, sizeof(name), "%s colocated FSDP-%d -> TP-%d %s%s", sc, c, c,
+                     fp8 ? "fp8-block" : "bf16", nccl ? ": clear error (GPU shared)" : "");
+            g.name = strdup(name);
+            if (wanted(&g))
+                run_group(g);
+            /* disaggregated: FSDP-2 -> TP-2 on 4 GPUs, FSDP-1 -> TP-1 on 2 */
+            int d = g_ngpu >= 4 ? 2 : 1;
+            g = (group_t){.scheme = sc, .nsenders = d, .tp = d, .replicas = 1, .fp8 = fp8,
+                          .kill_receiver = -1};
+            snprintf(name, sizeof(name), "%s disaggregated FSDP-%d -> TP-%d %s", sc, d, d,
+                     fp8 ? "fp8-block" : "bf16");
+            g.name = strdup(name);
+            if (wanted(&g))
+                run_group(g);
+        }
+        /* fan-out: one sender to 3 replicas (TP-1) on their own GPUs, FP8 scales on the host */
+        group_t f = {.scheme = sc, .nsenders = 1, .tp = 1, .replicas = 3, .fp8 = 1,
+                     .scales_host = 1, .kill_receiver = -1};
+        char name[96];
+        snprintf(name, sizeof(name), "%s fan-out 1 -> 3 replicas fp8-block, host scales", sc);
+        f.name = strdup(name);
+        if (wanted(&f))
+            run_group(f);
+        /* a receiver killed mid-push (nccl: on 4 GPUs of their own, since nccl refuses a
+         * shared GPU) */
+        group_t k = {.scheme = sc, .nsenders = 2, .tp = 2, .replicas = 1,
+                     .colocated = strcmp(sc, "nccl") != 0, .kill_receiver = 1, .big = 1};
+        snprintf(name, sizeof(name), "%s receiver 1 killed mid-push", sc);
+        k.name = strdup(name);
+        if (wanted(&k))
+            run_group(k);
+    }
+    /* ipc: shards in cuMemCreate memory (POSIX fds); in cudaMallocAsync memory, which cannot be
+     * exported and is staged through device buckets; and host memory said to be CUDA memory */
+    group_t v = {.name = "ipc cuMemCreate (POSIX fd) shards, FSDP-2 -> TP-2 fp8-block",
+                 .scheme = "ipc", .nsenders = 2, .tp = 2, .replicas = 1, .colocated = 1,
+                 .fp8 = 1, .sender_alloc = ALLOC_VMM, .kill_receiver = -1};
+    if (wanted(&v))
+        run_group(v);
+    group_t a = {.name = "ipc cudaMallocAsync shards (staged), FSDP-1 -> TP-1 bf16",
+                 .scheme = "ipc", .nsenders = 1, .tp = 1, .replicas = 1, .colocated = 1,
+                 .sender_alloc = ALLOC_ASYNC, .kill_receiver = -1};
+    if (wanted(&a))
+        run_group(a);
+    group_t h = {.name = "ipc host pointer as WSYNC_MEM_CUDA: clear error", .scheme = "ipc",
+                 .nsenders = 1, .tp = 1, .replicas = 1, .colocated = 1,
+                 .sender_alloc = ALLOC_HOST, .kill_receiver = -1, .expect_error = 1,
+                 .error_status = WSYNC_ERR_INVALID, .error_has = "host memory"};
+    if (wanted(&h))
+        run_group(h);
+}
+
+static int count_gpus(void *arg)
+{
+    (void)arg;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess)
+        return 0;
+    return n > 100 ? 100 : n;
+}
+
+static void write_json(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return;
+    fprintf(f, "{\"ngpu\": %d, \"cases\": [", g_ngpu);
+    for (int i = 0; i < nrows; i++)
+        fprintf(f, "%s{\"name\": \"%s\", \"result\": \"%s\", \"why\": \"%s\", \"seconds\": %.1f}",
+                i ? ", " : "", rows[i].name, rows[i].result, rows[i].why, rows[i].seconds);
+    fprintf(f, "]}\n");
+    fclose(f);
+}
+
+int main(int argc, char **argv)
+{
+    const char *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
+            json = argv[++i];
+        else if (strcmp(argv[i], "--no-bench") == 0)
+            ;
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            g_only = argv[++i];
+        else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc)
+            g_case = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--json PATH] [--no-bench] [--only ipc|nccl] "
+                            "[--case SUBSTRING]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    /* the parent never initializes CUDA: a child counts the GPUs */
+    pid_t pid = proc_spawn(count_gpus, NULL, 60);
+    int code = 0;
+    proc_wait_all(&pid, 1, 60000, &code);
+    g_ngpu = code > 0 && code < 128 ? code : 0;
+    if (g_ngpu == 0) {
+        printf("test_schemes: no CUDA device: skipped\n");
+        return 77;
+    }
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    g_shared = mmap(NULL, sizeof(shared_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                    -1, 0);
+    if (g_shared == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
+    printf("test_schemes: %d GPU(s)\n", g_ngpu);
+    run_cases();
+    printf("\ncase                                                          result    seconds\n");
+    int failed = 0;
+    for (int i = 0; i < nrows; i++) {
+        printf("%-60s  %-8s  %.1f%s%s\n", rows[i].name, rows[i].result, rows[i].seconds,
+               rows[i].why[0] ? "  " : "", rows[i].why);
+        if (strcmp(rows[i].result, "FAIL") == 0)
+            failed++;
+    }
+    if (json)
+        write_json(json);
+    printf("%d of %d cases failed\n", failed, nrows);
+    return failed ? 1 : 0;
+}
