@@ -146,13 +146,15 @@ static wsync_status_t zero_uncovered_dev(wsync_receiver_t *r, const wsync_target
     return st;
 }
 
-/* Quantize the staged CUDA FP8 targets on the device: every launch first, then one wait (with
- * the deadline), then each result (NONFINITE names the target and element, as on the CPU), then
- * the scales that live in host memory. */
+/* Quantize the staged CUDA FP8 targets on the device: every launch first, then the copies of
+ * the scales that live in host memory, then one copy of all non-finite flags with one wait (with
+ * the deadline); a flagged target is looked at again (NONFINITE names the target and element, as
+ * on the CPU). No synchronization per target. */
 static wsync_status_t quantize_staged_dev(wsync_receiver_t *r)
 {
     wsync_status_t st = WSYNC_OK;
-    int any = 0;
+    size_t n = 0, bad = 0;
+    uint64_t t0 = wsync_now_ns(), t1, t2;
 
     for (size_t i = 0; i < r->ntargets && st == WSYNC_OK; i++) {
         const wsync_target_desc_t *t = &r->targets[i];
@@ -166,34 +168,56 @@ static wsync_status_t quantize_staged_dev(wsync_receiver_t *r)
                             r->dev_scales[i] != NULL ? r->dev_scales[i] : r->quant[i].scales};
         st = wsync_dev_quantize_launch(&a, (uint8_t *)r->dev_ws + i * WSYNC_KQUANT_WS_BYTES,
                                        r->dev_stream);
-        any = 1;
+        n++;
     }
-    if (!any || st != WSYNC_OK)
+    if (n == 0 || st != WSYNC_OK)
         return st;
-    st = wsync_dev_stream_sync(r->dev_stream, wsync_deadline_in(r->m.timeout_ms),
-                               "quantizing the FP8 targets");
+    /* scales that live in host memory: copies queued behind the kernels, one wait for all */
     for (size_t i = 0; i < r->ntargets && st == WSYNC_OK; i++) {
         const wsync_target_desc_t *t = &r->targets[i];
-        if (t->mem != WSYNC_MEM_CUDA || r->land[i] == r->target_data[i])
+        if (t->mem != WSYNC_MEM_CUDA || r->land[i] == r->target_data[i] || r->dev_scales[i] == NULL)
             continue;
         uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
         for (int d = 0; d < t->ndim - 1; d++)
             rows *= (uint64_t)t->shape[d];
-        wsync_kquant_t a = {t->name, r->land[i], r->land_dtype[i], rows, cols, cols, r->quant[i],
-                            t->dtype, r->target_data[i], cols,
-                            r->dev_scales[i] != NULL ? r->dev_scales[i] : r->quant[i].scales};
-        st = wsync_dev_quantize_finish(&a, (uint8_t *)r->dev_ws + i * WSYNC_KQUANT_WS_BYTES,
-                                       r->dev_stream);
-        if (st == WSYNC_OK && r->dev_scales[i] != NULL) {
-            int64_t sr = 0, sc = 0;
-            st = wsync_quant_scales_shape(&r->quant[i], (int64_t)rows, (int64_t)cols, &sr, &sc);
-            if (st == WSYNC_OK)
-                st = wsync_dev_copy_to_host(r->quant[i].scales, r->dev_scales[i],
-                                            (size_t)sr * (size_t)sc * sizeof(float), r->dev_stream,
-                                            wsync_deadline_in(r->m.timeout_ms));
-        }
+        int64_t sr = 0, sc = 0;
+        st = wsync_quant_scales_shape(&r->quant[i], (int64_t)rows, (int64_t)cols, &sr, &sc);
+        if (st == WSYNC_OK)
+            st = wsync_dev_memcpy_async(r->quant[i].scales, r->dev_scales[i],
+                                        (size_t)sr * (size_t)sc * sizeof(float), r->dev_stream);
     }
-    return st;
+    t1 = wsync_now_ns();
+    /* one copy of every workspace's non-finite flag (untouched ones stay zero from setup),
+     * waiting for the stream once; only a target that saw a non-finite value is looked at
+     * again, by _finish, which names the element */
+    if (st == WSYNC_OK)
+        st = wsync_dev_quantize_check(r->dev_ws, r->ntargets, r->dev_stream,
+                                      wsync_deadline_in(r->m.timeout_ms), &bad);
+    if (st != WSYNC_OK) {
+        char text[1024];
+        snprintf(text, sizeof(text), "quantizing the FP8 targets: %s", wsync_last_error());
+        return wsync_err_set_text(st, text);
+    }
+    t2 = wsync_now_ns();
+    if (bad < r->ntargets) {
+        const wsync_target_desc_t *t = &r->targets[bad];
+        uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
+        for (int d = 0; d < t->ndim - 1; d++)
+            rows *= (uint64_t)t->shape[d];
+        wsync_kquant_t a = {t->name, r->land[bad], r->land_dtype[bad], rows, cols, cols,
+                            r->quant[bad], t->dtype, r->target_data[bad], cols,
+                            r->dev_scales[bad] != NULL ? r->dev_scales[bad] : r->quant[bad].scales};
+        st = wsync_dev_quantize_finish(&a, (uint8_t *)r->dev_ws + bad * WSYNC_KQUANT_WS_BYTES,
+                                       r->dev_stream);
+        if (st == WSYNC_OK)
+            st = wsync_err(WSYNC_ERR_NONFINITE, "receiver %d: target '%s': non-finite value "
+                           "while quantizing", r->m.rank, t->name);
+        return st;
+    }
+    WSYNC_LOG_D("receiver %d: quantized %zu FP8 targets on the GPU: %.3f ms to queue, %.3f ms "
+                "waiting for the kernels", r->m.rank, n, (double)(t1 - t0) / 1e6,
+                (double)(t2 - t1) / 1e6);
+    return WSYNC_OK;
 }
 
 wsync_status_t wsync_receiver_create(wsync_ctx_t *ctx, const wsync_receiver_params_t *params,
@@ -485,6 +509,9 @@ static wsync_status_t receiver_setup(wsync_receiver_t *r, int64_t plan_deadline)
         st = wsync_dev_enter(r->device, &saved);
         if (st == WSYNC_OK && r->dev_ws == NULL)
             st = wsync_dev_malloc(r->ntargets * WSYNC_KQUANT_WS_BYTES + 1, &r->dev_ws);
+        if (st == WSYNC_OK)   /* flags of workspaces never used read as clear (quantize_check) */
+            st = wsync_dev_memset_async(r->dev_ws, 0, r->ntargets * WSYNC_KQUANT_WS_BYTES + 1,
+                                        r->dev_stream);
         for (size_t i = 0; i < r->ntargets && st == WSYNC_OK; i++)
             if (r->targets[i].mem == WSYNC_MEM_CUDA && r->land[i] == r->target_data[i])
                 st = zero_uncovered_dev(r, &r->targets[i], r->land_dtype[i], r->land[i]);
@@ -619,11 +646,14 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
             return wsync_member_fail(&r->m, st);
     }
     /* the scheme sets torn once it writes into the targets */
+    uint64_t t_begin = wsync_now_ns(), t_recv, t_quant;
     st = r->m.scheme->receiver_recv(r, v);
+    t_recv = wsync_now_ns();
     if (st == WSYNC_OK) {
         r->torn = 1;
         st = quantize_staged(r);
     }
+    t_quant = wsync_now_ns();
     if (st == WSYNC_OK)
         st = commit_point(r, v);
     if (st != WSYNC_OK)
@@ -633,6 +663,9 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
     st = wsync_member_send_u64(&r->m, WSYNC_MSG_COMMIT, v);
     if (st != WSYNC_OK)
         return wsync_member_fail(&r->m, st);
+    WSYNC_LOG_D("receiver %d: version %llu: scheme %.3f ms, quantize %.3f ms, commit %.3f ms "
+                "(from BEGIN)", r->m.rank, (unsigned long long)v, (double)(t_recv - t_begin) / 1e6,
+                (double)(t_quant - t_recv) / 1e6, (double)(wsync_now_ns() - t_quant) / 1e6);
     *version = v;
     return WSYNC_OK;
 }

@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -304,10 +305,11 @@ wsync_status_t wsync_dev_event_wait(void *event, int64_t deadline_ms, const char
         if (wsync_now_ms() >= deadline_ms)
             return wsync_err(WSYNC_ERR_TIMEOUT, "%s did not finish on the GPU within %.0f ms",
                              what ? what : "GPU work", (double)(wsync_now_ns() - t0) / 1e6);
-        /* spin a little (short copies finish in microseconds), then back off to 200 us naps */
+        /* spin a little (short copies finish in microseconds), then back off to 50 us naps: a
+         * nap's granularity is added to every wait, and a version waits per bucket */
         if (wsync_now_ns() - t0 > 100000) {
             struct timespec ts = {0, nap_ns};
-            nap_ns = nap_ns < 200000 ? nap_ns + 10000 : nap_ns;
+            nap_ns = nap_ns < 50000 ? nap_ns + 5000 : nap_ns;
             nanosleep(&ts, NULL);
         }
     }
@@ -478,6 +480,33 @@ wsync_status_t wsync_dev_quantize_launch(const wsync_kquant_t *a, void *ws, void
 wsync_status_t wsync_dev_quantize_finish(const wsync_kquant_t *a, void *ws, void *stream)
 {
     return wsync_kernels_quantize_finish(a, ws, stream);
+}
+
+wsync_status_t wsync_dev_quantize_check(const void *ws, size_t n, void *stream, int64_t deadline_ms,
+                                        size_t *first_bad)
+{
+    uint32_t small[64 * WSYNC_KQUANT_WS_BYTES / sizeof(uint32_t)];
+    size_t bytes = n * WSYNC_KQUANT_WS_BYTES;
+    uint32_t *h = bytes <= sizeof(small) ? small : malloc(bytes);
+    wsync_status_t st;
+
+    if (first_bad == NULL || (ws == NULL && n > 0))
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_dev_quantize_check: NULL argument");
+    *first_bad = n;
+    if (n == 0)
+        return WSYNC_OK;
+    if (h == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "wsync_dev_quantize_check: no memory for %zu bytes", bytes);
+    st = wsync_dev_copy_to_host(h, ws, bytes, stream, deadline_ms);
+    for (size_t i = 0; st == WSYNC_OK && i < n; i++) {
+        if (h[i * (WSYNC_KQUANT_WS_BYTES / sizeof(uint32_t)) + 1] != 0) {
+            *first_bad = i;
+            break;
+        }
+    }
+    if (h != small)
+        free(h);
+    return st;
 }
 
 #else /* !WSYNC_HAVE_CUDA */
@@ -721,6 +750,17 @@ wsync_status_t wsync_dev_quantize_finish(const wsync_kquant_t *a, void *ws, void
     (void)ws;
     (void)stream;
     return NO_CUDA("wsync_dev_quantize_finish");
+}
+
+wsync_status_t wsync_dev_quantize_check(const void *ws, size_t n, void *stream, int64_t deadline_ms,
+                                        size_t *first_bad)
+{
+    (void)ws;
+    (void)stream;
+    (void)deadline_ms;
+    if (first_bad != NULL)
+        *first_bad = n;
+    return NO_CUDA("wsync_dev_quantize_check");
 }
 
 #endif

@@ -139,6 +139,13 @@ void wsync_dev_batch_free(wsync_kcopy_batch_t *batch);
 /* wsync_kernels_quantize_launch / _finish / quantize (finish waits for the stream). */
 wsync_status_t wsync_dev_quantize_launch(const wsync_kquant_t *a, void *ws, void *stream);
 wsync_status_t wsync_dev_quantize_finish(const wsync_kquant_t *a, void *ws, void *stream);
+/* After n quantizations launched on `stream` with workspaces ws + i * WSYNC_KQUANT_WS_BYTES: one
+ * copy of all n workspaces to the host (waiting for the stream, up to the deadline) and *first_bad
+ * = the first i whose quantization saw a non-finite value (its _finish names it), or n if none.
+ * Saves a stream synchronization per target when all is well. Relies on the workspace layout of
+ * kernels/quant.cu: uint32 [0] amax bits, [1] non-finite seen. */
+wsync_status_t wsync_dev_quantize_check(const void *ws, size_t n, void *stream, int64_t deadline_ms,
+                                        size_t *first_bad);
 
 #ifdef __cplusplus
 }

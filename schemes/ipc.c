@@ -29,6 +29,7 @@
  * the CPU as before, so a sender stages CUDA shards into host slots for receivers that want them.
  * With verification on, CUDA bytes are copied to the host to be hashed (slow, but exact). */
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,8 @@ typedef struct {
     uint8_t *gpu;                    /* [nbuckets] bucket has segments into CUDA targets */
     wsync_kcopy_batch_t **batch[2];  /* [nbuckets] per cached set of target pointers */
     void **ev;                       /* [nbuckets] */
+    void *stream;                    /* this sender's copies: its own stream, so that local copies
+                                      * and peer reads from several senders overlap on the GPU */
     /* DATA_FDS reassembly during setup */
     wsync_msg_t *first;
     int *xfds;
@@ -156,7 +159,8 @@ typedef struct {
     struct ipc_pend {
         uint32_t s, k;
         uint64_t bytes;
-    } *pend;                         /* buckets launched on the GPU, not yet released (FIFO) */
+    } *pend;                         /* buckets launched on the GPU, not yet released (launch
+                                      * order; streams per sender finish them in any order) */
     uint32_t pend_head, npend, pend_cap;
     uint8_t *scratch;
     size_t scratch_cap;
@@ -831,6 +835,9 @@ static wsync_status_t push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t ve
     uint32_t nr = plan->nreceivers;
     wsync_status_t rc;
 
+    uint64_t t0 = wsync_now_ns(), t_ready;
+    uint32_t nready = 0;
+
     for (uint32_t i = 0; i < 2 * IPC_SLOTS; i++)
         st->last_in_slot[i] = -1;
     st->gpu_pack_ns = 0;
@@ -933,17 +940,21 @@ static wsync_status_t push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t ve
             }
             st->pending[k]++;
             st->owed[(size_t)k * nr + r] = 1;
+            nready++;
         }
         wsync_wbuf_free(&b);
     }
+    t_ready = wsync_now_ns();
     for (uint32_t k = 0; k < st->nbuckets; k++)
         if ((rc = await_release(s, st, version, k)) != WSYNC_OK)
             return rc;
     for (uint32_t r = 0; r < nr; r++)
         s->stats.bytes_delivered += plan->pair_bytes[(size_t)s->m.rank * nr + r];
-    if (st->device >= 0)
-        WSYNC_LOG_D("ipc: sender %d: version %llu: %.3f ms waiting for GPU packs", s->m.rank,
-                    (unsigned long long)version, (double)st->gpu_pack_ns / 1e6);
+    uint64_t t_end = wsync_now_ns();
+    WSYNC_LOG_D("ipc: sender %d: version %llu: %u READY (%u buckets) sent by %.3f ms, last RELEASE "
+                "at %.3f ms after the push began; %.3f ms waiting for GPU packs", s->m.rank,
+                (unsigned long long)version, nready, st->nbuckets, (double)(t_ready - t0) / 1e6,
+                (double)(t_end - t0) / 1e6, (double)st->gpu_pack_ns / 1e6);
     return WSYNC_OK;
 }
 
@@ -984,6 +995,11 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
             wsync_dev_stream_sync(st->stream, wsync_deadline_in(r->m.timeout_ms),
                                   "ipc receiver teardown") != WSYNC_OK)
             WSYNC_LOG_W("ipc: receiver %d: %s", r->m.rank, wsync_last_error());
+        for (uint32_t s = 0; s < st->nsenders; s++)
+            if (st->from[s].stream != NULL &&
+                wsync_dev_stream_sync(st->from[s].stream, wsync_deadline_in(r->m.timeout_ms),
+                                      "ipc receiver teardown") != WSYNC_OK)
+                WSYNC_LOG_W("ipc: receiver %d: %s", r->m.rank, wsync_last_error());
     }
     for (uint32_t s = 0; s < st->nsenders; s++) {
         ipc_from_t *f = &st->from[s];
@@ -993,6 +1009,7 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
                     wsync_dev_batch_free(f->batch[c][k]);
             for (uint32_t k = 0; f->ev != NULL && k < f->nbuckets; k++)
                 wsync_dev_event_destroy(f->ev[k]);
+            wsync_dev_stream_destroy(f->stream);
             if (f->shm_registered)
                 wsync_dev_host_unregister(f->shm.base);
             for (uint32_t g = 0; g < f->nregions; g++)
@@ -1538,6 +1555,8 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
                 continue;
             if ((f->ev = calloc(f->nbuckets + 1, sizeof(void *))) == NULL)
                 rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+            if (rc == WSYNC_OK)
+                rc = wsync_dev_stream_create(&f->stream);
             for (uint32_t k = 0; k < f->nbuckets && rc == WSYNC_OK; k++)
                 if (f->gpu[k])
                     rc = wsync_dev_event_create(0, &f->ev[k]);
@@ -1785,34 +1804,48 @@ static wsync_status_t finish_bucket(wsync_receiver_t *r, ipc_receiver_t *st, uin
     return WSYNC_OK;
 }
 
-/* Finish, in launch order, the buckets whose GPU copies are complete. */
+/* Finish the buckets whose GPU copies are complete (each sender's on its own stream, so in any
+ * order); *reaped counts them. */
 static wsync_status_t reap(wsync_receiver_t *r, ipc_receiver_t *st, uint64_t version,
-                           uint64_t *bytes_done, int64_t *last_ms)
+                           uint64_t *bytes_done, int64_t *last_ms, uint32_t *reaped)
 {
-    while (st->npend > 0) {
-        struct ipc_pend *p = &st->pend[st->pend_head];
+    uint32_t keep = 0;
+    wsync_status_t rc = WSYNC_OK;
+
+    for (uint32_t i = 0; i < st->npend; i++) {
+        struct ipc_pend p = st->pend[st->pend_head + i];
         int done = 0;
-        wsync_status_t rc = wsync_dev_event_query(st->from[p->s].ev[p->k], &done);
-        if (rc != WSYNC_OK)
-            return rc;
-        if (!done)
-            return WSYNC_OK;
-        rc = finish_bucket(r, st, p->s, p->k, version, NO_SLOT, p->bytes, bytes_done);
-        if (rc != WSYNC_OK)
-            return rc;
-        st->pend_head++;
-        st->npend--;
-        *last_ms = wsync_now_ms();
+        if (rc == WSYNC_OK && (rc = wsync_dev_event_query(st->from[p.s].ev[p.k], &done)) == WSYNC_OK &&
+            done && (rc = finish_bucket(r, st, p.s, p.k, version, NO_SLOT, p.bytes, bytes_done)) == WSYNC_OK) {
+            (*reaped)++;
+            *last_ms = wsync_now_ms();
+            continue;
+        }
+        st->pend[st->pend_head + keep++] = p;   /* not done (or failed: keep it, nothing lost) */
     }
-    return WSYNC_OK;
+    st->npend = keep;
+    return rc;
+}
+
+/* A short pause while GPU copies run and no READY is in: spin with yields first (copies of a
+ * bucket take tens of microseconds to a few milliseconds; nanosleep costs at least the timer
+ * slack, about 50 us), then naps of 10 us. */
+static void poll_pause(uint32_t idle)
+{
+    if (idle < 64) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {0, 10000};
+    nanosleep(&ts, NULL);
 }
 
 static wsync_status_t recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_t version)
 {
     const wsync_plan_t *plan = r->m.plan;
     const uint16_t types[] = {WSYNC_MSG_READY};
-    uint32_t remaining = 0, total, launched = 0;
-    uint64_t bytes_done = 0;
+    uint32_t remaining = 0, total, launched = 0, idle = 0;
+    uint64_t bytes_done = 0, t_first = 0, t_last_ready = 0, t_cpu = 0;
     /* a quarter longer than a sender's wait for a RELEASE: a sender held up by another
      * receiver names that receiver before this wait blames the sender */
     int wait_ms = (int)WSYNC_MIN((int64_t)r->m.timeout_ms * 5 / 4, INT_MAX);
@@ -1833,21 +1866,24 @@ static wsync_status_t recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_
         wsync_msg_t *msg;
         wsync_rbuf_t rb;
         ipc_from_t *f = NULL;
-        uint32_t s, nsums = 0;
+        uint32_t s, nsums = 0, reaped = 0;
         int has_sums;
 
-        if (st->npend > 0 && (rc = reap(r, st, version, &bytes_done, &last_ms)) != WSYNC_OK)
+        if (st->npend > 0 &&
+            (rc = reap(r, st, version, &bytes_done, &last_ms, &reaped)) != WSYNC_OK)
             return rc;
+        if (reaped > 0)
+            idle = 0;
         if (remaining == 0) {
-            /* only GPU work left: wait for the oldest launch */
-            if (st->npend > 0) {
-                struct ipc_pend *p = &st->pend[st->pend_head];
-                char what[128];
-                snprintf(what, sizeof(what), "ipc: receiver %d: version %llu: bucket %u of sender "
-                         "%u", r->m.rank, (unsigned long long)version, p->k, p->s);
-                rc = wsync_dev_event_wait(st->from[p->s].ev[p->k], last_ms + wait_ms, what);
-                if (rc != WSYNC_OK)
-                    return rc;
+            /* only GPU work left: poll every pending bucket (they finish in any order) */
+            if (st->npend > 0 && reaped == 0) {
+                if (wsync_now_ms() >= last_ms + wait_ms) {
+                    struct ipc_pend *p = &st->pend[st->pend_head];
+                    return wsync_err(WSYNC_ERR_TIMEOUT, "ipc: receiver %d: version %llu: bucket %u "
+                                     "of sender %u did not finish on the GPU within %d ms",
+                                     r->m.rank, (unsigned long long)version, p->k, p->s, wait_ms);
+                }
+                poll_pause(idle++);
             }
             continue;
         }
@@ -1858,8 +1894,8 @@ static wsync_status_t recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_
                 return wsync_err(rc, "ipc: receiver %d: version %llu: bucket %u of sender %u did "
                                  "not finish on the GPU within %d ms", r->m.rank,
                                  (unsigned long long)version, p->k, p->s, wait_ms);
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, NULL);
+            if (reaped == 0)
+                poll_pause(idle++);
             continue;
         }
         if (rc == WSYNC_ERR_TIMEOUT) {
@@ -1871,6 +1907,10 @@ static wsync_status_t recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_
         }
         if (rc != WSYNC_OK)
             return rc;
+        idle = 0;
+        t_last_ready = wsync_now_ns();
+        if (t_first == 0)
+            t_first = t_last_ready;
         for (s = 0; s < st->nsenders && f == NULL; s++)
             if (st->from[s].conn == msg->conn)
                 f = &st->from[s];
@@ -1913,12 +1953,13 @@ static wsync_status_t recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_
         if (f->gpu[k]) {
             /* the segments into CUDA targets: one launch, finished when its event completes */
             wsync_kcopy_batch_t *batch = f->batch[st->cur][k];
-            if (batch != NULL && (rc = wsync_dev_batch_launch(batch, st->stream)) != WSYNC_OK)
+            if (batch != NULL && (rc = wsync_dev_batch_launch(batch, f->stream)) != WSYNC_OK)
                 return rc;
-            if ((rc = wsync_dev_event_record(f->ev[k], st->stream)) != WSYNC_OK)
+            if ((rc = wsync_dev_event_record(f->ev[k], f->stream)) != WSYNC_OK)
                 return rc;
             launched++;
         }
+        uint64_t tc = wsync_now_ns();
         for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
             const wsync_segment_t *sg = &plan->segments[i];
             const wsync_chunk_t *c = &plan->chunks[sg->chunk];
@@ -1940,6 +1981,7 @@ static wsync_status_t recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_
             if (rc != WSYNC_OK)
                 return rc;
         }
+        t_cpu += wsync_now_ns() - tc;
         f->done[k] = 1;
         remaining--;
         last_ms = wsync_now_ms();
@@ -1958,10 +2000,18 @@ static wsync_status_t recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_
         if ((rc = finish_bucket(r, st, s, k, version, slot, bytes, &bytes_done)) != WSYNC_OK)
             return rc;
     }
-    double secs = (double)(wsync_now_ns() - t0) / 1e9;
+    uint64_t t_end = wsync_now_ns();
+    double secs = (double)(t_end - t0) / 1e9;
     WSYNC_LOG_D("ipc: receiver %d: version %llu: %llu bytes landed in %.4f s (%.2f GB/s; %u GPU "
-                "batches)", r->m.rank, (unsigned long long)version, (unsigned long long)bytes_done,
-                secs, secs > 0 ? (double)bytes_done / secs / 1e9 : 0.0, launched);
+                "batches on %u streams, %u buckets); stages: first READY after %.3f ms, last "
+                "READY at %.3f ms, CPU copies %.3f ms, last RELEASE at %.3f ms (GPU tail after "
+                "last READY %.3f ms)", r->m.rank, (unsigned long long)version,
+                (unsigned long long)bytes_done, secs,
+                secs > 0 ? (double)bytes_done / secs / 1e9 : 0.0, launched, st->nsenders, total,
+                t_first ? (double)(t_first - t0) / 1e6 : 0.0,
+                t_last_ready ? (double)(t_last_ready - t0) / 1e6 : 0.0, (double)t_cpu / 1e6,
+                (double)(t_end - t0) / 1e6,
+                t_last_ready ? (double)(t_end - t_last_ready) / 1e6 : 0.0);
     return WSYNC_OK;
 }
 
@@ -1983,6 +2033,11 @@ static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
         if (wsync_dev_stream_sync(st->stream, wsync_deadline_in(r->m.timeout_ms),
                                   "ipc: copies after a failed version") != WSYNC_OK)
             WSYNC_LOG_W("ipc: receiver %d: %s", r->m.rank, wsync_last_error());
+        for (uint32_t s = 0; s < st->nsenders; s++)
+            if (st->from[s].stream != NULL &&
+                wsync_dev_stream_sync(st->from[s].stream, wsync_deadline_in(r->m.timeout_ms),
+                                      "ipc: copies after a failed version") != WSYNC_OK)
+                WSYNC_LOG_W("ipc: receiver %d: %s", r->m.rank, wsync_last_error());
         wsync_err_set_text(rc, text);
     }
     wsync_dev_leave(r->device, saved);

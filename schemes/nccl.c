@@ -451,7 +451,8 @@ typedef struct {
     int nrank, nranks;               /* in the communicator */
     int device, prev_device;
     int verify;
-    int aborted;
+    int aborted;                     /* communicators aborted (after a failure) */
+    int leak;                        /* an abort did not finish: leave device memory, streams */
     wsync_nccl_sched_t *sched;
     wsync_nccl_comm_t *comm;
     wsync_nccl_comm_t **sub;         /* [sched->nsplits], NULL where not a member */
@@ -497,17 +498,39 @@ static wsync_status_t nc_check_inbox(void *arg)
     return wsync_inbox_failed(&st->m->inbox);
 }
 
+/* Abort every communicator, sub-communicators before the parent (with splitShare they share
+ * the parent's resources), never finalizing: after a failure a peer may be gone. Bounded: an
+ * abort that does not return in time is left running and st->leak set, so that teardown leaves
+ * the device memory and streams NCCL kernels may still use rather than wait in cudaFree. */
 static void nc_abort(nc_state_t *st)
 {
+    wsync_nccl_comm_t *list[WSYNC_NCCL_MAX_SPLITS + 1];
+    int n = 0;
+
     if (st->aborted)
         return;
     st->aborted = 1;
     for (uint32_t j = 0; st->sub != NULL && j < st->sched->nsplits; j++) {
-        wsync_nccl_abort(st->sub[j]);
+        if (st->sub[j] != NULL && n < WSYNC_NCCL_MAX_SPLITS)
+            list[n++] = st->sub[j];
+        else if (st->sub[j] != NULL)
+            wsync_nccl_abort(st->sub[j]);   /* not reached: nsplits <= WSYNC_NCCL_MAX_SPLITS */
         st->sub[j] = NULL;
     }
-    wsync_nccl_abort(st->comm);
+    list[n++] = st->comm;
     st->comm = NULL;
+    uint64_t t0 = wsync_now_ns();
+    int bound = st->m != NULL ? WSYNC_MIN(st->m->timeout_ms, WSYNC_NCCL_ABORT_MS)
+                              : WSYNC_NCCL_ABORT_MS;
+    if (!wsync_nccl_abort_all(list, n, wsync_deadline_in(WSYNC_MAX(bound, 1000)))) {
+        st->leak = 1;
+        WSYNC_LOG_W("nccl: %s %u: the communicators' abort did not finish within %.3f s: their "
+                    "device memory and streams will be leaked, not freed", role_word(st->role),
+                    st->rank, (double)(wsync_now_ns() - t0) / 1e9);
+    } else {
+        WSYNC_LOG_I("nccl: %s %u: %d communicator%s aborted in %.3f s", role_word(st->role),
+                    st->rank, n, n == 1 ? "" : "s", (double)(wsync_now_ns() - t0) / 1e9);
+    }
 }
 
 /* A failure in the middle of setup or a version: abort, so that no NCCL call waits on a peer
@@ -903,6 +926,14 @@ static void state_free(nc_state_t *st)
         return;
     if (st->sched != NULL && st->device >= 0 && wsync_dev_compiled()) {
         int64_t deadline = wsync_deadline_in(WSYNC_MIN(st->m->timeout_ms, 10000));
+        /* after a failure anywhere in the group (a peer lost, an abort) a communicator may wait
+         * on a dead peer: abort (it stops NCCL's kernels) before anything synchronizes or frees,
+         * and never finalize */
+        if (!st->aborted && wsync_inbox_failed(&st->m->inbox) != WSYNC_OK) {
+            WSYNC_LOG_I("nccl: %s %u: teardown after a failure of the group (%s): aborting the "
+                        "communicators", role_word(st->role), st->rank, wsync_last_error());
+            nc_abort(st);
+        }
         if (!st->aborted && st->cstream != NULL &&
             (wsync_dev_stream_sync(st->cstream, deadline, "nccl: teardown") != WSYNC_OK ||
              wsync_dev_stream_sync(st->xstream, deadline, "nccl: teardown") != WSYNC_OK)) {
@@ -914,15 +945,34 @@ static void state_free(nc_state_t *st)
             for (uint32_t j = 0; st->sub != NULL && j < st->sched->nsplits; j++)
                 wsync_nccl_destroy(st->sub[j], deadline);
             wsync_nccl_destroy(st->comm, deadline);
+        } else if (!st->leak && st->cstream != NULL) {
+            /* aborted: NCCL's kernels should have stopped; free only once both streams are idle
+             * (cudaFree waits for every kernel on the device), bounded */
+            int64_t idle = wsync_deadline_in(WSYNC_MIN(st->m->timeout_ms, 5000));
+            if (wsync_dev_stream_sync(st->cstream, idle, "nccl: NCCL calls after the abort") !=
+                    WSYNC_OK ||
+                wsync_dev_stream_sync(st->xstream, idle, "nccl: copies after the abort") !=
+                    WSYNC_OK) {
+                WSYNC_LOG_W("nccl: %s %u: %s: leaking its device memory and streams",
+                            role_word(st->role), st->rank, wsync_last_error());
+                st->leak = 1;
+            }
         }
-        free_batches(st);
-        for (int i = 0; i < NC_SLOTS; i++) {
-            wsync_dev_free(st->slot[i]);
-            wsync_dev_event_destroy(st->ev_copy[i]);
-            wsync_dev_event_destroy(st->ev_done[i]);
+        if (!st->leak) {
+            free_batches(st);
+            for (int i = 0; i < NC_SLOTS; i++) {
+                wsync_dev_free(st->slot[i]);
+                wsync_dev_event_destroy(st->ev_copy[i]);
+                wsync_dev_event_destroy(st->ev_done[i]);
+            }
+            wsync_dev_stream_destroy(st->cstream);
+            wsync_dev_stream_destroy(st->xstream);
+        } else {
+            WSYNC_LOG_W("nccl: %s %u: leaked 2 x %llu bytes of staging, copy descriptors, 2 "
+                        "streams and 4 events on device %d (NCCL may still use them)",
+                        role_word(st->role), st->rank, (unsigned long long)st->slot_bytes,
+                        st->device);
         }
-        wsync_dev_stream_destroy(st->cstream);
-        wsync_dev_stream_destroy(st->xstream);
     }
     wsync_nccl_sched_free(st->sched);
     free(st->sub);

@@ -4,6 +4,8 @@
 #include "transports/transport.h"
 #include "wsync_build_config.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,18 +286,96 @@ wsync_status_t wsync_nccl_bcast(wsync_nccl_comm_t *c, const void *send, void *re
     return nccl_fail(c, call, res);
 }
 
+/* The aborts of wsync_nccl_abort_all, on a detached thread: ncclCommAbort can block for good
+ * (it may wait on kernels or proxies tied to a dead peer), and a failing caller must not. */
+typedef struct {
+    atomic_int done;                 /* every abort returned */
+    atomic_int refs;                 /* the caller and the thread; the last one frees */
+    int device;
+    int n;
+    wsync_nccl_comm_t *comms[];
+} abort_job_t;
+
+static void abort_job_release(abort_job_t *job)
+{
+    if (atomic_fetch_sub(&job->refs, 1) == 1)
+        free(job);
+}
+
+static void *abort_main(void *arg)
+{
+    abort_job_t *job = arg;
+
+    if (job->device >= 0)
+        cudaSetDevice(job->device);
+    for (int i = 0; i < job->n; i++) {
+        wsync_nccl_comm_t *c = job->comms[i];
+        int64_t t0 = wsync_now_ms();
+        if (c->comm != NULL) {
+            ncclResult_t res = ncclCommAbort(c->comm);
+            if (res != ncclSuccess && res != ncclInProgress)
+                WSYNC_LOG_W("%s: ncclCommAbort: %s", c->label, ncclGetErrorString(res));
+            else
+                WSYNC_LOG_I("%s: communicator aborted in %.3f s", c->label,
+                            (double)(wsync_now_ms() - t0) / 1e3);
+        }
+        free(c);   /* NCCL frees the communicator in ncclCommAbort, even when in progress */
+    }
+    atomic_store(&job->done, 1);
+    abort_job_release(job);
+    return NULL;
+}
+
+int wsync_nccl_abort_all(wsync_nccl_comm_t *const *comms, int n, int64_t deadline_ms)
+{
+    abort_job_t *job;
+    pthread_attr_t attr;
+    pthread_t tid;
+    int k = 0, ok;
+
+    job = calloc(1, sizeof(*job) + (size_t)(n > 0 ? n : 1) * sizeof(job->comms[0]));
+    if (job == NULL) {
+        WSYNC_LOG_W("nccl: no memory to abort %d communicators: they are left as they are", n);
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        if (comms[i] != NULL)
+            job->comms[k++] = comms[i];
+    job->n = k;
+    if (k == 0) {
+        free(job);
+        return 1;
+    }
+    if (cudaGetDevice(&job->device) != cudaSuccess)
+        job->device = -1;
+    atomic_init(&job->done, 0);
+    atomic_init(&job->refs, 2);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&tid, &attr, abort_main, job) != 0) {
+        pthread_attr_destroy(&attr);
+        atomic_store(&job->refs, 1);
+        abort_main(job);   /* no thread to be had: abort here, unbounded */
+        return 1;
+    }
+    pthread_attr_destroy(&attr);
+    while (!(ok = atomic_load(&job->done)) && wsync_now_ms() < deadline_ms) {
+        struct timespec nap = {0, 1000000};
+        nanosleep(&nap, NULL);
+    }
+    if (!ok)
+        WSYNC_LOG_W("deadline passed: ncclCommAbort of %d communicator%s (%s first) did not return "
+                    "within the deadline; left to finish on a helper thread (its resources leak "
+                    "if it never does)", k, k == 1 ? "" : "s", job->comms[0]->label);
+    abort_job_release(job);
+    return ok;
+}
+
 void wsync_nccl_abort(wsync_nccl_comm_t *c)
 {
     if (c == NULL)
         return;
-    if (c->comm != NULL) {
-        ncclResult_t res = ncclCommAbort(c->comm);
-        if (res != ncclSuccess && res != ncclInProgress)
-            WSYNC_LOG_W("%s: ncclCommAbort: %s", c->label, ncclGetErrorString(res));
-        else
-            WSYNC_LOG_I("%s: communicator aborted", c->label);
-    }
-    free(c);
+    wsync_nccl_abort_all(&c, 1, wsync_deadline_in(WSYNC_NCCL_ABORT_MS));
 }
 
 void wsync_nccl_destroy(wsync_nccl_comm_t *c, int64_t deadline_ms)
@@ -416,6 +496,12 @@ wsync_status_t wsync_nccl_bcast(wsync_nccl_comm_t *comm, const void *send, void 
 {
     (void)comm, (void)send, (void)recv, (void)bytes, (void)root, (void)stream;
     return NO_NCCL();
+}
+
+int wsync_nccl_abort_all(wsync_nccl_comm_t *const *comms, int n, int64_t deadline_ms)
+{
+    (void)comms, (void)n, (void)deadline_ms;
+    return 1;
 }
 
 void wsync_nccl_abort(wsync_nccl_comm_t *comm)

@@ -77,9 +77,19 @@ wsync_status_t wsync_nccl_recv(wsync_nccl_comm_t *comm, void *buf, size_t bytes,
 wsync_status_t wsync_nccl_bcast(wsync_nccl_comm_t *comm, const void *send, void *recv,
                                 size_t bytes, int root, void *stream);
 
-/* ncclCommAbort and free: for failures, never blocks on peers. NULL is a no-op. */
+#define WSYNC_NCCL_ABORT_MS 10000   /* wsync_nccl_abort's bound */
+
+/* ncclCommAbort of comms[0..n) in that order (sub-communicators before their parent; NULL
+ * entries skipped), then free them: the caller must not use them again. The aborts run on a
+ * helper thread; this waits for them until deadline_ms. Returns 1 when every abort returned
+ * (NCCL's kernels of those communicators have then stopped), 0 when the deadline passed first:
+ * the aborts go on in the background and the caller must leak device memory and streams that
+ * NCCL kernels may still use rather than free them (cudaFree would wait for those kernels). */
+int wsync_nccl_abort_all(wsync_nccl_comm_t *const *comms, int n, int64_t deadline_ms);
+/* wsync_nccl_abort_all of one communicator, bounded by WSYNC_NCCL_ABORT_MS. NULL is a no-op. */
 void wsync_nccl_abort(wsync_nccl_comm_t *comm);
-/* ncclCommFinalize (waited for until deadline_ms), then ncclCommDestroy; a finalize that fails or
+/* For an orderly end only (never after a failure or a lost peer: abort then):
+ * ncclCommFinalize (waited for until deadline_ms), then ncclCommDestroy; a finalize that fails or
  * does not finish in time aborts instead (and says so in the log). NULL is a no-op. */
 void wsync_nccl_destroy(wsync_nccl_comm_t *comm, int64_t deadline_ms);
 

@@ -82,7 +82,7 @@ MismatchError = _make("MismatchError", Status.ERR_MISMATCH,
                       "the message names the param.")
 UnsupportedError = _make("UnsupportedError", Status.ERR_UNSUPPORTED,
                          "WSYNC_ERR_UNSUPPORTED: not supported by this build or version (CUDA "
-                         "memory, for one, in this version).")
+                         "memory in a build without CUDA, for one).")
 StateError = _make("StateError", Status.ERR_STATE,
                    "WSYNC_ERR_STATE: the call is not valid in the object's current state.")
 WsyncIOError = _make("WsyncIOError", Status.ERR_IO, "WSYNC_ERR_IO: a system call failed.")

@@ -172,7 +172,8 @@ class Receiver:
         (a typed memoryview, returned and kept in .buffers[target.name]). For a quantized FP8
         target, `scales` (float32, target.scale_count of them) likewise. Returns the buffer.
         InvalidArgumentError for a buffer of the wrong size or dtype; UnsupportedError for CUDA
-        memory (this version); StateError after the first wait."""
+        memory when libwsync was built without CUDA or sees no GPU; StateError after the first
+        wait. A torch CUDA tensor is landed on its device (device.index) in place."""
         what = f"target '{target.name}'"
         if buffer is None:
             buffer = _owned(target.nbytes, view_format(target.dtype), target.shape)
@@ -189,6 +190,8 @@ class Receiver:
             keep: list = []
             ct = target._c(keep, region.address, int(region.mem), region.device,
                            sregion.address if sregion else 0)
+            if sregion is not None:
+                ct.quant.scales_mem = int(sregion.mem)     # host or CUDA scales
             with self._lock:
                 st = lib().wsync_receiver_add_target(self._h(), C.byref(ct))
                 if st != 0:

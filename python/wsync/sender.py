@@ -161,14 +161,15 @@ class Sender:
 
         param: a Param, or the checkpoint name (then the global shape is `global_shape`, else
         the tensor's own shape, and the dtype is the tensor's).
-        tensor: a torch tensor (cpu; cuda gives WSYNC_MEM_CUDA, refused by this version of the
-        library), a DTensor (its local shard, the box from its placement: leave box None), a
+        tensor: a torch tensor (cpu, or cuda: WSYNC_MEM_CUDA on device.index; one CUDA device
+        per sender; synchronize the GPU work writing it before each push), a DTensor (its local shard, the box from its placement: leave box None), a
         HostTensor, or a buffer-protocol object (then dtype=... says its dtype).
         box: a Box or (start, len); None is the whole param. The tensor holds either exactly the
         box (the rank's local shard) or the whole param (then the box must be one contiguous
         range of it, e.g. FSDP rows, and the sender reads that range in place).
         Returns the ShardSpec described. Errors: InvalidArgumentError (names the param and what
-        is wrong), UnsupportedError for CUDA memory, StateError after setup/first push."""
+        is wrong), UnsupportedError for CUDA memory when libwsync was built without CUDA or sees no
+        GPU (or on a second CUDA device), StateError after setup/first push."""
         name = param.name if isinstance(param, Param) else str(param)
         what = f"param '{name}'"
         if is_dtensor(tensor):

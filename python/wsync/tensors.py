@@ -2,8 +2,11 @@
 
 * Tensor-like objects: anything with ``data_ptr()``, ``shape``, ``dtype`` and ``device`` (torch
   tensors; wsync.HostTensor). ``device.type == "cpu"`` is host memory; ``"cuda"`` maps to
-  WSYNC_MEM_CUDA with ``device.index`` (this version of the library refuses CUDA memory with
-  UnsupportedError, which is passed through). The tensor must be contiguous.
+  WSYNC_MEM_CUDA with ``device.index`` (None: 0), a device ordinal of this process (as
+  CUDA_VISIBLE_DEVICES numbers them). A libwsync built without CUDA, or a process that sees
+  no such device, refuses CUDA memory (UnsupportedError / InvalidArgumentError from the
+  library, passed through). The tensor must be contiguous; CUDA work writing it must be
+  finished (torch.cuda.synchronize()) before a push reads it.
 * DTensors (anything with ``to_local()``, ``placements`` and ``device_mesh``): the local shard,
   and its box in the global tensor from the placement: Shard(d) over a 1-D mesh splits dim d with
   c = ceil(n / mesh size) rows per rank (rank k holds [k*c, min(n, (k+1)*c))), the rule of

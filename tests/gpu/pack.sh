@@ -6,7 +6,8 @@
 # From BUILD_DIR (default build-gpu: a CUDA build made here, e.g.
 # `cmake -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release && cmake --build
 # build-gpu`) it copies the tools and GPU test programs, stripped, into DEST (default gpu-carry,
-# ignored by git) in the same layout (bin/, tests/gpu/), plus ../shared/testdata/hf_qwen3_tiny.
+# ignored by git) in the same layout (bin/, tests/gpu/), libwsync.so.X.Y.Z stripped as
+# lib/libwsync.so (no symlinks), plus ../shared/testdata/hf_qwen3_tiny.
 # On the machine: `WSYNC_TESTDATA=gpu-carry/testdata bash tests/gpu/run.sh gpu-carry`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -20,6 +21,12 @@ done
 for f in "$BUILD"/tests/gpu/test_*; do
     [ -x "$f" ] && strip --strip-unneeded -o "$DEST/tests/gpu/$(basename "$f")" "$f"
 done
+# the shared library, for the Python bindings (tests/gpu/test_python_torch.py): one plain file
+lib=$(readlink -f "$BUILD/libwsync.so" 2>/dev/null || true)
+if [ -n "$lib" ] && [ -f "$lib" ]; then
+    mkdir -p "$DEST/lib"
+    strip --strip-unneeded -o "$DEST/lib/libwsync.so" "$lib"
+fi
 for d in ../shared/testdata/hf_qwen3_tiny shared/testdata/hf_qwen3_tiny; do
     if [ -d "$d" ]; then cp -r "$d" "$DEST/testdata/"; break; fi
 done

@@ -9,11 +9,14 @@
 #      alone on each other GPU at the same time;
 #   2. every other tests/gpu/test_* program (test_schemes: ipc and nccl end to end), with every
 #      GPU visible; each adapts to the GPU count and says what it skipped;
+#   2b. tests/gpu/test_python_torch.py (issue 8): a PyTorch trainer on GPUs 0, 1 pushes three
+#      versions through the Python bindings into wsync-engine TP-2 on GPUs 2, 3 (skipped, 77,
+#      without torch or 4 GPUs); its JSON is in logs.tar.gz;
 #   3. wsync-bench model runs of the issue's targets (Qwen3-8B shape): on 4 GPUs fan-out 1 -> 3
 #      replicas (nccl, ipc), colocated FSDP-4 -> TP-4 (ipc, nccl; bf16 and fp8-block),
 #      disaggregated FSDP-2 (GPUs 0,1) -> TP-2 (GPUs 2,3) (nccl, ipc); fewer, named, on 1 or 2;
 #   4. bench/baselines/run.sh when it exists (the peers' methods).
-# $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes bench baselines"), and
+# $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes python bench baselines"), and
 # $WSYNC_BENCH_SHAPE the model shape of the benchmarks (default qwen3-8b).
 # Output in $OUT (default /tmp/wsync-gpu-out), few files since the device tool brings back at
 # most 8: summary.txt, gpus.txt, <test>.json per test that writes one, bench.jsonl (one JSON line
@@ -114,6 +117,12 @@ if ! skipped schemes; then
         run_one "$n" "${WSYNC_TEST_LIMIT:-240}" "$t" --json "$WORK/$n.json"
         [ -f "$WORK/$n.json" ] && cp "$WORK/$n.json" "$OUT/$n.json"
     done
+fi
+
+# ---- 2b. the Python bindings from a PyTorch trainer (issue 8)
+if ! skipped python && [ -f tests/gpu/test_python_torch.py ]; then
+    run_one test_python_torch 150 python3 tests/gpu/test_python_torch.py --build "$BUILD" \
+        --json "$WORK/test_python_torch.json"
 fi
 
 # ---- 3. benchmarks
@@ -218,6 +227,15 @@ EOF
         fi
         grep -E 'CHECK failed|returned|differs|skipped' "$WORK/$n.log" | head -n 20
     done
+    if [ -f "$WORK/test_python_torch.log" ]; then
+        echo
+        echo "-- test_python_torch.py"
+        if grep -q '^version  *result' "$WORK/test_python_torch.log"; then
+            sed -n '/^version  *result/,$p' "$WORK/test_python_torch.log"
+        else
+            grep -E 'skipped|FAIL|Error|error' "$WORK/test_python_torch.log" | tail -n 20
+        fi
+    fi
     if [ -s "$WORK/bench.jsonl" ]; then
         echo
         echo "-- benchmarks ($SHAPE, wsync-bench --mem cuda; x floor = seconds / floor, x bcast = per-receiver GB/s / ncclBroadcast GB/s)"
