@@ -70,6 +70,22 @@ typedef struct {
 
 static int in_place(const ipc_inplace_t *ip) { return ip->region >= 0 || ip->cregion >= 0; }
 
+/* DATA_FDS's table of shards read in place: a count, then (shard, region, offset) for each shard
+ * in a host region (cuda 0) or a CUDA region (cuda 1). */
+static void put_inplace_table(wsync_wbuf_t *b, const ipc_inplace_t *ip, size_t nshards,
+                              uint32_t count, int cuda)
+{
+    wsync_put_u32(b, count);
+    for (size_t i = 0; i < nshards; i++) {
+        int32_t region = cuda ? ip[i].cregion : ip[i].region;
+        if (region < 0)
+            continue;
+        wsync_put_u32(b, (uint32_t)i);
+        wsync_put_u32(b, (uint32_t)region);
+        wsync_put_u64(b, ip[i].offset);
+    }
+}
+
 typedef struct {
     wsync_shm_t shm;
     uint32_t nslots;
@@ -543,25 +559,11 @@ static wsync_status_t send_fds(wsync_sender_t *s, ipc_sender_t *st, uint32_t ran
         ninplace += st->inplace[i].region >= 0;
         ncinplace += st->inplace[i].cregion >= 0;
     }
-    wsync_put_u32(&b, ninplace);
-    for (size_t i = 0; i < s->nshards; i++) {
-        if (st->inplace[i].region < 0)
-            continue;
-        wsync_put_u32(&b, (uint32_t)i);
-        wsync_put_u32(&b, (uint32_t)st->inplace[i].region);
-        wsync_put_u64(&b, st->inplace[i].offset);
-    }
+    put_inplace_table(&b, st->inplace, s->nshards, ninplace, 0);
     wsync_put_u32(&b, st->ndslots);
     wsync_put_u64(&b, st->dslot_bytes);
     wsync_put_u32(&b, st->dslot_region);
-    wsync_put_u32(&b, ncinplace);
-    for (size_t i = 0; i < s->nshards; i++) {
-        if (st->inplace[i].cregion < 0)
-            continue;
-        wsync_put_u32(&b, (uint32_t)i);
-        wsync_put_u32(&b, (uint32_t)st->inplace[i].cregion);
-        wsync_put_u64(&b, st->inplace[i].offset);
-    }
+    put_inplace_table(&b, st->inplace, s->nshards, ncinplace, 1);
     wsync_put_u32(&b, st->nbuckets);
     for (uint32_t k = 0; k < st->nbuckets; k++)
         wsync_put_u32(&b, st->slot_of[k]);

@@ -891,6 +891,19 @@ static wsync_status_t common_setup(nc_state_t *st, wsync_member_t *m, int role, 
     return WSYNC_OK;
 }
 
+/* Grow the scratch array of copy descriptors a step's batch is built from to hold n. */
+static wsync_status_t descs_reserve(wsync_kcopy_t **descs, uint32_t *cap, uint32_t n)
+{
+    if (n <= *cap)
+        return WSYNC_OK;
+    wsync_kcopy_t *p = realloc(*descs, n * sizeof(*p));
+    if (p == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for copy descriptors");
+    *descs = p;
+    *cap = n;
+    return WSYNC_OK;
+}
+
 static wsync_status_t alloc_slots(nc_state_t *st)
 {
     wsync_status_t rc;
@@ -1145,15 +1158,8 @@ static wsync_status_t sender_bind(wsync_sender_t *s, nc_state_t *st)
         uint32_t n = 0;
         if (step->ncopies == 0)
             continue;
-        if (step->ncopies > cap) {
-            wsync_kcopy_t *p = realloc(descs, step->ncopies * sizeof(*p));
-            if (p == NULL) {
-                rc = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for copy descriptors");
-                break;
-            }
-            descs = p;
-            cap = step->ncopies;
-        }
+        if ((rc = descs_reserve(&descs, &cap, step->ncopies)) != WSYNC_OK)
+            break;
         for (uint32_t i = 0; i < step->nmyops; i++) {
             const nc_myop_t *o = &st->myops[step->myop0 + i];
             const wsync_nccl_op_t *op = &st->sched->ops[o->op];
@@ -1484,15 +1490,8 @@ static wsync_status_t receiver_bind(wsync_receiver_t *r, nc_state_t *st)
         uint32_t n = 0;
         if (step->ncopies == 0)
             continue;
-        if (step->ncopies > cap) {
-            wsync_kcopy_t *p = realloc(descs, step->ncopies * sizeof(*p));
-            if (p == NULL) {
-                rc = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for copy descriptors");
-                break;
-            }
-            descs = p;
-            cap = step->ncopies;
-        }
+        if ((rc = descs_reserve(&descs, &cap, step->ncopies)) != WSYNC_OK)
+            break;
         for (uint32_t i = 0; i < step->nrseg; i++) {
             const nc_rseg_t *e = &st->rsegs[step->rseg0 + i];
             const wsync_segment_t *sg = &plan->segments[e->seg];
