@@ -25,6 +25,8 @@ typedef struct {
     size_t nshards;
     wsync_target_desc_t *targets;
     size_t ntargets;
+    uint8_t gpu[16];                 /* UUID of its CUDA memory's GPU (DESCRIBE's trailer) */
+    int has_gpu;
 } coord_peer_t;
 
 struct wsync_coord {
@@ -211,6 +213,22 @@ static void on_hello(wsync_coord_t *co, wsync_conn_t *c, wsync_msg_t *m)
     wsync_conn_send(c, WSYNC_MSG_WELCOME, NULL, 0, NULL, 0, send_timeout(co));
 }
 
+/* Bytes the receivers take over the bytes taken from the senders (each chunk counted once). */
+static double plan_replication(const wsync_plan_t *plan)
+{
+    double taken = 0, sent = 0;
+    for (uint32_t i = 0; i < plan->nchunks; i++) {
+        const wsync_chunk_t *c = &plan->chunks[i];
+        sent += (double)c->src.rows * (double)c->src.cols * (double)wsync_dtype_size(c->dtype);
+    }
+    for (uint32_t i = 0; i < plan->nsegments; i++) {
+        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+        taken += (double)sg->dst.rows * (double)sg->dst.cols * (double)wsync_dtype_size(c->dtype);
+    }
+    return sent > 0 ? taken / sent : 1.0;
+}
+
 /* Compile a plan from every sender's shards and the targets of receiver `only` (-1: every
  * receiver; -2: none, for a store whose senders start before any reader), choose the scheme the
  * first time, and send PLAN to `to` (NULL: everyone present). */
@@ -271,6 +289,14 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
         goto out;
     }
     if (co->scheme == NULL) {
+        const uint8_t **sgpu = calloc((size_t)co->nsenders + 1, sizeof(*sgpu));
+        const uint8_t **rgpu = calloc((size_t)co->nreceivers + 1, sizeof(*rgpu));
+        if (sgpu == NULL || rgpu == NULL) {
+            free(sgpu);
+            free(rgpu);
+            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_NOMEM, "coordinator: out of memory", NULL);
+            goto out;
+        }
         memset(&g, 0, sizeof(g));
         g.nsenders = (uint32_t)co->nsenders;
         g.nreceivers = only == -2 ? 0 : (uint32_t)co->nreceivers;
@@ -280,8 +306,17 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
             g.mem_kinds |= 1u << shards[i].mem;
         for (size_t i = 0; i < ntg; i++)
             g.mem_kinds |= 1u << targets[i].mem;
+        for (int i = 0; i < co->nsenders; i++)
+            sgpu[i] = co->senders[i].has_gpu ? co->senders[i].gpu : NULL;
+        for (int i = 0; i < co->nreceivers; i++)
+            rgpu[i] = co->receivers[i].has_gpu ? co->receivers[i].gpu : NULL;
+        g.sender_gpu = sgpu;
+        g.receiver_gpu = rgpu;
+        g.replication = plan_replication(plan);
         st = wsync_negotiate(&g, co->senders[0].hello.scheme, &co->scheme, co->explain,
                              sizeof(co->explain));
+        free(sgpu);
+        free(rgpu);
         if (st != WSYNC_OK) {
             group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
             goto out;
@@ -374,6 +409,16 @@ static void on_describe(wsync_coord_t *co, coord_peer_t *p, wsync_msg_t *m)
         st = wsync_shards_decode(&r, &p->shards, &p->nshards);
     else
         st = wsync_targets_decode(&r, &p->targets, &p->ntargets);
+    if (st == WSYNC_OK && wsync_rbuf_left(&r) > 0) {   /* the GPU (wsync_member_put_gpu) */
+        uint32_t n = wsync_get_u32(&r);
+        const void *u = n == 1 ? wsync_get_bytes(&r, sizeof(p->gpu)) : NULL;
+        if (u != NULL) {
+            memcpy(p->gpu, u, sizeof(p->gpu));
+            p->has_gpu = 1;
+        }
+        if (r.err || n > 1)
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "bad GPU identity after the descriptions");
+    }
     if (st == WSYNC_OK) {
         /* the wire says who the descriptions belong to; trust only the connection */
         for (size_t i = 0; i < p->nshards; i++)

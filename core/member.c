@@ -10,6 +10,7 @@
 #include "core/relay.h"
 #include "core/sock.h"
 #include "core/util.h"
+#include "kernels/device.h"
 
 const char *wsync_member_who(const wsync_member_t *m, char *buf, size_t len)
 {
@@ -109,6 +110,16 @@ wsync_status_t wsync_member_connect(wsync_member_t *m, const wsync_hello_t *hell
     WSYNC_LOG_I("%s joined the group at %s", wsync_member_who(m, name, sizeof(name)),
                 m->coordinator);
     return WSYNC_OK;
+}
+
+void wsync_member_put_gpu(wsync_wbuf_t *desc, int device)
+{
+    uint8_t uuid[WSYNC_DEV_UUID_BYTES];
+    int known = device >= 0 && wsync_dev_uuid(device, uuid) == WSYNC_OK;
+
+    wsync_put_u32(desc, (uint32_t)known);
+    if (known)
+        wsync_put_bytes(desc, uuid, sizeof(uuid));
 }
 
 wsync_status_t wsync_member_describe(wsync_member_t *m, const wsync_wbuf_t *desc)

@@ -95,6 +95,12 @@ struct wsync_receiver {
     float **dev_scales;              /* [ntargets] device scales of a CUDA FP8 target whose scales
                                         are in host memory (copied out at commit), else NULL */
     void *dev_ws;                    /* [ntargets] quantization workspaces, WSYNC_KQUANT_WS_BYTES each */
+    /* Staged CUDA FP8 targets start quantizing as soon as their last segment has landed
+     * (wsync_receiver_landed), while other buckets still arrive; commit quantizes the rest. */
+    uint64_t *q_need;                /* [ntargets] elements the plan lands in it per version; 0:
+                                        not a staged CUDA FP8 target */
+    uint64_t *q_got;                 /* [ntargets] of those, landed in this version */
+    uint8_t *q_started;              /* [ntargets] quantization launched in this version */
 };
 
 /* An FP8 target filled by quantizing float values (rather than copying FP8 bytes). */
@@ -104,9 +110,18 @@ static inline int wsync_target_quantized(wsync_dtype_t dtype, wsync_quant_scheme
            quant != WSYNC_QUANT_NONE;
 }
 
+/* core/receiver.c: the scheme's copies of plan->segments[first, end) are complete (for CUDA
+ * targets: on the device, as an event the host saw complete proves). Launches the quantization
+ * of each staged CUDA FP8 target that this completes, on r->dev_stream; call it on r->device. */
+wsync_status_t wsync_receiver_landed(wsync_receiver_t *r, uint32_t first, uint32_t end);
+
 /* core/member.c: connecting, HELLO, DESCRIBE and PLAN, shared by sender and receiver. */
 wsync_status_t wsync_member_connect(wsync_member_t *m, const wsync_hello_t *hello);
 wsync_status_t wsync_member_describe(wsync_member_t *m, const wsync_wbuf_t *desc);
+/* DESCRIBE's trailer, after the shards or targets: the UUID of the GPU they are on (u32 count, 0
+ * or 1, then 16 bytes), so that the coordinator can tell which participants share a GPU when it
+ * picks the scheme. device < 0 (host memory only) or no CUDA: count 0. */
+void wsync_member_put_gpu(wsync_wbuf_t *desc, int device);
 /* Wait (until deadline) for the plan; decodes it into m->plan and m->planmsg. */
 wsync_status_t wsync_member_await_plan(wsync_member_t *m, int64_t deadline_ms);
 /* Record a local failure as the group's, tell the coordinator, and return st. */

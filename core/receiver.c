@@ -146,29 +146,120 @@ static wsync_status_t zero_uncovered_dev(wsync_receiver_t *r, const wsync_target
     return st;
 }
 
-/* Quantize the staged CUDA FP8 targets on the device: every launch first, then the copies of
- * the scales that live in host memory, then one copy of all non-finite flags with one wait (with
- * the deadline); a flagged target is looked at again (NONFINITE names the target and element, as
- * on the CPU). No synchronization per target. */
+/* The quantization of staged CUDA target i, as the kernels take it. */
+static wsync_kquant_t quant_args(const wsync_receiver_t *r, size_t i)
+{
+    const wsync_target_desc_t *t = &r->targets[i];
+    uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
+    for (int d = 0; d < t->ndim - 1; d++)
+        rows *= (uint64_t)t->shape[d];
+    wsync_kquant_t a = {t->name, r->land[i], r->land_dtype[i], rows, cols, cols, r->quant[i],
+                        t->dtype, r->target_data[i], cols,
+                        r->dev_scales[i] != NULL ? r->dev_scales[i] : r->quant[i].scales};
+    return a;
+}
+
+static wsync_status_t quant_launch(wsync_receiver_t *r, size_t i)
+{
+    wsync_kquant_t a = quant_args(r, i);
+    r->q_started[i] = 1;
+    return wsync_dev_quantize_launch(&a, (uint8_t *)r->dev_ws + i * WSYNC_KQUANT_WS_BYTES,
+                                     r->dev_stream);
+}
+
+/* Early quantization's bookkeeping, from the plan (once) and for a new version. */
+static wsync_status_t quant_early_reset(wsync_receiver_t *r)
+{
+    if (r->device < 0 || r->m.plan == NULL)
+        return WSYNC_OK;
+    if (r->q_need == NULL) {
+        const wsync_plan_t *plan = r->m.plan;
+        r->q_need = calloc(r->ntargets + 1, sizeof(*r->q_need));
+        r->q_got = calloc(r->ntargets + 1, sizeof(*r->q_got));
+        r->q_started = calloc(r->ntargets + 1, 1);
+        if (r->q_need == NULL || r->q_got == NULL || r->q_started == NULL) {
+            free(r->q_need);
+            free(r->q_got);
+            free(r->q_started);
+            r->q_need = r->q_got = NULL;
+            r->q_started = NULL;
+            return wsync_err(WSYNC_ERR_NOMEM, "receiver %d: no memory", r->m.rank);
+        }
+        for (uint32_t i = 0; i < plan->nsegments; i++) {
+            const wsync_segment_t *sg = &plan->segments[i];
+            if (sg->receiver == (uint32_t)r->m.rank && sg->target < r->ntargets)
+                r->q_need[sg->target] += sg->dst.rows * sg->dst.cols;
+        }
+        for (size_t i = 0; i < r->ntargets; i++)
+            if (r->targets[i].mem != WSYNC_MEM_CUDA ||
+                !wsync_target_quantized(r->targets[i].dtype, r->quant[i].scheme))
+                r->q_need[i] = 0;
+    }
+    memset(r->q_got, 0, r->ntargets * sizeof(*r->q_got));
+    memset(r->q_started, 0, r->ntargets);
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_receiver_landed(wsync_receiver_t *r, uint32_t first, uint32_t end)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    wsync_status_t st = WSYNC_OK;
+
+    if (r->q_need == NULL)
+        return WSYNC_OK;
+    for (uint32_t i = first; i < end && i < plan->nsegments && st == WSYNC_OK; i++) {
+        const wsync_segment_t *sg = &plan->segments[i];
+        uint32_t t = sg->target;
+        if (t >= r->ntargets || r->q_need[t] == 0 || r->land[t] == r->target_data[t])
+            continue;
+        r->q_got[t] += sg->dst.rows * sg->dst.cols;
+        if (r->q_got[t] == r->q_need[t] && !r->q_started[t])
+            st = quant_launch(r, t);
+    }
+    return st;
+}
+
+/* A version failed: quantizations started as targets landed may still run on dev_stream, writing
+ * into the caller's FP8 buffers; wait for them (bounded) before the error returns, keeping its
+ * text. */
+static wsync_status_t quant_drain(wsync_receiver_t *r, wsync_status_t st)
+{
+    char text[1024];
+    int saved = -1;
+
+    if (r->device < 0 || r->dev_stream == NULL || r->q_started == NULL)
+        return st;
+    snprintf(text, sizeof(text), "%s", wsync_last_error());
+    if (wsync_dev_enter(r->device, &saved) == WSYNC_OK) {
+        if (wsync_dev_stream_sync(r->dev_stream, wsync_deadline_in(r->m.timeout_ms),
+                                  "quantizations started before the failure") != WSYNC_OK)
+            WSYNC_LOG_W("receiver %d: %s", r->m.rank, wsync_last_error());
+        wsync_dev_leave(r->device, saved);
+    }
+    return wsync_err_set_text(st, text);
+}
+
+/* Quantize the staged CUDA FP8 targets on the device that have not started yet: every launch
+ * first, then the copies of the scales that live in host memory, then one copy of all
+ * non-finite flags with one wait (with the deadline); a flagged target is looked at again
+ * (NONFINITE names the target and element, as on the CPU). No synchronization per target. */
 static wsync_status_t quantize_staged_dev(wsync_receiver_t *r)
 {
     wsync_status_t st = WSYNC_OK;
-    size_t n = 0, bad = 0;
+    size_t n = 0, early = 0, bad = 0;
     uint64_t t0 = wsync_now_ns(), t1, t2;
 
+    if (r->q_started == NULL)
+        st = quant_early_reset(r);
     for (size_t i = 0; i < r->ntargets && st == WSYNC_OK; i++) {
         const wsync_target_desc_t *t = &r->targets[i];
         if (t->mem != WSYNC_MEM_CUDA || r->land[i] == r->target_data[i])
             continue;
-        uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
-        for (int d = 0; d < t->ndim - 1; d++)
-            rows *= (uint64_t)t->shape[d];
-        wsync_kquant_t a = {t->name, r->land[i], r->land_dtype[i], rows, cols, cols, r->quant[i],
-                            t->dtype, r->target_data[i], cols,
-                            r->dev_scales[i] != NULL ? r->dev_scales[i] : r->quant[i].scales};
-        st = wsync_dev_quantize_launch(&a, (uint8_t *)r->dev_ws + i * WSYNC_KQUANT_WS_BYTES,
-                                       r->dev_stream);
         n++;
+        if (r->q_started[i])
+            early++;
+        else
+            st = quant_launch(r, i);
     }
     if (n == 0 || st != WSYNC_OK)
         return st;
@@ -201,12 +292,7 @@ static wsync_status_t quantize_staged_dev(wsync_receiver_t *r)
     t2 = wsync_now_ns();
     if (bad < r->ntargets) {
         const wsync_target_desc_t *t = &r->targets[bad];
-        uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
-        for (int d = 0; d < t->ndim - 1; d++)
-            rows *= (uint64_t)t->shape[d];
-        wsync_kquant_t a = {t->name, r->land[bad], r->land_dtype[bad], rows, cols, cols,
-                            r->quant[bad], t->dtype, r->target_data[bad], cols,
-                            r->dev_scales[bad] != NULL ? r->dev_scales[bad] : r->quant[bad].scales};
+        wsync_kquant_t a = quant_args(r, bad);
         st = wsync_dev_quantize_finish(&a, (uint8_t *)r->dev_ws + bad * WSYNC_KQUANT_WS_BYTES,
                                        r->dev_stream);
         if (st == WSYNC_OK)
@@ -214,9 +300,9 @@ static wsync_status_t quantize_staged_dev(wsync_receiver_t *r)
                            "while quantizing", r->m.rank, t->name);
         return st;
     }
-    WSYNC_LOG_D("receiver %d: quantized %zu FP8 targets on the GPU: %.3f ms to queue, %.3f ms "
-                "waiting for the kernels", r->m.rank, n, (double)(t1 - t0) / 1e6,
-                (double)(t2 - t1) / 1e6);
+    WSYNC_LOG_D("receiver %d: quantized %zu FP8 targets on the GPU (%zu started as they "
+                "landed): %.3f ms to queue the rest, %.3f ms waiting for the kernels", r->m.rank,
+                n, early, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6);
     return WSYNC_OK;
 }
 
@@ -300,6 +386,9 @@ void wsync_receiver_free(wsync_receiver_t *r)
         wsync_dev_leave(r->device, saved);
     }
     free(r->dev_scales);
+    free(r->q_need);
+    free(r->q_got);
+    free(r->q_started);
     wsync_target_descs_free(r->targets, r->ntargets);
     free(r->target_data);
     free(r->land);
@@ -407,8 +496,10 @@ wsync_status_t wsync_receiver_add_target(wsync_receiver_t *r, const wsync_target
             wsync_target_desc_clear(&r->targets[i]);
             return st;
         }
+        /* above the ipc scheme's peer reads (boost 1): quantizations started while buckets
+         * still land get SMs at once, instead of waiting for the copy kernels to drain */
         if (r->dev_stream == NULL)
-            st = wsync_dev_stream_create(&r->dev_stream);
+            st = wsync_dev_stream_create_prio(&r->dev_stream, 2);
         if (st == WSYNC_OK && wsync_target_quantized(t->dtype, t->quant.scheme)) {
             /* whole-group scales need every value first: land here, quantize at commit */
             uint64_t n = target_elems(t);
@@ -483,6 +574,7 @@ static wsync_status_t receiver_setup(wsync_receiver_t *r, int64_t plan_deadline)
         wsync_wbuf_t b;
         wsync_wbuf_init(&b);
         wsync_targets_encode(r->targets, r->ntargets, &b);
+        wsync_member_put_gpu(&b, r->device);
         st = wsync_member_describe(&r->m, &b);
         wsync_wbuf_free(&b);
         if (st != WSYNC_OK)
@@ -589,6 +681,9 @@ static wsync_status_t receiver_fetch(wsync_receiver_t *r, uint64_t want, int tim
     wsync_status_t st;
 
     /* the scheme sets torn once it writes into the targets */
+    st = quant_early_reset(r);
+    if (st != WSYNC_OK)
+        return wsync_member_fail(&r->m, st);
     st = r->m.scheme->receiver_fetch(r, want, timeout_ms, &v);
     if (st == WSYNC_ERR_TIMEOUT || st == WSYNC_ERR_NOT_FOUND)
         return st;     /* nothing was written: the scheme writes only once it has a directory */
@@ -598,6 +693,8 @@ static wsync_status_t receiver_fetch(wsync_receiver_t *r, uint64_t want, int tim
     }
     if (st == WSYNC_OK)
         st = commit_point(r, v);
+    if (st != WSYNC_OK)
+        st = quant_drain(r, st);
     if (st == WSYNC_ERR_INTEGRITY)
         return st;     /* this reader's copy is bad, not the store: it may fetch again */
     if (st != WSYNC_OK)
@@ -647,7 +744,9 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
     }
     /* the scheme sets torn once it writes into the targets */
     uint64_t t_begin = wsync_now_ns(), t_recv, t_quant;
-    st = r->m.scheme->receiver_recv(r, v);
+    st = quant_early_reset(r);
+    if (st == WSYNC_OK)
+        st = r->m.scheme->receiver_recv(r, v);
     t_recv = wsync_now_ns();
     if (st == WSYNC_OK) {
         r->torn = 1;
@@ -657,7 +756,7 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
     if (st == WSYNC_OK)
         st = commit_point(r, v);
     if (st != WSYNC_OK)
-        return wsync_member_fail(&r->m, st);
+        return wsync_member_fail(&r->m, quant_drain(r, st));
     r->torn = 0;
     r->version = v;
     st = wsync_member_send_u64(&r->m, WSYNC_MSG_COMMIT, v);

@@ -195,6 +195,7 @@ wsync_status_t wsync_sender_setup(wsync_sender_t *s)
     if (s->m.state == WSYNC_STATE_CONNECTED) {
         wsync_wbuf_init(&b);
         wsync_shards_encode(s->shards, s->nshards, &b);
+        wsync_member_put_gpu(&b, s->device);
         st = wsync_member_describe(&s->m, &b);
         wsync_wbuf_free(&b);
         if (st != WSYNC_OK)

@@ -35,6 +35,7 @@ struct wsync_kcopy_batch {
     int casts;                         /* some copy converts */
     uint64_t units;
     uint64_t bytes_read, bytes_written;
+    uint32_t max_blocks;               /* grid cap, 0: one block per unit */
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -310,14 +311,18 @@ static wsync_status_t wk_batch_build(const wsync_kcopy_t *descs, uint32_t n, wk_
 }
 
 static wsync_status_t wk_batch_run(const wk_copy_desc_t *d, const uint64_t *ub, uint32_t n,
-                                   uint64_t units, int casts, cudaStream_t stream)
+                                   uint64_t units, int casts, uint32_t max_blocks,
+                                   cudaStream_t stream)
 {
     if (units == 0)
         return WSYNC_OK;
+    unsigned grid = wk_grid(units);
+    if (max_blocks > 0 && grid > max_blocks)
+        grid = max_blocks;   /* the grid-stride loop takes the rest */
     if (casts)
-        wk_copy_kernel<true><<<wk_grid(units), WK_THREADS, 0, stream>>>(d, ub, n, units);
+        wk_copy_kernel<true><<<grid, WK_THREADS, 0, stream>>>(d, ub, n, units);
     else
-        wk_copy_kernel<false><<<wk_grid(units), WK_THREADS, 0, stream>>>(d, ub, n, units);
+        wk_copy_kernel<false><<<grid, WK_THREADS, 0, stream>>>(d, ub, n, units);
     return wk_launched("copy kernel launch");
 }
 
@@ -437,7 +442,13 @@ wsync_status_t wsync_kernels_batch_launch(const wsync_kcopy_batch_t *batch, void
     if (batch == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "wsync_kernels_batch_launch: batch is NULL");
     return wk_batch_run(batch->descs, batch->unit_begin, batch->n, batch->units, batch->casts,
-                        (cudaStream_t)stream);
+                        batch->max_blocks, (cudaStream_t)stream);
+}
+
+void wsync_kernels_batch_limit(wsync_kcopy_batch_t *batch, uint32_t max_blocks)
+{
+    if (batch != NULL)
+        batch->max_blocks = max_blocks;
 }
 
 void wsync_kernels_batch_info(const wsync_kcopy_batch_t *batch, uint64_t *bytes_read,
@@ -491,7 +502,7 @@ wsync_status_t wsync_kernels_copy(const wsync_kcopy_t *descs, uint32_t n, void *
             goto out;
         }
         st = wk_batch_run((const wk_copy_desc_t *)mem, (const uint64_t *)((char *)mem + dbytes), m,
-                          units, casts, s);
+                          units, casts, 0, s);
     }
 out:
     if (mem != NULL) {

@@ -2,6 +2,7 @@
 #include "kernels/device.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,6 +227,33 @@ wsync_status_t wsync_dev_stream_create(void **stream)
     return WSYNC_OK;
 }
 
+wsync_status_t wsync_dev_stream_create_prio(void **stream, int boost)
+{
+    cudaStream_t s;
+    cudaError_t e;
+    int least = 0, greatest = 0;
+
+    if (stream == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_dev_stream_create_prio: NULL argument");
+    e = cudaDeviceGetStreamPriorityRange(&least, &greatest);   /* greater priority: lower number */
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking,
+                                         least - boost < greatest ? greatest : least - boost);
+    if (e != cudaSuccess)
+        return cu_err(e, "cudaStreamCreateWithPriority on device %d", cur_dev());
+    *stream = s;
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_dev_sm_count(int device, int *sms)
+{
+    if (sms == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_dev_sm_count: NULL argument");
+    cudaError_t e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+    return e == cudaSuccess ? WSYNC_OK
+                            : cu_err(e, "cudaDeviceGetAttribute(multiprocessors, device %d)", device);
+}
+
 void wsync_dev_stream_destroy(void *stream)
 {
     if (stream == NULL)
@@ -362,9 +390,25 @@ wsync_status_t wsync_dev_malloc(size_t bytes, void **ptr)
     return WSYNC_OK;
 }
 
+#define WEDGE_MAX 64
+static atomic_int wedged[WEDGE_MAX];
+
+void wsync_dev_mark_wedged(int device)
+{
+    if (device >= 0 && device < WEDGE_MAX && atomic_exchange(&wedged[device], 1) == 0)
+        WSYNC_LOG_W("device %d: kernels that may never finish remain (a communicator whose abort "
+                    "did not return): wsync leaks its device memory there from now on instead "
+                    "of waiting in cudaFree; the process should exit", device);
+}
+
+int wsync_dev_is_wedged(int device)
+{
+    return device >= 0 && device < WEDGE_MAX && atomic_load(&wedged[device]);
+}
+
 void wsync_dev_free(void *ptr)
 {
-    if (ptr == NULL)
+    if (ptr == NULL || wsync_dev_is_wedged(cur_dev()))
         return;
     cudaError_t e = cudaFree(ptr);
     if (e != cudaSuccess) {
@@ -397,7 +441,7 @@ wsync_status_t wsync_dev_host_register(void *ptr, size_t bytes, int read_only, i
 
 void wsync_dev_host_unregister(void *ptr)
 {
-    if (ptr == NULL)
+    if (ptr == NULL || wsync_dev_is_wedged(cur_dev()))
         return;
     cudaError_t e = cudaHostUnregister(ptr);
     if (e != cudaSuccess) {
@@ -469,7 +513,13 @@ void wsync_dev_batch_info(const wsync_kcopy_batch_t *batch, uint64_t *bytes_read
 
 void wsync_dev_batch_free(wsync_kcopy_batch_t *batch)
 {
-    wsync_kernels_batch_free(batch);
+    if (!wsync_dev_is_wedged(cur_dev()))   /* cudaFree inside */
+        wsync_kernels_batch_free(batch);
+}
+
+void wsync_dev_batch_limit(wsync_kcopy_batch_t *batch, uint32_t max_blocks)
+{
+    wsync_kernels_batch_limit(batch, max_blocks);
 }
 
 wsync_status_t wsync_dev_quantize_launch(const wsync_kquant_t *a, void *ws, void *stream)
@@ -588,6 +638,20 @@ wsync_status_t wsync_dev_stream_create(void **stream)
     return NO_CUDA("wsync_dev_stream_create");
 }
 
+wsync_status_t wsync_dev_stream_create_prio(void **stream, int boost)
+{
+    (void)stream;
+    (void)boost;
+    return NO_CUDA("wsync_dev_stream_create_prio");
+}
+
+wsync_status_t wsync_dev_sm_count(int device, int *sms)
+{
+    (void)device;
+    (void)sms;
+    return NO_CUDA("wsync_dev_sm_count");
+}
+
 void wsync_dev_stream_destroy(void *stream) { (void)stream; }
 
 wsync_status_t wsync_dev_event_create(int timing, void **event)
@@ -652,6 +716,14 @@ wsync_status_t wsync_dev_malloc(size_t bytes, void **ptr)
 }
 
 void wsync_dev_free(void *ptr) { (void)ptr; }
+
+void wsync_dev_mark_wedged(int device) { (void)device; }
+
+int wsync_dev_is_wedged(int device)
+{
+    (void)device;
+    return 0;
+}
 
 wsync_status_t wsync_dev_host_register(void *ptr, size_t bytes, int read_only, int *registered)
 {
@@ -735,6 +807,12 @@ void wsync_dev_batch_info(const wsync_kcopy_batch_t *batch, uint64_t *bytes_read
 }
 
 void wsync_dev_batch_free(wsync_kcopy_batch_t *batch) { (void)batch; }
+
+void wsync_dev_batch_limit(wsync_kcopy_batch_t *batch, uint32_t max_blocks)
+{
+    (void)batch;
+    (void)max_blocks;
+}
 
 wsync_status_t wsync_dev_quantize_launch(const wsync_kquant_t *a, void *ws, void *stream)
 {

@@ -59,6 +59,8 @@ void wsync_dev_uuid_str(const uint8_t uuid[WSYNC_DEV_UUID_BYTES], char *buf, siz
 /* cudaDeviceCanAccessPeer(device, peer): 1 when kernels on `device` can read `peer`'s memory
  * (same device: 1). */
 wsync_status_t wsync_dev_can_access_peer(int device, int peer, int *can);
+/* Streaming multiprocessors of `device`. */
+wsync_status_t wsync_dev_sm_count(int device, int *sms);
 
 /* ---- pointers ------------------------------------------------------------------------------ */
 
@@ -81,6 +83,9 @@ wsync_status_t wsync_dev_ptr_info(const void *ptr, wsync_dev_ptr_t *info);
 
 /* A non-blocking stream on the current device. */
 wsync_status_t wsync_dev_stream_create(void **stream);
+/* The same `boost` priority levels above normal (clamped to the device's range): the block
+ * scheduler starts the blocks of a higher-priority stream's kernels first. */
+wsync_status_t wsync_dev_stream_create_prio(void **stream, int boost);
 void wsync_dev_stream_destroy(void *stream);
 /* An event on the current device; timing 0: no timing (cheapest to record and query). */
 wsync_status_t wsync_dev_event_create(int timing, void **event);
@@ -105,6 +110,12 @@ wsync_status_t wsync_dev_stream_sync(void *stream, int64_t deadline_ms, const ch
 /* cudaMalloc on the current device. */
 wsync_status_t wsync_dev_malloc(size_t bytes, void **ptr);
 void wsync_dev_free(void *ptr);
+/* A device on which kernels may never finish (NCCL's, waiting on a dead peer, after an abort
+ * that did not return): cudaFree and cudaHostUnregister, which wait for every kernel on the
+ * device, would hang. Once marked, wsync_dev_free, wsync_dev_host_unregister and
+ * wsync_dev_batch_free of this process leak on that device instead (logged once). */
+void wsync_dev_mark_wedged(int device);
+int wsync_dev_is_wedged(int device);
 /* Pin host memory [ptr, ptr + bytes) and map it for every device (cudaHostRegister, portable and
  * mapped): kernels then read (and, unless read_only, write) it through its host address (UVA).
  * read_only: the pages are mapped PROT_READ (cudaHostRegisterReadOnly; devices that lack it give
@@ -136,6 +147,7 @@ wsync_status_t wsync_dev_batch_launch(const wsync_kcopy_batch_t *batch, void *st
 void wsync_dev_batch_info(const wsync_kcopy_batch_t *batch, uint64_t *bytes_read,
                           uint64_t *bytes_written, uint32_t *ncopies);
 void wsync_dev_batch_free(wsync_kcopy_batch_t *batch);
+void wsync_dev_batch_limit(wsync_kcopy_batch_t *batch, uint32_t max_blocks);
 /* wsync_kernels_quantize_launch / _finish / quantize (finish waits for the stream). */
 wsync_status_t wsync_dev_quantize_launch(const wsync_kquant_t *a, void *ws, void *stream);
 wsync_status_t wsync_dev_quantize_finish(const wsync_kquant_t *a, void *ws, void *stream);

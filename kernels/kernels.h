@@ -79,6 +79,11 @@ wsync_status_t wsync_kernels_batch_create(const wsync_kcopy_t *descs, uint32_t n
  * WSYNC_ERR_DEVICE if the launch fails. */
 wsync_status_t wsync_kernels_batch_launch(const wsync_kcopy_batch_t *batch, void *stream);
 
+/* Cap the batch's grid at max_blocks blocks (0: no cap, one block per unit of work; the kernel
+ * loops over the rest). Copies on several streams at once (peer reads beside local copies) then
+ * share the GPU instead of the first launch filling every SM until it drains. */
+void wsync_kernels_batch_limit(wsync_kcopy_batch_t *batch, uint32_t max_blocks);
+
 /* Bytes the batch reads and writes per launch, and its number of copies (for benchmarks and
  * logs). Any pointer may be NULL. */
 void wsync_kernels_batch_info(const wsync_kcopy_batch_t *batch, uint64_t *bytes_read,

@@ -284,6 +284,19 @@ static int ipc_score(const wsync_group_info_t *g, char *reason, size_t len)
             return 0;
         }
     }
+    int gpus_known = g->sender_gpu != NULL && g->receiver_gpu != NULL;
+    for (uint32_t i = 0; gpus_known && i < g->nsenders + g->nreceivers; i++)
+        gpus_known = (i < g->nsenders ? g->sender_gpu[i] : g->receiver_gpu[i - g->nsenders]) != NULL;
+    /* only where every GPU is known: nccl then refuses by itself a group that shares one */
+    if (want_cuda && g->replication >= 1.5 && gpus_known) {
+        /* every receiver reads what it needs from the sender's GPU: replicas read the same bytes
+         * over the same link, where a broadcast (nccl) moves them once per link */
+        snprintf(reason, len, "all %u participants share host %s, but the receivers take the "
+                              "same bytes %.1f times over: each would read them from the sender's "
+                              "GPU, which a broadcast avoids", g->nsenders + g->nreceivers,
+                 g->senders[0].hostname, g->replication);
+        return 60;
+    }
     if (want_cuda)
         snprintf(reason, len, "all %u participants share host %s; CUDA memory through cuda_ipc: "
                               "read in place where the receiver's GPU can read the sender's (same "
@@ -1344,13 +1357,49 @@ out:
     return rc;
 }
 
+/* How one sender's copies share our GPU with the other senders' (each has its own stream):
+ * a grid of at most one block per SM for its batch kernels, so that no launch fills every SM
+ * until it drains, and peer reads (bound by NVLink latency, not by SMs) on a higher-priority
+ * stream so their blocks start first and the local copies fill in around them. On 4x H200,
+ * colocated FSDP-4 -> TP-4 (Qwen3-8B shape) took 6.44 ms with neither, 5.03 ms with both
+ * (tests/gpu/tune.sh sweeps them). Tunable from the environment: WSYNC_IPC_BLOCKS_LOCAL and
+ * WSYNC_IPC_BLOCKS_PEER (blocks per SM, 0: no cap), WSYNC_IPC_PEER_PRIORITY (0 or 1). */
+static double env_double(const char *name, double dflt)
+{
+    const char *v = getenv(name);
+    char *end = NULL;
+    double d = v != NULL && *v ? strtod(v, &end) : dflt;
+    return v != NULL && *v && end != NULL && *end == '\0' && d >= 0 && d < 1e6 ? d : dflt;
+}
+
+static wsync_status_t sender_stream(wsync_receiver_t *r, ipc_from_t *f, const void *src,
+                                    uint32_t *max_blocks)
+{
+    wsync_dev_ptr_t pi = {WSYNC_DEV_PTR_HOST, -1};
+    int sms = 0, local;
+    wsync_status_t rc = src != NULL ? wsync_dev_ptr_info(src, &pi) : WSYNC_OK;
+
+    if (rc == WSYNC_OK)
+        rc = wsync_dev_sm_count(r->device, &sms);
+    if (rc != WSYNC_OK)
+        return rc;
+    local = pi.kind == WSYNC_DEV_PTR_DEVICE && pi.device == r->device;
+    *max_blocks = (uint32_t)(sms * env_double(local ? "WSYNC_IPC_BLOCKS_LOCAL" : "WSYNC_IPC_BLOCKS_PEER",
+                                              1.0) + 0.5);
+    if (f->stream != NULL)
+        return WSYNC_OK;
+    if (!local && env_double("WSYNC_IPC_PEER_PRIORITY", 1) > 0)
+        return wsync_dev_stream_create_prio(&f->stream, 1);
+    return wsync_dev_stream_create(&f->stream);
+}
+
 /* Build batch set c: for every bucket with segments into CUDA targets, one kernel launch's worth
  * of copies from where the sender's bytes lie to where ours land now. */
 static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int c)
 {
     const wsync_plan_t *plan = r->m.plan;
     wsync_kcopy_t *descs = NULL;
-    uint32_t cap = 0, nbatches = 0;
+    uint32_t cap = 0, nbatches = 0, max_blocks = 0;
     uint64_t t0 = wsync_now_ns();
     wsync_status_t rc = WSYNC_OK;
 
@@ -1405,7 +1454,11 @@ static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int
             }
             if (rc == WSYNC_OK && n > 0 && (rc = wsync_dev_batch_create(descs, n, &f->batch[c][k])) == WSYNC_OK)
                 nbatches++;
+            if (rc == WSYNC_OK && n > 0 && (rc = sender_stream(r, f, descs[0].src, &max_blocks)) == WSYNC_OK)
+                wsync_dev_batch_limit(f->batch[c][k], max_blocks);
         }
+        if (rc == WSYNC_OK && f->stream == NULL)
+            rc = sender_stream(r, f, NULL, &max_blocks);
     }
     free(descs);
     if (rc != WSYNC_OK) {
@@ -1557,8 +1610,7 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
                 continue;
             if ((f->ev = calloc(f->nbuckets + 1, sizeof(void *))) == NULL)
                 rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
-            if (rc == WSYNC_OK)
-                rc = wsync_dev_stream_create(&f->stream);
+            /* f->stream: made with the first batches, once we know where the sender's GPU is */
             for (uint32_t k = 0; k < f->nbuckets && rc == WSYNC_OK; k++)
                 if (f->gpu[k])
                     rc = wsync_dev_event_create(0, &f->ev[k]);
@@ -1788,6 +1840,8 @@ static wsync_status_t finish_bucket(wsync_receiver_t *r, ipc_receiver_t *st, uin
     }
     if (r->m.ctx->verify &&
         (rc = verify_bucket(r, st, f, s, k, version, st->sums, slot)) != WSYNC_OK)
+        return rc;
+    if ((rc = wsync_receiver_landed(r, f->seg_start[k], f->seg_start[k + 1])) != WSYNC_OK)
         return rc;
     {
         wsync_wbuf_t b;

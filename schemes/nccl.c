@@ -386,6 +386,14 @@ int wsync_nccl_op_has(const wsync_nccl_sched_t *s, const wsync_nccl_op_t *op, in
  * Scoring
  * ============================================================================================== */
 
+/* Participant i's GPU (senders first), NULL if unknown. */
+static const uint8_t *group_gpu(const wsync_group_info_t *g, uint32_t i)
+{
+    if (i < g->nsenders)
+        return g->sender_gpu != NULL ? g->sender_gpu[i] : NULL;
+    return g->receiver_gpu != NULL ? g->receiver_gpu[i - g->nsenders] : NULL;
+}
+
 static int nccl_score(const wsync_group_info_t *g, char *reason, size_t len)
 {
     int ti = wsync_transport_index("nccl");
@@ -409,8 +417,25 @@ static int nccl_score(const wsync_group_info_t *g, char *reason, size_t len)
             return 0;
         }
     }
-    snprintf(reason, len, "all %u participants have NCCL and a GPU, and every shard and target "
-                          "is in CUDA memory: grouped send/recv, broadcast to replicas",
+    /* NCCL allows one rank per GPU: colocated senders and receivers are the ipc scheme's */
+    for (uint32_t i = 0; i < g->nsenders + g->nreceivers; i++) {
+        const uint8_t *a = group_gpu(g, i);
+        for (uint32_t j = i + 1; a != NULL && j < g->nsenders + g->nreceivers; j++) {
+            const uint8_t *b = group_gpu(g, j);
+            if (b != NULL && memcmp(a, b, 16) == 0) {
+                char u[48];
+                wsync_dev_uuid_str(a, u, sizeof(u));
+                snprintf(reason, len, "%s %u and %s %u share GPU %s: NCCL allows one rank per GPU",
+                         i < g->nsenders ? "sender" : "receiver",
+                         i < g->nsenders ? i : i - g->nsenders,
+                         j < g->nsenders ? "sender" : "receiver",
+                         j < g->nsenders ? j : j - g->nsenders, u);
+                return 0;
+            }
+        }
+    }
+    snprintf(reason, len, "all %u participants have NCCL and a GPU of their own, and every shard "
+                          "and target is in CUDA memory: grouped send/recv, broadcast to replicas",
              g->nsenders + g->nreceivers);
     return 80;
 }
@@ -524,6 +549,7 @@ static void nc_abort(nc_state_t *st)
                               : WSYNC_NCCL_ABORT_MS;
     if (!wsync_nccl_abort_all(list, n, wsync_deadline_in(WSYNC_MAX(bound, 1000)))) {
         st->leak = 1;
+        wsync_dev_mark_wedged(st->device);   /* the receiver's and sender's frees must not wait */
         WSYNC_LOG_W("nccl: %s %u: the communicators' abort did not finish within %.3f s: their "
                     "device memory and streams will be leaked, not freed", role_word(st->role),
                     st->rank, (double)(wsync_now_ns() - t0) / 1e9);
@@ -969,6 +995,7 @@ static void state_free(nc_state_t *st)
                 WSYNC_LOG_W("nccl: %s %u: %s: leaking its device memory and streams",
                             role_word(st->role), st->rank, wsync_last_error());
                 st->leak = 1;
+                wsync_dev_mark_wedged(st->device);
             }
         }
         if (!st->leak) {
@@ -1604,6 +1631,11 @@ static wsync_status_t receiver_step_done(wsync_receiver_t *r, nc_state_t *st, ui
                              &st->sums[step->rseg0 + i]);
         }
         if (rc != WSYNC_OK)
+            return rc;
+    }
+    for (uint32_t i = 0; i < step->nrseg; i++) {   /* FP8 targets now whole start quantizing */
+        uint32_t g = st->rsegs[step->rseg0 + i].seg;
+        if ((rc = wsync_receiver_landed(r, g, g + 1)) != WSYNC_OK)
             return rc;
     }
     *bytes_done += step->bytes;

@@ -14,6 +14,11 @@ typedef struct {
     const wsync_hello_t *senders;    /* [nsenders], by rank */
     const wsync_hello_t *receivers;  /* [nreceivers], by rank */
     unsigned mem_kinds;              /* bit (1 << wsync_mem_t) for each memory kind described */
+    /* the UUID (16 bytes) of the GPU each participant's CUDA memory is on, NULL for none */
+    const uint8_t *const *sender_gpu, *const *receiver_gpu;
+    /* bytes the receivers take over the bytes the senders hold that anyone takes: above 1 when
+     * several receivers need the same bytes (replicas) */
+    double replication;
 } wsync_group_info_t;
 
 typedef struct wsync_scheme_ops {

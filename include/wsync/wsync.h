@@ -309,7 +309,11 @@ wsync_status_t wsync_sender_setup(wsync_sender_t *sender);
  * Shard memory must not change until it returns. WSYNC_ERR_PEER_LOST names the lost peer;
  * WSYNC_ERR_TIMEOUT says what this sender waited for and on whom the coordinator waits;
  * WSYNC_ERR_INTEGRITY: a verifying receiver refused the version (verify in wsync_ctx_params_t).
- * After any error the group is unusable and every later call returns an error. */
+ * After any error the group is unusable and every later call returns an error.
+ * nccl: when a peer died mid-version, NCCL's kernels may wait on it for good and ncclCommAbort
+ * need not return (NCCL wants every rank of a node to abort); wsync then leaks its device memory
+ * on that GPU rather than wait, and logs so. The process should then exit without freeing CUDA
+ * memory itself (cudaFree waits for every kernel on the device). */
 wsync_status_t wsync_sender_push(wsync_sender_t *sender, uint64_t version);
 
 /* Name of the scheme chosen for the group ("ipc"), or NULL before setup. */

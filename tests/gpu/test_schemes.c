@@ -447,6 +447,15 @@ static int sender_main(void *arg)
 out:
     wsync_sender_free(s);
     wsync_ctx_free(ctx);
+    if (g->kill_receiver >= 0 && failed_at && strcmp(g->scheme, "nccl") == 0) {
+        /* NCCL's kernels may still wait on the dead receiver (ncclCommAbort need not return
+         * while one is gone): cudaFree would wait for them forever, so exit without it, as an
+         * application would after such an error */
+        wsync_layout_shards_free(shards, n);
+        free(off);
+        free(host);
+        return check_failures ? 1 : 0;
+    }
     if (g->sender_alloc == ALLOC_VMM)
         vmm_free(&api, &vb);
     else if (g->sender_alloc == ALLOC_ASYNC && block)
@@ -631,7 +640,9 @@ static int receiver_main(void *arg)
 out:
     wsync_receiver_free(rv);
     wsync_ctx_free(ctx);
-    for (size_t k = 0; data && k < n; k++) {
+    /* after a peer died under NCCL, its kernels may never end: no cudaFree (see sender_main) */
+    for (size_t k = 0; data && k < n && !(g->kill_receiver >= 0 && failed &&
+                                           strcmp(g->scheme, "nccl") == 0); k++) {
         cudaFree(data[k]);
         if (scales[k] && g->scales_host)
             free(scales[k]);

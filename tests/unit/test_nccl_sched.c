@@ -433,6 +433,7 @@ static void test_score(void)
     int ti = wsync_transport_index("nccl");
 
     memset(h, 0, sizeof(h));
+    memset(&g, 0, sizeof(g));
     for (int i = 0; i < 4; i++) {
         h[i].role = i < 2 ? 1 : 2;
         h[i].rank = i % 2;
@@ -456,6 +457,49 @@ static void test_score(void)
     CHECK(wsync_scheme_nccl.score(&g, reason, sizeof(reason)) == 0);
     CHECK_MSG(strstr(reason, "receiver 1") && strstr(reason, "node-b"), "%s", reason);
     h[3].transports = 1u << ti;
+
+    /* two participants on one GPU (DESCRIBE's GPU trailer): NCCL refuses, naming both and it */
+    static const uint8_t gpu_a[16] = {0xaa, 1}, gpu_b[16] = {0xbb, 2}, gpu_c[16] = {0xcc, 3};
+    const uint8_t *sg[2] = {gpu_a, gpu_b}, *rg[2] = {gpu_c, gpu_b};
+    g.sender_gpu = sg;
+    g.receiver_gpu = rg;
+    CHECK(wsync_scheme_nccl.score(&g, reason, sizeof(reason)) == 0);
+    CHECK_MSG(strstr(reason, "sender 1 and receiver 1 share GPU") != NULL, "%s", reason);
+    rg[1] = NULL;   /* unknown: no refusal */
+    CHECK(wsync_scheme_nccl.score(&g, reason, sizeof(reason)) > 0);
+    rg[1] = gpu_a;
+    CHECK(wsync_scheme_nccl.score(&g, reason, sizeof(reason)) == 0);
+    CHECK_MSG(strstr(reason, "sender 0 and receiver 1 share GPU") != NULL, "%s", reason);
+    g.sender_gpu = g.receiver_gpu = NULL;
+
+    /* one host, CUDA memory, replicas: ipc still serves but ranks below nccl's broadcast */
+    int shm = wsync_transport_index("shm"), cuda = wsync_transport_index("cuda_ipc");
+    if (shm >= 0 && cuda >= 0) {
+        for (int i = 0; i < 4; i++) {
+            h[i].host_id = (char *)"a";
+            h[i].transports = (1u << ti) | (1u << shm) | (1u << cuda);
+        }
+        static const uint8_t gpu_d[16] = {0xdd, 4};
+        const uint8_t *sg4[2] = {gpu_a, gpu_b}, *rg4[2] = {gpu_c, gpu_d};
+        g.replication = 2.0;   /* GPUs unknown: ipc keeps its score (nccl could not check) */
+        int unknown = wsync_scheme_ipc.score(&g, reason, sizeof(reason));
+        g.sender_gpu = sg4;
+        g.receiver_gpu = rg4;
+        g.replication = 1.0;
+        int solo = wsync_scheme_ipc.score(&g, reason, sizeof(reason));
+        CHECK(unknown == solo);
+        g.replication = 2.0;
+        int rep = wsync_scheme_ipc.score(&g, reason, sizeof(reason));
+        CHECK_MSG(solo > wsync_scheme_nccl.score(&g, explain, sizeof(explain)) && rep > 0 &&
+                      rep < wsync_scheme_nccl.score(&g, explain, sizeof(explain)),
+                  "ipc %d without replicas, %d with; %s", solo, rep, reason);
+        CHECK_MSG(strstr(reason, "2.0 times") != NULL, "%s", reason);
+        CHECK_OK(wsync_negotiate(&g, "auto", &chosen, explain, sizeof(explain)));
+        CHECK_MSG(chosen == &wsync_scheme_nccl, "%s", explain);
+        g.replication = 1.0;
+        CHECK_OK(wsync_negotiate(&g, "auto", &chosen, explain, sizeof(explain)));
+        CHECK_MSG(chosen == &wsync_scheme_ipc, "%s", explain);
+    }
 
     g.mem_kinds |= 1u << WSYNC_MEM_HOST;
     CHECK(wsync_scheme_nccl.score(&g, reason, sizeof(reason)) == 0);

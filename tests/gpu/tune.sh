@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Sweep the knobs that decide how copies share a GPU, on a lent 4-GPU machine, to choose (and
+# re-check) their defaults: for each setting one wsync-bench run of the issue's scenarios
+# (Qwen3-8B shape by default), every result byte-checked by wsync-bench itself.
+#
+#   bash tests/gpu/tune.sh BUILD [SCENARIO ...]     (scenarios: colocated fp8 disagg-ipc disagg-nccl)
+#
+# Knobs (see schemes/ipc.c, sender_stream): WSYNC_IPC_BLOCKS_LOCAL / WSYNC_IPC_BLOCKS_PEER
+# (blocks per SM of a sender's batch kernels when it is on our GPU / another one; 0: no cap) and
+# WSYNC_IPC_PEER_PRIORITY; for nccl, NCCL's own P2P channel and chunk settings.
+# Writes $OUT/tune.jsonl (one line per run: the setting and wsync-bench's JSON), each run's stderr
+# under $OUT/logs/, and prints one line per run.
+set -uo pipefail
+BUILD=${1:?usage: tune.sh BUILD [SCENARIO ...]}
+shift
+SCEN=${*:-colocated fp8 disagg-ipc disagg-nccl}
+SHAPE=${WSYNC_BENCH_SHAPE:-qwen3-8b}
+OUT=${OUT:-/tmp/wsync-tune}
+mkdir -p "$OUT/logs"
+export NCCL_NVLS_ENABLE=0
+: > "$OUT/tune.jsonl"
+
+one() {   # label, env assignments (space separated, may be empty), then wsync-bench arguments
+    local label=$1 envs=$2
+    shift 2
+    local line
+    line=$(env $envs timeout -k 5 90 "$BUILD/bin/wsync-bench" --model-shape "$SHAPE" --mem cuda \
+        --iters 5 --warmup 1 --timeout 60 --json "$@" 2> "$OUT/logs/$label.err" | grep '^{' | tail -n 1)
+    [ -n "$line" ] || line=null
+    echo "{\"label\": \"$label\", \"env\": \"$envs\", \"result\": $line}" >> "$OUT/tune.jsonl"
+    echo "$label: $(echo "$line" | python3 -c 'import json,sys
+r = json.load(sys.stdin)
+print("failed" if not r else "%.3f ms  x floor %.3f  correct %s" % (r["seconds"] * 1e3, r.get("ratio_floor", 0), r.get("correct")))')"
+}
+
+for s in $SCEN; do
+    case $s in
+    fp8)   # the defaults, the second run with the stage timings in its log
+        one fp8-default "" --scheme ipc --senders 4 --tp 4 --colocated --quant fp8-block
+        one fp8-debug "WSYNC_LOG_LEVEL=debug" --scheme ipc --senders 4 --tp 4 --colocated \
+            --quant fp8-block
+        ;;
+    colocated)
+        for set in "0 0 0" "2 1 1" "1 1 1" "1 2 1" "0.5 1 1" "2 2 1" "3 3 0" "1 0.5 1"; do
+            read -r l p pr <<< "$set"
+            one "$s-L$l-P$p-pri$pr" "WSYNC_IPC_BLOCKS_LOCAL=$l WSYNC_IPC_BLOCKS_PEER=$p WSYNC_IPC_PEER_PRIORITY=$pr" \
+                --scheme ipc --senders 4 --tp 4 --colocated
+        done
+        one colocated-debug "WSYNC_LOG_LEVEL=debug" --scheme ipc --senders 4 --tp 4 --colocated
+        ;;
+    disagg-ipc)
+        for p in 0 1 2 3; do
+            one "disagg-ipc-P$p" "WSYNC_IPC_BLOCKS_PEER=$p" --scheme ipc --senders 2 --tp 2
+        done
+        ;;
+    disagg-nccl)
+        one disagg-nccl-default "" --scheme nccl --senders 2 --tp 2
+        one disagg-nccl-chunk2m "NCCL_P2P_NVL_CHUNKSIZE=2097152" --scheme nccl --senders 2 --tp 2
+        one disagg-nccl-minch32 "NCCL_MIN_P2P_NCHANNELS=32" --scheme nccl --senders 2 --tp 2
+        one disagg-nccl-minch32-chunk2m "NCCL_MIN_P2P_NCHANNELS=32 NCCL_P2P_NVL_CHUNKSIZE=2097152" \
+            --scheme nccl --senders 2 --tp 2
+        ;;
+    *)
+        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl)" >&2
+        exit 2
+        ;;
+    esac
+done
