@@ -16,8 +16,10 @@ Launch (one process per GPU; NCCL_NVLS_ENABLE=0 is set unless already set):
   python3 -m torch.distributed.run --nproc-per-node 4 bench/baselines/a_nccl_per_tensor.py \\
       --model-shape qwen3-8b --scenario colocated
 Ranks: colocated 0-3 train (FSDP-4) and infer (TP-4); fanout rank 0 trains (full weights),
-1-3 are TP-1 replicas; disaggregated 0-1 train (FSDP-2), 2-3 infer (TP-2).
-Prints one JSON object (wsync-bench --json's keys; see README.md) on rank 0's stdout, last.
+1-3 are TP-1 replicas (1..R with --replicas R); disaggregated 0-1 train (FSDP-2), 2-3 infer
+(TP-2). --model-shape and --scenario take comma-separated lists: every pair runs in turn in
+the same launch. Prints one JSON object per run (wsync-bench --json's keys; see README.md) on
+rank 0's stdout, the last one last.
 """
 import os
 import sys
@@ -27,35 +29,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 
-def main():
+def make_parser():
     p = common.parser(__doc__)
     common.add_common_args(p)
-    args = p.parse_args()
-    torch = common.need_torch()
-    import torch.distributed as dist
+    return p
 
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", str(rank)))
-    sc = common.SCENARIOS[args.scenario]
+
+def run(torch, g, args):
+    """One run in the launch's process group g; see common.launch."""
+    dist = g.dist
+    rank, dev = g.rank, g.dev
+    sc = common.scenario_of(args)
     S, T, R, coloc = sc["senders"], sc["tp"], sc["replicas"], sc["colocated"]
-    need = S if coloc else S + T * R
     if coloc and S != T * R:
         sys.exit("colocated needs as many trainer ranks as inference ranks")
-    if world != need:
-        sys.exit("scenario %s needs %d ranks (launch with --nproc-per-node %d), got %d"
-                 % (args.scenario, need, need, world))
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    dist.init_process_group("nccl", device_id=dev)
 
     trainers = list(range(S))
     infer = list(range(S)) if coloc else list(range(S, S + T * R))
     is_tr, is_inf = rank in trainers, rank in infer
-    # every rank creates every group, in the same order
-    tgroup = dist.new_group(trainers) if S > 1 else None
+    tgroup = g.sub(trainers) if S > 1 else None
     branks = [trainers[0]] + [r for r in infer if r != trainers[0]]
-    bgroup = None if coloc else dist.new_group(branks)
+    bgroup = None if coloc else g.sub(branks)
 
     specs = common.param_specs(args.model_shape)
     model_bytes = sum(common.numel(s) * 2 for _, s in specs)
@@ -144,6 +138,7 @@ def main():
     if bad:
         print("rank %d: loaded tensors differ from their source: %s" % (rank, ", ".join(bad)),
               file=sys.stderr, flush=True)
+    r = None
     if rank == 0:
         steps = (["all_gather"] if S > 1 else []) + ([] if coloc else ["broadcast"]) + ["load"]
         r = common.result(torch, args, "a", "torch-nccl-per-tensor", steps, times, model_bytes,
@@ -151,10 +146,12 @@ def main():
                           extra=dict(stages_timed_on_rank=me, gather_s=st[0].item(),
                                      broadcast_s=st[1].item(), load_s=st[2].item(),
                                      verified=None if args.no_verify else nbad.item() == 0))
-        common.emit(args, r)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 1 if nbad.item() else 0
+    return r, int(nbad.item())
+
+
+def main():
+    args = make_parser().parse_args()
+    return common.launch([(run, a) for a in common.expand(args)])
 
 
 if __name__ == "__main__":

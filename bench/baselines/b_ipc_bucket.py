@@ -17,8 +17,9 @@ Time per version = the slowest trainer's, from a barrier to its engine's last an
 Launch (NCCL_NVLS_ENABLE=0 is set unless already set):
   python3 -m torch.distributed.run --nproc-per-node 4 bench/baselines/b_ipc_bucket.py \\
       --model-shape qwen3-8b
-Only the colocated scenario exists for this method. Prints one JSON object (wsync-bench
---json's keys; see README.md) on rank 0's stdout, last.
+Only the colocated scenario exists for this method. --model-shape takes a comma-separated list:
+each shape runs in turn in the same launch, with the same engine processes and buffer. Prints
+one JSON object per run (wsync-bench --json's keys; see README.md) on rank 0's stdout.
 """
 import os
 import sys
@@ -52,17 +53,23 @@ def plan_buckets(specs, world, bucket_bytes):
     return buckets
 
 
-def engine_main(conn, local, shape_name, tp, seed, verify):
-    """The inference engine's process: fused TP weights, the shared buffer, load on request."""
+def engine_main(conn, local, verify):
+    """The inference engine's process: the shared buffer (opened once), fused TP weights of the
+    model its trainer names (a new model frees the last), loads on request."""
     import torch
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)
-    eng = common.FusedTP(torch, shape_name, tp, local, dev)
     buf = conn.recv()  # the CUDA buffer, by IPC handle, once
-    conn.send(("ready", eng.nbytes()))
+    eng, shape_name, seed = None, None, 0
     while True:
         msg = conn.recv()
-        if msg[0] == "bucket":
+        if msg[0] == "model":
+            _, shape_name, tp, tp_rank, seed = msg
+            eng = None
+            torch.cuda.empty_cache()
+            eng = common.FusedTP(torch, shape_name, tp, tp_rank, dev)
+            conn.send(("ready", eng.nbytes()))
+        elif msg[0] == "bucket":
             t0 = time.perf_counter()
             for name, off, shp in msg[1]:
                 n = common.numel(shp)
@@ -76,35 +83,63 @@ def engine_main(conn, local, shape_name, tp, seed, verify):
             conn.send(("verified", bad))
         else:
             break
+    eng = None
     del buf
     conn.close()
 
 
-def main():
+def make_parser():
     p = common.parser(__doc__)
     common.add_common_args(p, scenarios=["colocated"])
     p.add_argument("--bucket-mib", type=int, default=2048, help="shared buffer size (default 2048)")
-    args = p.parse_args()
-    torch = common.need_torch()
-    import torch.distributed as dist
-    import torch.multiprocessing as tmp
+    return p
 
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", str(rank)))
-    sc = common.SCENARIOS[args.scenario]
-    if world != sc["senders"]:
+
+def engine_of(torch, g, args):
+    """This rank's engine process and the buffer it shares, started by the launch's first run of
+    (b) and kept for the next ones (a spawned process takes seconds to import torch)."""
+    e = g.state.get("b")
+    bucket_bytes = args.bucket_mib << 20
+    if e is not None and e["bucket_bytes"] == bucket_bytes:
+        return e
+    if e is not None:
+        close(g)
+    import torch.multiprocessing as tmp
+    buf = torch.empty(bucket_bytes, dtype=torch.uint8, device=g.dev)
+    ctx = tmp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=engine_main, args=(child, g.local, not args.no_verify), daemon=True)
+    proc.start()
+    conn.send(buf)
+    e = dict(proc=proc, conn=conn, buf=buf, bucket_bytes=bucket_bytes)
+    g.state["b"] = e
+    if close not in g.at_end:
+        g.at_end.append(close)
+    return e
+
+
+def close(g):
+    e = g.state.pop("b", None)
+    if e is not None:
+        e["conn"].send(("end",))
+        e["proc"].join(timeout=60)
+
+
+def run(torch, g, args):
+    """One run in the launch's process group g; see common.launch."""
+    dist = g.dist
+    rank, dev = g.rank, g.dev
+    sc = common.scenario_of(args)
+    world, tp = sc["senders"], sc["tp"]
+    if g.world != world:
         sys.exit("colocated needs %d ranks (launch with --nproc-per-node %d), got %d"
-                 % (sc["senders"], sc["senders"], world))
-    tp = sc["tp"]
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    dist.init_process_group("nccl", device_id=dev)
+                 % (world, world, g.world))
 
     specs = common.param_specs(args.model_shape)
     model_bytes = sum(common.numel(s) * 2 for _, s in specs)
-    bucket_bytes = args.bucket_mib << 20
-    buckets = plan_buckets(specs, world, bucket_bytes)
+    e = engine_of(torch, g, args)
+    buf, conn = e["buf"], e["conn"]
+    buckets = plan_buckets(specs, world, e["bucket_bytes"])
     common.log(rank, "%s colocated FSDP-%d -> TP-%d: %d params, %.2f GB, %d buckets of %d MiB"
                % (args.model_shape, world, tp, len(specs), model_bytes / 1e9, len(buckets), args.bucket_mib))
 
@@ -113,15 +148,8 @@ def main():
         full = common.gen_full(torch, i, shp, args.seed, dev)
         shards[n] = common.fsdp_shard(torch, full, rank, world)
         del full
-    buf = torch.empty(bucket_bytes, dtype=torch.uint8, device=dev)
     torch.cuda.synchronize()
-
-    ctx = tmp.get_context("spawn")
-    conn, child = ctx.Pipe()
-    proc = ctx.Process(target=engine_main, args=(child, local, args.model_shape, tp, args.seed,
-                                                 not args.no_verify), daemon=True)
-    proc.start()
-    conn.send(buf)
+    conn.send(("model", args.model_shape, tp, rank, args.seed))
     tag, recv_bytes = conn.recv()
     assert tag == "ready"
     dist.barrier()
@@ -160,26 +188,27 @@ def main():
 
     conn.send(("verify",))
     tag, bad = conn.recv()
-    conn.send(("end",))
-    proc.join(timeout=60)
     if bad:
         print("rank %d: loaded tensors differ from their source: %s" % (rank, ", ".join(bad)),
               file=sys.stderr, flush=True)
     nbad = torch.tensor([len(bad)], device=dev)
     dist.all_reduce(nbad)
+    r = None
     if rank == 0:
         r = common.result(torch, args, "b", "torch-ipc-bucket", ["all_gather_into_bucket", "ipc_handoff", "load"],
                           times, model_bytes, recv_bytes, world, len(specs),
-                          extra=dict(bucket_bytes=bucket_bytes, buckets=len(buckets),
+                          extra=dict(bucket_bytes=e["bucket_bytes"], buckets=len(buckets),
                                      gather_s=common.median(gather_rows),
                                      engine_load_s=common.median(load_rows),
                                      handoff_and_load_s=common.median(wait_rows),
                                      stages_timed_on_rank=0,
                                      verified=None if args.no_verify else nbad.item() == 0))
-        common.emit(args, r)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 1 if nbad.item() else 0
+    return r, int(nbad.item())
+
+
+def main():
+    args = make_parser().parse_args()
+    return common.launch([(run, a) for a in common.expand(args)])
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 """Shared parts of the PyTorch baselines (bench/baselines/*.py): model shapes, the vLLM-style
-fused tensor-parallel layout and its weight loader, FSDP-style dim-0 shards, timing, and the
-JSON result (the keys of wsync-bench --json, plus the baseline's own).
+fused tensor-parallel layout and its weight loader, FSDP-style dim-0 shards, timing, the JSON
+result (the keys of wsync-bench --json, plus the baseline's own), and the launch that runs
+several of them in one process group (a torch.distributed.run start costs 10-20 s).
 
 Runs on the lent GPU machines (PyTorch with NCCL); never in CI. torch is imported lazily so that
 every script answers --help without it.
 """
 
 import argparse
+import copy
+import gc
+import itertools
 import json
 import os
 import sys
@@ -34,18 +38,59 @@ SCENARIOS = {
 VOCAB_PAD = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 
 
+def choice_list(choices):
+    """An argparse type: one of `choices`, or several separated by commas."""
+    def parse(text):
+        items = [t for t in text.split(",") if t]
+        bad = [t for t in items if t not in choices]
+        if not items or bad:
+            raise argparse.ArgumentTypeError("%r: expected one or more of %s, comma-separated"
+                                             % (text, ", ".join(sorted(choices))))
+        return items
+    return parse
+
+
 def add_common_args(p, scenarios=None):
-    p.add_argument("--model-shape", default="qwen3-8b", choices=sorted(SHAPES),
-                   help="synthetic weights of this shape (default qwen3-8b)")
-    p.add_argument("--scenario", default="colocated", choices=scenarios or sorted(SCENARIOS),
+    p.add_argument("--model-shape", default="qwen3-8b", type=choice_list(SHAPES),
+                   help="synthetic weights of this shape (default qwen3-8b); several, "
+                        "comma-separated, run one after the other in one launch")
+    p.add_argument("--scenario", default="colocated", type=choice_list(scenarios or SCENARIOS),
                    help="colocated: FSDP-4 -> TP-4 on the same 4 GPUs; fanout: 1 trainer GPU -> 3 "
-                        "TP-1 replicas; disaggregated: FSDP-2 (GPUs 0, 1) -> TP-2 (GPUs 2, 3)")
+                        "TP-1 replicas; disaggregated: FSDP-2 (GPUs 0, 1) -> TP-2 (GPUs 2, 3); "
+                        "several, comma-separated, run in one launch (every shape x scenario)")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="fanout only: TP-1 replicas on ranks 1..R (default 3); ranks beyond "
+                        "them stay idle")
     p.add_argument("--iters", type=int, default=5, help="timed versions (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed versions first (default 1)")
     p.add_argument("--seed", type=int, default=1234, help="seed of the synthetic weights")
-    p.add_argument("--json-out", metavar="PATH", help="also write the JSON result to PATH")
+    p.add_argument("--json-out", metavar="PATH",
+                   help="also write the JSON results to PATH, one line per run (emptied first)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip checking a few loaded tensors against their regenerated values")
+
+
+def expand(args):
+    """One Namespace per (model shape, scenario) of a parsed command line."""
+    out = []
+    for shape, scenario in itertools.product(args.model_shape, args.scenario):
+        a = copy.copy(args)
+        a.model_shape, a.scenario = shape, scenario
+        out.append(a)
+    return out
+
+
+def scenario_of(args):
+    """The run's senders, tp, replicas, colocated: its scenario, with --replicas for fanout."""
+    sc = dict(SCENARIOS[args.scenario])
+    if args.scenario == "fanout" and getattr(args, "replicas", None):
+        sc["replicas"] = args.replicas
+    return sc
+
+
+def ranks_needed(args):
+    sc = scenario_of(args)
+    return sc["senders"] if sc["colocated"] else sc["senders"] + sc["tp"] * sc["replicas"]
 
 
 def param_specs(shape_name):
@@ -227,7 +272,7 @@ def result(torch, args, method, scheme, steps, times, model_bytes, recv_bytes, r
     iters, warmup, seconds, seconds_min/max, gbps_per_receiver(_min/_max), times) and the
     baseline's own (method, steps, model_shape, scenario, senders, tp, replicas, colocated,
     bytes_per_receiver, gbps_model, device...)."""
-    sc = SCENARIOS.get(args.scenario, {})
+    sc = scenario_of(args)
     med = median(times)
     tmin = min(times) if times else 0.0
     tmax = max(times) if times else 0.0
@@ -242,7 +287,7 @@ def result(torch, args, method, scheme, steps, times, model_bytes, recv_bytes, r
         gbps_per_receiver_min=recv_bytes / tmax / 1e9 if tmax > 0 else 0.0,
         gbps_per_receiver_max=recv_bytes / tmin / 1e9 if tmin > 0 else 0.0,
         gbps_model=model_bytes / med / 1e9 if med > 0 else 0.0,
-        times=times, date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        times=times, date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), run=run_name(method, args),
         nccl_nvls_enable=os.environ.get("NCCL_NVLS_ENABLE"))
     r.update(device_info(torch))
     if extra:
@@ -250,11 +295,24 @@ def result(torch, args, method, scheme, steps, times, model_bytes, recv_bytes, r
     return r
 
 
+def run_name(method, args):
+    """a-qwen3-8b-fanout, c-bytes4G-fanout-r2 ...: names a run in logs and in the merged array."""
+    # (c) without --model-bytes broadcasts a buffer of --bytes, not a model
+    if getattr(args, "model_bytes", True):
+        what = args.model_shape
+    else:
+        what = "bytes" + (args.bytes or "4G")
+    name = "%s-%s-%s" % (method, what, args.scenario)
+    if args.scenario == "fanout" and getattr(args, "replicas", None):
+        name += "-r%d" % args.replicas
+    return name
+
+
 def emit(args, r):
     text = json.dumps(r, sort_keys=False)
     print(text, flush=True)
     if args.json_out:
-        with open(args.json_out, "w") as f:
+        with open(args.json_out, "a") as f:
             f.write(text + "\n")
 
 
@@ -277,3 +335,64 @@ def log(rank, msg):
 
 def parser(doc):
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+class Group:
+    """This launch's NCCL process group: rank, world, GPU, the subgroups made so far (NCCL
+    communicators are slow to make, so each set of ranks gets one, reused by later runs), state
+    that a method keeps across runs (b: its engine processes) and what to close at the end."""
+
+    def __init__(self, torch):
+        import torch.distributed as dist
+        self.dist = dist
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local = int(os.environ.get("LOCAL_RANK", str(self.rank)))
+        torch.cuda.set_device(self.local)
+        self.dev = torch.device("cuda", self.local)
+        dist.init_process_group("nccl", device_id=self.dev)
+        self.state = {}
+        self.at_end = []
+        self._subs = {}
+
+    def sub(self, ranks):
+        """The group of `ranks` (None: the whole world). Every rank must ask for the same
+        groups in the same order, members or not, as torch.distributed.new_group requires."""
+        ranks = tuple(ranks)
+        if ranks == tuple(range(self.world)):
+            return None
+        if ranks not in self._subs:
+            self._subs[ranks] = self.dist.new_group(list(ranks))
+        return self._subs[ranks]
+
+
+def launch(runs):
+    """Runs [(fn, args)] one after the other in one process group; fn(torch, group, args)
+    returns (the JSON object on rank 0 or None, the number of wrong tensors). Every rank runs
+    the same list, so a rank that a run does not use still joins its collectives. Returns the
+    exit status: 1 if any run loaded a wrong tensor."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    short = [(a.scenario, ranks_needed(a)) for _, a in runs if ranks_needed(a) > world]
+    if short:
+        sys.exit("%d ranks launched; %s (launch with --nproc-per-node 4)"
+                 % (world, ", ".join("%s needs %d" % s for s in short)))
+    torch = need_torch()
+    g = Group(torch)
+    if g.rank == 0:
+        for path in {a.json_out for _, a in runs if a.json_out}:
+            open(path, "w").close()
+    bad = 0
+    for fn, args in runs:
+        r, nbad = fn(torch, g, args)
+        if g.rank == 0:
+            emit(args, r)
+        bad += nbad
+        # the run's tensors are gone with its frame: give their memory back before the next
+        gc.collect()
+        torch.cuda.empty_cache()
+        g.dist.barrier()
+    for close in g.at_end:
+        close(g)
+    g.dist.barrier()
+    g.dist.destroy_process_group()
+    return 1 if bad else 0

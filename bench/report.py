@@ -1,0 +1,468 @@
+#!/usr/bin/env python3
+"""docs/benchmarks.md and its charts from the benchmark results (issue 9). Standard library only;
+the charts are drawn by gnuplot (pngcairo, or png where cairo is missing).
+
+  python3 bench/report.py [GPU_RESULTS.json ...] [--cpu CPU.json] [--out docs/benchmarks.md]
+  python3 bench/report.py --summary GPU_RESULTS.json ...     (a text table, nothing written)
+
+GPU_RESULTS are bench/compare.sh's results.json (several calls' merge: for each run, a result
+beats a skip, and a later file beats an earlier one); default docs/bench/gpu.json when it
+exists. CPU.json is bench/cpu.sh's output; default docs/bench/cpu.json when it exists. Machine,
+date and commit come from the files' meta objects unless --machine, --date or --commit say.
+Charts go to the folder of --out, under bench/.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+SHAPES = ["qwen3-0.6b", "qwen3-8b", "qwen3-32b"]
+# parameters of each shape (bench/bench_model.c), when no result says it
+PARAMS = {"qwen3-0.6b": 596049920, "qwen3-8b": 8190735360, "qwen3-32b": 32762123264}
+SCENARIOS = [
+    ("fanout", "Fan-out: 1 trainer GPU to 3 TP-1 replicas",
+     "the trainer's GPU holds the whole model; each replica on its own GPU needs all of it"),
+    ("colocated", "Colocated: FSDP-4 to TP-4 on the same 4 GPUs",
+     "each GPU holds a trainer's FSDP shard and an inference TP rank"),
+    ("disaggregated", "Disaggregated: FSDP-2 (GPUs 0, 1) to TP-2 (GPUs 2, 3)",
+     "trainers and inference on different GPUs of one host"),
+    ("colocated-fp8", "Colocated, FP8-block targets: FSDP-4 to TP-4",
+     "as colocated, the receivers quantizing the linear weights to e4m3 with 128x128 block "
+     "scales; the peers' scripts have no FP8 path"),
+]
+# name, legend, gnuplot style (one look per method on every chart)
+METHODS = [
+    ("wsync-auto", "wsync auto", 'lc rgb "#1b3a8c" lw 3 pt 7 ps 1.4'),
+    ("wsync-ipc", "wsync ipc", 'lc rgb "#3d8fd1" lw 2 pt 5'),
+    ("wsync-nccl", "wsync nccl", 'lc rgb "#2a9d3a" lw 2 pt 9 ps 1.3'),
+    ("a", "(a) per-tensor NCCL + vLLM load", 'lc rgb "#e07b00" lw 2 pt 11 ps 1.3'),
+    ("b", "(b) IPC buckets (verl)", 'lc rgb "#c0392b" lw 2 pt 13 ps 1.3'),
+    ("c", "(c) raw ncclBroadcast of the model", 'lc rgb "#7f7f7f" lw 2 pt 3'),
+]
+FLOOR_STYLE = 'lc rgb "black" lw 2 dt 2'
+# drawing order: wsync auto last, on top, since a forced run of the scheme auto chose has the
+# same points
+DRAW_ORDER = METHODS[1:] + METHODS[:1]
+RANK = {"ok": 5, "derived": 4, "refused": 3, "failed": 3, "timeout": 3, "n/a": 2, "skipped": 1}
+
+
+def fail(msg):
+    sys.exit("report.py: " + msg)
+
+
+# ---------------------------------------------------------------------------- loading
+
+def load(paths):
+    """(metas, rows): every file's meta object, and one row per run (see the merge rule above)."""
+    metas, rows = [], {}
+    for p in paths:
+        try:
+            data = json.load(open(p))
+        except (OSError, ValueError) as e:
+            fail("%s: %s" % (p, e))
+        if not isinstance(data, list):
+            fail("%s: expected a JSON array (compare.sh's results.json)" % p)
+        for r in data:
+            if r.get("kind") == "meta":
+                metas.append(r)
+                continue
+            key = (r.get("kind"), r.get("group") == "refusal", r.get("scenario"),
+                   r.get("model_shape"), r.get("replicas"), r.get("method"), r.get("buffer"))
+            old = rows.get(key)
+            if old is None or RANK.get(r.get("status"), 0) >= RANK.get(old.get("status"), 0):
+                rows[key] = r
+    return metas, list(rows.values())
+
+
+def good(r):
+    return r is not None and r.get("status") in ("ok", "derived") and r.get("result")
+
+
+def default_replicas(scenario):
+    return 3 if scenario == "fanout" else 1
+
+
+def find(rows, scenario, shape, method, replicas=None):
+    replicas = default_replicas(scenario) if replicas is None else replicas
+    for r in rows:
+        if (r.get("scenario") == scenario and r.get("model_shape") == shape and
+                r.get("method") == method and r.get("replicas") == replicas and
+                r.get("group") != "refusal"):
+            return r
+    return None
+
+
+def params_of(rows, shape):
+    for r in rows:
+        if r.get("model_shape") == shape and good(r):
+            j = r["result"]
+            if j.get("param_elems"):
+                return j["param_elems"]
+            if r.get("kind") == "baseline" and j.get("bytes"):
+                return j["bytes"] // 2
+    return PARAMS.get(shape)
+
+
+def floor_of(rows, scenario, shape, replicas=None):
+    """The plan's floor (wsync-bench's floor_seconds): the same for every scheme of a run."""
+    v = [find(rows, scenario, shape, m, replicas) for m in ("wsync-auto", "wsync-nccl", "wsync-ipc")]
+    v = [r["result"]["floor_seconds"] for r in v if good(r) and r["result"].get("floor_seconds")]
+    return min(v) if v else None
+
+
+# ---------------------------------------------------------------------------- text
+
+def ms(s):
+    return "%.3g ms" % (s * 1e3)
+
+
+def cell(r, floor, mark_derived=True):
+    if r is None:
+        return "–"
+    st = r.get("status")
+    if not good(r):
+        return {"n/a": "n/a", "skipped": "skipped (time)"}.get(st, st or "?")
+    s = r["result"]["seconds"]
+    text = ms(s) + (" (%.2f×)" % (s / floor) if floor else "")
+    if st == "derived" and mark_derived:
+        text += " *"
+    return text
+
+
+def summary(metas, rows):
+    out = []
+    for m in metas:
+        out.append("%s; commit %s; %s; %s of %s s" % (m.get("machine"), m.get("commit"), m.get("date"),
+                                                        m.get("elapsed_s"), m.get("budget_s")))
+    out.append("%-13s %-14s %-10s %2s %-11s %-8s %10s %7s  %s" % (
+        "group", "scenario", "shape", "R", "method", "status", "time", "x floor", "note"))
+    for r in rows:
+        j = r.get("result") if good(r) else None
+        fl = floor_of(rows, r.get("scenario"), r.get("model_shape"), r.get("replicas"))
+        t = ms(j["seconds"]) if j else ""
+        x = "%.2f" % (j["seconds"] / fl) if j and fl else ""
+        if j and j.get("correct") is False:
+            x += " WRONG"
+        what = r.get("model_shape") or r.get("buffer") or "-"
+        out.append("%-13s %-14s %-10s %2s %-11s %-8s %10s %7s  %s" % (
+            r.get("group"), r.get("scenario"), what, r.get("replicas"), r.get("method"),
+            r.get("status"), t, x, (r.get("note") or "")[:90]))
+    counts = {}
+    for r in rows:
+        counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
+    out.append("runs: " + ", ".join("%d %s" % (n, s) for s, n in sorted(counts.items())))
+    late = sorted({r.get("group") for r in rows if r.get("status") == "skipped"})
+    if late:
+        done = sorted({r.get("group") for r in rows} - set(late))
+        out.append("groups with runs skipped for time: %s; to run them in another call: "
+                   "WSYNC_COMPARE_SKIP=\"%s\" bash bench/compare.sh gpu-carry"
+                   % (" ".join(late), " ".join(done)))
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- charts
+
+def gnuplot_terminal():
+    """pngcairo where gnuplot has it, else png (libgd)."""
+    try:
+        terms = subprocess.run(["gnuplot", "-e", "set terminal"], capture_output=True,
+                               text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = terms.stdout + terms.stderr
+    if "pngcairo" in text:
+        return 'pngcairo size 1100,600 noenhanced font "DejaVu Sans,11"'
+    return "png size 1100,600 noenhanced"
+
+
+def datablock(name, points):
+    return "$%s << EOD\n%s\nEOD\n" % (name, "\n".join("%.6g %.6g" % p for p in points))
+
+
+def draw(path, terminal, title, xlabel, series, log, xtics):
+    """series: [(legend, style, [(x, y)], is_line_only)]; writes the PNG at path with gnuplot."""
+    gp = ["set terminal " + terminal, 'set output "%s"' % path, 'set title "%s"' % title,
+          'set xlabel "%s"' % xlabel, 'set ylabel "seconds per version (median)"',
+          "set grid xtics ytics mytics", "set key outside right top vertical Left reverse",
+          "set xtics (%s)" % ", ".join('"%s" %.6g' % t for t in xtics)]
+    xs = [x for _, _, pts, _ in series for x, _ in pts]
+    if log:
+        gp += ["set logscale xy", 'set format y "%g"',
+               "set xrange [%.6g:%.6g]" % (min(xs) / 1.5, max(xs) * 1.5)]
+    else:
+        gp += ["set yrange [0:*]", "set xrange [%.6g:%.6g]" % (min(xs) - 0.3, max(xs) + 0.3)]
+    plots = []
+    for i, (legend, style, pts, line_only) in enumerate(series):
+        gp.append(datablock("s%d" % i, pts))
+        plots.append("$s%d with %s %s title \"%s\"" % (i, "lines" if line_only else "linespoints",
+                                                        style, legend))
+    gp.append("plot " + ", \\\n     ".join(plots))
+    res = subprocess.run(["gnuplot"], input="\n".join(gp) + "\n", capture_output=True, text=True)
+    if res.returncode != 0:
+        fail("gnuplot failed on %s: %s" % (path, res.stderr.strip()))
+
+
+def legend_auto(rows, scenario, replicas=None):
+    chose = sorted({find(rows, scenario, s, "wsync-auto", replicas)["result"]["scheme"]
+                    for s in SHAPES if good(find(rows, scenario, s, "wsync-auto", replicas))})
+    return "wsync auto" + (" (chose %s)" % "/".join(chose) if chose else "")
+
+
+def scenario_chart(rows, scenario, title, path, terminal, machine):
+    series = []
+    for m, legend, style in DRAW_ORDER:
+        pts = [(params_of(rows, s) / 1e9, find(rows, scenario, s, m)["result"]["seconds"])
+               for s in SHAPES if good(find(rows, scenario, s, m))]
+        if pts:
+            series.append((legend_auto(rows, scenario) if m == "wsync-auto" else legend, style, pts, False))
+    if scenario == "colocated-fp8":   # what the same run costs with bf16 targets
+        pts = [(params_of(rows, s) / 1e9, find(rows, "colocated", s, "wsync-auto")["result"]["seconds"])
+               for s in SHAPES if good(find(rows, "colocated", s, "wsync-auto"))]
+        if pts:
+            series.append(("wsync auto, bf16 targets", 'lc rgb "#1b3a8c" lw 1 dt 3 pt 6', pts, False))
+    pts = [(params_of(rows, s) / 1e9, floor_of(rows, scenario, s)) for s in SHAPES
+           if floor_of(rows, scenario, s)]
+    if pts:
+        series.append(("floor (plan bytes at measured link speeds)", FLOOR_STYLE, pts, True))
+    if not series:
+        return False
+    xtics = [("%s" % s.split("-")[1].upper(), params_of(rows, s) / 1e9) for s in SHAPES]
+    draw(path, terminal, "%s (%s)" % (title, machine), "model size (billions of parameters, Qwen3 shapes)",
+         series, True, xtics)
+    return True
+
+
+def sweep_chart(rows, path, terminal, machine):
+    series = []
+    for m, legend, style in DRAW_ORDER:
+        if m == "b":
+            continue
+        pts = [(n, find(rows, "fanout", "qwen3-8b", m, n)["result"]["seconds"]) for n in (1, 2, 3)
+               if good(find(rows, "fanout", "qwen3-8b", m, n))]
+        if pts:
+            series.append((legend_auto(rows, "fanout") if m == "wsync-auto" else legend, style, pts, False))
+    pts = [(n, floor_of(rows, "fanout", "qwen3-8b", n)) for n in (1, 2, 3)
+           if floor_of(rows, "fanout", "qwen3-8b", n)]
+    if pts:
+        series.append(("floor", FLOOR_STYLE, pts, True))
+    if not series:
+        return False
+    draw(path, terminal, "Fan-out scaling: 1 trainer GPU, Qwen3-8B shape (%s)" % machine,
+         "receivers (TP-1 replicas, one GPU each)", series, False, [(str(n), n) for n in (1, 2, 3)])
+    return True
+
+
+# ---------------------------------------------------------------------------- markdown
+
+def meta_line(metas, args):
+    machine = args.machine or "; ".join(sorted({m.get("machine", "?") for m in metas}))
+    date = args.date or ", ".join(sorted({m.get("date", "?") for m in metas}))
+    commit = args.commit or ", ".join(sorted({m.get("commit", "?") for m in metas}))
+    return machine, date, commit
+
+
+def links(rows):
+    v = [r["result"] for r in rows if r.get("kind") == "wsync" and good(r) and r["result"].get("peer_gbps")]
+    if not v:
+        return ""
+    med = lambda k: statistics.median(j[k] for j in v)  # noqa: E731
+    return ("Links, measured by wsync-bench before each run (median over runs): peer copy %.0f GB/s, "
+            "device-to-device copy %.0f GB/s, one 4 GiB ncclBroadcast over the run's GPUs %.0f GB/s."
+            % (med("peer_gbps"), med("d2d_gbps"), med("bcast_gbps")))
+
+
+def shape_label(rows, s):
+    n = params_of(rows, s)
+    return "%s (%.2f B, %.1f GB)" % (s, n / 1e9, 2 * n / 1e9) if n else s
+
+
+def ratio_cell(rows, scenario, shape):
+    """how many times longer the best peer method (a or b) takes than the best wsync run"""
+    w = [find(rows, scenario, shape, m) for m in ("wsync-auto", "wsync-ipc", "wsync-nccl")]
+    p = [find(rows, scenario, shape, m) for m in ("a", "b")]
+    w = [r["result"]["seconds"] for r in w if good(r)]
+    p = [r["result"]["seconds"] for r in p if good(r)]
+    return "%.1f×" % (min(p) / min(w)) if w and p else "–"
+
+
+def gpu_section(metas, rows, args, plot_dir, rel_dir):
+    machine, date, commit = meta_line(metas, args)
+    m0 = metas[0] if metas else {}
+    out = ["## GPU: wsync against the peers' methods", "",
+           "Machine: %s. Date: %s. Commit: %s. `bench/compare.sh` in one call (%s of %s s); wsync: "
+           "median of %s versions after %s warm-up, every byte checked on every receiver; peers: "
+           "median of %s versions, a few tensors checked. `NCCL_NVLS_ENABLE=0`."
+           % (machine, date, commit, m0.get("elapsed_s", "?"), m0.get("budget_s", "?"),
+              m0.get("iters", "?"), m0.get("warmup", "?"), m0.get("baseline_iters", "?")), ""]
+    if links(rows):
+        out += [links(rows), ""]
+    out += ["Each cell: median time per version, then (× the floor): the plan's bytes over the "
+            "busiest GPU's links at the speeds measured in the same run (1 is the best possible). "
+            "\"peers ÷ wsync\" is the best of (a) and (b) over the best wsync run. (c) is one raw "
+            "broadcast of the whole model's bytes, a ceiling for moving them, not a weight sync. "
+            "\\* = the `--scheme auto` run, which chose this scheme. n/a: not possible there "
+            "(NCCL allows one rank per GPU, so the nccl scheme refuses colocated groups; (b) is "
+            "colocated only; the peers have no FP8 path). skipped (time): left out by the time "
+            "budget of one call.", ""]
+    term = gnuplot_terminal() if not args.no_plots else None
+    if not args.no_plots and term is None:
+        fail("gnuplot not found: install it (apt-get install gnuplot-nox) or pass --no-plots")
+    short = machine.split(",")[0]   # "4x NVIDIA H200": chart titles stay short
+    for sc, title, what in SCENARIOS:
+        out += ["### " + title, "", what[0].upper() + what[1:] + ".", ""]
+        png = "%s.png" % sc
+        if term and scenario_chart(rows, sc, title, os.path.join(plot_dir, png), term, short):
+            out += ["![%s](%s/%s)" % (title, rel_dir, png), ""]
+        out += ["| model | floor | wsync auto | wsync ipc | wsync nccl | (a) | (b) | (c) | peers ÷ wsync |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for s in SHAPES:
+            fl = floor_of(rows, sc, s)
+            cells = []
+            for m, _, _ in METHODS:
+                r = find(rows, sc, s, m)
+                if r is None and (sc == "colocated-fp8" and m in ("a", "b", "c") or m == "b" and sc != "colocated"
+                                  or m == "wsync-nccl" and sc.startswith("colocated")):
+                    cells.append("n/a")
+                else:
+                    cells.append(cell(r, fl))
+            auto = find(rows, sc, s, "wsync-auto")
+            if good(auto):
+                cells[0] += " [%s]" % auto["result"]["scheme"]
+            out.append("| %s | %s | %s | %s |" % (shape_label(rows, s), ms(fl) if fl else "–",
+                                                  " | ".join(cells), ratio_cell(rows, sc, s)))
+        out.append("")
+    out += ["### Fan-out scaling: 1, 2, 3 receivers (Qwen3-8B shape)", ""]
+    if term and sweep_chart(rows, os.path.join(plot_dir, "fanout-sweep.png"), term, short):
+        out += ["![fan-out scaling](%s/fanout-sweep.png)" % rel_dir, ""]
+    out += ["| receivers | floor | wsync auto | wsync ipc | wsync nccl | (a) | (c) |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for n in (1, 2, 3):
+        fl = floor_of(rows, "fanout", "qwen3-8b", n)
+        cells = [cell(find(rows, "fanout", "qwen3-8b", m, n), fl) for m in
+                 ("wsync-auto", "wsync-ipc", "wsync-nccl", "a", "c")]
+        out.append("| %d | %s | %s |" % (n, ms(fl) if fl else "–", " | ".join(cells)))
+    out.append("")
+    ceiling = [r for r in rows if r.get("kind") == "baseline" and r.get("buffer") and good(r)]
+    for r in ceiling:
+        j = r["result"]
+        out += ["Raw ncclBroadcast of a %s buffer from GPU 0 to %d GPUs (the (c) script): %s, %.0f GB/s."
+                % (r["buffer"], j.get("receivers", 3), ms(j["seconds"]), j["bytes"] / j["seconds"] / 1e9), ""]
+    refusal = [r for r in rows if r.get("group") == "refusal"]
+    for r in refusal:
+        out += ["The nccl scheme on a colocated group (`--scheme nccl --colocated`, tiny shape), "
+                "as run: %s: `%s`" % (r.get("status"), (r.get("note") or "no message").strip()), ""]
+    missing = [r for r in rows if r.get("status") in ("skipped", "failed", "timeout")
+               and r.get("group") != "refusal"]
+    if missing:
+        out += ["Runs without a result: " + "; ".join(
+            "%s %s %s R=%s: %s%s" % (r.get("method"), r.get("scenario"), r.get("model_shape") or r.get("buffer"),
+                                     r.get("replicas"), r.get("status"),
+                                     " (%s)" % r["note"][:120] if r.get("note") else "")
+            for r in missing) + ".", ""]
+    return out
+
+
+CPU_RUNS = [
+    ("ipc-shared", "ipc, host memory, 1 → 2 receivers, 1 GiB; sender's weights shared (read in place)",
+     "memcpy, 1 core"),
+    ("ipc-private", "ipc, host memory, 1 → 2 receivers, 1 GiB; sender's weights private (staged)",
+     "memcpy, 1 core"),
+    ("ipc-model", "ipc, host memory, qwen3-0.6b shape, FSDP-2 → TP-2 (fused QKV, gate_up, vocab-parallel)",
+     "floor: largest receiver's bytes at 1-core memcpy"),
+    ("store-ucx", "store over UCX, 1 GiB, 2 readers (fetch)", "raw UCX gets, same run"),
+    ("store-ofi", "store over libfabric, 1 GiB, 2 readers (fetch)", "raw libfabric gets, same run"),
+]
+
+
+def cpu_ratio(j):
+    """(wsync GB/s per receiver, baseline GB/s, wsync / baseline) of one run's JSON."""
+    if j.get("mode") == "model":   # its baseline is the floor: time / floor inverted
+        return j["gbps_per_receiver"], j["memcpy_gbps"], 1.0 / j["ratio_floor"]
+    return j["gbps_per_receiver"], j["baseline_gbps"], j["ratio"]
+
+
+def cpu_section(path, args):
+    out = ["## CPU: runnable anywhere, no GPU", ""]
+    if not path:
+        return out + ["No CPU results yet: run `bash bench/cpu.sh build` (writes docs/bench/cpu.json), "
+                      "then `python3 bench/report.py`.", ""]
+    data = json.load(open(path))
+    meta = next((r for r in data if r.get("kind") == "meta"), {})
+    runs = [r for r in data if r.get("kind") == "cpu"]
+    out += ["Machine: %s. Date: %s. Commit: %s. Load average %s before, %s after: the cores are shared, "
+            "so absolute speeds mean little; each ratio sets wsync against a baseline timed in the "
+            "same run. %s runs of each; median ratio (min–max). `bash bench/cpu.sh build`."
+            % (meta.get("machine", "?"), meta.get("date", "?"), meta.get("commit", "?"),
+               meta.get("load_before", "?"), meta.get("load_after", "?"), meta.get("reps", "?")), "",
+            "| run | baseline | wsync GB/s per receiver | baseline GB/s | wsync ÷ baseline |",
+            "| --- | --- | --- | --- | --- |"]
+    for name, what, base in CPU_RUNS:
+        js = [r["result"] for r in runs if r["run"] == name and r.get("rc") == 0 and r.get("result")]
+        bad = [r for r in runs if r["run"] == name and (r.get("rc") != 0 or not r.get("result"))]
+        if not js:
+            out.append("| %s | %s | failed (%d runs) | | |" % (what, base, len(bad)))
+            continue
+        v = [cpu_ratio(j) for j in js]
+        rat = [x[2] for x in v]
+        out.append("| %s | %s | %.2f | %.2f | %.2f (%.2f–%.2f)%s |" % (
+            what, base, statistics.median(x[0] for x in v), statistics.median(x[1] for x in v),
+            statistics.median(rat), min(rat), max(rat), " ; %d failed" % len(bad) if bad else ""))
+    agg = []
+    for name, label in (("store-ucx", "UCX"), ("store-ofi", "libfabric")):
+        v = [r["result"]["ratio_aggregate"] for r in runs if r["run"] == name and r.get("rc") == 0
+             and r.get("result") and "ratio_aggregate" in r["result"]]
+        if v:
+            agg.append("%s %.2f" % (label, statistics.median(v)))
+    if agg:
+        out += ["", "The store runs also time whole rounds, until both readers are done, which does "
+                "not depend on how evenly the owner serves them: median aggregate ratio " +
+                ", ".join(agg) + "."]
+    return out + [""]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", nargs="*", help="compare.sh results.json files (default docs/bench/gpu.json)")
+    p.add_argument("--cpu", help="cpu.sh's JSON (default docs/bench/cpu.json)")
+    p.add_argument("--out", default="docs/benchmarks.md", help="the page (default docs/benchmarks.md)")
+    p.add_argument("--summary", action="store_true", help="print a text table of the GPU results only")
+    p.add_argument("--machine", help="instead of the results' machine")
+    p.add_argument("--date", help="instead of the results' date")
+    p.add_argument("--commit", help="instead of the results' commit")
+    p.add_argument("--no-plots", action="store_true", help="tables only, no gnuplot")
+    args = p.parse_args()
+    results = args.results or [f for f in ["docs/bench/gpu.json"] if os.path.exists(f)]
+    if args.summary:
+        if not results:
+            fail("--summary needs a results file")
+        print(summary(*load(results)))
+        return 0
+    cpu = args.cpu or ("docs/bench/cpu.json" if os.path.exists("docs/bench/cpu.json") else None)
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    plot_dir = os.path.join(out_dir, "bench")
+    os.makedirs(plot_dir, exist_ok=True)
+    page = ["# Benchmarks", "",
+            "Generated by `bench/report.py` from `bench/compare.sh` (GPU, a lent 4× H200 machine) and "
+            "`bench/cpu.sh` (CPU) results; see bench/README.md. Charts are drawn by gnuplot.", ""]
+    if results:
+        metas, rows = load(results)
+        page += gpu_section(metas, rows, args, plot_dir, "bench")
+    else:
+        page += ["## GPU: wsync against the peers' methods", "",
+                 "No GPU results here yet. On a lent 4-GPU machine (nvidia-h200-x4), with the build "
+                 "carried (`bash tests/gpu/pack.sh build-gpu gpu-carry`): `bash bench/compare.sh gpu-carry` "
+                 "(writes results.json, summary.txt and logs.tar.gz under $OUT); copy results.json "
+                 "to docs/bench/gpu.json and run `python3 bench/report.py`.", ""]
+    page += cpu_section(cpu, args)
+    with open(args.out, "w") as f:
+        f.write("\n".join(page).rstrip() + "\n")
+    print("wrote %s%s" % (args.out, " and charts in " + plot_dir if results and not args.no_plots else ""),
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
