@@ -2,8 +2,9 @@
  * owner registers a region and hands its address, key and region to a reader over a socketpair;
  * the reader gets (and puts) and compares hashes with what the owner computes over its own
  * memory. Then the failures: ranges outside the region, corrupted or foreign blobs, an owner
- * killed or stopped while gets are in flight, a reader killed while the owner serves it. Each
- * must come back as an error naming the op and the peer, within a deadline, and crash nothing. */
+ * killed or stopped while gets are in flight (or their replies), readers killed or stopped while
+ * the owner serves them. Each must come back as an error naming the op and the peer, within a
+ * deadline, and crash nothing. */
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -173,7 +175,7 @@ static int owner_main(void *arg)
 
 /* ---- the reader ------------------------------------------------------------------------------ */
 
-enum { R_BULK, R_PUT, R_BAD, R_OWNER_KILLED, R_OWNER_STOPPED, R_KILLED };
+enum { R_BULK, R_PUT, R_BAD, R_OWNER_KILLED, R_OWNER_STOPPED, R_OWNER_STOPPED_MID, R_KILLED };
 
 typedef struct {
     const char *hint;
@@ -193,18 +195,23 @@ typedef struct {
     region_meta_t meta;
 } reader_t;
 
-static int reader_setup(const reader_cfg_t *cfg, reader_t *r)
+/* The owner's blobs, as it sends them to each reader. */
+static int reader_recv_blobs(int fd, reader_t *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->addr_len = recv_msg(fd, r->addr, sizeof(r->addr), MSG_MS);
+    r->key_len = recv_msg(fd, r->key, sizeof(r->key), MSG_MS);
+    CHECK(recv_msg(fd, &r->meta, sizeof(r->meta), MSG_MS) == sizeof(r->meta));
+    r->key2_len = recv_msg(fd, r->key2, sizeof(r->key2), MSG_MS);
+    CHECK(r->addr_len > 0 && r->key_len > 0 && r->key2_len >= 0);
+    return r->addr_len > 0 && r->key_len > 0 ? 0 : -1;
+}
+
+/* Opens a context, connects to the owner and imports its key. */
+static int reader_connect(const char *hint, reader_t *r)
 {
     char info[256];
-    memset(r, 0, sizeof(*r));
-    r->addr_len = recv_msg(cfg->fd, r->addr, sizeof(r->addr), MSG_MS);
-    r->key_len = recv_msg(cfg->fd, r->key, sizeof(r->key), MSG_MS);
-    CHECK(recv_msg(cfg->fd, &r->meta, sizeof(r->meta), MSG_MS) == sizeof(r->meta));
-    r->key2_len = recv_msg(cfg->fd, r->key2, sizeof(r->key2), MSG_MS);
-    CHECK(r->addr_len > 0 && r->key_len > 0 && r->key2_len >= 0);
-    if (r->addr_len <= 0 || r->key_len <= 0)
-        return -1;
-    CHECK_OK(ops->open(cfg->hint, info, sizeof(info), &r->ctx));
+    CHECK_OK(ops->open(hint, info, sizeof(info), &r->ctx));
     if (r->ctx == NULL)
         return -1;
     fprintf(stderr, "reader %d: %s\n", (int)getpid(), info);
@@ -213,6 +220,13 @@ static int reader_setup(const reader_cfg_t *cfg, reader_t *r)
         return -1;
     CHECK_OK(ops->rkey_import(r->peer, r->key, (size_t)r->key_len, &r->rkey));
     return r->rkey ? 0 : -1;
+}
+
+static int reader_setup(const reader_cfg_t *cfg, reader_t *r)
+{
+    if (reader_recv_blobs(cfg->fd, r) != 0)
+        return -1;
+    return reader_connect(cfg->hint, r);
 }
 
 static void reader_teardown(const reader_cfg_t *cfg, reader_t *r)
@@ -365,10 +379,11 @@ static uint8_t *post_many(reader_t *r)
     return dst;
 }
 
-static void reader_owner_gone(const reader_cfg_t *cfg, reader_t *r, int stopped)
+static void reader_owner_gone(const reader_cfg_t *cfg, reader_t *r)
 {
     char c = 0, pid[32];
-    if (stopped) { /* the test stops the owner first, then we post */
+    int stopped = cfg->mode != R_OWNER_KILLED;
+    if (cfg->mode == R_OWNER_STOPPED) { /* the test stops the owner first, then we post */
         CHECK(send_msg(cfg->ctl, "R", 1) == 0);
         CHECK(recv_msg(cfg->ctl, &c, 1, MSG_MS) == 1 && c == 'S');
     }
@@ -377,10 +392,14 @@ static void reader_owner_gone(const reader_cfg_t *cfg, reader_t *r, int stopped)
         CHECK(send_msg(cfg->ctl, "P", 1) == 0);
         CHECK(recv_msg(cfg->ctl, &c, 1, MSG_MS) == 1 && c == 'K');
     }
+    if (cfg->mode == R_OWNER_STOPPED_MID) /* ... stops it while the bytes flow, in our flush */
+        CHECK(send_msg(cfg->ctl, "R", 1) == 0);
     int limit = stopped ? 1500 : 20000;
     long long t0 = proc_now_ms();
     wsync_status_t st = ops->flush(r->ctx, wsync_deadline_in(limit));
     long long took = proc_now_ms() - t0;
+    if (cfg->mode == R_OWNER_STOPPED_MID)
+        CHECK(recv_msg(cfg->ctl, &c, 1, MSG_MS) == 1 && c == 'S');
     fprintf(stderr, "reader: flush with the owner %s: %s after %lld ms: %s\n",
             stopped ? "stopped" : "killed", wsync_status_name(st), took, wsync_last_error());
     if (stopped)
@@ -411,8 +430,9 @@ static int reader_main(void *arg)
     case R_BULK: reader_bulk(cfg, &r); break;
     case R_PUT: reader_put(cfg, &r); break;
     case R_BAD: reader_bad(cfg, &r); break;
-    case R_OWNER_KILLED: reader_owner_gone(cfg, &r, 0); break;
-    case R_OWNER_STOPPED: reader_owner_gone(cfg, &r, 1); break;
+    case R_OWNER_KILLED:
+    case R_OWNER_STOPPED:
+    case R_OWNER_STOPPED_MID: reader_owner_gone(cfg, &r); break;
     case R_KILLED: {
         char c;
         post_many(&r);
@@ -473,8 +493,8 @@ static void case_bulk_get_tcp(void)
     run_pair("tcp", R_BULK, 0);
 }
 
-/* The owner is killed (or stopped) while the reader has gets posted. */
-static void owner_gone(int stopped)
+/* The owner is killed (or stopped) while the reader has gets posted (mode R_OWNER_*). */
+static void owner_gone(int mode)
 {
     int sv[2], ctl[2];
     char c = 0;
@@ -484,14 +504,15 @@ static void owner_gone(int stopped)
     pid_t pids[2];
     int codes[2];
     pids[0] = proc_spawn(owner_main, &o, 120);
-    reader_cfg_t rc = {NULL, stopped ? R_OWNER_STOPPED : R_OWNER_KILLED, sv[1], ctl[1],
-                       {sv[0], ctl[0], -1, -1}, (int)pids[0]};
+    reader_cfg_t rc = {NULL, mode, sv[1], ctl[1], {sv[0], ctl[0], -1, -1}, (int)pids[0]};
     pids[1] = proc_spawn(reader_main, &rc, 120);
     close(sv[0]);
     close(sv[1]);
     close(ctl[1]);
-    if (stopped) {
+    if (mode != R_OWNER_KILLED) {
         CHECK(recv_msg(ctl[0], &c, 1, MSG_MS) == 1 && c == 'R');
+        if (mode == R_OWNER_STOPPED_MID)
+            usleep(10000); /* a few of 256 MiB have come: the owner stops mid-reply */
         kill(pids[0], SIGSTOP);
         CHECK(send_msg(ctl[0], "S", 1) == 0);
     } else {
@@ -508,12 +529,19 @@ static void owner_gone(int stopped)
 
 static void case_owner_killed(void)
 {
-    owner_gone(0);
+    owner_gone(R_OWNER_KILLED);
 }
 
 static void case_owner_stopped_deadline(void)
 {
-    owner_gone(1);
+    owner_gone(R_OWNER_STOPPED);
+}
+
+/* Stopped while replies flow: at the deadline some are half landed in the reader's buffer, and
+ * flush must still return with nothing in flight. */
+static void case_owner_stopped_mid_reply(void)
+{
+    owner_gone(R_OWNER_STOPPED_MID);
 }
 
 /* A reader killed with gets in flight leaves the owner serving: a second reader reads it all. */
@@ -547,6 +575,97 @@ static void case_reader_killed(void)
     CHECK_MSG(codes[1] == 128 + SIGKILL, "the first reader exited with %d", codes[1]);
     CHECK_MSG(codes[2] == 0, "the second reader exited with %d", codes[2]);
     CHECK_MSG(codes[0] == 0, "owner exited with %d", codes[0]);
+}
+
+/* Connects, reads once (so the connection is up both ways), posts gets and then kills (or stops)
+ * itself at once: the owner then serves requests of a process that is gone (or does not read). */
+typedef struct {
+    reader_t blobs;
+    int sig;               /* SIGKILL or SIGSTOP */
+} self_killer_t;
+
+static int self_killer_main(void *arg)
+{
+    const self_killer_t *k = arg;
+    reader_t r = k->blobs;
+    uint8_t *dst = malloc(8 * MiB);
+    if (dst == NULL || reader_connect(NULL, &r) != 0)
+        return 1;
+    CHECK_OK(ops->get(r.peer, r.rkey, r.meta.base, dst, 4096));
+    CHECK_OK(ops->flush(r.ctx, wsync_deadline_in(MSG_MS)));
+    for (size_t off = 0; off < 8 * MiB; off += MiB / 4)
+        CHECK_OK(ops->get(r.peer, r.rkey, r.meta.base + off, dst + off, MiB / 4));
+    if (check_failures)
+        return 1;
+    raise(k->sig);
+    return 1;
+}
+
+/* Readers killed just after posting gets, one after another: each time a reply of the owner's
+ * may find its reader gone. The owner must carry on (UCX 1.13's software RMA aborted it here:
+ * "unexpected error: Endpoint timeout" in ucp_get_req_handler), and a last reader reads it all. */
+static void case_readers_killed_mid_get(void)
+{
+    int sv1[2], sv2[2], codes[3];
+    self_killer_t k = {.sig = SIGKILL};
+    pid_t pids[3];
+    pair(sv1);
+    pair(sv2);
+    owner_cfg_t o = {NULL, {sv1[0], sv2[0]}, {sv1[1], sv2[1], -1, -1}, 0};
+    pids[0] = proc_spawn(owner_main, &o, 120);
+    close(sv1[0]);
+    close(sv2[0]);
+    CHECK(reader_recv_blobs(sv1[1], &k.blobs) == 0);
+    int status, owner_died = 0;
+    for (int i = 0; i < 20 && !owner_died; i++) {
+        pid_t pid = proc_spawn(self_killer_main, &k, 60);
+        proc_wait_all(&pid, 1, 60000, &codes[1]);
+        CHECK_MSG(codes[1] == 128 + SIGKILL, "reader %d exited with %d", i, codes[1]);
+        usleep(50000); /* time for the owner to answer the dead reader */
+        owner_died = waitpid(pids[0], &status, WNOHANG) == pids[0];
+        CHECK_MSG(!owner_died, "the owner died (wait status 0x%x) after reader %d was killed "
+                  "with gets in flight", status, i);
+    }
+    send_msg(sv1[1], "Q", 1);
+    close(sv1[1]);
+    if (owner_died) {
+        close(sv2[1]);
+        return;
+    }
+    reader_cfg_t r = {NULL, R_BULK, sv2[1], -1, {-1, -1, -1, -1}, (int)pids[0]};
+    pids[2] = proc_spawn(reader_main, &r, 120);
+    close(sv2[1]);
+    proc_wait_all(&pids[2], 1, 120000, &codes[2]);
+    proc_wait_all(pids, 1, 30000, codes);
+    CHECK_MSG(codes[2] == 0, "the last reader exited with %d", codes[2]);
+    CHECK_MSG(codes[0] == 0, "owner exited with %d", codes[0]);
+}
+
+/* A reader stops with gets in flight: the owner's replies wait on it. Dereg and close must still
+ * return, within their bounds, and leave nothing that aborts the owner (UCX asserts in
+ * ucp_worker_destroy on a rendezvous still pending). */
+static void case_reader_stopped_mid_get(void)
+{
+    int sv[2], code, status;
+    self_killer_t k = {.sig = SIGSTOP};
+    pair(sv);
+    owner_cfg_t o = {NULL, {sv[0], -1}, {sv[1], -1, -1, -1}, 0};
+    pid_t owner = proc_spawn(owner_main, &o, 120);
+    close(sv[0]);
+    CHECK(reader_recv_blobs(sv[1], &k.blobs) == 0);
+    pid_t reader = proc_spawn(self_killer_main, &k, 60);
+    CHECK(waitpid(reader, &status, WUNTRACED) == reader && WIFSTOPPED(status));
+    usleep(100000); /* the owner's replies are posted, and stuck */
+    long long t0 = proc_now_ms();
+    send_msg(sv[1], "Q", 1); /* the owner deregisters and closes */
+    close(sv[1]);
+    proc_wait_all(&owner, 1, 30000, &code);
+    long long took = proc_now_ms() - t0;
+    fprintf(stderr, "owner: dereg and close with a stopped reader took %lld ms\n", took);
+    CHECK_MSG(code == 0, "owner exited with %d", code);
+    CHECK_MSG(took < 10000, "dereg and close took %lld ms", took);
+    kill(reader, SIGKILL);
+    waitpid(reader, NULL, 0);
 }
 
 /* A transport list UCX does not know fails open with a sentence, no context. */
@@ -585,7 +704,10 @@ int main(void)
     RUN(case_owner_killed);
     RUN(case_bulk_get_tcp);
     RUN(case_owner_stopped_deadline);
+    RUN(case_owner_stopped_mid_reply);
     RUN(case_reader_killed);
+    RUN(case_readers_killed_mid_get);
+    RUN(case_reader_stopped_mid_get);
     RUN(case_unknown_hint);
     return check_summary();
 }
