@@ -31,6 +31,21 @@ void wsync_dev_uuid_str(const uint8_t uuid[WSYNC_DEV_UUID_BYTES], char *buf, siz
     }
 }
 
+wsync_status_t wsync_kcopy_reserve(wsync_kcopy_t **descs, uint32_t *cap, uint32_t need)
+{
+    if (need <= *cap)
+        return WSYNC_OK;
+    uint32_t n = *cap > need / 2 ? *cap * 2 : need;
+    if (n < 64)
+        n = 64;
+    wsync_kcopy_t *p = realloc(*descs, (size_t)n * sizeof(*p));
+    if (p == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "no memory for %u copy descriptors", need);
+    *descs = p;
+    *cap = n;
+    return WSYNC_OK;
+}
+
 #if WSYNC_HAVE_CUDA
 
 #include <cuda_runtime_api.h>

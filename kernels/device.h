@@ -141,6 +141,9 @@ wsync_status_t wsync_dev_copy_to_host(void *dst, const void *src, size_t bytes, 
 
 /* ---- kernels (kernels/kernels.h), callable from builds without CUDA --------------------------- */
 
+/* Room for at least `need` descriptors in *descs (capacity *cap, grown geometrically), for the
+ * schemes that build batches. WSYNC_ERR_NOMEM leaves *descs as it was. */
+wsync_status_t wsync_kcopy_reserve(wsync_kcopy_t **descs, uint32_t *cap, uint32_t need);
 wsync_status_t wsync_dev_batch_create(const wsync_kcopy_t *descs, uint32_t n,
                                       wsync_kcopy_batch_t **batch);
 wsync_status_t wsync_dev_batch_launch(const wsync_kcopy_batch_t *batch, void *stream);

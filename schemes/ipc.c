@@ -522,15 +522,8 @@ static wsync_status_t plan_slots(wsync_sender_t *s, ipc_sender_t *st)
                 const wsync_chunk_t *ch = &plan->chunks[c];
                 if (s->shards[ch->shard].mem != WSYNC_MEM_CUDA || in_place(&st->inplace[ch->shard]))
                     continue;
-                if (n == cap) {
-                    cap = cap ? cap * 2 : 64;
-                    wsync_kcopy_t *d = realloc(descs, cap * sizeof(*d));
-                    if (d == NULL) {
-                        rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
-                        break;
-                    }
-                    descs = d;
-                }
+                if ((rc = wsync_kcopy_reserve(&descs, &cap, n + 1)) != WSYNC_OK)
+                    break;
                 descs[n++] = (wsync_kcopy_t){s->shard_data[ch->shard], base + ch->bucket_off,
                                              ch->src.off, ch->src.pitch, 0, ch->src.cols,
                                              ch->src.rows, ch->src.cols, ch->dtype, ch->dtype};
@@ -1439,15 +1432,8 @@ static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int
                     src_off = 0;
                     src_pitch = ch->src.cols;
                 }
-                if (n == cap) {
-                    cap = cap ? cap * 2 : 64;
-                    wsync_kcopy_t *d = realloc(descs, cap * sizeof(*d));
-                    if (d == NULL) {
-                        rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
-                        break;
-                    }
-                    descs = d;
-                }
+                if ((rc = wsync_kcopy_reserve(&descs, &cap, n + 1)) != WSYNC_OK)
+                    break;
                 descs[n++] = (wsync_kcopy_t){src, r->land[sg->target], src_off, src_pitch,
                                              sg->dst.off, sg->dst.pitch, sg->dst.rows, sg->dst.cols,
                                              ch->dtype, r->land_dtype[sg->target]};

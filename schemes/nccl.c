@@ -918,18 +918,6 @@ static wsync_status_t common_setup(nc_state_t *st, wsync_member_t *m, int role, 
 }
 
 /* Grow the scratch array of copy descriptors a step's batch is built from to hold n. */
-static wsync_status_t descs_reserve(wsync_kcopy_t **descs, uint32_t *cap, uint32_t n)
-{
-    if (n <= *cap)
-        return WSYNC_OK;
-    wsync_kcopy_t *p = realloc(*descs, n * sizeof(*p));
-    if (p == NULL)
-        return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for copy descriptors");
-    *descs = p;
-    *cap = n;
-    return WSYNC_OK;
-}
-
 static wsync_status_t alloc_slots(nc_state_t *st)
 {
     wsync_status_t rc;
@@ -1185,7 +1173,7 @@ static wsync_status_t sender_bind(wsync_sender_t *s, nc_state_t *st)
         uint32_t n = 0;
         if (step->ncopies == 0)
             continue;
-        if ((rc = descs_reserve(&descs, &cap, step->ncopies)) != WSYNC_OK)
+        if ((rc = wsync_kcopy_reserve(&descs, &cap, step->ncopies)) != WSYNC_OK)
             break;
         for (uint32_t i = 0; i < step->nmyops; i++) {
             const nc_myop_t *o = &st->myops[step->myop0 + i];
@@ -1517,7 +1505,7 @@ static wsync_status_t receiver_bind(wsync_receiver_t *r, nc_state_t *st)
         uint32_t n = 0;
         if (step->ncopies == 0)
             continue;
-        if ((rc = descs_reserve(&descs, &cap, step->ncopies)) != WSYNC_OK)
+        if ((rc = wsync_kcopy_reserve(&descs, &cap, step->ncopies)) != WSYNC_OK)
             break;
         for (uint32_t i = 0; i < step->nrseg; i++) {
             const nc_rseg_t *e = &st->rsegs[step->rseg0 + i];
