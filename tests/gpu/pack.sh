@@ -8,12 +8,14 @@
 # build-gpu`) it copies the tools and GPU test programs, stripped, into DEST (default gpu-carry,
 # ignored by git) in the same layout (bin/, tests/gpu/), libwsync.so.X.Y.Z stripped as
 # lib/libwsync.so (no symlinks), plus ../shared/testdata/hf_qwen3_tiny.
-# On the machine: `WSYNC_TESTDATA=gpu-carry/testdata bash tests/gpu/run.sh gpu-carry`.
+# Every program links the static library with every kernel in it, so the folder outgrows what
+# the device tool carries: DEST.tgz, made beside it, is what to carry. On the machine:
+# `tar xzf gpu-carry.tgz && WSYNC_TESTDATA=gpu-carry/testdata bash tests/gpu/run.sh gpu-carry`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BUILD=${1:-build-gpu}
 DEST=${2:-gpu-carry}
-rm -rf "$DEST"
+rm -rf "$DEST" "$DEST.tgz"
 mkdir -p "$DEST/bin" "$DEST/tests/gpu" "$DEST/testdata"
 for f in "$BUILD"/bin/*; do
     [ -x "$f" ] && strip --strip-unneeded -o "$DEST/bin/$(basename "$f")" "$f"
@@ -30,4 +32,5 @@ fi
 for d in ../shared/testdata/hf_qwen3_tiny shared/testdata/hf_qwen3_tiny; do
     if [ -d "$d" ]; then cp -r "$d" "$DEST/testdata/"; break; fi
 done
-du -sh "$DEST"
+tar -czf "$DEST.tgz" "$DEST"
+du -sh "$DEST" "$DEST.tgz"

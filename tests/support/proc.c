@@ -53,6 +53,19 @@ long long proc_now_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+void proc_on_hang(pid_t pid)
+{
+    const char *cmd = getenv("WSYNC_TEST_ON_HANG");
+    char line[1200];
+
+    if (cmd == NULL || cmd[0] == '\0')
+        return;
+    snprintf(line, sizeof(line), "timeout -k 5 90 %s %d 1>&2", cmd, (int)pid);
+    fflush(NULL);
+    if (system(line) != 0)
+        fprintf(stderr, "note: '%s' did not succeed\n", line);
+}
+
 int proc_wait_all(const pid_t *pids, int n, int timeout_ms, int *codes)
 {
     long long deadline = proc_now_ms() + timeout_ms;
@@ -77,6 +90,7 @@ int proc_wait_all(const pid_t *pids, int n, int timeout_ms, int *codes)
                 if (codes[i] == -2) {
                     fprintf(stderr, "child %d (pid %d) still running at the deadline: killed\n", i,
                             (int)pids[i]);
+                    proc_on_hang(pids[i]);
                     kill(pids[i], SIGKILL);
                     waitpid(pids[i], NULL, 0);
                     codes[i] = -1;

@@ -13,6 +13,10 @@ pid_t proc_spawn(proc_fn fn, void *arg, int limit_s);
 /* Wait for n children until timeout_ms. codes[i] = exit code, or 128 + signal, or -1 if it had to
  * be killed at the deadline. Returns the number of children that did not exit 0. */
 int proc_wait_all(const pid_t *pids, int n, int timeout_ms, int *codes);
+/* A child that is about to be killed for hanging: if $WSYNC_TEST_ON_HANG names a command, run it
+ * with the pid as its last argument first (tests/gpu/hang_dump.sh prints where the process waits),
+ * bounded by 90 s. proc_wait_all calls it; callers with their own wait loops should too. */
+void proc_on_hang(pid_t pid);
 /* A TCP port on 127.0.0.1 that was free a moment ago. */
 int proc_free_port(void);
 /* Milliseconds on the monotonic clock. */
