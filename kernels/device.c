@@ -67,6 +67,48 @@ static wsync_status_t cu_err(cudaError_t e, const char *fmt, ...)
                      cudaGetErrorString(e));
 }
 
+/* Once an NCCL abort is left running on a helper thread (wsync_dev_mark_wedged), it may hold the
+ * CUDA driver's locks for good: seen on H200s, ncclCommAbort of a survivor sat in cuMemFreeHost,
+ * waiting for a kernel stuck on the dead peer, while cuEventCreate on the main thread waited for
+ * the driver lock it held. So from then on no wsync function makes a CUDA call in this process:
+ * each fails at once (or, freeing, does nothing), and the caller's error returns instead of a
+ * hang. The process should exit (wsync.h). */
+static atomic_int wedged_device = -1;
+
+void wsync_dev_mark_wedged(int device)
+{
+    int none = -1;
+    if (atomic_compare_exchange_strong(&wedged_device, &none, device < 0 ? 0 : device))
+        WSYNC_LOG_W("device %d: kernels that may never finish remain (a communicator whose abort "
+                    "did not return, and may hold the CUDA driver's locks): wsync makes no more "
+                    "CUDA calls in this process and leaks its device memory; the process should "
+                    "exit", device);
+}
+
+int wsync_dev_is_wedged(int device)
+{
+    (void)device;
+    return atomic_load(&wedged_device) >= 0;
+}
+
+static wsync_status_t wedged_err(const char *fn)
+{
+    return wsync_err(WSYNC_ERR_DEVICE, "%s: refused: an NCCL abort on device %d did not return "
+                     "and may hold the CUDA driver's locks; this process can make no more CUDA "
+                     "calls and should exit", fn, atomic_load(&wedged_device));
+}
+
+#define REFUSE_IF_WEDGED()                                                                     \
+    do {                                                                                       \
+        if (atomic_load(&wedged_device) >= 0)                                                  \
+            return wedged_err(__func__);                                                       \
+    } while (0)
+#define SKIP_IF_WEDGED()                                                                       \
+    do {                                                                                       \
+        if (atomic_load(&wedged_device) >= 0)                                                  \
+            return;                                                                            \
+    } while (0)
+
 static int cur_dev(void)
 {
     int d = -1;
@@ -79,6 +121,7 @@ static int cur_dev(void)
 
 wsync_status_t wsync_dev_count(int *count)
 {
+    REFUSE_IF_WEDGED();
     int n = 0;
     cudaError_t e;
 
@@ -96,12 +139,14 @@ wsync_status_t wsync_dev_count(int *count)
 
 wsync_status_t wsync_dev_set(int device)
 {
+    REFUSE_IF_WEDGED();
     cudaError_t e = cudaSetDevice(device);
     return e == cudaSuccess ? WSYNC_OK : cu_err(e, "cudaSetDevice(%d)", device);
 }
 
 wsync_status_t wsync_dev_get(int *device)
 {
+    REFUSE_IF_WEDGED();
     int d;
     cudaError_t e;
 
@@ -116,6 +161,7 @@ wsync_status_t wsync_dev_get(int *device)
 
 wsync_status_t wsync_dev_enter(int device, int *saved)
 {
+    REFUSE_IF_WEDGED();
     cudaError_t e;
 
     if (saved == NULL)
@@ -133,12 +179,14 @@ wsync_status_t wsync_dev_enter(int device, int *saved)
 
 void wsync_dev_leave(int device, int saved)
 {
+    SKIP_IF_WEDGED();
     if (saved >= 0 && saved != device && cudaSetDevice(saved) != cudaSuccess)
         (void)cudaGetLastError();
 }
 
 wsync_status_t wsync_dev_uuid(int device, uint8_t uuid[WSYNC_DEV_UUID_BYTES])
 {
+    REFUSE_IF_WEDGED();
     struct cudaDeviceProp prop;
     cudaError_t e;
 
@@ -174,6 +222,7 @@ wsync_status_t wsync_dev_find_uuid(const uint8_t uuid[WSYNC_DEV_UUID_BYTES], int
 
 wsync_status_t wsync_dev_can_access_peer(int device, int peer, int *can)
 {
+    REFUSE_IF_WEDGED();
     int c = 0;
     cudaError_t e;
 
@@ -192,6 +241,7 @@ wsync_status_t wsync_dev_can_access_peer(int device, int peer, int *can)
 
 wsync_status_t wsync_dev_ptr_info(const void *ptr, wsync_dev_ptr_t *info)
 {
+    REFUSE_IF_WEDGED();
     struct cudaPointerAttributes a;
     cudaError_t e;
 
@@ -230,6 +280,7 @@ wsync_status_t wsync_dev_ptr_info(const void *ptr, wsync_dev_ptr_t *info)
 
 wsync_status_t wsync_dev_stream_create(void **stream)
 {
+    REFUSE_IF_WEDGED();
     cudaStream_t s;
     cudaError_t e;
 
@@ -244,6 +295,7 @@ wsync_status_t wsync_dev_stream_create(void **stream)
 
 wsync_status_t wsync_dev_stream_create_prio(void **stream, int boost)
 {
+    REFUSE_IF_WEDGED();
     cudaStream_t s;
     cudaError_t e;
     int least = 0, greatest = 0;
@@ -262,6 +314,7 @@ wsync_status_t wsync_dev_stream_create_prio(void **stream, int boost)
 
 wsync_status_t wsync_dev_sm_count(int device, int *sms)
 {
+    REFUSE_IF_WEDGED();
     if (sms == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "wsync_dev_sm_count: NULL argument");
     cudaError_t e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
@@ -271,6 +324,7 @@ wsync_status_t wsync_dev_sm_count(int device, int *sms)
 
 void wsync_dev_stream_destroy(void *stream)
 {
+    SKIP_IF_WEDGED();
     if (stream == NULL)
         return;
     cudaError_t e = cudaStreamDestroy((cudaStream_t)stream);
@@ -282,6 +336,7 @@ void wsync_dev_stream_destroy(void *stream)
 
 wsync_status_t wsync_dev_event_create(int timing, void **event)
 {
+    REFUSE_IF_WEDGED();
     cudaEvent_t ev;
     cudaError_t e;
 
@@ -296,6 +351,7 @@ wsync_status_t wsync_dev_event_create(int timing, void **event)
 
 void wsync_dev_event_destroy(void *event)
 {
+    SKIP_IF_WEDGED();
     if (event == NULL)
         return;
     cudaError_t e = cudaEventDestroy((cudaEvent_t)event);
@@ -307,12 +363,14 @@ void wsync_dev_event_destroy(void *event)
 
 wsync_status_t wsync_dev_event_record(void *event, void *stream)
 {
+    REFUSE_IF_WEDGED();
     cudaError_t e = cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream);
     return e == cudaSuccess ? WSYNC_OK : cu_err(e, "cudaEventRecord");
 }
 
 wsync_status_t wsync_dev_event_query(void *event, int *done)
 {
+    REFUSE_IF_WEDGED();
     cudaError_t e;
 
     if (done == NULL)
@@ -360,6 +418,7 @@ wsync_status_t wsync_dev_event_wait(void *event, int64_t deadline_ms, const char
 
 wsync_status_t wsync_dev_event_elapsed(void *start, void *end, float *ms)
 {
+    REFUSE_IF_WEDGED();
     float v = 0;
     cudaError_t e;
 
@@ -374,6 +433,7 @@ wsync_status_t wsync_dev_event_elapsed(void *start, void *end, float *ms)
 
 wsync_status_t wsync_dev_stream_wait_event(void *stream, void *event)
 {
+    REFUSE_IF_WEDGED();
     cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0);
     return e == cudaSuccess ? WSYNC_OK : cu_err(e, "cudaStreamWaitEvent");
 }
@@ -393,6 +453,7 @@ wsync_status_t wsync_dev_stream_sync(void *stream, int64_t deadline_ms, const ch
 
 wsync_status_t wsync_dev_malloc(size_t bytes, void **ptr)
 {
+    REFUSE_IF_WEDGED();
     void *p = NULL;
     cudaError_t e;
 
@@ -405,25 +466,10 @@ wsync_status_t wsync_dev_malloc(size_t bytes, void **ptr)
     return WSYNC_OK;
 }
 
-#define WEDGE_MAX 64
-static atomic_int wedged[WEDGE_MAX];
-
-void wsync_dev_mark_wedged(int device)
-{
-    if (device >= 0 && device < WEDGE_MAX && atomic_exchange(&wedged[device], 1) == 0)
-        WSYNC_LOG_W("device %d: kernels that may never finish remain (a communicator whose abort "
-                    "did not return): wsync leaks its device memory there from now on instead "
-                    "of waiting in cudaFree; the process should exit", device);
-}
-
-int wsync_dev_is_wedged(int device)
-{
-    return device >= 0 && device < WEDGE_MAX && atomic_load(&wedged[device]);
-}
-
 void wsync_dev_free(void *ptr)
 {
-    if (ptr == NULL || wsync_dev_is_wedged(cur_dev()))
+    SKIP_IF_WEDGED();
+    if (ptr == NULL)
         return;
     cudaError_t e = cudaFree(ptr);
     if (e != cudaSuccess) {
@@ -434,6 +480,7 @@ void wsync_dev_free(void *ptr)
 
 wsync_status_t wsync_dev_host_register(void *ptr, size_t bytes, int read_only, int *registered)
 {
+    REFUSE_IF_WEDGED();
     unsigned flags = cudaHostRegisterPortable | cudaHostRegisterMapped;
     cudaError_t e;
 
@@ -456,7 +503,8 @@ wsync_status_t wsync_dev_host_register(void *ptr, size_t bytes, int read_only, i
 
 void wsync_dev_host_unregister(void *ptr)
 {
-    if (ptr == NULL || wsync_dev_is_wedged(cur_dev()))
+    SKIP_IF_WEDGED();
+    if (ptr == NULL)
         return;
     cudaError_t e = cudaHostUnregister(ptr);
     if (e != cudaSuccess) {
@@ -467,6 +515,7 @@ void wsync_dev_host_unregister(void *ptr)
 
 wsync_status_t wsync_dev_host_device_ptr(void *ptr, void **dev_ptr)
 {
+    REFUSE_IF_WEDGED();
     void *d = NULL;
     cudaError_t e;
 
@@ -481,6 +530,7 @@ wsync_status_t wsync_dev_host_device_ptr(void *ptr, void **dev_ptr)
 
 wsync_status_t wsync_dev_memcpy_async(void *dst, const void *src, size_t bytes, void *stream)
 {
+    REFUSE_IF_WEDGED();
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream);
     return e == cudaSuccess ? WSYNC_OK
                             : cu_err(e, "cudaMemcpyAsync(%p <- %p, %zu bytes)", dst, src, bytes);
@@ -489,6 +539,7 @@ wsync_status_t wsync_dev_memcpy_async(void *dst, const void *src, size_t bytes, 
 wsync_status_t wsync_dev_memcpy2d_async(void *dst, size_t dst_pitch, const void *src,
                                         size_t src_pitch, size_t width, size_t rows, void *stream)
 {
+    REFUSE_IF_WEDGED();
     cudaError_t e = cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
                                       cudaMemcpyDefault, (cudaStream_t)stream);
     return e == cudaSuccess ? WSYNC_OK
@@ -498,6 +549,7 @@ wsync_status_t wsync_dev_memcpy2d_async(void *dst, size_t dst_pitch, const void 
 
 wsync_status_t wsync_dev_memset_async(void *ptr, int value, size_t bytes, void *stream)
 {
+    REFUSE_IF_WEDGED();
     cudaError_t e = cudaMemsetAsync(ptr, value, bytes, (cudaStream_t)stream);
     return e == cudaSuccess ? WSYNC_OK : cu_err(e, "cudaMemsetAsync(%p, %zu bytes)", ptr, bytes);
 }
@@ -512,11 +564,13 @@ wsync_status_t wsync_dev_copy_to_host(void *dst, const void *src, size_t bytes, 
 wsync_status_t wsync_dev_batch_create(const wsync_kcopy_t *descs, uint32_t n,
                                       wsync_kcopy_batch_t **batch)
 {
+    REFUSE_IF_WEDGED();
     return wsync_kernels_batch_create(descs, n, batch);
 }
 
 wsync_status_t wsync_dev_batch_launch(const wsync_kcopy_batch_t *batch, void *stream)
 {
+    REFUSE_IF_WEDGED();
     return wsync_kernels_batch_launch(batch, stream);
 }
 
@@ -528,8 +582,8 @@ void wsync_dev_batch_info(const wsync_kcopy_batch_t *batch, uint64_t *bytes_read
 
 void wsync_dev_batch_free(wsync_kcopy_batch_t *batch)
 {
-    if (!wsync_dev_is_wedged(cur_dev()))   /* cudaFree inside */
-        wsync_kernels_batch_free(batch);
+    SKIP_IF_WEDGED();
+    wsync_kernels_batch_free(batch);
 }
 
 void wsync_dev_batch_limit(wsync_kcopy_batch_t *batch, uint32_t max_blocks)
@@ -539,11 +593,13 @@ void wsync_dev_batch_limit(wsync_kcopy_batch_t *batch, uint32_t max_blocks)
 
 wsync_status_t wsync_dev_quantize_launch(const wsync_kquant_t *a, void *ws, void *stream)
 {
+    REFUSE_IF_WEDGED();
     return wsync_kernels_quantize_launch(a, ws, stream);
 }
 
 wsync_status_t wsync_dev_quantize_finish(const wsync_kquant_t *a, void *ws, void *stream)
 {
+    REFUSE_IF_WEDGED();
     return wsync_kernels_quantize_finish(a, ws, stream);
 }
 

@@ -111,9 +111,11 @@ wsync_status_t wsync_dev_stream_sync(void *stream, int64_t deadline_ms, const ch
 wsync_status_t wsync_dev_malloc(size_t bytes, void **ptr);
 void wsync_dev_free(void *ptr);
 /* A device on which kernels may never finish (NCCL's, waiting on a dead peer, after an abort
- * that did not return): cudaFree and cudaHostUnregister, which wait for every kernel on the
- * device, would hang. Once marked, wsync_dev_free, wsync_dev_host_unregister and
- * wsync_dev_batch_free of this process leak on that device instead (logged once). */
+ * that did not return and goes on in a thread of its own, perhaps holding the CUDA driver's
+ * locks): once one is marked, every wsync_dev_* function of this process makes no CUDA call any
+ * more: those that return a status fail with WSYNC_ERR_DEVICE, frees and destroys leak (logged
+ * once). wsync_dev_is_wedged: whether that has happened (to any device: the locks are the
+ * process's). */
 void wsync_dev_mark_wedged(int device);
 int wsync_dev_is_wedged(int device);
 /* Pin host memory [ptr, ptr + bytes) and map it for every device (cudaHostRegister, portable and

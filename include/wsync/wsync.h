@@ -311,9 +311,11 @@ wsync_status_t wsync_sender_setup(wsync_sender_t *sender);
  * WSYNC_ERR_INTEGRITY: a verifying receiver refused the version (verify in wsync_ctx_params_t).
  * After any error the group is unusable and every later call returns an error.
  * nccl: when a peer died mid-version, NCCL's kernels may wait on it for good and ncclCommAbort
- * need not return (NCCL wants every rank of a node to abort); wsync then leaks its device memory
- * on that GPU rather than wait, and logs so. The process should then exit without freeing CUDA
- * memory itself (cudaFree waits for every kernel on the device). */
+ * need not return (NCCL wants every rank of a node to abort); the abort then goes on in a
+ * thread of its own and may hold the CUDA driver's locks for good, so wsync makes no more CUDA
+ * calls in this process (it leaks its device memory, and later wsync calls on CUDA memory fail
+ * at once), and logs so. The process should then exit with _exit(), making no CUDA call of its
+ * own: cudaFree waits for every kernel on the device, and any CUDA call may wait for the lock. */
 wsync_status_t wsync_sender_push(wsync_sender_t *sender, uint64_t version);
 
 /* Name of the scheme chosen for the group ("ipc"), or NULL before setup. */
