@@ -16,9 +16,20 @@
  *
  * Each case prints one markdown table row, after "MATRIX ", with what each participant saw;
  * docs/fault_matrix.md is `test_faults 2>/dev/null | sed -n 's/^MATRIX //p'`. FAULTS_ONLY=text
- * runs only the cases whose name holds the text ("ipc", "store/ofi commit", "verify"). */
+ * runs only the cases whose name holds the text ("ipc", "store/ofi commit", "verify").
+ *
+ * Built a second time with FAULTS_ON_CUDA (tests/gpu/test_faults_cuda, CMakeLists.txt), the same
+ * cases run on CUDA memory: every shard and target lives on the process's GPU (process i on GPU i
+ * given 4 GPUs, else GPU i mod G), and the schemes are ipc (peer reads over NVLink, or staged
+ * buckets) and nccl (one rank per GPU: 4 GPUs). Deadlines are longer there (CUDA and NCCL set up
+ * within them, and a survivor's NCCL abort is bounded by the timeout again). After an nccl
+ * failure a process leaks its CUDA memory rather than cudaFree it: NCCL's kernels may still wait
+ * on the dead peer, and cudaFree would wait for them (wsync.h says the same to users).
+ *
+ * usage: test_faults [--json PATH]   (PATH: a summary, for tests/gpu/run.sh) */
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +42,20 @@
 #include "tests/support/proc.h"
 #include "wsync/wsync.h"
 
+#ifdef FAULTS_ON_CUDA
+#include <cuda_runtime_api.h>
+#define TIMEOUT_MS 3000
+#define DELAY "8s"                     /* every delay case: well past every deadline */
+#define DELAY_MS 8000
+#define LIMIT_MS (2 * TIMEOUT_MS + 2500)   /* + an NCCL abort, bounded by the timeout */
+#define CASE_MS 60000
+#else
 #define TIMEOUT_MS 2000
+#define DELAY "5s"
+#define DELAY_MS 5000
+#define LIMIT_MS (TIMEOUT_MS + 2500)   /* the failing call of a survivor returns within this */
+#define CASE_MS 30000                  /* the parent's deadline for a whole case */
+#endif
 #define HEARTBEAT_MS 200
 #define NS 2                       /* senders: 0 hosts the coordinator */
 #define NR 2                       /* receivers */
@@ -41,9 +65,6 @@
 #define COLS 1024                  /* bf16: 512 KiB a param, 256 KiB a sender's shard of it */
 #define BUCKET (256 * 1024)        /* one shard fills a bucket: 3 buckets, 3 chunks per sender */
 #define VERSIONS 3
-#define LIMIT_MS (TIMEOUT_MS + 2500)   /* the failing call of a survivor returns within this */
-#define DELAY_MS 5000                  /* every delay=5s case: well past every deadline */
-#define CASE_MS 30000              /* the parent's deadline for a whole case */
 
 /* ---- the weights: element i of param p in version v ------------------------------------------ */
 
@@ -93,7 +114,10 @@ static shared_t *shared;
 /* ---- one case ----------------------------------------------------------------------------- */
 
 typedef enum { FATE_ALIVE, FATE_KILLED, FATE_STOPPED } fate_t;
-typedef enum { END_ERROR, END_OK, END_WRONG } end_t;   /* END_WRONG: ok, with wrong bytes */
+/* END_WRONG: ok, with wrong bytes in version 2; END_SOME_WRONG: ok, with or without wrong bytes
+ * in version 2, and some participant of the case with them (where the plan decides whom a
+ * corrupted buffer reaches) */
+typedef enum { END_ERROR, END_OK, END_WRONG, END_SOME_WRONG } end_t;
 
 typedef struct {
     const char *scheme;            /* "ipc" or "store" */
@@ -115,9 +139,113 @@ enum {
     V_INPLACE = 1,                 /* senders' shards in wsync_mem_alloc memory (ipc: read in place) */
     V_CAST = 2,                    /* receiver 0's targets are f32: every segment is cast */
     V_SLICE = 4,                   /* receiver 1 takes columns [COLS/2, COLS) only (strided) */
+    V_STAGED = 8,                  /* CUDA: shards in cudaMallocAsync memory, which no process
+                                      can open: ipc stages them through buckets */
 };
 
 static const case_t *cur;
+static int g_ngpu;                 /* FAULTS_ON_CUDA: GPUs visible (counted by a child) */
+
+/* ---- where the weights live: host memory, or the process's GPU -------------------------------- */
+
+#ifdef FAULTS_ON_CUDA
+#define WMEM_KIND WSYNC_MEM_CUDA
+
+static int gpu_of(int me) { return g_ngpu >= NPROCS ? me : me % g_ngpu; }
+
+static int cuda_ok(cudaError_t e, const char *what)
+{
+    CHECK_MSG(e == cudaSuccess, "%s: %s", what, cudaGetErrorString(e));
+    return e == cudaSuccess;
+}
+
+/* This process's GPU, its context made now: before the barrier, not inside a deadline. */
+static int wmem_init(int me)
+{
+    return cuda_ok(cudaSetDevice(gpu_of(me)), "cudaSetDevice") && cuda_ok(cudaFree(NULL), "cudaFree(NULL)");
+}
+#else
+#define WMEM_KIND WSYNC_MEM_HOST
+static int gpu_of(int me) { (void)me; return 0; }
+static int wmem_init(int me) { (void)me; return 1; }
+#endif
+
+/* `bytes` of weights: on the host (how V_INPLACE: from wsync_mem_alloc, which ipc reads in
+ * place), or on the GPU (how V_STAGED: from cudaMallocAsync). NULL (and a failed check) when
+ * there is none. */
+static void *wmem_alloc(wsync_ctx_t *ctx, size_t bytes, unsigned how)
+{
+    void *p = NULL;
+#ifdef FAULTS_ON_CUDA
+    (void)ctx;
+    if (how & V_STAGED) {
+        if (cuda_ok(cudaMallocAsync(&p, bytes, 0), "cudaMallocAsync"))
+            cuda_ok(cudaStreamSynchronize(0), "cudaStreamSynchronize");
+    } else {
+        cuda_ok(cudaMalloc(&p, bytes), "cudaMalloc");
+    }
+#else
+    if (how & V_INPLACE)
+        CHECK_OK(wsync_mem_alloc(ctx, bytes, &p));
+    else
+        p = malloc(bytes);
+#endif
+    return p;
+}
+
+static void wmem_free(wsync_ctx_t *ctx, void *p, unsigned how)
+{
+    if (p == NULL)
+        return;
+#ifdef FAULTS_ON_CUDA
+    (void)ctx;
+    if (how & V_STAGED) {
+        cudaFreeAsync(p, 0);
+        cudaStreamSynchronize(0);
+    } else {
+        cudaFree(p);
+    }
+#else
+    if (how & V_INPLACE)
+        wsync_mem_free(ctx, p);
+    else
+        free(p);
+#endif
+}
+
+static void wmem_put(void *dst, const void *src, size_t bytes)
+{
+#ifdef FAULTS_ON_CUDA
+    cuda_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the GPU");
+#else
+    memcpy(dst, src, bytes);
+#endif
+}
+
+static void wmem_get(void *dst, const void *src, size_t bytes)
+{
+#ifdef FAULTS_ON_CUDA
+    cuda_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy from the GPU");
+#else
+    memcpy(dst, src, bytes);
+#endif
+}
+
+static void wmem_poison(void *p, size_t bytes)
+{
+#ifdef FAULTS_ON_CUDA
+    cuda_ok(cudaMemset(p, 0xAB, bytes), "cudaMemset");
+#else
+    memset(p, 0xAB, bytes);
+#endif
+}
+
+/* After an nccl failure NCCL's kernels may still wait on the dead peer, and cudaFree would wait
+ * for them: leave the memory to the process's exit, as wsync.h tells users to. */
+static int wmem_must_leak(const result_t *res)
+{
+    return strcmp(cur->scheme, "nccl") == 0 && res->status != WSYNC_OK;
+}
 
 static const char *who(int i, char *buf, size_t len)
 {
@@ -184,14 +312,15 @@ static int sender_main(void *arg)
     result_t *res = &shared->res[rank];
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
     wsync_sender_t *s = NULL;
-    uint16_t *shard[NPARAMS];
+    void *shard[NPARAMS] = {NULL};
     int store = strcmp(cur->scheme, "store") == 0;
     size_t n = (size_t)ROWS / NS * COLS;
+    uint16_t *next = malloc(n * 2);   /* a shard's next version, made on the host */
     wsync_status_t st;
 
     check_failures = 0;   /* the parent's, inherited through fork, are not ours */
     res->started = 1;
-    wsync_ctx_t *ctx = make_ctx(rank, res);
+    wsync_ctx_t *ctx = wmem_init(rank) ? make_ctx(rank, res) : NULL;
     if (ctx == NULL)
         goto out;
     sp.coordinator = coordinator(rank);
@@ -216,13 +345,12 @@ static int sender_main(void *arg)
     for (int p = 0; p < NPARAMS; p++) {
         /* FSDP: rows [rank * ROWS / NS, ...) of each param */
         wsync_shard_t sh = {{param_name(p), WSYNC_DTYPE_BF16, 2, {ROWS, COLS}},
-                            {{rank * ROWS / NS, 0}, {ROWS / NS, COLS}}, NULL, WSYNC_MEM_HOST, 0};
-        if (cur->variant & V_INPLACE)
-            CHECK_OK(wsync_mem_alloc(ctx, n * 2, (void **)&shard[p]));
-        else
-            shard[p] = malloc(n * 2);
+                            {{rank * ROWS / NS, 0}, {ROWS / NS, COLS}}, NULL, WMEM_KIND,
+                            gpu_of(rank)};
+        shard[p] = wmem_alloc(ctx, n * 2, cur->variant);
         sh.data = shard[p];
-        CHECK_OK(wsync_sender_add_shard(s, &sh));
+        if (shard[p] != NULL)
+            CHECK_OK(wsync_sender_add_shard(s, &sh));
     }
     barrier();
     for (int v = 1; v <= VERSIONS; v++) {
@@ -237,9 +365,11 @@ static int sender_main(void *arg)
                 break;
             usleep(2000);
         }
-        for (int p = 0; p < NPARAMS; p++)
+        for (int p = 0; p < NPARAMS && shard[p] != NULL; p++) {
             for (size_t i = 0; i < n; i++)
-                shard[p][i] = value(p, (uint64_t)v, (size_t)rank * n + i);
+                next[i] = value(p, (uint64_t)v, (size_t)rank * n + i);
+            wmem_put(shard[p], next, n * 2);
+        }
         t0 = proc_now_ms();
         st = wsync_sender_push(s, (uint64_t)v);
         if (st != WSYNC_OK) {
@@ -261,14 +391,11 @@ static int sender_main(void *arg)
         }
     }
     wsync_sender_free(s);
-    for (int p = 0; p < NPARAMS && s != NULL; p++) {
-        if (cur->variant & V_INPLACE)
-            wsync_mem_free(ctx, shard[p]);
-        else
-            free(shard[p]);
-    }
+    for (int p = 0; p < NPARAMS && !wmem_must_leak(res); p++)
+        wmem_free(ctx, shard[p], cur->variant);
 out:
     wsync_ctx_free(ctx);
+    free(next);
     res->done = 1;
     return 0;
 }
@@ -285,21 +412,27 @@ static wsync_dtype_t wants(int rank, int *c0, int *nc)
 /* 1 when the targets hold version v exactly (a bf16 -> f32 cast is exact: the bits move up). */
 static int holds(int rank, void *const *buf, uint64_t v)
 {
-    int c0, nc;
+    int c0, nc, same = 1;
     wsync_dtype_t dt = wants(rank, &c0, &nc);
+    size_t bytes = (size_t)ROWS * (size_t)nc * wsync_dtype_size(dt);
+    void *have = malloc(bytes);
 
-    for (int p = 0; p < NPARAMS; p++) {
-        for (size_t i = 0; i < ROWS; i++) {
+    for (int p = 0; p < NPARAMS && same && have != NULL; p++) {
+        wmem_get(have, buf[p], bytes);
+        for (size_t i = 0; i < ROWS && same; i++) {
             for (size_t j = 0; j < (size_t)nc; j++) {
                 uint16_t want = value(p, v, i * COLS + (size_t)c0 + j);
                 size_t k = i * (size_t)nc + j;
-                if (dt == WSYNC_DTYPE_F32 ? ((const uint32_t *)buf[p])[k] != (uint32_t)want << 16
-                                          : ((const uint16_t *)buf[p])[k] != want)
-                    return 0;
+                if (dt == WSYNC_DTYPE_F32 ? ((const uint32_t *)have)[k] != (uint32_t)want << 16
+                                          : ((const uint16_t *)have)[k] != want) {
+                    same = 0;
+                    break;
+                }
             }
         }
     }
-    return 1;
+    free(have);
+    return same && have != NULL;
 }
 
 static int receiver_main(void *arg)
@@ -318,7 +451,7 @@ static int receiver_main(void *arg)
 
     check_failures = 0;
     res->started = 1;
-    wsync_ctx_t *ctx = make_ctx(me, res);
+    wsync_ctx_t *ctx = wmem_init(me) ? make_ctx(me, res) : NULL;
     if (ctx == NULL)
         goto out;
     rp.coordinator = coordinator(me);
@@ -335,9 +468,11 @@ static int receiver_main(void *arg)
     for (int p = 0; p < NPARAMS; p++) {
         pieces[p] = (wsync_piece_t){{param_name(p), WSYNC_DTYPE_BF16, 2, {ROWS, COLS}},
                                     {{0, c0}, {ROWS, nc}}, {0}};
-        buf[p] = malloc(bytes);
-        memset(buf[p], 0xAB, bytes);   /* poison: stale bytes cannot pass for data */
-        wsync_target_t t = {param_name(p), dt, 2, {ROWS, nc}, buf[p], WSYNC_MEM_HOST, 0,
+        buf[p] = wmem_alloc(ctx, bytes, 0);
+        if (buf[p] == NULL)
+            continue;
+        wmem_poison(buf[p], bytes);   /* poison: stale bytes cannot pass for data */
+        wsync_target_t t = {param_name(p), dt, 2, {ROWS, nc}, buf[p], WMEM_KIND, gpu_of(me),
                             &pieces[p], 1, {0}};
         CHECK_OK(wsync_receiver_add_target(rv, &t));
     }
@@ -373,9 +508,9 @@ static int receiver_main(void *arg)
         res->end_state_bad = res->committed > 0 || res->versions_ok > 0;
     wsync_receiver_free(rv);
 out:
+    for (int p = 0; p < NPARAMS && !wmem_must_leak(res); p++)
+        wmem_free(ctx, buf[p], 0);
     wsync_ctx_free(ctx);
-    for (int p = 0; p < NPARAMS; p++)
-        free(buf[p]);
     res->done = 1;
     return 0;
 }
@@ -510,6 +645,16 @@ static void matrix_cell(int i, int code, int stopped, char *out, size_t len)
              extra, text);
 }
 
+/* Each case's outcome, for --json. */
+typedef struct {
+    char name[160];
+    int ok;
+    long long ms;
+} outcome_t;
+
+static outcome_t outcomes[160];
+static size_t noutcomes;
+
 static void run_case(const case_t *c)
 {
     char before[8192], news[1024], victim[32], cells[NPROCS][512];
@@ -551,6 +696,7 @@ static void run_case(const case_t *c)
                 if (exited[i] || stopped[i])
                     continue;
                 CHECK_MSG(0, "%s hung: killed after %d ms", who(i, victim, sizeof(victim)), CASE_MS);
+                proc_on_hang(pids[i]);
                 kill(pids[i], SIGKILL);
                 waitpid(pids[i], NULL, 0);
                 exited[i] = 1;
@@ -621,6 +767,9 @@ static void run_case(const case_t *c)
             if (want == END_WRONG)
                 CHECK_MSG(r->wrong_mask == 1u << 2, "%s: expected version 2 reported with wrong "
                           "bytes (verification off), mask 0x%x", name, r->wrong_mask);
+            else if (want == END_SOME_WRONG)
+                CHECK_MSG((r->wrong_mask & ~(1u << 2)) == 0, "%s: wrong bytes reported outside "
+                          "version 2 (mask 0x%x)", name, r->wrong_mask);
             else
                 CHECK_MSG(r->wrong_mask == 0, "%s: reported versions with wrong bytes (mask "
                           "0x%x)", name, r->wrong_mask);
@@ -634,6 +783,12 @@ static void run_case(const case_t *c)
                           "%s: holds version %llu after completing %d", name,
                           (unsigned long long)r->committed, r->versions_ok);
         }
+    }
+    if (c->others_end == END_SOME_WRONG) {
+        int some = 0;
+        for (int i = NS; i < NPROCS; i++)
+            some |= i != c->victim && shared->res[i].wrong_mask != 0;
+        CHECK_MSG(some, "no receiver got the corrupted bytes: did the fault fire?");
     }
     dev_shm_new(before, pids, news, sizeof(news));
     CHECK_MSG(news[0] == '\0', "left in /dev/shm: %s(the group's pids: %d %d %d %d)", news,
@@ -654,6 +809,14 @@ static void run_case(const case_t *c)
     }
     fprintf(stderr, "   %s in %lld ms\n", check_failures > failures_before ? "FAILED" : "ok",
             proc_now_ms() - t0);
+    if (noutcomes < sizeof(outcomes) / sizeof(outcomes[0])) {
+        outcome_t *o = &outcomes[noutcomes++];
+        snprintf(o->name, sizeof(o->name), "%s%s%s %s on %s%s", c->scheme,
+                 c->transport ? " over " : "", c->transport ? c->transport : "",
+                 c->fault ? c->fault : "no fault", victim, c->verify ? " (verify)" : "");
+        o->ok = check_failures == failures_before;
+        o->ms = proc_now_ms() - t0;
+    }
 }
 
 /* ---- the cases ---------------------------------------------------------------------------- */
@@ -670,30 +833,30 @@ enum { S0 = 0, S1 = 1, R0 = 2, R1 = 3 };
 static const case_t ipc_cases[] = {
     KILLED(S1, "push.bucket:kill@5", END_ERROR, NULL),
     STOPPED(S1, "push.bucket:stop@5", END_ERROR, NULL),
-    ALIVE(S1, "push.bucket:delay=5s@5", END_ERROR, END_ERROR, NULL),
+    ALIVE(S1, "push.bucket:delay=" DELAY "@5", END_ERROR, END_ERROR, NULL),
     ALIVE(S1, "push.bucket:fail@5", END_ERROR, END_ERROR, NULL),
     KILLED(S0, "push.bucket:kill@5", END_ERROR, "sender 0|coordinator"),
     KILLED(R1, "recv.unpack:kill@8", END_ERROR, NULL),
     STOPPED(R1, "recv.unpack:stop@8", END_ERROR, NULL),
-    ALIVE(R1, "recv.unpack:delay=5s@8", END_ERROR, END_ERROR, NULL),
+    ALIVE(R1, "recv.unpack:delay=" DELAY "@8", END_ERROR, END_ERROR, NULL),
     ALIVE(R1, "recv.unpack:fail@8", END_ERROR, END_ERROR, NULL),
     KILLED(R1, "commit:kill@2", END_ERROR, NULL),
     STOPPED(R1, "commit:stop@2", END_ERROR, NULL),
-    ALIVE(R1, "commit:delay=5s@2", END_ERROR, END_ERROR, NULL),
+    ALIVE(R1, "commit:delay=" DELAY "@2", END_ERROR, END_ERROR, NULL),
     ALIVE(R1, "commit:fail@2", END_ERROR, END_ERROR, NULL),
     ALIVE(R1, "ctrl.send/COMMIT:drop@2", END_ERROR, END_ERROR, NULL),
     STOPPED(R1, "ctrl.send/COMMIT:stop@2", END_ERROR, NULL),
     ALIVE(R1, "ctrl.send/RELEASE:drop@8", END_ERROR, END_ERROR, "receiver 1|sender "),
     /* the sender waiting for that RELEASE holds its next bucket back: the other receiver names
      * that sender, the one it waits on */
-    ALIVE(R1, "ctrl.send/RELEASE:delay=5s@8", END_ERROR, END_ERROR, "receiver 1|sender "),
+    ALIVE(R1, "ctrl.send/RELEASE:delay=" DELAY "@8", END_ERROR, END_ERROR, "receiver 1|sender "),
     ALIVE(S1, "ctrl.send/READY:drop@8", END_ERROR, END_ERROR, "sender 1|receiver 1"),
     ALIVE(S1, "ctrl.send/PUSH_BEGIN:drop@2", END_ERROR, END_ERROR, NULL),
     KILLED(S1, "ctrl.send/READY:kill@8", END_ERROR, NULL),
     ALIVE(R1, "ctrl.recv/BEGIN:drop@2", END_ERROR, END_ERROR, NULL),
     ALIVE(R1, "ctrl.recv/READY:drop@8", END_ERROR, END_ERROR, "sender 1|sender 0|receiver 1"),
     ALIVE(S1, "ctrl.recv/DONE:drop@2", END_ERROR, END_ERROR, "sender 1"),
-    ALIVE(S1, "ctrl.recv/RELEASE:delay=5s@8", END_ERROR, END_ERROR, NULL),
+    ALIVE(S1, "ctrl.recv/RELEASE:delay=" DELAY "@8", END_ERROR, END_ERROR, NULL),
     KILLED(R1, "ctrl.recv/READY:kill@8", END_ERROR, NULL),
 };
 
@@ -703,14 +866,14 @@ static const case_t ipc_cases[] = {
 static const case_t store_cases[] = {
     KILLED(S1, "store.publish:kill@2", END_ERROR, NULL),
     STOPPED(S1, "store.publish:stop@2", END_ERROR, NULL),
-    ALIVE(S1, "store.publish:delay=5s@2", END_ERROR, END_ERROR, NULL),
+    ALIVE(S1, "store.publish:delay=" DELAY "@2", END_ERROR, END_ERROR, NULL),
     ALIVE(S1, "store.publish:fail@2", END_ERROR, END_ERROR, NULL),
     KILLED(S0, "store.publish:kill@2", END_ERROR, "sender 0|coordinator"),
     ALIVE(S1, "ctrl.send/PUBLISH:drop@2", END_ERROR, END_ERROR, NULL),
     ALIVE(S1, "ctrl.recv/PUBLISHED:drop@2", END_ERROR, END_ERROR, "sender 1"),
     KILLED(R1, "store.get:kill@8", END_OK, NULL),
     STOPPED(R1, "store.get:stop@8", END_OK, NULL),
-    ALIVE(R1, "store.get:delay=5s@8", END_OK, END_OK, NULL),
+    ALIVE(R1, "store.get:delay=" DELAY "@8", END_OK, END_OK, NULL),
     ALIVE(R1, "store.get:fail@8", END_ERROR, END_OK, NULL),
     KILLED(R1, "recv.unpack:kill@2", END_OK, NULL),
     ALIVE(R1, "recv.unpack:fail@2", END_ERROR, END_OK, NULL),
@@ -747,6 +910,67 @@ static const case_t store_corrupt_cases[] = {
      "the other half of its checksum block", V_SLICE},
 };
 
+/* On CUDA memory: ipc with the senders' GPUs read by the receivers' (peer access over NVLink; one
+ * GPU: the same GPU), and nccl. Per version: ipc as on the host; nccl runs 3 steps (one bucket of
+ * each sender), so a sender packs 3 and a receiver lands 3. The shards are 256 KiB rows, which
+ * both schemes send straight from the shard: a sender's corruption needs staging, in
+ * cudaMallocAsync memory (ipc) or for a strided slice (nccl: with V_SLICE each shard splits in
+ * column halves for two receiver sets, 5 to 7 steps a version, so @8 falls in version 2; the
+ * plan decides which receivers the corrupted op reaches). */
+static const case_t cuda_ipc_cases[] = {
+    KILLED(S1, "push.bucket:kill@5", END_ERROR, NULL),
+    STOPPED(S1, "push.bucket:stop@5", END_ERROR, NULL),
+    ALIVE(S1, "push.bucket:fail@5", END_ERROR, END_ERROR, NULL),
+    KILLED(S0, "push.bucket:kill@5", END_ERROR, "sender 0|coordinator"),
+    KILLED(R1, "recv.unpack:kill@8", END_ERROR, NULL),
+    STOPPED(R1, "recv.unpack:stop@8", END_ERROR, NULL),
+    ALIVE(R1, "recv.unpack:delay=" DELAY "@8", END_ERROR, END_ERROR, NULL),
+    ALIVE(R1, "recv.unpack:fail@8", END_ERROR, END_ERROR, NULL),
+    KILLED(R1, "commit:kill@2", END_ERROR, NULL),
+    ALIVE(R1, "commit:fail@2", END_ERROR, END_ERROR, NULL),
+    ALIVE(R1, "ctrl.send/COMMIT:drop@2", END_ERROR, END_ERROR, NULL),
+    ALIVE(R1, "ctrl.send/RELEASE:drop@8", END_ERROR, END_ERROR, "receiver 1|sender "),
+    ALIVE(S1, "ctrl.send/READY:drop@8", END_ERROR, END_ERROR, "sender 1|receiver 1"),
+    ALIVE(R1, "ctrl.recv/BEGIN:drop@2", END_ERROR, END_ERROR, NULL),
+};
+
+static const case_t cuda_ipc_corrupt_cases[] = {
+    {NULL, NULL, R1, "recv.unpack:corrupt@8", 1, FATE_ALIVE, END_ERROR, END_ERROR, NULL, 1,
+     "refused by receiver 1", 0},
+    {NULL, NULL, R1, "recv.unpack:corrupt@8", 0, FATE_ALIVE, END_WRONG, END_OK, NULL, 0,
+     "unseen without verify", 0},
+    {NULL, NULL, S1, "push.bucket:corrupt@5", 1, FATE_ALIVE, END_ERROR, END_ERROR,
+     "receiver 0|receiver 1", 1, "refused by the receivers; shards staged", V_STAGED},
+    {NULL, NULL, S1, "push.bucket:corrupt@5", 0, FATE_ALIVE, END_OK, END_WRONG, NULL, 0,
+     "unseen without verify; shards staged", V_STAGED},
+};
+
+static const case_t nccl_cases[] = {
+    KILLED(S1, "push.bucket:kill@5", END_ERROR, NULL),
+    STOPPED(S1, "push.bucket:stop@5", END_ERROR, NULL),
+    ALIVE(S1, "push.bucket:fail@5", END_ERROR, END_ERROR, NULL),
+    KILLED(S0, "push.bucket:kill@5", END_ERROR, "sender 0|coordinator"),
+    KILLED(R1, "recv.unpack:kill@5", END_ERROR, NULL),
+    STOPPED(R1, "recv.unpack:stop@5", END_ERROR, NULL),
+    ALIVE(R1, "recv.unpack:delay=" DELAY "@5", END_ERROR, END_ERROR, NULL),
+    ALIVE(R1, "recv.unpack:fail@5", END_ERROR, END_ERROR, NULL),
+    KILLED(R1, "commit:kill@2", END_ERROR, NULL),
+    ALIVE(R1, "commit:fail@2", END_ERROR, END_ERROR, NULL),
+    ALIVE(R1, "ctrl.send/COMMIT:drop@2", END_ERROR, END_ERROR, NULL),
+    ALIVE(R1, "ctrl.recv/BEGIN:drop@2", END_ERROR, END_ERROR, NULL),
+};
+
+static const case_t nccl_corrupt_cases[] = {
+    {NULL, NULL, R1, "recv.unpack:corrupt@5", 1, FATE_ALIVE, END_ERROR, END_ERROR, NULL, 1,
+     "refused by receiver 1", 0},
+    {NULL, NULL, R1, "recv.unpack:corrupt@5", 0, FATE_ALIVE, END_WRONG, END_OK, NULL, 0,
+     "unseen without verify", 0},
+    {NULL, NULL, S1, "push.bucket:corrupt@8", 1, FATE_ALIVE, END_ERROR, END_ERROR,
+     "receiver 0|receiver 1", 1, "refused; receiver 1 takes half the columns (staged)", V_SLICE},
+    {NULL, NULL, S1, "push.bucket:corrupt@8", 0, FATE_ALIVE, END_OK, END_SOME_WRONG, NULL, 0,
+     "unseen without verify; receiver 1 takes half the columns (staged)", V_SLICE},
+};
+
 /* FAULTS_ONLY=text: only the cases whose "scheme[/transport] fault[ verify][ variant]" holds it. */
 static int selected(const case_t *c)
 {
@@ -779,9 +1003,18 @@ static void run_clean(const char *scheme, const char *transport)
         case_t c = {scheme, transport, R1, NULL, verify > 0, FATE_ALIVE, END_OK, END_OK, NULL, 0,
                     "baseline", 0};
         if (verify == 2) {
+#ifdef FAULTS_ON_CUDA
+            /* CUDA shards are read in place wherever a peer can map them: stage them instead */
+            c.variant = (strcmp(scheme, "ipc") == 0 ? V_STAGED : 0) | V_CAST | V_SLICE;
+            c.note = strcmp(scheme, "ipc") == 0
+                         ? "baseline: staged shards, receiver 0 casts to f32, receiver 1 takes "
+                           "half the columns"
+                         : "baseline: receiver 0 casts to f32, receiver 1 takes half the columns";
+#else
             c.variant = V_INPLACE | V_CAST | V_SLICE;
             c.note = "baseline: in-place shards, receiver 0 casts to f32, receiver 1 takes half "
                      "the columns";
+#endif
         }
         if (selected(&c))
             run_case(&c);
@@ -846,6 +1079,34 @@ static void store_over(const char *transport)
 static void case_store_ucx(void) { store_over("ucx"); }
 static void case_store_ofi(void) { store_over("ofi"); }
 
+static void case_cuda_ipc(void)
+{
+    char title[160];
+
+    snprintf(title, sizeof(title), "ipc on CUDA memory (%s)",
+             g_ngpu >= NPROCS ? "senders on GPUs 0, 1, receivers on GPUs 2, 3: peer reads"
+                              : "processes share the GPUs");
+    matrix_header(title);
+    run_clean("ipc", NULL);
+    run_set(cuda_ipc_cases, sizeof(cuda_ipc_cases) / sizeof(cuda_ipc_cases[0]), "ipc", NULL);
+    run_set(cuda_ipc_corrupt_cases,
+            sizeof(cuda_ipc_corrupt_cases) / sizeof(cuda_ipc_corrupt_cases[0]), "ipc", NULL);
+}
+
+static void case_nccl(void)
+{
+    matrix_header("nccl on CUDA memory (one rank per GPU: senders on GPUs 0, 1, receivers on 2, 3)");
+    if (g_ngpu < NPROCS) {
+        printf("MATRIX | - | - | - | skipped: nccl needs %d GPUs, %d visible |||||\n", NPROCS,
+               g_ngpu);
+        return;
+    }
+    run_clean("nccl", NULL);
+    run_set(nccl_cases, sizeof(nccl_cases) / sizeof(nccl_cases[0]), "nccl", NULL);
+    run_set(nccl_corrupt_cases, sizeof(nccl_corrupt_cases) / sizeof(nccl_corrupt_cases[0]),
+            "nccl", NULL);
+}
+
 /* ---- WSYNC_FAULT itself --------------------------------------------------------------------- */
 
 typedef struct {
@@ -901,8 +1162,49 @@ static void case_fault_specs(void)
     }
 }
 
-int main(void)
+#ifdef FAULTS_ON_CUDA
+static int count_gpus(void *arg)
 {
+    (void)arg;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess)
+        return 0;
+    return n > 100 ? 100 : n;
+}
+#endif
+
+static void write_json(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    size_t failed = 0;
+
+    if (f == NULL) {
+        perror(path);
+        return;
+    }
+    fprintf(f, "{\"ngpu\": %d, \"cases\": [", g_ngpu);
+    for (size_t i = 0; i < noutcomes; i++) {
+        failed += !outcomes[i].ok;
+        fprintf(f, "%s\n  {\"name\": \"%s\", \"result\": \"%s\", \"seconds\": %.1f}", i ? "," : "",
+                outcomes[i].name, outcomes[i].ok ? "pass" : "FAIL", (double)outcomes[i].ms / 1000.0);
+    }
+    fprintf(f, "\n], \"failed\": %zu}\n", failed);
+    fclose(f);
+}
+
+int main(int argc, char **argv)
+{
+    const char *json = NULL;
+
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+            json = argv[++i];
+        } else {
+            fprintf(stderr, "usage: %s [--json PATH]\n(FAULTS_ONLY=text: only the cases whose "
+                            "name holds the text)\n", argv[0]);
+            return strcmp(argv[i], "--help") == 0 ? 0 : 2;
+        }
+    }
 #if defined(WSYNC_FAULTS) && WSYNC_FAULTS
     const int built_with_faults = 1;
 #else
@@ -920,9 +1222,36 @@ int main(void)
     /* children print their injected faults and warnings; the matrix lines are what matters */
     if (getenv("WSYNC_LOG_LEVEL") == NULL)
         setenv("WSYNC_LOG_LEVEL", "error", 1);
-    RUN(case_fault_specs);
-    RUN(case_ipc);
-    RUN(case_store_ucx);
-    RUN(case_store_ofi);
+#ifdef FAULTS_ON_CUDA
+    /* the parent never initializes CUDA (its children fork from it): a child counts the GPUs */
+    pid_t pid = proc_spawn(count_gpus, NULL, 60);
+    int code = 0;
+    proc_wait_all(&pid, 1, 60000, &code);
+    g_ngpu = code > 0 && code < 128 ? code : 0;
+    if (g_ngpu == 0) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    printf("test_faults_cuda: %d GPU(s)\n", g_ngpu);
+    const int on_cuda = 1;
+#else
+    const int on_cuda = 0;
+#endif
+    /* the host build runs the first four, the CUDA build the last two */
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+        int on_cuda;
+    } suites[] = {
+        {"case_fault_specs", case_fault_specs, 0}, {"case_ipc", case_ipc, 0},
+        {"case_store_ucx", case_store_ucx, 0},     {"case_store_ofi", case_store_ofi, 0},
+        {"case_cuda_ipc", case_cuda_ipc, 1},       {"case_nccl", case_nccl, 1},
+    };
+    for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++)
+        if (suites[i].on_cuda == on_cuda)
+            check_run(suites[i].name, suites[i].fn);
+    if (json != NULL)
+        write_json(json);
     return check_summary();
 }

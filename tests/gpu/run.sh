@@ -9,6 +9,8 @@
 #      alone on each other GPU at the same time;
 #   2. every other tests/gpu/test_* program (test_schemes: ipc and nccl end to end), with every
 #      GPU visible; each adapts to the GPU count and says what it skipped;
+#   2a. test_faults_cuda (step "faults", about 5 minutes on 4 GPUs): the faults suite on CUDA
+#      memory, ipc and nccl; its matrix (markdown) is faults_matrix.md;
 #   2b. tests/gpu/test_python_torch.py (issue 8): a PyTorch trainer on GPUs 0, 1 pushes three
 #      versions through the Python bindings into wsync-engine TP-2 on GPUs 2, 3 (skipped, 77,
 #      without torch or 4 GPUs); its JSON is in logs.tar.gz;
@@ -16,7 +18,7 @@
 #      replicas (nccl, ipc), colocated FSDP-4 -> TP-4 (ipc, nccl; bf16 and fp8-block),
 #      disaggregated FSDP-2 (GPUs 0,1) -> TP-2 (GPUs 2,3) (nccl, ipc); fewer, named, on 1 or 2;
 #   4. bench/baselines/run.sh when it exists (the peers' methods).
-# $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes python bench baselines"), and
+# $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes faults python bench baselines"), and
 # $WSYNC_BENCH_SHAPE the model shape of the benchmarks (default qwen3-8b).
 # Output in $OUT (default /tmp/wsync-gpu-out), few files since the device tool brings back at
 # most 8: summary.txt, gpus.txt, <test>.json per test that writes one, bench.jsonl (one JSON line
@@ -34,6 +36,8 @@ T_START=$SECONDS
 
 # NVLink multicast stays off on shared hosts (KINDS.md), in every process started from here
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# a test child about to be killed for hanging is first shown: state, wait channels, stacks
+export WSYNC_TEST_ON_HANG=${WSYNC_TEST_ON_HANG-"bash $PWD/tests/gpu/hang_dump.sh"}
 
 nvidia-smi -L > "$WORK/gpus.txt" 2>&1
 nvidia-smi --query-gpu=index,name,memory.total,driver_version,clocks.max.sm,clocks.max.mem \
@@ -113,10 +117,18 @@ fi
 if ! skipped schemes; then
     for t in $tests; do
         n=$(basename "$t")
-        [ "$n" = test_kernels ] && continue
+        case $n in test_kernels | test_faults_cuda) continue ;; esac
         run_one "$n" "${WSYNC_TEST_LIMIT:-240}" "$t" --json "$WORK/$n.json"
         [ -f "$WORK/$n.json" ] && cp "$WORK/$n.json" "$OUT/$n.json"
     done
+fi
+
+# ---- 2a. the faults suite on CUDA memory (FAULTS_ONLY=text narrows it)
+if ! skipped faults && [ -x "$BUILD/tests/gpu/test_faults_cuda" ]; then
+    run_one test_faults_cuda "${WSYNC_FAULTS_LIMIT:-480}" "$BUILD/tests/gpu/test_faults_cuda" \
+        --json "$WORK/test_faults_cuda.json"
+    [ -f "$WORK/test_faults_cuda.json" ] && cp "$WORK/test_faults_cuda.json" "$OUT/"
+    sed -n 's/^MATRIX //p' "$WORK/test_faults_cuda.log" > "$OUT/faults_matrix.md"
 fi
 
 # ---- 2b. the Python bindings from a PyTorch trainer (issue 8)
@@ -222,6 +234,9 @@ EOF
         echo "-- $n"
         if grep -q '^case  *result' "$WORK/$n.log"; then
             sed -n '/^case  *result/,$p' "$WORK/$n.log"
+        elif [ "$n" = test_faults_cuda ]; then   # its own lines: "-- case" then "ok"/"FAILED"
+            grep -E '^(-- |   (ok|FAILED) in|[0-9]+ passed)' "$WORK/$n.log" | paste -d' ' - - | head -n 60
+            grep -E '[0-9]+ passed' "$WORK/$n.log"
         else   # cut short: the cases it finished
             grep -E '^-- .*: (pass|FAIL|skipped)' "$WORK/$n.log"
         fi
