@@ -1,8 +1,12 @@
 /* amax and FP8 quantization, bit for bit as reshard/fp8.c does it (wsync_quantize_f32).
  *
  * Per-tensor: an amax kernel (per-thread maxima of |x| bits, one atomic per warp), then an encode
- * kernel that forms the one scale itself. Per-channel and block: kernels over the *cells* (a row,
- * a block), each forming its cell's amax, scale and codes:
+ * kernel that forms the one scale itself. Both run as many blocks as the device holds at once,
+ * each thread taking items a grid apart, a batch of 8 (16-byte) items loaded before any is used;
+ * the encoder is picked once a thread, not per item.
+ *
+ * Per-channel and block: kernels over the *cells* (a row, a block), each forming its cell's amax,
+ * scale and codes:
  *  - cells of whole 16-byte rows up to 128 KiB (every real case: rows of a weight, 128 x 128
  *    blocks): G threads a cell (8 .. 1024) hold the whole cell in registers, 8 chunks of 16 bytes
  *    a thread at most, all loads issued before any is used; amax over the group, then the codes
@@ -19,10 +23,14 @@
  *    correction: checked against div.rn.f32 for every pair of f32 significands on an H200, which
  *    covers every exponent while nothing under- or overflows; |x| in (0, 2^-100), where the
  *    residual could lose bits, takes div.rn; the sign is put back afterwards, so -0 stays -0);
- *  - the FP8 encoder of saturating formats as cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (sm_89 and
- *    later; checked equal to the integer algorithm of wsync_fp8_encode_bits for every finite
- *    f32, and cells holding NaN or Inf are never encoded). Without saturation, and before sm_89,
- *    the integer algorithm runs. */
+ *  - the FP8 encoder as cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (sm_89 and later; checked equal to
+ *    the integer algorithm of wsync_fp8_encode_bits for every finite f32, and cells holding NaN
+ *    or Inf are never encoded; before sm_89 the integer algorithm runs). Without saturation the
+ *    code differs only where |x| rounds past the largest finite value, to maxcode (E4M3FN 0x7f,
+ *    E5M2 0x7c): the saturated code plus one, sign kept. That is where |x| >= T, T the midpoint
+ *    of the largest finite value and the next step if the tie goes up to the even code, else one
+ *    ulp above it: E4M3FN 464 ties down to 0x7e, T = 464 + ulp; E5M2 61440 ties up to 0x7c,
+ *    T = 61440 (checked for every finite f32 and both signs against wsync_fp8_encode_bits). */
 #include "kernels/common.cuh"
 
 #include <cuda_fp16.h>
@@ -56,7 +64,7 @@ typedef struct {
     uint64_t br, bc, nbr, nbc;         /* cells: size, and how many down and across */
     float fmax, eps;
     int block, ue8m0;
-    int hw;                            /* 1: cvt e4m3 satfinite, 2: cvt e5m2 satfinite, 0: integer */
+    int hw;                            /* wk_encode_as's HW, 1 .. 4 (before sm_89 all mean 0) */
     wk_fp8_fmt_t f;
     const char *name;                  /* host only: the target, for messages */
 } wk_quant_params_t;
@@ -65,7 +73,7 @@ static const char wk_qfn[] = "wsync_kernels_quantize";
 
 /* A [rows, items per row] walk over a matrix for the per-tensor kernels. */
 typedef struct {
-    uint64_t rows, full, units;
+    uint64_t rows, full;               /* rows; whole items a row, then one of rem elements */
     uint32_t rem;
 } wk_walk_t;
 
@@ -119,7 +127,8 @@ __device__ __forceinline__ float wk_div_abs(uint32_t a, float s, float y)
 __device__ __forceinline__ bool wk_div_tiny(uint32_t a) { return a - 1u < 0x0d7fffffu; }
 
 /* FP8 codes of V values (f32 bits, signs included) packed little-endian into words w:
- * HW 1 / 2 the hardware conversion to saturated E4M3 / E5M2, 0 the integer algorithm. */
+ * HW 1 / 2 the hardware conversion to saturated E4M3 / E5M2, 3 / 4 the same without saturation
+ * (the conversion, plus one where |x| >= T: see the top of the file), 0 the integer algorithm. */
 template <int HW, int V>
 __device__ __forceinline__ void wk_encode_as(const uint32_t *y, uint32_t *w, const wk_fp8_fmt_t &f)
 {
@@ -133,13 +142,19 @@ __device__ __forceinline__ void wk_encode_as(const uint32_t *y, uint32_t *w, con
         for (int i = 0; i < V; i += 2) {
             unsigned short h;
             /* the second source goes to the low byte */
-            if constexpr (HW == 1)
+            if constexpr (HW == 1 || HW == 3)
                 asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;"
                     : "=h"(h) : "f"(__uint_as_float(y[i])), "f"(__uint_as_float(y[i + 1])));
             else
                 asm("cvt.rn.satfinite.e5m2x2.f32 %0, %2, %1;"
                     : "=h"(h) : "f"(__uint_as_float(y[i])), "f"(__uint_as_float(y[i + 1])));
-            w[i / 4] |= (uint32_t)h << (8 * (i & 3));
+            uint32_t c = h;
+            if constexpr (HW >= 3) {   /* 0x7e / 0x7b, signed or not, + 1: no carry */
+                const float t = __uint_as_float(HW == 3 ? 0x43e80001u : 0x47700000u);
+                c += (fabsf(__uint_as_float(y[i])) >= t ? 1u : 0u) +
+                     (fabsf(__uint_as_float(y[i + 1])) >= t ? 0x100u : 0u);
+            }
+            w[i / 4] |= c << (8 * (i & 3));
         }
     } else
 #endif
@@ -186,21 +201,18 @@ template <int V>
 __device__ __forceinline__ void wk_quant_v(const uint32_t *u, float s, float inv,
                                            const wk_quant_params_t &p, uint32_t *w)
 {
-    if (p.block) {
-        if (p.hw == 1)
-            wk_quant_as<1, 1, V>(u, s, inv, p.f, w);
-        else if (p.hw == 2)
-            wk_quant_as<1, 2, V>(u, s, inv, p.f, w);
-        else
-            wk_quant_as<1, 0, V>(u, s, inv, p.f, w);
-    } else {
-        if (p.hw == 1)
-            wk_quant_as<0, 1, V>(u, s, inv, p.f, w);
-        else if (p.hw == 2)
-            wk_quant_as<0, 2, V>(u, s, inv, p.f, w);
-        else
-            wk_quant_as<0, 0, V>(u, s, inv, p.f, w);
+#define WK_QUANT_HW(B)                                                                        \
+    switch (p.hw) {                                                                           \
+    case 1: wk_quant_as<B, 1, V>(u, s, inv, p.f, w); break;                                   \
+    case 2: wk_quant_as<B, 2, V>(u, s, inv, p.f, w); break;                                   \
+    case 3: wk_quant_as<B, 3, V>(u, s, inv, p.f, w); break;                                   \
+    default: wk_quant_as<B, 4, V>(u, s, inv, p.f, w); break;                                  \
     }
+    if (p.block)
+        WK_QUANT_HW(1)
+    else
+        WK_QUANT_HW(0)
+#undef WK_QUANT_HW
 }
 
 /* One item: V elements of kind XK as f32 bits (whole), or the first `rem` of them; returns the
@@ -231,6 +243,21 @@ __device__ __forceinline__ uint32_t wk_load_item(const unsigned char *p, bool wh
     return m;
 }
 
+/* Store an item's V codes, packed in words w (all V, or the first rem). */
+template <int V>
+__device__ __forceinline__ void wk_store_codes(unsigned char *o, bool whole, uint32_t rem,
+                                               const uint32_t *w)
+{
+    if (whole) {
+        wk_store_words<V>(o, w);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            if ((uint32_t)i < rem)
+                o[i] = (unsigned char)(w[i / 4] >> (8 * (i & 3)));
+    }
+}
+
 /* Encode an item's V values and store the codes (all V, or the first rem). */
 template <int V>
 __device__ __forceinline__ void wk_store_item(unsigned char *o, bool whole, uint32_t rem,
@@ -240,14 +267,7 @@ __device__ __forceinline__ void wk_store_item(unsigned char *o, bool whole, uint
     constexpr int NW = V >= 4 ? V / 4 : 1;
     uint32_t w[NW];
     wk_quant_v<V>(u, s, inv, p, w);
-    if (whole) {
-        wk_store_words<V>(o, w);
-    } else {
-#pragma unroll
-        for (int i = 0; i < V; i++)
-            if ((uint32_t)i < rem)
-                o[i] = (unsigned char)(w[i / 4] >> (8 * (i & 3)));
-    }
+    wk_store_codes<V>(o, whole, rem, w);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -435,23 +455,27 @@ __global__ void __launch_bounds__(NT, 1024 / NT) wk_cells_kernel(const wk_quant_
 /* Threads of a block for G threads a cell: 256 at least, so that small cells share a block. */
 #define WK_REG_NT(G) ((G) > 256 ? (G) : 256)
 
-/* Running max of |x| over one 16-byte chunk: on the f32 bits (f32), or on two 16-bit halves at
- * once (bf16, f16, whose magnitudes order like their bit patterns, as do their f32 images). */
+/* Running max of |x| over NW words of elements of kind XK: on the f32 bits (f32), or on two
+ * 16-bit halves at once (bf16, f16, whose magnitudes order like their bit patterns, as do their
+ * f32 images). */
+template <int XK, int NW>
+__device__ __forceinline__ uint32_t wk_words_amax(const uint32_t *w, uint32_t m)
+{
+#pragma unroll
+    for (int i = 0; i < NW; i++) {
+        if constexpr (XK == WK_F32)
+            m = max(m, w[i] & 0x7fffffffu);
+        else
+            m = __vmaxu2(m, w[i] & 0x7fff7fffu);
+    }
+    return m;
+}
+
 template <int XK>
 __device__ __forceinline__ uint32_t wk_chunk_amax(const uint4 &v, uint32_t m)
 {
-    if constexpr (XK == WK_F32) {
-        m = max(m, v.x & 0x7fffffffu);
-        m = max(m, v.y & 0x7fffffffu);
-        m = max(m, v.z & 0x7fffffffu);
-        m = max(m, v.w & 0x7fffffffu);
-    } else {
-        m = __vmaxu2(m, v.x & 0x7fff7fffu);
-        m = __vmaxu2(m, v.y & 0x7fff7fffu);
-        m = __vmaxu2(m, v.z & 0x7fff7fffu);
-        m = __vmaxu2(m, v.w & 0x7fff7fffu);
-    }
-    return m;
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    return wk_words_amax<XK, 4>(w, m);
 }
 
 /* That running max as the f32 bits of |x|. */
@@ -464,24 +488,31 @@ __device__ __forceinline__ uint32_t wk_chunk_amax_bits(uint32_t m)
         return wk_to_f32<XK>(max(m >> 16, m & 0xffffu));
 }
 
-/* The chunk's 16 / size(XK) elements as f32 bits, for a cell known to be finite (f16 by the
- * hardware conversion, exact for every finite value). */
+/* The first V elements of kind XK packed little-endian in words w, as f32 bits, for a cell known
+ * to be finite (f16 by the hardware conversion, exact for every finite value). */
+template <int XK, int V>
+__device__ __forceinline__ void wk_words_f32(const uint32_t *w, uint32_t *u)
+{
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        if constexpr (XK == WK_F32) {
+            u[i] = w[i];
+        } else {
+            const uint32_t e = (w[i / 2] >> (16 * (i & 1))) & 0xffffu;
+            if constexpr (XK == WK_BF16)
+                u[i] = e << 16;
+            else
+                u[i] = __float_as_uint(__half2float(__ushort_as_half((unsigned short)e)));
+        }
+    }
+}
+
+/* The chunk's 16 / size(XK) elements as f32 bits, likewise. */
 template <int XK>
 __device__ __forceinline__ void wk_chunk_f32(const uint4 &v, uint32_t *u)
 {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if constexpr (XK == WK_F32) {
-            u[i] = w[i];
-        } else if constexpr (XK == WK_BF16) {
-            u[2 * i] = w[i] << 16;
-            u[2 * i + 1] = w[i] & 0xffff0000u;
-        } else {
-            u[2 * i] = __float_as_uint(__half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu))));
-            u[2 * i + 1] = __float_as_uint(__half2float(__ushort_as_half((unsigned short)(w[i] >> 16))));
-        }
-    }
+    wk_words_f32<XK, 16 / wk_size(XK)>(w, u);
 }
 
 /* Pass 2 of a cell in registers: encode the chunks a thread holds and store their codes. */
@@ -606,21 +637,18 @@ wk_cells_reg_kernel(const wk_quant_params_t p)
             p.scales[cell] = s;
 #define WK_CELL_CODES(B, H)                                                                   \
     wk_cell_codes<XK, G, B, H>(v, lane, n, r, c, dr, dc, cpr, oc, p.op, s, inv, p.f)
-        if (p.block) {
-            if (p.hw == 1)
-                WK_CELL_CODES(1, 1);
-            else if (p.hw == 2)
-                WK_CELL_CODES(1, 2);
-            else
-                WK_CELL_CODES(1, 0);
-        } else {
-            if (p.hw == 1)
-                WK_CELL_CODES(0, 1);
-            else if (p.hw == 2)
-                WK_CELL_CODES(0, 2);
-            else
-                WK_CELL_CODES(0, 0);
-        }
+#define WK_CELL_HW(B)                                                                         \
+    switch (p.hw) {                                                                           \
+    case 1: WK_CELL_CODES(B, 1); break;                                                       \
+    case 2: WK_CELL_CODES(B, 2); break;                                                       \
+    case 3: WK_CELL_CODES(B, 3); break;                                                       \
+    default: WK_CELL_CODES(B, 4); break;                                                      \
+    }
+        if (p.block)
+            WK_CELL_HW(1)
+        else
+            WK_CELL_HW(0)
+#undef WK_CELL_HW
 #undef WK_CELL_CODES
     }
 }
@@ -629,37 +657,158 @@ wk_cells_reg_kernel(const wk_quant_params_t p)
 /* Per-tensor: amax, then encode                                                                */
 /* ------------------------------------------------------------------------------------------ */
 
-template <int XK, int V>
-__global__ void __launch_bounds__(WK_THREADS)
-wk_amax_kernel(const unsigned char *__restrict__ x, uint64_t xp, const wk_walk_t w, uint32_t *amax)
-{
-    constexpr int XS = wk_size(XK);
-    const uint64_t ipr = w.full + (w.rem != 0), items = w.rows * ipr;
-    uint32_t m = 0;
+/* Items of V elements a thread of the per-tensor kernels loads before using any: 8 of 16 bytes
+ * keep 96 KiB an SM in flight with the encoder's 3 blocks an SM, as the cells in registers do
+ * (half as many where the walk crosses rows, whose (row, col) steps cost registers too). */
+#define WK_TIPT 8
 
-    for (uint64_t u = blockIdx.x; u < w.units; u += gridDim.x) {
-        const uint64_t first = u * WK_UNIT;
-#pragma unroll
-        for (int k = 0; k < WK_IPT; k++) {
-            uint64_t it = first + threadIdx.x + (uint64_t)k * WK_THREADS, r, c;
-            uint32_t v[V];
-            if (it < items) {
-                wk_divmod(it, ipr, w.rows, r, c);
-                m = max(m, wk_load_item<XK, V>(x + r * xp + c * (V * XS), c < w.full, w.rem, v));
+/* The per-tensor kernels' walk over the [rows, ipr] items of w: in a grid no larger than the
+ * device holds at once, thread g of S takes items g, g + S, g + 2S, ..., so every thread's share
+ * is within one item of the others' (no last wave of blocks half empty), and (row, col) steps by
+ * S without a division. ONE_ROW: a dense matrix walked as one row, where only the column moves. */
+template <bool ONE_ROW>
+struct wk_tensor_walk {
+    uint64_t r, c;                     /* the item */
+    uint64_t dr, dc, ipr, rows;        /* S as (rows, cols), and the matrix */
+    static constexpr int ipt = ONE_ROW ? WK_TIPT : WK_TIPT / 2;     /* items a batch */
+
+    __device__ __forceinline__ void start(const wk_walk_t &w)
+    {
+        const uint64_t g = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+        const uint64_t s = (uint64_t)gridDim.x * blockDim.x;
+        rows = w.rows;
+        ipr = w.full + (w.rem != 0);
+        r = dr = 0;
+        c = g;
+        dc = s;
+        if (!ONE_ROW && ipr > 0) {
+            r = g / ipr;
+            c = g - r * ipr;
+            dr = s / ipr;
+            dc = s - dr * ipr;
+        }
+    }
+
+    __device__ __forceinline__ bool ok() const { return ONE_ROW ? c < ipr : r < rows; }
+
+    /* This item and the next ipt - 1 all exist and are whole (for several rows a bound that
+     * may say no for the last few batches, which then take the checked path). */
+    __device__ __forceinline__ bool batch_whole(const wk_walk_t &w) const
+    {
+        if (ONE_ROW)
+            return c + (ipt - 1) * dc < w.full;
+        return w.rem == 0 && r + (ipt - 1) * (dr + 1) < rows;
+    }
+
+    __device__ __forceinline__ void next()
+    {
+        c += dc;
+        if (!ONE_ROW) {
+            r += dr;
+            if (c >= ipr) {
+                c -= ipr;
+                r++;
             }
         }
     }
-    m = __reduce_max_sync(0xffffffffu, m);
+};
+
+/* A batch (ipt items of V elements of kind XK) from the walk on, which moves past it: as they lie
+ * in memory, packed little-endian in words raw (half the registers of their f32 bits for 16-bit
+ * kinds), missing elements zero. WHOLE: batch_whole said so, nothing to check. */
+template <int XK, int V, bool ONE_ROW, bool WHOLE, int NW>
+__device__ __forceinline__ void wk_tensor_load(wk_tensor_walk<ONE_ROW> &it, const unsigned char *x,
+                                               uint64_t xp, const wk_walk_t &w,
+                                               uint32_t (*raw)[NW])
+{
+    constexpr int XS = wk_size(XK), NB = V * XS;
+#pragma unroll
+    for (int k = 0; k < wk_tensor_walk<ONE_ROW>::ipt; k++) {
+        const unsigned char *p = x + it.r * xp + it.c * NB;
+#pragma unroll
+        for (int i = 0; i < NW; i++)
+            raw[k][i] = 0;
+        if (WHOLE || (it.ok() && it.c < w.full)) {
+            wk_load_words<NB>(p, raw[k]);
+        } else if (it.ok()) {
+#pragma unroll
+            for (int i = 0; i < V; i++)
+                if ((uint32_t)i < w.rem)
+                    raw[k][i * XS / 4] |= wk_load_one<XK>(p + i * XS) << (8 * (i * XS % 4));
+        }
+        it.next();
+    }
+}
+
+template <int XK, int V, bool ONE_ROW>
+__global__ void __launch_bounds__(WK_THREADS)
+wk_amax_kernel(const unsigned char *__restrict__ x, uint64_t xp, const wk_walk_t w, uint32_t *amax)
+{
+    constexpr int NB = V * wk_size(XK), NW = NB >= 4 ? NB / 4 : 1;
+    uint32_t m = 0;
+    wk_tensor_walk<ONE_ROW> it;
+
+    it.start(w);
+    while (it.ok()) {
+        uint32_t raw[wk_tensor_walk<ONE_ROW>::ipt][NW];
+        if (it.batch_whole(w))
+            wk_tensor_load<XK, V, ONE_ROW, true>(it, x, xp, w, raw);
+        else
+            wk_tensor_load<XK, V, ONE_ROW, false>(it, x, xp, w, raw);
+#pragma unroll
+        for (int k = 0; k < wk_tensor_walk<ONE_ROW>::ipt; k++)
+            m = wk_words_amax<XK, NW>(raw[k], m);
+    }
+    m = __reduce_max_sync(0xffffffffu, wk_chunk_amax_bits<XK>(m));
     if ((threadIdx.x & 31) == 0 && m != 0)
         atomicMax(amax, m);
 }
 
-template <int XK, int V>
-__global__ void __launch_bounds__(WK_THREADS)
+/* The codes of x / s for the batch loaded from walk o on: HW as wk_encode_as; WHOLE as
+ * wk_tensor_load. */
+template <int XK, int V, bool ONE_ROW, int HW, bool WHOLE, int NW>
+__device__ __forceinline__ void wk_tensor_store(wk_tensor_walk<ONE_ROW> o,
+                                                const wk_quant_params_t &p, const wk_walk_t &w,
+                                                const uint32_t (*raw)[NW], float s, float inv)
+{
+#pragma unroll
+    for (int k = 0; k < wk_tensor_walk<ONE_ROW>::ipt; k++) {
+        if (WHOLE || o.ok()) {
+            uint32_t u[V], code[V >= 4 ? V / 4 : 1];
+            wk_words_f32<XK, V>(raw[k], u);
+            wk_quant_as<0, HW, V>(u, s, inv, p.f, code);
+            wk_store_codes<V>(p.out + o.r * p.op + o.c * V, WHOLE || o.c < w.full, w.rem, code);
+        }
+        o.next();
+    }
+}
+
+template <int XK, int V, bool ONE_ROW, int HW>
+__device__ __forceinline__ void wk_tensor_codes(const wk_quant_params_t &p, const wk_walk_t &w,
+                                                float s, float inv)
+{
+    constexpr int NB = V * wk_size(XK), NW = NB >= 4 ? NB / 4 : 1;
+    wk_tensor_walk<ONE_ROW> it;
+
+    it.start(w);
+    while (it.ok()) {
+        uint32_t raw[wk_tensor_walk<ONE_ROW>::ipt][NW];
+        const wk_tensor_walk<ONE_ROW> first = it;
+        if (it.batch_whole(w)) {
+            wk_tensor_load<XK, V, ONE_ROW, true>(it, p.x, p.xp, w, raw);
+            wk_tensor_store<XK, V, ONE_ROW, HW, true>(first, p, w, raw, s, inv);
+        } else {
+            wk_tensor_load<XK, V, ONE_ROW, false>(it, p.x, p.xp, w, raw);
+            wk_tensor_store<XK, V, ONE_ROW, HW, false>(first, p, w, raw, s, inv);
+        }
+    }
+}
+
+/* The encoder, picked once a thread rather than per item, so the loop is one stretch of code. */
+template <int XK, int V, bool ONE_ROW>
+__global__ void __launch_bounds__(WK_THREADS, 3)
 wk_tensor_encode_kernel(const wk_quant_params_t p, const wk_walk_t w)
 {
-    constexpr int XS = wk_size(XK);
-    const uint64_t ipr = w.full + (w.rem != 0), items = w.rows * ipr;
     const uint32_t m = *(volatile const uint32_t *)&p.ws[0];
 
     if (m >= 0x7f800000u) {
@@ -671,26 +820,11 @@ wk_tensor_encode_kernel(const wk_quant_params_t p, const wk_walk_t w)
     const float inv = __fdiv_rn(1.0f, s);
     if (blockIdx.x == 0 && threadIdx.x == 0)
         p.scales[0] = s;
-
-    for (uint64_t u = blockIdx.x; u < w.units; u += gridDim.x) {
-        const uint64_t first = u * WK_UNIT;
-        uint32_t v[WK_IPT][V];
-        uint64_t row[WK_IPT], col[WK_IPT];
-#pragma unroll
-        for (int k = 0; k < WK_IPT; k++) {
-            uint64_t it = first + threadIdx.x + (uint64_t)k * WK_THREADS;
-            row[k] = UINT64_MAX;
-            if (it < items) {
-                wk_divmod(it, ipr, w.rows, row[k], col[k]);
-                wk_load_item<XK, V>(p.x + row[k] * p.xp + col[k] * (V * XS), col[k] < w.full,
-                                    w.rem, v[k]);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < WK_IPT; k++)
-            if (row[k] != UINT64_MAX)
-                wk_store_item<V>(p.out + row[k] * p.op + col[k] * V, col[k] < w.full, w.rem, v[k],
-                                 s, inv, p);
+    switch (p.hw) {
+    case 1: wk_tensor_codes<XK, V, ONE_ROW, 1>(p, w, s, inv); break;
+    case 2: wk_tensor_codes<XK, V, ONE_ROW, 2>(p, w, s, inv); break;
+    case 3: wk_tensor_codes<XK, V, ONE_ROW, 3>(p, w, s, inv); break;
+    default: wk_tensor_codes<XK, V, ONE_ROW, 4>(p, w, s, inv); break;
     }
 }
 
@@ -727,7 +861,7 @@ static wk_walk_t wk_walk(uint64_t rows, uint64_t cols, int dense, uint64_t v)
 {
     wk_walk_t w;
     if (rows == 0 || cols == 0) {
-        w.rows = w.full = w.units = 0;
+        w.rows = w.full = 0;
         w.rem = 0;
         return w;
     }
@@ -738,26 +872,59 @@ static wk_walk_t wk_walk(uint64_t rows, uint64_t cols, int dense, uint64_t v)
     w.rows = rows;
     w.full = cols / v;
     w.rem = (uint32_t)(cols % v);
-    uint64_t items = rows * (w.full + (w.rem != 0));
-    w.units = items / WK_UNIT + (items % WK_UNIT != 0);
     return w;
 }
 
-/* Blocks for the per-tensor kernels: enough to fill the device, each looping over units. */
-static unsigned wk_fill_grid(uint64_t units, int sms)
+/* Blocks for a per-tensor kernel: one per WK_THREADS * WK_TIPT items, but no more than the device
+ * holds at once (wk_tensor_walk), and one at least. */
+template <typename K>
+static wsync_status_t wk_tensor_grid(K kernel, const wk_walk_t &w, int sms, unsigned *grid)
 {
-    uint64_t cap = (uint64_t)sms * (2048 / WK_THREADS);
-    return (unsigned)(units < cap ? (units > 0 ? units : 1) : cap);
+    const uint64_t items = w.rows * (w.full + (w.rem != 0)), per = (uint64_t)WK_THREADS * WK_TIPT;
+    const uint64_t need = items / per + (items % per != 0);
+    int per_sm = 1;
+    if (need > (uint64_t)sms) {        /* small inputs skip the query */
+        cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
+                                                                      WK_THREADS, 0);
+        if (e != cudaSuccess)
+            return wk_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    }
+    const uint64_t cap = (uint64_t)sms * (uint64_t)(per_sm > 0 ? per_sm : 1);
+    *grid = (unsigned)(need < cap ? (need > 0 ? need : 1) : cap);
+    return WSYNC_OK;
 }
 
 template <int XK, int V>
 static wsync_status_t wk_amax_launch(const unsigned char *x, uint64_t xp, const wk_walk_t &w,
                                      uint32_t *amax, int sms, cudaStream_t s)
 {
-    if (w.units == 0)
+    void (*k)(const unsigned char *, uint64_t, const wk_walk_t, uint32_t *) =
+        w.rows <= 1 ? wk_amax_kernel<XK, V, true> : wk_amax_kernel<XK, V, false>;
+    unsigned grid = 1;
+    if (w.rows == 0)
         return WSYNC_OK;
-    wk_amax_kernel<XK, V><<<wk_fill_grid(w.units, sms), WK_THREADS, 0, s>>>(x, xp, w, amax);
+    wsync_status_t st = wk_tensor_grid(k, w, sms, &grid);
+    if (st != WSYNC_OK)
+        return st;
+    k<<<grid, WK_THREADS, 0, s>>>(x, xp, w, amax);
     return wk_launched("amax kernel launch");
+}
+
+/* Per-tensor: amax into ws[0], then encode (one block at least, to write the scale). */
+template <int XK, int V>
+static wsync_status_t wk_tensor_launch(const wk_quant_params_t &p, const wk_walk_t &w, int sms,
+                                       cudaStream_t s)
+{
+    void (*k)(const wk_quant_params_t, const wk_walk_t) =
+        w.rows <= 1 ? wk_tensor_encode_kernel<XK, V, true> : wk_tensor_encode_kernel<XK, V, false>;
+    unsigned grid = 1;
+    wsync_status_t st = wk_amax_launch<XK, V>(p.x, p.xp, w, p.ws, sms, s);
+    if (st == WSYNC_OK)
+        st = wk_tensor_grid(k, w, sms, &grid);
+    if (st != WSYNC_OK)
+        return st;
+    k<<<grid, WK_THREADS, 0, s>>>(p, w);
+    return wk_launched("quantize (per-tensor) kernel launch");
 }
 
 /* Vector width of the per-tensor walk: 16-byte loads when the input allows them. */
@@ -796,7 +963,6 @@ static wsync_status_t wk_amax_dispatch(int xk, const void *x, uint64_t rows, uin
     }
 }
 
-/* Per-tensor: amax into ws[0], then encode (one block at least, to write the scale). */
 template <int XK>
 static wsync_status_t wk_tensor_run(const wk_quant_params_t &p, cudaStream_t s)
 {
@@ -808,20 +974,7 @@ static wsync_status_t wk_tensor_run(const wk_quant_params_t &p, cudaStream_t s)
     int dense = p.rows <= 1 || (p.xp == p.cols * XS && p.op == p.cols);
     int vec = wk_vec_ok(p.x, p.xp, p.out, p.op, VV, dense);
     wk_walk_t w = wk_walk(p.rows, p.cols, dense, vec ? VV : 1);
-    if (vec) {
-        st = wk_amax_launch<XK, VV>(p.x, p.xp, w, p.ws, sms, s);
-        if (st == WSYNC_OK) {
-            wk_tensor_encode_kernel<XK, VV><<<wk_fill_grid(w.units, sms), WK_THREADS, 0, s>>>(p, w);
-            st = wk_launched("quantize (per-tensor) kernel launch");
-        }
-    } else {
-        st = wk_amax_launch<XK, 1>(p.x, p.xp, w, p.ws, sms, s);
-        if (st == WSYNC_OK) {
-            wk_tensor_encode_kernel<XK, 1><<<wk_fill_grid(w.units, sms), WK_THREADS, 0, s>>>(p, w);
-            st = wk_launched("quantize (per-tensor) kernel launch");
-        }
-    }
-    return st;
+    return vec ? wk_tensor_launch<XK, VV>(p, w, sms, s) : wk_tensor_launch<XK, 1>(p, w, sms, s);
 }
 
 template <int XK, int V, int G, int NT, bool CACHE>
@@ -977,7 +1130,7 @@ static wsync_status_t wk_quant_prepare(const wsync_kquant_t *a, const void *ws,
     p->f.magic = (151u - bias - man_bits) << 23;
     p->f.sub_lim = (128u - bias) << 23;
     p->f.maxcode = e4m3 ? (q->no_saturate ? 0x7fu : 0x7eu) : (q->no_saturate ? 0x7cu : 0x7bu);
-    p->hw = q->no_saturate ? 0 : e4m3 ? 1 : 2;
+    p->hw = (e4m3 ? 1 : 2) + (q->no_saturate ? 2 : 0);
     p->fmax = wsync_fp8_max(a->fp8_dtype);
     p->eps = q->eps > 0.0f ? q->eps : 1e-4f;
     p->ue8m0 = p->block && q->ue8m0;
