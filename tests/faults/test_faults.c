@@ -917,54 +917,39 @@ static const case_t store_corrupt_cases[] = {
  * cudaMallocAsync memory (ipc) or for a strided slice (nccl: with V_SLICE each shard splits in
  * column halves for two receiver sets, 5 to 7 steps a version, so @8 falls in version 2; the
  * plan decides which receivers the corrupted op reaches). */
-static const case_t cuda_ipc_cases[] = {
+/* Both schemes; "@L" stands for the receiver's landing in version 2 that these faults hit (ipc
+ * lands 6 buckets a version: @8; nccl 3 steps: @5), filled in by run_set_landing. */
+static const case_t cuda_cases[] = {
     KILLED(S1, "push.bucket:kill@5", END_ERROR, NULL),
     STOPPED(S1, "push.bucket:stop@5", END_ERROR, NULL),
     ALIVE(S1, "push.bucket:fail@5", END_ERROR, END_ERROR, NULL),
     KILLED(S0, "push.bucket:kill@5", END_ERROR, "sender 0|coordinator"),
-    KILLED(R1, "recv.unpack:kill@8", END_ERROR, NULL),
-    STOPPED(R1, "recv.unpack:stop@8", END_ERROR, NULL),
-    ALIVE(R1, "recv.unpack:delay=" DELAY "@8", END_ERROR, END_ERROR, NULL),
-    ALIVE(R1, "recv.unpack:fail@8", END_ERROR, END_ERROR, NULL),
+    KILLED(R1, "recv.unpack:kill@L", END_ERROR, NULL),
+    STOPPED(R1, "recv.unpack:stop@L", END_ERROR, NULL),
+    ALIVE(R1, "recv.unpack:delay=" DELAY "@L", END_ERROR, END_ERROR, NULL),
+    ALIVE(R1, "recv.unpack:fail@L", END_ERROR, END_ERROR, NULL),
     KILLED(R1, "commit:kill@2", END_ERROR, NULL),
     ALIVE(R1, "commit:fail@2", END_ERROR, END_ERROR, NULL),
     ALIVE(R1, "ctrl.send/COMMIT:drop@2", END_ERROR, END_ERROR, NULL),
-    ALIVE(R1, "ctrl.send/RELEASE:drop@8", END_ERROR, END_ERROR, "receiver 1|sender "),
-    ALIVE(S1, "ctrl.send/READY:drop@8", END_ERROR, END_ERROR, "sender 1|receiver 1"),
     ALIVE(R1, "ctrl.recv/BEGIN:drop@2", END_ERROR, END_ERROR, NULL),
+    {NULL, NULL, R1, "recv.unpack:corrupt@L", 1, FATE_ALIVE, END_ERROR, END_ERROR, NULL, 1,
+     "refused by receiver 1", 0},
+    {NULL, NULL, R1, "recv.unpack:corrupt@L", 0, FATE_ALIVE, END_WRONG, END_OK, NULL, 0,
+     "unseen without verify", 0},
 };
 
-static const case_t cuda_ipc_corrupt_cases[] = {
-    {NULL, NULL, R1, "recv.unpack:corrupt@8", 1, FATE_ALIVE, END_ERROR, END_ERROR, NULL, 1,
-     "refused by receiver 1", 0},
-    {NULL, NULL, R1, "recv.unpack:corrupt@8", 0, FATE_ALIVE, END_WRONG, END_OK, NULL, 0,
-     "unseen without verify", 0},
+/* ipc only: its per-bucket frames, and a sender's corruption of staged shards */
+static const case_t cuda_ipc_cases[] = {
+    ALIVE(R1, "ctrl.send/RELEASE:drop@8", END_ERROR, END_ERROR, "receiver 1|sender "),
+    ALIVE(S1, "ctrl.send/READY:drop@8", END_ERROR, END_ERROR, "sender 1|receiver 1"),
     {NULL, NULL, S1, "push.bucket:corrupt@5", 1, FATE_ALIVE, END_ERROR, END_ERROR,
      "receiver 0|receiver 1", 1, "refused by the receivers; shards staged", V_STAGED},
     {NULL, NULL, S1, "push.bucket:corrupt@5", 0, FATE_ALIVE, END_OK, END_WRONG, NULL, 0,
      "unseen without verify; shards staged", V_STAGED},
 };
 
+/* nccl only: a sender's corruption of staged column halves */
 static const case_t nccl_cases[] = {
-    KILLED(S1, "push.bucket:kill@5", END_ERROR, NULL),
-    STOPPED(S1, "push.bucket:stop@5", END_ERROR, NULL),
-    ALIVE(S1, "push.bucket:fail@5", END_ERROR, END_ERROR, NULL),
-    KILLED(S0, "push.bucket:kill@5", END_ERROR, "sender 0|coordinator"),
-    KILLED(R1, "recv.unpack:kill@5", END_ERROR, NULL),
-    STOPPED(R1, "recv.unpack:stop@5", END_ERROR, NULL),
-    ALIVE(R1, "recv.unpack:delay=" DELAY "@5", END_ERROR, END_ERROR, NULL),
-    ALIVE(R1, "recv.unpack:fail@5", END_ERROR, END_ERROR, NULL),
-    KILLED(R1, "commit:kill@2", END_ERROR, NULL),
-    ALIVE(R1, "commit:fail@2", END_ERROR, END_ERROR, NULL),
-    ALIVE(R1, "ctrl.send/COMMIT:drop@2", END_ERROR, END_ERROR, NULL),
-    ALIVE(R1, "ctrl.recv/BEGIN:drop@2", END_ERROR, END_ERROR, NULL),
-};
-
-static const case_t nccl_corrupt_cases[] = {
-    {NULL, NULL, R1, "recv.unpack:corrupt@5", 1, FATE_ALIVE, END_ERROR, END_ERROR, NULL, 1,
-     "refused by receiver 1", 0},
-    {NULL, NULL, R1, "recv.unpack:corrupt@5", 0, FATE_ALIVE, END_WRONG, END_OK, NULL, 0,
-     "unseen without verify", 0},
     {NULL, NULL, S1, "push.bucket:corrupt@8", 1, FATE_ALIVE, END_ERROR, END_ERROR,
      "receiver 0|receiver 1", 1, "refused; receiver 1 takes half the columns (staged)", V_SLICE},
     {NULL, NULL, S1, "push.bucket:corrupt@8", 0, FATE_ALIVE, END_OK, END_SOME_WRONG, NULL, 0,
@@ -991,6 +976,21 @@ static void run_set(const case_t *set, size_t n, const char *scheme, const char 
         c.transport = transport;
         if (selected(&c))
             run_case(&c);
+    }
+}
+
+/* run_set for cuda_cases: "@L" in a fault becomes "@<landing>" */
+static void run_set_landing(const case_t *set, size_t n, const char *scheme, int landing)
+{
+    for (size_t i = 0; i < n; i++) {
+        case_t c = set[i];
+        char fault[96];
+        const char *at = c.fault != NULL ? strstr(c.fault, "@L") : NULL;
+        if (at != NULL) {
+            snprintf(fault, sizeof(fault), "%.*s@%d", (int)(at - c.fault), c.fault, landing);
+            c.fault = fault;
+        }
+        run_set(&c, 1, scheme, NULL);
     }
 }
 
@@ -1088,9 +1088,8 @@ static void case_cuda_ipc(void)
                               : "processes share the GPUs");
     matrix_header(title);
     run_clean("ipc", NULL);
+    run_set_landing(cuda_cases, sizeof(cuda_cases) / sizeof(cuda_cases[0]), "ipc", 8);
     run_set(cuda_ipc_cases, sizeof(cuda_ipc_cases) / sizeof(cuda_ipc_cases[0]), "ipc", NULL);
-    run_set(cuda_ipc_corrupt_cases,
-            sizeof(cuda_ipc_corrupt_cases) / sizeof(cuda_ipc_corrupt_cases[0]), "ipc", NULL);
 }
 
 static void case_nccl(void)
@@ -1102,9 +1101,8 @@ static void case_nccl(void)
         return;
     }
     run_clean("nccl", NULL);
+    run_set_landing(cuda_cases, sizeof(cuda_cases) / sizeof(cuda_cases[0]), "nccl", 5);
     run_set(nccl_cases, sizeof(nccl_cases) / sizeof(nccl_cases[0]), "nccl", NULL);
-    run_set(nccl_corrupt_cases, sizeof(nccl_corrupt_cases) / sizeof(nccl_corrupt_cases[0]),
-            "nccl", NULL);
 }
 
 /* ---- WSYNC_FAULT itself --------------------------------------------------------------------- */
