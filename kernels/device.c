@@ -85,9 +85,8 @@ void wsync_dev_mark_wedged(int device)
                     "exit", device);
 }
 
-int wsync_dev_is_wedged(int device)
+int wsync_dev_is_wedged(void)
 {
-    (void)device;
     return atomic_load(&wedged_device) >= 0;
 }
 
@@ -790,11 +789,7 @@ void wsync_dev_free(void *ptr) { (void)ptr; }
 
 void wsync_dev_mark_wedged(int device) { (void)device; }
 
-int wsync_dev_is_wedged(int device)
-{
-    (void)device;
-    return 0;
-}
+int wsync_dev_is_wedged(void) { return 0; }
 
 wsync_status_t wsync_dev_host_register(void *ptr, size_t bytes, int read_only, int *registered)
 {

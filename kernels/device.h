@@ -117,7 +117,7 @@ void wsync_dev_free(void *ptr);
  * once). wsync_dev_is_wedged: whether that has happened (to any device: the locks are the
  * process's). */
 void wsync_dev_mark_wedged(int device);
-int wsync_dev_is_wedged(int device);
+int wsync_dev_is_wedged(void);
 /* Pin host memory [ptr, ptr + bytes) and map it for every device (cudaHostRegister, portable and
  * mapped): kernels then read (and, unless read_only, write) it through its host address (UVA).
  * read_only: the pages are mapped PROT_READ (cudaHostRegisterReadOnly; devices that lack it give

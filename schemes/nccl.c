@@ -477,7 +477,6 @@ typedef struct {
     int device, prev_device;
     int verify;
     int aborted;                     /* communicators aborted (after a failure) */
-    int leak;                        /* an abort did not finish: leave device memory, streams */
     wsync_nccl_sched_t *sched;
     wsync_nccl_comm_t *comm;
     wsync_nccl_comm_t **sub;         /* [sched->nsplits], NULL where not a member */
@@ -525,8 +524,9 @@ static wsync_status_t nc_check_inbox(void *arg)
 
 /* Abort every communicator, sub-communicators before the parent (with splitShare they share
  * the parent's resources), never finalizing: after a failure a peer may be gone. Bounded: an
- * abort that does not return in time is left running and st->leak set, so that teardown leaves
- * the device memory and streams NCCL kernels may still use rather than wait in cudaFree. */
+ * abort that does not return in time is left running and the process marked wedged
+ * (kernels/device.h), so that teardown leaves the device memory and streams NCCL kernels may
+ * still use rather than wait in cudaFree. */
 static void nc_abort(nc_state_t *st)
 {
     wsync_nccl_comm_t *list[WSYNC_NCCL_MAX_SPLITS + 1];
@@ -548,7 +548,6 @@ static void nc_abort(nc_state_t *st)
     int bound = st->m != NULL ? WSYNC_MIN(st->m->timeout_ms, WSYNC_NCCL_ABORT_MS)
                               : WSYNC_NCCL_ABORT_MS;
     if (!wsync_nccl_abort_all(list, n, wsync_deadline_in(WSYNC_MAX(bound, 1000)))) {
-        st->leak = 1;
         wsync_dev_mark_wedged(st->device);   /* the receiver's and sender's frees must not wait */
         WSYNC_LOG_W("nccl: %s %u: the communicators' abort did not finish within %.3f s: their "
                     "device memory and streams will be leaked, not freed", role_word(st->role),
@@ -972,7 +971,7 @@ static void state_free(nc_state_t *st)
             for (uint32_t j = 0; st->sub != NULL && j < st->sched->nsplits; j++)
                 wsync_nccl_destroy(st->sub[j], deadline);
             wsync_nccl_destroy(st->comm, deadline);
-        } else if (!st->leak && st->cstream != NULL) {
+        } else if (!wsync_dev_is_wedged() && st->cstream != NULL) {
             /* aborted: NCCL's kernels should have stopped; free only once both streams are idle
              * (cudaFree waits for every kernel on the device), bounded */
             int64_t idle = wsync_deadline_in(WSYNC_MIN(st->m->timeout_ms, 5000));
@@ -982,11 +981,10 @@ static void state_free(nc_state_t *st)
                     WSYNC_OK) {
                 WSYNC_LOG_W("nccl: %s %u: %s: leaking its device memory and streams",
                             role_word(st->role), st->rank, wsync_last_error());
-                st->leak = 1;
                 wsync_dev_mark_wedged(st->device);
             }
         }
-        if (!st->leak) {
+        if (!wsync_dev_is_wedged()) {
             free_batches(st);
             for (int i = 0; i < NC_SLOTS; i++) {
                 wsync_dev_free(st->slot[i]);
