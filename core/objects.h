@@ -69,6 +69,17 @@ struct wsync_sender {
     int device;                      /* CUDA device of the CUDA shards; -1: none (host only) */
 };
 
+/* Rows [row0, row0 + rows) of a staged CUDA FP8 target, whole scale cells, whose values lie
+ * in device memory the receiver's GPU reads (the sender's shard, in place): quantized from there
+ * into the target by one kernel (core/quant_direct.c). */
+typedef struct {
+    uint32_t target;
+    uint64_t row0, rows;
+    const void *src;                 /* row i at src + i * src_pitch elements of src_dtype */
+    uint64_t src_pitch;
+    wsync_dtype_t src_dtype;
+} wsync_qrun_t;
+
 struct wsync_receiver {
     wsync_member_t m;
     wsync_target_desc_t *targets;
@@ -101,6 +112,13 @@ struct wsync_receiver {
                                         not a staged CUDA FP8 target */
     uint64_t *q_got;                 /* [ntargets] of those, landed in this version */
     uint8_t *q_started;              /* [ntargets] quantization launched in this version */
+    /* Staged CUDA FP8 targets a scheme quantizes straight from the sender's memory, run by run,
+     * leaving the staging buffer unused (core/quant_direct.c). */
+    uint8_t *q_direct;               /* [ntargets] 1: quantized by runs, not from land[i] */
+    wsync_qrun_t *qruns;
+    uint32_t nqruns, qruns_cap;
+    void *qrun_ws;                   /* [nqruns] workspaces, WSYNC_KQUANT_WS_BYTES each */
+    int qrun_dirty;                  /* a flag in qrun_ws may be set: clear before launching */
 };
 
 /* An FP8 target filled by quantizing float values (rather than copying FP8 bytes). */
@@ -114,6 +132,31 @@ static inline int wsync_target_quantized(wsync_dtype_t dtype, wsync_quant_scheme
  * targets: on the device, as an event the host saw complete proves). Launches the quantization
  * of each staged CUDA FP8 target that this completes, on r->dev_stream; call it on r->device. */
 wsync_status_t wsync_receiver_landed(wsync_receiver_t *r, uint32_t first, uint32_t end);
+
+/* core/quant_direct.c: FP8 targets quantized straight from the sender's memory. A scheme that
+ * reads shards in place calls begin, then for each target it can serve whole: add one run per
+ * contiguous piece (checked with fits), then commit; launch each run on the stream that orders it
+ * after nothing it depends on (the data is the sender's, unchanged until the commit). The
+ * receiver then neither quantizes those targets from land[i] nor waits for them beyond the
+ * scheme's own completion, but checks the runs' non-finite flags at commit like the rest.
+ * candidates (begin): [ntargets], 1 for a staged CUDA FP8 target with per-channel or block scales
+ * whose every element the plan lands each version (caller frees). Call on r->device. */
+wsync_status_t wsync_qdirect_begin(wsync_receiver_t *r, uint8_t **candidates);
+/* Rows [row0, row0 + rows) of target t are whole rows of scale cells. */
+int wsync_qdirect_fits(const wsync_receiver_t *r, uint32_t t, uint64_t row0, uint64_t rows);
+wsync_status_t wsync_qdirect_add(wsync_receiver_t *r, const wsync_qrun_t *run, uint32_t *index);
+/* direct[t]: every run of target t was added; workspaces for the runs. */
+wsync_status_t wsync_qdirect_commit(wsync_receiver_t *r, const uint8_t *direct);
+/* Runs index[0 .. n) on `stream` (few kernels for many runs, each of at most max_blocks blocks,
+ * 0: no cap). */
+wsync_status_t wsync_qdirect_launch(wsync_receiver_t *r, const uint32_t *index, uint32_t n,
+                                    uint32_t max_blocks, void *stream);
+/* At the start of a version: clear the runs' flags if the last version left them unchecked. */
+wsync_status_t wsync_qdirect_clear(wsync_receiver_t *r);
+/* At commit, after the scheme's streams completed: NONFINITE naming the target and the element
+ * when a run saw NaN or Inf. */
+wsync_status_t wsync_qdirect_check(wsync_receiver_t *r);
+void wsync_qdirect_free(wsync_receiver_t *r);
 
 /* core/member.c: connecting, HELLO, DESCRIBE and PLAN, shared by sender and receiver. */
 wsync_status_t wsync_member_connect(wsync_member_t *m, const wsync_hello_t *hello);

@@ -155,7 +155,7 @@ static wsync_kquant_t quant_args(const wsync_receiver_t *r, size_t i)
         rows *= (uint64_t)t->shape[d];
     wsync_kquant_t a = {t->name, r->land[i], r->land_dtype[i], rows, cols, cols, r->quant[i],
                         t->dtype, r->target_data[i], cols,
-                        r->dev_scales[i] != NULL ? r->dev_scales[i] : r->quant[i].scales};
+                        r->dev_scales[i] != NULL ? r->dev_scales[i] : r->quant[i].scales, 0};
     return a;
 }
 
@@ -197,7 +197,7 @@ static wsync_status_t quant_early_reset(wsync_receiver_t *r)
     }
     memset(r->q_got, 0, r->ntargets * sizeof(*r->q_got));
     memset(r->q_started, 0, r->ntargets);
-    return WSYNC_OK;
+    return wsync_qdirect_clear(r);
 }
 
 wsync_status_t wsync_receiver_landed(wsync_receiver_t *r, uint32_t first, uint32_t end)
@@ -210,7 +210,8 @@ wsync_status_t wsync_receiver_landed(wsync_receiver_t *r, uint32_t first, uint32
     for (uint32_t i = first; i < end && i < plan->nsegments && st == WSYNC_OK; i++) {
         const wsync_segment_t *sg = &plan->segments[i];
         uint32_t t = sg->target;
-        if (t >= r->ntargets || r->q_need[t] == 0 || r->land[t] == r->target_data[t])
+        if (t >= r->ntargets || r->q_need[t] == 0 || r->land[t] == r->target_data[t] ||
+            (r->q_direct != NULL && r->q_direct[t]))
             continue;
         r->q_got[t] += sg->dst.rows * sg->dst.cols;
         if (r->q_got[t] == r->q_need[t] && !r->q_started[t])
@@ -256,8 +257,8 @@ static wsync_status_t quantize_staged_dev(wsync_receiver_t *r)
         if (t->mem != WSYNC_MEM_CUDA || r->land[i] == r->target_data[i])
             continue;
         n++;
-        if (r->q_started[i])
-            early++;
+        if (r->q_started[i] || (r->q_direct != NULL && r->q_direct[i]))
+            early++;   /* started as it landed, or by the scheme's runs */
         else
             st = quant_launch(r, i);
     }
@@ -289,6 +290,10 @@ static wsync_status_t quantize_staged_dev(wsync_receiver_t *r)
         snprintf(text, sizeof(text), "quantizing the FP8 targets: %s", wsync_last_error());
         return wsync_err_set_text(st, text);
     }
+    if (st == WSYNC_OK && bad == r->ntargets)
+        st = wsync_qdirect_check(r);
+    if (st != WSYNC_OK)
+        return st;
     t2 = wsync_now_ns();
     if (bad < r->ntargets) {
         const wsync_target_desc_t *t = &r->targets[bad];
@@ -381,6 +386,7 @@ void wsync_receiver_free(wsync_receiver_t *r)
             wsync_dev_free(r->dev_scales[i]);
     }
     if (dev) {
+        wsync_qdirect_free(r);
         wsync_dev_free(r->dev_ws);
         wsync_dev_stream_destroy(r->dev_stream);
         wsync_dev_leave(r->device, saved);
@@ -389,6 +395,8 @@ void wsync_receiver_free(wsync_receiver_t *r)
     free(r->q_need);
     free(r->q_got);
     free(r->q_started);
+    free(r->qruns);   /* wsync_qdirect_free's host half, when the device could not be entered */
+    free(r->q_direct);
     wsync_target_descs_free(r->targets, r->ntargets);
     free(r->target_data);
     free(r->land);

@@ -602,6 +602,13 @@ wsync_status_t wsync_dev_quantize_finish(const wsync_kquant_t *a, void *ws, void
     return wsync_kernels_quantize_finish(a, ws, stream);
 }
 
+wsync_status_t wsync_dev_quantize_many(const wsync_kquant_t *a, uint32_t n, void *const *ws,
+                                       uint32_t max_blocks, void *stream)
+{
+    REFUSE_IF_WEDGED();
+    return wsync_kernels_quantize_many(a, n, ws, max_blocks, stream);
+}
+
 wsync_status_t wsync_dev_quantize_check(const void *ws, size_t n, void *stream, int64_t deadline_ms,
                                         size_t *first_bad)
 {
@@ -894,6 +901,17 @@ wsync_status_t wsync_dev_quantize_finish(const wsync_kquant_t *a, void *ws, void
     (void)ws;
     (void)stream;
     return NO_CUDA("wsync_dev_quantize_finish");
+}
+
+wsync_status_t wsync_dev_quantize_many(const wsync_kquant_t *a, uint32_t n, void *const *ws,
+                                       uint32_t max_blocks, void *stream)
+{
+    (void)a;
+    (void)n;
+    (void)ws;
+    (void)max_blocks;
+    (void)stream;
+    return NO_CUDA("wsync_dev_quantize_many");
 }
 
 wsync_status_t wsync_dev_quantize_check(const void *ws, size_t n, void *stream, int64_t deadline_ms,

@@ -156,6 +156,8 @@ void wsync_dev_batch_limit(wsync_kcopy_batch_t *batch, uint32_t max_blocks);
 /* wsync_kernels_quantize_launch / _finish / quantize (finish waits for the stream). */
 wsync_status_t wsync_dev_quantize_launch(const wsync_kquant_t *a, void *ws, void *stream);
 wsync_status_t wsync_dev_quantize_finish(const wsync_kquant_t *a, void *ws, void *stream);
+wsync_status_t wsync_dev_quantize_many(const wsync_kquant_t *a, uint32_t n, void *const *ws,
+                                       uint32_t max_blocks, void *stream);
 /* After n quantizations launched on `stream` with workspaces ws + i * WSYNC_KQUANT_WS_BYTES: one
  * copy of all n workspaces to the host (waiting for the stream, up to the deadline) and *first_bad
  * = the first i whose quantization saw a non-finite value (its _finish names it), or n if none.

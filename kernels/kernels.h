@@ -121,6 +121,8 @@ typedef struct {
     uint8_t *out;                      /* device: row i at out + i * out_pitch */
     uint64_t out_pitch;
     float *scales;                     /* device: shape from wsync_quant_scales_shape, row-major */
+    uint64_t row_base;                 /* rows of a larger matrix above x's first (x one slice of
+                                          it): added to the row _finish names */
 } wsync_kquant_t;
 
 /* Device workspace one quantization needs between launch and finish (the caller allocates it with
@@ -142,6 +144,15 @@ wsync_status_t wsync_kernels_quantize_launch(const wsync_kquant_t *a, void *ws, 
  * row R, column C", the first bad element in row-major order); WSYNC_ERR_DEVICE for a CUDA error,
  * including one the kernels raised. */
 wsync_status_t wsync_kernels_quantize_finish(const wsync_kquant_t *a, void *ws, void *stream);
+
+/* Enqueue n quantizations at once, as n calls of _launch would, but with fewer kernels: those
+ * with per-channel or block scales whose cells fit the register kernel go up to 12 a launch
+ * (per input dtype), the rest one by one. Each is checked as _launch checks it before anything is
+ * enqueued. max_blocks caps each kernel's grid (0: one block per cell or group of cells), so
+ * that it shares the GPU with work on other streams. ws[i] is quantization i's workspace, which, unlike _launch, this does not clear: the
+ * caller keeps it zeroed (cleared once, it stays so while nothing non-finite is seen). */
+wsync_status_t wsync_kernels_quantize_many(const wsync_kquant_t *a, uint32_t n, void *const *ws,
+                                           uint32_t max_blocks, void *stream);
 
 /* Launch, then finish. ws may be NULL here: a workspace is then allocated and freed on the
  * stream. */

@@ -545,111 +545,151 @@ __device__ __forceinline__ void wk_cell_codes(const uint4 *v, uint32_t lane, uin
  * k < WK_RIPT (a warp reads whole rows, or 512 contiguous bytes of one), all loaded into
  * registers before the first is used; then the group's amax (a warp reduction, and for G > 32
  * one barrier), the scale, and the codes from the registers (stores of 4 or 8 bytes, coalesced
- * likewise). The host keeps cells within G * WK_RIPT chunks. */
+ * likewise). The host keeps cells within G * WK_RIPT chunks.
+ * One group's cell of p (valid: the group has one this round). Every thread of the block calls
+ * it equally often: the barrier of G > 32 is inside. */
+template <int XK, int G>
+__device__ __forceinline__ void wk_reg_cell(const wk_quant_params_t &p, uint64_t cell, bool valid,
+                                            uint32_t lane, uint32_t grp,
+                                            uint32_t (*red)[WK_REG_NT(G) / 32], int &phase)
+{
+    constexpr int NT = WK_REG_NT(G), XS = wk_size(XK), V = 16 / XS;
+    constexpr int NWG = G >= 32 ? G / 32 : 1;
+    (void)NT;
+    const unsigned char *xc = p.x;
+    unsigned char *oc = p.out;
+    uint32_t n = 0, cpr = 1, r = 0, c = 0, dr = 0, dc = 0;
+    if (valid) {
+        uint64_t bi, bj;
+        if (p.nbc == 1) {
+            bi = cell;
+            bj = 0;
+        } else if (((cell | p.nbc) >> 32) == 0) {
+            bi = (uint32_t)cell / (uint32_t)p.nbc;
+            bj = (uint32_t)cell - (uint32_t)bi * (uint32_t)p.nbc;
+        } else {
+            bi = cell / p.nbc;
+            bj = cell - bi * p.nbc;
+        }
+        const uint64_t r0 = bi * p.br, c0 = bj * p.bc;
+        const uint32_t crows = (uint32_t)min(p.br, p.rows - r0);
+        cpr = (uint32_t)(min(p.bc, p.cols - c0) / V);
+        n = crows * cpr;
+        xc += r0 * p.xp + c0 * XS;
+        oc += r0 * p.op + c0;
+        r = lane / cpr;
+        c = lane - r * cpr;
+        dr = (uint32_t)G / cpr;
+        dc = (uint32_t)G - dr * cpr;
+    }
+
+    uint4 v[WK_RIPT];
+    {
+        uint32_t rr = r, cc = c;
+#pragma unroll
+        for (int k = 0; k < WK_RIPT; k++) {
+            v[k] = make_uint4(0, 0, 0, 0);
+            if (lane + (uint32_t)k * G < n)
+                v[k] = *reinterpret_cast<const uint4 *>(xc + (uint64_t)rr * p.xp + (uint64_t)cc * 16);
+            rr += dr;
+            cc += dc;
+            if (cc >= cpr) {
+                cc -= cpr;
+                rr++;
+            }
+        }
+    }
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < WK_RIPT; k++)
+        m = wk_chunk_amax<XK>(v[k], m);
+    m = wk_chunk_amax_bits<XK>(m);
+    if constexpr (G < 32) {
+#pragma unroll
+        for (int o = G / 2; o > 0; o /= 2)
+            m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    } else {
+        m = __reduce_max_sync(0xffffffffu, m);
+        if constexpr (G > 32) {
+            if ((threadIdx.x & 31) == 0)
+                red[phase][threadIdx.x >> 5] = m;
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < NWG; i++)
+                m = max(m, red[phase][grp * NWG + i]);
+            phase ^= 1;        /* the next write to red[phase] is a barrier away from these reads */
+        }
+    }
+    if (n == 0)
+        return;
+    if (m >= 0x7f800000u) {                /* NaN or Inf: reported by finish */
+        if (lane == 0)
+            p.ws[1] = 1;
+        return;
+    }
+    const float s = wk_cell_scale(m, p);
+    const float inv = __fdiv_rn(1.0f, s);
+    if (lane == 0)
+        p.scales[cell] = s;
+#define WK_CELL_CODES(B, H)                                                                   \
+wk_cell_codes<XK, G, B, H>(v, lane, n, r, c, dr, dc, cpr, oc, p.op, s, inv, p.f)
+#define WK_CELL_HW(B)                                                                         \
+switch (p.hw) {                                                                           \
+case 1: WK_CELL_CODES(B, 1); break;                                                       \
+case 2: WK_CELL_CODES(B, 2); break;                                                       \
+case 3: WK_CELL_CODES(B, 3); break;                                                       \
+default: WK_CELL_CODES(B, 4); break;                                                      \
+}
+    if (p.block)
+        WK_CELL_HW(1)
+    else
+        WK_CELL_HW(0)
+#undef WK_CELL_HW
+#undef WK_CELL_CODES
+}
+
 template <int XK, int G>
 __global__ void __launch_bounds__(WK_REG_NT(G), WK_REG_NT(G) == 256 ? 3 : 1024 / WK_REG_NT(G))
 wk_cells_reg_kernel(const wk_quant_params_t p)
 {
-    constexpr int NT = WK_REG_NT(G), CPB = NT / G, XS = wk_size(XK), V = 16 / XS;
-    constexpr int NWG = G >= 32 ? G / 32 : 1;
+    constexpr int NT = WK_REG_NT(G), CPB = NT / G;
     __shared__ uint32_t red[2][NT / 32];
     const uint32_t lane = threadIdx.x % G, grp = threadIdx.x / G;
     const uint64_t ncells = p.nbr * p.nbc;
     int phase = 0;
 
     for (uint64_t base = (uint64_t)blockIdx.x * CPB; base < ncells;
+         base += (uint64_t)gridDim.x * CPB)
+        wk_reg_cell<XK, G>(p, base + grp, base + grp < ncells, lane, grp, red, phase);
+}
+
+/* Several quantizations in one launch (wsync_kernels_quantize_many): their cells numbered one
+ * after another, run j's from first[j]. Passed by value and read in place (__grid_constant__):
+ * no upload, and the pointers are the launch's own. */
+#define WK_MANY 12
+typedef struct {
+    wk_quant_params_t p[WK_MANY];
+    uint64_t first[WK_MANY + 1];
+    uint32_t n;
+} wk_qmany_t;
+
+template <int XK, int G>
+__global__ void __launch_bounds__(WK_REG_NT(G), WK_REG_NT(G) == 256 ? 3 : 1024 / WK_REG_NT(G))
+wk_cells_reg_many_kernel(const __grid_constant__ wk_qmany_t m)
+{
+    constexpr int NT = WK_REG_NT(G), CPB = NT / G;
+    __shared__ uint32_t red[2][NT / 32];
+    const uint32_t lane = threadIdx.x % G, grp = threadIdx.x / G;
+    const uint64_t ncells = m.first[m.n];
+    int phase = 0;
+
+    for (uint64_t base = (uint64_t)blockIdx.x * CPB; base < ncells;
          base += (uint64_t)gridDim.x * CPB) {
         const uint64_t cell = base + grp;
-        const unsigned char *xc = p.x;
-        unsigned char *oc = p.out;
-        uint32_t n = 0, cpr = 1, r = 0, c = 0, dr = 0, dc = 0;
-        if (cell < ncells) {
-            uint64_t bi, bj;
-            if (p.nbc == 1) {
-                bi = cell;
-                bj = 0;
-            } else if (((cell | p.nbc) >> 32) == 0) {
-                bi = (uint32_t)cell / (uint32_t)p.nbc;
-                bj = (uint32_t)cell - (uint32_t)bi * (uint32_t)p.nbc;
-            } else {
-                bi = cell / p.nbc;
-                bj = cell - bi * p.nbc;
-            }
-            const uint64_t r0 = bi * p.br, c0 = bj * p.bc;
-            const uint32_t crows = (uint32_t)min(p.br, p.rows - r0);
-            cpr = (uint32_t)(min(p.bc, p.cols - c0) / V);
-            n = crows * cpr;
-            xc += r0 * p.xp + c0 * XS;
-            oc += r0 * p.op + c0;
-            r = lane / cpr;
-            c = lane - r * cpr;
-            dr = (uint32_t)G / cpr;
-            dc = (uint32_t)G - dr * cpr;
-        }
-
-        uint4 v[WK_RIPT];
-        {
-            uint32_t rr = r, cc = c;
-#pragma unroll
-            for (int k = 0; k < WK_RIPT; k++) {
-                v[k] = make_uint4(0, 0, 0, 0);
-                if (lane + (uint32_t)k * G < n)
-                    v[k] = *reinterpret_cast<const uint4 *>(xc + (uint64_t)rr * p.xp + (uint64_t)cc * 16);
-                rr += dr;
-                cc += dc;
-                if (cc >= cpr) {
-                    cc -= cpr;
-                    rr++;
-                }
-            }
-        }
-        uint32_t m = 0;
-#pragma unroll
-        for (int k = 0; k < WK_RIPT; k++)
-            m = wk_chunk_amax<XK>(v[k], m);
-        m = wk_chunk_amax_bits<XK>(m);
-        if constexpr (G < 32) {
-#pragma unroll
-            for (int o = G / 2; o > 0; o /= 2)
-                m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-        } else {
-            m = __reduce_max_sync(0xffffffffu, m);
-            if constexpr (G > 32) {
-                if ((threadIdx.x & 31) == 0)
-                    red[phase][threadIdx.x >> 5] = m;
-                __syncthreads();
-#pragma unroll
-                for (int i = 0; i < NWG; i++)
-                    m = max(m, red[phase][grp * NWG + i]);
-                phase ^= 1;        /* the next write to red[phase] is a barrier away from these reads */
-            }
-        }
-        if (n == 0)
-            continue;
-        if (m >= 0x7f800000u) {                /* NaN or Inf: reported by finish */
-            if (lane == 0)
-                p.ws[1] = 1;
-            continue;
-        }
-        const float s = wk_cell_scale(m, p);
-        const float inv = __fdiv_rn(1.0f, s);
-        if (lane == 0)
-            p.scales[cell] = s;
-#define WK_CELL_CODES(B, H)                                                                   \
-    wk_cell_codes<XK, G, B, H>(v, lane, n, r, c, dr, dc, cpr, oc, p.op, s, inv, p.f)
-#define WK_CELL_HW(B)                                                                         \
-    switch (p.hw) {                                                                           \
-    case 1: WK_CELL_CODES(B, 1); break;                                                       \
-    case 2: WK_CELL_CODES(B, 2); break;                                                       \
-    case 3: WK_CELL_CODES(B, 3); break;                                                       \
-    default: WK_CELL_CODES(B, 4); break;                                                      \
-    }
-        if (p.block)
-            WK_CELL_HW(1)
-        else
-            WK_CELL_HW(0)
-#undef WK_CELL_HW
-#undef WK_CELL_CODES
+        uint32_t j = 0;
+        while (j + 1 < m.n && cell >= m.first[j + 1])
+            j++;
+        wk_reg_cell<XK, G>(m.p[j], cell - m.first[j], cell < ncells, lane, grp, red, phase);
     }
 }
 
@@ -1022,37 +1062,80 @@ static wsync_status_t wk_cells_reg_launch(const wk_quant_params_t &p, uint64_t n
     return wk_launched("quantize (cells in registers) kernel launch");
 }
 
+/* Threads a cell for the register kernel (the fewest that hold the largest cell: 8 .. 1024), or
+ * 0 where it does not apply: cells of whole 16-byte chunks (every cell's columns a multiple of
+ * the vector), up to 1024 * WK_RIPT chunks (128 KiB). An empty matrix, whose cells still get
+ * scale 1, goes to the general kernel. */
 template <int XK>
-static wsync_status_t wk_cells_run(const wk_quant_params_t &p, cudaStream_t s)
+static int wk_reg_threads(const wk_quant_params_t &p)
 {
     constexpr int XS = wk_size(XK), VV = 16 / XS;
     int one_row = p.rows <= 1;
     int vec = wk_vec_ok(p.x, p.xp, p.out, p.op, VV, one_row) && (p.nbc == 1 || p.bc % VV == 0);
     uint64_t ncells = p.nbr * p.nbc;
     uint64_t crows = p.br < p.rows ? p.br : p.rows, ccols = p.bc < p.cols ? p.bc : p.cols;
-    /* cells of whole 16-byte chunks (every cell's columns a multiple of VV), up to
-     * 1024 * WK_RIPT chunks (128 KiB): in registers, the fewest threads a cell that hold it
-     * (an empty matrix, whose cells still get scale 1, goes to the general kernel) */
-    if (vec && ncells > 0 && p.rows > 0 && p.cols > 0 && p.cols % VV == 0) {
-        uint64_t n = crows * (ccols / VV);
-        if (n <= 8 * WK_RIPT)
-            return wk_cells_reg_launch<XK, 8>(p, ncells, s);
-        if (n <= 16 * WK_RIPT)
-            return wk_cells_reg_launch<XK, 16>(p, ncells, s);
-        if (n <= 32 * WK_RIPT)
-            return wk_cells_reg_launch<XK, 32>(p, ncells, s);
-        if (n <= 64 * WK_RIPT)
-            return wk_cells_reg_launch<XK, 64>(p, ncells, s);
-        if (n <= 128 * WK_RIPT)
-            return wk_cells_reg_launch<XK, 128>(p, ncells, s);
-        if (n <= 256 * WK_RIPT)
-            return wk_cells_reg_launch<XK, 256>(p, ncells, s);
-        if (n <= 512 * WK_RIPT)
-            return wk_cells_reg_launch<XK, 512>(p, ncells, s);
-        if (n <= 1024 * WK_RIPT)
-            return wk_cells_reg_launch<XK, 1024>(p, ncells, s);
+    if (!vec || ncells == 0 || p.rows == 0 || p.cols == 0 || p.cols % VV != 0)
+        return 0;
+    uint64_t n = crows * (ccols / VV);
+    for (int g = 8; g <= 1024; g *= 2)
+        if (n <= (uint64_t)g * WK_RIPT)
+            return g;
+    return 0;
+}
+
+template <int XK>
+static wsync_status_t wk_cells_run(const wk_quant_params_t &p, cudaStream_t s)
+{
+    constexpr int XS = wk_size(XK), VV = 16 / XS;
+    uint64_t ncells = p.nbr * p.nbc;
+    int vec = wk_vec_ok(p.x, p.xp, p.out, p.op, VV, p.rows <= 1) && (p.nbc == 1 || p.bc % VV == 0);
+    switch (wk_reg_threads<XK>(p)) {
+    case 8: return wk_cells_reg_launch<XK, 8>(p, ncells, s);
+    case 16: return wk_cells_reg_launch<XK, 16>(p, ncells, s);
+    case 32: return wk_cells_reg_launch<XK, 32>(p, ncells, s);
+    case 64: return wk_cells_reg_launch<XK, 64>(p, ncells, s);
+    case 128: return wk_cells_reg_launch<XK, 128>(p, ncells, s);
+    case 256: return wk_cells_reg_launch<XK, 256>(p, ncells, s);
+    case 512: return wk_cells_reg_launch<XK, 512>(p, ncells, s);
+    case 1024: return wk_cells_reg_launch<XK, 1024>(p, ncells, s);
+    default: return vec ? wk_cells_run_v<XK, VV>(p, s) : wk_cells_run_v<XK, 1>(p, s);
     }
-    return vec ? wk_cells_run_v<XK, VV>(p, s) : wk_cells_run_v<XK, 1>(p, s);
+}
+
+template <int XK, int G>
+static wsync_status_t wk_many_launch(const wk_qmany_t &m, uint32_t max_blocks, cudaStream_t s)
+{
+    constexpr uint64_t CPB = WK_REG_NT(G) / G;
+    const uint64_t ncells = m.first[m.n];
+    unsigned grid = wk_grid(ncells / CPB + (ncells % CPB != 0));
+    if (max_blocks > 0 && grid > max_blocks)
+        grid = max_blocks;   /* the blocks loop over the rest */
+    wk_cells_reg_many_kernel<XK, G><<<grid, WK_REG_NT(G), 0, s>>>(m);
+    return wk_launched("quantize (several, cells in registers) kernel launch");
+}
+
+template <int XK>
+static wsync_status_t wk_many_run(const wk_qmany_t &m, int g, uint32_t mb, cudaStream_t s)
+{
+    switch (g) {
+    case 8: return wk_many_launch<XK, 8>(m, mb, s);
+    case 16: return wk_many_launch<XK, 16>(m, mb, s);
+    case 32: return wk_many_launch<XK, 32>(m, mb, s);
+    case 64: return wk_many_launch<XK, 64>(m, mb, s);
+    case 128: return wk_many_launch<XK, 128>(m, mb, s);
+    case 256: return wk_many_launch<XK, 256>(m, mb, s);
+    case 512: return wk_many_launch<XK, 512>(m, mb, s);
+    default: return wk_many_launch<XK, 1024>(m, mb, s);
+    }
+}
+
+static int wk_reg_threads_any(int xk, const wk_quant_params_t &p)
+{
+    switch (xk) {
+    case WK_BF16: return wk_reg_threads<WK_BF16>(p);
+    case WK_F16: return wk_reg_threads<WK_F16>(p);
+    default: return wk_reg_threads<WK_F32>(p);
+    }
 }
 
 /* quant_check and quant_grid of reshard/fp8.c, plus the input dtype and the workspace. */
@@ -1253,7 +1336,77 @@ wsync_status_t wsync_kernels_quantize_finish(const wsync_kquant_t *a, void *ws, 
         u = raw;
     }
     return wsync_err(WSYNC_ERR_NONFINITE, "%s: %s at row %" PRIu64 ", column %" PRIu64, name,
-                     (u & 0x7fffffu) ? "NaN" : (u >> 31) ? "-Inf" : "Inf", r, c);
+                     (u & 0x7fffffu) ? "NaN" : (u >> 31) ? "-Inf" : "Inf", a->row_base + r, c);
+}
+
+/* Launch group [first, end) of the register-kernel runs in order[] as one kernel. */
+static wsync_status_t wk_many_flush(const wk_quant_params_t *p, const int *xk, const int *g,
+                                    const uint32_t *order, uint32_t first, uint32_t end,
+                                    uint32_t max_blocks, cudaStream_t s)
+{
+    wk_qmany_t m;
+    int gm = 8;
+    memset(&m, 0, sizeof(m));
+    for (uint32_t i = first; i < end; i++) {
+        uint32_t j = order[i];
+        m.p[m.n] = p[j];
+        m.p[m.n].name = NULL;   /* host only */
+        m.first[m.n + 1] = m.first[m.n] + p[j].nbr * p[j].nbc;
+        m.n++;
+        gm = g[j] > gm ? g[j] : gm;
+    }
+    switch (xk[order[first]]) {
+    case WK_BF16: return wk_many_run<WK_BF16>(m, gm, max_blocks, s);
+    case WK_F16: return wk_many_run<WK_F16>(m, gm, max_blocks, s);
+    default: return wk_many_run<WK_F32>(m, gm, max_blocks, s);
+    }
+}
+
+wsync_status_t wsync_kernels_quantize_many(const wsync_kquant_t *a, uint32_t n, void *const *ws,
+                                           uint32_t max_blocks, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    wk_quant_params_t small_p[WK_MANY];
+    int small_xk[WK_MANY], small_g[WK_MANY];
+    uint32_t small_o[WK_MANY];
+    wk_quant_params_t *p = n <= WK_MANY ? small_p : (wk_quant_params_t *)malloc(n * sizeof(*p));
+    int *xk = n <= WK_MANY ? small_xk : (int *)malloc(n * sizeof(int));
+    int *g = n <= WK_MANY ? small_g : (int *)malloc(n * sizeof(int));
+    uint32_t *order = n <= WK_MANY ? small_o : (uint32_t *)malloc(n * sizeof(uint32_t));
+    uint32_t nreg = 0;
+    wsync_status_t st = WSYNC_OK;
+
+    if (a == NULL || (n > 0 && ws == NULL))
+        st = wsync_err(WSYNC_ERR_INVALID, "wsync_kernels_quantize_many: NULL argument");
+    else if (p == NULL || xk == NULL || g == NULL || order == NULL)
+        st = wsync_err(WSYNC_ERR_NOMEM, "wsync_kernels_quantize_many: no memory for %u", n);
+    /* every one checked before anything is enqueued */
+    for (uint32_t i = 0; i < n && st == WSYNC_OK; i++) {
+        st = wk_quant_prepare(&a[i], ws[i], &p[i], &xk[i]);
+        g[i] = st == WSYNC_OK && a[i].quant.scheme != WSYNC_QUANT_TENSOR ? wk_reg_threads_any(xk[i], p[i]) : 0;
+    }
+    /* the register-kernel ones by input kind, WK_MANY a launch; the rest one by one */
+    for (int kind = WK_BF16; kind <= WK_F32 && st == WSYNC_OK; kind++) {
+        uint32_t first = nreg;
+        for (uint32_t i = 0; i < n; i++)
+            if (g[i] > 0 && xk[i] == kind)
+                order[nreg++] = i;
+        for (uint32_t i = first; i < nreg && st == WSYNC_OK; i += WK_MANY)
+            st = wk_many_flush(p, xk, g, order, i, nreg - i > WK_MANY ? i + WK_MANY : nreg,
+                               max_blocks, s);
+    }
+    for (uint32_t i = 0; i < n && st == WSYNC_OK; i++)
+        if (g[i] == 0)
+            st = wsync_kernels_quantize_launch(&a[i], ws[i], stream);
+    if (p != small_p)
+        free(p);
+    if (xk != small_xk)
+        free(xk);
+    if (g != small_g)
+        free(g);
+    if (order != small_o)
+        free(order);
+    return st;
 }
 
 wsync_status_t wsync_kernels_quantize(const wsync_kquant_t *a, void *ws, void *stream)

@@ -153,6 +153,10 @@ typedef struct {
     void **ev;                       /* [nbuckets] */
     void *stream;                    /* this sender's copies: its own stream, so that local copies
                                       * and peer reads from several senders overlap on the GPU */
+    uint32_t *qrun_start;            /* [nbuckets + 1] ranges of qrun_list: the quantization runs
+                                      * launched after bucket k's copies (their last bucket) */
+    uint32_t *qrun_list;             /* run indices (r->qruns) */
+    uint32_t qblocks;                /* their kernels' grid cap, as the copies' (sender_stream) */
     /* DATA_FDS reassembly during setup */
     wsync_msg_t *first;
     int *xfds;
@@ -171,6 +175,9 @@ typedef struct {
     void **cache_land[2];            /* [ntargets] the land pointers each batch set was built from */
     uint64_t cache_stamp[2];         /* last use, 0: empty */
     int cur;                         /* the batch set in use */
+    int qruns_planned;               /* plan_qruns ran (the runs do not depend on the batch set) */
+    uint32_t *seg_run;               /* [plan->nsegments] 1 + the run a segment is part of, or 0 */
+    uint32_t *qrun_last;             /* [r->nqruns] the bucket after whose copies a run launches */
     uint64_t seen_gen, stamp;
     struct ipc_pend {
         uint32_t s, k;
@@ -1042,6 +1049,8 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
         free(f->batch[0]);
         free(f->batch[1]);
         free(f->ev);
+        free(f->qrun_start);
+        free(f->qrun_list);
     }
     if (entered) {
         wsync_dev_stream_destroy(st->stream);
@@ -1049,6 +1058,8 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
     }
     free(st->cache_land[0]);
     free(st->cache_land[1]);
+    free(st->seg_run);
+    free(st->qrun_last);
     free(st->pend);
     free(st->scratch);
     free(st->from);
@@ -1386,6 +1397,156 @@ static wsync_status_t sender_stream(wsync_receiver_t *r, ipc_from_t *f, const vo
     return wsync_dev_stream_create(&f->stream);
 }
 
+/* One run being formed: the rows of target t so far from the current sender's one shard. */
+typedef struct {
+    int open;
+    wsync_qrun_t q;
+    uint32_t last_k, index;
+} qrun_acc_t;
+
+/* Close a run: pass 0 drops its target when the rows are not whole scale cells; pass 1 notes
+ * the bucket it launches after. */
+static void qrun_close(wsync_receiver_t *r, ipc_receiver_t *st, qrun_acc_t *a, uint8_t *cand,
+                       int pass)
+{
+    if (!a->open)
+        return;
+    a->open = 0;
+    if (pass == 0 && !wsync_qdirect_fits(r, a->q.target, a->q.row0, a->q.rows))
+        cand[a->q.target] = 0;
+    if (pass == 1) {
+        r->qruns[a->index].rows = a->q.rows;
+        st->qrun_last[a->index] = a->last_k;
+    }
+}
+
+/* Which staged CUDA FP8 targets to quantize straight from the senders' shards, and their runs
+ * (core/quant_direct.c): a target qualifies when every segment of it reads a CUDA shard in place
+ * (never a bucket slot: a slot is refilled before our commit) in bf16, f16 or f32, whole rows of
+ * the target, and each sender's contiguous rows of it (merged across the bucket ends the plan
+ * split them at) are whole rows of scale cells. Pass 0 decides, pass 1 adds the runs. A run
+ * launches on its sender's stream after the copies of its last bucket, so that bucket's event,
+ * and the version, complete only after it. WSYNC_IPC_QUANT_DIRECT=0 keeps every target staged
+ * (to measure one path against the other). */
+static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    uint8_t *cand = NULL;
+    qrun_acc_t *acc = calloc(r->ntargets + 1, sizeof(*acc));
+    uint32_t *run_s = NULL, ndirect = 0;
+    wsync_status_t rc = acc != NULL ? WSYNC_OK : wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+
+    if (rc == WSYNC_OK && st->seg_run == NULL &&
+        (st->seg_run = calloc(plan->nsegments + 1, sizeof(*st->seg_run))) == NULL)
+        rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+    if (rc == WSYNC_OK)
+        rc = wsync_qdirect_begin(r, &cand);
+    if (rc == WSYNC_OK && env_double("WSYNC_IPC_QUANT_DIRECT", 1) <= 0)
+        memset(cand, 0, r->ntargets);
+    for (int pass = 0; pass < 2 && rc == WSYNC_OK; pass++) {
+        for (uint32_t s = 0; s < st->nsenders && rc == WSYNC_OK; s++) {
+            ipc_from_t *f = &st->from[s];
+            memset(acc, 0, r->ntargets * sizeof(*acc));
+            for (uint32_t k = 0; f->gpu != NULL && k < f->nbuckets && rc == WSYNC_OK; k++) {
+                for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1] && rc == WSYNC_OK; i++) {
+                    const wsync_segment_t *sg = &plan->segments[i];
+                    const wsync_chunk_t *ch = &plan->chunks[sg->chunk];
+                    const ipc_inplace_t *ip = &f->inplace[ch->shard];
+                    uint32_t t = sg->target;
+                    if (t >= r->ntargets || !cand[t])
+                        continue;
+                    const wsync_target_desc_t *td = &r->targets[t];
+                    uint64_t tcols = td->ndim > 0 ? (uint64_t)td->shape[td->ndim - 1] : 1;
+                    int ok = (f->flags & HELLO_GPU) && ip->cregion >= 0 &&
+                             (ch->dtype == WSYNC_DTYPE_BF16 || ch->dtype == WSYNC_DTYPE_F16 ||
+                              ch->dtype == WSYNC_DTYPE_F32) &&
+                             sg->dst.cols == tcols && sg->dst.off % tcols == 0 &&
+                             (sg->dst.rows <= 1 || sg->dst.pitch == tcols);
+                    if (!ok) {
+                        cand[t] = 0;   /* pass 0 only: pass 1 sees the same segments */
+                        continue;
+                    }
+                    size_t esz = wsync_dtype_size(ch->dtype);
+                    const uint8_t *src =
+                        (const uint8_t *)wsync_cuda_import_base(f->cim, (uint32_t)ip->cregion, NULL) +
+                        ip->offset + ch->src.off * esz;
+                    uint64_t pitch = ch->src.pitch, row0 = sg->dst.off / tcols;
+                    qrun_acc_t *a = &acc[t];
+                    if (a->open && a->q.src_dtype == ch->dtype && a->q.src_pitch == pitch &&
+                        a->q.row0 + a->q.rows == row0 &&
+                        (const uint8_t *)a->q.src + a->q.rows * pitch * esz == src) {
+                        a->q.rows += sg->dst.rows;   /* the rows continue past a bucket end */
+                    } else {
+                        qrun_close(r, st, a, cand, pass);
+                        a->q = (wsync_qrun_t){t, row0, sg->dst.rows, src, pitch, ch->dtype};
+                        if (pass == 1) {
+                            uint32_t *q = NULL, *rs = NULL;
+                            if ((rc = wsync_qdirect_add(r, &a->q, &a->index)) != WSYNC_OK)
+                                break;
+                            if ((q = realloc(st->qrun_last, (size_t)r->qruns_cap * sizeof(*q))) != NULL)
+                                st->qrun_last = q;
+                            if ((rs = realloc(run_s, (size_t)r->qruns_cap * sizeof(*rs))) != NULL)
+                                run_s = rs;
+                            if (q == NULL || rs == NULL) {
+                                rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+                                break;
+                            }
+                            run_s[a->index] = s;
+                        }
+                        a->open = 1;
+                    }
+                    a->last_k = k;
+                    if (pass == 1)
+                        st->seg_run[i] = a->index + 1;
+                }
+            }
+            for (size_t t = 0; t < r->ntargets && rc == WSYNC_OK; t++)
+                qrun_close(r, st, &acc[t], cand, pass);
+        }
+    }
+    /* each sender's runs by the bucket they launch after */
+    for (uint32_t s = 0; s < st->nsenders && rc == WSYNC_OK; s++) {
+        ipc_from_t *f = &st->from[s];
+        for (uint32_t j = 0; j < r->nqruns && rc == WSYNC_OK; j++)
+            if (run_s[j] == s) {   /* the grid cap for a local or a peer source, and the stream */
+                rc = sender_stream(r, f, r->qruns[j].src, &f->qblocks);
+                f->qblocks = (uint32_t)(f->qblocks * env_double("WSYNC_IPC_QUANT_BLOCKS", 1.0) + 0.5);
+                break;
+            }
+        if (rc != WSYNC_OK)
+            break;
+        free(f->qrun_start);
+        free(f->qrun_list);
+        f->qrun_start = calloc(f->nbuckets + 2, sizeof(*f->qrun_start));
+        f->qrun_list = calloc(r->nqruns + 1, sizeof(*f->qrun_list));
+        if (f->qrun_start == NULL || f->qrun_list == NULL) {
+            rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+            break;
+        }
+        for (uint32_t j = 0; j < r->nqruns; j++)
+            if (run_s[j] == s)
+                f->qrun_start[st->qrun_last[j] + 2]++;
+        for (uint32_t k = 0; k < f->nbuckets; k++)
+            f->qrun_start[k + 2] += f->qrun_start[k + 1];
+        for (uint32_t j = 0; j < r->nqruns; j++)
+            if (run_s[j] == s)
+                f->qrun_list[f->qrun_start[st->qrun_last[j] + 1]++] = j;
+    }
+    if (rc == WSYNC_OK)
+        rc = wsync_qdirect_commit(r, cand);
+    for (size_t t = 0; rc == WSYNC_OK && t < r->ntargets; t++)
+        ndirect += cand[t];
+    if (rc == WSYNC_OK && ndirect > 0)
+        WSYNC_LOG_D("ipc: receiver %d: %u FP8 targets quantized straight from the senders' shards "
+                    "(%u runs)", r->m.rank, ndirect, r->nqruns);
+    if (rc != WSYNC_OK && st->seg_run != NULL)
+        memset(st->seg_run, 0, (plan->nsegments + 1) * sizeof(*st->seg_run));
+    free(run_s);
+    free(cand);
+    free(acc);
+    return rc;
+}
+
 /* Build batch set c: for every bucket with segments into CUDA targets, one kernel launch's worth
  * of copies from where the sender's bytes lie to where ours land now. */
 static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int c)
@@ -1416,8 +1577,8 @@ static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int
                 const ipc_inplace_t *ip = &f->inplace[ch->shard];
                 const uint8_t *src;
                 uint64_t src_off = ch->src.off, src_pitch = ch->src.pitch;
-                if (r->targets[sg->target].mem != WSYNC_MEM_CUDA)
-                    continue;
+                if (r->targets[sg->target].mem != WSYNC_MEM_CUDA || st->seg_run[i] != 0)
+                    continue;   /* host targets: the CPU's; runs: quantized from the shard */
                 if (ip->region >= 0) {
                     src = (const uint8_t *)f->region_dev[ip->region] + ip->offset;
                 } else if (ip->cregion >= 0) {
@@ -1463,6 +1624,12 @@ static wsync_status_t select_batches(wsync_receiver_t *r, ipc_receiver_t *st)
 {
     int hit = -1;
 
+    if (!st->qruns_planned) {
+        wsync_status_t rc = plan_qruns(r, st);
+        if (rc != WSYNC_OK)
+            return rc;
+        st->qruns_planned = 1;
+    }
     if (st->cache_stamp[st->cur] != 0 && r->land_gen == st->seen_gen) {
         st->cache_stamp[st->cur] = ++st->stamp;
         return WSYNC_OK;
@@ -1761,7 +1928,7 @@ static wsync_status_t verify_bucket(wsync_receiver_t *r, ipc_receiver_t *st, con
         const ipc_inplace_t *ip = &f->inplace[c->shard];
         uint64_t got = 0;
         wsync_status_t rc;
-        if (r->land_dtype[sg->target] == c->dtype) {
+        if (r->land_dtype[sg->target] == c->dtype && st->seg_run[i] == 0) {
             rc = hash_any(r->land[sg->target], r->targets[sg->target].mem == WSYNC_MEM_CUDA,
                           c->dtype, &sg->dst, &st->scratch, &st->scratch_cap, st->stream,
                           r->m.timeout_ms, &got);
@@ -1812,9 +1979,18 @@ static wsync_status_t finish_bucket(wsync_receiver_t *r, ipc_receiver_t *st, uin
         return wsync_fault_err(WSYNC_FAULT_RECV_UNPACK, where);
     }
     case WSYNC_FAULT_CORRUPT: {   /* in the target, in the first row the bucket filled */
-        const wsync_segment_t *sg = &plan->segments[f->seg_start[k]];
-        size_t esz = wsync_dtype_size(r->land_dtype[sg->target]);
-        rc = flip_any((uint8_t *)r->land[sg->target] + sg->dst.off * esz,
+        /* a segment of a quantization run holds its FP8 codes in the target once the run has
+         * launched (its last bucket is this one or earlier); before that, nothing to corrupt */
+        uint32_t i = f->seg_start[k], run = 0;
+        while (i < f->seg_start[k + 1] && st->seg_run != NULL && (run = st->seg_run[i]) != 0 &&
+               st->qrun_last[run - 1] > k)
+            i++;
+        if (i == f->seg_start[k + 1])
+            break;
+        const wsync_segment_t *sg = &plan->segments[i];
+        size_t esz = run ? 1 : wsync_dtype_size(r->land_dtype[sg->target]);
+        void *at = run ? r->target_data[sg->target] : r->land[sg->target];
+        rc = flip_any((uint8_t *)at + sg->dst.off * esz,
                       r->targets[sg->target].mem == WSYNC_MEM_CUDA, (size_t)sg->dst.cols * esz,
                       st->stream, r->m.timeout_ms);
         if (rc != WSYNC_OK)
@@ -1996,6 +2172,11 @@ static wsync_status_t recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_
             /* the segments into CUDA targets: one launch, finished when its event completes */
             wsync_kcopy_batch_t *batch = f->batch[st->cur][k];
             if (batch != NULL && (rc = wsync_dev_batch_launch(batch, f->stream)) != WSYNC_OK)
+                return rc;
+            if (f->qrun_start[k + 1] > f->qrun_start[k] &&
+                (rc = wsync_qdirect_launch(r, f->qrun_list + f->qrun_start[k],
+                                           f->qrun_start[k + 1] - f->qrun_start[k],
+                                           f->qblocks, f->stream)) != WSYNC_OK)
                 return rc;
             if ((rc = wsync_dev_event_record(f->ev[k], f->stream)) != WSYNC_OK)
                 return rc;

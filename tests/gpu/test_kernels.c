@@ -551,7 +551,7 @@ static int quant_case(const mat_t *m, const wsync_quant_t *q, wsync_dtype_t fp8,
     CU(cudaMemcpy(dsc, gs, nsc * 4, cudaMemcpyHostToDevice));
 
     wsync_kquant_t a = {"t", dx + x_shift, m->dt, m->rows, m->cols, m->pitch, *q, fp8, dout,
-                        out_pitch, dsc};
+                        out_pitch, dsc, 0};
     if (use_two_phase) {
         CHECK_OK(wsync_kernels_quantize_launch(&a, ws, NULL));
         CHECK_OK(wsync_kernels_quantize_finish(&a, ws, NULL));
@@ -638,6 +638,99 @@ static void test_quant_random(void)
         }
     }
     fprintf(stderr, "   %d of %d random quantizations equal to the CPU's\n", passed, total);
+}
+
+/* wsync_kernels_quantize_many: 3 rounds of 1 .. 40 quantizations in one call (so more than the
+ * 12 of one launch, and several input dtypes at once), random schemes and shapes (whole-chunk
+ * rows for the register kernel, and others that go one by one, per-tensor among them), each
+ * against wsync_quantize_f32 with its outputs poisoned; workspaces zeroed once, as the caller
+ * keeps them. */
+static void test_quant_many(void)
+{
+    for (int round = 0; round < 3; round++) {
+        uint32_t n = round == 0 ? 1 : (uint32_t)range(13, 40);
+        mat_t *m = calloc(n, sizeof(*m));
+        wsync_kquant_t *a = calloc(n, sizeof(*a));
+        void **ws = calloc(n, sizeof(*ws));
+        uint8_t **ref = calloc(n, sizeof(*ref)), **dout = calloc(n, sizeof(*dout));
+        float **rs = calloc(n, sizeof(*rs)), **dsc = calloc(n, sizeof(*dsc));
+        size_t *ob = calloc(n, sizeof(*ob)), *nsc = calloc(n, sizeof(*nsc));
+        uint8_t *dws;
+        int bad = 0;
+        CU(cudaMalloc((void **)&dws, n * WSYNC_KQUANT_WS_BYTES));
+        CU(cudaMemset(dws, 0, n * WSYNC_KQUANT_WS_BYTES));
+        for (uint32_t i = 0; i < n; i++) {
+            wsync_quant_t q = {0};
+            int kind = (int)below(8);
+            q.scheme = kind == 0 ? WSYNC_QUANT_TENSOR : kind < 3 ? WSYNC_QUANT_CHANNEL : WSYNC_QUANT_BLOCK;
+            q.block_rows = kind == 7 ? (int)range(1, 200) : 0;
+            q.block_cols = kind == 7 ? (int)range(1, 200) : 0;
+            q.no_saturate = (int)below(2);
+            uint64_t rows = range(1, 700), cols = below(4) ? 128 * range(1, 6) : range(1, 600);
+            wsync_dtype_t dt = float_types[below(3)];
+            mat_make(&m[i], dt, rows, cols, cols, MAT_ZERO_ROWS);
+            int64_t nbr = 0, nbc = 0;
+            CHECK_OK(wsync_quant_scales_shape(&q, (int64_t)rows, (int64_t)cols, &nbr, &nbc));
+            nsc[i] = (size_t)(nbr * nbc);
+            ob[i] = rows * cols;
+            ref[i] = malloc(ob[i]);
+            rs[i] = malloc(nsc[i] * 4 + 4);
+            wsync_dtype_t fp8 = below(2) ? WSYNC_DTYPE_F8E4M3FN : WSYNC_DTYPE_F8E5M2;
+            CHECK_OK(wsync_quantize_f32("t", m[i].f, rows, cols, cols, &q, fp8, ref[i], cols, rs[i]));
+            uint8_t *dx;
+            CU(cudaMalloc((void **)&dx, rows * cols * wsync_dtype_size(dt)));
+            CU(cudaMemcpy(dx, m[i].x, rows * cols * wsync_dtype_size(dt), cudaMemcpyHostToDevice));
+            CU(cudaMalloc((void **)&dout[i], ob[i]));
+            CU(cudaMalloc((void **)&dsc[i], nsc[i] * 4 + 4));
+            CU(cudaMemset(dout[i], 0xA5, ob[i]));
+            CU(cudaMemset(dsc[i], 0xA5, nsc[i] * 4));
+            a[i] = (wsync_kquant_t){"t", dx, dt, rows, cols, cols, q, fp8, dout[i], cols, dsc[i], 0};
+            ws[i] = dws + i * WSYNC_KQUANT_WS_BYTES;
+        }
+        CHECK_OK(wsync_kernels_quantize_many(a, n, ws, round == 2 ? 7 : 0, NULL));
+        CU(cudaDeviceSynchronize());
+        for (uint32_t i = 0; i < n; i++) {
+            uint8_t *got = malloc(ob[i]);
+            float *gs = malloc(nsc[i] * 4 + 4);
+            CU(cudaMemcpy(got, dout[i], ob[i], cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(gs, dsc[i], nsc[i] * 4, cudaMemcpyDeviceToHost));
+            if (memcmp(got, ref[i], ob[i]) != 0 || memcmp(gs, rs[i], nsc[i] * 4) != 0) {
+                if (bad++ < 4)
+                    fprintf(stderr, "   round %d, quantization %u of %u (%s, %s %" PRIu64 "x%" PRIu64
+                            "): %s differ\n", round, i, n, qname(&a[i].quant), dtn(a[i].x_dtype),
+                            a[i].rows, a[i].cols,
+                            memcmp(got, ref[i], ob[i]) != 0 ? "codes" : "scales");
+            }
+            free(got);
+            free(gs);
+        }
+        CHECK_MSG(bad == 0, "round %d: %d of %u quantizations differ from the CPU's", round, bad, n);
+        /* every flag still clear: nothing non-finite went in */
+        uint32_t *flags = malloc(n * WSYNC_KQUANT_WS_BYTES);
+        CU(cudaMemcpy(flags, dws, n * WSYNC_KQUANT_WS_BYTES, cudaMemcpyDeviceToHost));
+        for (uint32_t i = 0; i < n; i++)
+            CHECK_MSG(flags[i * (WSYNC_KQUANT_WS_BYTES / 4) + 1] == 0,
+                      "round %d: quantization %u flagged non-finite input", round, i);
+        free(flags);
+        for (uint32_t i = 0; i < n; i++) {
+            CU(cudaFree((void *)a[i].x));
+            CU(cudaFree(dout[i]));
+            CU(cudaFree(dsc[i]));
+            free(ref[i]);
+            free(rs[i]);
+            mat_free(&m[i]);
+        }
+        CU(cudaFree(dws));
+        free(m);
+        free(a);
+        free(ws);
+        free(ref);
+        free(dout);
+        free(rs);
+        free(dsc);
+        free(ob);
+        free(nsc);
+    }
 }
 
 /* Edge shapes: single elements, exact blocks, one more than a block, empty dims. */
@@ -737,10 +830,23 @@ static void test_quant_errors(void)
         CU(cudaMemset(dout, 0x33, rows * cols));
         CU(cudaMemset(dsc, 0x33, nsc * 4));
         wsync_kquant_t a = {"model.layers.0.mlp.down_proj.weight", dx, m.dt, rows, cols, cols, q,
-                            WSYNC_DTYPE_F8E4M3FN, dout, cols, dsc};
+                            WSYNC_DTYPE_F8E4M3FN, dout, cols, dsc, 0};
         CHECK_ST(wsync_kernels_quantize(&a, NULL, NULL), WSYNC_ERR_NONFINITE);
         CHECK_MSG(strcmp(wsync_last_error(), want) == 0, "message \"%s\", CPU's \"%s\"",
                   wsync_last_error(), want);
+        if (q.scheme != WSYNC_QUANT_TENSOR) {
+            /* a slice from row 128 (whole scale cells), as a receiver quantizing one run of a
+             * target sees it: the element is named in the whole matrix's rows */
+            wsync_kquant_t sl = a;
+            sl.x = dx + 128 * cols * esz;
+            sl.rows = rows - 128;
+            sl.out = dout + 128 * cols;
+            sl.scales = dsc + (q.scheme == WSYNC_QUANT_BLOCK ? nbc : 128);
+            sl.row_base = 128;
+            CHECK_ST(wsync_kernels_quantize(&sl, NULL, NULL), WSYNC_ERR_NONFINITE);
+            CHECK_MSG(strstr(wsync_last_error(), ": NaN at row 200, column 3") != NULL,
+                      "slice from row 128: message \"%s\"", wsync_last_error());
+        }
         if (q.scheme == WSYNC_QUANT_TENSOR) {
             CU(cudaMemcpy(out, dout, rows * cols, cudaMemcpyDeviceToHost));
             CU(cudaMemcpy(sc, dsc, 4, cudaMemcpyDeviceToHost));
@@ -760,7 +866,7 @@ static void test_quant_errors(void)
     wsync_quant_t q = {0};
     q.scheme = WSYNC_QUANT_TENSOR;
     q.ue8m0 = 1;
-    wsync_kquant_t a = {"t", dummy, WSYNC_DTYPE_F32, 2, 2, 2, q, WSYNC_DTYPE_F8E4M3FN, dout, 2, dummy};
+    wsync_kquant_t a = {"t", dummy, WSYNC_DTYPE_F32, 2, 2, 2, q, WSYNC_DTYPE_F8E4M3FN, dout, 2, dummy, 0};
     void *ws;
     CU(cudaMalloc(&ws, WSYNC_KQUANT_WS_BYTES));
     CHECK_ST(wsync_kernels_quantize_launch(&a, ws, NULL), WSYNC_ERR_INVALID);
@@ -1081,6 +1187,7 @@ int main(int argc, char **argv)
     run_case("copy_errors", test_copy_errors);
     run_case("amax", test_amax);
     run_case("quant_random", test_quant_random);
+    run_case("quant_many", test_quant_many);
     run_case("quant_edges", test_quant_edges);
     run_case("quant_errors", test_quant_errors);
     if (do_bench)

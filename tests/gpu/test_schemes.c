@@ -291,6 +291,7 @@ typedef struct {
     wsync_status_t error_status; /* expect_error: some participant fails with this status... */
     const char *error_has;     /* ...and an error text containing this */
     int big;                   /* model_kill() instead of model_small() */
+    int nan_v2;                /* sender 1 puts a NaN in layer 0's down_proj in version 2 */
     int ngpu;
     int port;
     int rank;                  /* in the child: sender rank, or receiver rank */
@@ -323,6 +324,8 @@ static void note_error(int slot, wsync_status_t st)
     snprintf(g_shared->error_text[slot], sizeof(g_shared->error_text[slot]), "%s",
              wsync_last_error());
 }
+
+#define NAN_PARAM "model.layers.0.mlp.down_proj.weight"
 
 static int sender_main(void *arg)
 {
@@ -411,6 +414,12 @@ static int sender_main(void *arg)
                 rowe *= (uint64_t)shards[k].param.shape[d];
             gen(shards[k].param.name, (uint64_t)v, (uint64_t)shards[k].box.start[0] * rowe, cnt,
                 (uint16_t *)(void *)(host + off[k]));
+        }
+        if (g->nan_v2 && v == 2 && rank == 1) {
+            /* row 3, column 5 of this sender's rows of the weight: bf16 NaN */
+            for (size_t k = 0; k < n; k++)
+                if (strcmp(shards[k].param.name, NAN_PARAM) == 0)
+                    ((uint16_t *)(void *)(host + off[k]))[3 * shards[k].param.shape[1] + 5] = 0x7fc0;
         }
         CU_OK(cudaMemcpy(block, host, bytes, cudaMemcpyHostToDevice));
         if (v == 1) {
@@ -821,6 +830,16 @@ static void run_cases(void)
         if (wanted(&k))
             run_group(k);
     }
+    /* ipc, FP8 targets quantized straight from the senders' shards: a NaN in version 2 must
+     * fail it with NONFINITE naming the target and the element in the target's own rows (sender
+     * 1 holds rows 128.. of down_proj: its row 3 is row 131; receiver 0 takes columns 0..255) */
+    group_t nanc = {.name = "ipc colocated FSDP-2 -> TP-2 fp8-block, NaN in version 2: NONFINITE",
+                    .scheme = "ipc", .nsenders = 2, .tp = 2, .replicas = 1, .colocated = 1,
+                    .fp8 = 1, .kill_receiver = -1, .nan_v2 = 1, .expect_error = 1,
+                    .error_status = WSYNC_ERR_NONFINITE,
+                    .error_has = NAN_PARAM ": NaN at row 131, column 5"};
+    if (wanted(&nanc))
+        run_group(nanc);
     /* ipc: shards in cuMemCreate memory (POSIX fds); in cudaMallocAsync memory, which cannot be
      * exported and is staged through device buckets; and host memory said to be CUDA memory */
     group_t v = {.name = "ipc cuMemCreate (POSIX fd) shards, FSDP-2 -> TP-2 fp8-block",
