@@ -376,7 +376,12 @@ void wsync_receiver_free(wsync_receiver_t *receiver);
  * CUDA target of one receiver on one device (WSYNC_ERR_UNSUPPORTED otherwise); an FP8 target's
  * scales may be in host or CUDA memory (quant.scales_mem; CUDA scales need a CUDA target). An FP8
  * target quantized here lands in a device staging buffer (the pieces' param dtype, or f32) that is
- * quantized on the GPU at commit; uncovered elements are zeroed on the device at setup. */
+ * quantized on the GPU as soon as all of it has landed (at the latest at commit); where the ipc
+ * scheme reads the senders' CUDA shards in place and a target's per-channel or block scale cells
+ * each come whole from one sender, it is quantized straight from the shards instead, with the
+ * same bytes and scales. Either way the FP8 buffer may change before the version commits (the
+ * receiver reports torn if the version fails). Uncovered elements are zeroed on the device at
+ * setup. */
 wsync_status_t wsync_receiver_add_target(wsync_receiver_t *receiver, const wsync_target_t *target);
 
 /* Point target `name` at another buffer (same shape and dtype), and for a quantized FP8 target at
