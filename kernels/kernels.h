@@ -147,7 +147,7 @@ wsync_status_t wsync_kernels_quantize_finish(const wsync_kquant_t *a, void *ws, 
 
 /* Enqueue n quantizations at once, as n calls of _launch would, but with fewer kernels: those
  * with per-channel or block scales whose cells fit the register kernel go up to 12 a launch
- * (per input dtype), the rest one by one. Each is checked as _launch checks it before anything is
+ * (per input dtype and cell size class), the rest one by one. Each is checked as _launch checks it before anything is
  * enqueued. max_blocks caps each kernel's grid (0: one block per cell or group of cells), so
  * that it shares the GPU with work on other streams. ws[i] is quantization i's workspace, which, unlike _launch, this does not clear: the
  * caller keeps it zeroed (cleared once, it stays so while nothing non-finite is seen). */

@@ -1339,7 +1339,8 @@ wsync_status_t wsync_kernels_quantize_finish(const wsync_kquant_t *a, void *ws, 
                      (u & 0x7fffffu) ? "NaN" : (u >> 31) ? "-Inf" : "Inf", a->row_base + r, c);
 }
 
-/* Launch group [first, end) of the register-kernel runs in order[] as one kernel. */
+/* Launch group [first, end) of the register-kernel runs in order[] (one input kind and one
+ * number of threads a cell) as one kernel. */
 static wsync_status_t wk_many_flush(const wk_quant_params_t *p, const int *xk, const int *g,
                                     const uint32_t *order, uint32_t first, uint32_t end,
                                     uint32_t max_blocks, cudaStream_t s)
@@ -1385,15 +1386,18 @@ wsync_status_t wsync_kernels_quantize_many(const wsync_kquant_t *a, uint32_t n, 
         st = wk_quant_prepare(&a[i], ws[i], &p[i], &xk[i]);
         g[i] = st == WSYNC_OK && a[i].quant.scheme != WSYNC_QUANT_TENSOR ? wk_reg_threads_any(xk[i], p[i]) : 0;
     }
-    /* the register-kernel ones by input kind, WK_MANY a launch; the rest one by one */
+    /* the register-kernel ones by input kind and threads a cell, WK_MANY a launch; the rest one
+     * by one */
     for (int kind = WK_BF16; kind <= WK_F32 && st == WSYNC_OK; kind++) {
-        uint32_t first = nreg;
-        for (uint32_t i = 0; i < n; i++)
-            if (g[i] > 0 && xk[i] == kind)
-                order[nreg++] = i;
-        for (uint32_t i = first; i < nreg && st == WSYNC_OK; i += WK_MANY)
-            st = wk_many_flush(p, xk, g, order, i, nreg - i > WK_MANY ? i + WK_MANY : nreg,
-                               max_blocks, s);
+        for (int gv = 8; gv <= 1024 && st == WSYNC_OK; gv *= 2) {
+            uint32_t first = nreg;
+            for (uint32_t i = 0; i < n; i++)
+                if (g[i] == gv && xk[i] == kind)
+                    order[nreg++] = i;
+            for (uint32_t i = first; i < nreg && st == WSYNC_OK; i += WK_MANY)
+                st = wk_many_flush(p, xk, g, order, i, nreg - i > WK_MANY ? i + WK_MANY : nreg,
+                                   max_blocks, s);
+        }
     }
     for (uint32_t i = 0; i < n && st == WSYNC_OK; i++)
         if (g[i] == 0)

@@ -1432,7 +1432,7 @@ static void qrun_close(wsync_receiver_t *r, ipc_receiver_t *st, qrun_acc_t *a, u
  * split them at) are whole rows of scale cells. Pass 0 decides, pass 1 adds the runs. A run
  * launches on its sender's stream after the copies of its last bucket, so that bucket's event,
  * and the version, complete only after it. WSYNC_IPC_QUANT_DIRECT=0 keeps every target staged
- * (to measure one path against the other). */
+ * (to measure one path against the other), as verification does. */
 static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
 {
     const wsync_plan_t *plan = r->m.plan;
@@ -1446,7 +1446,8 @@ static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
         rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
     if (rc == WSYNC_OK)
         rc = wsync_qdirect_begin(r, &cand);
-    if (rc == WSYNC_OK && env_double("WSYNC_IPC_QUANT_DIRECT", 1) <= 0)
+    /* verifying hashes what landed, which for a run is only the shard it read: stage instead */
+    if (rc == WSYNC_OK && (r->m.ctx->verify || env_double("WSYNC_IPC_QUANT_DIRECT", 1) <= 0))
         memset(cand, 0, r->ntargets);
     for (int pass = 0; pass < 2 && rc == WSYNC_OK; pass++) {
         for (uint32_t s = 0; s < st->nsenders && rc == WSYNC_OK; s++) {
@@ -1521,11 +1522,12 @@ static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
                 int local = pi.kind == WSYNC_DEV_PTR_DEVICE && pi.device == r->device;
                 /* peer reads quantized on half the copies' grid left more of the GPU to the
                  * local runs: 3% faster on 4 H200 (FSDP-4 -> TP-4 colocated, Qwen3-8B shape) */
-                f->qblocks = (uint32_t)(f->qblocks * (local ? env_double("WSYNC_IPC_QUANT_BLOCKS_LOCAL", 1.0)
-                                                            : env_double("WSYNC_IPC_QUANT_BLOCKS_PEER", 0.5)) +
-                                        0.5);
-                if (f->qblocks == 0)
-                    f->qblocks = 1;
+                double q = local ? env_double("WSYNC_IPC_QUANT_BLOCKS_LOCAL", 1.0)
+                                 : env_double("WSYNC_IPC_QUANT_BLOCKS_PEER", 0.5);
+                if (f->qblocks > 0 && q > 0)   /* 0 (copies' or ours): no cap */
+                    f->qblocks = WSYNC_MAX((uint32_t)(f->qblocks * q + 0.5), 1u);
+                else
+                    f->qblocks = 0;
                 break;
             }
         if (rc != WSYNC_OK)
@@ -1943,7 +1945,7 @@ static wsync_status_t verify_bucket(wsync_receiver_t *r, ipc_receiver_t *st, con
         const ipc_inplace_t *ip = &f->inplace[c->shard];
         uint64_t got = 0;
         wsync_status_t rc;
-        if (r->land_dtype[sg->target] == c->dtype && st->seg_run[i] == 0) {
+        if (r->land_dtype[sg->target] == c->dtype && (st->seg_run == NULL || st->seg_run[i] == 0)) {
             rc = hash_any(r->land[sg->target], r->targets[sg->target].mem == WSYNC_MEM_CUDA,
                           c->dtype, &sg->dst, &st->scratch, &st->scratch_cap, st->stream,
                           r->m.timeout_ms, &got);
@@ -2000,8 +2002,12 @@ static wsync_status_t finish_bucket(wsync_receiver_t *r, ipc_receiver_t *st, uin
         while (i < f->seg_start[k + 1] && st->seg_run != NULL && (run = st->seg_run[i]) != 0 &&
                st->qrun_last[run - 1] > k)
             i++;
-        if (i == f->seg_start[k + 1])
+        if (i == f->seg_start[k + 1]) {
+            WSYNC_LOG_W("ipc: receiver %d: fault recv.unpack:corrupt injected nothing: bucket %u "
+                        "of sender %u only feeds quantization runs not launched yet", r->m.rank,
+                        k, s);
             break;
+        }
         const wsync_segment_t *sg = &plan->segments[i];
         size_t esz = run ? 1 : wsync_dtype_size(r->land_dtype[sg->target]);
         void *at = run ? r->target_data[sg->target] : r->land[sg->target];
