@@ -121,6 +121,17 @@ struct wsync_receiver {
     int qrun_dirty;                  /* a flag in qrun_ws may be set: clear before launching */
 };
 
+/* A target's shape as the quantizers take it: [rows, cols], cols its last dimension, rows the
+ * product of the others (a scalar: [1, 1]). */
+static inline void wsync_shape_matrix(int ndim, const int64_t *shape, uint64_t *rows,
+                                      uint64_t *cols)
+{
+    *rows = 1;
+    *cols = ndim > 0 ? (uint64_t)shape[ndim - 1] : 1;
+    for (int d = 0; d < ndim - 1; d++)
+        *rows *= (uint64_t)shape[d];
+}
+
 /* An FP8 target filled by quantizing float values (rather than copying FP8 bytes). */
 static inline int wsync_target_quantized(wsync_dtype_t dtype, wsync_quant_scheme_t quant)
 {
@@ -140,7 +151,8 @@ wsync_status_t wsync_receiver_landed(wsync_receiver_t *r, uint32_t first, uint32
  * receiver then neither quantizes those targets from land[i] nor waits for them beyond the
  * scheme's own completion, but checks the runs' non-finite flags at commit like the rest.
  * candidates (begin): [ntargets], 1 for a staged CUDA FP8 target with per-channel or block scales
- * whose every element the plan lands each version (caller frees). Call on r->device. */
+ * whose every element the plan lands each version, from q_need (so after the version's start has
+ * set it up; caller frees). Call on r->device. */
 wsync_status_t wsync_qdirect_begin(wsync_receiver_t *r, uint8_t **candidates);
 /* Rows [row0, row0 + rows) of target t are whole rows of scale cells. */
 int wsync_qdirect_fits(const wsync_receiver_t *r, uint32_t t, uint64_t row0, uint64_t rows);

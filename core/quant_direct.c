@@ -22,14 +22,6 @@
 #include "kernels/device.h"
 #include "reshard/fp8.h"
 
-static void target_rc(const wsync_target_desc_t *t, uint64_t *rows, uint64_t *cols)
-{
-    *rows = 1;
-    *cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
-    for (int d = 0; d < t->ndim - 1; d++)
-        *rows *= (uint64_t)t->shape[d];
-}
-
 /* Rows of the target one row of scales covers: 1 per channel, block_rows for blocks. */
 static uint64_t cell_rows(const wsync_quant_t *q)
 {
@@ -38,35 +30,26 @@ static uint64_t cell_rows(const wsync_quant_t *q)
 
 wsync_status_t wsync_qdirect_begin(wsync_receiver_t *r, uint8_t **candidates)
 {
-    const wsync_plan_t *plan = r->m.plan;
-    uint64_t *landed = calloc(r->ntargets + 1, sizeof(*landed));
     uint8_t *cand = calloc(r->ntargets + 1, 1);
 
     *candidates = NULL;
-    if (landed == NULL || cand == NULL || (r->q_direct == NULL &&
-                                           (r->q_direct = calloc(r->ntargets + 1, 1)) == NULL)) {
-        free(landed);
+    if (cand == NULL || (r->q_direct == NULL && (r->q_direct = calloc(r->ntargets + 1, 1)) == NULL)) {
         free(cand);
         return wsync_err(WSYNC_ERR_NOMEM, "receiver %d: no memory", r->m.rank);
     }
     memset(r->q_direct, 0, r->ntargets);
     r->nqruns = 0;
-    for (uint32_t i = 0; i < plan->nsegments; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
-        if (sg->receiver == (uint32_t)r->m.rank && sg->target < r->ntargets)
-            landed[sg->target] += sg->dst.rows * sg->dst.cols;
-    }
-    for (size_t i = 0; i < r->ntargets; i++) {
+    /* q_need (the version's start, quant_early_reset): what the plan lands in each CUDA FP8
+     * target; a run may write only a target the plan covers whole */
+    for (size_t i = 0; i < r->ntargets && r->q_need != NULL; i++) {
         const wsync_target_desc_t *t = &r->targets[i];
         uint64_t rows, cols;
-        target_rc(t, &rows, &cols);
-        cand[i] = t->mem == WSYNC_MEM_CUDA && r->land[i] != r->target_data[i] &&
-                  wsync_target_quantized(t->dtype, r->quant[i].scheme) &&
+        wsync_shape_matrix(t->ndim, t->shape, &rows, &cols);
+        cand[i] = r->land[i] != r->target_data[i] &&
                   (r->quant[i].scheme == WSYNC_QUANT_BLOCK ||
                    r->quant[i].scheme == WSYNC_QUANT_CHANNEL) &&
-                  rows * cols > 0 && landed[i] == rows * cols;
+                  rows * cols > 0 && r->q_need[i] == rows * cols;
     }
-    free(landed);
     *candidates = cand;
     return WSYNC_OK;
 }
@@ -74,7 +57,7 @@ wsync_status_t wsync_qdirect_begin(wsync_receiver_t *r, uint8_t **candidates)
 int wsync_qdirect_fits(const wsync_receiver_t *r, uint32_t t, uint64_t row0, uint64_t rows)
 {
     uint64_t trows, tcols, br = cell_rows(&r->quant[t]);
-    target_rc(&r->targets[t], &trows, &tcols);
+    wsync_shape_matrix(r->targets[t].ndim, r->targets[t].shape, &trows, &tcols);
     return rows > 0 && row0 % br == 0 && row0 + rows <= trows &&
            (rows % br == 0 || row0 + rows == trows);
 }
@@ -125,7 +108,7 @@ static wsync_kquant_t run_args(const wsync_receiver_t *r, const wsync_qrun_t *q)
     const wsync_quant_t *qu = &r->quant[q->target];
     uint64_t rows, cols;
     int64_t sr = 0, sc = 1;
-    target_rc(t, &rows, &cols);
+    wsync_shape_matrix(t->ndim, t->shape, &rows, &cols);
     (void)wsync_quant_scales_shape(qu, (int64_t)rows, (int64_t)cols, &sr, &sc);   /* checked at add_target */
     float *scales = r->dev_scales[q->target] != NULL ? r->dev_scales[q->target] : qu->scales;
     wsync_kquant_t a = {t->name, q->src, q->src_dtype, q->rows, cols, q->src_pitch, *qu, t->dtype,

@@ -150,9 +150,8 @@ static wsync_status_t zero_uncovered_dev(wsync_receiver_t *r, const wsync_target
 static wsync_kquant_t quant_args(const wsync_receiver_t *r, size_t i)
 {
     const wsync_target_desc_t *t = &r->targets[i];
-    uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
-    for (int d = 0; d < t->ndim - 1; d++)
-        rows *= (uint64_t)t->shape[d];
+    uint64_t rows, cols;
+    wsync_shape_matrix(t->ndim, t->shape, &rows, &cols);
     wsync_kquant_t a = {t->name, r->land[i], r->land_dtype[i], rows, cols, cols, r->quant[i],
                         t->dtype, r->target_data[i], cols,
                         r->dev_scales[i] != NULL ? r->dev_scales[i] : r->quant[i].scales, 0};
@@ -269,10 +268,9 @@ static wsync_status_t quantize_staged_dev(wsync_receiver_t *r)
         const wsync_target_desc_t *t = &r->targets[i];
         if (t->mem != WSYNC_MEM_CUDA || r->land[i] == r->target_data[i] || r->dev_scales[i] == NULL)
             continue;
-        uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
-        for (int d = 0; d < t->ndim - 1; d++)
-            rows *= (uint64_t)t->shape[d];
+        uint64_t rows, cols;
         int64_t sr = 0, sc = 0;
+        wsync_shape_matrix(t->ndim, t->shape, &rows, &cols);
         st = wsync_quant_scales_shape(&r->quant[i], (int64_t)rows, (int64_t)cols, &sr, &sc);
         if (st == WSYNC_OK)
             st = wsync_dev_memcpy_async(r->quant[i].scales, r->dev_scales[i],
@@ -521,10 +519,10 @@ wsync_status_t wsync_receiver_add_target(wsync_receiver_t *r, const wsync_target
                 st = wsync_dev_stream_sync(r->dev_stream, wsync_deadline_in(r->m.timeout_ms),
                                            "zeroing an FP8 target's staging buffer");
             if (st == WSYNC_OK && t->quant.scales_mem == WSYNC_MEM_HOST) {
-                int64_t rows = 1, cols = t->ndim > 0 ? t->shape[t->ndim - 1] : 1, sr = 0, sc = 0;
-                for (int d = 0; d < t->ndim - 1; d++)
-                    rows *= t->shape[d];
-                st = wsync_quant_scales_shape(&t->quant, rows, cols, &sr, &sc);
+                uint64_t rows, cols;
+                int64_t sr = 0, sc = 0;
+                wsync_shape_matrix(t->ndim, t->shape, &rows, &cols);
+                st = wsync_quant_scales_shape(&t->quant, (int64_t)rows, (int64_t)cols, &sr, &sc);
                 if (st == WSYNC_OK)
                     st = wsync_dev_malloc((size_t)(sr * sc) * sizeof(float),
                                           (void **)&r->dev_scales[i]);
@@ -641,12 +639,11 @@ static wsync_status_t quantize_staged(wsync_receiver_t *r)
     }
     for (size_t i = 0; i < r->ntargets; i++) {
         const wsync_target_desc_t *t = &r->targets[i];
-        uint64_t rows = 1, cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
+        uint64_t rows, cols;
         wsync_status_t st;
         if (r->land[i] == r->target_data[i] || t->mem == WSYNC_MEM_CUDA)
             continue;
-        for (int d = 0; d < t->ndim - 1; d++)
-            rows *= (uint64_t)t->shape[d];
+        wsync_shape_matrix(t->ndim, t->shape, &rows, &cols);
         st = wsync_quantize_f32(t->name, r->land[i], rows, cols, cols, &r->quant[i], t->dtype,
                                 r->target_data[i], cols, r->quant[i].scales);
         if (st != WSYNC_OK)

@@ -113,6 +113,23 @@ __device__ __forceinline__ float wk_cell_scale(uint32_t amax_u, const wk_quant_p
     return s;
 }
 
+/* A cell's amax found: false for NaN or Inf (the flag finish reports raised), else its scale s
+ * (lane 0 writes it to scales) and RN(1 / s). */
+__device__ __forceinline__ bool wk_cell_open(const wk_quant_params_t &p, uint32_t m, uint64_t cell,
+                                             uint32_t lane, float &s, float &inv)
+{
+    if (m >= 0x7f800000u) {
+        if (lane == 0)
+            p.ws[1] = 1;
+        return false;
+    }
+    s = wk_cell_scale(m, p);
+    inv = __fdiv_rn(1.0f, s);
+    if (lane == 0)
+        p.scales[cell] = s;
+    return true;
+}
+
 /* x / s exactly as div.rn.f32 rounds it, for x = |value| given as bits a and y = RN(1 / s), where
  * s is a tensor or channel scale (FLT_MIN <= s < 2^120, so y is normal) and x >= 2^-100 or 0:
  * Markstein's correction (see the top of the file). */
@@ -389,15 +406,9 @@ __global__ void __launch_bounds__(NT, 1024 / NT) wk_cells_kernel(const wk_quant_
         }
         /* (each thread reads back only what it wrote itself: no barrier needed for the cache,
          * and the next cell's writes come after this cell's reads in every thread) */
-        if (m >= 0x7f800000u) {                /* NaN or Inf: reported by finish */
-            if (lane == 0)
-                p.ws[1] = 1;
+        float s, inv;
+        if (!wk_cell_open(p, m, cell, lane, s, inv))
             continue;
-        }
-        const float s = wk_cell_scale(m, p);
-        const float inv = __fdiv_rn(1.0f, s);
-        if (lane == 0)
-            p.scales[cell] = s;
 
         /* pass 2: encode */
         wk_cell_walk w = w0;
@@ -622,24 +633,18 @@ __device__ __forceinline__ void wk_reg_cell(const wk_quant_params_t &p, uint64_t
     }
     if (n == 0)
         return;
-    if (m >= 0x7f800000u) {                /* NaN or Inf: reported by finish */
-        if (lane == 0)
-            p.ws[1] = 1;
+    float s, inv;
+    if (!wk_cell_open(p, m, cell, lane, s, inv))
         return;
-    }
-    const float s = wk_cell_scale(m, p);
-    const float inv = __fdiv_rn(1.0f, s);
-    if (lane == 0)
-        p.scales[cell] = s;
 #define WK_CELL_CODES(B, H)                                                                   \
-wk_cell_codes<XK, G, B, H>(v, lane, n, r, c, dr, dc, cpr, oc, p.op, s, inv, p.f)
+    wk_cell_codes<XK, G, B, H>(v, lane, n, r, c, dr, dc, cpr, oc, p.op, s, inv, p.f)
 #define WK_CELL_HW(B)                                                                         \
-switch (p.hw) {                                                                           \
-case 1: WK_CELL_CODES(B, 1); break;                                                       \
-case 2: WK_CELL_CODES(B, 2); break;                                                       \
-case 3: WK_CELL_CODES(B, 3); break;                                                       \
-default: WK_CELL_CODES(B, 4); break;                                                      \
-}
+    switch (p.hw) {                                                                           \
+    case 1: WK_CELL_CODES(B, 1); break;                                                       \
+    case 2: WK_CELL_CODES(B, 2); break;                                                       \
+    case 3: WK_CELL_CODES(B, 3); break;                                                       \
+    default: WK_CELL_CODES(B, 4); break;                                                      \
+    }
     if (p.block)
         WK_CELL_HW(1)
     else
