@@ -37,6 +37,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 
 extern "C" {
 #include "reshard/convert.h"
@@ -1067,6 +1068,23 @@ static wsync_status_t wk_cells_reg_launch(const wk_quant_params_t &p, uint64_t n
     return wk_launched("quantize (cells in registers) kernel launch");
 }
 
+/* f(std::integral_constant<int, g>) for g threads a cell (8, 16, .. 1024; others as 1024): the
+ * register kernels' template argument from a run-time count. */
+template <typename F>
+static wsync_status_t wk_with_threads(int g, F f)
+{
+    switch (g) {
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+    case 512: return f(std::integral_constant<int, 512>{});
+    default: return f(std::integral_constant<int, 1024>{});
+    }
+}
+
 /* Threads a cell for the register kernel (the fewest that hold the largest cell: 8 .. 1024), or
  * 0 where it does not apply: cells of whole 16-byte chunks (every cell's columns a multiple of
  * the vector), up to 1024 * WK_RIPT chunks (128 KiB). An empty matrix, whose cells still get
@@ -1094,17 +1112,10 @@ static wsync_status_t wk_cells_run(const wk_quant_params_t &p, cudaStream_t s)
     constexpr int XS = wk_size(XK), VV = 16 / XS;
     uint64_t ncells = p.nbr * p.nbc;
     int vec = wk_vec_ok(p.x, p.xp, p.out, p.op, VV, p.rows <= 1) && (p.nbc == 1 || p.bc % VV == 0);
-    switch (wk_reg_threads<XK>(p)) {
-    case 8: return wk_cells_reg_launch<XK, 8>(p, ncells, s);
-    case 16: return wk_cells_reg_launch<XK, 16>(p, ncells, s);
-    case 32: return wk_cells_reg_launch<XK, 32>(p, ncells, s);
-    case 64: return wk_cells_reg_launch<XK, 64>(p, ncells, s);
-    case 128: return wk_cells_reg_launch<XK, 128>(p, ncells, s);
-    case 256: return wk_cells_reg_launch<XK, 256>(p, ncells, s);
-    case 512: return wk_cells_reg_launch<XK, 512>(p, ncells, s);
-    case 1024: return wk_cells_reg_launch<XK, 1024>(p, ncells, s);
-    default: return vec ? wk_cells_run_v<XK, VV>(p, s) : wk_cells_run_v<XK, 1>(p, s);
-    }
+    int g = wk_reg_threads<XK>(p);
+    if (g > 0)
+        return wk_with_threads(g, [&](auto G) { return wk_cells_reg_launch<XK, G.value>(p, ncells, s); });
+    return vec ? wk_cells_run_v<XK, VV>(p, s) : wk_cells_run_v<XK, 1>(p, s);
 }
 
 template <int XK, int G>
@@ -1122,16 +1133,7 @@ static wsync_status_t wk_many_launch(const wk_qmany_t &m, uint32_t max_blocks, c
 template <int XK>
 static wsync_status_t wk_many_run(const wk_qmany_t &m, int g, uint32_t mb, cudaStream_t s)
 {
-    switch (g) {
-    case 8: return wk_many_launch<XK, 8>(m, mb, s);
-    case 16: return wk_many_launch<XK, 16>(m, mb, s);
-    case 32: return wk_many_launch<XK, 32>(m, mb, s);
-    case 64: return wk_many_launch<XK, 64>(m, mb, s);
-    case 128: return wk_many_launch<XK, 128>(m, mb, s);
-    case 256: return wk_many_launch<XK, 256>(m, mb, s);
-    case 512: return wk_many_launch<XK, 512>(m, mb, s);
-    default: return wk_many_launch<XK, 1024>(m, mb, s);
-    }
+    return wk_with_threads(g, [&](auto G) { return wk_many_launch<XK, G.value>(m, mb, s); });
 }
 
 static int wk_reg_threads_any(int xk, const wk_quant_params_t &p)
