@@ -24,6 +24,22 @@ typedef struct {
     wse_vec_t in_norm, post_norm, q_norm, k_norm;
     wse_mat_t qkv, o, gate_up, down;
     wse_vec_t qkv_b, o_b, gate_up_b, down_b;
+
+    /* MLA (deepseek; qkv.w is NULL then). With q_lora: qkv_a = fused [q_a_proj;
+     * kv_a_proj_with_mqa] [q_lora + kv_lora + rope, Hd] and q_b = q_b_proj [Hr * (nope + rope),
+     * q_lora]; without: qkv_a = kv_a_proj_with_mqa [kv_lora + rope, Hd] and q_b = q_proj
+     * [Hr * (nope + rope), Hd]. kv_b [Hr * (nope + v), kv_lora]; o is [Hd, Hr * v]. */
+    wse_mat_t qkv_a, q_b, kv_b;
+    wse_vec_t q_a_norm, kv_a_norm;
+
+    /* Routed experts (router.w != NULL on a MoE layer). gate_up / down then hold the shared
+     * experts (w NULL when the model has none). The FP8 scales of w13 / w2 are those of the
+     * flattened matrices given here. */
+    wse_mat_t router;       /* [E, Hd], every expert */
+    wse_vec_t router_bias;  /* [E] (f32 e_score_correction_bias), or w NULL */
+    wse_mat_t w13;          /* [E_local * 2 * Ip, Hd]: local expert j's gate rows at j * 2 * Ip,
+                               its up rows at j * 2 * Ip + Ip */
+    wse_mat_t w2;           /* [E_local * Hd, Ip]: local expert j's down at rows j * Hd */
 } wse_layer_t;
 
 typedef struct {

@@ -27,6 +27,9 @@ const char *wsync_model_type_name(wsync_model_type_t type)
     case WSYNC_MODEL_LLAMA: return "llama";
     case WSYNC_MODEL_QWEN2: return "qwen2";
     case WSYNC_MODEL_QWEN3: return "qwen3";
+    case WSYNC_MODEL_QWEN3_MOE: return "qwen3_moe";
+    case WSYNC_MODEL_DEEPSEEK_V2: return "deepseek_v2";
+    case WSYNC_MODEL_DEEPSEEK_V3: return "deepseek_v3";
     }
     return "?";
 }
@@ -591,4 +594,23 @@ wsync_status_t wsync_model_params(const wsync_model_config_t *cfg, wsync_dtype_t
     *params = list.params;
     *n = list.n;
     return WSYNC_OK;
+}
+
+int wsync_model_layer_is_moe(const wsync_model_config_t *cfg, int64_t layer)
+{
+    if (cfg == NULL || cfg->num_experts <= 0 || layer < 0 || layer >= cfg->num_hidden_layers)
+        return 0;
+    switch (cfg->model_type) {
+    case WSYNC_MODEL_QWEN3_MOE:
+        for (int i = 0; i < cfg->nmlp_only_layers; i++)
+            if (cfg->mlp_only_layers[i] == layer)
+                return 0;
+        return cfg->decoder_sparse_step > 0 && (layer + 1) % cfg->decoder_sparse_step == 0;
+    case WSYNC_MODEL_DEEPSEEK_V2:
+    case WSYNC_MODEL_DEEPSEEK_V3:
+        return layer >= cfg->first_k_dense_replace &&
+               (cfg->moe_layer_freq <= 1 || layer % cfg->moe_layer_freq == 0);
+    default:
+        return 0;
+    }
 }

@@ -350,6 +350,15 @@ typedef struct wsync_receiver wsync_receiver_t;
 typedef void (*wsync_progress_fn)(void *arg, uint64_t version, uint64_t bytes_done,
                                   uint64_t bytes_total);
 
+/* The per-version hook: called on the thread inside wsync_receiver_wait (or _fetch) once a
+ * version has landed whole in the targets (FP8 quantized, checked), before the receiver reports
+ * it committed, so that the senders' push returns only after it, and before wait returns the
+ * version. An engine re-derives here what it computes from its weights after loading (MLA's
+ * absorbed W_UK / W_UV, requantized or transposed copies). Return 0; anything else fails the
+ * version on this receiver (WSYNC_ERR_ABORTED naming the hook's return value), the targets
+ * counting as torn. */
+typedef int (*wsync_version_fn)(void *arg, uint64_t version);
+
 typedef struct {
     const char *coordinator;   /* WSYNC_COORDINATOR */
     int rank;                  /* receiver rank in [0, nreceivers); WSYNC_RECEIVER_RANK */
@@ -358,9 +367,11 @@ typedef struct {
     int heartbeat_ms;          /* WSYNC_HEARTBEAT_MS; default 1000 */
     wsync_progress_fn progress;
     void *progress_arg;
+    wsync_version_fn on_version;   /* NULL: none */
+    void *on_version_arg;
 } wsync_receiver_params_t;
 
-#define WSYNC_RECEIVER_PARAMS_INIT {NULL, -1, 0, 0, 0, NULL, NULL}
+#define WSYNC_RECEIVER_PARAMS_INIT {NULL, -1, 0, 0, 0, NULL, NULL, NULL, NULL}
 
 /* Create a receiver and connect to the coordinator (retrying until the deadline).
  * *receiver is owned by the caller; free with wsync_receiver_free. */

@@ -38,7 +38,27 @@ typedef enum {
     WSYNC_MODEL_LLAMA = 1,
     WSYNC_MODEL_QWEN2 = 2,
     WSYNC_MODEL_QWEN3 = 3,
+    WSYNC_MODEL_QWEN3_MOE = 4,     /* Qwen3MoeForCausalLM: Qwen3 attention, routed experts */
+    WSYNC_MODEL_DEEPSEEK_V2 = 5,   /* DeepseekV2ForCausalLM: MLA, routed + shared experts */
+    WSYNC_MODEL_DEEPSEEK_V3 = 6,   /* DeepseekV3ForCausalLM (also Kimi-K2): as V2, sigmoid router */
 } wsync_model_type_t;
+
+/* Most entries of qwen3_moe's `mlp_only_layers` a config may list. */
+#define WSYNC_MODEL_MAX_MLP_ONLY 256
+
+/* How a MoE router turns its logits into expert scores (DeepSeek `scoring_func`). */
+typedef enum {
+    WSYNC_ROUTER_SOFTMAX = 0,      /* qwen3_moe, deepseek_v2 */
+    WSYNC_ROUTER_SIGMOID = 1,      /* deepseek_v3 */
+} wsync_router_score_t;
+
+/* How the top-k experts are picked from the scores (DeepSeek `topk_method`). */
+typedef enum {
+    WSYNC_TOPK_GREEDY = 0,         /* plain top-k (qwen3_moe; deepseek_v2 "greedy") */
+    WSYNC_TOPK_GROUP_LIMITED = 1,  /* deepseek_v2 "group_limited_greedy": groups by max score */
+    WSYNC_TOPK_NOAUX_TC = 2,       /* deepseek_v3 "noaux_tc": scores + e_score_correction_bias,
+                                      groups by the sum of their top-2, weights without the bias */
+} wsync_topk_method_t;
 
 /* A decoder of the Llama family. Plain values, no allocation: copy it freely. A config written
  * by hand (tests, tools) should go through wsync_model_config_check before use; every builder
@@ -62,9 +82,42 @@ typedef struct {
     double rope_theta;
     wsync_dtype_t dtype;              /* "dtype" / "torch_dtype" of the checkpoint; 0 if absent
                                          or not bf16/f16/f32 */
+
+    /* Mixture of experts (qwen3_moe, deepseek_v2/v3); num_experts 0 for a dense model. Which
+     * layers are MoE: wsync_model_layer_is_moe. A dense layer of a MoE model uses
+     * intermediate_size. */
+    int64_t num_experts;              /* E: qwen3_moe num_experts, deepseek n_routed_experts */
+    int64_t num_experts_per_tok;      /* top-k */
+    int64_t moe_intermediate_size;    /* I of one routed (and one shared) expert */
+    int norm_topk_prob;               /* renormalise the top-k weights to sum 1 */
+    int64_t decoder_sparse_step;      /* qwen3_moe: layer l is MoE when (l + 1) % step == 0 */
+    int nmlp_only_layers;             /* qwen3_moe: layers listed in mlp_only_layers are dense */
+    int32_t mlp_only_layers[WSYNC_MODEL_MAX_MLP_ONLY];
+    int64_t n_shared_experts;         /* deepseek: a shared dense MLP of width n * moe_I; 0 none */
+    int64_t first_k_dense_replace;    /* deepseek: layers < k are dense */
+    int64_t moe_layer_freq;           /* deepseek: layer l >= k is MoE when l % freq == 0 */
+    int64_t n_group, topk_group;      /* deepseek: experts in n_group groups, topk_group kept */
+    double routed_scaling_factor;     /* deepseek: routed output scaled by this */
+    wsync_router_score_t scoring_func;
+    wsync_topk_method_t topk_method;
+    int router_bias;                  /* mlp.gate.e_score_correction_bias [E] f32 exists */
+
+    /* Multi-head latent attention (deepseek); kv_lora_rank 0 for GQA models. With MLA,
+     * head_dim is qk_nope_head_dim + qk_rope_head_dim and num_key_value_heads is H. */
+    int64_t q_lora_rank;              /* 0: no low-rank q (q_proj [H * (nope + rope), Hd]) */
+    int64_t kv_lora_rank;
+    int64_t qk_nope_head_dim;
+    int64_t qk_rope_head_dim;
+    int64_t v_head_dim;
+    int rope_interleave;              /* rope on interleaved pairs (HF rope_interleave, default 1) */
 } wsync_model_config_t;
 
-/* "llama", "qwen2", "qwen3"; "?" otherwise. Static storage; thread-safe. */
+/* 1 when layer `layer` of the model has routed experts (a FusedMoE MLP), 0 when its MLP is
+ * dense (always 0 for dense families). Thread-safe. */
+int wsync_model_layer_is_moe(const wsync_model_config_t *cfg, int64_t layer);
+
+/* "llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3"; "?" otherwise. Static
+ * storage; thread-safe. */
 const char *wsync_model_type_name(wsync_model_type_t type);
 
 /* Parse a HF config.json held in memory (len bytes, need not be NUL-terminated).
@@ -149,6 +202,37 @@ wsync_status_t wsync_layout_fsdp_shards(const wsync_model_config_t *cfg, wsync_d
 /* Free what wsync_layout_shards / wsync_layout_fsdp_shards returned. NULL is a no-op. */
 void wsync_layout_shards_free(wsync_shard_t *shards, size_t nshards);
 
+/* Expert-parallel trainer shards (whole experts per rank, as Megatron's EP holds them) of every
+ * param of the model (wsync_model_params order, `dtype` as there) for rank `rank` of `nranks`:
+ * routed expert e's params (gate_proj, up_proj, down_proj) are held whole by the rank that owns
+ * e under linear placement (E % nranks == 0 required, as Megatron asserts; WSYNC_ERR_CONFIG
+ * otherwise) and are empty boxes elsewhere; every other param is split along dense_dim as by
+ * wsync_layout_shards (0: FSDP dim-0, WSYNC_REPLICATE: whole on every rank). A dense model gets
+ * what wsync_layout_shards gives. Ownership as wsync_layout_shards. Thread-safe. */
+wsync_status_t wsync_layout_ep_shards(const wsync_model_config_t *cfg, wsync_dtype_t dtype,
+                                      int rank, int nranks, int dense_dim,
+                                      wsync_shard_t **shards, size_t *nshards);
+
+/* The model's params as HF transformers 5.x holds them in memory (a trainer's state_dict()):
+ * as wsync_model_params, except that each MoE layer's per-expert params are replaced by two
+ * fused tensors, "model.layers.{L}.mlp.experts.gate_up_proj" [E, 2 * I, Hd] (expert e's gate
+ * rows, then its up rows) and "model.layers.{L}.mlp.experts.down_proj" [E, Hd, I] (no .weight
+ * suffix). Such params are for sender layouts only: shard them (wsync_layout_shard_box, FSDP
+ * dim-0 or any dim), then give each shard to wsync_layout_unfuse_experts. Ownership as
+ * wsync_model_params. Thread-safe. */
+wsync_status_t wsync_model_fused_params(const wsync_model_config_t *cfg, wsync_dtype_t dtype,
+                                        wsync_param_t **params, size_t *n);
+
+/* A shard of a fused expert tensor (param named "...mlp.experts.gate_up_proj" [E, 2I, Hd] or
+ * "...mlp.experts.down_proj" [E, Hd, I], any box, dense row-major at shard->data) as the shards
+ * of the checkpoint's per-expert params it holds ("...mlp.experts.{e}.gate_proj.weight" and so
+ * on), with data pointing into shard->data (a box of a dense box is dense whichever dims it
+ * cuts), mem and device as the shard's; experts the box misses get no shard. Any other param:
+ * one shard, a copy of *shard. The names are owned by the array: wsync_layout_shards_free.
+ * WSYNC_ERR_INVALID for a fused name whose shape is not [E, 2I, Hd] / [E, Hd, I]. Thread-safe. */
+wsync_status_t wsync_layout_unfuse_experts(const wsync_shard_t *shard, wsync_shard_t **shards,
+                                           size_t *nshards);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Receiver layouts: one target                                                                 */
 /* ------------------------------------------------------------------------------------------ */
@@ -212,6 +296,38 @@ size_t wsync_target_bytes(const wsync_target_t *target);
 size_t wsync_target_scale_count(const wsync_target_t *target);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Receiver layouts: mixture-of-experts (vLLM FusedMoE; rules in docs/moe_layouts.md)            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Which experts an expert-parallel rank holds (vLLM determine_expert_map). */
+typedef enum {
+    WSYNC_EXPERT_LINEAR = 0,       /* a contiguous range; the first E % EP ranks one more each:
+                                      start = r * floor(E / EP) + min(r, E % EP) */
+    WSYNC_EXPERT_ROUND_ROBIN = 1,  /* experts r, r + EP, r + 2 EP, ... */
+} wsync_expert_placement_t;
+
+/* The global indices of the experts rank ep_rank of ep_size holds, in local order, into
+ * experts[] (room for ceil(num_experts / ep_size)), and their count into *nlocal (0 when
+ * ep_size > num_experts leaves the rank none). WSYNC_ERR_INVALID for a rank outside
+ * [0, ep_size), num_experts < 1 or an unknown placement. Thread-safe. */
+wsync_status_t wsync_layout_local_experts(int64_t num_experts, int ep_rank, int ep_size,
+                                          wsync_expert_placement_t placement, int64_t *experts,
+                                          int64_t *nlocal);
+
+/* FusedMoE `w13_weight` of nlocal experts: gate[j] and up[j] are the [I, Hd] params of local
+ * expert j (gate_proj, up_proj). Target [nlocal, 2 * I_p, Hd] with I_p = I / tp_size: expert j's
+ * rows [0, I_p) are gate rows [r * I_p, (r + 1) * I_p), rows [I_p, 2 * I_p) the same rows of up.
+ * tp_size 1 with whole experts is expert parallelism. Needs I % tp_size == 0. Named `name`. */
+wsync_status_t wsync_layout_moe_w13(const char *name, const wsync_param_t *gate,
+                                    const wsync_param_t *up, int64_t nlocal, int tp_rank,
+                                    int tp_size, wsync_target_t *target);
+
+/* FusedMoE `w2_weight` of nlocal experts: down[j] is the [Hd, I] down_proj of local expert j.
+ * Target [nlocal, Hd, I_p]: columns [r * I_p, (r + 1) * I_p) of every row. Named `name`. */
+wsync_status_t wsync_layout_moe_w2(const char *name, const wsync_param_t *down, int64_t nlocal,
+                                   int tp_rank, int tp_size, wsync_target_t *target);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Receiver layouts: a whole model                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -226,12 +342,20 @@ typedef struct {
      * quantized. */
     wsync_quant_t quant;
     int64_t vocab_pad;           /* vocab padding multiple; 0: 64 */
+    /* Expert parallelism of MoE layers (vLLM enable_expert_parallel). ep_size 0 or 1: off, every
+     * rank holds every expert, split inside by TP (I_p = I / T). ep_size > 1: whole experts
+     * spread over ep_size ranks (vLLM: EP = TP x DP, MoE-TP 1), this rank being ep_rank
+     * (vLLM: dp_rank * T + tp_rank); attention stays split by tp_rank of tp_size. */
+    int ep_size;
+    int ep_rank;
+    wsync_expert_placement_t expert_placement;
 } wsync_tp_options_t;
 
 /* dtype 0 means "unset" (casts keep the initializer valid C++) */
 #define WSYNC_TP_OPTIONS_INIT                                                                 \
     {(wsync_dtype_t)0, (wsync_dtype_t)0, (wsync_dtype_t)0,                                    \
-     {WSYNC_QUANT_NONE, 0, 0, 0.0f, 0, 0, NULL, WSYNC_MEM_HOST}, 0}
+     {WSYNC_QUANT_NONE, 0, 0, 0.0f, 0, 0, NULL, WSYNC_MEM_HOST}, 0, 0, 0,                     \
+     WSYNC_EXPERT_LINEAR}
 
 /* Every target of TP rank tp_rank of tp_size, as vLLM lays a Llama/Qwen2/Qwen3 model out, in
  * the order: model.embed_tokens.weight (vocab-parallel); per layer input_layernorm.weight
@@ -251,6 +375,23 @@ typedef struct {
  * skips the last part of a merged weight at T = 1 or with replicated kv heads, and row-parallel
  * inputs at T = 1; wsync asks the same of every T, so no block ever straddles q and k, or gate
  * and up, and quantizing before or after slicing gives the same bits.)
+ *
+ * Mixture-of-experts families (qwen3_moe, deepseek_v2/v3): a MoE layer's MLP targets are, in
+ * this order, mlp.gate.weight [E, Hd] (router, replicated), mlp.gate.e_score_correction_bias [E]
+ * (router_bias, replicated), mlp.experts.w13_weight and mlp.experts.w2_weight (FusedMoE, see
+ * wsync_layout_moe_w13/w2: experts split inside by TP, or whole experts by options->ep_size),
+ * then for deepseek with n_shared_experts > 0 mlp.shared_experts.gate_up_proj.weight (merged,
+ * width n_shared * moe_I) and mlp.shared_experts.down_proj.weight (row-parallel). Dense layers
+ * are as above. DeepSeek's MLA attention replaces qkv_proj by, in order:
+ * self_attn.fused_qkv_a_proj.weight [q_lora + kv_lora + rope, Hd] = [q_a_proj; kv_a_proj_with_mqa]
+ * replicated (without q_lora: self_attn.q_proj.weight column-parallel by heads, then
+ * self_attn.kv_a_proj_with_mqa.weight replicated), self_attn.q_a_layernorm.weight,
+ * self_attn.q_b_proj.weight (column-parallel by heads), self_attn.kv_a_layernorm.weight,
+ * self_attn.kv_b_proj.weight (column-parallel by heads), self_attn.o_proj.weight (row-parallel).
+ * With quant, w13/w2, the shared experts, fused_qkv_a_proj, q_proj, q_b_proj, kv_b_proj and
+ * o_proj are quantized; a 3-D target's scales are those of its [prod(leading dims), last dim]
+ * matrix, which for blocks that divide I_p and Hd is vLLM's [E_local, 2 * I_p / bn, Hd / bk]
+ * (w13) and [E_local, Hd / bn, I_p / bk] (w2). The router and its bias stay unquantized.
  * *targets (names and pieces included) is owned by the caller: wsync_layout_targets_free.
  * Thread-safe. */
 wsync_status_t wsync_layout_tp_targets(const wsync_model_config_t *cfg, int tp_rank, int tp_size,

@@ -104,9 +104,32 @@ class ModelType(enum.IntEnum):
     LLAMA = 1
     QWEN2 = 2
     QWEN3 = 3
+    QWEN3_MOE = 4
+    DEEPSEEK_V2 = 5
+    DEEPSEEK_V3 = 6
+
+
+class RouterScore(enum.IntEnum):
+    """wsync_router_score_t (wsync_layout.h)."""
+    SOFTMAX = 0
+    SIGMOID = 1
+
+
+class TopkMethod(enum.IntEnum):
+    """wsync_topk_method_t (wsync_layout.h)."""
+    GREEDY = 0
+    GROUP_LIMITED = 1
+    NOAUX_TC = 2
+
+
+class ExpertPlacement(enum.IntEnum):
+    """wsync_expert_placement_t (wsync_layout.h)."""
+    LINEAR = 0
+    ROUND_ROBIN = 1
 
 
 WSYNC_REPLICATE = -1
+WSYNC_MODEL_MAX_MLP_ONLY = 256
 
 Dims = C.c_int64 * WSYNC_MAX_DIMS
 
@@ -238,6 +261,10 @@ class wsync_push_stats_t(_Struct):
 wsync_progress_fn = C.CFUNCTYPE(None, C.c_void_p, C.c_uint64, C.c_uint64, C.c_uint64)
 
 
+#: int (*wsync_version_fn)(void *arg, uint64_t version)
+wsync_version_fn = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_uint64)
+
+
 class wsync_receiver_params_t(_Struct):
     _c_name_ = "wsync_receiver_params_t"
     _fields_ = [
@@ -248,6 +275,8 @@ class wsync_receiver_params_t(_Struct):
         ("heartbeat_ms", C.c_int),
         ("progress", wsync_progress_fn),
         ("progress_arg", C.c_void_p),
+        ("on_version", wsync_version_fn),
+        ("on_version_arg", C.c_void_p),
     ]
 
 
@@ -275,6 +304,28 @@ class wsync_model_config_t(_Struct):
         ("rms_norm_eps", C.c_double),
         ("rope_theta", C.c_double),
         ("dtype", c_enum),
+        ("num_experts", C.c_int64),
+        ("num_experts_per_tok", C.c_int64),
+        ("moe_intermediate_size", C.c_int64),
+        ("norm_topk_prob", C.c_int),
+        ("decoder_sparse_step", C.c_int64),
+        ("nmlp_only_layers", C.c_int),
+        ("mlp_only_layers", C.c_int32 * WSYNC_MODEL_MAX_MLP_ONLY),
+        ("n_shared_experts", C.c_int64),
+        ("first_k_dense_replace", C.c_int64),
+        ("moe_layer_freq", C.c_int64),
+        ("n_group", C.c_int64),
+        ("topk_group", C.c_int64),
+        ("routed_scaling_factor", C.c_double),
+        ("scoring_func", c_enum),
+        ("topk_method", c_enum),
+        ("router_bias", C.c_int),
+        ("q_lora_rank", C.c_int64),
+        ("kv_lora_rank", C.c_int64),
+        ("qk_nope_head_dim", C.c_int64),
+        ("qk_rope_head_dim", C.c_int64),
+        ("v_head_dim", C.c_int64),
+        ("rope_interleave", C.c_int),
     ]
 
 
@@ -286,6 +337,9 @@ class wsync_tp_options_t(_Struct):
         ("quant_dtype", c_enum),
         ("quant", wsync_quant_t),
         ("vocab_pad", C.c_int64),
+        ("ep_size", C.c_int),
+        ("ep_rank", C.c_int),
+        ("expert_placement", c_enum),
     ]
 
 
@@ -327,6 +381,9 @@ ENUMS = {
     "wsync_quant_scheme_t": {f"WSYNC_QUANT_{m.name}": int(m) for m in QuantScheme},
     "wsync_log_level_t": {f"WSYNC_LOG_{m.name}": int(m) for m in LogLevel},
     "wsync_model_type_t": {f"WSYNC_MODEL_{m.name}": int(m) for m in ModelType},
+    "wsync_router_score_t": {f"WSYNC_ROUTER_{m.name}": int(m) for m in RouterScore},
+    "wsync_topk_method_t": {f"WSYNC_TOPK_{m.name}": int(m) for m in TopkMethod},
+    "wsync_expert_placement_t": {f"WSYNC_EXPERT_{m.name}": int(m) for m in ExpertPlacement},
 }
 
 MACROS = {
@@ -335,6 +392,7 @@ MACROS = {
     "WSYNC_VERSION_PATCH": WSYNC_VERSION_PATCH,
     "WSYNC_MAX_DIMS": WSYNC_MAX_DIMS,
     "WSYNC_REPLICATE": WSYNC_REPLICATE,
+    "WSYNC_MODEL_MAX_MLP_ONLY": WSYNC_MODEL_MAX_MLP_ONLY,
 }
 
 
@@ -353,14 +411,15 @@ def sender_params_init() -> wsync_sender_params_t:
 
 
 def receiver_params_init() -> wsync_receiver_params_t:
-    """WSYNC_RECEIVER_PARAMS_INIT: {NULL, -1, 0, 0, 0, NULL, NULL}."""
-    return wsync_receiver_params_t(None, -1, 0, 0, 0, wsync_progress_fn(), None)
+    """WSYNC_RECEIVER_PARAMS_INIT: {NULL, -1, 0, 0, 0, NULL, NULL, NULL, NULL}."""
+    return wsync_receiver_params_t(None, -1, 0, 0, 0, wsync_progress_fn(), None,
+                                   wsync_version_fn(), None)
 
 
 def tp_options_init() -> wsync_tp_options_t:
     """WSYNC_TP_OPTIONS_INIT."""
     return wsync_tp_options_t(0, 0, 0, wsync_quant_t(QuantScheme.NONE, 0, 0, 0.0, 0, 0, None,
-                                                     Mem.HOST), 0)
+                                                     Mem.HOST), 0, 0, 0, 0)
 
 
 #: What the initializers hold, flattened to "struct.field" -> number (pointers as 0), in the form
@@ -471,6 +530,9 @@ PROTOTYPES = {
     "wsync_model_params": (c_status, [C.POINTER(wsync_model_config_t), c_enum,
                                       C.POINTER(C.POINTER(wsync_param_t)), C.POINTER(_S)]),
     "wsync_model_params_free": (None, [C.POINTER(wsync_param_t), _S]),
+    "wsync_model_layer_is_moe": (C.c_int, [C.POINTER(wsync_model_config_t), C.c_int64]),
+    "wsync_model_fused_params": (c_status, [C.POINTER(wsync_model_config_t), c_enum,
+                                            C.POINTER(C.POINTER(wsync_param_t)), C.POINTER(_S)]),
     # sender layouts
     "wsync_layout_shard_box": (c_status, [C.POINTER(wsync_param_t), C.c_int, C.c_int, C.c_int,
                                           C.POINTER(wsync_box_t)]),
@@ -480,6 +542,20 @@ PROTOTYPES = {
                                             C.c_int, C.POINTER(C.POINTER(wsync_shard_t)),
                                             C.POINTER(_S)]),
     "wsync_layout_shards_free": (None, [C.POINTER(wsync_shard_t), _S]),
+    "wsync_layout_ep_shards": (c_status, [C.POINTER(wsync_model_config_t), c_enum, C.c_int,
+                                          C.c_int, C.c_int, C.POINTER(C.POINTER(wsync_shard_t)),
+                                          C.POINTER(_S)]),
+    "wsync_layout_unfuse_experts": (c_status, [C.POINTER(wsync_shard_t),
+                                               C.POINTER(C.POINTER(wsync_shard_t)),
+                                               C.POINTER(_S)]),
+    # MoE receiver layouts
+    "wsync_layout_local_experts": (c_status, [C.c_int64, C.c_int, C.c_int, c_enum,
+                                              C.POINTER(C.c_int64), C.POINTER(C.c_int64)]),
+    "wsync_layout_moe_w13": (c_status, [C.c_char_p, C.POINTER(wsync_param_t),
+                                        C.POINTER(wsync_param_t), C.c_int64, C.c_int, C.c_int,
+                                        C.POINTER(wsync_target_t)]),
+    "wsync_layout_moe_w2": (c_status, [C.c_char_p, C.POINTER(wsync_param_t), C.c_int64, C.c_int,
+                                       C.c_int, C.POINTER(wsync_target_t)]),
     # receiver layouts: one target
     "wsync_layout_replicated": (c_status, [C.POINTER(wsync_param_t), C.POINTER(wsync_target_t)]),
     "wsync_layout_column_parallel": (c_status, [C.POINTER(wsync_param_t), C.c_int, C.c_int,

@@ -179,6 +179,8 @@ static void structs(void)
     FIELD(wsync_receiver_params_t, heartbeat_ms);
     FIELD(wsync_receiver_params_t, progress);
     FIELD(wsync_receiver_params_t, progress_arg);
+    FIELD(wsync_receiver_params_t, on_version);
+    FIELD(wsync_receiver_params_t, on_version_arg);
     STRUCT_END();
 
     STRUCT_BEGIN(wsync_model_config_t);
@@ -199,6 +201,28 @@ static void structs(void)
     FIELD(wsync_model_config_t, rms_norm_eps);
     FIELD(wsync_model_config_t, rope_theta);
     FIELD(wsync_model_config_t, dtype);
+    FIELD(wsync_model_config_t, num_experts);
+    FIELD(wsync_model_config_t, num_experts_per_tok);
+    FIELD(wsync_model_config_t, moe_intermediate_size);
+    FIELD(wsync_model_config_t, norm_topk_prob);
+    FIELD(wsync_model_config_t, decoder_sparse_step);
+    FIELD(wsync_model_config_t, nmlp_only_layers);
+    FIELD(wsync_model_config_t, mlp_only_layers);
+    FIELD(wsync_model_config_t, n_shared_experts);
+    FIELD(wsync_model_config_t, first_k_dense_replace);
+    FIELD(wsync_model_config_t, moe_layer_freq);
+    FIELD(wsync_model_config_t, n_group);
+    FIELD(wsync_model_config_t, topk_group);
+    FIELD(wsync_model_config_t, routed_scaling_factor);
+    FIELD(wsync_model_config_t, scoring_func);
+    FIELD(wsync_model_config_t, topk_method);
+    FIELD(wsync_model_config_t, router_bias);
+    FIELD(wsync_model_config_t, q_lora_rank);
+    FIELD(wsync_model_config_t, kv_lora_rank);
+    FIELD(wsync_model_config_t, qk_nope_head_dim);
+    FIELD(wsync_model_config_t, qk_rope_head_dim);
+    FIELD(wsync_model_config_t, v_head_dim);
+    FIELD(wsync_model_config_t, rope_interleave);
     STRUCT_END();
 
     STRUCT_BEGIN(wsync_tp_options_t);
@@ -208,6 +232,9 @@ static void structs(void)
     FIELD(wsync_tp_options_t, quant);
     QUANT_FIELDS(wsync_tp_options_t, quant);
     FIELD(wsync_tp_options_t, vocab_pad);
+    FIELD(wsync_tp_options_t, ep_size);
+    FIELD(wsync_tp_options_t, ep_rank);
+    FIELD(wsync_tp_options_t, expert_placement);
     STRUCT_END();
 
     STRUCT_BEGIN(wsync_plan_summary_t);
@@ -270,6 +297,22 @@ static void enums(void)
     ENUM(WSYNC_MODEL_LLAMA);
     ENUM(WSYNC_MODEL_QWEN2);
     ENUM(WSYNC_MODEL_QWEN3);
+    ENUM(WSYNC_MODEL_QWEN3_MOE);
+    ENUM(WSYNC_MODEL_DEEPSEEK_V2);
+    ENUM(WSYNC_MODEL_DEEPSEEK_V3);
+    end();
+    begin("wsync_router_score_t");
+    ENUM(WSYNC_ROUTER_SOFTMAX);
+    ENUM(WSYNC_ROUTER_SIGMOID);
+    end();
+    begin("wsync_topk_method_t");
+    ENUM(WSYNC_TOPK_GREEDY);
+    ENUM(WSYNC_TOPK_GROUP_LIMITED);
+    ENUM(WSYNC_TOPK_NOAUX_TC);
+    end();
+    begin("wsync_expert_placement_t");
+    ENUM(WSYNC_EXPERT_LINEAR);
+    ENUM(WSYNC_EXPERT_ROUND_ROBIN);
     end();
     end();
 
@@ -288,6 +331,7 @@ static void enums(void)
     ENUM(WSYNC_VERSION_PATCH);
     ENUM(WSYNC_MAX_DIMS);
     ENUM(WSYNC_REPLICATE);
+    ENUM(WSYNC_MODEL_MAX_MLP_ONLY);
     end();
 }
 
@@ -323,6 +367,8 @@ static void inits(void)
     num("wsync_receiver_params_t.heartbeat_ms", rp.heartbeat_ms);
     num("wsync_receiver_params_t.progress", rp.progress != NULL);
     PTR("wsync_receiver_params_t.progress_arg", rp.progress_arg);
+    num("wsync_receiver_params_t.on_version", rp.on_version != NULL);
+    PTR("wsync_receiver_params_t.on_version_arg", rp.on_version_arg);
 
     num("wsync_tp_options_t.param_dtype", tp.param_dtype);
     num("wsync_tp_options_t.dtype", tp.dtype);
@@ -336,6 +382,9 @@ static void inits(void)
     PTR("wsync_tp_options_t.quant.scales", tp.quant.scales);
     num("wsync_tp_options_t.quant.scales_mem", tp.quant.scales_mem);
     num("wsync_tp_options_t.vocab_pad", (long long)tp.vocab_pad);
+    num("wsync_tp_options_t.ep_size", tp.ep_size);
+    num("wsync_tp_options_t.ep_rank", tp.ep_rank);
+    num("wsync_tp_options_t.expert_placement", tp.expert_placement);
     end();
 }
 
