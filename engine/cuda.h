@@ -30,6 +30,27 @@ typedef struct {
     int64_t Hd, H, K, D, Hr, Kr, kr, Ir, Vr, L;
     int tp_rank, tp_size, max_seq;
     float eps;
+
+    /* MLA (kv_lora > 0; qkv views NULL, qkv_a/q_b/kv_b set). Each local head's q and k have
+     * nope + rope dims (rope last), v has vd. The KV cache holds them expanded per local head:
+     * k [L, max_seq, Hr * (nope + rope)], v [L, max_seq, Hr * vd]. RoPE tables are
+     * [max_seq, rope / 2]; rope_interleave rotates pairs (2i, 2i + 1) with frequency i (HF's
+     * de-interleave then rotate_half gives the same dot products), else pairs (i, i + rope/2).
+     * attn_scale multiplies q.k (1/sqrt(nope + rope)). */
+    int64_t q_lora, kv_lora, nope, rope, vd;
+    int rope_interleave;
+    float attn_scale;
+
+    /* MoE (E > 0 on layers whose views have router.w): E experts routed, top `topk`; this rank
+     * holds E_local experts, global e_first .. e_first + E_local - 1 (linear placement), each of
+     * width Ip (I / T, or I under expert parallelism). Routed outputs of experts this rank lacks
+     * are zero here: the TP all-reduce after the MLP sums the ranks' parts. Shared experts (the
+     * layer's gate_up/down views) and dense layers take their width from the view's rows. */
+    int64_t E, E_local, e_first, Ip, topk, n_group, topk_group;
+    int scoring;          /* wsync_router_score_t */
+    int topk_method;      /* wsync_topk_method_t */
+    int norm_topk;        /* renormalise the top-k weights */
+    float routed_scale;   /* routed_scaling_factor (1 for qwen3_moe) */
 } wse_cuda_dims_t;
 
 /* The TP collectives forward calls between its kernels; they enqueue on (or wait for) the
