@@ -7,7 +7,7 @@
 # `cmake -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release && cmake --build
 # build-gpu`) it copies the tools and GPU test programs, stripped, into DEST (default gpu-carry,
 # ignored by git) in the same layout (bin/, tests/gpu/), libwsync.so.X.Y.Z stripped as
-# lib/libwsync.so (no symlinks), plus ../shared/testdata/hf_qwen3_tiny.
+# lib/libwsync.so (no symlinks), plus the tiny models of ../shared/testdata (dense, Qwen3-MoE, DeepSeek-V3).
 # Every program links the static library with every kernel in it, so the folder outgrows what
 # the device tool carries: DEST.tgz, made beside it, is what to carry. On the machine:
 # `tar xzf gpu-carry.tgz && WSYNC_TESTDATA=gpu-carry/testdata bash tests/gpu/run.sh gpu-carry`.
@@ -29,8 +29,10 @@ if [ -n "$lib" ] && [ -f "$lib" ]; then
     mkdir -p "$DEST/lib"
     strip --strip-unneeded -o "$DEST/lib/libwsync.so" "$lib"
 fi
-for d in ../shared/testdata/hf_qwen3_tiny shared/testdata/hf_qwen3_tiny; do
-    if [ -d "$d" ]; then cp -r "$d" "$DEST/testdata/"; break; fi
+for m in hf_qwen3_tiny hf_qwen3_moe_tiny hf_deepseek_v3_tiny; do
+    for d in ../shared/testdata/$m shared/testdata/$m; do
+        if [ -d "$d" ]; then cp -r "$d" "$DEST/testdata/"; break; fi
+    done
 done
 tar -czf "$DEST.tgz" "$DEST"
 du -sh "$DEST" "$DEST.tgz"
