@@ -100,6 +100,8 @@ struct wsync_receiver {
     int torn;
     wsync_progress_fn progress;
     void *progress_arg;
+    wsync_version_fn on_version;     /* the per-version hook, NULL: none (runs before COMMIT) */
+    void *on_version_arg;
     /* CUDA targets (one device per receiver) */
     int device;                      /* CUDA device of the CUDA targets; -1: none */
     void *dev_stream;                /* receiver.c's stream: zeroing and quantizing */

@@ -335,6 +335,8 @@ wsync_status_t wsync_receiver_create(wsync_ctx_t *ctx, const wsync_receiver_para
     r->m.coordinator = wsync_strdup(p.coordinator);
     r->progress = p.progress;
     r->progress_arg = p.progress_arg;
+    r->on_version = p.on_version;
+    r->on_version_arg = p.on_version_arg;
     r->device = -1;
     /* the number of senders is learnt from the plan; HELLO says -1 for "as the coordinator says" */
     gethostname(hostname, sizeof(hostname) - 1);
@@ -678,6 +680,22 @@ static wsync_status_t commit_point(wsync_receiver_t *r, uint64_t v)
     return WSYNC_OK;
 }
 
+/* The caller's per-version hook, once version v is whole in the targets and before anyone hears
+ * it committed: the engine re-derives what it computes from the weights. Its failure fails the
+ * version here, as a failed copy would (the targets stay torn). */
+static wsync_status_t version_hook(wsync_receiver_t *r, uint64_t v)
+{
+    int rc;
+
+    if (r->on_version == NULL)
+        return WSYNC_OK;
+    rc = r->on_version(r->on_version_arg, v);
+    if (rc != 0)
+        return wsync_err(WSYNC_ERR_ABORTED, "receiver %d: the on_version hook returned %d for "
+                         "version %llu", r->m.rank, rc, (unsigned long long)v);
+    return WSYNC_OK;
+}
+
 /* Async schemes: land a version the receiver asks for. */
 static wsync_status_t receiver_fetch(wsync_receiver_t *r, uint64_t want, int timeout_ms,
                                      uint64_t *got)
@@ -698,6 +716,8 @@ static wsync_status_t receiver_fetch(wsync_receiver_t *r, uint64_t want, int tim
     }
     if (st == WSYNC_OK)
         st = commit_point(r, v);
+    if (st == WSYNC_OK)
+        st = version_hook(r, v);
     if (st != WSYNC_OK)
         st = quant_drain(r, st);
     if (st == WSYNC_ERR_INTEGRITY)
@@ -760,6 +780,8 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
     t_quant = wsync_now_ns();
     if (st == WSYNC_OK)
         st = commit_point(r, v);
+    if (st == WSYNC_OK)
+        st = version_hook(r, v);
     if (st != WSYNC_OK)
         return wsync_member_fail(&r->m, quant_drain(r, st));
     r->torn = 0;
