@@ -48,12 +48,19 @@ class Receiver:
     in .buffers[scale_name(name)] too. Buffers passed in (torch tensors, HostTensors, writable
     buffer-protocol objects) are referenced until close() or set_target_data(). wait() blocks
     the calling thread (the GIL is released) up to its timeout. One thread at a time per
-    receiver (a lock enforces it)."""
+    receiver (a lock enforces it).
+
+    on_version(version) is the per-version hook: called inside wait()/fetch() once a version is
+    whole in the buffers and before the receiver commits it (so the senders' push returns only
+    after it); re-derive here what the engine computes from its weights. Return None or 0; a
+    non-zero int or an exception fails the version on this receiver (wait raises AbortedError,
+    chained to the exception) and the group with it; the buffers then count as torn."""
 
     def __init__(self, coordinator: Optional[str] = None, rank: Optional[int] = None,
                  receivers: Optional[int] = None, *, timeout_ms: Optional[int] = None,
                  heartbeat_ms: Optional[int] = None,
                  progress: Optional[Callable[[int, int, int], None]] = None,
+                 on_version: Optional[Callable[[int], Any]] = None,
                  context: Optional[Context] = None, log_level: Any = None):
         self._handle = None
         self._lock = threading.RLock()   # progress callbacks may read properties
@@ -62,6 +69,7 @@ class Receiver:
         self.targets: Dict[str, Target] = {}
         self.buffers: Dict[str, Any] = {}
         self._progress_error: Optional[BaseException] = None
+        self._hook_error: Optional[BaseException] = None
         self._own_ctx = context is None
         self._ctx = Context(log_level) if context is None else context
         p = D.receiver_params_init()
@@ -89,6 +97,22 @@ class Receiver:
                     rv._progress_error = e
             self._progress_cb = D.wsync_progress_fn(on_progress)
             p.progress = self._progress_cb
+        self._version_cb = None   # referenced while the C receiver may call it
+        if on_version is not None:
+            me_v = weakref.ref(self)
+
+            def on_version_c(arg, version, _user=on_version):
+                rv = me_v()
+                try:
+                    r = _user(int(version))
+                except BaseException as e:   # the version fails; wait raises AbortedError from e
+                    if rv is not None:
+                        rv._hook_error = e
+                    return -1
+                # None (a function that returns nothing) is success; ints as the C hook's
+                return 0 if r is None else int(r)
+            self._version_cb = D.wsync_version_fn(on_version_c)
+            p.on_version = self._version_cb
         ctx = self._ctx._acquire()
         h = C.c_void_p()
         try:
@@ -295,9 +319,10 @@ class Receiver:
         t = -1 if timeout_ms is None else int(timeout_ms)
         with self._lock:
             self._progress_error = None
+            self._hook_error = None
             st = lib().wsync_receiver_wait(self._h(), t, C.byref(v))
             if st != 0:
-                raise_status(st, "wsync_receiver_wait")
+                self._raise_with_hook(st, "wsync_receiver_wait")
             err, self._progress_error = self._progress_error, None
         if err is not None:
             raise err
@@ -312,10 +337,21 @@ class Receiver:
         got = C.c_uint64()
         t = -1 if timeout_ms is None else int(timeout_ms)
         with self._lock:
+            self._hook_error = None
             st = lib().wsync_receiver_fetch(self._h(), C.c_uint64(int(version)), t, C.byref(got))
             if st != 0:
-                raise_status(st, "wsync_receiver_fetch")
+                self._raise_with_hook(st, "wsync_receiver_fetch")
         return int(got.value)
+
+    def _raise_with_hook(self, st: int, what: str) -> None:
+        """raise_status, chained to the exception the on_version hook raised, if it did."""
+        err, self._hook_error = self._hook_error, None
+        if err is None:
+            raise_status(st, what)
+        try:
+            raise_status(st, what)
+        except Exception as e:
+            raise e from err
 
     def poll(self, timeout_ms: int = 0) -> Optional[int]:
         """wait(), but None instead of WsyncTimeoutError when no version began."""
