@@ -143,11 +143,17 @@ typedef struct {
     wsync_engine_device_t device;    /* CPU by default */
     int gpu;                         /* CUDA: device ordinal, taken modulo the number of visible
                                         devices; < 0: tp_rank (the default) */
+    int ep;                          /* expert parallelism of MoE layers: 0 or 1, every rank
+                                        holds every expert, split inside by TP (I / tp_size
+                                        wide); tp_size, whole experts spread over the TP ranks
+                                        (vLLM's enable_expert_parallel with DP 1: EP rank =
+                                        tp_rank, linear placement), attention still split by
+                                        TP; any other value is refused */
 } wsync_engine_params_t;
 
 #define WSYNC_ENGINE_PARAMS_INIT                                                              \
     {0, 1, NULL, WSYNC_ENGINE_QUANT_NONE, 0, 0, 0, WSYNC_ENGINE_IN_PLACE, (wsync_dtype_t)0,    \
-     (wsync_dtype_t)0, WSYNC_ENGINE_CPU, -1}
+     (wsync_dtype_t)0, WSYNC_ENGINE_CPU, -1, 0}
 
 /* Number of CUDA devices this process sees. WSYNC_ERR_UNSUPPORTED when built without CUDA;
  * WSYNC_ERR_DEVICE "no CUDA device (...)" when there is none (no GPU, or no driver). It

@@ -45,6 +45,11 @@ void wse_store(wsync_dtype_t dtype, void *p, size_t i, float x);
 typedef enum {
     WSE_EMBED, WSE_LM_HEAD, WSE_NORM, WSE_IN_NORM, WSE_POST_NORM, WSE_Q_NORM, WSE_K_NORM,
     WSE_QKV, WSE_QKV_B, WSE_O, WSE_O_B, WSE_GATE_UP, WSE_GATE_UP_B, WSE_DOWN, WSE_DOWN_B,
+    /* MLA: fused [q_a; kv_a] (or kv_a alone), q_b (or q_proj), kv_b, the two latent norms */
+    WSE_QKV_A, WSE_Q_B, WSE_KV_B, WSE_Q_A_NORM, WSE_KV_A_NORM,
+    /* MoE: router, its correction bias, the routed experts, the shared experts */
+    WSE_ROUTER, WSE_ROUTER_BIAS, WSE_W13, WSE_W2, WSE_SH_GATE_UP, WSE_SH_DOWN,
+    WSE_NROLES
 } wse_role_t;
 
 typedef struct {
@@ -97,6 +102,21 @@ struct wsync_engine {
     wsync_engine_params_t p;
     int64_t Hd, H, K, D, I, V, Vp, Vr, Hr, Kr, Ir, kr, L;
     int blk;                        /* FP8 block, 0 without */
+    int64_t rd;                     /* rotary dims: D, or qk_rope_head_dim with MLA */
+
+    /* MLA (kv_lora > 0): per local head q and k have qk = nope + rope dims, v has vd */
+    int64_t q_lora, kv_lora, nope, rope, vd, qk;
+    int rope_interleave;
+    float attn_scale;               /* multiplies q.k: 1/sqrt(D), or 1/sqrt(nope + rope) */
+    int64_t kdim, vdim;             /* per position and layer in the KV cache: Kr*D (GQA) or
+                                       Hr*qk and Hr*vd (MLA, expanded per local head) */
+
+    /* MoE (E > 0): this rank's experts are e_first .. e_first + E_local - 1, Ip wide each
+     * (moe_I / T inside TP, moe_I with expert parallelism); Is the shared experts' width here */
+    int64_t E, E_local, e_first, Ip, Is, topk;
+    int ep;                         /* expert-parallel size: 1 (off) or tp_size */
+    int norm_topk;                  /* renormalise the top-k weights (HF's rule per family) */
+    float routed_scale;             /* routed_scaling_factor, 1 for qwen3_moe */
 
     /* the rank's targets (layout order) and where each lives in a weight set */
     wsync_target_t *targets;
@@ -111,9 +131,15 @@ struct wsync_engine {
 
     /* run state: allocated once; kv freed by sleep level >= 1 */
     float *x, *xb, *xb2, *qkv, *att_out, *att, *hb, *hb2, *logits_local, *logits;
-    float *rope_cos, *rope_sin;     /* [max_seq, D/2] */
-    float *kcache, *vcache;         /* [L, max_seq, Kr * D] */
-    size_t kv_bytes;
+    float *mla_a;                   /* [q_lora + kv_lora + rope]: qkv_a's output */
+    float *mla_c;                   /* [max(q_lora, kv_lora)]: a latent, normed */
+    float *mla_kv;                  /* [Hr * (nope + vd)]: kv_b's output */
+    float *router;                  /* [4 E]: the router's scores and their scratch */
+    float *moe_out, *moe_wt;        /* [Hd] the routed sum on this rank; [topk] weights */
+    int64_t *moe_sel;               /* [topk] the chosen experts, ascending */
+    float *rope_cos, *rope_sin;     /* [max_seq, rd/2] */
+    float *kcache, *vcache;         /* [L, max_seq, kdim] and [L, max_seq, vdim] */
+    size_t k_bytes, v_bytes;
     int max_seq;
     int sleeping;
 

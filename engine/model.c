@@ -71,6 +71,8 @@ wsync_status_t wsync_engine_quantize_block(const char *name, const float *x, int
 
 /* ---- targets and slots ------------------------------------------------------------------- */
 
+static void shape_text(char *buf, size_t len, int ndim, const int64_t *shape);
+
 static const struct {
     const char *suffix;
     wse_role_t role;
@@ -87,6 +89,21 @@ static const struct {
     {"mlp.gate_up_proj.bias", WSE_GATE_UP_B},
     {"mlp.down_proj.weight", WSE_DOWN},
     {"mlp.down_proj.bias", WSE_DOWN_B},
+    /* MLA (wsync_layout_tp_targets' deepseek names) */
+    {"self_attn.fused_qkv_a_proj.weight", WSE_QKV_A},
+    {"self_attn.kv_a_proj_with_mqa.weight", WSE_QKV_A},   /* without q_lora */
+    {"self_attn.q_a_layernorm.weight", WSE_Q_A_NORM},
+    {"self_attn.q_b_proj.weight", WSE_Q_B},
+    {"self_attn.q_proj.weight", WSE_Q_B},                 /* without q_lora */
+    {"self_attn.kv_a_layernorm.weight", WSE_KV_A_NORM},
+    {"self_attn.kv_b_proj.weight", WSE_KV_B},
+    /* MoE (vLLM FusedMoE) */
+    {"mlp.gate.weight", WSE_ROUTER},
+    {"mlp.gate.e_score_correction_bias", WSE_ROUTER_BIAS},
+    {"mlp.experts.w13_weight", WSE_W13},
+    {"mlp.experts.w2_weight", WSE_W2},
+    {"mlp.shared_experts.gate_up_proj.weight", WSE_SH_GATE_UP},
+    {"mlp.shared_experts.down_proj.weight", WSE_SH_DOWN},
 };
 
 static wsync_status_t role_of(const wsync_engine_t *e, const char *name, wse_role_t *role,
@@ -120,7 +137,11 @@ static void bind_slot(wsync_engine_t *e, size_t i, uint8_t *base)
     const wsync_target_t *t = &e->targets[i];
     void *data = base != NULL ? base + sl->offset : NULL;
     wse_vec_t v = {t->dtype, data};
-    wse_mat_t m = {t->dtype, data, NULL, t->shape[0], t->ndim > 1 ? t->shape[1] : 1, 0};
+    /* a 3-D target (w13, w2) is the [prod(leading dims), last dim] matrix its scales describe */
+    int64_t rows = 1, cols = t->ndim > 1 ? t->shape[t->ndim - 1] : 1;
+    for (int d = 0; d < (t->ndim > 1 ? t->ndim - 1 : 1); d++)
+        rows *= t->shape[d];
+    wse_mat_t m = {t->dtype, data, NULL, rows, cols, 0};
     wse_layer_t *ly = sl->layer >= 0 ? &e->layers[sl->layer] : NULL;
 
     if (sl->nscales > 0) {
@@ -147,6 +168,18 @@ static void bind_slot(wsync_engine_t *e, size_t i, uint8_t *base)
     case WSE_GATE_UP_B: ly->gate_up_b = v; break;
     case WSE_DOWN: ly->down = m; break;
     case WSE_DOWN_B: ly->down_b = v; break;
+    case WSE_QKV_A: ly->qkv_a = m; break;
+    case WSE_Q_B: ly->q_b = m; break;
+    case WSE_KV_B: ly->kv_b = m; break;
+    case WSE_Q_A_NORM: ly->q_a_norm = v; break;
+    case WSE_KV_A_NORM: ly->kv_a_norm = v; break;
+    case WSE_ROUTER: ly->router = m; break;
+    case WSE_ROUTER_BIAS: ly->router_bias = v; break;
+    case WSE_W13: ly->w13 = m; break;
+    case WSE_W2: ly->w2 = m; break;
+    case WSE_SH_GATE_UP: ly->gate_up = m; break;
+    case WSE_SH_DOWN: ly->down = m; break;
+    case WSE_NROLES: break;
     }
 }
 
@@ -198,29 +231,53 @@ void wse_set_free(wsync_engine_t *e, int s)
 static wsync_status_t check_slot_shape(const wsync_engine_t *e, size_t i)
 {
     const wsync_target_t *t = &e->targets[i];
-    int64_t want0 = 0, want1 = 0;
+    int64_t want[3] = {0, 0, 0}, Hr = e->Hr;
+    int nd = 1, ok;
+    char a[96], b[96];
 
     switch (e->slots[i].role) {
-    case WSE_EMBED: case WSE_LM_HEAD: want0 = e->Vr; want1 = e->Hd; break;
+    case WSE_EMBED: case WSE_LM_HEAD: want[0] = e->Vr; want[1] = e->Hd; nd = 2; break;
     case WSE_NORM: case WSE_IN_NORM: case WSE_POST_NORM: case WSE_O_B: case WSE_DOWN_B:
-        want0 = e->Hd; break;
-    case WSE_Q_NORM: case WSE_K_NORM: want0 = e->D; break;
-    case WSE_QKV: want0 = (e->Hr + 2 * e->Kr) * e->D; want1 = e->Hd; break;
-    case WSE_QKV_B: want0 = (e->Hr + 2 * e->Kr) * e->D; break;
-    case WSE_O: want0 = e->Hd; want1 = e->Hr * e->D; break;
-    case WSE_GATE_UP: want0 = 2 * e->Ir; want1 = e->Hd; break;
-    case WSE_GATE_UP_B: want0 = 2 * e->Ir; break;
-    case WSE_DOWN: want0 = e->Hd; want1 = e->Ir; break;
+        want[0] = e->Hd; break;
+    case WSE_Q_NORM: case WSE_K_NORM: want[0] = e->D; break;
+    case WSE_QKV: want[0] = (Hr + 2 * e->Kr) * e->D; want[1] = e->Hd; nd = 2; break;
+    case WSE_QKV_B: want[0] = (Hr + 2 * e->Kr) * e->D; break;
+    case WSE_O: want[0] = e->Hd; want[1] = e->kv_lora ? Hr * e->vd : Hr * e->D; nd = 2; break;
+    case WSE_GATE_UP: want[0] = 2 * e->Ir; want[1] = e->Hd; nd = 2; break;
+    case WSE_GATE_UP_B: want[0] = 2 * e->Ir; break;
+    case WSE_DOWN: want[0] = e->Hd; want[1] = e->Ir; nd = 2; break;
+    case WSE_QKV_A: want[0] = e->q_lora + e->kv_lora + e->rope; want[1] = e->Hd; nd = 2; break;
+    case WSE_Q_B: want[0] = Hr * e->qk; want[1] = e->q_lora ? e->q_lora : e->Hd; nd = 2; break;
+    case WSE_KV_B: want[0] = Hr * (e->nope + e->vd); want[1] = e->kv_lora; nd = 2; break;
+    case WSE_Q_A_NORM: want[0] = e->q_lora; break;
+    case WSE_KV_A_NORM: want[0] = e->kv_lora; break;
+    case WSE_ROUTER: want[0] = e->E; want[1] = e->Hd; nd = 2; break;
+    case WSE_ROUTER_BIAS: want[0] = e->E; break;
+    case WSE_W13: want[0] = e->E_local; want[1] = 2 * e->Ip; want[2] = e->Hd; nd = 3; break;
+    case WSE_W2: want[0] = e->E_local; want[1] = e->Hd; want[2] = e->Ip; nd = 3; break;
+    case WSE_SH_GATE_UP: want[0] = 2 * e->Is; want[1] = e->Hd; nd = 2; break;
+    case WSE_SH_DOWN: want[0] = e->Hd; want[1] = e->Is; nd = 2; break;
+    case WSE_NROLES: break;
     }
-    if (t->ndim != (want1 ? 2 : 1) || t->shape[0] != want0 || (want1 && t->shape[1] != want1))
-        return wse_err(WSYNC_ERR_CONFIG, "target '%s' has an unexpected shape [%lld%s%lld] "
-                       "(expected [%lld%s%lld])", t->name, (long long)t->shape[0],
-                       t->ndim > 1 ? ", " : "", t->ndim > 1 ? (long long)t->shape[1] : 0LL,
-                       (long long)want0, want1 ? ", " : "", want1 ? (long long)want1 : 0LL);
+    ok = t->ndim == nd;
+    for (int d = 0; ok && d < nd; d++)
+        ok = t->shape[d] == want[d];
+    /* the experts may also come as their flattened [E_local * rows, cols] matrices */
+    if (!ok && nd == 3 && t->ndim == 2)
+        ok = t->shape[0] == want[0] * want[1] && t->shape[1] == want[2];
+    if (!ok) {
+        shape_text(a, sizeof(a), t->ndim, t->shape);
+        shape_text(b, sizeof(b), nd, want);
+        return wse_err(WSYNC_ERR_CONFIG, "target '%s' has an unexpected shape %s (expected %s)",
+                       t->name, a, b);
+    }
     if (t->dtype != WSYNC_DTYPE_BF16 && t->dtype != WSYNC_DTYPE_F16 &&
         t->dtype != WSYNC_DTYPE_F32 && t->dtype != WSYNC_DTYPE_F8E4M3FN)
         return wse_err(WSYNC_ERR_UNSUPPORTED, "target '%s' is %s, which the engine cannot compute "
                        "with", t->name, wsync_dtype_name(t->dtype));
+    if (t->dtype == WSYNC_DTYPE_F8E4M3FN && nd == 1)
+        return wse_err(WSYNC_ERR_UNSUPPORTED, "target '%s' is a quantized vector, which the engine "
+                       "cannot compute with", t->name);
     return WSYNC_OK;
 }
 
@@ -245,6 +302,24 @@ static wsync_status_t cuda_setup(wsync_engine_t *e)
     d.tp_size = e->p.tp_size;
     d.max_seq = e->max_seq;
     d.eps = (float)e->cfg.rms_norm_eps;
+    d.q_lora = e->q_lora;
+    d.kv_lora = e->kv_lora;
+    d.nope = e->nope;
+    d.rope = e->rope;
+    d.vd = e->vd;
+    d.rope_interleave = e->rope_interleave;
+    d.attn_scale = e->attn_scale;
+    d.E = e->E;
+    d.E_local = e->E_local;
+    d.e_first = e->e_first;
+    d.Ip = e->Ip;
+    d.topk = e->topk;
+    d.n_group = e->cfg.n_group;
+    d.topk_group = e->cfg.topk_group;
+    d.scoring = (int)e->cfg.scoring_func;
+    d.topk_method = (int)e->cfg.topk_method;
+    d.norm_topk = e->norm_topk;
+    d.routed_scale = e->routed_scale;
     st = wse_cuda_create(e->p.gpu, &d, e->rope_cos, e->rope_sin, &e->cuda);
     if (st != WSYNC_OK) {
         /* name the rank, keep the detail (without its status prefix, which wse_err adds) */
@@ -288,14 +363,26 @@ wsync_status_t wsync_engine_cuda_devices(int *count)
 
 static wsync_status_t runstate_alloc(wsync_engine_t *e)
 {
-    int64_t nq = (e->Hr + 2 * e->Kr) * e->D;
-    size_t half = (size_t)(e->D / 2);
+    int64_t nq = (e->Hr + 2 * e->Kr) * e->D, natt = e->Hr * e->D;
+    int64_t nh = 2 * (e->Ir > e->Ip ? e->Ir : e->Ip);
+    size_t half = (size_t)(e->rd / 2);
+
+    if (e->kv_lora > 0) {
+        nq = e->Hr * e->qk;
+        natt = e->Hr * e->vd;
+    }
+    nh = nh > 2 * e->Is ? nh : 2 * e->Is;
     struct { float **p; size_t n; } bufs[] = {
         {&e->x, (size_t)e->Hd}, {&e->xb, (size_t)e->Hd}, {&e->xb2, (size_t)e->Hd},
-        {&e->qkv, (size_t)nq}, {&e->att_out, (size_t)(e->Hr * e->D)},
-        {&e->att, (size_t)e->Hr * (size_t)e->max_seq}, {&e->hb, (size_t)(2 * e->Ir)},
-        {&e->hb2, (size_t)e->Ir}, {&e->logits_local, (size_t)e->Vr},
+        {&e->qkv, (size_t)nq}, {&e->att_out, (size_t)natt},
+        {&e->att, (size_t)e->Hr * (size_t)e->max_seq}, {&e->hb, (size_t)nh},
+        {&e->hb2, (size_t)(nh / 2)}, {&e->logits_local, (size_t)e->Vr},
         {&e->logits, (size_t)(e->Vr * e->p.tp_size)},
+        {&e->mla_a, (size_t)(e->q_lora + e->kv_lora + e->rope)},
+        {&e->mla_c, (size_t)(e->q_lora > e->kv_lora ? e->q_lora : e->kv_lora)},
+        {&e->mla_kv, (size_t)(e->Hr * (e->nope + e->vd))},
+        {&e->router, (size_t)(4 * e->E)}, {&e->moe_out, (size_t)e->Hd},
+        {&e->moe_wt, (size_t)e->topk},
         {&e->rope_cos, (size_t)e->max_seq * half}, {&e->rope_sin, (size_t)e->max_seq * half},
     };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
@@ -303,12 +390,16 @@ static wsync_status_t runstate_alloc(wsync_engine_t *e)
         if (*bufs[i].p == NULL)
             return wse_err(WSYNC_ERR_NOMEM, "no memory for the run state");
     }
-    /* HF's default RoPE: inv_freq[i] = theta^(-2i/D), angle = pos * inv_freq[i] in float32.
+    e->moe_sel = calloc((size_t)(e->topk ? e->topk : 1), sizeof(int64_t));
+    if (e->moe_sel == NULL)
+        return wse_err(WSYNC_ERR_NOMEM, "no memory for the run state");
+    /* HF's default RoPE: inv_freq[i] = theta^(-2i/rd), angle = pos * inv_freq[i] in float32.
      * inv_freq is a module buffer, so a model loaded in bf16 (or f16) holds it in that dtype
-     * and upcasts it; HF's reference logits agree to 1e-6 only with that rounding. */
+     * and upcasts it; HF's reference logits agree to 1e-6 only with that rounding. With MLA
+     * the rotary part is qk_rope_head_dim wide (HF's config sets head_dim to it). */
     for (int pos = 0; pos < e->max_seq; pos++) {
         for (size_t i = 0; i < half; i++) {
-            double inv = pow(e->cfg.rope_theta, -(double)(2 * i) / (double)e->D);
+            double inv = pow(e->cfg.rope_theta, -(double)(2 * i) / (double)e->rd);
             float freq = (float)inv;
             if (e->cfg.dtype == WSYNC_DTYPE_BF16)
                 freq = wse_bf16_to_f32(wse_f32_to_bf16(freq));
@@ -326,18 +417,94 @@ static wsync_status_t runstate_alloc(wsync_engine_t *e)
 
 wsync_status_t wse_kv_alloc(wsync_engine_t *e)
 {
+    size_t per = (size_t)e->L * (size_t)e->max_seq * sizeof(float);
+
     if (e->cuda != NULL)
         return wse_cuda_kv_alloc(e->cuda);
     if (e->kcache != NULL)
         return WSYNC_OK;
-    e->kv_bytes = (size_t)e->L * (size_t)e->max_seq * (size_t)(e->Kr * e->D) * sizeof(float);
-    e->kcache = malloc(e->kv_bytes ? e->kv_bytes : 1);
-    e->vcache = malloc(e->kv_bytes ? e->kv_bytes : 1);
+    e->k_bytes = per * (size_t)e->kdim;
+    e->v_bytes = per * (size_t)e->vdim;
+    e->kcache = malloc(e->k_bytes ? e->k_bytes : 1);
+    e->vcache = malloc(e->v_bytes ? e->v_bytes : 1);
     if (e->kcache == NULL || e->vcache == NULL) {
         free(e->kcache);
         free(e->vcache);
         e->kcache = e->vcache = NULL;
-        return wse_err(WSYNC_ERR_NOMEM, "no memory for the KV cache (%zu bytes)", 2 * e->kv_bytes);
+        return wse_err(WSYNC_ERR_NOMEM, "no memory for the KV cache (%zu bytes)",
+                       e->k_bytes + e->v_bytes);
+    }
+    return WSYNC_OK;
+}
+
+/* The MLA and MoE shapes of rank tp_rank (zeros for a dense GQA model). The layout refuses
+ * what does not divide; these are checked against its targets' shapes. */
+static wsync_status_t mla_moe_dims(wsync_engine_t *e)
+{
+    const wsync_model_config_t *c = &e->cfg;
+    const int T = e->p.tp_size, r = e->p.tp_rank;
+
+    e->rd = e->D;
+    e->attn_scale = 1.0f / sqrtf((float)e->D);
+    e->ep = e->p.ep > 1 ? e->p.ep : 1;
+    if (c->kv_lora_rank > 0) {
+        e->q_lora = c->q_lora_rank;
+        e->kv_lora = c->kv_lora_rank;
+        e->nope = c->qk_nope_head_dim;
+        e->rope = c->qk_rope_head_dim;
+        e->vd = c->v_head_dim;
+        e->qk = e->nope + e->rope;
+        e->rd = e->rope;
+        /* HF DeepseekV2 rotates the interleaved pairs always (complex multiply) */
+        e->rope_interleave = c->model_type == WSYNC_MODEL_DEEPSEEK_V2 ? 1 : c->rope_interleave;
+        e->attn_scale = (float)(1.0 / sqrt((double)e->qk));   /* HF: qk_head_dim ** -0.5 */
+        e->kdim = e->Hr * e->qk;
+        e->vdim = e->Hr * e->vd;
+        if (e->nope < 1 || e->rope < 2 || e->vd < 1)
+            return wse_err(WSYNC_ERR_CONFIG, "MLA needs qk_nope_head_dim, qk_rope_head_dim and "
+                           "v_head_dim >= 1 (got %lld, %lld, %lld)", (long long)e->nope,
+                           (long long)e->rope, (long long)e->vd);
+    } else {
+        e->kdim = e->vdim = e->Kr * e->D;
+    }
+    e->routed_scale = 1.0f;
+    if (c->num_experts > 0) {
+        int64_t base, extra;
+        e->E = c->num_experts;
+        e->topk = c->num_experts_per_tok;
+        if (e->topk < 1 || e->topk > e->E)
+            return wse_err(WSYNC_ERR_CONFIG, "num_experts_per_tok %lld is outside [1, %lld]",
+                           (long long)e->topk, (long long)e->E);
+        if (c->topk_method != WSYNC_TOPK_GREEDY &&
+            (c->n_group < 1 || e->E % c->n_group != 0 || c->topk_group < 1 ||
+             c->topk_group > c->n_group ||
+             (c->topk_method == WSYNC_TOPK_NOAUX_TC && e->E / c->n_group < 2)))
+            return wse_err(WSYNC_ERR_CONFIG, "grouped routing needs n_group dividing the %lld "
+                           "experts, 1 <= topk_group <= n_group (and 2 experts a group for "
+                           "noaux_tc); got n_group %lld, topk_group %lld", (long long)e->E,
+                           (long long)c->n_group, (long long)c->topk_group);
+        /* HF DeepseekV2Moe scales and never renormalises; V3 and Qwen3-MoE follow the config */
+        e->norm_topk = c->model_type == WSYNC_MODEL_DEEPSEEK_V2 ? 0 : c->norm_topk_prob;
+        if (c->model_type == WSYNC_MODEL_DEEPSEEK_V2 || c->model_type == WSYNC_MODEL_DEEPSEEK_V3)
+            e->routed_scale = (float)c->routed_scaling_factor;
+        if (e->ep > 1) {
+            /* vLLM determine_expert_map, linear: the first E % EP ranks hold one more */
+            base = e->E / e->ep;
+            extra = e->E % e->ep;
+            e->E_local = base + (r < extra ? 1 : 0);
+            e->e_first = r * base + (r < extra ? r : extra);
+            e->Ip = c->moe_intermediate_size;
+        } else {
+            e->E_local = e->E;
+            e->e_first = 0;
+            e->Ip = c->moe_intermediate_size / T;
+        }
+        e->Is = c->n_shared_experts * c->moe_intermediate_size / T;
+        /* forward takes each expert's rows of w13 / w2 as a matrix of its own */
+        if (e->blk > 0 && ((2 * e->Ip) % e->blk != 0 || e->Hd % e->blk != 0))
+            return wse_err(WSYNC_ERR_CONFIG, "FP8 blocks of %d rows straddle experts: each "
+                           "expert's w13 has %lld rows and w2 %lld (both must be multiples)",
+                           e->blk, (long long)(2 * e->Ip), (long long)e->Hd);
     }
     return WSYNC_OK;
 }
@@ -374,6 +541,10 @@ wsync_status_t wsync_engine_create(const wsync_model_config_t *cfg,
         return wse_err(WSYNC_ERR_INVALID, "max_seq %d is negative", p.max_seq);
     if (p.device != WSYNC_ENGINE_CPU && p.device != WSYNC_ENGINE_CUDA)
         return wse_err(WSYNC_ERR_INVALID, "unknown device %d (CPU or CUDA)", (int)p.device);
+    if (p.ep < 0 || (p.ep > 1 && p.ep != T))
+        return wse_err(WSYNC_ERR_INVALID, "ep %d: expert parallelism is 0 or 1 (experts split "
+                       "inside by TP) or the TP size %d (whole experts spread over the TP ranks)",
+                       p.ep, T);
     st = wsync_model_config_check(cfg);
     if (st != WSYNC_OK)
         return wse_err_wsync(st, "model config");
@@ -407,15 +578,22 @@ wsync_status_t wsync_engine_create(const wsync_model_config_t *cfg,
                  : (int)(cfg->max_position_embeddings < DEFAULT_MAX_SEQ
                              ? cfg->max_position_embeddings : DEFAULT_MAX_SEQ);
     e->nsets = p.mode == WSYNC_ENGINE_SHADOW ? 2 : 1;
-    if (e->D % 2 != 0) {
-        st = wse_err(WSYNC_ERR_CONFIG, "head_dim %lld is odd; rotary embeddings need it even",
-                     (long long)e->D);
+    if ((st = mla_moe_dims(e)) != WSYNC_OK)
+        goto err;
+    if (e->rd % 2 != 0) {
+        st = wse_err(WSYNC_ERR_CONFIG, "%s %lld is odd; rotary embeddings need it even",
+                     e->kv_lora ? "qk_rope_head_dim" : "head_dim", (long long)e->rd);
         goto err;
     }
 
     opts.param_dtype = p.param_dtype;
     opts.dtype = p.dtype ? p.dtype : WSYNC_DTYPE_BF16;
     opts.vocab_pad = p.vocab_pad;
+    if (e->ep > 1) {
+        opts.ep_size = e->ep;
+        opts.ep_rank = r;
+        opts.expert_placement = WSYNC_EXPERT_LINEAR;
+    }
     if (e->blk) {
         opts.quant.scheme = WSYNC_QUANT_BLOCK;
         opts.quant.block_rows = opts.quant.block_cols = e->blk;
@@ -445,7 +623,22 @@ wsync_status_t wsync_engine_create(const wsync_model_config_t *cfg,
         sl->offset = off;
         off += align_up(sl->bytes);
         if (e->targets[i].dtype == WSYNC_DTYPE_F8E4M3FN) {
-            sl->nscales = wsync_target_scale_count(&e->targets[i]);
+            const wsync_target_t *t = &e->targets[i];
+            int64_t rows = 1, cols = t->shape[t->ndim - 1];
+            for (int d = 0; d < t->ndim - 1; d++)
+                rows *= t->shape[d];
+            sl->nscales = wsync_target_scale_count(t);
+            /* forward reads the scales of the [prod(leading dims), last dim] matrix */
+            if (t->quant.scheme != WSYNC_QUANT_BLOCK ||
+                sl->nscales != (size_t)(((rows + e->blk - 1) / e->blk) *
+                                        ((cols + e->blk - 1) / e->blk))) {
+                st = wse_err(WSYNC_ERR_CONFIG, "target '%s': %zu scales, not the %lld x %lld "
+                             "blocks of its [%lld, %lld] matrix", t->name, sl->nscales,
+                             (long long)((rows + e->blk - 1) / e->blk),
+                             (long long)((cols + e->blk - 1) / e->blk), (long long)rows,
+                             (long long)cols);
+                goto err;
+            }
             sl->scales_offset = off;
             off += align_up(sl->nscales * sizeof(float));
         }
@@ -453,19 +646,16 @@ wsync_status_t wsync_engine_create(const wsync_model_config_t *cfg,
     e->set_bytes = off ? off : ALIGN;
     /* every weight forward reads must exist */
     {
-        unsigned model_roles = 0, *layer_roles_seen = calloc((size_t)e->L, sizeof(unsigned));
-        unsigned need = 1u << WSE_IN_NORM | 1u << WSE_POST_NORM | 1u << WSE_QKV | 1u << WSE_O |
-                        1u << WSE_GATE_UP | 1u << WSE_DOWN;
+        unsigned model_roles = 0, *seen = calloc((size_t)e->L, sizeof(unsigned));
         const char *missing = NULL;
-        if (layer_roles_seen == NULL) {
+        int64_t ml = -1;
+        if (seen == NULL) {
             st = wse_err(WSYNC_ERR_NOMEM, "no memory for the weights");
             goto err;
         }
-        if (cfg->qk_norm)
-            need |= 1u << WSE_Q_NORM | 1u << WSE_K_NORM;
         for (size_t i = 0; i < e->ntargets; i++) {
             if (e->slots[i].layer >= 0)
-                layer_roles_seen[e->slots[i].layer] |= 1u << e->slots[i].role;
+                seen[e->slots[i].layer] |= 1u << e->slots[i].role;
             else
                 model_roles |= 1u << e->slots[i].role;
         }
@@ -475,12 +665,36 @@ wsync_status_t wsync_engine_create(const wsync_model_config_t *cfg,
             missing = "lm_head.weight";
         else if (!(model_roles & 1u << WSE_NORM))
             missing = "model.norm.weight";
-        for (int64_t l = 0; l < e->L && missing == NULL; l++)
-            if ((layer_roles_seen[l] & need) != need)
+        for (int64_t l = 0; l < e->L && missing == NULL; l++) {
+            unsigned need = 1u << WSE_IN_NORM | 1u << WSE_POST_NORM | 1u << WSE_O;
+            if (e->kv_lora > 0) {
+                need |= 1u << WSE_QKV_A | 1u << WSE_Q_B | 1u << WSE_KV_B | 1u << WSE_KV_A_NORM;
+                if (e->q_lora > 0)
+                    need |= 1u << WSE_Q_A_NORM;
+            } else {
+                need |= 1u << WSE_QKV;
+                if (cfg->qk_norm)
+                    need |= 1u << WSE_Q_NORM | 1u << WSE_K_NORM;
+            }
+            if (wsync_model_layer_is_moe(cfg, l)) {
+                need |= 1u << WSE_ROUTER | 1u << WSE_W13 | 1u << WSE_W2;
+                if (cfg->router_bias)
+                    need |= 1u << WSE_ROUTER_BIAS;
+                if (e->Is > 0)
+                    need |= 1u << WSE_SH_GATE_UP | 1u << WSE_SH_DOWN;
+            } else {
+                need |= 1u << WSE_GATE_UP | 1u << WSE_DOWN;
+            }
+            if ((seen[l] & need) != need) {
                 missing = "a layer's weights";
-        free(layer_roles_seen);
+                ml = l;
+            }
+        }
+        free(seen);
         if (missing != NULL) {
-            st = wse_err(WSYNC_ERR_CONFIG, "the layout gave no target for %s", missing);
+            st = ml >= 0 ? wse_err(WSYNC_ERR_CONFIG, "the layout gave no target for some of "
+                                   "layer %lld's weights", (long long)ml)
+                         : wse_err(WSYNC_ERR_CONFIG, "the layout gave no target for %s", missing);
             goto err;
         }
     }
@@ -531,29 +745,55 @@ static void shape_text(char *buf, size_t len, int ndim, const int64_t *shape)
         snprintf(buf + n, len - n, "]");
 }
 
-/* Copy piece pc of a target from tensor src into dst (a [rows, cols] array of dtype dd). */
+/* Copy piece pc of a target from tensor src into dst (the target's row-major array of dtype
+ * dd). A piece keeps its dims; should its param have fewer dims than the target (a per-expert
+ * [I, Hd] param in a [E_local, 2 I_p, Hd] w13), they are the target's trailing dims. */
 static wsync_status_t copy_piece(const wsync_target_t *t, const wsync_piece_t *pc,
                                  const wsync_engine_tensor_t *src, wsync_dtype_t dd, void *dst)
 {
-    int64_t cols = t->ndim > 1 ? t->shape[1] : 1;
-    int64_t scols = src->ndim > 1 ? src->shape[1] : 1;
-    int64_t nr = pc->src.len[0], nc = t->ndim > 1 ? pc->src.len[1] : 1;
-    int64_t sr0 = pc->src.start[0], sc0 = t->ndim > 1 ? pc->src.start[1] : 0;
-    int64_t dr0 = pc->dst_start[0], dc0 = t->ndim > 1 ? pc->dst_start[1] : 0;
-    size_t esz = wsync_dtype_size(dd);
+    const int tn = t->ndim, pn = src->ndim, lead = tn - pn;
+    int64_t len[WSYNC_MAX_DIMS], sstride[WSYNC_MAX_DIMS], dstride[WSYNC_MAX_DIMS];
+    int64_t idx[WSYNC_MAX_DIMS] = {0}, nrows = 1, nc;
+    size_t esz = wsync_dtype_size(dd), ssz = wsync_dtype_size(src->dtype);
 
-    if (t->ndim > 2)
-        return wse_err(WSYNC_ERR_UNSUPPORTED, "target '%s' has %d dimensions", t->name, t->ndim);
-    for (int64_t i = 0; i < nr; i++) {
-        const uint8_t *s = (const uint8_t *)src->data +
-                           ((size_t)((sr0 + i) * scols + sc0)) * wsync_dtype_size(src->dtype);
-        size_t di = (size_t)((dr0 + i) * cols + dc0);
-        if (src->dtype == dd) {
-            memcpy((uint8_t *)dst + di * esz, s, (size_t)nc * esz);
-            continue;
+    if (tn < 1 || tn > WSYNC_MAX_DIMS || pn < 1 || lead < 0)
+        return wse_err(WSYNC_ERR_UNSUPPORTED, "target '%s' (%d dims) cannot take param '%s' "
+                       "(%d dims)", t->name, tn, src->name, pn);
+    /* strides in elements, over the target's dims */
+    for (int d = tn - 1; d >= 0; d--) {
+        int pd = d - lead;
+        len[d] = pd >= 0 ? pc->src.len[pd] : 1;
+        dstride[d] = d == tn - 1 ? 1 : dstride[d + 1] * t->shape[d + 1];
+        sstride[d] = pd < 0 ? 0 : pd == pn - 1 ? 1 : sstride[d + 1] * src->shape[pd + 1];
+        if (pd >= 0 && (pc->src.start[pd] < 0 || len[d] < 0 ||
+                        pc->src.start[pd] + len[d] > src->shape[pd]))
+            return wse_err(WSYNC_ERR_CONFIG, "target '%s': a piece of '%s' lies outside it",
+                           t->name, src->name);
+        if (pc->dst_start[d] < 0 || pc->dst_start[d] + len[d] > t->shape[d])
+            return wse_err(WSYNC_ERR_CONFIG, "target '%s': a piece of '%s' lies outside the "
+                           "target", t->name, src->name);
+    }
+    nc = len[tn - 1];
+    for (int d = 0; d < tn - 1; d++)
+        nrows *= len[d];
+    for (int64_t row = 0; row < nrows && nc > 0; row++) {
+        int64_t so = 0, doff = 0;
+        for (int d = 0; d < tn; d++) {
+            int pd = d - lead;
+            so += ((pd >= 0 ? pc->src.start[pd] : 0) + idx[d]) * sstride[d];
+            doff += (pc->dst_start[d] + idx[d]) * dstride[d];
         }
-        for (int64_t j = 0; j < nc; j++)
-            wse_store(dd, dst, di + (size_t)j, wse_load(src->dtype, s, (size_t)j));
+        const uint8_t *sp = (const uint8_t *)src->data + (size_t)so * ssz;
+        if (src->dtype == dd)
+            memcpy((uint8_t *)dst + (size_t)doff * esz, sp, (size_t)nc * esz);
+        else
+            for (int64_t j = 0; j < nc; j++)
+                wse_store(dd, dst, (size_t)(doff + j), wse_load(src->dtype, sp, (size_t)j));
+        for (int d = tn - 2; d >= 0; d--) {   /* next row of the box */
+            if (++idx[d] < len[d])
+                break;
+            idx[d] = 0;
+        }
     }
     return WSYNC_OK;
 }
@@ -582,8 +822,13 @@ wsync_status_t wse_load_into(wsync_engine_t *e, int s, const wsync_engine_tensor
         const wsync_target_t *t = &e->targets[i];
         const wse_slot_t *sl = &e->slots[i];
         int fp8 = t->dtype == WSYNC_DTYPE_F8E4M3FN;
-        size_t elems = (size_t)t->shape[0] * (size_t)(t->ndim > 1 ? t->shape[1] : 1);
+        int64_t cols = t->ndim > 1 ? t->shape[t->ndim - 1] : 1, rows = 1;
         void *dst = base + sl->offset;
+        size_t elems;
+
+        for (int d = 0; d < (t->ndim > 1 ? t->ndim - 1 : 1); d++)
+            rows *= t->shape[d];
+        elems = (size_t)rows * (size_t)cols;
 
         if (fp8) {
             if (elems > stage_cap) {
@@ -627,7 +872,7 @@ wsync_status_t wse_load_into(wsync_engine_t *e, int s, const wsync_engine_tensor
             }
         }
         if (st == WSYNC_OK && fp8)
-            st = wsync_engine_quantize_block(t->name, stage, t->shape[0], t->shape[1], e->blk,
+            st = wsync_engine_quantize_block(t->name, stage, rows, cols, e->blk,
                                              base + sl->offset,
                                              (float *)(base + sl->scales_offset));
     }
@@ -912,7 +1157,8 @@ void wsync_engine_free(wsync_engine_t *e)
     wse_cuda_free(e->cuda);   /* after the sets, its memory */
     e->cuda = NULL;
     float *bufs[] = {e->x, e->xb, e->xb2, e->qkv, e->att_out, e->att, e->hb, e->hb2,
-                     e->logits_local, e->logits, e->rope_cos, e->rope_sin, e->kcache, e->vcache};
+                     e->logits_local, e->logits, e->mla_a, e->mla_c, e->mla_kv, e->router,
+                     e->moe_out, e->moe_wt, e->rope_cos, e->rope_sin, e->kcache, e->vcache};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
     if (e->targets != NULL) {
@@ -922,6 +1168,7 @@ void wsync_engine_free(wsync_engine_t *e)
         }
         wsync_layout_targets_free(e->targets, e->ntargets);
     }
+    free(e->moe_sel);
     free(e->slots);
     free(e->layers);
     free(e->src);
