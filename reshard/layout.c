@@ -728,6 +728,9 @@ wsync_status_t wsync_layout_tp_targets(const wsync_model_config_t *cfg, int tp_r
         (st = check_rank("TP targets", tp_rank, tp_size)) ||
         (st = resolve_options(cfg, options, &o)) || (st = check_tp(cfg, tp_size, &o)))
         return st;
+    if (wsync_mp_is_moe_family(cfg))
+        return wsync_err(WSYNC_ERR_UNSUPPORTED, "wsync_layout_tp_targets: %s: not yet",
+                         wsync_model_type_name(cfg->model_type));
 
     tp_build_t b = {cfg, &o, tp_rank, tp_size, NULL, 0, 0};
     b.cap = 2 + (size_t)cfg->num_hidden_layers * targets_per_layer(cfg) + !cfg->tie_word_embeddings;

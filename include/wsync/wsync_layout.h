@@ -2,8 +2,9 @@
  * Layout builders (part of the public API; included by wsync.h).
  *
  * Three layers, each usable alone:
- *  1. Model config: a HF `config.json` of the Llama, Qwen2 or Qwen3 family read into a plain
- *     struct, and the list of checkpoint params (names, global shapes) it implies.
+ *  1. Model config: a HF `config.json` of the Llama, Qwen2, Qwen3, Qwen3-MoE or DeepSeek-V2/V3
+ *     family read into a plain struct, and the list of checkpoint params (names, global shapes)
+ *     it implies.
  *  2. Sender layouts: which box of each param a trainer rank holds (FSDP dim-0, Shard(d) over a
  *     1-D mesh, replicated), as wsync_shard_t arrays ready for wsync_sender_add_shard once the
  *     caller sets each `data` pointer.
@@ -113,7 +114,11 @@ typedef struct {
 } wsync_model_config_t;
 
 /* 1 when layer `layer` of the model has routed experts (a FusedMoE MLP), 0 when its MLP is
- * dense (always 0 for dense families). Thread-safe. */
+ * dense (always 0 for dense families and layers outside [0, L)). qwen3_moe
+ * (Qwen3MoeDecoderLayer): layer not in mlp_only_layers and (layer + 1) % decoder_sparse_step
+ * == 0. deepseek_v3 (DeepseekV3DecoderLayer): layer >= first_k_dense_replace. deepseek_v2: also
+ * layer % moe_layer_freq == 0, as vLLM and DeepSeek's code have it (transformers' V2 ignores
+ * moe_layer_freq; published configs have 1). Thread-safe. */
 int wsync_model_layer_is_moe(const wsync_model_config_t *cfg, int64_t layer);
 
 /* "llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3"; "?" otherwise. Static
@@ -121,27 +126,63 @@ int wsync_model_layer_is_moe(const wsync_model_config_t *cfg, int64_t layer);
 const char *wsync_model_type_name(wsync_model_type_t type);
 
 /* Parse a HF config.json held in memory (len bytes, need not be NUL-terminated).
- * The family comes from `model_type` (llama, qwen2, qwen3), else from `architectures[0]`
- * (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM).
+ * The family comes from `model_type` (llama, qwen2, qwen3, qwen3_moe, deepseek_v2, deepseek_v3;
+ * kimi_k2 = deepseek_v3, as Kimi-K2 publishes it), else from `architectures[0]`
+ * (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
+ * DeepseekV2ForCausalLM, DeepseekV3ForCausalLM). Keys wsync has no use for (rope_scaling's yarn
+ * parameters, quantization_config, auto_map, num_nextn_predict_layers, ...) are ignored.
  * Required: hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size
  * (HF would fill 7B-sized defaults; a checkpoint's config always states them, and guessing would
- * describe some other model). Absent or null optional fields take transformers' defaults for the
- * family (configuration_{llama,qwen2,qwen3}.py, v4.5x and v5):
- *   num_key_value_heads  llama: H;  qwen2, qwen3: 32 (the dataclass default, not H)
- *   head_dim             llama, qwen2: Hd / H;  qwen3: 128
+ * describe some other model); for deepseek_v2 also num_experts_per_tok (HF's None cannot route).
+ * Absent or null optional fields take transformers' defaults for the family
+ * (configuration_{llama,qwen2,qwen3}.py, v4.5x and v5; configuration_qwen3_moe.py,
+ * configuration_deepseek_v2.py, configuration_deepseek_v3.py, v5):
+ *   num_key_value_heads  llama: H;  qwen2, qwen3: 32 (the dataclass default, not H);
+ *                        qwen3_moe: 4;  deepseek: always H (MLA; the key is ignored)
+ *   head_dim             llama, qwen2, qwen3_moe: Hd / H;  qwen3: 128;
+ *                        deepseek: always qk_nope_head_dim + qk_rope_head_dim (the dims of a q or
+ *                        k head; transformers' own head_dim = qk_rope_head_dim is ignored)
  *   tie_word_embeddings  false
- *   attention_bias       llama, qwen3: false (applies to q, k, v and o);
- *                        qwen2: q, k, v always have biases and o never (fixed in Qwen2Attention)
- *   mlp_bias             llama: false; qwen2, qwen3: none
- *   rms_norm_eps         1e-6 for all three
+ *   attention_bias       llama, qwen3, qwen3_moe: false (applies to q, k, v and o);
+ *                        qwen2: q, k, v always have biases and o never (fixed in Qwen2Attention);
+ *                        deepseek: false, and true is refused (vLLM's MLA has no biases)
+ *   mlp_bias             llama: false; deepseek_v2: false, true refused; others: none
+ *   qk_norm              qwen3, qwen3_moe: always; others never
+ *   rms_norm_eps         1e-6 for all
  *   rope_theta           rope_scaling.rope_theta, else rope_parameters.rope_theta, else the
- *                        top-level rope_theta, else 10000 for all three
+ *                        top-level rope_theta, else 10000 for all
  *                        (RotaryEmbeddingConfigMixin.default_theta)
- *   max_position_embeddings  llama: 2048; qwen2, qwen3: 32768
+ *   max_position_embeddings  llama, deepseek_v2: 2048; deepseek_v3: 4096; qwen*: 32768
+ * qwen3_moe (Qwen3MoeConfig):
+ *   num_experts          128 (also read as num_local_experts, the name transformers 5 saves;
+ *                        both present and different is an error)
+ *   num_experts_per_tok 8, moe_intermediate_size 768, decoder_sparse_step 1,
+ *   norm_topk_prob false, mlp_only_layers [] (entries must be layers in [0, L), at most
+ *   WSYNC_MODEL_MAX_MLP_ONLY); scoring softmax, top-k greedy, no router bias.
+ * deepseek_v2 / deepseek_v3 (DeepseekV2Config / DeepseekV3Config):
+ *   q_lora_rank          1536 / 1536 (null: no low-rank q, stored 0, q_proj instead)
+ *   kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64 (must be even), v_head_dim 128
+ *   n_routed_experts     64 / 256 (-> num_experts; null, a dense DeepSeek, is refused)
+ *   n_shared_experts     2 / 1 (null: none, stored 0)
+ *   moe_intermediate_size  1407 / 2048
+ *   num_experts_per_tok  required / 8
+ *   first_k_dense_replace  0 / 3
+ *   moe_layer_freq       1 / 1 (not in transformers' classes; DeepSeek's and vLLM's code use it;
+ *                        deepseek_v3 refuses any other value, transformers ignoring it there)
+ *   n_group, topk_group  1, 1 (V2's None: a single group) / 8, 4
+ *   routed_scaling_factor  1.0 / 2.5
+ *   norm_topk_prob       false / true
+ *   scoring_func         "softmax" / "sigmoid" (also "softmax" or "sigmoid" when given)
+ *   topk_method          "greedy" / "noaux_tc" ("greedy", "group_limited_greedy", "noaux_tc")
+ *   rope_interleave      V2: always 1 (its rope is complex-pair); V3: true
+ *   router_bias          V3: always 1 (transformers 5's DeepseekV3TopkRouter always holds
+ *                        e_score_correction_bias); V2: 1 when topk_method is noaux_tc
  * Returns WSYNC_ERR_CONFIG for malformed JSON (line and column), an unknown family, a missing
  * required field, a wrong type (a string where a number belongs, a fraction where an integer
- * does), a size <= 0, or a contradiction (H % K, Hd % H when head_dim is absent); the message
- * names the field and the value. Thread-safe. */
+ * does), a size <= 0, or a contradiction (H % K, Hd % H when head_dim is absent, top-k > E,
+ * n_group not dividing E, topk_group > n_group, top-k more than topk_group groups hold,
+ * noaux_tc with one expert per group, an odd qk_rope_head_dim, mlp_only_layers out of range);
+ * the message names the field and the value. Thread-safe. */
 wsync_status_t wsync_model_config_parse(const char *json, size_t len, wsync_model_config_t *cfg);
 
 /* Read and parse a config.json file. WSYNC_ERR_IO if the file cannot be read (the message names
@@ -149,16 +190,36 @@ wsync_status_t wsync_model_config_parse(const char *json, size_t len, wsync_mode
 wsync_status_t wsync_model_config_load(const char *path, wsync_model_config_t *cfg);
 
 /* Check a config's internal consistency (sizes >= 1, H % K == 0, eps and theta > 0, sizes small
- * enough that every shape fits in int64). WSYNC_ERR_CONFIG naming the field otherwise. */
+ * enough that every shape fits in int64; for MoE/MLA families the checks the parser makes, plus
+ * head_dim == qk_nope + qk_rope and K == H for MLA; dense families must have num_experts and
+ * kv_lora_rank 0). WSYNC_ERR_CONFIG naming the field otherwise. */
 wsync_status_t wsync_model_config_check(const wsync_model_config_t *cfg);
 
-/* The checkpoint params of the model, in HF order: model.embed_tokens.weight [V, Hd]; for each
- * layer i, model.layers.{i}.input_layernorm.weight [Hd], self_attn.{q,k,v}_proj.weight
- * [H*D | K*D | K*D, Hd] (+ .bias when attention_bias), self_attn.o_proj.weight [Hd, H*D]
- * (+ bias), self_attn.{q,k}_norm.weight [D] (qk_norm), post_attention_layernorm.weight [Hd],
- * mlp.{gate,up}_proj.weight [I, Hd], mlp.down_proj.weight [Hd, I] (+ biases when mlp_bias);
+/* The checkpoint params of the model, as HF's save_pretrained writes them (names, shapes), in
+ * this order: model.embed_tokens.weight [V, Hd]; for each layer i, model.layers.{i}.
+ *   input_layernorm.weight [Hd],
+ *   attention, GQA: self_attn.{q,k,v}_proj.weight [H*D | K*D | K*D, Hd] (+ .bias when
+ *     attention_bias), self_attn.o_proj.weight [Hd, H*D] (+ bias), self_attn.{q,k}_norm.weight
+ *     [D] (qk_norm);
+ *   attention, MLA (deepseek; D = nope + rope): self_attn.q_a_proj.weight [q_lora, Hd],
+ *     self_attn.q_a_layernorm.weight [q_lora], self_attn.q_b_proj.weight [H*D, q_lora] (without
+ *     q_lora: self_attn.q_proj.weight [H*D, Hd] instead of those three),
+ *     self_attn.kv_a_proj_with_mqa.weight [kv_lora + rope, Hd],
+ *     self_attn.kv_a_layernorm.weight [kv_lora], self_attn.kv_b_proj.weight
+ *     [H*(nope + v_head_dim), kv_lora], self_attn.o_proj.weight [Hd, H*v_head_dim];
+ *   post_attention_layernorm.weight [Hd],
+ *   a dense layer's MLP: mlp.{gate,up}_proj.weight [I, Hd], mlp.down_proj.weight [Hd, I]
+ *     (+ biases when mlp_bias);
+ *   a MoE layer's (wsync_model_layer_is_moe): mlp.gate.weight [E, Hd],
+ *     mlp.gate.e_score_correction_bias [E] (router_bias), then expert by expert
+ *     mlp.experts.{e}.gate_proj.weight [Im, Hd], .up_proj.weight [Im, Hd],
+ *     .down_proj.weight [Hd, Im] (Im = moe_intermediate_size), then (deepseek, n_shared > 0)
+ *     mlp.shared_experts.{gate,up}_proj.weight [S*Im, Hd], .down_proj.weight [Hd, S*Im];
  * model.norm.weight [Hd]; lm_head.weight [V, Hd] unless tie_word_embeddings.
- * Every param gets `dtype`; 0 means cfg->dtype, or bf16 if the config has none.
+ * Every param gets `dtype`; 0 means cfg->dtype, or bf16 if the config has none. (HF saves
+ * e_score_correction_bias in the model's dtype, as the testdata models show; DeepSeek's own FP8
+ * checkpoints hold it in f32: pass such a param's dtype on the shard, the library converts.)
+ * Linear in the number of params (Kimi-K2: ~70,000).
  * *params (an array of *n, names included) is owned by the caller: wsync_model_params_free.
  * Thread-safe. */
 wsync_status_t wsync_model_params(const wsync_model_config_t *cfg, wsync_dtype_t dtype,

@@ -11,13 +11,15 @@ checks) are the library's own.
 from __future__ import annotations
 
 import ctypes as C
+import enum
 import json
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _cdefs as D
-from ._cdefs import DType, ModelType, QuantScheme, WSYNC_MAX_DIMS, WSYNC_REPLICATE
+from ._cdefs import (DType, ModelType, QuantScheme, RouterScore, TopkMethod, WSYNC_MAX_DIMS,
+                      WSYNC_MODEL_MAX_MLP_ONLY, WSYNC_REPLICATE)
 from ._library import lib
 from .errors import InvalidArgumentError, raise_status
 from .tensors import dtype_of
@@ -347,7 +349,9 @@ def vocab_parallel(param: Param, tp_rank: int, tp_size: int, vocab_pad: int = 0)
 @dataclass
 class ModelConfig:
     """A decoder of the Llama family (wsync_model_config_t), read from a HF config.json by the
-    library's own parser (defaults as transformers fills them)."""
+    library's own parser (defaults as transformers fills them): Llama, Qwen2, Qwen3, and the
+    mixture-of-experts families Qwen3-MoE and DeepSeek-V2/V3 (MLA). The MoE and MLA fields are 0
+    for the families that lack them."""
     model_type: ModelType
     hidden_size: int
     num_hidden_layers: int
@@ -365,6 +369,32 @@ class ModelConfig:
     rms_norm_eps: float
     rope_theta: float
     dtype: Optional[DType]   # the checkpoint's dtype; None if absent or not bf16/f16/f32
+    # mixture of experts (qwen3_moe, deepseek_v2/v3); num_experts 0 for a dense model
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 0
+    mlp_only_layers: Tuple[int, ...] = ()
+    n_shared_experts: int = 0
+    first_k_dense_replace: int = 0
+    moe_layer_freq: int = 0
+    n_group: int = 0
+    topk_group: int = 0
+    routed_scaling_factor: float = 0.0
+    scoring_func: RouterScore = RouterScore.SOFTMAX
+    topk_method: TopkMethod = TopkMethod.GREEDY
+    router_bias: bool = False
+    # multi-head latent attention (deepseek); kv_lora_rank 0 for GQA models
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
+
+    _BOOLS = ("tie_word_embeddings", "attention_bias", "o_proj_bias", "mlp_bias", "qk_norm",
+              "norm_topk_prob", "router_bias", "rope_interleave")
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "ModelConfig":
@@ -411,11 +441,21 @@ class ModelConfig:
                 v = ModelType(v)
             elif f.name == "dtype":
                 v = DType(v) if v else None
-            elif f.name in ("tie_word_embeddings", "attention_bias", "o_proj_bias", "mlp_bias",
-                            "qk_norm"):
+            elif f.name == "scoring_func":
+                v = RouterScore(v)
+            elif f.name == "topk_method":
+                v = TopkMethod(v)
+            elif f.name == "mlp_only_layers":
+                v = tuple(int(x) for x in v[:max(0, min(c.nmlp_only_layers,
+                                                          WSYNC_MODEL_MAX_MLP_ONLY))])
+            elif f.name in cls._BOOLS:
                 v = bool(v)
             values[f.name] = v
         return cls(**values)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """True when the layer's MLP has routed experts (wsync_model_layer_is_moe)."""
+        return bool(lib().wsync_model_layer_is_moe(C.byref(self._c()), int(layer)))
 
     def _c(self) -> D.wsync_model_config_t:
         c = D.wsync_model_config_t()
@@ -423,7 +463,15 @@ class ModelConfig:
             v = getattr(self, f.name)
             if f.name == "dtype":
                 v = 0 if v is None else int(dtype_of(v))
-            setattr(c, f.name, int(v) if isinstance(v, (bool, ModelType)) else v)
+            elif f.name == "mlp_only_layers":
+                if len(v) > WSYNC_MODEL_MAX_MLP_ONLY:
+                    raise InvalidArgumentError(f"mlp_only_layers: {len(v)} entries, at most "
+                                               f"{WSYNC_MODEL_MAX_MLP_ONLY}", None)
+                for i, x in enumerate(v):
+                    c.mlp_only_layers[i] = int(x)
+                c.nmlp_only_layers = len(v)
+                continue
+            setattr(c, f.name, int(v) if isinstance(v, (bool, enum.IntEnum)) else v)
         return c
 
     def check(self) -> None:
