@@ -32,6 +32,7 @@ typedef struct {
     const char *model_shape; /* NULL: a flat run */
     int mem_cuda;            /* --mem cuda */
     int senders, tp, replicas;
+    int ep;                  /* --ep E: experts whole over the E = T ranks of a replica; 0 off */
     int colocated;
     int quant_fp8;           /* --quant fp8-block */
 } bench_opts_t;
@@ -87,6 +88,9 @@ bench_stats_t bench_stats_of(const double *v, int n);
 const char *bench_model_shape_names(void);
 /* 1 when `name` is a built-in shape. */
 int bench_model_shape_known(const char *name);
+/* 1 when built-in shape `name` has routed experts; "tiny-moe, ..." for messages. */
+int bench_model_shape_is_moe(const char *name);
+const char *bench_model_moe_shape_names(void);
 /* The whole model run; returns the process exit status (0 ok, 1 failed or wrong). */
 int bench_model_main(const bench_opts_t *o);
 

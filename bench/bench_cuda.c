@@ -64,6 +64,18 @@ int bcuda_device_name(int dev, char *buf, size_t len)
     return 0;
 }
 
+int bcuda_mem_info(int dev, size_t *free_bytes, size_t *total_bytes)
+{
+    char call[48];
+    size_t f = 0, t = 0;
+    snprintf(call, sizeof(call), "cudaSetDevice(%d)", dev);
+    CU(cudaSetDevice(dev), call);
+    CU(cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
+    *free_bytes = f;
+    *total_bytes = t;
+    return 0;
+}
+
 int bcuda_malloc(void **p, size_t bytes)
 {
     char call[64];
@@ -327,6 +339,13 @@ int bcuda_device_name(int dev, char *buf, size_t len)
     (void)dev;
     (void)buf;
     (void)len;
+    return no_cuda();
+}
+int bcuda_mem_info(int dev, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)dev;
+    (void)free_bytes;
+    (void)total_bytes;
     return no_cuda();
 }
 int bcuda_malloc(void **p, size_t bytes)

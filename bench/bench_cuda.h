@@ -17,6 +17,8 @@ int bcuda_nccl_compiled(void);
 int bcuda_device_count(int *n);
 int bcuda_set_device(int dev);
 int bcuda_device_name(int dev, char *buf, size_t len);
+/* Free and total bytes of GPU dev's memory now (cudaMemGetInfo; leaves dev current). */
+int bcuda_mem_info(int dev, size_t *free_bytes, size_t *total_bytes);
 int bcuda_malloc(void **p, size_t bytes);
 void bcuda_free(void *p);
 int bcuda_memset(void *p, int byte, size_t bytes);

@@ -45,23 +45,49 @@ typedef struct {
     int64_t hidden, layers, heads, kv_heads, head_dim, inter, vocab;
     int tie, qk_norm;
     double theta;
+    /* mixture of experts (0 experts: dense) */
+    int64_t experts, topk, moe_inter;
+    /* deepseek: shared experts, leading dense layers, MLA ranks and head dims */
+    int64_t shared, first_dense, q_lora, kv_lora, nope, rope, v_head;
 } model_shape_t;
 
-/* The published configs' sizes (config.json of Qwen/Qwen3-0.6B, -8B, -32B and
- * meta-llama/Llama-3.1-70B); "tiny" is a small Qwen3-like model whose every TP split up to 4
- * keeps 128-row FP8 blocks whole, for quick runs and host tests. */
+/* The published configs' sizes (config.json of Qwen/Qwen3-0.6B, -8B, -32B, -30B-A3B,
+ * -235B-A22B, meta-llama/Llama-3.1-70B and deepseek-ai/DeepSeek-V3), built here rather than read
+ * from tools/configs/ so that a run needs no file beside the binary. "tiny" is a small
+ * Qwen3-like model whose every TP split up to 4 keeps 128-row FP8 blocks whole, for quick runs
+ * and host tests; "tiny-moe" (Qwen3-MoE: 8 experts, top-2) and "tiny-deepseek" (MLA, a dense
+ * first layer, 8 routed experts in 2 groups, one shared expert) are the same for the MoE
+ * layouts: every TP or EP split up to 2 (tiny-moe: 4) keeps FP8 blocks whole. */
 static const model_shape_t shapes[] = {
-    {"tiny", WSYNC_MODEL_QWEN3, 256, 2, 4, 2, 128, 512, 1024, 0, 1, 1e6},
-    {"qwen3-0.6b", WSYNC_MODEL_QWEN3, 1024, 28, 16, 8, 128, 3072, 151936, 1, 1, 1e6},
-    {"qwen3-8b", WSYNC_MODEL_QWEN3, 4096, 36, 32, 8, 128, 12288, 151936, 0, 1, 1e6},
-    {"qwen3-32b", WSYNC_MODEL_QWEN3, 5120, 64, 64, 8, 128, 25600, 151936, 0, 1, 1e6},
-    {"llama-70b", WSYNC_MODEL_LLAMA, 8192, 80, 64, 8, 128, 28672, 128256, 0, 0, 5e5},
+    {"tiny", WSYNC_MODEL_QWEN3, 256, 2, 4, 2, 128, 512, 1024, 0, 1, 1e6, .experts = 0},
+    {"qwen3-0.6b", WSYNC_MODEL_QWEN3, 1024, 28, 16, 8, 128, 3072, 151936, 1, 1, 1e6, .experts = 0},
+    {"qwen3-8b", WSYNC_MODEL_QWEN3, 4096, 36, 32, 8, 128, 12288, 151936, 0, 1, 1e6, .experts = 0},
+    {"qwen3-32b", WSYNC_MODEL_QWEN3, 5120, 64, 64, 8, 128, 25600, 151936, 0, 1, 1e6, .experts = 0},
+    {"llama-70b", WSYNC_MODEL_LLAMA, 8192, 80, 64, 8, 128, 28672, 128256, 0, 0, 5e5, .experts = 0},
+    {"tiny-moe", WSYNC_MODEL_QWEN3_MOE, 256, 2, 4, 2, 128, 512, 1024, 0, 1, 1e6,
+     .experts = 8, .topk = 2, .moe_inter = 512},
+    {"tiny-deepseek", WSYNC_MODEL_DEEPSEEK_V3, 256, 2, 4, 4, 128, 512, 1024, 0, 0, 1e4,
+     .experts = 8, .topk = 2, .moe_inter = 256, .shared = 1, .first_dense = 1, .q_lora = 128,
+     .kv_lora = 64, .nope = 64, .rope = 64, .v_head = 64},
+    {"qwen3-30b-a3b", WSYNC_MODEL_QWEN3_MOE, 2048, 48, 32, 4, 128, 6144, 151936, 0, 1, 1e6,
+     .experts = 128, .topk = 8, .moe_inter = 768},
+    {"qwen3-235b-a22b", WSYNC_MODEL_QWEN3_MOE, 4096, 94, 64, 4, 128, 12288, 151936, 0, 1, 1e6,
+     .experts = 128, .topk = 8, .moe_inter = 1536},
+    {"deepseek-v3", WSYNC_MODEL_DEEPSEEK_V3, 7168, 61, 128, 128, 192, 18432, 129280, 0, 0, 1e4,
+     .experts = 256, .topk = 8, .moe_inter = 2048, .shared = 1, .first_dense = 3,
+     .q_lora = 1536, .kv_lora = 512, .nope = 128, .rope = 64, .v_head = 128},
 };
 #define NSHAPES (sizeof(shapes) / sizeof(shapes[0]))
 
 const char *bench_model_shape_names(void)
 {
-    return "tiny, qwen3-0.6b, qwen3-8b, qwen3-32b, llama-70b";
+    return "tiny, qwen3-0.6b, qwen3-8b, qwen3-32b, llama-70b, tiny-moe, tiny-deepseek, "
+           "qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3";
+}
+
+const char *bench_model_moe_shape_names(void)
+{
+    return "tiny-moe, tiny-deepseek, qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3";
 }
 
 static const model_shape_t *find_shape(const char *name)
@@ -74,6 +100,14 @@ static const model_shape_t *find_shape(const char *name)
 
 int bench_model_shape_known(const char *name) { return find_shape(name) != NULL; }
 
+int bench_model_shape_is_moe(const char *name)
+{
+    const model_shape_t *s = find_shape(name);
+    return s != NULL && s->experts > 0;
+}
+
+/* The config a HF config.json of the shape's family gives, with transformers' defaults for
+ * what the shape does not set (Qwen3MoeConfig, DeepseekV3Config). */
 static wsync_model_config_t config_of(const model_shape_t *s)
 {
     wsync_model_config_t c;
@@ -92,6 +126,35 @@ static wsync_model_config_t config_of(const model_shape_t *s)
     c.rms_norm_eps = 1e-6;
     c.rope_theta = s->theta;
     c.dtype = WSYNC_DTYPE_BF16;
+    if (s->experts == 0)
+        return c;
+    c.num_experts = s->experts;
+    c.num_experts_per_tok = s->topk;
+    c.moe_intermediate_size = s->moe_inter;
+    c.norm_topk_prob = 1;
+    if (s->type == WSYNC_MODEL_QWEN3_MOE) {
+        c.decoder_sparse_step = 1; /* every layer MoE, mlp_only_layers [] */
+        c.scoring_func = WSYNC_ROUTER_SOFTMAX;
+        c.topk_method = WSYNC_TOPK_GREEDY;
+        return c;
+    }
+    /* deepseek_v3: sigmoid router with the correction bias, grouped top-k, MLA */
+    c.max_position_embeddings = 163840;
+    c.n_shared_experts = s->shared;
+    c.first_k_dense_replace = s->first_dense;
+    c.moe_layer_freq = 1;
+    c.n_group = s->experts >= 64 ? 8 : 2;
+    c.topk_group = s->experts >= 64 ? 4 : 1;
+    c.routed_scaling_factor = 2.5;
+    c.scoring_func = WSYNC_ROUTER_SIGMOID;
+    c.topk_method = WSYNC_TOPK_NOAUX_TC;
+    c.router_bias = 1;
+    c.q_lora_rank = s->q_lora;
+    c.kv_lora_rank = s->kv_lora;
+    c.qk_nope_head_dim = s->nope;
+    c.qk_rope_head_dim = s->rope;
+    c.v_head_dim = s->v_head;
+    c.rope_interleave = 1;
     return c;
 }
 
@@ -144,6 +207,34 @@ static void gen_param(const char *name, uint64_t version, uint64_t start, uint64
     }
     if (n > 0)
         gen_stream(seed_of(name, 0), start, n, out);
+}
+
+/* Bytes of one element of a param: bf16 weights, and f32 where a family keeps one (DeepSeek's
+ * e_score_correction_bias); its values are the generator's bf16 widened, exactly. */
+static size_t param_esz(const wsync_param_t *p) { return p->dtype == WSYNC_DTYPE_F32 ? 4 : 2; }
+
+/* bf16 values [0, n) at in, widened to f32 at out; in may be the upper half of out's own
+ * n * 4 bytes (in == (uint16_t *)out + n): element i is read before bytes of later ones are
+ * written, since 4 i + 3 < 2 n + 2 (i + 1) for i < n. */
+static void widen_bf16(const uint16_t *in, uint32_t *out, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)in[i] << 16;
+        out[i] = u;
+    }
+}
+
+/* Elements [start, start + n) of param p in version v, in p's dtype (bf16 or f32), at out. */
+static void gen_param_as(const wsync_param_t *p, uint64_t version, uint64_t start, uint64_t n,
+                         void *out)
+{
+    if (param_esz(p) == 2) {
+        gen_param(p->name, version, start, n, out);
+        return;
+    }
+    uint16_t *half = (uint16_t *)out + n;
+    gen_param(p->name, version, start, n, half);
+    widen_bf16(half, out, n);
 }
 
 typedef void (*range_fn)(void *ctx, uint64_t lo, uint64_t hi);
@@ -205,10 +296,14 @@ static void gen_range(void *p, uint64_t lo, uint64_t hi)
     gen_param(g->name, g->version, g->start + lo, hi - lo, g->out + lo);
 }
 
-static void gen_param_mt(const char *name, uint64_t version, uint64_t start, uint64_t n,
-                         uint16_t *out)
+static void gen_param_mt(const wsync_param_t *p, uint64_t version, uint64_t start, uint64_t n,
+                         void *out)
 {
-    gen_job_t g = {name, version, start, out};
+    if (param_esz(p) != 2) { /* only small params are f32 */
+        gen_param_as(p, version, start, n, out);
+        return;
+    }
+    gen_job_t g = {p->name, version, start, out};
     par_for(n, 1 << 20, gen_range, &g);
 }
 
@@ -226,6 +321,7 @@ typedef struct {
     bench_probe_req_t probe_req;
     bench_probe_res_t probe;
     char scheme[32];
+    int refused;                                 /* the probe found the run cannot fit */
     double push_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
     double fetch_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
     int verdict[MODEL_MAX_RANKS];                /* receivers: 1 right, 2 wrong */
@@ -248,7 +344,9 @@ typedef struct {
     wsync_target_t *targets[MODEL_MAX_RANKS];
     size_t ntargets[MODEL_MAX_RANKS];
     wsync_plan_summary_t *sum;
-    uint64_t param_elems, param_count;
+    uint64_t param_elems, param_count, param_bytes;
+    uint64_t sender_bytes[MODEL_MAX_RANKS];       /* shards, as run_sender allocates them */
+    uint64_t receiver_bytes[MODEL_MAX_RANKS];     /* targets and scales, as run_receiver does */
     int ngpu;
     int gpu_s[MODEL_MAX_RANKS], gpu_r[MODEL_MAX_RANKS];
     char coordinator[32];
@@ -288,6 +386,50 @@ static uint64_t row_elems(const wsync_param_t *p)
     return n;
 }
 
+/* What the run is, for messages: "qwen3-30b-a3b FSDP-2 -> 1 replica x EP-2". */
+static void run_words(const model_t *m, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s FSDP-%d -> %d replica%s x %s-%d%s", m->shape->name, m->N, m->R,
+             m->R == 1 ? "" : "s", m->o->ep > 1 ? "EP" : "TP", m->T,
+             m->o->colocated ? " colocated" : "");
+}
+
+/* Host memory this machine could give now (MemAvailable), 0 when unknown. */
+static uint64_t host_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[128];
+    unsigned long long kb = 0;
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* --mem host: every sender's shards and every receiver's targets live in this machine's
+ * memory at once; refuse (0 or -1, reported) before any is allocated when they cannot. */
+static int host_fits(const model_t *m)
+{
+    uint64_t s = 0, r = 0, avail = host_available();
+    for (int i = 0; i < m->N; i++)
+        s += m->sender_bytes[i];
+    for (int j = 0; j < m->NR; j++)
+        r += m->receiver_bytes[j];
+    if (avail == 0 || s + r <= avail)
+        return 0;
+    char what[160];
+    run_words(m, what, sizeof(what));
+    fprintf(stderr,
+            PROG ": %s does not fit in host memory: it needs %.2f GB (senders' shards %.2f GB, "
+                 "receivers' targets %.2f GB), %.2f GB available (MemAvailable); use fewer "
+                 "replicas, a smaller shape or --mem cuda\n",
+            what, (double)(s + r) / 1e9, (double)s / 1e9, (double)r / 1e9, (double)avail / 1e9);
+    return -1;
+}
+
 static int model_build(model_t *m)
 {
     const bench_opts_t *o = m->o;
@@ -313,6 +455,10 @@ static int model_build(model_t *m)
         opt.quant_dtype = WSYNC_DTYPE_F8E4M3FN;
     }
     for (int j = 0; j < m->NR; j++) {
+        if (o->ep > 1) { /* whole experts over the replica's TP ranks */
+            opt.ep_size = m->T;
+            opt.ep_rank = j % m->T;
+        }
         st = wsync_layout_tp_targets(&m->cfg, j % m->T, m->T, &opt, &m->targets[j],
                                      &m->ntargets[j]);
         if (st != WSYNC_OK)
@@ -323,8 +469,23 @@ static int model_build(model_t *m)
         for (int d = 0; d < m->shards[0][k].param.ndim; d++)
             e *= (uint64_t)m->shards[0][k].param.shape[d];
         m->param_elems += e;
+        m->param_bytes += e * param_esz(&m->shards[0][k].param);
     }
     m->param_count = m->nshards[0];
+    for (int i = 0; i < m->N; i++)
+        for (size_t k = 0; k < m->nshards[i]; k++)
+            m->sender_bytes[i] += align_up(box_elems(&m->shards[i][k].param,
+                                                     &m->shards[i][k].box) *
+                                           param_esz(&m->shards[i][k].param));
+    for (int j = 0; j < m->NR; j++)
+        for (size_t k = 0; k < m->ntargets[j]; k++) {
+            const wsync_target_t *t = &m->targets[j][k];
+            m->receiver_bytes[j] += align_up(wsync_target_bytes(t));
+            if (t->quant.scheme != WSYNC_QUANT_NONE)
+                m->receiver_bytes[j] += align_up(wsync_target_scale_count(t) * sizeof(float));
+        }
+    if (!o->mem_cuda && host_fits(m) != 0)
+        return 2;
 
     /* the plan, as the coordinator will compile it */
     size_t ns = 0, nt = 0;
@@ -378,6 +539,52 @@ static void model_free(model_t *m)
 /* Probe child                                                                                */
 /* ---------------------------------------------------------------------------------------- */
 
+/* Per process beside its buffers: a CUDA context and, for schemes that stage, two buckets. */
+#define CUDA_CONTEXT_BYTES ((uint64_t)600 << 20)
+
+/* --mem cuda: each GPU must hold its senders' shards, its receivers' targets and scales, and
+ * per process a context and two buckets; refuse (-1, reported, naming the GPU and the bytes)
+ * before any sync process starts when one cannot. */
+static int gpus_fit(const model_t *m)
+{
+    int bad = 0;
+    for (int g = 0; g < m->ngpu; g++) {
+        uint64_t s = 0, r = 0;
+        int procs = 0;
+        for (int i = 0; i < m->N; i++)
+            if (m->gpu_s[i] == g) {
+                s += m->sender_bytes[i];
+                procs++;
+            }
+        for (int j = 0; j < m->NR; j++)
+            if (m->gpu_r[j] == g) {
+                r += m->receiver_bytes[j];
+                procs++;
+            }
+        if (procs == 0)
+            continue;
+        uint64_t extra = (uint64_t)procs * (CUDA_CONTEXT_BYTES + 2 * m->o->bucket_bytes);
+        size_t fr = 0, tot = 0;
+        if (bcuda_mem_info(g, &fr, &tot) != 0)
+            return -1;
+        if (s + r + extra <= fr)
+            continue;
+        char what[160];
+        run_words(m, what, sizeof(what));
+        fprintf(stderr,
+                PROG ": %s does not fit on GPU %d: it needs %.2f GB (senders' shards %.2f GB, "
+                     "receivers' targets %.2f GB, %d process%s x (context + 2 buckets) %.2f GB), "
+                     "%.2f GB free of %.2f GB\n",
+                what, g, (double)(s + r + extra) / 1e9, (double)s / 1e9, (double)r / 1e9, procs,
+                procs == 1 ? "" : "es", (double)extra / 1e9, (double)fr / 1e9, (double)tot / 1e9);
+        bad = 1;
+    }
+    if (bad)
+        fprintf(stderr, PROG ": use more senders or receivers (more GPUs), a smaller shape or "
+                        "fewer replicas\n");
+    return bad ? -1 : 0;
+}
+
 static int probe_body(int i, int res_fd, void *arg)
 {
     model_t *m = arg;
@@ -403,6 +610,10 @@ static int probe_body(int i, int res_fd, void *arg)
     }
     bcuda_device_name(0, sh->gpu_name, sizeof(sh->gpu_name));
     place(m, ngpu);
+    if (gpus_fit(m) != 0) {
+        sh->refused = 1;
+        return 1;
+    }
 
     bench_probe_req_t *q = &sh->probe_req;
     memset(q, 0, sizeof(*q));
@@ -439,19 +650,20 @@ static int probe_body(int i, int res_fd, void *arg)
 static int write_stripes(const model_t *m, int rank, void *const *data, uint64_t v)
 {
     const wsync_shard_t *sh = m->shards[rank];
-    uint16_t buf[STRIPE];
+    uint32_t buf[STRIPE]; /* room for f32 */
     for (size_t k = 0; k < m->nshards[rank]; k++) {
         uint64_t n = box_elems(&sh[k].param, &sh[k].box);
         uint64_t lo = (uint64_t)sh[k].box.start[0] * row_elems(&sh[k].param);
         if (n == 0 || lo >= STRIPE)
             continue;
         uint64_t cnt = STRIPE - lo < n ? STRIPE - lo : n;
-        gen_param(sh[k].param.name, v, lo, cnt, buf);
+        size_t esz = param_esz(&sh[k].param);
+        gen_param_as(&sh[k].param, v, lo, cnt, buf);
         if (m->o->mem_cuda) {
-            if (bcuda_h2d(data[k], buf, cnt * 2) != 0)
+            if (bcuda_h2d(data[k], buf, cnt * esz) != 0)
                 return -1;
         } else {
-            memcpy(data[k], buf, cnt * 2);
+            memcpy(data[k], buf, cnt * esz);
         }
     }
     return 0;
@@ -476,7 +688,8 @@ static int run_sender(model_t *m, int rank)
         goto oom;
     for (size_t k = 0; k < n; k++) {
         off[k] = bytes;
-        bytes += align_up(box_elems(&m->shards[rank][k].param, &m->shards[rank][k].box) * 2);
+        bytes += align_up(box_elems(&m->shards[rank][k].param, &m->shards[rank][k].box) *
+                          param_esz(&m->shards[rank][k].param));
     }
     if (o->store)
         setenv("WSYNC_STORE_TRANSPORT", o->transport, 1);
@@ -514,21 +727,22 @@ static int run_sender(model_t *m, int rank)
     }
 
     double t0 = bench_now_s();
-    if (o->mem_cuda && !(chunk = malloc(GEN_CHUNK_ELEMS * 2)))
+    if (o->mem_cuda && !(chunk = malloc(GEN_CHUNK_ELEMS * 4)))
         goto oom;
     for (size_t k = 0; k < n; k++) {
         const wsync_shard_t *s = &m->shards[rank][k];
         uint64_t cnt = box_elems(&s->param, &s->box), lo = (uint64_t)s->box.start[0] *
                                                             row_elems(&s->param);
+        size_t esz = param_esz(&s->param);
         data[k] = block + off[k];
         if (!o->mem_cuda) {
-            gen_param_mt(s->param.name, 1, lo, cnt, (uint16_t *)data[k]);
+            gen_param_mt(&s->param, 1, lo, cnt, data[k]);
             continue;
         }
         for (uint64_t done = 0; done < cnt;) {
             uint64_t c = cnt - done < GEN_CHUNK_ELEMS ? cnt - done : GEN_CHUNK_ELEMS;
-            gen_param_mt(s->param.name, 1, lo + done, c, chunk);
-            if (bcuda_h2d((uint16_t *)data[k] + done, chunk, c * 2) != 0)
+            gen_param_mt(&s->param, 1, lo + done, c, chunk);
+            if (bcuda_h2d((char *)data[k] + done * esz, chunk, c * esz) != 0)
                 goto out;
             done += c;
         }
@@ -613,22 +827,35 @@ typedef struct {
     uint16_t *dense;   /* the target's elements as bf16 */
 } piece_job_t;
 
-/* rows [lo, hi) of a piece (a 1-D piece is one row) */
+/* Rows [lo, hi) of a piece: its box's indices over every dim but the last, row-major (a 1-D
+ * piece is one row). The param's pd dims are the target's last pd dims: a [I, Hd] expert weight
+ * lands in a [E_local, 2 I_p, Hd] w13 target at dst_start {j, r, 0} (the target's leading dims
+ * take dst_start alone). */
 static void piece_rows(void *arg, uint64_t lo, uint64_t hi)
 {
     piece_job_t *j = arg;
     const wsync_piece_t *p = j->p;
     const wsync_target_t *t = j->t;
-    if (p->param.ndim == 1) {
-        gen_param(p->param.name, j->version, (uint64_t)p->src.start[0], (uint64_t)p->src.len[0],
-                  j->dense + p->dst_start[0]);
-        return;
-    }
-    uint64_t pcols = (uint64_t)p->param.shape[1], tcols = (uint64_t)t->shape[1];
+    int pd = p->param.ndim, td = t->ndim, lead = td - pd;
+    uint64_t pstride[WSYNC_MAX_DIMS], tstride[WSYNC_MAX_DIMS];
+    pstride[pd - 1] = 1;
+    for (int d = pd - 2; d >= 0; d--)
+        pstride[d] = pstride[d + 1] * (uint64_t)p->param.shape[d + 1];
+    tstride[td - 1] = 1;
+    for (int d = td - 2; d >= 0; d--)
+        tstride[d] = tstride[d + 1] * (uint64_t)t->shape[d + 1];
     for (uint64_t r = lo; r < hi; r++) {
-        uint64_t src = ((uint64_t)p->src.start[0] + r) * pcols + (uint64_t)p->src.start[1];
-        uint64_t dst = ((uint64_t)p->dst_start[0] + r) * tcols + (uint64_t)p->dst_start[1];
-        gen_param(p->param.name, j->version, src, (uint64_t)p->src.len[1], j->dense + dst);
+        uint64_t idx[WSYNC_MAX_DIMS] = {0}, rest = r;
+        for (int d = pd - 2; d >= 0; d--) {
+            idx[d] = rest % (uint64_t)p->src.len[d];
+            rest /= (uint64_t)p->src.len[d];
+        }
+        uint64_t src = 0, dst = 0;
+        for (int d = 0; d < pd; d++)
+            src += ((uint64_t)p->src.start[d] + idx[d]) * pstride[d];
+        for (int d = 0; d < td; d++)
+            dst += ((uint64_t)p->dst_start[d] + (d >= lead ? idx[d - lead] : 0)) * tstride[d];
+        gen_param(p->param.name, j->version, src, (uint64_t)p->src.len[pd - 1], j->dense + dst);
     }
 }
 
@@ -640,10 +867,7 @@ typedef struct {
 static void widen(void *arg, uint64_t lo, uint64_t hi)
 {
     widen_job_t *w = arg;
-    for (uint64_t i = lo; i < hi; i++) {
-        uint32_t u = (uint32_t)w->in[i] << 16;
-        memcpy(&w->out[i], &u, 4);
-    }
+    widen_bf16(w->in + lo, (uint32_t *)(void *)(w->out + lo), hi - lo);
 }
 
 typedef struct {
@@ -651,7 +875,7 @@ typedef struct {
     const float *x;
     uint8_t *q;
     float *scales;
-    uint64_t cols, scols, br;
+    uint64_t rows, cols, scols, br;
     wsync_status_t st;
     pthread_mutex_t lock;
 } quant_job_t;
@@ -660,8 +884,7 @@ typedef struct {
 static void quant_rows(void *arg, uint64_t lo, uint64_t hi)
 {
     quant_job_t *j = arg;
-    uint64_t rows = (uint64_t)j->t->shape[0];
-    uint64_t r0 = lo * j->br, r1 = hi * j->br < rows ? hi * j->br : rows;
+    uint64_t r0 = lo * j->br, r1 = hi * j->br < j->rows ? hi * j->br : j->rows;
     wsync_status_t st = wsync_quantize_f32(j->t->name, j->x + r0 * j->cols, r1 - r0, j->cols,
                                            j->cols, &j->t->quant, j->t->dtype,
                                            j->q + r0 * j->cols, j->cols,
@@ -673,35 +896,65 @@ static void quant_rows(void *arg, uint64_t lo, uint64_t hi)
     }
 }
 
+/* Columns of a target seen as a matrix: its last dim (a 3-D FusedMoE target quantizes as its
+ * [prod(leading dims), last dim] matrix, as wsync_layout_tp_targets says). */
+static uint64_t target_cols(const wsync_target_t *t)
+{
+    return t->ndim >= 2 ? (uint64_t)t->shape[t->ndim - 1] : 1;
+}
+
 /* The bytes target t holds after version v: *out (target bytes) and, for FP8, *scales
- * (wsync_target_scale_count floats). */
+ * (wsync_target_scale_count floats). bf16 and f32 targets hold the generator's values (f32:
+ * widened, as the senders hold an f32 param); FP8 targets the CPU quantizer's bytes. */
 static int expected_target(const wsync_target_t *t, uint64_t v, uint8_t *out, float *scales)
 {
     uint64_t elems = wsync_target_bytes(t) / wsync_dtype_size(t->dtype);
     int fp8 = t->dtype == WSYNC_DTYPE_F8E4M3FN || t->dtype == WSYNC_DTYPE_F8E5M2;
-    uint16_t *dense = fp8 ? calloc(elems ? elems : 1, 2) : (uint16_t *)out;
+    int f32 = t->dtype == WSYNC_DTYPE_F32;
+    if (!fp8 && !f32 && t->dtype != WSYNC_DTYPE_BF16) {
+        fprintf(stderr, PROG ": %s: a %s target cannot be checked (bf16, f32 or FP8 only)\n",
+                t->name, wsync_dtype_name(t->dtype));
+        return -1;
+    }
+    uint16_t *dense = fp8 || f32 ? calloc(elems ? elems : 1, 2) : (uint16_t *)out;
     if (!dense)
         return -1;
-    if (!fp8)
+    if (!fp8 && !f32)
         memset(out, 0, elems * 2);
     for (int k = 0; k < t->npieces; k++) {
-        piece_job_t j = {t, &t->pieces[k], v, dense};
-        uint64_t rows = t->pieces[k].param.ndim == 1 ? 1 : (uint64_t)t->pieces[k].src.len[0];
-        if (box_elems(&t->pieces[k].param, &t->pieces[k].src) > 0)
+        const wsync_piece_t *pc = &t->pieces[k];
+        if (pc->param.ndim < 1 || pc->param.ndim > t->ndim) {
+            fprintf(stderr, PROG ": %s piece %d: param %s has %d dims, the target %d\n",
+                    t->name, k, pc->param.name, pc->param.ndim, t->ndim);
+            if (dense != (uint16_t *)out)
+                free(dense);
+            return -1;
+        }
+        piece_job_t j = {t, pc, v, dense};
+        uint64_t rows = 1;
+        for (int d = 0; d < pc->param.ndim - 1; d++)
+            rows *= (uint64_t)pc->src.len[d];
+        if (box_elems(&pc->param, &pc->src) > 0)
             par_for(rows, 64, piece_rows, &j);
+    }
+    if (f32) {
+        widen_bf16(dense, (uint32_t *)(void *)out, elems);
+        free(dense);
+        return 0;
     }
     if (!fp8)
         return 0;
     int rc = -1;
     float *x = malloc(elems * sizeof(float));
-    if (x && t->ndim == 2 && t->quant.scheme == WSYNC_QUANT_BLOCK) {
+    uint64_t cols = target_cols(t), rows = cols ? elems / cols : 0;
+    if (x && t->ndim >= 2 && t->quant.scheme == WSYNC_QUANT_BLOCK) {
         widen_job_t w = {dense, x};
         par_for(elems, 1 << 20, widen, &w);
         int64_t srows, scols;
         uint64_t br = t->quant.block_rows > 0 ? (uint64_t)t->quant.block_rows : 128;
-        if (wsync_quant_scales_shape(&t->quant, t->shape[0], t->shape[1], &srows, &scols) ==
+        if (wsync_quant_scales_shape(&t->quant, (int64_t)rows, (int64_t)cols, &srows, &scols) ==
             WSYNC_OK) {
-            quant_job_t q = {t, x, out, scales, (uint64_t)t->shape[1], (uint64_t)scols, br,
+            quant_job_t q = {t, x, out, scales, rows, cols, (uint64_t)scols, br,
                              WSYNC_OK, PTHREAD_MUTEX_INITIALIZER};
             par_for((uint64_t)srows, 1, quant_rows, &q);
             rc = q.st == WSYNC_OK ? 0 : -1;
@@ -710,7 +963,8 @@ static int expected_target(const wsync_target_t *t, uint64_t v, uint8_t *out, fl
                         wsync_last_error());
         }
     } else if (x) {
-        fprintf(stderr, PROG ": %s: only 2-D block FP8 targets are checked\n", t->name);
+        fprintf(stderr, PROG ": %s: only block FP8 targets of 2 or more dims are checked\n",
+                t->name);
     }
     free(x);
     free(dense);
@@ -791,7 +1045,7 @@ static int check_receiver(model_t *m, int j, uint64_t v, uint8_t *const *data,
         if (wrong++ == 0 || wrong <= 5) {
             char line[256];
             if (d >= 0) {
-                int64_t cols = t->ndim == 2 ? t->shape[1] : 1;
+                int64_t cols = (int64_t)target_cols(t);
                 uint32_t e = 0, h = 0;
                 memcpy(&e, exp + (size_t)d * esz, esz);
                 memcpy(&h, g + (size_t)d * esz, esz);
@@ -1111,11 +1365,15 @@ static int report(const model_t *m, double memcpy_gbps)
         gpu_list(gr, sizeof(gr), m->gpu_r, m->NR);
     }
 
-    printf("%s: %s (%llu params, %.3f GB bf16), FSDP-%d -> %d replica%s x TP-%d, %s, mem %s, "
+    char experts[96] = "";
+    if (m->cfg.num_experts > 0)
+        snprintf(experts, sizeof(experts), ", %lld experts %s", (long long)m->cfg.num_experts,
+                 o->ep > 1 ? "whole per rank (EP)" : "split inside by TP");
+    printf("%s: %s (%llu params, %.3f GB%s), FSDP-%d -> %d replica%s x %s-%d, %s, mem %s, "
            "quant %s, scheme %s (asked %s)\n",
            PROG, m->shape->name, (unsigned long long)m->param_elems,
-           (double)m->param_elems * 2 / 1e9, m->N, m->R, m->R == 1 ? "" : "s", m->T,
-           o->colocated ? "colocated" : "disaggregated", o->mem_cuda ? "cuda" : "host",
+           (double)m->param_bytes / 1e9, experts, m->N, m->R, m->R == 1 ? "" : "s",
+           o->ep > 1 ? "EP" : "TP", m->T, o->colocated ? "colocated" : "disaggregated", o->mem_cuda ? "cuda" : "host",
            o->quant_fp8 ? "fp8-block" : "none", sh->scheme, o->scheme);
     if (o->mem_cuda)
         printf("  GPUs              %d visible (%s); senders on %s; receivers on %s\n", m->ngpu,
@@ -1163,6 +1421,11 @@ static int report(const model_t *m, double memcpy_gbps)
         json_object_set_new(j, "params", json_integer((json_int_t)m->param_count));
         json_object_set_new(j, "senders", json_integer(m->N));
         json_object_set_new(j, "tp", json_integer(m->T));
+        json_object_set_new(j, "ep", json_integer(o->ep > 1 ? o->ep : 1));
+        json_object_set_new(j, "model_type",
+                            json_string(wsync_model_type_name(m->cfg.model_type)));
+        json_object_set_new(j, "experts", json_integer((json_int_t)m->cfg.num_experts));
+        json_object_set_new(j, "param_bytes", json_integer((json_int_t)m->param_bytes));
         json_object_set_new(j, "replicas", json_integer(m->R));
         json_object_set_new(j, "receivers", json_integer(m->NR));
         json_object_set_new(j, "colocated", json_boolean(o->colocated));
@@ -1240,8 +1503,13 @@ int bench_model_main(const bench_opts_t *o)
         return 2;
     }
     m->shape = find_shape(o->model_shape);
-    if (!m->shape || model_build(m) != 0)
+    if (!m->shape)
         goto out;
+    int built = model_build(m);
+    if (built != 0) {
+        rc = built == 2 ? 2 : 1;
+        goto out;
+    }
     if (!(m->sh = bench_map_shared(sizeof(model_shared_t))))
         goto out;
     setenv("NCCL_NVLS_ENABLE", "0", 0); /* shared hosts: no NVLink multicast (DEVICE.md) */
@@ -1259,8 +1527,11 @@ int bench_model_main(const bench_opts_t *o)
     if (o->mem_cuda) {
         bench_child_t probe = {.name = "link probe"};
         fprintf(stderr, PROG ": measuring the links (1 GiB copies, a 4 GiB broadcast)\n");
-        if (bench_run_group(&probe, 1, probe_body, m, deadline, o->timeout_s, &text) != 0)
+        if (bench_run_group(&probe, 1, probe_body, m, deadline, o->timeout_s, &text) != 0) {
+            if (m->sh->refused)
+                rc = 2;
             goto out;
+        }
         free(text);
         text = NULL;
         place(m, m->sh->ngpu);

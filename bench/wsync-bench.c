@@ -132,7 +132,7 @@ static void usage(FILE *out)
             "       " PROG " --scheme store --transport ucx|ofi --mem host --receivers R\n"
             "                   --bytes N [options]\n"
             "       " PROG " --model-shape SHAPE --mem host|cuda --scheme nccl|ipc|store|auto\n"
-            "                   [--senders N] [--tp T] [--replicas R] [--colocated]\n"
+            "                   [--senders N] [--tp T | --ep E] [--replicas R] [--colocated]\n"
             "                   [--quant none|fp8-block] [options]\n"
             "\n"
             "Flat runs (--bytes):\n"
@@ -180,6 +180,17 @@ static void usage(FILE *out)
             "    (bytes per receiver / time) / broadcast GB/s (fan-out: 1 is a broadcast's\n"
             "    speed).\n"
             "With --mem host the floor is the largest receiver's bytes at one core's memcpy.\n"
+            "Mixture-of-experts shapes (tiny-moe, tiny-deepseek, qwen3-30b-a3b, qwen3-235b-a22b,\n"
+            "deepseek-v3; configs built in, with the published config.json's values): each MoE\n"
+            "layer's experts are FusedMoE targets, w13_weight [E_local, 2*I_p, Hd] and w2_weight\n"
+            "[E_local, Hd, I_p], beside a replicated router. Without --ep every receiver holds\n"
+            "every expert, split inside by TP (I_p = I / T); with --ep E (E = T) receiver t of\n"
+            "a replica holds whole experts (vLLM's enable_expert_parallel, linear placement)\n"
+            "while attention stays split by TP. Senders hold FSDP dim-0 shards of every\n"
+            "checkpoint param, one tensor per expert. A run that cannot fit (the senders'\n"
+            "shards, the receivers' targets and buckets on the busiest GPU, or all of them in\n"
+            "host memory with --mem host) is refused before anything is allocated, naming the\n"
+            "bytes needed and available (exit status 2).\n"
             "After the last version every receiver compares its targets (and FP8 scales) with\n"
             "the bytes the same generator and the CPU quantizer give on the host: a mismatch\n"
             "reports the run as WRONG (exit status 1) whatever its speed.\n"
@@ -194,6 +205,8 @@ static void usage(FILE *out)
             "  --model-shape S  %s\n"
             "  --senders N      FSDP senders (default 1)\n"
             "  --tp T           tensor-parallel size of each replica (default 1)\n"
+            "  --ep E           MoE shapes: expert parallelism over the E ranks of a replica,\n"
+            "                   which are its TP ranks (E = T; --ep alone sets T = E)\n"
             "  --replicas R     inference replicas (default 1)\n"
             "  --colocated      senders and receivers share GPUs (see above)\n"
             "  --quant Q        none (default: bf16 targets) or fp8-block\n"
@@ -351,7 +364,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
 {
     enum { OPT_SCHEME = 1000, OPT_MEM, OPT_RECEIVERS, OPT_BYTES, OPT_BUCKET, OPT_ITERS,
            OPT_WARMUP, OPT_PARAMS, OPT_TIMEOUT, OPT_JSON, OPT_SOURCE, OPT_TRANSPORT,
-           OPT_MODEL, OPT_SENDERS, OPT_TP, OPT_REPLICAS, OPT_COLOCATED, OPT_QUANT };
+           OPT_MODEL, OPT_SENDERS, OPT_TP, OPT_REPLICAS, OPT_COLOCATED, OPT_QUANT, OPT_EP };
     static const struct option longopts[] = {
         {"scheme", required_argument, NULL, OPT_SCHEME},
         {"transport", required_argument, NULL, OPT_TRANSPORT},
@@ -368,6 +381,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         {"model-shape", required_argument, NULL, OPT_MODEL},
         {"senders", required_argument, NULL, OPT_SENDERS},
         {"tp", required_argument, NULL, OPT_TP},
+        {"ep", required_argument, NULL, OPT_EP},
         {"replicas", required_argument, NULL, OPT_REPLICAS},
         {"colocated", no_argument, NULL, OPT_COLOCATED},
         {"quant", required_argument, NULL, OPT_QUANT},
@@ -376,7 +390,8 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
     };
     const char *scheme = NULL, *mem = NULL, *source = NULL, *transport = NULL, *quant = NULL;
     int have_receivers = 0, have_bytes = 0, have_bucket = 0, bucket_mb = 256, have_params = 0;
-    int have_layout = 0; /* --senders, --tp, --replicas or --colocated */
+    int have_layout = 0; /* --senders, --tp, --ep, --replicas or --colocated */
+    int have_tp = 0;
 
     *o = (bench_opts_t){.iters = 5, .warmup = 1, .params = 16, .timeout_s = 600, .senders = 1,
                         .tp = 1, .replicas = 1};
@@ -430,6 +445,11 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
             break;
         case OPT_TP:
             if (parse_int("--tp", optarg, 1, MODEL_MAX_RANKS, &o->tp) != 0)
+                return -1;
+            have_layout = have_tp = 1;
+            break;
+        case OPT_EP:
+            if (parse_int("--ep", optarg, 1, MODEL_MAX_RANKS, &o->ep) != 0)
                 return -1;
             have_layout = 1;
             break;
@@ -485,6 +505,23 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
                 scheme);
         return -1;
     }
+    if (o->model_shape && o->ep > 0) {
+        /* the experts are split over the replica's own ranks (vLLM: EP = TP x DP, DP 1 here) */
+        if (!have_tp)
+            o->tp = o->ep;
+        if (o->ep != o->tp) {
+            fprintf(stderr, PROG ": --ep %d with --tp %d: the experts are split over the TP "
+                            "ranks of each replica, so E must equal T (vLLM's EP = TP x DP with "
+                            "DP 1)\n",
+                    o->ep, o->tp);
+            return -1;
+        }
+        if (!bench_model_shape_is_moe(o->model_shape)) {
+            fprintf(stderr, PROG ": --ep: shape '%s' has no experts (MoE shapes: %s)\n",
+                    o->model_shape, bench_model_moe_shape_names());
+            return -1;
+        }
+    }
     if (o->model_shape)
         return parse_model_options(o, scheme, mem, transport, quant, have_receivers,
                                    have_bytes || have_params || source, have_bucket, bucket_mb);
@@ -494,7 +531,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         return -1;
     }
     if (have_layout || quant) {
-        fprintf(stderr, PROG ": --senders, --tp, --replicas, --colocated and --quant need "
+        fprintf(stderr, PROG ": --senders, --tp, --ep, --replicas, --colocated and --quant need "
                         "--model-shape\n");
         return -1;
     }

@@ -12,13 +12,20 @@ For every checkpoint tensor, in order, one at a time:
      vLLM's weight_loader does (qkv_proj, gate_up_proj, row/column parallel, vocab parallel).
 Time per version = the slowest rank's, from a barrier to its last load done (CUDA synchronized).
 
+Mixture-of-experts shapes (tiny-moe, qwen3-30b-a3b) are the peers' "all-gather each param and
+let the engine slice": every per-expert tensor is gathered (and, disaggregated, broadcast) whole
+like any other, and each inference rank keeps its slice in vLLM's FusedMoE w13/w2 weights: with
+--ep its own whole experts (linear placement over the TP ranks of the replica, every other
+expert's tensor dropped unread), without it a 1/TP slice of every expert.
+
 Launch (one process per GPU; NCCL_NVLS_ENABLE=0 is set unless already set):
   python3 -m torch.distributed.run --nproc-per-node 4 bench/baselines/a_nccl_per_tensor.py \\
       --model-shape qwen3-8b --scenario colocated
 Ranks: colocated 0-3 train (FSDP-4) and infer (TP-4); fanout rank 0 trains (full weights),
 1-3 are TP-1 replicas (1..R with --replicas R); disaggregated 0-1 train (FSDP-2), 2-3 infer
-(TP-2). --model-shape and --scenario take comma-separated lists: every pair runs in turn in
-the same launch. Prints one JSON object per run (wsync-bench --json's keys; see README.md) on
+(TP-2); on 2 GPUs colocated2 is FSDP-2 -> TP-2 (or EP-2) and disaggregated1 FSDP-1 (rank 0) ->
+TP-1 (rank 1). --model-shape and --scenario take comma-separated lists: every pair runs in
+turn in the same launch. Prints one JSON object per run (wsync-bench --json's keys; see README.md) on
 rank 0's stdout, the last one last.
 """
 import os
@@ -43,6 +50,9 @@ def run(torch, g, args):
     S, T, R, coloc = sc["senders"], sc["tp"], sc["replicas"], sc["colocated"]
     if coloc and S != T * R:
         sys.exit("colocated needs as many trainer ranks as inference ranks")
+    ep = bool(getattr(args, "ep", False))
+    if ep and not common.is_moe(args.model_shape):
+        sys.exit("--ep: shape %s has no experts" % args.model_shape)
 
     trainers = list(range(S))
     infer = list(range(S)) if coloc else list(range(S, S + T * R))
@@ -53,8 +63,9 @@ def run(torch, g, args):
 
     specs = common.param_specs(args.model_shape)
     model_bytes = sum(common.numel(s) * 2 for _, s in specs)
-    common.log(rank, "%s %s: %d params, %.2f GB, trainers %s, inference %s (TP %d x %d)"
-               % (args.model_shape, args.scenario, len(specs), model_bytes / 1e9, trainers, infer, T, R))
+    common.log(rank, "%s %s: %d params, %.2f GB, trainers %s, inference %s (%s %d x %d)"
+               % (args.model_shape, args.scenario, len(specs), model_bytes / 1e9, trainers, infer,
+                  "EP" if ep else "TP", T, R))
 
     # trainer state: FSDP shards (or full tensors with one trainer)
     held = {}
@@ -66,7 +77,7 @@ def run(torch, g, args):
     engine = None
     if is_inf:
         tp_rank = infer.index(rank) % T
-        engine = common.FusedTP(torch, args.model_shape, T, tp_rank, dev)
+        engine = common.FusedTP(torch, args.model_shape, T, tp_rank, dev, ep=ep)
     recv_bytes = engine.nbytes() if engine else 0
     torch.cuda.synchronize()
     dist.barrier()

@@ -26,6 +26,13 @@ SHAPES = {
     "qwen3-0.6b": dict(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, inter=3072, vocab=151936, tie=True),
     "qwen3-8b": dict(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, inter=12288, vocab=151936, tie=False),
     "qwen3-32b": dict(hidden=5120, layers=64, heads=64, kv_heads=8, head_dim=128, inter=25600, vocab=151936, tie=False),
+    # Mixture of experts (Qwen3-MoE: every layer's MLP is `experts` routed experts of width
+    # moe_inter and a router mlp.gate [experts, hidden]), as bench_model.c's tiny-moe and
+    # Qwen/Qwen3-30B-A3B's config.json
+    "tiny-moe": dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=128, inter=512, vocab=1024, tie=False,
+                     experts=8, moe_inter=512),
+    "qwen3-30b-a3b": dict(hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, inter=6144, vocab=151936,
+                          tie=False, experts=128, moe_inter=768),
 }
 
 # Scenarios of issue 9: senders (FSDP degree), TP degree, replicas, colocated.
@@ -33,6 +40,10 @@ SCENARIOS = {
     "colocated": dict(senders=4, tp=4, replicas=1, colocated=True),
     "fanout": dict(senders=1, tp=1, replicas=3, colocated=False),
     "disaggregated": dict(senders=2, tp=2, replicas=1, colocated=False),
+    # the same on a 2-GPU machine: FSDP-2 -> TP-2 (or EP-2) on GPUs 0, 1; FSDP-1 (GPU 0) ->
+    # TP-1 (GPU 1)
+    "colocated2": dict(senders=2, tp=2, replicas=1, colocated=True),
+    "disaggregated1": dict(senders=1, tp=1, replicas=1, colocated=False),
 }
 
 VOCAB_PAD = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
@@ -68,6 +79,10 @@ def add_common_args(p, scenarios=None):
                    help="also write the JSON results to PATH, one line per run (emptied first)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip checking a few loaded tensors against their regenerated values")
+    p.add_argument("--ep", action="store_true",
+                   help="MoE shapes: the inference ranks of a replica hold whole experts (vLLM's "
+                        "enable_expert_parallel, EP = TP, linear placement) instead of every "
+                        "expert split by TP; attention stays split by TP")
 
 
 def expand(args):
@@ -109,6 +124,17 @@ def param_specs(shape_name):
             (p + "self_attn.q_norm.weight", (hd,)),
             (p + "self_attn.k_norm.weight", (hd,)),
             (p + "post_attention_layernorm.weight", (h,)),
+        ]
+        if is_moe(shape_name):
+            # one tensor per expert, as save_pretrained writes a Qwen3-MoE checkpoint
+            mi = s["moe_inter"]
+            out.append((p + "mlp.gate.weight", (s["experts"], h)))
+            for e in range(s["experts"]):
+                q = p + "mlp.experts.%d." % e
+                out += [(q + "gate_proj.weight", (mi, h)), (q + "up_proj.weight", (mi, h)),
+                        (q + "down_proj.weight", (h, mi))]
+            continue
+        out += [
             (p + "mlp.gate_proj.weight", (it, h)),
             (p + "mlp.up_proj.weight", (it, h)),
             (p + "mlp.down_proj.weight", (h, it)),
@@ -117,6 +143,19 @@ def param_specs(shape_name):
     if not s["tie"]:
         out.append(("lm_head.weight", (s["vocab"], h)))
     return out
+
+
+def is_moe(shape_name):
+    return SHAPES[shape_name].get("experts", 0) > 0
+
+
+def local_experts(num_experts, ep_rank, ep_size):
+    """The global experts EP rank ep_rank of ep_size holds, in local order: vLLM's
+    determine_expert_map with linear placement (a contiguous range; the first E % EP ranks hold
+    one more each)."""
+    base, extra = divmod(num_experts, ep_size)
+    start = ep_rank * base + min(ep_rank, extra)
+    return list(range(start, start + base + (1 if ep_rank < extra else 0)))
 
 
 def numel(shape):
@@ -156,7 +195,7 @@ class FusedTP:
       (the rank's columns), embed_tokens and lm_head vocab parallel (vocab padded to a multiple of 64),
       norms replicated."""
 
-    def __init__(self, torch, shape_name, tp, tp_rank, device):
+    def __init__(self, torch, shape_name, tp, tp_rank, device, ep=False):
         s = SHAPES[shape_name]
         self.torch = torch
         h, hd, nh, kv, it = s["hidden"], s["head_dim"], s["heads"], s["kv_heads"], s["inter"]
@@ -194,11 +233,14 @@ class FusedTP:
             self.loads[p + "self_attn.v_proj.weight"] = [(qkv[(qp + kvp) * hd:], 0, kv0 * hd, kvp * hd)]
             o = new(p + "self_attn.o_proj.weight", (h, qp * hd))
             self.loads[p + "self_attn.o_proj.weight"] = [(o, 1, tp_rank * qp * hd, qp * hd)]
-            gu = new(p + "mlp.gate_up_proj.weight", (2 * ip, h))
-            self.loads[p + "mlp.gate_proj.weight"] = [(gu[:ip], 0, tp_rank * ip, ip)]
-            self.loads[p + "mlp.up_proj.weight"] = [(gu[ip:], 0, tp_rank * ip, ip)]
-            d = new(p + "mlp.down_proj.weight", (h, ip))
-            self.loads[p + "mlp.down_proj.weight"] = [(d, 1, tp_rank * ip, ip)]
+            if s.get("experts", 0) > 0:
+                self._moe_layer(p, s, tp, tp_rank, ep, new)
+            else:
+                gu = new(p + "mlp.gate_up_proj.weight", (2 * ip, h))
+                self.loads[p + "mlp.gate_proj.weight"] = [(gu[:ip], 0, tp_rank * ip, ip)]
+                self.loads[p + "mlp.up_proj.weight"] = [(gu[ip:], 0, tp_rank * ip, ip)]
+                d = new(p + "mlp.down_proj.weight", (h, ip))
+                self.loads[p + "mlp.down_proj.weight"] = [(d, 1, tp_rank * ip, ip)]
             for n, ln in (("input_layernorm.weight", h), ("post_attention_layernorm.weight", h),
                           ("self_attn.q_norm.weight", hd), ("self_attn.k_norm.weight", hd)):
                 t = new(p + n, (ln,))
@@ -210,6 +252,35 @@ class FusedTP:
             if vn < vp:
                 lm[vn:].zero_()
             self.loads["lm_head.weight"] = [(lm[:vn], 0, v0, vn)]
+
+    def _moe_layer(self, p, s, tp, tp_rank, ep, new):
+        """vLLM's FusedMoE weights of one layer and its weight_loader's rules: the router
+        mlp.gate replicated; w13 [E_local, 2 I_p, Hd] (expert j's gate rows, then its up rows)
+        and w2 [E_local, Hd, I_p]. Without ep every rank holds every expert, I_p = I / tp (gate
+        and up narrowed on dim 0, down on dim 1, by tp_rank); with ep the rank holds whole
+        experts (I_p = I) and a tensor of any other expert is dropped, unread."""
+        h, e_all, mi = s["hidden"], s["experts"], s["moe_inter"]
+        router = new(p + "mlp.gate.weight", (e_all, h))
+        self.loads[p + "mlp.gate.weight"] = [(router, 0, 0, e_all)]
+        if ep:
+            mine, ip, r0 = local_experts(e_all, tp_rank, tp), mi, 0
+        else:
+            assert mi % tp == 0, "moe_intermediate_size must split over tp"
+            mine, ip = list(range(e_all)), mi // tp
+            r0 = tp_rank * ip
+        w13 = new(p + "mlp.experts.w13_weight", (len(mine), 2 * ip, h))
+        w2 = new(p + "mlp.experts.w2_weight", (len(mine), h, ip))
+        local = {e: j for j, e in enumerate(mine)}
+        for e in range(e_all):
+            q = p + "mlp.experts.%d." % e
+            j = local.get(e)
+            if j is None:
+                for n in ("gate_proj.weight", "up_proj.weight", "down_proj.weight"):
+                    self.loads[q + n] = []
+                continue
+            self.loads[q + "gate_proj.weight"] = [(w13[j, :ip], 0, r0, ip)]
+            self.loads[q + "up_proj.weight"] = [(w13[j, ip:], 0, r0, ip)]
+            self.loads[q + "down_proj.weight"] = [(w2[j], 1, r0, ip)]
 
     def load(self, name, full):
         """vLLM's weight_loader step for one full checkpoint tensor."""
@@ -239,9 +310,19 @@ def verify_names(shape_name):
     s = SHAPES[shape_name]
     last = s["layers"] - 1
     names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-             "model.layers.0.self_attn.k_proj.weight", "model.layers.%d.mlp.up_proj.weight" % last,
-             "model.layers.%d.mlp.down_proj.weight" % last, "model.layers.%d.self_attn.o_proj.weight" % last,
+             "model.layers.0.self_attn.k_proj.weight", "model.layers.%d.self_attn.o_proj.weight" % last,
              "model.norm.weight"]
+    if is_moe(shape_name):
+        # the first and last expert (on the first and last EP rank), the router
+        e = s["experts"] - 1
+        names += ["model.layers.0.mlp.experts.0.gate_proj.weight",
+                  "model.layers.0.mlp.experts.0.up_proj.weight",
+                  "model.layers.%d.mlp.experts.%d.up_proj.weight" % (last, e),
+                  "model.layers.%d.mlp.experts.%d.down_proj.weight" % (last, e),
+                  "model.layers.%d.mlp.gate.weight" % last]
+    else:
+        names += ["model.layers.%d.mlp.up_proj.weight" % last,
+                  "model.layers.%d.mlp.down_proj.weight" % last]
     if not s["tie"]:
         names.append("lm_head.weight")
     return names
@@ -280,7 +361,9 @@ def result(torch, args, method, scheme, steps, times, model_bytes, recv_bytes, r
         scheme=scheme, baseline=True, method=method, steps=steps, mem="cuda",
         model_shape=args.model_shape, scenario=args.scenario,
         senders=sc.get("senders"), tp=sc.get("tp"), replicas=sc.get("replicas"),
-        colocated=sc.get("colocated"), receivers=receivers, bytes=model_bytes,
+        colocated=sc.get("colocated"), ep=sc.get("tp") if getattr(args, "ep", False) else 1,
+        experts=SHAPES[args.model_shape].get("experts", 0) if args.model_shape in SHAPES else 0,
+        receivers=receivers, bytes=model_bytes,
         bytes_per_receiver=recv_bytes, params=nparams, dtype="bf16", iters=args.iters,
         warmup=args.warmup, seconds=med, seconds_min=tmin, seconds_max=tmax,
         gbps_per_receiver=recv_bytes / med / 1e9 if med > 0 else 0.0,
@@ -305,6 +388,8 @@ def run_name(method, args):
     name = "%s-%s-%s" % (method, what, args.scenario)
     if args.scenario == "fanout" and getattr(args, "replicas", None):
         name += "-r%d" % args.replicas
+    if getattr(args, "ep", False):
+        name += "-ep"
     return name
 
 

@@ -10,9 +10,11 @@ takes and writes the JSON that script writes.
       --runs a:colocated:qwen3-8b,b:colocated:qwen3-8b,a:fanout:qwen3-8b:2,c:fanout:4G \\
       --iters 3 --warmup 1 --json-out runs.jsonl
 
-RUN is METHOD:SCENARIO:WHAT[:REPLICAS]: METHOD a, b or c; SCENARIO colocated, fanout or
-disaggregated; WHAT a model shape (for c: broadcast that model's bytes) or, for c only, a
-buffer size such as 4G; REPLICAS the fanout's replica count (default 3). Runs go in the order
+RUN is METHOD:SCENARIO:WHAT[:REPLICAS][:ep]: METHOD a, b or c; SCENARIO colocated, fanout,
+disaggregated, or on 2 GPUs colocated2 and disaggregated1; WHAT a model shape (for c: broadcast
+that model's bytes) or, for c only, a buffer size such as 4G; REPLICAS the fanout's replica
+count (default 3); ep, for a MoE shape, gives the inference ranks whole experts (--ep), e.g.
+a:colocated2:qwen3-30b-a3b:ep. Runs go in the order
 given, so put the ones that matter most first: a run that fails ends the launch.
 """
 import argparse
@@ -31,9 +33,12 @@ METHODS = {"a": a_nccl_per_tensor, "b": b_ipc_bucket, "c": c_nccl_broadcast}
 def parse_run(text, common_argv):
     """'a:fanout:qwen3-8b:2' -> (run function, its Namespace), through the method's parser."""
     f = text.split(":")
+    ep = "ep" in f[3:]
+    if ep:
+        f = f[:3] + [x for x in f[3:] if x != "ep"]
     if len(f) not in (3, 4) or f[0] not in METHODS:
-        raise SystemExit("--runs: %r is not METHOD:SCENARIO:WHAT[:REPLICAS] with METHOD a, b "
-                         "or c" % text)
+        raise SystemExit("--runs: %r is not METHOD:SCENARIO:WHAT[:REPLICAS][:ep] with METHOD a, "
+                         "b or c" % text)
     mod = METHODS[f[0]]
     argv = ["--scenario", f[1]] + common_argv
     if f[2] in common.SHAPES:
@@ -45,6 +50,8 @@ def parse_run(text, common_argv):
                          % (text, f[2], ", ".join(sorted(common.SHAPES))))
     if len(f) == 4:
         argv += ["--replicas", f[3]]
+    if ep:
+        argv.append("--ep")
     parser = mod.make_parser()
     parser.prog = "suite.py, run %s" % text   # errors name the run, not a command line
     args = parser.parse_args(argv)
@@ -53,7 +60,8 @@ def parse_run(text, common_argv):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", required=True, help="comma-separated METHOD:SCENARIO:WHAT[:REPLICAS]")
+    p.add_argument("--runs", required=True,
+                   help="comma-separated METHOD:SCENARIO:WHAT[:REPLICAS][:ep]")
     p.add_argument("--iters", default="5", help="timed versions of every run (default 5)")
     p.add_argument("--warmup", default="1", help="untimed versions first (default 1)")
     p.add_argument("--json-out", metavar="PATH", help="one JSON line per run (emptied first)")

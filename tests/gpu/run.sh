@@ -17,9 +17,17 @@
 #   3. wsync-bench model runs of the issue's targets (Qwen3-8B shape): on 4 GPUs fan-out 1 -> 3
 #      replicas (nccl, ipc), colocated FSDP-4 -> TP-4 (ipc, nccl; bf16 and fp8-block),
 #      disaggregated FSDP-2 (GPUs 0,1) -> TP-2 (GPUs 2,3) (nccl, ipc); fewer, named, on 1 or 2;
+#   3a. mixture of experts (issue 16, step "moe", about 3 minutes on 2 GPUs): wsync-bench on the
+#      Qwen3-30B-A3B shape, colocated FSDP-4 -> EP-4 and -> TP-4 (ipc, bf16), the EP row again
+#      with fp8-block targets, disaggregated FSDP-2 (GPUs 0,1) -> EP-2 (GPUs 2,3) (nccl); on 2
+#      GPUs FSDP-2 -> EP-2 / TP-2 colocated (and fp8), no disaggregated row; each against its
+#      floor, and (step "moe-baselines") the peers' all-gather method on the same scenarios in
+#      one torch.distributed.run launch (bench/baselines/suite.py, method a with MoE shapes);
 #   4. bench/baselines/run.sh when it exists (the peers' methods).
-# $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes faults python bench baselines"), and
-# $WSYNC_BENCH_SHAPE the model shape of the benchmarks (default qwen3-8b).
+# $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes faults python bench moe
+# moe-baselines baselines"), $WSYNC_BENCH_SHAPE the model shape of the dense benchmarks (default
+# qwen3-8b) and $WSYNC_MOE_SHAPE that of the MoE ones (default qwen3-30b-a3b; tiny-moe for a
+# quick try).
 # Output in $OUT (default /tmp/wsync-gpu-out), few files since the device tool brings back at
 # most 8: summary.txt, gpus.txt, <test>.json per test that writes one, bench.jsonl (one JSON line
 # per benchmark) and logs.tar.gz with every log. The summary table is printed last. Exit status
@@ -179,6 +187,58 @@ if ! skipped bench; then
     cp "$WORK/bench.jsonl" "$OUT/bench.jsonl"
 fi
 
+# ---- 3a. mixture of experts: wsync against the floor and the peers' all-gather method
+MOE_SHAPE=${WSYNC_MOE_SHAPE:-qwen3-30b-a3b}
+MOE_NOTES=""
+: > "$WORK/moe.jsonl"
+moe_bench() {   # name, then wsync-bench arguments
+    local name=$1
+    shift
+    run_one "moe $name" "${WSYNC_MOE_LIMIT:-150}" "$BENCH" --model-shape "$MOE_SHAPE" --mem cuda \
+        --iters 5 --warmup 1 --timeout 120 --json "$@"
+    local rc=$? line
+    line=$(grep '^{' "$WORK/moe $name.log" | tail -n 1)
+    echo "{\"bench\": \"$name\", \"rc\": $rc, \"result\": ${line:-null}}" >> "$WORK/moe.jsonl"
+    # a refusal (exit 2) names the bytes needed and free: keep it for the summary
+    if [ $rc = 2 ]; then
+        MOE_NOTES="$MOE_NOTES $name: $(grep 'does not fit' "$WORK/moe $name.log" | head -n 1);"
+    fi
+    return 0
+}
+MOE_RUNS=""
+if ! skipped moe; then
+    if [ ! -x "$BENCH" ]; then
+        MOE_NOTES="no $BENCH: MoE benchmarks not run"
+    elif [ "$NGPU" -ge 4 ]; then
+        moe_bench coloc-ep --scheme ipc --senders 4 --ep 4 --colocated
+        moe_bench coloc-tp --scheme ipc --senders 4 --tp 4 --colocated
+        moe_bench coloc-ep-fp8 --scheme ipc --senders 4 --ep 4 --colocated --quant fp8-block
+        moe_bench disagg-ep --scheme nccl --senders 2 --ep 2
+        MOE_RUNS="a:colocated:$MOE_SHAPE:ep,a:colocated:$MOE_SHAPE,a:disaggregated:$MOE_SHAPE:ep"
+    elif [ "$NGPU" -ge 2 ]; then
+        MOE_NOTES="2 GPUs: FSDP-2 -> EP-2 / TP-2 colocated; disaggregated FSDP-2 -> EP-2 needs 4 GPUs"
+        moe_bench coloc-ep --scheme ipc --senders 2 --ep 2 --colocated
+        moe_bench coloc-tp --scheme ipc --senders 2 --tp 2 --colocated
+        moe_bench coloc-ep-fp8 --scheme ipc --senders 2 --ep 2 --colocated --quant fp8-block
+        MOE_RUNS="a:colocated2:$MOE_SHAPE:ep,a:colocated2:$MOE_SHAPE"
+    else
+        MOE_NOTES="1 GPU: the MoE rows need 2 or more GPUs"
+    fi
+    cp "$WORK/moe.jsonl" "$OUT/moe.jsonl"
+fi
+: > "$WORK/moe-baselines.jsonl"
+if ! skipped moe-baselines && [ -n "$MOE_RUNS" ]; then
+    if python3 -c 'import torch' 2> /dev/null; then
+        run_one "moe baselines" "${WSYNC_MOE_BASE_LIMIT:-240}" python3 -m torch.distributed.run \
+            --standalone --nproc-per-node "$([ "$NGPU" -ge 4 ] && echo 4 || echo 2)" \
+            bench/baselines/suite.py --runs "$MOE_RUNS" --iters 3 --warmup 1 \
+            --json-out "$WORK/moe-baselines.jsonl"
+        cp "$WORK/moe-baselines.jsonl" "$OUT/moe-baselines.jsonl"
+    else
+        MOE_NOTES="$MOE_NOTES no torch: the all-gather baseline not run"
+    fi
+fi
+
 # ---- 4. the peers' methods, when present (bench/baselines, helper D)
 if ! skipped baselines && [ -f bench/baselines/run.sh ]; then
     OUT="$WORK/baselines" run_one baselines 180 bash bench/baselines/run.sh "$BUILD"
@@ -225,6 +285,51 @@ if rows and rows[0]["result"]:
 EOF
 }
 
+moe_table() {
+    python3 - "$WORK/moe.jsonl" "$WORK/moe-baselines.jsonl" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+base = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+by = {r["bench"]: r["result"] for r in rows if r["result"]}
+def baseline(j):
+    """the baseline run of the same scenario: colocated or not, EP or TP, same ranks"""
+    for b in base:
+        if (b.get("colocated") == j["colocated"] and b.get("senders") == j["senders"]
+                and b.get("tp") == j["tp"] and (b.get("ep", 1) > 1) == (j["ep"] > 1)):
+            return b
+    return None
+print("%-13s %-6s %-24s %9s %9s %7s %9s %7s %7s  %s" % ("benchmark", "scheme", "layout", "seconds",
+      "floor s", "x floor", "base s", "x base", "correct", "target"))
+for r in rows:
+    j, name = r["result"], r["bench"]
+    if not j:
+        print("%-13s %s" % (name, "no result (rc %s; see its log)" % r["rc"]))
+        continue
+    layout = "FSDP-%d -> %s-%d%s%s" % (j["senders"], "EP" if j["ep"] > 1 else "TP", j["tp"],
+                                     " coloc" if j["colocated"] else "",
+                                     " fp8" if j["quant"] != "none" else "")
+    b = None if j["quant"] != "none" else baseline(j)
+    bs = b["seconds"] if b else 0.0
+    target = ""
+    if name.endswith("-fp8"):
+        bf = by.get(name[:-4])
+        if bf:
+            target = "fp8/bf16 %.3f" % (j["seconds"] / bf["seconds"])
+    elif j["colocated"] and j["ep"] > 1:
+        ok = j["ratio_floor"] <= 1.3
+        target = "x floor <= 1.3: %s" % ("met" if ok else "MISSED by %.0f%%" % (100 * (j["ratio_floor"] - 1.3) / 1.3))
+        if bs:
+            q = bs / j["seconds"]
+            target += "; x base >= 10: %s" % ("met" if q >= 10 else "MISSED (%.1f)" % q)
+    print("%-13s %-6s %-24s %9.5f %9.5f %7.3f %9s %7s %7s  %s" % (name, j["scheme"], layout,
+          j["seconds"], j["floor_seconds"], j["ratio_floor"], "%.5f" % bs if bs else "-",
+          "%.1f" % (bs / j["seconds"]) if bs else "-", "yes" if j["correct"] else "NO", target))
+for b in base:
+    print("baseline %-34s %9.5f s (%s; verified %s)" % (b["run"], b["seconds"], ", ".join(b["steps"]),
+          b.get("verified")))
+EOF
+}
+
 {
     echo "== wsync GPU run: $(head -n 1 "$WORK/gpus.txt") ($NGPU GPU(s)), $((SECONDS - T_START)) s"
     for t in $tests; do
@@ -257,6 +362,12 @@ EOF
         bench_table 2>&1 || cat "$WORK/bench.jsonl"
     fi
     [ -n "$BENCH_NOTES" ] && echo "   $BENCH_NOTES"
+    if [ -s "$WORK/moe.jsonl" ]; then
+        echo
+        echo "-- mixture of experts ($MOE_SHAPE, wsync-bench --mem cuda against its floor and the all-gather baseline a; x base = baseline seconds / wsync seconds)"
+        moe_table 2>&1 || cat "$WORK/moe.jsonl"
+    fi
+    [ -n "$MOE_NOTES" ] && echo "   $MOE_NOTES"
     if [ -f "$WORK/baselines.log" ]; then
         echo
         echo "-- baselines (last lines)"
