@@ -49,8 +49,16 @@ typedef struct {
     int64_t E, E_local, e_first, Ip, topk, n_group, topk_group;
     int scoring;          /* wsync_router_score_t */
     int topk_method;      /* wsync_topk_method_t */
-    int norm_topk;        /* renormalise the top-k weights */
-    float routed_scale;   /* routed_scaling_factor (1 for qwen3_moe) */
+    int norm_topk;        /* renormalise the top-k weights (divided by their sum + 1e-20) */
+    float routed_scale;   /* routed_scaling_factor (1 for qwen3_moe): multiplies every top-k
+                             weight, after the renormalisation if any */
+    /* The CUDA routing (forward_cuda.cu route_kernel) as HF: scores = softmax or sigmoid of the
+     * router's logits; choice = scores + router_bias; grouped top-k (topk_method not GREEDY,
+     * n_group > 1): the topk_group best groups (NOAUX_TC: sum of a group's top-2 choices,
+     * GROUP_LIMITED: its best) kept, the other experts' choice set to 0 (HF's masked_fill);
+     * the topk best choices, ties to the lower expert id; weights from the scores. The routed
+     * outputs are summed in expert-id order, then the shared experts' output added. Dense
+     * layers and shared experts take their width from gate_up's rows / 2. */
 } wse_cuda_dims_t;
 
 /* The TP collectives forward calls between its kernels; they enqueue on (or wait for) the
@@ -70,7 +78,9 @@ typedef struct {
 wsync_status_t wse_cuda_device_count(int *count);
 
 /* Pick GPU (gpu mod count; gpu < 0: tp_rank mod count), create the stream, the run state (the
- * RoPE tables copied from rope_cos/sin [max_seq, D/2]) and the KV cache. */
+ * RoPE tables copied from rope_cos/sin [max_seq, D/2], or [max_seq, rope/2] with MLA) and the
+ * KV cache. WSYNC_ERR_UNSUPPORTED for shapes the kernels cannot take (heads over 1024 dims,
+ * over 1024 experts, top-k over 32, over 64 groups or groups that do not divide E). */
 wsync_status_t wse_cuda_create(int gpu, const wse_cuda_dims_t *dims, const float *rope_cos,
                                const float *rope_sin, wse_cuda_t **out);
 void wse_cuda_free(wse_cuda_t *c);

@@ -2,7 +2,14 @@
  * times f32 activations with f32 accumulation, FP8 blocks dequantized on the fly, each block's
  * partial dot product times its scale), written as small kernels on one stream, no cuBLAS.
  * Compiled with --fmad=false (CMakeLists.txt) so that element-wise expressions round as the
- * CPU's do; only the order of the long sums differs (warp-parallel here). */
+ * CPU's do; only the order of the long sums differs (warp-parallel here).
+ *
+ * Attention is GQA (fused qkv, optional q/k norms, rotate-half RoPE) or MLA (DeepSeek: latent
+ * projections and norms, RoPE on the rope part of q and of the shared k, the KV cache expanded
+ * per local head). The MLP is dense SwiGLU, or MoE: the router's top-k picked on the GPU (one
+ * thread, serially, as the CPU does), the picked experts this rank holds computed from the ids
+ * in device memory (no host round trip), their outputs weighted and summed in expert order,
+ * plus the shared experts. Decode is batch 1: simple kernels over speed. */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -20,6 +27,9 @@
 #define ATT_THREADS 256
 #define EW_THREADS 256
 #define MAX_HEAD_DIM 1024
+#define MAX_EXPERTS 1024   /* router scores held in shared memory */
+#define MAX_TOPK 32
+#define MAX_GROUPS 64
 
 struct wse_cuda {
     int gpu;
@@ -27,11 +37,22 @@ struct wse_cuda {
     cudaStream_t stream;
     cudaEvent_t done;
     wse_cuda_dims_t d;
+    int mla;                      /* kv_lora > 0 */
+    int64_t kdim, vdim;           /* KV cache floats per position and layer */
+    int64_t rope_half;            /* RoPE table width: D/2, or rope/2 with MLA */
     /* run state [shapes as in struct wsync_engine] */
-    float *x, *xb, *xb2, *qkv, *att_out, *att, *hb, *hb2, *logits_local, *logits;
-    float *rope_cos, *rope_sin;   /* [max_seq, D/2] */
-    float *kcache, *vcache;       /* [L, max_seq, Kr * D] */
-    size_t kv_bytes;
+    float *x, *xb, *xb2, *xb3, *qkv, *att_out, *att, *logits_local, *logits;
+    float *hb, *hb2;              /* dense / shared-expert MLP: [2 * mlp_cap], [mlp_cap] */
+    int64_t mlp_cap;              /* grown when a layer's gate_up is wider (see mlp_room) */
+    /* MLA: qkv_a's output [q_lora + kv_lora + rope], the normed q and kv latents, q_b's output
+     * [Hr * (nope + rope)], kv_b's output [Hr * (nope + vd)] */
+    float *mla_a, *mla_qn, *mla_kvn, *mla_q, *mla_kv;
+    /* MoE: router logits [E]; per top-k slot: expert id (ascending), weight, w13 output
+     * [topk, 2 Ip], activation [topk, Ip], w2 output [topk, Hd] */
+    float *router, *topk_w, *moe_h, *moe_a, *moe_y;
+    int *topk_ids;
+    float *rope_cos, *rope_sin;   /* [max_seq, rope_half] */
+    float *kcache, *vcache;       /* [L, max_seq, kdim], [L, max_seq, vdim] */
 };
 
 /* ---- errors -------------------------------------------------------------------------------- */
@@ -244,19 +265,32 @@ __device__ __forceinline__ float row_dot_fp8(const unsigned char *w, const float
     return acc;
 }
 
-/* out[rows] = m[rows, cols] . x[cols] (+ bias): one warp per row */
+/* out[rows] = m[rows, cols] . x[cols] (+ bias): one warp per row.
+ * With ids (routed experts): blockIdx.y is a top-k slot k, m holds e_local experts of `rows`
+ * rows each (flattened, the FP8 scales those of the flattened matrix), and slot k computes
+ * out[k * rows + r] = expert (ids[k] - e_first)'s row r . x[k * x_stride ..]; a slot whose
+ * expert this rank lacks is left alone (never read). */
 template <int DT>
 __global__ void matvec_kernel(float *out, const void *w, const float *s, int64_t rows,
                               int64_t cols, int blk, const float *x, bool vec,
-                              wsync_dtype_t bias_dt, const void *bias)
+                              wsync_dtype_t bias_dt, const void *bias, const int *ids,
+                              int64_t e_first, int64_t e_local, int64_t x_stride)
 {
     int lane = threadIdx.x & 31;
-    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), base = 0;
     if (row >= rows)
         return;
+    if (ids != NULL) {   /* uniform over the block: whole warps return */
+        int64_t j = (int64_t)ids[blockIdx.y] - e_first;
+        if (j < 0 || j >= e_local)
+            return;
+        base = j * rows;
+        x += (int64_t)blockIdx.y * x_stride;
+        out += (int64_t)blockIdx.y * rows;
+    }
     float acc = DT == WSYNC_DTYPE_F8E4M3FN
-                    ? row_dot_fp8((const unsigned char *)w, s, row, cols, blk, x, lane, vec)
-                    : row_dot<DT>(w, row, cols, x, lane, vec);
+                    ? row_dot_fp8((const unsigned char *)w, s, base + row, cols, blk, x, lane, vec)
+                    : row_dot<DT>(w, base + row, cols, x, lane, vec);
     acc = warp_sum(acc);
     if (lane == 0)
         out[row] = bias != NULL ? acc + load_elem(bias_dt, bias, (size_t)row) : acc;
@@ -307,10 +341,14 @@ __global__ void qk_norm_rope_kernel(float *qkv, int64_t Hr, int64_t Kr, int64_t 
 }
 
 /* One block per local q head: scores against positions 0..pos, softmax, weighted sum of v.
- * att: [Hr, max_seq] scratch. */
+ * q heads are qd wide (q + h * qd), k heads too, v heads vd wide; a position's keys and values
+ * are kstride and vstride floats apart in the cache. Local q head h reads local kv head
+ * (first_q + h) / group - first_kv (MLA: group 1, head h). att: [Hr, max_seq] scratch;
+ * att_out [Hr, vd]. */
 __global__ void attention_kernel(float *att_out, float *att, const float *q, const float *kc,
-                                 const float *vc, int64_t D, int64_t kvd, int max_seq, int pos,
-                                 int64_t first_q, int64_t group, int64_t first_kv, float scale)
+                                 const float *vc, int64_t qd, int64_t vd, int64_t kstride,
+                                 int64_t vstride, int max_seq, int pos, int64_t first_q,
+                                 int64_t group, int64_t first_kv, float scale)
 {
     __shared__ float qs[MAX_HEAD_DIM];
     int64_t h = blockIdx.x;
@@ -318,13 +356,13 @@ __global__ void attention_kernel(float *att_out, float *att, const float *q, con
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float *a = att + h * (int64_t)max_seq;
 
-    for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
-        qs[i] = q[h * D + i];
+    for (int64_t i = threadIdx.x; i < qd; i += blockDim.x)
+        qs[i] = q[h * qd + i];
     __syncthreads();
     for (int t = warp; t <= pos; t += nw) {
-        const float *kt = kc + (int64_t)t * kvd + kvh * D;
+        const float *kt = kc + (int64_t)t * kstride + kvh * qd;
         float s = 0.0f;
-        for (int64_t i = lane; i < D; i += 32)
+        for (int64_t i = lane; i < qd; i += 32)
             s += qs[i] * kt[i];
         s = warp_sum(s);
         if (lane == 0)
@@ -342,15 +380,180 @@ __global__ void attention_kernel(float *att_out, float *att, const float *q, con
         sum += e;
     }
     sum = block_sum(sum);   /* its barriers also publish a[] to the block */
-    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    for (int64_t i = threadIdx.x; i < vd; i += blockDim.x) {
         float o = 0.0f;
         for (int t = 0; t <= pos; t++)
-            o += a[t] / sum * vc[(int64_t)t * kvd + kvh * D + i];
-        att_out[h * D + i] = o;
+            o += a[t] / sum * vc[(int64_t)t * vstride + kvh * vd + i];
+        att_out[h * vd + i] = o;
     }
 }
 
-/* hb2[i] = silu(gate[i]) * up[i], gate_up = [gate; up] */
+/* Rotate pair (a, b) = (v[i0], v[i1]) by the angle of (c, s). */
+__device__ __forceinline__ void rotate_pair(float *v, int64_t i0, int64_t i1, float c, float s)
+{
+    float a = v[i0], b = v[i1];
+    v[i0] = a * c - b * s;
+    v[i1] = b * c + a * s;
+}
+
+/* MLA after the projections, one block per local head h: RoPE on q's rope part (in place in
+ * q [Hr, nope + rope]); the cache at pos gets k = [kv's nope part of head h; the shared k_rope
+ * rotated] and v = kv's v part of head h (kv [Hr, nope + vd]). Pairs are (2i, 2i + 1) with
+ * interleave, else (i, i + rope/2); frequency i either way. */
+__global__ void mla_rope_cache_kernel(float *q, const float *kv, const float *k_rope,
+                                      int64_t nope, int64_t rope, int64_t vd, int interleave,
+                                      const float *cs, const float *sn, float *kc_pos,
+                                      float *vc_pos)
+{
+    const int64_t h = blockIdx.x, qk = nope + rope, half = rope / 2;
+    float *qr = q + h * qk + nope;
+    float *kh = kc_pos + h * qk;
+    const float *kvh = kv + h * (nope + vd);
+
+    for (int64_t i = threadIdx.x; i < nope; i += blockDim.x)
+        kh[i] = kvh[i];
+    for (int64_t i = threadIdx.x; i < rope; i += blockDim.x)
+        kh[nope + i] = k_rope[i];
+    for (int64_t i = threadIdx.x; i < vd; i += blockDim.x)
+        vc_pos[h * vd + i] = kvh[nope + i];
+    __syncthreads();   /* kh's rope part is read back below, by other threads */
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+        int64_t i0 = interleave ? 2 * i : i, i1 = interleave ? 2 * i + 1 : i + half;
+        rotate_pair(qr, i0, i1, cs[i], sn[i]);
+        rotate_pair(kh + nope, i0, i1, cs[i], sn[i]);
+    }
+}
+
+/* The router's pick, one thread (E <= MAX_EXPERTS, serial as forward.c): scores (softmax or
+ * sigmoid of the logits), choice = score + bias, with grouped top-k only the topk_group best
+ * groups' experts kept (the others' choice 0, as HF's masked_fill), the topk best choices (ties
+ * to the lower id), their weights the scores without the bias, optionally divided by their
+ * sum (+ 1e-20), times scale. ids/wts come out sorted by expert id, the order HF adds the
+ * experts' outputs in. Group score: NOAUX_TC the sum of the group's two best choices,
+ * GROUP_LIMITED its best. */
+__global__ void route_kernel(int *ids, float *wts, const float *logits, wsync_dtype_t bias_dt,
+                             const void *bias, int E, int topk, int n_group, int topk_group,
+                             int scoring, int method, int norm, float scale)
+{
+    __shared__ float sc[MAX_EXPERTS], ch[MAX_EXPERTS];
+    __shared__ unsigned char taken[MAX_EXPERTS];
+    int id[MAX_TOPK];
+    float wt[MAX_TOPK];
+
+    if (threadIdx.x != 0 || blockIdx.x != 0)
+        return;
+    if (scoring == WSYNC_ROUTER_SIGMOID) {
+        for (int e = 0; e < E; e++)
+            sc[e] = 1.0f / (1.0f + expf(-logits[e]));
+    } else {
+        float mx = -INFINITY, sum = 0.0f;
+        for (int e = 0; e < E; e++)
+            mx = logits[e] > mx ? logits[e] : mx;
+        for (int e = 0; e < E; e++) {
+            sc[e] = expf(logits[e] - mx);
+            sum += sc[e];
+        }
+        for (int e = 0; e < E; e++)
+            sc[e] = sc[e] / sum;
+    }
+    for (int e = 0; e < E; e++) {
+        ch[e] = bias != NULL ? sc[e] + load_elem(bias_dt, bias, (size_t)e) : sc[e];
+        taken[e] = 0;
+    }
+    if (method != WSYNC_TOPK_GREEDY && n_group > 1 && topk_group < n_group) {
+        const int gsz = E / n_group;
+        float gs[MAX_GROUPS];
+        unsigned char keep[MAX_GROUPS];
+        for (int g = 0; g < n_group; g++) {
+            float m1 = -INFINITY, m2 = -INFINITY;
+            for (int e = g * gsz; e < (g + 1) * gsz; e++) {
+                if (ch[e] > m1) {
+                    m2 = m1;
+                    m1 = ch[e];
+                } else if (ch[e] > m2) {
+                    m2 = ch[e];
+                }
+            }
+            gs[g] = method == WSYNC_TOPK_NOAUX_TC && gsz > 1 ? m1 + m2 : m1;
+            keep[g] = 0;
+        }
+        for (int r = 0; r < topk_group; r++) {
+            int best = -1;
+            for (int g = 0; g < n_group; g++)
+                if (!keep[g] && (best < 0 || gs[g] > gs[best]))
+                    best = g;
+            keep[best] = 1;
+        }
+        for (int e = 0; e < E; e++)
+            if (!keep[e / gsz])
+                ch[e] = 0.0f;
+    }
+    float sum = 0.0f;
+    for (int r = 0; r < topk; r++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!taken[e] && (best < 0 || ch[e] > ch[best]))
+                best = e;
+        taken[best] = 1;
+        id[r] = best;
+        wt[r] = sc[best];
+        sum += wt[r];
+    }
+    if (norm) {
+        sum += 1e-20f;
+        for (int r = 0; r < topk; r++)
+            wt[r] = wt[r] / sum;
+    }
+    for (int r = 0; r < topk; r++)
+        wt[r] = wt[r] * scale;
+    for (int r = 1; r < topk; r++)   /* insertion sort by expert id */
+        for (int k = r; k > 0 && id[k - 1] > id[k]; k--) {
+            int ti = id[k];
+            float tw = wt[k];
+            id[k] = id[k - 1];
+            wt[k] = wt[k - 1];
+            id[k - 1] = ti;
+            wt[k - 1] = tw;
+        }
+    for (int r = 0; r < topk; r++) {
+        ids[r] = id[r];
+        wts[r] = wt[r];
+    }
+}
+
+/* a[k, i] = silu(h[k, i]) * h[k, Ip + i] for the slots whose expert this rank holds;
+ * h [topk, 2 Ip] (gate rows, then up rows), a [topk, Ip] */
+__global__ void moe_swiglu_kernel(float *a, const float *h, int64_t Ip, int topk, const int *ids,
+                                  int64_t e_first, int64_t e_local)
+{
+    for (int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; n < topk * Ip;
+         n += (int64_t)gridDim.x * blockDim.x) {
+        int64_t k = n / Ip, i = n % Ip, j = (int64_t)ids[k] - e_first;
+        if (j < 0 || j >= e_local)
+            continue;
+        float g = h[k * 2 * Ip + i];
+        a[n] = g / (1.0f + expf(-g)) * h[k * 2 * Ip + Ip + i];
+    }
+}
+
+/* out[i] = the sum, in slot (= expert id) order, of wts[k] * y[k, i] over the slots whose
+ * expert this rank holds; 0 when it holds none of them. y [topk, Hd] */
+__global__ void moe_combine_kernel(float *out, const float *y, const int *ids, const float *wts,
+                                   int topk, int64_t Hd, int64_t e_first, int64_t e_local)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < Hd;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float acc = 0.0f;
+        for (int k = 0; k < topk; k++) {
+            int64_t j = (int64_t)ids[k] - e_first;
+            if (j >= 0 && j < e_local)
+                acc += y[k * Hd + i] * wts[k];
+        }
+        out[i] = acc;
+    }
+}
+
+/* hb2[i] = silu(gate[i]) * up[i], gate_up = [gate; up] (hb [2 Ir]) */
 __global__ void swiglu_kernel(float *hb2, const float *hb, int64_t Ir)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < Ir;
@@ -380,39 +583,49 @@ static bool aligned16(const void *p)
     return ((uintptr_t)p & 15u) == 0;
 }
 
-static wsync_status_t matvec(wse_cuda_t *c, float *out, const wse_mat_t *m, const float *x,
-                             const wse_vec_t *bias)
+/* The matvec kernel for m's dtype over `slots` top-k slots (grid.y), each `rows` rows; with
+ * ids NULL one plain matrix (rows = m->rows). */
+static wsync_status_t launch_matvec(wse_cuda_t *c, float *out, const wse_mat_t *m, int64_t rows,
+                                    const float *x, int64_t x_stride, const wse_vec_t *bias,
+                                    const int *ids, int slots)
 {
-    const int64_t rows = m->rows, cols = m->cols;
-    const unsigned int blocks = (unsigned int)((rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK);
+    const int64_t cols = m->cols;
+    const dim3 grid((unsigned int)((rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK),
+                    (unsigned int)slots);
     const void *b = bias != NULL ? bias->w : NULL;
     wsync_dtype_t bdt = bias != NULL ? bias->dtype : WSYNC_DTYPE_F32;
     size_t esz = m->dtype == WSYNC_DTYPE_F32 ? 4 : m->dtype == WSYNC_DTYPE_F8E4M3FN ? 1 : 2;
     int64_t group = m->dtype == WSYNC_DTYPE_F32 ? 4 : m->dtype == WSYNC_DTYPE_F8E4M3FN ? 16 : 8;
-    /* whole 16-byte loads of every row, and (FP8) groups that never straddle a block */
+    const int64_t e_first = c->d.e_first, e_local = c->d.E_local;
+    /* whole 16-byte loads of every row, and (FP8) groups that never straddle a block; every
+     * slot's x 16-byte aligned too */
     bool vec = cols % group == 0 && ((size_t)cols * esz) % 16 == 0 && aligned16(m->w) &&
-               aligned16(x) && (m->dtype != WSYNC_DTYPE_F8E4M3FN || m->blk % 16 == 0);
+               aligned16(x) && (x_stride * (int64_t)sizeof(float)) % 16 == 0 &&
+               (m->dtype != WSYNC_DTYPE_F8E4M3FN || m->blk % 16 == 0);
 
-    if (rows == 0)
+    if (rows == 0 || slots == 0)
         return WSYNC_OK;
+    if (m->w == NULL)
+        return wse_err(WSYNC_ERR_INTERNAL, "TP rank %d: a [%lld, %lld] weight the CUDA forward "
+                       "needs has no data", c->d.tp_rank, (long long)m->rows, (long long)cols);
     switch (m->dtype) {
     case WSYNC_DTYPE_BF16:
-        matvec_kernel<WSYNC_DTYPE_BF16><<<blocks, WARPS_PER_BLOCK * 32, 0, c->stream>>>(
-            out, m->w, m->s, rows, cols, m->blk, x, vec, bdt, b);
+        matvec_kernel<WSYNC_DTYPE_BF16><<<grid, WARPS_PER_BLOCK * 32, 0, c->stream>>>(
+            out, m->w, m->s, rows, cols, m->blk, x, vec, bdt, b, ids, e_first, e_local, x_stride);
         break;
     case WSYNC_DTYPE_F16:
-        matvec_kernel<WSYNC_DTYPE_F16><<<blocks, WARPS_PER_BLOCK * 32, 0, c->stream>>>(
-            out, m->w, m->s, rows, cols, m->blk, x, vec, bdt, b);
+        matvec_kernel<WSYNC_DTYPE_F16><<<grid, WARPS_PER_BLOCK * 32, 0, c->stream>>>(
+            out, m->w, m->s, rows, cols, m->blk, x, vec, bdt, b, ids, e_first, e_local, x_stride);
         break;
     case WSYNC_DTYPE_F32:
-        matvec_kernel<WSYNC_DTYPE_F32><<<blocks, WARPS_PER_BLOCK * 32, 0, c->stream>>>(
-            out, m->w, m->s, rows, cols, m->blk, x, vec, bdt, b);
+        matvec_kernel<WSYNC_DTYPE_F32><<<grid, WARPS_PER_BLOCK * 32, 0, c->stream>>>(
+            out, m->w, m->s, rows, cols, m->blk, x, vec, bdt, b, ids, e_first, e_local, x_stride);
         break;
     case WSYNC_DTYPE_F8E4M3FN:
         if (m->s == NULL || m->blk < 1)
             return wse_err(WSYNC_ERR_INTERNAL, "an FP8 weight without block scales");
-        matvec_kernel<WSYNC_DTYPE_F8E4M3FN><<<blocks, WARPS_PER_BLOCK * 32, 0, c->stream>>>(
-            out, m->w, m->s, rows, cols, m->blk, x, vec, bdt, b);
+        matvec_kernel<WSYNC_DTYPE_F8E4M3FN><<<grid, WARPS_PER_BLOCK * 32, 0, c->stream>>>(
+            out, m->w, m->s, rows, cols, m->blk, x, vec, bdt, b, ids, e_first, e_local, x_stride);
         break;
     default:
         return wse_err(WSYNC_ERR_UNSUPPORTED, "no CUDA matvec for %s weights",
@@ -420,6 +633,25 @@ static wsync_status_t matvec(wse_cuda_t *c, float *out, const wse_mat_t *m, cons
     }
     LAUNCHED("matvec_kernel", c->gpu);
     return WSYNC_OK;
+}
+
+static wsync_status_t matvec(wse_cuda_t *c, float *out, const wse_mat_t *m, const float *x,
+                             const wse_vec_t *bias)
+{
+    return launch_matvec(c, out, m, m->rows, x, 0, bias, NULL, 1);
+}
+
+/* The routed experts' rows of one top-k slot: m is [E_local * rows, cols]. */
+static wsync_status_t expert_matvec(wse_cuda_t *c, float *out, const wse_mat_t *m, int64_t rows,
+                                    int64_t cols, const float *x, int64_t x_stride,
+                                    const char *what)
+{
+    if (m->rows != c->d.E_local * rows || m->cols != cols)
+        return wse_err(WSYNC_ERR_INTERNAL, "TP rank %d: the routed experts' %s is [%lld, %lld], "
+                       "not [%lld * %lld, %lld] (E_local experts of Ip = %lld)", c->d.tp_rank,
+                       what, (long long)m->rows, (long long)m->cols, (long long)c->d.E_local,
+                       (long long)rows, (long long)cols, (long long)c->d.Ip);
+    return launch_matvec(c, out, m, rows, x, x_stride, NULL, c->topk_ids, (int)c->d.topk);
 }
 
 static wsync_status_t rmsnorm(wse_cuda_t *c, float *out, const float *x, const wse_vec_t *w,
@@ -563,13 +795,14 @@ wsync_status_t wse_cuda_download(wse_cuda_t *c, void *dst, const void *src, size
 
 wsync_status_t wse_cuda_kv_alloc(wse_cuda_t *c)
 {
+    const size_t per = (size_t)c->d.L * (size_t)c->d.max_seq * sizeof(float);
     wsync_status_t st;
+
     if (c->kcache != NULL)
         return WSYNC_OK;
-    c->kv_bytes = (size_t)c->d.L * (size_t)c->d.max_seq * (size_t)(c->d.Kr * c->d.D) * sizeof(float);
-    if ((st = wse_cuda_alloc(c, c->kv_bytes, (void **)&c->kcache)) != WSYNC_OK)
+    if ((st = wse_cuda_alloc(c, per * (size_t)c->kdim, (void **)&c->kcache)) != WSYNC_OK)
         return st;
-    if ((st = wse_cuda_alloc(c, c->kv_bytes, (void **)&c->vcache)) != WSYNC_OK) {
+    if ((st = wse_cuda_alloc(c, per * (size_t)c->vdim, (void **)&c->vcache)) != WSYNC_OK) {
         wse_cuda_release(c, c->kcache);
         c->kcache = NULL;
         return st;
@@ -591,8 +824,10 @@ void wse_cuda_free(wse_cuda_t *c)
     cudaSetDevice(c->gpu);
     if (c->stream != NULL)
         cudaStreamSynchronize(c->stream);
-    float *bufs[] = {c->x, c->xb, c->xb2, c->qkv, c->att_out, c->att, c->hb, c->hb2,
-                     c->logits_local, c->logits, c->rope_cos, c->rope_sin};
+    void *bufs[] = {c->x, c->xb, c->xb2, c->xb3, c->qkv, c->att_out, c->att, c->hb, c->hb2,
+                    c->logits_local, c->logits, c->mla_a, c->mla_qn, c->mla_kvn, c->mla_q,
+                    c->mla_kv, c->router, c->topk_w, c->moe_h, c->moe_a, c->moe_y, c->topk_ids,
+                    c->rope_cos, c->rope_sin};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         wse_cuda_release(c, bufs[i]);
     wse_cuda_kv_free(c);
@@ -603,6 +838,44 @@ void wse_cuda_free(wse_cuda_t *c)
     free(c);
 }
 
+/* The shapes the kernels can take, before anything is allocated. */
+static wsync_status_t check_dims(const wse_cuda_dims_t *d)
+{
+    if (d->kv_lora > 0) {
+        if (d->nope < 0 || d->rope < 2 || d->rope % 2 != 0 || d->vd < 1 || d->q_lora < 0)
+            return wse_err(WSYNC_ERR_UNSUPPORTED, "MLA with qk_nope_head_dim %lld, "
+                           "qk_rope_head_dim %lld (even, >= 2), v_head_dim %lld, q_lora_rank %lld",
+                           (long long)d->nope, (long long)d->rope, (long long)d->vd,
+                           (long long)d->q_lora);
+        if (d->nope + d->rope > MAX_HEAD_DIM || d->vd > MAX_HEAD_DIM)
+            return wse_err(WSYNC_ERR_UNSUPPORTED, "MLA heads of %lld (q, k) and %lld (v) dims "
+                           "exceed the CUDA engine's %d", (long long)(d->nope + d->rope),
+                           (long long)d->vd, MAX_HEAD_DIM);
+    } else if (d->D > MAX_HEAD_DIM) {
+        return wse_err(WSYNC_ERR_UNSUPPORTED, "head_dim %lld exceeds the CUDA engine's %d",
+                       (long long)d->D, MAX_HEAD_DIM);
+    }
+    if (d->E > 0) {
+        if (d->E > MAX_EXPERTS || d->topk < 1 || d->topk > MAX_TOPK || d->topk > d->E)
+            return wse_err(WSYNC_ERR_UNSUPPORTED, "%lld experts, top %lld: the CUDA engine routes "
+                           "up to %d experts, top 1 to %d", (long long)d->E, (long long)d->topk,
+                           MAX_EXPERTS, MAX_TOPK);
+        if (d->E_local < 0 || d->e_first < 0 || d->e_first + d->E_local > d->E || d->Ip < 1)
+            return wse_err(WSYNC_ERR_INTERNAL, "experts %lld .. %lld of %lld, %lld wide, on TP "
+                           "rank %d", (long long)d->e_first,
+                           (long long)(d->e_first + d->E_local - 1), (long long)d->E,
+                           (long long)d->Ip, d->tp_rank);
+        if (d->topk_method != WSYNC_TOPK_GREEDY && d->n_group > 1 &&
+            (d->n_group > MAX_GROUPS || d->E % d->n_group != 0 || d->topk_group < 1 ||
+             d->topk_group > d->n_group))
+            return wse_err(WSYNC_ERR_UNSUPPORTED, "grouped top-k with %lld experts in %lld groups "
+                           "(%lld kept): the CUDA engine takes up to %d groups dividing the "
+                           "experts", (long long)d->E, (long long)d->n_group,
+                           (long long)d->topk_group, MAX_GROUPS);
+    }
+    return WSYNC_OK;
+}
+
 wsync_status_t wse_cuda_create(int gpu, const wse_cuda_dims_t *d, const float *rope_cos,
                                const float *rope_sin, wse_cuda_t **out)
 {
@@ -611,9 +884,8 @@ wsync_status_t wse_cuda_create(int gpu, const wse_cuda_dims_t *d, const float *r
     cudaDeviceProp prop;
     int n = 0;
 
-    if (d->D > MAX_HEAD_DIM)
-        return wse_err(WSYNC_ERR_UNSUPPORTED, "head_dim %lld exceeds the CUDA engine's %d",
-                       (long long)d->D, MAX_HEAD_DIM);
+    if ((st = check_dims(d)) != WSYNC_OK)
+        return st;
     if ((st = wse_cuda_device_count(&n)) != WSYNC_OK)
         return st;
     c = (wse_cuda_t *)calloc(1, sizeof(*c));
@@ -621,6 +893,11 @@ wsync_status_t wse_cuda_create(int gpu, const wse_cuda_dims_t *d, const float *r
         return wse_err(WSYNC_ERR_NOMEM, "no memory for the CUDA state");
     c->d = *d;
     c->gpu = (gpu < 0 ? d->tp_rank : gpu) % n;
+    c->mla = d->kv_lora > 0;
+    c->kdim = c->mla ? d->Hr * (d->nope + d->rope) : d->Kr * d->D;
+    c->vdim = c->mla ? d->Hr * d->vd : d->Kr * d->D;
+    c->rope_half = c->mla ? d->rope / 2 : d->D / 2;
+    c->mlp_cap = d->Ir > d->Ip ? d->Ir : d->Ip;
     if (cudaGetDeviceProperties(&prop, c->gpu) == cudaSuccess)
         snprintf(c->name, sizeof(c->name), "%s", prop.name);
     else
@@ -638,17 +915,36 @@ wsync_status_t wse_cuda_create(int gpu, const wse_cuda_dims_t *d, const float *r
     FAIL_IF(cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming));
 #undef FAIL_IF
     {
-        size_t half = (size_t)(d->D / 2), nq = (size_t)((d->Hr + 2 * d->Kr) * d->D);
-        struct { float **p; size_t n; } bufs[] = {
-            {&c->x, (size_t)d->Hd}, {&c->xb, (size_t)d->Hd}, {&c->xb2, (size_t)d->Hd},
-            {&c->qkv, nq}, {&c->att_out, (size_t)(d->Hr * d->D)},
-            {&c->att, (size_t)d->Hr * (size_t)d->max_seq}, {&c->hb, (size_t)(2 * d->Ir)},
-            {&c->hb2, (size_t)d->Ir}, {&c->logits_local, (size_t)d->Vr},
-            {&c->logits, (size_t)d->Vr * (size_t)d->tp_size},
-            {&c->rope_cos, (size_t)d->max_seq * half}, {&c->rope_sin, (size_t)d->max_seq * half},
+        const size_t half = (size_t)c->rope_half, nq = (size_t)((d->Hr + 2 * d->Kr) * d->D);
+        const int64_t vhd = c->mla ? d->vd : d->D, qk = d->nope + d->rope;
+        const int mla = c->mla, moe = d->E > 0;
+        /* every buffer float-sized (topk_ids are int); the MLA and MoE ones only where used */
+        struct { void **p; size_t n; } bufs[] = {
+            {(void **)&c->x, (size_t)d->Hd}, {(void **)&c->xb, (size_t)d->Hd},
+            {(void **)&c->xb2, (size_t)d->Hd}, {(void **)&c->xb3, (size_t)d->Hd},
+            {(void **)&c->qkv, mla ? 0 : nq}, {(void **)&c->att_out, (size_t)(d->Hr * vhd)},
+            {(void **)&c->att, (size_t)d->Hr * (size_t)d->max_seq},
+            {(void **)&c->hb, (size_t)(2 * c->mlp_cap)}, {(void **)&c->hb2, (size_t)c->mlp_cap},
+            {(void **)&c->logits_local, (size_t)d->Vr},
+            {(void **)&c->logits, (size_t)d->Vr * (size_t)d->tp_size},
+            {(void **)&c->mla_a, mla ? (size_t)(d->q_lora + d->kv_lora + d->rope) : 0},
+            {(void **)&c->mla_qn, mla ? (size_t)d->q_lora : 0},
+            {(void **)&c->mla_kvn, mla ? (size_t)d->kv_lora : 0},
+            {(void **)&c->mla_q, mla ? (size_t)(d->Hr * qk) : 0},
+            {(void **)&c->mla_kv, mla ? (size_t)(d->Hr * (d->nope + d->vd)) : 0},
+            {(void **)&c->router, moe ? (size_t)d->E : 0},
+            {(void **)&c->topk_w, moe ? (size_t)d->topk : 0},
+            {(void **)&c->topk_ids, moe ? (size_t)d->topk : 0},
+            {(void **)&c->moe_h, moe ? (size_t)(d->topk * 2 * d->Ip) : 0},
+            {(void **)&c->moe_a, moe ? (size_t)(d->topk * d->Ip) : 0},
+            {(void **)&c->moe_y, moe ? (size_t)(d->topk * d->Hd) : 0},
+            {(void **)&c->rope_cos, (size_t)d->max_seq * half},
+            {(void **)&c->rope_sin, (size_t)d->max_seq * half},
         };
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
-            if ((st = wse_cuda_alloc(c, bufs[i].n * sizeof(float), (void **)bufs[i].p)) != WSYNC_OK)
+            if (bufs[i].n == 0)
+                continue;
+            if ((st = wse_cuda_alloc(c, bufs[i].n * sizeof(float), bufs[i].p)) != WSYNC_OK)
                 goto err;
             cudaError_t err = cudaMemsetAsync(*bufs[i].p, 0, bufs[i].n * sizeof(float), c->stream);
             if (err != cudaSuccess) {
@@ -671,13 +967,161 @@ err:
     return st;
 }
 
+/* Room in hb/hb2 for a SwiGLU `width` wide (a dense layer's or the shared experts' gate_up
+ * rows / 2, which the dims do not give): grown once, after the stream's work so far. */
+static wsync_status_t mlp_room(wse_cuda_t *c, const wse_cuda_coll_t *coll, int64_t width)
+{
+    wsync_status_t st;
+    if (width <= c->mlp_cap)
+        return WSYNC_OK;
+    if ((st = wait_stream(c, coll, "the work before growing the MLP buffers")) != WSYNC_OK)
+        return st;
+    wse_cuda_release(c, c->hb);
+    wse_cuda_release(c, c->hb2);
+    c->hb = c->hb2 = NULL;
+    c->mlp_cap = 0;
+    if ((st = wse_cuda_alloc(c, (size_t)(2 * width) * sizeof(float), (void **)&c->hb)) != WSYNC_OK ||
+        (st = wse_cuda_alloc(c, (size_t)width * sizeof(float), (void **)&c->hb2)) != WSYNC_OK)
+        return st;
+    c->mlp_cap = width;
+    return WSYNC_OK;
+}
+
+/* GQA attention of layer l: x -> xb2 (this rank's part of o_proj's output). */
+static wsync_status_t attention_gqa(wse_cuda_t *c, const wse_layer_t *ly, int64_t l, int pos)
+{
+    const wse_cuda_dims_t *d = &c->d;
+    const int64_t D = d->D, Hr = d->Hr, Kr = d->Kr, half = c->rope_half;
+    float *kc = c->kcache + (size_t)l * (size_t)d->max_seq * (size_t)c->kdim;
+    float *vc = c->vcache + (size_t)l * (size_t)d->max_seq * (size_t)c->vdim;
+    wsync_status_t st;
+
+    if ((st = matvec(c, c->qkv, &ly->qkv, c->xb, ly->qkv_b.w != NULL ? &ly->qkv_b : NULL)) !=
+        WSYNC_OK)
+        return st;
+    qk_norm_rope_kernel<<<(unsigned int)(Hr + 2 * Kr), HEAD_THREADS, 0, c->stream>>>(
+        c->qkv, Hr, Kr, D, ly->q_norm.dtype, ly->q_norm.w, ly->k_norm.dtype, ly->k_norm.w,
+        d->eps, c->rope_cos + (size_t)pos * (size_t)half,
+        c->rope_sin + (size_t)pos * (size_t)half, kc + (size_t)pos * (size_t)c->kdim,
+        vc + (size_t)pos * (size_t)c->vdim);
+    LAUNCHED("qk_norm_rope_kernel", c->gpu);
+    attention_kernel<<<(unsigned int)Hr, ATT_THREADS, 0, c->stream>>>(
+        c->att_out, c->att, c->qkv, kc, vc, D, D, c->kdim, c->vdim, d->max_seq, pos,
+        d->tp_rank * Hr, d->H / d->K, d->kr * Kr, 1.0f / sqrtf((float)D));
+    LAUNCHED("attention_kernel", c->gpu);
+    return WSYNC_OK;
+}
+
+/* MLA attention of layer l (HF DeepseekV3Attention): qkv_a . xb = [q latent (q_lora); kv latent
+ * (kv_lora); k_rope (rope)] (no q latent without q_lora: q_b is then q_proj, on xb); q = q_b .
+ * norm(q latent), kv = kv_b . norm(kv latent); RoPE, the cache, attention. */
+static wsync_status_t attention_mla(wse_cuda_t *c, const wse_layer_t *ly, int64_t l, int pos)
+{
+    const wse_cuda_dims_t *d = &c->d;
+    const int64_t Hr = d->Hr, ql = d->q_lora, kvl = d->kv_lora, qk = d->nope + d->rope;
+    const int64_t half = c->rope_half, kv_at = ql > 0 ? ql : 0;
+    const int64_t na = kv_at + kvl + d->rope;
+    float *kc = c->kcache + (size_t)l * (size_t)d->max_seq * (size_t)c->kdim;
+    float *vc = c->vcache + (size_t)l * (size_t)d->max_seq * (size_t)c->vdim;
+    float scale = d->attn_scale > 0.0f ? d->attn_scale : 1.0f / sqrtf((float)qk);
+    wsync_status_t st;
+
+    if (ly->qkv_a.rows != na || ly->q_b.rows != Hr * qk || ly->kv_b.rows != Hr * (d->nope + d->vd))
+        return wse_err(WSYNC_ERR_INTERNAL, "TP rank %d, layer %lld: MLA views of %lld, %lld and "
+                       "%lld rows (qkv_a, q_b, kv_b), expected %lld, %lld and %lld", d->tp_rank,
+                       (long long)l, (long long)ly->qkv_a.rows, (long long)ly->q_b.rows,
+                       (long long)ly->kv_b.rows, (long long)na, (long long)(Hr * qk),
+                       (long long)(Hr * (d->nope + d->vd)));
+    if ((st = matvec(c, c->mla_a, &ly->qkv_a, c->xb, NULL)) != WSYNC_OK)
+        return st;
+    if (ql > 0) {
+        if ((st = rmsnorm(c, c->mla_qn, c->mla_a, &ly->q_a_norm, ql)) != WSYNC_OK ||
+            (st = matvec(c, c->mla_q, &ly->q_b, c->mla_qn, NULL)) != WSYNC_OK)
+            return st;
+    } else if ((st = matvec(c, c->mla_q, &ly->q_b, c->xb, NULL)) != WSYNC_OK) {
+        return st;
+    }
+    if ((st = rmsnorm(c, c->mla_kvn, c->mla_a + kv_at, &ly->kv_a_norm, kvl)) != WSYNC_OK ||
+        (st = matvec(c, c->mla_kv, &ly->kv_b, c->mla_kvn, NULL)) != WSYNC_OK)
+        return st;
+    mla_rope_cache_kernel<<<(unsigned int)Hr, HEAD_THREADS, 0, c->stream>>>(
+        c->mla_q, c->mla_kv, c->mla_a + kv_at + kvl, d->nope, d->rope, d->vd, d->rope_interleave,
+        c->rope_cos + (size_t)pos * (size_t)half, c->rope_sin + (size_t)pos * (size_t)half,
+        kc + (size_t)pos * (size_t)c->kdim, vc + (size_t)pos * (size_t)c->vdim);
+    LAUNCHED("mla_rope_cache_kernel", c->gpu);
+    attention_kernel<<<(unsigned int)Hr, ATT_THREADS, 0, c->stream>>>(
+        c->att_out, c->att, c->mla_q, kc, vc, qk, d->vd, c->kdim, c->vdim, d->max_seq, pos, 0, 1,
+        0, scale);
+    LAUNCHED("attention_kernel", c->gpu);
+    return WSYNC_OK;
+}
+
+/* SwiGLU MLP over xb with gate_up = [gate; up] rows of this rank (a dense layer, or a MoE
+ * layer's shared experts) into out; its width is gate_up's rows / 2. */
+static wsync_status_t mlp_dense(wse_cuda_t *c, const wse_cuda_coll_t *coll, const wse_layer_t *ly,
+                                float *out)
+{
+    const int64_t Iw = ly->gate_up.rows / 2;
+    wsync_status_t st;
+
+    if (ly->down.cols != Iw)
+        return wse_err(WSYNC_ERR_INTERNAL, "TP rank %d: an MLP's gate_up has %lld rows, its down "
+                       "%lld columns", c->d.tp_rank, (long long)ly->gate_up.rows,
+                       (long long)ly->down.cols);
+    if ((st = mlp_room(c, coll, Iw)) != WSYNC_OK ||
+        (st = matvec(c, c->hb, &ly->gate_up, c->xb,
+                     ly->gate_up_b.w != NULL ? &ly->gate_up_b : NULL)) != WSYNC_OK)
+        return st;
+    swiglu_kernel<<<ew_blocks(Iw), EW_THREADS, 0, c->stream>>>(c->hb2, c->hb, Iw);
+    LAUNCHED("swiglu_kernel", c->gpu);
+    /* a row-parallel bias is added once, before the all-reduce */
+    return matvec(c, out, &ly->down, c->hb2,
+                  c->d.tp_rank == 0 && ly->down_b.w != NULL ? &ly->down_b : NULL);
+}
+
+/* MoE MLP over xb into xb2: the routed experts this rank holds, weighted (zero when it holds
+ * none of the picked ones), plus the shared experts' part (HF: routed + shared). */
+static wsync_status_t mlp_moe(wse_cuda_t *c, const wse_cuda_coll_t *coll, const wse_layer_t *ly)
+{
+    const wse_cuda_dims_t *d = &c->d;
+    const int64_t Hd = d->Hd, Ip = d->Ip, topk = d->topk;
+    wsync_status_t st;
+
+    if (ly->router.rows != d->E)
+        return wse_err(WSYNC_ERR_INTERNAL, "TP rank %d: a router of %lld rows for %lld experts",
+                       d->tp_rank, (long long)ly->router.rows, (long long)d->E);
+    if ((st = matvec(c, c->router, &ly->router, c->xb, NULL)) != WSYNC_OK)
+        return st;
+    route_kernel<<<1, 1, 0, c->stream>>>(c->topk_ids, c->topk_w, c->router, ly->router_bias.dtype,
+                                         ly->router_bias.w, (int)d->E, (int)topk, (int)d->n_group,
+                                         (int)d->topk_group, d->scoring, d->topk_method,
+                                         d->norm_topk, d->routed_scale);
+    LAUNCHED("route_kernel", c->gpu);
+    if (d->E_local > 0) {
+        if ((st = expert_matvec(c, c->moe_h, &ly->w13, 2 * Ip, Hd, c->xb, 0, "w13")) != WSYNC_OK)
+            return st;
+        moe_swiglu_kernel<<<ew_blocks(topk * Ip), EW_THREADS, 0, c->stream>>>(
+            c->moe_a, c->moe_h, Ip, (int)topk, c->topk_ids, d->e_first, d->E_local);
+        LAUNCHED("moe_swiglu_kernel", c->gpu);
+        if ((st = expert_matvec(c, c->moe_y, &ly->w2, Hd, Ip, c->moe_a, Ip, "w2")) != WSYNC_OK)
+            return st;
+    }
+    moe_combine_kernel<<<ew_blocks(Hd), EW_THREADS, 0, c->stream>>>(
+        c->xb2, c->moe_y, c->topk_ids, c->topk_w, (int)topk, Hd, d->e_first, d->E_local);
+    LAUNCHED("moe_combine_kernel", c->gpu);
+    if (ly->gate_up.w != NULL) {
+        if ((st = mlp_dense(c, coll, ly, c->xb3)) != WSYNC_OK || (st = add(c, c->xb2, c->xb3, Hd)) !=
+            WSYNC_OK)
+            return st;
+    }
+    return WSYNC_OK;
+}
+
 wsync_status_t wse_cuda_forward(wse_cuda_t *c, const wse_weights_t *w, int32_t token, int pos,
                                 const wse_cuda_coll_t *coll, float *logits)
 {
     const wse_cuda_dims_t *d = &c->d;
-    const int64_t Hd = d->Hd, D = d->D, Hr = d->Hr, Kr = d->Kr, Ir = d->Ir, kvd = Kr * D;
-    const int64_t half = D / 2, group = d->H / d->K;
-    const float scale = 1.0f / sqrtf((float)D);
+    const int64_t Hd = d->Hd;
     const bool tp = d->tp_size > 1;
     wsync_status_t st;
 
@@ -698,24 +1142,13 @@ wsync_status_t wse_cuda_forward(wse_cuda_t *c, const wse_weights_t *w, int32_t t
 
     for (int64_t l = 0; l < d->L; l++) {
         const wse_layer_t *ly = &w->layers[l];
-        float *kc = c->kcache + (size_t)l * (size_t)d->max_seq * (size_t)kvd;
-        float *vc = c->vcache + (size_t)l * (size_t)d->max_seq * (size_t)kvd;
 
         /* attention */
-        if ((st = rmsnorm(c, c->xb, c->x, &ly->in_norm, Hd)) != WSYNC_OK ||
-            (st = matvec(c, c->qkv, &ly->qkv, c->xb, ly->qkv_b.w != NULL ? &ly->qkv_b : NULL)) !=
-                WSYNC_OK)
+        if ((st = rmsnorm(c, c->xb, c->x, &ly->in_norm, Hd)) != WSYNC_OK)
             return st;
-        qk_norm_rope_kernel<<<(unsigned int)(Hr + 2 * Kr), HEAD_THREADS, 0, c->stream>>>(
-            c->qkv, Hr, Kr, D, ly->q_norm.dtype, ly->q_norm.w, ly->k_norm.dtype, ly->k_norm.w,
-            d->eps, c->rope_cos + (size_t)pos * (size_t)half,
-            c->rope_sin + (size_t)pos * (size_t)half, kc + (size_t)pos * (size_t)kvd,
-            vc + (size_t)pos * (size_t)kvd);
-        LAUNCHED("qk_norm_rope_kernel", c->gpu);
-        attention_kernel<<<(unsigned int)Hr, ATT_THREADS, 0, c->stream>>>(
-            c->att_out, c->att, c->qkv, kc, vc, D, kvd, d->max_seq, pos, d->tp_rank * Hr, group,
-            d->kr * Kr, scale);
-        LAUNCHED("attention_kernel", c->gpu);
+        st = c->mla ? attention_mla(c, ly, l, pos) : attention_gqa(c, ly, l, pos);
+        if (st != WSYNC_OK)
+            return st;
         /* a row-parallel bias is added once, before the all-reduce */
         if ((st = matvec(c, c->xb2, &ly->o, c->att_out,
                          d->tp_rank == 0 && ly->o_b.w != NULL ? &ly->o_b : NULL)) != WSYNC_OK)
@@ -725,16 +1158,18 @@ wsync_status_t wse_cuda_forward(wse_cuda_t *c, const wse_weights_t *w, int32_t t
         if ((st = add(c, c->x, c->xb2, Hd)) != WSYNC_OK)
             return st;
 
-        /* SwiGLU MLP: gate_up = [gate; up] rows of this rank */
-        if ((st = rmsnorm(c, c->xb, c->x, &ly->post_norm, Hd)) != WSYNC_OK ||
-            (st = matvec(c, c->hb, &ly->gate_up, c->xb,
-                         ly->gate_up_b.w != NULL ? &ly->gate_up_b : NULL)) != WSYNC_OK)
+        /* MLP: dense SwiGLU, or MoE on layers with a router */
+        if ((st = rmsnorm(c, c->xb, c->x, &ly->post_norm, Hd)) != WSYNC_OK)
             return st;
-        swiglu_kernel<<<ew_blocks(Ir), EW_THREADS, 0, c->stream>>>(c->hb2, c->hb, Ir);
-        LAUNCHED("swiglu_kernel", c->gpu);
-        if ((st = matvec(c, c->xb2, &ly->down, c->hb2,
-                         d->tp_rank == 0 && ly->down_b.w != NULL ? &ly->down_b : NULL)) !=
-            WSYNC_OK)
+        if (ly->router.w != NULL) {
+            if (d->E < 1)
+                return wse_err(WSYNC_ERR_INTERNAL, "TP rank %d, layer %lld: a router, but no "
+                               "experts in the CUDA engine's dims", d->tp_rank, (long long)l);
+            st = mlp_moe(c, coll, ly);
+        } else {
+            st = mlp_dense(c, coll, ly, c->xb2);
+        }
+        if (st != WSYNC_OK)
             return st;
         if (tp && (st = coll->allreduce(coll->arg, c->xb2, (size_t)Hd)) != WSYNC_OK)
             return st;
