@@ -534,3 +534,38 @@ class ModelConfig:
 
 def _dt(value: Any) -> int:
     return 0 if value is None else int(dtype_of(value))
+
+
+# ---------------------------------------------------------------------------------------------
+# Sender layouts of MoE trainers (issue 16)
+# ---------------------------------------------------------------------------------------------
+
+def fused_params(config: Any, dtype: Any = None) -> List[Param]:
+    """The params as a transformers 5.x model holds them in memory (its state_dict()): as
+    ModelConfig.params(), each MoE layer's per-expert params replaced by
+    "model.layers.L.mlp.experts.gate_up_proj" [E, 2I, Hd] and "...mlp.experts.down_proj"
+    [E, Hd, I]. Sender.add_shard / add_state_dict unfuse shards of these."""
+    c = ModelConfig.of(config)._c()
+    out = C.POINTER(D.wsync_param_t)()
+    n = C.c_size_t()
+    _check(lib().wsync_model_fused_params(C.byref(c), _dt(dtype), C.byref(out), C.byref(n)),
+           "wsync_model_fused_params")
+    try:
+        return [Param._from_c(out[i]) for i in range(n.value)]
+    finally:
+        lib().wsync_model_params_free(out, n.value)
+
+
+def ep_shards(config: Any, rank: int, world: int, dense_dim: int = 0,
+              dtype: Any = None) -> List[ShardSpec]:
+    """Expert-parallel trainer boxes of every checkpoint param for rank `rank` of `world`:
+    routed experts whole on the rank that owns them (linear placement, E % world == 0, else
+    ConfigError), empty boxes elsewhere; the other params split along dense_dim (0: FSDP,
+    WSYNC_REPLICATE: whole on every rank)."""
+    c = ModelConfig.of(config)._c()
+    out = C.POINTER(D.wsync_shard_t)()
+    n = C.c_size_t()
+    _check(lib().wsync_layout_ep_shards(C.byref(c), _dt(dtype), int(rank), int(world),
+                                        int(dense_dim), C.byref(out), C.byref(n)),
+           "wsync_layout_ep_shards")
+    return _take_shards(out, n.value)

@@ -13,9 +13,9 @@ from ._cdefs import WSYNC_REPLICATE
 from ._library import lib
 from .context import Context
 from .errors import InvalidArgumentError, StateError, raise_status
-from .layout import Box, ModelConfig, Param, ShardSpec, shard_box
-from .tensors import (Region, dtensor_box, dtype_name, dtype_size, is_dtensor, region_of,
-                      sub_region)
+from .layout import Box, ModelConfig, Param, ShardSpec, fused_params, shard_box
+from .tensors import (Region, dtensor_box, dtype_name, dtype_size, is_dtensor,
+                      is_fused_experts, region_of, sub_region)
 
 __all__ = ["Sender", "PushStats"]
 
@@ -152,7 +152,8 @@ class Sender:
 
     @property
     def shards(self) -> List[ShardSpec]:
-        """What this sender described, in order."""
+        """What this sender described to the library, in order (a fused expert tensor as the
+        per-expert boxes it holds)."""
         return list(self._shards)
 
     def add_shard(self, param: Union[str, Param], tensor: Any, box: Any = None, *,
@@ -167,6 +168,11 @@ class Sender:
         box: a Box or (start, len); None is the whole param. The tensor holds either exactly the
         box (the rank's local shard) or the whole param (then the box must be one contiguous
         range of it, e.g. FSDP rows, and the sender reads that range in place).
+        A fused expert tensor of HF transformers 5.x ("model.layers.L.mlp.experts.gate_up_proj"
+        [E, 2I, Hd], gate rows first, or "...mlp.experts.down_proj" [E, Hd, I]), whole, a box of
+        it or a DTensor shard of it, is described as the boxes of the per-expert checkpoint params
+        it holds ("...mlp.experts.{e}.gate_proj.weight" and so on), read in place; .shards then
+        lists those, and the ShardSpec returned is the fused one.
         Returns the ShardSpec described. Errors: InvalidArgumentError (names the param and what
         is wrong), UnsupportedError for CUDA memory when libwsync was built without CUDA or sees no
         GPU (or on a second CUDA device), StateError after setup/first push."""
@@ -219,7 +225,9 @@ class Sender:
         "replicated" (every rank describes the whole param; the plan reads each byte from one
         of them). Such a value is the whole param (the rank then sends its rows of it, read in
         place) — or, when `config` (a ModelConfig, config.json path, JSON text or dict) gives
-        the global shapes, either the whole param or the rank's local shard.
+        the global shapes, either the whole param or the rank's local shard. Fused expert
+        tensors (mlp.experts.gate_up_proj / down_proj, as a transformers 5.x model holds them)
+        are accepted under their state-dict names and unfused as add_shard says.
         Raw buffers must be wrapped: wsync.HostTensor(buffer, dtype, shape).
         Returns the ShardSpecs described, in state-dict order."""
         if layout == "fsdp":
@@ -235,7 +243,10 @@ class Sender:
         world = self.world if world is None else int(world)
         shapes: Optional[Dict[str, tuple]] = None
         if config is not None:
-            shapes = {p.name: p.shape for p in ModelConfig.of(config).params()}
+            cfg = ModelConfig.of(config)
+            shapes = {p.name: p.shape for p in cfg.params()}
+            if cfg.num_experts > 0:   # a trainer's state dict names the fused expert tensors
+                shapes.update((p.name, p.shape) for p in fused_params(cfg))
         out = []
         for name, value in state_dict.items():
             if is_dtensor(value):
@@ -292,6 +303,8 @@ class Sender:
             f"{list(p.shape)} ({whole_bytes} bytes) in {dtype_name(p.dtype)}", None)
 
     def _add(self, p: Param, b: Box, region: Region) -> ShardSpec:
+        if is_fused_experts(p.name):
+            return self._add_fused(p, b, region)
         keep: list = []
         sh = D.wsync_shard_t(p._c(keep), b._c(), region.address or None, int(region.mem),
                              int(region.device))
@@ -304,6 +317,39 @@ class Sender:
             spec = ShardSpec(p, b)
             self._shards.append(spec)
         return spec
+
+    def _add_fused(self, p: Param, b: Box, region: Region) -> ShardSpec:
+        """A box of HF transformers 5.x's fused experts ("...mlp.experts.gate_up_proj"
+        [E, 2I, Hd], "...mlp.experts.down_proj" [E, Hd, I]) goes to the library as the boxes of
+        the per-expert checkpoint params it holds (wsync_layout_unfuse_experts), each read in
+        place from the fused memory."""
+        keep: list = []
+        sh = D.wsync_shard_t(p._c(keep), b._c(), region.address or None, int(region.mem),
+                             int(region.device))
+        out = C.POINTER(D.wsync_shard_t)()
+        n = C.c_size_t()
+        with self._lock:
+            h = self._h()
+            st = lib().wsync_layout_unfuse_experts(C.byref(sh), C.byref(out), C.byref(n))
+            if st != 0:
+                region.release()
+                raise_status(st, "wsync_layout_unfuse_experts")
+            added = 0
+            try:
+                for i in range(n.value):
+                    st = lib().wsync_sender_add_shard(h, C.byref(out[i]))
+                    if st != 0:
+                        raise_status(st, "wsync_sender_add_shard")
+                    ep = Param._from_c(out[i].param)
+                    self._shards.append(ShardSpec(ep, Box._from_c(out[i].box, len(ep.shape))))
+                    added += 1
+            finally:
+                lib().wsync_layout_shards_free(out, n.value)
+                if added:
+                    self._regions.append(region)   # the library reads it from now on
+                else:
+                    region.release()
+        return ShardSpec(p, b)
 
     # -- running ------------------------------------------------------------------------------
 

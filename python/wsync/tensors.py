@@ -333,3 +333,18 @@ def dtensor_box(dt: Any) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[int, .
         raise InvalidArgumentError(f"DTensor placement {p!r}: wsync takes Shard(d) or "
                                    "Replicate() (a Partial tensor must be reduced first)", None)
     return gshape, tuple(start), tuple(length)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused expert tensors (HF transformers 5.x MoE)
+# ---------------------------------------------------------------------------------------------
+
+_FUSED_EXPERTS = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
+
+
+def is_fused_experts(name: str) -> bool:
+    """True for the names under which a transformers 5.x MoE model holds its routed experts in
+    memory ("model.layers.L.mlp.experts.gate_up_proj" [E, 2I, Hd] and
+    "...mlp.experts.down_proj" [E, Hd, I], no .weight suffix): the sender unfuses them into the
+    checkpoint's per-expert params."""
+    return name.endswith(_FUSED_EXPERTS)
