@@ -29,12 +29,15 @@ static char coord_addr[64];
 /* What the hooks write and the sender reads: one page shared by every child. */
 typedef struct {
     volatile uint64_t done[NRECEIVERS];   /* the last version whose hook finished, per receiver */
+    volatile int reader_done;             /* store: the reader has fetched all it will */
 } shared_t;
 
 typedef struct {
     shared_t *sh;
     int rank;
-    int fail_version;          /* receiver 1's hook returns 7 on this version (0: never) */
+    int fail_rank;             /* this receiver's hook returns 7 on fail_version (0: never) */
+    int fail_version;
+    int store;                 /* the store scheme (over UCX), one reader fetching */
 } group_t;
 
 /* Element i of the param in version v, as bf16 bits (any bits do; differ per version). */
@@ -59,7 +62,12 @@ static int sender_main(void *arg)
     sp.rank = 0;
     sp.nranks = 1;
     sp.nreceivers = NRECEIVERS;
-    sp.scheme = "ipc";
+    sp.scheme = g->store ? "store" : "ipc";
+    if (g->store) {
+        sp.nreceivers = 1;
+        sp.snapshot = 1;
+        sp.keep_versions = 4;
+    }
     sp.timeout_ms = TIMEOUT_MS;
     sp.heartbeat_ms = 200;
     CHECK_OK(wsync_sender_create(ctx, &sp, &s));
@@ -73,6 +81,10 @@ static int sender_main(void *arg)
             w[i] = value(v, i);
         long long t0 = proc_now_ms();
         st = wsync_sender_push(s, v);
+        if (g->store) {
+            CHECK_OK(st);   /* published: the readers fetch (and run their hooks) later */
+            continue;
+        }
         if (g->fail_version != 0 && v == (uint64_t)g->fail_version) {
             CHECK_MSG(st == WSYNC_ERR_ABORTED, "push %llu returned %s: %s", (unsigned long long)v,
                       wsync_status_name(st), wsync_last_error());
@@ -91,7 +103,12 @@ static int sender_main(void *arg)
         CHECK_MSG(proc_now_ms() - t0 >= HOOK_SLEEP_MS, "push took %lld ms, less than the hook "
                   "sleeps", proc_now_ms() - t0);
     }
-    if (g->fail_version != 0) {
+    if (g->store) {
+        /* the store serves from this process: stay until the reader is done */
+        long long t0 = proc_now_ms();
+        while (!g->sh->reader_done && proc_now_ms() - t0 < TIMEOUT_MS)
+            usleep(10000);
+    } else if (g->fail_version != 0) {
         CHECK_MSG(st != WSYNC_OK, "every push succeeded; receiver 1's hook failed version %d",
                   g->fail_version);
         usleep(1500000);   /* the coordinator stays while the receivers hear the verdict */
@@ -121,11 +138,35 @@ static int on_version(void *arg, uint64_t version)
         wrong += h->target[i] != value(version, i);
     CHECK_MSG(wrong == 0, "receiver %d's hook for version %llu: %zu elements not yet the new "
               "version's", h->g->rank, (unsigned long long)version, wrong);
-    if (h->g->rank == 1 && version == (uint64_t)h->g->fail_version)
+    if (h->g->rank == h->g->fail_rank && version == (uint64_t)h->g->fail_version)
         return 7;
     usleep(HOOK_SLEEP_MS * 1000);
     h->g->sh->done[h->g->rank] = version;
     return 0;
+}
+
+/* store: fetch version 1 (the hook runs before fetch returns), then version 2, whose hook
+ * fails: the fetch fails, the targets are torn, version 1 stays the last landed. */
+static void store_reader(const group_t *g, wsync_receiver_t *rv, hook_t *hook)
+{
+    uint64_t got = 0;
+    wsync_status_t st;
+
+    CHECK_OK(wsync_receiver_fetch(rv, 1, TIMEOUT_MS, &got));
+    CHECK(got == 1);
+    CHECK_MSG(hook->calls == 1 && hook->last == 1 && g->sh->done[0] == 1, "after fetching "
+              "version 1: the hook ran %llu times, last for %llu, finished %llu",
+              (unsigned long long)hook->calls, (unsigned long long)hook->last,
+              (unsigned long long)g->sh->done[0]);
+    CHECK(!wsync_receiver_torn(rv));
+    st = wsync_receiver_fetch(rv, 2, TIMEOUT_MS, &got);
+    CHECK_MSG(st == WSYNC_ERR_ABORTED, "fetch of version 2 returned %s: %s",
+              wsync_status_name(st), wsync_last_error());
+    CHECK_ERR_HAS("returned 7");
+    CHECK_ERR_HAS("version 2");
+    CHECK(hook->calls == 2 && hook->last == 2);
+    CHECK(wsync_receiver_version(rv) == 1);
+    CHECK(wsync_receiver_torn(rv));
 }
 
 static int receiver_main(void *arg)
@@ -143,7 +184,7 @@ static int receiver_main(void *arg)
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
     rp.coordinator = coord_addr;
     rp.rank = g->rank;
-    rp.nreceivers = NRECEIVERS;
+    rp.nreceivers = g->store ? 1 : NRECEIVERS;
     rp.timeout_ms = TIMEOUT_MS;
     rp.heartbeat_ms = 200;
     rp.on_version = on_version;
@@ -155,6 +196,14 @@ static int receiver_main(void *arg)
     wsync_target_t t = {"w", WSYNC_DTYPE_BF16, 2, {ROWS, COLS}, buf, WSYNC_MEM_HOST, 0, &piece, 1,
                         {0}};
     CHECK_OK(wsync_receiver_add_target(rv, &t));
+    if (g->store) {
+        store_reader(g, rv, &hook);
+        g->sh->reader_done = 1;
+        wsync_receiver_free(rv);
+        wsync_ctx_free(ctx);
+        free(buf);
+        return check_failures ? 1 : 0;
+    }
     for (v = 1; v <= VERSIONS; v++) {
         uint64_t got = 0;
         st = wsync_receiver_wait(rv, TIMEOUT_MS, &got);
@@ -171,7 +220,7 @@ static int receiver_main(void *arg)
     }
     if (g->fail_version == 0) {
         CHECK_OK(st);
-    } else if (g->rank == 1) {
+    } else if (g->rank == g->fail_rank) {
         /* its own hook failed the version */
         CHECK_MSG(st == WSYNC_ERR_ABORTED && v == (uint64_t)g->fail_version,
                   "receiver 1: wait of version %llu returned %s: %s", (unsigned long long)v,
@@ -193,8 +242,9 @@ static int receiver_main(void *arg)
     return check_failures ? 1 : 0;
 }
 
-static void run_group(int fail_version)
+static void run_group(int fail_rank, int fail_version, int store)
 {
+    const int nrecv = store ? 1 : NRECEIVERS;
     shared_t *sh = mmap(NULL, sizeof(shared_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
                         -1, 0);
     group_t cfg[1 + NRECEIVERS];
@@ -206,12 +256,12 @@ static void run_group(int fail_version)
         return;
     memset(sh, 0, sizeof(*sh));
     snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", proc_free_port());
-    for (int i = 0; i <= NRECEIVERS; i++) {
-        cfg[i] = (group_t){sh, i - 1, fail_version};
+    for (int i = 0; i <= nrecv; i++) {
+        cfg[i] = (group_t){sh, i - 1, fail_rank, fail_version, store};
         pids[i] = proc_spawn(i == 0 ? sender_main : receiver_main, &cfg[i], 60);
     }
-    proc_wait_all(pids, 1 + NRECEIVERS, 60000, codes);
-    for (int i = 0; i <= NRECEIVERS; i++)
+    proc_wait_all(pids, 1 + nrecv, 60000, codes);
+    for (int i = 0; i <= nrecv; i++)
         CHECK_MSG(codes[i] == 0, "%s exited with %d", i == 0 ? "the sender" : "a receiver",
                   codes[i]);
     munmap(sh, sizeof(*sh));
@@ -219,12 +269,35 @@ static void run_group(int fail_version)
 
 static void case_hook_before_commit(void)
 {
-    run_group(0);
+    run_group(-1, 0, 0);
 }
 
 static void case_hook_fails_version_2(void)
 {
-    run_group(2);
+    run_group(1, 2, 0);
+}
+
+/* The store scheme (over UCX when this build has it): the hook runs inside fetch. */
+static void case_store_hook(void)
+{
+    wsync_ctx_t *ctx;
+    int have = 0;
+
+    if (wsync_ctx_create(NULL, &ctx) != WSYNC_OK)
+        return;
+    for (int i = 0; i < wsync_transport_count(ctx); i++) {
+        wsync_component_info_t info;
+        if (wsync_transport_info(ctx, i, &info) == WSYNC_OK && strcmp(info.name, "ucx") == 0)
+            have = info.compiled && info.available;
+    }
+    wsync_ctx_free(ctx);
+    if (!have) {
+        fprintf(stderr, "skipped: no ucx transport in this build\n");
+        return;
+    }
+    setenv("WSYNC_STORE_TRANSPORT", "ucx", 1);   /* inherited by the children */
+    run_group(0, 2, 1);
+    unsetenv("WSYNC_STORE_TRANSPORT");
 }
 
 int main(void)
@@ -232,5 +305,6 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     RUN(case_hook_before_commit);
     RUN(case_hook_fails_version_2);
+    RUN(case_store_hook);
     return check_summary();
 }
