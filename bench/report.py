@@ -3,6 +3,7 @@
 the charts are drawn by gnuplot (pngcairo, or png where cairo is missing).
 
   python3 bench/report.py [GPU_RESULTS.json ...] [--cpu CPU.json] [--out docs/benchmarks.md]
+                         [--moe MOE.jsonl MOE-BASELINES.jsonl MOE-HOST.jsonl]
   python3 bench/report.py --summary GPU_RESULTS.json ...     (a text table, nothing written)
 
 GPU_RESULTS are bench/compare.sh's results.json (several calls' merge: for each run, a result
@@ -423,6 +424,94 @@ def cpu_section(path, args):
     return out + [""]
 
 
+# The MoE rows of tests/gpu/run.sh (its moe.jsonl names): scenario words, wsync-bench arguments
+MOE_ROWS = [
+    ("coloc-ep", "colocated FSDP-4 → EP-4 (2 GPUs: FSDP-2 → EP-2), bf16",
+     "--scheme ipc --senders 4 --ep 4 --colocated"),
+    ("coloc-tp", "colocated FSDP-4 → TP-4 (2 GPUs: FSDP-2 → TP-2), bf16",
+     "--scheme ipc --senders 4 --tp 4 --colocated"),
+    ("coloc-ep-fp8", "colocated FSDP-4 → EP-4 (2 GPUs: FSDP-2 → EP-2), fp8-block",
+     "--scheme ipc --senders 4 --ep 4 --colocated --quant fp8-block"),
+    ("disagg-ep", "disaggregated FSDP-2 (GPUs 0, 1) → EP-2 (GPUs 2, 3), bf16",
+     "--scheme nccl --senders 2 --ep 2"),
+]
+
+
+def jsonl(path):
+    if not path or not os.path.exists(path):
+        return []
+    return [json.loads(l) for l in open(path) if l.strip()]
+
+
+def moe_section(gpu_path, base_path, host_path):
+    """Mixture of experts (issue 16): tests/gpu/run.sh's moe.jsonl and moe-baselines.jsonl (copied
+    to docs/bench/), and a host-memory run's JSON lines (docs/bench/moe-host.jsonl); ratios
+    only, each against a baseline timed in the same run."""
+    out = ["## Mixture of experts (issue 16)", "",
+           "Qwen3-30B-A3B's shape (48 layers of 128 experts, 18,867 params, 61 GB of bf16), FSDP dim-0 "
+           "shards of every checkpoint tensor (one per expert) to vLLM's FusedMoE layout: with EP, each "
+           "inference rank holds whole experts (`w13_weight` [E/EP, 2·I, Hd], `w2_weight` [E/EP, Hd, I]) "
+           "and its TP slice of attention; with TP, every rank holds every expert split inside "
+           "(I/T). Against the floor of the same run (`wsync-bench --help`) and the peers' method, "
+           "all-gather each param then let the engine slice (bench/baselines/a_nccl_per_tensor.py "
+           "with a MoE shape: every expert's tensor gathered whole, each rank keeping its slice), in "
+           "one call on the GPU machine:", "",
+           "```",
+           "bash tests/gpu/pack.sh build-gpu gpu-carry     # here; carry gpu-carry.tgz",
+           "tar xzf gpu-carry.tgz && WSYNC_GPU_SKIP=\"kernels schemes faults python bench baselines\" \\",
+           "    bash tests/gpu/run.sh gpu-carry           # there: the MoE rows only (~3 min on 2 GPUs)",
+           "cp $OUT/moe.jsonl $OUT/moe-baselines.jsonl docs/bench/ && python3 bench/report.py",
+           "```", "",
+           "One row by hand: `wsync-bench --model-shape qwen3-30b-a3b --mem cuda --json` plus the row's "
+           "arguments below; the baseline: `python3 -m torch.distributed.run --standalone "
+           "--nproc-per-node 4 bench/baselines/suite.py --runs a:colocated:qwen3-30b-a3b:ep,"
+           "a:colocated:qwen3-30b-a3b,a:disaggregated:qwen3-30b-a3b:ep` (on 2 GPUs `colocated2`). "
+           "`qwen3-235b-a22b` (470 GB) and `deepseek-v3` (1.34 TB) are shapes too; a run that does "
+           "not fit is refused before it starts, naming the bytes needed and free per GPU.", ""]
+    rows = {r["bench"]: r for r in jsonl(gpu_path)}
+    base = jsonl(base_path)
+
+    def baseline(j):
+        for b in base:
+            if (b.get("colocated") == j["colocated"] and b.get("senders") == j["senders"]
+                    and b.get("tp") == j["tp"] and (b.get("ep", 1) > 1) == (j["ep"] > 1)):
+                return b
+        return None
+
+    machine = next((r["result"].get("gpu") for r in rows.values() if r.get("result")), None)
+    out += ["GPU: %s." % ("%s, %d GPUs" % (machine, next(r["result"]["ngpu"] for r in rows.values()
+                                                           if r.get("result")))
+                          if machine else "no results yet (the lead fills these in)"), "",
+            "| scenario | wsync-bench arguments | wsync ÷ floor | all-gather ÷ wsync | fp8 ÷ bf16 | correct |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for name, words, argv in MOE_ROWS:
+        r = rows.get(name)
+        j = r.get("result") if r else None
+        if not j:
+            note = "—" if not r else "no result (exit %s)" % r.get("rc")
+            out.append("| %s | `%s` | %s | — | — | — |" % (words, argv, note))
+            continue
+        b = baseline(j) if j["quant"] == "none" else None
+        bf = rows.get(name[:-4], {}).get("result") if name.endswith("-fp8") else None
+        out.append("| %s | `%s` | %.2f | %s | %s | %s |" % (
+            words, argv, j["ratio_floor"], "%.1f" % (b["seconds"] / j["seconds"]) if b else "—",
+            "%.2f" % (j["seconds"] / bf["seconds"]) if bf else "—", "yes" if j["correct"] else "NO"))
+    out += ["", "Targets (issue 16): colocated FSDP-4 → EP-4 at ≤ 1.3 × the floor and ≥ 10 × faster "
+            "than the all-gather method.", ""]
+    host = jsonl(host_path)
+    if host:
+        out += ["Host memory, this 2-core machine (`--mem host --scheme ipc`, the floor being the "
+                "largest receiver's bytes at one core's memcpy measured in the same run; ratios only):", "",
+                "| shape | layout | wsync ÷ floor | correct |", "| --- | --- | --- | --- |"]
+        for j in host:
+            out.append("| %s | FSDP-%d → %s-%d%s | %.2f | %s |" % (
+                j["model_shape"], j["senders"], "EP" if j.get("ep", 1) > 1 else "TP", j["tp"],
+                ", fp8-block" if j["quant"] != "none" else "", j["ratio_floor"],
+                "yes" if j["correct"] else "NO"))
+        out.append("")
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", nargs="*", help="compare.sh results.json files (default docs/bench/gpu.json)")
@@ -433,6 +522,12 @@ def main():
     p.add_argument("--date", help="instead of the results' date")
     p.add_argument("--commit", help="instead of the results' commit")
     p.add_argument("--no-plots", action="store_true", help="tables only, no gnuplot")
+    p.add_argument("--moe", nargs=3, metavar=("GPU", "BASELINES", "HOST"),
+                   default=["docs/bench/moe.jsonl", "docs/bench/moe-baselines.jsonl",
+                            "docs/bench/moe-host.jsonl"],
+                   help="the MoE section's inputs: tests/gpu/run.sh's moe.jsonl and "
+                        "moe-baselines.jsonl, and host runs' wsync-bench JSON lines (defaults under "
+                        "docs/bench/; a missing file leaves its rows empty)")
     args = p.parse_args()
     results = args.results or [f for f in ["docs/bench/gpu.json"] if os.path.exists(f)]
     if args.summary:
@@ -456,6 +551,7 @@ def main():
                  "carried (`bash tests/gpu/pack.sh build-gpu gpu-carry`): `bash bench/compare.sh gpu-carry` "
                  "(writes results.json, summary.txt and logs.tar.gz under $OUT); copy results.json "
                  "to docs/bench/gpu.json and run `python3 bench/report.py`.", ""]
+    page += moe_section(*args.moe)
     page += cpu_section(cpu, args)
     with open(args.out, "w") as f:
         f.write("\n".join(page).rstrip() + "\n")
