@@ -18,15 +18,16 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: " PROG " --model DIR --prompt-ids 1,2,3 --max-new N [--tp T]\n"
+            "usage: " PROG " --model DIR --prompt-ids 1,2,3 --max-new N [--tp T [--ep T]]\n"
             "                    [--device cpu|cuda [--gpu-offset G]]\n"
             "                    [--quant none|fp8-block] [--fp8-block B] [--sync ADDR\n"
             "                    [--versions K] [--mode in-place|shadow]] [--timeout S] [--json]\n"
             "\n"
-            "Greedy generation with the bundled engine (Llama, Qwen2, Qwen3) from an HF directory\n"
-            "(config.json, model.safetensors). With --tp T it starts T processes, each holding\n"
-            "only its tensor-parallel slices (vLLM's layouts), which all-reduce through shared\n"
-            "memory (on CUDA: through NCCL, one GPU per rank). With --sync each rank is a wsync\n"
+            "Greedy generation with the bundled engine (Llama, Qwen2, Qwen3, Qwen3-MoE,\n"
+            "DeepSeek-V2/V3) from an HF directory (config.json, model.safetensors). With --tp T\n"
+            "it starts T processes, each holding only its tensor-parallel slices (vLLM's\n"
+            "layouts), which all-reduce through shared memory (on CUDA: through NCCL, one GPU\n"
+            "per rank). With --sync each rank is a wsync\n"
             "receiver of the group whose coordinator listens at ADDR: it takes K new versions\n"
             "(default 1) and generates after each.\n"
             "\n"
@@ -34,6 +35,10 @@ static void usage(FILE *out)
             "  --prompt-ids LIST  prompt token ids, comma-separated\n"
             "  --max-new N        tokens to generate\n"
             "  --tp T             tensor-parallel processes (default 1)\n"
+            "  --ep E             expert parallelism of MoE models: 1 (default) splits every\n"
+            "                     expert inside by TP; E = T gives each rank whole experts\n"
+            "                     (vLLM's --enable-expert-parallel: E / T each, linear\n"
+            "                     placement), attention still split by TP\n"
             "  --device D         cpu (default) or cuda: TP rank r runs on GPU (r + G) mod the\n"
             "                     number of visible GPUs; its weights are CUDA memory that wsync\n"
             "                     lands directly. Ranks on distinct GPUs all-reduce through NCCL,\n"
@@ -50,14 +55,14 @@ static void usage(FILE *out)
             "  --timeout S        seconds to wait for a version or a peer (default 60)\n"
             "  --json             end stdout with one JSON object: tokens, version (0 when the\n"
             "                     weights came from the files), logits_sha (xxh3-64 of the last\n"
-            "                     step's logits, hex), tp, quant, seconds\n"
+            "                     step's logits, hex), tp, ep, quant, seconds\n"
             "  -h, --help         this text\n");
 }
 
 typedef struct {
     const char *model, *sync, *quant;
     int32_t prompt[MAX_PROMPT];
-    int nprompt, max_new, tp, block, versions, shadow, timeout_s, json, cuda, gpu_offset;
+    int nprompt, max_new, tp, ep, block, versions, shadow, timeout_s, json, cuda, gpu_offset;
     wsync_model_config_t cfg;
 } options_t;
 
@@ -116,7 +121,7 @@ static int parse_args(int argc, char **argv, options_t *o)
         {"fp8-block", required_argument, NULL, 'b'}, {"sync", required_argument, NULL, 's'},
         {"versions", required_argument, NULL, 'k'}, {"mode", required_argument, NULL, 'M'},
         {"timeout", required_argument, NULL, 'T'}, {"json", no_argument, NULL, 'j'},
-        {"gpu-offset", required_argument, NULL, 'g'},
+        {"gpu-offset", required_argument, NULL, 'g'}, {"ep", required_argument, NULL, 'e'},
         {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
     };
     int c, have_max_new = 0;
@@ -134,6 +139,7 @@ static int parse_args(int argc, char **argv, options_t *o)
         case 'n': if (parse_int("--max-new", optarg, 0, 1 << 20, &o->max_new)) return 2;
                   have_max_new = 1; break;
         case 't': if (parse_int("--tp", optarg, 1, WSYNC_ENGINE_MAX_TP, &o->tp)) return 2; break;
+        case 'e': if (parse_int("--ep", optarg, 1, WSYNC_ENGINE_MAX_TP, &o->ep)) return 2; break;
         case 'd':
             if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0) {
                 fprintf(stderr, PROG ": --device: '%s' is not cpu or cuda\n", optarg);
@@ -180,6 +186,11 @@ static int parse_args(int argc, char **argv, options_t *o)
         fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", argv[optind]);
         return 2;
     }
+    if (o->ep > 1 && o->ep != o->tp) {
+        fprintf(stderr, PROG ": --ep %d: expert parallelism spans the TP ranks, so it is 1 or "
+                "--tp (%d)\n", o->ep, o->tp);
+        return 2;
+    }
     if (o->model == NULL || o->nprompt == 0 || !have_max_new) {
         fprintf(stderr, PROG ": %s is required (see --help)\n",
                 o->model == NULL ? "--model" : o->nprompt == 0 ? "--prompt-ids" : "--max-new");
@@ -224,6 +235,7 @@ static int rank_main(int rank, int tp, wsync_engine_comm_t *comm, void *arg)
     p.tp_rank = rank;
     p.tp_size = tp;
     p.comm = comm;
+    p.ep = o->ep;
     p.quant = strcmp(o->quant, "fp8-block") == 0 ? WSYNC_ENGINE_QUANT_FP8_BLOCK
                                                  : WSYNC_ENGINE_QUANT_NONE;
     p.fp8_block = o->block;
@@ -279,6 +291,7 @@ static int rank_main(int rank, int tp, wsync_engine_comm_t *comm, void *arg)
         json_t *j = json_deep_copy(last);
         char *text;
         json_object_set_new(j, "tp", json_integer(tp));
+        json_object_set_new(j, "ep", json_integer(o->ep > 1 ? o->ep : 1));
         json_object_set_new(j, "quant", json_string(o->quant));
         json_object_set_new(j, "device", json_string(o->cuda ? "cuda" : "cpu"));
         json_object_set_new(j, "model", json_string(o->model));
