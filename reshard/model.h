@@ -87,4 +87,24 @@ wsync_dtype_t wsync_mp_dtype(const wsync_model_config_t *cfg, wsync_dtype_t dtyp
 int wsync_mp_is_mla(const wsync_model_config_t *cfg);
 int wsync_mp_is_moe_family(const wsync_model_config_t *cfg);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Target building blocks shared by layout.c and layout_moe.c                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* WSYNC_ERR_INVALID naming `what` unless 0 <= rank < size. */
+wsync_status_t wsync_lt_check_rank(const char *what, int rank, int size);
+
+/* WSYNC_ERR_INVALID unless p is a valid param with a name. */
+wsync_status_t wsync_lt_named_param(const wsync_param_t *p);
+
+/* *t = a target named `name` of the given shape with room for max_pieces pieces (mem host,
+ * quant none, data NULL). */
+wsync_status_t wsync_lt_target_new(wsync_target_t *t, const char *name, wsync_dtype_t dtype,
+                                   int ndim, const int64_t *shape, int max_pieces);
+
+/* Append a piece: rows [row0, row0 + nrows) of `param` (every other dim whole; dim 1 narrowed to
+ * [col0, col0 + ncols) when ncols > 0) landing at row dst_row, column 0 of the target. */
+wsync_status_t wsync_lt_target_piece(wsync_target_t *t, const wsync_param_t *param, int64_t row0,
+                                     int64_t nrows, int64_t col0, int64_t ncols, int64_t dst_row);
+
 #endif

@@ -351,9 +351,10 @@ void wsync_layout_target_free(wsync_target_t *target);
  * ndim. Thread-safe. */
 size_t wsync_target_bytes(const wsync_target_t *target);
 
-/* Number of fp32 scales an FP8 target needs, by quant.scheme: TENSOR 1; CHANNEL rows
- * (shape[0]); BLOCK ceil(rows/block_rows) * ceil(cols/block_cols) of a 2-D target (0 block
- * sizes mean 128); NONE 0. Thread-safe. */
+/* Number of fp32 scales an FP8 target needs, by quant.scheme, for the target as the matrix
+ * [rows = prod(shape[0..ndim-2]), cols = shape[ndim-1]] (a 1-D target is one row; a 3-D
+ * [E, r, c] target has E * r rows, as the receiver quantizes it): TENSOR 1; CHANNEL rows; BLOCK
+ * ceil(rows/block_rows) * ceil(cols/block_cols) (0 block sizes mean 128); NONE 0. Thread-safe. */
 size_t wsync_target_scale_count(const wsync_target_t *target);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -376,15 +377,25 @@ wsync_status_t wsync_layout_local_experts(int64_t num_experts, int ep_rank, int 
                                           int64_t *nlocal);
 
 /* FusedMoE `w13_weight` of nlocal experts: gate[j] and up[j] are the [I, Hd] params of local
- * expert j (gate_proj, up_proj). Target [nlocal, 2 * I_p, Hd] with I_p = I / tp_size: expert j's
- * rows [0, I_p) are gate rows [r * I_p, (r + 1) * I_p), rows [I_p, 2 * I_p) the same rows of up.
- * tp_size 1 with whole experts is expert parallelism. Needs I % tp_size == 0. Named `name`. */
+ * expert j (gate_proj, up_proj), all of one dtype and shape. vLLM's parameter is
+ * [nlocal, 2 * I_p, Hd] with I_p = I / tp_size; the target is the same bytes seen as one matrix,
+ * shape [nlocal * 2 * I_p, Hd] (pieces keep their params' two dims, as every piece must; view the
+ * buffer as [nlocal, 2 * I_p, Hd]). Expert j's rows [j * 2 * I_p, j * 2 * I_p + I_p) are gate rows
+ * [r * I_p, (r + 1) * I_p), the next I_p rows the same rows of up; 2 * nlocal pieces, gate then up
+ * for each j. An FP8 target's scales are those of this matrix: with block rows dividing I_p they
+ * are vLLM's w13_weight_scale_inv [nlocal, 2 * I_p / bn, ceil(Hd / bk)], in the same order.
+ * tp_size 1 with whole experts is expert parallelism. WSYNC_ERR_CONFIG when I % tp_size != 0;
+ * WSYNC_ERR_INVALID for NULLs, nlocal < 1 or a param that is not 2-D or differs from the others.
+ * Named `name`. Free with wsync_layout_target_free. Thread-safe. */
 wsync_status_t wsync_layout_moe_w13(const char *name, const wsync_param_t *gate,
                                     const wsync_param_t *up, int64_t nlocal, int tp_rank,
                                     int tp_size, wsync_target_t *target);
 
 /* FusedMoE `w2_weight` of nlocal experts: down[j] is the [Hd, I] down_proj of local expert j.
- * Target [nlocal, Hd, I_p]: columns [r * I_p, (r + 1) * I_p) of every row. Named `name`. */
+ * vLLM's parameter is [nlocal, Hd, I_p]; the target is its matrix [nlocal * Hd, I_p]: rows
+ * [j * Hd, (j + 1) * Hd) are columns [r * I_p, (r + 1) * I_p) of every row of down[j]. FP8 scales
+ * as for w13: with Hd a multiple of the block rows, vLLM's [nlocal, Hd / bn, ceil(I_p / bk)].
+ * Errors as wsync_layout_moe_w13. Named `name`. */
 wsync_status_t wsync_layout_moe_w2(const char *name, const wsync_param_t *down, int64_t nlocal,
                                    int tp_rank, int tp_size, wsync_target_t *target);
 
@@ -438,21 +449,34 @@ typedef struct {
  * and up, and quantizing before or after slicing gives the same bits.)
  *
  * Mixture-of-experts families (qwen3_moe, deepseek_v2/v3): a MoE layer's MLP targets are, in
- * this order, mlp.gate.weight [E, Hd] (router, replicated), mlp.gate.e_score_correction_bias [E]
- * (router_bias, replicated), mlp.experts.w13_weight and mlp.experts.w2_weight (FusedMoE, see
- * wsync_layout_moe_w13/w2: experts split inside by TP, or whole experts by options->ep_size),
- * then for deepseek with n_shared_experts > 0 mlp.shared_experts.gate_up_proj.weight (merged,
- * width n_shared * moe_I) and mlp.shared_experts.down_proj.weight (row-parallel). Dense layers
- * are as above. DeepSeek's MLA attention replaces qkv_proj by, in order:
- * self_attn.fused_qkv_a_proj.weight [q_lora + kv_lora + rope, Hd] = [q_a_proj; kv_a_proj_with_mqa]
- * replicated (without q_lora: self_attn.q_proj.weight column-parallel by heads, then
- * self_attn.kv_a_proj_with_mqa.weight replicated), self_attn.q_a_layernorm.weight,
- * self_attn.q_b_proj.weight (column-parallel by heads), self_attn.kv_a_layernorm.weight,
- * self_attn.kv_b_proj.weight (column-parallel by heads), self_attn.o_proj.weight (row-parallel).
- * With quant, w13/w2, the shared experts, fused_qkv_a_proj, q_proj, q_b_proj, kv_b_proj and
- * o_proj are quantized; a 3-D target's scales are those of its [prod(leading dims), last dim]
- * matrix, which for blocks that divide I_p and Hd is vLLM's [E_local, 2 * I_p / bn, Hd / bk]
- * (w13) and [E_local, Hd / bn, I_p / bk] (w2). The router and its bias stay unquantized.
+ * this order, mlp.gate.weight [E, Hd] (router, replicated, never quantized),
+ * mlp.gate.e_score_correction_bias [E] (router_bias; replicated, f32 whatever options->dtype, as
+ * vLLM holds it), mlp.experts.w13_weight and mlp.experts.w2_weight (FusedMoE, see
+ * wsync_layout_moe_w13/w2: [E_l * 2 * I_p, Hd] and [E_l * Hd, I_p] matrices of vLLM's 3-D
+ * parameters; without options->ep_size every rank holds all E experts, I_p = I / T; with
+ * ep_size > 1 the E_l experts wsync_layout_local_experts gives ep_rank, whole, I_p = I), then for
+ * deepseek with n_shared_experts > 0 mlp.shared_experts.gate_up_proj.weight (merged, width
+ * n_shared * moe_I) and mlp.shared_experts.down_proj.weight (row-parallel). A dense layer of a
+ * MoE model (wsync_model_layer_is_moe 0) is as above. DeepSeek's MLA attention replaces
+ * qkv_proj..k_norm by, in order: self_attn.fused_qkv_a_proj.weight [q_lora + kv_lora + rope, Hd]
+ * = [q_a_proj; kv_a_proj_with_mqa] replicated (without q_lora: self_attn.q_proj.weight
+ * column-parallel by heads, then self_attn.kv_a_proj_with_mqa.weight replicated),
+ * self_attn.q_a_layernorm.weight (with q_lora), self_attn.q_b_proj.weight (with q_lora;
+ * column-parallel by heads), self_attn.kv_a_layernorm.weight, self_attn.kv_b_proj.weight
+ * (column-parallel by heads), self_attn.o_proj.weight (row-parallel, [Hd, H * v_head_dim / T]).
+ * With quant, w13/w2, the shared experts, fused_qkv_a_proj, q_proj, kv_a_proj_with_mqa (a
+ * ReplicatedLinear that vLLM quantizes), q_b_proj, kv_b_proj and o_proj are quantized, each
+ * target's scales being those of its matrix. The router and its bias stay unquantized.
+ * Expert parallelism (options->ep_size > 1) follows vLLM's enable_expert_parallel: ep_size must be
+ * a multiple of tp_size and ep_rank % tp_size == tp_rank (ep_rank = dp_rank * T + tp_rank;
+ * WSYNC_ERR_INVALID otherwise, and for a dense model). WSYNC_ERR_CONFIG, beyond the dense checks:
+ * MLA H % T; a dense layer's I % T; without EP moe_I % T; shared width % T; ep_size > E (a rank
+ * would hold no expert); with block FP8: I_p % block rows and % block cols (vLLM's
+ * Fp8MoEMethod.create_weights, asked of every T), Hd % block rows (a w2 block must not straddle
+ * two experts of the matrix), q_lora_rank % block rows (only the parts of fused_qkv_a_proj before
+ * the last need whole blocks: vLLM serves DeepSeek-V3's FP8 [q_a; kv_a] whose kv_a is 576 rows),
+ * per-rank rows of q_proj / q_b_proj / kv_b_proj and o_proj's per-rank columns, shared experts
+ * as a dense MLP. Rules and vLLM sources: docs/moe_layouts.md.
  * *targets (names and pieces included) is owned by the caller: wsync_layout_targets_free.
  * Thread-safe. */
 wsync_status_t wsync_layout_tp_targets(const wsync_model_config_t *cfg, int tp_rank, int tp_size,
