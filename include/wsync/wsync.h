@@ -355,8 +355,11 @@ typedef void (*wsync_progress_fn)(void *arg, uint64_t version, uint64_t bytes_do
  * it committed, so that the senders' push returns only after it, and before wait returns the
  * version. An engine re-derives here what it computes from its weights after loading (MLA's
  * absorbed W_UK / W_UV, requantized or transposed copies). Return 0; anything else fails the
- * version on this receiver (WSYNC_ERR_ABORTED naming the hook's return value), the targets
- * counting as torn. */
+ * version on this receiver (WSYNC_ERR_ABORTED naming the hook's return value and the version),
+ * the targets counting as torn (wsync_receiver_torn), the last committed version unchanged; the
+ * group then fails as on any receiver's failure (the senders' push names this receiver). Under
+ * the store scheme it runs inside wsync_receiver_fetch, after the push returned; a reader whose
+ * hook failed leaves the store, which serves the others on. */
 typedef int (*wsync_version_fn)(void *arg, uint64_t version);
 
 typedef struct {
