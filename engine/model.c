@@ -996,6 +996,34 @@ static wsync_status_t index_files(const char *dir, const char *index, char ***fi
     return WSYNC_OK;
 }
 
+/* The engine computes the default RoPE only (and, with MLA, no YaRN mscale in the softmax
+ * scale): a config asking for another kind is refused rather than answered wrongly. */
+static wsync_status_t check_rope(const char *path)
+{
+    static const char *keys[] = {"rope_scaling", "rope_parameters"};
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    wsync_status_t st = WSYNC_OK;
+
+    if (root == NULL)
+        return wse_err(WSYNC_ERR_INVALID, "%s: not valid JSON (line %d: %s)", path, jerr.line,
+                       jerr.text);
+    for (size_t k = 0; k < 2 && st == WSYNC_OK; k++) {
+        json_t *o = json_object_get(root, keys[k]), *t;
+        if (!json_is_object(o))
+            continue;
+        t = json_object_get(o, "rope_type");
+        if (t == NULL)
+            t = json_object_get(o, "type");
+        if (json_is_string(t) && strcmp(json_string_value(t), "default") != 0)
+            st = wse_err(WSYNC_ERR_UNSUPPORTED, "%s: %s.rope_type '%s' is not implemented by "
+                         "the bundled engine (default RoPE only)", path, keys[k],
+                         json_string_value(t));
+    }
+    json_decref(root);
+    return st;
+}
+
 wsync_status_t wsync_engine_open(const char *dir, const wsync_engine_params_t *params,
                                  wsync_engine_t **out)
 {
@@ -1014,6 +1042,8 @@ wsync_status_t wsync_engine_open(const char *dir, const wsync_engine_params_t *p
     st = wsync_model_config_load(path, &cfg);
     if (st != WSYNC_OK)
         return wse_err_wsync(st, "model config");
+    if ((st = check_rope(path)) != WSYNC_OK)
+        return st;
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
     snprintf(index, sizeof(index), "%s/model.safetensors.index.json", dir);
     if (file_exists(path)) {

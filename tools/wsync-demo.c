@@ -54,7 +54,8 @@ static const char builtin_config[] =
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: " PROG " [--trainers N] [--tp T] [--steps S] [--scheme auto|ipc|nccl|store]\n"
+            "usage: " PROG " [--trainers N] [--tp T [--ep T]] [--steps S]\n"
+            "                  [--scheme auto|ipc|nccl|store]\n"
             "                  [--device cpu|cuda] [--gpu-offset G] [--quant none|fp8-block]\n"
             "                  [--fp8-block B] [--model DIR] [--mode in-place|shadow]\n"
             "                  [--max-new K] [--timeout SEC] [--json]\n"
@@ -70,6 +71,9 @@ static void usage(FILE *out)
             "\n"
             "  --trainers N     trainer processes (default 2)\n"
             "  --tp T           engine tensor-parallel processes (default 2)\n"
+            "  --ep E           expert parallelism of a MoE model's engine: 1 (default) splits\n"
+            "                   every expert inside by TP; E = T gives each rank whole experts\n"
+            "                   (vLLM's --enable-expert-parallel, linear placement)\n"
             "  --steps S        versions to push (default 3)\n"
             "  --scheme S       auto (default), ipc, nccl or store (as wsync_sender_params_t)\n"
             "  --device D       cpu (default) or cuda: the trainers' shards and the engine's\n"
@@ -83,7 +87,9 @@ static void usage(FILE *out)
             "  --fp8-block B    FP8 block size (default 128; 32 for testdata's tiny model)\n"
             "  --model DIR      start from an HF checkpoint (config.json, model.safetensors)\n"
             "                   instead of the built-in model (a tiny Qwen3-like config with\n"
-            "                   deterministic random weights); each step perturbs every param\n"
+            "                   deterministic random weights); each step perturbs every param.\n"
+            "                   Llama, Qwen2, Qwen3, Qwen3-MoE and DeepSeek-V2/V3 checkpoints\n"
+            "                   (e.g. testdata's hf_qwen3_moe_tiny, hf_deepseek_v3_tiny)\n"
             "  --mode M         in-place (default) or shadow (versions land in spare buffers)\n"
             "  --max-new K      tokens to generate per step (default 16)\n"
             "  --timeout SEC    deadline of every wait (default 60)\n"
@@ -92,7 +98,7 @@ static void usage(FILE *out)
 }
 
 typedef struct {
-    int trainers, tp, steps, max_new, timeout_s, block, shadow, json, cuda, gpu_offset;
+    int trainers, tp, ep, steps, max_new, timeout_s, block, shadow, json, cuda, gpu_offset;
     const char *scheme, *quant, *model;
     wsync_model_config_t cfg;
     int32_t prompt[8];
@@ -500,6 +506,7 @@ static wsync_engine_params_t engine_params(const options_t *o, int rank, int tp,
     p.tp_rank = rank;
     p.tp_size = tp;
     p.comm = comm;
+    p.ep = tp > 1 ? o->ep : 0;   /* the single-process reference holds every expert */
     p.param_dtype = WSYNC_DTYPE_BF16;
     p.mode = o->shadow ? WSYNC_ENGINE_SHADOW : WSYNC_ENGINE_IN_PLACE;
     p.max_seq = o->nprompt + o->max_new;
@@ -670,6 +677,70 @@ static int expected_target(const options_t *o, const model_t *m, uint16_t *const
             return -1;
         return 0;
     }
+    /* mixture of experts (vLLM FusedMoE): the router whole; expert e's gate rows then up rows
+     * of this rank in w13, its down columns in w2; whole experts e_first.. under --ep */
+    if (strcmp(suffix, "mlp.gate.weight") == 0 ||
+        strcmp(suffix, "mlp.gate.e_score_correction_bias") == 0)
+        return put_rows(m, full, name, out, cols, 0, 0, rows, 0, cols);
+    if (strcmp(suffix, "mlp.experts.w13_weight") == 0 ||
+        strcmp(suffix, "mlp.experts.w2_weight") == 0) {
+        const int64_t E = c->num_experts, ep = o->ep > 1 ? o->ep : 1;
+        const int64_t nloc = E / ep + (r < E % ep), first = ep > 1 ? r * (E / ep) +
+                             (r < E % ep ? r : E % ep) : 0;
+        const int64_t ip = c->moe_intermediate_size / (ep > 1 ? 1 : T), ri = ep > 1 ? 0 : r;
+        int w13 = strstr(suffix, "w13") != NULL;
+        for (int64_t j = 0; j < nloc; j++) {
+            char g[96], u[96], d[96], pg[256], pu[256];
+            snprintf(g, sizeof(g), "mlp.experts.%lld.gate_proj.weight", (long long)(first + j));
+            snprintf(u, sizeof(u), "mlp.experts.%lld.up_proj.weight", (long long)(first + j));
+            snprintf(d, sizeof(d), "mlp.experts.%lld.down_proj.weight", (long long)(first + j));
+            snprintf(pg, sizeof(pg), "%s%s", base, g);
+            snprintf(pu, sizeof(pu), "%s%s", base, u);
+            if (w13 ? put_rows(m, full, pg, out, Hd, j * 2 * ip, ri * ip, ip, 0, Hd) ||
+                          put_rows(m, full, pu, out, Hd, j * 2 * ip + ip, ri * ip, ip, 0, Hd)
+                    : put_rows(m, full, P(d), out, ip, j * Hd, 0, Hd, ri * ip, ip))
+                return -1;
+        }
+        return 0;
+    }
+    if (strcmp(suffix, "mlp.shared_experts.gate_up_proj.weight") == 0) {
+        int64_t is = c->n_shared_experts * c->moe_intermediate_size / T;
+        char pg[256];
+        snprintf(pg, sizeof(pg), "%smlp.shared_experts.gate_proj.weight", base);
+        if (put_rows(m, full, pg, out, Hd, 0, r * is, is, 0, Hd) ||
+            put_rows(m, full, P("mlp.shared_experts.up_proj.weight"), out, Hd, is, r * is, is, 0,
+                     Hd))
+            return -1;
+        return 0;
+    }
+    if (strcmp(suffix, "mlp.shared_experts.down_proj.weight") == 0) {
+        int64_t is = c->n_shared_experts * c->moe_intermediate_size / T;
+        return put_rows(m, full, name, out, is, 0, 0, Hd, r * is, is);
+    }
+    /* MLA: q_a and kv_a whole (fused), q / q_b and kv_b by heads, o by the heads' v columns */
+    if (c->kv_lora_rank > 0) {
+        const int64_t qk = c->qk_nope_head_dim + c->qk_rope_head_dim, hr = H / T;
+        const int64_t kva = c->kv_lora_rank + c->qk_rope_head_dim;
+        if (strcmp(suffix, "self_attn.fused_qkv_a_proj.weight") == 0) {
+            char pq[256];
+            snprintf(pq, sizeof(pq), "%sself_attn.q_a_proj.weight", base);
+            return put_rows(m, full, pq, out, Hd, 0, 0, c->q_lora_rank, 0, Hd) ||
+                           put_rows(m, full, P("self_attn.kv_a_proj_with_mqa.weight"), out, Hd,
+                                    c->q_lora_rank, 0, kva, 0, Hd) ? -1 : 0;
+        }
+        if (strcmp(suffix, "self_attn.kv_a_proj_with_mqa.weight") == 0)
+            return put_rows(m, full, name, out, Hd, 0, 0, kva, 0, Hd);
+        if (strcmp(suffix, "self_attn.q_b_proj.weight") == 0 ||
+            strcmp(suffix, "self_attn.q_proj.weight") == 0)
+            return put_rows(m, full, name, out, cols, 0, r * hr * qk, hr * qk, 0, cols);
+        if (strcmp(suffix, "self_attn.kv_b_proj.weight") == 0) {
+            int64_t per = c->qk_nope_head_dim + c->v_head_dim;
+            return put_rows(m, full, name, out, cols, 0, r * hr * per, hr * per, 0, cols);
+        }
+        if (strcmp(suffix, "self_attn.o_proj.weight") == 0)
+            return put_rows(m, full, name, out, cols, 0, 0, Hd, r * hr * c->v_head_dim,
+                            hr * c->v_head_dim);
+    }
     if (strcmp(suffix, "self_attn.o_proj.weight") == 0)
         return put_rows(m, full, name, out, cols, 0, 0, Hd, r * (H * D / T), H * D / T);
     if (strcmp(suffix, "mlp.down_proj.weight") == 0)
@@ -698,6 +769,10 @@ static int expected_hashes(const options_t *o, const model_t *m, uint16_t *const
         opts.quant.scheme = WSYNC_QUANT_BLOCK;
         opts.quant.block_rows = opts.quant.block_cols = o->block;
     }
+    if (o->ep > 1) {
+        opts.ep_size = o->ep;
+        opts.ep_rank = r;
+    }
     /* only the names, shapes and dtypes of the targets come from the layout */
     if (wsync_layout_tp_targets(&o->cfg, r, o->tp, &opts, &t, &n) != WSYNC_OK || n > MAX_TARGETS) {
         fprintf(stderr, PROG ": %s\n", wsync_last_error());
@@ -705,7 +780,10 @@ static int expected_hashes(const options_t *o, const model_t *m, uint16_t *const
     }
     ex->n = (int)n;
     for (size_t i = 0; i < n && rc == 0; i++) {
-        int64_t rows = t[i].shape[0], cols = t[i].ndim > 1 ? t[i].shape[1] : 1;
+        /* a 3-D target (w13, w2) as its [prod(leading dims), last dim] matrix */
+        int64_t rows = 1, cols = t[i].ndim > 1 ? t[i].shape[t[i].ndim - 1] : 1;
+        for (int d = 0; d < (t[i].ndim > 1 ? t[i].ndim - 1 : 1); d++)
+            rows *= t[i].shape[d];
         size_t cnt = (size_t)(rows * cols);
         float *x = malloc(cnt * sizeof(float));
         wsync_engine_weight_t w = {0};
@@ -792,7 +870,7 @@ static int parse_args(int argc, char **argv, options_t *o)
         {"fp8-block", required_argument, NULL, 'b'}, {"model", required_argument, NULL, 'm'},
         {"mode", required_argument, NULL, 'M'},     {"max-new", required_argument, NULL, 'k'},
         {"timeout", required_argument, NULL, 'T'},  {"json", no_argument, NULL, 'j'},
-        {"gpu-offset", required_argument, NULL, 'g'},
+        {"gpu-offset", required_argument, NULL, 'g'}, {"ep", required_argument, NULL, 'e'},
         {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
     };
     int c;
@@ -811,6 +889,7 @@ static int parse_args(int argc, char **argv, options_t *o)
         switch (c) {
         case 'n': if (parse_int("--trainers", optarg, 1, MAX_TRAINERS, &o->trainers)) return 2; break;
         case 't': if (parse_int("--tp", optarg, 1, WSYNC_ENGINE_MAX_TP, &o->tp)) return 2; break;
+        case 'e': if (parse_int("--ep", optarg, 1, WSYNC_ENGINE_MAX_TP, &o->ep)) return 2; break;
         case 's': if (parse_int("--steps", optarg, 1, 1000000, &o->steps)) return 2; break;
         case 'k': if (parse_int("--max-new", optarg, 1, MAX_NEW, &o->max_new)) return 2; break;
         case 'T': if (parse_int("--timeout", optarg, 1, 86400, &o->timeout_s)) return 2; break;
@@ -864,6 +943,11 @@ static int parse_args(int argc, char **argv, options_t *o)
     }
     if (optind < argc) {
         fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", argv[optind]);
+        return 2;
+    }
+    if (o->ep > 1 && o->ep != o->tp) {
+        fprintf(stderr, PROG ": --ep %d: expert parallelism spans the engine's TP ranks, so it "
+                "is 1 or --tp (%d)\n", o->ep, o->tp);
         return 2;
     }
     if (o->block == 0)
@@ -1009,6 +1093,10 @@ int main(int argc, char **argv)
             opts.quant.block_rows = opts.quant.block_cols = o.block;
         }
         for (int r = 0; r < o.tp; r++) {
+            if (o.ep > 1) {
+                opts.ep_size = o.ep;
+                opts.ep_rank = r;
+            }
             if (wsync_layout_tp_targets(&o.cfg, r, o.tp, &opts, &t, &n) != WSYNC_OK) {
                 fprintf(stderr, PROG ": TP %d: %s\n", o.tp, wsync_last_error());
                 return 1;
@@ -1024,14 +1112,19 @@ int main(int argc, char **argv)
            (long long)o.cfg.num_attention_heads, (long long)o.cfg.num_key_value_heads,
            (long long)o.cfg.head_dim, (long long)o.cfg.intermediate_size,
            (long long)o.cfg.vocab_size, (double)nparams_total / 1e6);
+    if (o.cfg.num_experts > 0)
+        printf("  %lld experts of width %lld, top %lld%s%s\n", (long long)o.cfg.num_experts,
+               (long long)o.cfg.moe_intermediate_size, (long long)o.cfg.num_experts_per_tok,
+               o.cfg.n_shared_experts > 0 ? ", shared experts" : "",
+               o.cfg.kv_lora_rank > 0 ? ", multi-head latent attention" : "");
     {
         char blk[32] = "";
         if (strcmp(o.quant, "fp8-block") == 0)
             snprintf(blk, sizeof(blk), " %dx%d", o.block, o.block);
-        printf("  %d trainer process%s (FSDP-%d, bf16) -> 1 engine of TP %d (%s%s, %s weights%s), "
+        printf("  %d trainer process%s (FSDP-%d, bf16) -> 1 engine of TP %d%s (%s%s, %s weights%s), "
                "%d steps, %d new tokens per step\n",
                o.trainers, o.trainers > 1 ? "es" : "", o.trainers, o.tp,
-               o.cuda ? "CUDA, " : "", o.shadow ? "shadow" : "in place",
+               o.ep > 1 ? " with EP" : "", o.cuda ? "CUDA, " : "", o.shadow ? "shadow" : "in place",
                strcmp(o.quant, "fp8-block") == 0 ? "FP8-E4M3 block" : "bf16", blk, o.steps,
                o.max_new);
     }
@@ -1214,10 +1307,11 @@ int main(int argc, char **argv)
     else
         printf("%d of %d steps matched\n", matched, o.steps);
     if (o.json)
-        printf("{\"ok\": %s, \"steps\": %d, \"matched\": %d, \"trainers\": %d, \"tp\": %d, "
+        printf("{\"ok\": %s, \"steps\": %d, \"matched\": %d, \"trainers\": %d, \"tp\": %d, \"ep\": %d, "
                "\"scheme\": \"%s\", \"quant\": \"%s\", \"mode\": \"%s\", \"device\": \"%s\", "
                "\"bytes\": %.0f, \"seconds\": %.6f, \"params\": %llu}\n",
-               rc == 0 ? "true" : "false", o.steps, matched, o.trainers, o.tp, scheme_seen,
+               rc == 0 ? "true" : "false", o.steps, matched, o.trainers, o.tp,
+               o.ep > 1 ? o.ep : 1, scheme_seen,
                o.quant, o.shadow ? "shadow" : "in-place", o.cuda ? "cuda" : "cpu", total_bytes,
                total_secs,
                (unsigned long long)nparams_total);
