@@ -33,6 +33,7 @@ typedef struct {
     int mem_cuda;            /* --mem cuda */
     int senders, tp, replicas;
     int ep;                  /* --ep E: experts whole over the E = T ranks of a replica; 0 off */
+    int fused_experts;       /* --fused-experts: senders shard transformers 5.x's fused experts */
     int colocated;
     int quant_fp8;           /* --quant fp8-block */
 } bench_opts_t;

@@ -430,6 +430,59 @@ static int host_fits(const model_t *m)
     return -1;
 }
 
+/* --fused-experts: sender `rank` holds FSDP dim-0 shards of the params as transformers 5.x
+ * holds them (mlp.experts.gate_up_proj [E, 2I, Hd] and down_proj [E, Hd, I]: dim 0 is the
+ * experts, so a rank holds whole experts), each described to wsync as the per-expert checkpoint
+ * params it holds (wsync_layout_unfuse_experts). Data pointers stay NULL here: the sender gives
+ * every shard its own slot, which moves the same bytes as one fused buffer would. */
+static int fused_expert_shards(model_t *m, int rank)
+{
+    wsync_param_t *fp = NULL;
+    wsync_shard_t *fs = NULL, *out = NULL;
+    size_t nf = 0, nfs = 0, n = 0, cap = 0;
+    wsync_status_t st;
+    int rc = 1;
+    if ((st = wsync_model_fused_params(&m->cfg, WSYNC_DTYPE_BF16, &fp, &nf)) != WSYNC_OK)
+        return bench_wsync_failed("parent", "wsync_model_fused_params", st);
+    if ((st = wsync_layout_shards(fp, nf, 0, rank, m->N, &fs, &nfs)) != WSYNC_OK) {
+        rc = bench_wsync_failed("parent", "wsync_layout_shards (fused experts)", st);
+        goto out;
+    }
+    for (size_t k = 0; k < nfs; k++) {
+        wsync_shard_t *u = NULL;
+        size_t nu = 0;
+        if ((st = wsync_layout_unfuse_experts(&fs[k], &u, &nu)) != WSYNC_OK) {
+            rc = bench_wsync_failed("parent", "wsync_layout_unfuse_experts", st);
+            goto out;
+        }
+        if (n + nu > cap) {
+            size_t c = (n + nu) * 2;
+            wsync_shard_t *g = realloc(out, c * sizeof(*out));
+            if (!g) {
+                wsync_layout_shards_free(u, nu);
+                fprintf(stderr, PROG ": out of memory\n");
+                goto out;
+            }
+            out = g;
+            cap = c;
+        }
+        /* the names move into out (freed by wsync_layout_shards_free); the array goes */
+        memcpy(out + n, u, nu * sizeof(*u));
+        n += nu;
+        free(u);
+    }
+    m->shards[rank] = out;
+    m->nshards[rank] = n;
+    out = NULL;
+    n = 0;
+    rc = 0;
+out:
+    wsync_layout_shards_free(out, n);
+    wsync_layout_shards_free(fs, nfs);
+    wsync_model_params_free(fp, nf);
+    return rc;
+}
+
 static int model_build(model_t *m)
 {
     const bench_opts_t *o = m->o;
@@ -442,6 +495,11 @@ static int model_build(model_t *m)
     m->R = o->replicas;
     m->NR = m->T * m->R;
     for (int i = 0; i < m->N; i++) {
+        if (o->fused_experts) {
+            if (fused_expert_shards(m, i) != 0)
+                return 1;
+            continue;
+        }
         st = wsync_layout_fsdp_shards(&m->cfg, WSYNC_DTYPE_BF16, i, m->N, &m->shards[i],
                                       &m->nshards[i]);
         if (st != WSYNC_OK)
@@ -464,14 +522,22 @@ static int model_build(model_t *m)
         if (st != WSYNC_OK)
             return bench_wsync_failed("parent", "wsync_layout_tp_targets", st);
     }
-    for (size_t k = 0; k < m->nshards[0]; k++) {
-        uint64_t e = 1;
-        for (int d = 0; d < m->shards[0][k].param.ndim; d++)
-            e *= (uint64_t)m->shards[0][k].param.shape[d];
-        m->param_elems += e;
-        m->param_bytes += e * param_esz(&m->shards[0][k].param);
+    {
+        /* every checkpoint param once (with --fused-experts a rank lists only its experts) */
+        wsync_param_t *ps = NULL;
+        size_t np = 0;
+        if ((st = wsync_model_params(&m->cfg, WSYNC_DTYPE_BF16, &ps, &np)) != WSYNC_OK)
+            return bench_wsync_failed("parent", "wsync_model_params", st);
+        for (size_t k = 0; k < np; k++) {
+            uint64_t e = 1;
+            for (int d = 0; d < ps[k].ndim; d++)
+                e *= (uint64_t)ps[k].shape[d];
+            m->param_elems += e;
+            m->param_bytes += e * param_esz(&ps[k]);
+        }
+        m->param_count = np;
+        wsync_model_params_free(ps, np);
     }
-    m->param_count = m->nshards[0];
     for (int i = 0; i < m->N; i++)
         for (size_t k = 0; k < m->nshards[i]; k++)
             m->sender_bytes[i] += align_up(box_elems(&m->shards[i][k].param,
@@ -1367,13 +1433,16 @@ static int report(const model_t *m, double memcpy_gbps)
 
     char experts[96] = "";
     if (m->cfg.num_experts > 0)
-        snprintf(experts, sizeof(experts), ", %lld experts %s", (long long)m->cfg.num_experts,
-                 o->ep > 1 ? "whole per rank (EP)" : "split inside by TP");
+        snprintf(experts, sizeof(experts), ", %lld experts %s, senders %s",
+                 (long long)m->cfg.num_experts,
+                 o->ep > 1 ? "whole per rank (EP)" : "split inside by TP",
+                 o->fused_experts ? "fused (whole experts)" : "per expert");
     printf("%s: %s (%llu params, %.3f GB%s), FSDP-%d -> %d replica%s x %s-%d, %s, mem %s, "
            "quant %s, scheme %s (asked %s)\n",
            PROG, m->shape->name, (unsigned long long)m->param_elems,
            (double)m->param_bytes / 1e9, experts, m->N, m->R, m->R == 1 ? "" : "s",
-           o->ep > 1 ? "EP" : "TP", m->T, o->colocated ? "colocated" : "disaggregated", o->mem_cuda ? "cuda" : "host",
+           o->ep > 1 ? "EP" : "TP", m->T, o->colocated ? "colocated" : "disaggregated",
+           o->mem_cuda ? "cuda" : "host",
            o->quant_fp8 ? "fp8-block" : "none", sh->scheme, o->scheme);
     if (o->mem_cuda)
         printf("  GPUs              %d visible (%s); senders on %s; receivers on %s\n", m->ngpu,
@@ -1426,6 +1495,9 @@ static int report(const model_t *m, double memcpy_gbps)
                             json_string(wsync_model_type_name(m->cfg.model_type)));
         json_object_set_new(j, "experts", json_integer((json_int_t)m->cfg.num_experts));
         json_object_set_new(j, "param_bytes", json_integer((json_int_t)m->param_bytes));
+        json_object_set_new(j, "sender_experts",
+                            json_string(m->cfg.num_experts == 0 ? "none"
+                                        : o->fused_experts ? "fused" : "per-expert"));
         json_object_set_new(j, "replicas", json_integer(m->R));
         json_object_set_new(j, "receivers", json_integer(m->NR));
         json_object_set_new(j, "colocated", json_boolean(o->colocated));

@@ -133,7 +133,7 @@ static void usage(FILE *out)
             "                   --bytes N [options]\n"
             "       " PROG " --model-shape SHAPE --mem host|cuda --scheme nccl|ipc|store|auto\n"
             "                   [--senders N] [--tp T | --ep E] [--replicas R] [--colocated]\n"
-            "                   [--quant none|fp8-block] [options]\n"
+            "                   [--fused-experts] [--quant none|fp8-block] [options]\n"
             "\n"
             "Flat runs (--bytes):\n"
             "ipc: runs one sender process and R receiver processes on this machine, pushes\n"
@@ -187,7 +187,11 @@ static void usage(FILE *out)
             "every expert, split inside by TP (I_p = I / T); with --ep E (E = T) receiver t of\n"
             "a replica holds whole experts (vLLM's enable_expert_parallel, linear placement)\n"
             "while attention stays split by TP. Senders hold FSDP dim-0 shards of every\n"
-            "checkpoint param, one tensor per expert. A run that cannot fit (the senders'\n"
+            "checkpoint param, one tensor per expert (each expert's rows spread over the\n"
+            "senders); with --fused-experts, of the fused tensors transformers 5.x holds in\n"
+            "memory (mlp.experts.gate_up_proj [E, 2I, Hd], down_proj [E, Hd, I]), so each\n"
+            "sender holds whole experts, described as per-expert shards\n"
+            "(wsync_layout_unfuse_experts). A run that cannot fit (the senders'\n"
             "shards, the receivers' targets and buckets on the busiest GPU, or all of them in\n"
             "host memory with --mem host) is refused before anything is allocated, naming the\n"
             "bytes needed and available (exit status 2).\n"
@@ -207,6 +211,8 @@ static void usage(FILE *out)
             "  --tp T           tensor-parallel size of each replica (default 1)\n"
             "  --ep E           MoE shapes: expert parallelism over the E ranks of a replica,\n"
             "                   which are its TP ranks (E = T; --ep alone sets T = E)\n"
+            "  --fused-experts  MoE shapes: senders shard the fused expert tensors (whole\n"
+            "                   experts per sender) instead of each expert's tensors\n"
             "  --replicas R     inference replicas (default 1)\n"
             "  --colocated      senders and receivers share GPUs (see above)\n"
             "  --quant Q        none (default: bf16 targets) or fp8-block\n"
@@ -364,7 +370,8 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
 {
     enum { OPT_SCHEME = 1000, OPT_MEM, OPT_RECEIVERS, OPT_BYTES, OPT_BUCKET, OPT_ITERS,
            OPT_WARMUP, OPT_PARAMS, OPT_TIMEOUT, OPT_JSON, OPT_SOURCE, OPT_TRANSPORT,
-           OPT_MODEL, OPT_SENDERS, OPT_TP, OPT_REPLICAS, OPT_COLOCATED, OPT_QUANT, OPT_EP };
+           OPT_MODEL, OPT_SENDERS, OPT_TP, OPT_REPLICAS, OPT_COLOCATED, OPT_QUANT, OPT_EP,
+           OPT_FUSED };
     static const struct option longopts[] = {
         {"scheme", required_argument, NULL, OPT_SCHEME},
         {"transport", required_argument, NULL, OPT_TRANSPORT},
@@ -382,6 +389,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         {"senders", required_argument, NULL, OPT_SENDERS},
         {"tp", required_argument, NULL, OPT_TP},
         {"ep", required_argument, NULL, OPT_EP},
+        {"fused-experts", no_argument, NULL, OPT_FUSED},
         {"replicas", required_argument, NULL, OPT_REPLICAS},
         {"colocated", no_argument, NULL, OPT_COLOCATED},
         {"quant", required_argument, NULL, OPT_QUANT},
@@ -448,6 +456,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
                 return -1;
             have_layout = have_tp = 1;
             break;
+        case OPT_FUSED: o->fused_experts = 1; have_layout = 1; break;
         case OPT_EP:
             if (parse_int("--ep", optarg, 1, MODEL_MAX_RANKS, &o->ep) != 0)
                 return -1;
@@ -505,6 +514,11 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
                 scheme);
         return -1;
     }
+    if (o->model_shape && o->fused_experts && !bench_model_shape_is_moe(o->model_shape)) {
+        fprintf(stderr, PROG ": --fused-experts: shape '%s' has no experts (MoE shapes: %s)\n",
+                o->model_shape, bench_model_moe_shape_names());
+        return -1;
+    }
     if (o->model_shape && o->ep > 0) {
         /* the experts are split over the replica's own ranks (vLLM: EP = TP x DP, DP 1 here) */
         if (!have_tp)
@@ -531,7 +545,8 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         return -1;
     }
     if (have_layout || quant) {
-        fprintf(stderr, PROG ": --senders, --tp, --ep, --replicas, --colocated and --quant need "
+        fprintf(stderr, PROG ": --senders, --tp, --ep, --fused-experts, --replicas, --colocated "
+                        "and --quant need "
                         "--model-shape\n");
         return -1;
     }
