@@ -162,9 +162,8 @@ static wsync_status_t unfuse(const wsync_shard_t *s, int gate_up, size_t prefix_
         const int64_t slab = (e - st[0]) * ln[1] * ln[2];
         if (!gate_up) {
             /* down_proj [E, Hd, I]: expert e's [Hd, I] box is the box's dims 1 and 2 */
-            snprintf(name, sizeof(name), "%.*s", (int)prefix_len, s->param.name);
-            snprintf(name + prefix_len, sizeof(name) - prefix_len, "%" PRId64 ".down_proj.weight",
-                     e);
+            snprintf(name, sizeof(name), "%.*s%" PRId64 ".down_proj.weight", (int)prefix_len,
+                     s->param.name, e);
             rc = push_expert(out, s, name, hd_or_rows, inner, st[1], ln[1], st[2], ln[2],
                              advance(s->data, slab, esize));
             if (rc != WSYNC_OK)
@@ -178,9 +177,8 @@ static wsync_status_t unfuse(const wsync_shard_t *s, int gate_up, size_t prefix_
             int64_t hi = st[1] + ln[1] < (half + 1) * I ? st[1] + ln[1] : (half + 1) * I;
             if (hi <= lo)
                 continue;
-            snprintf(name, sizeof(name), "%.*s", (int)prefix_len, s->param.name);
-            snprintf(name + prefix_len, sizeof(name) - prefix_len, "%" PRId64 ".%s.weight", e,
-                     half == 0 ? "gate_proj" : "up_proj");
+            snprintf(name, sizeof(name), "%.*s%" PRId64 ".%s.weight", (int)prefix_len,
+                     s->param.name, e, half == 0 ? "gate_proj" : "up_proj");
             rc = push_expert(out, s, name, I, inner, lo - half * I, hi - lo, st[2], ln[2],
                              advance(s->data, slab + (lo - st[1]) * ln[2], esize));
             if (rc != WSYNC_OK)
