@@ -288,9 +288,12 @@ wsync_status_t wsync_model_fused_params(const wsync_model_config_t *cfg, wsync_d
  * "...mlp.experts.down_proj" [E, Hd, I], any box, dense row-major at shard->data) as the shards
  * of the checkpoint's per-expert params it holds ("...mlp.experts.{e}.gate_proj.weight" and so
  * on), with data pointing into shard->data (a box of a dense box is dense whichever dims it
- * cuts), mem and device as the shard's; experts the box misses get no shard. Any other param:
- * one shard, a copy of *shard. The names are owned by the array: wsync_layout_shards_free.
- * WSYNC_ERR_INVALID for a fused name whose shape is not [E, 2I, Hd] / [E, Hd, I]. Thread-safe. */
+ * cuts), mem and device as the shard's; experts the box misses get no shard (an empty box gives
+ * none at all), and shard->data NULL gives NULL pointers (a layout not yet given memory). Order:
+ * by expert, gate_proj before up_proj. Any other param: one shard, a copy of *shard. The names
+ * are owned by the array: wsync_layout_shards_free.
+ * WSYNC_ERR_INVALID for a fused name whose shape is not [E, 2I, Hd] / [E, Hd, I] (3-D; 2I even)
+ * or whose box exceeds it. Thread-safe. */
 wsync_status_t wsync_layout_unfuse_experts(const wsync_shard_t *shard, wsync_shard_t **shards,
                                            size_t *nshards);
 
