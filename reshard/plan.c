@@ -167,13 +167,16 @@ typedef struct {
 } param_t;
 
 typedef struct {
-    wsync_box_t box;                 /* unused dims zero */
+    const wsync_box_t *box;          /* the first holder's box (every holder's is the same) */
     uint32_t rep0, nrep;             /* holders: compile_t.reps[rep0 ..), by (sender, index) */
+    uint32_t head, nl;               /* its logical chunks: a list through lchunk_t.next */
 } dbox_t;
 
 /* A 2-D region of one distinct box, before bucketing. */
 typedef struct {
     uint32_t sender, shard, dbox;
+    uint32_t spos;                   /* its shard's place in (sender, index) order */
+    uint32_t next;                   /* next logical chunk of the same distinct box */
     wsync_dtype_t dtype;
     wsync_region_t src;
     uint32_t part0, nparts;          /* its pieces in plan->chunks after bucketing */
@@ -197,8 +200,12 @@ typedef struct {
     uint32_t nsenders, nreceivers;
     uint64_t bucket_bytes;
 
-    param_t *params;                 /* by name */
+    param_t *params;                 /* in order of first appearance (sender, index) */
     size_t nparams;
+    uint32_t *pmap;                  /* open addressing on the param name: params index or
+                                        UINT32_MAX */
+    size_t pmap_cap;
+    uint32_t *pos;                   /* [nshards] place of shards[i] in (sender, index) order */
     dbox_t *boxes;
     size_t nboxes;
     const wsync_shard_desc_t **reps;
@@ -209,17 +216,21 @@ typedef struct {
     size_t nlchunks, cap_lchunks;
     lseg_t *lsegs;
     size_t nlsegs, cap_lsegs;
-    uint32_t *map;                   /* open addressing: lchunk index or UINT32_MAX */
-    size_t map_cap;
+    uint32_t *map;                   /* open addressing: lchunk index or UINT32_MAX; only the
+                                        lchunks of boxes with more than LIST_MAX of them */
+    size_t map_cap, nmapped;
 
     part_t *parts;                   /* parallel to plan->chunks */
     size_t cap_chunks, cap_parts;
     wsync_plan_t *plan;
 } compile_t;
 
+/* Free the compile state (not the plan); safe to call again. */
 static void compile_release(compile_t *c)
 {
     free(c->params);
+    free(c->pmap);
+    free(c->pos);
     free(c->boxes);
     free(c->reps);
     free(c->load);
@@ -227,11 +238,17 @@ static void compile_release(compile_t *c)
     free(c->lsegs);
     free(c->map);
     free(c->parts);
+    c->params = NULL, c->pmap = NULL, c->pos = NULL, c->boxes = NULL, c->reps = NULL;
+    c->load = NULL, c->lchunks = NULL, c->lsegs = NULL, c->map = NULL, c->parts = NULL;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Pass 1: params and distinct boxes                                                            */
 /* ------------------------------------------------------------------------------------------ */
+
+/* Pass 1 runs in time linear in the shards (a plan of Kimi-K2 from 64 FSDP ranks has 4.4 million
+ * of them): shards are put in (sender, index) order by a counting sort on the sender, grouped by
+ * param through a hash table on the name, and only each param's own few boxes are sorted. */
 
 static int cmp_rank_index(uint32_t ra, uint32_t ia, uint32_t rb, uint32_t ib)
 {
@@ -249,16 +266,8 @@ static int cmp_shard_by_rank(const void *a, const void *b)
     return cmp_rank_index(x->sender, x->index, y->sender, y->index);
 }
 
-static int cmp_shard_by_name(const void *a, const void *b)
-{
-    const wsync_shard_desc_t *x = *(const wsync_shard_desc_t *const *)a;
-    const wsync_shard_desc_t *y = *(const wsync_shard_desc_t *const *)b;
-    int c = strcmp(x->param.name, y->param.name);
-    return c ? c : cmp_rank_index(x->sender, x->index, y->sender, y->index);
-}
-
 typedef struct {
-    wsync_box_t box;                 /* unused dims zero, so whole-struct order is well defined */
+    const wsync_box_t *box;
     const wsync_shard_desc_t *shard;
 } boxed_t;
 
@@ -267,14 +276,15 @@ static int cmp_i64(int64_t a, int64_t b)
     return a < b ? -1 : a > b;
 }
 
-static int cmp_box(const wsync_box_t *a, const wsync_box_t *b)
+/* Order of boxes over their first nd dims: by start, then by length. */
+static int cmp_box(int nd, const wsync_box_t *a, const wsync_box_t *b)
 {
-    for (int d = 0; d < WSYNC_MAX_DIMS; d++) {
+    for (int d = 0; d < nd; d++) {
         int c = cmp_i64(a->start[d], b->start[d]);
         if (c)
             return c;
     }
-    for (int d = 0; d < WSYNC_MAX_DIMS; d++) {
+    for (int d = 0; d < nd; d++) {
         int c = cmp_i64(a->len[d], b->len[d]);
         if (c)
             return c;
@@ -285,7 +295,7 @@ static int cmp_box(const wsync_box_t *a, const wsync_box_t *b)
 static int cmp_boxed(const void *a, const void *b)
 {
     const boxed_t *x = a, *y = b;
-    int c = cmp_box(&x->box, &y->box);
+    int c = cmp_box(x->shard->param.ndim, x->box, y->box);   /* one param: one ndim */
     return c ? c : cmp_rank_index(x->shard->sender, x->shard->index, y->shard->sender,
                                   y->shard->index);
 }
@@ -327,8 +337,8 @@ static int same_param(const wsync_shard_desc_t *a, const wsync_shard_desc_t *b)
     return 1;
 }
 
-/* Group one param's non-empty shards (sorted[0..n)) into distinct boxes; check they are
- * disjoint. */
+/* Group one param's non-empty shards (sorted[0..n), in (sender, index) order) into distinct
+ * boxes; check they are disjoint. tmp has room for n. */
 static wsync_status_t build_boxes(compile_t *c, param_t *p, const wsync_shard_desc_t **sorted,
                                   size_t n, boxed_t *tmp)
 {
@@ -339,9 +349,7 @@ static wsync_status_t build_boxes(compile_t *c, param_t *p, const wsync_shard_de
     for (size_t i = 0; i < n; i++) {
         if (box_is_empty(nd, &sorted[i]->box))
             continue;
-        memset(&tmp[m].box, 0, sizeof(tmp[m].box));
-        memcpy(tmp[m].box.start, sorted[i]->box.start, (size_t)nd * sizeof(int64_t));
-        memcpy(tmp[m].box.len, sorted[i]->box.len, (size_t)nd * sizeof(int64_t));
+        tmp[m].box = &sorted[i]->box;
         tmp[m].shard = sorted[i];
         m++;
     }
@@ -349,11 +357,13 @@ static wsync_status_t build_boxes(compile_t *c, param_t *p, const wsync_shard_de
 
     p->box0 = (uint32_t)c->nboxes;
     for (size_t i = 0; i < m; i++) {
-        if (i == 0 || cmp_box(&tmp[i].box, &tmp[i - 1].box) != 0) {
+        if (i == 0 || cmp_box(nd, tmp[i].box, tmp[i - 1].box) != 0) {
             dbox_t *db = &c->boxes[c->nboxes++];
             db->box = tmp[i].box;
             db->rep0 = (uint32_t)c->nreps;
             db->nrep = 0;
+            db->head = UINT32_MAX;
+            db->nl = 0;
         }
         c->boxes[c->nboxes - 1].nrep++;
         c->reps[c->nreps++] = tmp[i].shard;
@@ -366,92 +376,189 @@ static wsync_status_t build_boxes(compile_t *c, param_t *p, const wsync_shard_de
         for (uint32_t j = i + 1; j < p->box0 + p->nbox; j++) {
             const dbox_t *b = &c->boxes[j];
             wsync_box_t x;
-            if (b->box.start[0] >= a->box.start[0] + a->box.len[0])
+            if (b->box->start[0] >= a->box->start[0] + a->box->len[0])
                 break;
-            if (box_intersect(nd, &a->box, &b->box, &x))
+            if (box_intersect(nd, a->box, b->box, &x))
                 return wsync_err(WSYNC_ERR_MISMATCH, "param '%s': the boxes of sender %u %s and "
                                  "sender %u %s partially overlap (boxes must be identical "
                                  "replicas or disjoint)", p->ref->param.name,
-                                 c->reps[a->rep0]->sender, wsync_fmt_box(&ta, nd, &a->box),
-                                 c->reps[b->rep0]->sender, wsync_fmt_box(&tb, nd, &b->box));
+                                 c->reps[a->rep0]->sender, wsync_fmt_box(&ta, nd, a->box),
+                                 c->reps[b->rep0]->sender, wsync_fmt_box(&tb, nd, b->box));
         }
     }
     return WSYNC_OK;
 }
 
+static uint64_t name_hash(const char *s)
+{
+    return XXH3_64bits(s, strlen(s));
+}
+
+/* Slot of `name` in the param table: its param, or the empty slot where it would go. */
+static size_t pmap_slot(const compile_t *c, const char *name, uint64_t h)
+{
+    size_t mask = c->pmap_cap - 1, i = (size_t)h & mask;
+
+    while (c->pmap[i] != UINT32_MAX && strcmp(c->params[c->pmap[i]].ref->param.name, name) != 0)
+        i = (i + 1) & mask;
+    return i;
+}
+
+static int pmap_grow(compile_t *c)
+{
+    size_t old_cap = c->pmap_cap, cap = old_cap ? old_cap * 2 : 1024;
+    uint32_t *old = c->pmap;
+
+    c->pmap = malloc(cap * sizeof(*c->pmap));
+    if (c->pmap == NULL) {
+        c->pmap = old;
+        return -1;
+    }
+    memset(c->pmap, 0xff, cap * sizeof(*c->pmap));
+    c->pmap_cap = cap;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i] != UINT32_MAX) {
+            const char *name = c->params[old[i]].ref->param.name;
+            c->pmap[pmap_slot(c, name, name_hash(name))] = old[i];
+        }
+    free(old);
+    return 0;
+}
+
+/* Put the shards in (sender, index) order into sorted[]: a stable counting sort by sender, then
+ * a sort of any sender whose shards were not given in index order; refuse a repeated index. */
+static wsync_status_t order_shards(compile_t *c, const wsync_shard_desc_t **sorted)
+{
+    size_t *start = calloc((size_t)c->nsenders + 1, sizeof(*start));
+    size_t n = c->nshards;
+
+    if (start == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: ordering %zu shards", n);
+    for (size_t i = 0; i < n; i++)
+        start[c->shards[i].sender + 1]++;
+    for (uint32_t s = 0; s < c->nsenders; s++)
+        start[s + 1] += start[s];
+    for (size_t i = 0; i < n; i++)
+        sorted[start[c->shards[i].sender]++] = &c->shards[i];   /* start[s] becomes its end */
+    for (uint32_t s = 0, lo = 0; s < c->nsenders; lo = (uint32_t)start[s], s++) {
+        size_t hi = start[s];
+        for (size_t i = lo + 1; i < hi; i++)
+            if (sorted[i - 1]->index >= sorted[i]->index) {
+                qsort(sorted + lo, hi - lo, sizeof(*sorted), cmp_shard_by_rank);
+                break;
+            }
+    }
+    free(start);
+    for (size_t i = 1; i < n; i++)
+        if (cmp_shard_by_rank(&sorted[i - 1], &sorted[i]) == 0)
+            return wsync_err(WSYNC_ERR_INVALID, "sender %u describes two shards with index %u "
+                             "('%s' and '%s')", sorted[i]->sender, sorted[i]->index,
+                             sorted[i - 1]->param.name, sorted[i]->param.name);
+    for (size_t i = 0; i < n; i++)
+        c->pos[sorted[i] - c->shards] = (uint32_t)i;
+    return WSYNC_OK;
+}
+
 static wsync_status_t index_shards(compile_t *c)
 {
-    const wsync_shard_desc_t **sorted = NULL;
+    const wsync_shard_desc_t **sorted = NULL, **grouped = NULL;
+    uint32_t *pid = NULL, *first = NULL;
     boxed_t *tmp = NULL;
     wsync_status_t st = WSYNC_OK;
-    size_t n = c->nshards;
+    size_t n = c->nshards, most = 0;
     wsync_text_t ta, tb;
 
     sorted = malloc((n ? n : 1) * sizeof(*sorted));
-    tmp = malloc((n ? n : 1) * sizeof(*tmp));
+    grouped = malloc((n ? n : 1) * sizeof(*grouped));
+    pid = malloc((n ? n : 1) * sizeof(*pid));
+    c->pos = malloc((n ? n : 1) * sizeof(*c->pos));
     c->params = malloc((n ? n : 1) * sizeof(*c->params));
     c->boxes = malloc((n ? n : 1) * sizeof(*c->boxes));
     c->reps = malloc((n ? n : 1) * sizeof(*c->reps));
-    if (!sorted || !tmp || !c->params || !c->boxes || !c->reps) {
+    if (!sorted || !grouped || !pid || !c->pos || !c->params || !c->boxes || !c->reps ||
+        pmap_grow(c) != 0) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: indexing %zu shards", n);
         goto out;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         if ((st = check_shard(c, &c->shards[i])) != WSYNC_OK)
             goto out;
-        sorted[i] = &c->shards[i];
-    }
+    if ((st = order_shards(c, sorted)) != WSYNC_OK)
+        goto out;
 
-    qsort(sorted, n, sizeof(*sorted), cmp_shard_by_rank);
-    for (size_t i = 1; i < n; i++) {
-        if (cmp_shard_by_rank(&sorted[i - 1], &sorted[i]) == 0) {
-            st = wsync_err(WSYNC_ERR_INVALID, "sender %u describes two shards with index %u "
-                           "('%s' and '%s')", sorted[i]->sender, sorted[i]->index,
-                           sorted[i - 1]->param.name, sorted[i]->param.name);
+    /* params in order of first appearance; every later description must agree with the first */
+    for (size_t i = 0; i < n; i++) {
+        const wsync_shard_desc_t *s = sorted[i];
+        uint64_t h = name_hash(s->param.name);
+        size_t slot;
+
+        if ((c->nparams + 1) * 2 > c->pmap_cap && pmap_grow(c) != 0) {
+            st = wsync_err(WSYNC_ERR_NOMEM, "plan: param index");
             goto out;
         }
-    }
-
-    qsort(sorted, n, sizeof(*sorted), cmp_shard_by_name);
-    for (size_t i = 0, j; i < n; i = j) {
-        param_t *p = &c->params[c->nparams++];
-        p->ref = sorted[i];
-        for (j = i + 1; j < n && strcmp(sorted[j]->param.name, p->ref->param.name) == 0; j++) {
-            const wsync_shard_desc_t *s = sorted[j];
+        slot = pmap_slot(c, s->param.name, h);
+        if (c->pmap[slot] == UINT32_MAX) {
+            param_t *p = &c->params[c->nparams];
+            p->ref = s;
+            p->box0 = p->nbox = 0;     /* nbox counts the param's shards until grouped below */
+            c->pmap[slot] = (uint32_t)c->nparams++;
+        } else {
+            const param_t *p = &c->params[c->pmap[slot]];
             if (!same_param(p->ref, s)) {
                 st = wsync_err(WSYNC_ERR_MISMATCH, "param '%s': sender %u describes it as %s %s, "
                                "sender %u as %s %s", s->param.name, p->ref->sender,
                                wsync_dtype_name(p->ref->param.dtype),
-                               wsync_fmt_dims(&ta, p->ref->param.ndim, p->ref->param.shape), s->sender,
-                               wsync_dtype_name(s->param.dtype),
+                               wsync_fmt_dims(&ta, p->ref->param.ndim, p->ref->param.shape),
+                               s->sender, wsync_dtype_name(s->param.dtype),
                                wsync_fmt_dims(&tb, s->param.ndim, s->param.shape));
                 goto out;
             }
         }
-        if ((st = build_boxes(c, p, sorted + i, j - i, tmp)) != WSYNC_OK)
-            goto out;
+        pid[i] = c->pmap[slot];
+        c->params[pid[i]].nbox++;
     }
+
+    /* each param's shards together, still in (sender, index) order */
+    first = malloc((c->nparams + 1) * sizeof(*first));
+    if (first == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan: grouping %zu params", c->nparams);
+        goto out;
+    }
+    first[0] = 0;
+    for (size_t k = 0; k < c->nparams; k++) {
+        first[k + 1] = first[k] + c->params[k].nbox;
+        most = WSYNC_MAX(most, (size_t)c->params[k].nbox);
+        c->params[k].nbox = 0;
+    }
+    for (size_t i = 0; i < n; i++)
+        grouped[first[pid[i]] + c->params[pid[i]].nbox++] = sorted[i];
+    free(sorted);
+    sorted = NULL;
+    free(pid);
+    pid = NULL;
+
+    tmp = malloc((most ? most : 1) * sizeof(*tmp));
+    if (tmp == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan: %zu shards of one param", most);
+        goto out;
+    }
+    for (size_t k = 0; k < c->nparams; k++)
+        if ((st = build_boxes(c, &c->params[k], grouped + first[k], first[k + 1] - first[k],
+                              tmp)) != WSYNC_OK)
+            goto out;
 out:
     free(sorted);
+    free(grouped);
+    free(pid);
+    free(first);
     free(tmp);
     return st;
 }
 
 static const param_t *find_param(const compile_t *c, const char *name)
 {
-    size_t lo = 0, hi = c->nparams;
-
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int r = strcmp(name, c->params[mid].ref->param.name);
-        if (r == 0)
-            return &c->params[mid];
-        if (r < 0)
-            hi = mid;
-        else
-            lo = mid + 1;
-    }
-    return NULL;
+    uint32_t k = c->pmap[pmap_slot(c, name, name_hash(name))];
+    return k == UINT32_MAX ? NULL : &c->params[k];
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -469,6 +576,12 @@ static int lchunk_matches(const lchunk_t *l, uint32_t dbox, const wsync_region_t
     return l->dbox == dbox && l->src.off == r->off && l->src.pitch == r->pitch &&
            l->src.rows == r->rows && l->src.cols == r->cols;
 }
+
+/* A distinct box's logical chunks are found by walking its list while it is short (one region
+ * per box, or a few, in the usual layouts: the box's memory stays in cache, where a global table
+ * would miss on every one of millions of chunks), and through the map once it is long (many
+ * receivers wanting different slices of one replicated box), so neither way is quadratic. */
+#define LIST_MAX 8
 
 /* Slot of (dbox, region) in the map: its lchunk, or the empty slot where it would go. */
 static size_t map_slot(const compile_t *c, uint32_t dbox, const wsync_region_t *r)
@@ -513,17 +626,40 @@ typedef struct {
     wsync_dtype_t dtype;
 } emit_t;
 
+/* Index a distinct box's logical chunks in the map: all of them when its list has just
+ * passed LIST_MAX, else its newest (the list head). */
+static int map_add(compile_t *c, const dbox_t *db)
+{
+    int all = db->nl == LIST_MAX + 1;
+
+    for (uint32_t k = db->head; k != UINT32_MAX; k = all ? c->lchunks[k].next : UINT32_MAX) {
+        const lchunk_t *l = &c->lchunks[k];
+        if ((c->nmapped + 1) * 2 > c->map_cap && map_grow(c) != 0)
+            return -1;
+        c->map[map_slot(c, l->dbox, &l->src)] = k;
+        c->nmapped++;
+    }
+    return 0;
+}
+
 static wsync_status_t emit_region(compile_t *c, const emit_t *e, const wsync_region_t *src,
                                   const wsync_region_t *dst)
 {
-    size_t slot;
     uint32_t idx;
     lseg_t *sg;
 
-    if ((c->nlchunks + 1) * 2 > c->map_cap && map_grow(c) != 0)
-        return wsync_err(WSYNC_ERR_NOMEM, "plan: chunk index");
-    slot = map_slot(c, e->dbox, src);
-    idx = c->map[slot];
+    dbox_t *db = &c->boxes[e->dbox];
+
+    idx = UINT32_MAX;
+    if (db->nl <= LIST_MAX) {
+        for (uint32_t k = db->head; k != UINT32_MAX; k = c->lchunks[k].next)
+            if (lchunk_matches(&c->lchunks[k], e->dbox, src)) {
+                idx = k;
+                break;
+            }
+    } else {
+        idx = c->map[map_slot(c, e->dbox, src)];
+    }
     if (idx == UINT32_MAX) {
         lchunk_t *l;
         if (c->nlchunks >= UINT32_MAX - 1)
@@ -535,11 +671,15 @@ static wsync_status_t emit_region(compile_t *c, const emit_t *e, const wsync_reg
         memset(l, 0, sizeof(*l));
         l->sender = e->rep->sender;
         l->shard = e->rep->index;
+        l->spos = c->pos[e->rep - c->shards];
         l->dbox = e->dbox;
         l->dtype = e->dtype;
         l->src = *src;
         c->load[l->sender] += src->rows * src->cols * wsync_dtype_size(e->dtype);
-        c->map[slot] = idx;
+        l->next = db->head;
+        db->head = idx;
+        if (++db->nl > LIST_MAX && map_add(c, db) != 0)
+            return wsync_err(WSYNC_ERR_NOMEM, "plan: chunk index");
     }
     if (c->nlsegs >= UINT32_MAX - 1)
         return wsync_err(WSYNC_ERR_RANGE, "plan: more than %u segments", UINT32_MAX - 1);
@@ -655,7 +795,7 @@ static int find_uncovered(int nd, const wsync_box_t *b, const dbox_t *boxes, uin
     if (--*budget < 0)
         return -1;
     for (k = from; k < n; k++)
-        if (box_intersect(nd, b, &boxes[k].box, &x))
+        if (box_intersect(nd, b, boxes[k].box, &x))
             break;
     if (k == n) {
         memcpy(out, b->start, (size_t)nd * sizeof(int64_t));
@@ -749,9 +889,9 @@ static wsync_status_t map_piece(compile_t *c, const wsync_target_desc_t *t, uint
         emit_t e;
         wsync_status_t st;
 
-        if (db->box.start[0] >= p->src.start[0] + p->src.len[0])
+        if (db->box->start[0] >= p->src.start[0] + p->src.len[0])
             break;           /* boxes are sorted by start: none further can meet the piece */
-        if (!box_intersect(nd, &p->src, &db->box, &x))
+        if (!box_intersect(nd, &p->src, db->box, &x))
             continue;
         covered += box_volume(nd, &x);
         e.target = t;
@@ -759,7 +899,7 @@ static wsync_status_t map_piece(compile_t *c, const wsync_target_desc_t *t, uint
         e.dbox = k;
         e.rep = pick_replica(c, db);
         e.dtype = ref->param.dtype;
-        if ((st = emit_intersection(c, &e, &x, &db->box, p)) != WSYNC_OK)
+        if ((st = emit_intersection(c, &e, &x, db->box, p)) != WSYNC_OK)
             return st;
     }
     if (covered != vol) {
@@ -896,20 +1036,75 @@ static wsync_status_t add_part(compile_t *c, lchunk_t *l, uint64_t row, uint64_t
     return WSYNC_OK;
 }
 
-/* Lay one sender's logical chunks (in order) into its buckets, splitting at bucket ends. */
+/* Store the logical chunks in the order given (order[i] becomes lchunks[i], and order[i] points
+ * to it), renumbering the segments' references: the passes after this one then walk both arrays
+ * front to back instead of jumping through millions of scattered records. */
+static wsync_status_t permute_lchunks(compile_t *c, lchunk_t **order)
+{
+    lchunk_t *v = malloc((c->nlchunks ? c->nlchunks : 1) * sizeof(*v));
+    uint32_t *inv = malloc((c->nlchunks ? c->nlchunks : 1) * sizeof(*inv));
+
+    if (v == NULL || inv == NULL) {
+        free(v);
+        free(inv);
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: ordering %zu chunks", c->nlchunks);
+    }
+    for (size_t i = 0; i < c->nlchunks; i++) {
+        v[i] = *order[i];
+        inv[order[i] - c->lchunks] = (uint32_t)i;
+    }
+    for (size_t i = 0; i < c->nlsegs; i++)
+        c->lsegs[i].lchunk = inv[c->lsegs[i].lchunk];
+    free(inv);
+    free(c->lchunks);
+    c->lchunks = v;
+    c->cap_lchunks = c->nlchunks;
+    for (size_t i = 0; i < c->nlchunks; i++)
+        order[i] = &v[i];
+    /* the lists and the map index the old numbers; nothing looks chunks up after this pass */
+    free(c->map);
+    c->map = NULL;
+    c->map_cap = c->nmapped = 0;
+    return WSYNC_OK;
+}
+
+/* Lay one sender's logical chunks (in order) into its buckets, splitting at bucket ends. The
+ * order is (sender, shard, region): a counting sort on the shard's place in (sender, index)
+ * order, then a sort of the few regions of each shard. */
 static wsync_status_t layout_buckets(compile_t *c)
 {
     lchunk_t **order;
+    uint32_t *start;
     uint64_t B = c->bucket_bytes, off = 0;
     uint32_t sender = UINT32_MAX, bucket = 0;
     wsync_status_t st = WSYNC_OK;
 
     order = malloc((c->nlchunks ? c->nlchunks : 1) * sizeof(*order));
-    if (order == NULL)
+    start = calloc(c->nshards + 1, sizeof(*start));
+    if (order == NULL || start == NULL) {
+        free(order);
+        free(start);
         return wsync_err(WSYNC_ERR_NOMEM, "plan: ordering %zu chunks", c->nlchunks);
+    }
     for (size_t i = 0; i < c->nlchunks; i++)
-        order[i] = &c->lchunks[i];
-    qsort(order, c->nlchunks, sizeof(*order), cmp_lchunk);
+        start[c->lchunks[i].spos + 1]++;
+    for (size_t k = 0; k < c->nshards; k++)
+        start[k + 1] += start[k];
+    for (size_t i = 0; i < c->nlchunks; i++)
+        order[start[c->lchunks[i].spos]++] = &c->lchunks[i];   /* start[k] becomes its end */
+    for (size_t k = 0, lo = 0; k < c->nshards; lo = start[k], k++)
+        if (start[k] - lo > 1)
+            qsort(order + lo, start[k] - lo, sizeof(*order), cmp_lchunk);
+    free(start);
+    if ((st = permute_lchunks(c, order)) != WSYNC_OK) {
+        free(order);
+        return st;
+    }
+    if (grow((void **)&c->plan->chunks, &c->cap_chunks, c->nlchunks, sizeof(*c->plan->chunks)) ||
+        grow((void **)&c->parts, &c->cap_parts, c->nlchunks, sizeof(*c->parts))) {
+        free(order);
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: %zu chunks", c->nlchunks);
+    }
 
     for (size_t i = 0; i < c->nlchunks; i++) {
         lchunk_t *l = order[i];
@@ -979,37 +1174,78 @@ static int cmp_segment(const void *a, const void *b)
     return r;
 }
 
+/* Segments in (receiver, chunk) order without a global sort: each receiver gets a run sized by
+ * counting; the runs are filled walking the chunks in order (logical chunks in bucket order,
+ * each one's logical segments listed through a CSR index), so every run comes out ordered by
+ * chunk; only segments of one receiver that share a chunk are sorted further. */
 static wsync_status_t split_segments(compile_t *c)
 {
     wsync_plan_t *pl = c->plan;
     uint64_t n = 0;
+    uint64_t *rstart = NULL;
+    uint32_t *lfirst = NULL;
+    lseg_t *by_chunk = NULL;
+    wsync_status_t st = WSYNC_OK;
 
     for (size_t i = 0; i < c->nlsegs; i++)
         n += c->lchunks[c->lsegs[i].lchunk].nparts;
-    if (n > WSYNC_PLAN_MAX_CHUNKS)
+    if (n > WSYNC_PLAN_MAX_SEGMENTS)
         return wsync_err(WSYNC_ERR_RANGE, "plan: %" PRIu64 " segments, more than %u; raise "
-                         "bucket_bytes", n, WSYNC_PLAN_MAX_CHUNKS);
+                         "bucket_bytes", n, WSYNC_PLAN_MAX_SEGMENTS);
     pl->segments = malloc((n ? n : 1) * sizeof(*pl->segments));
-    if (pl->segments == NULL)
-        return wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " segments", n);
+    rstart = calloc((size_t)c->nreceivers + 1, sizeof(*rstart));
+    lfirst = calloc(c->nlchunks + 1, sizeof(*lfirst));
+    by_chunk = malloc((c->nlsegs ? c->nlsegs : 1) * sizeof(*by_chunk));
+    if (pl->segments == NULL || rstart == NULL || lfirst == NULL || by_chunk == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " segments", n);
+        goto out;
+    }
     for (size_t i = 0; i < c->nlsegs; i++) {
-        const lseg_t *s = &c->lsegs[i];
-        const lchunk_t *l = &c->lchunks[s->lchunk];
-        for (uint32_t k = l->part0; k < l->part0 + l->nparts; k++) {
-            wsync_segment_t *sg = &pl->segments[pl->nsegments++];
-            const wsync_chunk_t *ch = &pl->chunks[k];
-            sg->receiver = s->receiver;
-            sg->target = s->target;
-            sg->piece = s->piece;
-            sg->chunk = k;
-            sg->dst.off = s->dst.off + c->parts[k].row * s->dst.pitch + c->parts[k].col;
-            sg->dst.pitch = s->dst.pitch;
-            sg->dst.rows = ch->src.rows;
-            sg->dst.cols = ch->src.cols;
+        rstart[c->lsegs[i].receiver + 1] += c->lchunks[c->lsegs[i].lchunk].nparts;
+        lfirst[c->lsegs[i].lchunk + 1]++;
+    }
+    for (uint32_t r = 0; r < c->nreceivers; r++)
+        rstart[r + 1] += rstart[r];
+    for (size_t k = 0; k < c->nlchunks; k++)
+        lfirst[k + 1] += lfirst[k];
+    for (size_t i = 0; i < c->nlsegs; i++)     /* lfirst[k] becomes the end of k's list */
+        by_chunk[lfirst[c->lsegs[i].lchunk]++] = c->lsegs[i];
+    free(c->lsegs);                             /* by_chunk holds them now */
+    c->lsegs = NULL;
+    /* logical chunks are in bucket order (permute_lchunks), so their parts are chunks 0, 1, ... */
+    for (size_t k = 0, lo = 0; k < c->nlchunks; lo = lfirst[k], k++) {
+        const lchunk_t *l = &c->lchunks[k];
+        for (uint32_t q = l->part0; q < l->part0 + l->nparts; q++) {
+            const wsync_chunk_t *ch = &pl->chunks[q];
+            for (size_t j = lo; j < lfirst[k]; j++) {
+                const lseg_t *sl = &by_chunk[j];
+                wsync_segment_t *sg = &pl->segments[rstart[sl->receiver]++];
+                sg->receiver = sl->receiver;
+                sg->target = sl->target;
+                sg->piece = sl->piece;
+                sg->chunk = q;
+                sg->dst.off = sl->dst.off + c->parts[q].row * sl->dst.pitch + c->parts[q].col;
+                sg->dst.pitch = sl->dst.pitch;
+                sg->dst.rows = ch->src.rows;
+                sg->dst.cols = ch->src.cols;
+            }
         }
     }
-    qsort(pl->segments, pl->nsegments, sizeof(*pl->segments), cmp_segment);
-    return WSYNC_OK;
+    pl->nsegments = (uint32_t)n;
+    /* a receiver that takes one chunk twice (two targets, or two pieces, of the same bytes) */
+    for (uint64_t i = 0, j; i < n; i = j) {
+        for (j = i + 1; j < n && pl->segments[j].receiver == pl->segments[i].receiver &&
+                        pl->segments[j].chunk == pl->segments[i].chunk;
+             j++)
+            ;
+        if (j - i > 1)
+            qsort(pl->segments + i, j - i, sizeof(*pl->segments), cmp_segment);
+    }
+out:
+    free(rstart);
+    free(lfirst);
+    free(by_chunk);
+    return st;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1063,16 +1299,44 @@ static wsync_status_t plan_derive(wsync_plan_t *p)
     return WSYNC_OK;
 }
 
-static void put_region(wsync_wbuf_t *b, const wsync_region_t *r)
+/* With a hash state, hand what is buffered to it every MiB and start over: the fingerprint of a
+ * plan of millions of chunks without holding its whole encoding. */
+static void hash_flush(wsync_wbuf_t *b, XXH3_state_t *h, size_t at_least)
 {
-    wsync_put_u64(b, r->off);
-    wsync_put_u64(b, r->pitch);
-    wsync_put_u64(b, r->rows);
-    wsync_put_u64(b, r->cols);
+    if (h != NULL && !b->err && b->len >= at_least) {
+        XXH3_64bits_update(h, b->data, b->len);
+        b->len = 0;
+    }
 }
 
-static void encode_body(const wsync_plan_t *p, wsync_wbuf_t *b)
+/* Little-endian, as the wsync_put_* functions write: a chunk or segment is formed in a local
+ * record and appended with one call (a plan has millions of them). */
+static uint8_t *le32(uint8_t *q, uint32_t v)
 {
+    for (int i = 0; i < 4; i++)
+        q[i] = (uint8_t)(v >> (8 * i));
+    return q + 4;
+}
+
+static uint8_t *le64(uint8_t *q, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        q[i] = (uint8_t)(v >> (8 * i));
+    return q + 8;
+}
+
+static uint8_t *le_region(uint8_t *q, const wsync_region_t *r)
+{
+    q = le64(q, r->off);
+    q = le64(q, r->pitch);
+    q = le64(q, r->rows);
+    return le64(q, r->cols);
+}
+
+static void encode_body(const wsync_plan_t *p, wsync_wbuf_t *b, XXH3_state_t *h)
+{
+    uint8_t rec[CHUNK_WIRE_BYTES > SEGMENT_WIRE_BYTES ? CHUNK_WIRE_BYTES : SEGMENT_WIRE_BYTES];
+
     wsync_put_u32(b, PLAN_MAGIC);
     wsync_put_u16(b, PLAN_VERSION);
     wsync_put_u16(b, 0);                          /* flags */
@@ -1082,29 +1346,36 @@ static void encode_body(const wsync_plan_t *p, wsync_wbuf_t *b)
     wsync_put_u32(b, p->nchunks);
     for (uint32_t i = 0; i < p->nchunks; i++) {
         const wsync_chunk_t *ch = &p->chunks[i];
-        wsync_put_u32(b, ch->sender);
-        wsync_put_u32(b, ch->shard);
-        wsync_put_u8(b, (uint8_t)ch->dtype);
-        put_region(b, &ch->src);
-        wsync_put_u32(b, ch->bucket);
-        wsync_put_u64(b, ch->bucket_off);
+        uint8_t *q = rec;
+        q = le32(q, ch->sender);
+        q = le32(q, ch->shard);
+        *q++ = (uint8_t)ch->dtype;
+        q = le_region(q, &ch->src);
+        q = le32(q, ch->bucket);
+        q = le64(q, ch->bucket_off);
+        wsync_put_bytes(b, rec, (size_t)(q - rec));   /* CHUNK_WIRE_BYTES */
+        hash_flush(b, h, (size_t)1 << 20);
     }
     wsync_put_u32(b, p->nsegments);
     for (uint32_t i = 0; i < p->nsegments; i++) {
         const wsync_segment_t *sg = &p->segments[i];
-        wsync_put_u32(b, sg->receiver);
-        wsync_put_u32(b, sg->target);
-        wsync_put_u32(b, sg->piece);
-        wsync_put_u32(b, sg->chunk);
-        put_region(b, &sg->dst);
+        uint8_t *q = rec;
+        q = le32(q, sg->receiver);
+        q = le32(q, sg->target);
+        q = le32(q, sg->piece);
+        q = le32(q, sg->chunk);
+        q = le_region(q, &sg->dst);
+        wsync_put_bytes(b, rec, (size_t)(q - rec));   /* SEGMENT_WIRE_BYTES */
+        hash_flush(b, h, (size_t)1 << 20);
     }
+    hash_flush(b, h, 0);
 }
 
 void wsync_plan_encode(const wsync_plan_t *plan, wsync_wbuf_t *out)
 {
     size_t start = out->len;
 
-    encode_body(plan, out);
+    encode_body(plan, out, NULL);
     if (!out->err)   /* hash what was written, so the fingerprint always matches the bytes */
         wsync_put_u64(out, XXH3_64bits(out->data + start, out->len - start));
 }
@@ -1131,6 +1402,7 @@ wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshar
 {
     compile_t c;
     wsync_wbuf_t body;
+    XXH3_state_t *hs = NULL;
     wsync_status_t st;
 
     if (plan == NULL || (nshards > 0 && shards == NULL) || (ntargets > 0 && targets == NULL))
@@ -1158,19 +1430,48 @@ wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshar
     c.plan->nreceivers = nreceivers;
     c.plan->bucket_bytes = bucket_bytes;
 
-    if ((st = index_shards(&c)) != WSYNC_OK || (st = map_targets(&c)) != WSYNC_OK ||
-        (st = layout_buckets(&c)) != WSYNC_OK || (st = split_segments(&c)) != WSYNC_OK ||
-        (st = plan_derive(c.plan)) != WSYNC_OK)
+#ifdef PLAN_TIMING
+#define PT(x) do { struct timespec ts_; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts_); \
+    fprintf(stderr, "  %-8s %.3f\n", x, ts_.tv_sec + ts_.tv_nsec * 1e-9); } while (0)
+#else
+#define PT(x) do { } while (0)
+#endif
+    PT("start");
+    if ((st = index_shards(&c)) != WSYNC_OK)
         goto fail;
+    PT("index");
+    if ((st = map_targets(&c)) != WSYNC_OK)
+        goto fail;
+    PT("map");
+    if ((st = layout_buckets(&c)) != WSYNC_OK)
+        goto fail;
+    PT("layout");
+    if ((st = split_segments(&c)) != WSYNC_OK)
+        goto fail;
+    PT("split");
+    if ((st = plan_derive(c.plan)) != WSYNC_OK)
+        goto fail;
+    PT("derive");
 
+    /* the fingerprint is the xxh3-64 of the encoded body, as wsync_plan_encode appends it */
+    compile_release(&c);
+    hs = XXH3_createState();
     wsync_wbuf_init(&body);
-    encode_body(c.plan, &body);
+    if (hs == NULL || XXH3_64bits_reset(hs) != XXH_OK) {
+        wsync_wbuf_free(&body);
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan: hash state");
+        goto fail;
+    }
+    encode_body(c.plan, &body, hs);
     if (body.err) {
         wsync_wbuf_free(&body);
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: encoding for the fingerprint");
         goto fail;
     }
-    c.plan->fingerprint = XXH3_64bits(body.data, body.len);
+    c.plan->fingerprint = XXH3_64bits_digest(hs);
+    PT("hash");
+    XXH3_freeState(hs);
+    hs = NULL;
     wsync_wbuf_free(&body);
 
     *plan = c.plan;
@@ -1178,6 +1479,7 @@ wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshar
     compile_release(&c);
     return WSYNC_OK;
 fail:
+    XXH3_freeState(hs);      /* NULL is a no-op */
     wsync_plan_free(c.plan);
     compile_release(&c);
     return st;

@@ -27,9 +27,12 @@
 #define WSYNC_PLAN_MIN_BUCKET 64u                    /* smallest bucket_bytes */
 #define WSYNC_PLAN_MAX_BUCKET (UINT64_C(1) << 40)     /* largest bucket_bytes */
 #define WSYNC_PLAN_MAX_RANKS (1u << 20)              /* senders, and receivers */
-/* chunks and segments of one plan: a plan much larger cannot travel in one control frame, and a
- * tiny bucket must not make the coordinator build millions of them before finding that out */
-#define WSYNC_PLAN_MAX_CHUNKS (1u << 21)
+/* chunks and segments of one plan: a tiny bucket must not make the coordinator build many
+ * millions of them before finding that out. Sized for a trillion-parameter MoE (Kimi-K2: 4.4
+ * million chunks from 64 FSDP ranks, one per (expert param, rank)) to hundreds of receivers;
+ * whether such a plan fits one control frame (WSYNC_FRAME_MAX) is the coordinator's check. */
+#define WSYNC_PLAN_MAX_CHUNKS (1u << 23)
+#define WSYNC_PLAN_MAX_SEGMENTS (1u << 26)
 #define WSYNC_PLAN_MAX_PAIRS (1u << 22)              /* nsenders * nreceivers (2048 x 2048) */
 #define WSYNC_PLAN_MAX_ELEMS (UINT64_C(1) << 56)      /* elements of one param or target */
 #define WSYNC_MAX_PIECES 65536                       /* pieces of one target */

@@ -18,10 +18,9 @@ static int is_fp8(wsync_dtype_t d)
     return d == WSYNC_DTYPE_F8E4M3FN || d == WSYNC_DTYPE_F8E5M2;
 }
 
-static void descs_clear(wsync_shard_desc_t *sd, size_t nsd, wsync_target_desc_t *td, size_t ntd)
+/* Shard descriptions borrow the caller's names (see shard_view); targets own theirs. */
+static void descs_clear(wsync_shard_desc_t *sd, wsync_target_desc_t *td, size_t ntd)
 {
-    for (size_t i = 0; sd && i < nsd; i++)
-        wsync_shard_desc_clear(&sd[i]);
     for (size_t i = 0; td && i < ntd; i++)
         wsync_target_desc_clear(&td[i]);
     free(sd);
@@ -39,6 +38,39 @@ void wsync_plan_summary_free(wsync_plan_summary_t *s)
     free(s->staged_bytes_per_sender);
     free(s->buckets_per_sender);
     free(s);
+}
+
+/* A shard's description for the compiler, borrowing the caller's name: a plan of a trillion-
+ * parameter MoE from 64 FSDP ranks has millions of shards, and copying each name costs as much
+ * as a pass of the compiler. Checked here: what the compiler does not check itself (ndim before
+ * the dims are copied, the memory kind); the compiler checks name, dtype, shape and box, with
+ * messages naming the sender, shard and param. */
+static wsync_status_t shard_view(const wsync_shard_t *sh, uint32_t sender, uint32_t index,
+                                 wsync_shard_desc_t *d)
+{
+    const char *name = sh->param.name ? sh->param.name : "(null)";
+
+    if (sh->param.ndim < 1 || sh->param.ndim > WSYNC_MAX_DIMS)
+        return wsync_err(WSYNC_ERR_INVALID, "sender %u shard %u: param '%s' has ndim %d, not in "
+                         "[1, %d]", sender, index, name, sh->param.ndim, WSYNC_MAX_DIMS);
+    if (sh->mem != WSYNC_MEM_HOST && sh->mem != WSYNC_MEM_CUDA)
+        return wsync_err(WSYNC_ERR_INVALID, "sender %u shard %u (param '%s'): unknown memory "
+                         "kind %d", sender, index, name, (int)sh->mem);
+    if (sh->mem == WSYNC_MEM_CUDA && sh->device < 0)
+        return wsync_err(WSYNC_ERR_INVALID, "sender %u shard %u (param '%s'): CUDA device %d",
+                         sender, index, name, sh->device);
+    memset(d, 0, sizeof(*d));
+    d->sender = sender;
+    d->index = index;
+    d->param.name = (char *)sh->param.name;   /* borrowed: never freed here */
+    d->param.dtype = sh->param.dtype;
+    d->param.ndim = sh->param.ndim;
+    memcpy(d->param.shape, sh->param.shape, (size_t)sh->param.ndim * sizeof(int64_t));
+    memcpy(d->box.start, sh->box.start, (size_t)sh->param.ndim * sizeof(int64_t));
+    memcpy(d->box.len, sh->box.len, (size_t)sh->param.ndim * sizeof(int64_t));
+    d->mem = sh->mem;
+    d->device = sh->device;
+    return WSYNC_OK;
 }
 
 /* Fill the summary's figures from a compiled plan. */
@@ -150,11 +182,8 @@ wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shar
         goto out;
     }
     for (size_t i = 0; i < nshards; i++, nsd++) {
-        wsync_shard_t sh = shards[i];
         int rank = shard_sender ? shard_sender[i] : 0;
-        if (sh.data == NULL)
-            sh.data = &no_data;
-        if ((st = wsync_shard_desc_from(&sh, (uint32_t)rank, count[rank]++, &sd[i])) != WSYNC_OK)
+        if ((st = shard_view(&shards[i], (uint32_t)rank, count[rank]++, &sd[i])) != WSYNC_OK)
             goto out;
     }
     memset(count, 0, (size_t)(nsenders > nreceivers ? nsenders : nreceivers) * sizeof(*count));
@@ -194,7 +223,7 @@ wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shar
 out:
     wsync_plan_summary_free(s);
     wsync_plan_free(plan);
-    descs_clear(sd, nsd, td, ntd);
+    descs_clear(sd, td, ntd);
     free(count);
     return st;
 }
