@@ -800,6 +800,11 @@ static int expected_hashes(const options_t *o, const model_t *m, uint16_t *const
                 fprintf(stderr, PROG ": %s\n", wsync_engine_last_error());
                 rc = -1;
             }
+        } else if (t[i].dtype == WSYNC_DTYPE_F32) {
+            /* (DeepSeek's e_score_correction_bias: fp32 in vLLM whatever the weights are) */
+            w.data = malloc(cnt * 4);
+            memcpy(w.data, x, cnt * 4);
+            w.bytes = cnt * 4;
         } else {
             uint16_t *b = malloc(cnt * 2);
             for (size_t k = 0; k < cnt; k++)
