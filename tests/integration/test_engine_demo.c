@@ -1,6 +1,8 @@
 /* wsync-demo as a user runs it: `--trainers 2 --tp 2 --steps 3` passes in bf16 and FP8 block
- * (in place), and in shadow mode at TP 4 with 3 trainers; one line per step says it matched;
- * the JSON summary agrees; options it cannot honour are refused with a clear message. */
+ * (in place), and in shadow mode at TP 4 with 3 trainers; from testdata's checkpoints, the dense
+ * Qwen3 in FP8, the Qwen3-MoE at EP 2 and the DeepSeek-V3 (MLA, shared expert) at TP 2 in FP8
+ * and EP 2; one line per step says it matched; the JSON summary agrees; options it cannot
+ * honour are refused with a clear message. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +80,18 @@ static void case_from_checkpoint(void)
          "--fp8-block 32", 2, "fp8-block");
 }
 
+static void case_moe_checkpoints(void)
+{
+    demo("--trainers 2 --tp 2 --ep 2 --steps 2 --model " WSYNC_TESTDATA "/hf_qwen3_moe_tiny", 2,
+         "none");
+    CHECK(strstr(out, "8 experts") != NULL && strstr(out, "\"ep\": 2") != NULL);
+    demo("--trainers 2 --tp 2 --steps 2 --model " WSYNC_TESTDATA "/hf_deepseek_v3_tiny --quant "
+         "fp8-block --fp8-block 16", 2, "fp8-block");
+    CHECK(strstr(out, "multi-head latent attention") != NULL);
+    demo("--trainers 3 --tp 2 --ep 2 --steps 2 --model " WSYNC_TESTDATA "/hf_deepseek_v3_tiny",
+         2, "none");
+}
+
 static void case_refusals(void)
 {
     CHECK(proc_run(WSYNC_BIN_DIR "/wsync-demo --help", out, sizeof(out)) == 0);
@@ -102,6 +116,9 @@ static void case_refusals(void)
     /* 4 heads cannot be split 8 ways: refused before anything starts, naming the numbers */
     CHECK(proc_run(WSYNC_BIN_DIR "/wsync-demo --tp 8 2>&1", out, sizeof(out)) == 1);
     CHECK_MSG(strstr(out, "8") != NULL && strstr(out, "head") != NULL, "%s", out);
+    /* expert parallelism spans the engine's TP ranks */
+    CHECK(proc_run(WSYNC_BIN_DIR "/wsync-demo --tp 2 --ep 4 2>&1", out, sizeof(out)) == 2);
+    CHECK_MSG(strstr(out, "--ep 4") != NULL && strstr(out, "--tp (2)") != NULL, "%s", out);
 }
 
 int main(void)
@@ -110,6 +127,7 @@ int main(void)
     RUN(case_fp8_block);
     RUN(case_shadow_tp4);
     RUN(case_from_checkpoint);
+    RUN(case_moe_checkpoints);
     RUN(case_refusals);
     return check_summary();
 }
