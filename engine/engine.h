@@ -1,6 +1,8 @@
 /*
- * The bundled inference engine: a Llama / Qwen2 / Qwen3 decoder on CPU, tensor-parallel across
- * processes, whose weights are wsync receiver targets. It uses the public wsync API only.
+ * The bundled inference engine: a Llama / Qwen2 / Qwen3 decoder, and the mixture-of-experts
+ * Qwen3-MoE and DeepSeek-V2/V3 (multi-head latent attention, routed and shared experts), on CPU
+ * or CUDA, tensor-parallel (and expert-parallel) across processes, whose weights are wsync
+ * receiver targets. It uses the public wsync API only.
  *
  * Shape (llama2.c's): a config (wsync_model_config_t plus these params), weights that are
  * non-owning views into one block of target buffers (a *weight set*; two in shadow mode), and a
@@ -13,9 +15,21 @@
  *
  * Weights are held exactly as wsync_layout_tp_targets lays them out for TP rank r of T: fused
  * qkv_proj and gate_up_proj, row-parallel o_proj and down_proj, vocab-parallel embed_tokens and
- * lm_head padded to a multiple of vocab_pad, replicated norms; bf16 (or the checkpoint's f16/f32)
- * with f32 accumulation, or FP8-E4M3 with fp32 block scales for the linear weights, dequantized on
- * the fly block by block.
+ * lm_head padded to a multiple of vocab_pad, replicated norms; MoE layers as vLLM's FusedMoE
+ * (router replicated, w13 / w2 of the rank's experts, shared experts as a dense MLP), MLA as
+ * vLLM's (fused q_a / kv_a replicated, q_b and kv_b by heads); bf16 (or the checkpoint's
+ * f16/f32) with f32 accumulation, or FP8-E4M3 with fp32 block scales for the linear weights,
+ * dequantized on the fly block by block.
+ *
+ * The arithmetic is HF transformers' (5.x) float32 forward: MLA computes every head's k and v
+ * from kv_b_proj and caches them expanded (nothing is derived from the weights after a load or
+ * a version, so no per-version hook is needed); routing is the family's (softmax top-k,
+ * renormalised when norm_topk_prob, for Qwen3-MoE; sigmoid scores plus
+ * e_score_correction_bias, grouped top-k on the sum of each group's best two, weights from the
+ * scores, renormalised, times routed_scaling_factor for DeepSeek-V3; softmax with greedy or
+ * group_limited_greedy, times the scaling factor and never renormalised, for DeepSeek-V2).
+ * Only the default RoPE is computed: wsync_engine_open refuses a config.json asking for
+ * another (YaRN, ...).
  *
  * Conventions: as wsync.h. Every function returns a wsync_status_t, writes outputs only on
  * success, and leaves the detail of a failure in wsync_engine_last_error(). An engine is used by
@@ -163,8 +177,9 @@ wsync_status_t wsync_engine_cuda_devices(int *count);
 
 /* Create an engine for model cfg: the rank's targets (wsync_layout_tp_targets), one weight set
  * (two in shadow mode), zeroed, and the run state. No weights yet: load them, or take a version.
- * WSYNC_ERR_CONFIG when the layout refuses the model at this TP size or block size (the message
- * names the param and the numbers). With device CUDA, the sets, the run state and the KV cache
+ * WSYNC_ERR_CONFIG when the layout refuses the model at this TP size, EP size or block size (the
+ * message names the param and the numbers); WSYNC_ERR_INVALID for an ep that is neither 0, 1
+ * nor tp_size. With device CUDA, the sets, the run state and the KV cache
  * are device memory of the rank's GPU (made current on the calling thread): WSYNC_ERR_UNSUPPORTED
  * when built without CUDA, WSYNC_ERR_DEVICE naming the CUDA call otherwise ("no CUDA device"). */
 wsync_status_t wsync_engine_create(const wsync_model_config_t *cfg,
