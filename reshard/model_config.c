@@ -23,6 +23,10 @@
 /* Config files are small; anything this large is not a config. */
 #define CONFIG_FILE_MAX (16u << 20)
 
+/* Most routed experts a model may have (published models: 8 to 512); keeps the param list of any
+ * accepted config listable. */
+#define EXPERTS_MAX 65536
+
 /* A fused expert target [E, 2 * Im, Hd] must stay far inside int64 elements (and bytes). */
 #define EXPERT_ELEMS_MAX ((int64_t)1 << 56)
 
@@ -356,6 +360,9 @@ static wsync_status_t check_moe(const char *src, const wsync_model_config_t *c)
         if (ints[i].used && (ints[i].value < ints[i].lo || ints[i].value > SIZE_MAX_ALLOWED))
             return wsync_err(WSYNC_ERR_CONFIG, "%s: %s = %" PRId64 " must be in [%" PRId64 ", %d]",
                              src, ints[i].name, ints[i].value, ints[i].lo, SIZE_MAX_ALLOWED);
+    if (e > EXPERTS_MAX)
+        return wsync_err(WSYNC_ERR_CONFIG, "%s: %s = %" PRId64 " experts, at most %d", src,
+                         mla ? "n_routed_experts" : "num_experts", e, EXPERTS_MAX);
     if (c->num_experts_per_tok > e)
         return wsync_err(WSYNC_ERR_CONFIG,
                          "%s: num_experts_per_tok = %" PRId64 " exceeds the %" PRId64 " experts",

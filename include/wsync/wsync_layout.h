@@ -181,7 +181,8 @@ const char *wsync_model_type_name(wsync_model_type_t type);
  * required field, a wrong type (a string where a number belongs, a fraction where an integer
  * does), a size <= 0, or a contradiction (H % K, Hd % H when head_dim is absent, top-k > E,
  * n_group not dividing E, topk_group > n_group, top-k more than topk_group groups hold,
- * noaux_tc with one expert per group, an odd qk_rope_head_dim, mlp_only_layers out of range);
+ * noaux_tc with one expert per group, an odd qk_rope_head_dim, mlp_only_layers out of range,
+ * more than 65536 experts);
  * the message names the field and the value. Thread-safe. */
 wsync_status_t wsync_model_config_parse(const char *json, size_t len, wsync_model_config_t *cfg);
 
