@@ -1,5 +1,6 @@
 /* The command-line tools as a user runs them: wsync-info lists shm as available and explains the
- * scheme choice; wsync-bench moves a small version between processes and reports JSON; every tool
+ * scheme choice; wsync-bench moves a small version between processes and reports JSON (dense and
+ * mixture-of-experts shapes, and refuses a shape that cannot fit); every tool
  * answers --help and names a bad option. */
 #include <jansson.h>
 #include <stdio.h>
@@ -120,6 +121,71 @@ static void case_bench_model_host(void)
     CHECK_MSG(rc != 0 && strstr(out, "--model-shape") != NULL, "flat cuda: exit %d, %s", rc, out);
 }
 
+/* Mixture-of-experts shapes over host memory: FSDP-2 -> EP-2 (whole experts per receiver, 3-D
+ * FusedMoE targets), -> TP-2 with FP8-block targets (every expert split), and DeepSeek's MLA,
+ * shared experts and f32 router bias with EP-2 and FP8; every receiver's bytes are checked
+ * against the host's reference. A shape that cannot fit is refused before anything runs,
+ * naming the bytes. */
+static void case_bench_moe_host(void)
+{
+    int rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny-moe --mem host --scheme ipc "
+                               "--senders 2 --ep 2 --iters 2 --json 2>&1", out, sizeof(out));
+    CHECK_MSG(rc == 0, "wsync-bench --model-shape tiny-moe --ep 2 exited %d: %s", rc, out);
+    json_t *j = (json_t *)proc_last_json_line(out);
+    CHECK_MSG(j != NULL, "wsync-bench printed no JSON: %s", out);
+    if (j != NULL) {
+        CHECK(json_is_true(json_object_get(j, "correct")));
+        CHECK(json_integer_value(json_object_get(j, "ep")) == 2);
+        CHECK(json_integer_value(json_object_get(j, "experts")) == 8);
+        CHECK(strcmp(json_string_value(json_object_get(j, "model_type")), "qwen3_moe") == 0);
+        /* one replica: every byte of the model lands once, and the router and norms once more
+         * (each rank holds them whole), well under 1% of it */
+        json_int_t moved = json_integer_value(json_object_get(j, "bytes_moved"));
+        json_int_t model = json_integer_value(json_object_get(j, "param_bytes"));
+        CHECK_MSG(moved > model && moved < model + model / 100, "bytes_moved %lld of %lld",
+                  (long long)moved, (long long)model);
+        json_t *d = json_object_get(j, "digests");
+        CHECK(json_array_size(d) == 2 &&
+              strcmp(json_string_value(json_array_get(d, 0)),
+                     json_string_value(json_array_get(d, 1))) != 0);
+        json_decref(j);
+    }
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny-moe --mem host --scheme ipc "
+                           "--senders 2 --tp 2 --quant fp8-block --iters 1 --json 2>&1",
+                  out, sizeof(out));
+    CHECK_MSG(rc == 0, "wsync-bench tiny-moe TP-2 fp8-block exited %d: %s", rc, out);
+    j = (json_t *)proc_last_json_line(out);
+    CHECK_MSG(j != NULL && json_is_true(json_object_get(j, "correct")) &&
+                  json_integer_value(json_object_get(j, "ep")) == 1,
+              "tiny-moe TP-2 fp8-block: %s", out);
+    json_decref(j);
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny-deepseek --mem host --scheme ipc "
+                           "--senders 2 --ep 2 --quant fp8-block --iters 1 --json 2>&1",
+                  out, sizeof(out));
+    CHECK_MSG(rc == 0, "wsync-bench tiny-deepseek EP-2 fp8-block exited %d: %s", rc, out);
+    j = (json_t *)proc_last_json_line(out);
+    CHECK_MSG(j != NULL && json_is_true(json_object_get(j, "correct")) &&
+                  strcmp(json_string_value(json_object_get(j, "model_type")), "deepseek_v3") == 0,
+              "tiny-deepseek EP-2 fp8-block: %s", out);
+    json_decref(j);
+
+    /* DeepSeek-V3 is 1.3 TB of bf16: senders and receivers together cannot be in host memory */
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape deepseek-v3 --mem host --scheme ipc "
+                           "--senders 2 --ep 2 2>&1", out, sizeof(out));
+    CHECK_MSG(rc == 2 && strstr(out, "deepseek-v3 FSDP-2 -> 1 replica x EP-2 does not fit in "
+                                     "host memory: it needs ") != NULL &&
+                  strstr(out, "available (MemAvailable)") != NULL,
+              "deepseek-v3 in host memory: exit %d, %s", rc, out);
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem host --scheme ipc --ep 2 "
+                           "2>&1", out, sizeof(out));
+    CHECK_MSG(rc != 0 && strstr(out, "--ep: shape 'tiny' has no experts") != NULL,
+              "--ep on a dense shape: exit %d, %s", rc, out);
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny-moe --mem host --scheme ipc "
+                           "--ep 2 --tp 4 2>&1", out, sizeof(out));
+    CHECK_MSG(rc != 0 && strstr(out, "--ep 2 with --tp 4") != NULL, "--ep 2 --tp 4: exit %d, %s",
+              rc, out);
+}
+
 static void case_help_and_bad_options(void)
 {
     static const char *tools[] = {"wsync-info", "wsync-bench", "wsync-plan"};
@@ -143,6 +209,7 @@ int main(void)
     RUN(case_info_explains);
     RUN(case_bench_small_json);
     RUN(case_bench_model_host);
+    RUN(case_bench_moe_host);
     RUN(case_help_and_bad_options);
     return check_summary();
 }
