@@ -18,15 +18,15 @@ from dataclasses import dataclass, field, fields
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _cdefs as D
-from ._cdefs import (DType, ModelType, QuantScheme, RouterScore, TopkMethod, WSYNC_MAX_DIMS,
-                      WSYNC_MODEL_MAX_MLP_ONLY, WSYNC_REPLICATE)
+from ._cdefs import (DType, ExpertPlacement, ModelType, QuantScheme, RouterScore, TopkMethod,
+                      WSYNC_MAX_DIMS, WSYNC_MODEL_MAX_MLP_ONLY, WSYNC_REPLICATE)
 from ._library import lib
 from .errors import InvalidArgumentError, raise_status
 from .tensors import dtype_of
 
 __all__ = ["Param", "Box", "Piece", "Quant", "Target", "ShardSpec", "ModelConfig",
            "shard_box", "shards", "replicated", "column_parallel", "row_parallel",
-           "merged_column", "qkv", "vocab_parallel", "WSYNC_REPLICATE"]
+           "merged_column", "qkv", "vocab_parallel", "local_experts", "WSYNC_REPLICATE"]
 
 
 def _check(st: int, what: str) -> None:
@@ -505,12 +505,18 @@ class ModelConfig:
     def tp_targets(self, tp_rank: int, tp_size: int, *, quant: Any = None, block: Any = None,
                    dtype: Any = None, param_dtype: Any = None, quant_dtype: Any = None,
                    vocab_pad: int = 0, eps: float = 0.0, ue8m0: bool = False,
-                   no_saturate: bool = False) -> List[Target]:
+                   no_saturate: bool = False, ep_size: int = 0, ep_rank: int = 0,
+                   expert_placement: Any = ExpertPlacement.LINEAR) -> List[Target]:
         """Every target of TP rank tp_rank of tp_size as vLLM lays the model out (fused
         qkv_proj and gate_up_proj, row-parallel o_proj and down_proj, vocab-parallel
-        embeddings with padding, replicated norms). quant "fp8-block" (block=128 or (r, c)),
-        "fp8-tensor" or "fp8-channel" makes the linear weights FP8 targets. ConfigError, naming
-        the target and the numbers, when vLLM would refuse the model at this size."""
+        embeddings with padding, replicated norms; for MoE models the router, FusedMoE's
+        w13_weight / w2_weight as their [E_local * 2 * I_p, Hd] / [E_local * Hd, I_p]
+        matrices, shared experts; for DeepSeek MLA's projections). quant "fp8-block"
+        (block=128 or (r, c)), "fp8-tensor" or "fp8-channel" makes the linear weights FP8
+        targets. ep_size > 1: expert parallelism (vLLM enable_expert_parallel), this worker
+        being ep_rank = dp_rank * tp_size + tp_rank, experts placed "linear" or "round_robin".
+        ConfigError, naming the target and the numbers, when vLLM would refuse the model at this
+        size."""
         q = Quant.of(quant, block)
         q = Quant(q.scheme, q.block_rows, q.block_cols, eps or q.eps, ue8m0 or q.ue8m0,
                   no_saturate or q.no_saturate)
@@ -520,6 +526,9 @@ class ModelConfig:
         opts.quant_dtype = _dt(quant_dtype)
         opts.quant = q._c()
         opts.vocab_pad = int(vocab_pad)
+        opts.ep_size = int(ep_size)
+        opts.ep_rank = int(ep_rank)
+        opts.expert_placement = int(_placement(expert_placement))
         c = self._c()
         out = C.POINTER(D.wsync_target_t)()
         n = C.c_size_t()
@@ -534,6 +543,31 @@ class ModelConfig:
 
 def _dt(value: Any) -> int:
     return 0 if value is None else int(dtype_of(value))
+
+
+def _placement(value: Any) -> ExpertPlacement:
+    if isinstance(value, str):
+        try:
+            return ExpertPlacement[value.upper()]
+        except KeyError:
+            raise InvalidArgumentError(f"expert placement {value!r}: linear or round_robin",
+                                       None) from None
+    return ExpertPlacement(value)
+
+
+def local_experts(num_experts: int, ep_rank: int, ep_size: int,
+                  placement: Any = ExpertPlacement.LINEAR) -> List[int]:
+    """The global indices of the experts EP rank ep_rank of ep_size holds, in local order, as
+    vLLM's determine_expert_map places them ("linear": a contiguous range, the first
+    E % EP ranks one more; "round_robin": ep_rank, ep_rank + ep_size, ...)."""
+    n = int(num_experts)
+    size = int(ep_size)
+    buf = (C.c_int64 * max(1, -(-n // max(size, 1))))()
+    got = C.c_int64()
+    _check(lib().wsync_layout_local_experts(n, int(ep_rank), size,
+                                            int(_placement(placement)), buf, C.byref(got)),
+           "wsync_layout_local_experts")
+    return [int(buf[i]) for i in range(got.value)]
 
 
 # ---------------------------------------------------------------------------------------------
