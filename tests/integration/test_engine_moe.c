@@ -9,8 +9,10 @@
  *    weights (q * s rounded to bf16, every quantized target, experts included), and TP 2 and
  *    EP 2 give TP 1's FP8 tokens.
  *  - Through wsync: two trainer processes hold the checkpoint FSDP-2 (dim 0 of every per-expert
- *    param) and push version 1 (every weight changed) then version 2 (the checkpoint itself) over
- *    the ipc scheme on host memory to a TP-2 or an EP-2 engine created without weights; after
+ *    param; or of HF 5.x's fused expert tensors, handed to wsync unfused; or whole experts per
+ *    trainer, Megatron's EP) and push version 1 (every weight changed) then version 2 (the
+ *    checkpoint itself) over the ipc scheme on host memory to a TP-2 or an EP-2 engine created
+ *    without weights; after
  *    version 1 every target of every rank equals, bytes and scales, that of an engine loaded from
  *    version 1's tensors, and after version 2 the tokens are reference.json's.
  *  - wsync-engine --tp 2 --ep 2 prints HF's tokens; an EP size other than 1 or the TP size is
@@ -310,9 +312,18 @@ static void case_deepseek_v3_fp8(void)
 
 /* ---- through wsync ------------------------------------------------------------------------ */
 
+/* How the trainers hold the model. */
+enum {
+    FSDP,       /* dim-0 shards of every checkpoint param (one tensor per expert) */
+    FUSED,      /* dim-0 shards of HF 5.x's in-memory params (experts fused: gate_up_proj
+                   [E, 2I, Hd], down_proj [E, Hd, I]), given to wsync unfused */
+    EP_SENDERS, /* whole experts per trainer (Megatron EP), the rest dim-0 shards */
+};
+
 typedef struct {
     const model_ref_t *m;
     int tp, ep;
+    int senders;
     int rank;                      /* of a trainer */
 } group_t;
 
@@ -400,12 +411,86 @@ static void version_free(version_t *vt)
     wsync_engine_st_close(vt->ckpt);
 }
 
+static const wsync_engine_tensor_t *find_t(const version_t *vt, const char *name)
+{
+    for (size_t k = 0; k < vt->n; k++)
+        if (strcmp(vt->t[k].name, name) == 0)
+            return &vt->t[k];
+    CHECK_MSG(0, "the checkpoint lacks '%s'", name);
+    return NULL;
+}
+
+/* Fill a held shard (dense row-major box, param dtype) with version vt's values. A fused
+ * expert tensor's element (e, i, h) is expert e's gate row i (i < I) or up row i - I, and
+ * down_proj's (e, h, i) expert e's down_proj (h, i). */
+static int fill_shard(const version_t *vt, const wsync_shard_t *sh, void *mem)
+{
+    const wsync_param_t *p = &sh->param;
+    const wsync_box_t *b = &sh->box;
+    const char *fused = strstr(p->name, "mlp.experts.gate_up_proj");
+    const char *fdown = strstr(p->name, "mlp.experts.down_proj");
+    size_t k = 0;
+
+    if (p->ndim == 3 && (fused != NULL || fdown != NULL)) {
+        const char *stem_end = fused != NULL ? fused : fdown;
+        int stem = (int)(stem_end - p->name);
+        int64_t I = fused != NULL ? p->shape[1] / 2 : p->shape[2];
+        for (int64_t e = b->start[0]; e < b->start[0] + b->len[0]; e++) {
+            char g[256], u[256];
+            const wsync_engine_tensor_t *tg, *tu = NULL;
+            snprintf(g, sizeof(g), "%.*smlp.experts.%lld.%s_proj.weight", stem, p->name,
+                     (long long)e, fused != NULL ? "gate" : "down");
+            snprintf(u, sizeof(u), "%.*smlp.experts.%lld.up_proj.weight", stem, p->name,
+                     (long long)e);
+            if ((tg = find_t(vt, g)) == NULL || (fused != NULL && (tu = find_t(vt, u)) == NULL))
+                return -1;
+            for (int64_t i = b->start[1]; i < b->start[1] + b->len[1]; i++)
+                for (int64_t j = b->start[2]; j < b->start[2] + b->len[2]; j++) {
+                    /* gate_up: (i, j) = (row of gate/up, h); down: (h, i) of down_proj */
+                    const wsync_engine_tensor_t *t = fused != NULL && i >= I ? tu : tg;
+                    int64_t row = fused != NULL && i >= I ? i - I : i;
+                    size_t at = (size_t)(row * t->shape[1] + j);
+                    store_elem(p->dtype, mem, k++, load_elem(t->dtype, t->data, at));
+                }
+        }
+        return 0;
+    }
+    const wsync_engine_tensor_t *t = find_t(vt, p->name);
+    if (t == NULL || p->ndim > 2)
+        return -1;
+    int64_t cols = p->ndim > 1 ? p->shape[1] : 1;
+    int64_t c0 = p->ndim > 1 ? b->start[1] : 0, nc = p->ndim > 1 ? b->len[1] : 1;
+    for (int64_t i = b->start[0]; i < b->start[0] + b->len[0]; i++)
+        for (int64_t j = c0; j < c0 + nc; j++)
+            store_elem(p->dtype, mem, k++, load_elem(t->dtype, t->data, (size_t)(i * cols + j)));
+    return 0;
+}
+
+/* The shards this trainer holds (what it fills) per its layout. */
+static wsync_status_t held_shards(const group_t *g, const wsync_model_config_t *cfg,
+                                  wsync_shard_t **held, size_t *nheld)
+{
+    wsync_param_t *params = NULL;
+    size_t n = 0;
+    wsync_status_t st;
+
+    if (g->senders == FSDP)
+        return wsync_layout_fsdp_shards(cfg, WSYNC_DTYPE_BF16, g->rank, NSENDERS, held, nheld);
+    if (g->senders == EP_SENDERS)
+        return wsync_layout_ep_shards(cfg, WSYNC_DTYPE_BF16, g->rank, NSENDERS, 0, held, nheld);
+    if ((st = wsync_model_fused_params(cfg, WSYNC_DTYPE_BF16, &params, &n)) != WSYNC_OK)
+        return st;
+    st = wsync_layout_shards(params, n, 0, g->rank, NSENDERS, held, nheld);
+    wsync_model_params_free(params, n);
+    return st;
+}
+
 static int trainer_main(void *arg)
 {
     const group_t *g = arg;
     wsync_model_config_t cfg;
-    wsync_shard_t *shards = NULL;
-    size_t nshards = 0, total = 0, *offs = NULL;
+    wsync_shard_t *held = NULL;
+    size_t nheld = 0, total = 0, *offs = NULL;
     wsync_ctx_t *ctx = NULL;
     wsync_sender_t *s = NULL;
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
@@ -413,12 +498,13 @@ static int trainer_main(void *arg)
     uint8_t *mem = NULL;
     wsync_status_t st;
     char path[512];
+    int added = 0;
 
     memset(vt, 0, sizeof(vt));
     snprintf(path, sizeof(path), "%s/config.json", g->m->dir);
     CHECK_OK(wsync_model_config_load(path, &cfg));
-    CHECK_OK(wsync_layout_fsdp_shards(&cfg, WSYNC_DTYPE_BF16, g->rank, NSENDERS, &shards,
-                                      &nshards));
+    st = held_shards(g, &cfg, &held, &nheld);
+    CHECK_MSG(st == WSYNC_OK, "trainer %d: %s", g->rank, wsync_last_error());
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
     if (check_failures || version_make(g->m, &vt[0], 1) != 0 || version_make(g->m, &vt[1], 2) != 0)
         goto out;
@@ -433,41 +519,37 @@ static int trainer_main(void *arg)
     CHECK_MSG(st == WSYNC_OK, "%s", wsync_last_error());
     if (st != WSYNC_OK)
         goto out;
-    offs = calloc(nshards + 1, sizeof(*offs));
-    for (size_t i = 0; i < nshards; i++) {
-        size_t n = wsync_dtype_size(shards[i].param.dtype);
-        for (int d = 0; d < shards[i].param.ndim; d++)
-            n *= (size_t)shards[i].box.len[d];
+    offs = calloc(nheld + 1, sizeof(*offs));
+    for (size_t i = 0; i < nheld; i++) {
+        size_t n = wsync_dtype_size(held[i].param.dtype);
+        for (int d = 0; d < held[i].param.ndim; d++)
+            n *= (size_t)held[i].box.len[d];
         offs[i] = total;
         total += (n + 63) / 64 * 64;
     }
     CHECK_OK(wsync_mem_alloc(ctx, total ? total : 64, (void **)&mem));
-    for (size_t i = 0; i < nshards && mem != NULL; i++) {
-        shards[i].data = mem + offs[i];
-        st = wsync_sender_add_shard(s, &shards[i]);
+    for (size_t i = 0; i < nheld && mem != NULL; i++) {
+        wsync_shard_t *parts = NULL;
+        size_t nparts = 0;
+        held[i].data = mem + offs[i];
+        /* a fused expert tensor's shard goes to wsync as the per-expert shards it holds */
+        st = wsync_layout_unfuse_experts(&held[i], &parts, &nparts);
         CHECK_MSG(st == WSYNC_OK, "%s", wsync_last_error());
+        for (size_t k = 0; k < nparts && st == WSYNC_OK; k++) {
+            st = wsync_sender_add_shard(s, &parts[k]);
+            CHECK_MSG(st == WSYNC_OK, "%s", wsync_last_error());
+            added++;
+        }
+        wsync_layout_shards_free(parts, nparts);
     }
+    if (g->senders == FUSED)   /* one shard per expert and projection, not per fused tensor */
+        CHECK_MSG((size_t)added > nheld, "%d shards from %zu held tensors", added, nheld);
     if (check_failures)
         goto out;
     for (int v = 1; v <= 2; v++) {
-        /* this rank's rows of every param, in the param's dtype (FSDP boxes are whole rows) */
-        for (size_t i = 0; i < nshards; i++) {
-            const wsync_engine_tensor_t *t = NULL;
-            for (size_t k = 0; k < vt[v - 1].n && t == NULL; k++)
-                if (strcmp(vt[v - 1].t[k].name, shards[i].param.name) == 0)
-                    t = &vt[v - 1].t[k];
-            CHECK_MSG(t != NULL, "the checkpoint lacks '%s'", shards[i].param.name);
-            if (t == NULL)
+        for (size_t i = 0; i < nheld; i++)
+            if (fill_shard(&vt[v - 1], &held[i], mem + offs[i]) != 0)
                 goto out;
-            size_t row = 1, n;
-            for (int d = 1; d < shards[i].param.ndim; d++)
-                row *= (size_t)shards[i].param.shape[d];
-            n = (size_t)shards[i].box.len[0] * row;
-            for (size_t e = 0; e < n; e++)
-                store_elem(shards[i].param.dtype, mem + offs[i], e,
-                           load_elem(t->dtype, t->data,
-                                     (size_t)shards[i].box.start[0] * row + e));
-        }
         st = wsync_sender_push(s, (uint64_t)v);
         CHECK_MSG(st == WSYNC_OK, "trainer %d: push %d: %s", g->rank, v, wsync_last_error());
         if (st != WSYNC_OK)
@@ -484,7 +566,7 @@ out:
     if (mem != NULL)
         wsync_mem_free(ctx, mem);
     wsync_ctx_free(ctx);
-    wsync_layout_shards_free(shards, nshards);
+    wsync_layout_shards_free(held, nheld);
     version_free(&vt[0]);
     version_free(&vt[1]);
     free(offs);
@@ -592,10 +674,10 @@ static int engine_group(void *arg)
     return check_failures ? 1 : 0;
 }
 
-static void run_group(const model_ref_t *m, int tp, int ep)
+static void run_group(const model_ref_t *m, int senders, int tp, int ep)
 {
     pid_t pids[NSENDERS + 1];
-    group_t g = {m, tp, ep, 0}, tg[NSENDERS];
+    group_t g = {m, tp, ep, senders, 0}, tg[NSENDERS];
     int codes[NSENDERS + 1];
 
     snprintf(coord, sizeof(coord), "127.0.0.1:%d", proc_free_port());
@@ -614,22 +696,37 @@ static void run_group(const model_ref_t *m, int tp, int ep)
 
 static void case_qwen3_moe_fsdp2_to_tp2(void)
 {
-    run_group(&qwen, 2, 0);
+    run_group(&qwen, FSDP, 2, 0);
 }
 
 static void case_qwen3_moe_fsdp2_to_ep2(void)
 {
-    run_group(&qwen, 2, 2);
+    run_group(&qwen, FSDP, 2, 2);
+}
+
+static void case_qwen3_moe_fused_fsdp2_to_ep2(void)
+{
+    run_group(&qwen, FUSED, 2, 2);
+}
+
+static void case_qwen3_moe_ep2_senders_to_tp2(void)
+{
+    run_group(&qwen, EP_SENDERS, 2, 0);
 }
 
 static void case_deepseek_v3_fsdp2_to_tp2(void)
 {
-    run_group(&dsv3, 2, 0);
+    run_group(&dsv3, FSDP, 2, 0);
 }
 
 static void case_deepseek_v3_fsdp2_to_ep2(void)
 {
-    run_group(&dsv3, 2, 2);
+    run_group(&dsv3, FSDP, 2, 2);
+}
+
+static void case_deepseek_v3_fused_fsdp2_to_tp2(void)
+{
+    run_group(&dsv3, FUSED, 2, 0);
 }
 
 /* ---- expert parallelism's limits and the command line -------------------------------------- */
@@ -706,8 +803,11 @@ int main(void)
     RUN(case_deepseek_v3_fp8);
     RUN(case_qwen3_moe_fsdp2_to_tp2);
     RUN(case_qwen3_moe_fsdp2_to_ep2);
+    RUN(case_qwen3_moe_fused_fsdp2_to_ep2);
+    RUN(case_qwen3_moe_ep2_senders_to_tp2);
     RUN(case_deepseek_v3_fsdp2_to_tp2);
     RUN(case_deepseek_v3_fsdp2_to_ep2);
+    RUN(case_deepseek_v3_fused_fsdp2_to_tp2);
     RUN(case_ep_refused);
     RUN(case_cli_ep2);
     return check_summary();
