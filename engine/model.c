@@ -1010,14 +1010,14 @@ static wsync_status_t check_rope(const char *path)
                        jerr.text);
     for (size_t k = 0; k < 2 && st == WSYNC_OK; k++) {
         json_t *o = json_object_get(root, keys[k]), *t;
+        const char *field = "rope_type";
         if (!json_is_object(o))
             continue;
-        t = json_object_get(o, "rope_type");
-        if (t == NULL)
-            t = json_object_get(o, "type");
+        if ((t = json_object_get(o, field)) == NULL)
+            t = json_object_get(o, field = "type");
         if (json_is_string(t) && strcmp(json_string_value(t), "default") != 0)
-            st = wse_err(WSYNC_ERR_UNSUPPORTED, "%s: %s.rope_type '%s' is not implemented by "
-                         "the bundled engine (default RoPE only)", path, keys[k],
+            st = wse_err(WSYNC_ERR_UNSUPPORTED, "%s: %s.%s '%s' is not implemented by the "
+                         "bundled engine (default RoPE only)", path, keys[k], field,
                          json_string_value(t));
     }
     json_decref(root);

@@ -25,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/engine.h"
@@ -158,7 +160,7 @@ static int split_rank(int rank, int tp, wsync_engine_comm_t *comm, void *arg)
               wsync_engine_last_error());
     if (e == NULL)
         return 1;
-    if (!s->fp8) {
+    if (s->want == NULL) {
         check_engine(s->m, e, what);
     } else {
         int32_t out[MAX_TOK];
@@ -729,6 +731,139 @@ static void case_deepseek_v3_fused_fsdp2_to_tp2(void)
     run_group(&dsv3, FUSED, 2, 0);
 }
 
+/* ---- DeepSeek-V2's rules, on the V3 model's weights ------------------------------------------ */
+
+static char tmpdir[256];
+
+/* A model directory whose config.json is the tiny DeepSeek-V3's edited by `edit`, and whose
+ * model.safetensors is the V3 model's (a link). */
+static int make_variant(const char *name, void (*edit)(json_t *, void *), void *arg, char *dir,
+                        size_t len)
+{
+    char path[512], target[512];
+    json_error_t err;
+    json_t *j;
+
+    snprintf(dir, len, "%s/%s", tmpdir, name);
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+        return -1;
+    snprintf(path, sizeof(path), "%s/config.json", dsv3.dir);
+    j = json_load_file(path, 0, &err);
+    CHECK_MSG(j != NULL, "%s: %s", path, err.text);
+    if (j == NULL)
+        return -1;
+    edit(j, arg);
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    CHECK(json_dump_file(j, path, JSON_INDENT(1)) == 0);
+    json_decref(j);
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    snprintf(target, sizeof(target), "%s/model.safetensors", dsv3.dir);
+    unlink(path);
+    CHECK(symlink(target, path) == 0);
+    return check_failures ? -1 : 0;
+}
+
+typedef struct {
+    const char *topk_method;
+    int topk_group, norm;
+} v2_t;
+
+static void edit_v2(json_t *j, void *arg)
+{
+    const v2_t *v = arg;
+    json_object_set_new(j, "model_type", json_string("deepseek_v2"));
+    json_object_set_new(j, "architectures", json_pack("[s]", "DeepseekV2ForCausalLM"));
+    json_object_set_new(j, "scoring_func", json_string("softmax"));
+    json_object_set_new(j, "topk_method", json_string(v->topk_method));
+    json_object_set_new(j, "topk_group", json_integer(v->topk_group));
+    json_object_set_new(j, "norm_topk_prob", json_boolean(v->norm));
+    json_object_del(j, "rope_interleave");
+}
+
+/* The prompt's logits (every position, [nprompt, V]) and greedy tokens of a TP-1 engine. */
+static int run_dir(const char *dir, float *logits, int32_t *tokens)
+{
+    wsync_engine_params_t p = WSYNC_ENGINE_PARAMS_INIT;
+    wsync_engine_t *e = NULL;
+    const float *l;
+
+    CHECK_MSG(wsync_engine_open(dir, &p, &e) == WSYNC_OK, "%s: %s", dir,
+              wsync_engine_last_error());
+    if (e == NULL)
+        return -1;
+    for (int i = 0; i < dsv3.nprompt; i++) {
+        CHECK(wsync_engine_forward(e, dsv3.prompt[i], i, &l) == WSYNC_OK);
+        memcpy(logits + i * dsv3.V, l, (size_t)dsv3.V * sizeof(float));
+    }
+    CHECK(wsync_engine_generate(e, dsv3.prompt, dsv3.nprompt, dsv3.ngreedy, tokens, NULL) ==
+          WSYNC_OK);
+    wsync_engine_free(e);
+    return check_failures ? -1 : 0;
+}
+
+/* HF's DeepseekV2Moe: softmax scores; greedy top-k, or group_limited_greedy (groups by their
+ * best score); weights times routed_scaling_factor, never renormalised. Checked as properties:
+ * keeping every group is greedy, bit for bit; norm_topk_prob changes nothing; the V2 rules are
+ * not V3's; TP 2 and EP 2 give TP 1's tokens. */
+static void case_deepseek_v2_rules(void)
+{
+    char greedy[300], all_groups[300], one_group[300], normed[300];
+    size_t n = (size_t)(dsv3.nprompt * dsv3.V);
+    float *lg = malloc(n * sizeof(float)), *la = malloc(n * sizeof(float));
+    float *l1 = malloc(n * sizeof(float)), *ln = malloc(n * sizeof(float));
+    int32_t tg[MAX_TOK], ta[MAX_TOK], t1[MAX_TOK], tn[MAX_TOK];
+    model_ref_t v2 = dsv3;
+
+    if (make_variant("v2_greedy", edit_v2, &(v2_t){"greedy", 1, 0}, greedy, 300) ||
+        make_variant("v2_all_groups", edit_v2, &(v2_t){"group_limited_greedy", 2, 0},
+                     all_groups, 300) ||
+        make_variant("v2_one_group", edit_v2, &(v2_t){"group_limited_greedy", 1, 0}, one_group,
+                     300) ||
+        make_variant("v2_normed", edit_v2, &(v2_t){"group_limited_greedy", 1, 1}, normed, 300) ||
+        run_dir(greedy, lg, tg) || run_dir(all_groups, la, ta) || run_dir(one_group, l1, t1) ||
+        run_dir(normed, ln, tn))
+        goto out;
+    CHECK_MSG(memcmp(lg, la, n * sizeof(float)) == 0, "group_limited_greedy keeping both groups "
+              "is not greedy");
+    CHECK_MSG(memcmp(l1, ln, n * sizeof(float)) == 0, "norm_topk_prob changed a DeepSeek-V2 "
+              "model's logits (HF's V2 never renormalises)");
+    CHECK_MSG(memcmp(lg, l1, n * sizeof(float)) != 0, "keeping one group of two changed nothing");
+    CHECK_MSG(rel_err(l1, dsv3.logits, dsv3.V) > 1e-2, "the V2 rules gave V3's logits");
+    v2.dir = one_group;
+    run_split(&v2, 2, 0, 0, t1);
+    run_split(&v2, 2, 2, 0, t1);
+out:
+    free(lg);
+    free(la);
+    free(l1);
+    free(ln);
+}
+
+/* A YaRN config is refused (the engine computes the default RoPE only). */
+static void edit_yarn(json_t *j, void *arg)
+{
+    (void)arg;
+    json_object_set_new(j, "rope_scaling", json_pack("{s:s, s:f, s:i, s:f, s:f}", "type", "yarn",
+                                                     "factor", 40.0,
+                                                     "original_max_position_embeddings", 4096,
+                                                     "mscale", 1.0, "mscale_all_dim", 1.0));
+}
+
+static void case_yarn_refused(void)
+{
+    char dir[300];
+    wsync_engine_params_t p = WSYNC_ENGINE_PARAMS_INIT;
+    wsync_engine_t *e = NULL;
+    wsync_status_t st;
+
+    if (make_variant("yarn", edit_yarn, NULL, dir, sizeof(dir)) != 0)
+        return;
+    st = wsync_engine_open(dir, &p, &e);
+    CHECK_MSG(st != WSYNC_OK && e == NULL, "a YaRN config was accepted");
+    CHECK_MSG(strstr(wsync_engine_last_error(), "yarn") != NULL, "%s", wsync_engine_last_error());
+    fprintf(stderr, "yarn: %s\n", wsync_engine_last_error());
+}
+
 /* ---- expert parallelism's limits and the command line -------------------------------------- */
 
 static void case_ep_refused(void)
@@ -797,6 +932,11 @@ int main(void)
                     -1, 0);
     if (load_reference(&qwen) != 0 || load_reference(&dsv3) != 0)
         return check_summary();
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/wsync_engine_moe_XXXXXX");
+    if (mkdtemp(tmpdir) == NULL) {
+        CHECK_MSG(0, "mkdtemp: %s", strerror(errno));
+        return check_summary();
+    }
     RUN(case_qwen3_moe_tp1_tp2_ep2);
     RUN(case_deepseek_v3_tp1_tp2_ep2);
     RUN(case_qwen3_moe_fp8);
@@ -808,7 +948,14 @@ int main(void)
     RUN(case_deepseek_v3_fsdp2_to_tp2);
     RUN(case_deepseek_v3_fsdp2_to_ep2);
     RUN(case_deepseek_v3_fused_fsdp2_to_tp2);
+    RUN(case_deepseek_v2_rules);
+    RUN(case_yarn_refused);
     RUN(case_ep_refused);
     RUN(case_cli_ep2);
+    {
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+        CHECK(system(cmd) == 0);
+    }
     return check_summary();
 }
