@@ -2,8 +2,8 @@
  * Qwen3-MoE (softmax top-2 of 8 experts, renormalised) and DeepSeek-V3 (MLA with q_lora and
  * interleaved rope, sigmoid routing in 2 groups with the correction bias and the routed scaling
  * factor, a shared expert, one dense layer first).
- *  - From the files, at TP 1, TP 2 (experts split inside) and EP 2 (TP 2, whole experts per
- *    rank): the logits of every prompt position within 1e-3 relative error of
+ *  - From the files, at TP 1, 2 and 4 (experts split inside) and EP 2 and 4 (whole experts per
+ *    rank, attention split by TP as much): the logits of every prompt position within 1e-3 relative error of
  *    reference_logits_f32.bin, and the greedy continuation equal to reference.json's greedy_12.
  *  - FP8 blocks: the FP8 engine's tokens are those of a bf16 engine holding its dequantized
  *    weights (q * s rounded to bf16, every quantized target, experts included), and TP 2 and
@@ -154,8 +154,8 @@ static int split_rank(int rank, int tp, wsync_engine_comm_t *comm, void *arg)
     wsync_engine_t *e = NULL;
     char what[96];
 
-    snprintf(what, sizeof(what), "%s TP %d%s rank %d%s", strrchr(s->m->dir, '/') + 1, tp,
-             s->ep > 1 ? " EP 2" : "", rank, s->fp8 ? " FP8" : "");
+    snprintf(what, sizeof(what), "%s TP %d EP %d rank %d%s", strrchr(s->m->dir, '/') + 1, tp,
+             s->ep > 1 ? s->ep : 1, rank, s->fp8 ? " FP8" : "");
     CHECK_MSG(wsync_engine_open(s->m->dir, &p, &e) == WSYNC_OK, "%s: %s", what,
               wsync_engine_last_error());
     if (e == NULL)
@@ -209,6 +209,9 @@ static void files_case(model_ref_t *m)
     wsync_engine_free(e);
     run_split(m, 2, 0, 0, NULL);
     run_split(m, 2, 2, 0, NULL);
+    /* every split the models allow: 4 heads over 4 ranks, 2 experts each */
+    run_split(m, 4, 0, 0, NULL);
+    run_split(m, 4, 4, 0, NULL);
 }
 
 static void case_qwen3_moe_tp1_tp2_ep2(void)
