@@ -424,13 +424,13 @@ __global__ void mla_rope_cache_kernel(float *q, const float *kv, const float *k_
     }
 }
 
-/* The router's pick, one thread (E <= MAX_EXPERTS, serial as forward.c): scores (softmax or
- * sigmoid of the logits), choice = score + bias, with grouped top-k only the topk_group best
- * groups' experts kept (the others' choice 0, as HF's masked_fill), the topk best choices (ties
- * to the lower id), their weights the scores without the bias, optionally divided by their
- * sum (+ 1e-20), times scale. ids/wts come out sorted by expert id, the order HF adds the
- * experts' outputs in. Group score: NOAUX_TC the sum of the group's two best choices,
- * GROUP_LIMITED its best. */
+/* The router's pick, one thread (E <= MAX_EXPERTS, serial, in forward.c's route order):
+ * scores (softmax or sigmoid of the logits), choice = score (+ bias with NOAUX_TC), with
+ * grouped top-k only the topk_group best groups' experts kept (the others' choice 0, as HF's
+ * masked_fill), the topk best choices (ties to the lower id), sorted by expert id (the order
+ * HF adds the experts' outputs in); their weights the scores without the bias, optionally
+ * divided by their sum (+ 1e-20 for sigmoid scores, as HF's DeepSeek-V3), times scale. Group
+ * score: NOAUX_TC the sum of the group's two best choices, GROUP_LIMITED its best. */
 __global__ void route_kernel(int *ids, float *wts, const float *logits, wsync_dtype_t bias_dt,
                              const void *bias, int E, int topk, int n_group, int topk_group,
                              int scoring, int method, int norm, float scale)
@@ -457,7 +457,9 @@ __global__ void route_kernel(int *ids, float *wts, const float *logits, wsync_dt
             sc[e] = sc[e] / sum;
     }
     for (int e = 0; e < E; e++) {
-        ch[e] = bias != NULL ? sc[e] + load_elem(bias_dt, bias, (size_t)e) : sc[e];
+        ch[e] = method == WSYNC_TOPK_NOAUX_TC && bias != NULL
+                    ? sc[e] + load_elem(bias_dt, bias, (size_t)e)
+                    : sc[e];
         taken[e] = 0;
     }
     if (method != WSYNC_TOPK_GREEDY && n_group > 1 && topk_group < n_group) {
@@ -488,7 +490,6 @@ __global__ void route_kernel(int *ids, float *wts, const float *logits, wsync_dt
             if (!keep[e / gsz])
                 ch[e] = 0.0f;
     }
-    float sum = 0.0f;
     for (int r = 0; r < topk; r++) {
         int best = -1;
         for (int e = 0; e < E; e++)
@@ -496,25 +497,26 @@ __global__ void route_kernel(int *ids, float *wts, const float *logits, wsync_dt
                 best = e;
         taken[best] = 1;
         id[r] = best;
-        wt[r] = sc[best];
+    }
+    for (int r = 1; r < topk; r++)   /* insertion sort by expert id */
+        for (int k = r; k > 0 && id[k - 1] > id[k]; k--) {
+            int t = id[k];
+            id[k] = id[k - 1];
+            id[k - 1] = t;
+        }
+    float sum = 0.0f;   /* in id order, as forward.c */
+    for (int r = 0; r < topk; r++) {
+        wt[r] = sc[id[r]];
         sum += wt[r];
     }
     if (norm) {
-        sum += 1e-20f;
+        if (scoring == WSYNC_ROUTER_SIGMOID)
+            sum += 1e-20f;
         for (int r = 0; r < topk; r++)
             wt[r] = wt[r] / sum;
     }
     for (int r = 0; r < topk; r++)
         wt[r] = wt[r] * scale;
-    for (int r = 1; r < topk; r++)   /* insertion sort by expert id */
-        for (int k = r; k > 0 && id[k - 1] > id[k]; k--) {
-            int ti = id[k];
-            float tw = wt[k];
-            id[k] = id[k - 1];
-            wt[k] = wt[k - 1];
-            id[k - 1] = ti;
-            wt[k - 1] = tw;
-        }
     for (int r = 0; r < topk; r++) {
         ids[r] = id[r];
         wts[r] = wt[r];
@@ -654,12 +656,18 @@ static wsync_status_t expert_matvec(wse_cuda_t *c, float *out, const wse_mat_t *
     return launch_matvec(c, out, m, rows, x, x_stride, NULL, c->topk_ids, (int)c->d.topk);
 }
 
+static wsync_status_t rmsnorm_eps(wse_cuda_t *c, float *out, const float *x, const wse_vec_t *w,
+                                  int64_t n, float eps)
+{
+    rmsnorm_kernel<<<1, NORM_THREADS, 0, c->stream>>>(out, x, w->dtype, w->w, n, eps);
+    LAUNCHED("rmsnorm_kernel", c->gpu);
+    return WSYNC_OK;
+}
+
 static wsync_status_t rmsnorm(wse_cuda_t *c, float *out, const float *x, const wse_vec_t *w,
                               int64_t n)
 {
-    rmsnorm_kernel<<<1, NORM_THREADS, 0, c->stream>>>(out, x, w->dtype, w->w, n, c->d.eps);
-    LAUNCHED("rmsnorm_kernel", c->gpu);
-    return WSYNC_OK;
+    return rmsnorm_eps(c, out, x, w, n, c->d.eps);
 }
 
 static wsync_status_t add(wse_cuda_t *c, float *x, const float *y, int64_t n)
@@ -1007,10 +1015,15 @@ static wsync_status_t attention_gqa(wse_cuda_t *c, const wse_layer_t *ly, int64_
     LAUNCHED("qk_norm_rope_kernel", c->gpu);
     attention_kernel<<<(unsigned int)Hr, ATT_THREADS, 0, c->stream>>>(
         c->att_out, c->att, c->qkv, kc, vc, D, D, c->kdim, c->vdim, d->max_seq, pos,
-        d->tp_rank * Hr, d->H / d->K, d->kr * Kr, 1.0f / sqrtf((float)D));
+        d->tp_rank * Hr, d->H / d->K, d->kr * Kr,
+        d->attn_scale > 0.0f ? d->attn_scale : 1.0f / sqrtf((float)D));
     LAUNCHED("attention_kernel", c->gpu);
     return WSYNC_OK;
 }
+
+/* The latent norms of HF's DeepseekV2/V3 attention keep RMSNorm's default eps, not the config's
+ * (as forward.c's MLA_NORM_EPS). */
+#define MLA_NORM_EPS 1e-6f
 
 /* MLA attention of layer l (HF DeepseekV3Attention): qkv_a . xb = [q latent (q_lora); kv latent
  * (kv_lora); k_rope (rope)] (no q latent without q_lora: q_b is then q_proj, on xb); q = q_b .
@@ -1035,13 +1048,15 @@ static wsync_status_t attention_mla(wse_cuda_t *c, const wse_layer_t *ly, int64_
     if ((st = matvec(c, c->mla_a, &ly->qkv_a, c->xb, NULL)) != WSYNC_OK)
         return st;
     if (ql > 0) {
-        if ((st = rmsnorm(c, c->mla_qn, c->mla_a, &ly->q_a_norm, ql)) != WSYNC_OK ||
+        if ((st = rmsnorm_eps(c, c->mla_qn, c->mla_a, &ly->q_a_norm, ql, MLA_NORM_EPS)) !=
+                WSYNC_OK ||
             (st = matvec(c, c->mla_q, &ly->q_b, c->mla_qn, NULL)) != WSYNC_OK)
             return st;
     } else if ((st = matvec(c, c->mla_q, &ly->q_b, c->xb, NULL)) != WSYNC_OK) {
         return st;
     }
-    if ((st = rmsnorm(c, c->mla_kvn, c->mla_a + kv_at, &ly->kv_a_norm, kvl)) != WSYNC_OK ||
+    if ((st = rmsnorm_eps(c, c->mla_kvn, c->mla_a + kv_at, &ly->kv_a_norm, kvl, MLA_NORM_EPS)) !=
+            WSYNC_OK ||
         (st = matvec(c, c->mla_kv, &ly->kv_b, c->mla_kvn, NULL)) != WSYNC_OK)
         return st;
     mla_rope_cache_kernel<<<(unsigned int)Hr, HEAD_THREADS, 0, c->stream>>>(

@@ -7,6 +7,14 @@
  * wsync-engine --device cuda prints the tokens; and on 4 GPUs wsync-demo --device cuda passes
  * with the nccl and the ipc schemes.
  *
+ * The mixtures of experts (issue 16), testdata/hf_qwen3_moe_tiny (softmax top-2 routing) and
+ * hf_deepseek_v3_tiny (MLA with interleaved rope, sigmoid grouped top-k with the correction
+ * bias and the routed scale, a shared expert, a dense first layer): the CUDA engine at TP 1,
+ * TP 2 and EP 2 (whole experts per rank), bf16 and FP8 blocks of 32, against the CPU engine at
+ * TP 1 in the same precision (every prompt position's logits within 1e-3 relative error, the
+ * same greedy tokens) and, in bf16, against HF (logits within 1e-3, reference.json's
+ * greedy_12). With one GPU the two ranks share it (the host all-reduce).
+ *
  *   test_engine_cuda [--json FILE]
  *
  * The build tree and ../shared may lie elsewhere on the GPU machine than where this was built:
@@ -34,7 +42,7 @@
 #define MAX_TOK 64
 #define CASE_LIMIT_S 120
 
-static char MODEL_DIR[4096], BIN_DIR[4096];
+static char MODEL_DIR[4096], BIN_DIR[4096], TESTDATA_DIR[4096];
 static int32_t prompt[MAX_TOK], greedy[MAX_TOK];
 static int nprompt, ngreedy;
 static float *ref_logits;   /* [nprompt, V] */
@@ -77,6 +85,8 @@ static int find_dirs(const char *argv0)
         return -1;
     }
     fprintf(stderr, "model %s, tools in %s\n", MODEL_DIR, BIN_DIR);
+    snprintf(TESTDATA_DIR, sizeof(TESTDATA_DIR), "%.*s", (int)(strlen(MODEL_DIR) -
+             strlen("/hf_qwen3_tiny")), MODEL_DIR);
     return 0;
 }
 
@@ -106,6 +116,7 @@ static int load_reference(void)
     json_decref(j);
     if (nprompt < 1 || nprompt > MAX_TOK || ngreedy < 1 || ngreedy > MAX_TOK || V < 1)
         return -1;
+    free(ref_logits);
     ref_logits = malloc((size_t)(nprompt * V) * sizeof(float));
     f = fopen(REF_LOGITS, "rb");
     if (f == NULL || fread(ref_logits, sizeof(float), (size_t)(nprompt * V), f) !=
@@ -511,6 +522,257 @@ static void case_dead_peer(void)
               "a dead TP peer was not reported as lost (see above)");
 }
 
+/* ---- mixtures of experts (issue 16) --------------------------------------------------------- */
+
+/* Point MODEL_DIR and the reference globals at testdata/<name> (in a case's child). */
+static int use_model(const char *name)
+{
+    snprintf(MODEL_DIR, sizeof(MODEL_DIR), "%s/%s", TESTDATA_DIR, name);
+    if (!is_dir(MODEL_DIR)) {
+        fprintf(stderr, "no %s (the MoE test data): %s\n", name, MODEL_DIR);
+        return -1;
+    }
+    if (load_reference() != 0) {
+        fprintf(stderr, "cannot read the reference of %s\n", MODEL_DIR);
+        return -1;
+    }
+    return 0;
+}
+
+static void print_tokens(const char *label, const int32_t *t, int n)
+{
+    fprintf(stderr, "  %-22s", label);
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, " %d", (int)t[i]);
+    fputc('\n', stderr);
+}
+
+typedef struct {
+    const char *model;
+    int tp, ep;              /* ep: 0 (experts split inside by TP) or tp (whole experts) */
+    int quant;               /* FP8 blocks of 32 */
+    int same_gpu;            /* every rank on GPU 0 */
+    const float *cpu;        /* the CPU engine's prompt logits at TP 1, same precision */
+    const int32_t *cpu_tokens;
+} moe_arg_t;
+
+static void moe_params(wsync_engine_params_t *p, const moe_arg_t *a)
+{
+    p->ep = a->ep;
+    if (a->quant) {
+        p->quant = WSYNC_ENGINE_QUANT_FP8_BLOCK;
+        p->fp8_block = 32;
+    }
+}
+
+/* The CPU engine at TP 1: prompt logits [nprompt, V] and greedy tokens [ngreedy]; NULL (with
+ * the reason printed) when it fails. */
+static float *moe_cpu(int quant, int32_t *tokens)
+{
+    moe_arg_t a = {0};
+    wsync_engine_params_t p = WSYNC_ENGINE_PARAMS_INIT;
+    wsync_engine_t *e = NULL;
+    float *out = malloc((size_t)(nprompt * V) * sizeof(float));
+    const float *l;
+    double worst = 0;
+    int same = 1;
+
+    a.quant = quant;
+    moe_params(&p, &a);
+    if (wsync_engine_open(MODEL_DIR, &p, &e) != WSYNC_OK) {
+        fprintf(stderr, "CPU engine on %s%s: %s\n", MODEL_DIR, quant ? " (FP8)" : "",
+                wsync_engine_last_error());
+        free(out);
+        return NULL;
+    }
+    for (int i = 0; i < nprompt; i++) {
+        if (wsync_engine_forward(e, prompt[i], i, &l) != WSYNC_OK) {
+            fprintf(stderr, "CPU engine, position %d: %s\n", i, wsync_engine_last_error());
+            free(out);
+            wsync_engine_free(e);
+            return NULL;
+        }
+        memcpy(out + i * V, l, (size_t)V * sizeof(float));
+        double r = rel_err(l, ref_logits + i * V, V);
+        worst = r > worst ? r : worst;
+    }
+    if (wsync_engine_generate(e, prompt, nprompt, ngreedy, tokens, NULL) != WSYNC_OK) {
+        fprintf(stderr, "CPU engine, generate: %s\n", wsync_engine_last_error());
+        free(out);
+        wsync_engine_free(e);
+        return NULL;
+    }
+    wsync_engine_free(e);
+    for (int i = 0; i < ngreedy; i++)
+        same &= tokens[i] == greedy[i];
+    /* for reading a failure: how far the CPU engine itself is from HF */
+    fprintf(stderr, "CPU engine TP 1%s: worst logits relative error %.3g against HF; greedy "
+            "tokens %s HF's\n", quant ? " FP8" : "", worst, same ? "equal" : "DIFFER from");
+    if (!same) {
+        print_tokens("CPU engine:", tokens, ngreedy);
+        print_tokens("HF greedy_12:", greedy, ngreedy);
+    }
+    return out;
+}
+
+/* One rank of a MoE case: the CUDA engine's prompt logits against the CPU engine's and (bf16)
+ * HF's, then its greedy tokens. */
+static int moe_rank_main(int rank, int tp, wsync_engine_comm_t *comm, void *varg)
+{
+    const moe_arg_t *a = varg;
+    wsync_engine_params_t p = cuda_params(rank, tp, comm, a->same_gpu ? 0 : rank);
+    wsync_engine_t *e = NULL;
+    int32_t out[MAX_TOK];
+    double worst_cpu = 0, worst_hf = 0;
+    int first_bad = -1;
+    const float *l;
+    char what[160];
+
+    moe_params(&p, a);
+    snprintf(what, sizeof(what), "%s CUDA TP %d%s rank %d %s%s", a->model, tp,
+             a->ep ? " EP" : "", rank, a->quant ? "FP8" : "bf16",
+             a->same_gpu && tp > 1 ? " (ranks on one GPU)" : "");
+    CHECK_MSG(wsync_engine_open(MODEL_DIR, &p, &e) == WSYNC_OK, "%s: open: %s", what,
+              wsync_engine_last_error());
+    if (e == NULL)
+        return 1;
+    if (tp == 1) {   /* the bytes on the GPU are the CPU engine's */
+        wsync_engine_params_t pc = WSYNC_ENGINE_PARAMS_INIT;
+        wsync_engine_t *c = NULL;
+        moe_params(&pc, a);
+        CHECK_MSG(wsync_engine_open(MODEL_DIR, &pc, &c) == WSYNC_OK, "%s: CPU engine: %s", what,
+                  wsync_engine_last_error());
+        if (c != NULL)
+            check_weights_equal(e, c, what);
+        wsync_engine_free(c);
+    }
+    for (int i = 0; i < nprompt; i++) {
+        wsync_status_t st = wsync_engine_forward(e, prompt[i], i, &l);
+        CHECK_MSG(st == WSYNC_OK, "%s: position %d: %s", what, i, wsync_engine_last_error());
+        if (st != WSYNC_OK) {
+            wsync_engine_free(e);
+            return 1;
+        }
+        double c = rel_err(l, a->cpu + i * V, V), h = rel_err(l, ref_logits + i * V, V);
+        worst_cpu = c > worst_cpu ? c : worst_cpu;
+        worst_hf = h > worst_hf ? h : worst_hf;
+        if (first_bad < 0 && (c >= 1e-3 || (!a->quant && h >= 1e-3)))
+            first_bad = i;
+        CHECK_MSG(c < 1e-3, "%s: position %d (token %d): logits relative error %.3g against the "
+                  "CPU engine", what, i, (int)prompt[i], c);
+        if (!a->quant)
+            CHECK_MSG(h < 1e-3, "%s: position %d (token %d): logits relative error %.3g against "
+                      "HF", what, i, (int)prompt[i], h);
+    }
+    if (first_bad >= 0) {   /* position 0 wrong: the layer math; later only: the KV cache */
+        fprintf(stderr, "%s: the logits first go wrong at position %d of %d\n", what, first_bad,
+                nprompt);
+    }
+    wsync_status_t st = wsync_engine_generate(e, prompt, nprompt, ngreedy, out, NULL);
+    CHECK_MSG(st == WSYNC_OK, "%s: generate: %s", what, wsync_engine_last_error());
+    if (st == WSYNC_OK) {
+        int same_cpu = 1, same_hf = 1;
+        for (int i = 0; i < ngreedy; i++) {
+            same_cpu &= out[i] == a->cpu_tokens[i];
+            same_hf &= out[i] == greedy[i];
+        }
+        CHECK_MSG(same_cpu, "%s: greedy tokens differ from the CPU engine's", what);
+        if (!a->quant)
+            CHECK_MSG(same_hf, "%s: greedy tokens differ from HF's greedy_12", what);
+        if (!same_cpu || !same_hf) {
+            print_tokens("CUDA engine:", out, ngreedy);
+            print_tokens("CPU engine (TP 1):", a->cpu_tokens, ngreedy);
+            print_tokens("HF greedy_12:", greedy, ngreedy);
+        }
+        fprintf(stderr, "%s: worst logits relative error %.3g against the CPU engine, %.3g "
+                "against HF; tokens %s the CPU engine's, %s HF's\n", what, worst_cpu, worst_hf,
+                same_cpu ? "equal" : "DIFFER from", same_hf ? "equal" : "differ from");
+    }
+    wsync_engine_free(e);
+    return check_failures ? 1 : 0;
+}
+
+static int moe_tp1_main(void *varg)
+{
+    return moe_rank_main(0, 1, NULL, varg);
+}
+
+/* One split of one model, in children: TP 1 in one, TP 2 / EP 2 in the launched ranks. */
+static int moe_split(moe_arg_t *a)
+{
+    wsync_model_config_t cfg;
+    wsync_engine_comm_t *comm = NULL;
+    int codes[2] = {-1, -1};
+    char path[4200];
+    wsync_status_t st;
+
+    fprintf(stderr, "-- %s: CUDA TP %d%s %s%s\n", a->model, a->tp, a->ep ? " EP" : "",
+            a->quant ? "FP8" : "bf16", a->same_gpu && a->tp > 1 ? ", ranks on one GPU" : "");
+    if (a->tp == 1)
+        return in_child(moe_tp1_main, a, CASE_LIMIT_S) == 0 ? 0 : 1;
+    snprintf(path, sizeof(path), "%s/config.json", MODEL_DIR);
+    if (wsync_model_config_load(path, &cfg) != WSYNC_OK ||
+        wsync_engine_comm_create(a->tp, &cfg, 0, 15000, &comm) != WSYNC_OK) {
+        fprintf(stderr, "%s: config or communicator: %s\n", path, wsync_engine_last_error());
+        return 1;
+    }
+    st = wsync_engine_launch(a->tp, comm, moe_rank_main, a, CASE_LIMIT_S, codes);
+    wsync_engine_comm_free(comm);
+    if (st != WSYNC_OK)
+        fprintf(stderr, "%s TP %d%s: %s (exit codes %d, %d)\n", a->model, a->tp,
+                a->ep ? " EP" : "", wsync_engine_last_error(), codes[0], codes[1]);
+    return st == WSYNC_OK ? 0 : 1;
+}
+
+/* Every split of one model (name: a folder of testdata), bf16 then FP8. The CPU references are
+ * made here (no CUDA in this process: the ranks it forks start clean). */
+static int moe_model_main(void *varg)
+{
+    const char *name = varg;
+    int32_t tokens[2][MAX_TOK];
+    float *cpu[2] = {NULL, NULL};
+    int failed = 0;
+
+    if (use_model(name) != 0)
+        return 1;
+    for (int q = 0; q < 2; q++)
+        if ((cpu[q] = moe_cpu(q, tokens[q])) == NULL)
+            failed = 1;
+    for (int q = 0; q < 2 && !failed; q++) {
+        const int splits[3][2] = {{1, 0}, {2, 0}, {2, 2}};   /* {tp, ep} */
+        for (int i = 0; i < 3; i++) {
+            moe_arg_t a = {0};
+            a.model = name;
+            a.tp = splits[i][0];
+            a.ep = splits[i][1];
+            a.quant = q;
+            a.same_gpu = ngpu < a.tp;
+            a.cpu = cpu[q];
+            a.cpu_tokens = tokens[q];
+            if (moe_split(&a) != 0) {
+                fprintf(stderr, "FAILED: %s CUDA TP %d%s %s (see above)\n", name, a.tp,
+                        a.ep ? " EP" : "", q ? "FP8" : "bf16");
+                failed = 1;
+            }
+        }
+    }
+    free(cpu[0]);
+    free(cpu[1]);
+    return failed;
+}
+
+static void case_qwen3_moe(void)
+{
+    CHECK_MSG(in_child(moe_model_main, (void *)"hf_qwen3_moe_tiny", 6 * CASE_LIMIT_S + 60) == 0,
+              "the Qwen3-MoE cases failed (see above)");
+}
+
+static void case_deepseek_v3(void)
+{
+    CHECK_MSG(in_child(moe_model_main, (void *)"hf_deepseek_v3_tiny", 6 * CASE_LIMIT_S + 60) ==
+                  0, "the DeepSeek-V3 cases failed (see above)");
+}
+
 /* ---- the command lines ---------------------------------------------------------------------- */
 
 /* Run cmd (stdout captured into out, stderr passed through); its exit code. */
@@ -640,6 +902,8 @@ int main(int argc, char **argv)
     RUN(case_fp8_tp1);
     RUN(case_fp8_tp2);
     RUN(case_dead_peer);
+    RUN(case_qwen3_moe);
+    RUN(case_deepseek_v3);
     RUN(case_cli);
     RUN(case_demo_nccl);
     RUN(case_demo_ipc);
