@@ -57,7 +57,9 @@ typedef struct {
  * Qwen3-like model whose every TP split up to 4 keeps 128-row FP8 blocks whole, for quick runs
  * and host tests; "tiny-moe" (Qwen3-MoE: 8 experts, top-2) and "tiny-deepseek" (MLA, a dense
  * first layer, 8 routed experts in 2 groups, one shared expert) are the same for the MoE
- * layouts: every TP or EP split up to 2 (tiny-moe: 4) keeps FP8 blocks whole. */
+ * layouts: every TP or EP split up to 2 (tiny-moe: 4) keeps FP8 blocks whole.
+ * "qwen3-30b-a3b-2l" is Qwen3-30B-A3B cut to its first 2 layers (3.7 GB): its tensors at their
+ * real sizes, small enough for host memory. */
 static const model_shape_t shapes[] = {
     {"tiny", WSYNC_MODEL_QWEN3, 256, 2, 4, 2, 128, 512, 1024, 0, 1, 1e6, .experts = 0},
     {"qwen3-0.6b", WSYNC_MODEL_QWEN3, 1024, 28, 16, 8, 128, 3072, 151936, 1, 1, 1e6, .experts = 0},
@@ -71,6 +73,8 @@ static const model_shape_t shapes[] = {
      .kv_lora = 64, .nope = 64, .rope = 64, .v_head = 64},
     {"qwen3-30b-a3b", WSYNC_MODEL_QWEN3_MOE, 2048, 48, 32, 4, 128, 6144, 151936, 0, 1, 1e6,
      .experts = 128, .topk = 8, .moe_inter = 768},
+    {"qwen3-30b-a3b-2l", WSYNC_MODEL_QWEN3_MOE, 2048, 2, 32, 4, 128, 6144, 151936, 0, 1, 1e6,
+     .experts = 128, .topk = 8, .moe_inter = 768},
     {"qwen3-235b-a22b", WSYNC_MODEL_QWEN3_MOE, 4096, 94, 64, 4, 128, 12288, 151936, 0, 1, 1e6,
      .experts = 128, .topk = 8, .moe_inter = 1536},
     {"deepseek-v3", WSYNC_MODEL_DEEPSEEK_V3, 7168, 61, 128, 128, 192, 18432, 129280, 0, 0, 1e4,
@@ -82,12 +86,13 @@ static const model_shape_t shapes[] = {
 const char *bench_model_shape_names(void)
 {
     return "tiny, qwen3-0.6b, qwen3-8b, qwen3-32b, llama-70b, tiny-moe, tiny-deepseek, "
-           "qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3";
+           "qwen3-30b-a3b, qwen3-30b-a3b-2l, qwen3-235b-a22b, deepseek-v3";
 }
 
 const char *bench_model_moe_shape_names(void)
 {
-    return "tiny-moe, tiny-deepseek, qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3";
+    return "tiny-moe, tiny-deepseek, qwen3-30b-a3b, qwen3-30b-a3b-2l, qwen3-235b-a22b, "
+           "deepseek-v3";
 }
 
 static const model_shape_t *find_shape(const char *name)

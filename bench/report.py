@@ -500,12 +500,19 @@ def moe_section(gpu_path, base_path, host_path):
             "than the all-gather method.", ""]
     host = jsonl(host_path)
     if host:
-        out += ["Host memory, this 2-core machine (`--mem host --scheme ipc`, the floor being the "
-                "largest receiver's bytes at one core's memcpy measured in the same run; ratios only):", "",
+        out += ["Host memory, a shared 2-core machine without GPU (`wsync-bench --model-shape SHAPE "
+                "--mem host --scheme ipc --senders 2 --ep 2|--tp 2 [--fused-experts] --iters 3`; the floor "
+                "is the largest receiver's bytes at one core's memcpy measured in the same run, so a "
+                "ratio below 1 means the receivers' copies ran on both cores; ratios only, "
+                "`qwen3-30b-a3b-2l` being Qwen3-30B-A3B's first 2 layers, 3.7 GB). One run each on a "
+                "machine shared with other work, where the memcpy floor itself moved up to 2x between "
+                "runs: read them as MoE targets synced and checked end to end, not as speeds.", "",
                 "| shape | layout | wsync ÷ floor | correct |", "| --- | --- | --- | --- |"]
         for j in host:
-            out.append("| %s | FSDP-%d → %s-%d%s | %.2f | %s |" % (
-                j["model_shape"], j["senders"], "EP" if j.get("ep", 1) > 1 else "TP", j["tp"],
+            out.append("| %s | FSDP-%d%s → %s-%d%s | %.2f | %s |" % (
+                j["model_shape"], j["senders"],
+                " (fused experts: whole experts per sender)" if j.get("sender_experts") == "fused" else "",
+                "EP" if j.get("ep", 1) > 1 else "TP", j["tp"],
                 ", fp8-block" if j["quant"] != "none" else "", j["ratio_floor"],
                 "yes" if j["correct"] else "NO"))
         out.append("")
