@@ -15,7 +15,8 @@
  *    without weights; after
  *    version 1 every target of every rank equals, bytes and scales, that of an engine loaded from
  *    version 1's tensors, and after version 2 the tokens are reference.json's.
- *  - wsync-engine --tp 2 --ep 2 prints HF's tokens; an EP size other than 1 or the TP size is
+ *  - wsync-engine --tp 2 --ep 2 prints HF's tokens, from the files and (--sync) after the
+ *    trainers' versions; an EP size other than 1 or the TP size is
  *    refused, by the library and by the command line, with a message saying why. */
 #include <inttypes.h>
 #include <jansson.h>
@@ -928,6 +929,51 @@ static void case_cli_ep2(void)
     CHECK(strstr(text, "--ep E") != NULL);
 }
 
+/* wsync-engine --sync on a MoE model: its EP-2 ranks take the two versions the trainers push,
+ * and generate HF's tokens after the second (the checkpoint). */
+static void case_cli_sync_ep2(void)
+{
+    group_t g = {&dsv3, 2, 2, FSDP, 0}, tg[NSENDERS];
+    pid_t pids[NSENDERS];
+    int codes[NSENDERS], rc;
+    char cmd[1024], ids[256] = "", list[512] = "\"tokens\":[";
+    size_t n = 0, m;
+    FILE *p;
+
+    snprintf(coord, sizeof(coord), "127.0.0.1:%d", proc_free_port());
+    atomic_store(finished, 0);
+    for (int s = 0; s < NSENDERS; s++) {
+        tg[s] = g;
+        tg[s].rank = s;
+        pids[s] = proc_spawn(trainer_main, &tg[s], 110);
+    }
+    for (int i = 0; i < dsv3.nprompt; i++)
+        n += (size_t)snprintf(ids + n, sizeof(ids) - n, "%s%d", i ? "," : "", dsv3.prompt[i]);
+    snprintf(cmd, sizeof(cmd), WSYNC_BIN_DIR "/wsync-engine --model %s --tp 2 --ep 2 "
+             "--prompt-ids %s --max-new %d --sync %s --versions 2 --timeout 30 --json", dsv3.dir,
+             ids, dsv3.ngreedy, coord);
+    p = popen(cmd, "r");
+    n = p != NULL ? fread(text, 1, sizeof(text) - 1, p) : 0;
+    text[n] = '\0';
+    rc = p != NULL ? pclose(p) : -1;
+    CHECK_MSG(rc == 0, "%s: status %d\n%s", cmd, rc, text);
+    proc_wait_all(pids, NSENDERS, 60000, codes);
+    for (int i = 0; i < NSENDERS; i++)
+        CHECK_MSG(codes[i] == 0, "trainer %d exited with %d", i, codes[i]);
+    char *last = text + n;
+    while (last > text && last[-1] == '\n')
+        *--last = '\0';
+    while (last > text && last[-1] != '\n')
+        last--;
+    m = strlen(list);
+    for (int i = 0; i < dsv3.ngreedy; i++)
+        m += (size_t)snprintf(list + m, sizeof(list) - m, "%s%d", i ? "," : "", dsv3.greedy[i]);
+    snprintf(list + m, sizeof(list) - m, "]");
+    CHECK_MSG(strstr(last, "\"version\":2") != NULL && strstr(last, list) != NULL &&
+                  strstr(last, "\"ep\":2") != NULL,
+              "%s lacks version 2, ep 2 or %s", last, list);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -955,6 +1001,7 @@ int main(void)
     RUN(case_yarn_refused);
     RUN(case_ep_refused);
     RUN(case_cli_ep2);
+    RUN(case_cli_sync_ep2);
     {
         char cmd[300];
         snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
