@@ -167,7 +167,8 @@ typedef struct {
 } param_t;
 
 typedef struct {
-    const wsync_box_t *box;          /* the first holder's box (every holder's is the same) */
+    wsync_box_t box;                 /* the holders' box, unused dims zero: a copy, so that pass
+                                        2 reads one param's boxes side by side */
     uint32_t rep0, nrep;             /* holders: compile_t.reps[rep0 ..), by (sender, index) */
     uint32_t head, nl;               /* its logical chunks: a list through lchunk_t.next */
 } dbox_t;
@@ -359,7 +360,9 @@ static wsync_status_t build_boxes(compile_t *c, param_t *p, const wsync_shard_de
     for (size_t i = 0; i < m; i++) {
         if (i == 0 || cmp_box(nd, tmp[i].box, tmp[i - 1].box) != 0) {
             dbox_t *db = &c->boxes[c->nboxes++];
-            db->box = tmp[i].box;
+            memset(&db->box, 0, sizeof(db->box));
+            memcpy(db->box.start, tmp[i].box->start, (size_t)nd * sizeof(int64_t));
+            memcpy(db->box.len, tmp[i].box->len, (size_t)nd * sizeof(int64_t));
             db->rep0 = (uint32_t)c->nreps;
             db->nrep = 0;
             db->head = UINT32_MAX;
@@ -376,14 +379,14 @@ static wsync_status_t build_boxes(compile_t *c, param_t *p, const wsync_shard_de
         for (uint32_t j = i + 1; j < p->box0 + p->nbox; j++) {
             const dbox_t *b = &c->boxes[j];
             wsync_box_t x;
-            if (b->box->start[0] >= a->box->start[0] + a->box->len[0])
+            if (b->box.start[0] >= a->box.start[0] + a->box.len[0])
                 break;
-            if (box_intersect(nd, a->box, b->box, &x))
+            if (box_intersect(nd, &a->box, &b->box, &x))
                 return wsync_err(WSYNC_ERR_MISMATCH, "param '%s': the boxes of sender %u %s and "
                                  "sender %u %s partially overlap (boxes must be identical "
                                  "replicas or disjoint)", p->ref->param.name,
-                                 c->reps[a->rep0]->sender, wsync_fmt_box(&ta, nd, a->box),
-                                 c->reps[b->rep0]->sender, wsync_fmt_box(&tb, nd, b->box));
+                                 c->reps[a->rep0]->sender, wsync_fmt_box(&ta, nd, &a->box),
+                                 c->reps[b->rep0]->sender, wsync_fmt_box(&tb, nd, &b->box));
         }
     }
     return WSYNC_OK;
@@ -795,7 +798,7 @@ static int find_uncovered(int nd, const wsync_box_t *b, const dbox_t *boxes, uin
     if (--*budget < 0)
         return -1;
     for (k = from; k < n; k++)
-        if (box_intersect(nd, b, boxes[k].box, &x))
+        if (box_intersect(nd, b, &boxes[k].box, &x))
             break;
     if (k == n) {
         memcpy(out, b->start, (size_t)nd * sizeof(int64_t));
@@ -889,9 +892,9 @@ static wsync_status_t map_piece(compile_t *c, const wsync_target_desc_t *t, uint
         emit_t e;
         wsync_status_t st;
 
-        if (db->box->start[0] >= p->src.start[0] + p->src.len[0])
+        if (db->box.start[0] >= p->src.start[0] + p->src.len[0])
             break;           /* boxes are sorted by start: none further can meet the piece */
-        if (!box_intersect(nd, &p->src, db->box, &x))
+        if (!box_intersect(nd, &p->src, &db->box, &x))
             continue;
         covered += box_volume(nd, &x);
         e.target = t;
@@ -899,7 +902,7 @@ static wsync_status_t map_piece(compile_t *c, const wsync_target_desc_t *t, uint
         e.dbox = k;
         e.rep = pick_replica(c, db);
         e.dtype = ref->param.dtype;
-        if ((st = emit_intersection(c, &e, &x, db->box, p)) != WSYNC_OK)
+        if ((st = emit_intersection(c, &e, &x, &db->box, p)) != WSYNC_OK)
             return st;
     }
     if (covered != vol) {
@@ -1430,28 +1433,10 @@ wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshar
     c.plan->nreceivers = nreceivers;
     c.plan->bucket_bytes = bucket_bytes;
 
-#ifdef PLAN_TIMING
-#define PT(x) do { struct timespec ts_; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts_); \
-    fprintf(stderr, "  %-8s %.3f\n", x, ts_.tv_sec + ts_.tv_nsec * 1e-9); } while (0)
-#else
-#define PT(x) do { } while (0)
-#endif
-    PT("start");
-    if ((st = index_shards(&c)) != WSYNC_OK)
+    if ((st = index_shards(&c)) != WSYNC_OK || (st = map_targets(&c)) != WSYNC_OK ||
+        (st = layout_buckets(&c)) != WSYNC_OK || (st = split_segments(&c)) != WSYNC_OK ||
+        (st = plan_derive(c.plan)) != WSYNC_OK)
         goto fail;
-    PT("index");
-    if ((st = map_targets(&c)) != WSYNC_OK)
-        goto fail;
-    PT("map");
-    if ((st = layout_buckets(&c)) != WSYNC_OK)
-        goto fail;
-    PT("layout");
-    if ((st = split_segments(&c)) != WSYNC_OK)
-        goto fail;
-    PT("split");
-    if ((st = plan_derive(c.plan)) != WSYNC_OK)
-        goto fail;
-    PT("derive");
 
     /* the fingerprint is the xxh3-64 of the encoded body, as wsync_plan_encode appends it */
     compile_release(&c);
@@ -1469,7 +1454,6 @@ wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshar
         goto fail;
     }
     c.plan->fingerprint = XXH3_64bits_digest(hs);
-    PT("hash");
     XXH3_freeState(hs);
     hs = NULL;
     wsync_wbuf_free(&body);

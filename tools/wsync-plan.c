@@ -1,7 +1,10 @@
 /* wsync-plan: what one sync of a model would move, and the time floor that sets. Trainer ranks
- * hold FSDP dim-0 shards, inference replicas hold vLLM's TP layouts; the plan the coordinator
- * would compile is summarized per receiver, per sender and per link, and compared with the
- * naive method (gather every full tensor, broadcast it to every receiver). Public API only. */
+ * hold FSDP dim-0 shards (or whole experts), inference replicas hold vLLM's TP layouts (and its
+ * expert-parallel MoE layouts); the plan the coordinator would compile is summarized per
+ * receiver, per sender and per link, and compared with the naive method (gather every full
+ * tensor, broadcast it to every receiver). It also times the compile and measures its memory,
+ * for the models of tens of thousands of params (Kimi-K2: 61 layers x 384 experts x 3).
+ * Public API only. */
 #include "wsync/wsync.h"
 
 #include <errno.h>
@@ -12,49 +15,86 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #define PROG "wsync-plan"
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: " PROG " --config config.json --senders N --tp T [--replicas R]\n"
+            "usage: " PROG " --config config.json --senders N --tp T [--ep E] [--replicas R]\n"
+            "                  [--sender-layout fsdp|ep|fused]\n"
             "                  [--quant none|fp8-block|fp8-tensor|fp8-channel] [--vocab-pad P]\n"
-            "                  [--bucket-mb B] [--link-gbps G] [--json]\n"
+            "                  [--bucket-mb B] [--link-gbps G] [--verbose] [--json]\n"
             "\n"
             "Compiles the plan wsync would use to sync the model of a HF config.json from N\n"
-            "trainer ranks (FSDP, dim 0) to R inference replicas of T tensor-parallel ranks each\n"
-            "(vLLM layouts; receiver = replica * T + tp_rank), and prints the bytes each receiver,\n"
-            "each sender and each (sender, receiver) link carries, the total, the naive method's\n"
-            "figures (every full param gathered and broadcast to every receiver), and the floor:\n"
-            "max(most bytes into a receiver, most bytes out of a sender) / link bandwidth.\n"
+            "trainer ranks to R inference engines laid out as vLLM lays them out, and prints the\n"
+            "bytes each receiver, each sender and each (sender, receiver) link carries, the total,\n"
+            "the naive method's figures (every full param gathered and broadcast to every\n"
+            "receiver), the floor: max(most bytes into a receiver, most bytes out of a sender) /\n"
+            "link bandwidth, and what compiling the plan cost here (wall and CPU seconds, memory).\n"
             "\n"
-            "  --config PATH     HF config.json (llama, qwen2, qwen3)\n"
-            "  --senders N       trainer ranks (FSDP dim-0 shards)\n"
-            "  --tp T            tensor-parallel size of each inference replica\n"
-            "  --replicas R      inference replicas (default 1)\n"
+            "  --config PATH     HF config.json: llama, qwen2, qwen3, qwen3_moe, deepseek_v2,\n"
+            "                    deepseek_v3 (also Kimi-K2); tools/configs/ has published ones\n"
+            "  --senders N       trainer ranks\n"
+            "  --sender-layout L fsdp (default): every param split along dim 0 over the N ranks\n"
+            "                    (FSDP of the checkpoint's per-expert params); ep: routed experts\n"
+            "                    whole, spread over the N ranks (E %% N == 0), other params FSDP;\n"
+            "                    fused: FSDP dim 0 of transformers 5.x's fused experts\n"
+            "                    (gate_up_proj [E, 2I, Hd], down_proj [E, Hd, I]), i.e. whole\n"
+            "                    experts, unfused into the checkpoint's per-expert params\n"
+            "  --tp T            tensor-parallel size of attention (and dense layers) in an engine\n"
+            "  --ep E            MoE models: expert parallelism inside each engine, as vLLM's\n"
+            "                    enable_expert_parallel (EP = TP x DP): an engine is E ranks, E/T\n"
+            "                    data-parallel attention groups of T, routed experts split whole\n"
+            "                    over all E ranks (linear placement); receiver = engine * E + ep_rank,\n"
+            "                    tp_rank = ep_rank %% T. Without --ep an engine is T ranks and every\n"
+            "                    rank holds every expert, split inside by TP\n"
+            "  --replicas R      inference engines (default 1)\n"
             "  --quant Q         linear weights on the receivers: none (default), fp8-block\n"
             "                    (128x128), fp8-tensor or fp8-channel (e4m3fn)\n"
             "  --vocab-pad P     vocab padding multiple of embed_tokens/lm_head (default 64)\n"
             "  --bucket-mb B     staging bucket size in MiB (default 256)\n"
             "  --link-gbps G     link bandwidth in GB/s, 1 GB = 1e9 bytes (default 400)\n"
+            "  --verbose         one line per receiver and per sender, and the per-link table,\n"
+            "                    however many there are (default: those past 16 as min/mean/max)\n"
             "  --json            also print one JSON object as the last line\n"
             "  -h, --help        this text\n"
             "\n"
             "Moved bytes are counted in the checkpoint dtype. In this version FP8 targets are\n"
             "quantized on the receiver: their params travel as bf16 (2 bytes per element), and\n"
             "that is what 'moved' reports. 'landed' is what the targets then hold (1 byte per FP8\n"
-            "element plus 4 per fp32 scale); it is not what the links carry.\n");
+            "element plus 4 per fp32 scale); it is not what the links carry.\n"
+            "'compile' is the wall time of wsync_plan_summarize here (descriptions to plan to\n"
+            "figures, one thread); 'layouts' is the time building every rank's shards and\n"
+            "targets, which a real group spreads over its ranks. 'plan memory' is the process's\n"
+            "peak resident size during the compile less its size before; 'wire' is the size of\n"
+            "the encoded plan the coordinator sends.\n");
 }
 
 typedef struct {
     const char *config;
-    int senders, tp, replicas;
+    int senders, tp, replicas, ep;
+    const char *sender_layout;
     const char *quant;
     long vocab_pad;
     double bucket_mb, link_gbps;
-    int json;
+    int json, verbose;
 } options_t;
+
+/* Receivers of one engine: E with expert parallelism, else T. */
+static int engine_size(const options_t *o)
+{
+    return o->ep ? o->ep : o->tp;
+}
+
+/* What compiling cost, and the plan's encoded size. */
+typedef struct {
+    double layout_s, compile_s, compile_cpu_s;
+    uint64_t rss_before, rss_peak;   /* bytes */
+    uint64_t wire_bytes;
+} cost_t;
 
 /* A positive integer option, or an error naming it. */
 static int parse_int(const char *opt, const char *text, long max, long *out)
@@ -130,7 +170,7 @@ static json_t *u64_array(const uint64_t *v, size_t n)
 typedef struct {
     wsync_shard_t **shards;    /* [senders] */
     size_t *nshards;
-    wsync_target_t **targets;  /* [tp] (replicas share a layout) */
+    wsync_target_t **targets;  /* [engine_size] (engines share a layout) */
     size_t *ntargets;
 } layouts_t;
 
@@ -138,7 +178,7 @@ static void layouts_free(layouts_t *l, const options_t *o)
 {
     for (int s = 0; l->shards && s < o->senders; s++)
         wsync_layout_shards_free(l->shards[s], l->nshards[s]);
-    for (int r = 0; l->targets && r < o->tp; r++)
+    for (int r = 0; l->targets && r < engine_size(o); r++)
         wsync_layout_targets_free(l->targets[r], l->ntargets[r]);
     free(l->shards);
     free(l->nshards);
@@ -146,46 +186,146 @@ static void layouts_free(layouts_t *l, const options_t *o)
     free(l->ntargets);
 }
 
+static double now_s(clockid_t clk)
+{
+    struct timespec t;
+    clock_gettime(clk, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Resident size now (VmRSS) and at its peak (VmHWM), in bytes; 0 where /proc cannot tell. */
+static void rss_now(uint64_t *cur, uint64_t *peak)
+{
+    char line[256];
+    FILE *f = fopen("/proc/self/status", "r");
+    *cur = *peak = 0;
+    while (f && fgets(line, sizeof(line), f)) {
+        unsigned long long kb;
+        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1)
+            *cur = (uint64_t)kb * 1024;
+        else if (sscanf(line, "VmHWM: %llu kB", &kb) == 1)
+            *peak = (uint64_t)kb * 1024;
+    }
+    if (f)
+        fclose(f);
+}
+
+/* min, mean, max of v[0..n) and where the max is */
+typedef struct {
+    uint64_t min, max;
+    double mean;
+    int argmax;
+} spread_t;
+
+static spread_t spread(const uint64_t *v, int n)
+{
+    spread_t s = {UINT64_MAX, 0, 0.0, 0};
+    for (int i = 0; i < n; i++) {
+        s.min = v[i] < s.min ? v[i] : s.min;
+        if (v[i] > s.max) {
+            s.max = v[i];
+            s.argmax = i;
+        }
+        s.mean += (double)v[i] / n;
+    }
+    if (n == 0)
+        s.min = 0;
+    return s;
+}
+
+static void print_seconds(char *buf, size_t len, double s)
+{
+    if (s >= 1)
+        snprintf(buf, len, "%.3f s", s);
+    else if (s >= 1e-3)
+        snprintf(buf, len, "%.3f ms", s * 1e3);
+    else
+        snprintf(buf, len, "%.3f us", s * 1e6);
+}
+
+#define LIST_MAX 16   /* more receivers (senders) than this: min / mean / max unless --verbose */
+
 static void print_table(const options_t *o, const wsync_model_config_t *cfg,
                         const wsync_plan_summary_t *s, uint64_t naive_per_receiver,
-                        uint64_t naive_total, double floor_s, const char *bottleneck)
+                        uint64_t naive_total, double floor_s, const char *bottleneck,
+                        const cost_t *cost)
 {
     char a[32], b[32], c[32];
-    int nr = s->nreceivers, ns = s->nsenders;
+    int nr = s->nreceivers, ns = s->nsenders, per = engine_size(o);
 
     printf("wsync-plan: %s (%s, %" PRId64 " layers, hidden %" PRId64 ", vocab %" PRId64
-           ", %s)\n", o->config, wsync_model_type_name(cfg->model_type), cfg->num_hidden_layers,
+           ", %s", o->config, wsync_model_type_name(cfg->model_type), cfg->num_hidden_layers,
            cfg->hidden_size, cfg->vocab_size,
            wsync_dtype_name(cfg->dtype ? cfg->dtype : WSYNC_DTYPE_BF16));
-    printf("senders %d (FSDP dim 0) -> %d replica(s) x TP %d = %d receivers; quant %s; "
-           "vocab pad %ld; bucket %g MiB; link %g GB/s\n\n", ns, o->replicas, o->tp, nr,
-           o->quant, o->vocab_pad, (double)s->bucket_bytes / 1048576.0, o->link_gbps);
+    if (cfg->num_experts > 0)
+        printf(", %" PRId64 " experts top-%" PRId64 ", expert I %" PRId64, cfg->num_experts,
+               cfg->num_experts_per_tok, cfg->moe_intermediate_size);
+    printf(")\n");
+    if (o->ep)
+        printf("senders %d (%s) -> %d engine(s) x EP %d (attention DP %d x TP %d) = %d "
+               "receivers", ns, o->sender_layout, o->replicas, o->ep, o->ep / o->tp, o->tp, nr);
+    else
+        printf("senders %d (%s) -> %d replica(s) x TP %d = %d receivers", ns, o->sender_layout,
+               o->replicas, o->tp, nr);
+    printf("; quant %s; vocab pad %ld; bucket %g MiB; link %g GB/s\n\n", o->quant, o->vocab_pad,
+           (double)s->bucket_bytes / 1048576.0, o->link_gbps);
 
-    printf("receivers\n  %-8s %-7s %-7s %14s %14s %14s\n", "receiver", "replica", "tp_rank",
-           "moved", "landed", "naive");
-    for (int r = 0; r < nr; r++)
-        printf("  %-8d %-7d %-7d %14s %14s %14s\n", r, r / o->tp, r % o->tp,
-               human(s->bytes_per_receiver[r], a, sizeof(a)),
-               human(s->bytes_landed_per_receiver[r], b, sizeof(b)),
-               human(naive_per_receiver, c, sizeof(c)));
-
-    printf("\nsenders\n  %-8s %14s %14s %8s\n", "sender", "sent", "staged", "buckets");
-    for (int sn = 0; sn < ns; sn++)
-        printf("  %-8d %14s %14s %8" PRIu64 "\n", sn,
-               human(s->bytes_per_sender[sn], a, sizeof(a)),
-               human(s->staged_bytes_per_sender[sn], b, sizeof(b)), s->buckets_per_sender[sn]);
-
-    printf("\nbytes per link (row: sender, column: receiver)\n  %-8s", "");
-    for (int r = 0; r < nr; r++) {
-        snprintf(a, sizeof(a), "r%d", r);
-        printf(" %14s", a);
+    if (nr <= LIST_MAX || o->verbose) {
+        printf("receivers\n  %-8s %-7s %-7s %-7s %14s %14s %14s\n", "receiver", "engine",
+               "ep_rank", "tp_rank", "moved", "landed", "naive");
+        for (int r = 0; r < nr; r++) {
+            if (o->ep)
+                snprintf(c, sizeof(c), "%d", r % per);
+            else
+                snprintf(c, sizeof(c), "-");
+            printf("  %-8d %-7d %-7s %-7d", r, r / per, c, (r % per) % o->tp);
+            printf(" %14s", human(s->bytes_per_receiver[r], a, sizeof(a)));
+            printf(" %14s", human(s->bytes_landed_per_receiver[r], a, sizeof(a)));
+            printf(" %14s\n", human(naive_per_receiver, a, sizeof(a)));
+        }
+    } else {
+        spread_t m = spread(s->bytes_per_receiver, nr);
+        spread_t l = spread(s->bytes_landed_per_receiver, nr);
+        printf("receivers (%d; --verbose lists each)\n  %-8s %14s %14s %14s %s\n", nr, "",
+               "min", "mean", "max", "(max at)");
+        printf("  %-8s %14s %14s %14s receiver %d\n", "moved", human(m.min, a, sizeof(a)),
+               human((uint64_t)m.mean, b, sizeof(b)), human(m.max, c, sizeof(c)), m.argmax);
+        printf("  %-8s %14s %14s %14s receiver %d\n", "landed", human(l.min, a, sizeof(a)),
+               human((uint64_t)l.mean, b, sizeof(b)), human(l.max, c, sizeof(c)), l.argmax);
+        printf("  %-8s %14s (each)\n", "naive", human(naive_per_receiver, a, sizeof(a)));
     }
-    printf("\n");
-    for (int sn = 0; sn < ns; sn++) {
-        printf("  s%-7d", sn);
-        for (int r = 0; r < nr; r++)
-            printf(" %14s", human(s->pair_bytes[(size_t)sn * nr + r], a, sizeof(a)));
+
+    if (ns <= LIST_MAX || o->verbose) {
+        printf("\nsenders\n  %-8s %14s %14s %8s\n", "sender", "sent", "staged", "buckets");
+        for (int sn = 0; sn < ns; sn++)
+            printf("  %-8d %14s %14s %8" PRIu64 "\n", sn,
+                   human(s->bytes_per_sender[sn], a, sizeof(a)),
+                   human(s->staged_bytes_per_sender[sn], b, sizeof(b)),
+                   s->buckets_per_sender[sn]);
+    } else {
+        spread_t t = spread(s->bytes_per_sender, ns);
+        spread_t g = spread(s->staged_bytes_per_sender, ns);
+        printf("\nsenders (%d; --verbose lists each)\n  %-8s %14s %14s %14s %s\n", ns, "", "min",
+               "mean", "max", "(max at)");
+        printf("  %-8s %14s %14s %14s sender %d\n", "sent", human(t.min, a, sizeof(a)),
+               human((uint64_t)t.mean, b, sizeof(b)), human(t.max, c, sizeof(c)), t.argmax);
+        printf("  %-8s %14s %14s %14s sender %d\n", "staged", human(g.min, a, sizeof(a)),
+               human((uint64_t)g.mean, b, sizeof(b)), human(g.max, c, sizeof(c)), g.argmax);
+    }
+
+    if ((ns <= LIST_MAX && nr <= LIST_MAX) || o->verbose) {
+        printf("\nbytes per link (row: sender, column: receiver)\n  %-8s", "");
+        for (int r = 0; r < nr; r++) {
+            snprintf(a, sizeof(a), "r%d", r);
+            printf(" %14s", a);
+        }
         printf("\n");
+        for (int sn = 0; sn < ns; sn++) {
+            printf("  s%-7d", sn);
+            for (int r = 0; r < nr; r++)
+                printf(" %14s", human(s->pair_bytes[(size_t)sn * nr + r], a, sizeof(a)));
+            printf("\n");
+        }
     }
 
     printf("\ntotal moved     %s (%" PRIu64 " bytes)\n", human(s->total_bytes, a, sizeof(a)),
@@ -196,13 +336,18 @@ static void print_table(const options_t *o, const wsync_model_config_t *cfg,
     printf("total landed    %s\n", human(s->total_landed_bytes, a, sizeof(a)));
     printf("plan            %" PRIu64 " chunks, %" PRIu64 " segments, fingerprint %016" PRIx64
            "\n", s->nchunks, s->nsegments, s->fingerprint);
-    if (floor_s >= 1)
-        snprintf(a, sizeof(a), "%.3f s", floor_s);
-    else if (floor_s >= 1e-3)
-        snprintf(a, sizeof(a), "%.3f ms", floor_s * 1e3);
-    else
-        snprintf(a, sizeof(a), "%.3f us", floor_s * 1e6);
+    print_seconds(a, sizeof(a), floor_s);
     printf("floor           %s at %g GB/s (bottleneck: %s)\n", a, o->link_gbps, bottleneck);
+    print_seconds(a, sizeof(a), cost->compile_s);
+    print_seconds(b, sizeof(b), cost->compile_cpu_s);
+    printf("compile         %s wall, %s CPU", a, b);
+    print_seconds(a, sizeof(a), cost->layout_s);
+    printf(" (layouts: %s)\n", a);
+    printf("plan memory     %s (peak resident %s, before the compile %s)\n",
+           human(cost->rss_peak > cost->rss_before ? cost->rss_peak - cost->rss_before : 0, a,
+                 sizeof(a)),
+           human(cost->rss_peak, b, sizeof(b)), human(cost->rss_before, c, sizeof(c)));
+    printf("wire            %s (encoded plan)\n", human(cost->wire_bytes, a, sizeof(a)));
     printf("\nNote: 'moved' counts the checkpoint dtype. FP8 targets are quantized on the "
            "receiver in this version,\nso their params travel as bf16; 'landed' (1 byte per FP8 "
            "element + fp32 scales) is what the\ntargets hold, not what the links carry. 'sent' "
@@ -212,18 +357,24 @@ static void print_table(const options_t *o, const wsync_model_config_t *cfg,
 
 static int print_json(const options_t *o, const wsync_model_config_t *cfg,
                       const wsync_plan_summary_t *s, uint64_t naive_per_receiver,
-                      uint64_t naive_total, double floor_s, const char *bottleneck)
+                      uint64_t naive_total, double floor_s, const char *bottleneck,
+                      const cost_t *cost)
 {
     size_t nr = (size_t)s->nreceivers, ns = (size_t)s->nsenders;
     json_t *root = json_object(), *conf = json_object(), *pairs = json_array();
+    spread_t m = spread(s->bytes_per_receiver, (int)nr);
+    spread_t t = spread(s->bytes_per_sender, (int)ns);
     char fp[17];
 
     json_object_set_new(conf, "config", json_string(o->config));
     json_object_set_new(conf, "model_type", json_string(wsync_model_type_name(cfg->model_type)));
     json_object_set_new(conf, "param_dtype",
                         json_string(wsync_dtype_name(cfg->dtype ? cfg->dtype : WSYNC_DTYPE_BF16)));
+    json_object_set_new(conf, "num_experts", json_integer(cfg->num_experts));
     json_object_set_new(conf, "senders", json_integer(o->senders));
+    json_object_set_new(conf, "sender_layout", json_string(o->sender_layout));
     json_object_set_new(conf, "tp", json_integer(o->tp));
+    json_object_set_new(conf, "ep", json_integer(o->ep));
     json_object_set_new(conf, "replicas", json_integer(o->replicas));
     json_object_set_new(conf, "receivers", json_integer((json_int_t)nr));
     json_object_set_new(conf, "quant", json_string(o->quant));
@@ -233,6 +384,9 @@ static int print_json(const options_t *o, const wsync_model_config_t *cfg,
     json_object_set_new(root, "config", conf);
 
     json_object_set_new(root, "bytes_per_receiver", u64_array(s->bytes_per_receiver, nr));
+    json_object_set_new(root, "bytes_per_receiver_min", json_integer((json_int_t)m.min));
+    json_object_set_new(root, "bytes_per_receiver_max", json_integer((json_int_t)m.max));
+    json_object_set_new(root, "bytes_per_receiver_mean", json_real(m.mean));
     json_object_set_new(root, "bytes_landed_per_receiver",
                         u64_array(s->bytes_landed_per_receiver, nr));
     json_object_set_new(root, "naive_bytes_per_receiver",
@@ -247,6 +401,9 @@ static int print_json(const options_t *o, const wsync_model_config_t *cfg,
         json_array_append_new(pairs, u64_array(s->pair_bytes + sn * nr, nr));
     json_object_set_new(root, "pair_bytes", pairs);
     json_object_set_new(root, "bytes_per_sender", u64_array(s->bytes_per_sender, ns));
+    json_object_set_new(root, "bytes_per_sender_min", json_integer((json_int_t)t.min));
+    json_object_set_new(root, "bytes_per_sender_max", json_integer((json_int_t)t.max));
+    json_object_set_new(root, "bytes_per_sender_mean", json_real(t.mean));
     json_object_set_new(root, "staged_bytes_per_sender",
                         u64_array(s->staged_bytes_per_sender, ns));
     json_object_set_new(root, "buckets_per_sender", u64_array(s->buckets_per_sender, ns));
@@ -257,6 +414,17 @@ static int print_json(const options_t *o, const wsync_model_config_t *cfg,
     json_object_set_new(root, "floor_seconds", json_real(floor_s));
     json_object_set_new(root, "floor_bottleneck", json_string(bottleneck));
     json_object_set_new(root, "fp8_quantized_on_receiver", json_true());
+    json_object_set_new(root, "layout_seconds", json_real(cost->layout_s));
+    json_object_set_new(root, "compile_seconds", json_real(cost->compile_s));
+    json_object_set_new(root, "compile_cpu_seconds", json_real(cost->compile_cpu_s));
+    json_object_set_new(root, "rss_before_compile_bytes",
+                        json_integer((json_int_t)cost->rss_before));
+    json_object_set_new(root, "rss_peak_bytes", json_integer((json_int_t)cost->rss_peak));
+    json_object_set_new(root, "plan_memory_bytes",
+                        json_integer((json_int_t)(cost->rss_peak > cost->rss_before
+                                                      ? cost->rss_peak - cost->rss_before
+                                                      : 0)));
+    json_object_set_new(root, "plan_wire_bytes", json_integer((json_int_t)cost->wire_bytes));
 
     char *text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(12));
     json_decref(root);
@@ -275,13 +443,16 @@ static int parse_args(int argc, char **argv, options_t *o)
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},
         {"senders", required_argument, NULL, 'n'},
+        {"sender-layout", required_argument, NULL, 'l'},
         {"tp", required_argument, NULL, 't'},
+        {"ep", required_argument, NULL, 'e'},
         {"replicas", required_argument, NULL, 'r'},
         {"quant", required_argument, NULL, 'q'},
         {"vocab-pad", required_argument, NULL, 'v'},
         {"bucket-mb", required_argument, NULL, 'b'},
         {"link-gbps", required_argument, NULL, 'g'},
         {"json", no_argument, NULL, 'j'},
+        {"verbose", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -298,10 +469,23 @@ static int parse_args(int argc, char **argv, options_t *o)
                 return 2;
             o->senders = (int)v;
             break;
+        case 'l':
+            if (strcmp(optarg, "fsdp") && strcmp(optarg, "ep") && strcmp(optarg, "fused")) {
+                fprintf(stderr, PROG ": --sender-layout: '%s' is not one of fsdp, ep, fused\n",
+                        optarg);
+                return 2;
+            }
+            o->sender_layout = optarg;
+            break;
         case 't':
             if (parse_int("--tp", optarg, 1 << 16, &v))
                 return 2;
             o->tp = (int)v;
+            break;
+        case 'e':
+            if (parse_int("--ep", optarg, 1 << 16, &v))
+                return 2;
+            o->ep = (int)v;
             break;
         case 'r':
             if (parse_int("--replicas", optarg, 1 << 16, &v))
@@ -327,6 +511,7 @@ static int parse_args(int argc, char **argv, options_t *o)
                 return 2;
             break;
         case 'j': o->json = 1; break;
+        case 'V': o->verbose = 1; break;
         case 'h': usage(stdout); return -1;
         default: {
             const char *arg = argv[optind - 1], *eq = strchr(arg, '=');
@@ -351,9 +536,14 @@ static int parse_args(int argc, char **argv, options_t *o)
                 !o->config ? "--config" : !o->senders ? "--senders" : "--tp");
         return 2;
     }
-    if ((int64_t)o->replicas * o->tp > (1 << 20)) {
-        fprintf(stderr, PROG ": --replicas %d x --tp %d: too many receivers\n", o->replicas,
-                o->tp);
+    if (o->ep && o->ep % o->tp != 0) {
+        fprintf(stderr, PROG ": --ep %d is not a multiple of --tp %d (vLLM: EP = TP x DP)\n",
+                o->ep, o->tp);
+        return 2;
+    }
+    if ((int64_t)o->replicas * engine_size(o) > (1 << 20)) {
+        fprintf(stderr, PROG ": --replicas %d x %s %d: too many receivers\n", o->replicas,
+                o->ep ? "--ep" : "--tp", engine_size(o));
         return 2;
     }
     double bucket = o->bucket_mb * 1048576.0;
@@ -365,9 +555,55 @@ static int parse_args(int argc, char **argv, options_t *o)
     return 0;
 }
 
+/* Rank s's shards of transformers 5.x's in-memory params: FSDP dim 0 of each (the fused
+ * experts included), each fused shard unfused into the checkpoint's per-expert params. */
+static wsync_status_t fused_shards(const wsync_model_config_t *cfg, int s, int n,
+                                   wsync_shard_t **out, size_t *nout)
+{
+    wsync_param_t *fp = NULL;
+    size_t nfp = 0, len = 0, cap = 0;
+    wsync_shard_t *v = NULL;
+    wsync_status_t st = wsync_model_fused_params(cfg, (wsync_dtype_t)0, &fp, &nfp);
+
+    for (size_t i = 0; st == WSYNC_OK && i < nfp; i++) {
+        wsync_shard_t one, *parts = NULL;
+        size_t nparts = 0;
+        memset(&one, 0, sizeof(one));
+        one.param = fp[i];
+        one.mem = WSYNC_MEM_HOST;
+        if ((st = wsync_layout_shard_box(&fp[i], 0, s, n, &one.box)) != WSYNC_OK ||
+            (st = wsync_layout_unfuse_experts(&one, &parts, &nparts)) != WSYNC_OK)
+            break;
+        if (len + nparts > cap) {
+            size_t nc = cap ? cap * 2 : 1024;
+            while (nc < len + nparts)
+                nc *= 2;
+            wsync_shard_t *nv = realloc(v, nc * sizeof(*nv));
+            if (nv == NULL) {
+                wsync_layout_shards_free(parts, nparts);
+                st = WSYNC_ERR_NOMEM;
+                break;
+            }
+            v = nv;
+            cap = nc;
+        }
+        memcpy(v + len, parts, nparts * sizeof(*parts));   /* names move into v */
+        len += nparts;
+        free(parts);
+    }
+    wsync_model_params_free(fp, nfp);
+    if (st != WSYNC_OK) {
+        wsync_layout_shards_free(v, len);
+        return st;
+    }
+    *out = v;
+    *nout = len;
+    return WSYNC_OK;
+}
+
 int main(int argc, char **argv)
 {
-    options_t o = {NULL, 0, 0, 1, "none", 64, 256.0, 400.0, 0};
+    options_t o = {NULL, 0, 0, 1, 0, "fsdp", "none", 64, 256.0, 400.0, 0, 0};
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
@@ -379,6 +615,12 @@ int main(int argc, char **argv)
         fprintf(stderr, PROG ": --config: %s\n", wsync_last_error());
         return 1;
     }
+    if ((o.ep || strcmp(o.sender_layout, "fsdp") != 0) && cfg.num_experts == 0) {
+        fprintf(stderr, PROG ": %s needs a mixture-of-experts model; %s is %s, dense\n",
+                o.ep ? "--ep" : "--sender-layout ep/fused", o.config,
+                wsync_model_type_name(cfg.model_type));
+        return 2;
+    }
 
     layouts_t l = {0};
     wsync_param_t *params = NULL;
@@ -387,7 +629,9 @@ int main(int argc, char **argv)
     wsync_target_t *targets = NULL;
     int *shard_sender = NULL, *target_receiver = NULL;
     wsync_plan_summary_t *sum = NULL;
-    int nr = o.replicas * o.tp;
+    int per = engine_size(&o), nr = o.replicas * per;
+    cost_t cost;
+    memset(&cost, 0, sizeof(cost));
     rc = 1;
 
     /* naive: every full param, in the checkpoint dtype, to every receiver */
@@ -403,19 +647,29 @@ int main(int argc, char **argv)
         naive += e;
     }
 
+    double t0 = now_s(CLOCK_MONOTONIC);
     l.shards = calloc((size_t)o.senders, sizeof(*l.shards));
     l.nshards = calloc((size_t)o.senders, sizeof(*l.nshards));
-    l.targets = calloc((size_t)o.tp, sizeof(*l.targets));
-    l.ntargets = calloc((size_t)o.tp, sizeof(*l.ntargets));
+    l.targets = calloc((size_t)per, sizeof(*l.targets));
+    l.ntargets = calloc((size_t)per, sizeof(*l.ntargets));
     if (!l.shards || !l.nshards || !l.targets || !l.ntargets) {
         fprintf(stderr, PROG ": out of memory\n");
         goto out;
     }
     size_t nsh = 0, ntg = 0;
     for (int s = 0; s < o.senders; s++) {
-        if (wsync_layout_fsdp_shards(&cfg, (wsync_dtype_t)0, s, o.senders, &l.shards[s],
-                                     &l.nshards[s]) != WSYNC_OK) {
-            fprintf(stderr, PROG ": --senders %d: %s\n", o.senders, wsync_last_error());
+        wsync_status_t st;
+        if (strcmp(o.sender_layout, "ep") == 0)
+            st = wsync_layout_ep_shards(&cfg, (wsync_dtype_t)0, s, o.senders, 0, &l.shards[s],
+                                        &l.nshards[s]);
+        else if (strcmp(o.sender_layout, "fused") == 0)
+            st = fused_shards(&cfg, s, o.senders, &l.shards[s], &l.nshards[s]);
+        else
+            st = wsync_layout_fsdp_shards(&cfg, (wsync_dtype_t)0, s, o.senders, &l.shards[s],
+                                          &l.nshards[s]);
+        if (st != WSYNC_OK) {
+            fprintf(stderr, PROG ": --senders %d (--sender-layout %s): %s\n", o.senders,
+                    o.sender_layout, wsync_last_error());
             goto out;
         }
         nsh += l.nshards[s];
@@ -423,10 +677,16 @@ int main(int argc, char **argv)
     wsync_tp_options_t topt = WSYNC_TP_OPTIONS_INIT;
     topt.quant.scheme = qs;
     topt.vocab_pad = o.vocab_pad;
-    for (int r = 0; r < o.tp; r++) {
-        if (wsync_layout_tp_targets(&cfg, r, o.tp, &topt, &l.targets[r], &l.ntargets[r]) !=
-            WSYNC_OK) {
-            fprintf(stderr, PROG ": --tp %d: %s\n", o.tp, wsync_last_error());
+    for (int r = 0; r < per; r++) {
+        /* with --ep, layout r is EP rank r: TP rank r % T of its attention group */
+        topt.ep_size = o.ep;
+        topt.ep_rank = o.ep ? r : 0;
+        if (wsync_layout_tp_targets(&cfg, r % o.tp, o.tp, &topt, &l.targets[r],
+                                    &l.ntargets[r]) != WSYNC_OK) {
+            if (o.ep)
+                fprintf(stderr, PROG ": --tp %d --ep %d: %s\n", o.tp, o.ep, wsync_last_error());
+            else
+                fprintf(stderr, PROG ": --tp %d: %s\n", o.tp, wsync_last_error());
             goto out;
         }
         ntg += l.ntargets[r];
@@ -450,17 +710,30 @@ int main(int argc, char **argv)
         }
     k = 0;
     for (int r = 0; r < nr; r++)
-        for (size_t j = 0; j < l.ntargets[r % o.tp]; j++, k++) {
-            targets[k] = l.targets[r % o.tp][j];
+        for (size_t j = 0; j < l.ntargets[r % per]; j++, k++) {
+            targets[k] = l.targets[r % per][j];
             target_receiver[k] = r;
         }
+    cost.layout_s = now_s(CLOCK_MONOTONIC) - t0;
 
     size_t bucket = (size_t)(o.bucket_mb * 1048576.0);
+    uint64_t peak0;
+    rss_now(&cost.rss_before, &peak0);
+    double w0 = now_s(CLOCK_MONOTONIC), c0 = now_s(CLOCK_PROCESS_CPUTIME_ID);
     if (wsync_plan_summarize(shards, shard_sender, nsh, targets, target_receiver, ntg, o.senders,
                              nr, bucket, &sum) != WSYNC_OK) {
         fprintf(stderr, PROG ": plan: %s\n", wsync_last_error());
         goto out;
     }
+    cost.compile_s = now_s(CLOCK_MONOTONIC) - w0;
+    cost.compile_cpu_s = now_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    {
+        uint64_t cur;
+        rss_now(&cur, &cost.rss_peak);
+    }
+    /* the plan's wire form (reshard/plan.c): a 28-byte header with the chunk count, 53 bytes
+       a chunk, the segment count, 48 bytes a segment, the 8-byte fingerprint */
+    cost.wire_bytes = 28 + 53 * sum->nchunks + 4 + 48 * sum->nsegments + 8;
 
     uint64_t max_in = 0, max_out = 0;
     int arg_in = 0, arg_out = 0;
@@ -482,8 +755,8 @@ int main(int argc, char **argv)
     double floor_s = (double)(max_in > max_out ? max_in : max_out) / (o.link_gbps * 1e9);
     uint64_t naive_total = naive * (uint64_t)nr;
 
-    print_table(&o, &cfg, sum, naive, naive_total, floor_s, bottleneck);
-    if (o.json && print_json(&o, &cfg, sum, naive, naive_total, floor_s, bottleneck) != 0)
+    print_table(&o, &cfg, sum, naive, naive_total, floor_s, bottleneck, &cost);
+    if (o.json && print_json(&o, &cfg, sum, naive, naive_total, floor_s, bottleneck, &cost) != 0)
         goto out;
     rc = 0;
 out:

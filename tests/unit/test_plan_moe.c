@@ -1,0 +1,386 @@
+/* The plan of mixture-of-experts models (issue 16): bytes per receiver and per (sender,
+ * receiver) link for FSDP and expert-parallel senders to TP and EP receivers of the tiny
+ * Qwen3-MoE and DeepSeek-V3 models, against figures computed here:
+ *  - a receiver takes exactly the elements its targets' pieces name (the layouts' pieces), and
+ *    from FSDP sender s the rows of each piece that s holds, [s*c, min(n, (s+1)*c)) with
+ *    c = ceil(n / S) (the FSDP rule, not the library's);
+ *  - every routed expert byte lands once per engine: on the one EP rank that holds the expert
+ *    (linear placement, computed here), or split by TP when EP is off;
+ * and the compiler's order independence and linear structure on many params. */
+#include "wsync/wsync.h"
+
+#include "reshard/plan.h"
+#include "tests/support/check.h"
+
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QWEN WSYNC_TESTDATA "/hf_qwen3_moe_tiny/config.json"
+#define DSV3 WSYNC_TESTDATA "/hf_deepseek_v3_tiny/config.json"
+
+typedef enum { SEND_FSDP, SEND_EP } sender_layout_t;
+
+typedef struct {
+    wsync_model_config_t cfg;
+    int S, T, E;                     /* senders; TP; EP (0: off) */
+    int nr;                          /* receivers: E, or T */
+    wsync_shard_t **sh;
+    size_t *nsh;
+    wsync_target_t **tg;
+    size_t *ntg;
+} group_t;
+
+static void group_free(group_t *g)
+{
+    for (int s = 0; g->sh && s < g->S; s++)
+        wsync_layout_shards_free(g->sh[s], g->nsh[s]);
+    for (int r = 0; g->tg && r < g->nr; r++)
+        wsync_layout_targets_free(g->tg[r], g->ntg[r]);
+    free(g->sh);
+    free(g->nsh);
+    free(g->tg);
+    free(g->ntg);
+    memset(g, 0, sizeof(*g));
+}
+
+static int group_make(group_t *g, const char *config, int S, sender_layout_t sl, int T, int E)
+{
+    memset(g, 0, sizeof(*g));
+    CHECK_ST(wsync_model_config_load(config, &g->cfg), WSYNC_OK);
+    g->S = S, g->T = T, g->E = E, g->nr = E ? E : T;
+    g->sh = calloc((size_t)S, sizeof(*g->sh));
+    g->nsh = calloc((size_t)S, sizeof(*g->nsh));
+    g->tg = calloc((size_t)g->nr, sizeof(*g->tg));
+    g->ntg = calloc((size_t)g->nr, sizeof(*g->ntg));
+    if (!g->sh || !g->nsh || !g->tg || !g->ntg)
+        return -1;
+    for (int s = 0; s < S; s++) {
+        wsync_status_t st =
+            sl == SEND_EP
+                ? wsync_layout_ep_shards(&g->cfg, (wsync_dtype_t)0, s, S, 0, &g->sh[s], &g->nsh[s])
+                : wsync_layout_fsdp_shards(&g->cfg, (wsync_dtype_t)0, s, S, &g->sh[s],
+                                           &g->nsh[s]);
+        CHECK_MSG(st == WSYNC_OK, "sender %d: %s", s, wsync_last_error());
+        if (st != WSYNC_OK)
+            return -1;
+    }
+    for (int r = 0; r < g->nr; r++) {
+        wsync_tp_options_t o = WSYNC_TP_OPTIONS_INIT;
+        o.ep_size = E;
+        o.ep_rank = E ? r : 0;
+        wsync_status_t st = wsync_layout_tp_targets(&g->cfg, r % T, T, &o, &g->tg[r], &g->ntg[r]);
+        CHECK_MSG(st == WSYNC_OK, "receiver %d: %s", r, wsync_last_error());
+        if (st != WSYNC_OK)
+            return -1;
+    }
+    return 0;
+}
+
+/* Summarize the group through the public API. */
+static wsync_plan_summary_t *group_summary(const group_t *g)
+{
+    size_t nsh = 0, ntg = 0, k;
+    for (int s = 0; s < g->S; s++)
+        nsh += g->nsh[s];
+    for (int r = 0; r < g->nr; r++)
+        ntg += g->ntg[r];
+    wsync_shard_t *sh = calloc(nsh, sizeof(*sh));
+    wsync_target_t *tg = calloc(ntg, sizeof(*tg));
+    int *ss = calloc(nsh, sizeof(*ss)), *tr = calloc(ntg, sizeof(*tr));
+    wsync_plan_summary_t *sum = NULL;
+    if (sh && tg && ss && tr) {
+        k = 0;
+        for (int s = 0; s < g->S; s++)
+            for (size_t i = 0; i < g->nsh[s]; i++, k++)
+                sh[k] = g->sh[s][i], ss[k] = s;
+        k = 0;
+        for (int r = 0; r < g->nr; r++)
+            for (size_t j = 0; j < g->ntg[r]; j++, k++)
+                tg[k] = g->tg[r][j], tr[k] = r;
+        wsync_status_t st = wsync_plan_summarize(sh, ss, nsh, tg, tr, ntg, g->S, g->nr, 0, &sum);
+        CHECK_MSG(st == WSYNC_OK, "summarize: %s", wsync_last_error());
+    }
+    free(sh);
+    free(tg);
+    free(ss);
+    free(tr);
+    return sum;
+}
+
+static uint64_t vol(int nd, const int64_t *len)
+{
+    uint64_t v = 1;
+    for (int d = 0; d < nd; d++)
+        v *= (uint64_t)len[d];
+    return v;
+}
+
+static int is_routed_expert(const char *name)
+{
+    return strstr(name, ".mlp.experts.") != NULL;
+}
+
+/* Rows [lo, hi) of a dim-0 FSDP split of n rows that sender s of S holds. */
+static void fsdp_rows(int64_t n, int s, int S, int64_t *lo, int64_t *hi)
+{
+    int64_t c = (n + S - 1) / S;
+    *lo = s * c < n ? s * c : n;
+    *hi = (s + 1) * c < n ? (s + 1) * c : n;
+}
+
+/* Experts EP rank r of E holds under linear placement: the first E % EP ranks one more. */
+static int64_t linear_count(int64_t experts, int r, int E)
+{
+    return experts / E + (r < experts % E ? 1 : 0);
+}
+
+/* Bytes of every routed expert param of the checkpoint, and one expert's (3 params), from
+ * wsync_model_params by name. */
+static void expert_bytes(const wsync_model_config_t *cfg, uint64_t *all, uint64_t *one,
+                         int64_t *moe_layers)
+{
+    wsync_param_t *p = NULL;
+    size_t n = 0;
+    *all = *one = 0;
+    *moe_layers = 0;
+    CHECK_ST(wsync_model_params(cfg, (wsync_dtype_t)0, &p, &n), WSYNC_OK);
+    for (size_t i = 0; i < n; i++)
+        if (is_routed_expert(p[i].name))
+            *all += vol(p[i].ndim, p[i].shape) * wsync_dtype_size(p[i].dtype);
+    for (int64_t l = 0; l < cfg->num_hidden_layers; l++)
+        *moe_layers += wsync_model_layer_is_moe(cfg, l);
+    /* gate and up [I, Hd], down [Hd, I] */
+    *one = 3u * (uint64_t)cfg->moe_intermediate_size * (uint64_t)cfg->hidden_size * 2u;
+    wsync_model_params_free(p, n);
+}
+
+static void check_group(const char *config, int S, sender_layout_t sl, int T, int E)
+{
+    group_t g;
+    char what[160];
+    snprintf(what, sizeof(what), "%s S=%d %s T=%d EP=%d", strstr(config, "qwen3") ? "qwen3_moe" : "dsv3",
+             S, sl == SEND_EP ? "ep" : "fsdp", T, E);
+    if (group_make(&g, config, S, sl, T, E) != 0) {
+        group_free(&g);
+        return;
+    }
+    wsync_plan_summary_t *sum = group_summary(&g);
+    if (sum == NULL) {
+        group_free(&g);
+        return;
+    }
+    uint64_t all_experts, one_expert, expert_total = 0, total = 0;
+    int64_t moe_layers;
+    expert_bytes(&g.cfg, &all_experts, &one_expert, &moe_layers);
+    CHECK_MSG(moe_layers > 0 && all_experts == (uint64_t)g.cfg.num_experts * one_expert *
+                                                   (uint64_t)moe_layers,
+              "%s: %" PRIu64 " expert bytes in %" PRId64 " MoE layers", what, all_experts,
+              moe_layers);
+
+    for (int r = 0; r < g.nr; r++) {
+        uint64_t want = 0, experts = 0;
+        for (size_t j = 0; j < g.ntg[r]; j++) {
+            const wsync_target_t *t = &g.tg[r][j];
+            for (int k = 0; k < t->npieces; k++) {
+                const wsync_piece_t *p = &t->pieces[k];
+                uint64_t b = vol(p->param.ndim, p->src.len) * wsync_dtype_size(p->param.dtype);
+                want += b;
+                if (is_routed_expert(p->param.name))
+                    experts += b;
+            }
+        }
+        CHECK_MSG(sum->bytes_per_receiver[r] == want, "%s receiver %d: plan %" PRIu64 ", pieces "
+                  "%" PRIu64, what, r, sum->bytes_per_receiver[r], want);
+        if (E) {        /* whole experts: this rank's share of them, each whole */
+            uint64_t w = (uint64_t)linear_count(g.cfg.num_experts, r, E) * one_expert *
+                         (uint64_t)moe_layers;
+            CHECK_MSG(experts == w, "%s receiver %d: expert bytes %" PRIu64 ", want %" PRIu64,
+                      what, r, experts, w);
+        }
+        expert_total += experts;
+        total += want;
+
+        /* from FSDP sender s: the rows of each piece that s holds */
+        for (int s = 0; sl == SEND_FSDP && s < S; s++) {
+            uint64_t pair = 0;
+            for (size_t j = 0; j < g.ntg[r]; j++) {
+                const wsync_target_t *t = &g.tg[r][j];
+                for (int k = 0; k < t->npieces; k++) {
+                    const wsync_piece_t *p = &t->pieces[k];
+                    int64_t lo, hi;
+                    fsdp_rows(p->param.shape[0], s, S, &lo, &hi);
+                    int64_t a = p->src.start[0] > lo ? p->src.start[0] : lo;
+                    int64_t z = p->src.start[0] + p->src.len[0] < hi
+                                    ? p->src.start[0] + p->src.len[0]
+                                    : hi;
+                    if (z > a)
+                        pair += (uint64_t)(z - a) * vol(p->param.ndim - 1, p->src.len + 1) *
+                                wsync_dtype_size(p->param.dtype);
+                }
+            }
+            uint64_t got = sum->pair_bytes[(size_t)s * (size_t)g.nr + (size_t)r];
+            CHECK_MSG(got == pair, "%s sender %d -> receiver %d: plan %" PRIu64 ", rows held "
+                      "%" PRIu64, what, s, r, got, pair);
+        }
+    }
+    /* every routed expert byte once per engine, EP or TP */
+    CHECK_MSG(expert_total == all_experts, "%s: experts moved %" PRIu64 ", checkpoint %" PRIu64,
+              what, expert_total, all_experts);
+    CHECK(sum->total_bytes == total);
+    wsync_plan_summary_free(sum);
+    group_free(&g);
+}
+
+static void qwen3_moe_plans(void)
+{
+    check_group(QWEN, 3, SEND_FSDP, 2, 4);   /* FSDP-3 -> EP-4 (attention DP 2 x TP 2) */
+    check_group(QWEN, 3, SEND_FSDP, 2, 0);   /* FSDP-3 -> TP-2, experts split inside */
+    check_group(QWEN, 2, SEND_FSDP, 1, 3);   /* EP-3: 8 experts as 3 + 3 + 2 */
+    check_group(QWEN, 4, SEND_EP, 2, 2);     /* expert-parallel senders -> EP-2 */
+}
+
+static void deepseek_v3_plans(void)
+{
+    check_group(DSV3, 3, SEND_FSDP, 2, 4);
+    check_group(DSV3, 2, SEND_FSDP, 2, 0);
+    check_group(DSV3, 2, SEND_EP, 1, 8);     /* one expert per EP rank */
+}
+
+/* The same descriptions in another order (shards and targets shuffled, each keeping its rank
+ * and index) give the same plan: the compiler sorts what it needs, it does not rely on the
+ * order the coordinator happens to collect them in. */
+static void order_independent(void)
+{
+    group_t g;
+    if (group_make(&g, DSV3, 3, SEND_FSDP, 2, 4) != 0) {
+        group_free(&g);
+        return;
+    }
+    size_t nsh = 0, ntg = 0, k = 0;
+    for (int s = 0; s < g.S; s++)
+        nsh += g.nsh[s];
+    for (int r = 0; r < g.nr; r++)
+        ntg += g.ntg[r];
+    wsync_shard_desc_t *sd = calloc(nsh, sizeof(*sd));
+    wsync_target_desc_t *td = calloc(ntg, sizeof(*td));
+    static char data;
+    CHECK(sd != NULL && td != NULL);
+    for (int s = 0; sd && s < g.S; s++)
+        for (size_t i = 0; i < g.nsh[s]; i++, k++) {
+            wsync_shard_t one = g.sh[s][i];
+            one.data = &data;
+            CHECK_ST(wsync_shard_desc_from(&one, (uint32_t)s, (uint32_t)i, &sd[k]), WSYNC_OK);
+        }
+    k = 0;
+    for (int r = 0; td && r < g.nr; r++)
+        for (size_t j = 0; j < g.ntg[r]; j++, k++) {
+            wsync_target_t one = g.tg[r][j];
+            one.data = &data;
+            CHECK_ST(wsync_target_desc_from(&one, (uint32_t)r, (uint32_t)j, &td[k]), WSYNC_OK);
+        }
+    wsync_plan_t *a = NULL, *b = NULL;
+    CHECK_ST(wsync_plan_compile(sd, nsh, td, ntg, 3, 4, 1 << 20, &a), WSYNC_OK);
+    uint64_t seed = 0x9e3779b97f4a7c15u;
+    for (size_t i = nsh; i > 1; i--) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        size_t j = (size_t)(seed >> 33) % i;
+        wsync_shard_desc_t t = sd[i - 1];
+        sd[i - 1] = sd[j], sd[j] = t;
+    }
+    for (size_t i = ntg; i > 1; i--) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        size_t j = (size_t)(seed >> 33) % i;
+        wsync_target_desc_t t = td[i - 1];
+        td[i - 1] = td[j], td[j] = t;
+    }
+    CHECK_ST(wsync_plan_compile(sd, nsh, td, ntg, 3, 4, 1 << 20, &b), WSYNC_OK);
+    if (a && b) {
+        CHECK_MSG(a->fingerprint == b->fingerprint, "fingerprints %016" PRIx64 " and %016" PRIx64,
+                  a->fingerprint, b->fingerprint);
+        CHECK(a->nchunks == b->nchunks && a->nsegments == b->nsegments);
+    }
+    /* a repeated (sender, index) is still refused, naming both params */
+    if (nsh >= 2) {
+        uint32_t keep = sd[1].index, ks = sd[1].sender;
+        sd[1].index = sd[0].index, sd[1].sender = sd[0].sender;
+        wsync_plan_t *c = NULL;
+        CHECK_ST(wsync_plan_compile(sd, nsh, td, ntg, 3, 4, 1 << 20, &c), WSYNC_ERR_INVALID);
+        CHECK_ERR_HAS("describes two shards with index");
+        sd[1].index = keep, sd[1].sender = ks;
+    }
+    wsync_plan_free(a);
+    wsync_plan_free(b);
+    wsync_shard_descs_free(sd, nsh);
+    wsync_target_descs_free(td, ntg);
+    group_free(&g);
+}
+
+/* Many params (as a MoE has), FSDP over 4 senders, two receivers taking alternate params whole:
+ * one chunk per (param, sender), one segment per chunk, each receiver's bytes its params'. */
+static void many_params(void)
+{
+    enum { N = 6000, S = 4, ROWS = 64, COLS = 32 };
+    wsync_param_t *p = calloc(N, sizeof(*p));
+    char (*names)[48] = calloc(N, sizeof(*names));
+    wsync_piece_t *pieces = calloc(N, sizeof(*pieces));
+    wsync_target_t *tg = calloc(N, sizeof(*tg));
+    int *tr = calloc(N, sizeof(*tr)), *ss = NULL;
+    wsync_shard_t *all = NULL;
+    size_t nall = 0;
+    CHECK(p && names && pieces && tg && tr);
+    if (!(p && names && pieces && tg && tr))
+        goto out;
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof(names[i]), "model.layers.%d.mlp.experts.%d.w.weight", i / 300,
+                 i % 300);
+        p[i] = (wsync_param_t){names[i], WSYNC_DTYPE_BF16, 2, {ROWS, COLS}};
+        pieces[i].param = p[i];
+        pieces[i].src.len[0] = ROWS, pieces[i].src.len[1] = COLS;
+        tg[i] = (wsync_target_t){names[i], WSYNC_DTYPE_BF16, 2, {ROWS, COLS}, NULL,
+                                 WSYNC_MEM_HOST, 0, &pieces[i], 1, {0}};
+        tr[i] = i % 2;
+    }
+    all = calloc((size_t)N * S, sizeof(*all));
+    ss = calloc((size_t)N * S, sizeof(*ss));
+    for (int s = 0; all && ss && s < S; s++) {
+        wsync_shard_t *sh = NULL;
+        size_t n = 0;
+        CHECK_ST(wsync_layout_shards(p, N, 0, s, S, &sh, &n), WSYNC_OK);
+        for (size_t i = 0; i < n; i++, nall++)
+            all[nall] = sh[i], ss[nall] = s;
+        free(sh);   /* names stay with `all`, freed below */
+    }
+    wsync_plan_summary_t *sum = NULL;
+    CHECK_ST(wsync_plan_summarize(all, ss, nall, tg, tr, N, S, 2, 0, &sum), WSYNC_OK);
+    if (sum) {
+        CHECK(sum->nchunks == (uint64_t)N * S);
+        CHECK(sum->nsegments == (uint64_t)N * S);
+        for (int r = 0; r < 2; r++)
+            CHECK(sum->bytes_per_receiver[r] == (uint64_t)N / 2 * ROWS * COLS * 2);
+        for (int s = 0; s < S; s++)
+            CHECK(sum->pair_bytes[(size_t)s * 2] == (uint64_t)N / 2 * (ROWS / S) * COLS * 2);
+    }
+    wsync_plan_summary_free(sum);
+out:
+    for (size_t i = 0; all && i < nall; i++)
+        free((char *)all[i].param.name);
+    free(all);
+    free(ss);
+    free(p);
+    free(names);
+    free(pieces);
+    free(tg);
+    free(tr);
+}
+
+int main(void)
+{
+    RUN(qwen3_moe_plans);
+    RUN(deepseek_v3_plans);
+    RUN(order_independent);
+    RUN(many_params);
+    return check_summary();
+}
