@@ -533,22 +533,21 @@ static void model_free(model_t *m)
     wsync_model_params_free(m->p, m->n);
 }
 
-static int64_t find_param(const model_t *m, const char *name)
+static int64_t find_param(model_t *m, const char *name)
 {
     /* consecutive lookups mostly ask for the same param: try the last answer first */
-    model_t *mm = (model_t *)m;
-    if (mm->last < mm->n && strcmp(m->p[mm->last].name, name) == 0)
-        return (int64_t)mm->last;
+    if (m->last < m->n && strcmp(m->p[m->last].name, name) == 0)
+        return (int64_t)m->last;
     for (size_t k = 0; k < m->n; k++)
         if (strcmp(m->p[k].name, name) == 0) {
-            mm->last = k;
+            m->last = k;
             return (int64_t)k;
         }
     return -1;
 }
 
 /* The target's content as ids, from its pieces (applied here, not by the library). */
-static uint32_t *apply_pieces(const model_t *m, const wsync_target_t *t, uint64_t *vol)
+static uint32_t *apply_pieces(model_t *m, const wsync_target_t *t, uint64_t *vol)
 {
     uint64_t v = 1;
     for (int d = 0; d < t->ndim; d++)
