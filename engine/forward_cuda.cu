@@ -988,7 +988,8 @@ static wsync_status_t mlp_room(wse_cuda_t *c, const wse_cuda_coll_t *coll, int64
     wse_cuda_release(c, c->hb2);
     c->hb = c->hb2 = NULL;
     c->mlp_cap = 0;
-    if ((st = wse_cuda_alloc(c, (size_t)(2 * width) * sizeof(float), (void **)&c->hb)) != WSYNC_OK ||
+    st = wse_cuda_alloc(c, (size_t)(2 * width) * sizeof(float), (void **)&c->hb);
+    if (st != WSYNC_OK ||
         (st = wse_cuda_alloc(c, (size_t)width * sizeof(float), (void **)&c->hb2)) != WSYNC_OK)
         return st;
     c->mlp_cap = width;
@@ -1125,8 +1126,8 @@ static wsync_status_t mlp_moe(wse_cuda_t *c, const wse_cuda_coll_t *coll, const 
         c->xb2, c->moe_y, c->topk_ids, c->topk_w, (int)topk, Hd, d->e_first, d->E_local);
     LAUNCHED("moe_combine_kernel", c->gpu);
     if (ly->gate_up.w != NULL) {
-        if ((st = mlp_dense(c, coll, ly, c->xb3)) != WSYNC_OK || (st = add(c, c->xb2, c->xb3, Hd)) !=
-            WSYNC_OK)
+        if ((st = mlp_dense(c, coll, ly, c->xb3)) != WSYNC_OK ||
+            (st = add(c, c->xb2, c->xb3, Hd)) != WSYNC_OK)
             return st;
     }
     return WSYNC_OK;
