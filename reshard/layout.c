@@ -3,6 +3,7 @@
 #include "reshard/model.h"
 
 #include "core/status.h"
+#include "reshard/plan.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -702,6 +703,12 @@ static wsync_status_t check_experts(const wsync_model_config_t *cfg, int64_t lay
                          "%s: ep_size %d exceeds the %" PRId64
                          " experts (a rank would hold none)",
                          w13, o->ep_size, e);
+    const int64_t most = (e + o->ep_size - 1) / o->ep_size;    /* experts on one rank */
+    if (2 * most > WSYNC_MAX_PIECES)
+        return wsync_err(WSYNC_ERR_CONFIG,
+                         "%s: %" PRId64 " experts on one rank make %" PRId64
+                         " pieces, more than a target takes (%d): use expert parallelism",
+                         w13, most, 2 * most, WSYNC_MAX_PIECES);
     if (im % t != 0)
         return wsync_err(WSYNC_ERR_CONFIG,
                          "%s: moe_intermediate_size I = %" PRId64

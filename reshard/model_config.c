@@ -430,6 +430,22 @@ static wsync_status_t check_moe(const char *src, const wsync_model_config_t *c)
         return wsync_err(WSYNC_ERR_CONFIG, "%s: router_bias = %d must be 0 or 1", src,
                          c->router_bias);
 
+    /* sums and products that become one dim of a param or target stay sizes themselves, so
+     * that a dim times another size still fits in int64 */
+    const struct {
+        const char *what;
+        int64_t value;
+    } derived[] = {
+        {"n_shared_experts * moe_intermediate_size", c->n_shared_experts * c->moe_intermediate_size},
+        {"qk_nope_head_dim + v_head_dim", c->qk_nope_head_dim + c->v_head_dim},
+        {"q_lora_rank + kv_lora_rank + qk_rope_head_dim",
+         c->q_lora_rank + c->kv_lora_rank + c->qk_rope_head_dim},
+    };
+    for (size_t i = 0; i < sizeof(derived) / sizeof(derived[0]); i++)
+        if (derived[i].value > SIZE_MAX_ALLOWED)
+            return wsync_err(WSYNC_ERR_CONFIG, "%s: %s = %" PRId64 " exceeds %d", src,
+                             derived[i].what, derived[i].value, SIZE_MAX_ALLOWED);
+
     /* MLA: rope rotates pairs of dims; the derived sizes are what the params' shapes use */
     if (c->qk_rope_head_dim % 2 != 0)
         return wsync_err(WSYNC_ERR_CONFIG, "%s: qk_rope_head_dim = %" PRId64 " must be even", src,

@@ -347,6 +347,9 @@ static void config_moe_refusals(void)
     refuse(DSV3(", \"kv_lora_rank\": true"), "kv_lora_rank must be an integer, got true");
     refuse(DSV3(", \"routed_scaling_factor\": 0"), "routed_scaling_factor = 0 must be > 0");
     refuse(DSV3(", \"attention_bias\": true"), "no attention or MLP biases");
+    refuse(DSV3(", \"n_shared_experts\": 2147483647, \"moe_intermediate_size\": 2"),
+           "n_shared_experts * moe_intermediate_size = 4294967294 exceeds 2147483647");
+    refuse(DSV3R("65537", "1", "1", "2", ""), "n_routed_experts = 65537 experts, at most 65536");
     refuse(DSV3(", \"moe_layer_freq\": 2"), "moe_layer_freq = 2 is not supported for deepseek_v3");
     refuse(DSV3R("null", "2", "1", "2", ""), "n_routed_experts = null");
     refuse("{\"model_type\": \"deepseek_v2\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
