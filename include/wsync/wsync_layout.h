@@ -389,7 +389,8 @@ wsync_status_t wsync_layout_local_experts(int64_t num_experts, int ep_rank, int 
  * for each j. An FP8 target's scales are those of this matrix: with block rows dividing I_p they
  * are vLLM's w13_weight_scale_inv [nlocal, 2 * I_p / bn, ceil(Hd / bk)], in the same order.
  * tp_size 1 with whole experts is expert parallelism. WSYNC_ERR_CONFIG when I % tp_size != 0;
- * WSYNC_ERR_INVALID for NULLs, nlocal < 1 or a param that is not 2-D or differs from the others.
+ * WSYNC_ERR_INVALID for NULLs, nlocal outside [1, 32768] (a target's pieces) or a param that
+ * is not 2-D or differs from the others.
  * Named `name`. Free with wsync_layout_target_free. Thread-safe. */
 wsync_status_t wsync_layout_moe_w13(const char *name, const wsync_param_t *gate,
                                     const wsync_param_t *up, int64_t nlocal, int tp_rank,
