@@ -106,6 +106,9 @@ static const struct {
     {"mlp.shared_experts.down_proj.weight", WSE_SH_DOWN},
 };
 
+/* the layers' roles are checked as bits of an unsigned */
+_Static_assert(WSE_NROLES <= 32, "too many roles for the role masks");
+
 static wsync_status_t role_of(const wsync_engine_t *e, const char *name, wse_role_t *role,
                               int *layer)
 {
