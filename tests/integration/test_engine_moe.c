@@ -870,6 +870,52 @@ static void case_yarn_refused(void)
 
 /* ---- expert parallelism's limits and the command line -------------------------------------- */
 
+/* Loading names what is wrong with an expert's tensor: missing, or not the config's shape. */
+static void case_load_errors_name_the_expert(void)
+{
+    const char *victim = "model.layers.2.mlp.experts.5.up_proj.weight";
+    wsync_engine_params_t p = WSYNC_ENGINE_PARAMS_INIT;
+    wsync_model_config_t cfg;
+    wsync_engine_t *e = NULL;
+    version_t vt;
+    size_t at = (size_t)-1;
+    char path[512];
+
+    snprintf(path, sizeof(path), "%s/config.json", dsv3.dir);
+    CHECK_OK(wsync_model_config_load(path, &cfg));
+    p.ep = 2;
+    p.tp_size = 2;
+    p.tp_rank = 1;   /* experts 4..7 */
+    CHECK(wsync_engine_comm_create(2, &cfg, 0, 1000, &p.comm) == WSYNC_OK);
+    CHECK_MSG(wsync_engine_create(&cfg, &p, &e) == WSYNC_OK, "%s", wsync_engine_last_error());
+    if (e == NULL || version_make(&dsv3, &vt, 2) != 0)
+        goto out;
+    for (size_t i = 0; i < vt.n; i++)
+        if (strcmp(vt.t[i].name, victim) == 0)
+            at = i;
+    CHECK(at != (size_t)-1);
+    if (at == (size_t)-1)
+        goto done;
+    vt.t[at].shape[0] /= 2;
+    CHECK(wsync_engine_load(e, vt.t, vt.n) == WSYNC_ERR_CONFIG);
+    CHECK_MSG(strstr(wsync_engine_last_error(), victim) != NULL &&
+                  strstr(wsync_engine_last_error(), "[32, 128]") != NULL &&
+                  strstr(wsync_engine_last_error(), "[64, 128]") != NULL,
+              "%s", wsync_engine_last_error());
+    vt.t[at].shape[0] *= 2;
+    vt.t[at].name = "renamed";
+    CHECK(wsync_engine_load(e, vt.t, vt.n) == WSYNC_ERR_NOT_FOUND);
+    CHECK_MSG(strstr(wsync_engine_last_error(), victim) != NULL &&
+                  strstr(wsync_engine_last_error(), "mlp.experts.w13_weight") != NULL,
+              "%s", wsync_engine_last_error());
+    CHECK(wsync_engine_generate(e, dsv3.prompt, 1, 1, (int32_t[1]){0}, NULL) == WSYNC_ERR_STATE);
+done:
+    version_free(&vt);
+out:
+    wsync_engine_free(e);
+    wsync_engine_comm_free(p.comm);
+}
+
 static void case_ep_refused(void)
 {
     wsync_model_config_t cfg;
@@ -999,6 +1045,7 @@ int main(void)
     RUN(case_deepseek_v3_fused_fsdp2_to_tp2);
     RUN(case_deepseek_v2_rules);
     RUN(case_yarn_refused);
+    RUN(case_load_errors_name_the_expert);
     RUN(case_ep_refused);
     RUN(case_cli_ep2);
     RUN(case_cli_sync_ep2);
