@@ -13,7 +13,10 @@
  * TP 2 and EP 2 (whole experts per rank), bf16 and FP8 blocks of 32, against the CPU engine at
  * TP 1 in the same precision (every prompt position's logits within 1e-3 relative error, the
  * same greedy tokens) and, in bf16, against HF (logits within 1e-3, reference.json's
- * greedy_12). With one GPU the two ranks share it (the host all-reduce).
+ * greedy_12). With one GPU the two ranks share it (the host all-reduce). Two variants of the
+ * DeepSeek-V3 model's config (its weights), against the CPU engine in bf16 at TP 1, TP 2 and
+ * EP 2: DeepSeek-V2's routing (softmax, group_limited_greedy, no renormalisation) and MLA's
+ * rope on halves instead of interleaved pairs.
  *
  *   test_engine_cuda [--json FILE]
  *
@@ -554,6 +557,7 @@ typedef struct {
     int same_gpu;            /* every rank on GPU 0 */
     const float *cpu;        /* the CPU engine's prompt logits at TP 1, same precision */
     const int32_t *cpu_tokens;
+    int no_hf;               /* a variant of a model: HF's reference is not its */
 } moe_arg_t;
 
 static void moe_params(wsync_engine_params_t *p, const moe_arg_t *a)
@@ -566,8 +570,8 @@ static void moe_params(wsync_engine_params_t *p, const moe_arg_t *a)
 }
 
 /* The CPU engine at TP 1: prompt logits [nprompt, V] and greedy tokens [ngreedy]; NULL (with
- * the reason printed) when it fails. */
-static float *moe_cpu(int quant, int32_t *tokens)
+ * the reason printed) when it fails. vs_hf: print how far it is from HF's reference. */
+static float *moe_cpu(int quant, int vs_hf, int32_t *tokens)
 {
     moe_arg_t a = {0};
     wsync_engine_params_t p = WSYNC_ENGINE_PARAMS_INIT;
@@ -605,6 +609,8 @@ static float *moe_cpu(int quant, int32_t *tokens)
     wsync_engine_free(e);
     for (int i = 0; i < ngreedy; i++)
         same &= tokens[i] == greedy[i];
+    if (!vs_hf)
+        return out;
     /* for reading a failure: how far the CPU engine itself is from HF */
     fprintf(stderr, "CPU engine TP 1%s: worst logits relative error %.3g against HF; greedy "
             "tokens %s HF's\n", quant ? " FP8" : "", worst, same ? "equal" : "DIFFER from");
@@ -656,11 +662,11 @@ static int moe_rank_main(int rank, int tp, wsync_engine_comm_t *comm, void *varg
         double c = rel_err(l, a->cpu + i * V, V), h = rel_err(l, ref_logits + i * V, V);
         worst_cpu = c > worst_cpu ? c : worst_cpu;
         worst_hf = h > worst_hf ? h : worst_hf;
-        if (first_bad < 0 && (c >= 1e-3 || (!a->quant && h >= 1e-3)))
+        if (first_bad < 0 && (c >= 1e-3 || (!a->quant && !a->no_hf && h >= 1e-3)))
             first_bad = i;
         CHECK_MSG(c < 1e-3, "%s: position %d (token %d): logits relative error %.3g against the "
                   "CPU engine", what, i, (int)prompt[i], c);
-        if (!a->quant)
+        if (!a->quant && !a->no_hf)
             CHECK_MSG(h < 1e-3, "%s: position %d (token %d): logits relative error %.3g against "
                       "HF", what, i, (int)prompt[i], h);
     }
@@ -677,16 +683,21 @@ static int moe_rank_main(int rank, int tp, wsync_engine_comm_t *comm, void *varg
             same_hf &= out[i] == greedy[i];
         }
         CHECK_MSG(same_cpu, "%s: greedy tokens differ from the CPU engine's", what);
-        if (!a->quant)
+        if (!a->quant && !a->no_hf)
             CHECK_MSG(same_hf, "%s: greedy tokens differ from HF's greedy_12", what);
-        if (!same_cpu || !same_hf) {
+        if (!same_cpu || (!same_hf && !a->quant && !a->no_hf)) {
             print_tokens("CUDA engine:", out, ngreedy);
             print_tokens("CPU engine (TP 1):", a->cpu_tokens, ngreedy);
             print_tokens("HF greedy_12:", greedy, ngreedy);
         }
-        fprintf(stderr, "%s: worst logits relative error %.3g against the CPU engine, %.3g "
-                "against HF; tokens %s the CPU engine's, %s HF's\n", what, worst_cpu, worst_hf,
-                same_cpu ? "equal" : "DIFFER from", same_hf ? "equal" : "differ from");
+        if (a->no_hf)
+            fprintf(stderr, "%s: worst logits relative error %.3g against the CPU engine; tokens "
+                    "%s the CPU engine's\n", what, worst_cpu, same_cpu ? "equal" : "DIFFER from");
+        else
+            fprintf(stderr, "%s: worst logits relative error %.3g against the CPU engine, %.3g "
+                    "against HF; tokens %s the CPU engine's, %s HF's\n", what, worst_cpu,
+                    worst_hf, same_cpu ? "equal" : "DIFFER from",
+                    same_hf ? "equal" : "differ from");
     }
     wsync_engine_free(e);
     return check_failures ? 1 : 0;
@@ -736,7 +747,7 @@ static int moe_model_main(void *varg)
     if (use_model(name) != 0)
         return 1;
     for (int q = 0; q < 2; q++)
-        if ((cpu[q] = moe_cpu(q, tokens[q])) == NULL)
+        if ((cpu[q] = moe_cpu(q, 1, tokens[q])) == NULL)
             failed = 1;
     for (int q = 0; q < 2 && !failed; q++) {
         const int splits[3][2] = {{1, 0}, {2, 0}, {2, 2}};   /* {tp, ep} */
@@ -759,6 +770,131 @@ static int moe_model_main(void *varg)
     free(cpu[0]);
     free(cpu[1]);
     return failed;
+}
+
+/* A model directory `dir` whose config.json is src's edited by `edit` and whose
+ * model.safetensors is src's (a link). */
+static int make_variant(const char *src, const char *dir, void (*edit)(json_t *))
+{
+    char path[4400], target[4400];
+    json_error_t err;
+    json_t *j;
+
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        fprintf(stderr, "mkdir %s: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof(path), "%s/config.json", src);
+    if ((j = json_load_file(path, 0, &err)) == NULL) {
+        fprintf(stderr, "%s: %s\n", path, err.text);
+        return -1;
+    }
+    edit(j);
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    if (json_dump_file(j, path, JSON_INDENT(1)) != 0) {
+        fprintf(stderr, "cannot write %s\n", path);
+        json_decref(j);
+        return -1;
+    }
+    json_decref(j);
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    snprintf(target, sizeof(target), "%s/model.safetensors", src);
+    unlink(path);
+    if (symlink(target, path) != 0) {
+        fprintf(stderr, "symlink %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void remove_variant(const char *dir)
+{
+    char path[4400];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* DeepSeek-V2's routing (HF DeepseekV2Moe): softmax scores, group_limited_greedy keeping the
+ * best group by its best score, weights times routed_scaling_factor, never renormalised. */
+static void edit_v2(json_t *j)
+{
+    json_object_set_new(j, "model_type", json_string("deepseek_v2"));
+    json_object_set_new(j, "architectures", json_pack("[s]", "DeepseekV2ForCausalLM"));
+    json_object_set_new(j, "scoring_func", json_string("softmax"));
+    json_object_set_new(j, "topk_method", json_string("group_limited_greedy"));
+    json_object_set_new(j, "topk_group", json_integer(1));
+    json_object_del(j, "rope_interleave");
+}
+
+/* MLA's rope on the halves (i, i + rope/2) instead of interleaved pairs */
+static void edit_plain_rope(json_t *j)
+{
+    json_object_set_new(j, "rope_interleave", json_false());
+}
+
+/* Paths of the CUDA forward the tiny models do not take, on DeepSeek-V3 tiny's weights with its
+ * config edited: against the CPU engine only (HF's reference is not theirs), bf16, TP 1, TP 2
+ * and EP 2. */
+static int moe_variants_main(void *arg)
+{
+    static const struct { const char *name; void (*edit)(json_t *); } variants[] = {
+        {"deepseek_v2_group_limited", edit_v2},
+        {"deepseek_v3_plain_rope", edit_plain_rope},
+    };
+    char root[] = "/tmp/wsync-engine-cuda-XXXXXX", src[4096], dir[4200];
+    int failed = 0;
+
+    (void)arg;
+    if (use_model("hf_deepseek_v3_tiny") != 0 || realpath(MODEL_DIR, src) == NULL ||
+        mkdtemp(root) == NULL) {
+        fprintf(stderr, "cannot set up the variants of %s: %s\n", MODEL_DIR, strerror(errno));
+        return 1;
+    }
+    for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
+        int32_t tokens[MAX_TOK];
+        float *cpu;
+
+        snprintf(dir, sizeof(dir), "%s/%s", root, variants[v].name);
+        if (make_variant(src, dir, variants[v].edit) != 0) {
+            failed = 1;
+            continue;
+        }
+        snprintf(MODEL_DIR, sizeof(MODEL_DIR), "%s", dir);
+        if ((cpu = moe_cpu(0, 0, tokens)) == NULL) {
+            failed = 1;
+            remove_variant(dir);
+            continue;
+        }
+        const int splits[3][2] = {{1, 0}, {2, 0}, {2, 2}};   /* {tp, ep} */
+        for (int i = 0; i < 3; i++) {
+            moe_arg_t a = {0};
+            a.model = variants[v].name;
+            a.tp = splits[i][0];
+            a.ep = splits[i][1];
+            a.same_gpu = ngpu < a.tp;
+            a.cpu = cpu;
+            a.cpu_tokens = tokens;
+            a.no_hf = 1;
+            if (moe_split(&a) != 0) {
+                fprintf(stderr, "FAILED: %s CUDA TP %d%s bf16 (see above)\n", a.model, a.tp,
+                        a.ep ? " EP" : "");
+                failed = 1;
+            }
+        }
+        free(cpu);
+        remove_variant(dir);
+    }
+    rmdir(root);
+    return failed;
+}
+
+static void case_moe_variants(void)
+{
+    CHECK_MSG(in_child(moe_variants_main, NULL, 6 * CASE_LIMIT_S + 60) == 0,
+              "the DeepSeek variants failed (see above)");
 }
 
 static void case_qwen3_moe(void)
@@ -904,6 +1040,7 @@ int main(int argc, char **argv)
     RUN(case_dead_peer);
     RUN(case_qwen3_moe);
     RUN(case_deepseek_v3);
+    RUN(case_moe_variants);
     RUN(case_cli);
     RUN(case_demo_nccl);
     RUN(case_demo_ipc);
