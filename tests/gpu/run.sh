@@ -201,7 +201,7 @@ moe_bench() {   # name, then wsync-bench arguments
     echo "{\"bench\": \"$name\", \"rc\": $rc, \"result\": ${line:-null}}" >> "$WORK/moe.jsonl"
     # a refusal (exit 2) names the bytes needed and free: keep it for the summary
     if [ $rc = 2 ]; then
-        MOE_NOTES="$MOE_NOTES $name: $(grep 'does not fit' "$WORK/moe $name.log" | head -n 1);"
+        MOE_NOTES="${MOE_NOTES:+$MOE_NOTES; }$name: $(grep 'does not fit' "$WORK/moe $name.log" | head -n 1)"
     fi
     return 0
 }
@@ -235,7 +235,7 @@ if ! skipped moe-baselines && [ -n "$MOE_RUNS" ]; then
             --json-out "$WORK/moe-baselines.jsonl"
         cp "$WORK/moe-baselines.jsonl" "$OUT/moe-baselines.jsonl"
     else
-        MOE_NOTES="$MOE_NOTES no torch: the all-gather baseline not run"
+        MOE_NOTES="${MOE_NOTES:+$MOE_NOTES; }no torch: the all-gather baseline not run"
     fi
 fi
 
