@@ -8,6 +8,10 @@
  * FP8 targets the CPU quantizer (reshard/fp8.h, the reference the CUDA kernels are checked
  * against). Three versions; each wait must report the version pushed.
  *
+ * Mixture of experts (cases named "moe ..."): the tiny Qwen3-MoE and DeepSeek-V3 of
+ * ../shared/testdata (configs built in) FSDP-2 -> TP-2 and -> EP-2, FusedMoE w13/w2 targets of 3
+ * dims checked byte for byte against the per-expert params they slice, bf16 and FP8-block.
+ *
  * Also: sender shards in memory from cuMemCreate (POSIX file descriptor handles, what PyTorch's
  * expandable segments use), through the driver API got at run time (no libcuda link); shards in
  * cudaMallocAsync memory, which no process can export, are staged through device buckets and must
@@ -86,6 +90,87 @@ static wsync_model_config_t model_kill(void)
     return c;
 }
 
+/* The tiny mixtures of experts of ../shared/testdata, their config.json's values built here (no
+ * file needed on the GPU machine): Qwen3-MoE (hf_qwen3_moe_tiny: 8 experts, top-2, moe_I 64)
+ * and DeepSeek-V3 (hf_deepseek_v3_tiny: MLA with q_lora 64, kv_lora 32, a dense layer 0, 8
+ * routed experts in 2 groups, one shared expert, the router's correction bias). Their widths
+ * are below a 128-row FP8 block, so FP8 runs use model_moe_fp8: the Qwen3-MoE layout with
+ * every TP or EP split up to 2 keeping blocks whole. */
+static wsync_model_config_t model_qwen3_moe(void)
+{
+    wsync_model_config_t c = model_small();
+    c.model_type = WSYNC_MODEL_QWEN3_MOE;
+    c.vocab_size = 384;
+    c.hidden_size = 128;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 32;
+    c.intermediate_size = 256;
+    c.max_position_embeddings = 256;
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 64;
+    c.norm_topk_prob = 1;
+    c.decoder_sparse_step = 1;
+    return c;
+}
+
+static wsync_model_config_t model_deepseek_v3(void)
+{
+    wsync_model_config_t c = model_qwen3_moe();
+    c.model_type = WSYNC_MODEL_DEEPSEEK_V3;
+    c.num_hidden_layers = 3;
+    c.num_key_value_heads = 4;
+    c.qk_norm = 0;
+    c.q_lora_rank = 64;
+    c.kv_lora_rank = 32;
+    c.qk_nope_head_dim = 32;
+    c.qk_rope_head_dim = 16;
+    c.head_dim = 48;            /* nope + rope, as the parser sets it for MLA */
+    c.v_head_dim = 32;
+    c.rope_interleave = 1;
+    c.decoder_sparse_step = 0;
+    c.n_shared_experts = 1;
+    c.first_k_dense_replace = 1;
+    c.moe_layer_freq = 1;
+    c.n_group = 2;
+    c.topk_group = 1;
+    c.routed_scaling_factor = 2.5;
+    c.scoring_func = WSYNC_ROUTER_SIGMOID;
+    c.topk_method = WSYNC_TOPK_NOAUX_TC;
+    c.router_bias = 1;
+    return c;
+}
+
+static wsync_model_config_t model_moe_fp8(void)
+{
+    wsync_model_config_t c = model_qwen3_moe();
+    c.hidden_size = 256;
+    c.head_dim = 128;
+    c.moe_intermediate_size = 256;
+    return c;
+}
+
+typedef enum {
+    MODEL_SMALL,
+    MODEL_KILL,
+    MODEL_QWEN3_MOE,
+    MODEL_DEEPSEEK_V3,
+    MODEL_MOE_FP8,
+} model_id_t;
+
+static wsync_model_config_t model_by_id(model_id_t id)
+{
+    switch (id) {
+    case MODEL_KILL: return model_kill();
+    case MODEL_QWEN3_MOE: return model_qwen3_moe();
+    case MODEL_DEEPSEEK_V3: return model_deepseek_v3();
+    case MODEL_MOE_FP8: return model_moe_fp8();
+    default: return model_small();
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Data                                                                                         */
 /* ------------------------------------------------------------------------------------------ */
@@ -117,28 +202,77 @@ static uint64_t elems_of(const wsync_param_t *p, const wsync_box_t *b)
     return n;
 }
 
-/* The bytes target t holds after version v (out: wsync_target_bytes; scales: FP8 only). */
+/* Bytes of one element of a param: bf16, or f32 where a family keeps one (a router's correction
+ * bias); an f32 param holds the generator's bf16 values widened, exactly. */
+static size_t esz_of(const wsync_param_t *p) { return p->dtype == WSYNC_DTYPE_F32 ? 4 : 2; }
+
+/* gen() in the param's dtype. */
+static void gen_as(const wsync_param_t *p, uint64_t v, uint64_t start, uint64_t n, void *out)
+{
+    if (esz_of(p) == 2) {
+        gen(p->name, v, start, n, out);
+        return;
+    }
+    uint16_t *tmp = malloc((n ? n : 1) * 2);
+    if (!tmp)
+        abort();
+    gen(p->name, v, start, n, tmp);
+    for (uint64_t i = 0; i < n; i++)
+        ((uint32_t *)out)[i] = (uint32_t)tmp[i] << 16;
+    free(tmp);
+}
+
+/* The bytes target t holds after version v (out: wsync_target_bytes; scales: FP8 only).
+ * A piece's param dims are the target's last ones: a [I, Hd] expert weight lands in a
+ * [E_local, 2 I_p, Hd] FusedMoE w13 target at dst_start {j, r, 0}. FP8 targets of 3 dims are
+ * quantized as their [prod(leading dims), last dim] matrix. */
 static int expected(const wsync_target_t *t, uint64_t v, uint8_t *out, float *scales)
 {
     uint64_t elems = wsync_target_bytes(t) / wsync_dtype_size(t->dtype);
     int fp8 = t->dtype == WSYNC_DTYPE_F8E4M3FN;
+    int td = t->ndim;
+    uint64_t tstride[WSYNC_MAX_DIMS];
     uint16_t *dense = calloc(elems ? elems : 1, 2);
     if (!dense)
         return -1;
+    tstride[td - 1] = 1;
+    for (int d = td - 2; d >= 0; d--)
+        tstride[d] = tstride[d + 1] * (uint64_t)t->shape[d + 1];
     for (int k = 0; k < t->npieces; k++) {
         const wsync_piece_t *p = &t->pieces[k];
+        int pd = p->param.ndim, lead = td - pd;
+        if (pd < 1 || lead < 0) {
+            fprintf(stderr, "%s piece %d: param %s has %d dims, the target %d\n", t->name, k,
+                    p->param.name, pd, td);
+            free(dense);
+            return -1;
+        }
         if (elems_of(&p->param, &p->src) == 0)
             continue;
-        if (p->param.ndim == 1) {
-            gen(p->param.name, v, (uint64_t)p->src.start[0], (uint64_t)p->src.len[0],
-                dense + p->dst_start[0]);
-            continue;
+        uint64_t pstride[WSYNC_MAX_DIMS], rows = 1;
+        pstride[pd - 1] = 1;
+        for (int d = pd - 2; d >= 0; d--)
+            pstride[d] = pstride[d + 1] * (uint64_t)p->param.shape[d + 1];
+        for (int d = 0; d < pd - 1; d++)
+            rows *= (uint64_t)p->src.len[d];
+        for (uint64_t r = 0; r < rows; r++) {
+            uint64_t idx[WSYNC_MAX_DIMS] = {0}, rest = r, src = 0, dst = 0;
+            for (int d = pd - 2; d >= 0; d--) {
+                idx[d] = rest % (uint64_t)p->src.len[d];
+                rest /= (uint64_t)p->src.len[d];
+            }
+            for (int d = 0; d < pd; d++)
+                src += ((uint64_t)p->src.start[d] + idx[d]) * pstride[d];
+            for (int d = 0; d < td; d++)
+                dst += ((uint64_t)p->dst_start[d] + (d >= lead ? idx[d - lead] : 0)) * tstride[d];
+            gen(p->param.name, v, src, (uint64_t)p->src.len[pd - 1], dense + dst);
         }
-        for (int64_t r = 0; r < p->src.len[0]; r++)
-            gen(p->param.name, v,
-                (uint64_t)((p->src.start[0] + r) * p->param.shape[1] + p->src.start[1]),
-                (uint64_t)p->src.len[1],
-                dense + (p->dst_start[0] + r) * t->shape[1] + p->dst_start[1]);
+    }
+    if (t->dtype == WSYNC_DTYPE_F32) {
+        for (uint64_t i = 0; i < elems; i++)
+            ((uint32_t *)(void *)out)[i] = (uint32_t)dense[i] << 16;
+        free(dense);
+        return 0;
     }
     if (!fp8) {
         memcpy(out, dense, elems * 2);
@@ -146,16 +280,15 @@ static int expected(const wsync_target_t *t, uint64_t v, uint8_t *out, float *sc
         return 0;
     }
     float *x = malloc(elems * sizeof(float));
+    uint64_t cols = (uint64_t)t->shape[td - 1], rows = elems / cols;
     int rc = -1;
     if (x) {
         for (uint64_t i = 0; i < elems; i++) {
             uint32_t u = (uint32_t)dense[i] << 16;
             memcpy(&x[i], &u, 4);
         }
-        wsync_status_t st = wsync_quantize_f32(t->name, x, (uint64_t)t->shape[0],
-                                               (uint64_t)t->shape[1], (uint64_t)t->shape[1],
-                                               &t->quant, t->dtype, out, (uint64_t)t->shape[1],
-                                               scales);
+        wsync_status_t st = wsync_quantize_f32(t->name, x, rows, cols, cols, &t->quant, t->dtype,
+                                               out, cols, scales);
         rc = st == WSYNC_OK ? 0 : -1;
         if (st != WSYNC_OK)
             fprintf(stderr, "reference quantization of %s: %s\n", t->name, wsync_last_error());
@@ -291,6 +424,8 @@ typedef struct {
     wsync_status_t error_status; /* expect_error: some participant fails with this status... */
     const char *error_has;     /* ...and an error text containing this */
     int big;                   /* model_kill() instead of model_small() */
+    model_id_t model;          /* when big is 0: MODEL_SMALL or a mixture of experts */
+    int ep;                    /* receivers hold whole experts (EP = TP) */
     int nan_v2;                /* sender 1 puts a NaN in layer 0's down_proj in version 2 */
     int ngpu;
     int port;
@@ -331,7 +466,7 @@ static int sender_main(void *arg)
 {
     const group_t *g = arg;
     int rank = g->rank, dev = gpu_of_sender(g, rank);
-    wsync_model_config_t cfg = g->big ? model_kill() : model_small();
+    wsync_model_config_t cfg = model_by_id(g->big ? MODEL_KILL : g->model);
     wsync_shard_t *shards = NULL;
     size_t n = 0, bytes = 0;
     size_t *off = NULL;
@@ -351,7 +486,8 @@ static int sender_main(void *arg)
     off = calloc(n + 1, sizeof(size_t));
     for (size_t k = 0; k < n; k++) {
         off[k] = bytes;
-        bytes += (elems_of(&shards[k].param, &shards[k].box) * 2 + 255) & ~(size_t)255;
+        bytes += (elems_of(&shards[k].param, &shards[k].box) * esz_of(&shards[k].param) + 255) &
+                 ~(size_t)255;
     }
     host = malloc(bytes + 2);
     if (g->sender_alloc == ALLOC_VMM) {
@@ -412,8 +548,8 @@ static int sender_main(void *arg)
             uint64_t cnt = elems_of(&shards[k].param, &shards[k].box), rowe = 1;
             for (int d = 1; d < shards[k].param.ndim; d++)
                 rowe *= (uint64_t)shards[k].param.shape[d];
-            gen(shards[k].param.name, (uint64_t)v, (uint64_t)shards[k].box.start[0] * rowe, cnt,
-                (uint16_t *)(void *)(host + off[k]));
+            gen_as(&shards[k].param, (uint64_t)v, (uint64_t)shards[k].box.start[0] * rowe, cnt,
+                   host + off[k]);
         }
         if (g->nan_v2 && v == 2 && rank == 1) {
             /* row 3, column 5 of this sender's rows of the weight: bf16 NaN */
@@ -507,7 +643,7 @@ static int receiver_main(void *arg)
     const group_t *g = arg;
     int rank = g->rank, dev = gpu_of_receiver(g, rank), slot = MAX_RANKS + rank;
     int victim = g->kill_receiver == rank;
-    wsync_model_config_t cfg = g->big ? model_kill() : model_small();
+    wsync_model_config_t cfg = model_by_id(g->big ? MODEL_KILL : g->model);
     wsync_target_t *tg = NULL;
     size_t n = 0;
     uint8_t **data = NULL;
@@ -523,6 +659,10 @@ static int receiver_main(void *arg)
     if (g->fp8) {
         opt.quant.scheme = WSYNC_QUANT_BLOCK;
         opt.quant_dtype = WSYNC_DTYPE_F8E4M3FN;
+    }
+    if (g->ep) { /* whole experts over the replica's TP ranks */
+        opt.ep_size = g->tp;
+        opt.ep_rank = rank % g->tp;
     }
     CHECK_OK(wsync_layout_tp_targets(&cfg, rank % g->tp, g->tp, &opt, &tg, &n));
     if (check_failures)
@@ -829,6 +969,39 @@ static void run_cases(void)
         k.name = strdup(name);
         if (wanted(&k))
             run_group(k);
+    }
+    /* mixture of experts (issue 16), the tiny Qwen3-MoE and DeepSeek-V3: FSDP-2 -> TP-2 (every
+     * expert split inside, I_p = I / 2) and -> EP-2 (whole experts per receiver, 3-D FusedMoE
+     * w13/w2 targets) through ipc colocated, and through nccl disaggregated (FSDP-2 -> EP-2 on
+     * 4 GPUs, FSDP-1 -> EP-1 on 2 or 3); FP8-block targets on the wider model_moe_fp8 */
+    static const struct {
+        model_id_t id;
+        const char *name;
+        int fp8;
+    } moes[] = {{MODEL_QWEN3_MOE, "qwen3-moe-tiny", 0},
+                {MODEL_DEEPSEEK_V3, "deepseek-v3-tiny", 0},
+                {MODEL_MOE_FP8, "qwen3-moe-fp8", 1}};
+    for (size_t mi = 0; mi < sizeof(moes) / sizeof(moes[0]); mi++) {
+        for (int ep = moes[mi].fp8; ep <= 1; ep++) {
+            group_t g = {.scheme = "ipc", .nsenders = 2, .tp = 2, .replicas = 1, .colocated = 1,
+                         .fp8 = moes[mi].fp8, .model = moes[mi].id, .ep = ep,
+                         .kill_receiver = -1};
+            char name[96];
+            snprintf(name, sizeof(name), "moe ipc colocated FSDP-2 -> %s-2 %s %s",
+                     ep ? "EP" : "TP", moes[mi].name, moes[mi].fp8 ? "fp8-block" : "bf16");
+            g.name = strdup(name);
+            if (wanted(&g))
+                run_group(g);
+        }
+        int d = g_ngpu >= 4 ? 2 : 1;
+        group_t g = {.scheme = "nccl", .nsenders = d, .tp = d, .replicas = 1,
+                     .fp8 = moes[mi].fp8, .model = moes[mi].id, .ep = 1, .kill_receiver = -1};
+        char name[96];
+        snprintf(name, sizeof(name), "moe nccl disaggregated FSDP-%d -> EP-%d %s %s", d, d,
+                 moes[mi].name, moes[mi].fp8 ? "fp8-block" : "bf16");
+        g.name = strdup(name);
+        if (wanted(&g))
+            run_group(g);
     }
     /* ipc, FP8 targets quantized straight from the senders' shards: a NaN in version 2 must
      * fail it with NONFINITE naming the target and the element in the target's own rows (sender
