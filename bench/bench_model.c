@@ -740,6 +740,29 @@ static int write_stripes(const model_t *m, int rank, void *const *data, uint64_t
     return 0;
 }
 
+/* Shards below this are made many at a time, one per thread. */
+#define SMALL_SHARD_BYTES ((uint64_t)4 << 20)
+
+typedef struct {
+    const wsync_shard_t *shards;  /* a run of consecutive shards */
+    const size_t *off;            /* their offsets in the sender's block */
+    char *base;                   /* where offset `base_off` lands (the block or a host mirror) */
+    size_t base_off;
+} fill_job_t;
+
+/* shards [lo, hi) of the run: version 1's elements of each, in place */
+static void fill_shards(void *arg, uint64_t lo, uint64_t hi)
+{
+    fill_job_t *f = arg;
+    for (uint64_t i = lo; i < hi; i++) {
+        const wsync_shard_t *s = &f->shards[i];
+        uint64_t cnt = box_elems(&s->param, &s->box);
+        uint64_t first = (uint64_t)s->box.start[0] * row_elems(&s->param);
+        if (cnt > 0)
+            gen_param_as(&s->param, 1, first, cnt, f->base + (f->off[i] - f->base_off));
+    }
+}
+
 static int run_sender(model_t *m, int rank)
 {
     const bench_opts_t *o = m->o;
@@ -800,20 +823,43 @@ static int run_sender(model_t *m, int rank)
     double t0 = bench_now_s();
     if (o->mem_cuda && !(chunk = malloc(GEN_CHUNK_ELEMS * 4)))
         goto oom;
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0; k < n;) {
         const wsync_shard_t *s = &m->shards[rank][k];
         uint64_t cnt = box_elems(&s->param, &s->box), lo = (uint64_t)s->box.start[0] *
                                                             row_elems(&s->param);
         size_t esz = param_esz(&s->param);
         data[k] = block + off[k];
+        if (cnt * esz < SMALL_SHARD_BYTES) {
+            /* a run of small shards (a MoE model's thousands of expert tensors): one thread per
+             * shard rather than per slice of one, then one copy to the GPU */
+            size_t k2 = k + 1;
+            while (k2 < n && off[k2] - off[k] + align_up(box_elems(&m->shards[rank][k2].param,
+                                                                   &m->shards[rank][k2].box) *
+                                                         param_esz(&m->shards[rank][k2].param)) <=
+                                 GEN_CHUNK_ELEMS * 4 &&
+                   box_elems(&m->shards[rank][k2].param, &m->shards[rank][k2].box) *
+                           param_esz(&m->shards[rank][k2].param) < SMALL_SHARD_BYTES)
+                k2++;
+            size_t span = (k2 < n ? off[k2] : bytes) - off[k];
+            fill_job_t fj = {m->shards[rank] + k, off + k, o->mem_cuda ? (char *)chunk : block,
+                             o->mem_cuda ? off[k] : 0};
+            par_for(k2 - k, 1, fill_shards, &fj);
+            for (size_t i = k; i < k2; i++)
+                data[i] = block + off[i];
+            if (o->mem_cuda && bcuda_h2d(block + off[k], chunk, span) != 0)
+                goto out;
+            k = k2;
+            continue;
+        }
+        k++;
         if (!o->mem_cuda) {
-            gen_param_mt(&s->param, 1, lo, cnt, data[k]);
+            gen_param_mt(&s->param, 1, lo, cnt, data[k - 1]);
             continue;
         }
         for (uint64_t done = 0; done < cnt;) {
             uint64_t c = cnt - done < GEN_CHUNK_ELEMS ? cnt - done : GEN_CHUNK_ELEMS;
             gen_param_mt(&s->param, 1, lo + done, c, chunk);
-            if (bcuda_h2d((char *)data[k] + done * esz, chunk, c * esz) != 0)
+            if (bcuda_h2d((char *)data[k - 1] + done * esz, chunk, c * esz) != 0)
                 goto out;
             done += c;
         }
