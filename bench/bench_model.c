@@ -976,6 +976,33 @@ static void piece_rows(void *arg, uint64_t lo, uint64_t hi)
     }
 }
 
+/* Rows of a piece as piece_rows counts them. */
+static uint64_t piece_row_count(const wsync_piece_t *pc)
+{
+    uint64_t rows = 1;
+    for (int d = 0; d < pc->param.ndim - 1; d++)
+        rows *= (uint64_t)pc->src.len[d];
+    return rows;
+}
+
+typedef struct {
+    const wsync_target_t *t;
+    uint64_t version;
+    uint16_t *dense;
+} pieces_job_t;
+
+/* pieces [lo, hi) of a target, each whole (pieces never overlap in the target) */
+static void piece_run(void *arg, uint64_t lo, uint64_t hi)
+{
+    pieces_job_t *pj = arg;
+    for (uint64_t k = lo; k < hi; k++) {
+        const wsync_piece_t *pc = &pj->t->pieces[k];
+        piece_job_t j = {pj->t, pc, pj->version, pj->dense};
+        if (box_elems(&pc->param, &pc->src) > 0)
+            piece_rows(&j, 0, piece_row_count(pc));
+    }
+}
+
 typedef struct {
     const uint16_t *in;
     float *out;
@@ -1047,12 +1074,18 @@ static int expected_target(const wsync_target_t *t, uint64_t v, uint8_t *out, fl
                 free(dense);
             return -1;
         }
-        piece_job_t j = {t, pc, v, dense};
-        uint64_t rows = 1;
-        for (int d = 0; d < pc->param.ndim - 1; d++)
-            rows *= (uint64_t)pc->src.len[d];
-        if (box_elems(&pc->param, &pc->src) > 0)
-            par_for(rows, 64, piece_rows, &j);
+    }
+    if (t->npieces >= 2 * g_threads) {
+        /* many pieces (a FusedMoE target: two per expert): a thread per run of pieces */
+        pieces_job_t pj = {t, v, dense};
+        par_for((uint64_t)t->npieces, 1, piece_run, &pj);
+    } else {
+        for (int k = 0; k < t->npieces; k++) {
+            const wsync_piece_t *pc = &t->pieces[k];
+            piece_job_t j = {t, pc, v, dense};
+            if (box_elems(&pc->param, &pc->src) > 0)
+                par_for(piece_row_count(pc), 64, piece_rows, &j);
+        }
     }
     if (f32) {
         widen_bf16(dense, (uint32_t *)(void *)out, elems);
