@@ -434,6 +434,8 @@ MOE_ROWS = [
      "--scheme ipc --senders 4 --ep 4 --colocated --quant fp8-block"),
     ("disagg-ep", "disaggregated FSDP-2 (GPUs 0, 1) → EP-2 (GPUs 2, 3), bf16",
      "--scheme nccl --senders 2 --ep 2"),
+    ("coloc-ep-fused", "colocated, senders holding fused experts (whole experts each) → EP-4, bf16 "
+     "(`WSYNC_MOE_FUSED=1`)", "--scheme ipc --senders 4 --ep 4 --colocated --fused-experts"),
 ]
 
 

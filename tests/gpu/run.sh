@@ -27,7 +27,8 @@
 # $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes faults python bench moe
 # moe-baselines baselines"), $WSYNC_BENCH_SHAPE the model shape of the dense benchmarks (default
 # qwen3-8b) and $WSYNC_MOE_SHAPE that of the MoE ones (default qwen3-30b-a3b; tiny-moe for a
-# quick try).
+# quick try); WSYNC_MOE_FUSED=1 adds a colocated EP row whose senders shard the fused experts
+# (transformers 5.x's gate_up_proj / down_proj: whole experts per sender, --fused-experts).
 # Output in $OUT (default /tmp/wsync-gpu-out), few files since the device tool brings back at
 # most 8: summary.txt, gpus.txt, <test>.json per test that writes one, bench.jsonl (one JSON line
 # per benchmark) and logs.tar.gz with every log. The summary table is printed last. Exit status
@@ -213,6 +214,8 @@ if ! skipped moe; then
         moe_bench coloc-ep --scheme ipc --senders 4 --ep 4 --colocated
         moe_bench coloc-tp --scheme ipc --senders 4 --tp 4 --colocated
         moe_bench coloc-ep-fp8 --scheme ipc --senders 4 --ep 4 --colocated --quant fp8-block
+        [ -n "${WSYNC_MOE_FUSED:-}" ] && moe_bench coloc-ep-fused --scheme ipc --senders 4 --ep 4 \
+            --colocated --fused-experts
         moe_bench disagg-ep --scheme nccl --senders 2 --ep 2
         MOE_RUNS="a:colocated:$MOE_SHAPE:ep,a:colocated:$MOE_SHAPE,a:disaggregated:$MOE_SHAPE:ep"
     elif [ "$NGPU" -ge 2 ]; then
@@ -220,6 +223,8 @@ if ! skipped moe; then
         moe_bench coloc-ep --scheme ipc --senders 2 --ep 2 --colocated
         moe_bench coloc-tp --scheme ipc --senders 2 --tp 2 --colocated
         moe_bench coloc-ep-fp8 --scheme ipc --senders 2 --ep 2 --colocated --quant fp8-block
+        [ -n "${WSYNC_MOE_FUSED:-}" ] && moe_bench coloc-ep-fused --scheme ipc --senders 2 --ep 2 \
+            --colocated --fused-experts
         MOE_RUNS="a:colocated2:$MOE_SHAPE:ep,a:colocated2:$MOE_SHAPE"
     else
         MOE_NOTES="1 GPU: the MoE rows need 2 or more GPUs"
