@@ -161,6 +161,14 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
 /* Compilation state                                                                            */
 /* ------------------------------------------------------------------------------------------ */
 
+/* A holder of a distinct box, with what pass 2 needs of its shard copied out: pass 2 visits
+ * one param's holders together, while their descriptions lie a whole sender's shards apart. */
+typedef struct {
+    const wsync_shard_desc_t *shard;
+    uint32_t sender, index;          /* shard->sender, shard->index */
+    uint32_t spos;                   /* its place in (sender, index) order */
+} rep_t;
+
 typedef struct {
     const wsync_shard_desc_t *ref;   /* the param as its first sender (by rank) describes it */
     uint32_t box0, nbox;             /* its distinct boxes in compile_t.boxes, by start */
@@ -206,10 +214,9 @@ typedef struct {
     uint32_t *pmap;                  /* open addressing on the param name: params index or
                                         UINT32_MAX */
     size_t pmap_cap;
-    uint32_t *pos;                   /* [nshards] place of shards[i] in (sender, index) order */
     dbox_t *boxes;
     size_t nboxes;
-    const wsync_shard_desc_t **reps;
+    rep_t *reps;
     size_t nreps;
     uint64_t *load;                  /* [nsenders] bytes of logical chunks given to each */
 
@@ -231,7 +238,6 @@ static void compile_release(compile_t *c)
 {
     free(c->params);
     free(c->pmap);
-    free(c->pos);
     free(c->boxes);
     free(c->reps);
     free(c->load);
@@ -239,7 +245,7 @@ static void compile_release(compile_t *c)
     free(c->lsegs);
     free(c->map);
     free(c->parts);
-    c->params = NULL, c->pmap = NULL, c->pos = NULL, c->boxes = NULL, c->reps = NULL;
+    c->params = NULL, c->pmap = NULL, c->boxes = NULL, c->reps = NULL;
     c->load = NULL, c->lchunks = NULL, c->lsegs = NULL, c->map = NULL, c->parts = NULL;
 }
 
@@ -267,9 +273,12 @@ static int cmp_shard_by_rank(const void *a, const void *b)
     return cmp_rank_index(x->sender, x->index, y->sender, y->index);
 }
 
+/* A shard's box copied next to the others of its param (only the first nd dims are set), so
+ * that sorting and grouping them reads one small array. */
 typedef struct {
-    const wsync_box_t *box;
-    const wsync_shard_desc_t *shard;
+    wsync_box_t box;
+    int nd;
+    rep_t rep;
 } boxed_t;
 
 static int cmp_i64(int64_t a, int64_t b)
@@ -296,9 +305,8 @@ static int cmp_box(int nd, const wsync_box_t *a, const wsync_box_t *b)
 static int cmp_boxed(const void *a, const void *b)
 {
     const boxed_t *x = a, *y = b;
-    int c = cmp_box(x->shard->param.ndim, x->box, y->box);   /* one param: one ndim */
-    return c ? c : cmp_rank_index(x->shard->sender, x->shard->index, y->shard->sender,
-                                  y->shard->index);
+    int c = cmp_box(x->nd, &x->box, &y->box);   /* one param: one ndim */
+    return c ? c : cmp_rank_index(x->rep.sender, x->rep.index, y->rep.sender, y->rep.index);
 }
 
 static wsync_status_t check_shard(const compile_t *c, const wsync_shard_desc_t *s)
@@ -338,38 +346,50 @@ static int same_param(const wsync_shard_desc_t *a, const wsync_shard_desc_t *b)
     return 1;
 }
 
-/* Group one param's non-empty shards (sorted[0..n), in (sender, index) order) into distinct
- * boxes; check they are disjoint. tmp has room for n. */
+/* Group one param's non-empty shards (sorted[grp[0..n)], in (sender, index) order) into
+ * distinct boxes; check they are disjoint. tmp has room for n. The boxes are copied into tmp
+ * first and sorted only when not already in order (FSDP hands them out by rank, in order). */
 static wsync_status_t build_boxes(compile_t *c, param_t *p, const wsync_shard_desc_t **sorted,
-                                  size_t n, boxed_t *tmp)
+                                  const uint32_t *grp, size_t n, boxed_t *tmp)
 {
     int nd = p->ref->param.ndim;
     size_t m = 0;
     wsync_text_t ta, tb;
 
     for (size_t i = 0; i < n; i++) {
-        if (box_is_empty(nd, &sorted[i]->box))
+        const wsync_shard_desc_t *s = sorted[grp[i]];
+        boxed_t *t = &tmp[m];
+        if (box_is_empty(nd, &s->box))
             continue;
-        tmp[m].box = &sorted[i]->box;
-        tmp[m].shard = sorted[i];
+        memcpy(t->box.start, s->box.start, (size_t)nd * sizeof(int64_t));
+        memcpy(t->box.len, s->box.len, (size_t)nd * sizeof(int64_t));
+        t->nd = nd;
+        t->rep.shard = s;
+        t->rep.sender = s->sender;
+        t->rep.index = s->index;
+        t->rep.spos = grp[i];
         m++;
     }
-    qsort(tmp, m, sizeof(*tmp), cmp_boxed);
+    for (size_t i = 1; i < m; i++)
+        if (cmp_boxed(&tmp[i - 1], &tmp[i]) > 0) {
+            qsort(tmp, m, sizeof(*tmp), cmp_boxed);
+            break;
+        }
 
     p->box0 = (uint32_t)c->nboxes;
     for (size_t i = 0; i < m; i++) {
-        if (i == 0 || cmp_box(nd, tmp[i].box, tmp[i - 1].box) != 0) {
+        if (i == 0 || cmp_box(nd, &tmp[i].box, &tmp[i - 1].box) != 0) {
             dbox_t *db = &c->boxes[c->nboxes++];
             memset(&db->box, 0, sizeof(db->box));
-            memcpy(db->box.start, tmp[i].box->start, (size_t)nd * sizeof(int64_t));
-            memcpy(db->box.len, tmp[i].box->len, (size_t)nd * sizeof(int64_t));
+            memcpy(db->box.start, tmp[i].box.start, (size_t)nd * sizeof(int64_t));
+            memcpy(db->box.len, tmp[i].box.len, (size_t)nd * sizeof(int64_t));
             db->rep0 = (uint32_t)c->nreps;
             db->nrep = 0;
             db->head = UINT32_MAX;
             db->nl = 0;
         }
         c->boxes[c->nboxes - 1].nrep++;
-        c->reps[c->nreps++] = tmp[i].shard;
+        c->reps[c->nreps++] = tmp[i].rep;
     }
     p->nbox = (uint32_t)c->nboxes - p->box0;
 
@@ -385,8 +405,8 @@ static wsync_status_t build_boxes(compile_t *c, param_t *p, const wsync_shard_de
                 return wsync_err(WSYNC_ERR_MISMATCH, "param '%s': the boxes of sender %u %s and "
                                  "sender %u %s partially overlap (boxes must be identical "
                                  "replicas or disjoint)", p->ref->param.name,
-                                 c->reps[a->rep0]->sender, wsync_fmt_box(&ta, nd, &a->box),
-                                 c->reps[b->rep0]->sender, wsync_fmt_box(&tb, nd, &b->box));
+                                 c->reps[a->rep0].sender, wsync_fmt_box(&ta, nd, &a->box),
+                                 c->reps[b->rep0].sender, wsync_fmt_box(&tb, nd, &b->box));
         }
     }
     return WSYNC_OK;
@@ -443,42 +463,67 @@ static wsync_status_t order_shards(compile_t *c, const wsync_shard_desc_t **sort
         start[s + 1] += start[s];
     for (size_t i = 0; i < n; i++)
         sorted[start[c->shards[i].sender]++] = &c->shards[i];   /* start[s] becomes its end */
+    /* a run given in strictly rising index order is sorted and has no repeat; only a run that
+     * is not needs the sort and the check for repeats */
     for (uint32_t s = 0, lo = 0; s < c->nsenders; lo = (uint32_t)start[s], s++) {
         size_t hi = start[s];
         for (size_t i = lo + 1; i < hi; i++)
             if (sorted[i - 1]->index >= sorted[i]->index) {
                 qsort(sorted + lo, hi - lo, sizeof(*sorted), cmp_shard_by_rank);
+                for (size_t j = lo + 1; j < hi; j++)
+                    if (sorted[j - 1]->index == sorted[j]->index) {
+                        wsync_status_t st = wsync_err(
+                            WSYNC_ERR_INVALID, "sender %u describes two shards with index %u "
+                            "('%s' and '%s')", sorted[j]->sender, sorted[j]->index,
+                            sorted[j - 1]->param.name, sorted[j]->param.name);
+                        free(start);
+                        return st;
+                    }
                 break;
             }
     }
     free(start);
-    for (size_t i = 1; i < n; i++)
-        if (cmp_shard_by_rank(&sorted[i - 1], &sorted[i]) == 0)
-            return wsync_err(WSYNC_ERR_INVALID, "sender %u describes two shards with index %u "
-                             "('%s' and '%s')", sorted[i]->sender, sorted[i]->index,
-                             sorted[i - 1]->param.name, sorted[i]->param.name);
-    for (size_t i = 0; i < n; i++)
-        c->pos[sorted[i] - c->shards] = (uint32_t)i;
     return WSYNC_OK;
+}
+
+/* The param of name `name`: params[guess] when guess names it (checked by the name), else
+ * through the table, adding the param (with s as its reference) when new. UINT32_MAX when out
+ * of memory. */
+static uint32_t param_of(compile_t *c, const wsync_shard_desc_t *s, uint32_t guess)
+{
+    size_t slot;
+
+    if (guess != UINT32_MAX && strcmp(c->params[guess].ref->param.name, s->param.name) == 0)
+        return guess;
+    if ((c->nparams + 1) * 2 > c->pmap_cap && pmap_grow(c) != 0)
+        return UINT32_MAX;
+    slot = pmap_slot(c, s->param.name, name_hash(s->param.name));
+    if (c->pmap[slot] == UINT32_MAX) {
+        param_t *p = &c->params[c->nparams];
+        p->ref = s;
+        p->box0 = p->nbox = 0;     /* nbox counts the param's shards until grouped */
+        c->pmap[slot] = (uint32_t)c->nparams++;
+    }
+    return c->pmap[slot];
 }
 
 static wsync_status_t index_shards(compile_t *c)
 {
-    const wsync_shard_desc_t **sorted = NULL, **grouped = NULL;
-    uint32_t *pid = NULL, *first = NULL;
+    const wsync_shard_desc_t **sorted = NULL;
+    uint32_t *grouped = NULL, *pid = NULL, *first = NULL;
     boxed_t *tmp = NULL;
     wsync_status_t st = WSYNC_OK;
     size_t n = c->nshards, most = 0;
+    size_t prev_lo = 0, prev_n = 0, cur_lo = 0;
     wsync_text_t ta, tb;
 
     sorted = malloc((n ? n : 1) * sizeof(*sorted));
     grouped = malloc((n ? n : 1) * sizeof(*grouped));
     pid = malloc((n ? n : 1) * sizeof(*pid));
-    c->pos = malloc((n ? n : 1) * sizeof(*c->pos));
     c->params = malloc((n ? n : 1) * sizeof(*c->params));
     c->boxes = malloc((n ? n : 1) * sizeof(*c->boxes));
     c->reps = malloc((n ? n : 1) * sizeof(*c->reps));
-    if (!sorted || !grouped || !pid || !c->pos || !c->params || !c->boxes || !c->reps ||
+    if (!sorted || !grouped || !pid || !c->params || !c->boxes || !c->reps ||
         pmap_grow(c) != 0) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: indexing %zu shards", n);
         goto out;
@@ -489,39 +534,39 @@ static wsync_status_t index_shards(compile_t *c)
     if ((st = order_shards(c, sorted)) != WSYNC_OK)
         goto out;
 
-    /* params in order of first appearance; every later description must agree with the first */
+    /* params in order of first appearance; every later description must agree with the first.
+     * Senders usually hold the same params in the same order (FSDP, replicas), so the j-th
+     * shard of a sender is first tried as the param of the previous sender's j-th shard: a
+     * name compare against memory read in order, where the table costs a hash of the name and
+     * a probe at a random place. */
     for (size_t i = 0; i < n; i++) {
         const wsync_shard_desc_t *s = sorted[i];
-        uint64_t h = name_hash(s->param.name);
-        size_t slot;
+        uint32_t k;
 
-        if ((c->nparams + 1) * 2 > c->pmap_cap && pmap_grow(c) != 0) {
+        if (i > 0 && s->sender != sorted[i - 1]->sender) {
+            prev_lo = cur_lo, prev_n = i - cur_lo;
+            cur_lo = i;
+        }
+        k = param_of(c, s, i - cur_lo < prev_n ? pid[prev_lo + (i - cur_lo)] : UINT32_MAX);
+        if (k == UINT32_MAX) {
             st = wsync_err(WSYNC_ERR_NOMEM, "plan: param index");
             goto out;
         }
-        slot = pmap_slot(c, s->param.name, h);
-        if (c->pmap[slot] == UINT32_MAX) {
-            param_t *p = &c->params[c->nparams];
-            p->ref = s;
-            p->box0 = p->nbox = 0;     /* nbox counts the param's shards until grouped below */
-            c->pmap[slot] = (uint32_t)c->nparams++;
-        } else {
-            const param_t *p = &c->params[c->pmap[slot]];
-            if (!same_param(p->ref, s)) {
-                st = wsync_err(WSYNC_ERR_MISMATCH, "param '%s': sender %u describes it as %s %s, "
-                               "sender %u as %s %s", s->param.name, p->ref->sender,
-                               wsync_dtype_name(p->ref->param.dtype),
-                               wsync_fmt_dims(&ta, p->ref->param.ndim, p->ref->param.shape),
-                               s->sender, wsync_dtype_name(s->param.dtype),
-                               wsync_fmt_dims(&tb, s->param.ndim, s->param.shape));
-                goto out;
-            }
+        if (c->params[k].ref != s && !same_param(c->params[k].ref, s)) {
+            const wsync_shard_desc_t *r = c->params[k].ref;
+            st = wsync_err(WSYNC_ERR_MISMATCH, "param '%s': sender %u describes it as %s %s, "
+                           "sender %u as %s %s", s->param.name, r->sender,
+                           wsync_dtype_name(r->param.dtype),
+                           wsync_fmt_dims(&ta, r->param.ndim, r->param.shape), s->sender,
+                           wsync_dtype_name(s->param.dtype),
+                           wsync_fmt_dims(&tb, s->param.ndim, s->param.shape));
+            goto out;
         }
-        pid[i] = c->pmap[slot];
-        c->params[pid[i]].nbox++;
+        pid[i] = k;
+        c->params[k].nbox++;
     }
 
-    /* each param's shards together, still in (sender, index) order */
+    /* each param's shards together (as places in sorted[]), still in (sender, index) order */
     first = malloc((c->nparams + 1) * sizeof(*first));
     if (first == NULL) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: grouping %zu params", c->nparams);
@@ -534,9 +579,7 @@ static wsync_status_t index_shards(compile_t *c)
         c->params[k].nbox = 0;
     }
     for (size_t i = 0; i < n; i++)
-        grouped[first[pid[i]] + c->params[pid[i]].nbox++] = sorted[i];
-    free(sorted);
-    sorted = NULL;
+        grouped[first[pid[i]] + c->params[pid[i]].nbox++] = (uint32_t)i;
     free(pid);
     pid = NULL;
 
@@ -546,8 +589,8 @@ static wsync_status_t index_shards(compile_t *c)
         goto out;
     }
     for (size_t k = 0; k < c->nparams; k++)
-        if ((st = build_boxes(c, &c->params[k], grouped + first[k], first[k + 1] - first[k],
-                              tmp)) != WSYNC_OK)
+        if ((st = build_boxes(c, &c->params[k], sorted, grouped + first[k],
+                              first[k + 1] - first[k], tmp)) != WSYNC_OK)
             goto out;
 out:
     free(sorted);
@@ -625,7 +668,7 @@ typedef struct {
     const wsync_target_desc_t *target;
     uint32_t piece;
     uint32_t dbox;
-    const wsync_shard_desc_t *rep;   /* replica that stages new chunks */
+    const rep_t *rep;                /* replica that stages new chunks */
     wsync_dtype_t dtype;
 } emit_t;
 
@@ -674,7 +717,7 @@ static wsync_status_t emit_region(compile_t *c, const emit_t *e, const wsync_reg
         memset(l, 0, sizeof(*l));
         l->sender = e->rep->sender;
         l->shard = e->rep->index;
-        l->spos = c->pos[e->rep - c->shards];
+        l->spos = e->rep->spos;
         l->dbox = e->dbox;
         l->dtype = e->dtype;
         l->src = *src;
@@ -766,12 +809,12 @@ static wsync_status_t emit_intersection(compile_t *c, const emit_t *e, const wsy
 }
 
 /* The replica of a distinct box with the fewest bytes staged so far (ties: lowest rank). */
-static const wsync_shard_desc_t *pick_replica(const compile_t *c, const dbox_t *db)
+static const rep_t *pick_replica(const compile_t *c, const dbox_t *db)
 {
-    const wsync_shard_desc_t *best = c->reps[db->rep0];
+    const rep_t *best = &c->reps[db->rep0];
 
     for (uint32_t k = 1; k < db->nrep; k++) {
-        const wsync_shard_desc_t *r = c->reps[db->rep0 + k];
+        const rep_t *r = &c->reps[db->rep0 + k];
         if (c->load[r->sender] < c->load[best->sender])
             best = r;
     }
