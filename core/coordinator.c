@@ -3,6 +3,7 @@
  * scheme and sends both to all (PLAN), then orders each version: BEGIN to receivers once every
  * sender began it, DONE to senders once every receiver committed it. Any failure — a lost peer, a
  * bad description, a rank claimed twice — ends the group and every participant is told why. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -345,6 +346,21 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
         }
         wsync_wbuf_init(&pb);
         wsync_wbuf_init(&mb);
+        if (wsync_plan_wire_bytes(plan) > WSYNC_FRAME_MAX) {
+            /* refused before encoding what may be a gigabyte; every participant gets the
+             * abort with this text instead of waiting for a plan */
+            char text[400];
+            snprintf(text, sizeof(text), "coordinator: the plan (%u chunks, %u segments) is "
+                     "%" PRIu64 " bytes encoded, more than the control frame limit of %u bytes; "
+                     "use larger buckets, fewer ranks, or layouts with fewer regions (e.g. "
+                     "fused experts)", plan->nchunks, plan->nsegments,
+                     wsync_plan_wire_bytes(plan), (unsigned)WSYNC_FRAME_MAX);
+            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_RANGE, text, NULL);
+            free(peers);
+            wsync_wbuf_free(&pb);
+            wsync_wbuf_free(&mb);
+            goto out;
+        }
         wsync_plan_encode(plan, &pb);
         pm.scheme = (char *)co->scheme->name;
         pm.explain = co->explain;
@@ -354,8 +370,11 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
         pm.plan_len = (uint32_t)pb.len;
         wsync_plan_msg_encode(&pm, &mb);
         if (pb.err || mb.err || mb.len > WSYNC_FRAME_MAX) {
-            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_RANGE,
-                       "coordinator: the plan does not fit one control frame", NULL);
+            char text[300];
+            snprintf(text, sizeof(text), "coordinator: the plan message (%zu bytes with the "
+                     "plan's %zu) does not fit one control frame of %u bytes%s", mb.len, pb.len,
+                     (unsigned)WSYNC_FRAME_MAX, pb.err || mb.err ? " (out of memory)" : "");
+            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_RANGE, text, NULL);
         } else if (to != NULL) {
             wsync_conn_send(to->conn, WSYNC_MSG_PLAN, mb.data, (uint32_t)mb.len, NULL, 0,
                             send_timeout(co));

@@ -1345,18 +1345,36 @@ static wsync_status_t plan_derive(wsync_plan_t *p)
     return WSYNC_OK;
 }
 
-/* With a hash state, hand what is buffered to it every MiB and start over: the fingerprint of a
- * plan of millions of chunks without holding its whole encoding. */
-static void hash_flush(wsync_wbuf_t *b, XXH3_state_t *h, size_t at_least)
+/* Records are formed in a block of this many bytes and handed on whole: appended to the wire
+ * buffer, or, when only the fingerprint is wanted, hashed straight from the block (a plan of
+ * millions of chunks is never held encoded, and no call is made per record). */
+#define ENCODE_BLOCK ((size_t)64 << 10)
+
+typedef struct {
+    wsync_wbuf_t *b;                 /* the wire buffer: the header and counts go here */
+    XXH3_state_t *h;                 /* non-NULL: hash the bytes instead of keeping them */
+    uint8_t blk[ENCODE_BLOCK];
+    size_t used;
+} encoder_t;
+
+/* Hand on what the wire buffer and the block hold, in that order (the byte order of the wire). */
+static void enc_flush(encoder_t *e)
 {
-    if (h != NULL && !b->err && b->len >= at_least) {
-        XXH3_64bits_update(h, b->data, b->len);
-        b->len = 0;
+    if (e->h != NULL) {
+        if (!e->b->err && e->b->len > 0) {
+            XXH3_64bits_update(e->h, e->b->data, e->b->len);
+            e->b->len = 0;
+        }
+        if (e->used > 0)
+            XXH3_64bits_update(e->h, e->blk, e->used);
+    } else {
+        wsync_put_bytes(e->b, e->blk, e->used);
     }
+    e->used = 0;
 }
 
-/* Little-endian, as the wsync_put_* functions write: a chunk or segment is formed in a local
- * record and appended with one call (a plan has millions of them). */
+/* Little-endian, as the wsync_put_* functions write: a chunk or segment is formed in place in
+ * the block (a plan has millions of them). */
 static uint8_t *le32(uint8_t *q, uint32_t v)
 {
     for (int i = 0; i < 4; i++)
@@ -1379,10 +1397,18 @@ static uint8_t *le_region(uint8_t *q, const wsync_region_t *r)
     return le64(q, r->cols);
 }
 
+/* The body (everything but the trailing fingerprint) into b, or hashed into h when h is given. */
 static void encode_body(const wsync_plan_t *p, wsync_wbuf_t *b, XXH3_state_t *h)
 {
-    uint8_t rec[CHUNK_WIRE_BYTES > SEGMENT_WIRE_BYTES ? CHUNK_WIRE_BYTES : SEGMENT_WIRE_BYTES];
+    encoder_t *e = malloc(sizeof(*e));
 
+    if (e == NULL) {
+        b->err = 1;
+        return;
+    }
+    e->b = b;
+    e->h = h;
+    e->used = 0;
     wsync_put_u32(b, PLAN_MAGIC);
     wsync_put_u16(b, PLAN_VERSION);
     wsync_put_u16(b, 0);                          /* flags */
@@ -1390,31 +1416,47 @@ static void encode_body(const wsync_plan_t *p, wsync_wbuf_t *b, XXH3_state_t *h)
     wsync_put_u32(b, p->nreceivers);
     wsync_put_u64(b, p->bucket_bytes);
     wsync_put_u32(b, p->nchunks);
+    enc_flush(e);
     for (uint32_t i = 0; i < p->nchunks; i++) {
         const wsync_chunk_t *ch = &p->chunks[i];
-        uint8_t *q = rec;
+        uint8_t *q;
+        if (e->used + CHUNK_WIRE_BYTES > ENCODE_BLOCK)
+            enc_flush(e);
+        q = e->blk + e->used;
         q = le32(q, ch->sender);
         q = le32(q, ch->shard);
         *q++ = (uint8_t)ch->dtype;
         q = le_region(q, &ch->src);
         q = le32(q, ch->bucket);
         q = le64(q, ch->bucket_off);
-        wsync_put_bytes(b, rec, (size_t)(q - rec));   /* CHUNK_WIRE_BYTES */
-        hash_flush(b, h, (size_t)1 << 20);
+        e->used += CHUNK_WIRE_BYTES;
     }
+    enc_flush(e);
     wsync_put_u32(b, p->nsegments);
+    enc_flush(e);
     for (uint32_t i = 0; i < p->nsegments; i++) {
         const wsync_segment_t *sg = &p->segments[i];
-        uint8_t *q = rec;
+        uint8_t *q;
+        if (e->used + SEGMENT_WIRE_BYTES > ENCODE_BLOCK)
+            enc_flush(e);
+        q = e->blk + e->used;
         q = le32(q, sg->receiver);
         q = le32(q, sg->target);
         q = le32(q, sg->piece);
         q = le32(q, sg->chunk);
         q = le_region(q, &sg->dst);
-        wsync_put_bytes(b, rec, (size_t)(q - rec));   /* SEGMENT_WIRE_BYTES */
-        hash_flush(b, h, (size_t)1 << 20);
+        e->used += SEGMENT_WIRE_BYTES;
     }
-    hash_flush(b, h, 0);
+    enc_flush(e);
+    free(e);
+}
+
+uint64_t wsync_plan_wire_bytes(const wsync_plan_t *plan)
+{
+    /* magic, version, flags, senders, receivers, bucket, chunk count; segment count;
+     * fingerprint */
+    return 28u + (uint64_t)CHUNK_WIRE_BYTES * plan->nchunks + 4u +
+           (uint64_t)SEGMENT_WIRE_BYTES * plan->nsegments + 8u;
 }
 
 void wsync_plan_encode(const wsync_plan_t *plan, wsync_wbuf_t *out)

@@ -142,6 +142,9 @@ void wsync_plan_free(wsync_plan_t *plan);
 /* Wire form of a plan: "WSPL", version, then counts, chunks, segments, then the xxh3-64 of all
  * that (the fingerprint), checked on decode. Appends to out; out->err set on allocation failure. */
 void wsync_plan_encode(const wsync_plan_t *plan, wsync_wbuf_t *out);
+/* Bytes wsync_plan_encode appends for this plan (header, chunks, segments, fingerprint), from
+ * the counts alone: what a sender of the plan checks against its frame limit before encoding. */
+uint64_t wsync_plan_wire_bytes(const wsync_plan_t *plan);
 /* Decode and validate structure (counts against the bytes left, indices in range, regions
  * consistent, chunks inside their buckets and in order, segment rows/cols equal their chunk's,
  * the fingerprint, no trailing bytes). WSYNC_ERR_PROTOCOL on anything malformed; never reads out
