@@ -113,6 +113,22 @@ static int box_intersect(int nd, const wsync_box_t *a, const wsync_box_t *b, wsy
     return 1;
 }
 
+/* Lexicographic order of two boxes' coordinates (nd starts then nd lengths): the order of
+ * cmp_box below. */
+static int cmp_coords(int nd, const int64_t *a, const int64_t *b)
+{
+    for (int d = 0; d < 2 * nd; d++)
+        if (a[d] != b[d])
+            return a[d] < b[d] ? -1 : 1;
+    return 0;
+}
+
+static void coords_to_box(int nd, const int64_t *co, wsync_box_t *b)
+{
+    memcpy(b->start, co, (size_t)nd * sizeof(int64_t));
+    memcpy(b->len, co + nd, (size_t)nd * sizeof(int64_t));
+}
+
 /* A name a message can quote: never NULL. */
 static const char *nm(const char *s)
 {
@@ -174,9 +190,11 @@ typedef struct {
     uint32_t box0, nbox;             /* its distinct boxes in compile_t.boxes, by start */
 } param_t;
 
+/* A distinct box. Its coordinates are nd starts then nd lengths at compile_t.coords[coord]
+ * (nd: its param's), copied there in pass 1 next to the other boxes of the param: pass 2 reads
+ * one param's boxes side by side, and a box of 2 dims takes 32 bytes, not a wsync_box_t's 128. */
 typedef struct {
-    wsync_box_t box;                 /* the holders' box, unused dims zero: a copy, so that pass
-                                        2 reads one param's boxes side by side */
+    uint64_t coord;
     uint32_t rep0, nrep;             /* holders: compile_t.reps[rep0 ..), by (sender, index) */
     uint32_t head, nl;               /* its logical chunks: a list through lchunk_t.next */
 } dbox_t;
@@ -216,8 +234,8 @@ typedef struct {
     size_t pmap_cap;
     dbox_t *boxes;
     size_t nboxes;
-    rep_t *reps;
-    size_t nreps;
+    int64_t *coords;                 /* boxes' coordinates, see dbox_t */
+    rep_t *reps;                     /* [nshards] holders, grouped by param */
     uint64_t *load;                  /* [nsenders] bytes of logical chunks given to each */
 
     lchunk_t *lchunks;
@@ -239,13 +257,14 @@ static void compile_release(compile_t *c)
     free(c->params);
     free(c->pmap);
     free(c->boxes);
+    free(c->coords);
     free(c->reps);
     free(c->load);
     free(c->lchunks);
     free(c->lsegs);
     free(c->map);
     free(c->parts);
-    c->params = NULL, c->pmap = NULL, c->boxes = NULL, c->reps = NULL;
+    c->params = NULL, c->pmap = NULL, c->boxes = NULL, c->coords = NULL, c->reps = NULL;
     c->load = NULL, c->lchunks = NULL, c->lsegs = NULL, c->map = NULL, c->parts = NULL;
 }
 
@@ -346,67 +365,78 @@ static int same_param(const wsync_shard_desc_t *a, const wsync_shard_desc_t *b)
     return 1;
 }
 
-/* Group one param's non-empty shards (sorted[grp[0..n)], in (sender, index) order) into
- * distinct boxes; check they are disjoint. tmp has room for n. The boxes are copied into tmp
- * first and sorted only when not already in order (FSDP hands them out by rank, in order). */
-static wsync_status_t build_boxes(compile_t *c, param_t *p, const wsync_shard_desc_t **sorted,
-                                  const uint32_t *grp, size_t n, boxed_t *tmp)
+/* Group one param's shards into distinct boxes and check they are disjoint. Its n holders are
+ * c->reps[r0 ..) with their boxes' coordinates at c->coords[c0 ..) (2 nd each), in (sender,
+ * index) order; empty boxes are dropped, and the rest sorted by box only when not already in
+ * that order (FSDP hands them out by rank, in order). tmp has room for n. */
+static wsync_status_t build_boxes(compile_t *c, param_t *p, size_t r0, uint64_t c0, size_t n,
+                                  boxed_t *tmp)
 {
-    int nd = p->ref->param.ndim;
-    size_t m = 0;
+    int nd = p->ref->param.ndim, sorted = 1;
+    size_t m = 0, w = 2 * (size_t)nd;
+    int64_t *co = c->coords + c0;
+    rep_t *rp = c->reps + r0;
     wsync_text_t ta, tb;
 
     for (size_t i = 0; i < n; i++) {
-        const wsync_shard_desc_t *s = sorted[grp[i]];
-        boxed_t *t = &tmp[m];
-        if (box_is_empty(nd, &s->box))
+        int empty = 0;
+        for (int d = 0; d < nd; d++)
+            empty |= co[i * w + (size_t)nd + (size_t)d] == 0;
+        if (empty)
             continue;
-        memcpy(t->box.start, s->box.start, (size_t)nd * sizeof(int64_t));
-        memcpy(t->box.len, s->box.len, (size_t)nd * sizeof(int64_t));
-        t->nd = nd;
-        t->rep.shard = s;
-        t->rep.sender = s->sender;
-        t->rep.index = s->index;
-        t->rep.spos = grp[i];
+        if (m != i) {
+            memmove(co + m * w, co + i * w, w * sizeof(int64_t));
+            rp[m] = rp[i];
+        }
+        if (m > 0 && cmp_coords(nd, co + (m - 1) * w, co + m * w) > 0)
+            sorted = 0;
         m++;
     }
-    for (size_t i = 1; i < m; i++)
-        if (cmp_boxed(&tmp[i - 1], &tmp[i]) > 0) {
-            qsort(tmp, m, sizeof(*tmp), cmp_boxed);
-            break;
+    if (!sorted) {
+        for (size_t i = 0; i < m; i++) {
+            coords_to_box(nd, co + i * w, &tmp[i].box);
+            tmp[i].nd = nd;
+            tmp[i].rep = rp[i];
         }
+        qsort(tmp, m, sizeof(*tmp), cmp_boxed);
+        for (size_t i = 0; i < m; i++) {
+            memcpy(co + i * w, tmp[i].box.start, (size_t)nd * sizeof(int64_t));
+            memcpy(co + i * w + nd, tmp[i].box.len, (size_t)nd * sizeof(int64_t));
+            rp[i] = tmp[i].rep;
+        }
+    }
 
     p->box0 = (uint32_t)c->nboxes;
     for (size_t i = 0; i < m; i++) {
-        if (i == 0 || cmp_box(nd, &tmp[i].box, &tmp[i - 1].box) != 0) {
+        if (i == 0 || cmp_coords(nd, co + i * w, co + (i - 1) * w) != 0) {
             dbox_t *db = &c->boxes[c->nboxes++];
-            memset(&db->box, 0, sizeof(db->box));
-            memcpy(db->box.start, tmp[i].box.start, (size_t)nd * sizeof(int64_t));
-            memcpy(db->box.len, tmp[i].box.len, (size_t)nd * sizeof(int64_t));
-            db->rep0 = (uint32_t)c->nreps;
+            db->coord = c0 + i * w;
+            db->rep0 = (uint32_t)(r0 + i);
             db->nrep = 0;
             db->head = UINT32_MAX;
             db->nl = 0;
         }
         c->boxes[c->nboxes - 1].nrep++;
-        c->reps[c->nreps++] = tmp[i].rep;
     }
     p->nbox = (uint32_t)c->nboxes - p->box0;
 
     /* Sorted by start, so only boxes starting before i ends in dim 0 can meet it. */
     for (uint32_t i = p->box0; i < p->box0 + p->nbox; i++) {
         const dbox_t *a = &c->boxes[i];
+        wsync_box_t ab;
+        coords_to_box(nd, c->coords + a->coord, &ab);
         for (uint32_t j = i + 1; j < p->box0 + p->nbox; j++) {
             const dbox_t *b = &c->boxes[j];
-            wsync_box_t x;
-            if (b->box.start[0] >= a->box.start[0] + a->box.len[0])
+            wsync_box_t bb, x;
+            coords_to_box(nd, c->coords + b->coord, &bb);
+            if (bb.start[0] >= ab.start[0] + ab.len[0])
                 break;
-            if (box_intersect(nd, &a->box, &b->box, &x))
+            if (box_intersect(nd, &ab, &bb, &x))
                 return wsync_err(WSYNC_ERR_MISMATCH, "param '%s': the boxes of sender %u %s and "
                                  "sender %u %s partially overlap (boxes must be identical "
                                  "replicas or disjoint)", p->ref->param.name,
-                                 c->reps[a->rep0].sender, wsync_fmt_box(&ta, nd, &a->box),
-                                 c->reps[b->rep0].sender, wsync_fmt_box(&tb, nd, &b->box));
+                                 c->reps[a->rep0].sender, wsync_fmt_box(&ta, nd, &ab),
+                                 c->reps[b->rep0].sender, wsync_fmt_box(&tb, nd, &bb));
         }
     }
     return WSYNC_OK;
@@ -510,20 +540,22 @@ static uint32_t param_of(compile_t *c, const wsync_shard_desc_t *s, uint32_t gue
 static wsync_status_t index_shards(compile_t *c)
 {
     const wsync_shard_desc_t **sorted = NULL;
-    uint32_t *grouped = NULL, *pid = NULL, *first = NULL;
+    uint32_t *pid = NULL, *first = NULL;
+    uint64_t *cfirst = NULL;
     boxed_t *tmp = NULL;
     wsync_status_t st = WSYNC_OK;
     size_t n = c->nshards, most = 0;
-    size_t prev_lo = 0, prev_n = 0, cur_lo = 0;
+    uint32_t *last = NULL;           /* [params] place in sorted[] of its latest shard */
+    size_t cur_lo = 0;
+    uint32_t guess = UINT32_MAX;
     wsync_text_t ta, tb;
 
     sorted = malloc((n ? n : 1) * sizeof(*sorted));
-    grouped = malloc((n ? n : 1) * sizeof(*grouped));
     pid = malloc((n ? n : 1) * sizeof(*pid));
     c->params = malloc((n ? n : 1) * sizeof(*c->params));
     c->boxes = malloc((n ? n : 1) * sizeof(*c->boxes));
     c->reps = malloc((n ? n : 1) * sizeof(*c->reps));
-    if (!sorted || !grouped || !pid || !c->params || !c->boxes || !c->reps ||
+    if (!sorted || !pid || !c->params || !c->boxes || !c->reps ||
         pmap_grow(c) != 0) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: indexing %zu shards", n);
         goto out;
@@ -535,23 +567,37 @@ static wsync_status_t index_shards(compile_t *c)
         goto out;
 
     /* params in order of first appearance; every later description must agree with the first.
-     * Senders usually hold the same params in the same order (FSDP, replicas), so the j-th
-     * shard of a sender is first tried as the param of the previous sender's j-th shard: a
-     * name compare against memory read in order, where the table costs a hash of the name and
-     * a probe at a random place. */
+     * Senders usually hold the same params in the same order (FSDP, replicas), so a shard is
+     * first tried as the param that followed, at an earlier sender, the param of the shard
+     * before it: a name compare against memory read in order, where the table costs a hash of
+     * the name and a probe at a random place. A sender that holds more or fewer params than
+     * the one before only misses the guess where its list differs. */
+    last = malloc((n ? n : 1) * sizeof(*last));
+    if (last == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan: indexing %zu shards", n);
+        goto out;
+    }
     for (size_t i = 0; i < n; i++) {
         const wsync_shard_desc_t *s = sorted[i];
-        uint32_t k;
+        uint32_t k, prev;
 
         if (i > 0 && s->sender != sorted[i - 1]->sender) {
-            prev_lo = cur_lo, prev_n = i - cur_lo;
             cur_lo = i;
+            guess = pid[0];          /* a sender starts as the first did */
         }
-        k = param_of(c, s, i - cur_lo < prev_n ? pid[prev_lo + (i - cur_lo)] : UINT32_MAX);
+        k = param_of(c, s, guess);
         if (k == UINT32_MAX) {
             st = wsync_err(WSYNC_ERR_NOMEM, "plan: param index");
             goto out;
         }
+        /* the next guess: what followed k's shard at an earlier sender */
+        if (c->params[k].ref != s) {
+            prev = last[k];
+            guess = prev < cur_lo && prev + 1 < cur_lo ? pid[prev + 1] : UINT32_MAX;
+        } else {
+            guess = UINT32_MAX;
+        }
+        last[k] = (uint32_t)i;
         if (c->params[k].ref != s && !same_param(c->params[k].ref, s)) {
             const wsync_shard_desc_t *r = c->params[k].ref;
             st = wsync_err(WSYNC_ERR_MISMATCH, "param '%s': sender %u describes it as %s %s, "
@@ -566,20 +612,41 @@ static wsync_status_t index_shards(compile_t *c)
         c->params[k].nbox++;
     }
 
-    /* each param's shards together (as places in sorted[]), still in (sender, index) order */
+    /* each param's holders together, still in (sender, index) order, with their boxes'
+     * coordinates (read here in order, once) */
     first = malloc((c->nparams + 1) * sizeof(*first));
-    if (first == NULL) {
+    cfirst = malloc((c->nparams + 1) * sizeof(*cfirst));
+    if (first == NULL || cfirst == NULL) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: grouping %zu params", c->nparams);
         goto out;
     }
     first[0] = 0;
+    cfirst[0] = 0;
     for (size_t k = 0; k < c->nparams; k++) {
         first[k + 1] = first[k] + c->params[k].nbox;
+        cfirst[k + 1] = cfirst[k] + (uint64_t)c->params[k].nbox * 2u *
+                                        (uint64_t)c->params[k].ref->param.ndim;
         most = WSYNC_MAX(most, (size_t)c->params[k].nbox);
         c->params[k].nbox = 0;
     }
-    for (size_t i = 0; i < n; i++)
-        grouped[first[pid[i]] + c->params[pid[i]].nbox++] = (uint32_t)i;
+    c->coords = malloc((cfirst[c->nparams] ? cfirst[c->nparams] : 1) * sizeof(*c->coords));
+    if (c->coords == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan: boxes of %zu shards", n);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const wsync_shard_desc_t *s = sorted[i];
+        uint32_t k = pid[i], j = c->params[k].nbox++;
+        size_t nd = (size_t)s->param.ndim;    /* the param's: checked above */
+        rep_t *r = &c->reps[first[k] + j];
+        int64_t *co = c->coords + cfirst[k] + (uint64_t)j * 2u * nd;
+        r->shard = s;
+        r->sender = s->sender;
+        r->index = s->index;
+        r->spos = (uint32_t)i;
+        memcpy(co, s->box.start, nd * sizeof(int64_t));
+        memcpy(co + nd, s->box.len, nd * sizeof(int64_t));
+    }
     free(pid);
     pid = NULL;
 
@@ -589,13 +656,14 @@ static wsync_status_t index_shards(compile_t *c)
         goto out;
     }
     for (size_t k = 0; k < c->nparams; k++)
-        if ((st = build_boxes(c, &c->params[k], sorted, grouped + first[k],
-                              first[k + 1] - first[k], tmp)) != WSYNC_OK)
+        if ((st = build_boxes(c, &c->params[k], first[k], cfirst[k], first[k + 1] - first[k],
+                              tmp)) != WSYNC_OK)
             goto out;
 out:
     free(sorted);
-    free(grouped);
+    free(cfirst);
     free(pid);
+    free(last);
     free(first);
     free(tmp);
     return st;
@@ -831,18 +899,20 @@ static int index_less(int nd, const int64_t *a, const int64_t *b)
 
 /* Smallest (row-major) index of box b that none of boxes[from..n) covers, by box subtraction:
  * 1 found (*out), 0 all covered, -1 out of budget. */
-static int find_uncovered(int nd, const wsync_box_t *b, const dbox_t *boxes, uint32_t from,
+static int find_uncovered(const compile_t *c, int nd, const wsync_box_t *b, uint32_t from,
                           uint32_t n, int64_t *out, int *budget)
 {
-    wsync_box_t x, rem = *b, frags[2 * WSYNC_MAX_DIMS];
+    wsync_box_t x, rem = *b, frags[2 * WSYNC_MAX_DIMS], kb;
     int nf = 0, found = 0;
     uint32_t k;
 
     if (--*budget < 0)
         return -1;
-    for (k = from; k < n; k++)
-        if (box_intersect(nd, b, &boxes[k].box, &x))
+    for (k = from; k < n; k++) {
+        coords_to_box(nd, c->coords + c->boxes[k].coord, &kb);
+        if (box_intersect(nd, b, &kb, &x))
             break;
+    }
     if (k == n) {
         memcpy(out, b->start, (size_t)nd * sizeof(int64_t));
         return 1;
@@ -865,7 +935,7 @@ static int find_uncovered(int nd, const wsync_box_t *b, const dbox_t *boxes, uin
     }
     for (int f = 0; f < nf; f++) {
         int64_t idx[WSYNC_MAX_DIMS];
-        int r = find_uncovered(nd, &frags[f], boxes, k + 1, n, idx, budget);
+        int r = find_uncovered(c, nd, &frags[f], k + 1, n, idx, budget);
         if (r < 0)
             return -1;       /* a partial search cannot tell which index is first */
         if (r == 1 && (!found || index_less(nd, idx, out)))
@@ -931,13 +1001,15 @@ static wsync_status_t map_piece(compile_t *c, const wsync_target_desc_t *t, uint
     vol = box_volume(nd, &p->src);
     for (uint32_t k = par->box0; k < par->box0 + par->nbox; k++) {
         const dbox_t *db = &c->boxes[k];
-        wsync_box_t x;
+        const int64_t *co = c->coords + db->coord;
+        wsync_box_t x, dbb;
         emit_t e;
         wsync_status_t st;
 
-        if (db->box.start[0] >= p->src.start[0] + p->src.len[0])
+        if (co[0] >= p->src.start[0] + p->src.len[0])
             break;           /* boxes are sorted by start: none further can meet the piece */
-        if (!box_intersect(nd, &p->src, &db->box, &x))
+        coords_to_box(nd, co, &dbb);
+        if (!box_intersect(nd, &p->src, &dbb, &x))
             continue;
         covered += box_volume(nd, &x);
         e.target = t;
@@ -945,14 +1017,13 @@ static wsync_status_t map_piece(compile_t *c, const wsync_target_desc_t *t, uint
         e.dbox = k;
         e.rep = pick_replica(c, db);
         e.dtype = ref->param.dtype;
-        if ((st = emit_intersection(c, &e, &x, &db->box, p)) != WSYNC_OK)
+        if ((st = emit_intersection(c, &e, &x, &dbb, p)) != WSYNC_OK)
             return st;
     }
     if (covered != vol) {
         int64_t idx[WSYNC_MAX_DIMS] = {0};
         int budget = UNCOVERED_BUDGET;
-        int r = find_uncovered(nd, &p->src, c->boxes, par->box0, par->box0 + par->nbox, idx,
-                               &budget);
+        int r = find_uncovered(c, nd, &p->src, par->box0, par->box0 + par->nbox, idx, &budget);
         char where[300] = "";
         if (r == 1)
             snprintf(where, sizeof(where), "; the first is at index %s", wsync_fmt_dims(&ta, nd, idx));
@@ -1375,21 +1446,35 @@ static void enc_flush(encoder_t *e)
 
 /* Little-endian, as the wsync_put_* functions write: a chunk or segment is formed in place in
  * the block (a plan has millions of them). */
-static uint8_t *le32(uint8_t *q, uint32_t v)
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define HOST_IS_LE 1
+#else
+#define HOST_IS_LE 0
+#endif
+
+static inline uint8_t *le32(uint8_t *q, uint32_t v)
 {
-    for (int i = 0; i < 4; i++)
-        q[i] = (uint8_t)(v >> (8 * i));
+    if (HOST_IS_LE) {
+        memcpy(q, &v, 4);
+    } else {
+        for (int i = 0; i < 4; i++)
+            q[i] = (uint8_t)(v >> (8 * i));
+    }
     return q + 4;
 }
 
-static uint8_t *le64(uint8_t *q, uint64_t v)
+static inline uint8_t *le64(uint8_t *q, uint64_t v)
 {
-    for (int i = 0; i < 8; i++)
-        q[i] = (uint8_t)(v >> (8 * i));
+    if (HOST_IS_LE) {
+        memcpy(q, &v, 8);
+    } else {
+        for (int i = 0; i < 8; i++)
+            q[i] = (uint8_t)(v >> (8 * i));
+    }
     return q + 8;
 }
 
-static uint8_t *le_region(uint8_t *q, const wsync_region_t *r)
+static inline uint8_t *le_region(uint8_t *q, const wsync_region_t *r)
 {
     q = le64(q, r->off);
     q = le64(q, r->pitch);
