@@ -24,6 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 #define PLAN_MAGIC 0x4c505357u          /* "WSPL" */
 #define PLAN_VERSION 1u
@@ -151,9 +155,34 @@ static uint64_t region_end(const wsync_region_t *r)
     return v;
 }
 
+/* Loops that jump through large arrays in a computed order ask for a record this many steps
+ * before they use it, so that several cache misses are in flight instead of one at a time. */
+#define PREFETCH_AHEAD 16
+#if defined(__GNUC__)
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PREFETCH(p) ((void)0)
+#endif
+
 static uint64_t align_up(uint64_t v, uint64_t a)
 {
     return (v + a - 1) / a * a;
+}
+
+void wsync_plan_prefault(void *p, size_t bytes)
+{
+#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
+    long pg = sysconf(_SC_PAGESIZE);
+    if (p != NULL && pg > 0 && bytes >= ((size_t)4 << 20)) {
+        uintptr_t a = ((uintptr_t)p + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+        uintptr_t e = ((uintptr_t)p + bytes) & ~((uintptr_t)pg - 1);
+        if (e > a)
+            (void)madvise((void *)a, e - a, MADV_POPULATE_WRITE);
+    }
+#else
+    (void)p;
+    (void)bytes;
+#endif
 }
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem)
@@ -206,7 +235,6 @@ typedef struct {
     uint32_t next;                   /* next logical chunk of the same distinct box */
     wsync_dtype_t dtype;
     wsync_region_t src;
-    uint32_t part0, nparts;          /* its pieces in plan->chunks after bucketing */
 } lchunk_t;
 
 typedef struct {
@@ -246,7 +274,10 @@ typedef struct {
                                         lchunks of boxes with more than LIST_MAX of them */
     size_t map_cap, nmapped;
 
-    part_t *parts;                   /* parallel to plan->chunks */
+    uint32_t *part0;                 /* [nlchunks + 1] after pass 3: logical chunk k (in bucket
+                                        order) is plan->chunks[part0[k] .. part0[k + 1]) */
+    part_t *parts;                   /* parallel to plan->chunks; NULL while no logical chunk
+                                        was split (every part starts at row 0, column 0) */
     size_t cap_chunks, cap_parts;
     wsync_plan_t *plan;
 } compile_t;
@@ -264,8 +295,10 @@ static void compile_release(compile_t *c)
     free(c->lsegs);
     free(c->map);
     free(c->parts);
+    free(c->part0);
     c->params = NULL, c->pmap = NULL, c->boxes = NULL, c->coords = NULL, c->reps = NULL;
     c->load = NULL, c->lchunks = NULL, c->lsegs = NULL, c->map = NULL, c->parts = NULL;
+    c->part0 = NULL;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -560,6 +593,9 @@ static wsync_status_t index_shards(compile_t *c)
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: indexing %zu shards", n);
         goto out;
     }
+    wsync_plan_prefault(sorted, n * sizeof(*sorted));
+    wsync_plan_prefault(pid, n * sizeof(*pid));
+    wsync_plan_prefault(c->reps, n * sizeof(*c->reps));
     for (size_t i = 0; i < n; i++)
         if ((st = check_shard(c, &c->shards[i])) != WSYNC_OK)
             goto out;
@@ -577,6 +613,7 @@ static wsync_status_t index_shards(compile_t *c)
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: indexing %zu shards", n);
         goto out;
     }
+    wsync_plan_prefault(last, n * sizeof(*last));
     for (size_t i = 0; i < n; i++) {
         const wsync_shard_desc_t *s = sorted[i];
         uint32_t k, prev;
@@ -634,6 +671,7 @@ static wsync_status_t index_shards(compile_t *c)
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: boxes of %zu shards", n);
         goto out;
     }
+    wsync_plan_prefault(c->coords, cfirst[c->nparams] * sizeof(*c->coords));
     for (size_t i = 0; i < n; i++) {
         const wsync_shard_desc_t *s = sorted[i];
         uint32_t k = pid[i], j = c->params[k].nbox++;
@@ -1123,7 +1161,7 @@ static int cmp_lchunk(const void *a, const void *b)
     return r;
 }
 
-static wsync_status_t add_part(compile_t *c, lchunk_t *l, uint64_t row, uint64_t col,
+static wsync_status_t add_part(compile_t *c, const lchunk_t *l, uint64_t row, uint64_t col,
                                uint64_t rows, uint64_t cols, uint32_t bucket, uint64_t off)
 {
     wsync_plan_t *pl = c->plan;
@@ -1133,7 +1171,15 @@ static wsync_status_t add_part(compile_t *c, lchunk_t *l, uint64_t row, uint64_t
         return wsync_err(WSYNC_ERR_RANGE, "plan: more than %u chunks with buckets of %llu bytes; "
                          "raise bucket_bytes", WSYNC_PLAN_MAX_CHUNKS,
                          (unsigned long long)c->bucket_bytes);
-    if (grow((void **)&pl->chunks, &c->cap_chunks, pl->nchunks + 1, sizeof(*pl->chunks)) ||
+    if (grow((void **)&pl->chunks, &c->cap_chunks, pl->nchunks + 1, sizeof(*pl->chunks)))
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: %u chunks", pl->nchunks + 1);
+    if (c->parts == NULL && (row | col) != 0) {   /* the first split: earlier parts start at 0 */
+        c->cap_parts = 0;
+        if (grow((void **)&c->parts, &c->cap_parts, c->cap_chunks, sizeof(*c->parts)))
+            return wsync_err(WSYNC_ERR_NOMEM, "plan: %u chunks", pl->nchunks + 1);
+        memset(c->parts, 0, pl->nchunks * sizeof(*c->parts));
+    }
+    if (c->parts != NULL &&
         grow((void **)&c->parts, &c->cap_parts, pl->nchunks + 1, sizeof(*c->parts)))
         return wsync_err(WSYNC_ERR_NOMEM, "plan: %u chunks", pl->nchunks + 1);
     ch = &pl->chunks[pl->nchunks];
@@ -1146,94 +1192,75 @@ static wsync_status_t add_part(compile_t *c, lchunk_t *l, uint64_t row, uint64_t
     ch->src.cols = cols;
     ch->bucket = bucket;
     ch->bucket_off = off;
-    c->parts[pl->nchunks].row = row;
-    c->parts[pl->nchunks].col = col;
+    if (c->parts != NULL) {
+        c->parts[pl->nchunks].row = row;
+        c->parts[pl->nchunks].col = col;
+    }
     pl->nchunks++;
-    l->nparts++;
     return WSYNC_OK;
 }
 
-/* Store the logical chunks in the order given (order[i] becomes lchunks[i], and order[i] points
- * to it), renumbering the segments' references: the passes after this one then walk both arrays
- * front to back instead of jumping through millions of scattered records. */
-static wsync_status_t permute_lchunks(compile_t *c, lchunk_t **order)
-{
-    lchunk_t *v = malloc((c->nlchunks ? c->nlchunks : 1) * sizeof(*v));
-    uint32_t *inv = malloc((c->nlchunks ? c->nlchunks : 1) * sizeof(*inv));
-
-    if (v == NULL || inv == NULL) {
-        free(v);
-        free(inv);
-        return wsync_err(WSYNC_ERR_NOMEM, "plan: ordering %zu chunks", c->nlchunks);
-    }
-    for (size_t i = 0; i < c->nlchunks; i++) {
-        v[i] = *order[i];
-        inv[order[i] - c->lchunks] = (uint32_t)i;
-    }
-    for (size_t i = 0; i < c->nlsegs; i++)
-        c->lsegs[i].lchunk = inv[c->lsegs[i].lchunk];
-    free(inv);
-    free(c->lchunks);
-    c->lchunks = v;
-    c->cap_lchunks = c->nlchunks;
-    for (size_t i = 0; i < c->nlchunks; i++)
-        order[i] = &v[i];
-    /* the lists and the map index the old numbers; nothing looks chunks up after this pass */
-    free(c->map);
-    c->map = NULL;
-    c->map_cap = c->nmapped = 0;
-    return WSYNC_OK;
-}
-
-/* Lay one sender's logical chunks (in order) into its buckets, splitting at bucket ends. The
- * order is (sender, shard, region): a counting sort on the shard's place in (sender, index)
- * order, then a sort of the few regions of each shard. */
+/* Lay the logical chunks into each sender's buckets, splitting at bucket ends. The order is
+ * (sender, shard, region): a counting sort on the shard's place in (sender, index) order, then a
+ * sort of the few regions of each shard. Logical chunks are renumbered in that order (the
+ * segments' references with them), and only what the next pass needs of them is kept: where
+ * each one's parts start (c->part0), so that pass reads small arrays front to back. */
 static wsync_status_t layout_buckets(compile_t *c)
 {
     lchunk_t **order;
-    uint32_t *start;
+    uint32_t *start, *inv = NULL;
     uint64_t B = c->bucket_bytes, off = 0;
     uint32_t sender = UINT32_MAX, bucket = 0;
+    size_t nl = c->nlchunks;
     wsync_status_t st = WSYNC_OK;
 
-    order = malloc((c->nlchunks ? c->nlchunks : 1) * sizeof(*order));
+    order = malloc((nl ? nl : 1) * sizeof(*order));
     start = calloc(c->nshards + 1, sizeof(*start));
     if (order == NULL || start == NULL) {
         free(order);
         free(start);
-        return wsync_err(WSYNC_ERR_NOMEM, "plan: ordering %zu chunks", c->nlchunks);
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: ordering %zu chunks", nl);
     }
-    for (size_t i = 0; i < c->nlchunks; i++)
+    for (size_t i = 0; i < nl; i++)
         start[c->lchunks[i].spos + 1]++;
     for (size_t k = 0; k < c->nshards; k++)
         start[k + 1] += start[k];
-    for (size_t i = 0; i < c->nlchunks; i++)
+    for (size_t i = 0; i < nl; i++)
         order[start[c->lchunks[i].spos]++] = &c->lchunks[i];   /* start[k] becomes its end */
     for (size_t k = 0, lo = 0; k < c->nshards; lo = start[k], k++)
         if (start[k] - lo > 1)
             qsort(order + lo, start[k] - lo, sizeof(*order), cmp_lchunk);
     free(start);
-    if ((st = permute_lchunks(c, order)) != WSYNC_OK) {
-        free(order);
-        return st;
-    }
-    if (grow((void **)&c->plan->chunks, &c->cap_chunks, c->nlchunks, sizeof(*c->plan->chunks)) ||
-        grow((void **)&c->parts, &c->cap_parts, c->nlchunks, sizeof(*c->parts))) {
-        free(order);
-        return wsync_err(WSYNC_ERR_NOMEM, "plan: %zu chunks", c->nlchunks);
-    }
+    /* the lists and the map index the old numbers; nothing looks chunks up after this pass */
+    free(c->map);
+    c->map = NULL;
+    c->map_cap = c->nmapped = 0;
 
-    for (size_t i = 0; i < c->nlchunks; i++) {
-        lchunk_t *l = order[i];
+    inv = malloc((nl ? nl : 1) * sizeof(*inv));
+    c->part0 = malloc((nl + 1) * sizeof(*c->part0));
+    if (inv == NULL || c->part0 == NULL ||
+        grow((void **)&c->plan->chunks, &c->cap_chunks, nl, sizeof(*c->plan->chunks))) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan: %zu chunks", nl);
+        goto out;
+    }
+    wsync_plan_prefault(c->plan->chunks, nl * sizeof(*c->plan->chunks));   /* at least one part each */
+    wsync_plan_prefault(inv, nl * sizeof(*inv));
+    wsync_plan_prefault(c->part0, (nl + 1) * sizeof(*c->part0));
+
+    for (size_t i = 0; i < nl; i++) {
+        const lchunk_t *l = order[i];
         uint64_t esz = wsync_dtype_size(l->dtype), rowbytes = l->src.cols * esz;
         uint64_t row = 0, col = 0;
 
+        if (i + PREFETCH_AHEAD < nl)   /* order[] jumps: ask for the record early */
+            PREFETCH(order[i + PREFETCH_AHEAD]);
+        inv[l - c->lchunks] = (uint32_t)i;
         if (l->sender != sender) {
             sender = l->sender;
             bucket = 0;
             off = 0;
         }
-        l->part0 = c->plan->nchunks;
+        c->part0[i] = c->plan->nchunks;
         while (row < l->src.rows) {
             off = align_up(off, WSYNC_PLAN_ALIGN);
             if (off >= B) {
@@ -1275,8 +1302,15 @@ static wsync_status_t layout_buckets(compile_t *c)
             }
         }
     }
+    c->part0[nl] = c->plan->nchunks;
+    for (size_t i = 0; i < c->nlsegs; i++)
+        c->lsegs[i].lchunk = inv[c->lsegs[i].lchunk];
+    free(c->lchunks);                /* part0 holds what is left to know of them */
+    c->lchunks = NULL;
+    c->cap_lchunks = 0;
 out:
     free(order);
+    free(inv);
     return st;
 }
 
@@ -1304,8 +1338,10 @@ static wsync_status_t split_segments(compile_t *c)
     lseg_t *by_chunk = NULL;
     wsync_status_t st = WSYNC_OK;
 
+    const uint32_t *part0 = c->part0;
+
     for (size_t i = 0; i < c->nlsegs; i++)
-        n += c->lchunks[c->lsegs[i].lchunk].nparts;
+        n += part0[c->lsegs[i].lchunk + 1] - part0[c->lsegs[i].lchunk];
     if (n > WSYNC_PLAN_MAX_SEGMENTS)
         return wsync_err(WSYNC_ERR_RANGE, "plan: %" PRIu64 " segments, more than %u; raise "
                          "bucket_bytes", n, WSYNC_PLAN_MAX_SEGMENTS);
@@ -1317,8 +1353,12 @@ static wsync_status_t split_segments(compile_t *c)
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " segments", n);
         goto out;
     }
+    wsync_plan_prefault(pl->segments, n * sizeof(*pl->segments));
+    wsync_plan_prefault(lfirst, (c->nlchunks + 1) * sizeof(*lfirst));
+    wsync_plan_prefault(by_chunk, c->nlsegs * sizeof(*by_chunk));
     for (size_t i = 0; i < c->nlsegs; i++) {
-        rstart[c->lsegs[i].receiver + 1] += c->lchunks[c->lsegs[i].lchunk].nparts;
+        rstart[c->lsegs[i].receiver + 1] +=
+            part0[c->lsegs[i].lchunk + 1] - part0[c->lsegs[i].lchunk];
         lfirst[c->lsegs[i].lchunk + 1]++;
     }
     for (uint32_t r = 0; r < c->nreceivers; r++)
@@ -1329,10 +1369,10 @@ static wsync_status_t split_segments(compile_t *c)
         by_chunk[lfirst[c->lsegs[i].lchunk]++] = c->lsegs[i];
     free(c->lsegs);                             /* by_chunk holds them now */
     c->lsegs = NULL;
-    /* logical chunks are in bucket order (permute_lchunks), so their parts are chunks 0, 1, ... */
+    /* logical chunks are numbered in bucket order (layout_buckets), so their parts are chunks
+     * 0, 1, ... */
     for (size_t k = 0, lo = 0; k < c->nlchunks; lo = lfirst[k], k++) {
-        const lchunk_t *l = &c->lchunks[k];
-        for (uint32_t q = l->part0; q < l->part0 + l->nparts; q++) {
+        for (uint32_t q = part0[k]; q < part0[k + 1]; q++) {
             const wsync_chunk_t *ch = &pl->chunks[q];
             for (size_t j = lo; j < lfirst[k]; j++) {
                 const lseg_t *sl = &by_chunk[j];
@@ -1341,7 +1381,9 @@ static wsync_status_t split_segments(compile_t *c)
                 sg->target = sl->target;
                 sg->piece = sl->piece;
                 sg->chunk = q;
-                sg->dst.off = sl->dst.off + c->parts[q].row * sl->dst.pitch + c->parts[q].col;
+                sg->dst.off = sl->dst.off;
+                if (c->parts != NULL)
+                    sg->dst.off += c->parts[q].row * sl->dst.pitch + c->parts[q].col;
                 sg->dst.pitch = sl->dst.pitch;
                 sg->dst.rows = ch->src.rows;
                 sg->dst.cols = ch->src.cols;

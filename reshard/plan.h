@@ -122,6 +122,12 @@ typedef struct {
 /* nbuckets, bucket_used and pair_bytes are derived from chunks and segments (by compile and by
  * decode alike); they do not travel. */
 
+/* Fault in, in one call, the pages of a large fresh array that is about to be written whole: a
+ * plan of millions of chunks writes hundreds of MB of fresh memory, and taking its page faults
+ * one 4 KiB page at a time cost as much as a pass of the compiler. A hint only (Linux
+ * MADV_POPULATE_WRITE, arrays of 4 MiB or more); elsewhere the pages fault in as written. */
+void wsync_plan_prefault(void *p, size_t bytes);
+
 /* Compile the plan. bucket_bytes in [WSYNC_PLAN_MIN_BUCKET, WSYNC_PLAN_MAX_BUCKET]; ranks within
  * WSYNC_PLAN_MAX_RANKS / _PAIRS (WSYNC_ERR_INVALID otherwise). Checks, with errors naming the
  * param/target and receiver:

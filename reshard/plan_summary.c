@@ -181,6 +181,8 @@ wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shar
                        ntargets);
         goto out;
     }
+    wsync_plan_prefault(sd, nshards * sizeof(*sd));
+    wsync_plan_prefault(td, ntargets * sizeof(*td));
     for (size_t i = 0; i < nshards; i++, nsd++) {
         int rank = shard_sender ? shard_sender[i] : 0;
         if ((st = shard_view(&shards[i], (uint32_t)rank, count[rank]++, &sd[i])) != WSYNC_OK)
