@@ -127,10 +127,26 @@ static int cmp_coords(int nd, const int64_t *a, const int64_t *b)
     return 0;
 }
 
-static void coords_to_box(int nd, const int64_t *co, wsync_box_t *b)
+/* n int64s; params of 1 and 2 dims (nearly all) without a call to memcpy, which a copy of a
+ * size not known at compile time becomes (tens of millions of them in a large plan). */
+static inline void copy_i64(int64_t *dst, const int64_t *src, int n)
 {
-    memcpy(b->start, co, (size_t)nd * sizeof(int64_t));
-    memcpy(b->len, co + nd, (size_t)nd * sizeof(int64_t));
+    switch (n) {
+    case 2:
+        dst[1] = src[1];
+        /* fall through */
+    case 1:
+        dst[0] = src[0];
+        break;
+    default:
+        memcpy(dst, src, (size_t)n * sizeof(int64_t));
+    }
+}
+
+static inline void coords_to_box(int nd, const int64_t *co, wsync_box_t *b)
+{
+    copy_i64(b->start, co, nd);
+    copy_i64(b->len, co + nd, nd);
 }
 
 /* A name a message can quote: never NULL. */
@@ -682,8 +698,8 @@ static wsync_status_t index_shards(compile_t *c)
         r->sender = s->sender;
         r->index = s->index;
         r->spos = (uint32_t)i;
-        memcpy(co, s->box.start, nd * sizeof(int64_t));
-        memcpy(co + nd, s->box.len, nd * sizeof(int64_t));
+        copy_i64(co, s->box.start, (int)nd);
+        copy_i64(co + nd, s->box.len, (int)nd);
     }
     free(pid);
     pid = NULL;
