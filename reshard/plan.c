@@ -1369,7 +1369,6 @@ static wsync_status_t split_segments(compile_t *c)
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " segments", n);
         goto out;
     }
-    wsync_plan_prefault(pl->segments, n * sizeof(*pl->segments));
     wsync_plan_prefault(lfirst, (c->nlchunks + 1) * sizeof(*lfirst));
     wsync_plan_prefault(by_chunk, c->nlsegs * sizeof(*by_chunk));
     for (size_t i = 0; i < c->nlsegs; i++) {
@@ -1385,6 +1384,7 @@ static wsync_status_t split_segments(compile_t *c)
         by_chunk[lfirst[c->lsegs[i].lchunk]++] = c->lsegs[i];
     free(c->lsegs);                             /* by_chunk holds them now */
     c->lsegs = NULL;
+    wsync_plan_prefault(pl->segments, n * sizeof(*pl->segments));
     /* logical chunks are numbered in bucket order (layout_buckets), so their parts are chunks
      * 0, 1, ... */
     for (size_t k = 0, lo = 0; k < c->nlchunks; lo = lfirst[k], k++) {

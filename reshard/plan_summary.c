@@ -116,11 +116,14 @@ static wsync_status_t summarize(const wsync_plan_t *p, const wsync_target_desc_t
             s->staged_bytes_per_sender[sn] += p->bucket_used[k++];
         s->total_staged_bytes += s->staged_bytes_per_sender[sn];
     }
+    /* the element size of each target, in (receiver, index) order: a small array the
+     * segments (tens of millions) index, where the descriptions are large and scattered */
+    for (size_t j = 0; j < ntd; j++)
+        order[j] = wsync_dtype_size(td[order[j]].dtype);
     for (uint32_t i = 0; i < p->nsegments; i++) {
         const wsync_segment_t *sg = &p->segments[i];
-        const wsync_target_desc_t *t = &td[order[first[sg->receiver] + sg->target]];
         s->bytes_landed_per_receiver[sg->receiver] +=
-            sg->dst.rows * sg->dst.cols * wsync_dtype_size(t->dtype);
+            sg->dst.rows * sg->dst.cols * order[first[sg->receiver] + sg->target];
     }
     for (size_t j = 0; j < ntd; j++)
         if (is_fp8(td[j].dtype) && td[j].quant != WSYNC_QUANT_NONE)
