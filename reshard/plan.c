@@ -1350,8 +1350,7 @@ static wsync_status_t split_segments(compile_t *c)
     wsync_plan_t *pl = c->plan;
     uint64_t n = 0;
     uint64_t *rstart = NULL;
-    uint32_t *lfirst = NULL;
-    lseg_t *by_chunk = NULL;
+    uint32_t *lfirst = NULL, *by_chunk = NULL;
     wsync_status_t st = WSYNC_OK;
 
     const uint32_t *part0 = c->part0;
@@ -1371,6 +1370,7 @@ static wsync_status_t split_segments(compile_t *c)
     }
     wsync_plan_prefault(lfirst, (c->nlchunks + 1) * sizeof(*lfirst));
     wsync_plan_prefault(by_chunk, c->nlsegs * sizeof(*by_chunk));
+    wsync_plan_prefault(pl->segments, n * sizeof(*pl->segments));
     for (size_t i = 0; i < c->nlsegs; i++) {
         rstart[c->lsegs[i].receiver + 1] +=
             part0[c->lsegs[i].lchunk + 1] - part0[c->lsegs[i].lchunk];
@@ -1380,18 +1380,19 @@ static wsync_status_t split_segments(compile_t *c)
         rstart[r + 1] += rstart[r];
     for (size_t k = 0; k < c->nlchunks; k++)
         lfirst[k + 1] += lfirst[k];
+    /* each chunk's logical segments listed by number (a copy of the records themselves would
+     * double the largest array of the compile) */
     for (size_t i = 0; i < c->nlsegs; i++)     /* lfirst[k] becomes the end of k's list */
-        by_chunk[lfirst[c->lsegs[i].lchunk]++] = c->lsegs[i];
-    free(c->lsegs);                             /* by_chunk holds them now */
-    c->lsegs = NULL;
-    wsync_plan_prefault(pl->segments, n * sizeof(*pl->segments));
+        by_chunk[lfirst[c->lsegs[i].lchunk]++] = (uint32_t)i;
     /* logical chunks are numbered in bucket order (layout_buckets), so their parts are chunks
      * 0, 1, ... */
     for (size_t k = 0, lo = 0; k < c->nlchunks; lo = lfirst[k], k++) {
         for (uint32_t q = part0[k]; q < part0[k + 1]; q++) {
             const wsync_chunk_t *ch = &pl->chunks[q];
             for (size_t j = lo; j < lfirst[k]; j++) {
-                const lseg_t *sl = &by_chunk[j];
+                const lseg_t *sl = &c->lsegs[by_chunk[j]];
+                if (j + PREFETCH_AHEAD < c->nlsegs)   /* the list jumps through lsegs */
+                    PREFETCH(&c->lsegs[by_chunk[j + PREFETCH_AHEAD]]);
                 wsync_segment_t *sg = &pl->segments[rstart[sl->receiver]++];
                 sg->receiver = sl->receiver;
                 sg->target = sl->target;
@@ -1407,6 +1408,8 @@ static wsync_status_t split_segments(compile_t *c)
         }
     }
     pl->nsegments = (uint32_t)n;
+    free(c->lsegs);
+    c->lsegs = NULL;
     /* a receiver that takes one chunk twice (two targets, or two pieces, of the same bytes) */
     for (uint64_t i = 0, j; i < n; i = j) {
         for (j = i + 1; j < n && pl->segments[j].receiver == pl->segments[i].receiver &&
