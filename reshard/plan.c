@@ -1122,15 +1122,76 @@ static wsync_status_t check_target(const compile_t *c, const wsync_target_desc_t
     return WSYNC_OK;
 }
 
+/* Targets that ask for the same bytes laid out the same way (every receiver's copy of a weight
+ * replicated over data-parallel ranks: 256 receivers of Kimi-K2 with DP attention each take its
+ * attention, dense and shared weights whole) get the same logical segments but for the receiver
+ * and target numbers. Such a target copies the segments of the first one like it instead of
+ * intersecting its pieces again: that one found or made every logical chunk they use, so the
+ * copy is what mapping the pieces would give (the same chunks; none new, so no replica's load
+ * changes either). */
+typedef struct {
+    uint64_t hash;
+    uint32_t target;                 /* index in the receiver-ordered list of targets */
+    uint32_t lseg0, nlseg;           /* its logical segments */
+} tsig_t;
+
+static uint64_t target_hash(const wsync_target_desc_t *t)
+{
+    uint64_t h = XXH3_64bits(t->shape, (size_t)t->ndim * sizeof(int64_t));
+
+    h = h * 31 + (uint64_t)t->dtype * 7 + (uint64_t)t->quant * 3 + t->npieces;
+    for (uint32_t k = 0; k < t->npieces; k++) {
+        const wsync_piece_desc_t *p = &t->pieces[k];
+        size_t nd = (size_t)WSYNC_MIN(WSYNC_MAX(t->ndim, 1), WSYNC_MAX_DIMS);
+        h = h * 31 + (p->param.name ? name_hash(p->param.name) : 0);
+        h = h * 31 + XXH3_64bits(p->src.start, nd * sizeof(int64_t));
+        h = h * 31 + XXH3_64bits(p->src.len, nd * sizeof(int64_t));
+        h = h * 31 + XXH3_64bits(p->dst_start, nd * sizeof(int64_t));
+    }
+    return h;
+}
+
+/* Same layout as far as the plan can tell: shape, dtype, quant, and every piece's param (name,
+ * dtype, dims) and boxes. Only the receiver, index and name may differ. */
+static int same_target(const wsync_target_desc_t *a, const wsync_target_desc_t *b)
+{
+    size_t nd = (size_t)a->ndim;
+
+    if (a->ndim != b->ndim || a->dtype != b->dtype || a->quant != b->quant ||
+        a->npieces != b->npieces || memcmp(a->shape, b->shape, nd * sizeof(int64_t)) != 0)
+        return 0;
+    for (uint32_t k = 0; k < a->npieces; k++) {
+        const wsync_piece_desc_t *p = &a->pieces[k], *q = &b->pieces[k];
+        if (p->param.name == NULL || q->param.name == NULL ||
+            strcmp(p->param.name, q->param.name) != 0 || p->param.dtype != q->param.dtype ||
+            p->param.ndim != q->param.ndim ||
+            memcmp(p->param.shape, q->param.shape, nd * sizeof(int64_t)) != 0 ||
+            memcmp(p->src.start, q->src.start, nd * sizeof(int64_t)) != 0 ||
+            memcmp(p->src.len, q->src.len, nd * sizeof(int64_t)) != 0 ||
+            memcmp(p->dst_start, q->dst_start, nd * sizeof(int64_t)) != 0)
+            return 0;
+    }
+    return 1;
+}
+
 static wsync_status_t map_targets(compile_t *c)
 {
     const wsync_target_desc_t **sorted;
+    tsig_t *sig = NULL;
+    size_t sig_cap = 16;
     wsync_status_t st = WSYNC_OK;
     size_t n = c->ntargets;
 
     sorted = malloc((n ? n : 1) * sizeof(*sorted));
-    if (sorted == NULL)
-        return wsync_err(WSYNC_ERR_NOMEM, "plan: indexing %zu targets", n);
+    while (sig_cap < 2 * n)
+        sig_cap *= 2;
+    sig = malloc(sig_cap * sizeof(*sig));
+    if (sorted == NULL || sig == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan: indexing %zu targets", n);
+        goto out;
+    }
+    for (size_t i = 0; i < sig_cap; i++)
+        sig[i].target = UINT32_MAX;
     for (size_t i = 0; i < n; i++) {
         if ((st = check_target(c, &c->targets[i])) != WSYNC_OK)
             goto out;
@@ -1138,18 +1199,52 @@ static wsync_status_t map_targets(compile_t *c)
     }
     qsort(sorted, n, sizeof(*sorted), cmp_target_by_rank);
     for (size_t i = 0; i < n; i++) {
+        const wsync_target_desc_t *t = sorted[i];
+        uint64_t h;
+        size_t slot;
+
         if (i > 0 && cmp_target_by_rank(&sorted[i - 1], &sorted[i]) == 0) {
             st = wsync_err(WSYNC_ERR_INVALID, "receiver %u describes two targets with index %u "
                            "('%s' and '%s')", sorted[i]->receiver, sorted[i]->index,
                            sorted[i - 1]->name, sorted[i]->name);
             goto out;
         }
-        for (uint32_t k = 0; k < sorted[i]->npieces; k++)
-            if ((st = map_piece(c, sorted[i], k)) != WSYNC_OK)
+        h = target_hash(t);
+        for (slot = (size_t)h & (sig_cap - 1); sig[slot].target != UINT32_MAX;
+             slot = (slot + 1) & (sig_cap - 1))
+            if (sig[slot].hash == h && same_target(sorted[sig[slot].target], t))
+                break;
+        if (sig[slot].target != UINT32_MAX) {       /* a copy of an earlier target */
+            const tsig_t *g = &sig[slot];
+            if (c->nlsegs + g->nlseg >= UINT32_MAX - 1) {
+                st = wsync_err(WSYNC_ERR_RANGE, "plan: more than %u segments", UINT32_MAX - 1);
                 goto out;
+            }
+            if (grow((void **)&c->lsegs, &c->cap_lsegs, c->nlsegs + g->nlseg,
+                     sizeof(*c->lsegs))) {
+                st = wsync_err(WSYNC_ERR_NOMEM, "plan: %zu segments", c->nlsegs + g->nlseg);
+                goto out;
+            }
+            for (uint32_t k = 0; k < g->nlseg; k++) {
+                lseg_t *sg = &c->lsegs[c->nlsegs++];
+                *sg = c->lsegs[g->lseg0 + k];
+                sg->receiver = t->receiver;
+                sg->target = t->index;
+            }
+            continue;
+        }
+        size_t lseg0 = c->nlsegs;
+        for (uint32_t k = 0; k < t->npieces; k++)
+            if ((st = map_piece(c, t, k)) != WSYNC_OK)
+                goto out;
+        sig[slot].hash = h;
+        sig[slot].target = (uint32_t)i;
+        sig[slot].lseg0 = (uint32_t)lseg0;
+        sig[slot].nlseg = (uint32_t)(c->nlsegs - lseg0);
     }
 out:
     free(sorted);
+    free(sig);
     return st;
 }
 
