@@ -6,7 +6,8 @@
  *    c = ceil(n / S) (the FSDP rule, not the library's);
  *  - every routed expert byte lands once per engine: on the one EP rank that holds the expert
  *    (linear placement, computed here), or split by TP when EP is off;
- * and the compiler's order independence and linear structure on many params. */
+ * and the compiler's order independence, replicated receivers (whose segments it copies), and
+ * linear structure on many params. */
 #include "wsync/wsync.h"
 
 #include "reshard/plan.h"
@@ -318,6 +319,68 @@ static void order_independent(void)
     group_free(&g);
 }
 
+/* Receivers that are replicas of one another (data-parallel ranks holding the same weights):
+ * the compiler copies the first one's segments for the others. Against the plan to that one
+ * receiver alone, where nothing is copied: the same chunks, and each replica's segments are
+ * exactly receiver 0's of that plan, in the same order. */
+static void replicated_receivers(void)
+{
+    enum { R = 4, S = 3 };
+    group_t g;
+    if (group_make(&g, DSV3, S, SEND_FSDP, 1, 0) != 0) {
+        group_free(&g);
+        return;
+    }
+    size_t nsh = 0, n1 = g.ntg[0], k = 0;
+    for (int s = 0; s < g.S; s++)
+        nsh += g.nsh[s];
+    wsync_shard_desc_t *sd = calloc(nsh, sizeof(*sd));
+    wsync_target_desc_t *td = calloc(n1 * R, sizeof(*td));
+    static char data;
+    CHECK(sd != NULL && td != NULL);
+    for (int s = 0; sd && s < g.S; s++)
+        for (size_t i = 0; i < g.nsh[s]; i++, k++) {
+            wsync_shard_t one = g.sh[s][i];
+            one.data = &data;
+            CHECK_ST(wsync_shard_desc_from(&one, (uint32_t)s, (uint32_t)i, &sd[k]), WSYNC_OK);
+        }
+    for (int r = 0; td && r < R; r++)
+        for (size_t j = 0; j < n1; j++) {
+            wsync_target_t one = g.tg[0][j];
+            one.data = &data;
+            CHECK_ST(wsync_target_desc_from(&one, (uint32_t)r, (uint32_t)j, &td[r * n1 + j]),
+                     WSYNC_OK);
+        }
+    wsync_plan_t *a = NULL, *b = NULL;
+    CHECK_ST(wsync_plan_compile(sd, nsh, td, n1, S, 1, 1 << 16, &a), WSYNC_OK);
+    CHECK_ST(wsync_plan_compile(sd, nsh, td, n1 * R, S, R, 1 << 16, &b), WSYNC_OK);
+    if (a && b) {
+        CHECK(a->nsegments > 100);   /* small buckets: params split over several chunks */
+        CHECK(b->nchunks == a->nchunks);
+        for (uint32_t i = 0; i < a->nchunks && i < b->nchunks; i++) {
+            const wsync_chunk_t *x = &a->chunks[i], *y = &b->chunks[i];
+            CHECK_MSG(x->sender == y->sender && x->shard == y->shard && x->dtype == y->dtype &&
+                      x->bucket == y->bucket && x->bucket_off == y->bucket_off &&
+                      memcmp(&x->src, &y->src, sizeof(x->src)) == 0, "chunk %u differs", i);
+        }
+        CHECK(b->nsegments == (uint64_t)R * a->nsegments);
+        for (uint32_t i = 0; b->nsegments == (uint64_t)R * a->nsegments && i < b->nsegments;
+             i++) {
+            const wsync_segment_t *x = &a->segments[i % a->nsegments], *y = &b->segments[i];
+            CHECK_MSG(y->receiver == i / a->nsegments && x->target == y->target &&
+                      x->piece == y->piece && x->chunk == y->chunk &&
+                      memcmp(&x->dst, &y->dst, sizeof(x->dst)) == 0, "segment %u differs", i);
+            if (y->receiver != i / a->nsegments || x->chunk != y->chunk)
+                break;
+        }
+    }
+    wsync_plan_free(a);
+    wsync_plan_free(b);
+    wsync_shard_descs_free(sd, nsh);
+    wsync_target_descs_free(td, n1 * R);
+    group_free(&g);
+}
+
 /* Many params (as a MoE has), FSDP over 4 senders, two receivers taking alternate params whole:
  * one chunk per (param, sender), one segment per chunk, each receiver's bytes its params'. */
 static void many_params(void)
@@ -381,6 +444,7 @@ int main(void)
     RUN(qwen3_moe_plans);
     RUN(deepseek_v3_plans);
     RUN(order_independent);
+    RUN(replicated_receivers);
     RUN(many_params);
     return check_summary();
 }
