@@ -1446,6 +1446,7 @@ static wsync_status_t split_segments(compile_t *c)
     uint64_t n = 0;
     uint64_t *rstart = NULL;
     uint32_t *lfirst = NULL, *by_chunk = NULL;
+    int twice = 0;
     wsync_status_t st = WSYNC_OK;
 
     const uint32_t *part0 = c->part0;
@@ -1486,6 +1487,9 @@ static wsync_status_t split_segments(compile_t *c)
             const wsync_chunk_t *ch = &pl->chunks[q];
             for (size_t j = lo; j < lfirst[k]; j++) {
                 const lseg_t *sl = &c->lsegs[by_chunk[j]];
+                /* a list is in logical segment order, so by receiver: a receiver taking this
+                 * chunk twice has two neighbours in it */
+                twice |= j > lo && c->lsegs[by_chunk[j - 1]].receiver == sl->receiver;
                 if (j + PREFETCH_AHEAD < c->nlsegs)   /* the list jumps through lsegs */
                     PREFETCH(&c->lsegs[by_chunk[j + PREFETCH_AHEAD]]);
                 wsync_segment_t *sg = &pl->segments[rstart[sl->receiver]++];
@@ -1506,7 +1510,7 @@ static wsync_status_t split_segments(compile_t *c)
     free(c->lsegs);
     c->lsegs = NULL;
     /* a receiver that takes one chunk twice (two targets, or two pieces, of the same bytes) */
-    for (uint64_t i = 0, j; i < n; i = j) {
+    for (uint64_t i = 0, j; twice && i < n; i = j) {
         for (j = i + 1; j < n && pl->segments[j].receiver == pl->segments[i].receiver &&
                         pl->segments[j].chunk == pl->segments[i].chunk;
              j++)

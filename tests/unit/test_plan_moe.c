@@ -381,6 +381,36 @@ static void replicated_receivers(void)
     group_free(&g);
 }
 
+/* One receiver taking the same bytes twice (two targets fed from one region, e.g. a tied weight
+ * kept in two places): one chunk, two segments on it, in target order. */
+static void same_chunk_twice(void)
+{
+    static char data;
+    wsync_param_t p = {"w", WSYNC_DTYPE_F32, 2, {4, 8}};
+    wsync_shard_t sh = {p, {{0, 0}, {4, 8}}, &data, WSYNC_MEM_HOST, 0};
+    wsync_piece_t pc = {p, {{0, 0}, {4, 8}}, {0, 0}};
+    wsync_target_t ta = {"a", WSYNC_DTYPE_F32, 2, {4, 8}, &data, WSYNC_MEM_HOST, 0, &pc, 1, {0}};
+    wsync_target_t tb = ta;
+    wsync_shard_desc_t sd;
+    wsync_target_desc_t td[2];
+    wsync_plan_t *pl = NULL;
+
+    tb.name = "b";
+    CHECK_ST(wsync_shard_desc_from(&sh, 0, 0, &sd), WSYNC_OK);
+    CHECK_ST(wsync_target_desc_from(&tb, 0, 1, &td[0]), WSYNC_OK);   /* given out of order */
+    CHECK_ST(wsync_target_desc_from(&ta, 0, 0, &td[1]), WSYNC_OK);
+    CHECK_ST(wsync_plan_compile(&sd, 1, td, 2, 1, 1, 1 << 20, &pl), WSYNC_OK);
+    if (pl) {
+        CHECK(pl->nchunks == 1 && pl->nsegments == 2);
+        CHECK(pl->nsegments == 2 && pl->segments[0].target == 0 && pl->segments[1].target == 1 &&
+              pl->segments[0].chunk == 0 && pl->segments[1].chunk == 0);
+    }
+    wsync_plan_free(pl);
+    wsync_shard_desc_clear(&sd);
+    wsync_target_desc_clear(&td[0]);
+    wsync_target_desc_clear(&td[1]);
+}
+
 /* Many params (as a MoE has), FSDP over 4 senders, two receivers taking alternate params whole:
  * one chunk per (param, sender), one segment per chunk, each receiver's bytes its params'. */
 static void many_params(void)
@@ -445,6 +475,7 @@ int main(void)
     RUN(deepseek_v3_plans);
     RUN(order_independent);
     RUN(replicated_receivers);
+    RUN(same_chunk_twice);
     RUN(many_params);
     return check_summary();
 }
