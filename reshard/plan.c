@@ -528,12 +528,20 @@ static int pmap_grow(compile_t *c)
 }
 
 /* Put the shards in (sender, index) order into sorted[]: a stable counting sort by sender, then
- * a sort of any sender whose shards were not given in index order; refuse a repeated index. */
-static wsync_status_t order_shards(compile_t *c, const wsync_shard_desc_t **sorted)
+ * a sort of any sender whose shards were not given in index order; refuse a repeated index.
+ * in_order: the caller saw them given in strictly rising (sender, index) order already (as the
+ * coordinator and the summary hand them over), which needs none of that. */
+static wsync_status_t order_shards(compile_t *c, const wsync_shard_desc_t **sorted, int in_order)
 {
-    size_t *start = calloc((size_t)c->nsenders + 1, sizeof(*start));
+    size_t *start;
     size_t n = c->nshards;
 
+    if (in_order) {
+        for (size_t i = 0; i < n; i++)
+            sorted[i] = &c->shards[i];
+        return WSYNC_OK;
+    }
+    start = calloc((size_t)c->nsenders + 1, sizeof(*start));
     if (start == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "plan: ordering %zu shards", n);
     for (size_t i = 0; i < n; i++)
@@ -597,6 +605,7 @@ static wsync_status_t index_shards(compile_t *c)
     uint32_t *last = NULL;           /* [params] place in sorted[] of its latest shard */
     size_t cur_lo = 0;
     uint32_t guess = UINT32_MAX;
+    int in_order = 1;
     wsync_text_t ta, tb;
 
     sorted = malloc((n ? n : 1) * sizeof(*sorted));
@@ -612,10 +621,14 @@ static wsync_status_t index_shards(compile_t *c)
     wsync_plan_prefault(sorted, n * sizeof(*sorted));
     wsync_plan_prefault(pid, n * sizeof(*pid));
     wsync_plan_prefault(c->reps, n * sizeof(*c->reps));
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         if ((st = check_shard(c, &c->shards[i])) != WSYNC_OK)
             goto out;
-    if ((st = order_shards(c, sorted)) != WSYNC_OK)
+        if (i > 0 && in_order)
+            in_order = cmp_rank_index(c->shards[i - 1].sender, c->shards[i - 1].index,
+                                      c->shards[i].sender, c->shards[i].index) < 0;
+    }
+    if ((st = order_shards(c, sorted, in_order)) != WSYNC_OK)
         goto out;
 
     /* params in order of first appearance; every later description must agree with the first.
