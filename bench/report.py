@@ -445,7 +445,67 @@ def jsonl(path):
     return [json.loads(l) for l in open(path) if l.strip()]
 
 
-def moe_section(gpu_path, base_path, host_path):
+def moe_label(j):
+    """a chart's tic for one MoE run, as run (on 2 GPUs: FSDP-2 → EP-2), on two lines"""
+    layout = "FSDP-%d → %s-%d" % (j["senders"], "EP" if j.get("ep", 1) > 1 else "TP", j["tp"])
+    if j.get("sender_experts") == "fused":
+        return "%s\\nfused-expert senders" % layout
+    return "%s\\n%s" % (layout, "fp8-block" if j["quant"] != "none" else "bf16")
+
+
+def secs(s):
+    return "%.2f s" % s if s >= 1 else ms(s)
+
+
+def moe_chart(runs, path, terminal, title):
+    """runs: [(tic, wsync s, floor s, all-gather s or None)]; per run three bars on a log time axis
+    (the all-gather baseline is ~100x wsync's time, the floor within a few tens of percent of it),
+    each labelled with its time and its ratio, so both gaps read at once."""
+    gp = ["set terminal " + terminal, 'set output "%s"' % path, "set encoding utf8",
+          'set title "%s"' % title, 'set ylabel "seconds per version (median, log scale)"',
+          "set logscale y", 'set format y "%g"', "set grid ytics mytics",
+          "set key outside top center horizontal maxcols 3 Left reverse samplen 2", "set bmargin 4",
+          "set style fill solid 0.85 border -1",
+          "set xrange [-0.6:%.1f]" % (len(runs) - 0.4),
+          "set xtics (%s)" % ", ".join('"%s" %d' % (r[0], i) for i, r in enumerate(runs))]
+    ys = [y for r in runs for y in r[1:] if y]
+    lo, hi = min(ys) / 5, max(ys) * 4
+    gp.append("set yrange [%.6g:%.6g]" % (lo, hi))
+    w = 0.25
+    # bars: floor left, wsync middle, all-gather right: x y xlow xhigh ylow yhigh. Labels above
+    # wsync's and all-gather's bars; the floor's, being as tall as wsync's, written up inside it
+    bars = {"floor": [], "wsync": [], "gather": []}
+    for i, (_, t, fl, g) in enumerate(runs):
+        bars["floor"].append((i - w, fl, None))
+        gp.append('set label "%s" at %.6g,%.6g left rotate by 90 offset 0.5,0.6 front '
+                  'font ",10" tc rgb "white"' % (secs(fl), i - w, lo))
+        bars["wsync"].append((i, t, "%s\\n%.2f× floor" % (secs(t), t / fl)))
+        if g:
+            bars["gather"].append((i + w, g, "%s\\n%.1f× wsync" % (secs(g), g / t)))
+        else:
+            gp.append('set label "the peers have no FP8 path" at %.6g,%.6g left rotate by 90 '
+                      'offset 0.5,0.6 front font ",10"' % (i + w, lo))
+    looks = [("floor", "floor (plan bytes, measured links)", 'lc rgb "#9a9a9a"'),
+             ("wsync", "wsync (ipc)", 'lc rgb "#1b3a8c"'),
+             ("gather", "all-gather (the peers' method)", 'lc rgb "#e07b00"')]
+    plots = []
+    for k, legend, style in looks:
+        pts = bars[k]
+        for x, y, text in pts:
+            if text:
+                gp.append('set label "%s" at %.6g,%.6g center offset 0,1.6 front font ",10"'
+                          % (text, x, y))
+        if pts:
+            gp.append("$%s << EOD\n%s\nEOD" % (k, "\n".join(
+                "%.6g %.6g %.6g %.6g %.6g %.6g" % (x, y, x - w / 2, x + w / 2, lo, y) for x, y, _ in pts)))
+            plots.append("$%s with boxxyerror %s title \"%s\"" % (k, style, legend))
+    gp.append("plot " + ", \\\n     ".join(plots))
+    res = subprocess.run(["gnuplot"], input="\n".join(gp) + "\n", capture_output=True, text=True)
+    if res.returncode != 0:
+        fail("gnuplot failed on %s: %s" % (path, res.stderr.strip()))
+
+
+def moe_section(gpu_path, base_path, host_path, terminal=None, plot_dir=None, rel_dir="bench"):
     """Mixture of experts (issue 16): tests/gpu/run.sh's moe.jsonl and moe-baselines.jsonl (copied
     to docs/bench/), and a host-memory run's JSON lines (docs/bench/moe-host.jsonl); ratios
     only, each against a baseline timed in the same run."""
@@ -481,16 +541,32 @@ def moe_section(gpu_path, base_path, host_path):
         return None
 
     machine = next((r["result"].get("gpu") for r in rows.values() if r.get("result")), None)
-    out += ["GPU: %s." % ("%s, %d GPUs" % (machine, next(r["result"]["ngpu"] for r in rows.values()
-                                                           if r.get("result")))
-                          if machine else "no results yet (the lead fills these in)"), "",
-            "| scenario | wsync-bench arguments | wsync ÷ floor | all-gather ÷ wsync | fp8 ÷ bf16 | correct |",
+    ngpu = next((r["result"]["ngpu"] for r in rows.values() if r.get("result")), 0)
+    out += ["GPU: %s." % ("%s, %d GPUs" % (machine, ngpu) if machine
+                          else "no results yet (the lead fills these in)"), ""]
+    if machine and ngpu < 4:
+        out += ["These are %d-GPU figures standing in for the issue's 4-GPU targets: each colocated "
+                "row ran FSDP-%d → EP-%d (or TP-%d) on %d GPUs, with `--senders %d --ep %d` (`--tp %d`) "
+                "where the table gives the 4-GPU arguments. The disaggregated row needs 4 GPUs (2 "
+                "trainers, 2 inference ranks) and was not run: no 4-GPU machine was lent."
+                % ((ngpu,) * 8), ""]
+    runs = []
+    for name, _, _ in MOE_ROWS:
+        j = (rows.get(name) or {}).get("result")
+        if j and j.get("floor_seconds"):
+            b = baseline(j) if j["quant"] == "none" else None
+            runs.append((moe_label(j), j["seconds"], j["floor_seconds"], b["seconds"] if b else None))
+    if terminal and runs:
+        moe_chart(runs, os.path.join(plot_dir, "moe.png"), terminal,
+                  "Qwen3-30B-A3B shape, colocated, %d× %s" % (ngpu, machine))
+    out += ["| scenario | wsync-bench arguments | wsync ÷ floor | all-gather ÷ wsync | fp8 ÷ bf16 | correct |",
             "| --- | --- | --- | --- | --- | --- |"]
     for name, words, argv in MOE_ROWS:
         r = rows.get(name)
         j = r.get("result") if r else None
         if not j:
-            note = "—" if not r else "no result (exit %s)" % r.get("rc")
+            note = ("not run (needs 4 GPUs)" if name.startswith("disagg") and machine and ngpu < 4
+                    else "—" if not r else "no result (exit %s)" % r.get("rc"))
             out.append("| %s | `%s` | %s | — | — | — |" % (words, argv, note))
             continue
         b = baseline(j) if j["quant"] == "none" else None
@@ -500,6 +576,12 @@ def moe_section(gpu_path, base_path, host_path):
             "%.2f" % (j["seconds"] / bf["seconds"]) if bf else "—", "yes" if j["correct"] else "NO"))
     out += ["", "Targets (issue 16): colocated FSDP-4 → EP-4 at ≤ 1.3 × the floor and ≥ 10 × faster "
             "than the all-gather method.", ""]
+    if terminal and runs:
+        out += ["![Mixture of experts: wsync, floor and all-gather](%s/moe.png)" % rel_dir, "",
+                "Median seconds per version (log scale) of each colocated run above, as run on %d "
+                "GPUs: the floor, wsync (labelled × the floor) and the all-gather method (labelled × "
+                "wsync's time; the fused-expert run is set against the same per-expert all-gather)."
+                % ngpu, ""]
     host = jsonl(host_path)
     if host:
         out += ["Host memory, a shared 2-core machine without GPU (`wsync-bench --model-shape SHAPE "
@@ -560,7 +642,10 @@ def main():
                  "carried (`bash tests/gpu/pack.sh build-gpu gpu-carry`): `bash bench/compare.sh gpu-carry` "
                  "(writes results.json, summary.txt and logs.tar.gz under $OUT); copy results.json "
                  "to docs/bench/gpu.json and run `python3 bench/report.py`.", ""]
-    page += moe_section(*args.moe)
+    term = None if args.no_plots else gnuplot_terminal()
+    if not args.no_plots and term is None:
+        fail("gnuplot not found: install it (apt-get install gnuplot-nox) or pass --no-plots")
+    page += moe_section(*args.moe, terminal=term, plot_dir=plot_dir, rel_dir="bench")
     page += cpu_section(cpu, args)
     with open(args.out, "w") as f:
         f.write("\n".join(page).rstrip() + "\n")
