@@ -12,6 +12,7 @@
 #include "reshard/plan.h"
 
 #include <inttypes.h>
+#include <stdint.h>
 #include <string.h>
 
 wsync_status_t wsync_layout_local_experts(int64_t num_experts, int ep_rank, int ep_size,
@@ -108,6 +109,11 @@ wsync_status_t wsync_layout_moe_w13(const char *name, const wsync_param_t *gate,
                          " is not divisible by tp_size %d",
                          name, im, tp_size);
     const int64_t ip = im / tp_size;
+    /* the params are the caller's: their sizes may be anything a dim can hold */
+    if (ip > INT64_MAX / (2 * nlocal))
+        return wsync_err(WSYNC_ERR_INVALID,
+                         "%s: %" PRId64 " experts of 2 x %" PRId64 " rows overflow int64", name,
+                         nlocal, ip);
     const int64_t shape[2] = {nlocal * 2 * ip, hd};    /* w13 [nlocal, 2 * I_p, Hd] */
     if ((st = wsync_lt_target_new(&t, name, gate[0].dtype, 2, shape, (int)(2 * nlocal))))
         return st;
@@ -139,6 +145,10 @@ wsync_status_t wsync_layout_moe_w2(const char *name, const wsync_param_t *down, 
                          " is not divisible by tp_size %d",
                          name, im, tp_size);
     const int64_t ip = im / tp_size;
+    if (hd > INT64_MAX / nlocal)
+        return wsync_err(WSYNC_ERR_INVALID,
+                         "%s: %" PRId64 " experts of %" PRId64 " rows overflow int64", name, nlocal,
+                         hd);
     const int64_t shape[2] = {nlocal * hd, ip};        /* w2 [nlocal, Hd, I_p] */
     if ((st = wsync_lt_target_new(&t, name, down[0].dtype, 2, shape, (int)nlocal)))
         return st;

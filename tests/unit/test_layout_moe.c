@@ -958,6 +958,19 @@ static void expert_builders(void)
     CHECK_ERR_HAS("e1.up");
     CHECK_ST(wsync_layout_moe_w13("w13", g, u, 0, 0, 1, &t), WSYNC_ERR_INVALID);
     CHECK_ST(wsync_layout_moe_w2("w2", dn, 2, 3, 3, &t), WSYNC_ERR_INVALID);
+
+    /* rows of the fused matrices past int64 (caller-made params): refused, not wrapped */
+    u[1].shape[0] = 12;
+    for (int j = 0; j < 2; j++) {
+        g[j].shape[0] = u[j].shape[0] = (int64_t)1 << 62;
+        dn[j].shape[0] = (int64_t)1 << 62;
+    }
+    CHECK_ST(wsync_layout_moe_w13("w13", g, u, 2, 0, 1, &t), WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("w13: 2 experts of 2 x 4611686018427387904 rows overflow int64");
+    CHECK(memcmp(&t, &before, sizeof(t)) == 0);
+    CHECK_ST(wsync_layout_moe_w2("w2", dn, 2, 0, 1, &t), WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("w2: 2 experts of 4611686018427387904 rows overflow int64");
+    CHECK(memcmp(&t, &before, sizeof(t)) == 0);
 }
 
 /* The target list of the tiny DeepSeek at TP 2 (order, names, shapes, dtypes). */
