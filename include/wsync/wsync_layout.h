@@ -492,6 +492,63 @@ wsync_status_t wsync_layout_tp_targets(const wsync_model_config_t *cfg, int tp_r
  * array). NULL is a no-op. */
 void wsync_layout_targets_free(wsync_target_t *targets, size_t ntargets);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Sender layouts: Megatron-Core tensor and expert parallelism (rules in docs/megatron_layouts.md) */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The tensors one rank of a Megatron-Core GPTModel (Transformer Engine layer spec, pipeline size
+ * 1) holds, for a dense Llama / Qwen2 / Qwen3 or a Qwen3-MoE model: tensor-parallel rank tp_rank of
+ * tp_size, expert-parallel rank ep_rank of ep_size, expert-tensor-parallel rank etp_rank of
+ * etp_size (sizes 0 mean 1). Each tensor is a wsync_target_t used as a description: name as
+ * Megatron-Core's state_dict has it, dtype, local shape, and pieces saying which box of which HF
+ * checkpoint param (wsync_model_params(cfg, dtype) names and shapes) lies where in it; data NULL.
+ * Rows no piece covers are vocab padding. Give a tensor its memory with
+ * wsync_layout_tensor_shards. In order (G = K query groups, Gr = G/T, Im moe_intermediate_size):
+ *   embedding.word_embeddings.weight [Vp/T, Hd]: rows [r*Vp/T, ...) below V of embed_tokens,
+ *     Vp = ceil(V / (vocab_pad * T)) * vocab_pad * T (vocab_pad 0: 128, Megatron's
+ *     make_vocab_size_divisible_by default; 1: only T's multiple);
+ *   per layer l, "decoder.layers.{l}." +
+ *     self_attention.linear_qkv.layer_norm_weight [Hd] = input_layernorm (replicated);
+ *     self_attention.linear_qkv.weight [Gr*(H/G + 2)*D, Hd]: for each of the rank's groups
+ *       g = r*Gr + j in turn, q_proj rows [g*(H/G)*D, +(H/G)*D), k_proj rows [g*D, +D), v_proj
+ *       rows [g*D, +D); .bias alike from the q/k/v biases (attention_bias);
+ *     self_attention.q_layernorm.weight, k_layernorm.weight [D] (qk_norm; replicated);
+ *     self_attention.linear_proj.weight [Hd, H*D/T]: o_proj columns [r*H*D/T, ...)
+ *       (+ linear_proj.bias [Hd], replicated, with o_proj_bias);
+ *     a dense layer: mlp.linear_fc1.layer_norm_weight [Hd] = post_attention_layernorm;
+ *       mlp.linear_fc1.weight [2*I/T, Hd] = [gate_proj rows r*I/T..; up_proj same rows]
+ *       (+ .bias with mlp_bias); mlp.linear_fc2.weight [Hd, I/T] = down_proj columns r*I/T..
+ *       (+ linear_fc2.bias, replicated);
+ *     a MoE layer (wsync_model_layer_is_moe): pre_mlp_layernorm.weight [Hd] =
+ *       post_attention_layernorm; mlp.router.weight [E, Hd] = mlp.gate.weight (replicated);
+ *       for each local expert i < E/EP (TEGroupedMLP; global expert e = ep_rank*E/EP + i):
+ *       mlp.experts.linear_fc1.weight{i} [2*Im/ETP, Hd] = [gate rows etp_rank*Im/ETP..; up same
+ *       rows] of expert e; then for each i mlp.experts.linear_fc2.weight{i} [Hd, Im/ETP] =
+ *       down_proj columns etp_rank*Im/ETP.. of expert e;
+ *   decoder.final_layernorm.weight [Hd] = model.norm; output_layer.weight [Vp/T, Hd] as the
+ *     embedding, from lm_head (absent when tie_word_embeddings).
+ * WSYNC_ERR_CONFIG naming the numbers: H % T, G % T (Megatron never replicates query groups),
+ * I % T (with a dense layer), E % EP, Im % ETP (with a MoE layer). WSYNC_ERR_UNSUPPORTED for
+ * DeepSeek-V2/V3 (MLA). WSYNC_ERR_INVALID for NULLs, a rank outside its size, ep/etp sizes > 1
+ * for a dense model, vocab_pad < 0. *tensors is owned by the caller: wsync_layout_targets_free.
+ * Thread-safe. */
+wsync_status_t wsync_layout_megatron_tensors(const wsync_model_config_t *cfg, wsync_dtype_t dtype,
+                                             int tp_rank, int tp_size, int ep_rank, int ep_size,
+                                             int etp_rank, int etp_size, int64_t vocab_pad,
+                                             wsync_target_t **tensors, size_t *ntensors);
+
+/* The shards a sender adds for a tensor described by pieces (a Megatron tensor of
+ * wsync_layout_megatron_tensors, or any target-like description) whose dense row-major memory
+ * [tensor->shape] of tensor->dtype is at `data` (mem, device): one shard per piece, param and
+ * box the piece's, data = data + the byte offset of the piece's dst_start (NULL stays NULL).
+ * Each piece must be contiguous in the tensor (whole trailing dims: whole rows of a matrix, or
+ * the whole tensor), as every Megatron piece is; WSYNC_ERR_INVALID otherwise, or when a piece
+ * leaves the tensor or differs from it in ndim or element size. A tensor without pieces gives
+ * *nshards 0. *shards is owned by the caller: wsync_layout_shards_free. Thread-safe. */
+wsync_status_t wsync_layout_tensor_shards(const wsync_target_t *tensor, const void *data,
+                                          wsync_mem_t mem, int device, wsync_shard_t **shards,
+                                          size_t *nshards);
+
 #ifdef __cplusplus
 }
 #endif

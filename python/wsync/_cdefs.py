@@ -584,4 +584,12 @@ PROTOTYPES = {
                                         C.c_int, C.c_int, _S,
                                         C.POINTER(C.POINTER(wsync_plan_summary_t))]),
     "wsync_plan_summary_free": (None, [C.POINTER(wsync_plan_summary_t)]),
+    # Megatron-Core sender layouts (reshard/layout_megatron.c)
+    "wsync_layout_megatron_tensors": (c_status, [C.POINTER(wsync_model_config_t), c_enum, C.c_int,
+                                                 C.c_int, C.c_int, C.c_int, C.c_int, C.c_int,
+                                                 C.c_int64, C.POINTER(C.POINTER(wsync_target_t)),
+                                                 C.POINTER(_S)]),
+    "wsync_layout_tensor_shards": (c_status, [C.POINTER(wsync_target_t), C.c_void_p, c_enum,
+                                              C.c_int, C.POINTER(C.POINTER(wsync_shard_t)),
+                                              C.POINTER(_S)]),
 }
