@@ -86,6 +86,18 @@ static wsync_status_t check_common(const char *fn, const char *name, int64_t nlo
     return wsync_lt_check_rank(name, tp_rank, tp_size);
 }
 
+/* FusedMoE's intermediate_size_per_partition: I / tp_size (each rank holds every expert). */
+static wsync_status_t split_im(const char *name, int64_t im, int tp_size, int64_t *ip)
+{
+    if (im % tp_size != 0)
+        return wsync_err(WSYNC_ERR_CONFIG,
+                         "%s: moe_intermediate_size I = %" PRId64
+                         " is not divisible by tp_size %d",
+                         name, im, tp_size);
+    *ip = im / tp_size;
+    return WSYNC_OK;
+}
+
 wsync_status_t wsync_layout_moe_w13(const char *name, const wsync_param_t *gate,
                                     const wsync_param_t *up, int64_t nlocal, int tp_rank,
                                     int tp_size, wsync_target_t *target)
@@ -101,14 +113,10 @@ wsync_status_t wsync_layout_moe_w13(const char *name, const wsync_param_t *gate,
         up[0].shape[1] != gate[0].shape[1])
         return wsync_err(WSYNC_ERR_INVALID, "%s: up %s differs from gate %s in dtype or shape",
                          name, up[0].name, gate[0].name);
-    const int64_t im = gate[0].shape[0], hd = gate[0].shape[1];
-    /* FusedMoE: intermediate_size_per_partition = I / tp_size, each rank all experts */
-    if (im % tp_size != 0)
-        return wsync_err(WSYNC_ERR_CONFIG,
-                         "%s: moe_intermediate_size I = %" PRId64
-                         " is not divisible by tp_size %d",
-                         name, im, tp_size);
-    const int64_t ip = im / tp_size;
+    const int64_t hd = gate[0].shape[1];
+    int64_t ip = 0;
+    if ((st = split_im(name, gate[0].shape[0], tp_size, &ip)))
+        return st;
     /* the params are the caller's: their sizes may be anything a dim can hold */
     if (ip > INT64_MAX / (2 * nlocal))
         return wsync_err(WSYNC_ERR_INVALID,
@@ -138,13 +146,10 @@ wsync_status_t wsync_layout_moe_w2(const char *name, const wsync_param_t *down, 
     if ((st = check_common("wsync_layout_moe_w2", name, nlocal, tp_rank, tp_size, target)) ||
         (st = check_experts(name, "down", down, nlocal)))
         return st;
-    const int64_t hd = down[0].shape[0], im = down[0].shape[1];
-    if (im % tp_size != 0)
-        return wsync_err(WSYNC_ERR_CONFIG,
-                         "%s: moe_intermediate_size I = %" PRId64
-                         " is not divisible by tp_size %d",
-                         name, im, tp_size);
-    const int64_t ip = im / tp_size;
+    const int64_t hd = down[0].shape[0];
+    int64_t ip = 0;
+    if ((st = split_im(name, down[0].shape[1], tp_size, &ip)))
+        return st;
     if (hd > INT64_MAX / nlocal)
         return wsync_err(WSYNC_ERR_INVALID,
                          "%s: %" PRId64 " experts of %" PRId64 " rows overflow int64", name, nlocal,
