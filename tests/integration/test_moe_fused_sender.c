@@ -69,6 +69,20 @@ static uint8_t *fused_box(const st_file_t *f, const wsync_param_t *p, const wsyn
     return out;
 }
 
+/* The tiny model's config, its checkpoint and a context, as every process starts: 0, or -1
+ * with the failure recorded. */
+static int open_model(wsync_model_config_t *cfg, st_file_t **f, wsync_ctx_t **ctx)
+{
+    char err[256];
+
+    CHECK_OK(wsync_model_config_load(MODEL "/config.json", cfg));
+    CHECK_MSG(st_open(MODEL "/model.safetensors", f, err, sizeof(err)) == 0, "%s", err);
+    if (*f == NULL)
+        return -1;
+    CHECK_OK(wsync_ctx_create(NULL, ctx));
+    return *ctx != NULL ? 0 : -1;
+}
+
 static int sender_main(void *arg)
 {
     const role_t *r = arg;
@@ -77,15 +91,11 @@ static int sender_main(void *arg)
     wsync_sender_t *s = NULL;
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
     st_file_t *f = NULL;
-    char err[256];
     uint8_t **owned = NULL;
     size_t nowned = 0, described = 0;
 
-    CHECK_OK(wsync_model_config_load(MODEL "/config.json", &cfg));
-    CHECK_MSG(st_open(MODEL "/model.safetensors", &f, err, sizeof(err)) == 0, "%s", err);
-    if (f == NULL)
+    if (open_model(&cfg, &f, &ctx) != 0)
         return 1;
-    CHECK_OK(wsync_ctx_create(NULL, &ctx));
     sp.coordinator = coord_addr;
     sp.rank = r->rank;
     sp.nranks = NSENDERS;
@@ -198,19 +208,15 @@ static int receiver_main(void *arg)
     wsync_target_t *targets = NULL;
     size_t n = 0, nexperts = 0;
     st_file_t *f = NULL;
-    char err[256];
     uint64_t got = 0;
 
-    CHECK_OK(wsync_model_config_load(MODEL "/config.json", &cfg));
-    CHECK_MSG(st_open(MODEL "/model.safetensors", &f, err, sizeof(err)) == 0, "%s", err);
-    if (f == NULL)
+    if (open_model(&cfg, &f, &ctx) != 0)
         return 1;
     if (r->ep_receivers) {
         opt.ep_size = NRECEIVERS;
         opt.ep_rank = r->rank;
     }
     CHECK_OK(wsync_layout_tp_targets(&cfg, r->rank, NRECEIVERS, &opt, &targets, &n));
-    CHECK_OK(wsync_ctx_create(NULL, &ctx));
     rp.coordinator = coord_addr;
     rp.rank = r->rank;
     rp.nreceivers = NRECEIVERS;
