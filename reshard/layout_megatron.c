@@ -358,7 +358,7 @@ wsync_status_t wsync_layout_megatron_tensors(const wsync_model_config_t *cfg, ws
         return wsync_err(WSYNC_ERR_INVALID, "megatron layout: vocab_pad %" PRId64 " < 0",
                          vocab_pad);
     c.cfg = cfg;
-    c.dtype = dtype;
+    c.dtype = wsync_mp_dtype(cfg, dtype);   /* 0: the config's, or bf16 */
     c.tp_rank = tp_rank;
     c.tp_size = tp_size;
     c.ep_rank = ep_rank;

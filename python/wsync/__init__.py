@@ -37,6 +37,7 @@ from .layout import (Box, ModelConfig, Param, Piece, Quant, ShardSpec, Target, c
                      merged_column, qkv, replicated, row_parallel, shard_box, shards,
                      vocab_parallel)
 from .receiver import Receiver, scale_name
+from .megatron import add_megatron_state_dict, megatron_shards, megatron_tensors
 from .sender import PushStats, Sender
 from .tensors import HostTensor, dtype_name, dtype_of, dtype_size
 
@@ -46,7 +47,7 @@ __all__ = [
     "Sender", "Receiver", "Context", "PushStats", "ComponentInfo", "scale_name",
     "ModelConfig", "Param", "Box", "Piece", "Quant", "Target", "ShardSpec",
     "shard_box", "shards", "replicated", "column_parallel", "row_parallel", "merged_column",
-    "qkv", "vocab_parallel",
+    "qkv", "vocab_parallel", "megatron_tensors", "megatron_shards", "add_megatron_state_dict",
     "HostTensor", "dtype_of", "dtype_size", "dtype_name",
     "DType", "Mem", "QuantScheme", "LogLevel", "ModelType", "Status", "WSYNC_MAX_DIMS",
     "WSYNC_REPLICATE",

@@ -215,7 +215,8 @@ class Sender:
 
     def add_state_dict(self, state_dict: Mapping[str, Any], layout: Union[str, int] = "fsdp",
                        rank: Optional[int] = None, world: Optional[int] = None, *,
-                       config: Any = None) -> List[ShardSpec]:
+                       config: Any = None, tp: Any = None, ep: Any = None,
+                       etp: Any = None) -> List[ShardSpec]:
         """Describe every entry of a state dict (name -> tensor) in one call.
 
         DTensor values (FSDP2's state dict) are described by their placement: the local shard
@@ -229,7 +230,12 @@ class Sender:
         tensors (mlp.experts.gate_up_proj / down_proj, as a transformers 5.x model holds them)
         are accepted under their state-dict names and unfused as add_shard says.
         Raw buffers must be wrapped: wsync.HostTensor(buffer, dtype, shape).
+        layout="megatron": a Megatron-Core rank's state dict, tp/ep/etp its (rank, size) pairs
+        and config required (wsync.megatron.add_megatron_state_dict; docs/megatron_layouts.md).
         Returns the ShardSpecs described, in state-dict order."""
+        if layout == "megatron":
+            from .megatron import add_megatron_state_dict
+            return add_megatron_state_dict(self, state_dict, config, tp, ep, etp)
         if layout == "fsdp":
             dim = 0
         elif layout == "replicated":
