@@ -33,71 +33,22 @@
 
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/hf_reference.h"
 #include "tests/support/proc.h"
 #include "wsync_build_config.h"
 
-#define MAX_TOK 64
+#define MAX_TOK HF_REF_MAX_TOK
 #define NSENDERS 2
 #define TIMEOUT_MS 30000
 
 typedef struct {
     const char *dir;
     int block;                     /* FP8 block that divides every partition of the model */
-    int32_t prompt[MAX_TOK], greedy[MAX_TOK];
-    int nprompt, ngreedy;
-    float *logits;                 /* [nprompt, V] */
-    int64_t V;
+    hf_ref_t r;                    /* HF's prompt, tokens and logits */
 } model_ref_t;
 
-static model_ref_t qwen = {WSYNC_TESTDATA "/hf_qwen3_moe_tiny", 32, {0}, {0}, 0, 0, NULL, 0};
-static model_ref_t dsv3 = {WSYNC_TESTDATA "/hf_deepseek_v3_tiny", 16, {0}, {0}, 0, 0, NULL, 0};
-
-static int load_reference(model_ref_t *m)
-{
-    char path[512];
-    json_error_t err;
-    json_t *j, *a;
-    FILE *f;
-
-    snprintf(path, sizeof(path), "%s/reference.json", m->dir);
-    j = json_load_file(path, 0, &err);
-    CHECK_MSG(j != NULL, "%s: %s", path, err.text);
-    if (j == NULL)
-        return -1;
-    a = json_object_get(j, "input_ids");
-    m->nprompt = (int)json_array_size(a);
-    for (int i = 0; i < m->nprompt && i < MAX_TOK; i++)
-        m->prompt[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
-    a = json_object_get(j, "greedy_12");
-    m->ngreedy = (int)json_array_size(a);
-    for (int i = 0; i < m->ngreedy && i < MAX_TOK; i++)
-        m->greedy[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
-    a = json_object_get(j, "logits_shape");
-    m->V = json_integer_value(json_array_get(a, 1));
-    CHECK(m->nprompt == 10 && m->ngreedy == 12 && m->V == 384 &&
-          json_integer_value(json_array_get(a, 0)) == m->nprompt);
-    json_decref(j);
-    m->logits = malloc((size_t)(m->nprompt * m->V) * sizeof(float));
-    snprintf(path, sizeof(path), "%s/reference_logits_f32.bin", m->dir);
-    f = fopen(path, "rb");
-    CHECK_MSG(f != NULL, "cannot open %s", path);
-    if (f == NULL)
-        return -1;
-    CHECK(fread(m->logits, sizeof(float), (size_t)(m->nprompt * m->V), f) ==
-          (size_t)(m->nprompt * m->V));
-    fclose(f);
-    return check_failures ? -1 : 0;
-}
-
-static double rel_err(const float *a, const float *b, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return sqrt(num / den);
-}
+static model_ref_t qwen = {WSYNC_TESTDATA "/hf_qwen3_moe_tiny", 32, {{0}, {0}, 0, 0, NULL, 0}};
+static model_ref_t dsv3 = {WSYNC_TESTDATA "/hf_deepseek_v3_tiny", 16, {{0}, {0}, 0, 0, NULL, 0}};
 
 /* Every prompt position's logits against HF's, then greedy_12. */
 static void check_engine(const model_ref_t *m, wsync_engine_t *e, const char *what)
@@ -107,20 +58,21 @@ static void check_engine(const model_ref_t *m, wsync_engine_t *e, const char *wh
     wsync_engine_result_t res;
     double worst = 0;
 
-    for (int i = 0; i < m->nprompt; i++) {
-        wsync_status_t st = wsync_engine_forward(e, m->prompt[i], i, &logits);
+    for (int i = 0; i < m->r.nprompt; i++) {
+        wsync_status_t st = wsync_engine_forward(e, m->r.prompt[i], i, &logits);
         CHECK_MSG(st == WSYNC_OK, "%s: %s", what, wsync_engine_last_error());
         if (st != WSYNC_OK)
             return;
-        double r = rel_err(logits, m->logits + i * m->V, m->V);
+        double r = hf_rel_err(logits, m->r.logits + i * m->r.V, m->r.V);
         worst = r > worst ? r : worst;
         CHECK_MSG(r < 1e-3, "%s: position %d: logits relative error %.3g", what, i, r);
     }
-    CHECK_MSG(wsync_engine_generate(e, m->prompt, m->nprompt, m->ngreedy, out, &res) == WSYNC_OK,
+    CHECK_MSG(wsync_engine_generate(e, m->r.prompt, m->r.nprompt, m->r.ngreedy, out, &res) ==
+                  WSYNC_OK,
               "%s: %s", what, wsync_engine_last_error());
-    for (int i = 0; i < m->ngreedy; i++)
-        CHECK_MSG(out[i] == m->greedy[i], "%s: token %d is %d, HF says %d", what, i, out[i],
-                  m->greedy[i]);
+    for (int i = 0; i < m->r.ngreedy; i++)
+        CHECK_MSG(out[i] == m->r.greedy[i], "%s: token %d is %d, HF says %d", what, i, out[i],
+                  m->r.greedy[i]);
     fprintf(stderr, "%s: worst logits relative error %.3g\n", what, worst);
 }
 
@@ -165,9 +117,9 @@ static int split_rank(int rank, int tp, wsync_engine_comm_t *comm, void *arg)
         check_engine(s->m, e, what);
     } else {
         int32_t out[MAX_TOK];
-        CHECK(wsync_engine_generate(e, s->m->prompt, s->m->nprompt, s->m->ngreedy, out, NULL) ==
-              WSYNC_OK);
-        for (int i = 0; i < s->m->ngreedy; i++)
+        CHECK(wsync_engine_generate(e, s->m->r.prompt, s->m->r.nprompt, s->m->r.ngreedy, out,
+                                    NULL) == WSYNC_OK);
+        for (int i = 0; i < s->m->r.ngreedy; i++)
             CHECK_MSG(out[i] == s->want[i], "%s: token %d is %d, TP 1 says %d", what, i, out[i],
                       s->want[i]);
     }
@@ -284,16 +236,16 @@ static void fp8_case(model_ref_t *m, int want_quantized)
     }
     CHECK_MSG(nq == want_quantized, "%d quantized targets, expected %d", nq, want_quantized);
     CHECK(experts > 0 && routers > 0);
-    CHECK(wsync_engine_generate(e8, m->prompt, m->nprompt, m->ngreedy, t8, NULL) == WSYNC_OK);
-    CHECK(wsync_engine_generate(eb, m->prompt, m->nprompt, m->ngreedy, tb, NULL) == WSYNC_OK);
-    for (int i = 0; i < m->ngreedy; i++) {
+    CHECK(wsync_engine_generate(e8, m->r.prompt, m->r.nprompt, m->r.ngreedy, t8, NULL) == WSYNC_OK);
+    CHECK(wsync_engine_generate(eb, m->r.prompt, m->r.nprompt, m->r.ngreedy, tb, NULL) == WSYNC_OK);
+    for (int i = 0; i < m->r.ngreedy; i++) {
         CHECK_MSG(t8[i] == tb[i], "token %d: FP8 engine %d, bf16 engine on dequantized weights %d",
                   i, t8[i], tb[i]);
-        same_as_hf &= t8[i] == m->greedy[i];
+        same_as_hf &= t8[i] == m->r.greedy[i];
     }
     fprintf(stderr, "%s FP8 %dx%d tokens (%s HF's bf16 ones):", strrchr(m->dir, '/') + 1,
             m->block, m->block, same_as_hf ? "equal to" : "not all equal to");
-    for (int i = 0; i < m->ngreedy; i++)
+    for (int i = 0; i < m->r.ngreedy; i++)
         fprintf(stderr, " %d", t8[i]);
     fprintf(stderr, "\n");
     run_split(m, 2, 0, 1, t8);
@@ -630,7 +582,7 @@ static int engine_rank(int rank, int tp, wsync_engine_comm_t *comm, void *arg)
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
     if (e == NULL || ctx == NULL)
         goto out;
-    CHECK(wsync_engine_generate(e, g->m->prompt, 1, 1, out, NULL) == WSYNC_ERR_STATE);
+    CHECK(wsync_engine_generate(e, g->m->r.prompt, 1, 1, out, NULL) == WSYNC_ERR_STATE);
     rp.coordinator = coord;
     rp.timeout_ms = TIMEOUT_MS;
     rp.heartbeat_ms = 100;
@@ -647,12 +599,12 @@ static int engine_rank(int rank, int tp, wsync_engine_comm_t *comm, void *arg)
         check_weights(g, &cfg, e, rank, k);
         if (k < 2)
             continue;
-        CHECK(wsync_engine_generate(e, g->m->prompt, g->m->nprompt, g->m->ngreedy, out, &res) ==
-              WSYNC_OK);
+        CHECK(wsync_engine_generate(e, g->m->r.prompt, g->m->r.nprompt, g->m->r.ngreedy, out,
+                                    &res) == WSYNC_OK);
         CHECK(res.version == 2);
-        for (int i = 0; i < g->m->ngreedy; i++)
-            CHECK_MSG(out[i] == g->m->greedy[i], "rank %d (TP %d, EP %d) after version 2: token "
-                      "%d is %d, HF says %d", rank, tp, g->ep, i, out[i], g->m->greedy[i]);
+        for (int i = 0; i < g->m->r.ngreedy; i++)
+            CHECK_MSG(out[i] == g->m->r.greedy[i], "rank %d (TP %d, EP %d) after version 2: token "
+                      "%d is %d, HF says %d", rank, tp, g->ep, i, out[i], g->m->r.greedy[i]);
     }
 out:
     wsync_engine_free(e);
@@ -795,11 +747,11 @@ static int run_dir(const char *dir, float *logits, int32_t *tokens)
               wsync_engine_last_error());
     if (e == NULL)
         return -1;
-    for (int i = 0; i < dsv3.nprompt; i++) {
-        CHECK(wsync_engine_forward(e, dsv3.prompt[i], i, &l) == WSYNC_OK);
-        memcpy(logits + i * dsv3.V, l, (size_t)dsv3.V * sizeof(float));
+    for (int i = 0; i < dsv3.r.nprompt; i++) {
+        CHECK(wsync_engine_forward(e, dsv3.r.prompt[i], i, &l) == WSYNC_OK);
+        memcpy(logits + i * dsv3.r.V, l, (size_t)dsv3.r.V * sizeof(float));
     }
-    CHECK(wsync_engine_generate(e, dsv3.prompt, dsv3.nprompt, dsv3.ngreedy, tokens, NULL) ==
+    CHECK(wsync_engine_generate(e, dsv3.r.prompt, dsv3.r.nprompt, dsv3.r.ngreedy, tokens, NULL) ==
           WSYNC_OK);
     wsync_engine_free(e);
     return check_failures ? -1 : 0;
@@ -812,7 +764,7 @@ static int run_dir(const char *dir, float *logits, int32_t *tokens)
 static void case_deepseek_v2_rules(void)
 {
     char greedy[300], all_groups[300], one_group[300], normed[300];
-    size_t n = (size_t)(dsv3.nprompt * dsv3.V);
+    size_t n = (size_t)(dsv3.r.nprompt * dsv3.r.V);
     float *lg = malloc(n * sizeof(float)), *la = malloc(n * sizeof(float));
     float *l1 = malloc(n * sizeof(float)), *ln = malloc(n * sizeof(float));
     int32_t tg[MAX_TOK], ta[MAX_TOK], t1[MAX_TOK], tn[MAX_TOK];
@@ -832,7 +784,7 @@ static void case_deepseek_v2_rules(void)
     CHECK_MSG(memcmp(l1, ln, n * sizeof(float)) == 0, "norm_topk_prob changed a DeepSeek-V2 "
               "model's logits (HF's V2 never renormalises)");
     CHECK_MSG(memcmp(lg, l1, n * sizeof(float)) != 0, "keeping one group of two changed nothing");
-    CHECK_MSG(rel_err(l1, dsv3.logits, dsv3.V) > 1e-2, "the V2 rules gave V3's logits");
+    CHECK_MSG(hf_rel_err(l1, dsv3.r.logits, dsv3.r.V) > 1e-2, "the V2 rules gave V3's logits");
     v2.dir = one_group;
     run_split(&v2, 2, 0, 0, t1);
     run_split(&v2, 2, 2, 0, t1);
@@ -908,7 +860,7 @@ static void case_load_errors_name_the_expert(void)
     CHECK_MSG(strstr(wsync_engine_last_error(), victim) != NULL &&
                   strstr(wsync_engine_last_error(), "mlp.experts.w13_weight") != NULL,
               "%s", wsync_engine_last_error());
-    CHECK(wsync_engine_generate(e, dsv3.prompt, 1, 1, (int32_t[1]){0}, NULL) == WSYNC_ERR_STATE);
+    CHECK(wsync_engine_generate(e, dsv3.r.prompt, 1, 1, (int32_t[1]){0}, NULL) == WSYNC_ERR_STATE);
 done:
     version_free(&vt);
 out:
@@ -949,19 +901,19 @@ static void case_cli_ep2(void)
         size_t n = 0;
         json_t *j, *toks;
         ids[0] = '\0';
-        for (int i = 0; i < m->nprompt; i++)
-            n += (size_t)snprintf(ids + n, sizeof(ids) - n, "%s%d", i ? "," : "", m->prompt[i]);
+        for (int i = 0; i < m->r.nprompt; i++)
+            n += (size_t)snprintf(ids + n, sizeof(ids) - n, "%s%d", i ? "," : "", m->r.prompt[i]);
         snprintf(cmd, sizeof(cmd), WSYNC_BIN_DIR "/wsync-engine --model %s --tp 2 --ep 2 "
-                 "--prompt-ids %s --max-new %d --json", m->dir, ids, m->ngreedy);
+                 "--prompt-ids %s --max-new %d --json", m->dir, ids, m->r.ngreedy);
         CHECK_MSG(proc_run(cmd, text, sizeof(text)) == 0, "%s failed: %s", cmd, text);
         j = (json_t *)proc_last_json_line(text);
         CHECK_MSG(j != NULL, "no JSON from %s: %s", cmd, text);
         if (j == NULL)
             continue;
         toks = json_object_get(j, "tokens");
-        CHECK(json_array_size(toks) == (size_t)m->ngreedy);
-        for (int i = 0; i < m->ngreedy; i++)
-            CHECK_MSG(json_integer_value(json_array_get(toks, (size_t)i)) == m->greedy[i],
+        CHECK(json_array_size(toks) == (size_t)m->r.ngreedy);
+        for (int i = 0; i < m->r.ngreedy; i++)
+            CHECK_MSG(json_integer_value(json_array_get(toks, (size_t)i)) == m->r.greedy[i],
                       "%s: token %d", cmd, i);
         CHECK(json_integer_value(json_object_get(j, "ep")) == 2 &&
               json_integer_value(json_object_get(j, "tp")) == 2);
@@ -993,11 +945,11 @@ static void case_cli_sync_ep2(void)
         tg[s].rank = s;
         pids[s] = proc_spawn(trainer_main, &tg[s], 110);
     }
-    for (int i = 0; i < dsv3.nprompt; i++)
-        n += (size_t)snprintf(ids + n, sizeof(ids) - n, "%s%d", i ? "," : "", dsv3.prompt[i]);
+    for (int i = 0; i < dsv3.r.nprompt; i++)
+        n += (size_t)snprintf(ids + n, sizeof(ids) - n, "%s%d", i ? "," : "", dsv3.r.prompt[i]);
     snprintf(cmd, sizeof(cmd), WSYNC_BIN_DIR "/wsync-engine --model %s --tp 2 --ep 2 "
              "--prompt-ids %s --max-new %d --sync %s --versions 2 --timeout 30 --json", dsv3.dir,
-             ids, dsv3.ngreedy, coord);
+             ids, dsv3.r.ngreedy, coord);
     p = popen(cmd, "r");
     n = p != NULL ? fread(text, 1, sizeof(text) - 1, p) : 0;
     text[n] = '\0';
@@ -1012,8 +964,8 @@ static void case_cli_sync_ep2(void)
     while (last > text && last[-1] != '\n')
         last--;
     m = strlen(list);
-    for (int i = 0; i < dsv3.ngreedy; i++)
-        m += (size_t)snprintf(list + m, sizeof(list) - m, "%s%d", i ? "," : "", dsv3.greedy[i]);
+    for (int i = 0; i < dsv3.r.ngreedy; i++)
+        m += (size_t)snprintf(list + m, sizeof(list) - m, "%s%d", i ? "," : "", dsv3.r.greedy[i]);
     snprintf(list + m, sizeof(list) - m, "]");
     CHECK_MSG(strstr(last, "\"version\":2") != NULL && strstr(last, list) != NULL &&
                   strstr(last, "\"ep\":2") != NULL,
@@ -1025,7 +977,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     finished = mmap(NULL, sizeof(*finished), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
                     -1, 0);
-    if (load_reference(&qwen) != 0 || load_reference(&dsv3) != 0)
+    if (hf_ref_load(qwen.dir, &qwen.r) != 0 || hf_ref_load(dsv3.dir, &dsv3.r) != 0)
         return check_summary();
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/wsync_engine_moe_XXXXXX");
     if (mkdtemp(tmpdir) == NULL) {

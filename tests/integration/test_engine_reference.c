@@ -15,60 +15,14 @@
 
 #include "engine/engine.h"
 #include "tests/support/check.h"
+#include "tests/support/hf_reference.h"
 #include "wsync_build_config.h"
 #include "tests/support/proc.h"
 
 #define MODEL_DIR WSYNC_TESTDATA "/hf_qwen3_tiny"
-#define REF_JSON MODEL_DIR "/reference.json"
-#define REF_LOGITS MODEL_DIR "/reference_logits_f32.bin"
-#define MAX_TOK 64
+#define MAX_TOK HF_REF_MAX_TOK
 
-static int32_t prompt[MAX_TOK], greedy[MAX_TOK];
-static int nprompt, ngreedy;
-static float *ref_logits;   /* [nprompt, V] */
-static int64_t V;
-
-static int load_reference(void)
-{
-    json_error_t err;
-    json_t *j = json_load_file(REF_JSON, 0, &err), *a;
-    FILE *f;
-
-    CHECK_MSG(j != NULL, "%s: %s", REF_JSON, err.text);
-    if (j == NULL)
-        return -1;
-    a = json_object_get(j, "input_ids");
-    nprompt = (int)json_array_size(a);
-    for (int i = 0; i < nprompt && i < MAX_TOK; i++)
-        prompt[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
-    a = json_object_get(j, "greedy_12");
-    ngreedy = (int)json_array_size(a);
-    for (int i = 0; i < ngreedy && i < MAX_TOK; i++)
-        greedy[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
-    a = json_object_get(j, "logits_shape");
-    V = json_integer_value(json_array_get(a, 1));
-    CHECK(nprompt == 10 && ngreedy == 12 && V == 384 &&
-          json_integer_value(json_array_get(a, 0)) == nprompt);
-    json_decref(j);
-    ref_logits = malloc((size_t)(nprompt * V) * sizeof(float));
-    f = fopen(REF_LOGITS, "rb");
-    CHECK_MSG(f != NULL, "cannot open %s", REF_LOGITS);
-    if (f == NULL)
-        return -1;
-    CHECK(fread(ref_logits, sizeof(float), (size_t)(nprompt * V), f) == (size_t)(nprompt * V));
-    fclose(f);
-    return check_failures ? -1 : 0;
-}
-
-static double rel_err(const float *a, const float *b, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return sqrt(num / den);
-}
+static hf_ref_t ref;   /* HF's run of the model */
 
 /* Feed the prompt and compare every position's logits, then generate greedy_12. */
 static void check_engine(wsync_engine_t *e, const char *what)
@@ -78,21 +32,22 @@ static void check_engine(wsync_engine_t *e, const char *what)
     wsync_engine_result_t res;
     double worst = 0;
 
-    for (int i = 0; i < nprompt; i++) {
-        wsync_status_t st = wsync_engine_forward(e, prompt[i], i, &logits);
+    for (int i = 0; i < ref.nprompt; i++) {
+        wsync_status_t st = wsync_engine_forward(e, ref.prompt[i], i, &logits);
         CHECK_MSG(st == WSYNC_OK, "%s: %s", what, wsync_engine_last_error());
         if (st != WSYNC_OK)
             return;
-        double r = rel_err(logits, ref_logits + i * V, V);
+        double r = hf_rel_err(logits, ref.logits + i * ref.V, ref.V);
         worst = r > worst ? r : worst;
         CHECK_MSG(r < 1e-3, "%s: position %d: logits relative error %.3g", what, i, r);
     }
-    CHECK_MSG(wsync_engine_generate(e, prompt, nprompt, ngreedy, out, &res) == WSYNC_OK, "%s: %s",
-              what, wsync_engine_last_error());
-    CHECK(res.ntokens == ngreedy && res.version == 0);
-    for (int i = 0; i < ngreedy; i++)
-        CHECK_MSG(out[i] == greedy[i], "%s: token %d is %d, HF says %d", what, i, out[i],
-                  greedy[i]);
+    CHECK_MSG(wsync_engine_generate(e, ref.prompt, ref.nprompt, ref.ngreedy, out, &res) ==
+                  WSYNC_OK,
+              "%s: %s", what, wsync_engine_last_error());
+    CHECK(res.ntokens == ref.ngreedy && res.version == 0);
+    for (int i = 0; i < ref.ngreedy; i++)
+        CHECK_MSG(out[i] == ref.greedy[i], "%s: token %d is %d, HF says %d", what, i, out[i],
+                  ref.greedy[i]);
     fprintf(stderr, "%s: worst logits relative error %.3g\n", what, worst);
 }
 
@@ -110,7 +65,7 @@ static void case_tp1(void)
     /* without a wsync group, waking from level 2 reloads the weights from the files */
     CHECK_OK(wsync_engine_sleep(e, 2));
     CHECK(wsync_engine_sleeping(e) == 2);
-    CHECK(wsync_engine_forward(e, prompt[0], 0, NULL) == WSYNC_ERR_STATE);
+    CHECK(wsync_engine_forward(e, ref.prompt[0], 0, NULL) == WSYNC_ERR_STATE);
     CHECK_OK(wsync_engine_wake(e));
     check_engine(e, "TP 1 after sleep level 2 and wake");
     wsync_engine_free(e);
@@ -186,7 +141,7 @@ static int dying_rank_main(int rank, int tp, wsync_engine_comm_t *comm, void *ar
     if (rank == 1)
         _exit(7);   /* gone before the first collective */
     t0 = proc_now_ms();
-    st = wsync_engine_generate(e, prompt, nprompt, 4, out, NULL);
+    st = wsync_engine_generate(e, ref.prompt, ref.nprompt, 4, out, NULL);
     CHECK_MSG(st == WSYNC_ERR_PEER_LOST, "generate without a peer returned %s (%s)",
               wsync_status_name(st), wsync_engine_last_error());
     CHECK_MSG(strstr(wsync_engine_last_error(), "TP rank 1") != NULL,
@@ -274,22 +229,22 @@ static void case_fp8_equals_dequantized(void)
             }
     }
     CHECK(nlinear == 2 * 4);
-    CHECK(wsync_engine_generate(e8, prompt, nprompt, ngreedy, t8, &r8) == WSYNC_OK);
-    CHECK(wsync_engine_generate(eb, prompt, nprompt, ngreedy, tb, &rb) == WSYNC_OK);
-    for (int i = 0; i < ngreedy; i++)
+    CHECK(wsync_engine_generate(e8, ref.prompt, ref.nprompt, ref.ngreedy, t8, &r8) == WSYNC_OK);
+    CHECK(wsync_engine_generate(eb, ref.prompt, ref.nprompt, ref.ngreedy, tb, &rb) == WSYNC_OK);
+    for (int i = 0; i < ref.ngreedy; i++)
         CHECK_MSG(t8[i] == tb[i], "token %d: FP8 engine %d, bf16 engine on dequantized weights %d",
                   i, t8[i], tb[i]);
     /* and their logits agree closely on the prompt */
-    for (int i = 0; i < nprompt; i++) {
-        CHECK(wsync_engine_forward(e8, prompt[i], i, &l8) == WSYNC_OK);
+    for (int i = 0; i < ref.nprompt; i++) {
+        CHECK(wsync_engine_forward(e8, ref.prompt[i], i, &l8) == WSYNC_OK);
         memcpy(f8, l8, sizeof(f8));
-        CHECK(wsync_engine_forward(eb, prompt[i], i, &lb) == WSYNC_OK);
+        CHECK(wsync_engine_forward(eb, ref.prompt[i], i, &lb) == WSYNC_OK);
         memcpy(fb, lb, sizeof(fb));
-        double r = rel_err(f8, fb, 384);
+        double r = hf_rel_err(f8, fb, 384);
         CHECK_MSG(r < 1e-2, "position %d: FP8 vs dequantized bf16 logits differ by %.3g", i, r);
     }
     fprintf(stderr, "fp8 tokens:");
-    for (int i = 0; i < ngreedy; i++)
+    for (int i = 0; i < ref.ngreedy; i++)
         fprintf(stderr, " %d", t8[i]);
     fprintf(stderr, "\n");
 out:
@@ -333,8 +288,8 @@ static int fp8_rank_main(int rank, int tp, wsync_engine_comm_t *comm, void *arg)
             CHECK(memcmp(w.scales + b * nbc, w1.scales + b * nbc1 + rank * nbc,
                          (size_t)nbc * sizeof(float)) == 0);
     }
-    CHECK(wsync_engine_generate(e, prompt, nprompt, ngreedy, out, NULL) == WSYNC_OK);
-    for (int i = 0; i < ngreedy; i++)
+    CHECK(wsync_engine_generate(e, ref.prompt, ref.nprompt, ref.ngreedy, out, NULL) == WSYNC_OK);
+    for (int i = 0; i < ref.ngreedy; i++)
         CHECK_MSG(out[i] == fp8_tp1_tokens[i], "rank %d token %d: TP 2 %d, TP 1 %d", rank, i,
                   out[i], fp8_tp1_tokens[i]);
     wsync_engine_free(e);
@@ -354,7 +309,8 @@ static void case_fp8_tp2(void)
     CHECK(wsync_engine_open(MODEL_DIR, &p, &e) == WSYNC_OK);
     if (e == NULL)
         return;
-    CHECK(wsync_engine_generate(e, prompt, nprompt, ngreedy, fp8_tp1_tokens, NULL) == WSYNC_OK);
+    CHECK(wsync_engine_generate(e, ref.prompt, ref.nprompt, ref.ngreedy, fp8_tp1_tokens, NULL) ==
+          WSYNC_OK);
     CHECK(wsync_engine_comm_create(2, wsync_engine_config(e), 0, 30000, &comm) == WSYNC_OK);
     wsync_engine_free(e);
     if (comm == NULL)
@@ -388,19 +344,19 @@ static void cli_case(int tp)
     size_t n = 0;
     json_t *j;
 
-    for (int i = 0; i < nprompt; i++)
-        n += (size_t)snprintf(ids + n, sizeof(ids) - n, "%s%d", i ? "," : "", prompt[i]);
+    for (int i = 0; i < ref.nprompt; i++)
+        n += (size_t)snprintf(ids + n, sizeof(ids) - n, "%s%d", i ? "," : "", ref.prompt[i]);
     snprintf(cmd, sizeof(cmd), WSYNC_BIN_DIR "/wsync-engine --model " MODEL_DIR
-             " --tp %d --prompt-ids %s --max-new %d --json", tp, ids, ngreedy);
+             " --tp %d --prompt-ids %s --max-new %d --json", tp, ids, ref.ngreedy);
     CHECK_MSG(proc_run(cmd, out, sizeof(out)) == 0, "%s failed", cmd);
     j = (json_t *)proc_last_json_line(out);
     CHECK_MSG(j != NULL, "no JSON from %s: %s", cmd, out);
     if (j == NULL)
         return;
     json_t *toks = json_object_get(j, "tokens");
-    CHECK(json_array_size(toks) == (size_t)ngreedy);
-    for (int i = 0; i < ngreedy; i++)
-        CHECK(json_integer_value(json_array_get(toks, (size_t)i)) == greedy[i]);
+    CHECK(json_array_size(toks) == (size_t)ref.ngreedy);
+    for (int i = 0; i < ref.ngreedy; i++)
+        CHECK(json_integer_value(json_array_get(toks, (size_t)i)) == ref.greedy[i]);
     CHECK(json_is_integer(json_object_get(j, "version")) &&
           json_integer_value(json_object_get(j, "version")) == 0);
     const char *sha = json_string_value(json_object_get(j, "logits_sha"));
@@ -436,7 +392,7 @@ static void case_cli(void)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    if (load_reference() != 0)
+    if (hf_ref_load(MODEL_DIR, &ref) != 0)
         return check_summary();
     RUN(case_tp1);
     RUN(case_tp2);
