@@ -55,7 +55,8 @@ def megatron_shards(state_dict: Mapping[str, Any], config: Any, tp: Any = None, 
                     etp: Any = None, *, vocab_pad: int = 0
                     ) -> List[Tuple[Param, Box, Region]]:
     """The HF-param shards a Megatron rank's state dict (name -> tensor, as
-    model.state_dict() gives them; "._extra_state" entries are skipped) holds: (param, box,
+    model.state_dict() gives them; "._extra_state" entries are skipped, leading "module."
+    prefixes of DDP wrappers stripped) holds: (param, box,
     region) with the region a contiguous range of the Megatron tensor's memory, read in place.
     Params take each tensor's own dtype. InvalidArgumentError for a name this layout does not
     have (the message names it) or a tensor whose size is not its local shape's; a tensor of a
@@ -64,9 +65,12 @@ def megatron_shards(state_dict: Mapping[str, Any], config: Any, tp: Any = None, 
     targets = {t.name: t for t in megatron_tensors(config, tp, ep, etp, vocab_pad=vocab_pad)}
     out: List[Tuple[Param, Box, Region]] = []
     try:
-        for name, value in state_dict.items():
-            if name.endswith("._extra_state"):
+        for key, value in state_dict.items():
+            if key.endswith("._extra_state"):
                 continue
+            name = key
+            while name.startswith("module."):   # DDP / Float16Module wrappers
+                name = name[len("module."):]
             t = targets.get(name)
             if t is None:
                 raise InvalidArgumentError(

@@ -65,6 +65,9 @@ def megatron_state(cfg, hf, r):
                                            rows(hf, p + "mlp.gate_proj.weight", r * I // T, I // T) +
                                            rows(hf, p + "mlp.up_proj.weight", r * I // T, I // T))
         sd[m + "mlp.linear_fc1._extra_state"] = None
+    # a DDP-wrapped model names its params "module.module.<name>"
+    sd = {("module.module." + k if k.startswith("decoder.layers.1.") else k): v
+          for k, v in sd.items()}
     sd["decoder.final_layernorm.weight"] = ((Hd,), hf["model.norm.weight"][1])
     return sd
 
