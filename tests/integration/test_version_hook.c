@@ -4,7 +4,8 @@
  * push returns only after it finished (checked through a marker in shared memory that the hook
  * writes after sleeping); a hook that fails fails the version on its receiver (ABORTED, naming
  * the hook's return value), the sender's push names that receiver, and the last committed
- * version stays the one before. */
+ * version stays the one before; a version that fails on a receiver before it is whole (a fault
+ * at the commit point) never reaches that receiver's hook. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -38,6 +39,8 @@ typedef struct {
     int fail_rank;             /* this receiver's hook returns 7 on fail_version (0: never) */
     int fail_version;
     int store;                 /* the store scheme (over UCX), one reader fetching */
+    int commit_fault;          /* fail_rank fails fail_version at the commit point instead
+                                * (WSYNC_FAULT commit:fail), before its hook could run */
 } group_t;
 
 /* Element i of the param in version v, as bf16 bits (any bits do; differ per version). */
@@ -86,10 +89,12 @@ static int sender_main(void *arg)
             continue;
         }
         if (g->fail_version != 0 && v == (uint64_t)g->fail_version) {
-            CHECK_MSG(st == WSYNC_ERR_ABORTED, "push %llu returned %s: %s", (unsigned long long)v,
-                      wsync_status_name(st), wsync_last_error());
+            /* the receiver's own failure: its hook's (ABORTED) or the commit point's (IO) */
+            CHECK_MSG(st == (g->commit_fault ? WSYNC_ERR_IO : WSYNC_ERR_ABORTED),
+                      "push %llu returned %s: %s", (unsigned long long)v, wsync_status_name(st),
+                      wsync_last_error());
             CHECK_ERR_HAS("receiver 1");
-            CHECK_ERR_HAS("returned 7");
+            CHECK_ERR_HAS(g->commit_fault ? "commit" : "returned 7");
             break;
         }
         CHECK_OK(st);
@@ -138,7 +143,8 @@ static int on_version(void *arg, uint64_t version)
         wrong += h->target[i] != value(version, i);
     CHECK_MSG(wrong == 0, "receiver %d's hook for version %llu: %zu elements not yet the new "
               "version's", h->g->rank, (unsigned long long)version, wrong);
-    if (h->g->rank == h->g->fail_rank && version == (uint64_t)h->g->fail_version)
+    if (h->g->rank == h->g->fail_rank && version == (uint64_t)h->g->fail_version &&
+        !h->g->commit_fault)
         return 7;
     usleep(HOOK_SLEEP_MS * 1000);
     h->g->sh->done[h->g->rank] = version;
@@ -181,6 +187,11 @@ static int receiver_main(void *arg)
     uint64_t v;
 
     memset(buf, 0xAB, ROWS * COLS * 2);
+    if (g->commit_fault && g->rank == g->fail_rank) {
+        char fault[64];
+        snprintf(fault, sizeof(fault), "commit:fail@%d", g->fail_version);
+        setenv("WSYNC_FAULT", fault, 1);   /* this child only */
+    }
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
     rp.coordinator = coord_addr;
     rp.rank = g->rank;
@@ -220,6 +231,19 @@ static int receiver_main(void *arg)
     }
     if (g->fail_version == 0) {
         CHECK_OK(st);
+    } else if (g->rank == g->fail_rank && g->commit_fault) {
+        /* the version failed before it was whole: its hook never ran for it */
+        CHECK_MSG(st == WSYNC_ERR_IO && v == (uint64_t)g->fail_version,
+                  "receiver 1: wait of version %llu returned %s: %s", (unsigned long long)v,
+                  wsync_status_name(st), wsync_last_error());
+        CHECK_ERR_HAS("commit");
+        CHECK_MSG(hook.calls == (uint64_t)g->fail_version - 1 &&
+                      hook.last == (uint64_t)g->fail_version - 1,
+                  "receiver 1: the hook ran %llu times, last for version %llu, though version "
+                  "%d failed", (unsigned long long)hook.calls, (unsigned long long)hook.last,
+                  g->fail_version);
+        CHECK(wsync_receiver_version(rv) == (uint64_t)g->fail_version - 1);
+        CHECK(wsync_receiver_torn(rv));
     } else if (g->rank == g->fail_rank) {
         /* its own hook failed the version */
         CHECK_MSG(st == WSYNC_ERR_ABORTED && v == (uint64_t)g->fail_version,
@@ -242,7 +266,7 @@ static int receiver_main(void *arg)
     return check_failures ? 1 : 0;
 }
 
-static void run_group(int fail_rank, int fail_version, int store)
+static void run_group(int fail_rank, int fail_version, int store, int commit_fault)
 {
     const int nrecv = store ? 1 : NRECEIVERS;
     shared_t *sh = mmap(NULL, sizeof(shared_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
@@ -257,7 +281,7 @@ static void run_group(int fail_rank, int fail_version, int store)
     memset(sh, 0, sizeof(*sh));
     snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", proc_free_port());
     for (int i = 0; i <= nrecv; i++) {
-        cfg[i] = (group_t){sh, i - 1, fail_rank, fail_version, store};
+        cfg[i] = (group_t){sh, i - 1, fail_rank, fail_version, store, commit_fault};
         pids[i] = proc_spawn(i == 0 ? sender_main : receiver_main, &cfg[i], 60);
     }
     proc_wait_all(pids, 1 + nrecv, 60000, codes);
@@ -269,12 +293,23 @@ static void run_group(int fail_rank, int fail_version, int store)
 
 static void case_hook_before_commit(void)
 {
-    run_group(-1, 0, 0);
+    run_group(-1, 0, 0, 0);
 }
 
 static void case_hook_fails_version_2(void)
 {
-    run_group(1, 2, 0);
+    run_group(1, 2, 0, 0);
+}
+
+/* A version that fails on a receiver before it is whole (the commit point, a fault): the hook
+ * never runs for it. */
+static void case_failed_version_skips_hook(void)
+{
+#if defined(WSYNC_FAULTS) && WSYNC_FAULTS
+    run_group(1, 2, 0, 1);
+#else
+    fprintf(stderr, "skipped: this build has no fault injection (WSYNC_FAULTS=ON)\n");
+#endif
 }
 
 /* The store scheme (over UCX when this build has it): the hook runs inside fetch. */
@@ -296,7 +331,7 @@ static void case_store_hook(void)
         return;
     }
     setenv("WSYNC_STORE_TRANSPORT", "ucx", 1);   /* inherited by the children */
-    run_group(0, 2, 1);
+    run_group(0, 2, 1, 0);
     unsetenv("WSYNC_STORE_TRANSPORT");
 }
 
@@ -305,6 +340,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     RUN(case_hook_before_commit);
     RUN(case_hook_fails_version_2);
+    RUN(case_failed_version_skips_hook);
     RUN(case_store_hook);
     return check_summary();
 }
