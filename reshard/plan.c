@@ -10,8 +10,9 @@
  *     receiver's destination);
  *  3. each sender's logical chunks are laid out in buckets, split by rows (or, for a row larger
  *     than a bucket, by columns) where a bucket ends; segments are split alongside;
- *  4. bucket use, pair bytes and the fingerprint are derived from the chunks and segments (the
- *     decoder derives them the same way, so they never travel).
+ *  4. segments are placed in (receiver, chunk) order. Bucket use and pair bytes are summed
+ *     while passes 3 and 4 lay chunks and segments (the decoder derives them from chunks and
+ *     segments, plan_derive, so they never travel); the fingerprint hashes the encoding.
  */
 #include "reshard/plan.h"
 #include "reshard/text.h"
@@ -295,6 +296,7 @@ typedef struct {
     part_t *parts;                   /* parallel to plan->chunks; NULL while no logical chunk
                                         was split (every part starts at row 0, column 0) */
     size_t cap_chunks, cap_parts;
+    size_t nused, cap_used;          /* plan->bucket_used as pass 3 fills it */
     wsync_plan_t *plan;
 } compile_t;
 
@@ -1285,6 +1287,11 @@ static int cmp_lchunk(const void *a, const void *b)
     return r;
 }
 
+static uint64_t chunk_bytes(const wsync_chunk_t *ch)
+{
+    return ch->src.rows * ch->src.cols * wsync_dtype_size(ch->dtype);
+}
+
 static wsync_status_t add_part(compile_t *c, const lchunk_t *l, uint64_t row, uint64_t col,
                                uint64_t rows, uint64_t cols, uint32_t bucket, uint64_t off)
 {
@@ -1316,6 +1323,18 @@ static wsync_status_t add_part(compile_t *c, const lchunk_t *l, uint64_t row, ui
     ch->src.cols = cols;
     ch->bucket = bucket;
     ch->bucket_off = off;
+    /* the derived tables as the parts are laid (what plan_derive finds from the chunks): a
+     * sender's buckets are filled in turn, and a bucket's chunks at rising offsets */
+    if (pl->nchunks == 0 || pl->chunks[pl->nchunks - 1].sender != l->sender ||
+        pl->chunks[pl->nchunks - 1].bucket != bucket) {
+        if (grow((void **)&pl->bucket_used, &c->cap_used, c->nused + 1,
+                 sizeof(*pl->bucket_used)))
+            return wsync_err(WSYNC_ERR_NOMEM, "plan: %zu buckets", c->nused + 1);
+        pl->bucket_used[c->nused++] = 0;
+        pl->nbuckets[l->sender] = bucket + 1;
+    }
+    pl->bucket_used[c->nused - 1] = WSYNC_MAX(pl->bucket_used[c->nused - 1],
+                                              off + rows * cols * wsync_dtype_size(l->dtype));
     if (c->parts != NULL) {
         c->parts[pl->nchunks].row = row;
         c->parts[pl->nchunks].col = col;
@@ -1362,7 +1381,11 @@ static wsync_status_t layout_buckets(compile_t *c)
 
     inv = malloc((nl ? nl : 1) * sizeof(*inv));
     c->part0 = malloc((nl + 1) * sizeof(*c->part0));
-    if (inv == NULL || c->part0 == NULL ||
+    c->plan->nbuckets = calloc(c->nsenders, sizeof(*c->plan->nbuckets));
+    c->plan->bucket_used = malloc(sizeof(*c->plan->bucket_used));   /* grown by add_part */
+    c->cap_used = 1;
+    if (inv == NULL || c->part0 == NULL || c->plan->nbuckets == NULL ||
+        c->plan->bucket_used == NULL ||
         grow((void **)&c->plan->chunks, &c->cap_chunks, nl, sizeof(*c->plan->chunks))) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: %zu chunks", nl);
         goto out;
@@ -1470,10 +1493,12 @@ static wsync_status_t split_segments(compile_t *c)
         return wsync_err(WSYNC_ERR_RANGE, "plan: %" PRIu64 " segments, more than %u; raise "
                          "bucket_bytes", n, WSYNC_PLAN_MAX_SEGMENTS);
     pl->segments = malloc((n ? n : 1) * sizeof(*pl->segments));
+    pl->pair_bytes = calloc((size_t)c->nsenders * c->nreceivers, sizeof(*pl->pair_bytes));
     rstart = calloc((size_t)c->nreceivers + 1, sizeof(*rstart));
     lfirst = calloc(c->nlchunks + 1, sizeof(*lfirst));
     by_chunk = malloc((c->nlsegs ? c->nlsegs : 1) * sizeof(*by_chunk));
-    if (pl->segments == NULL || rstart == NULL || lfirst == NULL || by_chunk == NULL) {
+    if (pl->segments == NULL || pl->pair_bytes == NULL || rstart == NULL || lfirst == NULL ||
+        by_chunk == NULL) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " segments", n);
         goto out;
     }
@@ -1498,6 +1523,8 @@ static wsync_status_t split_segments(compile_t *c)
     for (size_t k = 0, lo = 0; k < c->nlchunks; lo = lfirst[k], k++) {
         for (uint32_t q = part0[k]; q < part0[k + 1]; q++) {
             const wsync_chunk_t *ch = &pl->chunks[q];
+            uint64_t bytes = chunk_bytes(ch);
+            uint64_t *pair = &pl->pair_bytes[(size_t)ch->sender * c->nreceivers];
             for (size_t j = lo; j < lfirst[k]; j++) {
                 const lseg_t *sl = &c->lsegs[by_chunk[j]];
                 /* a list is in logical segment order, so by receiver: a receiver taking this
@@ -1516,6 +1543,7 @@ static wsync_status_t split_segments(compile_t *c)
                 sg->dst.pitch = sl->dst.pitch;
                 sg->dst.rows = ch->src.rows;
                 sg->dst.cols = ch->src.cols;
+                pair[sl->receiver] += bytes;      /* as plan_derive sums them */
             }
         }
     }
@@ -1542,10 +1570,6 @@ out:
 /* Pass 4: derived tables, wire form, fingerprint                                               */
 /* ------------------------------------------------------------------------------------------ */
 
-static uint64_t chunk_bytes(const wsync_chunk_t *ch)
-{
-    return ch->src.rows * ch->src.cols * wsync_dtype_size(ch->dtype);
-}
 
 /* nbuckets, bucket_used (high-water mark) and pair_bytes from chunks and segments, which must
  * already be ordered by (sender, bucket) with each sender's buckets numbered densely from 0. */
@@ -1776,9 +1800,10 @@ wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshar
     c.plan->nreceivers = nreceivers;
     c.plan->bucket_bytes = bucket_bytes;
 
+    /* nbuckets, bucket_used and pair_bytes are filled by passes 3 and 4 as they lay the chunks
+     * and segments, to the values plan_derive gives a decoded plan */
     if ((st = index_shards(&c)) != WSYNC_OK || (st = map_targets(&c)) != WSYNC_OK ||
-        (st = layout_buckets(&c)) != WSYNC_OK || (st = split_segments(&c)) != WSYNC_OK ||
-        (st = plan_derive(c.plan)) != WSYNC_OK)
+        (st = layout_buckets(&c)) != WSYNC_OK || (st = split_segments(&c)) != WSYNC_OK)
         goto fail;
 
     /* the fingerprint is the xxh3-64 of the encoded body, as wsync_plan_encode appends it */

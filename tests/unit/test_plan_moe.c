@@ -253,6 +253,37 @@ static void deepseek_v3_plans(void)
 /* The same descriptions in another order (shards and targets shuffled, each keeping its rank
  * and index) give the same plan: the compiler sorts what it needs, it does not rely on the
  * order the coordinator happens to collect them in. */
+/* The compiler sums bucket use and pair bytes while it lays the plan out; a decoder derives them
+ * from the chunks and segments alone. The two must agree (and the wire bytes, and the
+ * fingerprint, with the encoding's). */
+static void check_tables_as_decoded(const wsync_plan_t *p)
+{
+    wsync_wbuf_t b;
+    wsync_plan_t *q = NULL;
+    uint64_t nb = 0;
+
+    wsync_wbuf_init(&b);
+    wsync_plan_encode(p, &b);
+    CHECK(!b.err);
+    CHECK(b.len == wsync_plan_wire_bytes(p));
+    CHECK_ST(wsync_plan_decode(b.data, b.len, &q), WSYNC_OK);
+    if (q) {
+        CHECK(q->fingerprint == p->fingerprint);
+        for (uint32_t s = 0; s < p->nsenders; s++) {
+            CHECK_MSG(q->nbuckets[s] == p->nbuckets[s], "sender %u: %u buckets, decoded %u", s,
+                      p->nbuckets[s], q->nbuckets[s]);
+            nb += p->nbuckets[s];
+        }
+        for (uint64_t i = 0; i < nb; i++)
+            CHECK_MSG(q->bucket_used[i] == p->bucket_used[i], "bucket %" PRIu64 " used %" PRIu64
+                      ", decoded %" PRIu64, i, p->bucket_used[i], q->bucket_used[i]);
+        for (size_t i = 0; i < (size_t)p->nsenders * p->nreceivers; i++)
+            CHECK_MSG(q->pair_bytes[i] == p->pair_bytes[i], "pair %zu", i);
+    }
+    wsync_plan_free(q);
+    wsync_wbuf_free(&b);
+}
+
 static void order_independent(void)
 {
     group_t g;
@@ -302,6 +333,8 @@ static void order_independent(void)
         CHECK_MSG(a->fingerprint == b->fingerprint, "fingerprints %016" PRIx64 " and %016" PRIx64,
                   a->fingerprint, b->fingerprint);
         CHECK(a->nchunks == b->nchunks && a->nsegments == b->nsegments);
+        check_tables_as_decoded(a);
+        check_tables_as_decoded(b);
     }
     /* a repeated (sender, index) is still refused, naming both params */
     if (nsh >= 2) {
@@ -356,6 +389,9 @@ static void replicated_receivers(void)
     CHECK_ST(wsync_plan_compile(sd, nsh, td, n1 * R, S, R, 1 << 16, &b), WSYNC_OK);
     if (a && b) {
         CHECK(a->nsegments > 100);   /* small buckets: params split over several chunks */
+        CHECK(a->nbuckets[0] > 1);
+        check_tables_as_decoded(a);
+        check_tables_as_decoded(b);
         CHECK(b->nchunks == a->nchunks);
         for (uint32_t i = 0; i < a->nchunks && i < b->nchunks; i++) {
             const wsync_chunk_t *x = &a->chunks[i], *y = &b->chunks[i];
