@@ -9,7 +9,8 @@
  * becomes one shard read in place.
  *
  * Facts (read, not copied): Megatron-Bridge src/megatron/bridge/models/qwen/qwen3_moe_bridge.py
- * (names: embedding.word_embeddings, decoder.layers.*.self_attention.linear_qkv(.layer_norm_weight),
+ * (names: embedding.word_embeddings, decoder.layers.*.self_attention.linear_qkv and its
+ * layer_norm_weight,
  * q_layernorm / k_layernorm, linear_proj, pre_mlp_layernorm, mlp.router, TEGroupedMLP
  * mlp.experts.linear_fc1.weight<i> / linear_fc2.weight<i>, decoder.final_layernorm,
  * output_layer) and param_mapping.py (QKVMapping: per query group q heads, then k, then v;
@@ -242,8 +243,8 @@ static wsync_status_t check_sizes(const mg_ctx_t *c)
                          cfg->intermediate_size, T, cfg->intermediate_size % T);
     if (has_moe && cfg->num_experts % c->ep_size != 0)
         return wsync_err(WSYNC_ERR_CONFIG, "megatron layout: num_experts E = %" PRId64 " is not "
-                         "a multiple of ep_size EP = %d (E %% EP = %" PRId64 ", which Megatron-Core "
-                         "asserts to be 0)", cfg->num_experts, c->ep_size,
+                         "a multiple of ep_size EP = %d (E %% EP = %" PRId64 ", which "
+                         "Megatron-Core asserts to be 0)", cfg->num_experts, c->ep_size,
                          cfg->num_experts % c->ep_size);
     if (has_moe && cfg->moe_intermediate_size % c->etp_size != 0)
         return wsync_err(WSYNC_ERR_CONFIG, "megatron layout: moe_intermediate_size Im = %" PRId64
@@ -256,59 +257,68 @@ static wsync_status_t check_sizes(const mg_ctx_t *c)
     return WSYNC_OK;
 }
 
+/* "decoder.layers.<l>.<suffix>" into name (MEGATRON_NAME_MAX bytes). */
+static const char *layer_name(char *name, int64_t l, const char *suffix)
+{
+    snprintf(name, MEGATRON_NAME_MAX, "decoder.layers.%" PRId64 ".%s", l, suffix);
+    return name;
+}
+
 static wsync_status_t layer_tensors(tensor_vec_t *out, const mg_ctx_t *c, int64_t l)
 {
     const wsync_model_config_t *cfg = c->cfg;
     const int moe = wsync_model_layer_is_moe(cfg, l);
+    const int r = c->tp_rank, T = c->tp_size;
     char name[MEGATRON_NAME_MAX];
     wsync_status_t st;
 
-#define MG_NAME(suffix) (snprintf(name, sizeof(name), "decoder.layers.%" PRId64 ".%s", l, suffix), name)
-    st = add_whole(out, c, MG_NAME("self_attention.linear_qkv.layer_norm_weight"),
-                   WSYNC_MP_INPUT_NORM, l);
+#define LN(suffix) layer_name(name, l, suffix)
+    st = add_whole(out, c, LN("self_attention.linear_qkv.layer_norm_weight"), WSYNC_MP_INPUT_NORM,
+                   l);
     if (st == WSYNC_OK)
-        st = add_qkv(out, c, MG_NAME("self_attention.linear_qkv.weight"), WSYNC_MP_Q, WSYNC_MP_K,
+        st = add_qkv(out, c, LN("self_attention.linear_qkv.weight"), WSYNC_MP_Q, WSYNC_MP_K,
                      WSYNC_MP_V, l);
     if (st == WSYNC_OK && cfg->attention_bias)
-        st = add_qkv(out, c, MG_NAME("self_attention.linear_qkv.bias"), WSYNC_MP_Q_BIAS,
+        st = add_qkv(out, c, LN("self_attention.linear_qkv.bias"), WSYNC_MP_Q_BIAS,
                      WSYNC_MP_K_BIAS, WSYNC_MP_V_BIAS, l);
     if (st == WSYNC_OK && cfg->qk_norm)
-        st = add_whole(out, c, MG_NAME("self_attention.q_layernorm.weight"), WSYNC_MP_Q_NORM, l);
+        st = add_whole(out, c, LN("self_attention.q_layernorm.weight"), WSYNC_MP_Q_NORM, l);
     if (st == WSYNC_OK && cfg->qk_norm)
-        st = add_whole(out, c, MG_NAME("self_attention.k_layernorm.weight"), WSYNC_MP_K_NORM, l);
+        st = add_whole(out, c, LN("self_attention.k_layernorm.weight"), WSYNC_MP_K_NORM, l);
     if (st == WSYNC_OK)
-        st = add_row_parallel(out, c, MG_NAME("self_attention.linear_proj.weight"), WSYNC_MP_O, l,
-                              0, c->tp_rank, c->tp_size);
+        st = add_row_parallel(out, c, LN("self_attention.linear_proj.weight"), WSYNC_MP_O, l, 0,
+                              r, T);
     if (st == WSYNC_OK && cfg->o_proj_bias)
-        st = add_whole(out, c, MG_NAME("self_attention.linear_proj.bias"), WSYNC_MP_O_BIAS, l);
-    if (st != WSYNC_OK || !moe) {
+        st = add_whole(out, c, LN("self_attention.linear_proj.bias"), WSYNC_MP_O_BIAS, l);
+    if (st == WSYNC_OK && !moe) {
+        st = add_whole(out, c, LN("mlp.linear_fc1.layer_norm_weight"), WSYNC_MP_POST_NORM, l);
         if (st == WSYNC_OK)
-            st = add_whole(out, c, MG_NAME("mlp.linear_fc1.layer_norm_weight"),
-                           WSYNC_MP_POST_NORM, l);
-        if (st == WSYNC_OK)
-            st = add_gated(out, c, MG_NAME("mlp.linear_fc1.weight"), WSYNC_MP_GATE, WSYNC_MP_UP,
-                           l, 0, c->tp_rank, c->tp_size);
+            st = add_gated(out, c, LN("mlp.linear_fc1.weight"), WSYNC_MP_GATE, WSYNC_MP_UP, l, 0,
+                           r, T);
         if (st == WSYNC_OK && cfg->mlp_bias)
-            st = add_gated(out, c, MG_NAME("mlp.linear_fc1.bias"), WSYNC_MP_GATE_BIAS,
-                           WSYNC_MP_UP_BIAS, l, 0, c->tp_rank, c->tp_size);
+            st = add_gated(out, c, LN("mlp.linear_fc1.bias"), WSYNC_MP_GATE_BIAS,
+                           WSYNC_MP_UP_BIAS, l, 0, r, T);
         if (st == WSYNC_OK)
-            st = add_row_parallel(out, c, MG_NAME("mlp.linear_fc2.weight"), WSYNC_MP_DOWN, l, 0,
-                                  c->tp_rank, c->tp_size);
+            st = add_row_parallel(out, c, LN("mlp.linear_fc2.weight"), WSYNC_MP_DOWN, l, 0, r, T);
         if (st == WSYNC_OK && cfg->mlp_bias)
-            st = add_whole(out, c, MG_NAME("mlp.linear_fc2.bias"), WSYNC_MP_DOWN_BIAS, l);
-        return st;
+            st = add_whole(out, c, LN("mlp.linear_fc2.bias"), WSYNC_MP_DOWN_BIAS, l);
+    } else if (st == WSYNC_OK) {
+        st = add_whole(out, c, LN("pre_mlp_layernorm.weight"), WSYNC_MP_POST_NORM, l);
+        if (st == WSYNC_OK)
+            st = add_whole(out, c, LN("mlp.router.weight"), WSYNC_MP_ROUTER, l);
     }
-    st = add_whole(out, c, MG_NAME("pre_mlp_layernorm.weight"), WSYNC_MP_POST_NORM, l);
-    if (st == WSYNC_OK)
-        st = add_whole(out, c, MG_NAME("mlp.router.weight"), WSYNC_MP_ROUTER, l);
-#undef MG_NAME
-    /* TEGroupedMLP: local expert i of this EP rank is global expert ep_rank * E/EP + i */
+#undef LN
+    if (st != WSYNC_OK || !moe)
+        return st;
+    /* TEGroupedMLP: local expert i of this EP rank is global expert ep_rank * E/EP + i; all
+     * linear_fc1.weight<i>, then all linear_fc2.weight<i> */
     const int64_t nlocal = cfg->num_experts / c->ep_size;
     for (int pass = 0; pass < 2 && st == WSYNC_OK; pass++) {
         for (int64_t i = 0; i < nlocal && st == WSYNC_OK; i++) {
             const int64_t e = (int64_t)c->ep_rank * nlocal + i;
-            snprintf(name, sizeof(name), "decoder.layers.%" PRId64 ".mlp.experts.linear_fc%d.weight%" PRId64,
-                     l, pass + 1, i);
+            snprintf(name, sizeof(name),
+                     "decoder.layers.%" PRId64 ".mlp.experts.linear_fc%d.weight%" PRId64, l,
+                     pass + 1, i);
             if (pass == 0)
                 st = add_gated(out, c, name, WSYNC_MP_EXPERT_GATE, WSYNC_MP_EXPERT_UP, l, e,
                                c->etp_rank, c->etp_size);

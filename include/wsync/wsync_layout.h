@@ -493,7 +493,7 @@ wsync_status_t wsync_layout_tp_targets(const wsync_model_config_t *cfg, int tp_r
 void wsync_layout_targets_free(wsync_target_t *targets, size_t ntargets);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Sender layouts: Megatron-Core tensor and expert parallelism (rules in docs/megatron_layouts.md) */
+/* Sender layouts: Megatron-Core tensor and expert parallelism (docs/megatron_layouts.md)         */
 /* ------------------------------------------------------------------------------------------ */
 
 /* The tensors one rank of a Megatron-Core GPTModel (Transformer Engine layer spec, pipeline size

@@ -270,7 +270,8 @@ static uint8_t *expected_target(const st_file_t *f, const wsync_target_t *t)
         const int two = pc->param.ndim == 2;
         const int64_t scols = two ? src->shape[1] : src->shape[0];
         const int64_t rows = two ? pc->src.len[0] : 1, cols = two ? pc->src.len[1] : pc->src.len[0];
-        const int64_t r0 = two ? pc->src.start[0] : 0, c0 = two ? pc->src.start[1] : pc->src.start[0];
+        const int64_t r0 = two ? pc->src.start[0] : 0;
+        const int64_t c0 = two ? pc->src.start[1] : pc->src.start[0];
         const int64_t d0 = t->ndim == 2 ? pc->dst_start[0] : 0;
         const int64_t d1 = t->ndim == 2 ? pc->dst_start[1] : pc->dst_start[0];
         for (int64_t y = 0; y < rows; y++)

@@ -13,6 +13,7 @@ import wsync
 import wsync_testlib as tl
 
 CONFIG = tl.TESTDATA / "hf_qwen3_tiny" / "config.json"
+MOE_CONFIG = tl.TESTDATA / "hf_qwen3_moe_tiny" / "config.json"
 T = 2
 
 
@@ -45,25 +46,29 @@ def megatron_state(cfg, hf, r):
         sd[mname] = ((Vp // T, Hd), full[r * (Vp // T) * Hd:(r + 1) * (Vp // T) * Hd])
     for ln in range(cfg.num_hidden_layers):
         p, m = f"model.layers.{ln}.", f"decoder.layers.{ln}."
-        sd[m + "self_attention.linear_qkv.layer_norm_weight"] = ((Hd,), hf[p + "input_layernorm.weight"][1])
+        sd[m + "self_attention.linear_qkv.layer_norm_weight"] = (
+            (Hd,), hf[p + "input_layernorm.weight"][1])
         fused = []
         for g in range(G):
             fused += rows(hf, p + "self_attn.q_proj.weight", g * (H // G) * D, (H // G) * D)
             fused += rows(hf, p + "self_attn.k_proj.weight", g * D, D)
             fused += rows(hf, p + "self_attn.v_proj.weight", g * D, D)
         nr = G * (H // G + 2) * D // T
-        sd[m + "self_attention.linear_qkv.weight"] = ((nr, Hd), fused[r * nr * Hd:(r + 1) * nr * Hd])
+        sd[m + "self_attention.linear_qkv.weight"] = ((nr, Hd),
+                                                      fused[r * nr * Hd:(r + 1) * nr * Hd])
         sd[m + "self_attention.q_layernorm.weight"] = ((D,), hf[p + "self_attn.q_norm.weight"][1])
         sd[m + "self_attention.k_layernorm.weight"] = ((D,), hf[p + "self_attn.k_norm.weight"][1])
         for mn, hn, n in (("self_attention.linear_proj.weight", "self_attn.o_proj.weight", H * D),
                           ("mlp.linear_fc2.weight", "mlp.down_proj.weight", I)):
             src = hf[p + hn][1]
             c = n // T
-            sd[m + mn] = ((Hd, c), [src[i * n + r * c + j] for i in range(Hd) for j in range(c)])
-        sd[m + "mlp.linear_fc1.layer_norm_weight"] = ((Hd,), hf[p + "post_attention_layernorm.weight"][1])
-        sd[m + "mlp.linear_fc1.weight"] = ((2 * I // T, Hd),
-                                           rows(hf, p + "mlp.gate_proj.weight", r * I // T, I // T) +
-                                           rows(hf, p + "mlp.up_proj.weight", r * I // T, I // T))
+            sd[m + mn] = ((Hd, c),
+                          [src[i * n + r * c + j] for i in range(Hd) for j in range(c)])
+        sd[m + "mlp.linear_fc1.layer_norm_weight"] = (
+            (Hd,), hf[p + "post_attention_layernorm.weight"][1])
+        sd[m + "mlp.linear_fc1.weight"] = (
+            (2 * I // T, Hd), rows(hf, p + "mlp.gate_proj.weight", r * I // T, I // T) +
+            rows(hf, p + "mlp.up_proj.weight", r * I // T, I // T))
         sd[m + "mlp.linear_fc1._extra_state"] = None
     # a DDP-wrapped model names its params "module.module.<name>"
     sd = {("module.module." + k if k.startswith("decoder.layers.1.") else k): v
@@ -156,6 +161,27 @@ class MegatronSenders(unittest.TestCase):
             rv.close()
         s1.close()
         s0.close()
+
+    def test_moe_experts_over_ep_and_etp(self):
+        # EP rank 1 of 2 holds experts 4..7 as weight0..3; ETP rank 1 of 2 their rows [32, 64)
+        ts = {t.name: t for t in wsync.megatron_tensors(MOE_CONFIG, tp=(0, 2), ep=(1, 2),
+                                                        etp=(1, 2))}
+        fc1 = ts["decoder.layers.1.mlp.experts.linear_fc1.weight2"]
+        self.assertEqual(fc1.shape, (64, 128))
+        self.assertEqual([(pc.param.name, pc.src.start, pc.src.len, pc.dst_start)
+                          for pc in fc1.pieces],
+                         [("model.layers.1.mlp.experts.6.gate_proj.weight", (32, 0), (32, 128),
+                           (0, 0)),
+                          ("model.layers.1.mlp.experts.6.up_proj.weight", (32, 0), (32, 128),
+                           (32, 0))])
+        fc2 = ts["decoder.layers.1.mlp.experts.linear_fc2.weight3"]
+        self.assertEqual(fc2.shape, (128, 32))
+        self.assertEqual([(pc.param.name, pc.src.start, pc.src.len) for pc in fc2.pieces],
+                         [("model.layers.1.mlp.experts.7.down_proj.weight", (0, 32), (128, 32))])
+        self.assertNotIn("decoder.layers.1.mlp.experts.linear_fc1.weight4", ts)
+        with self.assertRaises(wsync.ConfigError) as cm:
+            wsync.megatron_tensors(MOE_CONFIG, ep=(0, 3))
+        self.assertIn("E = 8 is not a multiple of ep_size EP = 3", cm.exception.message)
 
     def test_unknown_name_is_refused(self):
         with self.assertRaises(wsync.InvalidArgumentError) as cm:
