@@ -22,8 +22,12 @@ mode=$1 build=$2 src=$3 cc=$4 sanitize=$5 python=${6:-python3}
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# an ASan runtime preloaded for python (scripts/sanitize.sh) goes to python only: cmake, make
+# and bash are not built for it
+preload=${LD_PRELOAD:-}
+unset LD_PRELOAD
 
-if [ "$mode" = python ] && [ "$sanitize" = 1 ] && [[ "${LD_PRELOAD:-}" != *asan* ]]; then
+if [ "$mode" = python ] && [ "$sanitize" = 1 ] && [[ "$preload" != *asan* ]]; then
     echo "SKIP: the installed libwsync.so is built with ASan and python3 is not: run this test"
     echo "with the ASan runtime preloaded (scripts/sanitize.sh does, for label python)"
     exit 77
@@ -99,6 +103,11 @@ if ! "$python" -c 'import sys; assert sys.version_info >= (3, 8)'; then
     echo "SKIP: $python is missing or older than 3.8"; exit 77
 fi
 lib=$(find "$tmp/prefix" -name libwsync.so | head -1)
+if [ -n "$preload" ]; then
+    printf '#!/bin/sh\nLD_PRELOAD="%s" exec "%s" "$@"\n' "$preload" "$python" >"$tmp/python"
+    chmod +x "$tmp/python"
+    python=$tmp/python
+fi
 PYTHONPATH=$src/python WSYNC_LIBRARY=$lib PYTHON=$python \
     SENDERS=1 RECEIVERS=2 TP=1 VERSIONS=3 PY_RECEIVERS=1 PY_PAIR=0 TIMEOUT=60 \
     bash "$run_pair" "$tmp/shared" | tee "$tmp/pair.log"
