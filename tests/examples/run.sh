@@ -55,10 +55,13 @@ for kind in shared static; do
     fi
 done
 # the shared build's programs must load the installed libwsync.so, the static ones none
-if ! ldd "$tmp/shared/worker" | grep -q "$tmp/prefix/.*libwsync.so"; then
-    ldd "$tmp/shared/worker"; echo "FAIL: shared worker does not use the installed libwsync.so"; exit 1
+# (ldd's output read whole: grep -q ending a pipe early would fail it under pipefail)
+deps=$(ldd "$tmp/shared/worker")
+if ! grep -q "$tmp/prefix/.*libwsync.so" <<<"$deps"; then
+    echo "$deps"; echo "FAIL: shared worker does not use the installed libwsync.so"; exit 1
 fi
-if ldd "$tmp/static/trainer" | grep -q libwsync; then
+deps=$(ldd "$tmp/static/trainer")
+if grep -q libwsync <<<"$deps"; then
     echo "FAIL: the static trainer loads libwsync.so"; exit 1
 fi
 
@@ -102,7 +105,7 @@ fi
 if ! "$python" -c 'import sys; assert sys.version_info >= (3, 8)'; then
     echo "SKIP: $python is missing or older than 3.8"; exit 77
 fi
-lib=$(find "$tmp/prefix" -name libwsync.so | head -1)
+lib=$(find "$tmp/prefix" -name libwsync.so -print -quit)
 if [ -n "$preload" ]; then
     printf '#!/bin/sh\nLD_PRELOAD="%s" exec "%s" "$@"\n' "$preload" "$python" >"$tmp/python"
     chmod +x "$tmp/python"
