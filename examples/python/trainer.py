@@ -55,7 +55,7 @@ def main() -> int:
     path = args.config
     hf_config = AutoConfig.from_pretrained(os.path.dirname(path) if path.endswith(".json") else path)
     torch.manual_seed(0)   # every rank builds the same initial weights
-    model = AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.bfloat16).to(device)
+    model = AutoModelForCausalLM.from_config(hf_config).to(device=device, dtype=torch.bfloat16)
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
