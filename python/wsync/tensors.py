@@ -8,9 +8,10 @@
   library, passed through). The tensor must be contiguous; CUDA work writing it must be
   finished (torch.cuda.synchronize()) before a push reads it.
 * DTensors (anything with ``to_local()``, ``placements`` and ``device_mesh``): the local shard,
-  and its box in the global tensor from the placement: Shard(d) over a 1-D mesh splits dim d with
-  c = ceil(n / mesh size) rows per rank (rank k holds [k*c, min(n, (k+1)*c))), the rule of
-  wsync_layout_shard_box; Replicate() is the whole tensor.
+  and its box in the global tensor from the placements over the mesh, as torch computes it
+  (dtensor_box): Shard(d) over a mesh dim of size m splits dim d with c = ceil(n / m) rows per
+  rank (rank k holds [k*c, min(n, (k+1)*c))), the rule of wsync_layout_shard_box; Replicate()
+  keeps the whole extent. FSDP2 (1-D mesh, Shard(0)) and HSDP (2-D, (Replicate(), Shard(0))).
 * Buffer-protocol objects (memoryview, bytearray, bytes, array.array, mmap, numpy arrays) for
   host memory: the caller says the dtype (numpy arrays say it themselves) and, where it matters,
   the shape.
@@ -291,47 +292,79 @@ def sub_region(region: Region, global_shape: Sequence[int], start: Sequence[int]
                   region.device, region.owner, region.exports)
 
 
+def _mesh_shape(mesh: Any) -> Tuple[int, ...]:
+    shape = getattr(mesh, "shape", None)
+    if shape is None:
+        ndim = int(getattr(mesh, "ndim", 1))
+        return tuple(int(mesh.size(i)) for i in range(ndim)) if ndim > 1 else (int(mesh.size()),)
+    return tuple(int(s) for s in shape)
+
+
+def _mesh_coordinate(mesh: Any, ndim: int) -> Tuple[int, ...]:
+    """This process's coordinate in the mesh (one index per mesh dim)."""
+    coord = mesh.get_coordinate() if hasattr(mesh, "get_coordinate") else None
+    if coord is None:
+        if ndim == 1 and hasattr(mesh, "get_local_rank"):
+            return (int(mesh.get_local_rank()),)
+        raise InvalidArgumentError("DTensor: this process is not part of its device mesh", None)
+    coord = tuple(int(c) for c in coord)
+    if len(coord) != ndim:
+        raise InvalidArgumentError(f"DTensor: the mesh coordinate {list(coord)} has "
+                                   f"{len(coord)} entries for a {ndim}-D mesh", None)
+    return coord
+
+
 def dtensor_box(dt: Any) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[int, ...]]:
-    """(global shape, box start, box len) of a DTensor's local shard, from its placement over a
-    1-D mesh: Shard(d) gives the ceil rule of wsync_layout_shard_box along d; Replicate() the
-    whole tensor. Other placements (Partial, multi-dimensional meshes) raise
-    InvalidArgumentError."""
+    """(global shape, box start, box len) of a DTensor's local shard, from its placements over
+    its device mesh (1-D: FSDP2's Shard(0); 2-D: HSDP's (Replicate(), Shard(0)); any number of
+    mesh dims), computed as torch's compute_local_shape_and_global_offset does: mesh dims in
+    order, Replicate() leaves the box alone, Shard(d) over a mesh dim of size m at coordinate k
+    splits the box's current extent n along d like torch.chunk: c = ceil(n / m) rows per rank,
+    rank k holds [k*c, min(n, (k+1)*c)) of it (the last ranks fewer rows or none; an empty box
+    starts at the end of the extent), which for one mesh dim is wsync_layout_shard_box's rule.
+    FSDP2 pads its local storage to c rows, but to_local() is the unpadded shard: the box.
+    Partial placements (reduce first) and _StridedShard (FSDP2 over a TP mesh: its rows are not
+    one box) raise InvalidArgumentError. Ranks of different replica groups (HSDP) get the same
+    box; the plan reads each byte from one of them."""
     gshape = tuple(int(s) for s in dt.shape)
     mesh = dt.device_mesh
     placements = tuple(dt.placements)
-    mshape = tuple(int(s) for s in getattr(mesh, "shape", (mesh.size(),)))
-    if len(placements) != 1 or len(mshape) != 1:
-        raise InvalidArgumentError(
-            f"DTensor over a {len(mshape)}-D mesh with placements {placements}: wsync takes "
-            "Shard(d) or Replicate() over a 1-D mesh (describe other layouts with add_shard "
-            "and an explicit box)", None)
-    world = mshape[0]
-    coord = mesh.get_coordinate() if hasattr(mesh, "get_coordinate") else None
-    if coord is None:
-        if hasattr(mesh, "get_local_rank"):
-            rank = int(mesh.get_local_rank())
-        else:
-            raise InvalidArgumentError("DTensor: this process is not part of its device mesh",
-                                       None)
-    else:
-        rank = int(coord[0])
-    p = placements[0]
+    mshape = _mesh_shape(mesh)
+    if len(placements) != len(mshape):
+        raise InvalidArgumentError(f"DTensor: {len(placements)} placements {placements} for a "
+                                   f"{len(mshape)}-D mesh {list(mshape)}", None)
+    coord = _mesh_coordinate(mesh, len(mshape))
     start = [0] * len(gshape)
     length = list(gshape)
-    is_shard = getattr(p, "is_shard", None)
-    is_replicate = getattr(p, "is_replicate", None)
-    if is_shard is not None and is_shard():
-        d = int(p.dim)
-        if d < 0:
-            d += len(gshape)
-        n = gshape[d]
-        c = -(-n // world)
-        lo = min(rank * c, n)
-        hi = min(n, (rank + 1) * c)
-        start[d], length[d] = lo, max(0, hi - lo)
-    elif is_replicate is None or not is_replicate():
-        raise InvalidArgumentError(f"DTensor placement {p!r}: wsync takes Shard(d) or "
-                                   "Replicate() (a Partial tensor must be reduced first)", None)
+    for i, p in enumerate(placements):
+        if type(p).__name__ == "_StridedShard" or hasattr(p, "split_factor"):
+            raise InvalidArgumentError(
+                f"DTensor placement {p!r} on mesh dim {i}: a strided shard (FSDP2 over a "
+                "tensor-parallel mesh) is not one box; describe it with add_shard and explicit "
+                "boxes", None)
+        is_shard = getattr(p, "is_shard", None)
+        is_replicate = getattr(p, "is_replicate", None)
+        if is_shard is not None and is_shard():
+            d = int(p.dim)
+            if d < 0:
+                d += len(gshape)
+            if not 0 <= d < len(gshape):
+                raise InvalidArgumentError(f"DTensor placement {p!r}: dim {p.dim} of a "
+                                           f"{len(gshape)}-D tensor {list(gshape)}", None)
+            m, k = mshape[i], coord[i]
+            if not 0 <= k < m:
+                raise InvalidArgumentError(f"DTensor: coordinate {k} on mesh dim {i} of size "
+                                           f"{m}", None)
+            n = length[d]
+            c = -(-n // m)
+            lo = min(k * c, n)
+            hi = min(n, (k + 1) * c)
+            start[d] += lo
+            length[d] = max(0, hi - lo)
+        elif is_replicate is None or not is_replicate():
+            raise InvalidArgumentError(f"DTensor placement {p!r} on mesh dim {i}: wsync takes "
+                                       "Shard(d) or Replicate() (a Partial tensor must be "
+                                       "reduced first)", None)
     return gshape, tuple(start), tuple(length)
 
 
