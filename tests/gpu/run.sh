@@ -14,6 +14,8 @@
 #   2b. tests/gpu/test_python_torch.py (issue 8): a PyTorch trainer on GPUs 0, 1 pushes three
 #      versions through the Python bindings into wsync-engine TP-2 on GPUs 2, 3 (skipped, 77,
 #      without torch or 4 GPUs); its JSON is in logs.tar.gz;
+#   2c. tests/gpu/test_fsdp2_torch.py (issue 20): HF Qwen3 / Qwen3-MoE under FSDP2 fully_shard
+#      (GPUs 0, 1) push 3 trained versions into wsync-engine TP-2; tokens equal HF's;
 #   3. wsync-bench model runs of the issue's targets (Qwen3-8B shape): on 4 GPUs fan-out 1 -> 3
 #      replicas (nccl, ipc), colocated FSDP-4 -> TP-4 (ipc, nccl; bf16 and fp8-block),
 #      disaggregated FSDP-2 (GPUs 0,1) -> TP-2 (GPUs 2,3) (nccl, ipc); fewer, named, on 1 or 2;
@@ -144,6 +146,12 @@ fi
 if ! skipped python && [ -f tests/gpu/test_python_torch.py ]; then
     run_one test_python_torch 150 python3 tests/gpu/test_python_torch.py --build "$BUILD" \
         --json "$WORK/test_python_torch.json"
+fi
+# FSDP2 as it is (issue 20): HF Qwen3 / Qwen3-MoE under fully_shard on GPUs 0, 1 -> the engine
+# TP-2 (on GPUs 2, 3, or sharing 0, 1 on 2 GPUs); skipped (77) without torch + transformers
+if ! skipped python && [ -f tests/gpu/test_fsdp2_torch.py ]; then
+    run_one test_fsdp2_torch 300 python3 tests/gpu/test_fsdp2_torch.py --build "$BUILD" \
+        --json "$WORK/test_fsdp2_torch.json"
 fi
 
 # ---- 3. benchmarks
@@ -352,6 +360,12 @@ EOF
         fi
         grep -E 'CHECK failed|returned|differs|skipped' "$WORK/$n.log" | head -n 20
     done
+    if [ -f "$WORK/test_fsdp2_torch.log" ]; then
+        echo
+        echo "-- test_fsdp2_torch.py"
+        sed -n '/^case  *version/,$p' "$WORK/test_fsdp2_torch.log"
+        grep -E 'skipped|FAIL:' "$WORK/test_fsdp2_torch.log" | tail -n 10
+    fi
     if [ -f "$WORK/test_python_torch.log" ]; then
         echo
         echo "-- test_python_torch.py"
