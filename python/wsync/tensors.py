@@ -334,6 +334,16 @@ def dtensor_box(dt: Any) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[int, .
         raise InvalidArgumentError(f"DTensor: {len(placements)} placements {placements} for a "
                                    f"{len(mshape)}-D mesh {list(mshape)}", None)
     coord = _mesh_coordinate(mesh, len(mshape))
+    # newer torch may record a non-default order in which mesh dims split one tensor dim
+    # (DTensorSpec.shard_order); the rule below is the default, mesh dims in ascending order
+    spec = getattr(dt, "_spec", None)
+    for entry in (getattr(spec, "shard_order", None) or ()):
+        dims = tuple(int(m) for m in getattr(entry, "mesh_dims", ()))
+        if list(dims) != sorted(dims):
+            raise InvalidArgumentError(
+                f"DTensor: tensor dim {getattr(entry, 'tensor_dim', '?')} is split over mesh "
+                f"dims {list(dims)} in that order, not ascending; describe it with add_shard "
+                "and explicit boxes", None)
     start = [0] * len(gshape)
     length = list(gshape)
     for i, p in enumerate(placements):

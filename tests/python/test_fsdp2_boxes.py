@@ -177,6 +177,19 @@ class Boxes(unittest.TestCase):
             with self.assertRaises(wsync.InvalidArgumentError) as cm:
                 dtensor_box(FakeDT(local, (2, 2), placements, FakeMesh2(mesh, coord)))
             self.assertIn(text, cm.exception.message, placements)
+        # a non-default shard order (newer torch's DTensorSpec.shard_order) is refused
+        class Entry:
+            tensor_dim, mesh_dims = 0, (1, 0)
+
+        class Spec:
+            shard_order = (Entry(),)
+        rev = FakeDT(local, (4, 2), (tl.Shard(0), tl.Shard(0)), FakeMesh2((2, 2), (0, 0)))
+        rev._spec = Spec()
+        with self.assertRaises(wsync.InvalidArgumentError) as cm:
+            dtensor_box(rev)
+        self.assertIn("mesh dims [1, 0]", cm.exception.message)
+        Entry.mesh_dims = (0, 1)   # the default order is taken
+        self.assertEqual(dtensor_box(rev), ((4, 2), (0, 0), (1, 2)))
         off = FakeMesh2((2, 2), (0, 0))
         off._coord = None          # a process outside the mesh
         with self.assertRaises(wsync.InvalidArgumentError) as cm:
