@@ -81,6 +81,10 @@ wsync_status_t wsync_config_sender(const wsync_sender_params_t *in, wsync_sender
     RESOLVE_INT(heartbeat_ms, 0, "WSYNC_HEARTBEAT_MS", 1, INT_MAX, DEFAULT_HEARTBEAT_MS);
     RESOLVE_INT(snapshot, -1, "WSYNC_SNAPSHOT", 0, 1, 1);
     RESOLVE_INT(keep_versions, 0, "WSYNC_KEEP_VERSIONS", 1, 1 << 20, 2);
+    RESOLVE_INT(copy_shards, -1, "WSYNC_COPY_SHARDS", 0, 1, 0);
+    if (out->copy_shards != 0 && out->copy_shards != 1)
+        return wsync_err(WSYNC_ERR_INVALID, "sender: copy_shards = %d, expected 0 or 1",
+                         out->copy_shards);
     if (out->snapshot != 0 && out->snapshot != 1)
         return wsync_err(WSYNC_ERR_INVALID, "sender: snapshot = %d, expected 0 or 1", out->snapshot);
     if (out->keep_versions < 1)

@@ -67,7 +67,27 @@ struct wsync_sender {
     uint64_t last_version;
     wsync_push_stats_t stats;
     int device;                      /* CUDA device of the CUDA shards; -1: none (host only) */
+    /* copy_shards: shard_data[i] points into a private copy that push_begin refreshes from
+     * user_data[i]; the scheme, set up on the copy, never reads the caller's memory. Host shards
+     * in one wsync_mem_alloc block (read in place by same-node ipc receivers), CUDA shards in
+     * one device block on `device`; each shard at a 256-byte aligned offset. */
+    int copy_shards;
+    const void **user_data;          /* [nshards] the caller's memory; NULL until the copy exists */
+    void *copy_host, *copy_dev;      /* the blocks; NULL: no shard of that kind (or none yet) */
+    void *copy_stream;               /* CUDA stream of the device copies */
+    /* The push in flight, between push_begin and the push_wait that reaps it: run by
+     * push_thread, which owns every field of the sender but job_* while job_state is RUNNING. */
+    pthread_mutex_t job_mu;
+    pthread_cond_t job_cv;
+    pthread_t job_thread;
+    int job_state;                   /* WSYNC_JOB_IDLE / RUNNING / FINISHED (not yet reaped) */
+    uint64_t job_version;
+    uint64_t job_t0;                 /* wsync_now_ns() at push_begin */
+    wsync_status_t job_status;
+    char job_text[1024];             /* wsync_last_error() of the push thread, when it failed */
 };
+
+enum { WSYNC_JOB_IDLE = 0, WSYNC_JOB_RUNNING = 1, WSYNC_JOB_FINISHED = 2 };
 
 /* Rows [row0, row0 + rows) of a staged CUDA FP8 target, whole scale cells, whose values lie
  * in device memory the receiver's GPU reads (the sender's shard, in place): quantized from there

@@ -267,9 +267,20 @@ typedef struct {
                                   version; WSYNC_SNAPSHOT; -1 = unset (1) */
     int keep_versions;         /* store: versions kept for readers (rank 0's value counts);
                                   WSYNC_KEEP_VERSIONS; 0 = unset (2) */
+    int copy_shards;           /* 1: wsync keeps a private copy of this sender's shards, taken by
+                                  each push (wsync_sender_push_begin) before it returns; the
+                                  scheme reads only the copy, so the shards may change as soon
+                                  as push_begin returned. Costs the shards' bytes once more, in
+                                  their own kind of memory (host shards: one wsync_mem_alloc
+                                  block, which same-node ipc receivers read in place; CUDA
+                                  shards: one block of device memory on their device), allocated
+                                  at setup, plus one memcpy (host) or device-to-device copy
+                                  (CUDA) of every shard per push. 0: no copy; the shards are read
+                                  in place, until the push completes (see
+                                  wsync_sender_push_begin). WSYNC_COPY_SHARDS; -1 = unset (0) */
 } wsync_sender_params_t;
 
-#define WSYNC_SENDER_PARAMS_INIT {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0}
+#define WSYNC_SENDER_PARAMS_INIT {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1}
 
 /* Create a sender. Rank 0 also starts the coordinator, listening on params->coordinator (port 0
  * picks a free port; see wsync_sender_coordinator). Other ranks connect to it, retrying until the
@@ -285,7 +296,8 @@ wsync_status_t wsync_sender_create(wsync_ctx_t *ctx, const wsync_sender_params_t
 void wsync_sender_free(wsync_sender_t *sender);
 
 /* Describe one shard this sender holds. The description (strings included) is copied; the
- * memory at shard->data is not, and must stay valid and unchanged during every push. Only before
+ * memory at shard->data is not, and must stay valid while the sender lives, and unchanged while
+ * wsync reads it (during every push; with copy_shards, only inside push_begin). Only before
  * the first push or setup: WSYNC_ERR_STATE afterwards. WSYNC_ERR_INVALID names the bad field.
  * CUDA shards (mem = WSYNC_MEM_CUDA): data must be device memory of CUDA device `device` in this
  * process (WSYNC_ERR_INVALID otherwise), and all CUDA shards of one sender on one device
@@ -306,7 +318,8 @@ wsync_status_t wsync_sender_setup(wsync_sender_t *sender);
  * senders (all push the same number). Returns when every receiver has committed the version —
  * or, with the `store` scheme, once every sender has published it (receivers read it later; in
  * snapshot mode the shards may change as soon as this returns).
- * Shard memory must not change until it returns. WSYNC_ERR_PEER_LOST names the lost peer;
+ * Shard memory must not change until it returns (with copy_shards, only until its copy was taken:
+ * see wsync_sender_push_begin). WSYNC_ERR_PEER_LOST names the lost peer;
  * WSYNC_ERR_TIMEOUT says what this sender waited for and on whom the coordinator waits;
  * WSYNC_ERR_INTEGRITY: a verifying receiver refused the version (verify in wsync_ctx_params_t).
  * After any error the group is unusable and every later call returns an error.
@@ -317,6 +330,51 @@ wsync_status_t wsync_sender_setup(wsync_sender_t *sender);
  * at once), and logs so. The process should then exit with _exit(), making no CUDA call of its
  * own: cudaFree waits for every kernel on the device, and any CUDA call may wait for the lock. */
 wsync_status_t wsync_sender_push(wsync_sender_t *sender, uint64_t version);
+
+/* The asynchronous push: wsync_sender_push split in two, so that the trainer computes while a
+ * version travels. wsync_sender_push(s, v) is exactly push_begin(s, v) then push_wait(s, -1).
+ *
+ * push_begin checks the version (WSYNC_ERR_INVALID as the push says) and the group (an earlier
+ * failure is returned at once), takes the copy of the shards when copy_shards is on, then starts
+ * the push of `version` on a thread of wsync's and returns WSYNC_OK; everything else the push does
+ * (the first push's setup included) happens on that thread, and its outcome is push_wait's.
+ * WSYNC_ERR_STATE when a push is in flight, i.e. begun and not yet reaped by a push_wait that
+ * returned something other than WSYNC_ERR_TIMEOUT (the message names that version). A failure to
+ * take the copy (device error, deadline) fails the group, like any push failure.
+ *
+ * When the trainer may write its shards again (the memory wsync_sender_add_shard described):
+ *  - copy_shards = 1: as soon as push_begin returned (whatever it returned). push_begin copied
+ *    every shard's bytes as they were when it was called (CUDA shards: as the device holds them:
+ *    finish, or synchronize with, the work that writes them first, as for a blocking push); the
+ *    copies are complete when it returns. The version the receivers get is those bytes, whatever
+ *    the trainer writes afterwards.
+ *  - copy_shards = 0: once push_wait returned something other than WSYNC_ERR_TIMEOUT. Until then
+ *    wsync may read the shards at any moment (in place or while staging buckets), and a change
+ *    may reach some receivers and not others. Reading them (a forward pass) is fine.
+ *  - store scheme: its snapshot mode (the default) is a copy of its own, taken during the push;
+ *    with copy_shards = 0 the rule above holds. With snapshot = 0 the store publishes the memory
+ *    the scheme reads in place and readers read it after the push returned: without copy_shards
+ *    that is the caller's memory (see snapshot); with it, wsync's copy, which changes only at the
+ *    next push_begin.
+ *
+ * Between push_begin and the push_wait that reaps it, the sender belongs to wsync's thread: call
+ * only push_wait and push_test on it (from one thread at a time); add_shard, setup, push,
+ * push_begin and stats return WSYNC_ERR_STATE, and scheme/explain may not be called.
+ * wsync_sender_free during a push aborts it (the group fails) and waits for the thread to stop.
+ * Collective as the push is: every sender begins the same versions. */
+wsync_status_t wsync_sender_push_begin(wsync_sender_t *sender, uint64_t version);
+
+/* Wait up to timeout_ms (0: just look; < 0: until the push ends, which its own deadlines bound,
+ * as a blocking push's) for the push begun by wsync_sender_push_begin. When it ended, returns
+ * what wsync_sender_push would have returned, with the same wsync_last_error() text, and reaps
+ * it (the next push may begin); on success *version (may be NULL) is the version every receiver
+ * committed (store: every sender published). WSYNC_ERR_TIMEOUT only means "not yet": the push goes
+ * on, nothing is reaped, wait again. WSYNC_ERR_STATE when no push is in flight. */
+wsync_status_t wsync_sender_push_wait(wsync_sender_t *sender, int timeout_ms, uint64_t *version);
+
+/* *done = 1 when the push in flight has ended (push_wait would return its outcome at once), else
+ * 0. Reaps nothing. WSYNC_ERR_STATE when no push is in flight. */
+wsync_status_t wsync_sender_push_test(wsync_sender_t *sender, int *done);
 
 /* Name of the scheme chosen for the group ("ipc"), or NULL before setup. */
 const char *wsync_sender_scheme(const wsync_sender_t *sender);

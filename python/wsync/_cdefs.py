@@ -243,6 +243,7 @@ class wsync_sender_params_t(_Struct):
         ("heartbeat_ms", C.c_int),
         ("snapshot", C.c_int),
         ("keep_versions", C.c_int),
+        ("copy_shards", C.c_int),
     ]
 
 
@@ -406,8 +407,8 @@ def ctx_params_init() -> wsync_ctx_params_t:
 
 
 def sender_params_init() -> wsync_sender_params_t:
-    """WSYNC_SENDER_PARAMS_INIT: {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0}."""
-    return wsync_sender_params_t(None, -1, 0, 0, None, 0, 0, 0, -1, 0)
+    """WSYNC_SENDER_PARAMS_INIT: {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1}."""
+    return wsync_sender_params_t(None, -1, 0, 0, None, 0, 0, 0, -1, 0, -1)
 
 
 def receiver_params_init() -> wsync_receiver_params_t:
@@ -505,6 +506,9 @@ PROTOTYPES = {
     "wsync_sender_explain": (C.c_char_p, [_P]),
     "wsync_sender_coordinator": (C.c_char_p, [_P]),
     "wsync_sender_stats": (c_status, [_P, C.POINTER(wsync_push_stats_t)]),
+    "wsync_sender_push_begin": (c_status, [_P, C.c_uint64]),
+    "wsync_sender_push_wait": (c_status, [_P, C.c_int, C.POINTER(C.c_uint64)]),
+    "wsync_sender_push_test": (c_status, [_P, C.POINTER(C.c_int)]),
     # receiver
     "wsync_receiver_create": (c_status, [_P, C.POINTER(wsync_receiver_params_t), _PP]),
     "wsync_receiver_free": (None, [_P]),

@@ -55,7 +55,9 @@ class Sender:
     read it back from .coordinator). Arguments left None come from the WSYNC_* variables, then
     the library's defaults (timeout 60 s, 256 MiB buckets, scheme auto). `snapshot` and
     `keep_versions` concern the store scheme (copy each version so the trainer may step on at
-    once; how many versions readers may fetch).
+    once; how many versions readers may fetch). `copy_shards` makes each push copy the shards
+    into memory of wsync's (their bytes once more, host or device like them) before push_begin
+    returns, so that the trainer may write them at once (see push_begin).
 
     Memory given to add_shard / add_state_dict is read in place at every push: keep updating it
     in place (optimizer steps do), and do not free or reallocate it while the sender is open; the
@@ -68,6 +70,7 @@ class Sender:
                  scheme: Optional[str] = None, bucket_bytes: Optional[int] = None,
                  timeout_ms: Optional[int] = None, heartbeat_ms: Optional[int] = None,
                  snapshot: Optional[bool] = None, keep_versions: Optional[int] = None,
+                 copy_shards: Optional[bool] = None,
                  context: Optional[Context] = None, log_level: Any = None):
         self._handle = None
         self._regions: List[Region] = []
@@ -94,6 +97,8 @@ class Sender:
             p.snapshot = int(bool(snapshot))
         if keep_versions is not None:
             p.keep_versions = int(keep_versions)
+        if copy_shards is not None:
+            p.copy_shards = int(bool(copy_shards))
         self.rank = int(rank) if rank is not None else _env_int("WSYNC_SENDER_RANK", 0)
         self.world = int(world) if world is not None else _env_int("WSYNC_SENDERS", 1)
         ctx = self._ctx._acquire()
@@ -375,9 +380,45 @@ class Sender:
     def push(self, version: int) -> None:
         """Push `version` (greater than every version pushed before) of the shards; returns
         when every receiver committed it (store scheme: once every sender published it).
-        Collective over the senders. Do not modify shard memory until it returns. PeerLostError names a lost peer; after any error the group is
-        over (close, and form a new one)."""
+        Collective over the senders. Do not modify shard memory until it returns (with
+        copy_shards: until its copy was taken, at its start). PeerLostError names a lost peer;
+        after any error the group is over (close, and form a new one). Same as push_begin then
+        push_wait()."""
         self._call(lib().wsync_sender_push, C.c_uint64(int(version)))
+
+    def push_begin(self, version: int) -> None:
+        """Start pushing `version` on a thread of wsync's and return; push_wait ends it. The
+        trainer may write its shards again: with copy_shards, as soon as this returned (the
+        version is the shards' bytes as they were when it was called; for CUDA tensors,
+        synchronize the work writing them first); without, only once push_wait returned the
+        version or raised. Until push_wait reaped the push, only push_wait and push_done may be
+        called (StateError from push_begin, push, setup, add_shard, stats; close aborts the
+        push). InvalidArgumentError for a version not above the last pushed."""
+        self._call(lib().wsync_sender_push_begin, C.c_uint64(int(version)))
+
+    def push_wait(self, timeout_ms: Optional[int] = None) -> Optional[int]:
+        """Wait up to timeout_ms (None: until the push ends, its own deadlines bound it; 0: just
+        look) for the push push_begin started. Returns its version once every receiver committed
+        it (store: every sender published), or None when it had not ended in time (it goes on:
+        wait again). Raises what push would have raised (PeerLostError naming the peer, ...);
+        StateError when no push is in flight."""
+        v = C.c_uint64()
+        t = -1 if timeout_ms is None else max(0, int(timeout_ms))
+        with self._lock:
+            st = lib().wsync_sender_push_wait(self._h(), t, C.byref(v))
+            if st == D.Status.ERR_TIMEOUT:
+                return None
+            if st != 0:
+                raise_status(st, "wsync_sender_push_wait")
+        return int(v.value)
+
+    @property
+    def push_done(self) -> bool:
+        """Whether the push in flight has ended (push_wait would return at once). StateError
+        when no push is in flight."""
+        done = C.c_int()
+        self._call(lib().wsync_sender_push_test, C.byref(done))
+        return bool(done.value)
 
     @property
     def stats(self) -> PushStats:

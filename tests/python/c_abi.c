@@ -161,6 +161,7 @@ static void structs(void)
     FIELD(wsync_sender_params_t, heartbeat_ms);
     FIELD(wsync_sender_params_t, snapshot);
     FIELD(wsync_sender_params_t, keep_versions);
+    FIELD(wsync_sender_params_t, copy_shards);
     STRUCT_END();
 
     STRUCT_BEGIN(wsync_push_stats_t);
@@ -359,6 +360,7 @@ static void inits(void)
     num("wsync_sender_params_t.heartbeat_ms", sp.heartbeat_ms);
     num("wsync_sender_params_t.snapshot", sp.snapshot);
     num("wsync_sender_params_t.keep_versions", sp.keep_versions);
+    num("wsync_sender_params_t.copy_shards", sp.copy_shards);
 
     PTR("wsync_receiver_params_t.coordinator", rp.coordinator);
     num("wsync_receiver_params_t.rank", rp.rank);
