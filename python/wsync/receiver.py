@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes as C
+import operator
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional
@@ -53,8 +54,9 @@ class Receiver:
     on_version(version) is the per-version hook: called inside wait()/fetch() once a version is
     whole in the buffers and before the receiver commits it (so the senders' push returns only
     after it); re-derive here what the engine computes from its weights. Return None or 0; a
-    non-zero int or an exception fails the version on this receiver (wait raises AbortedError,
-    chained to the exception) and the group with it; the buffers then count as torn."""
+    non-zero int (one past a C int counts as -1), an exception or any other result (a
+    TypeError) fails the version on this receiver (wait raises AbortedError, chained to the
+    exception) and the group with it; the buffers then count as torn."""
 
     def __init__(self, coordinator: Optional[str] = None, rank: Optional[int] = None,
                  receivers: Optional[int] = None, *, timeout_ms: Optional[int] = None,
@@ -105,12 +107,21 @@ class Receiver:
                 rv = me_v()
                 try:
                     r = _user(int(version))
+                    # None (a function that returns nothing) is success; ints as the C hook's.
+                    # Converted here, inside the try: an exception escaping a ctypes callback
+                    # is only printed, and a C int would wrap (2**32 reads as 0, success).
+                    if r is None:
+                        return 0
+                    try:
+                        code = operator.index(r)
+                    except TypeError:
+                        raise TypeError(f"on_version returned {r!r}: it must return None, 0 "
+                                        "or a non-zero int") from None
+                    return code if -2 ** 31 <= code < 2 ** 31 else -1
                 except BaseException as e:   # the version fails; wait raises AbortedError from e
                     if rv is not None:
                         rv._hook_error = e
                     return -1
-                # None (a function that returns nothing) is success; ints as the C hook's
-                return 0 if r is None else int(r)
             self._version_cb = D.wsync_version_fn(on_version_c)
             p.on_version = self._version_cb
         ctx = self._ctx._acquire()

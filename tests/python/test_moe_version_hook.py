@@ -2,7 +2,8 @@
 of one process (ipc on host memory). The hook runs once per version with its number, sees the
 new bytes in the buffers, and runs before the sender's push returns; a hook that raises fails
 the version (AbortedError chained to the hook's exception, the sender's push naming the
-receiver, the buffers torn, the last committed version the one before)."""
+receiver, the buffers torn, the last committed version the one before), and so does a hook
+returning something that is not None or an int, or an int a C int cannot hold."""
 from __future__ import annotations
 
 import array
@@ -21,7 +22,9 @@ def values(v: int):
 
 
 class VersionHook(unittest.TestCase):
-    def run_group(self, hook_fails_at: int):
+    def run_group(self, hook_fails_at: int, fail=None):
+        """fail: what the hook does at hook_fails_at (default: raise RuntimeError); it returns
+        fail()."""
         w = array.array("f", [0.0] * N)
         s = wsync.Sender("127.0.0.1:0", rank=0, world=1, receivers=1, timeout_ms=tl.TIMEOUT_MS)
         s.add_shard("w", wsync.HostTensor(w, "f32", (N,)))
@@ -33,6 +36,8 @@ class VersionHook(unittest.TestCase):
             got.frombytes(bytes(buf))
             seen.append((version, got.tolist() == values(version)))
             if version == hook_fails_at:
+                if fail is not None:
+                    return fail()
                 raise RuntimeError("re-deriving W_UK failed")
             time.sleep(0.2)
             done.append(version)
@@ -88,6 +93,28 @@ class VersionHook(unittest.TestCase):
         self.assertEqual(len(errors), 1)
         self.assertIsInstance(errors[0], wsync.WsyncError)
         self.assertIn("receiver 0", str(errors[0]))
+
+    def check_failed_at_2(self, failure, state, seen, errors):
+        self.assertIsNotNone(failure)
+        self.assertIn("version 2", failure.message)
+        self.assertEqual(state, (1, True))
+        self.assertEqual(seen, [(1, True), (2, True)])
+        self.assertEqual(len(errors), 1)
+
+    def test_hook_result_not_an_int_fails_the_version(self):
+        # a result that is neither None nor an int must not read as success
+        seen, pushed, errors, got, failure, state = self.run_group(2, lambda: "done")
+        self.assertEqual(got, [1])
+        self.check_failed_at_2(failure, state, seen, errors)
+        self.assertIsInstance(failure.__cause__, TypeError)
+        self.assertIn("'done'", str(failure.__cause__))
+
+    def test_hook_result_past_c_int_fails_the_version(self):
+        # 2**32 would wrap to 0 (success) as a C int
+        seen, pushed, errors, got, failure, state = self.run_group(2, lambda: 2 ** 32)
+        self.assertEqual(got, [1])
+        self.check_failed_at_2(failure, state, seen, errors)
+        self.assertIn("returned -1", failure.message)
 
 
 if __name__ == "__main__":
