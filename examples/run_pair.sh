@@ -98,7 +98,7 @@ fi
 pycfg=${CONFIG:-$work/model/config.json}
 if [ -z "${CONFIG:-}" ]; then
     mkdir -p "$work/model"
-    "$PYTHON" -c 'import json, sys; sys.path.insert(0, sys.argv[1]); import receiver
+    PYTHONDONTWRITEBYTECODE=1 "$PYTHON" -c 'import json, sys; sys.path.insert(0, sys.argv[1]); import receiver
 c = dict(receiver.BUILTIN_CONFIG, architectures=["Qwen3ForCausalLM"])
 json.dump(c, open(sys.argv[2], "w"))' "$here/python" "$pycfg" || exit 1
 fi
