@@ -10,7 +10,8 @@
  *  - misuse: a second push_begin, push/setup/stats/add_shard during a push are WSYNC_ERR_STATE
  *    naming the version in flight; push_wait with none in flight is WSYNC_ERR_STATE;
  *  - a receiver killed in the middle of a version: push_wait reports WSYNC_ERR_PEER_LOST naming
- *    it, within the deadline, and a later push_begin returns the group's failure at once. */
+ *    it, within the deadline, and a later push_begin returns the group's failure at once;
+ *  - a sender freed during a push: the free aborts it and returns promptly, receivers fail. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -67,6 +68,7 @@ typedef struct {
     int nreceivers;
     int rank;                 /* receiver children */
     int kill_receiver;        /* receiver that dies in version 2 (-1: none) */
+    int free_mid_push;        /* the trainer frees its sender during the push of version 2 */
 } group_t;
 
 static char coord_addr[64];
@@ -163,6 +165,15 @@ static int sender_main(void *arg)
         if (done == 0)
             landing_seen++;   /* the writes above ended while receivers were still landing */
         check_busy(s, v, data[0]);
+        if (g->free_mid_push && v == 2) {
+            /* aborts the push (the group fails) and waits for wsync's thread: promptly */
+            t0 = proc_now_ms();
+            wsync_sender_free(s);
+            s = NULL;
+            CHECK_MSG(proc_now_ms() - t0 < TIMEOUT_MS, "wsync_sender_free during a push took "
+                      "%lld ms", proc_now_ms() - t0);
+            break;
+        }
         if (g->kill_receiver >= 0 && v == 2) {
             st = wsync_sender_push_wait(s, -1, &got);
             CHECK_MSG(st == WSYNC_ERR_PEER_LOST, "push_wait returned %s: %s",
@@ -195,7 +206,7 @@ static int sender_main(void *arg)
             for (int p = 0; p < NPARAMS; p++)
                 fill(data[p], param_bytes(p), p, v + 1);
     }
-    if (g->kill_receiver < 0)
+    if (g->kill_receiver < 0 && !g->free_mid_push)
         CHECK_MSG(landing_seen > 0, "every push had ended before push_test: the receivers were "
                   "not slow enough for the test to mean anything");
     else
@@ -260,6 +271,15 @@ static int receiver_main(void *arg)
     for (uint64_t v = 1; v <= VERSIONS; v++) {
         uint64_t got = 0;
         st = wsync_receiver_wait(rv, TIMEOUT_MS * 2, &got);
+        if (g->free_mid_push && v == 2) {
+            /* the sender (and the coordinator with it) left during version 2 */
+            CHECK_MSG(st == WSYNC_ERR_PEER_LOST || st == WSYNC_ERR_ABORTED,
+                      "receiver %d: wait returned %s: %s", g->rank, wsync_status_name(st),
+                      wsync_last_error());
+            CHECK(wsync_receiver_version(rv) == 1);
+            failed = 1;
+            break;
+        }
         if (g->kill_receiver >= 0 && st != WSYNC_OK) {
             /* version 2, or (when this receiver committed 2 before the other died) 3 */
             CHECK_MSG(st == WSYNC_ERR_PEER_LOST || st == WSYNC_ERR_ABORTED,
@@ -284,7 +304,7 @@ static int receiver_main(void *arg)
                       (unsigned long long)v, bad, params[p].name, (unsigned long long)v + 1);
         }
     }
-    if (g->kill_receiver >= 0)
+    if (g->kill_receiver >= 0 || g->free_mid_push)
         CHECK_MSG(failed, "receiver %d: every version arrived though receiver 1 died", g->rank);
     wsync_receiver_free(rv);
     wsync_ctx_free(ctx);
@@ -322,19 +342,25 @@ static void run_group(const group_t *g)
 
 static void case_copy_write_at_once(void)
 {
-    group_t g = {1, 2, 0, -1};
+    group_t g = {1, 2, 0, -1, 0};
     run_group(&g);
 }
 
 static void case_no_copy_write_after_wait(void)
 {
-    group_t g = {0, 2, 0, -1};
+    group_t g = {0, 2, 0, -1, 0};
     run_group(&g);
 }
 
 static void case_receiver_killed(void)
 {
-    group_t g = {1, 2, 0, 1};
+    group_t g = {1, 2, 0, 1, 0};
+    run_group(&g);
+}
+
+static void case_sender_freed_mid_push(void)
+{
+    group_t g = {1, 2, 0, -1, 1};
     run_group(&g);
 }
 
@@ -344,5 +370,6 @@ int main(void)
     RUN(case_copy_write_at_once);
     RUN(case_no_copy_write_after_wait);
     RUN(case_receiver_killed);
+    RUN(case_sender_freed_mid_push);
     return check_summary();
 }
