@@ -9,6 +9,7 @@
 #include "wsync/wsync_layout.h"
 
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,8 +138,15 @@ static wsync_status_t check_fused_shard(const wsync_shard_t *s, const char *what
         return wsync_err(WSYNC_ERR_INVALID, "%s: shape [%" PRId64 ", %" PRId64 ", %" PRId64 "] "
                          "is not [E, 2I, Hd]: %" PRId64 " rows cannot be gate then up halves",
                          p->name, p->shape[0], p->shape[1], p->shape[2], p->shape[1]);
-    if (wsync_dtype_size(p->dtype) == 0)
+    const size_t esize = wsync_dtype_size(p->dtype);
+    if (esize == 0)
         return wsync_err(WSYNC_ERR_INVALID, "%s: unknown dtype %d", p->name, (int)p->dtype);
+    /* unfuse addresses the tensor by int64 element offsets (and size_t bytes) */
+    if (p->shape[1] > INT64_MAX / p->shape[2] ||
+        p->shape[0] > INT64_MAX / (int64_t)esize / (p->shape[1] * p->shape[2]))
+        return wsync_err(WSYNC_ERR_INVALID, "%s: shape [%" PRId64 ", %" PRId64 ", %" PRId64 "] "
+                         "of %zu-byte elements overflows int64 bytes", p->name, p->shape[0],
+                         p->shape[1], p->shape[2], esize);
     return WSYNC_OK;
 }
 

@@ -243,6 +243,16 @@ static void case_unfuse_errors(void)
     CHECK_OK(wsync_layout_unfuse_experts(&in, &out, &n));
     CHECK(n == 4 && out[0].data == NULL && out[3].data == NULL);
     wsync_layout_shards_free(out, n);
+    /* a shape past int64 bytes (2 x 2^31 x 2^33): refused, not addressed with wrapped offsets */
+    out = (wsync_shard_t *)&out;
+    n = 12345;
+    in.param.shape[0] = in.box.len[0] = 2;
+    in.param.shape[1] = in.box.len[1] = (int64_t)1 << 31;
+    in.param.shape[2] = in.box.len[2] = (int64_t)1 << 33;
+    CHECK_ST(wsync_layout_unfuse_experts(&in, &out, &n), WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("model.layers.2.mlp.experts.down_proj: shape [2, 2147483648, 8589934592] of "
+                  "2-byte elements overflows int64 bytes");
+    CHECK(out == (wsync_shard_t *)&out && n == 12345);
 }
 
 /* ------------------------------------------------------------------------------------------ */
