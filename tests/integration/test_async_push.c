@@ -11,7 +11,11 @@
  *    naming the version in flight; push_wait with none in flight is WSYNC_ERR_STATE;
  *  - a receiver killed in the middle of a version: push_wait reports WSYNC_ERR_PEER_LOST naming
  *    it, within the deadline, and a later push_begin returns the group's failure at once;
- *  - a sender freed during a push: the free aborts it and returns promptly, receivers fail. */
+ *  - a sender freed during a push: the free aborts it and returns promptly, receivers fail;
+ *  - the store scheme in place (snapshot = 0) with copy_shards: the reader gets each version's
+ *    bytes though the trainer overwrote its shards right after push_begin (skipped without an
+ *    RMA transport). */
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -340,6 +344,159 @@ static void run_group(const group_t *g)
     }
 }
 
+/* ---- the store scheme, in place, with copy_shards ------------------------------------------- */
+
+/* Readers read what the sender registered, after its push returned: with copy_shards that is
+ * wsync's copy, which only the next push_begin changes, so the trainer's writes right after
+ * push_begin never reach a reader. Without the copy they would: the test can tell. */
+static const char *store_transport;
+static int store_pipe[2];   /* receiver -> sender: one byte per version fetched */
+
+static int store_sender_main(void *arg)
+{
+    wsync_ctx_t *ctx = NULL;
+    wsync_sender_t *s = NULL;
+    wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
+    uint8_t *data[NPARAMS];
+    wsync_status_t st;
+
+    (void)arg;
+    setenv("WSYNC_STORE_TRANSPORT", store_transport, 1);
+    CHECK_OK(wsync_ctx_create(NULL, &ctx));
+    sp.coordinator = coord_addr;
+    sp.rank = 0;
+    sp.nranks = 1;
+    sp.nreceivers = 1;
+    sp.scheme = "store";
+    sp.snapshot = 0;
+    sp.copy_shards = 1;
+    sp.timeout_ms = TIMEOUT_MS;
+    sp.heartbeat_ms = 200;
+    st = wsync_sender_create(ctx, &sp, &s);
+    CHECK_OK(st);
+    if (st != WSYNC_OK)
+        return 1;
+    for (int p = 0; p < NPARAMS; p++) {
+        data[p] = malloc(param_bytes(p));
+        fill(data[p], param_bytes(p), p, 1);
+        wsync_shard_t sh = {to_param(p), {{0}, {params[p].rows, params[p].cols}}, data[p],
+                            WSYNC_MEM_HOST, 0};
+        CHECK_OK(wsync_sender_add_shard(s, &sh));
+    }
+    for (uint64_t v = 1; v <= VERSIONS && check_failures == 0; v++) {
+        uint64_t got = 0;
+        CHECK_OK(wsync_sender_push_begin(s, v));
+        for (int p = 0; p < NPARAMS; p++)
+            fill(data[p], param_bytes(p), p, v + 1);
+        CHECK_OK(wsync_sender_push_wait(s, -1, &got));
+        CHECK(got == v);
+        /* the reader fetches v before the next push_begin refreshes the copy */
+        struct pollfd pfd = {store_pipe[0], POLLIN, 0};
+        char c;
+        CHECK_MSG(poll(&pfd, 1, TIMEOUT_MS * 2) == 1 && read(store_pipe[0], &c, 1) == 1,
+                  "the reader did not fetch version %llu", (unsigned long long)v);
+    }
+    wsync_sender_free(s);
+    for (int p = 0; p < NPARAMS; p++)
+        free(data[p]);
+    wsync_ctx_free(ctx);
+    return check_failures ? 1 : 0;
+}
+
+static int store_receiver_main(void *arg)
+{
+    wsync_ctx_t *ctx = NULL;
+    wsync_receiver_t *rv = NULL;
+    wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
+    uint8_t *buf[NPARAMS], *want[NPARAMS];
+    wsync_status_t st;
+
+    (void)arg;
+    setenv("WSYNC_STORE_TRANSPORT", store_transport, 1);
+    CHECK_OK(wsync_ctx_create(NULL, &ctx));
+    rp.coordinator = coord_addr;
+    rp.rank = 0;
+    rp.nreceivers = 1;
+    rp.timeout_ms = TIMEOUT_MS;
+    rp.heartbeat_ms = 200;
+    st = wsync_receiver_create(ctx, &rp, &rv);
+    CHECK_OK(st);
+    if (st != WSYNC_OK)
+        return 1;
+    for (int p = 0; p < NPARAMS; p++) {
+        wsync_piece_t piece = {to_param(p), {{0}, {params[p].rows, params[p].cols}}, {0}};
+        wsync_target_t t = {params[p].name, params[p].dtype, 2, {params[p].rows, params[p].cols},
+                            NULL, WSYNC_MEM_HOST, 0, &piece, 1, {0}};
+        buf[p] = malloc(param_bytes(p));
+        want[p] = malloc(param_bytes(p));
+        t.data = buf[p];
+        CHECK_OK(wsync_receiver_add_target(rv, &t));
+    }
+    for (uint64_t v = 1; v <= VERSIONS; v++) {
+        uint64_t got = 0;
+        st = wsync_receiver_fetch(rv, v, TIMEOUT_MS * 2, &got);
+        CHECK_OK(st);
+        if (st != WSYNC_OK)
+            break;
+        CHECK(got == v);
+        for (int p = 0; p < NPARAMS; p++) {
+            fill(want[p], param_bytes(p), p, v);
+            CHECK_MSG(memcmp(buf[p], want[p], param_bytes(p)) == 0, "store reader, version %llu: "
+                      "%s differs from the version's bytes", (unsigned long long)v,
+                      params[p].name);
+        }
+        if (write(store_pipe[1], "f", 1) != 1)
+            CHECK(0);
+    }
+    wsync_receiver_free(rv);
+    wsync_ctx_free(ctx);
+    for (int p = 0; p < NPARAMS; p++) {
+        free(buf[p]);
+        free(want[p]);
+    }
+    return check_failures ? 1 : 0;
+}
+
+static int have_transport(const char *name)
+{
+    wsync_ctx_t *ctx;
+    int have = 0;
+
+    if (wsync_ctx_create(NULL, &ctx) != WSYNC_OK)
+        return 0;
+    for (int i = 0; i < wsync_transport_count(ctx); i++) {
+        wsync_component_info_t info;
+        if (wsync_transport_info(ctx, i, &info) == WSYNC_OK && strcmp(info.name, name) == 0)
+            have = info.compiled && info.available;
+    }
+    wsync_ctx_free(ctx);
+    return have;
+}
+
+static void case_store_in_place_with_copy(void)
+{
+    pid_t pids[2];
+    int codes[2];
+
+    store_transport = have_transport("ucx") ? "ucx" : have_transport("ofi") ? "ofi" : NULL;
+    if (store_transport == NULL) {
+        fprintf(stderr, "skipped: no RMA transport (ucx, ofi) for the store scheme\n");
+        return;
+    }
+    if (pipe(store_pipe) != 0) {
+        CHECK(0);
+        return;
+    }
+    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", proc_free_port());
+    pids[0] = proc_spawn(store_sender_main, NULL, 60);
+    pids[1] = proc_spawn(store_receiver_main, NULL, 60);
+    proc_wait_all(pids, 2, 60000, codes);
+    close(store_pipe[0]);
+    close(store_pipe[1]);
+    for (int i = 0; i < 2; i++)
+        CHECK_MSG(codes[i] == 0, "process %d exited with %d", i, codes[i]);
+}
+
 static void case_copy_write_at_once(void)
 {
     group_t g = {1, 2, 0, -1, 0};
@@ -371,5 +528,6 @@ int main(void)
     RUN(case_no_copy_write_after_wait);
     RUN(case_receiver_killed);
     RUN(case_sender_freed_mid_push);
+    RUN(case_store_in_place_with_copy);
     return check_summary();
 }
