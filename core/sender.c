@@ -453,7 +453,14 @@ static wsync_status_t push_run(wsync_sender_t *s, uint64_t version, uint64_t t0)
 static void *push_thread(void *arg)
 {
     wsync_sender_t *s = arg;
-    wsync_status_t st = push_run(s, s->job_version, s->job_t0);
+    wsync_status_t st;
+
+    /* A new thread's current device is 0: make it the sender's, so that the schemes' enter/leave
+     * pairs never switch back to a device this process does not use (cudaSetDevice creates
+     * that device's context). A failure here shows in the push's own device calls. */
+    if (s->device >= 0 && wsync_dev_set(s->device) != WSYNC_OK)
+        WSYNC_LOG_W("sender %d: push thread: %s", s->m.rank, wsync_last_error());
+    st = push_run(s, s->job_version, s->job_t0);
 
     pthread_mutex_lock(&s->job_mu);
     s->job_status = st;
