@@ -63,6 +63,23 @@ static int fused_name(const char *name, const char *fused, size_t *prefix_len)
 /* Unfusing a shard of a fused expert tensor                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Room for one more element in the growable array *v of *cap elements of `esize` bytes, n of
+ * them used: doubles it when full, `first` elements the first time. `what` names the elements
+ * in the error; *v and *cap change only on success. */
+static wsync_status_t vec_room(void **v, size_t *cap, size_t n, size_t esize, size_t first,
+                               const char *what)
+{
+    if (n < *cap)
+        return WSYNC_OK;
+    size_t c = *cap ? 2 * *cap : first;
+    void *nv = realloc(*v, c * esize);
+    if (nv == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "no memory for %zu %s", c, what);
+    *v = nv;
+    *cap = c;
+    return WSYNC_OK;
+}
+
 /* A growable shard array whose names are owned by it. */
 typedef struct {
     wsync_shard_t *v;
@@ -71,14 +88,11 @@ typedef struct {
 
 static wsync_status_t vec_push(shard_vec_t *a, const wsync_shard_t *sh, const char *name)
 {
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? 2 * a->cap : 16;
-        wsync_shard_t *v = realloc(a->v, cap * sizeof(*v));
-        if (v == NULL)
-            return wsync_err(WSYNC_ERR_NOMEM, "no memory for %zu shards", cap);
-        a->v = v;
-        a->cap = cap;
-    }
+    void *v = a->v;
+    wsync_status_t st = vec_room(&v, &a->cap, a->n, sizeof(*a->v), 16, "shards");
+    a->v = v;
+    if (st != WSYNC_OK)
+        return st;
     a->v[a->n] = *sh;
     a->v[a->n].param.name = wsync_strdup(name);
     if (a->v[a->n].param.name == NULL)
@@ -237,14 +251,11 @@ typedef struct {
 
 static wsync_status_t pvec_push(param_vec_t *a, const wsync_param_t *p, const char *name)
 {
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? 2 * a->cap : 64;
-        wsync_param_t *v = realloc(a->v, cap * sizeof(*v));
-        if (v == NULL)
-            return wsync_err(WSYNC_ERR_NOMEM, "no memory for %zu params", cap);
-        a->v = v;
-        a->cap = cap;
-    }
+    void *v = a->v;
+    wsync_status_t st = vec_room(&v, &a->cap, a->n, sizeof(*a->v), 64, "params");
+    a->v = v;
+    if (st != WSYNC_OK)
+        return st;
     a->v[a->n] = *p;
     a->v[a->n].name = wsync_strdup(name);
     if (a->v[a->n].name == NULL)
