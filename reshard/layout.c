@@ -801,7 +801,10 @@ static void finish(tp_build_t *b, int linear)
     }
 }
 
-static wsync_status_t add_replicated(tp_build_t *b, wsync_mp_kind_t kind, int64_t layer)
+/* A replicated target; `linear` says whether it is a linear weight, quantized like the split
+ * ones (see finish). */
+static wsync_status_t add_replicated_as(tp_build_t *b, wsync_mp_kind_t kind, int64_t layer,
+                                        int linear)
 {
     char name[WSYNC_MP_NAME_MAX];
     wsync_param_t p;
@@ -810,22 +813,19 @@ static wsync_status_t add_replicated(tp_build_t *b, wsync_mp_kind_t kind, int64_
     wsync_mp_param(b->cfg, kind, layer, b->o->param_dtype, name, &p);
     if ((st = wsync_layout_replicated(&p, &b->t[b->n])) != WSYNC_OK)
         return st;
-    finish(b, 0);
+    finish(b, linear);
     return WSYNC_OK;
+}
+
+static wsync_status_t add_replicated(tp_build_t *b, wsync_mp_kind_t kind, int64_t layer)
+{
+    return add_replicated_as(b, kind, layer, 0);
 }
 
 /* A replicated linear weight (quantized like the split ones). */
 static wsync_status_t add_replicated_linear(tp_build_t *b, wsync_mp_kind_t kind, int64_t layer)
 {
-    char name[WSYNC_MP_NAME_MAX];
-    wsync_param_t p;
-    wsync_status_t st;
-
-    wsync_mp_param(b->cfg, kind, layer, b->o->param_dtype, name, &p);
-    if ((st = wsync_layout_replicated(&p, &b->t[b->n])) != WSYNC_OK)
-        return st;
-    finish(b, 1);
-    return WSYNC_OK;
+    return add_replicated_as(b, kind, layer, 1);
 }
 
 static wsync_status_t add_vocab(tp_build_t *b, wsync_mp_kind_t kind)
