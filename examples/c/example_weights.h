@@ -74,4 +74,14 @@ static inline void example_builtin_config(wsync_model_config_t *cfg)
     cfg->dtype = WSYNC_DTYPE_BF16;
 }
 
+/* The model both sides agree on: config.json at `path` when one is given (what
+ * wsync_model_config_load returns, its error included), else the built-in one above. */
+static inline wsync_status_t example_config(const char *path, wsync_model_config_t *cfg)
+{
+    if (path)
+        return wsync_model_config_load(path, cfg);
+    example_builtin_config(cfg);
+    return WSYNC_OK;
+}
+
 #endif

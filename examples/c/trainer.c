@@ -71,12 +71,8 @@ int main(int argc, char **argv)
     /* 1. The model: its config gives every param's name and shape. */
     wsync_model_config_t cfg;
     wsync_status_t st;
-    if (config) {
-        if ((st = wsync_model_config_load(config, &cfg)) != WSYNC_OK)
-            return failed("wsync_model_config_load", st);
-    } else {
-        example_builtin_config(&cfg);
-    }
+    if ((st = example_config(config, &cfg)) != WSYNC_OK)
+        return failed("wsync_model_config_load", st);
 
     /* 2. This rank's FSDP shards: one per param, rows [rank*c, (rank+1)*c) of each. */
     wsync_shard_t *shards = NULL;

@@ -75,12 +75,8 @@ int main(int argc, char **argv)
 
     wsync_model_config_t cfg;
     wsync_status_t st;
-    if (config) {
-        if ((st = wsync_model_config_load(config, &cfg)) != WSYNC_OK)
-            return failed("wsync_model_config_load", st);
-    } else {
-        example_builtin_config(&cfg);
-    }
+    if ((st = example_config(config, &cfg)) != WSYNC_OK)
+        return failed("wsync_model_config_load", st);
 
     /* 1. The engine's buffers as vLLM lays them out for TP rank rank % tp (options NULL: bf16,
      * no quantization, vocab padded to 64). A real engine points the targets at its own
