@@ -241,6 +241,23 @@ static void slow_then_die(void *arg, uint64_t version, uint64_t done, uint64_t t
     slow(arg, version, done, total);
 }
 
+/* One host target per param, the whole param in one piece, into a fresh buf[p] (every byte 0xAB
+ * when `poison`, so bytes never written show); want[p], as large, is for the expected bytes. */
+static void add_whole_targets(wsync_receiver_t *rv, uint8_t **buf, uint8_t **want, int poison)
+{
+    for (int p = 0; p < NPARAMS; p++) {
+        wsync_piece_t piece = {to_param(p), {{0}, {params[p].rows, params[p].cols}}, {0}};
+        wsync_target_t t = {params[p].name, params[p].dtype, 2, {params[p].rows, params[p].cols},
+                            NULL, WSYNC_MEM_HOST, 0, &piece, 1, {0}};
+        buf[p] = malloc(param_bytes(p));
+        want[p] = malloc(param_bytes(p));
+        if (poison)
+            memset(buf[p], 0xAB, param_bytes(p));
+        t.data = buf[p];
+        CHECK_OK(wsync_receiver_add_target(rv, &t));
+    }
+}
+
 static int receiver_main(void *arg)
 {
     const group_t *g = arg;
@@ -262,16 +279,7 @@ static int receiver_main(void *arg)
     CHECK_OK(st);
     if (st != WSYNC_OK)
         return 1;
-    for (int p = 0; p < NPARAMS; p++) {
-        wsync_piece_t piece = {to_param(p), {{0}, {params[p].rows, params[p].cols}}, {0}};
-        wsync_target_t t = {params[p].name, params[p].dtype, 2, {params[p].rows, params[p].cols},
-                            NULL, WSYNC_MEM_HOST, 0, &piece, 1, {0}};
-        buf[p] = malloc(param_bytes(p));
-        want[p] = malloc(param_bytes(p));
-        memset(buf[p], 0xAB, param_bytes(p));
-        t.data = buf[p];
-        CHECK_OK(wsync_receiver_add_target(rv, &t));
-    }
+    add_whole_targets(rv, buf, want, 1);
     for (uint64_t v = 1; v <= VERSIONS; v++) {
         uint64_t got = 0;
         st = wsync_receiver_wait(rv, TIMEOUT_MS * 2, &got);
@@ -423,15 +431,7 @@ static int store_receiver_main(void *arg)
     CHECK_OK(st);
     if (st != WSYNC_OK)
         return 1;
-    for (int p = 0; p < NPARAMS; p++) {
-        wsync_piece_t piece = {to_param(p), {{0}, {params[p].rows, params[p].cols}}, {0}};
-        wsync_target_t t = {params[p].name, params[p].dtype, 2, {params[p].rows, params[p].cols},
-                            NULL, WSYNC_MEM_HOST, 0, &piece, 1, {0}};
-        buf[p] = malloc(param_bytes(p));
-        want[p] = malloc(param_bytes(p));
-        t.data = buf[p];
-        CHECK_OK(wsync_receiver_add_target(rv, &t));
-    }
+    add_whole_targets(rv, buf, want, 0);
     for (uint64_t v = 1; v <= VERSIONS; v++) {
         uint64_t got = 0;
         st = wsync_receiver_fetch(rv, v, TIMEOUT_MS * 2, &got);
