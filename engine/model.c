@@ -512,6 +512,125 @@ static wsync_status_t mla_moe_dims(wsync_engine_t *e)
     return WSYNC_OK;
 }
 
+/* The engine parameters (defaults already applied) make sense on their own. */
+static wsync_status_t check_engine_params(const wsync_engine_params_t *p)
+{
+    int T = p->tp_size, r = p->tp_rank;
+
+    if (T < 1 || T > WSYNC_ENGINE_MAX_TP || r < 0 || r >= T)
+        return wse_err(WSYNC_ERR_INVALID, "TP rank %d of %d: need 1 <= tp_size <= %d and "
+                       "0 <= tp_rank < tp_size", r, T, WSYNC_ENGINE_MAX_TP);
+    if (T > 1 && p->comm == NULL)
+        return wse_err(WSYNC_ERR_INVALID, "TP size %d needs a communicator "
+                       "(wsync_engine_comm_create before fork)", T);
+    if (p->quant != WSYNC_ENGINE_QUANT_NONE && p->quant != WSYNC_ENGINE_QUANT_FP8_BLOCK)
+        return wse_err(WSYNC_ERR_INVALID, "unknown quantization %d", (int)p->quant);
+    if (p->fp8_block < 0 || p->fp8_block > 256)
+        return wse_err(WSYNC_ERR_INVALID, "fp8_block %d is outside [1, 256]", p->fp8_block);
+    if (p->mode != WSYNC_ENGINE_IN_PLACE && p->mode != WSYNC_ENGINE_SHADOW)
+        return wse_err(WSYNC_ERR_INVALID, "unknown mode %d", (int)p->mode);
+    if (p->max_seq < 0)
+        return wse_err(WSYNC_ERR_INVALID, "max_seq %d is negative", p->max_seq);
+    if (p->device != WSYNC_ENGINE_CPU && p->device != WSYNC_ENGINE_CUDA)
+        return wse_err(WSYNC_ERR_INVALID, "unknown device %d (CPU or CUDA)", (int)p->device);
+    if (p->ep < 0 || (p->ep > 1 && p->ep != T))
+        return wse_err(WSYNC_ERR_INVALID, "ep %d: expert parallelism is 0 or 1 (experts split "
+                       "inside by TP) or the TP size %d (whole experts spread over the TP ranks)",
+                       p->ep, T);
+    return WSYNC_OK;
+}
+
+/* Give every target its slot: role, layer, and where its bytes (and FP8 scales) lie in a weight
+ * set; *off ends at the set's size. */
+static wsync_status_t lay_out_slots(wsync_engine_t *e, size_t *off)
+{
+    wsync_status_t st;
+
+    for (size_t i = 0; i < e->ntargets; i++) {
+        wse_slot_t *sl = &e->slots[i];
+        if ((st = role_of(e, e->targets[i].name, &sl->role, &sl->layer)) != WSYNC_OK ||
+            (st = check_slot_shape(e, i)) != WSYNC_OK)
+            return st;
+        sl->bytes = wsync_target_bytes(&e->targets[i]);
+        sl->offset = *off;
+        *off += align_up(sl->bytes);
+        if (e->targets[i].dtype == WSYNC_DTYPE_F8E4M3FN) {
+            const wsync_target_t *t = &e->targets[i];
+            int64_t rows = 1, cols = t->shape[t->ndim - 1];
+            for (int d = 0; d < t->ndim - 1; d++)
+                rows *= t->shape[d];
+            sl->nscales = wsync_target_scale_count(t);
+            /* forward reads the scales of the [prod(leading dims), last dim] matrix */
+            if (t->quant.scheme != WSYNC_QUANT_BLOCK ||
+                sl->nscales != (size_t)(((rows + e->blk - 1) / e->blk) *
+                                        ((cols + e->blk - 1) / e->blk))) {
+                return wse_err(WSYNC_ERR_CONFIG, "target '%s': %zu scales, not the %lld x %lld "
+                               "blocks of its [%lld, %lld] matrix", t->name, sl->nscales,
+                               (long long)((rows + e->blk - 1) / e->blk),
+                               (long long)((cols + e->blk - 1) / e->blk), (long long)rows,
+                               (long long)cols);
+            }
+            sl->scales_offset = *off;
+            *off += align_up(sl->nscales * sizeof(float));
+        }
+    }
+    return WSYNC_OK;
+}
+
+/* Every weight forward reads has a target: the model's embedding, head and norm, and each
+ * layer's attention (MLA or not) and MLP (MoE or dense) weights. */
+static wsync_status_t check_roles_present(const wsync_engine_t *e)
+{
+    unsigned model_roles = 0, *seen = calloc((size_t)e->L, sizeof(unsigned));
+    const char *missing = NULL;
+    int64_t ml = -1;
+    if (seen == NULL)
+        return wse_err(WSYNC_ERR_NOMEM, "no memory for the weights");
+    for (size_t i = 0; i < e->ntargets; i++) {
+        if (e->slots[i].layer >= 0)
+            seen[e->slots[i].layer] |= 1u << e->slots[i].role;
+        else
+            model_roles |= 1u << e->slots[i].role;
+    }
+    if (!(model_roles & 1u << WSE_EMBED))
+        missing = "model.embed_tokens.weight";
+    else if (!e->cfg.tie_word_embeddings && !(model_roles & 1u << WSE_LM_HEAD))
+        missing = "lm_head.weight";
+    else if (!(model_roles & 1u << WSE_NORM))
+        missing = "model.norm.weight";
+    for (int64_t l = 0; l < e->L && missing == NULL; l++) {
+        unsigned need = 1u << WSE_IN_NORM | 1u << WSE_POST_NORM | 1u << WSE_O;
+        if (e->kv_lora > 0) {
+            need |= 1u << WSE_QKV_A | 1u << WSE_Q_B | 1u << WSE_KV_B | 1u << WSE_KV_A_NORM;
+            if (e->q_lora > 0)
+                need |= 1u << WSE_Q_A_NORM;
+        } else {
+            need |= 1u << WSE_QKV;
+            if (e->cfg.qk_norm)
+                need |= 1u << WSE_Q_NORM | 1u << WSE_K_NORM;
+        }
+        if (wsync_model_layer_is_moe(&e->cfg, l)) {
+            need |= 1u << WSE_ROUTER | 1u << WSE_W13 | 1u << WSE_W2;
+            if (e->cfg.router_bias)
+                need |= 1u << WSE_ROUTER_BIAS;
+            if (e->Is > 0)
+                need |= 1u << WSE_SH_GATE_UP | 1u << WSE_SH_DOWN;
+        } else {
+            need |= 1u << WSE_GATE_UP | 1u << WSE_DOWN;
+        }
+        if ((seen[l] & need) != need) {
+            missing = "a layer's weights";
+            ml = l;
+        }
+    }
+    free(seen);
+    if (missing != NULL)
+        return ml >= 0 ? wse_err(WSYNC_ERR_CONFIG, "the layout gave no target for some of "
+                                 "layer %lld's weights", (long long)ml)
+                       : wse_err(WSYNC_ERR_CONFIG, "the layout gave no target for %s", missing);
+    return WSYNC_OK;
+}
+
 wsync_status_t wsync_engine_create(const wsync_model_config_t *cfg,
                                    const wsync_engine_params_t *params, wsync_engine_t **out)
 {
@@ -528,26 +647,8 @@ wsync_status_t wsync_engine_create(const wsync_model_config_t *cfg,
         p = *params;
     T = p.tp_size;
     r = p.tp_rank;
-    if (T < 1 || T > WSYNC_ENGINE_MAX_TP || r < 0 || r >= T)
-        return wse_err(WSYNC_ERR_INVALID, "TP rank %d of %d: need 1 <= tp_size <= %d and "
-                       "0 <= tp_rank < tp_size", r, T, WSYNC_ENGINE_MAX_TP);
-    if (T > 1 && p.comm == NULL)
-        return wse_err(WSYNC_ERR_INVALID, "TP size %d needs a communicator "
-                       "(wsync_engine_comm_create before fork)", T);
-    if (p.quant != WSYNC_ENGINE_QUANT_NONE && p.quant != WSYNC_ENGINE_QUANT_FP8_BLOCK)
-        return wse_err(WSYNC_ERR_INVALID, "unknown quantization %d", (int)p.quant);
-    if (p.fp8_block < 0 || p.fp8_block > 256)
-        return wse_err(WSYNC_ERR_INVALID, "fp8_block %d is outside [1, 256]", p.fp8_block);
-    if (p.mode != WSYNC_ENGINE_IN_PLACE && p.mode != WSYNC_ENGINE_SHADOW)
-        return wse_err(WSYNC_ERR_INVALID, "unknown mode %d", (int)p.mode);
-    if (p.max_seq < 0)
-        return wse_err(WSYNC_ERR_INVALID, "max_seq %d is negative", p.max_seq);
-    if (p.device != WSYNC_ENGINE_CPU && p.device != WSYNC_ENGINE_CUDA)
-        return wse_err(WSYNC_ERR_INVALID, "unknown device %d (CPU or CUDA)", (int)p.device);
-    if (p.ep < 0 || (p.ep > 1 && p.ep != T))
-        return wse_err(WSYNC_ERR_INVALID, "ep %d: expert parallelism is 0 or 1 (experts split "
-                       "inside by TP) or the TP size %d (whole experts spread over the TP ranks)",
-                       p.ep, T);
+    if ((st = check_engine_params(&p)) != WSYNC_OK)
+        return st;
     st = wsync_model_config_check(cfg);
     if (st != WSYNC_OK)
         return wse_err_wsync(st, "model config");
@@ -617,90 +718,12 @@ wsync_status_t wsync_engine_create(const wsync_model_config_t *cfg,
         st = wse_err(WSYNC_ERR_NOMEM, "no memory for the weights");
         goto err;
     }
-    for (size_t i = 0; i < e->ntargets; i++) {
-        wse_slot_t *sl = &e->slots[i];
-        if ((st = role_of(e, e->targets[i].name, &sl->role, &sl->layer)) != WSYNC_OK ||
-            (st = check_slot_shape(e, i)) != WSYNC_OK)
-            goto err;
-        sl->bytes = wsync_target_bytes(&e->targets[i]);
-        sl->offset = off;
-        off += align_up(sl->bytes);
-        if (e->targets[i].dtype == WSYNC_DTYPE_F8E4M3FN) {
-            const wsync_target_t *t = &e->targets[i];
-            int64_t rows = 1, cols = t->shape[t->ndim - 1];
-            for (int d = 0; d < t->ndim - 1; d++)
-                rows *= t->shape[d];
-            sl->nscales = wsync_target_scale_count(t);
-            /* forward reads the scales of the [prod(leading dims), last dim] matrix */
-            if (t->quant.scheme != WSYNC_QUANT_BLOCK ||
-                sl->nscales != (size_t)(((rows + e->blk - 1) / e->blk) *
-                                        ((cols + e->blk - 1) / e->blk))) {
-                st = wse_err(WSYNC_ERR_CONFIG, "target '%s': %zu scales, not the %lld x %lld "
-                             "blocks of its [%lld, %lld] matrix", t->name, sl->nscales,
-                             (long long)((rows + e->blk - 1) / e->blk),
-                             (long long)((cols + e->blk - 1) / e->blk), (long long)rows,
-                             (long long)cols);
-                goto err;
-            }
-            sl->scales_offset = off;
-            off += align_up(sl->nscales * sizeof(float));
-        }
-    }
+    if ((st = lay_out_slots(e, &off)) != WSYNC_OK)
+        goto err;
     e->set_bytes = off ? off : ALIGN;
     /* every weight forward reads must exist */
-    {
-        unsigned model_roles = 0, *seen = calloc((size_t)e->L, sizeof(unsigned));
-        const char *missing = NULL;
-        int64_t ml = -1;
-        if (seen == NULL) {
-            st = wse_err(WSYNC_ERR_NOMEM, "no memory for the weights");
-            goto err;
-        }
-        for (size_t i = 0; i < e->ntargets; i++) {
-            if (e->slots[i].layer >= 0)
-                seen[e->slots[i].layer] |= 1u << e->slots[i].role;
-            else
-                model_roles |= 1u << e->slots[i].role;
-        }
-        if (!(model_roles & 1u << WSE_EMBED))
-            missing = "model.embed_tokens.weight";
-        else if (!cfg->tie_word_embeddings && !(model_roles & 1u << WSE_LM_HEAD))
-            missing = "lm_head.weight";
-        else if (!(model_roles & 1u << WSE_NORM))
-            missing = "model.norm.weight";
-        for (int64_t l = 0; l < e->L && missing == NULL; l++) {
-            unsigned need = 1u << WSE_IN_NORM | 1u << WSE_POST_NORM | 1u << WSE_O;
-            if (e->kv_lora > 0) {
-                need |= 1u << WSE_QKV_A | 1u << WSE_Q_B | 1u << WSE_KV_B | 1u << WSE_KV_A_NORM;
-                if (e->q_lora > 0)
-                    need |= 1u << WSE_Q_A_NORM;
-            } else {
-                need |= 1u << WSE_QKV;
-                if (cfg->qk_norm)
-                    need |= 1u << WSE_Q_NORM | 1u << WSE_K_NORM;
-            }
-            if (wsync_model_layer_is_moe(cfg, l)) {
-                need |= 1u << WSE_ROUTER | 1u << WSE_W13 | 1u << WSE_W2;
-                if (cfg->router_bias)
-                    need |= 1u << WSE_ROUTER_BIAS;
-                if (e->Is > 0)
-                    need |= 1u << WSE_SH_GATE_UP | 1u << WSE_SH_DOWN;
-            } else {
-                need |= 1u << WSE_GATE_UP | 1u << WSE_DOWN;
-            }
-            if ((seen[l] & need) != need) {
-                missing = "a layer's weights";
-                ml = l;
-            }
-        }
-        free(seen);
-        if (missing != NULL) {
-            st = ml >= 0 ? wse_err(WSYNC_ERR_CONFIG, "the layout gave no target for some of "
-                                   "layer %lld's weights", (long long)ml)
-                         : wse_err(WSYNC_ERR_CONFIG, "the layout gave no target for %s", missing);
-            goto err;
-        }
-    }
+    if ((st = check_roles_present(e)) != WSYNC_OK)
+        goto err;
     /* the run state first: on CUDA it picks the GPU the weight sets live on */
     if ((st = runstate_alloc(e)) != WSYNC_OK)
         goto err;
