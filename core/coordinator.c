@@ -230,6 +230,129 @@ static double plan_replication(const wsync_plan_t *plan)
     return sent > 0 ? taken / sent : 1.0;
 }
 
+/* The first plan chooses the scheme from what the group is (peers, memory kinds, GPUs, the
+ * plan's replication); on failure every participant has been told. Returns 0 or -1. */
+static int choose_scheme(wsync_coord_t *co, int only, const wsync_plan_t *plan,
+                         const wsync_shard_desc_t *shards, size_t nsh,
+                         const wsync_target_desc_t *targets, size_t ntg, wsync_hello_t *sh,
+                         wsync_hello_t *rh)
+{
+    wsync_group_info_t g;
+    wsync_status_t st;
+    const uint8_t **sgpu = calloc((size_t)co->nsenders + 1, sizeof(*sgpu));
+    const uint8_t **rgpu = calloc((size_t)co->nreceivers + 1, sizeof(*rgpu));
+    if (sgpu == NULL || rgpu == NULL) {
+        free(sgpu);
+        free(rgpu);
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_NOMEM, "coordinator: out of memory", NULL);
+        return -1;
+    }
+    memset(&g, 0, sizeof(g));
+    g.nsenders = (uint32_t)co->nsenders;
+    g.nreceivers = only == -2 ? 0 : (uint32_t)co->nreceivers;
+    g.senders = sh;
+    g.receivers = rh;
+    for (size_t i = 0; i < nsh; i++)
+        g.mem_kinds |= 1u << shards[i].mem;
+    for (size_t i = 0; i < ntg; i++)
+        g.mem_kinds |= 1u << targets[i].mem;
+    for (int i = 0; i < co->nsenders; i++)
+        sgpu[i] = co->senders[i].has_gpu ? co->senders[i].gpu : NULL;
+    for (int i = 0; i < co->nreceivers; i++)
+        rgpu[i] = co->receivers[i].has_gpu ? co->receivers[i].gpu : NULL;
+    g.sender_gpu = sgpu;
+    g.receiver_gpu = rgpu;
+    g.replication = plan_replication(plan);
+    st = wsync_negotiate(&g, co->senders[0].hello.scheme, &co->scheme, co->explain,
+                         sizeof(co->explain));
+    free(sgpu);
+    free(rgpu);
+    if (st != WSYNC_OK) {
+        group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
+        return -1;
+    }
+    return 0;
+}
+
+/* A plan too large for one control frame is refused before encoding what may be a gigabyte;
+ * every participant gets the abort with the reason instead of waiting for a plan. Returns 1 when
+ * refused. */
+static int refuse_oversize_plan(wsync_coord_t *co, const wsync_plan_t *plan)
+{
+    if (wsync_plan_wire_bytes(plan) <= WSYNC_FRAME_MAX)
+        return 0;
+    char text[400];
+    snprintf(text, sizeof(text), "coordinator: the plan (%u chunks, %u segments) is "
+             "%" PRIu64 " bytes encoded, more than the control frame limit of %u bytes; "
+             "use larger buckets, fewer ranks, or layouts with fewer regions (e.g. "
+             "fused experts)", plan->nchunks, plan->nsegments,
+             wsync_plan_wire_bytes(plan), (unsigned)WSYNC_FRAME_MAX);
+    group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_RANGE, text, NULL);
+    return 1;
+}
+
+/* Encode the plan with the peers' addresses and send it to `to` (NULL: the senders only when
+ * `only` is -2, else everyone present); failures abort the group. */
+static void send_plan(wsync_coord_t *co, int only, coord_peer_t *to, const wsync_plan_t *plan,
+                      const wsync_hello_t *sh, const wsync_hello_t *rh)
+{
+    wsync_wbuf_t pb, mb;
+    wsync_plan_msg_t pm;
+    uint32_t np = (uint32_t)(co->nsenders + co->nreceivers);
+    wsync_peer_t *peers = calloc(np, sizeof(*peers));
+
+    if (peers == NULL) {
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_NOMEM, "coordinator: out of memory", NULL);
+        return;
+    }
+    for (uint32_t i = 0; i < np; i++) {
+        const wsync_hello_t *h = i < (uint32_t)co->nsenders ? &sh[i] : &rh[i - co->nsenders];
+        peers[i].role = i < (uint32_t)co->nsenders ? WSYNC_ROLE_SENDER : WSYNC_ROLE_RECEIVER;
+        peers[i].rank = (int32_t)(i < (uint32_t)co->nsenders ? i : i - (uint32_t)co->nsenders);
+        peers[i].pid = h->pid;
+        peers[i].host_id = h->host_id;
+        peers[i].data_addr = h->data_addr;
+    }
+    wsync_wbuf_init(&pb);
+    wsync_wbuf_init(&mb);
+    if (refuse_oversize_plan(co, plan)) {
+        free(peers);
+        wsync_wbuf_free(&pb);
+        wsync_wbuf_free(&mb);
+        return;
+    }
+    wsync_plan_encode(plan, &pb);
+    pm.scheme = (char *)co->scheme->name;
+    pm.explain = co->explain;
+    pm.npeers = np;
+    pm.peers = peers;
+    pm.plan = pb.data;
+    pm.plan_len = (uint32_t)pb.len;
+    wsync_plan_msg_encode(&pm, &mb);
+    if (pb.err || mb.err || mb.len > WSYNC_FRAME_MAX) {
+        char text[300];
+        snprintf(text, sizeof(text), "coordinator: the plan message (%zu bytes with the "
+                 "plan's %zu) does not fit one control frame of %u bytes%s", mb.len, pb.len,
+                 (unsigned)WSYNC_FRAME_MAX, pb.err || mb.err ? " (out of memory)" : "");
+        group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_RANGE, text, NULL);
+    } else if (to != NULL) {
+        wsync_conn_send(to->conn, WSYNC_MSG_PLAN, mb.data, (uint32_t)mb.len, NULL, 0,
+                        send_timeout(co));
+    } else if (only == -2) {
+        co->planned = 1;
+        for (int i = 0; i < co->nsenders; i++)
+            wsync_conn_send(co->senders[i].conn, WSYNC_MSG_PLAN, mb.data, (uint32_t)mb.len,
+                            NULL, 0, send_timeout(co));
+    } else {
+        bcast_t arg = {WSYNC_MSG_PLAN, &mb, NULL};
+        co->planned = 1;
+        for_each_peer(co, bcast_one, &arg);
+    }
+    free(peers);
+    wsync_wbuf_free(&pb);
+    wsync_wbuf_free(&mb);
+}
+
 /* Compile a plan from every sender's shards and the targets of receiver `only` (-1: every
  * receiver; -2: none, for a store whose senders start before any reader), choose the scheme the
  * first time, and send PLAN to `to` (NULL: everyone present). */
@@ -240,7 +363,6 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
     wsync_target_desc_t *targets;
     wsync_hello_t *sh, *rh;
     wsync_plan_t *plan = NULL;
-    wsync_group_info_t g;
     wsync_status_t st;
     uint64_t bucket = co->senders[0].hello.bucket_bytes;
 
@@ -289,109 +411,13 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
         group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
         goto out;
     }
-    if (co->scheme == NULL) {
-        const uint8_t **sgpu = calloc((size_t)co->nsenders + 1, sizeof(*sgpu));
-        const uint8_t **rgpu = calloc((size_t)co->nreceivers + 1, sizeof(*rgpu));
-        if (sgpu == NULL || rgpu == NULL) {
-            free(sgpu);
-            free(rgpu);
-            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_NOMEM, "coordinator: out of memory", NULL);
-            goto out;
-        }
-        memset(&g, 0, sizeof(g));
-        g.nsenders = (uint32_t)co->nsenders;
-        g.nreceivers = only == -2 ? 0 : (uint32_t)co->nreceivers;
-        g.senders = sh;
-        g.receivers = rh;
-        for (size_t i = 0; i < nsh; i++)
-            g.mem_kinds |= 1u << shards[i].mem;
-        for (size_t i = 0; i < ntg; i++)
-            g.mem_kinds |= 1u << targets[i].mem;
-        for (int i = 0; i < co->nsenders; i++)
-            sgpu[i] = co->senders[i].has_gpu ? co->senders[i].gpu : NULL;
-        for (int i = 0; i < co->nreceivers; i++)
-            rgpu[i] = co->receivers[i].has_gpu ? co->receivers[i].gpu : NULL;
-        g.sender_gpu = sgpu;
-        g.receiver_gpu = rgpu;
-        g.replication = plan_replication(plan);
-        st = wsync_negotiate(&g, co->senders[0].hello.scheme, &co->scheme, co->explain,
-                             sizeof(co->explain));
-        free(sgpu);
-        free(rgpu);
-        if (st != WSYNC_OK) {
-            group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
-            goto out;
-        }
-    }
+    if (co->scheme == NULL &&
+        choose_scheme(co, only, plan, shards, nsh, targets, ntg, sh, rh) != 0)
+        goto out;
     WSYNC_LOG_I("coordinator: plan %016llx, %u chunks, %u segments; scheme %s\n%s",
                 (unsigned long long)plan->fingerprint, plan->nchunks, plan->nsegments,
                 co->scheme->name, co->explain);
-    {
-        wsync_wbuf_t pb, mb;
-        wsync_plan_msg_t pm;
-        uint32_t np = (uint32_t)(co->nsenders + co->nreceivers);
-        wsync_peer_t *peers = calloc(np, sizeof(*peers));
-
-        if (peers == NULL) {
-            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_NOMEM, "coordinator: out of memory", NULL);
-            goto out;
-        }
-        for (uint32_t i = 0; i < np; i++) {
-            const wsync_hello_t *h = i < (uint32_t)co->nsenders ? &sh[i] : &rh[i - co->nsenders];
-            peers[i].role = i < (uint32_t)co->nsenders ? WSYNC_ROLE_SENDER : WSYNC_ROLE_RECEIVER;
-            peers[i].rank = (int32_t)(i < (uint32_t)co->nsenders ? i : i - (uint32_t)co->nsenders);
-            peers[i].pid = h->pid;
-            peers[i].host_id = h->host_id;
-            peers[i].data_addr = h->data_addr;
-        }
-        wsync_wbuf_init(&pb);
-        wsync_wbuf_init(&mb);
-        if (wsync_plan_wire_bytes(plan) > WSYNC_FRAME_MAX) {
-            /* refused before encoding what may be a gigabyte; every participant gets the
-             * abort with this text instead of waiting for a plan */
-            char text[400];
-            snprintf(text, sizeof(text), "coordinator: the plan (%u chunks, %u segments) is "
-                     "%" PRIu64 " bytes encoded, more than the control frame limit of %u bytes; "
-                     "use larger buckets, fewer ranks, or layouts with fewer regions (e.g. "
-                     "fused experts)", plan->nchunks, plan->nsegments,
-                     wsync_plan_wire_bytes(plan), (unsigned)WSYNC_FRAME_MAX);
-            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_RANGE, text, NULL);
-            free(peers);
-            wsync_wbuf_free(&pb);
-            wsync_wbuf_free(&mb);
-            goto out;
-        }
-        wsync_plan_encode(plan, &pb);
-        pm.scheme = (char *)co->scheme->name;
-        pm.explain = co->explain;
-        pm.npeers = np;
-        pm.peers = peers;
-        pm.plan = pb.data;
-        pm.plan_len = (uint32_t)pb.len;
-        wsync_plan_msg_encode(&pm, &mb);
-        if (pb.err || mb.err || mb.len > WSYNC_FRAME_MAX) {
-            char text[300];
-            snprintf(text, sizeof(text), "coordinator: the plan message (%zu bytes with the "
-                     "plan's %zu) does not fit one control frame of %u bytes%s", mb.len, pb.len,
-                     (unsigned)WSYNC_FRAME_MAX, pb.err || mb.err ? " (out of memory)" : "");
-            group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_RANGE, text, NULL);
-        } else if (to != NULL) {
-            wsync_conn_send(to->conn, WSYNC_MSG_PLAN, mb.data, (uint32_t)mb.len, NULL, 0,
-                            send_timeout(co));
-        } else if (only == -2) {
-            co->planned = 1;
-            for (int i = 0; i < co->nsenders; i++)
-                wsync_conn_send(co->senders[i].conn, WSYNC_MSG_PLAN, mb.data, (uint32_t)mb.len,
-                                NULL, 0, send_timeout(co));
-        } else {
-            bcast_t arg = {WSYNC_MSG_PLAN, &mb, NULL};
-            co->planned = 1;
-            for_each_peer(co, bcast_one, &arg);
-        }
-        free(peers);
-        wsync_wbuf_free(&pb);
-        wsync_wbuf_free(&mb);
-    }
+    send_plan(co, only, to, plan, sh, rh);
 out:
     wsync_plan_free(plan);
     free(shards);
