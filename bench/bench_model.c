@@ -763,6 +763,96 @@ static void fill_shards(void *arg, uint64_t lo, uint64_t hi)
     }
 }
 
+/* The parameters of sender `rank` for the options chosen. */
+static wsync_sender_params_t sender_params(const model_t *m, int rank)
+{
+    const bench_opts_t *o = m->o;
+    wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
+
+    sp.coordinator = m->coordinator;
+    sp.rank = rank;
+    sp.nranks = m->N;
+    sp.nreceivers = m->NR;
+    sp.scheme = o->scheme;
+    if (o->have_bucket)
+        sp.bucket_bytes = (size_t)o->bucket_bytes;
+    if (o->store) {
+        sp.snapshot = 1;
+        sp.keep_versions = 2;
+    }
+    return sp;
+}
+
+/* Version 1 of the sender's n shards, in its block at offsets off (bytes in all); data[k] is
+ * where shard k lies. Host shards are made in place; GPU shards through the host buffer chunk
+ * (GEN_CHUNK_ELEMS * 4 bytes), one copy per chunk. Returns 0 or -1 (a copy failed). */
+static int make_shards(const model_t *m, int rank, const size_t *off, size_t bytes, char *block,
+                       uint16_t *chunk, void **data)
+{
+    size_t n = m->nshards[rank];
+
+    for (size_t k = 0; k < n;) {
+        const wsync_shard_t *s = &m->shards[rank][k];
+        uint64_t cnt = box_elems(&s->param, &s->box), lo = (uint64_t)s->box.start[0] *
+                                                            row_elems(&s->param);
+        size_t esz = param_esz(&s->param);
+        data[k] = block + off[k];
+        if (cnt * esz < SMALL_SHARD_BYTES) {
+            /* a run of small shards (a MoE model's thousands of expert tensors): one thread per
+             * shard rather than per slice of one, then one copy to the GPU */
+            size_t k2 = k + 1;
+            while (k2 < n && off[k2] - off[k] + align_up(box_elems(&m->shards[rank][k2].param,
+                                                                   &m->shards[rank][k2].box) *
+                                                         param_esz(&m->shards[rank][k2].param)) <=
+                                 GEN_CHUNK_ELEMS * 4 &&
+                   box_elems(&m->shards[rank][k2].param, &m->shards[rank][k2].box) *
+                           param_esz(&m->shards[rank][k2].param) < SMALL_SHARD_BYTES)
+                k2++;
+            size_t span = (k2 < n ? off[k2] : bytes) - off[k];
+            fill_job_t fj = {m->shards[rank] + k, off + k, m->o->mem_cuda ? (char *)chunk : block,
+                             m->o->mem_cuda ? off[k] : 0};
+            par_for(k2 - k, 1, fill_shards, &fj);
+            for (size_t i = k; i < k2; i++)
+                data[i] = block + off[i];
+            if (m->o->mem_cuda && bcuda_h2d(block + off[k], chunk, span) != 0)
+                return -1;
+            k = k2;
+            continue;
+        }
+        k++;
+        if (!m->o->mem_cuda) {
+            gen_param_mt(&s->param, 1, lo, cnt, data[k - 1]);
+            continue;
+        }
+        for (uint64_t done = 0; done < cnt;) {
+            uint64_t c = cnt - done < GEN_CHUNK_ELEMS ? cnt - done : GEN_CHUNK_ELEMS;
+            gen_param_mt(&s->param, 1, lo + done, c, chunk);
+            if (bcuda_h2d((char *)data[k - 1] + done * esz, chunk, c * esz) != 0)
+                return -1;
+            done += c;
+        }
+    }
+    return 0;
+}
+
+/* Hand the sender its shards, each at data[k]. Returns 0, or 1 once the failure is told. */
+static int add_shards(const model_t *m, int rank, wsync_sender_t *sender, void *const *data,
+                      const char *who)
+{
+    size_t n = m->nshards[rank];
+    wsync_status_t st;
+
+    for (size_t k = 0; k < n; k++) {
+        wsync_shard_t s = m->shards[rank][k];
+        s.data = data[k];
+        s.mem = m->o->mem_cuda ? WSYNC_MEM_CUDA : WSYNC_MEM_HOST;
+        s.device = m->o->mem_cuda ? m->gpu_s[rank] : 0;
+        if ((st = wsync_sender_add_shard(sender, &s)) != WSYNC_OK)
+            return bench_wsync_failed(who, "wsync_sender_add_shard", st);
+    }
+    return 0;
+}
+
 static int run_sender(model_t *m, int rank)
 {
     const bench_opts_t *o = m->o;
@@ -803,18 +893,7 @@ static int run_sender(model_t *m, int rank)
     }
 
     /* the coordinator listens first, so that the others connect while weights are made */
-    wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
-    sp.coordinator = m->coordinator;
-    sp.rank = rank;
-    sp.nranks = m->N;
-    sp.nreceivers = m->NR;
-    sp.scheme = o->scheme;
-    if (o->have_bucket)
-        sp.bucket_bytes = (size_t)o->bucket_bytes;
-    if (o->store) {
-        sp.snapshot = 1;
-        sp.keep_versions = 2;
-    }
+    wsync_sender_params_t sp = sender_params(m, rank);
     if ((st = wsync_sender_create(ctx, &sp, &sender)) != WSYNC_OK) {
         rc = bench_wsync_failed(who, "wsync_sender_create", st);
         goto out;
@@ -823,61 +902,14 @@ static int run_sender(model_t *m, int rank)
     double t0 = bench_now_s();
     if (o->mem_cuda && !(chunk = malloc(GEN_CHUNK_ELEMS * 4)))
         goto oom;
-    for (size_t k = 0; k < n;) {
-        const wsync_shard_t *s = &m->shards[rank][k];
-        uint64_t cnt = box_elems(&s->param, &s->box), lo = (uint64_t)s->box.start[0] *
-                                                            row_elems(&s->param);
-        size_t esz = param_esz(&s->param);
-        data[k] = block + off[k];
-        if (cnt * esz < SMALL_SHARD_BYTES) {
-            /* a run of small shards (a MoE model's thousands of expert tensors): one thread per
-             * shard rather than per slice of one, then one copy to the GPU */
-            size_t k2 = k + 1;
-            while (k2 < n && off[k2] - off[k] + align_up(box_elems(&m->shards[rank][k2].param,
-                                                                   &m->shards[rank][k2].box) *
-                                                         param_esz(&m->shards[rank][k2].param)) <=
-                                 GEN_CHUNK_ELEMS * 4 &&
-                   box_elems(&m->shards[rank][k2].param, &m->shards[rank][k2].box) *
-                           param_esz(&m->shards[rank][k2].param) < SMALL_SHARD_BYTES)
-                k2++;
-            size_t span = (k2 < n ? off[k2] : bytes) - off[k];
-            fill_job_t fj = {m->shards[rank] + k, off + k, o->mem_cuda ? (char *)chunk : block,
-                             o->mem_cuda ? off[k] : 0};
-            par_for(k2 - k, 1, fill_shards, &fj);
-            for (size_t i = k; i < k2; i++)
-                data[i] = block + off[i];
-            if (o->mem_cuda && bcuda_h2d(block + off[k], chunk, span) != 0)
-                goto out;
-            k = k2;
-            continue;
-        }
-        k++;
-        if (!o->mem_cuda) {
-            gen_param_mt(&s->param, 1, lo, cnt, data[k - 1]);
-            continue;
-        }
-        for (uint64_t done = 0; done < cnt;) {
-            uint64_t c = cnt - done < GEN_CHUNK_ELEMS ? cnt - done : GEN_CHUNK_ELEMS;
-            gen_param_mt(&s->param, 1, lo + done, c, chunk);
-            if (bcuda_h2d((char *)data[k - 1] + done * esz, chunk, c * esz) != 0)
-                goto out;
-            done += c;
-        }
-    }
+    if (make_shards(m, rank, off, bytes, block, chunk, data) != 0)
+        goto out;
     shp->fill_s[rank] = bench_now_s() - t0;
     fprintf(stderr, PROG ": %s: %zu shards, %.3f GB %s on %s %d, made in %.1f s\n", who, n,
             (double)bytes / 1e9, "bf16", o->mem_cuda ? "GPU" : "host", o->mem_cuda ?
             m->gpu_s[rank] : 0, shp->fill_s[rank]);
-    for (size_t k = 0; k < n; k++) {
-        wsync_shard_t s = m->shards[rank][k];
-        s.data = data[k];
-        s.mem = o->mem_cuda ? WSYNC_MEM_CUDA : WSYNC_MEM_HOST;
-        s.device = o->mem_cuda ? m->gpu_s[rank] : 0;
-        if ((st = wsync_sender_add_shard(sender, &s)) != WSYNC_OK) {
-            rc = bench_wsync_failed(who, "wsync_sender_add_shard", st);
-            goto out;
-        }
-    }
+    if (add_shards(m, rank, sender, data, who) != 0)
+        goto out;
     t0 = bench_now_s();
     if ((st = wsync_sender_setup(sender)) != WSYNC_OK) {
         rc = bench_wsync_failed(who, "wsync_sender_setup", st);
