@@ -59,6 +59,12 @@ cp "$WORK/gpus.txt" "$OUT/gpus.txt"
 echo "== $NGPU GPU(s); build $BUILD"
 head -n "$((NGPU + 1))" "$WORK/gpus.txt"
 
+# `ip` (iproute2) for the network-namespace steps: the GPU machines have none, pack.sh carries it
+if ! command -v ip > /dev/null 2>&1 && [ -x "$BUILD/iproute/ip" ]; then
+    export PATH="$(cd "$BUILD/iproute" && pwd):$PATH"
+    echo "== ip from $BUILD/iproute"
+fi
+
 # the CUDA runtime the build links, if the loader does not find it by itself
 probe=$(ls "$BUILD"/tests/gpu/test_* "$BUILD"/bin/wsync-bench 2>/dev/null | head -n 1)
 if [ -n "$probe" ] && ldd "$probe" | grep -q 'libcudart.*not found'; then
