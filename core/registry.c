@@ -55,7 +55,7 @@ wsync_status_t wsync_negotiate(const wsync_group_info_t *g, const char *choice,
                                const wsync_scheme_ops_t **chosen, char *explain, size_t len)
 {
     int scores[WSYNC_NSCHEMES], best = -1;
-    char reasons[WSYNC_NSCHEMES][512];
+    char reasons[WSYNC_NSCHEMES][1024];   /* ipc names up to 8 pairs */
     const wsync_scheme_ops_t *want = NULL;
     size_t n = 0;
 

@@ -82,6 +82,13 @@ static void host_id_init(void)
     }
     if (boot[0] == '\0')
         gethostname(boot, sizeof(boot) - 1);
+    /* a host id with a '/' would split elsewhere on the other side */
+    const char *over = getenv("WSYNC_HOST_ID");
+    if (over != NULL && *over != '\0')
+        snprintf(boot, sizeof(boot), "%s", over);
+    for (char *c = boot; *c != '\0'; c++)
+        if (*c == '/')
+            *c = '_';
     n = readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
     netns[n > 0 ? n : 0] = '\0';
     snprintf(host_id, sizeof(host_id), "%s/%s", boot, netns);
@@ -91,4 +98,61 @@ const char *wsync_host_id(void)
 {
     pthread_once(&host_id_once, host_id_init);
     return host_id;
+}
+
+size_t wsync_host_len(const char *id)
+{
+    return id == NULL ? 0 : strcspn(id, "/");
+}
+
+const char *wsync_host_netns(const char *id)
+{
+    size_t n = wsync_host_len(id);
+
+    return id == NULL || id[n] == '\0' ? "" : id + n + 1;
+}
+
+int wsync_host_same(const char *a, const char *b)
+{
+    size_t na = wsync_host_len(a);
+
+    return na == wsync_host_len(b) && (na == 0 || memcmp(a, b, na) == 0);
+}
+
+int wsync_host_same_netns(const char *a, const char *b)
+{
+    return wsync_host_same(a, b) && strcmp(wsync_host_netns(a), wsync_host_netns(b)) == 0;
+}
+
+static int host_cmp(const void *x, const void *y)
+{
+    const char *a = *(const char *const *)x, *b = *(const char *const *)y;
+    size_t na = wsync_host_len(a), nb = wsync_host_len(b);
+    int c = memcmp(a ? a : "", b ? b : "", na < nb ? na : nb);
+
+    if (c != 0 || na != nb)
+        return c != 0 ? c : na < nb ? -1 : 1;
+    return strcmp(wsync_host_netns(a), wsync_host_netns(b));
+}
+
+int wsync_host_count(const char *const *ids, size_t n, uint32_t *hosts, uint32_t *spaces)
+{
+    const char **v = malloc((n ? n : 1) * sizeof(*v));
+    uint32_t nh = 0, ns = 0;
+
+    if (v == NULL)
+        return -1;
+    memcpy(v, ids, n * sizeof(*v));
+    /* sorted by (host, netns): equal hosts are adjacent, and within them equal namespaces */
+    qsort(v, n, sizeof(*v), host_cmp);
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 || !wsync_host_same(v[i - 1], v[i]))
+            nh++;
+        if (i == 0 || !wsync_host_same_netns(v[i - 1], v[i]))
+            ns++;
+    }
+    free(v);
+    *hosts = nh;
+    *spaces = ns;
+    return 0;
 }

@@ -47,8 +47,24 @@ static inline int wsync_add_u64(uint64_t a, uint64_t b, uint64_t *out)
 /* Parse a byte size: "4096", "256M", "1G", "64KiB". 0 on success. */
 int wsync_parse_size(const char *text, uint64_t *out);
 
-/* Identity of this machine *and* network namespace (boot id + netns inode): participants with
- * equal host ids can share memory and reach each other's abstract Unix sockets. */
+/* Identity of this machine *and* network namespace, "<host>/<netns>": the host is the kernel's
+ * boot id (what containers on one machine share, and what CUDA IPC and memfd need; the hostname
+ * where /proc has none; $WSYNC_HOST_ID replaces it, for machines whose boot ids collide or to
+ * simulate hosts), the netns "net:[inode]" of /proc/self/ns/net (abstract Unix sockets, which the
+ * ipc scheme's data connections use, do not cross it). Participants with equal host ids can share
+ * memory and reach each other's abstract Unix sockets. Read once per process; thread-safe. */
 const char *wsync_host_id(void);
+
+/* The parts of a host id as it travels in HELLO and PLAN (NULL reads as ""): the host (before the
+ * first '/') and the network namespace (after it, "" if none). The netns part points into id. */
+size_t wsync_host_len(const char *id);
+const char *wsync_host_netns(const char *id);
+/* 1 when a and b are on one host (their network namespaces may differ), else 0. */
+int wsync_host_same(const char *a, const char *b);
+/* 1 when a and b are on one host and in one network namespace, else 0. */
+int wsync_host_same_netns(const char *a, const char *b);
+/* Distinct hosts and distinct (host, namespace) pairs among ids[0..n) (NULL entries count as ""),
+ * in O(n log n). 0 on success, -1 when out of memory (outputs untouched). */
+int wsync_host_count(const char *const *ids, size_t n, uint32_t *hosts, uint32_t *spaces);
 
 #endif

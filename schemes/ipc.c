@@ -266,25 +266,80 @@ static wsync_status_t flip_any(void *p, int on_device, size_t len, void *stream,
 
 /* ---- scoring ----------------------------------------------------------------------------------- */
 
+/* Why sender s and receiver r cannot share memory, as a user would say it: another machine, or
+ * the same machine but another network namespace (two containers, or `ip netns`). */
+static void ipc_pair_apart(const wsync_hello_t *s, const wsync_hello_t *r, char *buf, size_t len)
+{
+    if (!wsync_host_same(s->host_id, r->host_id))
+        snprintf(buf, len, "receiver %d is on another host (hostname %s) than sender %d (%s)",
+                 r->rank, r->hostname ? r->hostname : "?", s->rank,
+                 s->hostname ? s->hostname : "?");
+    else
+        snprintf(buf, len, "receiver %d is on host %s but in another network namespace (%s) than "
+                           "sender %d (%s): abstract Unix sockets do not cross namespaces",
+                 r->rank, r->hostname ? r->hostname : "?", wsync_host_netns(r->host_id), s->rank,
+                 wsync_host_netns(s->host_id));
+}
+
+/* The pairs that carry bytes (all pairs when the plan is not known) must each share a host and a
+ * network namespace: memfd and CUDA IPC handles stay on one machine, and the data connection is
+ * an abstract Unix socket. Returns how many pairs do not; the reason names the first 8. */
+#define IPC_PAIRS_NAMED 8
+static uint32_t ipc_pairs_apart(const wsync_group_info_t *g, uint32_t *npairs, char *reason,
+                                size_t len)
+{
+    uint32_t bad = 0, pairs = 0;
+    size_t n = 0;
+    char first[320] = "", list[IPC_PAIRS_NAMED * 32] = "";
+
+    for (uint32_t s = 0; s < g->nsenders; s++)
+        for (uint32_t r = 0; r < g->nreceivers; r++) {
+            const wsync_hello_t *hs = &g->senders[s], *hr = &g->receivers[r];
+            if (g->pair_bytes != NULL && g->pair_bytes[(size_t)s * g->nreceivers + r] == 0)
+                continue;
+            pairs++;
+            if (wsync_host_same_netns(hs->host_id, hr->host_id))
+                continue;
+            if (bad == 0)
+                ipc_pair_apart(hs, hr, first, sizeof(first));
+            if (bad < IPC_PAIRS_NAMED) {
+                int w = snprintf(list + n, sizeof(list) - n, "%ssender %u -> receiver %u",
+                                 bad ? ", " : "", s, r);
+                if (w > 0 && (size_t)w < sizeof(list) - n)
+                    n += (size_t)w;
+            }
+            bad++;
+        }
+    *npairs = pairs;
+    if (bad > 0) {
+        char more[32] = "";
+        if (bad > IPC_PAIRS_NAMED)
+            snprintf(more, sizeof(more), ", and %u more", bad - IPC_PAIRS_NAMED);
+        snprintf(reason, len, "%s; %u of the %u sender -> receiver pairs%s cross hosts or network "
+                              "namespaces (%s%s), and ipc shares memory within one host and "
+                              "namespace only", first, bad, pairs,
+                 g->pair_bytes != NULL ? " that carry bytes" : "", list, more);
+    }
+    return bad;
+}
+
 static int ipc_score(const wsync_group_info_t *g, char *reason, size_t len)
 {
-    const char *host = g->senders[0].host_id;
     int shm = wsync_transport_index("shm");
     int cuda = wsync_transport_index("cuda_ipc");
     int want_cuda = (g->mem_kinds & (1u << WSYNC_MEM_CUDA)) != 0;
+    uint32_t npairs = 0, hosts = 1, spaces = 1;
+    char where[256];
 
     if (g->mem_kinds & ~((1u << WSYNC_MEM_HOST) | (1u << WSYNC_MEM_CUDA))) {
         snprintf(reason, len, "some shards or targets are in a memory kind it cannot share");
         return 0;
     }
+    if (ipc_pairs_apart(g, &npairs, reason, len) > 0)
+        return 0;
     for (uint32_t i = 0; i < g->nsenders + g->nreceivers; i++) {
         const wsync_hello_t *h = i < g->nsenders ? &g->senders[i] : &g->receivers[i - g->nsenders];
         const char *role = h->role == WSYNC_ROLE_SENDER ? "sender" : "receiver";
-        if (strcmp(h->host_id, host) != 0) {
-            snprintf(reason, len, "%s %d is on another host or network namespace (%s) than sender "
-                                  "0 (%s)", role, h->rank, h->hostname, g->senders[0].hostname);
-            return 0;
-        }
         if (!(h->transports & (1u << shm))) {
             snprintf(reason, len, "%s %d cannot use shared memory (memfd)", role, h->rank);
             return 0;
@@ -296,6 +351,24 @@ static int ipc_score(const wsync_group_info_t *g, char *reason, size_t len)
             return 0;
         }
     }
+    /* several hosts, each pair within one: "every receiver shares ..." rather than "all share" */
+    {
+        uint32_t n = g->nsenders + g->nreceivers;
+        const char **ids = malloc((n ? n : 1) * sizeof(*ids));
+        for (uint32_t i = 0; ids != NULL && i < n; i++)
+            ids[i] = i < g->nsenders ? g->senders[i].host_id : g->receivers[i - g->nsenders].host_id;
+        if (ids == NULL || wsync_host_count(ids, n, &hosts, &spaces) != 0)
+            hosts = spaces = 1;
+        free(ids);
+    }
+    if (spaces > 1)
+        snprintf(where, sizeof(where), "each of the %u sender -> receiver pairs%s shares a host and "
+                                       "network namespace (%u host%s, %u namespaces in all)",
+                 npairs, g->pair_bytes != NULL ? " that carry bytes" : "", hosts,
+                 hosts == 1 ? "" : "s", spaces);
+    else
+        snprintf(where, sizeof(where), "all %u participants share host %s",
+                 g->nsenders + g->nreceivers, g->senders[0].hostname);
     int gpus_known = g->sender_gpu != NULL && g->receiver_gpu != NULL;
     for (uint32_t i = 0; gpus_known && i < g->nsenders + g->nreceivers; i++)
         gpus_known = (i < g->nsenders ? g->sender_gpu[i] : g->receiver_gpu[i - g->nsenders]) != NULL;
@@ -303,20 +376,17 @@ static int ipc_score(const wsync_group_info_t *g, char *reason, size_t len)
     if (want_cuda && g->replication >= 1.5 && gpus_known) {
         /* every receiver reads what it needs from the sender's GPU: replicas read the same bytes
          * over the same link, where a broadcast (nccl) moves them once per link */
-        snprintf(reason, len, "all %u participants share host %s, but the receivers take the "
-                              "same bytes %.1f times over: each would read them from the sender's "
-                              "GPU, which a broadcast avoids", g->nsenders + g->nreceivers,
-                 g->senders[0].hostname, g->replication);
+        snprintf(reason, len, "%s, but the receivers take the same bytes %.1f times over: each "
+                              "would read them from the sender's GPU, which a broadcast avoids",
+                 where, g->replication);
         return 60;
     }
     if (want_cuda)
-        snprintf(reason, len, "all %u participants share host %s; CUDA memory through cuda_ipc: "
-                              "read in place where the receiver's GPU can read the sender's (same "
-                              "GPU or peer access), else through double-buffered device or pinned "
-                              "host buckets", g->nsenders + g->nreceivers, g->senders[0].hostname);
+        snprintf(reason, len, "%s; CUDA memory through cuda_ipc: read in place where the "
+                              "receiver's GPU can read the sender's (same GPU or peer access), "
+                              "else through double-buffered device or pinned host buckets", where);
     else
-        snprintf(reason, len, "all %u participants share host %s; host memory through memfd "
-                              "buckets", g->nsenders + g->nreceivers, g->senders[0].hostname);
+        snprintf(reason, len, "%s; host memory through memfd buckets", where);
     return 100;
 }
 

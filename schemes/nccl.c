@@ -434,9 +434,27 @@ static int nccl_score(const wsync_group_info_t *g, char *reason, size_t len)
             }
         }
     }
+    /* NCCL spans hosts by itself (its socket or IB transports): say what the group is */
+    char where[160];
+    uint32_t n = g->nsenders + g->nreceivers, hosts = 1, spaces = 1;
+    const char **ids = malloc((n ? n : 1) * sizeof(*ids));
+    for (uint32_t i = 0; ids != NULL && i < n; i++)
+        ids[i] = i < g->nsenders ? g->senders[i].host_id : g->receivers[i - g->nsenders].host_id;
+    if (ids == NULL || wsync_host_count(ids, n, &hosts, &spaces) != 0)
+        hosts = spaces = 1;
+    free(ids);
+    if (hosts > 1)
+        snprintf(where, sizeof(where), "; participants on %u hosts: nccl over its network "
+                                       "transports between them", hosts);
+    else if (spaces > 1)
+        snprintf(where, sizeof(where), "; participants in %u network namespaces of one host: NCCL "
+                                       "bootstraps over TCP between them",
+                 spaces);
+    else
+        where[0] = '\0';
     snprintf(reason, len, "all %u participants have NCCL and a GPU of their own, and every shard "
-                          "and target is in CUDA memory: grouped send/recv, broadcast to replicas",
-             g->nsenders + g->nreceivers);
+                          "and target is in CUDA memory: grouped send/recv, broadcast to replicas%s",
+             n, where);
     return 80;
 }
 
@@ -805,8 +823,9 @@ static wsync_status_t exchange_hello(nc_state_t *st, uint8_t id[WSYNC_NCCL_ID_BY
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++) {
             const wsync_peer_t *a = &m->planmsg.peers[i], *c = &m->planmsg.peers[j];
+            /* one machine, whatever the network namespaces: they share the GPU all the same */
             if (memcmp(uuid[i], uuid[j], WSYNC_DEV_UUID_BYTES) != 0 ||
-                strcmp(a->host_id ? a->host_id : "", c->host_id ? c->host_id : "") != 0)
+                !wsync_host_same(a->host_id, c->host_id))
                 continue;
             char na[64], nb[64], us[48];
             rank_name(st, i, na, sizeof(na));

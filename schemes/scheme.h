@@ -19,6 +19,9 @@ typedef struct {
     /* bytes the receivers take over the bytes the senders hold that anyone takes: above 1 when
      * several receivers need the same bytes (replicas) */
     double replication;
+    /* [nsenders * nreceivers] bytes receiver r takes from sender s, at s * nreceivers + r (the
+     * plan's pair_bytes), NULL when unknown: every pair then counts as one that carries bytes */
+    const uint64_t *pair_bytes;
 } wsync_group_info_t;
 
 typedef struct wsync_scheme_ops {

@@ -98,9 +98,21 @@ static int store_score(const wsync_group_info_t *g, char *reason, size_t len)
             everyone = (h->transports & (1u << ti[t])) != 0;
         }
         if (everyone) {
+            /* the store spans hosts and namespaces: its reads go over the network */
+            char where[128] = "";
+            uint32_t n = g->nsenders + g->nreceivers, hosts = 1, spaces = 1;
+            const char **ids = malloc((n ? n : 1) * sizeof(*ids));
+            for (uint32_t i = 0; ids != NULL && i < n; i++)
+                ids[i] = i < g->nsenders ? g->senders[i].host_id
+                                         : g->receivers[i - g->nsenders].host_id;
+            if (ids != NULL && wsync_host_count(ids, n, &hosts, &spaces) == 0 && spaces > 1)
+                snprintf(where, sizeof(where), "; participants on %u host%s in %u network "
+                                               "namespaces, read across them", hosts,
+                         hosts == 1 ? "" : "s", spaces);
+            free(ids);
             snprintf(reason, len, "one-sided reads over %s, which every participant has (the "
-                                  "last versions kept for readers that come when they like)",
-                     t == 0 ? "UCX" : "libfabric");
+                                  "last versions kept for readers that come when they like)%s",
+                     t == 0 ? "UCX" : "libfabric", where);
             return 50;
         }
     }
