@@ -21,8 +21,10 @@
 #include "core/log.h"
 #include "core/objects.h"
 #include "core/util.h"
+#include "kernels/device.h"
 #include "reshard/exec.h"
 #include "schemes/scheme.h"
+#include "schemes/store_stage.h"
 #include "transports/rma.h"
 
 #define ALIGN 64u
@@ -32,6 +34,10 @@
 #define VERIFY_BLOCK (1ull << 20)
 /* rows of a segment fetched per verified batch, in bytes of shard: bounds the bounce buffer */
 #define VERIFY_BATCH (64ull << 20)
+/* Readers of CUDA targets land their gets in STAGE_SLOTS pinned host buffers of STAGE_SLOT_MB
+ * (WSYNC_STORE_STAGE_MB) each, copied to the GPU while the next one fills (store_stage.h). */
+#define STAGE_SLOTS 4
+#define STAGE_SLOT_MB 16
 
 /* ---- choosing the transport ------------------------------------------------------------------ */
 
@@ -76,11 +82,12 @@ static int store_score(const wsync_group_info_t *g, char *reason, size_t len)
     const wsync_rma_ops_t *u = wsync_rma_ucx(), *o = wsync_rma_ofi();
     int ti[2] = {wsync_transport_index("ucx"), wsync_transport_index("ofi")};
 
-    if (g->mem_kinds & ~(1u << WSYNC_MEM_HOST)) {
-        snprintf(reason, len, "some shards or targets are in CUDA memory; the store serves host "
-                              "memory in this version");
-        return 0;
-    }
+    /* CUDA memory: registered in place where the transport can, else staged through pinned
+     * host buffers (which any participant with CUDA memory can do) */
+    const char *mem = g->mem_kinds & (1u << WSYNC_MEM_CUDA)
+                          ? "; CUDA memory registered with the transport where it takes it, "
+                            "else staged through pinned host buffers"
+                          : "";
     /* the transport the senders will open: WSYNC_STORE_TRANSPORT when set, else UCX first */
     const char *want = getenv("WSYNC_STORE_TRANSPORT");
     int only = want == NULL || *want == '\0' ? -1 : strcmp(want, "ofi") == 0 ? 1
@@ -111,8 +118,8 @@ static int store_score(const wsync_group_info_t *g, char *reason, size_t len)
                          hosts == 1 ? "" : "s", spaces);
             free(ids);
             snprintf(reason, len, "one-sided reads over %s, which every participant has (the "
-                                  "last versions kept for readers that come when they like)%s",
-                     t == 0 ? "UCX" : "libfabric", where);
+                                  "last versions kept for readers that come when they like)%s%s",
+                     t == 0 ? "UCX" : "libfabric", where, mem);
             return 50;
         }
     }
@@ -133,6 +140,7 @@ typedef struct {
     uint8_t rkey[WSYNC_RMA_BLOB_MAX];
     size_t rkey_len;
     uint64_t version;                /* the version it holds; 0: free */
+    int pinned;                      /* registered with CUDA by us (snapshots of CUDA shards) */
 } store_slot_t;
 
 typedef struct {
@@ -147,12 +155,20 @@ typedef struct {
     store_slot_t *slots;             /* snapshots, or (in place) one per shard */
     int nslots;
     int verify;                      /* publish block checksums with each version */
+    /* snapshots: s->snapshot, or in place with CUDA shards the transport cannot register (the
+     * staged path: each version copied from the GPU into pinned, registered host memory) */
+    int snap;
+    int cuda;                        /* some shard is in CUDA memory (on s->device) */
+    void *stream;                    /* the snapshot's copies from the GPU */
+    uint8_t *hashbuf;                /* in place, verify: a device shard's block, on the host */
 } store_sender_t;
 
 static void slot_release(store_sender_t *st, store_slot_t *sl, int owned)
 {
     if (sl->mr != NULL)
         st->rma->dereg(sl->mr);
+    if (sl->pinned)
+        wsync_dev_host_unregister(sl->base);
     if (owned)
         free(sl->base);
     memset(sl, 0, sizeof(*sl));
@@ -164,26 +180,50 @@ static void store_sender_teardown(wsync_sender_t *s)
 
     if (st == NULL)
         return;
+    int saved = -1, entered = st->cuda && wsync_dev_enter(s->device, &saved) == WSYNC_OK;
+    if (entered && st->stream != NULL)
+        (void)wsync_dev_stream_sync(st->stream, wsync_deadline_in(s->m.timeout_ms),
+                                    "the store's snapshot copies from the GPU");
     for (int i = 0; i < st->nslots; i++)
-        slot_release(st, &st->slots[i], s->snapshot);
+        slot_release(st, &st->slots[i], st->snap);
     free(st->slots);
     if (st->ctx != NULL)
         st->rma->close(st->ctx);
+    if (entered) {
+        wsync_dev_stream_destroy(st->stream);
+        wsync_dev_leave(s->device, saved);
+    }
+    free(st->hashbuf);
     free(st->shard_off);
     free(st->shard_bytes);
     free(st);
     s->m.scheme_state = NULL;
 }
 
-static wsync_status_t reg_slot(store_sender_t *st, store_slot_t *sl, void *base, size_t bytes)
+/* Register a slot: host memory, or (device >= 0) CUDA memory of that device, in place. */
+static wsync_status_t reg_slot(store_sender_t *st, store_slot_t *sl, void *base, size_t bytes,
+                               int device)
 {
     wsync_status_t rc;
 
     sl->base = base;
     sl->bytes = bytes;
     sl->rkey_len = sizeof(sl->rkey);
-    rc = st->rma->reg(st->ctx, base, bytes ? bytes : 1, &sl->mr, sl->rkey, &sl->rkey_len);
+    if (device >= 0)
+        rc = st->rma->reg_cuda(st->ctx, base, bytes ? bytes : 1, device, &sl->mr, sl->rkey,
+                               &sl->rkey_len);
+    else
+        rc = st->rma->reg(st->ctx, base, bytes ? bytes : 1, &sl->mr, sl->rkey, &sl->rkey_len);
     return rc;
+}
+
+/* The path a sender's CUDA shards take with this transport context: registered in place, or
+ * staged through host snapshots (for the log and wsync-info). */
+static const char *cuda_path(const wsync_rma_ops_t *rma, wsync_rma_t *ctx)
+{
+    return rma->mem_caps(ctx) & WSYNC_RMA_MEM_CUDA ? "CUDA memory registered with the transport"
+                                                   : "CUDA memory staged through pinned host "
+                                                     "buffers";
 }
 
 static wsync_status_t store_sender_setup(wsync_sender_t *s)
@@ -214,19 +254,43 @@ static wsync_status_t store_sender_setup(wsync_sender_t *s)
         st->shard_bytes[i] = b;
         st->total += (b + ALIGN - 1) / ALIGN * ALIGN;
     }
-    if (!s->snapshot) {
-        /* in place: the shards themselves, registered once */
+    for (size_t i = 0; i < s->nshards; i++)
+        st->cuda |= s->shards[i].mem == WSYNC_MEM_CUDA;
+    st->snap = s->snapshot;
+    if (!s->snapshot && st->cuda && !(st->rma->mem_caps(st->ctx) & WSYNC_RMA_MEM_CUDA)) {
+        st->snap = 1;
+        WSYNC_LOG_I("store: sender %d: %s cannot register CUDA memory: its CUDA shards are "
+                    "published as snapshots in pinned host memory", s->m.rank, st->info);
+    }
+    if (st->cuda) {
+        int saved = -1;
+        if ((rc = wsync_dev_enter(s->device, &saved)) != WSYNC_OK)
+            return rc;
+        rc = wsync_dev_stream_create(&st->stream);
+        wsync_dev_leave(s->device, saved);
+        if (rc != WSYNC_OK)
+            return rc;
+    }
+    if (!st->snap) {
+        /* in place: the shards themselves, registered once (CUDA shards as device memory) */
+        int saved = -1;
         st->slots = calloc(s->nshards + 1, sizeof(*st->slots));
         if (st->slots == NULL)
             return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
-        for (size_t i = 0; i < s->nshards; i++, st->nslots++) {
-            rc = reg_slot(st, &st->slots[i], (void *)s->shard_data[i], st->shard_bytes[i]);
-            if (rc != WSYNC_OK)
-                return rc;
+        if (st->cuda && (rc = wsync_dev_enter(s->device, &saved)) != WSYNC_OK)
+            return rc;
+        for (size_t i = 0; i < s->nshards && rc == WSYNC_OK; i++, st->nslots++) {
+            int dev = s->shards[i].mem == WSYNC_MEM_CUDA ? s->shards[i].device : -1;
+            rc = reg_slot(st, &st->slots[i], (void *)s->shard_data[i], st->shard_bytes[i], dev);
         }
+        if (st->cuda)
+            wsync_dev_leave(s->device, saved);
+        if (rc != WSYNC_OK)
+            return rc;
     }
-    WSYNC_LOG_I("store: sender %d on %s, %s, %zu bytes per version", s->m.rank, st->info,
-                s->snapshot ? "snapshots" : "in place", st->total);
+    WSYNC_LOG_I("store: sender %d on %s, %s, %zu bytes per version%s%s", s->m.rank, st->info,
+                st->snap ? "snapshots" : "in place", st->total, st->cuda ? ", " : "",
+                st->cuda ? cuda_path(st->rma, st->ctx) : "");
     return WSYNC_OK;
 }
 
@@ -250,28 +314,78 @@ static wsync_status_t take_slot(wsync_sender_t *s, store_sender_t *st, store_slo
     st->slots = ns;
     store_slot_t *sl = &st->slots[st->nslots];
     memset(sl, 0, sizeof(*sl));
-    wsync_status_t rc = reg_slot(st, sl, mem, st->total);
+    int pinned = 0;
+    wsync_status_t rc = WSYNC_OK;
+    /* pinned, so that the copies from the GPU are DMA and run at the link's speed */
+    if (st->cuda)
+        rc = wsync_dev_host_register(mem, st->total ? st->total : 1, 0, &pinned);
+    if (rc == WSYNC_OK)
+        rc = reg_slot(st, sl, mem, st->total, -1);
     if (rc != WSYNC_OK) {
+        if (pinned)
+            wsync_dev_host_unregister(mem);
         free(mem);
+        memset(sl, 0, sizeof(*sl));
         return rc;
     }
+    sl->pinned = pinned;
     st->nslots++;
     *out = sl;
     return WSYNC_OK;
 }
 
-static void handle_free(wsync_sender_t *s, store_sender_t *st, wsync_msg_t *msg)
+static void handle_free(store_sender_t *st, wsync_msg_t *msg)
 {
     wsync_rbuf_t r;
     uint64_t v;
 
     wsync_rbuf_init(&r, msg->payload, msg->len);
     v = wsync_get_u64(&r);
-    if (!s->snapshot || r.err)
+    if (!st->snap || r.err)
         return;
     for (int i = 0; i < st->nslots; i++)
         if (st->slots[i].version == v)
             st->slots[i].version = 0;   /* the memory stays registered for the next snapshot */
+}
+
+/* This version's bytes into snapshot slot sl: host shards by memcpy, CUDA shards by copies
+ * from the GPU on the sender's stream (into pinned memory), all waited for before publishing. */
+static wsync_status_t snapshot_copy(wsync_sender_t *s, store_sender_t *st, store_slot_t *sl)
+{
+    wsync_status_t rc = WSYNC_OK;
+    int saved = -1;
+
+    if (st->cuda && (rc = wsync_dev_enter(s->device, &saved)) != WSYNC_OK)
+        return rc;
+    for (size_t i = 0; i < s->nshards && rc == WSYNC_OK; i++) {
+        uint8_t *to = (uint8_t *)sl->base + st->shard_off[i];
+        if (s->shards[i].mem == WSYNC_MEM_CUDA)
+            rc = wsync_dev_memcpy_async(to, s->shard_data[i], st->shard_bytes[i], st->stream);
+        else
+            memcpy(to, s->shard_data[i], st->shard_bytes[i]);
+    }
+    if (st->cuda) {
+        wsync_status_t w = wsync_dev_stream_sync(st->stream, wsync_deadline_in(s->m.timeout_ms),
+                                                 "the store's snapshot copies from the GPU");
+        rc = rc == WSYNC_OK ? w : rc;
+        wsync_dev_leave(s->device, saved);
+    }
+    return rc;
+}
+
+/* n bytes of device memory at p into st->hashbuf (VERIFY_BLOCK bytes). */
+static wsync_status_t device_block(wsync_sender_t *s, store_sender_t *st, const void *p, size_t n)
+{
+    int saved = -1;
+    wsync_status_t rc;
+
+    if (st->hashbuf == NULL && (st->hashbuf = malloc(VERIFY_BLOCK)) == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+    if ((rc = wsync_dev_enter(s->device, &saved)) != WSYNC_OK)
+        return rc;
+    rc = wsync_dev_copy_to_host(st->hashbuf, p, n, st->stream, wsync_deadline_in(s->m.timeout_ms));
+    wsync_dev_leave(s->device, saved);
+    return rc;
 }
 
 static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
@@ -286,7 +400,7 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
 
     /* versions the coordinator evicted since the last push free their snapshots first */
     while (wsync_inbox_pop(&s->m.inbox, types + 1, 1, 0, &msg) == WSYNC_OK) {
-        handle_free(s, st, msg);
+        handle_free(st, msg);
         wsync_msg_free(msg);
     }
     memset(&e, 0, sizeof(e));
@@ -296,21 +410,22 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
     e.addr_len = (uint32_t)st->addr_len;
     e.nshards = (uint32_t)s->nshards;
     e.shards = calloc(s->nshards + 1, sizeof(*e.shards));
-    e.regions = calloc(s->snapshot ? 1 : s->nshards + 1, sizeof(*e.regions));
+    e.regions = calloc(st->snap ? 1 : s->nshards + 1, sizeof(*e.regions));
     if (e.shards == NULL || e.regions == NULL) {
         free(e.shards);
         free(e.regions);
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
     }
-    if (s->snapshot) {
+    if (st->snap) {
         rc = take_slot(s, st, &sl);
+        if (rc == WSYNC_OK)
+            rc = snapshot_copy(s, st, sl);
         if (rc != WSYNC_OK) {
             free(e.shards);
             free(e.regions);
             return rc;
         }
         for (size_t i = 0; i < s->nshards; i++) {
-            memcpy((uint8_t *)sl->base + st->shard_off[i], s->shard_data[i], st->shard_bytes[i]);
             e.shards[i].region = 0;
             e.shards[i].addr = (uint64_t)(uintptr_t)sl->base + st->shard_off[i];
         }
@@ -340,14 +455,30 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
     /* then the checksums: u64 block bytes (0: none), u32 nshards, and per shard u64 bytes and
      * one u64 xxh3 per block, of the bytes as published */
     wsync_put_u64(&b, st->verify ? VERIFY_BLOCK : 0);
+    rc = WSYNC_OK;
     if (st->verify) {
         wsync_put_u32(&b, (uint32_t)s->nshards);
-        for (size_t i = 0; i < s->nshards; i++) {
+        for (size_t i = 0; i < s->nshards && rc == WSYNC_OK; i++) {
             const uint8_t *p = (const uint8_t *)(uintptr_t)e.shards[i].addr;
+            int on_dev = !st->snap && s->shards[i].mem == WSYNC_MEM_CUDA;
             wsync_put_u64(&b, st->shard_bytes[i]);
-            for (size_t o = 0; o < st->shard_bytes[i]; o += VERIFY_BLOCK)
-                wsync_put_u64(&b, XXH3_64bits(p + o, WSYNC_MIN(VERIFY_BLOCK, st->shard_bytes[i] - o)));
+            for (size_t o = 0; o < st->shard_bytes[i] && rc == WSYNC_OK; o += VERIFY_BLOCK) {
+                size_t n = WSYNC_MIN(VERIFY_BLOCK, st->shard_bytes[i] - o);
+                const uint8_t *q = p + o;
+                if (on_dev) {   /* in place on the GPU: hashed from a host copy of the block */
+                    rc = device_block(s, st, q, n);
+                    q = st->hashbuf;
+                }
+                if (rc == WSYNC_OK)
+                    wsync_put_u64(&b, XXH3_64bits(q, n));
+            }
         }
+    }
+    if (rc != WSYNC_OK) {
+        free(e.shards);
+        free(e.regions);
+        wsync_wbuf_free(&b);
+        return rc;
     }
     free(e.shards);
     free(e.regions);
@@ -374,7 +505,7 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
         if (rc != WSYNC_OK)
             return rc;
         if (msg->type == WSYNC_MSG_FREE) {
-            handle_free(s, st, msg);
+            handle_free(st, msg);
             wsync_msg_free(msg);
             continue;
         }
@@ -416,6 +547,24 @@ typedef struct {
     uint8_t *bounce;                 /* one chunk, for segments that change dtype */
     size_t bounce_bytes;
     uint64_t seq;                    /* FETCH sequence number */
+    /* The staged path (CUDA targets, or every target with WSYNC_STORE_STAGE=1): gets land in
+     * the ring's host slots, copied on to the targets (to the GPU on `stream`). */
+    int stage_all;                   /* WSYNC_STORE_STAGE=1: host targets staged too (tests) */
+    int staged;                      /* the ring exists */
+    uint8_t *slot_mem;               /* STAGE_SLOTS x slot bytes, pinned when cuda */
+    size_t slot_mem_bytes;
+    int slot_pinned;                 /* wsync_dev_host_register'ed by us */
+    uint8_t *slots[STAGE_SLOTS];
+    wsync_stage_t ring;
+    int cuda;                        /* some target is in CUDA memory (on r->device) */
+    void *stream;                    /* the copies to the GPU */
+    void *events[STAGE_SLOTS];       /* each slot's last copies */
+    uint8_t *cast;                   /* host: a cast or verified chunk in its land dtype */
+    size_t cast_bytes;
+    /* what the ring's land callback flushes: the version being read */
+    wsync_receiver_t *r;
+    uint64_t v;
+    void *ld;
 } store_receiver_t;
 
 static void store_receiver_teardown(wsync_receiver_t *r)
@@ -439,8 +588,125 @@ static void store_receiver_teardown(wsync_receiver_t *r)
     if (st->ctx != NULL)
         st->rma->close(st->ctx);
     free(st->bounce);
+    free(st->cast);
+    if (st->staged)
+        wsync_stage_free(&st->ring);
+    if (st->cuda) {
+        int saved = -1;
+        if (wsync_dev_enter(r->device, &saved) == WSYNC_OK) {
+            if (st->stream != NULL)   /* nothing may read the slots once they are freed */
+                (void)wsync_dev_stream_sync(st->stream, wsync_deadline_in(r->m.timeout_ms),
+                                            "the store's staged copies to the GPU");
+            for (int i = 0; i < STAGE_SLOTS; i++)
+                wsync_dev_event_destroy(st->events[i]);
+            wsync_dev_stream_destroy(st->stream);
+            if (st->slot_pinned)
+                wsync_dev_host_unregister(st->slot_mem);
+            wsync_dev_leave(r->device, saved);
+        }
+    }
+    free(st->slot_mem);
     free(st);
     r->m.scheme_state = NULL;
+}
+
+/* ---- the staged path's copier: to the GPU on a stream, or plain memcpy (WSYNC_STORE_STAGE=1
+ * with host targets only) ---------------------------------------------------------------------- */
+
+static wsync_status_t cuda_copy(void *arg, int slot, void *dst, size_t dpitch, const void *src,
+                                size_t spitch, size_t width, size_t rows)
+{
+    store_receiver_t *st = arg;
+    (void)slot;
+    return wsync_dev_memcpy2d_async(dst, dpitch, src, spitch, width, rows, st->stream);
+}
+
+static wsync_status_t cuda_mark(void *arg, int slot)
+{
+    store_receiver_t *st = arg;
+    return wsync_dev_event_record(st->events[slot], st->stream);
+}
+
+static wsync_status_t cuda_wait(void *arg, int slot, int64_t deadline_ms)
+{
+    store_receiver_t *st = arg;
+    return wsync_dev_event_wait(st->events[slot], deadline_ms, "the store's staged copies to the "
+                                "GPU");
+}
+
+static wsync_status_t host_copy(void *arg, int slot, void *dst, size_t dpitch, const void *src,
+                                size_t spitch, size_t width, size_t rows)
+{
+    (void)arg;
+    (void)slot;
+    for (size_t k = 0; k < rows; k++)
+        memcpy((uint8_t *)dst + k * dpitch, (const uint8_t *)src + k * spitch, width);
+    return WSYNC_OK;
+}
+
+static wsync_status_t host_mark(void *arg, int slot)
+{
+    (void)arg;
+    (void)slot;
+    return WSYNC_OK;
+}
+
+static wsync_status_t host_wait(void *arg, int slot, int64_t deadline_ms)
+{
+    (void)arg;
+    (void)slot;
+    (void)deadline_ms;
+    return WSYNC_OK;
+}
+
+static wsync_status_t flush_landed(wsync_receiver_t *r, store_receiver_t *st, uint64_t v,
+                                   void *ldv);
+
+static wsync_status_t stage_land(void *arg)
+{
+    store_receiver_t *st = arg;
+    return flush_landed(st->r, st, st->v, st->ld);
+}
+
+/* The ring and, for CUDA targets, its pinned slots, stream and events (on r->device). */
+static wsync_status_t stage_setup(wsync_receiver_t *r, store_receiver_t *st)
+{
+    const char *mb_env = getenv("WSYNC_STORE_STAGE_MB");
+    long mb = mb_env != NULL && *mb_env != '\0' ? strtol(mb_env, NULL, 10) : STAGE_SLOT_MB;
+    wsync_status_t rc = WSYNC_OK;
+    int saved = -1;
+
+    if (mb < 1 || mb > 4096)
+        return wsync_err(WSYNC_ERR_INVALID, "store: WSYNC_STORE_STAGE_MB=%s: expected 1 to 4096 "
+                         "(MiB per staging slot)", mb_env);
+    size_t slot = (size_t)mb << 20;
+    st->slot_mem_bytes = slot * STAGE_SLOTS;
+    if (posix_memalign((void **)&st->slot_mem, 4096, st->slot_mem_bytes) != 0) {
+        st->slot_mem = NULL;
+        return wsync_err(WSYNC_ERR_NOMEM, "store: receiver %d: no memory for %d staging slots of "
+                         "%ld MiB", r->m.rank, STAGE_SLOTS, mb);
+    }
+    for (int i = 0; i < STAGE_SLOTS; i++)
+        st->slots[i] = st->slot_mem + (size_t)i * slot;
+    wsync_stage_copier_t cp = {host_copy, host_mark, host_wait, st};
+    if (st->cuda) {
+        if ((rc = wsync_dev_enter(r->device, &saved)) != WSYNC_OK)
+            return rc;
+        /* pinned, so that the copies to the GPU are DMA and asynchronous */
+        rc = wsync_dev_host_register(st->slot_mem, st->slot_mem_bytes, 0, &st->slot_pinned);
+        if (rc == WSYNC_OK)
+            rc = wsync_dev_stream_create(&st->stream);
+        for (int i = 0; i < STAGE_SLOTS && rc == WSYNC_OK; i++)
+            rc = wsync_dev_event_create(0, &st->events[i]);
+        wsync_dev_leave(r->device, saved);
+        if (rc != WSYNC_OK)
+            return rc;
+        cp = (wsync_stage_copier_t){cuda_copy, cuda_mark, cuda_wait, st};
+    }
+    rc = wsync_stage_init(&st->ring, st->slots, STAGE_SLOTS, slot, &cp, stage_land, st);
+    if (rc == WSYNC_OK)
+        st->staged = 1;
+    return rc;
 }
 
 static wsync_status_t store_receiver_setup(wsync_receiver_t *r)
@@ -460,6 +726,18 @@ static wsync_status_t store_receiver_setup(wsync_receiver_t *r)
         ;
     for (st->hi = st->lo; st->hi < plan->nsegments && plan->segments[st->hi].receiver == me; st->hi++)
         ;
+    const char *force = getenv("WSYNC_STORE_STAGE");
+    st->stage_all = force != NULL && atoi(force) > 0;
+    for (size_t t = 0; t < r->ntargets; t++)
+        st->cuda |= r->targets[t].mem == WSYNC_MEM_CUDA;
+    if (st->cuda || st->stage_all) {
+        wsync_status_t rc = stage_setup(r, st);
+        if (rc != WSYNC_OK)
+            return rc;
+        WSYNC_LOG_I("store: receiver %d stages its %s targets through %d pinned host slots of "
+                    "%zu MiB", r->m.rank, st->cuda ? "CUDA" : "(forced: WSYNC_STORE_STAGE=1)",
+                    STAGE_SLOTS, st->ring.slot_bytes >> 20);
+    }
     return WSYNC_OK;
 }
 
@@ -615,8 +893,9 @@ static wsync_status_t post_get(wsync_receiver_t *r, store_receiver_t *st, uint32
 
 /* Wait for every posted get: one batch landed (the recv.unpack fault point). */
 static wsync_status_t flush_landed(wsync_receiver_t *r, store_receiver_t *st, uint64_t v,
-                                   store_landing_t *ld)
+                                   void *ldv)
 {
+    store_landing_t *ld = ldv;
     wsync_status_t rc = st->rma->flush(st->ctx, wsync_deadline_in(r->m.timeout_ms));
 
     if (rc != WSYNC_OK)
@@ -650,6 +929,83 @@ static wsync_status_t grow_bounce(store_receiver_t *st, size_t need)
     st->bounce = nb;
     st->bounce_bytes = need;
     return WSYNC_OK;
+}
+
+/* wsync_exec_copy into target t's landing buffer; one in CUDA memory gets the converted rows
+ * by way of a host buffer (the cast runs on the CPU, as for host targets). */
+static wsync_status_t land_copy(wsync_receiver_t *r, store_receiver_t *st, const void *src,
+                                wsync_dtype_t src_dtype, const wsync_region_t *from, uint32_t t,
+                                const wsync_region_t *to)
+{
+    if (r->targets[t].mem != WSYNC_MEM_CUDA)
+        return wsync_exec_copy(src, src_dtype, from, r->land[t], r->land_dtype[t], to);
+    size_t lsz = wsync_dtype_size(r->land_dtype[t]);
+    size_t need = (size_t)(to->rows * to->cols) * lsz;
+    wsync_region_t dense = {0, to->cols, to->rows, to->cols};
+    wsync_status_t rc;
+
+    if (need > st->cast_bytes) {
+        uint8_t *nb = realloc(st->cast, need);
+        if (nb == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for %zu bytes", need);
+        st->cast = nb;
+        st->cast_bytes = need;
+    }
+    if ((rc = wsync_exec_copy(src, src_dtype, from, st->cast, r->land_dtype[t], &dense)) != WSYNC_OK ||
+        (rc = wsync_dev_memcpy2d_async((uint8_t *)r->land[t] + to->off * lsz, to->pitch * lsz,
+                                       st->cast, to->cols * lsz, to->cols * lsz, to->rows,
+                                       st->stream)) != WSYNC_OK)
+        return rc;
+    return wsync_dev_stream_sync(st->stream, wsync_deadline_in(r->m.timeout_ms),
+                                 "a converted chunk's copy to the GPU");
+}
+
+/* Segment sg, same dtype, staged: its rows land in the ring's slots, as many whole rows per
+ * slot as fit (rows longer than a slot in slot-sized pieces), and go on to the target from
+ * there. */
+static wsync_status_t read_staged(wsync_receiver_t *r, store_receiver_t *st, uint32_t i,
+                                  wsync_rma_rkey_t *key, uint64_t shard_addr, uint64_t v,
+                                  store_landing_t *ld)
+{
+    const wsync_segment_t *sg = &r->m.plan->segments[i];
+    const wsync_chunk_t *c = &r->m.plan->chunks[sg->chunk];
+    size_t esz = wsync_dtype_size(c->dtype), row = (size_t)c->src.cols * esz;
+    size_t slot = st->ring.slot_bytes;
+    uint8_t *land = r->land[sg->target];
+    int64_t deadline = wsync_deadline_in(r->m.timeout_ms);
+    wsync_status_t rc = WSYNC_OK;
+    uint8_t *p;
+
+    if (row <= slot) {
+        uint64_t per = slot / row;
+        for (uint64_t r0 = 0; r0 < c->src.rows && rc == WSYNC_OK; r0 += per) {
+            uint64_t n = WSYNC_MIN(per, c->src.rows - r0);
+            uint64_t from = shard_addr + (c->src.off + r0 * c->src.pitch) * esz;
+            if ((rc = wsync_stage_take(&st->ring, (size_t)n * row, deadline, &p)) != WSYNC_OK)
+                return rc;
+            if (c->src.pitch == c->src.cols)
+                rc = post_get(r, st, c->sender, key, from, p, (size_t)n * row, v, ld);
+            for (uint64_t k = 0; c->src.pitch != c->src.cols && k < n && rc == WSYNC_OK; k++)
+                rc = post_get(r, st, c->sender, key, from + k * c->src.pitch * esz, p + k * row,
+                              row, v, ld);
+            if (rc == WSYNC_OK)
+                rc = wsync_stage_move(&st->ring, p, row,
+                                      land + (sg->dst.off + r0 * sg->dst.pitch) * esz,
+                                      (size_t)sg->dst.pitch * esz, row, (size_t)n);
+        }
+        return rc;
+    }
+    for (uint64_t k = 0; k < c->src.rows && rc == WSYNC_OK; k++) {
+        uint64_t from = shard_addr + (c->src.off + k * c->src.pitch) * esz;
+        uint8_t *to = land + (sg->dst.off + k * sg->dst.pitch) * esz;
+        for (size_t o = 0; o < row && rc == WSYNC_OK; o += slot) {
+            size_t n = WSYNC_MIN(slot, row - o);
+            if ((rc = wsync_stage_take(&st->ring, n, deadline, &p)) == WSYNC_OK &&
+                (rc = post_get(r, st, c->sender, key, from + o, p, n, v, ld)) == WSYNC_OK)
+                rc = wsync_stage_move(&st->ring, p, n, to + o, n, n, 1);
+        }
+    }
+    return rc;
 }
 
 /* Segment sg, verified: batches of its rows arrive as whole checksum blocks into the bounce
@@ -697,8 +1053,7 @@ static wsync_status_t read_verified(wsync_receiver_t *r, store_receiver_t *st, u
         }
         wsync_region_t from = {first / esz - lo / esz, c->src.pitch, n, c->src.cols};
         wsync_region_t to = {sg->dst.off + r0 * sg->dst.pitch, sg->dst.pitch, n, sg->dst.cols};
-        rc = wsync_exec_copy(st->bounce, c->dtype, &from, r->land[sg->target],
-                             r->land_dtype[sg->target], &to);
+        rc = land_copy(r, st, st->bounce, c->dtype, &from, sg->target, &to);
         if (rc != WSYNC_OK)
             return rc;
     }
@@ -724,13 +1079,13 @@ static wsync_status_t from_sender(wsync_receiver_t *r, wsync_status_t rc, int se
 }
 
 /* Read version v's segments of ours, as the directory entries say where they lie. */
-static wsync_status_t read_version(wsync_receiver_t *r, store_receiver_t *st,
-                                   const wsync_dir_entry_t *e, const store_sums_t *sums,
-                                   uint64_t v, uint64_t *bytes)
+static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
+                                      const wsync_dir_entry_t *e, const store_sums_t *sums,
+                                      uint64_t v, uint64_t *bytes, store_landing_t *ldp)
 {
     const wsync_plan_t *plan = r->m.plan;
     uint64_t posted = 0;
-    store_landing_t ld = {NULL, 0, NULL, 0};
+    store_landing_t *ld = ldp;   /* the ring's flushes see it too */
     wsync_status_t rc;
 
     for (uint32_t i = st->lo; i < st->hi; i++) {
@@ -773,23 +1128,27 @@ static wsync_status_t read_version(wsync_receiver_t *r, store_receiver_t *st,
                 return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's checksums for version "
                                  "%llu cover %u shards; the plan reads shard %u", c->sender,
                                  (unsigned long long)v, x->nshards, c->shard);
-            rc = read_verified(r, st, i, sh, rg, key, x, v, &ld);
+            rc = read_verified(r, st, i, sh, rg, key, x, v, ld);
+            posted = 0;
+        } else if (direct && st->staged &&
+                   (st->stage_all || r->targets[sg->target].mem == WSYNC_MEM_CUDA)) {
+            rc = read_staged(r, st, i, key, sh->addr, v, ld);
             posted = 0;
         } else if (direct) {
             /* straight into the target, one get per row, or one for a contiguous block */
             if (c->src.pitch == c->src.cols && sg->dst.pitch == sg->dst.cols) {
                 rc = post_get(r, st, c->sender, key, first, land + sg->dst.off * esz,
-                              (size_t)(c->src.rows * row), v, &ld);
+                              (size_t)(c->src.rows * row), v, ld);
                 posted += c->src.rows * row;
             } else {
                 for (uint64_t k = 0; k < c->src.rows && rc == WSYNC_OK; k++)
                     rc = post_get(r, st, c->sender, key,
                                   sh->addr + (c->src.off + k * c->src.pitch) * esz,
-                                  land + (sg->dst.off + k * sg->dst.pitch) * esz, row, v, &ld);
+                                  land + (sg->dst.off + k * sg->dst.pitch) * esz, row, v, ld);
                 posted += c->src.rows * row;
             }
             if (rc == WSYNC_OK && posted >= FLUSH_EVERY) {
-                rc = flush_landed(r, st, v, &ld);
+                rc = flush_landed(r, st, v, ld);
                 posted = 0;
             }
         } else {
@@ -797,21 +1156,53 @@ static wsync_status_t read_version(wsync_receiver_t *r, store_receiver_t *st,
             rc = grow_bounce(st, (size_t)(c->src.rows * row));
             for (uint64_t k = 0; k < c->src.rows && rc == WSYNC_OK; k++)
                 rc = post_get(r, st, c->sender, key, sh->addr + (c->src.off + k * c->src.pitch) * esz,
-                              st->bounce + k * row, row, v, &ld);
+                              st->bounce + k * row, row, v, ld);
             if (rc == WSYNC_OK)
-                rc = flush_landed(r, st, v, &ld);
+                rc = flush_landed(r, st, v, ld);
             wsync_region_t dense = {0, c->src.cols, c->src.rows, c->src.cols};
             if (rc == WSYNC_OK)
-                rc = wsync_exec_copy(st->bounce, c->dtype, &dense, land, land_dtype, &sg->dst);
+                rc = land_copy(r, st, st->bounce, c->dtype, &dense, sg->target, &sg->dst);
             posted = 0;
         }
         if (rc != WSYNC_OK)
             return from_sender(r, rc, posted > 0 ? -1 : (int)c->sender, v);
         *bytes += c->src.rows * c->src.cols * wsync_dtype_size(land_dtype);
     }
-    /* the last batch (verified reads flushed each of theirs) */
+    /* the staged slots still on their way, and the last batch (verified reads flushed each of
+     * theirs) */
+    if (st->staged && (rc = wsync_stage_finish(&st->ring, wsync_deadline_in(r->m.timeout_ms))) !=
+                          WSYNC_OK)
+        return from_sender(r, rc, -1, v);
     return r->m.ctx->verify && st->lo < st->hi ? WSYNC_OK
-                                               : from_sender(r, flush_landed(r, st, v, &ld), -1, v);
+                                               : from_sender(r, flush_landed(r, st, v, ld), -1, v);
+}
+
+/* read_version_in, with the staged path's context: the version and landing record its ring
+ * flushes, CUDA device current; on failure the ring's copies are waited for. */
+static wsync_status_t read_version(wsync_receiver_t *r, store_receiver_t *st,
+                                   const wsync_dir_entry_t *e, const store_sums_t *sums,
+                                   uint64_t v, uint64_t *bytes)
+{
+    store_landing_t ld = {NULL, 0, NULL, 0};
+    int saved = -1;
+    wsync_status_t rc;
+
+    st->r = r;
+    st->v = v;
+    st->ld = &ld;
+    if (st->cuda && (rc = wsync_dev_enter(r->device, &saved)) != WSYNC_OK)
+        return rc;
+    rc = read_version_in(r, st, e, sums, v, bytes, &ld);
+    if (rc != WSYNC_OK && st->staged) {
+        char text[1024];
+        snprintf(text, sizeof(text), "%s", wsync_last_error());
+        wsync_stage_abandon(&st->ring, wsync_deadline_in(r->m.timeout_ms));
+        wsync_err_set_text(rc, text);
+    }
+    if (st->cuda)
+        wsync_dev_leave(r->device, saved);
+    st->ld = NULL;
+    return rc;
 }
 
 static wsync_status_t store_receiver_fetch(wsync_receiver_t *r, uint64_t want, int timeout_ms,

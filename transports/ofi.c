@@ -203,6 +203,7 @@ struct wsync_rma {
     char prov[OFI_PROV_MAX];
     uint64_t mr_mode;            /* granted */
     int mr_local;                /* FI_MR_LOCAL demanded, or forced by WSYNC_OFI_MR_LOCAL */
+    int hmem;                    /* FI_HMEM granted: device memory can be registered */
     int manual_progress;
     uint64_t next_key;           /* our requested keys when the provider does not pick them */
     size_t max_msg;
@@ -586,12 +587,13 @@ static void ofi_close_ctx(wsync_rma_t *ctx)
 
 /* fi_getinfo for one provider name, RDM endpoints with RMA both ways. With want_auto, only
  * answers that progress by themselves. Returns 0 or a negative libfabric error. */
-static int ofi_getinfo(const char *prov, int want_auto, struct fi_info **out)
+static int ofi_getinfo(const char *prov, int want_auto, int want_hmem, struct fi_info **out)
 {
     struct fi_info *hints = fi_allocinfo();
     if (!hints)
         return -FI_ENOMEM;
-    hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
+                  (want_hmem ? FI_HMEM : 0);
     hints->mode = FI_CONTEXT | FI_CONTEXT2; /* every op carries a struct fi_context2 */
     hints->ep_attr->type = FI_EP_RDM;
     hints->domain_attr->mr_mode =
@@ -646,6 +648,7 @@ static wsync_status_t ofi_open_with(struct fi_info *info, char *out_info, size_t
     const char *force_local = getenv("WSYNC_OFI_MR_LOCAL");
     ctx->mr_local = (ctx->mr_mode & FI_MR_LOCAL) || (force_local && atoi(force_local) > 0);
     ctx->manual_progress = info->domain_attr->data_progress != FI_PROGRESS_AUTO;
+    ctx->hmem = (info->caps & FI_HMEM) != 0;
     ctx->next_key = 1;
     /* A put is complete when the owner can see it, not when it left. Except on shm: its fast path
      * copies into the owner with process_vm_writev before completing, and asking for delivery
@@ -706,10 +709,11 @@ static wsync_status_t ofi_open_with(struct fi_info *info, char *out_info, size_t
     }
 
     uint32_t v = fi_version();
-    snprintf(out_info, info_len, "libfabric %u.%u %s (domain %s, %s progress%s%s)", FI_MAJOR(v),
+    snprintf(out_info, info_len, "libfabric %u.%u %s (domain %s, %s progress%s%s%s)", FI_MAJOR(v),
              FI_MINOR(v), ctx->prov, info->domain_attr->name ? info->domain_attr->name : "?",
              ctx->manual_progress ? "manual" : "auto", ctx->wait_fd >= 0 ? ", wait fd" : "",
-             ctx->mr_local ? ", local buffers registered per op" : "");
+             ctx->mr_local ? ", local buffers registered per op" : "",
+             ctx->hmem ? ", FI_HMEM" : "");
     *out = ctx;
     return WSYNC_OK;
 
@@ -735,8 +739,11 @@ static wsync_status_t ofi_open(const char *hint, char *info_text, size_t info_le
         return wsync_err(WSYNC_ERR_INVALID, "ofi open: NULL output");
     for (size_t i = 0; i < count; i++) {
         struct fi_info *list = NULL;
-        /* Self-progressing answers first: an owner then serves reads with no thread of ours. */
-        int ret = ofi_getinfo(names[i], 0, &list);
+        /* With FI_HMEM first (device memory registered in place, where the provider has it),
+         * else host memory only (the store stages device memory then). */
+        int ret = ofi_getinfo(names[i], 0, 1, &list);
+        if (ret != 0)
+            ret = ofi_getinfo(names[i], 0, 0, &list);
         if (ret != 0) {
             ofi_append(refused, sizeof(refused), &rpos, "%s%s: %s", rpos ? "; " : "", names[i],
                        fi_strerror(-ret));
@@ -860,12 +867,22 @@ static void ofi_disconnect(wsync_rma_peer_t *peer)
 }
 
 /* fi_mr_reg, bound to the endpoint where the provider wants that. Caller holds the lock. */
-static int ofi_mr_reg(wsync_rma_t *ctx, void *base, size_t len, uint64_t access,
-                      struct fid_mr **out)
+static int ofi_mr_reg_on(wsync_rma_t *ctx, void *base, size_t len, uint64_t access,
+                         int cuda_device, struct fid_mr **out)
 {
     /* Providers that pick keys ignore requested_key; the others need one unique per domain. */
     uint64_t key = ctx->next_key++;
-    int ret = fi_mr_reg(ctx->domain, base, len, access, 0, key, 0, out, NULL);
+    int ret;
+    if (cuda_device < 0) {
+        ret = fi_mr_reg(ctx->domain, base, len, access, 0, key, 0, out, NULL);
+    } else {
+        /* device memory: the provider's FI_HMEM path, told which device owns it */
+        struct iovec iov = {.iov_base = base, .iov_len = len};
+        struct fi_mr_attr attr = {.mr_iov = &iov, .iov_count = 1, .access = access,
+                                  .requested_key = key, .iface = FI_HMEM_CUDA};
+        attr.device.cuda = cuda_device;
+        ret = fi_mr_regattr(ctx->domain, &attr, 0, out);
+    }
     if (ret != 0)
         return ret;
     if (ctx->mr_mode & FI_MR_ENDPOINT) {
@@ -880,8 +897,15 @@ static int ofi_mr_reg(wsync_rma_t *ctx, void *base, size_t len, uint64_t access,
     return ret;
 }
 
-static wsync_status_t ofi_reg(wsync_rma_t *ctx, void *base, size_t len, wsync_rma_mr_t **out,
-                              void *rkey, size_t *rkey_len)
+static int ofi_mr_reg(wsync_rma_t *ctx, void *base, size_t len, uint64_t access,
+                      struct fid_mr **out)
+{
+    return ofi_mr_reg_on(ctx, base, len, access, -1, out);
+}
+
+/* reg (cuda_device -1: host memory) and reg_cuda. */
+static wsync_status_t ofi_reg_as(wsync_rma_t *ctx, void *base, size_t len, int cuda_device,
+                                 wsync_rma_mr_t **out, void *rkey, size_t *rkey_len)
 {
     if (!ctx || !base || !len || !out || !rkey || !rkey_len)
         return wsync_err(WSYNC_ERR_INVALID, "ofi reg: NULL argument or empty region");
@@ -891,7 +915,8 @@ static wsync_status_t ofi_reg(wsync_rma_t *ctx, void *base, size_t len, wsync_rm
     m->ctx = ctx;
 
     pthread_mutex_lock(&ctx->lock);
-    int ret = ofi_mr_reg(ctx, base, len, FI_REMOTE_READ | FI_REMOTE_WRITE, &m->mr);
+    int ret = ofi_mr_reg_on(ctx, base, len, FI_REMOTE_READ | FI_REMOTE_WRITE, cuda_device,
+                            &m->mr);
     uint64_t key = ret == 0 ? fi_mr_key(m->mr) : FI_KEY_NOTAVAIL;
     if (ret == 0 && key == FI_KEY_NOTAVAIL) {
         fi_close(&m->mr->fid); /* FI_MR_RAW keys: not asked for, so not expected */
@@ -900,8 +925,9 @@ static wsync_status_t ofi_reg(wsync_rma_t *ctx, void *base, size_t len, wsync_rm
     pthread_mutex_unlock(&ctx->lock);
     if (ret != 0) {
         free(m);
-        return wsync_err(WSYNC_ERR_TRANSPORT, "ofi reg of %zu bytes at %p over %s: %s", len,
-                         base, ctx->prov, fi_strerror(-ret));
+        return wsync_err(WSYNC_ERR_TRANSPORT, "ofi reg of %zu bytes at %p (%s) over %s: %s",
+                         len, base, cuda_device < 0 ? "host memory" : "CUDA memory, FI_HMEM_CUDA",
+                         ctx->prov, fi_strerror(-ret));
     }
 
     wsync_wbuf_t b;
@@ -937,6 +963,28 @@ static wsync_status_t ofi_reg(wsync_rma_t *ctx, void *base, size_t len, wsync_rm
     ofi_progress_start(ctx);
     *out = m;
     return WSYNC_OK;
+}
+
+static wsync_status_t ofi_reg(wsync_rma_t *ctx, void *base, size_t len, wsync_rma_mr_t **out,
+                              void *rkey, size_t *rkey_len)
+{
+    return ofi_reg_as(ctx, base, len, -1, out, rkey, rkey_len);
+}
+
+static unsigned ofi_mem_caps(wsync_rma_t *ctx)
+{
+    return ctx != NULL && ctx->hmem ? WSYNC_RMA_MEM_CUDA : 0;
+}
+
+static wsync_status_t ofi_reg_cuda(wsync_rma_t *ctx, void *base, size_t len, int device,
+                                   wsync_rma_mr_t **out, void *rkey, size_t *rkey_len)
+{
+    if (!ctx)
+        return wsync_err(WSYNC_ERR_INVALID, "ofi reg_cuda: NULL context");
+    if (!ctx->hmem)
+        return wsync_err(WSYNC_ERR_UNSUPPORTED, "ofi reg_cuda of %zu bytes at %p on CUDA device "
+                         "%d: provider %s was not granted FI_HMEM", len, base, device, ctx->prov);
+    return ofi_reg_as(ctx, base, len, device, out, rkey, rkey_len);
 }
 
 static void ofi_dereg(wsync_rma_mr_t *m)
@@ -1198,6 +1246,8 @@ static const wsync_rma_ops_t ofi_rma_ops = {
     .disconnect = ofi_disconnect,
     .reg = ofi_reg,
     .dereg = ofi_dereg,
+    .mem_caps = ofi_mem_caps,
+    .reg_cuda = ofi_reg_cuda,
     .rkey_import = ofi_rkey_import,
     .rkey_free = ofi_rkey_free,
     .get = ofi_get,

@@ -25,6 +25,9 @@
 
 #define WSYNC_RMA_BLOB_MAX 4096
 
+/* Memory kinds a context can register for peers to read, beyond host memory (mem_caps bits). */
+#define WSYNC_RMA_MEM_CUDA 1u
+
 typedef struct wsync_rma wsync_rma_t;            /* per-process context */
 typedef struct wsync_rma_mr wsync_rma_mr_t;      /* a registered region (owner side) */
 typedef struct wsync_rma_peer wsync_rma_peer_t;  /* a connection to another context */
@@ -47,6 +50,16 @@ typedef struct {
     wsync_status_t (*reg)(wsync_rma_t *ctx, void *base, size_t len, wsync_rma_mr_t **mr,
                           void *rkey, size_t *rkey_len);
     void (*dereg)(wsync_rma_mr_t *mr);
+    /* WSYNC_RMA_MEM_* bits: which device memory reg_cuda takes in this context (UCX built with
+     * CUDA support: memory type CUDA; a libfabric provider with FI_HMEM: FI_HMEM_CUDA). 0: host
+     * memory only, and the store stages device memory through pinned host buffers. Gets always
+     * land in host memory. */
+    unsigned (*mem_caps)(wsync_rma_t *ctx);
+    /* reg for CUDA device memory [base, base + len) of CUDA device `device` (same key format;
+     * a peer's gets read it as any region). WSYNC_ERR_UNSUPPORTED, saying why, when mem_caps
+     * lacks WSYNC_RMA_MEM_CUDA. */
+    wsync_status_t (*reg_cuda)(wsync_rma_t *ctx, void *base, size_t len, int device,
+                               wsync_rma_mr_t **mr, void *rkey, size_t *rkey_len);
     wsync_status_t (*rkey_import)(wsync_rma_peer_t *peer, const void *rkey, size_t len,
                                   wsync_rma_rkey_t **out);
     void (*rkey_free)(wsync_rma_rkey_t *rkey);

@@ -250,6 +250,7 @@ struct wsync_rma_mr {
     wsync_rma_t *ctx;
     wsync_rma_mr_t *next;           /* in ctx->mrs */
     ucp_mem_h memh;
+    ucs_memory_type_t mem_type;     /* host, or CUDA (replies read it with cuda_copy) */
     uint64_t base, len;
     size_t serving;                 /* requests whose bytes UCX still moves from or to it */
     int detached;                   /* deregistered while serving: freed by the last of them */
@@ -609,10 +610,11 @@ static void ucx_reply(ucx_serve_t *sv, uint64_t token, ucs_status_t st, uint64_t
     }
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_FLAGS,
+                        UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMORY_TYPE,
         .cb.send = ucx_reply_done,
         .user_data = sv,
         .flags = sv->mr != NULL && len > UCX_AM_EAGER_MAX ? UCP_AM_SEND_FLAG_RNDV : 0,
+        .memory_type = sv->mr != NULL ? sv->mr->mem_type : UCS_MEMORY_TYPE_HOST,
     };
     ucs_status_ptr_t req = ucp_am_send_nbx(sv->ep, UCX_AM_REP, sv->hdr, UCX_REP_LEN,
                                            sv->mr != NULL ? (void *)(uintptr_t)addr : NULL,
@@ -655,6 +657,8 @@ static ucs_status_t ucx_on_req(void *arg, const void *header, size_t header_len,
         st = UCS_ERR_INVALID_ADDR;
     else if (kind == UCX_GET ? len != 0 || rndv : kind != UCX_PUT || len != n)
         st = UCS_ERR_INVALID_PARAM;
+    else if (kind == UCX_PUT && !rndv && mr->mem_type != UCS_MEMORY_TYPE_HOST)
+        st = UCS_ERR_UNSUPPORTED; /* an eager put lands by memcpy: not into device memory */
     /* the region is used after this returns by a get's reply, or a rendezvous put's landing */
     ucx_serve_t *sv = ucx_serve_new(ctx, param->reply_ep,
                                     st == UCS_OK && (kind == UCX_GET || rndv) ? mr : NULL);
@@ -1131,8 +1135,20 @@ static void ucx_disconnect(wsync_rma_peer_t *peer)
 
 /* ---- memory ---------------------------------------------------------------------------------- */
 
-static wsync_status_t ucx_reg(wsync_rma_t *ctx, void *base, size_t len, wsync_rma_mr_t **out,
-                              void *rkey, size_t *rkey_len)
+/* Memory types this UCX context registers (ucp_context_query), as WSYNC_RMA_MEM_* bits. */
+static unsigned ucx_mem_caps(wsync_rma_t *ctx)
+{
+    ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+
+    if (ctx == NULL || ucp_context_query(ctx->context, &attr) != UCS_OK)
+        return 0;
+    return (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) ? WSYNC_RMA_MEM_CUDA : 0;
+}
+
+/* reg and reg_cuda: a region of memory type mt (host, or CUDA: told to UCX rather than detected,
+ * and remembered so that the replies that read it say so too). */
+static wsync_status_t ucx_reg_as(wsync_rma_t *ctx, void *base, size_t len, ucs_memory_type_t mt,
+                                 wsync_rma_mr_t **out, void *rkey, size_t *rkey_len)
 {
     if (ctx == NULL || base == NULL || len == 0 || out == NULL || rkey == NULL ||
         rkey_len == NULL)
@@ -1141,20 +1157,24 @@ static wsync_status_t ucx_reg(wsync_rma_t *ctx, void *base, size_t len, wsync_rm
     if (mr == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "ucx reg");
     mr->ctx = ctx;
+    mr->mem_type = mt;
 
     wsync_status_t ret;
     void *packed = NULL;
     size_t packed_len = 0;
     ucp_mem_map_params_t params = {
-        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
         .address = base,
         .length = len,
+        .memory_type = mt,
     };
     ucx_lock(ctx);
     ucs_status_t st = ucp_mem_map(ctx->context, &params, &mr->memh);
     if (st != UCS_OK) {
-        ret = wsync_err(ucx_map_status(st), "ucx reg of %zu bytes at %p: ucp_mem_map: %s", len,
-                        base, ucs_status_string(st));
+        ret = wsync_err(ucx_map_status(st), "ucx reg of %zu bytes of %s memory at %p: "
+                        "ucp_mem_map: %s", len, ucs_memory_type_names[mt], base,
+                        ucs_status_string(st));
         goto err_mr;
     }
     st = ucp_rkey_pack(ctx->context, mr->memh, &packed, &packed_len);
@@ -1207,6 +1227,25 @@ err_mr:
     ucx_unlock(ctx);
     free(mr);
     return ret;
+}
+
+static wsync_status_t ucx_reg(wsync_rma_t *ctx, void *base, size_t len, wsync_rma_mr_t **out,
+                              void *rkey, size_t *rkey_len)
+{
+    return ucx_reg_as(ctx, base, len, UCS_MEMORY_TYPE_HOST, out, rkey, rkey_len);
+}
+
+static wsync_status_t ucx_reg_cuda(wsync_rma_t *ctx, void *base, size_t len, int device,
+                                   wsync_rma_mr_t **out, void *rkey, size_t *rkey_len)
+{
+    if (ctx == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "ucx reg_cuda: NULL context");
+    if (!(ucx_mem_caps(ctx) & WSYNC_RMA_MEM_CUDA))
+        return wsync_err(WSYNC_ERR_UNSUPPORTED, "ucx reg_cuda of %zu bytes at %p on CUDA device "
+                         "%d: this UCX has no CUDA memory type (built without CUDA, or its cuda "
+                         "transports are not loaded: ucx_info -d | grep cuda)", len, base, device);
+    /* UCX maps on the caller's current device: the sender made `device` current */
+    return ucx_reg_as(ctx, base, len, UCS_MEMORY_TYPE_CUDA, out, rkey, rkey_len);
 }
 
 static void ucx_dereg(wsync_rma_mr_t *mr)
@@ -1485,6 +1524,8 @@ static const wsync_rma_ops_t ucx_rma_ops = {
     .disconnect = ucx_disconnect,
     .reg = ucx_reg,
     .dereg = ucx_dereg,
+    .mem_caps = ucx_mem_caps,
+    .reg_cuda = ucx_reg_cuda,
     .rkey_import = ucx_rkey_import,
     .rkey_free = ucx_rkey_free,
     .get = ucx_get,
