@@ -35,7 +35,7 @@
 /* rows of a segment fetched per verified batch, in bytes of shard: bounds the bounce buffer */
 #define VERIFY_BATCH (64ull << 20)
 /* Readers of CUDA targets land their gets in STAGE_SLOTS pinned host buffers of STAGE_SLOT_MB
- * (WSYNC_STORE_STAGE_MB) each, copied to the GPU while the next one fills (store_stage.h). */
+ * (WSYNC_STORE_STAGE_KB, in KiB) each, copied to the GPU while the next one fills (store_stage.h). */
 #define STAGE_SLOTS 4
 #define STAGE_SLOT_MB 16
 
@@ -671,20 +671,20 @@ static wsync_status_t stage_land(void *arg)
 /* The ring and, for CUDA targets, its pinned slots, stream and events (on r->device). */
 static wsync_status_t stage_setup(wsync_receiver_t *r, store_receiver_t *st)
 {
-    const char *mb_env = getenv("WSYNC_STORE_STAGE_MB");
-    long mb = mb_env != NULL && *mb_env != '\0' ? strtol(mb_env, NULL, 10) : STAGE_SLOT_MB;
+    const char *kb_env = getenv("WSYNC_STORE_STAGE_KB");
+    long kb = kb_env != NULL && *kb_env != '\0' ? strtol(kb_env, NULL, 10) : STAGE_SLOT_MB * 1024;
     wsync_status_t rc = WSYNC_OK;
     int saved = -1;
 
-    if (mb < 1 || mb > 4096)
-        return wsync_err(WSYNC_ERR_INVALID, "store: WSYNC_STORE_STAGE_MB=%s: expected 1 to 4096 "
-                         "(MiB per staging slot)", mb_env);
-    size_t slot = (size_t)mb << 20;
+    if (kb < 4 || kb > (4l << 20))
+        return wsync_err(WSYNC_ERR_INVALID, "store: WSYNC_STORE_STAGE_KB=%s: expected 4 to %ld "
+                         "(KiB per staging slot)", kb_env, 4l << 20);
+    size_t slot = (size_t)kb << 10;
     st->slot_mem_bytes = slot * STAGE_SLOTS;
     if (posix_memalign((void **)&st->slot_mem, 4096, st->slot_mem_bytes) != 0) {
         st->slot_mem = NULL;
         return wsync_err(WSYNC_ERR_NOMEM, "store: receiver %d: no memory for %d staging slots of "
-                         "%ld MiB", r->m.rank, STAGE_SLOTS, mb);
+                         "%ld KiB", r->m.rank, STAGE_SLOTS, kb);
     }
     for (int i = 0; i < STAGE_SLOTS; i++)
         st->slots[i] = st->slot_mem + (size_t)i * slot;
@@ -734,9 +734,9 @@ static wsync_status_t store_receiver_setup(wsync_receiver_t *r)
         wsync_status_t rc = stage_setup(r, st);
         if (rc != WSYNC_OK)
             return rc;
-        WSYNC_LOG_I("store: receiver %d stages its %s targets through %d pinned host slots of "
-                    "%zu MiB", r->m.rank, st->cuda ? "CUDA" : "(forced: WSYNC_STORE_STAGE=1)",
-                    STAGE_SLOTS, st->ring.slot_bytes >> 20);
+        WSYNC_LOG_I("store: receiver %d stages its %s through %d %shost slots of %zu KiB",
+                    r->m.rank, st->cuda ? "CUDA targets" : "targets (WSYNC_STORE_STAGE=1)",
+                    STAGE_SLOTS, st->cuda ? "pinned " : "", st->ring.slot_bytes >> 10);
     }
     return WSYNC_OK;
 }
