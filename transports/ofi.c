@@ -71,12 +71,13 @@ __attribute__((format(printf, 4, 5))) static void ofi_append(char *buf, size_t l
 /* Asks one provider for RMA-capable endpoints. On success copies the name the answer carries
  * ("tcp;ofi_rxm" when a utility provider is layered on top) into found. Returns 0 or a negative
  * libfabric error. */
-static int ofi_ask(uint32_t version, const char *prov, char *found, size_t found_len)
+static int ofi_ask(uint32_t version, const char *prov, uint64_t caps, char *found,
+                   size_t found_len)
 {
     struct fi_info *hints = fi_allocinfo();
     if (!hints)
         return -FI_ENOMEM;
-    hints->caps = FI_RMA;
+    hints->caps = FI_RMA | caps;
     /* Accept any mode and memory-registration rule: the probe only asks who is there. */
     hints->mode = ~0ULL;
     hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_RAW | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
@@ -115,11 +116,13 @@ static int ofi_probe(char *reason, size_t reason_len)
     uint32_t runtime = fi_version();
     uint32_t version = ofi_api_version();
 
-    char answered[160] = "", refused[256] = "";
-    size_t apos = 0, rpos = 0;
+    char answered[160] = "", refused[256] = "", hmem[96] = "";
+    size_t apos = 0, rpos = 0, hpos = 0;
     for (size_t i = 0; i < sizeof(ofi_providers) / sizeof(ofi_providers[0]); i++) {
         char found[64];
-        int ret = ofi_ask(version, ofi_providers[i], found, sizeof(found));
+        if (ofi_ask(version, ofi_providers[i], FI_HMEM, found, sizeof(found)) == 0)
+            ofi_append(hmem, sizeof(hmem), &hpos, "%s%s", hpos ? ", " : "", ofi_providers[i]);
+        int ret = ofi_ask(version, ofi_providers[i], 0, found, sizeof(found));
         if (ret == 0 && strcmp(found, ofi_providers[i]) == 0)
             ofi_append(answered, sizeof(answered), &apos, "%s%s", apos ? ", " : "", found);
         else if (ret == 0)
@@ -136,11 +139,19 @@ static int ofi_probe(char *reason, size_t reason_len)
                  minor, refused);
         return 0;
     }
-    if (rpos == 0)
-        snprintf(reason, reason_len, "libfabric %u.%u: RMA from %s", major, minor, answered);
+    /* which path the store's CUDA shards take here (schemes/store.c): said in wsync-info */
+    char cuda[160];
+    if (hpos > 0)
+        snprintf(cuda, sizeof(cuda), "registered with FI_HMEM_CUDA (%s)", hmem);
     else
-        snprintf(reason, reason_len, "libfabric %u.%u: RMA from %s (not %s)", major, minor,
-                 answered, refused);
+        snprintf(cuda, sizeof(cuda), "staged through pinned host buffers (no provider offers "
+                                     "FI_HMEM)");
+    if (rpos == 0)
+        snprintf(reason, reason_len, "libfabric %u.%u: RMA from %s; store CUDA memory: %s", major,
+                 minor, answered, cuda);
+    else
+        snprintf(reason, reason_len, "libfabric %u.%u: RMA from %s (not %s); store CUDA memory: "
+                 "%s", major, minor, answered, refused, cuda);
     return 1;
 }
 

@@ -97,9 +97,15 @@ static int ucx_probe(char *reason, size_t reason_len)
                  minor, release, ucs_status_string(st));
         return 0;
     }
+    /* which path the store's CUDA shards take here (schemes/store.c): say it in wsync-info */
+    ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    int cuda = ucp_context_query(context, &attr) == UCS_OK &&
+               (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
     ucp_cleanup(context);
-    snprintf(reason, reason_len, "UCX %u.%u.%u: initialised with RMA and AM", major, minor,
-             release);
+    snprintf(reason, reason_len, "UCX %u.%u.%u: initialised with RMA and AM; store CUDA memory: "
+             "%s", major, minor, release,
+             cuda ? "registered with UCX (memory type CUDA)"
+                  : "staged through pinned host buffers (this UCX has no CUDA memory type)");
     return 1;
 }
 
