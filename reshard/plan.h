@@ -118,6 +118,8 @@ typedef struct {
     uint64_t *pair_bytes;            /* [nsenders * nreceivers] bytes receiver r takes from
                                         sender s, at s * nreceivers + r (param dtype bytes) */
     uint64_t fingerprint;            /* xxh3-64 of the encoded plan body */
+    uint64_t wire_bytes;             /* the encoded size, set with the fingerprint (compile) or
+                                        by decode; 0: not known (wsync_plan_wire_bytes counts) */
 } wsync_plan_t;
 /* nbuckets, bucket_used and pair_bytes are derived from chunks and segments (by compile and by
  * decode alike); they do not travel. */
@@ -145,16 +147,23 @@ wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshar
                                   wsync_plan_t **plan);
 void wsync_plan_free(wsync_plan_t *plan);
 
-/* Wire form of a plan: "WSPL", version, then counts, chunks, segments, then the xxh3-64 of all
- * that (the fingerprint), checked on decode. Appends to out; out->err set on allocation failure. */
+/* Wire form of a plan (version 2, plan_wire.c says how each record is coded): "WSPL", version,
+ * counts, the chunks, each coded against the one before, then each receiver's segments as
+ * literals or as runs copied from an earlier receiver's (data-parallel replicas), then the
+ * xxh3-64 of all that (the fingerprint), checked on decode. Deterministic: the same plan gives
+ * the same bytes. Appends to out; out->err set on allocation failure. */
 void wsync_plan_encode(const wsync_plan_t *plan, wsync_wbuf_t *out);
-/* Bytes wsync_plan_encode appends for this plan (header, chunks, segments, fingerprint), from
- * the counts alone: what a sender of the plan checks against its frame limit before encoding. */
+/* Bytes wsync_plan_encode appends for this plan: plan->wire_bytes when the compile or decode
+ * set it, else counted by coding the plan without keeping the bytes (one pass); what a sender
+ * of the plan checks against its frame limit before encoding. UINT64_MAX when out of memory. */
 uint64_t wsync_plan_wire_bytes(const wsync_plan_t *plan);
-/* Decode and validate structure (counts against the bytes left, indices in range, regions
- * consistent, chunks inside their buckets and in order, segment rows/cols equal their chunk's,
- * the fingerprint, no trailing bytes). WSYNC_ERR_PROTOCOL on anything malformed; never reads out
- * of bounds, and allocates at most a small multiple of len. *plan owned by the caller. */
+/* Decode and validate structure (the fingerprint first, counts against the bytes left and the
+ * limits, indices in range, regions consistent, chunks inside their buckets and in order,
+ * segments in (receiver, chunk) order, copies inside their reference, no trailing bytes).
+ * WSYNC_ERR_PROTOCOL on anything malformed; never reads out of bounds. Chunks take at most
+ * 56 bytes of memory per byte of len; segments are allocated as the records produce them (a
+ * copy makes many from a few bytes), never more than the header's count, itself at most
+ * WSYNC_PLAN_MAX_SEGMENTS. *plan owned by the caller. */
 wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **plan);
 
 /* Validate a decoded plan against this participant's own descriptions: every chunk of sender

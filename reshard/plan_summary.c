@@ -221,6 +221,7 @@ wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shar
     s->nreceivers = nreceivers;
     s->bucket_bytes = bucket_bytes;
     memcpy(s->pair_bytes, plan->pair_bytes, ns * nr * sizeof(uint64_t));
+    s->wire_bytes = wsync_plan_wire_bytes(plan);
     if ((st = summarize(plan, td, ntd, targets, s)) != WSYNC_OK)
         goto out;
     *summary = s;

@@ -16,9 +16,12 @@
 #include <xxhash.h>
 
 #define PLAN_MAGIC 0x4c505357u          /* "WSPL" */
-#define PLAN_VERSION 1u
-#define CHUNK_WIRE_BYTES 53u            /* smallest encoded chunk and segment: bounds counts */
-#define SEGMENT_WIRE_BYTES 48u
+/* Version 2 (issue 19): records are coded against a prediction from the record before them,
+ * and a receiver's segments may be copied in runs from an earlier receiver's (data-parallel
+ * replicas want the same bytes at the same places). Version 1 spent 53 bytes on every chunk and
+ * 48 on every segment, which put Kimi-K2 plans at 0.5-1.3 GB, past the 64 MiB control frame. */
+#define PLAN_VERSION 2u
+#define PLAN_HEADER_BYTES 32u           /* magic .. segment count */
 
 /* ------------------------------------------------------------------------------------------ */
 /* Derived tables, encoding, fingerprint                                                        */
@@ -66,14 +69,103 @@ static wsync_status_t plan_derive(wsync_plan_t *p)
     return WSYNC_OK;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* The records' coding                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * After a 32-byte header (magic, version, flags, senders, receivers, bucket bytes, chunk count,
+ * segment count), every number is an unsigned LEB128 varint; a signed difference is zigzagged.
+ *
+ * Chunk i: a varint of flags, then the fields its flags say are not predicted, in this order:
+ *   sender (difference from the previous chunk's), shard (difference), dtype (one byte), rows,
+ *   cols (differences), pitch (difference from cols), off, bucket, bucket_off (differences from
+ *   their predictions). Predictions, from the chunk before (a zero chunk before the first):
+ *   sender and dtype the same; shard the same (CF_SHARD_NEXT: one more); rows and cols the same;
+ *   pitch = cols; off = where the previous chunk's region ends when the shard is the same, else 0;
+ *   bucket the same for the same sender, else 0; bucket_off = the previous chunk's end rounded up
+ *   to WSYNC_PLAN_ALIGN in the same bucket, else 0. A chunk laid like the one before is 1 byte.
+ *
+ * Segments, receiver by receiver: a varint count, and when not 0 a varint `back` (0: none; else
+ * the receiver `back` ranks earlier is the reference), then records until the count is made:
+ *   - a literal (flags byte, top bit clear), fields not predicted following: target, piece
+ *     (differences from the previous segment's), chunk (difference from the previous + 1), pitch
+ *     (difference), off (difference from where the previous segment's region ends). rows and cols
+ *     are the chunk's and do not travel.
+ *   - a copy (flags byte 0x80 | SF_SKIP | SF_TDELTA): [skip] count [target delta]: step over
+ *     `skip` segments of the reference, then take the next `count` of them, with this receiver
+ *     and target + delta. The reference position starts at 0 and moves only by copies.
+ * The previous segment is the one before in the plan's order, whatever made it.
+ */
+#define CF_SHARD_NEXT 0x001u
+#define CF_SHARD 0x002u
+#define CF_OFF 0x004u
+#define CF_BOFF 0x008u
+#define CF_ROWS 0x010u
+#define CF_COLS 0x020u
+#define CF_BUCKET 0x040u
+#define CF_SENDER 0x080u
+#define CF_PITCH 0x100u
+#define CF_DTYPE 0x200u
+#define CF_ALL 0x3ffu
+
+#define SF_TARGET 0x01u
+#define SF_PIECE 0x02u
+#define SF_CHUNK 0x04u
+#define SF_PITCH 0x08u
+#define SF_OFF 0x10u
+#define SF_LITERAL_ALL 0x1fu
+#define SF_COPY 0x80u
+#define SF_SKIP 0x01u
+#define SF_TDELTA 0x02u
+#define SF_COPY_ALL 0x83u
+
+#define VARINT_MAX 10u
+#define RECORD_MAX (2u + 9u * VARINT_MAX)  /* longest chunk, literal, copy or receiver head */
+#define REF_TRIES 256u                     /* segments tried when choosing a reference */
+
+static inline uint64_t zigzag(uint64_t d)
+{
+    return (d << 1) ^ (uint64_t)-(int64_t)(d >> 63);
+}
+
+static inline uint64_t unzigzag(uint64_t z)
+{
+    return (z >> 1) ^ (uint64_t)-(int64_t)(z & 1);
+}
+
+static inline uint64_t align_up(uint64_t v)
+{
+    return (v + WSYNC_PLAN_ALIGN - 1) / WSYNC_PLAN_ALIGN * WSYNC_PLAN_ALIGN;
+}
+
+/* Where a region's rows would continue: the element after its last row's pitch. Wraps for
+ * hostile values; only ever a prediction. */
+static inline uint64_t region_next(const wsync_region_t *g)
+{
+    return g->off + g->rows * g->pitch;
+}
+
+static inline uint64_t chunk_off_pred(const wsync_chunk_t *pv, uint32_t shard)
+{
+    return shard == pv->shard ? region_next(&pv->src) : 0;
+}
+
+static inline uint64_t chunk_boff_pred(const wsync_chunk_t *pv, uint32_t sender, uint32_t bucket)
+{
+    return sender == pv->sender && bucket == pv->bucket ? align_up(pv->bucket_off +
+                                                                   chunk_bytes(pv)) : 0;
+}
+
 /* Records are formed in a block of this many bytes and handed on whole: appended to the wire
- * buffer, or, when only the fingerprint is wanted, hashed straight from the block (a plan of
- * millions of chunks is never held encoded, and no call is made per record). */
+ * buffer, hashed (the fingerprint), or only counted (the wire size), so a plan of millions of
+ * records is never held encoded unless it is being sent, and no call is made per record. */
 #define ENCODE_BLOCK ((size_t)64 << 10)
 
 typedef struct {
-    wsync_wbuf_t *b;                 /* the wire buffer: the header and counts go here */
+    wsync_wbuf_t *b;                 /* the header goes here first */
     XXH3_state_t *h;                 /* non-NULL: hash the bytes instead of keeping them */
+    int count_only;                  /* count the bytes instead of keeping them */
+    uint64_t total;                  /* bytes handed on */
     uint8_t blk[ENCODE_BLOCK];
     size_t used;
 } encoder_t;
@@ -81,68 +173,231 @@ typedef struct {
 /* Hand on what the wire buffer and the block hold, in that order (the byte order of the wire). */
 static void enc_flush(encoder_t *e)
 {
-    if (e->h != NULL) {
+    if (e->h != NULL || e->count_only) {
         if (!e->b->err && e->b->len > 0) {
-            XXH3_64bits_update(e->h, e->b->data, e->b->len);
+            if (e->h != NULL)
+                XXH3_64bits_update(e->h, e->b->data, e->b->len);
+            e->total += e->b->len;
             e->b->len = 0;
         }
-        if (e->used > 0)
+        if (e->used > 0 && e->h != NULL)
             XXH3_64bits_update(e->h, e->blk, e->used);
     } else {
         wsync_put_bytes(e->b, e->blk, e->used);
     }
+    e->total += e->used;
     e->used = 0;
 }
 
-/* Little-endian, as the wsync_put_* functions write: a chunk or segment is formed in place in
- * the block (a plan has millions of them). */
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#define HOST_IS_LE 1
-#else
-#define HOST_IS_LE 0
-#endif
-
-static inline uint8_t *le32(uint8_t *q, uint32_t v)
+/* Room for one more record in the block. */
+static inline uint8_t *enc_room(encoder_t *e)
 {
-    if (HOST_IS_LE) {
-        memcpy(q, &v, 4);
-    } else {
-        for (int i = 0; i < 4; i++)
-            q[i] = (uint8_t)(v >> (8 * i));
+    if (e->used + RECORD_MAX > ENCODE_BLOCK)
+        enc_flush(e);
+    return e->blk + e->used;
+}
+
+static inline uint8_t *put_varint(uint8_t *q, uint64_t v)
+{
+    while (v >= 0x80) {
+        *q++ = (uint8_t)(v | 0x80);
+        v >>= 7;
     }
-    return q + 4;
+    *q++ = (uint8_t)v;
+    return q;
 }
 
-static inline uint8_t *le64(uint8_t *q, uint64_t v)
+static void encode_chunk(encoder_t *e, const wsync_chunk_t *ch, const wsync_chunk_t *pv)
 {
-    if (HOST_IS_LE) {
-        memcpy(q, &v, 8);
-    } else {
-        for (int i = 0; i < 8; i++)
-            q[i] = (uint8_t)(v >> (8 * i));
+    uint8_t *q0 = enc_room(e), *q;
+    uint32_t f = 0;
+    uint64_t off_pred = chunk_off_pred(pv, ch->shard);
+    uint64_t bucket_pred = ch->sender == pv->sender ? pv->bucket : 0;
+    uint64_t boff_pred = chunk_boff_pred(pv, ch->sender, ch->bucket);
+
+    if (ch->sender != pv->sender)
+        f |= CF_SENDER;
+    if (ch->shard == pv->shard + 1u)
+        f |= CF_SHARD_NEXT;
+    else if (ch->shard != pv->shard)
+        f |= CF_SHARD;
+    if (ch->dtype != pv->dtype)
+        f |= CF_DTYPE;
+    if (ch->src.rows != pv->src.rows)
+        f |= CF_ROWS;
+    if (ch->src.cols != pv->src.cols)
+        f |= CF_COLS;
+    if (ch->src.pitch != ch->src.cols)
+        f |= CF_PITCH;
+    if (ch->src.off != off_pred)
+        f |= CF_OFF;
+    if (ch->bucket != bucket_pred)
+        f |= CF_BUCKET;
+    if (ch->bucket_off != boff_pred)
+        f |= CF_BOFF;
+    q = put_varint(q0, f);
+    if (f & CF_SENDER)
+        q = put_varint(q, zigzag((uint64_t)ch->sender - pv->sender));
+    if (f & CF_SHARD)
+        q = put_varint(q, zigzag((uint64_t)ch->shard - pv->shard));
+    if (f & CF_DTYPE)
+        *q++ = (uint8_t)ch->dtype;
+    if (f & CF_ROWS)
+        q = put_varint(q, zigzag(ch->src.rows - pv->src.rows));
+    if (f & CF_COLS)
+        q = put_varint(q, zigzag(ch->src.cols - pv->src.cols));
+    if (f & CF_PITCH)
+        q = put_varint(q, zigzag(ch->src.pitch - ch->src.cols));
+    if (f & CF_OFF)
+        q = put_varint(q, zigzag(ch->src.off - off_pred));
+    if (f & CF_BUCKET)
+        q = put_varint(q, zigzag((uint64_t)ch->bucket - bucket_pred));
+    if (f & CF_BOFF)
+        q = put_varint(q, zigzag(ch->bucket_off - boff_pred));
+    e->used += (size_t)(q - q0);
+}
+
+static void encode_literal(encoder_t *e, const wsync_segment_t *sg, const wsync_segment_t *pv)
+{
+    uint8_t *q0 = enc_room(e), *q = q0 + 1;
+    uint8_t f = 0;
+    uint64_t off_pred = region_next(&pv->dst);
+
+    if (sg->target != pv->target) {
+        f |= SF_TARGET;
+        q = put_varint(q, zigzag((uint64_t)sg->target - pv->target));
     }
-    return q + 8;
+    if (sg->piece != pv->piece) {
+        f |= SF_PIECE;
+        q = put_varint(q, zigzag((uint64_t)sg->piece - pv->piece));
+    }
+    if (sg->chunk != pv->chunk + 1u) {
+        f |= SF_CHUNK;
+        q = put_varint(q, zigzag((uint64_t)sg->chunk - pv->chunk - 1u));
+    }
+    if (sg->dst.pitch != pv->dst.pitch) {
+        f |= SF_PITCH;
+        q = put_varint(q, zigzag(sg->dst.pitch - pv->dst.pitch));
+    }
+    if (sg->dst.off != off_pred) {
+        f |= SF_OFF;
+        q = put_varint(q, zigzag(sg->dst.off - off_pred));
+    }
+    *q0 = f;
+    e->used += (size_t)(q - q0);
 }
 
-static inline uint8_t *le_region(uint8_t *q, const wsync_region_t *r)
+static void encode_copy(encoder_t *e, uint32_t skip, uint32_t n, uint32_t tdelta)
 {
-    q = le64(q, r->off);
-    q = le64(q, r->pitch);
-    q = le64(q, r->rows);
-    return le64(q, r->cols);
+    uint8_t *q0 = enc_room(e), *q = q0 + 1;
+    uint8_t f = SF_COPY;
+
+    if (skip > 0) {
+        f |= SF_SKIP;
+        q = put_varint(q, skip);
+    }
+    q = put_varint(q, n);
+    if (tdelta != 0) {
+        f |= SF_TDELTA;
+        q = put_varint(q, zigzag((uint64_t)(int64_t)(int32_t)tdelta));
+    }
+    *q0 = f;
+    e->used += (size_t)(q - q0);
 }
 
-/* The body (everything but the trailing fingerprint) into b, or hashed into h when h is given. */
-static void encode_body(const wsync_plan_t *p, wsync_wbuf_t *b, XXH3_state_t *h)
+/* A copy from the reference gives `sg` when all but the receiver and target agree. */
+static inline int copies(const wsync_segment_t *sg, const wsync_segment_t *rf, uint32_t tdelta)
+{
+    return sg->chunk == rf->chunk && sg->piece == rf->piece && sg->target == rf->target + tdelta &&
+           sg->dst.off == rf->dst.off && sg->dst.pitch == rf->dst.pitch;
+}
+
+/* One receiver's segments cur[0, n) against the reference ref[0, nref) (nref 0: none), both in
+ * chunk order: runs that agree are copies, the rest literals. With e NULL nothing is written and
+ * only the segments copied are counted (how a reference is chosen). prev: the segment before
+ * cur[0] in the plan (a zero segment before the first). Greedy, one pass over both. */
+static uint32_t encode_receiver(encoder_t *e, const wsync_segment_t *cur, uint32_t n,
+                                const wsync_segment_t *ref, uint32_t nref,
+                                const wsync_segment_t *prev)
+{
+    uint32_t j = 0, skip = 0, run = 0, tdelta = 0, copied = 0;
+
+    for (uint32_t i = 0; i < n; i++) {
+        const wsync_segment_t *sg = &cur[i];
+        uint32_t k;
+        if (run > 0 && j < nref && copies(sg, &ref[j], tdelta)) {
+            run++;
+            j++;
+            continue;
+        }
+        if (run > 0) {
+            if (e != NULL)
+                encode_copy(e, skip, run, tdelta);
+            copied += run;
+            skip = 0;
+            run = 0;
+        }
+        for (k = j; k < nref && ref[k].chunk < sg->chunk; k++)
+            ;
+        skip += k - j;
+        j = k;
+        if (j < nref && copies(sg, &ref[j], sg->target - ref[j].target)) {
+            tdelta = sg->target - ref[j].target;
+            run = 1;
+            j++;
+        } else if (e != NULL) {
+            encode_literal(e, sg, i > 0 ? &cur[i - 1] : prev);
+        }
+    }
+    if (run > 0) {
+        if (e != NULL)
+            encode_copy(e, skip, run, tdelta);
+        copied += run;
+    }
+    return copied;
+}
+
+/* The receiver `back` ranks before r whose segments most of r's first REF_TRIES copy (0: none
+ * helps). Tried: the 8 receivers just before, then 16, 32, 64 ... before (replicas of an engine
+ * of TP or EP size T are T apart). start[r] .. start[r + 1] are r's segments. */
+static uint32_t choose_reference(const wsync_plan_t *p, const uint32_t *start, uint32_t r)
+{
+    const wsync_segment_t *cur = &p->segments[start[r]];
+    uint32_t n = WSYNC_MIN(start[r + 1] - start[r], REF_TRIES), best = 0, best_copied = 0;
+
+    for (uint32_t back = 1; back <= r; back = back < 8 ? back + 1 : back * 2) {
+        uint32_t q = r - back, nref = start[q + 1] - start[q];
+        uint32_t c = nref == 0 ? 0 : encode_receiver(NULL, cur, n, &p->segments[start[q]],
+                                                     WSYNC_MIN(nref, 4 * n + 64), cur);
+        if (c > best_copied) {
+            best_copied = c;
+            best = back;
+        }
+    }
+    return best;
+}
+
+/* The body (everything but the trailing fingerprint) into b, hashed into h when h is given, or
+ * only counted when count_only. Returns the body's bytes (0 with b->err set on failure). */
+static uint64_t encode_body(const wsync_plan_t *p, wsync_wbuf_t *b, XXH3_state_t *h,
+                            int count_only)
 {
     encoder_t *e = malloc(sizeof(*e));
+    uint32_t *start = calloc((size_t)p->nreceivers + 1, sizeof(*start));
+    const wsync_chunk_t zc = {0};
+    const wsync_segment_t zs = {0};
+    uint64_t total;
 
-    if (e == NULL) {
+    if (e == NULL || start == NULL) {
+        free(e);
+        free(start);
         b->err = 1;
-        return;
+        return 0;
     }
     e->b = b;
     e->h = h;
+    e->count_only = count_only;
+    e->total = 0;
     e->used = 0;
     wsync_put_u32(b, PLAN_MAGIC);
     wsync_put_u16(b, PLAN_VERSION);
@@ -151,54 +406,56 @@ static void encode_body(const wsync_plan_t *p, wsync_wbuf_t *b, XXH3_state_t *h)
     wsync_put_u32(b, p->nreceivers);
     wsync_put_u64(b, p->bucket_bytes);
     wsync_put_u32(b, p->nchunks);
-    enc_flush(e);
-    for (uint32_t i = 0; i < p->nchunks; i++) {
-        const wsync_chunk_t *ch = &p->chunks[i];
-        uint8_t *q;
-        if (e->used + CHUNK_WIRE_BYTES > ENCODE_BLOCK)
-            enc_flush(e);
-        q = e->blk + e->used;
-        q = le32(q, ch->sender);
-        q = le32(q, ch->shard);
-        *q++ = (uint8_t)ch->dtype;
-        q = le_region(q, &ch->src);
-        q = le32(q, ch->bucket);
-        q = le64(q, ch->bucket_off);
-        e->used += CHUNK_WIRE_BYTES;
-    }
-    enc_flush(e);
     wsync_put_u32(b, p->nsegments);
     enc_flush(e);
-    for (uint32_t i = 0; i < p->nsegments; i++) {
-        const wsync_segment_t *sg = &p->segments[i];
-        uint8_t *q;
-        if (e->used + SEGMENT_WIRE_BYTES > ENCODE_BLOCK)
-            enc_flush(e);
-        q = e->blk + e->used;
-        q = le32(q, sg->receiver);
-        q = le32(q, sg->target);
-        q = le32(q, sg->piece);
-        q = le32(q, sg->chunk);
-        q = le_region(q, &sg->dst);
-        e->used += SEGMENT_WIRE_BYTES;
+    for (uint32_t i = 0; i < p->nchunks; i++)
+        encode_chunk(e, &p->chunks[i], i > 0 ? &p->chunks[i - 1] : &zc);
+    /* segments are in receiver order: each receiver's run */
+    for (uint32_t i = 0; i < p->nsegments; i++)
+        if (p->segments[i].receiver < p->nreceivers)
+            start[p->segments[i].receiver + 1]++;
+    for (uint32_t r = 0; r < p->nreceivers; r++)
+        start[r + 1] += start[r];
+    for (uint32_t r = 0; r < p->nreceivers; r++) {
+        uint32_t n = start[r + 1] - start[r], back;
+        const wsync_segment_t *prev = start[r] > 0 ? &p->segments[start[r] - 1] : &zs;
+        uint8_t *q0 = enc_room(e), *q = put_varint(q0, n);
+        if (n == 0) {
+            e->used += (size_t)(q - q0);
+            continue;
+        }
+        back = choose_reference(p, start, r);
+        q = put_varint(q, back);
+        e->used += (size_t)(q - q0);
+        encode_receiver(e, &p->segments[start[r]], n,
+                        back ? &p->segments[start[r - back]] : NULL,
+                        back ? start[r - back + 1] - start[r - back] : 0, prev);
     }
     enc_flush(e);
+    total = e->total;
     free(e);
+    free(start);
+    return b->err ? 0 : total;
 }
 
 uint64_t wsync_plan_wire_bytes(const wsync_plan_t *plan)
 {
-    /* magic, version, flags, senders, receivers, bucket, chunk count; segment count;
-     * fingerprint */
-    return 28u + (uint64_t)CHUNK_WIRE_BYTES * plan->nchunks + 4u +
-           (uint64_t)SEGMENT_WIRE_BYTES * plan->nsegments + 8u;
+    wsync_wbuf_t b;
+    uint64_t n;
+
+    if (plan->wire_bytes != 0)
+        return plan->wire_bytes;
+    wsync_wbuf_init(&b);
+    n = encode_body(plan, &b, NULL, 1);
+    wsync_wbuf_free(&b);
+    return n == 0 ? UINT64_MAX : n + 8u;         /* the fingerprint */
 }
 
 void wsync_plan_encode(const wsync_plan_t *plan, wsync_wbuf_t *out)
 {
     size_t start = out->len;
 
-    encode_body(plan, out, NULL);
+    encode_body(plan, out, NULL, 0);
     if (!out->err)   /* hash what was written, so the fingerprint always matches the bytes */
         wsync_put_u64(out, XXH3_64bits(out->data + start, out->len - start));
 }
@@ -207,6 +464,7 @@ wsync_status_t wsync_plan_fingerprint(wsync_plan_t *plan)
 {
     wsync_wbuf_t body;
     XXH3_state_t *hs = XXH3_createState();
+    uint64_t n;
 
     wsync_wbuf_init(&body);
     if (hs == NULL || XXH3_64bits_reset(hs) != XXH_OK) {
@@ -214,13 +472,14 @@ wsync_status_t wsync_plan_fingerprint(wsync_plan_t *plan)
         wsync_wbuf_free(&body);
         return wsync_err(WSYNC_ERR_NOMEM, "plan: hash state");
     }
-    encode_body(plan, &body, hs);
+    n = encode_body(plan, &body, hs, 0);
     if (body.err) {
         XXH3_freeState(hs);
         wsync_wbuf_free(&body);
         return wsync_err(WSYNC_ERR_NOMEM, "plan: encoding for the fingerprint");
     }
     plan->fingerprint = XXH3_64bits_digest(hs);
+    plan->wire_bytes = n + 8u;
     XXH3_freeState(hs);
     wsync_wbuf_free(&body);
     return WSYNC_OK;
@@ -230,27 +489,52 @@ wsync_status_t wsync_plan_fingerprint(wsync_plan_t *plan)
 /* Decoding: everything from the wire is checked before it is used                              */
 /* ------------------------------------------------------------------------------------------ */
 
-static void get_region(wsync_rbuf_t *r, wsync_region_t *g)
+/* A varint of at most 64 bits; sets r->err when truncated or longer. */
+static uint64_t get_varint(wsync_rbuf_t *r)
 {
-    g->off = wsync_get_u64(r);
-    g->pitch = wsync_get_u64(r);
-    g->rows = wsync_get_u64(r);
-    g->cols = wsync_get_u64(r);
+    uint64_t v = 0;
+
+    for (unsigned shift = 0; shift < 64; shift += 7) {
+        uint8_t c;
+        if (r->err || r->p >= r->end) {
+            r->err = 1;
+            return 0;
+        }
+        c = *r->p++;
+        if (shift == 63 && c > 1)
+            break;
+        v |= (uint64_t)(c & 0x7f) << shift;
+        if (!(c & 0x80))
+            return v;
+    }
+    r->err = 1;
+    return 0;
 }
 
 static wsync_status_t decode_chunk(wsync_rbuf_t *r, const wsync_plan_t *p, uint32_t i)
 {
+    static const wsync_chunk_t zc = {0};
     wsync_chunk_t *ch = &p->chunks[i];
-    uint8_t dt;
-    uint64_t esz, bytes;
+    const wsync_chunk_t *pv = i > 0 ? &p->chunks[i - 1] : &zc;
+    uint64_t f = get_varint(r), esz, bytes;
+    uint8_t dt = (uint8_t)pv->dtype;
 
-    ch->sender = wsync_get_u32(r);
-    ch->shard = wsync_get_u32(r);
-    dt = wsync_get_u8(r);
+    if (!r->err && ((f & ~(uint64_t)CF_ALL) != 0 || ((f & CF_SHARD_NEXT) && (f & CF_SHARD))))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u has unknown flags 0x%" PRIx64, i, f);
+    ch->sender = pv->sender + (f & CF_SENDER ? (uint32_t)unzigzag(get_varint(r)) : 0u);
+    ch->shard = pv->shard + (f & CF_SHARD_NEXT ? 1u : 0u) +
+                (f & CF_SHARD ? (uint32_t)unzigzag(get_varint(r)) : 0u);
+    if (f & CF_DTYPE)
+        dt = wsync_get_u8(r);
     ch->dtype = (wsync_dtype_t)dt;
-    get_region(r, &ch->src);
-    ch->bucket = wsync_get_u32(r);
-    ch->bucket_off = wsync_get_u64(r);
+    ch->src.rows = pv->src.rows + (f & CF_ROWS ? unzigzag(get_varint(r)) : 0);
+    ch->src.cols = pv->src.cols + (f & CF_COLS ? unzigzag(get_varint(r)) : 0);
+    ch->src.pitch = ch->src.cols + (f & CF_PITCH ? unzigzag(get_varint(r)) : 0);
+    ch->src.off = chunk_off_pred(pv, ch->shard) + (f & CF_OFF ? unzigzag(get_varint(r)) : 0);
+    ch->bucket = (ch->sender == pv->sender ? pv->bucket : 0u) +
+                 (f & CF_BUCKET ? (uint32_t)unzigzag(get_varint(r)) : 0u);
+    ch->bucket_off = chunk_boff_pred(pv, ch->sender, ch->bucket) +
+                     (f & CF_BOFF ? unzigzag(get_varint(r)) : 0);
     if (r->err)
         return wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated at chunk %u", i);
     if (ch->sender >= p->nsenders)
@@ -276,7 +560,6 @@ static wsync_status_t decode_chunk(wsync_rbuf_t *r, const wsync_plan_t *p, uint3
             return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u out of order (sender %u, bucket "
                              "%u)", i, ch->sender, ch->bucket);
     } else {
-        const wsync_chunk_t *pv = &p->chunks[i - 1];
         int same = ch->bucket == pv->bucket && ch->bucket_off >= pv->bucket_off + chunk_bytes(pv);
         if (!same && ch->bucket != pv->bucket + 1)
             return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u (sender %u, bucket %u, offset "
@@ -286,32 +569,162 @@ static wsync_status_t decode_chunk(wsync_rbuf_t *r, const wsync_plan_t *p, uint3
     return WSYNC_OK;
 }
 
-static wsync_status_t decode_segment(wsync_rbuf_t *r, const wsync_plan_t *p, uint32_t i)
+/* What every segment must satisfy, however it was coded: its chunk exists, its region matches
+ * the chunk's shape and is sane, and (receiver, chunk) order holds. sg->receiver is set. */
+static wsync_status_t check_segment(const wsync_plan_t *p, wsync_segment_t *sg, uint64_t i)
 {
-    wsync_segment_t *sg = &p->segments[i];
     const wsync_chunk_t *ch;
 
-    sg->receiver = wsync_get_u32(r);
-    sg->target = wsync_get_u32(r);
-    sg->piece = wsync_get_u32(r);
-    sg->chunk = wsync_get_u32(r);
-    get_region(r, &sg->dst);
-    if (r->err)
-        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated at segment %u", i);
-    if (sg->receiver >= p->nreceivers || sg->chunk >= p->nchunks)
-        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %u names receiver %u of %u, chunk %u "
-                         "of %u", i, sg->receiver, p->nreceivers, sg->chunk, p->nchunks);
+    if (sg->chunk >= p->nchunks)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %" PRIu64 " names receiver %u of %u, "
+                         "chunk %u of %u", i, sg->receiver, p->nreceivers, sg->chunk, p->nchunks);
     ch = &p->chunks[sg->chunk];
-    if (sg->dst.rows != ch->src.rows || sg->dst.cols != ch->src.cols || !region_sane(&sg->dst))
-        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %u (%" PRIu64 " x %" PRIu64 ", pitch "
-                         "%" PRIu64 ") does not match chunk %u (%" PRIu64 " x %" PRIu64 ")", i,
-                         sg->dst.rows, sg->dst.cols, sg->dst.pitch, sg->chunk, ch->src.rows,
-                         ch->src.cols);
+    sg->dst.rows = ch->src.rows;
+    sg->dst.cols = ch->src.cols;
+    if (!region_sane(&sg->dst))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %" PRIu64 " (%" PRIu64 " x %" PRIu64
+                         ", pitch %" PRIu64 ", offset %" PRIu64 ") does not match chunk %u (%"
+                         PRIu64 " x %" PRIu64 ")", i, sg->dst.rows, sg->dst.cols, sg->dst.pitch,
+                         sg->dst.off, sg->chunk, ch->src.rows, ch->src.cols);
     if (i > 0) {
-        const wsync_segment_t *pv = &p->segments[i - 1];
+        const wsync_segment_t *pv = sg - 1;
         if (cmp_rank_index(pv->receiver, pv->chunk, sg->receiver, sg->chunk) > 0)
-            return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %u out of order", i);
+            return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %" PRIu64 " out of order "
+                             "(receiver %u, chunk %u after chunk %u)", i, sg->receiver,
+                             sg->chunk, pv->chunk);
     }
+    return WSYNC_OK;
+}
+
+/* Segments are produced as they are decoded, the array grown as they come: a copy makes many
+ * from a few bytes, so the count in the header is only allocated once the records have earned
+ * it (it stays capped by WSYNC_PLAN_MAX_SEGMENTS, as checked). */
+typedef struct {
+    wsync_plan_t *p;
+    uint64_t n, cap;
+} seg_out_t;
+
+static wsync_status_t seg_reserve(seg_out_t *o, uint64_t more)
+{
+    uint64_t want = o->n + more, cap = o->cap;
+    wsync_segment_t *s;
+
+    if (want <= cap)
+        return WSYNC_OK;
+    if (want > o->p->nsegments)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: more segments than the %u in the header",
+                         o->p->nsegments);
+    while (cap < want)
+        cap = cap < 4096 ? 4096 : cap * 2;
+    cap = WSYNC_MIN(cap, (uint64_t)o->p->nsegments);
+    s = realloc(o->p->segments, (size_t)cap * sizeof(*s));
+    if (s == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "plan decode: %" PRIu64 " segments", cap);
+    o->p->segments = s;
+    o->cap = cap;
+    return WSYNC_OK;
+}
+
+static wsync_status_t decode_literal(wsync_rbuf_t *r, seg_out_t *o, uint32_t rcv, uint8_t f)
+{
+    static const wsync_segment_t zs = {0};
+    wsync_plan_t *p = o->p;
+    const wsync_segment_t *pv = o->n > 0 ? &p->segments[o->n - 1] : &zs;
+    wsync_segment_t *sg = &p->segments[o->n];
+    wsync_status_t st;
+
+    if (f & ~SF_LITERAL_ALL)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %" PRIu64 " has unknown flags 0x%x",
+                         o->n, f);
+    sg->receiver = rcv;
+    sg->target = pv->target + (f & SF_TARGET ? (uint32_t)unzigzag(get_varint(r)) : 0u);
+    sg->piece = pv->piece + (f & SF_PIECE ? (uint32_t)unzigzag(get_varint(r)) : 0u);
+    sg->chunk = pv->chunk + 1u + (f & SF_CHUNK ? (uint32_t)unzigzag(get_varint(r)) : 0u);
+    sg->dst.pitch = pv->dst.pitch + (f & SF_PITCH ? unzigzag(get_varint(r)) : 0);
+    sg->dst.off = region_next(&pv->dst) + (f & SF_OFF ? unzigzag(get_varint(r)) : 0);
+    if (r->err)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated at segment %" PRIu64, o->n);
+    if ((st = check_segment(p, sg, o->n)) != WSYNC_OK)
+        return st;
+    o->n++;
+    return WSYNC_OK;
+}
+
+static wsync_status_t decode_copy(wsync_rbuf_t *r, seg_out_t *o, uint32_t rcv, uint8_t f,
+                                  uint64_t ref, uint64_t nref, uint64_t *j, uint64_t left)
+{
+    wsync_plan_t *p = o->p;
+    uint64_t skip, n, tdelta = 0;
+    wsync_status_t st;
+
+    if (f & ~SF_COPY_ALL)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %" PRIu64 " has unknown flags 0x%x",
+                         o->n, f);
+    skip = f & SF_SKIP ? get_varint(r) : 0;
+    n = get_varint(r);
+    if (f & SF_TDELTA)
+        tdelta = unzigzag(get_varint(r));
+    if (r->err)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated at segment %" PRIu64, o->n);
+    if (n == 0 || n > left || skip > nref - *j || n > nref - *j - skip)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %" PRIu64 ": a copy of %" PRIu64
+                         " after skipping %" PRIu64 " at %" PRIu64 " of the reference's %" PRIu64
+                         ", with %" PRIu64 " segments left to this receiver", o->n, n, skip, *j,
+                         nref, left);
+    if ((st = seg_reserve(o, n)) != WSYNC_OK)
+        return st;
+    *j += skip;
+    for (uint64_t k = 0; k < n; k++, (*j)++) {
+        wsync_segment_t *sg = &p->segments[o->n];
+        *sg = p->segments[ref + *j];
+        sg->receiver = rcv;
+        sg->target += (uint32_t)tdelta;
+        if ((st = check_segment(p, sg, o->n)) != WSYNC_OK)
+            return st;
+        o->n++;
+    }
+    return WSYNC_OK;
+}
+
+/* Every receiver's segments; start[r] is where r's begin (start has nreceivers + 1 entries). */
+static wsync_status_t decode_segments(wsync_rbuf_t *r, wsync_plan_t *p, uint64_t *start)
+{
+    seg_out_t o = {p, 0, 0};
+    wsync_status_t st;
+
+    for (uint32_t rcv = 0; rcv < p->nreceivers; rcv++) {
+        uint64_t n = get_varint(r), back = 0, ref = 0, nref = 0, j = 0, end;
+        start[rcv] = o.n;
+        if (!r->err && n > 0)
+            back = get_varint(r);
+        if (r->err)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated at receiver %u's segments",
+                             rcv);
+        if (n > p->nsegments - o.n || back > rcv)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "plan: receiver %u has %" PRIu64 " segments "
+                             "(%" PRIu64 " of %u left) and reference %" PRIu64 " back", rcv, n,
+                             p->nsegments - o.n, p->nsegments, back);
+        if (back > 0) {
+            ref = start[rcv - back];
+            nref = start[rcv - back + 1] - ref;
+        }
+        end = o.n + n;
+        while (o.n < end) {
+            uint8_t f = wsync_get_u8(r);
+            if (r->err)
+                return wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated at segment %" PRIu64, o.n);
+            if (f & SF_COPY)
+                st = decode_copy(r, &o, rcv, f, ref, nref, &j, end - o.n);
+            else if ((st = seg_reserve(&o, 1)) == WSYNC_OK)
+                st = decode_literal(r, &o, rcv, f);
+            if (st != WSYNC_OK)
+                return st;
+        }
+    }
+    start[p->nreceivers] = o.n;
+    if (o.n != p->nsegments)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: %" PRIu64 " segments, the header says %u",
+                         o.n, p->nsegments);
     return WSYNC_OK;
 }
 
@@ -321,6 +734,7 @@ wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **pl
     wsync_plan_t *p;
     wsync_status_t st;
     uint32_t magic, version, flags;
+    uint64_t *start = NULL;
     size_t body_len;
     uint64_t fp;
 
@@ -337,6 +751,20 @@ wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **pl
     if (version != PLAN_VERSION || flags != 0)
         return wsync_err(WSYNC_ERR_PROTOCOL, "plan: version %u flags %u, this library reads "
                          "version %u flags 0", version, flags, PLAN_VERSION);
+    /* the whole message is hashed first: a flipped bit is named as such, not as whatever
+     * record it happened to garble */
+    if (len < PLAN_HEADER_BYTES + 8u)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated header (%zu bytes)", len);
+    body_len = len - 8u;
+    {
+        wsync_rbuf_t t;
+        wsync_rbuf_init(&t, (const uint8_t *)data + body_len, 8);
+        fp = wsync_get_u64(&t);
+    }
+    if (fp != XXH3_64bits(data, body_len))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: fingerprint %016" PRIx64 " does not match the "
+                         "content (corrupted or truncated in transit?)", fp);
+    wsync_rbuf_init(&r, (const uint8_t *)data + 8, body_len - 8);
 
     p = calloc(1, sizeof(*p));
     if (p == NULL)
@@ -344,60 +772,53 @@ wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **pl
     p->nsenders = wsync_get_u32(&r);
     p->nreceivers = wsync_get_u32(&r);
     p->bucket_bytes = wsync_get_u64(&r);
-    if (r.err) {
-        st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated header");
-        goto fail;
-    }
     if ((st = wsync_plan_check_limits(p->nsenders, p->nreceivers, p->bucket_bytes,
                                       WSYNC_ERR_PROTOCOL)))
         goto fail;
-
-    p->nchunks = wsync_get_count(&r, CHUNK_WIRE_BYTES);
+    /* a chunk is at least one byte, a receiver's segment count too */
+    p->nchunks = wsync_get_count(&r, 1);
     if (r.err) {
         st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk count larger than the message");
         goto fail;
     }
+    p->nsegments = wsync_get_u32(&r);
+    if (p->nchunks > WSYNC_PLAN_MAX_CHUNKS || p->nsegments > WSYNC_PLAN_MAX_SEGMENTS ||
+        p->nreceivers > wsync_rbuf_left(&r)) {
+        st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: %u chunks (at most %u), %u segments (at most "
+                       "%u), %u receivers in a message of %zu bytes", p->nchunks,
+                       WSYNC_PLAN_MAX_CHUNKS, p->nsegments, WSYNC_PLAN_MAX_SEGMENTS,
+                       p->nreceivers, len);
+        goto fail;
+    }
     p->chunks = calloc(p->nchunks ? p->nchunks : 1, sizeof(*p->chunks));
-    if (p->chunks == NULL) {
+    start = calloc((size_t)p->nreceivers + 1, sizeof(*start));
+    if (p->chunks == NULL || start == NULL) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan decode: %u chunks", p->nchunks);
         goto fail;
     }
     for (uint32_t i = 0; i < p->nchunks; i++)
         if ((st = decode_chunk(&r, p, i)) != WSYNC_OK)
             goto fail;
-
-    p->nsegments = wsync_get_count(&r, SEGMENT_WIRE_BYTES);
-    if (r.err) {
-        st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment count larger than the message");
+    if ((st = decode_segments(&r, p, start)) != WSYNC_OK)
+        goto fail;
+    if (wsync_rbuf_left(&r) != 0) {
+        st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: %zu trailing bytes after the segments",
+                       wsync_rbuf_left(&r));
         goto fail;
     }
-    p->segments = calloc(p->nsegments ? p->nsegments : 1, sizeof(*p->segments));
-    if (p->segments == NULL) {
-        st = wsync_err(WSYNC_ERR_NOMEM, "plan decode: %u segments", p->nsegments);
-        goto fail;
-    }
-    for (uint32_t i = 0; i < p->nsegments; i++)
-        if ((st = decode_segment(&r, p, i)) != WSYNC_OK)
-            goto fail;
-
-    body_len = len - wsync_rbuf_left(&r);
-    fp = wsync_get_u64(&r);
-    if (r.err || wsync_rbuf_left(&r) != 0) {
-        st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: %s after the segments",
-                       r.err ? "fingerprint missing" : "trailing bytes");
-        goto fail;
-    }
-    if (fp != XXH3_64bits(data, body_len)) {
-        st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: fingerprint %016" PRIx64 " does not match the "
-                       "content (corrupted in transit?)", fp);
+    if (p->segments == NULL && (p->segments = calloc(1, sizeof(*p->segments))) == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan decode");
         goto fail;
     }
     p->fingerprint = fp;
+    p->wire_bytes = len;
     if ((st = plan_derive(p)) != WSYNC_OK)
         goto fail;
+    free(start);
     *plan = p;
     return WSYNC_OK;
 fail:
+    free(start);
     wsync_plan_free(p);
     return st;
 }

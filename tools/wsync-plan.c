@@ -32,8 +32,12 @@ static void usage(FILE *out)
             "trainer ranks to R inference engines laid out as vLLM lays them out, and prints the\n"
             "bytes each receiver, each sender and each (sender, receiver) link carries, the total,\n"
             "the naive method's figures (every full param gathered and broadcast to every\n"
-            "receiver), the floor: max(most bytes into a receiver, most bytes out of a sender) /\n"
-            "link bandwidth, and what compiling the plan cost here (wall and CPU seconds, memory).\n"
+            "receiver), the floor, and what compiling the plan cost here (wall and CPU seconds,\n"
+            "memory). Every rank (sender or receiver) is taken to have its own NIC of G Gb/s,\n"
+            "full duplex, and the network to be non-blocking, so\n"
+            "  floor = max over NICs of bytes / (G x 1e9 / 8)\n"
+            "        = max(most bytes into one receiver, most bytes out of one sender) / (G / 8 GB/s)\n"
+            "(bytes of one version, counted per (sender, receiver) pair; GB = 1e9 bytes).\n"
             "\n"
             "  --config PATH     HF config.json: llama, qwen2, qwen3, qwen3_moe, deepseek_v2,\n"
             "                    deepseek_v3 (also Kimi-K2); tools/configs/ has published ones\n"
@@ -56,7 +60,8 @@ static void usage(FILE *out)
             "                    (128x128), fp8-tensor or fp8-channel (e4m3fn)\n"
             "  --vocab-pad P     vocab padding multiple of embed_tokens/lm_head (default 64)\n"
             "  --bucket-mb B     staging bucket size in MiB (default 256)\n"
-            "  --link-gbps G     link bandwidth in GB/s, 1 GB = 1e9 bytes (default 400)\n"
+            "  --link-gbps G     each rank's NIC in Gb/s, gigabits (default 400: one 400 Gb/s\n"
+            "                    NIC per GPU, 50 GB/s each way)\n"
             "  --verbose         one line per receiver and per sender, and the per-link table,\n"
             "                    however many there are (default: those past 16 as min/mean/max)\n"
             "  --json            also print one JSON object as the last line\n"
@@ -142,7 +147,7 @@ static int parse_quant(const char *text, wsync_quant_scheme_t *q)
     return -1;
 }
 
-/* "1.23 GB" style, decimal units (the link is in GB/s). */
+/* "1.23 GB" style, decimal units (GB = 1e9 bytes). */
 static const char *human(uint64_t b, char *buf, size_t len)
 {
     static const char *units[] = {"B", "kB", "MB", "GB", "TB"};
@@ -267,8 +272,8 @@ static void print_table(const options_t *o, const wsync_model_config_t *cfg,
     else
         printf("senders %d (%s) -> %d replica(s) x TP %d = %d receivers", ns, o->sender_layout,
                o->replicas, o->tp, nr);
-    printf("; quant %s; vocab pad %ld; bucket %g MiB; link %g GB/s\n\n", o->quant, o->vocab_pad,
-           (double)s->bucket_bytes / 1048576.0, o->link_gbps);
+    printf("; quant %s; vocab pad %ld; bucket %g MiB; NIC %g Gb/s per rank\n\n", o->quant,
+           o->vocab_pad, (double)s->bucket_bytes / 1048576.0, o->link_gbps);
 
     if (nr <= LIST_MAX || o->verbose) {
         printf("receivers\n  %-8s %-7s %-7s %-7s %14s %14s %14s\n", "receiver", "engine",
@@ -337,7 +342,8 @@ static void print_table(const options_t *o, const wsync_model_config_t *cfg,
     printf("plan            %" PRIu64 " chunks, %" PRIu64 " segments, fingerprint %016" PRIx64
            "\n", s->nchunks, s->nsegments, s->fingerprint);
     print_seconds(a, sizeof(a), floor_s);
-    printf("floor           %s at %g GB/s (bottleneck: %s)\n", a, o->link_gbps, bottleneck);
+    printf("floor           %s at %g Gb/s per NIC (bottleneck: %s)\n", a, o->link_gbps,
+           bottleneck);
     print_seconds(a, sizeof(a), cost->compile_s);
     print_seconds(b, sizeof(b), cost->compile_cpu_s);
     printf("compile         %s wall, %s CPU", a, b);
@@ -731,9 +737,7 @@ int main(int argc, char **argv)
         uint64_t cur;
         rss_now(&cur, &cost.rss_peak);
     }
-    /* the plan's wire form (reshard/plan.c): a 28-byte header with the chunk count, 53 bytes
-       a chunk, the segment count, 48 bytes a segment, the 8-byte fingerprint */
-    cost.wire_bytes = 28 + 53 * sum->nchunks + 4 + 48 * sum->nsegments + 8;
+    cost.wire_bytes = sum->wire_bytes;     /* the PLAN the coordinator sends, as encoded */
 
     uint64_t max_in = 0, max_out = 0;
     int arg_in = 0, arg_out = 0;
@@ -752,7 +756,7 @@ int main(int argc, char **argv)
         snprintf(bottleneck, sizeof(bottleneck), "into receiver %d", arg_in);
     else
         snprintf(bottleneck, sizeof(bottleneck), "out of sender %d", arg_out);
-    double floor_s = (double)(max_in > max_out ? max_in : max_out) / (o.link_gbps * 1e9);
+    double floor_s = (double)(max_in > max_out ? max_in : max_out) / (o.link_gbps * 1e9 / 8.0);
     uint64_t naive_total = naive * (uint64_t)nr;
 
     print_table(&o, &cfg, sum, naive, naive_total, floor_s, bottleneck, &cost);

@@ -42,6 +42,7 @@ typedef struct {
     uint64_t total_staged_bytes;          /* sum of staged_bytes_per_sender */
     uint64_t nchunks, nsegments;
     uint64_t fingerprint;                 /* the plan's xxh3-64, as the coordinator would log it */
+    uint64_t wire_bytes;                  /* the encoded plan the coordinator sends (PLAN) */
 } wsync_plan_summary_t;
 
 /* Compile the plan the coordinator would compile for these shards and targets, and summarize it.

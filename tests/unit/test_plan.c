@@ -1059,7 +1059,7 @@ static void sample_plan(wsync_wbuf_t *wb, wsync_plan_t **out)
     wsync_wbuf_init(wb);
     if (p != NULL)
         wsync_plan_encode(p, wb);
-    CHECK(!wb->err && wb->len > 100);
+    CHECK(!wb->err && wb->len > 40);
     descs_free(&d);
     *out = p;
 }
@@ -1162,16 +1162,13 @@ static void test_plan_decode_hostile(void)
             expect_protocol(buf, len, NULL);
         }
     }
-    /* a trailing byte */
+    /* a trailing byte: the fingerprint no longer covers the body */
     memcpy(buf, wb.data, len);
     buf[len] = 0;
-    expect_protocol(buf, len + 1, "trailing");
+    expect_protocol(buf, len + 1, "fingerprint");
 
-    /* well-sealed but hostile: layout is magic 0, version 4, flags 6, nsenders 8, nreceivers 12,
-     * bucket_bytes 16, nchunks 24, chunks from 28 (53 bytes: sender 0, shard 4, dtype 8, off 9,
-     * pitch 17, rows 25, cols 33, bucket 41, bucket_off 45), then nsegments, segments (48 bytes:
-     * receiver 0, target 4, piece 8, chunk 12, off 16, pitch 24, rows 32, cols 40) */
-    size_t c0 = 28, s0 = 28 + 53 * (size_t)p->nchunks + 4;
+    /* well-sealed but hostile header (version 2: magic 0, version 4, flags 6, nsenders 8,
+     * nreceivers 12, bucket_bytes 16, nchunks 24, nsegments 28, records from 32) */
 #define HOSTILE(edit, needle)                                                                 \
     do {                                                                                      \
         memcpy(buf, wb.data, len);                                                            \
@@ -1180,31 +1177,51 @@ static void test_plan_decode_hostile(void)
         expect_protocol(buf, len, needle);                                                    \
     } while (0)
     HOSTILE(put32(buf + 24, 0xffffffffu), "chunk count");
-    HOSTILE(put32(buf + s0 - 4, 0x7fffffffu), "segment count");
-    HOSTILE(buf[4] = 2, "version");
+    HOSTILE(put32(buf + 28, 0x7fffffffu), "segments (at most");
+    HOSTILE(put32(buf + 28, p->nsegments + 1), "the header says");
+    HOSTILE(put32(buf + 28, p->nsegments - 1), "segments");
+    HOSTILE(buf[4] = 1, "version");
     HOSTILE(put32(buf + 8, 0), "senders");
     HOSTILE(put32(buf + 8, 0xffffffffu), "senders");
     HOSTILE(put32(buf + 12, 1u << 30), "receivers");
     HOSTILE(put64(buf + 16, 0), "bucket");
     HOSTILE(put64(buf + 16, ~0ull), "bucket");
-    HOSTILE(put32(buf + c0, 99), "names sender 99");
-    HOSTILE(buf[c0 + 8] = 77, "unknown dtype");
-    HOSTILE(put64(buf + c0 + 25, 0), "malformed region");
-    HOSTILE(put64(buf + c0 + 25, 1ull << 62), "chunk 0");
-    HOSTILE(put64(buf + c0 + 25, 5), "does not fit");          /* 5 rows of 16 B > 64 B */
-    HOSTILE(put64(buf + c0 + 33, ~0ull), "malformed region");
-    HOSTILE(put64(buf + c0 + 9, ~0ull - 3), "malformed region");
-    HOSTILE(put64(buf + c0 + 45, 8), "does not fit");
-    HOSTILE(put64(buf + c0 + 45, 1ull << 40), "does not fit");
-    HOSTILE(put32(buf + c0 + 41, 5), "out of order");
-    HOSTILE(put32(buf + c0 + 53 + 41, 7), "out of order");
-    HOSTILE(put32(buf + s0 + 12, 1u << 20), "chunk 1048576");
-    HOSTILE(put32(buf + s0, 5), "receiver 5");
-    HOSTILE(put64(buf + s0 + 32, 1000), "does not match chunk");
-    HOSTILE(put64(buf + s0 + 40, 0), "does not match chunk");
-    HOSTILE(put64(buf + s0 + 24, 0), "does not match chunk");   /* pitch < cols */
-    HOSTILE(put32(buf + s0 + 12, 3), "out of order");           /* (receiver, chunk) order */
 #undef HOSTILE
+
+    /* hostile records: the plan edited, then encoded (the encoder codes whatever it is given,
+     * and seals it), so every field is reached through the records' coding */
+#define EDITED(edit, needle)                                                                  \
+    do {                                                                                      \
+        wsync_wbuf_t eb;                                                                      \
+        wsync_plan_t *e = NULL;                                                               \
+        wsync_wbuf_init(&eb);                                                                 \
+        CHECK_OK(wsync_plan_decode(wb.data, wb.len, &e));                                     \
+        if (e != NULL) {                                                                      \
+            e->wire_bytes = 0;                                                                \
+            edit;                                                                             \
+            wsync_plan_encode(e, &eb);                                                        \
+            CHECK(!eb.err);                                                                   \
+            expect_protocol(eb.data, eb.len, needle);                                         \
+        }                                                                                     \
+        wsync_plan_free(e);                                                                   \
+        wsync_wbuf_free(&eb);                                                                 \
+    } while (0)
+    EDITED(e->chunks[0].sender = 99, "names sender 99");
+    EDITED(e->chunks[0].dtype = (wsync_dtype_t)77, "unknown dtype");
+    EDITED(e->chunks[0].src.rows = 0, "malformed region");
+    EDITED(e->chunks[0].src.rows = 1ull << 62, "chunk 0");
+    EDITED(e->chunks[0].src.rows = 5, "does not fit");          /* 5 rows of 16 B > 64 B */
+    EDITED(e->chunks[0].src.cols = ~0ull, "malformed region");
+    EDITED(e->chunks[0].src.off = ~0ull - 3, "malformed region");
+    EDITED(e->chunks[0].bucket_off = 8, "does not fit");
+    EDITED(e->chunks[0].bucket_off = 1ull << 40, "does not fit");
+    EDITED(e->chunks[0].bucket = 5, "out of order");
+    EDITED(e->chunks[1].bucket = e->chunks[0].bucket + 7, "out of order");
+    EDITED(e->segments[0].chunk = 1u << 20, "chunk 1048576");
+    EDITED(e->segments[0].dst.off = ~0ull - 3, "does not match chunk");
+    EDITED(e->segments[0].chunk = e->segments[1].chunk + 1, "out of order");
+#undef EDITED
+    CHECK(p->segments[0].receiver == p->segments[1].receiver);  /* so the last edit tests order */
 
     /* garbage after a valid magic, of many lengths */
     for (int i = 0; i < 2000; i++) {
@@ -1224,6 +1241,96 @@ static void test_plan_decode_hostile(void)
     }
     wsync_plan_free(p);
     wsync_wbuf_free(&wb);
+    arena_free();
+}
+
+/* The version 2 coding written out by hand, as plan_wire.c documents it: one f32 chunk [1, 4],
+ * receiver 0 takes it as a literal, receiver 1 copies receiver 0's segment. Then the copies and
+ * literals a hostile coordinator could send. */
+static size_t hand_plan(uint8_t *buf, const uint8_t *seg1, size_t nseg1, uint32_t nsegments)
+{
+    static const uint8_t head[] = {'W', 'S', 'P', 'L', 2, 0, 0, 0};
+    static const uint8_t chunk_and_r0[] = {
+        0xb0, 0x04, 3, 2, 8,   /* chunk: flags dtype|rows|cols (0x230), f32, rows +1, cols +4 */
+        1, 0,                  /* receiver 0: 1 segment, no reference */
+        0x0c, 1, 8};           /* literal: chunk -1 from the predicted 1, pitch +4 */
+    size_t n = 0;
+
+    memcpy(buf, head, sizeof(head));
+    n += sizeof(head);
+    put32(buf + n, 1);                       /* senders */
+    put32(buf + n + 4, 2);                   /* receivers */
+    put64(buf + n + 8, 64);                  /* bucket bytes */
+    put32(buf + n + 16, 1);                  /* chunks */
+    put32(buf + n + 20, nsegments);
+    n += 24;
+    memcpy(buf + n, chunk_and_r0, sizeof(chunk_and_r0));
+    n += sizeof(chunk_and_r0);
+    memcpy(buf + n, seg1, nseg1);
+    n += nseg1 + 8;
+    reseal(buf, n);
+    return n;
+}
+
+static void test_plan_wire_v2_by_hand(void)
+{
+    uint8_t buf[128];
+    wsync_plan_t *q = NULL;
+    size_t n;
+    static const uint8_t copy1[] = {1, 1, 0x80, 1};          /* 1 segment, reference 1 back */
+
+    n = hand_plan(buf, copy1, sizeof(copy1), 2);
+    CHECK_OK(wsync_plan_decode(buf, n, &q));
+    if (q != NULL) {
+        CHECK(q->nchunks == 1 && q->nsegments == 2 && q->wire_bytes == n);
+        CHECK(q->chunks[0].dtype == WSYNC_DTYPE_F32 && q->chunks[0].src.rows == 1 &&
+              q->chunks[0].src.cols == 4 && q->chunks[0].src.pitch == 4 &&
+              q->chunks[0].src.off == 0 && q->chunks[0].bucket_off == 0);
+        for (int i = 0; i < 2; i++)
+            CHECK(q->segments[i].receiver == (uint32_t)i && q->segments[i].chunk == 0 &&
+                  q->segments[i].target == 0 && q->segments[i].dst.pitch == 4 &&
+                  q->segments[i].dst.rows == 1 && q->segments[i].dst.cols == 4);
+        CHECK(q->pair_bytes[0] == 16 && q->pair_bytes[1] == 16);
+        {   /* and the encoder writes exactly these bytes */
+            wsync_wbuf_t b;
+            wsync_wbuf_init(&b);
+            wsync_plan_encode(q, &b);
+            CHECK(b.len == n && memcmp(b.data, buf, n) == 0);
+            wsync_wbuf_free(&b);
+        }
+    }
+    wsync_plan_free(q);
+    {
+        static const uint8_t tdelta[] = {1, 1, 0x82, 1, 6};  /* copy with target + 3 */
+        q = NULL;
+        n = hand_plan(buf, tdelta, sizeof(tdelta), 2);
+        CHECK_OK(wsync_plan_decode(buf, n, &q));
+        CHECK(q != NULL && q->segments[1].target == 3);
+        wsync_plan_free(q);
+    }
+#define HAND(bytes, nsegs, needle)                                                            \
+    do {                                                                                      \
+        static const uint8_t b_[] = bytes;                                                    \
+        n = hand_plan(buf, b_, sizeof(b_), nsegs);                                            \
+        expect_protocol(buf, n, needle);                                                      \
+    } while (0)
+#define B(...) {__VA_ARGS__}
+    HAND(B(1, 1, 0x80, 2), 2, "a copy of 2");                /* more than the reference has */
+    HAND(B(2, 1, 0x80, 2), 3, "a copy of 2");                /* the reference has 1 */
+    HAND(B(1, 1, 0x81, 1, 1), 2, "after skipping 1");        /* skips past its end */
+    HAND(B(1, 1, 0x80, 0), 2, "a copy of 0");
+    HAND(B(1, 2, 0x80, 1), 2, "reference 2 back");           /* before receiver 0 */
+    HAND(B(1, 0, 0x80, 1), 2, "of the reference's 0");       /* copy with no reference */
+    HAND(B(1, 1, 0x84, 1), 2, "unknown flags 0x84");
+    HAND(B(1, 0, 0x20), 2, "unknown flags 0x20");            /* literal */
+    HAND(B(1, 0, 0x04, 0), 2, "chunk 1 of 1");               /* literal naming chunk 1 */
+    HAND(B(1, 0, 0x1f), 2, "truncated at segment 1");
+    HAND(B(1, 1, 0x80, 1), 1, "receiver 1 has 1 segments (0 of 1 left)");
+    HAND(B(1, 1, 0x80, 1, 0), 2, "trailing");
+    HAND(B(1, 1, 0x80, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f), 2,
+         "truncated at segment 1");                          /* a varint past 64 bits */
+#undef B
+#undef HAND
     arena_free();
 }
 
@@ -1400,6 +1507,7 @@ int main(void)
     RUN(test_desc_validation);
     RUN(test_plan_round_trip);
     RUN(test_plan_decode_hostile);
+    RUN(test_plan_wire_v2_by_hand);
     RUN(test_check_sender_receiver);
     RUN(test_desc_codec);
     RUN(test_exec_fp8);
