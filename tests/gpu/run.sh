@@ -26,8 +26,11 @@
 #      floor, and (step "moe-baselines") the peers' all-gather method on the same scenarios in
 #      one torch.distributed.run launch (bench/baselines/suite.py, method a with MoE shapes);
 #   4. bench/baselines/run.sh when it exists (the peers' methods).
+#   3b. the store on CUDA memory (issue 19, step "store-cuda", about 4 minutes): test_schemes
+#      --only store, then wsync-bench FSDP-2 -> TP-2 through the store on CUDA and on host memory
+#      and the raw transport's gets, over UCX and libfabric (a table in the summary);
 # $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes faults python bench moe
-# moe-baselines baselines"), $WSYNC_BENCH_SHAPE the model shape of the dense benchmarks (default
+# moe-baselines store-cuda baselines"), $WSYNC_BENCH_SHAPE the model shape of the dense benchmarks (default
 # qwen3-8b) and $WSYNC_MOE_SHAPE that of the MoE ones (default qwen3-30b-a3b; tiny-moe for a
 # quick try); WSYNC_MOE_FUSED=1 adds a colocated EP row whose senders shard the fused experts
 # (transformers 5.x's gate_up_proj / down_proj: whole experts per sender, --fused-experts).
@@ -258,6 +261,42 @@ if ! skipped moe-baselines && [ -n "$MOE_RUNS" ]; then
     fi
 fi
 
+# ---- 3b. the store on CUDA memory (issue 19.6, step "store-cuda"): test_schemes' store cases
+# (FSDP-2 -> TP-2 on CUDA memory through the store, snapshots bf16 / fp8-block and in place,
+# byte-checked), then per transport, in one run: wsync-bench FSDP-2 -> TP-2 of
+# $WSYNC_STORE_SHAPE (default qwen3-0.6b) through the store on CUDA memory and on host memory
+# (each byte-checked), and the raw transport's gets (1 GiB to 2 readers, host memory)
+STORE_SHAPE=${WSYNC_STORE_SHAPE:-qwen3-0.6b}
+: > "$WORK/store.jsonl"
+store_bench() {   # name, then wsync-bench arguments
+    local name=$1
+    shift
+    run_one "store $name" "${WSYNC_STORE_LIMIT:-180}" "$BENCH" --json "$@"
+    local rc=$? line
+    line=$(grep '^{' "$WORK/store $name.log" | tail -n 1)
+    echo "{\"bench\": \"$name\", \"rc\": $rc, \"result\": ${line:-null}}" >> "$WORK/store.jsonl"
+    return 0
+}
+if ! skipped store-cuda; then
+    if [ -x "$BUILD/tests/gpu/test_schemes" ]; then
+        run_one "store-cuda test_schemes" 240 "$BUILD/tests/gpu/test_schemes" --only store \
+            --json "$WORK/store-cuda.json"
+    fi
+    if [ -x "$BENCH" ]; then
+        coloc=$([ "$NGPU" -ge 4 ] || echo --colocated)
+        for tr in ucx ofi; do
+            store_bench "cuda-$tr" --model-shape "$STORE_SHAPE" --mem cuda --scheme store \
+                --transport $tr --senders 2 --tp 2 $coloc --iters 5 --warmup 1 --timeout 150
+            store_bench "host-$tr" --model-shape "$STORE_SHAPE" --mem host --scheme store \
+                --transport $tr --senders 2 --tp 2 --iters 5 --warmup 1 --timeout 150
+            store_bench "raw-$tr" --scheme store --transport $tr --mem host --receivers 2 \
+                --bytes 1G --iters 5 --warmup 1 --timeout 150
+        done
+        # store.jsonl stays in logs.tar.gz (the device tool brings back few files): the
+        # summary's table has its figures
+    fi
+fi
+
 # ---- 4. the peers' methods, when present (bench/baselines, helper D)
 if ! skipped baselines && [ -f bench/baselines/run.sh ]; then
     OUT="$WORK/baselines" run_one baselines 180 bash bench/baselines/run.sh "$BUILD"
@@ -393,6 +432,30 @@ EOF
         moe_table 2>&1 || cat "$WORK/moe.jsonl"
     fi
     [ -n "$MOE_NOTES" ] && echo "   $MOE_NOTES"
+    if [ -s "$WORK/store.jsonl" ]; then
+        echo
+        echo "-- the store on CUDA memory ($STORE_SHAPE FSDP-2 -> TP-2; GB/s = bytes moved / median fetch of the slowest receiver; raw = the transport's gets to 2 readers, aggregate)"
+        python3 - "$WORK/store.jsonl" <<'EOF' 2>&1 || cat "$WORK/store.jsonl"
+import json, sys
+rows = {}
+for l in open(sys.argv[1]):
+    if l.strip():
+        r = json.loads(l)
+        rows[r["bench"]] = r
+def cell(name, key):
+    r = rows.get(name)
+    j = r and r["result"]
+    return j.get(key) if j else None
+f = lambda x: "%10.3f" % x if x else "%10s" % "-"
+print("%-4s %10s %10s %10s %10s %10s  %s" % ("tr", "cuda GB/s", "host GB/s", "raw GB/s",
+      "cuda/raw", "host/raw", "correct (cuda, host)"))
+for tr in ("ucx", "ofi"):
+    c, h = cell("cuda-" + tr, "gbps"), cell("host-" + tr, "gbps")
+    raw = cell("raw-" + tr, "baseline_gbps_aggregate")
+    print("%-4s %s %s %s %s %s  %s, %s" % (tr, f(c), f(h), f(raw), f(c / raw if c and raw else None),
+          f(h / raw if h and raw else None), cell("cuda-" + tr, "correct"), cell("host-" + tr, "correct")))
+EOF
+    fi
     if [ -f "$WORK/baselines.log" ]; then
         echo
         echo "-- baselines (last lines)"

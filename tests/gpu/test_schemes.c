@@ -427,6 +427,7 @@ typedef struct {
     model_id_t model;          /* when big is 0: MODEL_SMALL or a mixture of experts */
     int ep;                    /* receivers hold whole experts (EP = TP) */
     int nan_v2;                /* sender 1 puts a NaN in layer 0's down_proj in version 2 */
+    int in_place;              /* store: snapshot = 0 (the shards themselves are published) */
     int ngpu;
     int port;
     int rank;                  /* in the child: sender rank, or receiver rank */
@@ -461,6 +462,24 @@ static void note_error(int slot, wsync_status_t st)
 }
 
 #define NAN_PARAM "model.layers.0.mlp.down_proj.weight"
+
+/* store groups: until every receiver checked `v` versions (bounded by the group's limit). */
+static void store_wait_readers(const group_t *g, int v)
+{
+    long long until = proc_now_ms() + GROUP_LIMIT_MS;
+    int nr = g->tp * g->replicas, low = 0;
+    if (strcmp(g->scheme, "store") != 0 || v <= 0)
+        return;
+    while (proc_now_ms() < until) {
+        low = v;
+        for (int r = 0; r < nr; r++)
+            if (g_shared->versions_right[r] < low)
+                low = g_shared->versions_right[r];
+        if (low >= v)
+            return;
+        usleep(2000);
+    }
+}
 
 static int sender_main(void *arg)
 {
@@ -517,6 +536,9 @@ static int sender_main(void *arg)
     sp.heartbeat_ms = 200;
     if (g->big)
         sp.bucket_bytes = 4 << 20;
+    int store = strcmp(g->scheme, "store") == 0;
+    if (store)
+        sp.snapshot = !g->in_place;
     CHECK_OK(wsync_sender_create(ctx, &sp, &s));
     if (check_failures)
         goto out;
@@ -543,6 +565,9 @@ static int sender_main(void *arg)
         CHECK_OK(st);
     }
     for (int v = 1; v <= VERSIONS && failed_at == 0; v++) {
+        /* the store: receivers fetch the newest version when they like; lockstep here (every
+         * receiver checked v - 1 before v is written), so that each takes every version */
+        store_wait_readers(g, v - 1);
         /* fresh data: every element of every shard */
         for (size_t k = 0; k < n; k++) {
             uint64_t cnt = elems_of(&shards[k].param, &shards[k].box), rowe = 1;
@@ -575,6 +600,8 @@ static int sender_main(void *arg)
             break;
         }
     }
+    if (failed_at == 0) /* the store lives in the senders: stay until the readers are done */
+        store_wait_readers(g, VERSIONS);
     if (g->kill_receiver < 0 && !g->expect_error && failed_at)
         fprintf(stderr, "sender %d: version %d failed: %s\n", rank, failed_at,
                 g_shared->error_text[rank]);
@@ -969,6 +996,19 @@ static void run_cases(void)
         k.name = strdup(name);
         if (wanted(&k))
             run_group(k);
+    }
+    /* the store on CUDA memory (issue 19.6), FSDP-2 -> TP-2 sharing GPUs: snapshots copied from
+     * the GPU (bf16 and fp8-block targets, FP8 quantized at the receiver) and the shards
+     * published in place (registered where UCX/libfabric take CUDA memory, else staged) */
+    for (int c = 0; c < 3; c++) {
+        group_t g = {.scheme = "store", .nsenders = 2, .tp = 2, .replicas = 1, .colocated = 1,
+                     .fp8 = c == 1, .in_place = c == 2, .kill_receiver = -1};
+        char name[96];
+        snprintf(name, sizeof(name), "store colocated FSDP-2 -> TP-2 %s, %s",
+                 c == 1 ? "fp8-block" : "bf16", c == 2 ? "in place" : "snapshots");
+        g.name = strdup(name);
+        if (wanted(&g))
+            run_group(g);
     }
     /* mixture of experts (issue 16), the tiny Qwen3-MoE and DeepSeek-V3: FSDP-2 -> TP-2 (every
      * expert split inside, I_p = I / 2) and -> EP-2 (whole experts per receiver, 3-D FusedMoE
