@@ -7,6 +7,7 @@
  * was evicted (WSYNC_ERR_NOT_FOUND, naming what is kept), then takes the newest, 5. Every element
  * is checked against value(), computed by each reader on its own. Needs root and iproute2,
  * otherwise it says why and exits 77 (skipped). */
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,6 +33,14 @@ static char coord[64];
 static int linger[2], published[2];
 /* the host (namespace index) of each reader */
 static const int reader_host[NRECEIVERS] = {1, 2, 2};
+
+/* One byte from fd within ms milliseconds (a child that died never writes it). */
+static int read_within(int fd, char *c, int ms)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+
+    return poll(&p, 1, ms) == 1 && read(fd, c, 1) == 1;
+}
 
 static uint16_t value(uint64_t v, size_t i)
 {
@@ -213,7 +222,7 @@ static void case_store_three_namespaces_late_reader(void)
     for (int i = 0; i < early; i++)
         pids[NSENDERS + i] = proc_spawn(receiver_main, (void *)(intptr_t)i, 60);
     /* every version published, and the first readers done (their leases released) */
-    CHECK_MSG(read(published[0], &c, 1) == 1, "sender 0 never said it published");
+    CHECK_MSG(read_within(published[0], &c, 30000), "sender 0 never said it published");
     proc_wait_all(pids + NSENDERS, early, 40000, codes + NSENDERS);
     pids[NSENDERS + early] = proc_spawn(receiver_main, (void *)(intptr_t)early, 60);
     proc_wait_all(pids + NSENDERS + early, 1, 40000, codes + NSENDERS + early);
