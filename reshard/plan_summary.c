@@ -4,8 +4,10 @@
 
 #include "core/status.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DEFAULT_BUCKET_BYTES ((size_t)256 << 20)
 
@@ -139,6 +141,57 @@ static wsync_status_t summarize(const wsync_plan_t *p, const wsync_target_desc_t
     return WSYNC_OK;
 }
 
+/* WSYNC_PLAN_WIRE_CHECK=1: what every participant would do with the plan the coordinator sends:
+ * encode it, decode it, check it is the same plan (the decoded plan encodes to the same bytes,
+ * with the same fingerprint), and check every sender's and receiver's part against its own
+ * descriptions (wsync_plan_check_sender / _receiver). Off by default: it costs a few times the
+ * compile's memory traffic. Sets s->wire_checked and s->wire_check_seconds. */
+static wsync_status_t wire_check(const wsync_plan_t *plan, const wsync_shard_desc_t *sd,
+                                 size_t nsd, const wsync_target_desc_t *td, size_t ntd,
+                                 wsync_plan_summary_t *s)
+{
+    const char *env = getenv("WSYNC_PLAN_WIRE_CHECK");
+    wsync_wbuf_t a, b;
+    wsync_plan_t *q = NULL;
+    wsync_status_t st = WSYNC_OK;
+    struct timespec t0, t1;
+
+    if (env == NULL || strcmp(env, "1") != 0)
+        return WSYNC_OK;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    wsync_wbuf_init(&a);
+    wsync_wbuf_init(&b);
+    wsync_plan_encode(plan, &a);
+    if (a.err)
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan wire check: encoding");
+    if (st == WSYNC_OK)
+        st = wsync_plan_decode(a.data, a.len, &q);
+    if (st == WSYNC_OK) {
+        wsync_plan_encode(q, &b);
+        if (b.err || b.len != a.len || memcmp(a.data, b.data, a.len) != 0 ||
+            q->fingerprint != plan->fingerprint || q->nchunks != plan->nchunks ||
+            q->nsegments != plan->nsegments || a.len != plan->wire_bytes)
+            st = wsync_err(WSYNC_ERR_INTERNAL, "plan wire check: the decoded plan (%u chunks, "
+                           "%u segments, %zu bytes) differs from the compiled one (%u, %u, %"
+                           PRIu64 ")", q->nchunks, q->nsegments, b.len, plan->nchunks,
+                           plan->nsegments, plan->wire_bytes);
+    }
+    for (uint32_t r = 0; st == WSYNC_OK && r < plan->nsenders; r++)
+        st = wsync_plan_check_sender(q, r, sd, nsd);
+    for (uint32_t r = 0; st == WSYNC_OK && r < plan->nreceivers; r++)
+        st = wsync_plan_check_receiver(q, r, td, ntd);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    wsync_plan_free(q);
+    wsync_wbuf_free(&a);
+    wsync_wbuf_free(&b);
+    if (st == WSYNC_OK) {
+        s->wire_checked = 1;
+        s->wire_check_seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec -
+                                                                                   t0.tv_nsec);
+    }
+    return st;
+}
+
 wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shard_sender,
                                     size_t nshards, const wsync_target_t *targets,
                                     const int *target_receiver, size_t ntargets, int nsenders,
@@ -222,7 +275,8 @@ wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shar
     s->bucket_bytes = bucket_bytes;
     memcpy(s->pair_bytes, plan->pair_bytes, ns * nr * sizeof(uint64_t));
     s->wire_bytes = wsync_plan_wire_bytes(plan);
-    if ((st = summarize(plan, td, ntd, targets, s)) != WSYNC_OK)
+    if ((st = summarize(plan, td, ntd, targets, s)) != WSYNC_OK ||
+        (st = wire_check(plan, sd, nsd, td, ntd, s)) != WSYNC_OK)
         goto out;
     *summary = s;
     s = NULL;

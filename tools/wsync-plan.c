@@ -75,7 +75,8 @@ static void usage(FILE *out)
             "figures, one thread); 'layouts' is the time building every rank's shards and\n"
             "targets, which a real group spreads over its ranks. 'plan memory' is the process's\n"
             "peak resident size during the compile less its size before; 'wire' is the size of\n"
-            "the encoded plan the coordinator sends.\n");
+            "the encoded plan the coordinator sends (WSYNC_PLAN_WIRE_CHECK=1: also encoded,\n"
+            "decoded and checked as every participant checks it, after the timed compile).\n");
 }
 
 typedef struct {
@@ -353,7 +354,12 @@ static void print_table(const options_t *o, const wsync_model_config_t *cfg,
            human(cost->rss_peak > cost->rss_before ? cost->rss_peak - cost->rss_before : 0, a,
                  sizeof(a)),
            human(cost->rss_peak, b, sizeof(b)), human(cost->rss_before, c, sizeof(c)));
-    printf("wire            %s (encoded plan)\n", human(cost->wire_bytes, a, sizeof(a)));
+    printf("wire            %s (encoded plan, %s the %u-byte control frame)\n",
+           human(cost->wire_bytes, a, sizeof(a)),
+           cost->wire_bytes <= (64u << 20) ? "fits" : "PAST", 64u << 20);
+    if (s->wire_checked)
+        printf("wire check      encode -> decode -> same plan -> every sender's and receiver's "
+               "check: ok, %.3f s\n", s->wire_check_seconds);
     printf("\nNote: 'moved' counts the checkpoint dtype. FP8 targets are quantized on the "
            "receiver in this version,\nso their params travel as bf16; 'landed' (1 byte per FP8 "
            "element + fp32 scales) is what the\ntargets hold, not what the links carry. 'sent' "
@@ -431,6 +437,7 @@ static int print_json(const options_t *o, const wsync_model_config_t *cfg,
                                                       ? cost->rss_peak - cost->rss_before
                                                       : 0)));
     json_object_set_new(root, "plan_wire_bytes", json_integer((json_int_t)cost->wire_bytes));
+    json_object_set_new(root, "plan_wire_checked", json_boolean(s->wire_checked));
 
     char *text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(12));
     json_decref(root);

@@ -43,6 +43,10 @@ typedef struct {
     uint64_t nchunks, nsegments;
     uint64_t fingerprint;                 /* the plan's xxh3-64, as the coordinator would log it */
     uint64_t wire_bytes;                  /* the encoded plan the coordinator sends (PLAN) */
+    int wire_checked;                     /* 1: WSYNC_PLAN_WIRE_CHECK=1 was set, and the plan
+                                             went through encode -> decode -> every sender's and
+                                             receiver's check, and came back the same plan */
+    double wire_check_seconds;            /* wall time of that check */
 } wsync_plan_summary_t;
 
 /* Compile the plan the coordinator would compile for these shards and targets, and summarize it.
@@ -58,7 +62,11 @@ typedef struct {
  * (the message names the shard or target and the field); otherwise the plan compiler's own
  * error, with its message (WSYNC_ERR_MISMATCH naming the param and receiver for a piece no
  * sender covers, and so on). *summary is written only on success.
- * Allocates memory proportional to the plan; no other state: thread-safe. */
+ * Allocates memory proportional to the plan; no other state: thread-safe.
+ * With WSYNC_PLAN_WIRE_CHECK=1 in the environment it also encodes the plan, decodes it, checks
+ * the decoded plan is the same and passes every sender's and receiver's own check against the
+ * descriptions (what participants do with the PLAN message), and fails with that error if not;
+ * wire_checked says it ran. */
 wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shard_sender,
                                     size_t nshards, const wsync_target_t *targets,
                                     const int *target_receiver, size_t ntargets, int nsenders,

@@ -276,6 +276,34 @@ static void summary_matches_reference(void)
     }
 }
 
+/* WSYNC_PLAN_WIRE_CHECK=1: the plan goes through encode -> decode -> every participant's check,
+ * and the summary says so; without it, nothing is checked. wire_bytes is the version 2 encoding,
+ * far smaller than the 53 + 48 bytes per chunk and segment of version 1. */
+static void summary_wire_check(void)
+{
+    group_t g;
+    wsync_plan_summary_t *plain = NULL, *checked = NULL;
+    CHECK(group_build(&g, WSYNC_QUANT_NONE, 64) == 0);
+    unsetenv("WSYNC_PLAN_WIRE_CHECK");
+    CHECK_OK(summarize(&g, 4096, &plain));
+    setenv("WSYNC_PLAN_WIRE_CHECK", "1", 1);
+    CHECK_OK(summarize(&g, 4096, &checked));
+    unsetenv("WSYNC_PLAN_WIRE_CHECK");
+    if (plain && checked) {
+        CHECK(plain->wire_checked == 0 && checked->wire_checked == 1);
+        CHECK(checked->wire_check_seconds > 0);
+        CHECK(checked->fingerprint == plain->fingerprint);
+        CHECK(checked->wire_bytes == plain->wire_bytes);
+        uint64_t v1 = 28 + 53 * plain->nchunks + 4 + 48 * plain->nsegments + 8;
+        CHECK_MSG(plain->wire_bytes > 32 && plain->wire_bytes < v1 / 4,
+                  "%" PRIu64 " bytes for %" PRIu64 " chunks, %" PRIu64 " segments",
+                  plain->wire_bytes, plain->nchunks, plain->nsegments);
+    }
+    wsync_plan_summary_free(plain);
+    wsync_plan_summary_free(checked);
+    group_free(&g);
+}
+
 static void summary_small_buckets(void)
 {
     group_t g;
@@ -479,6 +507,7 @@ int main(void)
 {
     RUN(summary_matches_reference);
     RUN(summary_small_buckets);
+    RUN(summary_wire_check);
     RUN(summary_fp8_moved_vs_landed);
     RUN(summary_errors);
     RUN(tool_json);
