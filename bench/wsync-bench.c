@@ -5,7 +5,10 @@
  *    memcpy bandwidth.
  *  - store: one sender process (the store's publisher, snapshot mode) and R receiver processes
  *    over UCX or libfabric; times each receiver's wsync_receiver_fetch of a published version
- *    against a raw get loop over the same transport (1 owner process, R reader processes).
+ *    against a raw get loop over the same transport (1 owner process, R reader processes), the
+ *    two interleaved round by round in one run (raw round k, then the store's version k + 1), so
+ *    that whatever else the machine does weighs on both alike; the ratio is the median of the
+ *    rounds' paired ratios.
  *
  * The parent forks every child before any wsync object exists (a process with wsync or transport
  * threads is never forked), then only watches: children send their timings back through a pipe
@@ -48,8 +51,6 @@
 #define MAX_VERSIONS 100000          /* store: warmup + iters, bounded by the shared page */
 #define STORE_KEEP_VERSIONS 2        /* the library's default, set explicitly */
 #define RAW_GET_BYTES ((size_t)1 << 20)
-#define RAW_WARMUP 1
-#define RAW_RUNS 3
 
 /* The page every process shares, mapped by the parent before forking. The sender leaves one xxh3
  * per param, then ready = 1; the store's run also meets here (see bench_store_shm_t). */
@@ -57,10 +58,9 @@ typedef struct {
     atomic_int ready;
     int nparams;
     /* store: the last version published, receivers that finished (bytes checked, receiver
-     * freed), the raw readers' barrier (one counter per run) and the raw transport's words */
+     * freed), and the raw transport's words */
     atomic_int published;
     atomic_int done;
-    atomic_int raw_arrived[RAW_WARMUP + RAW_RUNS];
     char raw_info[256];
     uint64_t hash[];
 } bench_shared_t;
@@ -68,8 +68,10 @@ typedef struct {
 /* Arrays of the store's run, in a second shared mapping (also made before forking). */
 typedef struct {
     atomic_int *fetched;     /* [versions + 1]: receivers that fetched version v */
+    atomic_int *raw_arrived; /* [versions]: raw readers at the start of round k (a barrier) */
+    atomic_int *raw_done;    /* [versions]: raw readers done with round k */
     double *fetch_s;         /* [versions * R]: seconds of version v's fetch by receiver r */
-    double *raw_s;           /* [RAW_RUNS * R]: seconds of timed raw run k by reader r */
+    double *raw_s;           /* [versions * R]: seconds of raw round k by reader r */
     void *base;
     size_t len;
 } bench_store_shm_t;
@@ -141,12 +143,13 @@ static void usage(FILE *out)
             "GB/s delivered to each receiver (GB = 1e9 bytes), one core's memcpy GB/s for N\n"
             "bytes measured in the same run, and their ratio.\n"
             "\n"
-            "store: first measures the transport without wsync (one owner process registers N\n"
-            "bytes, R reader processes each get all of them at once in 1 MiB gets: one warm-up,\n"
-            "then the median of 3 runs), then runs the store: one sender publishes versions\n"
-            "1..W+K (snapshots), and after each publish every receiver times\n"
-            "wsync_receiver_fetch of that version. Reports the median fetch time, the GB/s per\n"
-            "receiver, the raw get GB/s per reader, and their ratio.\n"
+            "store: measures the transport without wsync (one owner process registers N bytes,\n"
+            "R reader processes each get all of them at once in 1 MiB gets) and the store (one\n"
+            "sender publishes versions 1..W+K as snapshots; after each publish every receiver\n"
+            "times wsync_receiver_fetch of that version) in W+K rounds, each a raw round then a\n"
+            "store version, all processes alive throughout. Reports the median fetch time, the\n"
+            "GB/s per receiver, the raw get GB/s per reader, and the ratio: the median over the\n"
+            "K timed rounds of raw seconds / store seconds, with its min and max.\n"
             "\n"
             "Every receiver checks its bytes against the sender's (xxh3); a mismatch fails the\n"
             "run.\n"
@@ -1064,9 +1067,10 @@ out:
     return rc;
 }
 
-/* Reader `rank`: connects to the owner, then RAW_WARMUP + RAW_RUNS times, together with the
- * other readers (a barrier on the shared page), gets all N bytes in 1 MiB gets, all in flight,
- * and flushes; the timed runs' seconds go to the shared page. Checks the bytes at the end. */
+/* Reader `rank`: connects to the owner, then for every round k (warmup + iters of them), once
+ * the store's version k is fetched (round 0: at once) and together with the other readers (a
+ * barrier on the shared page), gets all N bytes in 1 MiB gets, all in flight, and flushes; the
+ * rounds' seconds go to the shared page. Checks the bytes at the end. */
 static int raw_reader(const bench_opts_t *o, int fd, int rank, bench_shared_t *shared,
                       const bench_store_shm_t *ss)
 {
@@ -1109,11 +1113,15 @@ static int raw_reader(const bench_opts_t *o, int fd, int rank, bench_shared_t *s
         rc = rma_failed(who, "rkey_import", st);
         goto out;
     }
-    for (int run = 0; run < RAW_WARMUP + RAW_RUNS; run++) {
-        if (run > 0)
+    int rounds = o->warmup + o->iters;
+    for (int run = 0; run < rounds; run++) {
+        /* interleaved: raw round k after the store's version k, before its version k + 1 */
+        if (run > 0) {
+            bench_wait_at_least(&ss->fetched[run], o->receivers);
             memset(dst, 0, n); /* so that the last run's bytes are its own */
-        bench_count_up(&shared->raw_arrived[run]);
-        bench_wait_at_least(&shared->raw_arrived[run], o->receivers);
+        }
+        bench_count_up(&ss->raw_arrived[run]);
+        bench_wait_at_least(&ss->raw_arrived[run], o->receivers);
         double t0 = bench_now_s();
         for (size_t off = 0; off < n; off += RAW_GET_BYTES) {
             size_t len = n - off < RAW_GET_BYTES ? n - off : RAW_GET_BYTES;
@@ -1128,11 +1136,10 @@ static int raw_reader(const bench_opts_t *o, int fd, int rank, bench_shared_t *s
             goto out;
         }
         double dt = bench_now_s() - t0;
-        int timed = run >= RAW_WARMUP;
-        if (timed)
-            ss->raw_s[(run - RAW_WARMUP) * o->receivers + rank] = dt;
-        fprintf(stderr, PROG ": %s: run %d/%d %s %.4f s, %.3f GB/s\n", who, run + 1,
-                RAW_WARMUP + RAW_RUNS, timed ? "timed " : "warmup", dt, (double)n / dt / 1e9);
+        ss->raw_s[(size_t)run * (size_t)o->receivers + (size_t)rank] = dt;
+        bench_count_up(&ss->raw_done[run]);
+        fprintf(stderr, PROG ": %s: run %d/%d %s %.4f s, %.3f GB/s\n", who, run + 1, rounds,
+                run >= o->warmup ? "timed " : "warmup", dt, (double)n / dt / 1e9);
     }
     if (XXH3_64bits(dst, n) != h->hash) {
         fprintf(stderr, PROG ": %s: the bytes read differ from the owner's (xxh3)\n", who);
@@ -1161,8 +1168,8 @@ out:
 /* ---------------------------------------------------------------------------------------- */
 
 /* Store sender: rank 0 of 1, the coordinator and the store. Publishes version v once every
- * receiver fetched v - 1 (so that no snapshot copy overlaps a timed read), then stays, as the
- * store, until every receiver is done. Lines to res_fd: "scheme NAME", one "publish SECONDS"
+ * receiver fetched v - 1 and every raw reader ended round v - 1 (so that no snapshot copy
+ * overlaps a timed read), then stays, as the store, until every receiver is done. Lines to res_fd: "scheme NAME", one "publish SECONDS"
  * per timed version, then "end". */
 static int store_sender(const bench_opts_t *o, const char *coordinator, int res_fd,
                         bench_shared_t *shared, const bench_store_shm_t *ss)
@@ -1224,6 +1231,8 @@ static int store_sender(const bench_opts_t *o, const char *coordinator, int res_
     for (int v = 1; v <= total; v++) {
         if (v > 1)
             bench_wait_at_least(&ss->fetched[v - 1], o->receivers);
+        /* interleaved: version v after raw round v - 1 (its snapshot copy overlaps neither) */
+        bench_wait_at_least(&ss->raw_done[v - 1], o->receivers);
         double t0 = bench_now_s();
         st = wsync_sender_push(sender, (uint64_t)v);
         double dt = bench_now_s() - t0;
@@ -1647,48 +1656,75 @@ static double median_round(const double *v, int rounds, int R)
     return m;
 }
 
-/* fetch: the K x R timed fetch seconds (version-major); raw: the RAW_RUNS x R raw seconds.
- * Besides the per-receiver figures, the aggregate ones (R x N bytes over the time until the
- * last receiver or reader is done) do not depend on how evenly the owner shares itself: over
- * tcp loopback a UCX owner may serve its readers one after the other, and the per-reader median
- * then falls between the first reader's time and the last one's. */
+/* The K rounds' paired ratios (round k: raw seconds / store seconds, each the median of its R
+ * samples, or with slowest set the slowest of them) into out[K]; their stats. */
+static bench_stats_t paired_ratios(const double *fetch, const double *raw, int K, int R,
+                                   int slowest, double *out)
+{
+    for (int k = 0; k < K; k++) {
+        const double *f = fetch + (size_t)k * (size_t)R, *w = raw + (size_t)k * (size_t)R;
+        double fs = slowest ? f[0] : bench_stats_of(f, R).median;
+        double ws = slowest ? w[0] : bench_stats_of(w, R).median;
+        for (int r = 1; slowest && r < R; r++) {
+            fs = f[r] > fs ? f[r] : fs;
+            ws = w[r] > ws ? w[r] : ws;
+        }
+        out[k] = fs > 0 ? ws / fs : 0.0;
+    }
+    return bench_stats_of(out, K);
+}
+
+/* fetch: the K x R timed fetch seconds (version-major); raw: the K x R timed raw seconds of the
+ * rounds interleaved with them. The ratio is the median over rounds of the round's paired ratio
+ * (raw seconds / store seconds, medians over the R): both sides of a pair ran within seconds of
+ * each other, so a machine that slows down for a while slows both. Besides the per-receiver
+ * figures, the aggregate ones (R x N bytes over the time until the last receiver or reader is
+ * done) do not depend on how evenly the owner shares itself: over tcp loopback a UCX owner may
+ * serve its readers one after the other, and the per-reader median then falls between the first
+ * reader's time and the last one's. */
 static void report_store(const bench_opts_t *o, const bench_result_t *res, const double *fetch,
                          const double *raw, const char *raw_info)
 {
-    int nf = o->iters * o->receivers, nr = RAW_RUNS * o->receivers;
+    int K = o->iters, R = o->receivers, nf = K * R;
     bench_stats_t f = bench_stats_of(fetch, nf), p = bench_stats_of(res->times, res->ntimes);
-    bench_stats_t b = bench_stats_of(raw, nr);
+    bench_stats_t b = bench_stats_of(raw, nf);
     double gb = (double)o->bytes / 1e9;
     double gbps = gb / f.median, baseline = gb / b.median;
-    double ratio = baseline > 0 ? gbps / baseline : 0.0;
-    double agg = gb * o->receivers / median_round(fetch, o->iters, o->receivers);
-    double agg_base = gb * o->receivers / median_round(raw, RAW_RUNS, o->receivers);
-    double agg_ratio = agg_base > 0 ? agg / agg_base : 0.0;
+    double agg = gb * R / median_round(fetch, K, R);
+    double agg_base = gb * R / median_round(raw, K, R);
+    double *pr = calloc((size_t)K, sizeof(double)), *pa = calloc((size_t)K, sizeof(double));
+    if (!pr || !pa) {
+        free(pr);
+        free(pa);
+        fprintf(stderr, PROG ": out of memory\n");
+        return;
+    }
+    bench_stats_t q = paired_ratios(fetch, raw, K, R, 0, pr);
+    bench_stats_t qa = paired_ratios(fetch, raw, K, R, 1, pa);
     char what[96];
-    snprintf(what, sizeof(what), "raw %s get, 1 owner, %d reader%s", o->transport, o->receivers,
-             o->receivers == 1 ? "" : "s");
+    snprintf(what, sizeof(what), "raw %s get, 1 owner, %d reader%s", o->transport, R,
+             R == 1 ? "" : "s");
 
     printf("%s: scheme %s over %s, mem host (snapshots, %d kept), %d receiver%s, %llu bytes in "
-           "%d bf16 params, %d timed versions after %d warmup\n",
-           PROG, res->scheme, o->transport, STORE_KEEP_VERSIONS, o->receivers,
-           o->receivers == 1 ? "" : "s", (unsigned long long)o->bytes, o->params, o->iters,
-           o->warmup);
+           "%d bf16 params, %d timed rounds after %d warmup, each a raw round then a store "
+           "version\n",
+           PROG, res->scheme, o->transport, STORE_KEEP_VERSIONS, R, R == 1 ? "" : "s",
+           (unsigned long long)o->bytes, o->params, K, o->warmup);
     printf("  fetch seconds       median %.6f   min %.6f   max %.6f   (%d fetch%s: %d version%s x "
            "%d receiver%s)\n",
-           f.median, f.min, f.max, nf, nf == 1 ? "" : "es", o->iters, o->iters == 1 ? "" : "s",
-           o->receivers, o->receivers == 1 ? "" : "s");
+           f.median, f.min, f.max, nf, nf == 1 ? "" : "es", K, K == 1 ? "" : "s", R,
+           R == 1 ? "" : "s");
     printf("  GB/s per receiver   median %.4g   max %.4g   min %.4g\n", gbps, gb / f.min,
            gb / f.max);
     printf("  publish seconds     median %.6f   (snapshot copy and directory; not delivery)\n",
            p.median);
-    printf("  %-19s %.4g GB/s per reader   (median of %d runs x %d reader%s, %zu KiB gets; "
-           "%s)\n",
-           "raw get", baseline, RAW_RUNS, o->receivers, o->receivers == 1 ? "" : "s",
-           RAW_GET_BYTES >> 10, raw_info[0] ? raw_info : "?");
-    printf("  ratio               %.4g  (per-receiver GB/s / %s GB/s)\n", ratio, what);
-    printf("  aggregate           %.4g GB/s store, %.4g GB/s raw, ratio %.4g  (%d x N bytes / "
-           "median time until the last one is done)\n",
-           agg, agg_base, agg_ratio, o->receivers);
+    printf("  %-19s %.4g GB/s per reader   max %.4g   min %.4g   (%zu KiB gets; %s)\n", "raw get",
+           baseline, gb / b.min, gb / b.max, RAW_GET_BYTES >> 10, raw_info[0] ? raw_info : "?");
+    printf("  ratio               %.4g  median of %d paired rounds (min %.4g, max %.4g): raw "
+           "seconds / store seconds, per receiver\n", q.median, K, q.min, q.max);
+    printf("  aggregate           %.4g GB/s store, %.4g GB/s raw, ratio %.4g  median of paired "
+           "rounds (min %.4g, max %.4g; %d x N bytes / time until the last one is done)\n",
+           agg, agg_base, qa.median, qa.min, qa.max, R);
 
     if (o->json) {
         json_t *j = json_object();
@@ -1697,12 +1733,13 @@ static void report_store(const bench_opts_t *o, const bench_result_t *res, const
         json_object_set_new(j, "mem", json_string("host"));
         json_object_set_new(j, "snapshot", json_true());
         json_object_set_new(j, "keep_versions", json_integer(STORE_KEEP_VERSIONS));
-        json_object_set_new(j, "receivers", json_integer(o->receivers));
+        json_object_set_new(j, "receivers", json_integer(R));
         json_object_set_new(j, "bytes", json_integer((json_int_t)o->bytes));
         json_object_set_new(j, "params", json_integer(o->params));
         json_object_set_new(j, "dtype", json_string("bf16"));
-        json_object_set_new(j, "iters", json_integer(o->iters));
+        json_object_set_new(j, "iters", json_integer(K));
         json_object_set_new(j, "warmup", json_integer(o->warmup));
+        json_object_set_new(j, "interleaved", json_true());
         json_object_set_new(j, "seconds", json_real(f.median));
         json_object_set_new(j, "seconds_min", json_real(f.min));
         json_object_set_new(j, "seconds_max", json_real(f.max));
@@ -1715,15 +1752,22 @@ static void report_store(const bench_opts_t *o, const bench_result_t *res, const
         json_object_set_new(j, "baseline_transport", json_string(raw_info));
         json_object_set_new(j, "baseline_seconds", json_real(b.median));
         json_object_set_new(j, "baseline_get_bytes", json_integer((json_int_t)RAW_GET_BYTES));
-        json_object_set_new(j, "ratio", json_real(ratio));
+        json_object_set_new(j, "ratio", json_real(q.median));
+        json_object_set_new(j, "ratio_min", json_real(q.min));
+        json_object_set_new(j, "ratio_max", json_real(q.max));
+        json_object_set_new(j, "ratios", json_reals(pr, K));
         json_object_set_new(j, "gbps_aggregate", json_real(agg));
         json_object_set_new(j, "baseline_gbps_aggregate", json_real(agg_base));
-        json_object_set_new(j, "ratio_aggregate", json_real(agg_ratio));
+        json_object_set_new(j, "ratio_aggregate", json_real(qa.median));
+        json_object_set_new(j, "ratio_aggregate_min", json_real(qa.min));
+        json_object_set_new(j, "ratio_aggregate_max", json_real(qa.max));
         json_object_set_new(j, "times", json_reals(fetch, nf));
         json_object_set_new(j, "publish_times", json_reals(res->times, res->ntimes));
-        json_object_set_new(j, "baseline_times", json_reals(raw, nr));
+        json_object_set_new(j, "baseline_times", json_reals(raw, nf));
         print_json(j);
     }
+    free(pr);
+    free(pa);
     fflush(stdout);
 }
 
@@ -1756,22 +1800,27 @@ static int ipc_body(int i, int res_fd, void *varg)
     return run_receiver(a->o, a->coordinator, i - 1, a->shared);
 }
 
-static int raw_body(int i, int res_fd, void *varg)
-{
-    bench_group_arg_t *a = varg;
-    close(res_fd);
-    if (i == 0)
-        return raw_owner(a->o, a->owner_fds);
-    return raw_reader(a->o, a->sv[i - 1][1], i - 1, a->shared, a->ss);
-}
-
+/* The store's run, one group: [0] the store's sender (its results on res_fd), [1, R] its
+ * receivers, [R + 1] the raw owner, [R + 2, 2R + 1] the raw readers. */
 static int store_body(int i, int res_fd, void *varg)
 {
     bench_group_arg_t *a = varg;
+    int R = a->o->receivers;
     if (i == 0)
         return store_sender(a->o, a->coordinator, res_fd, a->shared, a->ss);
     close(res_fd);
-    return store_receiver(a->o, a->coordinator, i - 1, a->shared, a->ss);
+    /* each child keeps only its own end of the raw socketpairs */
+    for (int r = 0; r < R; r++) {
+        if (i != R + 1)
+            close(a->sv[r][0]);
+        if (i != R + 2 + r)
+            close(a->sv[r][1]);
+    }
+    if (i <= R)
+        return store_receiver(a->o, a->coordinator, i - 1, a->shared, a->ss);
+    if (i == R + 1)
+        return raw_owner(a->o, a->owner_fds);
+    return raw_reader(a->o, a->sv[i - R - 2][1], i - R - 2, a->shared, a->ss);
 }
 
 static int main_ipc(const bench_opts_t *o, bench_shared_t *shared)
@@ -1821,14 +1870,15 @@ static int main_ipc(const bench_opts_t *o, bench_shared_t *shared)
     return rc;
 }
 
-/* The raw baseline, then the store; the deadline covers both. */
+/* The raw baseline and the store, interleaved round by round in one group of processes; the
+ * deadline covers both. */
 static int main_store(const bench_opts_t *o, bench_shared_t *shared)
 {
     double deadline = bench_now_s() + o->timeout_s;
     char coordinator[32] = "";
-    int R = o->receivers, versions = o->warmup + o->iters, rc = 1;
+    int R = o->receivers, versions = o->warmup + o->iters, rc = 1, nkids = 2 + 2 * R;
     bench_store_shm_t ss = {0};
-    bench_child_t *kids = calloc((size_t)(1 + R), sizeof(*kids));
+    bench_child_t *kids = calloc((size_t)nkids, sizeof(*kids));
     int (*sv)[2] = calloc((size_t)R, sizeof(*sv));
     int *owner_fds = calloc((size_t)R, sizeof(int));
     char *text = NULL;
@@ -1840,19 +1890,20 @@ static int main_store(const bench_opts_t *o, bench_shared_t *shared)
     for (int r = 0; r < R; r++)
         sv[r][0] = sv[r][1] = -1;
 
-    size_t off_fetched = 0;
-    size_t off_fetch_s = (off_fetched + (size_t)(versions + 1) * sizeof(atomic_int) + 63) & ~63ul;
+    size_t counters = (size_t)(3 * versions + 1) * sizeof(atomic_int);
+    size_t off_fetch_s = (counters + 63) & ~63ul;
     size_t off_raw_s = (off_fetch_s + (size_t)versions * (size_t)R * sizeof(double) + 63) & ~63ul;
-    ss.len = off_raw_s + (size_t)RAW_RUNS * (size_t)R * sizeof(double);
+    ss.len = off_raw_s + (size_t)versions * (size_t)R * sizeof(double);
     if (!(ss.base = bench_map_shared(ss.len)))
         goto out;
-    ss.fetched = (atomic_int *)((char *)ss.base + off_fetched);
+    ss.fetched = (atomic_int *)ss.base;
+    ss.raw_arrived = ss.fetched + versions + 1;
+    ss.raw_done = ss.raw_arrived + versions;
     ss.fetch_s = (double *)((char *)ss.base + off_fetch_s);
     ss.raw_s = (double *)((char *)ss.base + off_raw_s);
-    for (int v = 0; v <= versions; v++)
+    for (int v = 0; v < 3 * versions + 1; v++)
         atomic_init(&ss.fetched[v], 0);
 
-    /* 1. The transport without wsync: 1 owner, R readers, the store's shape. */
     for (int r = 0; r < R; r++) {
         if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv[r]) != 0) {
             fprintf(stderr, PROG ": socketpair failed: %s\n", strerror(errno));
@@ -1860,34 +1911,20 @@ static int main_store(const bench_opts_t *o, bench_shared_t *shared)
         }
         owner_fds[r] = sv[r][0];
     }
-    snprintf(kids[0].name, sizeof(kids[0].name), "raw owner");
-    for (int r = 0; r < R; r++)
-        snprintf(kids[1 + r].name, sizeof(kids[1 + r].name), "raw reader %d", r);
-    fprintf(stderr, PROG ": raw %s get: 1 owner, %d reader%s of %llu bytes\n", o->transport, R,
-            R == 1 ? "" : "s", (unsigned long long)o->bytes);
-    bench_group_arg_t arg = {.o = o, .coordinator = coordinator, .shared = shared, .ss = &ss,
-                             .sv = sv, .owner_fds = owner_fds};
-    if (bench_run_group(kids, 1 + R, raw_body, &arg, deadline, o->timeout_s, &text) != 0)
-        goto out;
-    free(text);
-    text = NULL;
-    for (int r = 0; r < R; r++) {
-        close(sv[r][0]);
-        close(sv[r][1]);
-        sv[r][0] = sv[r][1] = -1;
-    }
-    bench_stats_t b = bench_stats_of(ss.raw_s, RAW_RUNS * R);
-    fprintf(stderr, PROG ": raw %s get: %.3f GB/s per reader (median)\n", o->transport,
-            (double)o->bytes / b.median / 1e9);
-
-    /* 2. The store. */
     if (bench_make_coordinator(coordinator, sizeof(coordinator)) != 0)
         goto out;
-    memset(kids, 0, (size_t)(1 + R) * sizeof(*kids));
     snprintf(kids[0].name, sizeof(kids[0].name), "sender");
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
         snprintf(kids[1 + r].name, sizeof(kids[1 + r].name), "receiver %d", r);
-    if (bench_run_group(kids, 1 + R, store_body, &arg, deadline, o->timeout_s, &text) != 0)
+        snprintf(kids[R + 2 + r].name, sizeof(kids[R + 2 + r].name), "raw reader %d", r);
+    }
+    snprintf(kids[R + 1].name, sizeof(kids[R + 1].name), "raw owner");
+    fprintf(stderr, PROG ": %d rounds, each the raw %s get (1 owner, %d reader%s of %llu bytes) "
+            "then a store version\n", versions, o->transport, R, R == 1 ? "" : "s",
+            (unsigned long long)o->bytes);
+    bench_group_arg_t arg = {.o = o, .coordinator = coordinator, .shared = shared, .ss = &ss,
+                             .sv = sv, .owner_fds = owner_fds};
+    if (bench_run_group(kids, nkids, store_body, &arg, deadline, o->timeout_s, &text) != 0)
         goto out;
     if (!text || parse_result(text, "publish", o->iters, &res) != 0) {
         fprintf(stderr, PROG ": the sender exited cleanly but its results are incomplete (%d of "
@@ -1895,8 +1932,9 @@ static int main_store(const bench_opts_t *o, bench_shared_t *shared)
                 res.ntimes, o->iters);
         goto out;
     }
-    /* the timed fetches: versions W+1..W+K, every receiver */
-    report_store(o, &res, ss.fetch_s + (size_t)o->warmup * (size_t)R, ss.raw_s, shared->raw_info);
+    /* the timed rounds: raw rounds W..W+K-1 and versions W+1..W+K, every receiver and reader */
+    report_store(o, &res, ss.fetch_s + (size_t)o->warmup * (size_t)R,
+                 ss.raw_s + (size_t)o->warmup * (size_t)R, shared->raw_info);
     rc = 0;
 out:
     for (int r = 0; sv && r < R; r++) {
@@ -1931,8 +1969,6 @@ int main(int argc, char **argv)
     atomic_init(&shared->ready, 0);
     atomic_init(&shared->published, 0);
     atomic_init(&shared->done, 0);
-    for (int i = 0; i < RAW_WARMUP + RAW_RUNS; i++)
-        atomic_init(&shared->raw_arrived[i], 0);
     shared->nparams = o.params;
 
     int rc;
