@@ -361,7 +361,9 @@ static int ipc_score(const wsync_group_info_t *g, char *reason, size_t len)
             hosts = spaces = 1;
         free(ids);
     }
-    if (spaces > 1)
+    if (g->nreceivers == 0)
+        snprintf(where, sizeof(where), "no receiver has joined yet (%u senders)", g->nsenders);
+    else if (spaces > 1)
         snprintf(where, sizeof(where), "each of the %u sender -> receiver pairs%s shares a host and "
                                        "network namespace (%u host%s, %u namespaces in all)",
                  npairs, g->pair_bytes != NULL ? " that carry bytes" : "", hosts,

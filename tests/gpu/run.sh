@@ -16,6 +16,11 @@
 #      without torch or 4 GPUs); its JSON is in logs.tar.gz;
 #   2c. tests/gpu/test_fsdp2_torch.py (issue 20): HF Qwen3 / Qwen3-MoE under FSDP2 fully_shard
 #      (GPUs 0, 1) push 3 trained versions into wsync-engine TP-2; tokens equal HF's;
+#   2d. tests/gpu/netns_nccl.sh (issue 19, step "netns", about 1 minute): the nccl scheme with
+#      every sender and receiver in a network namespace of its own, joined by veth to a bridge,
+#      NCCL held to its socket transport (P2P, SHM, IB off): FSDP-1 -> TP-1, and on 4 GPUs
+#      FSDP-2 -> TP-2 and fan-out 1 -> 3 (1 -> 2 on 3), byte-checked, next to raw ncclSend and
+#      ncclBroadcast over the same namespaces in the same run; its table is in the summary;
 #   3. wsync-bench model runs of the issue's targets (Qwen3-8B shape): on 4 GPUs fan-out 1 -> 3
 #      replicas (nccl, ipc), colocated FSDP-4 -> TP-4 (ipc, nccl; bf16 and fp8-block),
 #      disaggregated FSDP-2 (GPUs 0,1) -> TP-2 (GPUs 2,3) (nccl, ipc); fewer, named, on 1 or 2;
@@ -29,7 +34,7 @@
 #   3b. the store on CUDA memory (issue 19, step "store-cuda", about 4 minutes): test_schemes
 #      --only store, then wsync-bench FSDP-2 -> TP-2 through the store on CUDA and on host memory
 #      and the raw transport's gets, over UCX and libfabric (a table in the summary);
-# $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes faults python bench moe
+# $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes faults python netns bench moe
 # moe-baselines store-cuda baselines"), $WSYNC_BENCH_SHAPE the model shape of the dense benchmarks (default
 # qwen3-8b) and $WSYNC_MOE_SHAPE that of the MoE ones (default qwen3-30b-a3b; tiny-moe for a
 # quick try); WSYNC_MOE_FUSED=1 adds a colocated EP row whose senders shard the fused experts
@@ -161,6 +166,11 @@ fi
 if ! skipped python && [ -f tests/gpu/test_fsdp2_torch.py ]; then
     run_one test_fsdp2_torch 300 python3 tests/gpu/test_fsdp2_torch.py --build "$BUILD" \
         --json "$WORK/test_fsdp2_torch.json"
+fi
+
+# ---- 2d. nccl between simulated hosts: network namespaces, NCCL's socket transport (issue 19)
+if ! skipped netns && [ -f tests/gpu/netns_nccl.sh ]; then
+    OUT="$WORK/netns" run_one netns "${WSYNC_NETNS_STEP_LIMIT:-420}" bash tests/gpu/netns_nccl.sh "$BUILD"
 fi
 
 # ---- 3. benchmarks
@@ -410,6 +420,12 @@ EOF
         echo "-- test_fsdp2_torch.py"
         sed -n '/^case  *version/,$p' "$WORK/test_fsdp2_torch.log"
         grep -E 'skipped|FAIL:' "$WORK/test_fsdp2_torch.log" | tail -n 10
+    fi
+    if [ -f "$WORK/netns.log" ]; then
+        echo
+        echo "-- netns (tests/gpu/netns_nccl.sh: nccl across network namespaces, NCCL sockets)"
+        sed -n '/^== netns results/,$p' "$WORK/netns.log"
+        grep -E '^   |skipped' "$WORK/netns.log" | head -n 30
     fi
     if [ -f "$WORK/test_python_torch.log" ]; then
         echo

@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# The nccl scheme across simulated hosts (issue 19.2): every sender and receiver in a network
+# namespace of its own, the namespaces joined by one bridge (veth pairs), and NCCL held to its
+# socket transport as between nodes without NVLink or InfiniBand (NCCL_P2P_DISABLE=1
+# NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1, NCCL_SOCKET_IFNAME=wsnet0: each namespace's one device).
+# Runs, by GPU count (each process one GPU, CUDA_VISIBLE_DEVICES):
+#   2-3 GPUs: FSDP-1 -> TP-1 (GPU 0 -> GPU 1); with 3, fan-out 1 -> 2 replicas;
+#   4+ GPUs:  FSDP-1 -> TP-1, FSDP-2 -> TP-2 (GPUs 0,1 -> 2,3), fan-out 1 -> 3 replicas;
+# and, in the same namespaces and with the same environment, raw ncclSend (GPU 0 -> GPU 1) and
+# ncclBroadcast (over the fan-out's GPUs) of the same bytes. Every receiver checks every element
+# of the first and last versions (tests/gpu/netns_member.c). The NCCL log says which transport
+# each channel took: a channel "via P2P" or "via SHM" fails the run.
+#
+#   bash tests/gpu/netns_nccl.sh [BUILD_DIR] [--mem cuda|host] [--bytes N] [--gpus G] [--dry-run]
+#
+# --mem host: the same namespaces and processes with host memory and the store scheme (no GPU:
+# this checks the namespace set-up, the launches and the byte checks on a CPU machine; --gpus
+# then only picks the scenarios). --dry-run prints what would run. Needs root and iproute2's `ip`
+# (tests/gpu/run.sh puts the carried one on PATH); without them, or without 2 GPUs, exit 77.
+# Output: $OUT (default /tmp/wsync-netns-out)/netns.jsonl, one JSON line per run (kind wsync or
+# raw), the logs beside it, and a table after the line "== netns results". Exit 0 when every run
+# passed.
+set -u
+
+BUILD=build-gpu
+MEM=cuda
+DRY=0
+BYTES=
+GPUS=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --mem) MEM=$2; shift 2 ;;
+        --bytes) BYTES=$2; shift 2 ;;
+        --gpus) GPUS=$2; shift 2 ;;
+        --dry-run) DRY=1; shift ;;
+        -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+        -*) echo "netns_nccl.sh: unknown option $1" >&2; exit 2 ;;
+        *) BUILD=$1; shift ;;
+    esac
+done
+OUT=${OUT:-/tmp/wsync-netns-out}
+MEMBER=$BUILD/tests/gpu/netns_member
+LIMIT=${WSYNC_NETNS_LIMIT:-180}     # seconds for one run's processes
+TAG=wsn$$
+NET=10.233.$(($$ % 250 + 1))
+DEV=wsnet0
+case $MEM in
+    cuda) SCHEME=nccl; BYTES=${BYTES:-$((512 << 20))} ;;
+    host) SCHEME=store; BYTES=${BYTES:-$((64 << 20))} ;;
+    *) echo "netns_nccl.sh: --mem cuda or host, not $MEM" >&2; exit 2 ;;
+esac
+
+if [ -z "$GPUS" ]; then
+    GPUS=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
+    [ "$MEM" = host ] && [ "$GPUS" -lt 2 ] && GPUS=4   # host runs: the 4-GPU scenarios
+fi
+if [ "$DRY" = 0 ]; then
+    if [ "$(id -u)" != 0 ]; then echo "skipped: network namespaces need root"; exit 77; fi
+    if ! command -v ip > /dev/null 2>&1; then echo "skipped: iproute2's ip is not on PATH"; exit 77; fi
+    if [ ! -x "$MEMBER" ]; then echo "no $MEMBER: build the tests and carry the build"; exit 1; fi
+fi
+if [ "$GPUS" -lt 2 ]; then echo "skipped: $GPUS GPU(s); the nccl runs need 2"; exit 77; fi
+mkdir -p "$OUT"
+: > "$OUT/netns.jsonl"
+
+do_cmd() {   # run a command, or print it in a dry run
+    if [ "$DRY" = 1 ]; then echo "+ $*"; return 0; fi
+    "$@"
+}
+
+# ---- the LAN: a bridge in namespace ${TAG}sw, host i in ${TAG}h$i with device wsnet0 at $NET.(i+1)
+NHOSTS=0
+lan_up() {   # number of hosts
+    do_cmd ip netns add "${TAG}sw" || return 1
+    do_cmd ip -n "${TAG}sw" link add br0 type bridge || return 1
+    do_cmd ip -n "${TAG}sw" link set br0 up || return 1
+    for ((i = 0; i < $1; i++)); do
+        NHOSTS=$((i + 1))
+        do_cmd ip netns add "${TAG}h$i" || return 1
+        # made in the namespaces directly: no name is ever taken in the root namespace
+        do_cmd ip link add "$DEV" netns "${TAG}h$i" type veth peer name "p$i" netns "${TAG}sw" || return 1
+        do_cmd ip -n "${TAG}sw" link set "p$i" master br0 up || return 1
+        do_cmd ip -n "${TAG}h$i" addr add "$NET.$((i + 1))/24" dev "$DEV" || return 1
+        do_cmd ip -n "${TAG}h$i" link set "$DEV" up || return 1
+        do_cmd ip -n "${TAG}h$i" link set lo up || return 1
+    done
+}
+lan_down() {
+    for ((i = 0; i < NHOSTS; i++)); do do_cmd ip netns del "${TAG}h$i" 2> /dev/null; done
+    do_cmd ip netns del "${TAG}sw" 2> /dev/null
+    NHOSTS=0
+}
+trap lan_down EXIT
+
+# the environment of every process: NCCL between "hosts", the store's transports on the bridge
+ENVS=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=$DEV
+      NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET
+      UCX_NET_DEVICES=$DEV UCX_TLS=tcp FI_TCP_IFACE=$DEV WSYNC_TIMEOUT_MS=120000)
+
+PIDS=()
+NAMES=()
+launch() {   # log name, host, GPU, then netns_member arguments
+    local name=$1 host=$2 gpu=$3
+    shift 3
+    local cmd=(ip netns exec "${TAG}h$host" env "${ENVS[@]}" CUDA_VISIBLE_DEVICES=$gpu
+               timeout -k 5 "$LIMIT" "$MEMBER" "$@")
+    if [ "$DRY" = 1 ]; then echo "+ ${cmd[*]} > $WORK/$name.log &"; return; fi
+    "${cmd[@]}" > "$WORK/$name.log" 2>&1 &
+    PIDS+=($!)
+    NAMES+=("$name")
+}
+reap() {   # run name: waits for every launched process; 0 when all exited 0
+    local run=$1 bad=0 i rc
+    for i in "${!PIDS[@]}"; do
+        wait "${PIDS[$i]}"
+        rc=$?
+        if [ "$rc" != 0 ]; then
+            echo "   ${NAMES[$i]}: exit $rc"
+            tail -n 5 "$WORK/${NAMES[$i]}.log" | sed 's/^/      /'
+            bad=1
+        fi
+    done
+    PIDS=()
+    NAMES=()
+    [ "$DRY" = 1 ] && return 0
+    # NCCL's word on the transport: sockets between the namespaces, nothing else
+    local logs=("$WORK/$run".*.log)
+    if [ "$MEM" = cuda ]; then
+        if grep -h -E 'via (P2P|SHM)' "${logs[@]}" > /dev/null 2>&1; then
+            echo "   $run: NCCL used P2P or SHM:"; grep -h -E 'via (P2P|SHM)' "${logs[@]}" | head -n 3
+            bad=1
+        elif ! grep -h 'via NET/Socket' "${logs[@]}" > /dev/null 2>&1; then
+            echo "   $run: no NCCL channel 'via NET/Socket' in the logs"
+            bad=1
+        fi
+    fi
+    return $bad
+}
+
+RESULTS=()
+record() {   # run name, rc
+    RESULTS+=("$1 $2")
+    local line
+    line=$(grep -h '^{' "$WORK/$1".*.log 2> /dev/null | tail -n 1)
+    [ -n "$line" ] && echo "$line" >> "$OUT/netns.jsonl"
+}
+
+# one wsync run: name, layout, senders' GPUs (comma-separated), receivers' GPUs
+wsync_run() {
+    local name=$1 layout=$2
+    IFS=, read -r -a sg <<< "$3"
+    IFS=, read -r -a rg <<< "$4"
+    local ns=${#sg[@]} nr=${#rg[@]} port=$((29000 + RANDOM % 2000))
+    echo "== $name: $ns sender(s) -> $nr receiver(s), $layout, $MEM memory, scheme $SCHEME"
+    do_cmd rm -rf "$WORK/$name.d"
+    do_cmd mkdir -p "$WORK/$name.d"
+    local common=(--senders "$ns" --receivers "$nr" --coord "$NET.1:$port" --mem "$MEM"
+                  --scheme "$SCHEME" --layout "$layout" --bytes "$BYTES" --dir "$WORK/$name.d"
+                  --name "$name" --device 0)
+    for ((i = 0; i < ns; i++)); do
+        launch "$name.s$i" "$i" "${sg[$i]}" --role sender --rank "$i" "${common[@]}"
+    done
+    for ((i = 0; i < nr; i++)); do
+        launch "$name.r$i" "$((ns + i))" "${rg[$i]}" --role receiver --rank "$i" "${common[@]}"
+    done
+    reap "$name"
+    local rc=$?
+    record "$name" "$rc"
+    [ "$DRY" = 1 ] || grep -h 'elements differ' "$WORK/$name".r*.log | sed 's/^/   /'
+}
+
+# raw NCCL: name, op (send or bcast), GPUs (rank i on host i)
+raw_run() {
+    local name=$1 op=$2
+    IFS=, read -r -a g <<< "$3"
+    local n=${#g[@]}
+    echo "== $name: raw $op over $n namespaces"
+    do_cmd rm -rf "$WORK/$name.d"
+    do_cmd mkdir -p "$WORK/$name.d"
+    for ((i = 0; i < n; i++)); do
+        launch "$name.k$i" "$i" "${g[$i]}" --role raw --op "$op" --rank "$i" --nranks "$n" \
+            --bytes "$BYTES" --dir "$WORK/$name.d" --name "$name" --device 0
+    done
+    reap "$name"
+    record "$name" "$?"
+}
+
+WORK=$OUT/logs
+do_cmd mkdir -p "$WORK"
+if [ "$GPUS" -ge 4 ]; then HOSTS=4; else HOSTS=$GPUS; fi
+if ! lan_up "$HOSTS"; then
+    echo "skipped: could not make the network namespaces"
+    exit 77
+fi
+
+wsync_run fsdp1-tp1 tp 0 1
+[ "$MEM" = cuda ] && raw_run raw-send send 0,1
+if [ "$GPUS" -ge 4 ]; then
+    wsync_run fsdp2-tp2 tp 0,1 2,3
+    wsync_run fanout-1-3 fanout 0 1,2,3
+    [ "$MEM" = cuda ] && raw_run raw-bcast-4 bcast 0,1,2,3
+elif [ "$GPUS" -ge 3 ]; then
+    wsync_run fanout-1-2 fanout 0 1,2
+    [ "$MEM" = cuda ] && raw_run raw-bcast-3 bcast 0,1,2
+else
+    echo "== 2 GPUs: fan-out beyond 1 -> 1 (which is FSDP-1 -> TP-1) needs 3; broadcast over the 2"
+    [ "$MEM" = cuda ] && raw_run raw-bcast-2 bcast 0,1
+fi
+[ "$DRY" = 1 ] && exit 0
+
+echo "== netns results ($MEM memory, $BYTES bytes, $GPUS GPU(s), NCCL sockets on $DEV)"
+python3 - "$OUT/netns.jsonl" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+raw = {r["run"]: r for r in rows if r["kind"] == "raw"}
+send = raw.get("raw-send")
+print("%-12s %-14s %-22s %10s %9s %9s" % ("run", "how", "layout", "seconds", "GB/s/recv", "x raw"))
+for r in rows:
+    if r["kind"] == "raw":
+        print("%-12s %-14s %-22s %10.5f %9.2f %9s" % (r["run"], r["op"], "%d ranks" % r["ranks"],
+              r["seconds"], r["gbps_per_receiver"], "-"))
+        continue
+    # against the raw op that moves the same bytes the same way: a send to one, a broadcast to many
+    base = send if r["layout"] == "tp" else next((b for b in raw.values() if b["op"] == "ncclBroadcast"), None)
+    ratio = "%.3f" % (r["gbps_per_receiver"] / base["gbps_per_receiver"]) if base else "-"
+    print("%-12s %-14s %-22s %10.5f %9.2f %9s" % (r["run"], "wsync " + r["scheme"],
+          "%s %d -> %d" % (r["layout"], r["senders"], r["receivers"]), r["seconds"],
+          r["gbps_per_receiver"], ratio))
+EOF
+fail=0
+for r in "${RESULTS[@]}"; do
+    set -- $r
+    printf '%-14s %s\n' "$1" "$([ "$2" = 0 ] && echo pass || echo "FAIL ($2)")"
+    [ "$2" = 0 ] || fail=1
+done
+exit $fail
