@@ -1,0 +1,107 @@
+/* Internal: delta versions (issue 17) — the encoding of one chunk's new values against the values
+ * the receiver already holds (the previous version), and its check.
+ *
+ * The plan still says which bytes each receiver needs (reshard/plan.h: chunks and segments); this
+ * layer only decides how a chunk's bytes travel. A chunk is rows x cols elements of one dtype,
+ * taken in row-major order of its region (the order in which wsync_exec_pack lays them dense in a
+ * bucket); elements compare as raw bit patterns of their size (so 0.0 vs -0.0 and NaN payloads
+ * count as changes: a delta version is bit-exact, never "numerically equal").
+ *
+ * Wire form of one encoded chunk (all integers little-endian), for n elements of esize bytes
+ * (esize 1, 2, 4 or 8):
+ *
+ *   header   16 bytes   u32 magic WSYNC_DELTA_MAGIC, u8 format WSYNC_DELTA_FORMAT, u8 esize,
+ *                       u16 zero, u64 n
+ *   blocks   8 * nb     nb = ceil(n / WSYNC_DELTA_BLOCK); block j covers elements
+ *                       [j * BLOCK, min(n, (j + 1) * BLOCK)), len_j of them; per block:
+ *                       u32 payload offset in bytes from the start of the payload area (a
+ *                       multiple of 8), u32 (mode << 30) | k, k = elements that changed (<= len_j)
+ *   payloads            from byte 16 + 8 * nb, each block's at its offset, in block order, each
+ *                       starting 8-byte aligned, with zero bytes as padding
+ *
+ * Block modes (the smallest payload wins; on a tie the lower mode number):
+ *   SAME    0  k = 0, no payload
+ *   SPARSE  1  u16 index[k] (ascending, within the block), zero-padded to 8 bytes, then the k new
+ *              values (esize each, in index order), zero-padded to 8:
+ *              align8(2k) + align8(k * esize) bytes
+ *   BITMAP  2  ceil(len_j / 8) bytes of bitmap (bit i of byte i / 8, LSB first: element i
+ *              changed), zero-padded to 8, then the k new values in index order, zero-padded to 8:
+ *              align8(ceil(len_j / 8)) + align8(k * esize) bytes
+ *   PLAIN   3  all len_j new values: align8(len_j * esize) bytes
+ * (k = 0 is always SAME; a block with k > 0 is never SAME.)
+ *
+ * The encoding is a function of (old, new) alone: the CPU encoder here and the CUDA encoder
+ * (kernels/delta.h) write the same bytes, and either decoder applies what either wrote. When the
+ * encoded chunk is not smaller than the plain bytes (n * esize), the chunk travels plain: callers
+ * compare wsync_delta_encoded_bytes with the plain size (the break-even point at chunk level;
+ * blocks already take PLAIN past theirs).
+ *
+ * Check: the xxh3 tree hash of the chunk's NEW values: leaf j = XXH3_64bits of block j's new
+ * values (len_j * esize bytes, dense), and the chunk hash = XXH3_64bits of the nb leaves as u64
+ * little-endian. The sender computes it from the new values while encoding; the receiver computes
+ * it from its target after applying, and a mismatch fails the version (WSYNC_ERR_INTEGRITY). A
+ * tree, so that the GPU hashes blocks in parallel and gives the same value as the CPU.
+ */
+#ifndef WSYNC_CORE_DELTA_H
+#define WSYNC_CORE_DELTA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "reshard/plan.h"
+#include "wsync/wsync.h"
+
+#define WSYNC_DELTA_MAGIC 0x4c445357u   /* "WSDL" */
+#define WSYNC_DELTA_FORMAT 1u
+#define WSYNC_DELTA_BLOCK 4096u         /* elements per block */
+#define WSYNC_DELTA_HEADER 16u
+
+enum { WSYNC_DELTA_SAME = 0, WSYNC_DELTA_SPARSE = 1, WSYNC_DELTA_BITMAP = 2, WSYNC_DELTA_PLAIN = 3 };
+
+/* Blocks of a chunk of n elements. */
+static inline uint64_t wsync_delta_nblocks(uint64_t n)
+{
+    return (n + WSYNC_DELTA_BLOCK - 1) / WSYNC_DELTA_BLOCK;
+}
+
+/* The payload bytes of a block of len elements of which k changed, in the mode the rules above
+ * pick; *mode (may be NULL) gets that mode. */
+uint64_t wsync_delta_block_bytes(uint32_t len, uint32_t k, uint32_t esize, uint32_t *mode);
+
+/* The most bytes wsync_delta_encode may write for n elements of esize: header, block table and
+ * every block PLAIN. Size encode buffers with it. */
+uint64_t wsync_delta_max_bytes(uint64_t n, uint32_t esize);
+
+/* A 2-D region of a dense row-major buffer (reshard/plan.h's wsync_region_t: element (r, c) at
+ * off + r * pitch + c) holding a chunk's elements in row-major order. */
+
+/* Encode the chunk whose new values are region `src` of new_base and whose previous values are
+ * the same region of old_base (both host memory, esize-byte elements), into out[0, cap).
+ * *len gets the encoded bytes, *hash the tree hash of the new values, *changed (may be NULL) the
+ * number of elements that differ. WSYNC_ERR_INVALID (naming the argument) for a bad esize, an
+ * empty region or cap < the bytes needed (wsync_delta_max_bytes is always enough). */
+wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
+                                  const wsync_region_t *src, uint32_t esize, void *out,
+                                  uint64_t cap, uint64_t *len, uint64_t *hash, uint64_t *changed);
+
+/* Check an encoded chunk's structure before applying it: magic, format, esize, n equal to the
+ * region's elements, offsets in order, aligned and inside len, each block's mode consistent with
+ * its k and its payload size equal to wsync_delta_block_bytes, SPARSE indices ascending and inside
+ * the block, BITMAP popcount equal to k, padding zero, nothing after the last payload.
+ * WSYNC_ERR_INTEGRITY naming `what` (e.g. "chunk 12 from sender 1") and the first fault found.
+ * Never reads outside enc[0, len). */
+wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint32_t esize,
+                                 const char *what);
+
+/* Apply a checked encoded chunk to region `dst` of dst_base, which holds the previous values:
+ * afterwards the region holds the new values. *hash gets the tree hash of the region's values
+ * after applying (compare it with the sender's). WSYNC_ERR_INVALID for bad arguments;
+ * the caller runs wsync_delta_check first (this does not re-validate). */
+wsync_status_t wsync_delta_apply(const void *enc, uint64_t len, void *dst_base,
+                                 const wsync_region_t *dst, uint32_t esize, uint64_t *hash);
+
+/* The tree hash of region `src` of base (esize-byte elements), as defined above: what a receiver
+ * of a plain chunk may compare, and what a test computes independently of the codec. */
+uint64_t wsync_delta_hash(const void *base, const wsync_region_t *src, uint32_t esize);
+
+#endif
