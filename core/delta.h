@@ -19,6 +19,17 @@
  *   payloads            from byte 16 + 8 * nb, each block's at its offset, in block order, each
  *                       starting 8-byte aligned, with zero bytes as padding
  *
+ * Exactly one byte string per (old, new), so that encoders agree and the check can demand it:
+ *  - payloads are contiguous: block 0's offset is 0 and block j + 1's is block j's plus block j's
+ *    payload bytes (a SAME block's offset is where the next payload starts: the running offset);
+ *    the stream ends right after the last payload (len = 16 + 8 * nb + the sum of payloads).
+ *  - a block's mode is the one wsync_delta_block_bytes picks for (len_j, k); k counts the elements
+ *    whose bit patterns differ, in every mode (PLAIN included).
+ *  - every padding byte is zero: the u16 after esize, index and value padding, and in a BITMAP
+ *    the bits of the last bitmap byte past len_j.
+ *  - n * esize <= UINT32_MAX (so that every u32 offset fits): wsync_delta_encode refuses larger
+ *    chunks (WSYNC_ERR_INVALID) and they travel plain; the check refuses such a header.
+ *
  * Block modes (the smallest payload wins; on a tie the lower mode number):
  *   SAME    0  k = 0, no payload
  *   SPARSE  1  u16 index[k] (ascending, within the block), zero-padded to 8 bytes, then the k new
@@ -33,7 +44,7 @@
  * The encoding is a function of (old, new) alone: the CPU encoder here and the CUDA encoder
  * (kernels/delta.h) write the same bytes, and either decoder applies what either wrote. When the
  * encoded chunk is not smaller than the plain bytes (n * esize), the chunk travels plain: callers
- * compare wsync_delta_encoded_bytes with the plain size (the break-even point at chunk level;
+ * compare wsync_delta_encode's *len with the plain size (the break-even point at chunk level;
  * blocks already take PLAIN past theirs).
  *
  * Check: the xxh3 tree hash of the chunk's NEW values: leaf j = XXH3_64bits of block j's new
@@ -79,7 +90,9 @@ uint64_t wsync_delta_max_bytes(uint64_t n, uint32_t esize);
  * the same region of old_base (both host memory, esize-byte elements), into out[0, cap).
  * *len gets the encoded bytes, *hash the tree hash of the new values, *changed (may be NULL) the
  * number of elements that differ. WSYNC_ERR_INVALID (naming the argument) for a bad esize, an
- * empty region or cap < the bytes needed (wsync_delta_max_bytes is always enough). */
+ * empty region or cap < the bytes needed (wsync_delta_max_bytes is always enough), and for
+ * n * esize > UINT32_MAX. On failure *len, *hash and *changed are untouched and out[0, cap) may
+ * hold a partial encoding. Thread-safe (no shared state); new and old are only read. */
 wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
                                   const wsync_region_t *src, uint32_t esize, void *out,
                                   uint64_t cap, uint64_t *len, uint64_t *hash, uint64_t *changed);
