@@ -1,21 +1,19 @@
 /* The store across a real network stack: senders in one network namespace, readers in another,
- * joined only by a veth pair, so every byte crosses TCP/IP between two "hosts" (not loopback, not
- * shared memory). The scheme is left to negotiation, which must refuse ipc (another network
- * namespace) and pick the store. Needs root and iproute2 (CI has both); otherwise it says why it
- * skips. The namespaces are this test's own and are removed at the end. */
-#include <fcntl.h>
-#include <sched.h>
+ * joined only by veth pairs to a bridge, so every byte crosses TCP/IP between two "hosts" (not
+ * loopback, not shared memory). The scheme is left to negotiation, which must refuse ipc (another network
+ * namespace) and pick the store. Needs root and iproute2 (CI has both); otherwise it says why and
+ * exits 77 (skipped). The namespaces (tests/support/netns.c) are this test's own and are removed
+ * at the end. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mount.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include "tests/support/check.h"
+#include "tests/support/netns.h"
 #include "tests/support/proc.h"
 #include "wsync/wsync.h"
 
@@ -26,7 +24,8 @@
 #define VERSIONS 3
 #define TIMEOUT_MS 20000
 
-static char ns_a[32], ns_b[32], dev_a[16], dev_b[16], addr_a[32], coord_addr[64];
+static netns_lan_t lan;   /* host 0: the senders, host 1: the readers */
+static char coord_addr[64];
 static const char *transport;
 
 static uint16_t value(uint64_t v, size_t i)
@@ -36,67 +35,14 @@ static uint16_t value(uint64_t v, size_t i)
     return (uint16_t)(x >> 48);
 }
 
-static int sh(const char *cmd)
+/* Enter a namespace (tests/support/netns.c steers UCX and libfabric to its device, not its
+ * loopback) with the transport under test. */
+static int enter(int host)
 {
-    int rc = system(cmd);
-    if (rc != 0)
-        fprintf(stderr, "'%s' failed (%d)\n", cmd, rc);
-    return rc;
-}
-
-/* Two namespaces joined by a veth pair on a private /24 of their own. */
-static int net_up(void)
-{
-    char cmd[512];
-    int id = (int)(getpid() % 200) + 20;
-
-    snprintf(ns_a, sizeof(ns_a), "wsA%d", (int)getpid());
-    snprintf(ns_b, sizeof(ns_b), "wsB%d", (int)getpid());
-    snprintf(dev_a, sizeof(dev_a), "wa%d", (int)getpid() % 100000);
-    snprintf(dev_b, sizeof(dev_b), "wb%d", (int)getpid() % 100000);
-    snprintf(addr_a, sizeof(addr_a), "10.231.%d.1", id);
-    snprintf(cmd, sizeof(cmd),
-             "ip netns add %s && ip netns add %s && ip link add %s type veth peer name %s && "
-             "ip link set %s netns %s && ip link set %s netns %s && "
-             "ip -n %s addr add 10.231.%d.1/24 dev %s && ip -n %s addr add 10.231.%d.2/24 dev %s && "
-             "ip -n %s link set %s up && ip -n %s link set %s up && "
-             "ip -n %s link set lo up && ip -n %s link set lo up",
-             ns_a, ns_b, dev_a, dev_b, dev_a, ns_a, dev_b, ns_b, ns_a, id, dev_a, ns_b, id, dev_b,
-             ns_a, dev_a, ns_b, dev_b, ns_a, ns_b);
-    return sh(cmd);
-}
-
-static void net_down(void)
-{
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null", ns_a, ns_b);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove the test namespaces\n");
-}
-
-/* Enter a namespace and steer the transports to its veth (not its loopback). */
-static int enter(const char *ns, const char *dev)
-{
-    char path[128];
-    int fd;
-
-    snprintf(path, sizeof(path), "/var/run/netns/%s", ns);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
-        perror("setns");
+    if (netns_enter(&lan, host) != 0)
         return -1;
-    }
-    close(fd);
-    /* as `ip netns exec` does: a /sys of this namespace, where UCX looks for network devices */
-    if (unshare(CLONE_NEWNS) != 0 || mount("", "/", NULL, MS_SLAVE | MS_REC, NULL) != 0 ||
-        umount2("/sys", MNT_DETACH) != 0 || mount(ns, "/sys", "sysfs", 0, NULL) != 0) {
-        perror("remounting /sys in the namespace");
-        return -1;
-    }
     setenv("WSYNC_STORE_TRANSPORT", transport, 1);
-    setenv("UCX_NET_DEVICES", dev, 1);
     setenv("UCX_TLS", "tcp", 1);
-    setenv("FI_TCP_IFACE", dev, 1);
     setenv("FI_PROVIDER", "tcp;ofi_rxm", 1);
     return 0;
 }
@@ -116,7 +62,7 @@ static int sender_main(void *p)
     uint16_t *w = malloc(n * 2);
     wsync_status_t st;
 
-    if (enter(ns_a, dev_a) != 0)
+    if (enter(0) != 0)
         return 1;
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
     sp.coordinator = coord_addr;
@@ -168,7 +114,7 @@ static int receiver_main(void *p)
     uint64_t got = 0;
     wsync_status_t st;
 
-    if (enter(ns_b, dev_b) != 0)
+    if (enter(1) != 0)
         return 1;
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
     rp.coordinator = coord_addr;
@@ -223,7 +169,7 @@ static void run(const char *t)
         return;
     }
     transport = t;
-    snprintf(coord_addr, sizeof(coord_addr), "%s:%d", addr_a, 20000 + (int)(getpid() % 20000));
+    snprintf(coord_addr, sizeof(coord_addr), "%s:%d", lan.addr[0], 20000 + (int)(getpid() % 20000));
     CHECK(pipe(linger) == 0);
     for (int i = 0; i < NSENDERS; i++) {
         args[i] = (arg_t){i, linger[0]};
@@ -242,38 +188,34 @@ static void run(const char *t)
     close(linger[1]);
     for (int i = 0; i < NSENDERS + NRECEIVERS; i++)
         CHECK_MSG(codes[i] == 0, "%s %d (in %s) exited with %d", i < NSENDERS ? "sender" : "receiver",
-                  i < NSENDERS ? i : i - NSENDERS, i < NSENDERS ? ns_a : ns_b, codes[i]);
+                  i < NSENDERS ? i : i - NSENDERS, lan.ns[i < NSENDERS ? 0 : 1], codes[i]);
 }
-
-static int netns_ok = 0;
 
 static void case_store_ucx_across_namespaces(void)
 {
-    if (netns_ok)
-        run("ucx");
+    run("ucx");
 }
 
 static void case_store_ofi_across_namespaces(void)
 {
-    if (netns_ok)
-        run("ofi");
+    run("ofi");
 }
 
 int main(void)
 {
+    const char *why = netns_unavailable();
+
     signal(SIGPIPE, SIG_IGN);
-    if (geteuid() != 0)
-        fprintf(stderr, "skipped: network namespaces need root (this test runs as uid %d)\n",
-                (int)geteuid());
-    else if (access("/usr/sbin/ip", X_OK) != 0 && access("/sbin/ip", X_OK) != 0)
-        fprintf(stderr, "skipped: iproute2's ip is not installed\n");
-    else if (net_up() != 0)
+    if (why != NULL) {
+        fprintf(stderr, "skipped: %s (this test runs as uid %d)\n", why, (int)geteuid());
+        return NETNS_SKIP;
+    }
+    if (netns_lan_up(&lan, 2, "N") != 0) {
         fprintf(stderr, "skipped: could not create network namespaces here\n");
-    else
-        netns_ok = 1;
+        return NETNS_SKIP;
+    }
     RUN(case_store_ucx_across_namespaces);
     RUN(case_store_ofi_across_namespaces);
-    if (netns_ok)
-        net_down();
+    netns_lan_down(&lan);
     return check_summary();
 }
