@@ -242,9 +242,12 @@ typedef struct {
     wsync_region_t src;
 } lchunk_t;
 
+/* A receiver's use of a logical chunk: its region of the target has the chunk's rows and cols
+ * (emit_region finds the chunk by its region), so only where it starts and its pitch are kept:
+ * 32 bytes, not 48. Pass 4 holds these beside the plan's segments, the compile's peak. */
 typedef struct {
     uint32_t receiver, target, piece, lchunk;
-    wsync_region_t dst;
+    uint64_t dst_off, dst_pitch;
 } lseg_t;
 
 /* Where a bucketed part starts inside its logical chunk. */
@@ -852,7 +855,8 @@ static wsync_status_t emit_region(compile_t *c, const emit_t *e, const wsync_reg
     sg->target = e->target->index;
     sg->piece = e->piece;
     sg->lchunk = idx;
-    sg->dst = *dst;
+    sg->dst_off = dst->off;
+    sg->dst_pitch = dst->pitch;
     return WSYNC_OK;
 }
 
@@ -1511,10 +1515,10 @@ static wsync_status_t split_segments(compile_t *c)
                 sg->target = sl->target;
                 sg->piece = sl->piece;
                 sg->chunk = q;
-                sg->dst.off = sl->dst.off;
+                sg->dst.off = sl->dst_off;
                 if (c->parts != NULL)
-                    sg->dst.off += c->parts[q].row * sl->dst.pitch + c->parts[q].col;
-                sg->dst.pitch = sl->dst.pitch;
+                    sg->dst.off += c->parts[q].row * sl->dst_pitch + c->parts[q].col;
+                sg->dst.pitch = sl->dst_pitch;
                 sg->dst.rows = ch->src.rows;
                 sg->dst.cols = ch->src.cols;
                 pair[sl->receiver] += bytes;      /* as plan_derive sums them */
