@@ -68,21 +68,48 @@ do_cmd() {   # run a command, or print it in a dry run
     "$@"
 }
 
-# ---- the LAN: a bridge in namespace ${TAG}sw, host i in ${TAG}h$i with device wsnet0 at $NET.(i+1)
+# ---- the LAN: a bridge in namespace ${TAG}sw, host i in ${TAG}h$i with device wsnet0 at $NET.(i+1).
+# Where the kernel has no bridge (or WSYNC_NETNS_ROUTED=1), the same addresses through a router
+# instead: ${TAG}sw forwards, answers ARP for the others (proxy ARP) and routes each /32 to its veth.
 NHOSTS=0
 lan_up() {   # number of hosts
+    local routed=${WSYNC_NETNS_ROUTED:-0}
     do_cmd ip netns add "${TAG}sw" || return 1
-    do_cmd ip -n "${TAG}sw" link add br0 type bridge || return 1
-    do_cmd ip -n "${TAG}sw" link set br0 up || return 1
+    if [ "$routed" = 0 ] && ! do_cmd ip -n "${TAG}sw" link add br0 type bridge; then
+        echo "== no bridge here: a routed star instead"
+        routed=1
+    fi
+    if [ "$routed" = 0 ]; then
+        do_cmd ip -n "${TAG}sw" link set br0 up || return 1
+    else
+        do_cmd ip netns exec "${TAG}sw" sysctl -qw net.ipv4.ip_forward=1 || return 1
+    fi
     for ((i = 0; i < $1; i++)); do
         NHOSTS=$((i + 1))
         do_cmd ip netns add "${TAG}h$i" || return 1
         # made in the namespaces directly: no name is ever taken in the root namespace
         do_cmd ip link add "$DEV" netns "${TAG}h$i" type veth peer name "p$i" netns "${TAG}sw" || return 1
-        do_cmd ip -n "${TAG}sw" link set "p$i" master br0 up || return 1
+        if [ "$routed" = 0 ]; then
+            do_cmd ip -n "${TAG}sw" link set "p$i" master br0 up || return 1
+        else
+            do_cmd ip -n "${TAG}sw" addr add "$NET.254/32" dev "p$i" || return 1
+            do_cmd ip -n "${TAG}sw" link set "p$i" up || return 1
+            do_cmd ip -n "${TAG}sw" route add "$NET.$((i + 1))/32" dev "p$i" || return 1
+            do_cmd ip netns exec "${TAG}sw" sysctl -qw "net.ipv4.conf.p$i.proxy_arp=1" || return 1
+        fi
         do_cmd ip -n "${TAG}h$i" addr add "$NET.$((i + 1))/24" dev "$DEV" || return 1
         do_cmd ip -n "${TAG}h$i" link set "$DEV" up || return 1
         do_cmd ip -n "${TAG}h$i" link set lo up || return 1
+    done
+    [ "$DRY" = 1 ] && return 0
+    # every host reaches every other before anything starts
+    for ((i = 1; i < $1; i++)); do
+        # a closed port of host 0 answers "refused" when it is reachable
+        if ! ip netns exec "${TAG}h$i" timeout 5 bash -c "exec 3<>/dev/tcp/$NET.1/9" 2>&1 |
+             grep -q refused; then
+            echo "host $i cannot reach host 0 ($NET.1)"
+            return 1
+        fi
     done
 }
 lan_down() {
