@@ -1,0 +1,651 @@
+/* The delta codec on the CPU (core/delta.h has the wire form; docs/delta.md the why).
+ *
+ * Everything runs block by block (WSYNC_DELTA_BLOCK elements): a block of new and old values is
+ * compared, encoded and hashed while it sits in L1/L2, so encode reads each version once, and
+ * apply writes only the changed elements and then reads the block once for its hash. A region
+ * is walked as spans (the part of one row inside one block); a dense region is one long row. */
+#include "core/delta.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+#define XXH_STATIC_LINKING_ONLY     /* XXH3_state_t on the stack: no allocation, no failure */
+#include <xxhash.h>
+
+#include "core/status.h"
+#include "core/util.h"
+
+/* The wire is little-endian and the codec loads and stores words as the host lays them out. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "core/delta.c assumes a little-endian host"
+#endif
+
+#define LEAF_BATCH 128u             /* leaves hashed into the chunk hash per update */
+
+static inline uint64_t align8(uint64_t x) { return (x + 7) & ~(uint64_t)7; }
+
+static inline uint64_t ld64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline uint32_t ld32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline void st32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+static inline int esize_ok(uint32_t es) { return es == 1 || es == 2 || es == 4 || es == 8; }
+
+static inline unsigned esize_shift(uint32_t es) { return es == 1 ? 0 : es == 2 ? 1 : es == 4 ? 2 : 3; }
+
+/* Copy one element of es bytes (constant sizes, so that each becomes one move). */
+static inline void copy_elem(uint8_t *d, const uint8_t *s, uint32_t es)
+{
+    switch (es) {
+    case 1: *d = *s; break;
+    case 2: memcpy(d, s, 2); break;
+    case 4: memcpy(d, s, 4); break;
+    default: memcpy(d, s, 8); break;
+    }
+}
+
+static const char *mode_name(uint32_t mode)
+{
+    static const char *const names[] = {"SAME", "SPARSE", "BITMAP", "PLAIN"};
+    return names[mode & 3];
+}
+
+/* ---- regions -------------------------------------------------------------------------------- */
+
+/* A region seen as rows of cols elements, pitch apart; a dense region (pitch == cols, or one row)
+ * becomes one row of n elements so that every block is one span. */
+typedef struct {
+    uint8_t *base;                  /* byte address of element (0, 0) */
+    uint64_t pitch_bytes;
+    uint64_t cols;
+    uint32_t es;
+} view_t;
+
+/* Position of an element inside the view. */
+typedef struct {
+    uint64_t r, c;
+} cursor_t;
+
+static view_t make_view(const void *base, const wsync_region_t *reg, uint32_t es)
+{
+    view_t v;
+    v.base = (uint8_t *)base + reg->off * es;
+    v.es = es;
+    if (reg->pitch == reg->cols || reg->rows == 1) {
+        v.cols = reg->rows * reg->cols;
+        v.pitch_bytes = 0;
+    } else {
+        v.cols = reg->cols;
+        v.pitch_bytes = reg->pitch * es;
+    }
+    return v;
+}
+
+static inline uint8_t *view_at(const view_t *v, cursor_t at)
+{
+    return v->base + at.r * v->pitch_bytes + at.c * v->es;
+}
+
+/* Move `at` forward by d elements (a division only when a row is crossed). */
+static inline void cursor_add(const view_t *v, cursor_t *at, uint64_t d)
+{
+    at->c += d;
+    if (at->c >= v->cols) {
+        at->r += at->c / v->cols;
+        at->c %= v->cols;
+    }
+}
+
+/* Elements left in the row from `at`, at most m. */
+static inline uint64_t span_len(const view_t *v, cursor_t at, uint64_t m)
+{
+    uint64_t left = v->cols - at.c;
+    return left < m ? left : m;
+}
+
+/* Leaf hash of the len elements from `at` (the block's values, dense). */
+static uint64_t hash_block(const view_t *v, cursor_t at, uint64_t len)
+{
+    uint64_t first = span_len(v, at, len);
+    XXH3_state_t st;
+
+    if (first == len)
+        return XXH3_64bits(view_at(v, at), len * v->es);
+    XXH3_64bits_reset(&st);
+    while (len > 0) {
+        uint64_t m = span_len(v, at, len);
+        XXH3_64bits_update(&st, view_at(v, at), m * v->es);
+        len -= m;
+        at.r++;
+        at.c = 0;
+    }
+    return XXH3_64bits_digest(&st);
+}
+
+/* The chunk hash: XXH3_64bits of the leaves as u64 little-endian, fed in batches. */
+typedef struct {
+    XXH3_state_t st;
+    uint64_t leaves[LEAF_BATCH];
+    uint32_t n;
+} tree_t;
+
+static void tree_init(tree_t *t)
+{
+    XXH3_64bits_reset(&t->st);
+    t->n = 0;
+}
+
+static void tree_add(tree_t *t, uint64_t leaf)
+{
+    t->leaves[t->n++] = leaf;
+    if (t->n == LEAF_BATCH) {
+        XXH3_64bits_update(&t->st, t->leaves, sizeof(t->leaves));
+        t->n = 0;
+    }
+}
+
+static uint64_t tree_digest(tree_t *t)
+{
+    if (t->n > 0)
+        XXH3_64bits_update(&t->st, t->leaves, (size_t)t->n * 8);
+    return XXH3_64bits_digest(&t->st);
+}
+
+static int region_ok(const wsync_region_t *r, uint64_t *n)
+{
+    return r != NULL && r->rows >= 1 && r->cols >= 1 && r->pitch >= r->cols &&
+           !wsync_mul_u64(r->rows, r->cols, n);
+}
+
+/* ---- sizes ---------------------------------------------------------------------------------- */
+
+uint64_t wsync_delta_block_bytes(uint32_t len, uint32_t k, uint32_t esize, uint32_t *mode)
+{
+    uint64_t vals = align8((uint64_t)k * esize);
+    uint64_t sparse = align8(2 * (uint64_t)k) + vals;
+    uint64_t bitmap = align8(((uint64_t)len + 7) / 8) + vals;
+    uint64_t plain = align8((uint64_t)len * esize);
+    uint32_t m = WSYNC_DELTA_SPARSE;
+    uint64_t best = sparse;
+
+    if (k == 0) {
+        if (mode != NULL)
+            *mode = WSYNC_DELTA_SAME;
+        return 0;
+    }
+    if (bitmap < best) {
+        best = bitmap;
+        m = WSYNC_DELTA_BITMAP;
+    }
+    if (plain < best) {
+        best = plain;
+        m = WSYNC_DELTA_PLAIN;
+    }
+    if (mode != NULL)
+        *mode = m;
+    return best;
+}
+
+uint64_t wsync_delta_max_bytes(uint64_t n, uint32_t esize)
+{
+    uint64_t nb = wsync_delta_nblocks(n), plain, total;
+
+    if (n == 0)
+        return WSYNC_DELTA_HEADER;
+    /* every block but the last is a whole multiple of 8 bytes; the last pads to 8 */
+    if (wsync_mul_u64(n, esize, &plain) || wsync_add_u64(plain, 7, &plain) ||
+        wsync_mul_u64(nb, 8, &total) || wsync_add_u64(total, WSYNC_DELTA_HEADER, &total) ||
+        wsync_add_u64(total, plain & ~(uint64_t)7, &total))
+        return UINT64_MAX;
+    return total;
+}
+
+/* ---- encode --------------------------------------------------------------------------------- */
+
+/* Append to idx[k..] the block indices (base + element) of the elements of a span that differ
+ * (a: new, b: old, cnt elements); returns the new k. Compares 32 bytes, then 8, at a time. */
+static uint32_t diff_span(const uint8_t *a, const uint8_t *b, uint64_t cnt, uint32_t es,
+                          uint32_t base, uint16_t *idx, uint32_t k)
+{
+    const unsigned sh = esize_shift(es), bsh = 3 + sh;   /* element of a bit: bit >> bsh */
+    const uint64_t emask = es == 8 ? ~(uint64_t)0 : ((uint64_t)1 << (8 * es)) - 1;
+    const uint64_t bytes = cnt * es;
+    uint64_t i = 0;
+
+#define WORD_DIFFS(x, at)                                                                     \
+    do {                                                                                      \
+        uint64_t x_ = (x);                                                                    \
+        while (x_ != 0) {                                                                     \
+            unsigned t_ = (unsigned)__builtin_ctzll(x_) >> bsh;                               \
+            idx[k++] = (uint16_t)(base + ((at) >> sh) + t_);                                  \
+            x_ &= ~(emask << (t_ << bsh));                                                    \
+        }                                                                                     \
+    } while (0)
+
+    for (; i + 32 <= bytes; i += 32) {
+        uint64_t x0 = ld64(a + i) ^ ld64(b + i), x1 = ld64(a + i + 8) ^ ld64(b + i + 8);
+        uint64_t x2 = ld64(a + i + 16) ^ ld64(b + i + 16), x3 = ld64(a + i + 24) ^ ld64(b + i + 24);
+        if ((x0 | x1 | x2 | x3) == 0)
+            continue;
+        WORD_DIFFS(x0, i);
+        WORD_DIFFS(x1, i + 8);
+        WORD_DIFFS(x2, i + 16);
+        WORD_DIFFS(x3, i + 24);
+    }
+    for (; i + 8 <= bytes; i += 8)
+        WORD_DIFFS(ld64(a + i) ^ ld64(b + i), i);
+#undef WORD_DIFFS
+    for (; i < bytes; i += es)      /* fewer than 8 bytes left, whole elements */
+        if (memcmp(a + i, b + i, es) != 0)
+            idx[k++] = (uint16_t)(base + (i >> sh));
+    return k;
+}
+
+/* Copy the values of the k (ascending) block indices idx from the block at `at` of v into dst. */
+static void gather(const view_t *v, cursor_t at, const uint16_t *idx, uint32_t k, uint8_t *dst)
+{
+    uint32_t prev = 0;
+    for (uint32_t j = 0; j < k; j++) {
+        cursor_add(v, &at, idx[j] - prev);
+        prev = idx[j];
+        copy_elem(dst + (uint64_t)j * v->es, view_at(v, at), v->es);
+    }
+}
+
+/* Copy the len values from `at` of v, dense, into dst. */
+static void copy_out(const view_t *v, cursor_t at, uint64_t len, uint8_t *dst)
+{
+    while (len > 0) {
+        uint64_t m = span_len(v, at, len);
+        memcpy(dst, view_at(v, at), m * v->es);
+        dst += m * v->es;
+        len -= m;
+        at.r++;
+        at.c = 0;
+    }
+}
+
+/* Write block payload (mode, k of len changed, indices idx) at p, bytes long. */
+static void write_payload(uint8_t *p, uint64_t bytes, uint32_t mode, const view_t *nv,
+                          cursor_t at, uint32_t len, const uint16_t *idx, uint32_t k)
+{
+    uint64_t head;
+
+    memset(p + (bytes >= 8 ? bytes - 8 : 0), 0, bytes >= 8 ? 8 : bytes);   /* tail padding */
+    switch (mode) {
+    case WSYNC_DELTA_SPARSE:
+        head = align8(2 * (uint64_t)k);
+        memset(p + head - 8, 0, 8);
+        memcpy(p, idx, 2 * (size_t)k);                  /* u16 little-endian, as the host */
+        gather(nv, at, idx, k, p + head);
+        break;
+    case WSYNC_DELTA_BITMAP:
+        head = align8(((uint64_t)len + 7) / 8);
+        memset(p, 0, head);
+        for (uint32_t j = 0; j < k; j++)
+            p[idx[j] >> 3] |= (uint8_t)(1u << (idx[j] & 7));
+        gather(nv, at, idx, k, p + head);
+        break;
+    case WSYNC_DELTA_PLAIN:
+        copy_out(nv, at, len, p);
+        break;
+    default:
+        break;
+    }
+}
+
+wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
+                                  const wsync_region_t *src, uint32_t esize, void *out,
+                                  uint64_t cap, uint64_t *len, uint64_t *hash, uint64_t *changed)
+{
+    uint16_t idx[WSYNC_DELTA_BLOCK];
+    uint64_t n, nb, table_end, pos = 0, nchanged = 0;
+    view_t nv, ov;
+    cursor_t at = {0, 0};
+    uint8_t *o = out;
+    tree_t tree;
+
+    if (new_base == NULL || old_base == NULL || out == NULL || len == NULL || hash == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "delta encode: %s is NULL",
+                         new_base == NULL ? "new_base" : old_base == NULL ? "old_base" :
+                         out == NULL ? "out" : len == NULL ? "len" : "hash");
+    if (!esize_ok(esize))
+        return wsync_err(WSYNC_ERR_INVALID, "delta encode: esize %" PRIu32
+                         " (1, 2, 4 or 8 bytes)", esize);
+    if (!region_ok(src, &n))
+        return wsync_err(WSYNC_ERR_INVALID, "delta encode: src region %s",
+                         src == NULL ? "is NULL" : "is empty, pitch < cols or overflows");
+    if (n > UINT32_MAX / esize)
+        return wsync_err(WSYNC_ERR_INVALID, "delta encode: %" PRIu64 " elements of %" PRIu32
+                         " bytes exceed the format's 2^32 - 1 bytes: send the chunk plain",
+                         n, esize);
+    nb = wsync_delta_nblocks(n);
+    table_end = WSYNC_DELTA_HEADER + 8 * nb;
+    if (cap < table_end)
+        return wsync_err(WSYNC_ERR_INVALID, "delta encode: cap %" PRIu64 " < the %" PRIu64
+                         " bytes of header and block table", cap, table_end);
+
+    st32(o, WSYNC_DELTA_MAGIC);
+    o[4] = (uint8_t)WSYNC_DELTA_FORMAT;
+    o[5] = (uint8_t)esize;
+    o[6] = o[7] = 0;
+    st64(o + 8, n);
+    nv = make_view(new_base, src, esize);
+    ov = make_view(old_base, src, esize);
+    tree_init(&tree);
+    for (uint64_t j = 0; j < nb; j++) {
+        uint32_t blen = (uint32_t)(j + 1 < nb ? WSYNC_DELTA_BLOCK : n - j * WSYNC_DELTA_BLOCK);
+        uint32_t k = 0, mode;
+        uint64_t bytes;
+        cursor_t s = at;
+
+        for (uint32_t done = 0; done < blen;) {
+            uint32_t m = (uint32_t)span_len(&nv, s, blen - done);
+            k = diff_span(view_at(&nv, s), view_at(&ov, s), m, esize, done, idx, k);
+            done += m;
+            s.r++;
+            s.c = 0;
+        }
+        bytes = wsync_delta_block_bytes(blen, k, esize, &mode);
+        if (cap - table_end < pos + bytes)
+            return wsync_err(WSYNC_ERR_INVALID, "delta encode: cap %" PRIu64 " < the %" PRIu64
+                             " bytes needed up to block %" PRIu64 " of %" PRIu64
+                             " (wsync_delta_max_bytes gives %" PRIu64 ")", cap,
+                             table_end + pos + bytes, j, nb, wsync_delta_max_bytes(n, esize));
+        st32(o + WSYNC_DELTA_HEADER + 8 * j, (uint32_t)pos);
+        st32(o + WSYNC_DELTA_HEADER + 8 * j + 4, mode << 30 | k);
+        if (bytes > 0)
+            write_payload(o + table_end + pos, bytes, mode, &nv, at, blen, idx, k);
+        tree_add(&tree, hash_block(&nv, at, blen));
+        pos += bytes;
+        nchanged += k;
+        cursor_add(&nv, &at, blen);
+    }
+    *len = table_end + pos;
+    *hash = tree_digest(&tree);
+    if (changed != NULL)
+        *changed = nchanged;
+    return WSYNC_OK;
+}
+
+/* ---- check ---------------------------------------------------------------------------------- */
+
+static int all_zero(const uint8_t *p, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        if (p[i] != 0)
+            return 0;
+    return 1;
+}
+
+/* The payload of block j (len elements, k changed, mode), bytes long at p: indices, bitmap and
+ * padding. Returns WSYNC_OK or the INTEGRITY error naming what and the block. */
+static wsync_status_t check_payload(const uint8_t *p, uint64_t bytes, uint32_t mode, uint32_t len,
+                                    uint32_t k, uint32_t es, uint64_t j, const char *what)
+{
+    uint64_t head = 0, vals = (uint64_t)k * es;
+
+    if (mode == WSYNC_DELTA_SAME)
+        return WSYNC_OK;                /* no payload */
+    if (mode == WSYNC_DELTA_SPARSE) {
+        head = align8(2 * (uint64_t)k);
+        for (uint32_t i = 0; i < k; i++) {
+            uint32_t x = (uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 8;
+            uint32_t prev = i > 0 ? ((uint32_t)p[2 * i - 2] | (uint32_t)p[2 * i - 1] << 8) : 0;
+            if (x >= len)
+                return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": sparse "
+                                 "index %" PRIu32 " (entry %" PRIu32 ") >= the block's %" PRIu32
+                                 " elements", what, j, x, i, len);
+            if (i > 0 && x <= prev)
+                return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": sparse "
+                                 "index %" PRIu32 " (entry %" PRIu32 ") not above the one before "
+                                 "(%" PRIu32 "): indices must ascend, without duplicates",
+                                 what, j, x, i, prev);
+        }
+        if (!all_zero(p + 2 * (uint64_t)k, head - 2 * (uint64_t)k))
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": non-zero "
+                             "padding after the %" PRIu32 " sparse indices", what, j, k);
+    } else if (mode == WSYNC_DELTA_BITMAP) {
+        uint64_t mbytes = ((uint64_t)len + 7) / 8, pop = 0;
+        head = align8(mbytes);
+        for (uint64_t i = 0; i + 8 <= mbytes; i += 8)
+            pop += (uint64_t)__builtin_popcountll(ld64(p + i));
+        for (uint64_t i = mbytes & ~(uint64_t)7; i < mbytes; i++)
+            pop += (uint64_t)__builtin_popcount(p[i]);
+        if ((len & 7) != 0 && (p[mbytes - 1] >> (len & 7)) != 0)
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": bitmap bits set "
+                             "past the block's %" PRIu32 " elements (non-zero padding)",
+                             what, j, len);
+        if (pop != k)
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": bitmap popcount "
+                             "%" PRIu64 " != k %" PRIu32, what, j, pop, k);
+        if (!all_zero(p + mbytes, head - mbytes))
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": non-zero "
+                             "padding after the bitmap", what, j);
+    } else {
+        vals = (uint64_t)len * es;
+    }
+    if (!all_zero(p + head + vals, bytes - head - vals))
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": non-zero padding "
+                         "after the %s values", what, j, mode_name(mode));
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint32_t esize,
+                                 const char *what)
+{
+    const uint8_t *e = enc;
+    uint64_t nb, table_end, area, pos = 0;
+    uint32_t magic;
+
+    if (what == NULL)
+        what = "delta chunk";
+    if (enc == NULL && len > 0)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: delta check: enc is NULL", what);
+    if (len < WSYNC_DELTA_HEADER)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta truncated: %" PRIu64 " bytes, the "
+                         "header alone is %u", what, len, WSYNC_DELTA_HEADER);
+    magic = ld32(e);
+    if (magic != WSYNC_DELTA_MAGIC)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta bad magic 0x%08" PRIx32 " (expected "
+                         "0x%08x)", what, magic, WSYNC_DELTA_MAGIC);
+    if (e[4] != WSYNC_DELTA_FORMAT)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta format %u (this build reads %u)",
+                         what, e[4], WSYNC_DELTA_FORMAT);
+    if (e[5] != esize || !esize_ok(esize))
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta esize %u, expected %" PRIu32, what,
+                         e[5], esize);
+    if (e[6] != 0 || e[7] != 0)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta header: non-zero padding (bytes 6-7: "
+                         "0x%02x%02x)", what, e[7], e[6]);
+    if (ld64(e + 8) != n)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta header says %" PRIu64 " elements, the "
+                         "region holds %" PRIu64, what, ld64(e + 8), n);
+    if (n == 0 || n > UINT32_MAX / esize)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta of %" PRIu64 " elements of %" PRIu32
+                         " bytes (1 to 2^32 - 1 bytes)", what, n, esize);
+    nb = wsync_delta_nblocks(n);
+    table_end = WSYNC_DELTA_HEADER + 8 * nb;
+    if (len < table_end)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta truncated: %" PRIu64 " bytes, header "
+                         "and block table of %" PRIu64 " blocks are %" PRIu64, what, len, nb,
+                         table_end);
+    area = len - table_end;
+    for (uint64_t j = 0; j < nb; j++) {
+        const uint8_t *t = e + WSYNC_DELTA_HEADER + 8 * j;
+        uint32_t off = ld32(t), mk = ld32(t + 4), mode = mk >> 30, k = mk & 0x3fffffffu, want;
+        uint32_t blen = (uint32_t)(j + 1 < nb ? WSYNC_DELTA_BLOCK : n - j * WSYNC_DELTA_BLOCK);
+        uint64_t bytes;
+        wsync_status_t st;
+
+        if (off % 8 != 0)
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": misaligned "
+                             "payload offset %" PRIu32 " (a multiple of 8)", what, j, off);
+        if (off > area)
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": payload offset "
+                             "%" PRIu32 " out of range (payload area %" PRIu64 " bytes)",
+                             what, j, off, area);
+        if (off != pos)
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": payload offset "
+                             "%" PRIu32 ", expected %" PRIu64 " (payloads are contiguous, in "
+                             "block order)", what, j, off, pos);
+        if (k > blen)
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": k %" PRIu32
+                             " > the block's %" PRIu32 " elements", what, j, k, blen);
+        bytes = wsync_delta_block_bytes(blen, k, esize, &want);
+        if (mode != want)
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": mode %s, but k "
+                             "%" PRIu32 " of %" PRIu32 " elements is %s", what, j,
+                             mode_name(mode), k, blen, mode_name(want));
+        if (bytes > area - pos)
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta truncated: block %" PRIu64 "'s %s "
+                             "payload of %" PRIu64 " bytes at offset %" PRIu64 " passes the "
+                             "end (payload area %" PRIu64 " bytes)", what, j, mode_name(mode),
+                             bytes, pos, area);
+        st = check_payload(e + table_end + pos, bytes, mode, blen, k, esize, j, what);
+        if (st != WSYNC_OK)
+            return st;
+        pos += bytes;
+    }
+    if (pos != area)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta has %" PRIu64 " trailing bytes after "
+                         "the last payload", what, area - pos);
+    return WSYNC_OK;
+}
+
+/* ---- apply ---------------------------------------------------------------------------------- */
+
+/* Write the k values of vals to the ascending block indices idx (u16 little-endian) of the block
+ * at `at`. */
+static void scatter_sparse(const view_t *v, cursor_t at, const uint8_t *idx, uint32_t k,
+                           const uint8_t *vals)
+{
+    uint32_t prev = 0;
+    for (uint32_t j = 0; j < k; j++) {
+        uint32_t i = (uint32_t)idx[2 * j] | (uint32_t)idx[2 * j + 1] << 8;
+        cursor_add(v, &at, i - prev);
+        prev = i;
+        copy_elem(view_at(v, at), vals + (uint64_t)j * v->es, v->es);
+    }
+}
+
+/* Write the values of vals to the elements whose bits are set in the bitmap of a block of len. */
+static void scatter_bitmap(const view_t *v, cursor_t at, const uint8_t *map, uint32_t len,
+                           const uint8_t *vals)
+{
+    uint64_t mbytes = ((uint64_t)len + 7) / 8, prev = 0;
+
+    for (uint64_t w = 0; w < mbytes; w += 8) {
+        uint64_t bits = 0;
+        memcpy(&bits, map + w, mbytes - w < 8 ? mbytes - w : 8);
+        while (bits != 0) {
+            uint64_t i = w * 8 + (uint64_t)__builtin_ctzll(bits);
+            bits &= bits - 1;
+            cursor_add(v, &at, i - prev);
+            prev = i;
+            copy_elem(view_at(v, at), vals, v->es);
+            vals += v->es;
+        }
+    }
+}
+
+/* Copy len dense values from src into the block at `at`. */
+static void copy_in(const view_t *v, cursor_t at, uint64_t len, const uint8_t *src)
+{
+    while (len > 0) {
+        uint64_t m = span_len(v, at, len);
+        memcpy(view_at(v, at), src, m * v->es);
+        src += m * v->es;
+        len -= m;
+        at.r++;
+        at.c = 0;
+    }
+}
+
+wsync_status_t wsync_delta_apply(const void *enc, uint64_t len, void *dst_base,
+                                 const wsync_region_t *dst, uint32_t esize, uint64_t *hash)
+{
+    const uint8_t *e = enc;
+    uint64_t n, nb, table_end;
+    view_t v;
+    cursor_t at = {0, 0};
+    tree_t tree;
+
+    if (enc == NULL || dst_base == NULL || hash == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "delta apply: %s is NULL",
+                         enc == NULL ? "enc" : dst_base == NULL ? "dst_base" : "hash");
+    if (!esize_ok(esize))
+        return wsync_err(WSYNC_ERR_INVALID, "delta apply: esize %" PRIu32
+                         " (1, 2, 4 or 8 bytes)", esize);
+    if (!region_ok(dst, &n))
+        return wsync_err(WSYNC_ERR_INVALID, "delta apply: dst region %s",
+                         dst == NULL ? "is NULL" : "is empty, pitch < cols or overflows");
+    /* cheap guards against applying a stream meant for another region; the rest is the check's */
+    if (len < WSYNC_DELTA_HEADER || ld64(e + 8) != n || e[5] != esize)
+        return wsync_err(WSYNC_ERR_INVALID, "delta apply: the stream (%" PRIu64 " bytes) is not "
+                         "a checked delta of %" PRIu64 " elements of %" PRIu32 " bytes",
+                         len, n, esize);
+    nb = wsync_delta_nblocks(n);
+    table_end = WSYNC_DELTA_HEADER + 8 * nb;
+    if (len < table_end)
+        return wsync_err(WSYNC_ERR_INVALID, "delta apply: %" PRIu64 " bytes hold no table of "
+                         "%" PRIu64 " blocks (run wsync_delta_check first)", len, nb);
+    v = make_view(dst_base, dst, esize);
+    tree_init(&tree);
+    for (uint64_t j = 0; j < nb; j++) {
+        const uint8_t *t = e + WSYNC_DELTA_HEADER + 8 * j;
+        uint32_t off = ld32(t), mk = ld32(t + 4), mode = mk >> 30, k = mk & 0x3fffffffu;
+        uint32_t blen = (uint32_t)(j + 1 < nb ? WSYNC_DELTA_BLOCK : n - j * WSYNC_DELTA_BLOCK);
+        const uint8_t *p = e + table_end + off;
+
+        switch (mode) {
+        case WSYNC_DELTA_SPARSE:
+            scatter_sparse(&v, at, p, k, p + align8(2 * (uint64_t)k));
+            break;
+        case WSYNC_DELTA_BITMAP:
+            scatter_bitmap(&v, at, p, blen, p + align8(((uint64_t)blen + 7) / 8));
+            break;
+        case WSYNC_DELTA_PLAIN:
+            copy_in(&v, at, blen, p);
+            break;
+        default:
+            break;
+        }
+        tree_add(&tree, hash_block(&v, at, blen));
+        cursor_add(&v, &at, blen);
+    }
+    *hash = tree_digest(&tree);
+    return WSYNC_OK;
+}
+
+uint64_t wsync_delta_hash(const void *base, const wsync_region_t *src, uint32_t esize)
+{
+    uint64_t n = 0, nb;
+    view_t v;
+    cursor_t at = {0, 0};
+    tree_t tree;
+
+    tree_init(&tree);
+    if (base == NULL || !esize_ok(esize) || !region_ok(src, &n))
+        return tree_digest(&tree);      /* nothing to hash: the hash of no leaves */
+    v = make_view(base, src, esize);
+    nb = wsync_delta_nblocks(n);
+    for (uint64_t j = 0; j < nb; j++) {
+        uint64_t blen = j + 1 < nb ? WSYNC_DELTA_BLOCK : n - j * WSYNC_DELTA_BLOCK;
+        tree_add(&tree, hash_block(&v, at, blen));
+        cursor_add(&v, &at, blen);
+    }
+    return tree_digest(&tree);
+}

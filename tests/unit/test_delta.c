@@ -1,0 +1,646 @@
+/* The delta codec (core/delta.c) against a reference written here from core/delta.h's text:
+ * element by element, byte by byte, on dense copies of the regions. Encoded streams must equal
+ * the reference's bytes, applying them must leave exactly the new values (and nothing outside
+ * the region touched), hashes must equal an XXH3 tree computed here, and the check must refuse
+ * every malformed stream with an error naming the chunk and the fault. Ends with a speed report
+ * (printed, not asserted). */
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "core/delta.h"
+#include "core/status.h"
+#include "tests/support/check.h"
+#include "wsync/wsync.h"
+
+#define B WSYNC_DELTA_BLOCK
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n > 0 ? n : 1);
+    if (p == NULL) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+static void fill_random(uint8_t *p, size_t n, uint64_t *s)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)rng_next(s);
+}
+
+static uint64_t a8(uint64_t x) { return (x + 7) / 8 * 8; }
+
+static uint8_t *elem(uint8_t *base, const wsync_region_t *r, uint64_t e, uint32_t es)
+{
+    return base + (r->off + e / r->cols * r->pitch + e % r->cols) * es;
+}
+
+/* The region's elements, dense, in row-major order. */
+static uint8_t *dense(const uint8_t *base, const wsync_region_t *r, uint32_t es)
+{
+    uint64_t n = r->rows * r->cols;
+    uint8_t *d = xmalloc(n * es);
+    for (uint64_t e = 0; e < n; e++)
+        memcpy(d + e * es, elem((uint8_t *)base, r, e, es), es);
+    return d;
+}
+
+/* Payload bytes of each mode, and the mode the header's rule picks, from the header's text. */
+static void ref_sizes(uint64_t len, uint64_t k, uint32_t es, uint64_t sz[4])
+{
+    sz[0] = 0;
+    sz[1] = a8(2 * k) + a8(k * es);
+    sz[2] = a8((len + 7) / 8) + a8(k * es);
+    sz[3] = a8(len * es);
+}
+
+static uint32_t ref_mode(uint64_t len, uint64_t k, uint32_t es)
+{
+    uint64_t sz[4];
+    uint32_t m = 1;
+    if (k == 0)
+        return 0;
+    ref_sizes(len, k, es, sz);
+    for (uint32_t i = 2; i <= 3; i++)
+        if (sz[i] < sz[m])
+            m = i;
+    return m;
+}
+
+static void put_le(uint8_t *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le(const uint8_t *p, int bytes)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* The encoding of dense new nd against dense old od (n elements), written element by element
+ * into a zeroed buffer; returns its length. */
+static uint8_t *ref_encode(const uint8_t *nd, const uint8_t *od, uint64_t n, uint32_t es,
+                           uint64_t *len)
+{
+    uint64_t nb = (n + B - 1) / B, table = 16 + 8 * nb, pos = 0;
+    uint8_t *out = calloc(1, table + nb * a8((uint64_t)B * es) + 8);
+
+    put_le(out, WSYNC_DELTA_MAGIC, 4);
+    out[4] = 1;
+    out[5] = (uint8_t)es;
+    put_le(out + 8, n, 8);
+    for (uint64_t j = 0; j < nb; j++) {
+        uint64_t lo = j * B, blen = n - lo < B ? n - lo : B, k = 0, sz[4], q = 0;
+        for (uint64_t i = 0; i < blen; i++)
+            k += memcmp(nd + (lo + i) * es, od + (lo + i) * es, es) != 0;
+        uint32_t m = ref_mode(blen, k, es);
+        uint8_t *p = out + table + pos;
+        ref_sizes(blen, k, es, sz);
+        put_le(out + 16 + 8 * j, pos, 4);
+        put_le(out + 16 + 8 * j + 4, (uint64_t)m << 30 | k, 4);
+        for (uint64_t i = 0; i < blen && (m == 1 || m == 2); i++) {
+            const uint8_t *v = nd + (lo + i) * es;
+            if (memcmp(v, od + (lo + i) * es, es) == 0)
+                continue;
+            if (m == 1) {
+                put_le(p + 2 * q, i, 2);
+                memcpy(p + a8(2 * k) + q * es, v, es);
+            } else {
+                p[i / 8] |= (uint8_t)(1u << (i % 8));
+                memcpy(p + a8((blen + 7) / 8) + q * es, v, es);
+            }
+            q++;
+        }
+        if (m == 3)
+            memcpy(p, nd + lo * es, blen * es);
+        pos += sz[m];
+    }
+    *len = table + pos;
+    return out;
+}
+
+/* The tree hash of dense values, as the header defines it. */
+static uint64_t ref_hash(const uint8_t *d, uint64_t n, uint32_t es)
+{
+    uint64_t nb = (n + B - 1) / B, h;
+    uint8_t *leaves = xmalloc(nb * 8);
+    for (uint64_t j = 0; j < nb; j++) {
+        uint64_t blen = n - j * B < B ? n - j * B : B;
+        put_le(leaves + 8 * j, XXH3_64bits(d + j * B * es, blen * es), 8);
+    }
+    h = XXH3_64bits(leaves, nb * 8);
+    free(leaves);
+    return h;
+}
+
+/* A buffer pair for region r: old random, new = old with region elements changed at density d
+ * (each to a different bit pattern) and every byte outside the region different too, so that an
+ * encoder reading outside it or an apply writing outside it is caught. */
+typedef struct {
+    wsync_region_t r;
+    uint32_t es;
+    size_t bytes;
+    uint8_t *old, *nw;
+    uint64_t nchanged;
+} pair_t;
+
+static pair_t make_pair(wsync_region_t r, uint32_t es, double d, uint64_t seed)
+{
+    pair_t p = {r, es, (size_t)((r.off + (r.rows - 1) * r.pitch + r.cols + 3) * es), NULL, NULL, 0};
+    uint64_t s = seed, n = r.rows * r.cols;
+    uint64_t thresh = d >= 1.0 ? UINT64_MAX : (uint64_t)(d * 18446744073709551616.0);
+    uint8_t *inside = calloc(1, p.bytes);
+
+    p.old = xmalloc(p.bytes);
+    p.nw = xmalloc(p.bytes);
+    fill_random(p.old, p.bytes, &s);
+    for (uint64_t e = 0; e < n; e++)
+        memset(inside + (elem(p.old, &r, e, es) - p.old), 1, es);
+    for (size_t i = 0; i < p.bytes; i++)
+        p.nw[i] = inside[i] ? p.old[i] : (uint8_t)~p.old[i];
+    for (uint64_t e = 0; e < n; e++) {
+        if (d <= 0.0 || (d < 1.0 && rng_next(&s) >= thresh))
+            continue;
+        uint8_t *v = elem(p.nw, &r, e, es);
+        uint64_t x;
+        do
+            x = rng_next(&s) & (es == 8 ? UINT64_MAX : ((uint64_t)1 << (8 * es)) - 1);
+        while (x == 0);
+        for (uint32_t b = 0; b < es; b++)
+            v[b] ^= (uint8_t)(x >> (8 * b));
+        p.nchanged++;
+    }
+    free(inside);
+    return p;
+}
+
+static void free_pair(pair_t *p)
+{
+    free(p->old);
+    free(p->nw);
+}
+
+/* Encode p, compare with the reference, check, apply onto a copy of old; returns a bit set of
+ * the block modes seen. */
+static unsigned round_trip(const pair_t *p, const char *label)
+{
+    uint64_t n = p->r.rows * p->r.cols, cap = wsync_delta_max_bytes(n, p->es);
+    uint64_t len = 0, hash = 0, changed = 0, ahash = 0, rlen, nb = wsync_delta_nblocks(n);
+    uint8_t *enc = xmalloc(cap), *dst = xmalloc(p->bytes), *expect = xmalloc(p->bytes);
+    uint8_t *nd = dense(p->nw, &p->r, p->es), *od = dense(p->old, &p->r, p->es);
+    uint8_t *ref = ref_encode(nd, od, n, p->es, &rlen);
+    unsigned modes = 0;
+
+    memset(enc, 0xEE, cap);     /* padding must be written as zeros, not left as it was */
+    CHECK_OK(wsync_delta_encode(p->nw, p->old, &p->r, p->es, enc, cap, &len, &hash, &changed));
+    CHECK_MSG(changed == p->nchanged, "%s: changed %" PRIu64 ", made %" PRIu64, label, changed,
+              p->nchanged);
+    CHECK_MSG(len == rlen && memcmp(enc, ref, len) == 0, "%s: encoded %" PRIu64 " bytes, the "
+              "reference %" PRIu64 " (or the bytes differ)", label, len, rlen);
+    CHECK_MSG(hash == ref_hash(nd, n, p->es), "%s: encode's hash is not the XXH3 tree", label);
+    CHECK_MSG(hash == wsync_delta_hash(p->nw, &p->r, p->es), "%s: wsync_delta_hash", label);
+    for (uint64_t j = 0; j < nb && len >= 16 + 8 * nb; j++)
+        modes |= 1u << (get_le(enc + 16 + 8 * j + 4, 4) >> 30);
+
+    /* check and apply a copy of exactly len bytes, so that ASan sees any read past it */
+    uint8_t *exact = xmalloc(len);
+    memcpy(exact, enc, len);
+    CHECK_OK(wsync_delta_check(exact, len, n, p->es, label));
+    memcpy(dst, p->old, p->bytes);
+    memcpy(expect, p->old, p->bytes);
+    for (uint64_t e = 0; e < n; e++)
+        memcpy(elem(expect, &p->r, e, p->es), elem(p->nw, &p->r, e, p->es), p->es);
+    CHECK_OK(wsync_delta_apply(exact, len, dst, &p->r, p->es, &ahash));
+    CHECK_MSG(memcmp(dst, expect, p->bytes) == 0, "%s: applied buffer differs from the new "
+              "values (or bytes outside the region changed)", label);
+    CHECK_MSG(ahash == hash, "%s: apply's hash differs from encode's", label);
+    free(exact);
+    free(ref);
+    free(nd);
+    free(od);
+    free(enc);
+    free(dst);
+    free(expect);
+    return modes;
+}
+
+/* ---- round trips ---------------------------------------------------------------------------- */
+
+static void test_round_trips(void)
+{
+    static const uint32_t sizes[] = {1, 2, 4, 8};
+    static const double dens[] = {0, 1e-4, 0.01, 0.05, 0.5, 1.0};
+    /* {off, pitch, rows, cols}: strided (pitch > cols, n = 37 * 1000 not a multiple of the
+     * block), one odd dense row, tiny strided rows (a block spans hundreds of them), a short
+     * row, dense whole blocks, and strided rows longer than a block */
+    static const wsync_region_t regs[] = {
+        {5, 1013, 37, 1000}, {3, 12583, 1, 12583}, {0, 13, 700, 11}, {7, 9, 1, 9},
+        {1, 4096, 3, 4096}, {2, 5000, 3, 4900},
+    };
+    uint64_t seed = 1;
+
+    for (size_t si = 0; si < 4; si++) {
+        unsigned seen = 0;
+        for (size_t ri = 0; ri < sizeof(regs) / sizeof(regs[0]); ri++)
+            for (size_t di = 0; di < 6; di++) {
+                char label[96];
+                pair_t p = make_pair(regs[ri], sizes[si], dens[di], seed++);
+                snprintf(label, sizeof(label), "esize %u region %zu density %g", sizes[si], ri,
+                         dens[di]);
+                unsigned m = round_trip(&p, label);
+                if (dens[di] == 0)
+                    CHECK_MSG(m == 1u << WSYNC_DELTA_SAME, "%s: modes 0x%x", label, m);
+                if (dens[di] == 1.0)
+                    CHECK_MSG((m & 1u << WSYNC_DELTA_PLAIN) != 0, "%s: modes 0x%x", label, m);
+                seen |= m;
+                free_pair(&p);
+            }
+        CHECK_MSG(seen == 0xF, "esize %u: block modes seen 0x%x, not all four", sizes[si], seen);
+    }
+}
+
+/* One byte of one element changed, at every byte position of every element of a short run:
+ * the 8-byte comparison must name exactly that element. */
+static void test_single_byte_changes(void)
+{
+    static const uint32_t sizes[] = {1, 2, 4, 8};
+    for (size_t si = 0; si < 4; si++) {
+        uint32_t es = sizes[si];
+        wsync_region_t r = {1, 45, 1, 45};         /* off 1: words straddle elements' starts */
+        uint64_t s = 7;
+        uint8_t old[64 * 8], nw[64 * 8], enc[512], dst[64 * 8];
+        fill_random(old, sizeof(old), &s);
+        for (uint64_t e = 0; e < r.cols; e++)
+            for (uint32_t b = 0; b < es; b++) {
+                uint64_t len, hash, changed, ah;
+                memcpy(nw, old, sizeof(old));
+                nw[(1 + e) * es + b] ^= 0x80;
+                CHECK_OK(wsync_delta_encode(nw, old, &r, es, enc, sizeof(enc), &len, &hash,
+                                            &changed));
+                CHECK_MSG(changed == 1 && get_le(enc + 20, 4) == (1u << 30 | 1) &&
+                          get_le(enc + 24, 2) == e, "esize %u element %" PRIu64 " byte %u: "
+                          "changed %" PRIu64, es, e, b, changed);
+                memcpy(dst, old, sizeof(old));
+                CHECK_OK(wsync_delta_check(enc, len, r.cols, es, "single"));
+                CHECK_OK(wsync_delta_apply(enc, len, dst, &r, es, &ah));
+                CHECK(memcmp(dst, nw, sizeof(nw)) == 0 && ah == hash);
+            }
+    }
+}
+
+/* ---- mode choice ---------------------------------------------------------------------------- */
+
+static void test_mode_choice(void)
+{
+    static const uint32_t sizes[] = {1, 2, 4, 8};
+    static const uint32_t lens[] = {B, 100, 1, 8, 777};
+
+    /* every (len, k) against the rule as the header states it */
+    for (size_t si = 0; si < 4; si++)
+        for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++)
+            for (uint32_t k = 0; k <= lens[li]; k++) {
+                uint64_t sz[4];
+                uint32_t m = 99, want = ref_mode(lens[li], k, sizes[si]);
+                uint64_t got = wsync_delta_block_bytes(lens[li], k, sizes[si], &m);
+                ref_sizes(lens[li], k, sizes[si], sz);
+                if (m != want || got != sz[want]) {
+                    CHECK_MSG(0, "esize %u len %u k %u: %s %" PRIu64 " bytes, want %u %" PRIu64,
+                              sizes[si], lens[li], k, "mode", got, want, sz[want]);
+                    break;
+                }
+            }
+
+    /* bf16, full block: SPARSE = BITMAP at k = 256 (512 + 512 bytes each: the tie goes to
+     * SPARSE), BITMAP = PLAIN at k = 3840 (8192 bytes each: BITMAP) */
+    uint32_t m;
+    CHECK(wsync_delta_block_bytes(B, 256, 2, &m) == 1024 && m == WSYNC_DELTA_SPARSE);
+    CHECK(wsync_delta_block_bytes(B, 257, 2, &m) == 512 + 520 && m == WSYNC_DELTA_BITMAP);
+    CHECK(wsync_delta_block_bytes(B, 3840, 2, &m) == 8192 && m == WSYNC_DELTA_BITMAP);
+    CHECK(wsync_delta_block_bytes(B, 3841, 2, &m) == 8192 && m == WSYNC_DELTA_PLAIN);
+    CHECK(wsync_delta_block_bytes(B, 0, 2, &m) == 0 && m == WSYNC_DELTA_SAME);
+    CHECK(wsync_delta_block_bytes(B, 1, 2, NULL) == 16);
+
+    /* the break-even points seen in real block tables: for each esize, k just at and past each
+     * transition (found from the formula), changed at spread positions of one full block */
+    for (size_t si = 0; si < 4; si++) {
+        uint32_t es = sizes[si], ks[4] = {0, 0, 0, 0}, nk = 0;
+        for (uint32_t k = 1; k <= B && nk < 4; k++)
+            if (ref_mode(B, k, es) != ref_mode(B, k - 1, es) && k > 1) {
+                ks[nk++] = k - 1;
+                ks[nk++] = k;
+            }
+        CHECK_MSG(nk == 4, "esize %u: %u transitions", es, nk / 2);
+        for (uint32_t t = 0; t < nk; t++) {
+            uint8_t *old = xmalloc((size_t)B * es), *nw = xmalloc((size_t)B * es);
+            uint64_t cap = wsync_delta_max_bytes(B, es), len, hash;
+            uint8_t *enc = xmalloc(cap);
+            wsync_region_t r = {0, B, 1, B};
+            uint64_t s = 99 + t;
+            fill_random(old, (size_t)B * es, &s);
+            memcpy(nw, old, (size_t)B * es);
+            for (uint32_t i = 0; i < ks[t]; i++)
+                nw[(uint64_t)(i * (uint64_t)B / ks[t]) * es] ^= 1;
+            CHECK_OK(wsync_delta_encode(nw, old, &r, es, enc, cap, &len, &hash, NULL));
+            CHECK_MSG(get_le(enc + 20, 4) == ((uint64_t)ref_mode(B, ks[t], es) << 30 | ks[t]),
+                      "esize %u k %u: table entry 0x%08" PRIx64, es, ks[t], get_le(enc + 20, 4));
+            CHECK(len == 24 + wsync_delta_block_bytes(B, ks[t], es, NULL));
+            free(old);
+            free(nw);
+            free(enc);
+        }
+        if (es == 2)
+            CHECK(ks[0] == 256 && ks[2] == 3840);
+    }
+}
+
+/* ---- sizes and argument errors -------------------------------------------------------------- */
+
+static void test_sizes_and_args(void)
+{
+    uint8_t a[64] = {0}, b[64] = {0}, out[256];
+    wsync_region_t r = {0, 8, 2, 8}, bad;
+    uint64_t len = 7, hash = 7, changed = 7;
+
+    CHECK(wsync_delta_max_bytes(1, 2) == 16 + 8 + 8);
+    CHECK(wsync_delta_max_bytes(B + 1, 2) == 16 + 16 + 8192 + 8);
+    CHECK(wsync_delta_max_bytes(2 * B, 8) == 16 + 16 + 2 * 32768);
+    CHECK(wsync_delta_nblocks(B) == 1 && wsync_delta_nblocks(B + 1) == 2);
+
+    CHECK_ST(wsync_delta_encode(b, a, &r, 3, out, sizeof(out), &len, &hash, &changed),
+             WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("esize 3");
+    bad = r;
+    bad.rows = 0;
+    CHECK_ST(wsync_delta_encode(b, a, &bad, 1, out, sizeof(out), &len, &hash, &changed),
+             WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("src region");
+    bad = r;
+    bad.pitch = 7;
+    CHECK_ST(wsync_delta_encode(b, a, &bad, 1, out, sizeof(out), &len, &hash, &changed),
+             WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("pitch < cols");
+    CHECK_ST(wsync_delta_encode(b, a, &r, 1, out, 23, &len, &hash, &changed), WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("cap 23");
+    /* a changed block needs 16 + 8 + 32 bytes: one byte less is refused, naming both */
+    b[3] = 1;
+    b[9] = 1;
+    CHECK_ST(wsync_delta_encode(b, a, &r, 1, out, 16 + 8 + 15, &len, &hash, &changed),
+             WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("cap 39 < the 40 bytes");
+    CHECK(len == 7 && hash == 7 && changed == 7);
+    CHECK_OK(wsync_delta_encode(b, a, &r, 1, out, 40, &len, &hash, &changed));
+    CHECK(len == 40 && changed == 2);
+    /* 2^32 elements of 1 byte: past the u32 offsets, refused before anything is read */
+    bad = (wsync_region_t){0, 1u << 20, 1u << 12, 1u << 20};
+    CHECK_ST(wsync_delta_encode(b, a, &bad, 1, out, sizeof(out), &len, &hash, &changed),
+             WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("4294967296 elements");
+    CHECK_ST(wsync_delta_encode(NULL, a, &r, 1, out, sizeof(out), &len, &hash, &changed),
+             WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("new_base is NULL");
+
+    /* apply refuses a stream for another region size or element size */
+    uint8_t dst[64];
+    CHECK_OK(wsync_delta_encode(b, a, &r, 1, out, sizeof(out), &len, &hash, &changed));
+    bad = (wsync_region_t){0, 8, 3, 8};
+    CHECK_ST(wsync_delta_apply(out, len, dst, &bad, 1, &hash), WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("not a checked delta of 24 elements");
+    CHECK_ST(wsync_delta_apply(out, len, dst, &r, 2, &hash), WSYNC_ERR_INVALID);
+}
+
+/* ---- check ---------------------------------------------------------------------------------- */
+
+/* A valid bf16 stream of 3 full blocks and a last of 100 elements: block 0 SPARSE (k 10),
+ * block 1 PLAIN (k 4000), block 2 SAME, block 3 BITMAP (k 50). */
+#define CN (3 * B + 100)
+static uint8_t *valid_stream(uint64_t *len)
+{
+    uint8_t *old = xmalloc(CN * 2), *nw = xmalloc(CN * 2), *enc;
+    uint64_t s = 5, cap = wsync_delta_max_bytes(CN, 2), hash;
+    wsync_region_t r = {0, CN, 1, CN};
+
+    fill_random(old, CN * 2, &s);
+    memcpy(nw, old, CN * 2);
+    for (int i = 0; i < 10; i++)
+        nw[2 * (i * 400 + 3)] ^= 1;
+    for (int i = 0; i < 4000; i++)
+        nw[2 * (B + i) + 1] ^= 0x40;
+    for (int i = 0; i < 50; i++)
+        nw[2 * (3 * B + 2 * i)] ^= 2;
+    enc = xmalloc(cap);
+    CHECK_OK(wsync_delta_encode(nw, old, &r, 2, enc, cap, len, &hash, NULL));
+    free(old);
+    free(nw);
+    return enc;
+}
+
+/* Refused as INTEGRITY, naming the chunk and `fault`. */
+static void expect_refused(const uint8_t *p, uint64_t len, uint64_t n, uint32_t es,
+                           const char *fault, const char *label)
+{
+    uint8_t *exact = xmalloc(len);
+    memcpy(exact, p, len);
+    wsync_status_t st = wsync_delta_check(exact, len, n, es, "chunk 12 from sender 1");
+    CHECK_MSG(st == WSYNC_ERR_INTEGRITY, "%s: check returned %s", label, wsync_status_name(st));
+    CHECK_MSG(strstr(wsync_last_error(), "chunk 12 from sender 1") != NULL &&
+              strstr(wsync_last_error(), fault) != NULL, "%s: error \"%s\" lacks \"%s\"", label,
+              wsync_last_error(), fault);
+    free(exact);
+}
+
+static void test_check_rejects(void)
+{
+    uint64_t len, nb = 4, t = 16 + 8 * nb;
+    uint8_t *v = valid_stream(&len), *m = xmalloc(len + 8);
+    uint64_t off[4];
+
+#define MUT(stmt, fault, label)                                                               \
+    do {                                                                                      \
+        memcpy(m, v, len);                                                                    \
+        stmt;                                                                                 \
+        expect_refused(m, len, CN, 2, fault, label);                                          \
+    } while (0)
+
+    for (uint64_t j = 0; j < nb; j++)
+        off[j] = t + get_le(v + 16 + 8 * j, 4);
+    CHECK_OK(wsync_delta_check(v, len, CN, 2, "valid"));
+    CHECK(get_le(v + 20, 4) >> 30 == WSYNC_DELTA_SPARSE && get_le(v + 28, 4) >> 30 ==
+          WSYNC_DELTA_PLAIN && get_le(v + 36, 4) == 0 && get_le(v + 44, 4) >> 30 ==
+          WSYNC_DELTA_BITMAP);
+
+    MUT(m[0] ^= 1, "bad magic", "magic");
+    MUT(m[4] = 2, "format 2", "format");
+    MUT(m[5] = 4, "esize 4, expected 2", "esize byte");
+    MUT(m[6] = 1, "header: non-zero padding", "header padding");
+    MUT(put_le(m + 8, CN + 1, 8), "header says 12389 elements, the region holds 12388", "n");
+    expect_refused(v, len, CN - 1, 2, "region holds 12387", "n of the region");
+    expect_refused(v, len, CN, 4, "esize 2, expected 4", "esize of the region");
+    MUT(put_le(m + 16 + 8 * 2, 1u << 30, 4), "block 2: payload offset 1073741824 out of range",
+        "offset out of range");
+    MUT(put_le(m + 16 + 8 * 1, get_le(v + 24, 4) + 4, 4), "block 1: misaligned payload offset",
+        "misaligned offset");
+    MUT(put_le(m + 16 + 8 * 1, get_le(v + 24, 4) + 8, 4), "block 1: payload offset",
+        "gap between payloads");
+    MUT(put_le(m + 16 + 8 * 3, 0, 4), "block 3: payload offset 0, expected", "offsets out of order");
+    MUT(put_le(m + 20, (1u << 30) | (B + 1), 4), "block 0: k 4097 > the block's 4096",
+        "k > len");
+    MUT(put_le(m + 20, (2u << 30) | 10, 4), "block 0: mode BITMAP, but k 10 of 4096 elements "
+        "is SPARSE", "mode");
+    MUT(put_le(m + 36, 1u << 30, 4), "block 2: mode SPARSE, but k 0", "SAME mode with k 0");
+    MUT(put_le(m + 36, 1, 4), "block 2: mode SAME, but k 1 of 4096 elements is SPARSE",
+        "k with SAME mode");
+    /* sparse indices: block 0's are 3, 403, 803, ... */
+    MUT((put_le(m + off[0] + 2, 3, 2)), "block 0: sparse index 3 (entry 1) not above the one "
+        "before (3)", "duplicate index");
+    MUT((put_le(m + off[0] + 2, 2, 2)), "not above the one before", "unsorted index");
+    MUT((put_le(m + off[0] + 18, B, 2)), "block 0: sparse index 4096 (entry 9) >= the block's "
+        "4096 elements", "index >= len");
+    MUT(m[off[0] + 20] = 1, "block 0: non-zero padding after the 10 sparse indices",
+        "index padding");
+    MUT(m[off[0] + 24 + 20] = 1, "block 0: non-zero padding after the SPARSE values",
+        "value padding");
+    /* bitmap of block 3 (100 elements: 13 bytes, bits 100..103 padding) */
+    MUT(m[off[3] + 1] |= 2, "block 3: bitmap popcount 51 != k 50", "popcount");
+    MUT(m[off[3] + 12] |= 0x10, "block 3: bitmap bits set past the block's 100 elements",
+        "bitmap bits past len");
+    MUT(m[off[3] + 13] = 1, "block 3: non-zero padding after the bitmap", "bitmap padding");
+    MUT(m[len - 1] = 1, "block 3: non-zero padding after the BITMAP values", "bitmap values pad");
+    /* trailing bytes */
+    memcpy(m, v, len);
+    memset(m + len, 0, 8);
+    expect_refused(m, len + 8, CN, 2, "8 trailing bytes", "trailing");
+    /* every truncation */
+    for (uint64_t l = 0; l < len; l++) {
+        uint8_t *exact = xmalloc(l);
+        memcpy(exact, v, l);
+        wsync_status_t st = wsync_delta_check(exact, l, CN, 2, "chunk 12 from sender 1");
+        if (st != WSYNC_ERR_INTEGRITY || strstr(wsync_last_error(), "chunk 12") == NULL) {
+            CHECK_MSG(0, "truncated to %" PRIu64 " of %" PRIu64 " bytes: %s (%s)", l, len,
+                      wsync_status_name(st), wsync_last_error());
+            free(exact);
+            break;
+        }
+        free(exact);
+    }
+    expect_refused(v, 15, CN, 2, "truncated: 15 bytes", "short header");
+    expect_refused(v, 40, CN, 2, "truncated: 40 bytes, header and block table of 4 blocks are 48",
+                   "short table");
+    expect_refused(v, len - 8, CN, 2, "truncated: block 3's BITMAP payload", "short payload");
+    /* a header of 2^33 bf16 elements: past the u32 offsets */
+    memcpy(m, v, 16);
+    put_le(m + 8, 1ull << 33, 8);
+    expect_refused(m, 16, 1ull << 33, 2, "8589934592 elements of 2 bytes", "huge n");
+#undef MUT
+    free(v);
+    free(m);
+}
+
+/* Random single-byte corruptions of a valid stream: the check refuses, or (a value byte, which
+ * only the hash can catch) passes and then apply's hash differs from the sender's. */
+static void test_corruptions_caught(void)
+{
+    uint64_t len, s = 3, hash_new;
+    uint8_t *v = valid_stream(&len), *m = xmalloc(len);
+    uint8_t *old = xmalloc(CN * 2), *dst = xmalloc(CN * 2);
+    wsync_region_t r = {0, CN, 1, CN};
+    int refused = 0, by_hash = 0;
+
+    /* the stream's old values are valid_stream's (seed 5); apply it to get the sender's hash */
+    uint64_t s5 = 5;
+    fill_random(old, CN * 2, &s5);
+    memcpy(dst, old, CN * 2);
+    CHECK_OK(wsync_delta_apply(v, len, dst, &r, 2, &hash_new));
+    for (int it = 0; it < 2000; it++) {
+        uint64_t at = rng_next(&s) % len, h;
+        memcpy(m, v, len);
+        m[at] ^= (uint8_t)(1u << (rng_next(&s) % 8));
+        if (wsync_delta_check(m, len, CN, 2, "c") != WSYNC_OK) {
+            refused++;
+            continue;
+        }
+        memcpy(dst, old, CN * 2);
+        CHECK_OK(wsync_delta_apply(m, len, dst, &r, 2, &h));
+        CHECK_MSG(h != hash_new, "corruption at byte %" PRIu64 " passed check and hash", at);
+        by_hash++;
+    }
+    CHECK(refused > 0 && by_hash > 0);
+    free(v);
+    free(m);
+    free(old);
+    free(dst);
+}
+
+/* ---- speed (printed, not asserted) ---------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void test_speed_report(void)
+{
+    const uint64_t n = 32ull << 20;               /* 64 MiB of bf16 */
+    wsync_region_t r = {0, n, 1, n};
+    pair_t p = make_pair(r, 2, 0.01, 11);
+    uint64_t cap = wsync_delta_max_bytes(n, 2), len = 0, hash, ah;
+    uint8_t *enc = xmalloc(cap), *dst = xmalloc(p.bytes);
+    double te = 1e9, ta = 1e9, tm = 1e9;
+
+    memset(enc, 0, cap);
+    memcpy(dst, p.old, p.bytes);
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now_s();
+        CHECK_OK(wsync_delta_encode(p.nw, p.old, &r, 2, enc, cap, &len, &hash, NULL));
+        double t1 = now_s();
+        memcpy(dst, p.old, p.bytes);
+        double t2 = now_s();
+        CHECK_OK(wsync_delta_apply(enc, len, dst, &r, 2, &ah));
+        double t3 = now_s();
+        te = t1 - t0 < te ? t1 - t0 : te;
+        ta = t3 - t2 < ta ? t3 - t2 : ta;
+        tm = t2 - t1 < tm ? t2 - t1 : tm;
+    }
+    CHECK(ah == hash && memcmp(dst, p.nw, n * 2) == 0);
+    double gb = 2.0 * n * 2 / 1e9;                /* old + new bytes */
+    printf("delta speed, 64 MiB bf16 at 1%% density (%" PRIu64 " encoded bytes, %.2f%% of "
+           "plain): encode %.2f GB/s, apply %.2f GB/s, memcpy of the same 64 MiB %.2f GB/s "
+           "(old+new bytes over time)\n", len, 100.0 * len / (n * 2.0), gb / te, gb / ta,
+           gb / tm);
+    free(enc);
+    free(dst);
+    free_pair(&p);
+}
+
+int main(void)
+{
+    RUN(test_mode_choice);
+    RUN(test_sizes_and_args);
+    RUN(test_single_byte_changes);
+    RUN(test_round_trips);
+    RUN(test_check_rejects);
+    RUN(test_corruptions_caught);
+    RUN(test_speed_report);
+    return check_summary();
+}
