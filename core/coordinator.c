@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include "core/coord_stats.h"
 #include "core/log.h"
 #include "core/objects.h"
 #include "core/sock.h"
@@ -60,6 +62,10 @@ struct wsync_coord {
     char fail_text[1024];            /* why the group ended, for late joiners */
     uint64_t version;                /* the version in flight or last done */
     int nbegun, ncommitted;
+    /* figures of the version in flight and of the last one done (wsync_coord_stats) */
+    uint64_t begin_ns, bcast_ns;
+    pthread_mutex_t stats_mu;
+    wsync_coord_stats_t stats;
 };
 
 static int send_timeout(const wsync_coord_t *co)
@@ -536,9 +542,13 @@ static void on_push_begin(wsync_coord_t *co, coord_peer_t *p, uint64_t v)
         return;
     }
     p->begun = v;
-    if (++co->nbegun == co->nsenders)
+    if (++co->nbegun == co->nsenders) {
+        uint64_t t0 = wsync_now_ns();
+        co->begin_ns = t0;
         for (int i = 0; i < co->nreceivers; i++)
             send_u64(co, &co->receivers[i], WSYNC_MSG_BEGIN, v);
+        co->bcast_ns = wsync_now_ns() - t0;
+    }
 }
 
 static void on_commit(wsync_coord_t *co, coord_peer_t *p, uint64_t v)
@@ -554,10 +564,31 @@ static void on_commit(wsync_coord_t *co, coord_peer_t *p, uint64_t v)
     }
     p->committed = v;
     if (++co->ncommitted == co->nreceivers) {
+        uint64_t t0 = wsync_now_ns();
         co->nbegun = 0;
+        /* the figures first: a sender may read them as soon as its DONE arrives */
+        pthread_mutex_lock(&co->stats_mu);
+        co->stats.version = v;
+        co->stats.begin_ns = co->begin_ns;
+        co->stats.commit_ns = t0;
+        co->stats.span_ns = t0 - co->begin_ns;
+        co->stats.bcast_ns = co->bcast_ns;
+        co->stats.participants = (uint32_t)co->npresent;
+        pthread_mutex_unlock(&co->stats_mu);
         for (int i = 0; i < co->nsenders; i++)
             send_u64(co, &co->senders[i], WSYNC_MSG_DONE, v);
+        t0 = wsync_now_ns() - t0;
+        pthread_mutex_lock(&co->stats_mu);
+        co->stats.bcast_ns += t0;
+        pthread_mutex_unlock(&co->stats_mu);
     }
+}
+
+void wsync_coord_stats(const wsync_coord_t *co, wsync_coord_stats_t *out)
+{
+    pthread_mutex_lock((pthread_mutex_t *)&co->stats_mu);
+    *out = co->stats;
+    pthread_mutex_unlock((pthread_mutex_t *)&co->stats_mu);
 }
 
 /* SCHEME_SETUP: forward a scheme's bytes, as SCHEME_RELAY naming their author, to one member or
@@ -1112,6 +1143,33 @@ static void coord_on_accept(void *user, wsync_conn_t *c)
     (void)c;
 }
 
+/* The coordinator's process (sender 0) holds a control connection per participant and, with
+ * the ipc scheme, a data connection per receiver, besides its memfds and the library's own
+ * descriptors: past about 500 participants that exceeds the common soft limit of 1024. Raise the
+ * soft limit toward the hard one when it is short (as a server would), and say so; warn, naming
+ * the numbers, when even the hard limit is short. */
+static void raise_fd_limit(int participants)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)participants * 2 + 256;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want)
+        return;
+    rlim_t old = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        rl.rlim_cur = old;
+    if (rl.rlim_cur >= want)
+        WSYNC_LOG_I("coordinator: raised the open-file limit (RLIMIT_NOFILE) from %llu to %llu "
+                    "for %d participants", (unsigned long long)old,
+                    (unsigned long long)rl.rlim_cur, participants);
+    else
+        WSYNC_LOG_W("coordinator: %d participants need about %llu descriptors; the open-file "
+                    "limit is %llu (hard limit %llu): raise it (ulimit -n) or connections will "
+                    "be refused", participants, (unsigned long long)want,
+                    (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max);
+}
+
 wsync_status_t wsync_coord_create(const char *addr, int nsenders, int nreceivers,
                                   int heartbeat_ms, int timeout_ms, wsync_coord_t **out)
 {
@@ -1123,6 +1181,7 @@ wsync_status_t wsync_coord_create(const char *addr, int nsenders, int nreceivers
 
     if (co == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "no memory for the coordinator");
+    pthread_mutex_init(&co->stats_mu, NULL);
     co->nsenders = nsenders;
     co->nreceivers = nreceivers;
     co->timeout_ms = timeout_ms;
@@ -1132,6 +1191,7 @@ wsync_status_t wsync_coord_create(const char *addr, int nsenders, int nreceivers
         st = wsync_err(WSYNC_ERR_NOMEM, "no memory for the coordinator's peers");
         goto err;
     }
+    raise_fd_limit(nsenders + nreceivers);
     st = wsync_tcp_listen(addr, &fd, co->addr, sizeof(co->addr));
     if (st != WSYNC_OK)
         goto err;
@@ -1185,5 +1245,6 @@ void wsync_coord_free(wsync_coord_t *co)
     free(co->fetches);
     free(co->senders);
     free(co->receivers);
+    pthread_mutex_destroy(&co->stats_mu);
     free(co);
 }

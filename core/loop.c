@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -18,6 +19,9 @@
 #include "core/util.h"
 
 #define MAX_LISTENERS 4
+#define EV_WAKE 0u
+#define EV_LISTEN 1u                /* EV_LISTEN + i: listener i */
+#define MAX_EVENTS 256
 
 struct wsync_loop {
     wsync_loop_ops_t ops;
@@ -27,6 +31,10 @@ struct wsync_loop {
     int started;
     atomic_int stop;
     int wake_fd;
+    /* epoll, not poll: a wakeup costs the ready descriptors, not all of them (with hundreds of
+     * peers, rebuilding a pollfd array per wakeup made each version quadratic in the peers).
+     * Event data: EV_WAKE, EV_LISTEN + i for listener i, else the wsync_conn_t pointer. */
+    int ep_fd;
     pthread_mutex_t mu;             /* guards conns[] and listeners[] */
     wsync_conn_t **conns;
     size_t nconns, cap;
@@ -96,9 +104,15 @@ static wsync_status_t add_conn(wsync_loop_t *loop, wsync_conn_t *c)
         loop->conns = p;
         loop->cap = cap;
     }
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+    if (epoll_ctl(loop->ep_fd, EPOLL_CTL_ADD, c->fd, &ev) != 0) {
+        int e = errno;
+        pthread_mutex_unlock(&loop->mu);
+        return wsync_err(WSYNC_ERR_IO, "cannot watch the connection to %s: epoll_ctl: %s",
+                         c->name, strerror(e));
+    }
     loop->conns[loop->nconns++] = c;
     pthread_mutex_unlock(&loop->mu);
-    wake(loop);
     return WSYNC_OK;
 }
 
@@ -110,6 +124,8 @@ static void conn_finish(wsync_loop_t *loop, wsync_conn_t *c, wsync_status_t why,
         return;
     c->close_reported = 1;
     atomic_store(&c->closed, 1);
+    /* the fd stays open (below): stop watching it, or its hang-up would wake the loop forever */
+    epoll_ctl(loop->ep_fd, EPOLL_CTL_DEL, c->fd, NULL);
     shutdown(c->fd, SHUT_RDWR);
     free(c->payload);
     c->payload = NULL;
@@ -420,6 +436,12 @@ static void tick(wsync_loop_t *loop)
         wsync_conn_t *c = loop->conns[i];
         if (c->close_reported || !(c->flags & WSYNC_CONN_HEARTBEAT))
             continue;
+        if (now - atomic_load(&c->last_recv_ms) > loop->peer_timeout_ms && !atomic_load(&c->closed))
+            /* this thread may itself have been starved (hundreds of processes on few cores):
+             * what the peer sent may be waiting unread, so read it before judging the silence */
+            conn_read(loop, c);
+        if (c->close_reported)
+            continue;
         if (now - atomic_load(&c->last_recv_ms) > loop->peer_timeout_ms) {
             char why[256];
             snprintf(why, sizeof(why), "%s sent nothing for %lld ms (deadline %d ms)", c->name,
@@ -434,76 +456,68 @@ static void tick(wsync_loop_t *loop)
         loop->ops.on_tick(loop->user);
 }
 
+/* Report the connections other threads closed (wsync_loop_close wakes the loop for them). */
+static void reap_closed(wsync_loop_t *loop)
+{
+    size_t n;
+
+    pthread_mutex_lock(&loop->mu);
+    n = loop->nconns;
+    pthread_mutex_unlock(&loop->mu);
+    for (size_t i = 0; i < n; i++) {
+        wsync_conn_t *c = loop->conns[i];   /* conns[] only grows; entries never move */
+        if (!c->close_reported && atomic_load(&c->closed))
+            conn_finish(loop, c, c->close_why, c->close_text);
+    }
+}
+
 static void *loop_main(void *arg)
 {
     wsync_loop_t *loop = arg;
-    struct pollfd *pfds = NULL;
-    wsync_conn_t **pconns = NULL;
-    size_t pcap = 0;
+    struct epoll_event evs[MAX_EVENTS];
 
     while (!atomic_load(&loop->stop)) {
-        size_t np = 0, nl, nc;
         int64_t now = wsync_now_ms();
-
-        pthread_mutex_lock(&loop->mu);
-        nl = (size_t)loop->nlisteners;
-        nc = loop->nconns;
-        if (pcap < 1 + nl + nc) {
-            pcap = (1 + nl + nc) * 2;
-            pfds = realloc(pfds, pcap * sizeof(*pfds));
-            pconns = realloc(pconns, pcap * sizeof(*pconns));
-        }
-        pfds[np].fd = loop->wake_fd;
-        pfds[np++].events = POLLIN;
-        for (size_t i = 0; i < nl; i++) {
-            pconns[np] = NULL;
-            pfds[np].fd = loop->listeners[i].fd;
-            pfds[np++].events = POLLIN;
-        }
-        for (size_t i = 0; i < nc; i++) {
-            wsync_conn_t *c = loop->conns[i];
-            if (c->close_reported)
-                continue;
-            if (atomic_load(&c->closed)) {   /* closed by another thread: report it here */
-                pthread_mutex_unlock(&loop->mu);
-                conn_finish(loop, c, c->close_why, c->close_text);
-                pthread_mutex_lock(&loop->mu);
-                continue;
-            }
-            pconns[np] = c;
-            pfds[np].fd = c->fd;
-            pfds[np++].events = POLLIN;
-        }
-        pthread_mutex_unlock(&loop->mu);
 
         if (now >= loop->next_tick_ms) {
             tick(loop);
             loop->next_tick_ms = now + loop->heartbeat_ms;
         }
         int timeout = (int)WSYNC_MAX(0, loop->next_tick_ms - wsync_now_ms());
-        int rc = poll(pfds, np, timeout);
+        int rc = epoll_wait(loop->ep_fd, evs, MAX_EVENTS, timeout);
         if (rc < 0 && errno != EINTR) {
-            WSYNC_LOG_E("poll failed: %s", strerror(errno));
+            WSYNC_LOG_E("epoll_wait failed: %s", strerror(errno));
             break;
         }
         if (rc <= 0)
             continue;
-        if (pfds[0].revents) {
-            uint64_t v;
-            ssize_t n = read(loop->wake_fd, &v, sizeof(v));
-            (void)n;
+        for (int i = 0; i < rc; i++) {
+            uint64_t tag = evs[i].data.u64;
+            if (tag == EV_WAKE) {
+                uint64_t v;
+                ssize_t n = read(loop->wake_fd, &v, sizeof(v));
+                (void)n;
+                reap_closed(loop);
+            } else if (tag < EV_LISTEN + MAX_LISTENERS) {
+                int k = (int)(tag - EV_LISTEN);
+                do_accept(loop, loop->listeners[k].fd, loop->listeners[k].flags);
+            }
         }
-        for (size_t i = 1; i <= nl; i++)
-            if (pfds[i].revents)
-                do_accept(loop, pfds[i].fd, loop->listeners[i - 1].flags);
         /* data connections first: what a peer sent on them before anything it caused on the
          * control connection (RELEASE before the COMMIT that led to DONE, then to the group's
          * end) must be queued before that, or a finished push would report the group's end */
         for (int pass = 0; pass < 2; pass++) {
-            for (size_t i = nl + 1; i < np; i++) {
-                int control = (pconns[i]->flags & WSYNC_CONN_HEARTBEAT) != 0;
-                if (pfds[i].revents && control == pass)
-                    conn_read(loop, pconns[i]);
+            for (int i = 0; i < rc; i++) {
+                if (evs[i].data.u64 < EV_LISTEN + MAX_LISTENERS)
+                    continue;
+                wsync_conn_t *c = evs[i].data.ptr;
+                int control = (c->flags & WSYNC_CONN_HEARTBEAT) != 0;
+                if (control != pass || c->close_reported)
+                    continue;
+                if (atomic_load(&c->closed))   /* closed by another thread: report it here */
+                    conn_finish(loop, c, c->close_why, c->close_text);
+                else
+                    conn_read(loop, c);
             }
         }
     }
@@ -515,8 +529,6 @@ static void *loop_main(void *arg)
     for (size_t i = 0; i < nc; i++)
         if (!loop->conns[i]->close_reported && !atomic_load(&loop->conns[i]->closed))
             conn_read(loop, loop->conns[i]);
-    free(pfds);
-    free(pconns);
     return NULL;
 }
 
@@ -535,6 +547,16 @@ wsync_status_t wsync_loop_create(const wsync_loop_ops_t *ops, void *user, int he
     if (loop->wake_fd < 0) {
         free(loop);
         return wsync_err(WSYNC_ERR_IO, "eventfd: %s", strerror(errno));
+    }
+    loop->ep_fd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV_WAKE};
+    if (loop->ep_fd < 0 || epoll_ctl(loop->ep_fd, EPOLL_CTL_ADD, loop->wake_fd, &ev) != 0) {
+        int e = errno;
+        if (loop->ep_fd >= 0)
+            close(loop->ep_fd);
+        close(loop->wake_fd);
+        free(loop);
+        return wsync_err(WSYNC_ERR_IO, "cannot set up the progress loop: epoll: %s", strerror(e));
     }
     pthread_mutex_init(&loop->mu, NULL);
     *out = loop;
@@ -571,6 +593,7 @@ void wsync_loop_free(wsync_loop_t *loop)
     for (int i = 0; i < loop->nlisteners; i++)
         close(loop->listeners[i].fd);
     free(loop->conns);
+    close(loop->ep_fd);
     close(loop->wake_fd);
     pthread_mutex_destroy(&loop->mu);
     free(loop);
@@ -585,10 +608,17 @@ wsync_status_t wsync_loop_listen(wsync_loop_t *loop, int fd, unsigned conn_flags
         return wsync_err(WSYNC_ERR_INTERNAL, "too many listening sockets");
     }
     wsync_sock_nonblock(fd);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV_LISTEN + (uint64_t)loop->nlisteners};
+    if (epoll_ctl(loop->ep_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        int e = errno;
+        pthread_mutex_unlock(&loop->mu);
+        close(fd);
+        return wsync_err(WSYNC_ERR_IO, "cannot watch a listening socket: epoll_ctl: %s",
+                         strerror(e));
+    }
     loop->listeners[loop->nlisteners].fd = fd;
     loop->listeners[loop->nlisteners++].flags = conn_flags;
     pthread_mutex_unlock(&loop->mu);
-    wake(loop);
     return WSYNC_OK;
 }
 

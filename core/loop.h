@@ -40,6 +40,9 @@ struct wsync_conn {
     unsigned flags;
     char name[128];                 /* who is on the other side, for messages */
     void *user;                     /* owner's data (the peer record) */
+    atomic_uint tag;                /* a scheme's index for this peer + 1 (its rank on a data
+                                       connection), so that a message finds its peer in O(1); 0:
+                                       none */
     atomic_int closed;              /* no more frames either way */
     atomic_int leaving;             /* BYE sent or received: closing is not a loss */
     atomic_llong last_recv_ms;

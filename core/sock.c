@@ -69,6 +69,9 @@ static wsync_status_t resolve(const char *addr, int passive, struct addrinfo **r
     return WSYNC_OK;
 }
 
+/* Listening sockets take the system's largest backlog (net.core.somaxconn, 4096 on current
+ * kernels): with hundreds of participants connecting at once, a backlog of 128 dropped SYNs,
+ * which TCP retries only after a second (tests/scale). */
 wsync_status_t wsync_tcp_listen(const char *addr, int *fd_out, char *bound, size_t bound_len)
 {
     struct addrinfo *res, *ai;
@@ -84,7 +87,7 @@ wsync_status_t wsync_tcp_listen(const char *addr, int *fd_out, char *bound, size
             continue;
         }
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 128) == 0)
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0)
             break;
         err = errno;
         close(fd);
@@ -171,7 +174,7 @@ wsync_status_t wsync_unix_listen(char *name, size_t name_len, int *fd_out)
         snprintf(name, name_len, "@wsync-%d-%u-%08x", (int)getpid(), atomic_fetch_add(&counter, 1),
                  (unsigned)(wsync_now_ns() * 2654435761u));
         socklen_t sl = unix_addr(name, &sa);
-        if (bind(fd, (struct sockaddr *)&sa, sl) == 0 && listen(fd, 128) == 0) {
+        if (bind(fd, (struct sockaddr *)&sa, sl) == 0 && listen(fd, SOMAXCONN) == 0) {
             wsync_sock_nonblock(fd);
             *fd_out = fd;
             return WSYNC_OK;

@@ -822,6 +822,7 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
             goto out;
         }
         st->rconn[rank] = msg->conn;
+        atomic_store(&msg->conn->tag, rank + 1);
         st->rflags[rank] = flags;
         st->rreach[rank] = (uint8_t)reach;
         pthread_mutex_lock(&msg->conn->send_lock);
@@ -861,12 +862,14 @@ out:
     return rc;
 }
 
-static int rank_of_conn(const ipc_sender_t *st, uint32_t nr, const wsync_conn_t *c)
+/* The receiver on data connection c (its tag, set when it said DATA_HELLO), -1 if none: one
+ * lookup per RELEASE, not a scan of every receiver (quadratic with hundreds of them). */
+static int rank_of_conn(const ipc_sender_t *st, uint32_t nr, wsync_conn_t *c)
 {
-    for (uint32_t r = 0; r < nr; r++)
-        if (st->rconn[r] == c)
-            return (int)r;
-    return -1;
+    uint32_t t = atomic_load(&c->tag);
+    if (t == 0 || t > nr || st->rconn[t - 1] != c)
+        return -1;
+    return (int)(t - 1);
 }
 
 /* Take RELEASE messages until bucket k has none due. */
