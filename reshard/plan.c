@@ -1450,79 +1450,107 @@ static int cmp_segment(const void *a, const void *b)
     return r;
 }
 
-/* Segments in (receiver, chunk) order without a global sort: each receiver gets a run sized by
- * counting; the runs are filled walking the chunks in order (logical chunks in bucket order,
- * each one's logical segments listed through a CSR index), so every run comes out ordered by
- * chunk; only segments of one receiver that share a chunk are sorted further. */
+/* Order a receiver's logical segments by logical chunk: keys[i] = lchunk << 32 | i, sorted
+ * stably on the lchunk, 8 bits a pass (LSD radix), `passes` passes; keys and tmp hold m each.
+ * Returns the array that holds the result. */
+static uint64_t *radix_by_lchunk(uint64_t *keys, uint64_t *tmp, size_t m, unsigned passes)
+{
+    for (unsigned p = 0; p < passes; p++) {
+        size_t cnt[257] = {0};
+        unsigned shift = 32 + 8 * p;
+        uint64_t *t;
+        for (size_t i = 0; i < m; i++)
+            cnt[((keys[i] >> shift) & 255) + 1]++;
+        for (int d = 0; d < 256; d++)
+            cnt[d + 1] += cnt[d];
+        for (size_t i = 0; i < m; i++)
+            tmp[cnt[(keys[i] >> shift) & 255]++] = keys[i];
+        t = keys;
+        keys = tmp;
+        tmp = t;
+    }
+    return keys;
+}
+
+/* Segment `sg`: logical segment `sl` of `receiver` served by chunk q, one part of its logical
+ * chunk; the pair's bytes counted as plan_derive counts them. */
+static inline void put_segment(compile_t *c, uint32_t receiver, const lseg_t *sl, uint32_t q,
+                               wsync_segment_t *sg)
+{
+    wsync_plan_t *pl = c->plan;
+    const wsync_chunk_t *ch = &pl->chunks[q];
+
+    sg->receiver = receiver;
+    sg->target = sl->target;
+    sg->piece = sl->piece;
+    sg->chunk = q;
+    sg->dst.off = sl->dst_off;
+    if (c->parts != NULL)
+        sg->dst.off += c->parts[q].row * sl->dst_pitch + c->parts[q].col;
+    sg->dst.pitch = sl->dst_pitch;
+    sg->dst.rows = ch->src.rows;
+    sg->dst.cols = ch->src.cols;
+    pl->pair_bytes[(size_t)ch->sender * c->nreceivers + receiver] += chunk_bytes(ch);
+}
+
+/* Segments in (receiver, chunk) order without a global sort. Logical segments come grouped by
+ * receiver (map_targets walks targets in (receiver, index) order); each receiver's are put in
+ * logical chunk order by a radix sort of their numbers (stable, so a receiver taking one chunk
+ * twice keeps logical segment order, as before), and its segments are then written front to
+ * back: logical chunks are numbered in bucket order, so their parts are chunks 0, 1, ... Only
+ * segments of one receiver that share a chunk are sorted further. The scratch is two keys for
+ * the largest receiver's logical segments, not an index over the whole plan. */
 static wsync_status_t split_segments(compile_t *c)
 {
     wsync_plan_t *pl = c->plan;
-    uint64_t n = 0;
-    uint64_t *rstart = NULL;
-    uint32_t *lfirst = NULL, *by_chunk = NULL;
+    uint64_t n = 0, *keys = NULL, *tmp = NULL;
+    size_t most = 0, out = 0;
+    unsigned passes = 1;
     int twice = 0;
     wsync_status_t st = WSYNC_OK;
-
     const uint32_t *part0 = c->part0;
 
-    for (size_t i = 0; i < c->nlsegs; i++)
+    for (size_t i = 0, run = 0; i < c->nlsegs; i++) {
         n += part0[c->lsegs[i].lchunk + 1] - part0[c->lsegs[i].lchunk];
+        if (i > 0 && c->lsegs[i].receiver < c->lsegs[i - 1].receiver)
+            return wsync_err(WSYNC_ERR_INTERNAL, "plan: logical segment %zu (receiver %u) after "
+                             "receiver %u's", i, c->lsegs[i].receiver, c->lsegs[i - 1].receiver);
+        run = i > 0 && c->lsegs[i].receiver == c->lsegs[i - 1].receiver ? run + 1 : 1;
+        most = WSYNC_MAX(most, run);
+    }
     if (n > WSYNC_PLAN_MAX_SEGMENTS)
         return wsync_err(WSYNC_ERR_RANGE, "plan: %" PRIu64 " segments, more than %u; raise "
                          "bucket_bytes", n, WSYNC_PLAN_MAX_SEGMENTS);
+    while (passes < 4 && (c->nlchunks >> (8 * passes)) != 0)
+        passes++;
     pl->segments = malloc((n ? n : 1) * sizeof(*pl->segments));
     pl->pair_bytes = calloc((size_t)c->nsenders * c->nreceivers, sizeof(*pl->pair_bytes));
-    rstart = calloc((size_t)c->nreceivers + 1, sizeof(*rstart));
-    lfirst = calloc(c->nlchunks + 1, sizeof(*lfirst));
-    by_chunk = malloc((c->nlsegs ? c->nlsegs : 1) * sizeof(*by_chunk));
-    if (pl->segments == NULL || pl->pair_bytes == NULL || rstart == NULL || lfirst == NULL ||
-        by_chunk == NULL) {
+    keys = malloc((most ? most : 1) * sizeof(*keys));
+    tmp = malloc((most ? most : 1) * sizeof(*tmp));
+    if (pl->segments == NULL || pl->pair_bytes == NULL || keys == NULL || tmp == NULL) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " segments", n);
-        goto out;
+        goto done;
     }
-    wsync_plan_prefault(lfirst, (c->nlchunks + 1) * sizeof(*lfirst));
-    wsync_plan_prefault(by_chunk, c->nlsegs * sizeof(*by_chunk));
     wsync_plan_prefault(pl->segments, n * sizeof(*pl->segments));
-    for (size_t i = 0; i < c->nlsegs; i++) {
-        rstart[c->lsegs[i].receiver + 1] +=
-            part0[c->lsegs[i].lchunk + 1] - part0[c->lsegs[i].lchunk];
-        lfirst[c->lsegs[i].lchunk + 1]++;
-    }
-    for (uint32_t r = 0; r < c->nreceivers; r++)
-        rstart[r + 1] += rstart[r];
-    for (size_t k = 0; k < c->nlchunks; k++)
-        lfirst[k + 1] += lfirst[k];
-    /* each chunk's logical segments listed by number (a copy of the records themselves would
-     * double the largest array of the compile) */
-    for (size_t i = 0; i < c->nlsegs; i++)     /* lfirst[k] becomes the end of k's list */
-        by_chunk[lfirst[c->lsegs[i].lchunk]++] = (uint32_t)i;
-    /* logical chunks are numbered in bucket order (layout_buckets), so their parts are chunks
-     * 0, 1, ... */
-    for (size_t k = 0, lo = 0; k < c->nlchunks; lo = lfirst[k], k++) {
-        for (uint32_t q = part0[k]; q < part0[k + 1]; q++) {
-            const wsync_chunk_t *ch = &pl->chunks[q];
-            uint64_t bytes = chunk_bytes(ch);
-            uint64_t *pair = &pl->pair_bytes[(size_t)ch->sender * c->nreceivers];
-            for (size_t j = lo; j < lfirst[k]; j++) {
-                const lseg_t *sl = &c->lsegs[by_chunk[j]];
-                /* a list is in logical segment order, so by receiver: a receiver taking this
-                 * chunk twice has two neighbours in it */
-                twice |= j > lo && c->lsegs[by_chunk[j - 1]].receiver == sl->receiver;
-                if (j + PREFETCH_AHEAD < c->nlsegs)   /* the list jumps through lsegs */
-                    PREFETCH(&c->lsegs[by_chunk[j + PREFETCH_AHEAD]]);
-                wsync_segment_t *sg = &pl->segments[rstart[sl->receiver]++];
-                sg->receiver = sl->receiver;
-                sg->target = sl->target;
-                sg->piece = sl->piece;
-                sg->chunk = q;
-                sg->dst.off = sl->dst_off;
-                if (c->parts != NULL)
-                    sg->dst.off += c->parts[q].row * sl->dst_pitch + c->parts[q].col;
-                sg->dst.pitch = sl->dst_pitch;
-                sg->dst.rows = ch->src.rows;
-                sg->dst.cols = ch->src.cols;
-                pair[sl->receiver] += bytes;      /* as plan_derive sums them */
-            }
+    for (size_t a = 0, b; a < c->nlsegs; a = b) {
+        const lseg_t *ls = &c->lsegs[a];
+        const uint64_t *sorted;
+        uint32_t receiver = ls->receiver;
+        for (b = a + 1; b < c->nlsegs && c->lsegs[b].receiver == receiver; b++)
+            ;
+        for (size_t i = 0; i < b - a; i++)
+            keys[i] = (uint64_t)ls[i].lchunk << 32 | i;
+        sorted = radix_by_lchunk(keys, tmp, b - a, passes);
+        for (size_t i = 0, e; i < b - a; i = e) {
+            /* i .. e: this receiver's logical segments on logical chunk k (usually one) */
+            uint32_t k = (uint32_t)(sorted[i] >> 32);
+            for (e = i + 1; e < b - a && (uint32_t)(sorted[e] >> 32) == k; e++)
+                ;
+            twice |= e - i > 1;
+            for (uint32_t q = part0[k]; q < part0[k + 1]; q++)
+                for (size_t g = i; g < e; g++)
+                    put_segment(c, receiver, &ls[(uint32_t)sorted[g]], q,
+                                &pl->segments[out++]);
         }
     }
     pl->nsegments = (uint32_t)n;
@@ -1537,10 +1565,9 @@ static wsync_status_t split_segments(compile_t *c)
         if (j - i > 1)
             qsort(pl->segments + i, j - i, sizeof(*pl->segments), cmp_segment);
     }
-out:
-    free(rstart);
-    free(lfirst);
-    free(by_chunk);
+done:
+    free(keys);
+    free(tmp);
     return st;
 }
 
