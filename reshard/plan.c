@@ -190,6 +190,29 @@ void wsync_plan_prefault(void *p, size_t bytes)
 #endif
 }
 
+/* Give the system back the whole pages of bytes [from, to) of the array at base, which is still
+ * allocated but whose range will never be read again (a hint: Linux MADV_DONTNEED, after which
+ * they would read as zeros). The array's first page is always kept: the allocator's header
+ * lies in it or just before it. Pass 4 frees the logical segments it has consumed this way
+ * while it writes the plan's segments, so the two arrays are not both whole at the peak. */
+static void release_pages(void *base, size_t from, size_t to)
+{
+#if defined(__linux__) && defined(MADV_DONTNEED)
+    long pg = sysconf(_SC_PAGESIZE);
+    if (base != NULL && pg > 0 && to > from) {
+        uintptr_t m = (uintptr_t)pg - 1, b = (uintptr_t)base;
+        uintptr_t a = WSYNC_MAX((b + from + m) & ~m, ((b + m) & ~m) + (uintptr_t)pg);
+        uintptr_t e = (b + to) & ~m;
+        if (e > a)
+            (void)madvise((void *)a, e - a, MADV_DONTNEED);
+    }
+#else
+    (void)base;
+    (void)from;
+    (void)to;
+#endif
+}
+
 static int grow(void **p, size_t *cap, size_t need, size_t elem)
 {
     size_t n = *cap ? *cap : 64;
@@ -1504,7 +1527,7 @@ static wsync_status_t split_segments(compile_t *c)
 {
     wsync_plan_t *pl = c->plan;
     uint64_t n = 0, *keys = NULL, *tmp = NULL;
-    size_t most = 0, out = 0;
+    size_t most = 0, out = 0, released = 0;
     unsigned passes = 1;
     int twice = 0;
     wsync_status_t st = WSYNC_OK;
@@ -1531,16 +1554,20 @@ static wsync_status_t split_segments(compile_t *c)
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " segments", n);
         goto done;
     }
-    wsync_plan_prefault(pl->segments, n * sizeof(*pl->segments));
     for (size_t a = 0, b; a < c->nlsegs; a = b) {
         const lseg_t *ls = &c->lsegs[a];
         const uint64_t *sorted;
         uint32_t receiver = ls->receiver;
         for (b = a + 1; b < c->nlsegs && c->lsegs[b].receiver == receiver; b++)
             ;
-        for (size_t i = 0; i < b - a; i++)
+        uint64_t mine = 0;
+        for (size_t i = 0; i < b - a; i++) {
             keys[i] = (uint64_t)ls[i].lchunk << 32 | i;
+            mine += part0[ls[i].lchunk + 1] - part0[ls[i].lchunk];
+        }
         sorted = radix_by_lchunk(keys, tmp, b - a, passes);
+        /* fault in this receiver's segments at once; the logical segments read so far go */
+        wsync_plan_prefault(&pl->segments[out], mine * sizeof(*pl->segments));
         for (size_t i = 0, e; i < b - a; i = e) {
             /* i .. e: this receiver's logical segments on logical chunk k (usually one) */
             uint32_t k = (uint32_t)(sorted[i] >> 32);
@@ -1551,6 +1578,10 @@ static wsync_status_t split_segments(compile_t *c)
                 for (size_t g = i; g < e; g++)
                     put_segment(c, receiver, &ls[(uint32_t)sorted[g]], q,
                                 &pl->segments[out++]);
+        }
+        if ((b - released) * sizeof(*c->lsegs) >= ((size_t)4 << 20) || b == c->nlsegs) {
+            release_pages(c->lsegs, released * sizeof(*c->lsegs), b * sizeof(*c->lsegs));
+            released = b;
         }
     }
     pl->nsegments = (uint32_t)n;
