@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/delta.h"
 #include "core/frame.h"
 #include "core/proto.h"
 #include "core/wire.h"
@@ -793,6 +794,59 @@ static void safetensors_seeds(const wsync_model_config_t *micro)
     }
 }
 
+/* fuzz_delta: op 0, an encoded chunk of each element size with every block mode (block 0
+ * SPARSE, 1 BITMAP, 2 PLAIN, 3 SAME), in a strided layout; op 1, a list of 40 changes. */
+static void delta_seeds(void)
+{
+    enum { N = 3 * WSYNC_DELTA_BLOCK + 100 };
+    const uint64_t B = WSYNC_DELTA_BLOCK;
+    wsync_region_t r = {0, N, 1, N};
+    char name[64];
+
+    for (uint32_t i = 0; i < 4; i++) {
+        uint32_t es = 1u << i;
+        uint64_t cap = wsync_delta_max_bytes(N, es), len, hash;
+        uint8_t *old = malloc((size_t)N * es), *nw = malloc((size_t)N * es);
+        uint8_t *seed = malloc(2 + cap), ops[2 + 3 + 40 * 4];
+
+        if (old == NULL || nw == NULL || seed == NULL)
+            die("delta seeds: out of memory");
+        for (uint64_t b = 0; b < (uint64_t)N * es; b++)
+            old[b] = (uint8_t)(b * 131 + 7);
+        memcpy(nw, old, (size_t)N * es);
+        for (uint64_t e = 0; e < 20; e++)
+            nw[e * 200 * es] ^= 1;
+        for (uint64_t e = 0; e < 1000; e++)
+            nw[(B + e * 4) * es] ^= 2;
+        for (uint64_t e = 0; e < B; e++)
+            nw[(2 * B + e) * es + es - 1] ^= 0x80;
+        if (wsync_delta_encode(nw, old, &r, es, seed + 2, cap, &len, &hash, NULL) != WSYNC_OK)
+            die("delta seeds: encode");
+        seed[0] = (uint8_t)(i << 1);            /* op 0, esize 1 << i */
+        seed[1] = 3 + 32;                       /* 4 columns, pitch 5 */
+        snprintf(name, sizeof(name), "stream_es%u", es);
+        write_seed("delta", name, seed, 2 + len);
+
+        ops[0] = (uint8_t)(i << 1 | 1);         /* op 1 */
+        ops[1] = 7 + 64;                        /* 8 columns, pitch 10 */
+        ops[2] = 4999 & 0xff;                   /* n = 1 + 4999 */
+        ops[3] = 4999 >> 8;
+        ops[4] = 42;
+        for (int c = 0; c < 40; c++) {
+            uint16_t e = (uint16_t)(c * 125);
+            ops[5 + 4 * c] = (uint8_t)e;
+            ops[6 + 4 * c] = (uint8_t)(e >> 8);
+            ops[7 + 4 * c] = (uint8_t)c;
+            ops[8 + 4 * c] = 0x5a;
+        }
+        snprintf(name, sizeof(name), "changes_es%u", es);
+        write_seed("delta", name, ops, sizeof(ops));
+        free(old);
+        free(nw);
+        free(seed);
+    }
+}
+
 int main(int argc, char **argv)
 {
     wsync_model_config_t tiny, micro;
@@ -832,6 +886,7 @@ int main(int argc, char **argv)
 
     config_seeds();
     safetensors_seeds(&micro);
+    delta_seeds();
     printf("wrote %d seeds under %s\n", nwritten, outdir);
     return 0;
 }
