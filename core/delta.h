@@ -92,7 +92,10 @@ uint64_t wsync_delta_max_bytes(uint64_t n, uint32_t esize);
  * number of elements that differ. WSYNC_ERR_INVALID (naming the argument) for a bad esize, an
  * empty region or cap < the bytes needed (wsync_delta_max_bytes is always enough), and for
  * n * esize > UINT32_MAX. On failure *len, *hash and *changed are untouched and out[0, cap) may
- * hold a partial encoding. Thread-safe (no shared state); new and old are only read. */
+ * hold a partial encoding. The encoder stops at the first block that does not fit, so a cap of
+ * the plain size (n * esize) bounds the work on a chunk that should travel plain (the failure
+ * still sets the thread's last error). Thread-safe (no shared state); new and old are only
+ * read. */
 wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
                                   const wsync_region_t *src, uint32_t esize, void *out,
                                   uint64_t cap, uint64_t *len, uint64_t *hash, uint64_t *changed);
@@ -108,8 +111,11 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
 
 /* Apply a checked encoded chunk to region `dst` of dst_base, which holds the previous values:
  * afterwards the region holds the new values. *hash gets the tree hash of the region's values
- * after applying (compare it with the sender's). WSYNC_ERR_INVALID for bad arguments;
- * the caller runs wsync_delta_check first (this does not re-validate). */
+ * after applying (compare it with the sender's). WSYNC_ERR_INVALID for bad arguments, and for a
+ * stream whose header names another element count or size than dst's; the caller runs
+ * wsync_delta_check first (this does not re-validate: an unchecked stream may write anywhere).
+ * Writes only the changed elements (PLAIN blocks: all of theirs), then reads the region once for
+ * the hash. Thread-safe for disjoint regions. */
 wsync_status_t wsync_delta_apply(const void *enc, uint64_t len, void *dst_base,
                                  const wsync_region_t *dst, uint32_t esize, uint64_t *hash);
 
