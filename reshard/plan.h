@@ -159,7 +159,8 @@ void wsync_plan_encode(const wsync_plan_t *plan, wsync_wbuf_t *out);
 uint64_t wsync_plan_wire_bytes(const wsync_plan_t *plan);
 /* Decode and validate structure (the fingerprint first, counts against the bytes left and the
  * limits, indices in range, regions consistent, chunks inside their buckets and in order,
- * segments in (receiver, chunk) order, copies inside their reference, no trailing bytes).
+ * segments in (receiver, chunk) order, copies inside their reference, no trailing bytes, and
+ * the bytes the canonical encoding of what they decode to: one plan has one encoding).
  * WSYNC_ERR_PROTOCOL on anything malformed; never reads out of bounds. Chunks take at most
  * 56 bytes of memory per byte of len; segments are allocated as the records produce them (a
  * copy makes many from a few bytes), never more than the header's count, itself at most

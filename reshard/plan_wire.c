@@ -810,8 +810,17 @@ wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **pl
         st = wsync_err(WSYNC_ERR_NOMEM, "plan decode");
         goto fail;
     }
-    p->fingerprint = fp;
-    p->wire_bytes = len;
+    /* one plan, one encoding: the encoder's choices (which fields to predict, copies or
+     * literals, which reference) must be the ones made, so that the fingerprint names the
+     * plan and what a participant would send on is what it got */
+    if ((st = wsync_plan_fingerprint(p)) != WSYNC_OK)
+        goto fail;
+    if (p->fingerprint != fp || p->wire_bytes != len) {
+        st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: not in canonical form (it encodes to %" PRIu64
+                       " bytes with fingerprint %016" PRIx64 ", not %zu bytes with %016" PRIx64
+                       ")", p->wire_bytes, p->fingerprint, len, fp);
+        goto fail;
+    }
     if ((st = plan_derive(p)) != WSYNC_OK)
         goto fail;
     free(start);

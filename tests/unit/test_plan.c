@@ -1327,6 +1327,11 @@ static void test_plan_wire_v2_by_hand(void)
     HAND(B(1, 0, 0x1f), 2, "truncated at segment 1");
     HAND(B(1, 1, 0x80, 1), 1, "receiver 1 has 1 segments (0 of 1 left)");
     HAND(B(1, 1, 0x80, 1, 0), 2, "trailing");
+    /* the same plan as copy1, receiver 1's segment a literal: decodes, but is not the encoding
+     * wsync makes of it */
+    HAND(B(1, 0, 0x14, 1, 7), 2, "not in canonical form");
+    HAND(B(1, 1, 0x81, 0, 1), 2, "not in canonical form");   /* a skip of 0 stated */
+    HAND(B(1, 1, 0x80, 0x81, 0), 2, "not in canonical form"); /* a varint of 2 bytes for 1 */
     HAND(B(1, 1, 0x80, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f), 2,
          "truncated at segment 1");                          /* a varint past 64 bits */
 #undef B
