@@ -2,6 +2,7 @@
  * else from the default. A malformed variable is an error naming it, never silently ignored. */
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,6 +48,35 @@ static const char *env_str(const char *var)
             out->field = rc_ == 1 ? v_ : (def);                                               \
         }                                                                                     \
     } while (0)
+
+/* A string field with a fixed set of values: code, else the variable, else the default; a value
+ * outside the set names the field (or the variable) and the accepted values. */
+static wsync_status_t resolve_choice(const char *who, const char *field, const char *var,
+                                     const char *const *accepted, const char *def,
+                                     const char **value)
+{
+    const char *from = field;
+
+    if (*value == NULL) {
+        *value = env_str(var);
+        from = var;
+    }
+    if (*value == NULL) {
+        *value = def;
+        return WSYNC_OK;
+    }
+    for (int i = 0; accepted[i] != NULL; i++)
+        if (strcmp(*value, accepted[i]) == 0)
+            return WSYNC_OK;
+    char list[128] = "";
+    for (int i = 0; accepted[i] != NULL; i++)
+        snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s",
+                 i == 0 ? "" : accepted[i + 1] == NULL ? " or " : ", ", accepted[i]);
+    return wsync_err(WSYNC_ERR_INVALID, "%s: %s = '%s', expected %s", who, from, *value, list);
+}
+
+static const char *const delta_modes[] = {"off", "on", "auto", NULL};
+static const char *const delta_baselines[] = {"device", "host", NULL};
 
 static wsync_status_t check_common(const char *who, int rank, int n, const char *nname,
                                    int timeout_ms, int heartbeat_ms)
@@ -112,6 +142,13 @@ wsync_status_t wsync_config_sender(const wsync_sender_params_t *in, wsync_sender
         return wsync_err(WSYNC_ERR_INVALID, "sender: nranks = %d, must be >= 1", out->nranks);
     if (out->nreceivers < 1)
         return wsync_err(WSYNC_ERR_INVALID, "sender: nreceivers = %d, must be >= 1", out->nreceivers);
+    wsync_status_t st = resolve_choice("sender", "delta", "WSYNC_DELTA", delta_modes, "auto",
+                                       &out->delta);
+    if (st == WSYNC_OK)
+        st = resolve_choice("sender", "delta_baseline", "WSYNC_DELTA_BASELINE", delta_baselines,
+                            "device", &out->delta_baseline);
+    if (st != WSYNC_OK)
+        return st;
     return check_common("sender", out->rank, out->nranks, "nranks", out->timeout_ms,
                         out->heartbeat_ms);
 }
@@ -130,6 +167,10 @@ wsync_status_t wsync_config_receiver(const wsync_receiver_params_t *in, wsync_re
     RESOLVE_INT(nreceivers, 0, "WSYNC_RECEIVERS", 1, INT_MAX, 1);
     RESOLVE_INT(timeout_ms, 0, "WSYNC_TIMEOUT_MS", 1, INT_MAX, DEFAULT_TIMEOUT_MS);
     RESOLVE_INT(heartbeat_ms, 0, "WSYNC_HEARTBEAT_MS", 1, INT_MAX, DEFAULT_HEARTBEAT_MS);
+    wsync_status_t st = resolve_choice("receiver", "delta", "WSYNC_DELTA", delta_modes, "auto",
+                                       &out->delta);
+    if (st != WSYNC_OK)
+        return st;
     return check_common("receiver", out->rank, out->nreceivers, "nreceivers", out->timeout_ms,
                         out->heartbeat_ms);
 }

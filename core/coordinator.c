@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/coord_stats.h"
+#include "core/delta_state.h"
 #include "core/log.h"
 #include "core/objects.h"
 #include "core/sock.h"
@@ -42,6 +43,7 @@ struct wsync_coord {
     int planned;
     const wsync_scheme_ops_t *scheme;  /* chosen at the first plan */
     char explain[4096];
+    uint32_t delta;                  /* the group's delta mode, resolved with the scheme */
     /* store: published versions (the directory), readers waiting for one, how many to keep */
     struct coord_version {
         uint64_t version;
@@ -272,6 +274,18 @@ static int choose_scheme(wsync_coord_t *co, int only, const wsync_plan_t *plan,
     g.pair_bytes = plan->pair_bytes;   /* ipc: only the pairs that carry bytes must share a host */
     st = wsync_negotiate(&g, co->senders[0].hello.scheme, &co->scheme, co->explain,
                          sizeof(co->explain));
+    if (st == WSYNC_OK) {
+        /* delta versions: every participant's say, the scheme, and where they are */
+        int fp8 = 0;
+        size_t used = strlen(co->explain);
+        for (size_t i = 0; i < ntg && !fp8; i++)
+            fp8 = wsync_target_quantized(targets[i].dtype, targets[i].quant);
+        if (used + 2 < sizeof(co->explain) && used > 0 && co->explain[used - 1] != '\n')
+            co->explain[used++] = '\n';
+        co->explain[used] = '\0';
+        st = wsync_delta_resolve(&g, co->scheme, fp8, &co->delta, co->explain + used,
+                                 sizeof(co->explain) - used);
+    }
     free(sgpu);
     free(rgpu);
     if (st != WSYNC_OK) {
@@ -335,6 +349,7 @@ static void send_plan(wsync_coord_t *co, int only, coord_peer_t *to, const wsync
     pm.peers = peers;
     pm.plan = pb.data;
     pm.plan_len = (uint32_t)pb.len;
+    pm.delta = co->delta;
     wsync_plan_msg_encode(&pm, &mb);
     if (pb.err || mb.err || mb.len > WSYNC_FRAME_MAX) {
         char text[300];

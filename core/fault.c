@@ -29,7 +29,7 @@ static const char *const point_names[WSYNC_FAULT_NPOINTS] = {
     [WSYNC_FAULT_PUSH_BUCKET] = "push.bucket",   [WSYNC_FAULT_RECV_UNPACK] = "recv.unpack",
     [WSYNC_FAULT_CTRL_SEND] = "ctrl.send",       [WSYNC_FAULT_CTRL_RECV] = "ctrl.recv",
     [WSYNC_FAULT_STORE_PUBLISH] = "store.publish", [WSYNC_FAULT_STORE_GET] = "store.get",
-    [WSYNC_FAULT_COMMIT] = "commit",
+    [WSYNC_FAULT_COMMIT] = "commit",             [WSYNC_FAULT_DELTA_CORRUPT] = "delta.encoded",
 };
 
 typedef enum { ACT_KILL, ACT_STOP, ACT_DELAY, ACT_DROP, ACT_CORRUPT, ACT_FAIL } act_t;
@@ -88,7 +88,7 @@ static int parse_token(const char *tok, size_t len, rule_t *r, char *why, size_t
             break;
     if (p == WSYNC_FAULT_NPOINTS) {
         snprintf(why, why_len, "unknown point '%.*s' (push.bucket, recv.unpack, ctrl.send, "
-                 "ctrl.recv, store.publish, store.get, commit)", (int)plen, tok);
+                 "ctrl.recv, store.publish, store.get, commit, delta.encoded)", (int)plen, tok);
         return -1;
     }
     r->point = (wsync_fault_point_t)p;
@@ -151,8 +151,9 @@ static int parse_token(const char *tok, size_t len, rule_t *r, char *why, size_t
         return -1;
     }
     if (r->act == ACT_CORRUPT && p != WSYNC_FAULT_PUSH_BUCKET && p != WSYNC_FAULT_RECV_UNPACK &&
-        p != WSYNC_FAULT_STORE_GET) {
-        snprintf(why, why_len, "corrupt applies to push.bucket, recv.unpack and store.get only");
+        p != WSYNC_FAULT_STORE_GET && p != WSYNC_FAULT_DELTA_CORRUPT) {
+        snprintf(why, why_len, "corrupt applies to push.bucket, recv.unpack, store.get and "
+                 "delta.encoded only");
         return -1;
     }
     snprintf(r->text, sizeof(r->text), "%.*s", (int)len, tok);

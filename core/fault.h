@@ -13,12 +13,15 @@
  *   store.publish   store sender: a version snapshotted, before PUBLISH
  *   store.get       store reader: each RMA get posted
  *   commit          receiver: a version landed whole, before it is committed
+ *   delta.encoded   sender (any scheme in delta mode): one chunk encoded as a delta, before it
+ *                   is sent or published (WSYNC_FAULT_DELTA_CORRUPT); corrupt flips one bit of
+ *                   the encoded bytes (the receiver must refuse the version: INTEGRITY)
  * Actions, each optionally "@N" (only the Nth hit of that rule; without it, every hit):
  *   kill            SIGKILL this process          stop       SIGSTOP this process
  *   delay=200ms     sleep (also "5s")             fail       the point returns WSYNC_ERR_IO
  *   drop            the frame is not sent / not delivered (ctrl.send, ctrl.recv)
  *   corrupt         one bit of the data just landed or sent flips (push.bucket, recv.unpack,
- *                   store.get)
+ *                   store.get, delta.encoded)
  * Heartbeats are neither counted nor dropped: their number depends on time, and N must name the
  * same frame in every run.
  *
@@ -39,6 +42,7 @@ typedef enum {
     WSYNC_FAULT_STORE_PUBLISH,
     WSYNC_FAULT_STORE_GET,
     WSYNC_FAULT_COMMIT,
+    WSYNC_FAULT_DELTA_CORRUPT,
     WSYNC_FAULT_NPOINTS
 } wsync_fault_point_t;
 

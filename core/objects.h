@@ -85,6 +85,11 @@ struct wsync_sender {
     uint64_t job_t0;                 /* wsync_now_ns() at push_begin */
     wsync_status_t job_status;
     char job_text[1024];             /* wsync_last_error() of the push thread, when it failed */
+    /* Delta versions (core/delta_state.h): this sender's choice (WSYNC_DELTA_MODE_*), where CUDA
+     * shards' baselines live, and the baselines once a scheme set them up (group mode on). */
+    uint32_t delta_choice;
+    int delta_baseline_host;
+    struct wsync_delta_tx *delta_tx;
 };
 
 enum { WSYNC_JOB_IDLE = 0, WSYNC_JOB_RUNNING = 1, WSYNC_JOB_FINISHED = 2 };
@@ -141,6 +146,12 @@ struct wsync_receiver {
     uint32_t nqruns, qruns_cap;
     void *qrun_ws;                   /* [nqruns] workspaces, WSYNC_KQUANT_WS_BYTES each */
     int qrun_dirty;                  /* a flag in qrun_ws may be set: clear before launching */
+    /* Delta versions (core/delta_state.h): this receiver's choice (WSYNC_DELTA_MODE_*); the
+     * version its targets hold intact (0: none: at start, after set_target_data, after a failed
+     * version); what a scheme set up for applying deltas (group mode on). */
+    uint32_t delta_choice;
+    uint64_t delta_holds;
+    struct wsync_delta_rx *delta_rx;
 };
 
 /* A target's shape as the quantizers take it: [rows, cols], cols its last dimension, rows the

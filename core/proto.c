@@ -26,6 +26,25 @@ const char *wsync_msg_name(unsigned type)
     return type < WSYNC_MSG_COUNT_ && names[type] ? names[type] : "?";
 }
 
+int wsync_delta_mode_parse(const char *s)
+{
+    if (s == NULL)
+        return -1;
+    if (strcmp(s, "off") == 0)
+        return WSYNC_DELTA_MODE_OFF;
+    if (strcmp(s, "on") == 0)
+        return WSYNC_DELTA_MODE_ON;
+    if (strcmp(s, "auto") == 0)
+        return WSYNC_DELTA_MODE_AUTO;
+    return -1;
+}
+
+const char *wsync_delta_mode_name(uint32_t mode)
+{
+    return mode == WSYNC_DELTA_MODE_OFF ? "off" : mode == WSYNC_DELTA_MODE_ON ? "on"
+           : mode == WSYNC_DELTA_MODE_AUTO ? "auto" : "?";
+}
+
 void wsync_hello_encode(const wsync_hello_t *h, wsync_wbuf_t *out)
 {
     wsync_put_u32(out, h->role);
@@ -40,6 +59,7 @@ void wsync_hello_encode(const wsync_hello_t *h, wsync_wbuf_t *out)
     wsync_put_str(out, h->data_addr);
     wsync_put_str(out, h->scheme);
     wsync_put_u32(out, h->keep_versions);
+    wsync_put_u32(out, h->delta);
 }
 
 wsync_status_t wsync_hello_decode(const void *p, size_t n, wsync_hello_t *h)
@@ -60,7 +80,9 @@ wsync_status_t wsync_hello_decode(const void *p, size_t n, wsync_hello_t *h)
     h->data_addr = wsync_get_str(&r, WSYNC_STR_MAX);
     h->scheme = wsync_get_str(&r, WSYNC_STR_MAX);
     h->keep_versions = wsync_get_u32(&r);
+    h->delta = wsync_get_u32(&r);
     if (r.err || wsync_rbuf_left(&r) != 0 || h->host_id == NULL ||
+        h->delta > WSYNC_DELTA_MODE_AUTO ||
         (h->role != WSYNC_ROLE_SENDER && h->role != WSYNC_ROLE_RECEIVER)) {
         wsync_hello_clear(h);
         return wsync_err(WSYNC_ERR_PROTOCOL, "malformed HELLO (%zu bytes)", n);
@@ -91,6 +113,7 @@ void wsync_plan_msg_encode(const wsync_plan_msg_t *m, wsync_wbuf_t *out)
     }
     wsync_put_u32(out, m->plan_len);
     wsync_put_bytes(out, m->plan, m->plan_len);
+    wsync_put_u32(out, m->delta);
 }
 
 wsync_status_t wsync_plan_msg_decode(const void *p, size_t n, wsync_plan_msg_t *m)
@@ -116,7 +139,9 @@ wsync_status_t wsync_plan_msg_decode(const void *p, size_t n, wsync_plan_msg_t *
     }
     m->plan_len = wsync_get_u32(&r);
     m->plan = wsync_get_bytes(&r, m->plan_len);
-    if (r.err || m->scheme == NULL || wsync_rbuf_left(&r) != 0) {
+    m->delta = wsync_get_u32(&r);
+    if (r.err || m->scheme == NULL || wsync_rbuf_left(&r) != 0 ||
+        m->delta > WSYNC_DELTA_MODE_ON) {
         wsync_plan_msg_clear(m);
         return wsync_err(WSYNC_ERR_PROTOCOL, "malformed PLAN message (%zu bytes)", n);
     }

@@ -84,6 +84,13 @@ typedef enum { WSYNC_ROLE_NONE = 0, WSYNC_ROLE_SENDER = 1, WSYNC_ROLE_RECEIVER =
 
 #define WSYNC_STR_MAX 4096            /* longest string field accepted from the wire */
 
+/* Delta versions (issue 17, docs/delta.md): a participant's choice in HELLO, and the group's
+ * resolved mode in PLAN (OFF or ON only). */
+enum { WSYNC_DELTA_MODE_OFF = 0, WSYNC_DELTA_MODE_ON = 1, WSYNC_DELTA_MODE_AUTO = 2 };
+/* "off" / "on" / "auto" -> the mode, -1 for anything else; and back. */
+int wsync_delta_mode_parse(const char *s);
+const char *wsync_delta_mode_name(uint32_t mode);
+
 typedef struct {
     uint32_t role;                    /* wsync_role_t */
     int32_t rank;
@@ -96,6 +103,7 @@ typedef struct {
     char *data_addr;                  /* senders: abstract Unix socket for same-node data */
     char *scheme;                     /* senders: the user's choice ("auto", "ipc", ...) */
     uint32_t keep_versions;           /* sender 0: store versions kept */
+    uint32_t delta;                   /* WSYNC_DELTA_MODE_*: this participant's choice */
 } wsync_hello_t;
 
 void wsync_hello_encode(const wsync_hello_t *h, wsync_wbuf_t *out);
@@ -118,6 +126,8 @@ typedef struct {
     wsync_peer_t *peers;              /* senders in rank order, then receivers */
     const uint8_t *plan;              /* points into the decoded payload */
     uint32_t plan_len;
+    uint32_t delta;                   /* the group's delta mode: WSYNC_DELTA_MODE_OFF or _ON (the
+                                         reason is a line of `explain`) */
 } wsync_plan_msg_t;
 
 void wsync_plan_msg_encode(const wsync_plan_msg_t *m, wsync_wbuf_t *out);

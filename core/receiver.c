@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/delta_state.h"
 #include "core/fault.h"
 #include "core/log.h"
 #include "core/objects.h"
@@ -337,6 +338,7 @@ wsync_status_t wsync_receiver_create(wsync_ctx_t *ctx, const wsync_receiver_para
     r->progress_arg = p.progress_arg;
     r->on_version = p.on_version;
     r->on_version_arg = p.on_version_arg;
+    r->delta_choice = (uint32_t)wsync_delta_mode_parse(p.delta);   /* config checked it */
     r->device = -1;
     /* the number of senders is learnt from the plan; HELLO says -1 for "as the coordinator says" */
     gethostname(hostname, sizeof(hostname) - 1);
@@ -349,6 +351,7 @@ wsync_status_t wsync_receiver_create(wsync_ctx_t *ctx, const wsync_receiver_para
     hello.transports = ctx->transport_mask;
     hello.hostname = hostname;
     hello.host_id = (char *)wsync_host_id();
+    hello.delta = r->delta_choice;
     st = r->m.coordinator == NULL ? wsync_err(WSYNC_ERR_NOMEM, "no memory for a receiver")
                                   : wsync_member_connect(&r->m, &hello);
     if (st != WSYNC_OK) {
@@ -367,6 +370,8 @@ void wsync_receiver_free(wsync_receiver_t *r)
         return;
     if (r->m.scheme != NULL && r->m.scheme_state != NULL)
         r->m.scheme->receiver_teardown(r);
+    wsync_delta_rx_free(r->delta_rx);   /* a scheme made it; the receiver owns it */
+    r->delta_rx = NULL;
     wsync_member_close(&r->m);
     int saved = -1, dev = r->device >= 0 && wsync_dev_enter(r->device, &saved) == WSYNC_OK;
     if (dev && r->dev_stream != NULL &&
@@ -720,12 +725,15 @@ static wsync_status_t receiver_fetch(wsync_receiver_t *r, uint64_t want, int tim
         st = version_hook(r, v);
     if (st != WSYNC_OK)
         st = quant_drain(r, st);
+    if (st != WSYNC_OK)
+        r->delta_holds = 0;   /* the targets hold no whole version: the next one comes full */
     if (st == WSYNC_ERR_INTEGRITY)
         return st;     /* this reader's copy is bad, not the store: it may fetch again */
     if (st != WSYNC_OK)
         return wsync_member_fail(&r->m, st);
     r->torn = 0;
     r->version = v;
+    r->delta_holds = r->m.planmsg.delta == WSYNC_DELTA_MODE_ON ? v : 0;
     *got = v;
     return WSYNC_OK;
 }
@@ -782,10 +790,13 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
         st = commit_point(r, v);
     if (st == WSYNC_OK)
         st = version_hook(r, v);
-    if (st != WSYNC_OK)
+    if (st != WSYNC_OK) {
+        r->delta_holds = 0;   /* the targets hold no whole version: the next one comes full */
         return wsync_member_fail(&r->m, quant_drain(r, st));
+    }
     r->torn = 0;
     r->version = v;
+    r->delta_holds = r->m.planmsg.delta == WSYNC_DELTA_MODE_ON ? v : 0;
     st = wsync_member_send_u64(&r->m, WSYNC_MSG_COMMIT, v);
     if (st != WSYNC_OK)
         return wsync_member_fail(&r->m, st);
@@ -855,6 +866,9 @@ wsync_status_t wsync_receiver_set_target_data(wsync_receiver_t *r, const char *n
         r->target_data[i] = data;
         if (scales != NULL)
             r->quant[i].scales = scales;
+        /* whatever the buffer holds now (a shadow copy, memory brought back after sleep), it is
+         * not known to hold the last version: the next version comes in full (docs/delta.md) */
+        r->delta_holds = 0;
         return WSYNC_OK;
     }
     return wsync_err(WSYNC_ERR_NOT_FOUND, "receiver %d has no target '%s'", r->m.rank, name);

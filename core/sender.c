@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/delta_state.h"
 #include "core/log.h"
 #include "core/objects.h"
 #include "core/sock.h"
@@ -194,6 +195,8 @@ wsync_status_t wsync_sender_create(wsync_ctx_t *ctx, const wsync_sender_params_t
     s->snapshot = p.snapshot;
     s->keep_versions = p.keep_versions;
     s->copy_shards = p.copy_shards;
+    s->delta_choice = (uint32_t)wsync_delta_mode_parse(p.delta);   /* config checked it */
+    s->delta_baseline_host = strcmp(p.delta_baseline, "host") == 0;
     s->data_listen_fd = -1;
     s->device = -1;
     if (s->m.coordinator == NULL || s->scheme_choice == NULL) {
@@ -226,6 +229,7 @@ wsync_status_t wsync_sender_create(wsync_ctx_t *ctx, const wsync_sender_params_t
     hello.data_addr = s->data_addr;
     hello.scheme = s->scheme_choice;
     hello.keep_versions = (uint32_t)p.keep_versions;
+    hello.delta = s->delta_choice;
     st = wsync_member_connect(&s->m, &hello);
     if (st != WSYNC_OK)
         goto err;
@@ -264,6 +268,8 @@ void wsync_sender_free(wsync_sender_t *s)
     }
     if (s->m.scheme != NULL && s->m.scheme_state != NULL)
         s->m.scheme->sender_teardown(s);
+    wsync_delta_tx_free(s->delta_tx);   /* a scheme made it; the sender owns it */
+    s->delta_tx = NULL;
     wsync_member_close(&s->m);
     wsync_coord_free(s->coord);
     if (s->data_listen_fd >= 0)
@@ -400,7 +406,19 @@ wsync_status_t wsync_sender_setup(wsync_sender_t *s)
 
 /* The push of `version`, on wsync's thread (push_thread): what wsync_sender_push did before the
  * asynchronous push, less the checks push_begin made. t0: when push_begin was called. */
+static wsync_status_t push_run_body(wsync_sender_t *s, uint64_t version, uint64_t t0);
+
+/* The baselines follow the push's outcome: the next version is encoded against this one only
+ * when every receiver committed it (store: every sender published it). */
 static wsync_status_t push_run(wsync_sender_t *s, uint64_t version, uint64_t t0)
+{
+    wsync_status_t st = push_run_body(s, version, t0);
+    if (s->delta_tx != NULL)
+        wsync_delta_tx_end(s->delta_tx, version, st == WSYNC_OK);
+    return st;
+}
+
+static wsync_status_t push_run_body(wsync_sender_t *s, uint64_t version, uint64_t t0)
 {
     const uint16_t done[] = {WSYNC_MSG_DONE};
     wsync_status_t st;

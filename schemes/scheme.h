@@ -31,6 +31,9 @@ typedef struct wsync_scheme_ops {
      * receivers fetch when they like (the coordinator keeps a directory, admits late joiners,
      * and evicts old versions); 0: push returns when every receiver committed. */
     int async;
+    /* Carries delta versions (core/delta_state.h, docs/delta.md); 0: the group's delta mode
+     * resolves off (auto) or the group is refused (on). */
+    int delta;
     /* 0 if the scheme cannot serve the group, else a preference (higher first). Writes the
      * reason either way ("all 4 participants share host X" / "receiver 2 is on another host"). */
     int (*score)(const wsync_group_info_t *g, char *reason, size_t len);

@@ -278,9 +278,23 @@ typedef struct {
                                   (CUDA) of every shard per push. 0: no copy; the shards are read
                                   in place, until the push completes (see
                                   wsync_sender_push_begin). WSYNC_COPY_SHARDS; -1 = unset (0) */
+    const char *delta;         /* delta versions (docs/delta.md): "off", "on" or "auto". A
+                                  receiver that holds the version this sender last sent gets only
+                                  the changed elements of each chunk (checked against the new
+                                  values' xxh3); any other receiver gets full bytes. The group's
+                                  mode: any participant "off" -> off, else any "on" -> on, else
+                                  (auto) on only where bytes are dear (nccl or store spanning
+                                  hosts or namespaces); wsync_sender_explain says which and why.
+                                  WSYNC_DELTA; NULL = unset ("auto") */
+    const char *delta_baseline;/* where the sender keeps what it diffs against (its shards as of
+                                  the last version sent) for CUDA shards: "device" (device memory
+                                  on the shards' GPU) or "host" (pinned host memory); host shards
+                                  always keep it in host memory. Costs the bytes of the shards
+                                  with delta-capable chunks, allocated at setup when the group's
+                                  mode is on. WSYNC_DELTA_BASELINE; NULL = unset ("device") */
 } wsync_sender_params_t;
 
-#define WSYNC_SENDER_PARAMS_INIT {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1}
+#define WSYNC_SENDER_PARAMS_INIT {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1, NULL, NULL}
 
 /* Create a sender. Rank 0 also starts the coordinator, listening on params->coordinator (port 0
  * picks a free port; see wsync_sender_coordinator). Other ranks connect to it, retrying until the
@@ -394,6 +408,15 @@ typedef struct {
                                  (store: bytes published, which readers fetch later) */
     uint64_t buckets;         /* buckets this sender filled */
     double seconds;           /* push call to every receiver committed */
+    /* Delta versions (all 0 when the group's delta mode is off). Bytes this sender's chunks put
+     * on the wire for their receivers: encoded streams plus plain chunks, once per chunk a
+     * receiver reads (ipc: once per chunk, however many receivers read the same slot). */
+    uint64_t bytes_wire;      /* bytes_encoded + bytes_plain */
+    uint64_t bytes_encoded;   /* encoded delta streams */
+    uint64_t bytes_plain;     /* chunks that travelled plain (no base held, not delta-capable,
+                                 or denser than the break-even point) */
+    uint64_t base_version;    /* the version the delta streams were encoded against; 0: this
+                                 version went full to every receiver */
 } wsync_push_stats_t;
 
 wsync_status_t wsync_sender_stats(const wsync_sender_t *sender, wsync_push_stats_t *stats);
@@ -430,9 +453,15 @@ typedef struct {
     void *progress_arg;
     wsync_version_fn on_version;   /* NULL: none */
     void *on_version_arg;
+    const char *delta;         /* "off", "on" or "auto": this receiver's say in the group's delta
+                                  mode (see wsync_sender_params_t.delta). A receiver takes a
+                                  version as a delta only while its targets hold the previous one
+                                  intact; wsync_receiver_set_target_data, a failed version and a
+                                  new receiver take the next version in full. FP8 targets always
+                                  take full bytes. WSYNC_DELTA; NULL = unset ("auto") */
 } wsync_receiver_params_t;
 
-#define WSYNC_RECEIVER_PARAMS_INIT {NULL, -1, 0, 0, 0, NULL, NULL, NULL, NULL}
+#define WSYNC_RECEIVER_PARAMS_INIT {NULL, -1, 0, 0, 0, NULL, NULL, NULL, NULL, NULL}
 
 /* Create a receiver and connect to the coordinator (retrying until the deadline).
  * *receiver is owned by the caller; free with wsync_receiver_free. */

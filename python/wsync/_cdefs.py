@@ -244,6 +244,8 @@ class wsync_sender_params_t(_Struct):
         ("snapshot", C.c_int),
         ("keep_versions", C.c_int),
         ("copy_shards", C.c_int),
+        ("delta", C.c_char_p),
+        ("delta_baseline", C.c_char_p),
     ]
 
 
@@ -255,6 +257,10 @@ class wsync_push_stats_t(_Struct):
         ("bytes_delivered", C.c_uint64),
         ("buckets", C.c_uint64),
         ("seconds", C.c_double),
+        ("bytes_wire", C.c_uint64),
+        ("bytes_encoded", C.c_uint64),
+        ("bytes_plain", C.c_uint64),
+        ("base_version", C.c_uint64),
     ]
 
 
@@ -278,6 +284,7 @@ class wsync_receiver_params_t(_Struct):
         ("progress_arg", C.c_void_p),
         ("on_version", wsync_version_fn),
         ("on_version_arg", C.c_void_p),
+        ("delta", C.c_char_p),
     ]
 
 
@@ -407,14 +414,14 @@ def ctx_params_init() -> wsync_ctx_params_t:
 
 
 def sender_params_init() -> wsync_sender_params_t:
-    """WSYNC_SENDER_PARAMS_INIT: {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1}."""
-    return wsync_sender_params_t(None, -1, 0, 0, None, 0, 0, 0, -1, 0, -1)
+    """WSYNC_SENDER_PARAMS_INIT: {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1, NULL, NULL}."""
+    return wsync_sender_params_t(None, -1, 0, 0, None, 0, 0, 0, -1, 0, -1, None, None)
 
 
 def receiver_params_init() -> wsync_receiver_params_t:
-    """WSYNC_RECEIVER_PARAMS_INIT: {NULL, -1, 0, 0, 0, NULL, NULL, NULL, NULL}."""
+    """WSYNC_RECEIVER_PARAMS_INIT: {NULL, -1, 0, 0, 0, NULL, NULL, NULL, NULL, NULL}."""
     return wsync_receiver_params_t(None, -1, 0, 0, 0, wsync_progress_fn(), None,
-                                   wsync_version_fn(), None)
+                                   wsync_version_fn(), None, None)
 
 
 def tp_options_init() -> wsync_tp_options_t:

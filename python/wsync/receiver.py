@@ -56,13 +56,19 @@ class Receiver:
     after it); re-derive here what the engine computes from its weights. Return None or 0; a
     non-zero int (one past a C int counts as -1), an exception or any other result (a
     TypeError) fails the version on this receiver (wait raises AbortedError, chained to the
-    exception) and the group with it; the buffers then count as torn."""
+    exception) and the group with it; the buffers then count as torn.
+
+    delta ("off", "on", "auto") is this receiver's say in the group's delta mode
+    (docs/delta.md): while its buffers hold the previous version intact, a version brings only
+    the changed elements; after set_target_data, a failed version, or at the start, the next
+    version comes in full."""
 
     def __init__(self, coordinator: Optional[str] = None, rank: Optional[int] = None,
                  receivers: Optional[int] = None, *, timeout_ms: Optional[int] = None,
                  heartbeat_ms: Optional[int] = None,
                  progress: Optional[Callable[[int, int, int], None]] = None,
                  on_version: Optional[Callable[[int], Any]] = None,
+                 delta: Optional[str] = None,
                  context: Optional[Context] = None, log_level: Any = None):
         self._handle = None
         self._lock = threading.RLock()   # progress callbacks may read properties
@@ -85,6 +91,8 @@ class Receiver:
             p.timeout_ms = int(timeout_ms)
         if heartbeat_ms is not None:
             p.heartbeat_ms = int(heartbeat_ms)
+        if delta is not None:
+            p.delta = str(delta).encode()
         self._progress_cb = None
         if progress is not None:
             me = weakref.ref(self)   # no cycle: the receiver is freed when its last user goes

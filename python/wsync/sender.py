@@ -28,6 +28,11 @@ class PushStats:
     bytes_delivered: int    # bytes copied into all receivers' targets, from this sender
     buckets: int
     seconds: float          # push call to every receiver committed
+    # delta versions (0 when the group's delta mode is off): bytes put on the wire
+    bytes_wire: int = 0     # bytes_encoded + bytes_plain
+    bytes_encoded: int = 0  # encoded delta streams
+    bytes_plain: int = 0    # chunks that went plain
+    base_version: int = 0   # the version the deltas were encoded against; 0: full
 
 
 def _env_int(name: str, default: int) -> int:
@@ -57,7 +62,10 @@ class Sender:
     `keep_versions` concern the store scheme (copy each version so the trainer may step on at
     once; how many versions readers may fetch). `copy_shards` makes each push copy the shards
     into memory of wsync's (their bytes once more, host or device like them) before push_begin
-    returns, so that the trainer may write them at once (see push_begin).
+    returns, so that the trainer may write them at once (see push_begin). `delta` ("off", "on",
+    "auto") is this sender's say in the group's delta mode (docs/delta.md: receivers that hold
+    the previous version get only the changed elements); `delta_baseline` ("device" or "host")
+    is where CUDA shards' baseline (their previous values) is kept.
 
     Memory given to add_shard / add_state_dict is read in place at every push: keep updating it
     in place (optimizer steps do), and do not free or reallocate it while the sender is open; the
@@ -70,7 +78,8 @@ class Sender:
                  scheme: Optional[str] = None, bucket_bytes: Optional[int] = None,
                  timeout_ms: Optional[int] = None, heartbeat_ms: Optional[int] = None,
                  snapshot: Optional[bool] = None, keep_versions: Optional[int] = None,
-                 copy_shards: Optional[bool] = None,
+                 copy_shards: Optional[bool] = None, delta: Optional[str] = None,
+                 delta_baseline: Optional[str] = None,
                  context: Optional[Context] = None, log_level: Any = None):
         self._handle = None
         self._regions: List[Region] = []
@@ -99,6 +108,8 @@ class Sender:
             p.keep_versions = int(keep_versions)
         if copy_shards is not None:
             p.copy_shards = int(bool(copy_shards))
+        p.delta = _opt(delta)
+        p.delta_baseline = _opt(delta_baseline)
         self.rank = int(rank) if rank is not None else _env_int("WSYNC_SENDER_RANK", 0)
         self.world = int(world) if world is not None else _env_int("WSYNC_SENDERS", 1)
         ctx = self._ctx._acquire()
@@ -425,7 +436,8 @@ class Sender:
         """Figures of the last successful push."""
         s = D.wsync_push_stats_t()
         self._call(lib().wsync_sender_stats, C.byref(s))
-        return PushStats(s.version, s.bytes_packed, s.bytes_delivered, s.buckets, s.seconds)
+        return PushStats(s.version, s.bytes_packed, s.bytes_delivered, s.buckets, s.seconds,
+                         s.bytes_wire, s.bytes_encoded, s.bytes_plain, s.base_version)
 
     @property
     def scheme(self) -> Optional[str]:

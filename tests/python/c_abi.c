@@ -162,6 +162,8 @@ static void structs(void)
     FIELD(wsync_sender_params_t, snapshot);
     FIELD(wsync_sender_params_t, keep_versions);
     FIELD(wsync_sender_params_t, copy_shards);
+    FIELD(wsync_sender_params_t, delta);
+    FIELD(wsync_sender_params_t, delta_baseline);
     STRUCT_END();
 
     STRUCT_BEGIN(wsync_push_stats_t);
@@ -170,6 +172,10 @@ static void structs(void)
     FIELD(wsync_push_stats_t, bytes_delivered);
     FIELD(wsync_push_stats_t, buckets);
     FIELD(wsync_push_stats_t, seconds);
+    FIELD(wsync_push_stats_t, bytes_wire);
+    FIELD(wsync_push_stats_t, bytes_encoded);
+    FIELD(wsync_push_stats_t, bytes_plain);
+    FIELD(wsync_push_stats_t, base_version);
     STRUCT_END();
 
     STRUCT_BEGIN(wsync_receiver_params_t);
@@ -182,6 +188,7 @@ static void structs(void)
     FIELD(wsync_receiver_params_t, progress_arg);
     FIELD(wsync_receiver_params_t, on_version);
     FIELD(wsync_receiver_params_t, on_version_arg);
+    FIELD(wsync_receiver_params_t, delta);
     STRUCT_END();
 
     STRUCT_BEGIN(wsync_model_config_t);
@@ -361,6 +368,8 @@ static void inits(void)
     num("wsync_sender_params_t.snapshot", sp.snapshot);
     num("wsync_sender_params_t.keep_versions", sp.keep_versions);
     num("wsync_sender_params_t.copy_shards", sp.copy_shards);
+    PTR("wsync_sender_params_t.delta", sp.delta);
+    PTR("wsync_sender_params_t.delta_baseline", sp.delta_baseline);
 
     PTR("wsync_receiver_params_t.coordinator", rp.coordinator);
     num("wsync_receiver_params_t.rank", rp.rank);
@@ -371,6 +380,7 @@ static void inits(void)
     PTR("wsync_receiver_params_t.progress_arg", rp.progress_arg);
     num("wsync_receiver_params_t.on_version", rp.on_version != NULL);
     PTR("wsync_receiver_params_t.on_version_arg", rp.on_version_arg);
+    PTR("wsync_receiver_params_t.delta", rp.delta);
 
     num("wsync_tp_options_t.param_dtype", tp.param_dtype);
     num("wsync_tp_options_t.dtype", tp.dtype);
