@@ -22,6 +22,7 @@ const char *wsync_msg_name(unsigned type)
         [WSYNC_MSG_FETCH] = "FETCH",         [WSYNC_MSG_CANCEL] = "CANCEL",
         [WSYNC_MSG_DIRECTORY] = "DIRECTORY", [WSYNC_MSG_READ_DONE] = "READ_DONE",
         [WSYNC_MSG_SCHEME_SETUP] = "SCHEME_SETUP", [WSYNC_MSG_SCHEME_RELAY] = "SCHEME_RELAY",
+        [WSYNC_MSG_DELTA_START] = "DELTA_START",
     };
     return type < WSYNC_MSG_COUNT_ && names[type] ? names[type] : "?";
 }

@@ -39,6 +39,13 @@
  *   DATA_FDS    sender → receiver           scheme-defined payload; file descriptors attached
  *   READY       sender → receiver           u64 version, u32 bucket, u32 slot
  *   RELEASE     receiver → sender           u64 version, u32 bucket
+ *   DELTA_START receiver → sender           u64 version, u64 holds (the version its targets
+ *                                           hold intact, 0: none), u32 n, n × u32 plan chunk:
+ *                                           the sender's chunks it takes plain even when it holds
+ *                                           the base (casts, FP8 targets); delta mode only
+ * In a delta-mode version READY also carries, after the slot: u64 base version, u32 delta slot,
+ * u32 n (0: every chunk plain, else the bucket's chunk count), n × (u64 encoded length, 0 =
+ * plain; u64 tree hash of the new values); the checksums (verification) follow as before.
  */
 #ifndef WSYNC_CORE_PROTO_H
 #define WSYNC_CORE_PROTO_H
@@ -75,6 +82,7 @@ enum {
     WSYNC_MSG_READ_DONE,
     WSYNC_MSG_SCHEME_SETUP,
     WSYNC_MSG_SCHEME_RELAY,
+    WSYNC_MSG_DELTA_START,
     WSYNC_MSG_COUNT_
 };
 
