@@ -41,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/delta_state.h"
 #include "core/fault.h"
 #include "core/log.h"
 #include "core/objects.h"
@@ -48,6 +49,7 @@
 #include "core/util.h"
 #include "kernels/device.h"
 #include "reshard/exec.h"
+#include "schemes/ipc_delta.h"
 #include "schemes/scheme.h"
 #include "transports/cuda_ipc.h"
 #include "transports/shm.h"
@@ -126,6 +128,7 @@ typedef struct {
     uint8_t *scratch;                /* host copy of device bytes, for checksums */
     size_t scratch_cap;
     uint64_t gpu_pack_ns;            /* this push: time waiting for GPU packs */
+    ipc_dtx_t *dtx;                  /* delta versions (schemes/ipc_delta.h), NULL: mode off */
 } ipc_sender_t;
 
 typedef struct {
@@ -162,6 +165,7 @@ typedef struct {
                                       * launched after bucket k's copies (their last bucket) */
     uint32_t *qrun_list;             /* run indices (r->qruns) */
     uint32_t qblocks;                /* their kernels' grid cap, as the copies' (sender_stream) */
+    ipc_drx_t *drx;                  /* delta versions (schemes/ipc_delta.h), NULL: mode off */
     /* DATA_FDS reassembly during setup */
     wsync_msg_t *first;
     int *xfds;
@@ -422,6 +426,7 @@ static void ipc_sender_teardown(wsync_sender_t *s)
         wsync_dev_leave(st->device, saved);
     }
     wsync_shm_release(&st->shm);
+    wsync_ipc_dtx_free(st->dtx);
     free(st->inplace);
     free(st->staged);
     free(st->slot_of);
@@ -623,11 +628,20 @@ out:
     return rc;
 }
 
-/* DATA_FDS to one receiver: payload: host slots (u32 nslots, u64 slot_bytes), host regions (u32 n,
+/* Delta versions, when the group's mode is on: baselines and delta slots (after plan_slots). */
+static wsync_status_t plan_delta(wsync_sender_t *s, ipc_sender_t *st)
+{
+    if (s->m.planmsg.delta != WSYNC_DELTA_MODE_ON || st->dtx != NULL)
+        return WSYNC_OK;
+    return wsync_ipc_dtx_create(s, st->nbuckets, st->chunk_start, IPC_SLOTS, &st->dtx);
+}
+
+/* DATA_FDS to one receiver: payload: host slots (u32 nslots, u64 slot_bytes), delta slots (u32 n,
+ * u64 bytes: delta versions only, else 0 and 0), host regions (u32 n,
  * u64 bytes each), host in-place shards (u32 n, then u32 shard, u32 region, u64 offset each);
  * device slots (u32 n, u64 bytes, u32 region); CUDA in-place shards (as the host ones); the
  * schedule's slots (u32 nbuckets, u32 slot each); u32 1 and the cuda_ipc description, or u32 0.
- * Descriptors: the host slots' memfd, the regions', then cuda_ipc's, MAX_FDS per frame (frames
+ * Descriptors: the host slots' memfd, the delta slots', the regions', then cuda_ipc's, MAX_FDS per frame (frames
  * after the first carry only FDS_MORE). */
 static wsync_status_t send_fds(wsync_sender_t *s, ipc_sender_t *st, uint32_t rank)
 {
@@ -639,9 +653,15 @@ static wsync_status_t send_fds(wsync_sender_t *s, ipc_sender_t *st, uint32_t ran
                (st->rflags[rank] & HELLO_GPU) && st->rreach[rank];
     wsync_status_t rc = WSYNC_OK;
 
+    uint32_t ndelta = 0;
+    uint64_t delta_bytes = 0;
+    int delta_fd = -1;
+    wsync_ipc_dtx_slots(st->dtx, &ndelta, &delta_bytes, &delta_fd);
     wsync_wbuf_init(&b);
     wsync_put_u32(&b, st->nslots);
     wsync_put_u64(&b, st->slot_bytes);
+    wsync_put_u32(&b, ndelta);
+    wsync_put_u64(&b, delta_bytes);
     wsync_put_u32(&b, st->nregions);
     for (uint32_t g = 0; g < st->nregions; g++)
         wsync_put_u64(&b, st->region_bytes[g]);
@@ -662,6 +682,8 @@ static wsync_status_t send_fds(wsync_sender_t *s, ipc_sender_t *st, uint32_t ran
         wsync_cuda_export_encode(st->cex, &b, &cfds, &ncfds);
     if (st->nslots > 0)
         fds[nfds++] = st->shm.fd;
+    if (ndelta > 0)
+        fds[nfds++] = delta_fd;
     for (uint32_t g = 0; g < st->nregions; g++)
         fds[nfds++] = st->region_fds[g];
     /* fill the first frame up with CUDA descriptors, then send the rest MAX_FDS at a time */
@@ -774,7 +796,7 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
         rc = wsync_dev_uuid(st->device, my_uuid);
         if (rc != WSYNC_OK)
             goto out;
-    } else if ((rc = plan_slots(s, st)) != WSYNC_OK) {
+    } else if ((rc = plan_slots(s, st)) != WSYNC_OK || (rc = plan_delta(s, st)) != WSYNC_OK) {
         /* host shards only: where each is read from does not depend on the receivers */
         return rc;
     }
@@ -835,7 +857,7 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
     }
     if (st->device >= 0) {
         /* CUDA shards: where each is read from depends on what every receiver can read */
-        if ((rc = plan_slots(s, st)) != WSYNC_OK)
+        if ((rc = plan_slots(s, st)) != WSYNC_OK || (rc = plan_delta(s, st)) != WSYNC_OK)
             goto out;
         for (uint32_t r = 0; r < nr; r++)
             if (st->rconn[r] != NULL && (rc = send_fds(s, st, r)) != WSYNC_OK)
@@ -936,10 +958,20 @@ static wsync_status_t push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t ve
     for (uint32_t i = 0; i < 2 * IPC_SLOTS; i++)
         st->last_in_slot[i] = -1;
     st->gpu_pack_ns = 0;
+    if (st->dtx != NULL &&
+        (rc = wsync_ipc_dtx_begin(s, st->dtx, version, st->rconn, st->needs_any)) != WSYNC_OK)
+        return rc;
     for (uint32_t k = 0; k < st->nbuckets; k++) {
         uint32_t slot = st->slot_of[k];
         wsync_wbuf_t b;
 
+        if (st->dtx != NULL) {
+            /* encode first: a chunk whose encoding does not pay travels plain, staged below */
+            int64_t prev = wsync_ipc_dtx_reuse(st->dtx, k);
+            if ((prev >= 0 && (rc = await_release(s, st, version, (uint32_t)prev)) != WSYNC_OK) ||
+                (rc = wsync_ipc_dtx_bucket(s, st->dtx, k, version, st->stream)) != WSYNC_OK)
+                return rc;
+        }
         if (slot != NO_SLOT) {
             /* refill a slot only once its previous bucket was released by all who needed it */
             if (st->last_in_slot[slot] >= 0 &&
@@ -955,7 +987,7 @@ static wsync_status_t push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t ve
             }
             for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
                 const wsync_chunk_t *ch = &plan->chunks[c];
-                if (in_place(&st->inplace[ch->shard]))
+                if (in_place(&st->inplace[ch->shard]) || wsync_ipc_dtx_skip_plain(st->dtx, c))
                     continue;
                 if (s->shards[ch->shard].mem == WSYNC_MEM_HOST)
                     wsync_exec_pack(ch, s->shard_data[ch->shard], base);
@@ -977,6 +1009,8 @@ static wsync_status_t push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t ve
         wsync_put_u64(&b, version);
         wsync_put_u32(&b, k);
         wsync_put_u32(&b, slot);
+        if (st->dtx != NULL)
+            wsync_ipc_dtx_put_ready(st->dtx, k, &b);
         if (st->verify) {
             /* from the shard itself: whatever happens to the bytes after this, the receiver sees */
             wsync_put_u32(&b, st->chunk_start[k + 1] - st->chunk_start[k]);
@@ -1045,6 +1079,8 @@ static wsync_status_t push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t ve
             return rc;
     for (uint32_t r = 0; r < nr; r++)
         s->stats.bytes_delivered += plan->pair_bytes[(size_t)s->m.rank * nr + r];
+    if (st->dtx != NULL && (rc = wsync_ipc_dtx_finish(s, st->dtx, version, st->stream)) != WSYNC_OK)
+        return rc;
     uint64_t t_end = wsync_now_ns();
     WSYNC_LOG_D("ipc: sender %d: version %llu: %u READY (%u buckets) sent by %.3f ms, last RELEASE "
                 "at %.3f ms after the push began; %.3f ms waiting for GPU packs", s->m.rank,
@@ -1113,6 +1149,7 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
             wsync_cuda_import_free(f->cim);
         }
         wsync_shm_release(&f->shm);
+        wsync_ipc_drx_free(f->drx);
         for (uint32_t g = 0; g < f->nregions; g++)
             wsync_shm_release(&f->regions[g]);
         wsync_msg_free(f->first);
@@ -1158,6 +1195,8 @@ static uint32_t fds_wanted(const uint8_t *payload, uint32_t len, const char **wh
     wsync_rbuf_init(&rb, payload, len);
     nslots = wsync_get_u32(&rb);
     (void)wsync_get_u64(&rb);
+    uint32_t ndelta = wsync_get_u32(&rb);
+    (void)wsync_get_u64(&rb);
     nregions = wsync_get_u32(&rb);
     if (rb.err) {
         *why = "truncated header";
@@ -1167,7 +1206,7 @@ static uint32_t fds_wanted(const uint8_t *payload, uint32_t len, const char **wh
         *why = "too many host regions";
         return UINT32_MAX;
     }
-    host = (nslots > 0) + nregions;
+    host = (nslots > 0) + (ndelta > 0) + nregions;
     for (uint32_t g = 0; g < nregions; g++)
         (void)wsync_get_u64(&rb);
     n = wsync_get_count(&rb, 16);
@@ -1229,7 +1268,17 @@ static wsync_status_t take_data_fds(wsync_receiver_t *r, ipc_from_t *f, const ui
     wsync_rbuf_init(&rb, payload, len);
     uint32_t nslots = wsync_get_u32(&rb);
     uint64_t slot_bytes = wsync_get_u64(&rb);
+    uint32_t ndelta = wsync_get_u32(&rb);
+    uint64_t delta_bytes = wsync_get_u64(&rb);
     uint32_t nregions = wsync_get_u32(&rb);
+    if (!rb.err && (ndelta > IPC_SLOTS || delta_bytes > (1ull << 40) ||
+                    (ndelta > 0 && (delta_bytes == 0 || f->drx == NULL)))) {
+        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS from %s: %u delta "
+                       "slots of %llu bytes%s", me, f->conn->name, ndelta,
+                       (unsigned long long)delta_bytes,
+                       f->drx == NULL ? " while the group's delta mode is off" : "");
+        goto out;
+    }
     if (rb.err || nslots > IPC_SLOTS || nregions >= MAX_FDS || (nslots > 0 && slot_bytes == 0) ||
         slot_bytes > (1ull << 40)) {
         rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS from %s: %s "
@@ -1316,7 +1365,7 @@ static wsync_status_t take_data_fds(wsync_receiver_t *r, ipc_from_t *f, const ui
         f->slot_of[b] = slot;
     }
     uint32_t has_cuda = wsync_get_u32(&rb);
-    uint32_t host_fds = (nslots > 0) + nregions;
+    uint32_t host_fds = (nslots > 0) + (ndelta > 0) + nregions;
     if (rb.err || has_cuda > 1 || nfds < host_fds) {
         rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table from %s: %s "
                        "(%u descriptors, %u for host memory)", me, f->conn->name,
@@ -1410,6 +1459,12 @@ static wsync_status_t take_data_fds(wsync_receiver_t *r, ipc_from_t *f, const ui
     }
     f->nslots = nslots;
     f->slot_bytes = slot_bytes;
+    if (ndelta > 0) {
+        rc = wsync_ipc_drx_map(f->drx, fds[k], ndelta, delta_bytes);
+        fds[k++] = -1;   /* taken, even on failure */
+        if (rc != WSYNC_OK)
+            goto out;
+    }
     for (uint32_t g = 0; g < nregions; g++) {
         rc = wsync_shm_map_fd(fds[k], region_bytes[g], &f->regions[g]);
         fds[k++] = -1;
@@ -1806,6 +1861,17 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
                 f->needed++;
         }
     }
+    if (r->m.planmsg.delta == WSYNC_DELTA_MODE_ON) {
+        /* delta versions: host targets apply them here; CUDA targets take plain bytes for now */
+        if (r->delta_rx == NULL && (rc = wsync_delta_rx_create(r, 1, &r->delta_rx)) != WSYNC_OK)
+            return rc;
+        for (uint32_t s = 0; s < ns; s++)
+            if (st->from[s].needed > 0 &&
+                (rc = wsync_ipc_drx_create(r, s, st->from[s].seg_start[0],
+                                           st->from[s].seg_start[st->from[s].nbuckets],
+                                           &st->from[s].drx)) != WSYNC_OK)
+                return rc;
+    }
     for (uint32_t i = lo; i < hi; i++) {
         const wsync_segment_t *sg = &plan->segments[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
@@ -2172,6 +2238,10 @@ static wsync_status_t recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_
     }
     total = remaining;
     st->pend_head = st->npend = 0;
+    for (uint32_t s = 0; s < st->nsenders; s++)
+        if (st->from[s].drx != NULL && st->from[s].needed > 0 &&
+            (rc = wsync_ipc_drx_start(r, st->from[s].drx, st->from[s].conn, version)) != WSYNC_OK)
+            return rc;
     if (st->gpu && (rc = select_batches(r, st)) != WSYNC_OK)
         return rc;
     uint64_t t0 = wsync_now_ns();
@@ -2234,6 +2304,12 @@ static wsync_status_t recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_
         uint64_t v = wsync_get_u64(&rb);
         uint32_t k = wsync_get_u32(&rb);
         uint32_t slot = wsync_get_u32(&rb);
+        if (f != NULL && f->drx != NULL && !rb.err && k < f->nbuckets &&
+            (rc = wsync_ipc_drx_ready(r, f->drx, &rb, k, f->chunk_start[k], f->chunk_start[k + 1],
+                                      version)) != WSYNC_OK) {
+            wsync_msg_free(msg);
+            return rc;
+        }
         has_sums = wsync_rbuf_left(&rb) > 0;
         if (has_sums) {
             nsums = wsync_get_count(&rb, 8);
@@ -2288,6 +2364,11 @@ static wsync_status_t recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_
             bytes += sg->dst.rows * sg->dst.cols * wsync_dtype_size(dst_dtype);
             if (r->targets[sg->target].mem == WSYNC_MEM_CUDA)
                 continue;   /* in the batch */
+            if (f->drx != NULL && wsync_ipc_drx_segment(r, f->drx, i, version, &rc)) {
+                if (rc != WSYNC_OK)
+                    return rc;
+                continue;   /* applied from the delta slot, checked against the sender's hash */
+            }
             if (ip->region >= 0) {   /* straight from the sender's shard */
                 const uint8_t *shard = (const uint8_t *)f->regions[ip->region].base + ip->offset;
                 rc = wsync_exec_copy(shard, c->dtype, &c->src, dst, dst_dtype, &sg->dst);
@@ -2376,6 +2457,7 @@ static wsync_status_t ipc_receiver_fetch(wsync_receiver_t *r, uint64_t version, 
 const wsync_scheme_ops_t wsync_scheme_ipc = {
     .name = "ipc",
     .implemented = 1,
+    .delta = 1,
     .score = ipc_score,
     .sender_setup = ipc_sender_setup,
     .sender_push = ipc_sender_push,
