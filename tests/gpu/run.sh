@@ -7,8 +7,9 @@
 # carried here. Steps, each bounded by `timeout`, about 8 minutes in all on 4 GPUs:
 #   1. tests/gpu/test_kernels: the full run (tests and kernel benchmarks) on GPU 0, the tests
 #      alone on each other GPU at the same time;
-#   2. every other tests/gpu/test_* program (test_schemes: ipc and nccl end to end), with every
-#      GPU visible; each adapts to the GPU count and says what it skipped;
+#   2. every other tests/gpu/test_* program (test_schemes: ipc and nccl end to end, and nccl
+#      delta versions: cases "nccl delta ..."), with every GPU visible; each adapts to the GPU
+#      count and says what it skipped;
 #   2a. test_faults_cuda (step "faults", about 5 minutes on 4 GPUs): the faults suite on CUDA
 #      memory, ipc and nccl; its matrix (markdown) is faults_matrix.md;
 #   2b. tests/gpu/test_python_torch.py (issue 8): a PyTorch trainer on GPUs 0, 1 pushes three
