@@ -1,0 +1,1239 @@
+/* The delta codec of core/delta.h on the GPU: batched encode and apply, and XXH3_64bits on the
+ * device (kernels/delta.h says what and why).
+ *
+ * Both codec kernels give one CUDA block of WK_THREADS threads one codec block of WK_DBLK
+ * elements. Encode keeps the block's new values in shared memory (for its payload and its leaf
+ * hash) and a changed flag per element, turned into 32-bit mask words by warp ballots; the
+ * words' prefix counts give each changed element its rank in the payload. The block's payload
+ * offset inside its chunk is the sum of the sizes of the blocks before it: each block publishes
+ * its size as soon as it knows it, then warp 0 looks back over its predecessors (decoupled
+ * look-back, with block numbers drawn in launch order from a counter so that a block only ever
+ * waits for blocks already running), so that new and old are read once.
+ */
+#include "kernels/common.cuh"
+#include "kernels/delta.h"
+
+extern "C" {
+#include "core/delta.h"
+}
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define WK_DBLK 4096u                  /* elements per codec block: WSYNC_DELTA_BLOCK */
+#define WK_EPT (WK_DBLK / WK_THREADS)  /* elements per thread */
+#define WK_MWORDS (WK_DBLK / 32)       /* mask words per block */
+#define WK_FULL 0xffffffffu
+
+static_assert(WK_DBLK == WSYNC_DELTA_BLOCK, "the kernels' block is the format's");
+static_assert(WK_THREADS == 256, "the hash and the prefix counts assume 256 threads");
+
+/* Look-back words: status in the top 2 bits, a byte count below. */
+#define WK_LB_AGG (UINT64_C(1) << 62)  /* the block's own payload size */
+#define WK_LB_INC (UINT64_C(2) << 62)  /* payload bytes up to and including the block */
+#define WK_LB_VAL ((UINT64_C(1) << 62) - 1)
+
+/* A chunk as the kernels see it; [nchunks] on the device, grouped by element size. */
+typedef struct {
+    const unsigned char *a;            /* encode: first new value; apply: the stream */
+    unsigned char *b;                  /* encode: first old value; apply: first target value */
+    unsigned char *out;                /* encode: the output */
+    uint64_t cap;                      /* encode: bytes of out */
+    uint64_t pitch, cols, n;           /* elements */
+    uint64_t block0;                   /* the chunk's first block in the batch's numbering */
+    uint32_t nb;                       /* its blocks */
+    uint32_t idx;                      /* its place in the caller's order (results, lengths) */
+    uint32_t dense;                    /* rows == 1 or pitch == cols: element e at e * esize */
+    uint32_t pad;
+} wk_dchunk_t;
+
+/* ------------------------------------------------------------------------------------------ */
+/* XXH3_64bits, seed 0, default secret: every length class                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+#ifndef WK_XXH_FN
+#define WK_XXH_FN __device__ __forceinline__
+#endif
+
+/* The default secret of XXH3 (xxhash.h's XXH3_kSecret, the specification's constant). Kernels
+ * copy it to shared memory: lanes read it at different offsets. */
+__constant__ unsigned char wk_xxh_secret[192] = {
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
+    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
+    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+};
+
+#define WK_P32_1 UINT64_C(0x9E3779B1)
+#define WK_P32_2 UINT64_C(0x85EBCA77)
+#define WK_P32_3 UINT64_C(0xC2B2AE3D)
+#define WK_P64_1 UINT64_C(0x9E3779B185EBCA87)
+#define WK_P64_2 UINT64_C(0xC2B2AE3D27D4EB4F)
+#define WK_P64_3 UINT64_C(0x165667B19E3779F9)
+#define WK_P64_4 UINT64_C(0x85EBCA77C2B2AE63)
+#define WK_P64_5 UINT64_C(0x27D4EB2F165667C5)
+#define WK_PMX_1 UINT64_C(0x165667919E3779F9)
+#define WK_PMX_2 UINT64_C(0x9FB21C651E98DF25)
+
+/* Little-endian loads at any alignment (the device is little-endian). */
+WK_XXH_FN uint64_t wk_rd64(const unsigned char *p)
+{
+    if (((uintptr_t)p & 7) == 0)
+        return *(const uint64_t *)p;
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+WK_XXH_FN uint32_t wk_rd32(const unsigned char *p)
+{
+    if (((uintptr_t)p & 3) == 0)
+        return *(const uint32_t *)p;
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+WK_XXH_FN uint64_t wk_rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+WK_XXH_FN uint64_t wk_swap64(uint64_t x)
+{
+    uint64_t r = 0;
+    for (int i = 0; i < 8; i++)
+        r = (r << 8) | ((x >> (8 * i)) & 0xff);
+    return r;
+}
+
+WK_XXH_FN uint64_t wk_fold64(uint64_t a, uint64_t b)
+{
+#ifdef __CUDA_ARCH__
+    return (a * b) ^ __umul64hi(a, b);
+#else
+    unsigned __int128 p = (unsigned __int128)a * b;
+    return (uint64_t)p ^ (uint64_t)(p >> 64);
+#endif
+}
+
+WK_XXH_FN uint64_t wk_avalanche3(uint64_t h)
+{
+    h ^= h >> 37;
+    h *= WK_PMX_1;
+    return h ^ (h >> 32);
+}
+
+WK_XXH_FN uint64_t wk_avalanche64(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= WK_P64_2;
+    h ^= h >> 29;
+    h *= WK_P64_3;
+    return h ^ (h >> 32);
+}
+
+WK_XXH_FN uint64_t wk_mix16(const unsigned char *p, const unsigned char *s)
+{
+    return wk_fold64(wk_rd64(p) ^ wk_rd64(s), wk_rd64(p + 8) ^ wk_rd64(s + 8));
+}
+
+/* Inputs of 0..240 bytes, by one thread; s: the secret. */
+WK_XXH_FN uint64_t wk_xxh3_short(const unsigned char *p, uint64_t len, const unsigned char *s)
+{
+    if (len == 0)
+        return wk_avalanche64(wk_rd64(s + 56) ^ wk_rd64(s + 64));
+    if (len <= 3) {
+        uint32_t comb = (uint32_t)p[0] << 16 | (uint32_t)p[len >> 1] << 24 | (uint32_t)p[len - 1] |
+                        (uint32_t)len << 8;
+        return wk_avalanche64((uint64_t)comb ^ (uint64_t)(wk_rd32(s) ^ wk_rd32(s + 4)));
+    }
+    if (len <= 8) {
+        uint64_t in = (uint64_t)wk_rd32(p + len - 4) + ((uint64_t)wk_rd32(p) << 32);
+        uint64_t h = in ^ (wk_rd64(s + 8) ^ wk_rd64(s + 16));
+        h ^= wk_rotl64(h, 49) ^ wk_rotl64(h, 24);
+        h *= WK_PMX_2;
+        h ^= (h >> 35) + len;
+        h *= WK_PMX_2;
+        return h ^ (h >> 28);
+    }
+    if (len <= 16) {
+        uint64_t lo = wk_rd64(p) ^ (wk_rd64(s + 24) ^ wk_rd64(s + 32));
+        uint64_t hi = wk_rd64(p + len - 8) ^ (wk_rd64(s + 40) ^ wk_rd64(s + 48));
+        return wk_avalanche3(len + wk_swap64(lo) + hi + wk_fold64(lo, hi));
+    }
+    uint64_t acc = len * WK_P64_1;
+    if (len <= 128) {
+        /* pairs of 16-byte lanes from both ends, as many as the length holds */
+        uint32_t pairs = len > 96 ? 4 : len > 64 ? 3 : len > 32 ? 2 : 1;
+        for (uint32_t i = 0; i < pairs; i++) {
+            acc += wk_mix16(p + 16 * i, s + 32 * i);
+            acc += wk_mix16(p + len - 16 * (i + 1), s + 32 * i + 16);
+        }
+        return wk_avalanche3(acc);
+    }
+    /* 129..240: eight rounds, an avalanche, the rest at secret offset 3, the last 16 bytes */
+    for (uint32_t i = 0; i < 8; i++)
+        acc += wk_mix16(p + 16 * i, s + 16 * i);
+    acc = wk_avalanche3(acc);
+    uint32_t rounds = (uint32_t)(len / 16);
+    for (uint32_t i = 8; i < rounds; i++)
+        acc += wk_mix16(p + 16 * i, s + 16 * (i - 8) + 3);
+    acc += wk_mix16(p + len - 16, s + 136 - 17);
+    return wk_avalanche3(acc);
+}
+
+/* Inputs of more than 240 bytes, by the whole block (every thread calls it; the result is thread
+ * 0's). XXH3's long loop adds, per 64-byte stripe, terms that do not depend on the accumulators;
+ * only the scramble after every 1024 bytes (16 stripes) is not linear. So thread (segment, lane)
+ * sums its lane's terms over the 16 stripes of its segment, 32 segments at a time, and eight
+ * threads (one per accumulator) then run the scrambles in order. hsum: 256 words of shared
+ * memory. */
+__device__ uint64_t wk_xxh3_long(const unsigned char *p, uint64_t len, const unsigned char *s,
+                                 uint64_t *hsum)
+{
+    const uint64_t nfull = (len - 1) / 1024;   /* segments followed by a scramble */
+    const uint32_t nlast = (uint32_t)(((len - 1) - nfull * 1024) / 64);
+    const uint64_t nseg = nfull + 1;
+    const int t = threadIdx.x, lane = t & 7;
+    /* the accumulators' starting values, without a local array */
+    uint64_t acc = lane == 0 ? WK_P32_3 : lane == 1 ? WK_P64_1 : lane == 2 ? WK_P64_2
+                 : lane == 3 ? WK_P64_3 : lane == 4 ? WK_P64_4 : lane == 5 ? WK_P32_2
+                 : lane == 6 ? WK_P64_5 : WK_P32_1;
+
+    for (uint64_t base = 0; base < nseg; base += WK_THREADS / 8) {
+        uint64_t seg = base + (uint64_t)(t >> 3), sv = 0, sp = 0;
+        if (seg < nseg) {
+            uint32_t ns = seg < nfull ? 16 : nlast;
+            const unsigned char *q = p + seg * 1024 + 8 * lane;
+            for (uint32_t n = 0; n < ns; n++) {
+                uint64_t v = wk_rd64(q + 64 * n), key = v ^ wk_rd64(s + 8 * n + 8 * lane);
+                sv += v;
+                sp += (key & 0xffffffffu) * (key >> 32);
+            }
+            if (seg == nseg - 1) {   /* the last stripe: the input's last 64 bytes */
+                uint64_t v = wk_rd64(p + len - 64 + 8 * lane), key = v ^ wk_rd64(s + 121 + 8 * lane);
+                sv += v;
+                sp += (key & 0xffffffffu) * (key >> 32);
+            }
+        }
+        /* accumulator i takes its own products and the values of lane i ^ 1 */
+        hsum[t] = sp + __shfl_xor_sync(WK_FULL, sv, 1);
+        __syncthreads();
+        if (t < 8) {
+            uint64_t end = nseg < base + WK_THREADS / 8 ? nseg : base + WK_THREADS / 8;
+            for (uint64_t g = base; g < end; g++) {
+                acc += hsum[(g - base) * 8 + t];
+                if (g < nfull) {
+                    acc ^= acc >> 47;
+                    acc ^= wk_rd64(s + 128 + 8 * t);
+                    acc *= WK_P32_1;
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (t < 8)
+        hsum[t] = acc;
+    __syncthreads();
+    uint64_t h = 0;
+    if (t == 0) {
+        h = len * WK_P64_1;
+        for (int i = 0; i < 4; i++)
+            h += wk_fold64(hsum[2 * i] ^ wk_rd64(s + 11 + 16 * i),
+                           hsum[2 * i + 1] ^ wk_rd64(s + 11 + 16 * i + 8));
+        h = wk_avalanche3(h);
+    }
+    __syncthreads();   /* hsum is free again */
+    return h;
+}
+
+/* XXH3_64bits(p, len) by the whole block; thread 0 gets it. */
+__device__ uint64_t wk_xxh3(const unsigned char *p, uint64_t len, const unsigned char *s,
+                            uint64_t *hsum)
+{
+    if (len > 240)
+        return wk_xxh3_long(p, len, s, hsum);
+    return threadIdx.x == 0 ? wk_xxh3_short(p, len, s) : 0;
+}
+
+/* The secret into shared memory (before the first __syncthreads of a kernel). */
+__device__ __forceinline__ void wk_secret_load(uint64_t *sec)
+{
+    if (threadIdx.x < 24)
+        sec[threadIdx.x] = wk_rd64(wk_xxh_secret + 8 * threadIdx.x);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Shared pieces of the codec kernels                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+__host__ __device__ __forceinline__ uint64_t wk_al8(uint64_t x) { return (x + 7) & ~UINT64_C(7); }
+
+/* wsync_delta_block_bytes: the payload of a block of len elements with k changed, in the mode
+ * the format picks (the smallest; the lower mode on a tie). */
+__host__ __device__ __forceinline__ uint64_t wk_bbytes(uint32_t len, uint32_t k, uint32_t esize,
+                                                      uint32_t *mode)
+{
+    if (k == 0) {
+        *mode = WSYNC_DELTA_SAME;
+        return 0;
+    }
+    uint64_t v = wk_al8((uint64_t)k * esize);
+    uint64_t best = wk_al8(2 * (uint64_t)k) + v, bm = wk_al8((len + 7) / 8) + v;
+    uint64_t pl = wk_al8((uint64_t)len * esize);
+    *mode = WSYNC_DELTA_SPARSE;
+    if (bm < best) {
+        best = bm;
+        *mode = WSYNC_DELTA_BITMAP;
+    }
+    if (pl < best) {
+        best = pl;
+        *mode = WSYNC_DELTA_PLAIN;
+    }
+    return best;
+}
+
+/* Byte offset of element e of a chunk from its first element. */
+__device__ __forceinline__ uint64_t wk_eoff(const wk_dchunk_t &d, uint64_t e, uint32_t esize)
+{
+    if (d.dense)
+        return e * esize;
+    uint64_t r, c;
+    if (((e | d.cols) >> 32) == 0) {
+        r = (uint32_t)e / (uint32_t)d.cols;
+        c = (uint32_t)e - (uint32_t)r * (uint32_t)d.cols;
+    } else {
+        r = e / d.cols;
+        c = e - r * d.cols;
+    }
+    return (r * d.pitch + c) * esize;
+}
+
+/* The chunk holding batch block g, among chunks [c0, c1) ordered by block0. */
+__device__ __forceinline__ uint32_t wk_find_chunk(const wk_dchunk_t *ch, uint32_t c0, uint32_t c1,
+                                                  uint64_t g)
+{
+    uint32_t lo = c0, hi = c1;
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (ch[mid].block0 <= g)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Exclusive prefix counts of the mask words into wpre, and the total: warp 0, 4 words a lane.
+ * Followed by a __syncthreads in the caller. */
+__device__ __forceinline__ void wk_mask_prefix(const uint32_t *mask, uint32_t *wpre, uint32_t *total)
+{
+    if (threadIdx.x >= 32)
+        return;
+    const int l = threadIdx.x;
+    uint32_t c[4], s = 0;
+    for (int i = 0; i < 4; i++) {
+        c[i] = (uint32_t)__popc(mask[4 * l + i]);
+        s += c[i];
+    }
+    uint32_t inc = s;
+    for (int d = 1; d < 32; d *= 2) {
+        uint32_t o = __shfl_up_sync(WK_FULL, inc, d);
+        if (l >= d)
+            inc += o;
+    }
+    uint32_t ex = inc - s;
+    for (int i = 0; i < 4; i++) {
+        wpre[4 * l + i] = ex;
+        ex += c[i];
+    }
+    if (l == 31)
+        *total = inc;
+}
+
+/* Rank of changed element i among the block's changed elements. */
+__device__ __forceinline__ uint32_t wk_rank(const uint32_t *mask, const uint32_t *wpre, uint32_t i)
+{
+    return wpre[i >> 5] + (uint32_t)__popc(mask[i >> 5] & ((1u << (i & 31)) - 1u));
+}
+
+/* Element bits of E bytes: an unsigned type to compare and move them. */
+template <int E> struct wk_elem;
+template <> struct wk_elem<1> { typedef uint8_t t; };
+template <> struct wk_elem<2> { typedef uint16_t t; };
+template <> struct wk_elem<4> { typedef uint32_t t; };
+template <> struct wk_elem<8> { typedef unsigned long long t; };
+
+/* Load the block's values [first, first + len) of a chunk region starting at `base` into
+ * shared `sv`, and (when `cmp`) set flag[i] when they differ from the same elements at `other`.
+ * 16-byte loads when the region is dense and both starts are 16-byte aligned. */
+template <int E, bool CMP>
+__device__ __forceinline__ void wk_load_block(const wk_dchunk_t &d, const unsigned char *base,
+                                              const unsigned char *other, uint64_t first,
+                                              uint32_t len, unsigned char *sv, uint8_t *flag)
+{
+    typedef typename wk_elem<E>::t el;
+    const unsigned char *a = base + (d.dense ? first * E : 0);
+    const unsigned char *o = other != NULL ? other + (d.dense ? first * E : 0) : NULL;
+    uint32_t done = 0;
+    if (d.dense && ((uintptr_t)a & 15) == 0 && (!CMP || ((uintptr_t)o & 15) == 0)) {
+        constexpr uint32_t VE = 16 / E;
+        const uint32_t nvec = len / VE;
+        for (uint32_t v = threadIdx.x; v < nvec; v += WK_THREADS) {
+            uint4 x = reinterpret_cast<const uint4 *>(a)[v];
+            reinterpret_cast<uint4 *>(sv)[v] = x;
+            if constexpr (CMP) {
+                uint4 y = reinterpret_cast<const uint4 *>(o)[v];
+                const el *xe = reinterpret_cast<const el *>(&x), *ye = reinterpret_cast<const el *>(&y);
+                uint8_t f[VE];
+#pragma unroll
+                for (uint32_t e = 0; e < VE; e++)
+                    f[e] = xe[e] != ye[e];
+#pragma unroll
+                for (uint32_t e = 0; e < VE; e++)
+                    flag[v * VE + e] = f[e];
+            }
+        }
+        done = nvec * VE;
+    }
+    for (uint32_t i = done + threadIdx.x; i < len; i += WK_THREADS) {
+        uint64_t off = d.dense ? (uint64_t)i * E : wk_eoff(d, first + i, E);
+        el x = *reinterpret_cast<const el *>((d.dense ? a : base) + off);
+        reinterpret_cast<el *>(sv)[i] = x;
+        if constexpr (CMP) {
+            el y = *reinterpret_cast<const el *>((d.dense ? o : other) + off);
+            flag[i] = x != y;
+        }
+    }
+}
+
+/* Store the block's values from shared `sv` to the region at `base`: all len of them (all), or
+ * those whose mask bit is set. */
+template <int E>
+__device__ __forceinline__ void wk_store_block(const wk_dchunk_t &d, unsigned char *base,
+                                               uint64_t first, uint32_t len,
+                                               const unsigned char *sv, const uint32_t *mask,
+                                               bool all)
+{
+    typedef typename wk_elem<E>::t el;
+    unsigned char *a = base + (d.dense ? first * E : 0);
+    uint32_t done = 0;
+    if (all && d.dense && ((uintptr_t)a & 15) == 0) {
+        const uint32_t nvec = len / (16 / E);
+        for (uint32_t v = threadIdx.x; v < nvec; v += WK_THREADS)
+            reinterpret_cast<uint4 *>(a)[v] = reinterpret_cast<const uint4 *>(sv)[v];
+        done = nvec * (16 / E);
+    }
+    for (uint32_t i = done + threadIdx.x; i < len; i += WK_THREADS) {
+        if (!all && !((mask[i >> 5] >> (i & 31)) & 1u))
+            continue;
+        uint64_t off = d.dense ? (uint64_t)i * E : wk_eoff(d, first + i, E);
+        *reinterpret_cast<el *>((d.dense ? a : base) + off) = reinterpret_cast<const el *>(sv)[i];
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Encode                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Blocks [g0, g0 + gridDim.x) of chunks [c0, c1), all of element size E. Shared memory
+ * (dynamic): the new values [WK_DBLK * E], then the payload being built [WK_DBLK * E] (the
+ * changed flags before it). */
+template <int E>
+__global__ void __launch_bounds__(WK_THREADS)
+wk_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
+                unsigned long long *status, unsigned int *counter, uint64_t *leaves,
+                wsync_kdelta_result_t *res, int update_old)
+{
+    extern __shared__ uint4 wk_dyn[];
+    unsigned char *snew = reinterpret_cast<unsigned char *>(wk_dyn);
+    unsigned char *stage = snew + WK_DBLK * E;
+    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS];
+    __shared__ uint64_t sec[24], hsum[WK_THREADS];
+    __shared__ uint64_t sh_g, sh_off;
+    __shared__ uint32_t sh_c, sh_k;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    wk_secret_load(sec);
+    if (tid == 0) {
+        /* blocks numbered in the order they start: the look-back waits only for running ones */
+        uint64_t g = g0 + atomicAdd(counter, 1u);
+        sh_g = g;
+        sh_c = wk_find_chunk(ch, c0, c1, g);
+    }
+    __syncthreads();
+    const uint64_t g = sh_g;
+    const wk_dchunk_t d = ch[sh_c];
+    const uint32_t j = (uint32_t)(g - d.block0);
+    const uint64_t first = (uint64_t)j * WK_DBLK;
+    const uint32_t len = (uint32_t)(d.n - first < WK_DBLK ? d.n - first : WK_DBLK);
+    const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
+
+    /* 1. new values into shared memory, a changed flag per element */
+    wk_load_block<E, true>(d, d.a, d.b, first, len, snew, stage);
+    if (tid == 0)
+        for (uint64_t b = (uint64_t)len * E; b < wk_al8((uint64_t)len * E); b++)
+            snew[b] = 0;   /* a PLAIN tail block's padding */
+    __syncthreads();
+
+    /* 2. flags -> mask words (ballots), their prefix counts, k */
+    for (uint32_t q = warp; q < WK_MWORDS; q += WK_THREADS / 32) {
+        uint32_t i = q * 32 + lane;
+        uint32_t m = __ballot_sync(WK_FULL, i < len && stage[i] != 0);
+        if (lane == 0)
+            mask[q] = m;
+    }
+    __syncthreads();
+    wk_mask_prefix(mask, wpre, &sh_k);
+    __syncthreads();
+    const uint32_t k = sh_k;
+    uint32_t mode;
+    const uint64_t size = wk_bbytes(len, k, E, &mode);
+
+    /* 3. publish the size at once (the blocks after this one are waiting for it), hash the block
+     * meanwhile, then find the offset: the sizes of the blocks before this one in its chunk */
+    if (tid == 0)
+        atomicExch(&status[g], (unsigned long long)((j == 0 ? WK_LB_INC : WK_LB_AGG) | size));
+    const uint64_t leaf = wk_xxh3(snew, (uint64_t)len * E, secret, hsum);
+    if (warp == 0 && j > 0) {
+        uint64_t excl = 0;
+        int64_t p = (int64_t)j - 1;   /* the nearest predecessor not yet summed */
+        for (;;) {
+            int64_t q = p - lane;
+            uint64_t w = q >= 0 ? *(volatile unsigned long long *)&status[d.block0 + (uint64_t)q]
+                                : WK_LB_INC;   /* before the chunk: nothing */
+            uint32_t st = (uint32_t)(w >> 62);
+            uint32_t xm = __ballot_sync(WK_FULL, st == 0), im = __ballot_sync(WK_FULL, st == 2);
+            uint32_t lowi = im ? (uint32_t)__ffs((int)im) - 1 : 32;
+            uint32_t lowx = xm ? (uint32_t)__ffs((int)xm) - 1 : 32;
+            if (lowx < lowi) {   /* a nearer block has not published yet */
+                __nanosleep(64);
+                continue;
+            }
+            uint64_t v = (uint32_t)lane <= lowi ? (w & WK_LB_VAL) : 0;
+            for (int o = 16; o > 0; o /= 2)
+                v += __shfl_xor_sync(WK_FULL, v, o);
+            excl += v;
+            if (lowi < 32)
+                break;
+            p -= 32;
+        }
+        if (lane == 0) {
+            atomicExch(&status[g], (unsigned long long)(WK_LB_INC | (excl + size)));
+            sh_off = excl;
+        }
+    } else if (tid == 0) {
+        sh_off = 0;
+    }
+    __syncthreads();
+    const uint64_t off = sh_off;
+    const uint64_t tbl = 16 + 8 * (uint64_t)d.nb, pos = tbl + off;
+
+    /* 4. table entry, header, results */
+    if (tid == 0) {
+        if (16 + 8 * ((uint64_t)j + 1) <= d.cap)
+            reinterpret_cast<uint64_t *>(d.out + 16)[j] =
+                off | ((uint64_t)((mode << 30) | k) << 32);
+        if (j == 0 && d.cap >= 16) {
+            reinterpret_cast<uint64_t *>(d.out)[0] =
+                WSYNC_DELTA_MAGIC | ((uint64_t)WSYNC_DELTA_FORMAT << 32) | ((uint64_t)E << 40);
+            reinterpret_cast<uint64_t *>(d.out)[1] = d.n;
+        }
+        leaves[g] = leaf;
+        if (k > 0)
+            atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
+                      (unsigned long long)k);
+        if (j == d.nb - 1)
+            res[d.idx].len = pos + size;
+    }
+
+    /* 5. the payload, built in shared memory and copied out in 8-byte words */
+    if (size > 0 && pos + size <= d.cap) {
+        const unsigned char *src = snew;
+        if (mode != WSYNC_DELTA_PLAIN) {
+            const uint64_t hdr = mode == WSYNC_DELTA_SPARSE ? wk_al8(2 * (uint64_t)k)
+                                                            : wk_al8((len + 7) / 8);
+            if (tid == 0) {   /* padding words; the values overwrite their first bytes */
+                reinterpret_cast<uint64_t *>(stage)[hdr / 8 - 1] = 0;
+                reinterpret_cast<uint64_t *>(stage)[(size - 8) / 8] = 0;
+            }
+            __syncthreads();
+            if (mode == WSYNC_DELTA_BITMAP)   /* bits past len are 0 in the mask */
+                for (uint32_t w = tid; w < hdr / 4; w += WK_THREADS)
+                    reinterpret_cast<uint32_t *>(stage)[w] = mask[w];
+            for (uint32_t i = tid; i < len; i += WK_THREADS) {
+                if (!((mask[i >> 5] >> (i & 31)) & 1u))
+                    continue;
+                uint32_t r = wk_rank(mask, wpre, i);
+                if (mode == WSYNC_DELTA_SPARSE)
+                    reinterpret_cast<uint16_t *>(stage)[r] = (uint16_t)i;
+                typedef typename wk_elem<E>::t el;
+                *reinterpret_cast<el *>(stage + hdr + (uint64_t)r * E) =
+                    reinterpret_cast<const el *>(snew)[i];
+            }
+            __syncthreads();
+            src = stage;
+        }
+        uint64_t *to = reinterpret_cast<uint64_t *>(d.out + pos);
+        for (uint32_t w = tid; w < size / 8; w += WK_THREADS)
+            to[w] = reinterpret_cast<const uint64_t *>(src)[w];
+    }
+
+    /* 6. the sender's baseline takes the new values */
+    if (update_old && k > 0)
+        wk_store_block<E>(d, d.b, first, len, snew, mask, false);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Apply                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Check the header and block j's table entry; 0 or a fault. *mode, *k, *off, *size of the
+ * block on success. One thread. */
+__device__ uint32_t wk_check_entry(const unsigned char *enc, uint64_t elen, const wk_dchunk_t &d,
+                                   uint32_t j, uint32_t len, uint32_t E, uint32_t *mode,
+                                   uint32_t *k, uint64_t *off, uint64_t *size)
+{
+    const uint64_t tbl = 16 + 8 * (uint64_t)d.nb;
+    if (elen < tbl)
+        return WSYNC_KDELTA_FAULT_HEADER;
+    uint64_t h = wk_rd64(enc);
+    if ((uint32_t)h != WSYNC_DELTA_MAGIC || ((h >> 32) & 0xff) != WSYNC_DELTA_FORMAT ||
+        ((h >> 40) & 0xff) != E || (h >> 48) != 0 || wk_rd64(enc + 8) != d.n)
+        return WSYNC_KDELTA_FAULT_HEADER;
+    const uint64_t area = elen - tbl;
+    uint64_t e = wk_rd64(enc + 16 + 8 * (uint64_t)j);
+    uint32_t m = (uint32_t)(e >> 62), kk = (uint32_t)(e >> 32) & 0x3fffffffu, want;
+    uint64_t o = (uint32_t)e;
+    if (kk > len)
+        return WSYNC_KDELTA_FAULT_TABLE;
+    uint64_t sz = wk_bbytes(len, kk, E, &want);
+    if (m != want || (o & 7) != 0 || o + sz > area)
+        return WSYNC_KDELTA_FAULT_TABLE;
+    if (j == 0) {
+        if (o != 0)
+            return WSYNC_KDELTA_FAULT_TABLE;
+    } else {   /* right after the block before it (which checks its own entry) */
+        uint64_t pe = wk_rd64(enc + 16 + 8 * ((uint64_t)j - 1));
+        uint32_t pk = (uint32_t)(pe >> 32) & 0x3fffffffu, pm;
+        if (pk > WK_DBLK || (uint64_t)(uint32_t)pe + wk_bbytes(WK_DBLK, pk, E, &pm) != o)
+            return WSYNC_KDELTA_FAULT_TABLE;
+    }
+    if (j == d.nb - 1 && o + sz != area)
+        return WSYNC_KDELTA_FAULT_TABLE;   /* bytes after the last payload */
+    *mode = m;
+    *k = kk;
+    *off = o;
+    *size = sz;
+    return 0;
+}
+
+/* Blocks [g0, g0 + gridDim.x) of chunks [c0, c1), element size E: check, apply, hash. Shared
+ * memory (dynamic): the block's values [WK_DBLK * E] (with hash). */
+template <int E>
+__global__ void __launch_bounds__(WK_THREADS)
+wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
+               const uint64_t *lens, uint64_t *leaves, wsync_kdelta_result_t *res, int hash)
+{
+    typedef typename wk_elem<E>::t el;
+    extern __shared__ uint4 wk_dyn[];
+    unsigned char *sv = reinterpret_cast<unsigned char *>(wk_dyn);
+    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS];
+    __shared__ uint64_t sec[24], hsum[WK_THREADS];
+    __shared__ uint64_t sh_off, sh_size;
+    __shared__ uint32_t sh_c, sh_mode, sh_k, sh_fault, sh_bad, sh_total;
+    const int tid = threadIdx.x;
+    const uint64_t g = g0 + blockIdx.x;
+
+    wk_secret_load(sec);
+    if (tid == 0) {
+        uint32_t c = wk_find_chunk(ch, c0, c1, g);
+        const wk_dchunk_t &d = ch[c];
+        uint32_t j = (uint32_t)(g - d.block0);
+        uint64_t first = (uint64_t)j * WK_DBLK;
+        uint32_t len = (uint32_t)(d.n - first < WK_DBLK ? d.n - first : WK_DBLK);
+        sh_c = c;
+        sh_fault = wk_check_entry(d.a, lens[d.idx], d, j, len, E, &sh_mode, &sh_k, &sh_off,
+                                  &sh_size);
+        sh_bad = 0;
+    }
+    __syncthreads();
+    const wk_dchunk_t d = ch[sh_c];
+    const uint32_t j = (uint32_t)(g - d.block0);
+    const uint64_t first = (uint64_t)j * WK_DBLK;
+    const uint32_t len = (uint32_t)(d.n - first < WK_DBLK ? d.n - first : WK_DBLK);
+    if (sh_fault != 0) {
+        if (tid == 0)
+            atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
+                      (unsigned long long)(((uint64_t)j << 8) | sh_fault));
+        return;
+    }
+    const uint32_t mode = sh_mode, k = sh_k;
+    const uint64_t size = sh_size;
+    if (mode == WSYNC_DELTA_SAME && !hash)
+        return;
+    const unsigned char *P = d.a + 16 + 8 * (uint64_t)d.nb + sh_off;   /* 8-byte aligned */
+
+    /* 1. the payload's content, before anything is written */
+    uint64_t hdr = 0;
+    if (mode == WSYNC_DELTA_SPARSE) {
+        hdr = wk_al8(2 * (uint64_t)k);
+        const uint16_t *ix = reinterpret_cast<const uint16_t *>(P);
+        for (uint32_t r = tid; r < k; r += WK_THREADS)
+            if (ix[r] >= len || (r > 0 && ix[r] <= ix[r - 1]))
+                sh_bad = 1;
+        for (uint64_t b = 2 * (uint64_t)k + tid; b < hdr; b += WK_THREADS)
+            if (P[b] != 0)
+                sh_bad = 1;
+    } else if (mode == WSYNC_DELTA_BITMAP) {
+        hdr = wk_al8((len + 7) / 8);
+        for (uint32_t w = tid; w < WK_MWORDS; w += WK_THREADS) {
+            uint32_t m = w < hdr / 4 ? reinterpret_cast<const uint32_t *>(P)[w] : 0;
+            uint32_t lo = w * 32;   /* bits at or past len must be 0 */
+            uint32_t past = lo >= len ? WK_FULL : len - lo >= 32 ? 0u : ~((1u << (len - lo)) - 1u);
+            if (m & past)
+                sh_bad = 1;
+            mask[w] = m;
+        }
+    }
+    {   /* padding after the values (PLAIN: after the len values) */
+        uint64_t vend = mode == WSYNC_DELTA_PLAIN ? (uint64_t)len * E : hdr + (uint64_t)k * E;
+        for (uint64_t b = vend + tid; b < size; b += WK_THREADS)
+            if (P[b] != 0)
+                sh_bad = 1;
+    }
+    __syncthreads();
+    if (mode == WSYNC_DELTA_BITMAP) {
+        wk_mask_prefix(mask, wpre, &sh_total);
+        __syncthreads();
+        if (tid == 0 && sh_total != k)
+            sh_bad = 1;
+        __syncthreads();
+    }
+    if (sh_bad) {
+        if (tid == 0)
+            atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
+                      (unsigned long long)(((uint64_t)j << 8) | WSYNC_KDELTA_FAULT_PAYLOAD));
+        return;
+    }
+
+    /* 2. apply: without hash straight into the target; with it, into the block's values first */
+    const el *vals = reinterpret_cast<const el *>(P + hdr);
+    const uint16_t *ix = reinterpret_cast<const uint16_t *>(P);
+    if (!hash) {
+        unsigned char *a = d.b + (d.dense ? first * E : 0);
+        if (mode == WSYNC_DELTA_SPARSE) {
+            for (uint32_t r = tid; r < k; r += WK_THREADS) {
+                uint32_t i = ix[r];
+                uint64_t off = d.dense ? (uint64_t)i * E : wk_eoff(d, first + i, E);
+                *reinterpret_cast<el *>((d.dense ? a : d.b) + off) = vals[r];
+            }
+        } else {
+            for (uint32_t i = tid; i < len; i += WK_THREADS) {
+                if (mode == WSYNC_DELTA_BITMAP && !((mask[i >> 5] >> (i & 31)) & 1u))
+                    continue;
+                uint64_t off = d.dense ? (uint64_t)i * E : wk_eoff(d, first + i, E);
+                *reinterpret_cast<el *>((d.dense ? a : d.b) + off) =
+                    mode == WSYNC_DELTA_BITMAP ? vals[wk_rank(mask, wpre, i)] : vals[i];
+            }
+        }
+    } else {
+        wk_load_block<E, false>(d, d.b, NULL, first, len, sv, NULL);
+        __syncthreads();
+        if (mode == WSYNC_DELTA_SPARSE) {
+            for (uint32_t r = tid; r < k; r += WK_THREADS)
+                reinterpret_cast<el *>(sv)[ix[r]] = vals[r];
+        } else if (mode == WSYNC_DELTA_BITMAP) {
+            for (uint32_t i = tid; i < len; i += WK_THREADS)
+                if ((mask[i >> 5] >> (i & 31)) & 1u)
+                    reinterpret_cast<el *>(sv)[i] = vals[wk_rank(mask, wpre, i)];
+        } else if (mode == WSYNC_DELTA_PLAIN) {
+            for (uint32_t i = tid; i < len; i += WK_THREADS)
+                reinterpret_cast<el *>(sv)[i] = vals[i];
+        }
+        __syncthreads();
+        if (mode == WSYNC_DELTA_SPARSE) {
+            unsigned char *a = d.b + (d.dense ? first * E : 0);
+            for (uint32_t r = tid; r < k; r += WK_THREADS) {
+                uint32_t i = ix[r];
+                uint64_t off = d.dense ? (uint64_t)i * E : wk_eoff(d, first + i, E);
+                *reinterpret_cast<el *>((d.dense ? a : d.b) + off) = reinterpret_cast<const el *>(sv)[i];
+            }
+        } else if (mode != WSYNC_DELTA_SAME) {
+            wk_store_block<E>(d, d.b, first, len, sv, mask, mode == WSYNC_DELTA_PLAIN);
+        }
+        const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
+        uint64_t leaf = wk_xxh3(sv, (uint64_t)len * E, secret, hsum);
+        if (tid == 0)
+            leaves[g] = leaf;
+    }
+    if (tid == 0 && k > 0)
+        atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
+                  (unsigned long long)k);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Chunk hashes, results, XXH3 of ranges                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Chunk blockIdx.x: XXH3 of its leaves (the tree hash). */
+__global__ void __launch_bounds__(WK_THREADS)
+wk_delta_chunk_hash(const wk_dchunk_t *__restrict__ ch, const uint64_t *leaves,
+                    wsync_kdelta_result_t *res)
+{
+    __shared__ uint64_t sec[24], hsum[WK_THREADS];
+    wk_secret_load(sec);
+    __syncthreads();
+    const wk_dchunk_t &d = ch[blockIdx.x];
+    uint64_t h = wk_xxh3(reinterpret_cast<const unsigned char *>(leaves + d.block0),
+                         8 * (uint64_t)d.nb, reinterpret_cast<const unsigned char *>(sec), hsum);
+    if (threadIdx.x == 0)
+        res[d.idx].hash = h;
+}
+
+/* Results to their starting values: len, hash, changed 0, no fault; the look-back words and
+ * block counters 0. */
+__global__ void wk_delta_init(wsync_kdelta_result_t *res, uint32_t n, unsigned long long *status,
+                              uint64_t nstatus)
+{
+    uint64_t i0 = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = i0; i < n; i += step) {
+        res[i].len = 0;
+        res[i].hash = 0;
+        res[i].changed = 0;
+        res[i].fault = WSYNC_KDELTA_NO_FAULT;
+    }
+    for (uint64_t i = i0; i < nstatus; i += step)
+        status[i] = 0;
+}
+
+__global__ void __launch_bounds__(WK_THREADS)
+wk_xxh3_ranges(const unsigned char *data, const uint64_t *offs, const uint64_t *lens,
+               uint64_t *out)
+{
+    __shared__ uint64_t sec[24], hsum[WK_THREADS];
+    wk_secret_load(sec);
+    __syncthreads();
+    uint64_t h = wk_xxh3(data + offs[blockIdx.x], lens[blockIdx.x],
+                         reinterpret_cast<const unsigned char *>(sec), hsum);
+    if (threadIdx.x == 0)
+        out[blockIdx.x] = h;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Host side                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Element sizes 1, 2, 4, 8 as groups 0..3. */
+static int wk_esize_group(uint32_t esize)
+{
+    return esize == 1 ? 0 : esize == 2 ? 1 : esize == 4 ? 2 : esize == 8 ? 3 : -1;
+}
+
+struct wsync_kdelta_batch {
+    int apply;                         /* apply batch, else encode */
+    int flag;                          /* encode: update_old; apply: hash */
+    uint32_t n;
+    uint64_t nblocks;
+    void *dev;                         /* one allocation: */
+    wk_dchunk_t *chunks;               /*   [n], grouped by element size */
+    uint64_t *lens;                    /*   [n] apply: lengths, caller's order */
+    unsigned long long *status;        /*   [nblocks + 4] encode: look-back words, counters */
+    uint64_t *leaves;                  /*   [nblocks] */
+    wsync_kdelta_result_t *res;        /*   [n] */
+    uint64_t dev_bytes;
+    wsync_kdelta_result_t *host;       /* pinned [n] */
+    uint64_t *lens_host;               /* pinned [n] apply: the lengths of the next launch */
+    uint64_t *lens_default;            /* malloc [n] apply: those given at create */
+    int lens_changed;                  /* a launch gave other lengths than the default */
+    struct {
+        uint32_t c0, c1;               /* chunks */
+        uint64_t g0, g1;               /* blocks */
+    } grp[4];
+};
+
+static const char *const wk_fault_names[4] = {
+    "no fault", "bad header (length, magic, format, element size or element count)",
+    "bad block table entry (mode, changed count, offset or length)",
+    "bad payload (indices, bitmap, or non-zero padding)"};
+
+/* The checks both kinds of chunk share. */
+static wsync_status_t wk_check_region(const char *fn, uint32_t i, const void *base,
+                                      const char *base_name, const wsync_region_t *r,
+                                      uint32_t esize)
+{
+    if (base == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: chunk %" PRIu32 ": %s is NULL", fn, i, base_name);
+    if (wk_esize_group(esize) < 0)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: chunk %" PRIu32 ": esize %" PRIu32 " (1, 2, 4 or 8)",
+                         fn, i, esize);
+    if (r->rows == 0 || r->cols == 0)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: chunk %" PRIu32 ": empty region (%" PRIu64 " x %" PRIu64 ")",
+                         fn, i, r->rows, r->cols);
+    if (r->rows > 1 && r->pitch < r->cols)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: chunk %" PRIu32 ": cols %" PRIu64 " above the pitch %" PRIu64,
+                         fn, i, r->cols, r->pitch);
+    const uint64_t lim = UINT64_C(1) << 48;
+    if (r->rows >= lim || r->cols >= lim || r->off >= lim || r->pitch >= lim ||
+        (r->rows > 1 && r->rows - 1 > (lim - r->cols) / r->pitch))
+        return wsync_err(WSYNC_ERR_INVALID, "%s: chunk %" PRIu32 ": region too large", fn, i);
+    uint64_t n = r->rows * r->cols;
+    /* core/delta.h: n * esize <= UINT32_MAX, so that every 32-bit offset fits */
+    if (n * esize > UINT32_MAX)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: chunk %" PRIu32 ": %" PRIu64 " elements of %" PRIu32
+                         " bytes, above the format's %" PRIu32 " (it travels plain)", fn, i, n,
+                         esize, UINT32_MAX);
+    uintptr_t start = (uintptr_t)base + (uintptr_t)(r->off * esize);
+    if (start % esize != 0)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: chunk %" PRIu32 ": %s's region starts at %p, not "
+                         "aligned to its %" PRIu32 "-byte elements", fn, i, base_name, (void *)start, esize);
+    return WSYNC_OK;
+}
+
+static void wk_batch_release(wsync_kdelta_batch_t *b)
+{
+    if (b == NULL)
+        return;
+    if (b->dev != NULL)
+        cudaFree(b->dev);
+    if (b->host != NULL)
+        cudaFreeHost(b->host);
+    if (b->lens_host != NULL)
+        cudaFreeHost(b->lens_host);
+    free(b->lens_default);
+    free(b);
+}
+
+/* Group the chunks by element size, number their blocks, allocate and upload. d[i] describes
+ * chunk i (caller's order) with block0 unset; esz[i] its element size. */
+static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dchunk_t *d,
+                                     const uint32_t *esz, const uint64_t *lens, uint32_t n,
+                                     wsync_kdelta_batch_t **out)
+{
+    wsync_kdelta_batch_t *b = (wsync_kdelta_batch_t *)calloc(1, sizeof(*b));
+    wk_dchunk_t *sorted = (wk_dchunk_t *)malloc((size_t)(n ? n : 1) * sizeof(*sorted));
+    wsync_status_t st = WSYNC_OK;
+    cudaError_t e;
+
+    if (b == NULL || sorted == NULL) {
+        free(b);
+        free(sorted);
+        return wsync_err(WSYNC_ERR_NOMEM, "%s: %" PRIu32 " chunks", fn, n);
+    }
+    b->apply = apply;
+    b->flag = flag;
+    b->n = n;
+    uint32_t m = 0;
+    uint64_t g = 0;
+    for (int grp = 0; grp < 4; grp++) {
+        b->grp[grp].c0 = m;
+        b->grp[grp].g0 = g;
+        for (uint32_t i = 0; i < n; i++) {
+            if (wk_esize_group(esz[i]) != grp)
+                continue;
+            sorted[m] = d[i];
+            sorted[m].block0 = g;
+            g += sorted[m].nb;
+            m++;
+        }
+        b->grp[grp].c1 = m;
+        b->grp[grp].g1 = g;
+        if (g - b->grp[grp].g0 > INT32_MAX) {
+            st = wsync_err(WSYNC_ERR_INVALID, "%s: %" PRIu64 " blocks of %d-byte elements in one batch "
+                           "(at most %d)", fn, g - b->grp[grp].g0, 1 << grp, INT32_MAX);
+            goto fail;
+        }
+    }
+    b->nblocks = g;
+
+    {   /* one device allocation: chunks, lens, status + counters, leaves, results */
+        uint64_t o_ch = 0, o_lens = o_ch + wk_al8((uint64_t)n * sizeof(wk_dchunk_t));
+        uint64_t o_st = o_lens + 8 * (uint64_t)n, o_lv = o_st + 8 * (apply ? 0 : g + 4);
+        uint64_t o_res = o_lv + 8 * g, total = o_res + (uint64_t)n * sizeof(wsync_kdelta_result_t);
+        e = cudaMalloc(&b->dev, total ? total : 8);
+        if (e != cudaSuccess) {
+            st = wk_cuda(e, "wsync_kdelta: cudaMalloc");
+            goto fail;
+        }
+        unsigned char *base = (unsigned char *)b->dev;
+        b->chunks = (wk_dchunk_t *)(base + o_ch);
+        b->lens = (uint64_t *)(base + o_lens);
+        b->status = (unsigned long long *)(base + o_st);
+        b->leaves = (uint64_t *)(base + o_lv);
+        b->res = (wsync_kdelta_result_t *)(base + o_res);
+        b->dev_bytes = total;
+    }
+    e = cudaMallocHost((void **)&b->host, (size_t)(n ? n : 1) * sizeof(wsync_kdelta_result_t));
+    if (e == cudaSuccess && apply)
+        e = cudaMallocHost((void **)&b->lens_host, (size_t)(n ? n : 1) * 8);
+    if (e != cudaSuccess) {
+        st = wk_cuda(e, "wsync_kdelta: cudaMallocHost");
+        goto fail;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        b->host[i].len = b->host[i].hash = b->host[i].changed = 0;
+        b->host[i].fault = WSYNC_KDELTA_NO_FAULT;
+    }
+    if (n > 0) {
+        e = cudaMemcpy(b->chunks, sorted, (size_t)n * sizeof(*sorted), cudaMemcpyHostToDevice);
+        if (e == cudaSuccess && apply)
+            e = cudaMemcpy(b->lens, lens, (size_t)n * 8, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            st = wk_cuda(e, "wsync_kdelta: cudaMemcpy (descriptors)");
+            goto fail;
+        }
+    }
+    if (apply) {
+        b->lens_default = (uint64_t *)malloc((size_t)(n ? n : 1) * 8);
+        if (b->lens_default == NULL) {
+            st = wsync_err(WSYNC_ERR_NOMEM, "%s: %" PRIu32 " lengths", fn, n);
+            goto fail;
+        }
+        if (n > 0)
+            memcpy(b->lens_default, lens, (size_t)n * 8);
+    } else if (b->grp[3].g1 > b->grp[3].g0) {
+        /* 8-byte elements: 64 KiB of shared memory a block, past the default 48 */
+        e = cudaFuncSetAttribute(wk_delta_encode<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)(2 * WK_DBLK * 8));
+        if (e != cudaSuccess) {
+            st = wk_cuda(e, "wsync_kdelta: cudaFuncSetAttribute");
+            goto fail;
+        }
+    }
+    free(sorted);
+    *out = b;
+    return WSYNC_OK;
+fail:
+    free(sorted);
+    wk_batch_release(b);
+    return st;
+}
+
+template <int E>
+static void wk_launch_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t s)
+{
+    const uint32_t c0 = b->grp[grp].c0, c1 = b->grp[grp].c1;
+    const uint64_t g0 = b->grp[grp].g0, nb = b->grp[grp].g1 - g0;
+    if (nb == 0)
+        return;
+    if (b->apply)
+        wk_delta_apply<E><<<(unsigned)nb, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
+            b->chunks, c0, c1, g0, b->lens, b->leaves, b->res, b->flag);
+    else
+        wk_delta_encode<E><<<(unsigned)nb, WK_THREADS, 2 * WK_DBLK * E, s>>>(
+            b->chunks, c0, c1, g0, b->status, (unsigned int *)(b->status + b->nblocks) + grp,
+            b->leaves, b->res, b->flag);
+}
+
+extern "C" {
+
+wsync_status_t wsync_kdelta_encode_create(const wsync_kdelta_enc_t *chunks, uint32_t n,
+                                          int update_old, wsync_kdelta_batch_t **batch)
+{
+    static const char fn[] = "wsync_kdelta_encode_create";
+    if (batch == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: batch is NULL", fn);
+    if (n > 0 && chunks == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: chunks is NULL with n = %" PRIu32, fn, n);
+    wk_dchunk_t *d = (wk_dchunk_t *)calloc(n ? n : 1, sizeof(*d));
+    uint32_t *esz = (uint32_t *)calloc(n ? n : 1, sizeof(*esz));
+    if (d == NULL || esz == NULL) {
+        free(d);
+        free(esz);
+        return wsync_err(WSYNC_ERR_NOMEM, "%s: %" PRIu32 " chunks", fn, n);
+    }
+    wsync_status_t st = WSYNC_OK;
+    for (uint32_t i = 0; i < n && st == WSYNC_OK; i++) {
+        const wsync_kdelta_enc_t *c = &chunks[i];
+        st = wk_check_region(fn, i, c->new_base, "new_base", &c->src, c->esize);
+        if (st == WSYNC_OK)
+            st = wk_check_region(fn, i, c->old_base, "old_base", &c->src, c->esize);
+        if (st == WSYNC_OK && (c->out == NULL || ((uintptr_t)c->out & 7) != 0))
+            st = wsync_err(WSYNC_ERR_INVALID, "%s: chunk %" PRIu32 ": out %s", fn, i,
+                           c->out == NULL ? "is NULL" : "is not 8-byte aligned");
+        if (st != WSYNC_OK)
+            break;
+        const wsync_region_t *r = &c->src;
+        d[i].a = (const unsigned char *)c->new_base + r->off * c->esize;
+        d[i].b = (unsigned char *)c->old_base + r->off * c->esize;
+        d[i].out = (unsigned char *)c->out;
+        d[i].cap = c->cap;
+        d[i].pitch = r->pitch;
+        d[i].cols = r->cols;
+        d[i].n = r->rows * r->cols;
+        d[i].nb = (uint32_t)wsync_delta_nblocks(d[i].n);
+        d[i].idx = i;
+        d[i].dense = r->rows == 1 || r->pitch == r->cols;
+        esz[i] = c->esize;
+    }
+    if (st == WSYNC_OK)
+        st = wk_batch_build(fn, 0, update_old != 0, d, esz, NULL, n, batch);
+    free(d);
+    free(esz);
+    return st;
+}
+
+wsync_status_t wsync_kdelta_apply_create(const wsync_kdelta_app_t *chunks, uint32_t n, int hash,
+                                         wsync_kdelta_batch_t **batch)
+{
+    static const char fn[] = "wsync_kdelta_apply_create";
+    if (batch == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: batch is NULL", fn);
+    if (n > 0 && chunks == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: chunks is NULL with n = %" PRIu32, fn, n);
+    wk_dchunk_t *d = (wk_dchunk_t *)calloc(n ? n : 1, sizeof(*d));
+    uint32_t *esz = (uint32_t *)calloc(n ? n : 1, sizeof(*esz));
+    uint64_t *lens = (uint64_t *)calloc(n ? n : 1, sizeof(*lens));
+    if (d == NULL || esz == NULL || lens == NULL) {
+        free(d);
+        free(esz);
+        free(lens);
+        return wsync_err(WSYNC_ERR_NOMEM, "%s: %" PRIu32 " chunks", fn, n);
+    }
+    wsync_status_t st = WSYNC_OK;
+    for (uint32_t i = 0; i < n; i++) {
+        const wsync_kdelta_app_t *c = &chunks[i];
+        st = wk_check_region(fn, i, c->dst_base, "dst_base", &c->dst, c->esize);
+        if (st == WSYNC_OK && (c->enc == NULL || ((uintptr_t)c->enc & 7) != 0))
+            st = wsync_err(WSYNC_ERR_INVALID, "%s: chunk %" PRIu32 ": enc %s", fn, i,
+                           c->enc == NULL ? "is NULL" : "is not 8-byte aligned");
+        if (st != WSYNC_OK)
+            break;
+        const wsync_region_t *r = &c->dst;
+        d[i].a = (const unsigned char *)c->enc;
+        d[i].b = (unsigned char *)c->dst_base + r->off * c->esize;
+        d[i].pitch = r->pitch;
+        d[i].cols = r->cols;
+        d[i].n = r->rows * r->cols;
+        d[i].nb = (uint32_t)wsync_delta_nblocks(d[i].n);
+        d[i].idx = i;
+        d[i].dense = r->rows == 1 || r->pitch == r->cols;
+        esz[i] = c->esize;
+        lens[i] = c->len;
+    }
+    if (st == WSYNC_OK)
+        st = wk_batch_build(fn, 1, hash != 0, d, esz, lens, n, batch);
+    free(d);
+    free(esz);
+    free(lens);
+    return st;
+}
+
+wsync_status_t wsync_kdelta_launch(wsync_kdelta_batch_t *b, const uint64_t *lens, void *stream)
+{
+    static const char fn[] = "wsync_kdelta_launch";
+    cudaStream_t s = (cudaStream_t)stream;
+    cudaError_t e;
+
+    if (b == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: batch is NULL", fn);
+    if (lens != NULL && !b->apply)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: lens given to an encode batch", fn);
+    if (b->n == 0)
+        return WSYNC_OK;
+    if (b->apply && (lens != NULL || b->lens_changed)) {
+        /* the pinned staging is free: the previous launch of this batch has completed */
+        memcpy(b->lens_host, lens != NULL ? lens : b->lens_default, (size_t)b->n * 8);
+        b->lens_changed = lens != NULL;
+        e = cudaMemcpyAsync(b->lens, b->lens_host, (size_t)b->n * 8, cudaMemcpyHostToDevice, s);
+        if (e != cudaSuccess)
+            return wk_cuda(e, "wsync_kdelta_launch: cudaMemcpyAsync (lengths)");
+    }
+    {
+        uint64_t nst = b->apply ? 0 : b->nblocks + 4, most = nst > b->n ? nst : b->n;
+        unsigned grid = (unsigned)(most / WK_THREADS + 1 < 1024 ? most / WK_THREADS + 1 : 1024);
+        wk_delta_init<<<grid, WK_THREADS, 0, s>>>(b->res, b->n, b->status, nst);
+    }
+    wk_launch_group<1>(b, 0, s);
+    wk_launch_group<2>(b, 1, s);
+    wk_launch_group<4>(b, 2, s);
+    wk_launch_group<8>(b, 3, s);
+    if (!b->apply || b->flag)
+        wk_delta_chunk_hash<<<b->n, WK_THREADS, 0, s>>>(b->chunks, b->leaves, b->res);
+    wsync_status_t st = wk_launched("wsync_kdelta_launch: kernel launch");
+    if (st != WSYNC_OK)
+        return st;
+    e = cudaMemcpyAsync(b->host, b->res, (size_t)b->n * sizeof(wsync_kdelta_result_t),
+                        cudaMemcpyDeviceToHost, s);
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kdelta_launch: cudaMemcpyAsync (results)");
+    return WSYNC_OK;
+}
+
+const wsync_kdelta_result_t *wsync_kdelta_results(const wsync_kdelta_batch_t *b)
+{
+    return b != NULL ? b->host : NULL;
+}
+
+wsync_status_t wsync_kdelta_fault_status(const wsync_kdelta_result_t *r, const char *what)
+{
+    if (r == NULL || r->fault == WSYNC_KDELTA_NO_FAULT)
+        return WSYNC_OK;
+    uint32_t code = (uint32_t)(r->fault & 0xff);
+    return wsync_err(WSYNC_ERR_INTEGRITY, "%s: block %" PRIu64 ": %s", what ? what : "encoded chunk",
+                     r->fault >> 8, code < 4 ? wk_fault_names[code] : "unknown fault");
+}
+
+void wsync_kdelta_info(const wsync_kdelta_batch_t *b, uint32_t *nchunks, uint64_t *nblocks,
+                       uint64_t *device_bytes)
+{
+    if (nchunks != NULL)
+        *nchunks = b != NULL ? b->n : 0;
+    if (nblocks != NULL)
+        *nblocks = b != NULL ? b->nblocks : 0;
+    if (device_bytes != NULL)
+        *device_bytes = b != NULL ? b->dev_bytes : 0;
+}
+
+void wsync_kdelta_free(wsync_kdelta_batch_t *b)
+{
+    wk_batch_release(b);
+}
+
+wsync_status_t wsync_kdelta_copy_desc(const void *src_base, const wsync_region_t *src,
+                                      void *dst_base, const wsync_region_t *dst, uint32_t esize,
+                                      wsync_kcopy_t *out)
+{
+    static const char fn[] = "wsync_kdelta_copy_desc";
+    if (src_base == NULL || src == NULL || dst_base == NULL || dst == NULL || out == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: NULL argument", fn);
+    if (wk_esize_group(esize) < 0)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: esize %" PRIu32 " (1, 2, 4 or 8)", fn, esize);
+    if (src->rows != dst->rows || src->cols != dst->cols)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: source region %" PRIu64 " x %" PRIu64
+                         " and destination %" PRIu64 " x %" PRIu64 " differ", fn, src->rows,
+                         src->cols, dst->rows, dst->cols);
+    wsync_kcopy_t c;
+    c.src = src_base;
+    c.dst = dst_base;
+    c.src_off = src->off * esize;
+    c.src_pitch = src->pitch * esize;
+    c.dst_off = dst->off * esize;
+    c.dst_pitch = dst->pitch * esize;
+    c.rows = src->rows;
+    c.cols = src->cols * esize;
+    c.src_dtype = WSYNC_DTYPE_U8;
+    c.dst_dtype = WSYNC_DTYPE_U8;
+    *out = c;
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_kdelta_xxh3(const void *data, const uint64_t *offs, const uint64_t *lens,
+                                 uint32_t n, uint64_t *out, void *stream)
+{
+    if (n == 0)
+        return WSYNC_OK;
+    if (data == NULL || offs == NULL || lens == NULL || out == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_kdelta_xxh3: NULL argument");
+    wk_xxh3_ranges<<<n, WK_THREADS, 0, (cudaStream_t)stream>>>(
+        (const unsigned char *)data, offs, lens, out);
+    return wk_launched("wsync_kdelta_xxh3: kernel launch");
+}
+
+}   /* extern "C" */
