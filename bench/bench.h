@@ -26,6 +26,7 @@ typedef struct {
     int have_bucket;         /* --bucket-mb was given (model runs pass it to the senders) */
     int iters, warmup, params;
     int json;
+    int pin;                 /* --pin (store): owners on the first allowed CPU, readers on the rest */
     int timeout_s;           /* the parent's deadline for the whole run */
     int private_mem;         /* --source private: plain malloc'd weights, staged in buckets */
     /* model runs (--model-shape) */

@@ -10,7 +10,7 @@
 #   ipc, qwen3-0.6b shape, FSDP-2 -> TP-2 on host memory: push vs the floor (the largest
 #     receiver's bytes at one core's memcpy);
 #   store over UCX and over libfabric, 1 GiB to 2 readers: fetch vs the same transport's raw
-#     gets (loopback TCP here).
+#     gets (loopback TCP here), interleaved round by round in one run.
 # Every run is repeated $CPU_BENCH_REPS times (3): the report gives the median ratio and the
 # range. Writes one JSON array (a meta object, then one object per run) to OUT_JSON; render it
 # with `python3 bench/report.py`.
@@ -44,8 +44,10 @@ PY
 run ipc-shared --scheme ipc --mem host --receivers 2 --bytes 1G --source shared
 run ipc-private --scheme ipc --mem host --receivers 2 --bytes 1G --source private
 run ipc-model --scheme ipc --mem host --model-shape qwen3-0.6b --senders 2 --tp 2
-run store-ucx --scheme store --transport ucx --mem host --receivers 2 --bytes 1G
-run store-ofi --scheme store --transport ofi --mem host --receivers 2 --bytes 1G
+# the store: 9 timed rounds, each a raw round then a store version (its ratio: the median of
+# the rounds' paired ratios)
+run store-ucx --scheme store --transport ucx --mem host --receivers 2 --bytes 1G --iters 9
+run store-ofi --scheme store --transport ofi --mem host --receivers 2 --bytes 1G --iters 9
 
 mkdir -p "$(dirname "$DEST")"
 python3 - "$WORK/runs.jsonl" "$DEST" "$REPS" "$LOAD_BEFORE" <<'PY'

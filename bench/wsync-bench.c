@@ -29,6 +29,7 @@
 #include <linux/futex.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -149,7 +150,8 @@ static void usage(FILE *out)
             "times wsync_receiver_fetch of that version) in W+K rounds, each a raw round then a\n"
             "store version, all processes alive throughout. Reports the median fetch time, the\n"
             "GB/s per receiver, the raw get GB/s per reader, and the ratio: the median over the\n"
-            "K timed rounds of raw seconds / store seconds, with its min and max.\n"
+            "K timed rounds of raw seconds / store seconds, with its min and max. --pin puts\n"
+            "the sender and the raw owner on the first CPU, the readers on the others.\n"
             "\n"
             "Every receiver checks its bytes against the sender's (xxh3); a mismatch fails the\n"
             "run.\n"
@@ -375,7 +377,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
     enum { OPT_SCHEME = 1000, OPT_MEM, OPT_RECEIVERS, OPT_BYTES, OPT_BUCKET, OPT_ITERS,
            OPT_WARMUP, OPT_PARAMS, OPT_TIMEOUT, OPT_JSON, OPT_SOURCE, OPT_TRANSPORT,
            OPT_MODEL, OPT_SENDERS, OPT_TP, OPT_REPLICAS, OPT_COLOCATED, OPT_QUANT, OPT_EP,
-           OPT_FUSED };
+           OPT_FUSED, OPT_PIN };
     static const struct option longopts[] = {
         {"scheme", required_argument, NULL, OPT_SCHEME},
         {"transport", required_argument, NULL, OPT_TRANSPORT},
@@ -388,6 +390,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         {"params", required_argument, NULL, OPT_PARAMS},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"json", no_argument, NULL, OPT_JSON},
+        {"pin", no_argument, NULL, OPT_PIN},
         {"source", required_argument, NULL, OPT_SOURCE},
         {"model-shape", required_argument, NULL, OPT_MODEL},
         {"senders", required_argument, NULL, OPT_SENDERS},
@@ -478,6 +481,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
                 return -1;
             break;
         case OPT_JSON: o->json = 1; break;
+        case OPT_PIN: o->pin = 1; break;
         case OPT_SOURCE:
             if (strcmp(optarg, "shared") == 0)
                 o->private_mem = 0;
@@ -591,6 +595,9 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
             return -1;
         }
         o->transport = transport;
+    } else if (o->pin) {
+        fprintf(stderr, PROG ": --pin: only with --scheme store\n");
+        return -1;
     } else if (transport) {
         fprintf(stderr, PROG ": --transport %s: only with --scheme store (with --scheme %s the "
                         "library picks the transports)\n",
@@ -1802,10 +1809,33 @@ static int ipc_body(int i, int res_fd, void *varg)
 
 /* The store's run, one group: [0] the store's sender (its results on res_fd), [1, R] its
  * receivers, [R + 1] the raw owner, [R + 2, 2R + 1] the raw readers. */
+/* --pin: the store's sender and the raw owner on the first CPU this process may use, the
+ * receivers and raw readers spread over the others (receiver r and raw reader r together: they
+ * never run at once), so that the owners' serving threads never wait for a reader's core. */
+static void pin_child(int i, int R)
+{
+    cpu_set_t allowed, one;
+    int cpus[CPU_SETSIZE], n = 0;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+        return;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &allowed))
+            cpus[n++] = c;
+    if (n < 2)
+        return;
+    int owner = i == 0 || i == R + 1, reader = i <= R ? i - 1 : i - R - 2;
+    CPU_ZERO(&one);
+    CPU_SET(owner ? cpus[0] : cpus[1 + reader % (n - 1)], &one);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0)
+        fprintf(stderr, PROG ": --pin: sched_setaffinity: %s\n", strerror(errno));
+}
+
 static int store_body(int i, int res_fd, void *varg)
 {
     bench_group_arg_t *a = varg;
     int R = a->o->receivers;
+    if (a->o->pin)
+        pin_child(i, R);
     if (i == 0)
         return store_sender(a->o, a->coordinator, res_fd, a->shared, a->ss);
     close(res_fd);

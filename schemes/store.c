@@ -28,8 +28,14 @@
 #include "transports/rma.h"
 
 #define ALIGN 64u
-/* posted bytes between flushes: bounds what is in flight without a registered bounce buffer */
-#define FLUSH_EVERY (256ull << 20)
+/* posted bytes between flushes: bounds what is in flight (the transports' per-get records)
+ * without draining the pipe often (each flush waits for the slowest get before more are posted;
+ * the raw transport's baseline posts a whole GiB before its one flush) */
+#define FLUSH_EVERY (1ull << 30)
+/* a contiguous read goes as gets of at most this many bytes, all in flight, as the raw baseline
+ * does: an owner serving several readers interleaves their gets, where one 64 MiB get holds its
+ * serving thread for the whole of it */
+#define GET_PIECE (1ull << 20)
 /* bytes of a shard under one published checksum */
 #define VERIFY_BLOCK (1ull << 20)
 /* rows of a segment fetched per verified batch, in bytes of shard: bounds the bounce buffer */
@@ -1137,9 +1143,11 @@ static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
         } else if (direct) {
             /* straight into the target, one get per row, or one for a contiguous block */
             if (c->src.pitch == c->src.cols && sg->dst.pitch == sg->dst.cols) {
-                rc = post_get(r, st, c->sender, key, first, land + sg->dst.off * esz,
-                              (size_t)(c->src.rows * row), v, ld);
-                posted += c->src.rows * row;
+                uint64_t all = c->src.rows * row;
+                for (uint64_t o = 0; o < all && rc == WSYNC_OK; o += GET_PIECE)
+                    rc = post_get(r, st, c->sender, key, first + o, land + sg->dst.off * esz + o,
+                                  (size_t)WSYNC_MIN(GET_PIECE, all - o), v, ld);
+                posted += all;
             } else {
                 for (uint64_t k = 0; k < c->src.rows && rc == WSYNC_OK; k++)
                     rc = post_get(r, st, c->sender, key,
