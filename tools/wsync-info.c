@@ -20,7 +20,8 @@ typedef struct {
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: " PROG " [--json] [--explain [--mem host|cuda] [--senders N] [--receivers R]]\n"
+            "usage: " PROG " [--json] [--explain [--mem host|cuda] [--senders N] [--receivers R]\n"
+            "                  [--delta off|on|auto] [--model config.json]]\n"
             "\n"
             "Prints the wsync version, the optional dependencies this build has (CUDA, NCCL,\n"
             "UCX, libfabric), and for every transport and scheme: whether it is compiled in,\n"
@@ -29,7 +30,10 @@ static void usage(FILE *out)
             "  --json       print one JSON object instead of tables\n"
             "  --explain    also show which scheme a group of N senders and R receivers on\n"
             "               this machine would get, and why every other scheme is refused\n"
-            "               (the coordinator's own negotiation; defaults: host, 1, 1)\n"
+            "               (the coordinator's own negotiation; defaults: host, 1, 1),\n"
+            "               and whether delta versions would be on (--delta: every\n"
+            "               participant's choice; default $WSYNC_DELTA or auto) and what the\n"
+            "               senders' baselines cost (--model: per sender, FSDP over N)\n"
             "  -h, --help   this text\n"
             "\n"
             "Environment: WSYNC_LOG_LEVEL=error|warn|info|debug.\n");
@@ -147,6 +151,60 @@ static int print_json(const char *version, const info_list_t *transports,
     return 0;
 }
 
+/* The delta line of --explain: the group's mode as the coordinator resolves it for a group on
+ * one machine (auto is off there: bytes through shared memory are cheap), and the baselines'
+ * memory (docs/delta.md). */
+static int print_delta(const char *delta, wsync_mem_t mem, int nsenders, const char *model)
+{
+    const char *where = mem == WSYNC_MEM_CUDA
+                            ? (getenv("WSYNC_DELTA_BASELINE") != NULL &&
+                                       strcmp(getenv("WSYNC_DELTA_BASELINE"), "host") == 0
+                                   ? "pinned host memory (WSYNC_DELTA_BASELINE=host)"
+                                   : "device memory on the shards' GPU")
+                            : "host memory";
+
+    if (delta == NULL || *delta == '\0')
+        delta = "auto";
+    if (strcmp(delta, "off") == 0)
+        printf("delta: off (asked for)\n");
+    else if (strcmp(delta, "auto") == 0)
+        printf("delta: off (auto: every participant on one host and network namespace, where "
+               "full versions are cheap; auto turns it on for nccl and store groups spanning "
+               "hosts or namespaces)\n");
+    else if (strcmp(delta, "on") == 0)
+        printf("delta: on (asked for; a scheme that does not carry delta versions refuses the "
+               "group at setup)\n");
+    else {
+        fprintf(stderr, PROG ": WSYNC_DELTA='%s': expected off, on or auto\n", delta);
+        return 1;
+    }
+    printf("delta memory: with delta on, each sender keeps a baseline of its shards that have "
+           "delta-capable chunks (their bytes once more) in %s%s\n", where,
+           model == NULL ? "; --model config.json gives the bytes" : "");
+    if (model != NULL) {
+        wsync_model_config_t cfg;
+        wsync_param_t *params = NULL;
+        size_t n = 0;
+        double bytes = 0;
+        if (wsync_model_config_load(model, &cfg) != WSYNC_OK ||
+            wsync_model_params(&cfg, (wsync_dtype_t)0, &params, &n) != WSYNC_OK) {
+            fprintf(stderr, PROG ": --model '%s': %s\n", model, wsync_last_error());
+            return 1;
+        }
+        for (size_t i = 0; i < n; i++) {
+            double e = (double)wsync_dtype_size(params[i].dtype);
+            for (int d = 0; d < params[i].ndim; d++)
+                e *= (double)params[i].shape[d];
+            bytes += e;
+        }
+        wsync_model_params_free(params, n);
+        printf("delta memory for %s: %.1f MiB of params; FSDP over %d sender%s: at most %.1f MiB "
+               "of baseline per sender\n", model, bytes / (1 << 20), nsenders,
+               nsenders == 1 ? "" : "s", bytes / nsenders / (1 << 20));
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -155,11 +213,14 @@ int main(int argc, char **argv)
         {"mem", required_argument, NULL, 'm'},
         {"senders", required_argument, NULL, 's'},
         {"receivers", required_argument, NULL, 'r'},
+        {"delta", required_argument, NULL, 'd'},
+        {"model", required_argument, NULL, 'M'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int json = 0, explain = 0, nsenders = 1, nreceivers = 1, c;
     wsync_mem_t mem = WSYNC_MEM_HOST;
+    const char *delta = getenv("WSYNC_DELTA"), *model = NULL;
     char *end;
     opterr = 0; /* reported below, naming the option */
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -190,6 +251,15 @@ int main(int argc, char **argv)
                 nreceivers = (int)v;
             break;
         }
+        case 'd':
+            if (strcmp(optarg, "off") != 0 && strcmp(optarg, "on") != 0 &&
+                strcmp(optarg, "auto") != 0) {
+                fprintf(stderr, PROG ": --delta '%s': expected off, on or auto\n", optarg);
+                return 2;
+            }
+            delta = optarg;
+            break;
+        case 'M': model = optarg; break;
         case 'h': usage(stdout); return 0;
         default: {
             const char *arg = argv[optind - 1], *eq = strchr(arg, '=');
@@ -240,6 +310,10 @@ int main(int argc, char **argv)
         printf("a group of %d sender%s and %d receiver%s on this machine, %s memory:\n%s\n",
                nsenders, nsenders == 1 ? "" : "s", nreceivers, nreceivers == 1 ? "" : "s",
                mem == WSYNC_MEM_HOST ? "host" : "CUDA", text);
+        if (print_delta(delta, mem, nsenders, model) != 0) {
+            rc = 1;
+            goto out;
+        }
     }
     rc = 0;
 out:
