@@ -53,6 +53,7 @@ typedef struct {
     int push_st[NV + 1][NS];
     int wait_st[NV + 1][TP];
     char wait_text[NV + 1][TP][512];
+    char explain[2048];           /* sender 0's wsync_sender_explain after version 1 */
 } results_t;
 
 typedef struct {
@@ -181,6 +182,8 @@ static int run_sender(void *arg)
         CHECK_MSG(st == WSYNC_OK, "sender %d: push %llu: %s", g->rank, (unsigned long long)v,
                   wsync_last_error());
         CHECK_OK(wsync_sender_stats(s, &g->res->stats[v][g->rank]));
+        if (v == 1 && g->rank == 0)
+            snprintf(g->res->explain, sizeof(g->res->explain), "%s", wsync_sender_explain(s));
     }
     wsync_sender_free(s);
     for (size_t i = 0; i < nshards; i++) {
@@ -387,6 +390,13 @@ static void case_delta(int fp8)
         return;
     compare(ref, got, 0);
     print_wire(fp8 ? "fp8 delta" : "bf16 delta", got);
+    /* the group's mode and why, a line of the explanation */
+    CHECK_MSG(strstr(ref->explain, "delta: off (sender 0 asked for delta = off)") != NULL, "%s",
+              ref->explain);
+    CHECK_MSG(strstr(got->explain, "delta: on (sender 0 asked for delta = on)") != NULL, "%s",
+              got->explain);
+    CHECK_MSG((strstr(got->explain, "quantized FP8 targets take every version in full") != NULL) ==
+                  fp8, "%s", got->explain);
     /* delta off: no wire accounting; on: version 1 full, later ones against the one before */
     CHECK(wire(ref, 2) == 0 && ref->stats[2][0].base_version == 0);
     CHECK(got->stats[1][0].base_version == 0 && got->stats[1][0].bytes_encoded == 0);
@@ -458,6 +468,33 @@ static void case_corrupt_delta(void)
     case_fault("delta.encoded:corrupt@1", 2, WSYNC_ERR_INTEGRITY, "param '");
 }
 
+/* Bad values name the field (or the variable) and what is accepted. Last: it creates a context
+ * in this process, and the other cases fork. */
+static void case_params(void)
+{
+    wsync_ctx_t *ctx = NULL;
+    wsync_sender_t *s = NULL;
+    wsync_receiver_t *rv = NULL;
+    wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
+    wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
+
+    CHECK_OK(wsync_ctx_create(NULL, &ctx));
+    sp.coordinator = rp.coordinator = "127.0.0.1:1";
+    sp.delta = "maybe";
+    CHECK_ST(wsync_sender_create(ctx, &sp, &s), WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("sender: delta = 'maybe', expected off, on or auto");
+    sp.delta = "on";
+    sp.delta_baseline = "gpu";
+    CHECK_ST(wsync_sender_create(ctx, &sp, &s), WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("sender: delta_baseline = 'gpu', expected device or host");
+    setenv("WSYNC_DELTA", "sometimes", 1);
+    CHECK_ST(wsync_receiver_create(ctx, &rp, &rv), WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("receiver: WSYNC_DELTA = 'sometimes', expected off, on or auto");
+    unsetenv("WSYNC_DELTA");
+    CHECK(s == NULL && rv == NULL);
+    wsync_ctx_free(ctx);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -465,5 +502,6 @@ int main(void)
     RUN(case_delta_fp8);
     RUN(case_corrupt_delta);
     RUN(case_failed_version);
+    RUN(case_params);
     return check_summary();
 }
