@@ -94,6 +94,19 @@ static int store_score(const wsync_group_info_t *g, char *reason, size_t len)
                           ? "; CUDA memory registered with the transport where it takes it, "
                             "else staged through pinned host buffers"
                           : "";
+    if (g->mem_kinds & (1u << WSYNC_MEM_CUDA)) {
+        /* cuda_ipc is available wherever a CUDA device is usable: some participant must be */
+        int ci = wsync_transport_index("cuda_ipc"), any = 0;
+        for (uint32_t i = 0; ci >= 0 && i < g->nsenders + g->nreceivers && !any; i++) {
+            const wsync_hello_t *h = i < g->nsenders ? &g->senders[i] : &g->receivers[i - g->nsenders];
+            any = (h->transports & (1u << ci)) != 0;
+        }
+        if (!any) {
+            snprintf(reason, len, "some shards or targets are in CUDA memory, but no participant "
+                                  "can use a CUDA device (no device, or a build without CUDA)");
+            return 0;
+        }
+    }
     /* the transport the senders will open: WSYNC_STORE_TRANSPORT when set, else UCX first */
     const char *want = getenv("WSYNC_STORE_TRANSPORT");
     int only = want == NULL || *want == '\0' ? -1 : strcmp(want, "ofi") == 0 ? 1
