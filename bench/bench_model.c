@@ -1684,6 +1684,11 @@ int bench_model_main(const bench_opts_t *o)
         return 1;
     }
     m->o = o;
+    if (o->delta) {
+        fprintf(stderr, PROG ": --delta: not in this build yet\n");
+        free(m);
+        return 2;
+    }
     if (o->mem_cuda && !bcuda_compiled()) {
         fprintf(stderr, PROG ": --mem cuda: this wsync-bench was built without CUDA (configure "
                         "with -DWSYNC_WITH_CUDA=ON)\n");

@@ -205,6 +205,23 @@ static void usage(FILE *out)
             "the bytes the same generator and the CPU quantizer give on the host: a mismatch\n"
             "reports the run as WRONG (exit status 1) whatever its speed.\n"
             "\n"
+            "Delta versions (--delta, with --model-shape; bf16 targets): every shard element\n"
+            "has an fp32 master; version 1's is a bf16 value with |x| in [2^-10, 2^-4) plus 16\n"
+            "random low bits, and each later version adds lr * d, d drawn per (param, element,\n"
+            "version) with |d| uniform in [0, 1) and a random sign (an Adam-like step); the\n"
+            "bf16 weight is the master rounded to nearest even. The step runs between pushes,\n"
+            "outside the timed region. The same versions are pushed twice in one run, by one\n"
+            "group with delta = --delta-mode and then by one with delta = off, and every\n"
+            "receiver checks every version of both against its own fp32 masters, stepped the\n"
+            "same way in its targets' layout. Reported per timed version (medians): the\n"
+            "fraction of elements the step changed, wire bytes (the senders' push stats:\n"
+            "encoded plus plain chunks) against the full version's (version 1, all plain),\n"
+            "the time of each mode and their ratio, and with --mem host the CPU codec's\n"
+            "encode and apply seconds on the version's shards (core/delta.c, one thread,\n"
+            "measured apart from the sync; the schemes expose no codec times). JSON adds\n"
+            "delta, lr, changed_fraction, wire_bytes, full_wire_bytes, seconds, full_seconds\n"
+            "and correct (both modes, every version, every receiver).\n"
+            "\n"
             "  --scheme S       ipc, nccl (model runs), store or auto (let the library choose)\n"
             "  --transport T    store only: ucx or ofi (WSYNC_STORE_TRANSPORT of every process,\n"
             "                   and the transport of the raw baseline)\n"
@@ -231,6 +248,11 @@ static void usage(FILE *out)
             "  --source S       flat ipc only: shared (default): the sender's weights are in\n"
             "                   wsync_mem_alloc memory, which receivers read in place; private:\n"
             "                   malloc'd weights, staged through the buckets\n"
+            "  --delta          model runs: delta versions (see below), each version timed\n"
+            "                   twice in one run: the group with delta on, then off\n"
+            "  --lr X           --delta: the optimizer's learning rate (default 1e-6)\n"
+            "  --delta-mode M   --delta: the participants' delta param in the delta run, on\n"
+            "                   (default) or auto (the group resolves it; the run says how)\n"
             "  --json           end stdout with one JSON object of the results\n"
             "  -h, --help       this text\n"
             "\n"
@@ -377,7 +399,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
     enum { OPT_SCHEME = 1000, OPT_MEM, OPT_RECEIVERS, OPT_BYTES, OPT_BUCKET, OPT_ITERS,
            OPT_WARMUP, OPT_PARAMS, OPT_TIMEOUT, OPT_JSON, OPT_SOURCE, OPT_TRANSPORT,
            OPT_MODEL, OPT_SENDERS, OPT_TP, OPT_REPLICAS, OPT_COLOCATED, OPT_QUANT, OPT_EP,
-           OPT_FUSED, OPT_PIN };
+           OPT_FUSED, OPT_PIN, OPT_DELTA, OPT_LR, OPT_DELTA_MODE };
     static const struct option longopts[] = {
         {"scheme", required_argument, NULL, OPT_SCHEME},
         {"transport", required_argument, NULL, OPT_TRANSPORT},
@@ -400,6 +422,9 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         {"replicas", required_argument, NULL, OPT_REPLICAS},
         {"colocated", no_argument, NULL, OPT_COLOCATED},
         {"quant", required_argument, NULL, OPT_QUANT},
+        {"delta", no_argument, NULL, OPT_DELTA},
+        {"lr", required_argument, NULL, OPT_LR},
+        {"delta-mode", required_argument, NULL, OPT_DELTA_MODE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -407,9 +432,10 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
     int have_receivers = 0, have_bytes = 0, have_bucket = 0, bucket_mb = 256, have_params = 0;
     int have_layout = 0; /* --senders, --tp, --ep, --replicas or --colocated */
     int have_tp = 0;
+    int have_lr = 0; /* --lr or --delta-mode: only with --delta */
 
     *o = (bench_opts_t){.iters = 5, .warmup = 1, .params = 16, .timeout_s = 600, .senders = 1,
-                        .tp = 1, .replicas = 1};
+                        .tp = 1, .replicas = 1, .lr = 1e-6, .delta_mode = "on"};
     opterr = 0; /* errors are reported below, naming the option */
     int c;
     while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -482,6 +508,23 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
             break;
         case OPT_JSON: o->json = 1; break;
         case OPT_PIN: o->pin = 1; break;
+        case OPT_DELTA: o->delta = 1; break;
+        case OPT_LR: {
+            char *end;
+            errno = 0;
+            double lr = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(lr > 0 && lr <= 1))
+                return bad_option("--lr", "'%s' is not a learning rate in (0, 1]", optarg);
+            o->lr = lr;
+            have_lr = 1;
+            break;
+        }
+        case OPT_DELTA_MODE:
+            if (strcmp(optarg, "on") != 0 && strcmp(optarg, "auto") != 0)
+                return bad_option("--delta-mode", "'%s' is not on or auto", optarg);
+            o->delta_mode = optarg;
+            have_lr = 1;
+            break;
         case OPT_SOURCE:
             if (strcmp(optarg, "shared") == 0)
                 o->private_mem = 0;
@@ -543,6 +586,27 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
                     o->model_shape, bench_model_moe_shape_names());
             return -1;
         }
+    }
+    if (have_lr && !o->delta) {
+        fprintf(stderr, PROG ": --lr and --delta-mode: only with --delta\n");
+        return -1;
+    }
+    if (o->delta && !o->model_shape) {
+        fprintf(stderr, PROG ": --delta needs --model-shape (its updates step a model's params; "
+                        "see --help)\n");
+        return -1;
+    }
+    if (o->delta && quant && strcmp(quant, "none") != 0) {
+        fprintf(stderr, PROG ": --delta with --quant %s: FP8 targets always take full bytes "
+                        "(docs/delta.md); --delta runs bf16 targets\n",
+                quant);
+        return -1;
+    }
+    if (o->delta && o->warmup < 1) {
+        fprintf(stderr, PROG ": --delta with --warmup 0: version 1 always goes full (no "
+                        "receiver holds a base yet), so it cannot be timed; use --warmup 1 or "
+                        "more\n");
+        return -1;
     }
     if (o->model_shape)
         return parse_model_options(o, scheme, mem, transport, quant, have_receivers,
