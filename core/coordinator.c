@@ -12,6 +12,7 @@
 
 #include "core/coord_stats.h"
 #include "core/delta_state.h"
+#include "core/doorbell.h"
 #include "core/log.h"
 #include "core/objects.h"
 #include "core/sock.h"
@@ -68,7 +69,74 @@ struct wsync_coord {
     uint64_t begin_ns, bcast_ns;
     pthread_mutex_t stats_mu;
     wsync_coord_stats_t stats;
+    /* doorbells (core/doorbell.h): the page offered to participants on this host, NULL if off;
+     * bells_on once the plan turned it on (then no BEGIN, COMMIT or DONE travels) */
+    wsync_bells_t *bells;
+    int bells_on;
 };
+
+/* Doorbells on: the per-version state lives in the page; copy it into the fields the messages
+ * would have kept (versions begun and committed per peer, the version in flight), for the texts
+ * that say on whom the group waits and for a leave in the middle of a version. */
+static void bell_sync(wsync_coord_t *co)
+{
+    wsync_bells_t *b = co->bells;
+    uint32_t kb, kd, nb;
+    uint64_t newest = 0;
+
+    if (!co->bells_on)
+        return;
+    kb = atomic_load(&b->hdr->begin_seq);
+    kd = atomic_load(&b->hdr->done_seq);
+    nb = atomic_load(&b->hdr->nbegin) - kb * (uint32_t)co->nsenders;   /* toward the next one */
+    for (int i = 0; i < co->nsenders; i++) {
+        co->senders[i].begun = atomic_load(&wsync_bells_line(b, 1, (uint32_t)i)->version);
+        newest = WSYNC_MAX(newest, co->senders[i].begun);
+    }
+    co->ncommitted = 0;
+    co->version = kb != kd || nb > 0 ? newest : atomic_load(&b->hdr->version);
+    co->nbegun = kb != kd ? co->nsenders : (int)nb;
+    for (int i = 0; i < co->nreceivers; i++) {
+        co->receivers[i].committed = atomic_load(&wsync_bells_line(b, 0, (uint32_t)i)->version);
+        co->ncommitted += co->receivers[i].committed == co->version;
+    }
+}
+
+/* A receiver left: with doorbells on, the next sender to begin a version must know. */
+static void bell_mark_left(wsync_coord_t *co, const coord_peer_t *p)
+{
+    if (co->bells != NULL && p->hello.role == WSYNC_ROLE_RECEIVER)
+        atomic_store(&wsync_bells_line(co->bells, 0, (uint32_t)p->hello.rank)->left, 1);
+}
+
+/* At the plan for everyone: doorbells on when every participant mapped the page (so all are on
+ * this host), the scheme is synchronous, and no fault is being injected (the faults suite drives
+ * the messages themselves). Set before PLAN goes out: members read the mode once they have it. */
+static void bells_decide(wsync_coord_t *co)
+{
+    const char *why = NULL;
+    char text[160];
+
+    if (co->bells == NULL)
+        return;
+    if (co->scheme->async)
+        why = "the store's readers come and go";
+    for (int i = 0; i < co->nsenders + co->nreceivers && why == NULL; i++) {
+        int sender = i < co->nsenders;
+        uint32_t rank = (uint32_t)(sender ? i : i - co->nsenders);
+        if (!atomic_load(&wsync_bells_line(co->bells, sender, rank)->attached)) {
+            snprintf(text, sizeof(text), "%s %u is not on this host or could not map the page",
+                     sender ? "sender" : "receiver", rank);
+            why = text;
+        }
+    }
+    co->bells_on = why == NULL;
+    atomic_store(&co->bells->hdr->mode, (uint32_t)co->bells_on);
+    if (why == NULL)
+        WSYNC_LOG_I("coordinator: doorbells on: BEGIN, COMMIT and DONE through shared memory");
+    else
+        WSYNC_LOG_I("coordinator: doorbells off (%s): BEGIN, COMMIT and DONE as messages", why);
+}
 
 static int send_timeout(const wsync_coord_t *co)
 {
@@ -211,6 +279,16 @@ static void on_hello(wsync_coord_t *co, wsync_conn_t *c, wsync_msg_t *m)
     p->hello = h;
     p->conn = c;
     p->present = 1;
+    wsync_wbuf_t wb;
+    wsync_wbuf_init(&wb);
+    if (co->bells != NULL && h.host_id != NULL && strcmp(h.host_id, wsync_host_id()) == 0) {
+        /* on this host (and network namespace): offer the doorbell page (core/doorbell.h) */
+        wsync_put_u32(&wb, (uint32_t)getpid());
+        wsync_put_u32(&wb, (uint32_t)co->bells->fd);
+        wsync_put_u64(&wb, co->bells->bytes);
+        wsync_put_u32(&wb, (uint32_t)co->nsenders);
+        wsync_put_u32(&wb, (uint32_t)co->nreceivers);
+    }
     co->npresent++;
     c->user = p;
     peer_name(p, name, sizeof(name));
@@ -219,7 +297,9 @@ static void on_hello(wsync_coord_t *co, wsync_conn_t *c, wsync_msg_t *m)
     pthread_mutex_unlock(&c->send_lock);
     WSYNC_LOG_I("coordinator: %s joined (%d of %d)", name, co->npresent,
                 co->nsenders + co->nreceivers);
-    wsync_conn_send(c, WSYNC_MSG_WELCOME, NULL, 0, NULL, 0, send_timeout(co));
+    wsync_conn_send(c, WSYNC_MSG_WELCOME, wb.err ? NULL : wb.data, wb.err ? 0 : (uint32_t)wb.len,
+                    NULL, 0, send_timeout(co));
+    wsync_wbuf_free(&wb);
 }
 
 /* Bytes the receivers take over the bytes taken from the senders (each chunk counted once). */
@@ -439,6 +519,8 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
     WSYNC_LOG_I("coordinator: plan %016llx, %u chunks, %u segments; scheme %s\n%s",
                 (unsigned long long)plan->fingerprint, plan->nchunks, plan->nsegments,
                 co->scheme->name, co->explain);
+    if (only == -1 && to == NULL)
+        bells_decide(co);
     send_plan(co, only, to, plan, sh, rh);
 out:
     wsync_plan_free(plan);
@@ -604,6 +686,19 @@ void wsync_coord_stats(const wsync_coord_t *co, wsync_coord_stats_t *out)
     pthread_mutex_lock((pthread_mutex_t *)&co->stats_mu);
     *out = co->stats;
     pthread_mutex_unlock((pthread_mutex_t *)&co->stats_mu);
+    if (co->bells_on) {
+        /* doorbells: the last sender to begin and the last receiver to commit stamped the page;
+         * the one futex wake that replaced the broadcasts is not counted */
+        wsync_bell_hdr_t *h = co->bells->hdr;
+        if (atomic_load(&h->done_seq) == atomic_load(&h->begin_seq)) {
+            out->version = atomic_load(&h->version);
+            out->begin_ns = atomic_load(&h->begin_ns);
+            out->commit_ns = atomic_load(&h->commit_ns);
+            out->span_ns = out->commit_ns - out->begin_ns;
+            out->bcast_ns = 0;
+        }
+        out->participants = (uint32_t)(co->nsenders + co->nreceivers);
+    }
 }
 
 /* SCHEME_SETUP: forward a scheme's bytes, as SCHEME_RELAY naming their author, to one member or
@@ -956,6 +1051,7 @@ static size_t coord_awaits(wsync_coord_t *co, char *buf, size_t len)
     char what[64];
 
     buf[0] = '\0';
+    bell_sync(co);
     if (!co->planned) {
         awaits_add(co, buf, len, &n, "the description", 1, not_described, 0);
         awaits_add(co, buf, len, &n, "the description", 0, not_described, 0);
@@ -1096,6 +1192,7 @@ static void coord_on_msg(void *user, wsync_conn_t *c, wsync_msg_t *m)
         break;
     case WSYNC_MSG_BYE:
         p->left = 1;
+        bell_mark_left(co, p);
         break;
     default:
         snprintf(text, sizeof(text), "%s sent an unexpected %s", name, wsync_msg_name(m->type));
@@ -1132,6 +1229,8 @@ static void coord_on_close(void *user, wsync_conn_t *c, wsync_status_t why, cons
     }
     if (why == WSYNC_OK || p->left) {
         p->left = 1;
+        bell_mark_left(co, p);
+        bell_sync(co);
         /* leaving in the middle of a version is a loss for those waiting on it */
         int in_flight = co->nbegun > 0 && p->hello.role == WSYNC_ROLE_RECEIVER &&
                         p->committed != co->version;
@@ -1207,6 +1306,11 @@ wsync_status_t wsync_coord_create(const char *addr, int nsenders, int nreceivers
         goto err;
     }
     raise_fd_limit(nsenders + nreceivers);
+    /* doorbells for the participants on this host, unless turned off or faults are injected */
+    if (wsync_bells_wanted() &&
+        wsync_bells_create((uint32_t)nsenders, (uint32_t)nreceivers, &co->bells) != WSYNC_OK)
+        WSYNC_LOG_W("coordinator: no doorbells (%s); BEGIN, COMMIT and DONE go as messages",
+                    wsync_last_error());
     st = wsync_tcp_listen(addr, &fd, co->addr, sizeof(co->addr));
     if (st != WSYNC_OK)
         goto err;
@@ -1246,6 +1350,7 @@ void wsync_coord_free(wsync_coord_t *co)
                    "the group ended: its coordinator (sender 0) closed", NULL);
         wsync_loop_free(co->loop);
     }
+    wsync_bells_free(co->bells);
     for (int i = 0; co->senders != NULL && i < co->nsenders; i++) {
         wsync_hello_clear(&co->senders[i].hello);
         wsync_shard_descs_free(co->senders[i].shards, co->senders[i].nshards);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/doorbell.h"
 #include "core/log.h"
 #include "core/objects.h"
 #include "core/relay.h"
@@ -32,6 +33,7 @@ static void member_on_msg(void *user, wsync_conn_t *c, wsync_msg_t *msg)
         /* someone else's deadline: to us the group was aborted (TIMEOUT from a wait means that
          * nothing happened yet, and a dead group must not keep saying so) */
         wsync_inbox_fail(&m->inbox, st == WSYNC_ERR_TIMEOUT ? WSYNC_ERR_ABORTED : st, text);
+        wsync_bells_kick(atomic_load(&m->bells));   /* a doorbell wait sees the failure now */
         wsync_msg_free(msg);
         return;
     case WSYNC_MSG_BYE:
@@ -52,6 +54,7 @@ static void member_on_close(void *user, wsync_conn_t *c, wsync_status_t why, con
     if (c == m->ctrl) {
         snprintf(msg, sizeof(msg), "lost the coordinator: %s", text);
         wsync_inbox_fail(&m->inbox, why == WSYNC_ERR_PROTOCOL ? why : WSYNC_ERR_PEER_LOST, msg);
+        wsync_bells_kick(atomic_load(&m->bells));
     } else {
         /* a data peer: only we can see it go, so tell the coordinator before anyone acts on it */
         wsync_status_t st = why == WSYNC_ERR_TIMEOUT ? WSYNC_ERR_PEER_LOST : why;
@@ -62,7 +65,39 @@ static void member_on_close(void *user, wsync_conn_t *c, wsync_status_t why, con
             wsync_conn_send(m->ctrl, WSYNC_MSG_ERROR, b.data, (uint32_t)b.len, NULL, 0, 1000);
         wsync_wbuf_free(&b);
         wsync_inbox_fail(&m->inbox, st, text);
+        wsync_bells_kick(atomic_load(&m->bells));
     }
+}
+
+/* WELCOME may offer the coordinator's doorbell page (core/doorbell.h): u32 pid, i32 fd, u64
+ * bytes, u32 senders, u32 receivers. Map it and mark this member's line attached; anything that
+ * fails leaves this member on the sockets (the coordinator then keeps the group on them). */
+static void member_take_bells(wsync_member_t *m, const wsync_msg_t *msg)
+{
+    wsync_rbuf_t r;
+    wsync_bells_t *b = NULL;
+
+    if (msg->len == 0 || !wsync_bells_wanted())
+        return;
+    wsync_rbuf_init(&r, msg->payload, msg->len);
+    uint32_t pid = wsync_get_u32(&r);
+    int32_t fd = (int32_t)wsync_get_u32(&r);
+    uint64_t bytes = wsync_get_u64(&r);
+    uint32_t ns = wsync_get_u32(&r), nr = wsync_get_u32(&r);
+    uint32_t rank = (uint32_t)m->rank;
+    int sender = m->role == WSYNC_ROLE_SENDER;
+    if (r.err || rank >= (sender ? ns : nr)) {
+        WSYNC_LOG_W("%s: a malformed doorbell offer in WELCOME; using the sockets",
+                    sender ? "sender" : "receiver");
+        return;
+    }
+    if (wsync_bells_attach(pid, fd, bytes, ns, nr, &b) != WSYNC_OK) {
+        WSYNC_LOG_I("%s %u: no doorbells (%s); using the sockets", sender ? "sender" : "receiver",
+                    rank, wsync_last_error());
+        return;
+    }
+    atomic_store(&wsync_bells_line(b, sender, rank)->attached, 1);
+    atomic_store(&m->bells, b);
 }
 
 wsync_status_t wsync_member_connect(wsync_member_t *m, const wsync_hello_t *hello)
@@ -106,6 +141,7 @@ wsync_status_t wsync_member_connect(wsync_member_t *m, const wsync_hello_t *hell
                          m->coordinator, m->timeout_ms);
     if (st != WSYNC_OK)
         return st;
+    member_take_bells(m, msg);
     wsync_msg_free(msg);
     WSYNC_LOG_I("%s joined the group at %s", wsync_member_who(m, name, sizeof(name)),
                 m->coordinator);
@@ -174,8 +210,13 @@ wsync_status_t wsync_member_await_plan(wsync_member_t *m, int64_t deadline_ms)
     wsync_msg_free(msg);
     if (st != WSYNC_OK)
         return wsync_member_fail(m, st);
-    WSYNC_LOG_I("%s: plan %016llx, scheme %s", wsync_member_who(m, who, sizeof(who)),
-                (unsigned long long)m->plan->fingerprint, m->planmsg.scheme);
+    /* the coordinator turned its page on, or not, before it sent the plan */
+    wsync_bells_t *bells = atomic_load(&m->bells);
+    m->bells_on = bells != NULL && !m->scheme->async && atomic_load(&bells->hdr->mode) == 1;
+    m->bell_k = 0;
+    WSYNC_LOG_I("%s: plan %016llx, scheme %s%s", wsync_member_who(m, who, sizeof(who)),
+                (unsigned long long)m->plan->fingerprint, m->planmsg.scheme,
+                m->bells_on ? ", doorbells" : "");
     return WSYNC_OK;
 }
 
@@ -266,6 +307,10 @@ void wsync_member_close(wsync_member_t *m)
         m->loop = NULL;
         wsync_inbox_destroy(&m->inbox);
     }
+    /* after the loop: its thread may kick the page until it stops */
+    wsync_bells_free(atomic_load(&m->bells));
+    atomic_store(&m->bells, NULL);
+    m->bells_on = 0;
     wsync_plan_free(m->plan);
     wsync_plan_msg_clear(&m->planmsg);
     free(m->plan_payload);
@@ -273,6 +318,67 @@ void wsync_member_close(wsync_member_t *m)
     m->plan = NULL;
     m->plan_payload = NULL;
     m->coordinator = NULL;
+}
+
+/* ---- doorbells (core/doorbell.h) ---------------------------------------------------------- */
+
+wsync_status_t wsync_member_bell_begin(wsync_member_t *m, uint64_t v)
+{
+    wsync_bells_t *b = atomic_load(&m->bells);
+    wsync_bell_hdr_t *h = b->hdr;
+    uint32_t k = ++m->bell_k, ns = b->nsenders;
+
+    atomic_store(&wsync_bells_line(b, 1, (uint32_t)m->rank)->version, v);
+    if (atomic_fetch_add(&h->nbegin, 1) + 1 != ns * k)
+        return WSYNC_OK;   /* not the last sender: that one rings */
+    /* the last sender checks what the coordinator checked at PUSH_BEGIN */
+    for (uint32_t i = 0; i < ns; i++) {
+        uint64_t vi = atomic_load(&wsync_bells_line(b, 1, i)->version);
+        if (vi != v)
+            return wsync_err(WSYNC_ERR_INVALID, "senders disagree: sender %u pushes version %llu "
+                             "while sender %d pushes version %llu", i, (unsigned long long)vi,
+                             m->rank, (unsigned long long)v);
+    }
+    for (uint32_t r = 0; r < b->nreceivers; r++)
+        if (atomic_load(&wsync_bells_line(b, 0, r)->left))
+            return wsync_err(WSYNC_ERR_PEER_LOST, "version %llu cannot be delivered: receiver %u "
+                             "has left the group", (unsigned long long)v, r);
+    atomic_store(&h->version, v);
+    atomic_store(&h->begin_ns, wsync_now_ns());
+    atomic_store(&h->begin_seq, k);
+    wsync_bell_ring(&h->begin_seq);
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_member_bell_done(wsync_member_t *m, int64_t deadline_ms)
+{
+    wsync_bells_t *b = atomic_load(&m->bells);
+    return wsync_bell_wait(&b->hdr->done_seq, m->bell_k, deadline_ms, &m->inbox);
+}
+
+wsync_status_t wsync_member_bell_next(wsync_member_t *m, int64_t deadline_ms, uint64_t *v)
+{
+    wsync_bells_t *b = atomic_load(&m->bells);
+    wsync_status_t st = wsync_bell_wait(&b->hdr->begin_seq, m->bell_k + 1, deadline_ms, &m->inbox);
+
+    if (st != WSYNC_OK)
+        return st;
+    m->bell_k++;
+    *v = atomic_load(&b->hdr->version);
+    return WSYNC_OK;
+}
+
+void wsync_member_bell_commit(wsync_member_t *m, uint64_t v)
+{
+    wsync_bells_t *b = atomic_load(&m->bells);
+    wsync_bell_hdr_t *h = b->hdr;
+
+    atomic_store(&wsync_bells_line(b, 0, (uint32_t)m->rank)->version, v);
+    if (atomic_fetch_add(&h->ncommit, 1) + 1 != b->nreceivers * m->bell_k)
+        return;
+    atomic_store(&h->commit_ns, wsync_now_ns());
+    atomic_store(&h->done_seq, m->bell_k);
+    wsync_bell_ring(&h->done_seq);
 }
 
 /* ---- scheme side data through the coordinator (core/relay.h) ------------------------------ */

@@ -50,6 +50,11 @@ typedef struct {
     uint8_t *plan_payload;           /* keeps planmsg.plan alive */
     const wsync_scheme_ops_t *scheme;
     void *scheme_state;
+    /* doorbells (core/doorbell.h): the coordinator's page, if this member mapped it; bells_on
+     * once the plan said the group uses it; bell_k counts the versions since then */
+    struct wsync_bells *_Atomic bells;
+    int bells_on;
+    uint32_t bell_k;
 } wsync_member_t;
 
 struct wsync_sender {

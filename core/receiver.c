@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "core/delta_state.h"
+#include "core/doorbell.h"
 #include "core/fault.h"
 #include "core/log.h"
 #include "core/objects.h"
@@ -756,13 +757,19 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
         return st;
     if (r->m.scheme->async)
         return receiver_fetch(r, 0, wsync_ms_left(deadline), version);
-    st = wsync_inbox_pop(&r->m.inbox, begin, 1, deadline, &msg);
+    /* on the coordinator's host, BEGIN and COMMIT are doorbells in shared memory (doorbell.h) */
+    st = r->m.bells_on ? wsync_member_bell_next(&r->m, deadline, &v)
+                       : wsync_inbox_pop(&r->m.inbox, begin, 1, deadline, &msg);
     if (st == WSYNC_ERR_TIMEOUT)
         return wsync_err(st, "receiver %d: no new version within %d ms (last committed: %llu)",
                          r->m.rank, timeout_ms, (unsigned long long)r->version);
     if (st != WSYNC_OK)
         return st;
-    {
+    if (r->m.bells_on && v <= r->version)
+        return wsync_member_fail(&r->m, wsync_err(WSYNC_ERR_PROTOCOL, "receiver %d: version %llu "
+                                 "began after version %llu", r->m.rank, (unsigned long long)v,
+                                 (unsigned long long)r->version));
+    if (!r->m.bells_on) {
         wsync_rbuf_t rb;
         wsync_rbuf_init(&rb, msg->payload, msg->len);
         v = wsync_get_u64(&rb);
@@ -797,7 +804,10 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
     r->torn = 0;
     r->version = v;
     r->delta_holds = r->m.planmsg.delta == WSYNC_DELTA_MODE_ON ? v : 0;
-    st = wsync_member_send_u64(&r->m, WSYNC_MSG_COMMIT, v);
+    if (r->m.bells_on)
+        wsync_member_bell_commit(&r->m, v);
+    else
+        st = wsync_member_send_u64(&r->m, WSYNC_MSG_COMMIT, v);
     if (st != WSYNC_OK)
         return wsync_member_fail(&r->m, st);
     WSYNC_LOG_D("receiver %d: version %llu: scheme %.3f ms, quantize %.3f ms, commit %.3f ms "

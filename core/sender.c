@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "core/delta_state.h"
+#include "core/doorbell.h"
 #include "core/log.h"
 #include "core/objects.h"
 #include "core/sock.h"
@@ -438,7 +439,11 @@ static wsync_status_t push_run_body(wsync_sender_t *s, uint64_t version, uint64_
         s->stats.seconds = (double)(wsync_now_ns() - t0) / 1e9;
         return WSYNC_OK;
     }
-    st = wsync_member_send_u64(&s->m, WSYNC_MSG_PUSH_BEGIN, version);
+    /* on the coordinator's host, BEGIN and DONE are doorbells in shared memory (doorbell.h) */
+    if (s->m.bells_on)
+        st = wsync_member_bell_begin(&s->m, version);
+    else
+        st = wsync_member_send_u64(&s->m, WSYNC_MSG_PUSH_BEGIN, version);
     if (st == WSYNC_OK)
         st = s->m.scheme->sender_push(s, version);
     if (st != WSYNC_OK)
@@ -447,6 +452,18 @@ static wsync_status_t push_run_body(wsync_sender_t *s, uint64_t version, uint64_
      * later (ipc: RELEASE 1x, a receiver's next bucket 1.25x, DONE 1.5x), so that the one
      * waiting on the culprit reports it, by name, first */
     int wait_ms = (int)WSYNC_MIN((int64_t)s->m.timeout_ms * 3 / 2, INT_MAX);
+    if (s->m.bells_on) {
+        st = wsync_member_bell_done(&s->m, wsync_deadline_in(wait_ms));
+        if (st == WSYNC_ERR_TIMEOUT)
+            st = wsync_err(st, "sender %d: version %llu was not committed by every receiver "
+                           "within %d ms", s->m.rank, (unsigned long long)version, wait_ms);
+        if (st != WSYNC_OK)
+            return wsync_member_fail(&s->m, st);
+        s->last_version = version;
+        s->stats.version = version;
+        s->stats.seconds = (double)(wsync_now_ns() - t0) / 1e9;
+        return WSYNC_OK;
+    }
     st = wsync_inbox_pop(&s->m.inbox, done, 1, wsync_deadline_in(wait_ms), &msg);
     if (st == WSYNC_ERR_TIMEOUT)
         st = wsync_err(st, "sender %d: version %llu was not committed by every receiver within "
