@@ -35,8 +35,15 @@
 #   3b. the store on CUDA memory (issue 19, step "store-cuda", about 4 minutes): test_schemes
 #      --only store, then wsync-bench FSDP-2 -> TP-2 through the store on CUDA and on host memory
 #      and the raw transport's gets, over UCX and libfabric (a table in the summary);
+#   3c. delta versions (issue 17.4, step "delta", about 10-15 minutes with the Qwen3-8B shape):
+#      wsync-bench --delta (each run pushes the same versions with delta on, then off, every
+#      version byte-checked) at lr 1e-6, 1e-5, 1e-4: nccl over NCCL's socket transport
+#      (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1) FSDP-1 -> TP-1 on GPUs 0 -> 1 (FSDP-2 -> TP-2 on
+#      4 GPUs), the store on host memory over UCX and libfabric ($WSYNC_DELTA_HOST_SHAPE, default
+#      the bench shape, qwen3-0.6b when that does not fit this host's memory), and ipc colocated
+#      on CUDA memory with delta auto (must resolve off) and on; a table in the summary;
 # $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes faults python netns bench moe
-# moe-baselines store-cuda baselines"), $WSYNC_BENCH_SHAPE the model shape of the dense benchmarks (default
+# moe-baselines store-cuda delta baselines"), $WSYNC_BENCH_SHAPE the model shape of the dense benchmarks (default
 # qwen3-8b) and $WSYNC_MOE_SHAPE that of the MoE ones (default qwen3-30b-a3b; tiny-moe for a
 # quick try); WSYNC_MOE_FUSED=1 adds a colocated EP row whose senders shard the fused experts
 # (transformers 5.x's gate_up_proj / down_proj: whole experts per sender, --fused-experts).
@@ -308,6 +315,49 @@ if ! skipped store-cuda; then
     fi
 fi
 
+# ---- 3c. delta versions (issue 17.4, step "delta"): wsync-bench --delta at three learning rates
+# where the link is the bottleneck (nccl over sockets, the store over tcp on host memory), and
+# ipc colocated, where auto must leave delta off; one JSON line per run in delta.jsonl
+DELTA_SHAPE=${WSYNC_DELTA_SHAPE:-$SHAPE}
+DELTA_HOST_SHAPE=${WSYNC_DELTA_HOST_SHAPE:-$DELTA_SHAPE}
+DELTA_LRS=${WSYNC_DELTA_LRS:-1e-6 1e-5 1e-4}
+: > "$WORK/delta.jsonl"
+delta_bench() {   # name, then the command (env ... wsync-bench ...); returns wsync-bench's status
+    local name=$1
+    shift
+    run_one "delta $name" "${WSYNC_DELTA_LIMIT:-420}" "$@" --delta --iters 3 --warmup 1 \
+        --timeout 400 --json
+    local rc=$? line
+    line=$(grep '^{' "$WORK/delta $name.log" | tail -n 1)
+    echo "{\"bench\": \"$name\", \"rc\": $rc, \"result\": ${line:-null}}" >> "$WORK/delta.jsonl"
+    return $rc
+}
+if ! skipped delta && [ -x "$BENCH" ]; then
+    lay="--senders 1 --tp 1"
+    [ "$NGPU" -ge 4 ] && lay="--senders 2 --tp 2"
+    for lr in $DELTA_LRS; do
+        # shellcheck disable=SC2086
+        delta_bench "nccl-sock $lr" env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$BENCH" \
+            --model-shape "$DELTA_SHAPE" --mem cuda --scheme nccl $lay --lr "$lr"
+    done
+    hshape=$DELTA_HOST_SHAPE
+    for tr in ucx ofi; do
+        for lr in $DELTA_LRS; do
+            delta_bench "store-$tr $lr" "$BENCH" --model-shape "$hshape" --mem host \
+                --scheme store --transport $tr --lr "$lr"
+            if [ $? = 2 ] && [ "$hshape" != qwen3-0.6b ]; then   # refused: does not fit
+                hshape=qwen3-0.6b
+                delta_bench "store-$tr $lr" "$BENCH" --model-shape "$hshape" --mem host \
+                    --scheme store --transport $tr --lr "$lr"
+            fi
+        done
+    done
+    for mode in auto on; do
+        delta_bench "ipc-coloc $mode" "$BENCH" --model-shape "$DELTA_SHAPE" --mem cuda \
+            --scheme ipc --colocated --senders 1 --tp 1 --lr 1e-6 --delta-mode $mode
+    done
+fi
+
 # ---- 4. the peers' methods, when present (bench/baselines, helper D)
 if ! skipped baselines && [ -f bench/baselines/run.sh ]; then
     OUT="$WORK/baselines" run_one baselines 180 bash bench/baselines/run.sh "$BUILD"
@@ -471,6 +521,34 @@ for tr in ("ucx", "ofi"):
     raw = cell("raw-" + tr, "baseline_gbps_aggregate")
     print("%-4s %s %s %s %s %s  %s, %s" % (tr, f(c), f(h), f(raw), f(c / raw if c and raw else None),
           f(h / raw if h and raw else None), cell("cuda-" + tr, "correct"), cell("host-" + tr, "correct")))
+EOF
+    fi
+    if [ -s "$WORK/delta.jsonl" ]; then
+        echo
+        echo "-- delta versions (wsync-bench --delta: the same versions with delta on, then off, in one run; wire % = delta wire bytes / full version's; ratio = median of per-version delta / full seconds)"
+        python3 - "$WORK/delta.jsonl" <<'EOF' 2>&1 || cat "$WORK/delta.jsonl"
+import json, sys
+print("%-16s %-6s %-11s %-6s %-5s %9s %8s %9s %9s %7s %7s  %s" % ("benchmark", "lr", "shape", "mem",
+      "delta", "changed%", "wire%", "seconds", "full s", "ratio", "correct", "targets"))
+for l in open(sys.argv[1]):
+    if not l.strip():
+        continue
+    r = json.loads(l)
+    j, name = r["result"], r["bench"]
+    if not j:
+        print("%-16s %s" % (name, "no result (rc %s; see its log)" % r["rc"]))
+        continue
+    t = []
+    if j["lr"] <= 1e-6 and j["delta_resolved"] == "on" and j["model_shape"] == "qwen3-8b":
+        t.append("wire <= 4%%: %s" % ("met" if j["wire_ratio"] <= 0.04 else "MISSED"))
+    if name.startswith("nccl-sock") or name.startswith("store"):
+        t.append("ratio <= 0.1: %s" % ("met" if j["time_ratio"] <= 0.1 else "MISSED"))
+    if name == "ipc-coloc auto":
+        t.append("auto resolves off: %s" % ("met" if j["delta_resolved"] == "off" else "MISSED"))
+    print("%-16s %-6g %-11s %-6s %-5s %9.4f %8.3f %9.5f %9.5f %7.3f %7s  %s" % (name.split(" ")[0],
+          j["lr"], j["model_shape"], j["mem"], j["delta_resolved"], 100 * j["changed_fraction"],
+          100 * j["wire_ratio"], j["seconds"], j["full_seconds"], j["time_ratio"],
+          "yes" if j["correct"] else "NO", "; ".join(t)))
 EOF
     fi
     if [ -f "$WORK/baselines.log" ]; then
