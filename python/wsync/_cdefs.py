@@ -373,6 +373,9 @@ class wsync_plan_summary_t(_Struct):
         ("nchunks", C.c_uint64),
         ("nsegments", C.c_uint64),
         ("fingerprint", C.c_uint64),
+        ("wire_bytes", C.c_uint64),
+        ("wire_checked", C.c_int),
+        ("wire_check_seconds", C.c_double),
     ]
 
 

@@ -261,6 +261,9 @@ static void structs(void)
     FIELD(wsync_plan_summary_t, nchunks);
     FIELD(wsync_plan_summary_t, nsegments);
     FIELD(wsync_plan_summary_t, fingerprint);
+    FIELD(wsync_plan_summary_t, wire_bytes);
+    FIELD(wsync_plan_summary_t, wire_checked);
+    FIELD(wsync_plan_summary_t, wire_check_seconds);
     STRUCT_END();
 
     end();
