@@ -243,6 +243,13 @@ void wsync_dir_entry_encode(const wsync_dir_entry_t *e, wsync_wbuf_t *out)
         wsync_put_u32(out, e->shards[i].region);
         wsync_put_u64(out, e->shards[i].addr);
     }
+    wsync_put_u64(out, e->delta_base);
+    if (e->delta_base != 0) {
+        wsync_put_u32(out, e->delta_region);
+        wsync_put_u64(out, e->delta_table);
+        wsync_put_u32(out, e->delta_c0);
+        wsync_put_u32(out, e->delta_n);
+    }
 }
 
 static uint8_t *get_blob(wsync_rbuf_t *in, uint32_t *len)
@@ -292,6 +299,21 @@ wsync_status_t wsync_dir_entry_decode(wsync_rbuf_t *in, wsync_dir_entry_t *e)
             e->shards[i].addr < e->regions[e->shards[i].region].base ||
             e->shards[i].addr > e->regions[e->shards[i].region].base +
                                     e->regions[e->shards[i].region].len)
+            in->err = 1;
+    }
+    e->delta_base = wsync_get_u64(in);
+    if (!in->err && e->delta_base != 0) {
+        e->delta_region = wsync_get_u32(in);
+        e->delta_table = wsync_get_u64(in);
+        e->delta_c0 = wsync_get_u32(in);
+        e->delta_n = wsync_get_u32(in);
+        /* the table lies inside its region (n rows of 24 bytes; n bounded so that this cannot
+         * wrap) */
+        if (!in->err && (e->delta_region >= e->nregions || e->delta_n > (1u << 28) ||
+                         e->delta_table < e->regions[e->delta_region].base ||
+                         e->delta_table - e->regions[e->delta_region].base +
+                                 (uint64_t)e->delta_n * WSYNC_DIR_DELTA_ROW >
+                             e->regions[e->delta_region].len))
             in->err = 1;
     }
     if (in->err || e->transport == NULL) {
