@@ -779,9 +779,11 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
         for (g = 0; g < st->nregions && st->region_fds[g] != a.fd; g++)
             ;
         if (g == st->nregions) {
-            if (st->nregions == MAX_FDS - 1) {
+            /* the first DATA_FDS frame also carries the bucket slots (and the delta slots) */
+            int room = MAX_FDS - 1 - (s->m.planmsg.delta == WSYNC_DELTA_MODE_ON);
+            if ((int)st->nregions == room) {
                 WSYNC_LOG_W("ipc: sender %u: more than %d shareable regions; param '%s' is staged",
-                            me, MAX_FDS - 1, d->param.name);
+                            me, room, d->param.name);
                 continue;
             }
             st->region_fds[st->nregions] = a.fd;

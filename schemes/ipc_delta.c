@@ -224,6 +224,8 @@ wsync_status_t wsync_ipc_dtx_begin(wsync_sender_t *s, ipc_dtx_t *d, uint64_t ver
     uint32_t want = 0, n = d->c1 - d->c0;
 
     d->base = wsync_delta_tx_begin(d->tx, version);
+    for (uint32_t i = 0; i < d->nslots; i++)
+        d->last[i] = -1;   /* no delta slot used yet in this version */
     memset(d->got, 0, d->nr);
     memset(d->want_d, 0, n);
     memset(d->want_p, 0, n);
@@ -268,11 +270,6 @@ int64_t wsync_ipc_dtx_reuse(ipc_dtx_t *d, uint32_t k)
     uint32_t slot = d->slot_of[k];
     if (slot == NONE)
         return -1;
-    if (k == 0 || d->chunk_start[0] == d->chunk_start[k]) {
-        /* the first bucket of a version: no slot was used yet in this version */
-        for (uint32_t i = 0; i < d->nslots; i++)
-            d->last[i] = -1;
-    }
     int64_t prev = d->last[slot];
     d->last[slot] = k;
     return prev;
