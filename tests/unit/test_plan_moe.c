@@ -400,6 +400,11 @@ static void replicated_receivers(void)
                       memcmp(&x->src, &y->src, sizeof(x->src)) == 0, "chunk %u differs", i);
         }
         CHECK(b->nsegments == (uint64_t)R * a->nsegments);
+        /* on the wire each replica after the first is one copy of the first's segments: a few
+         * bytes, not another receiver's worth (wire version 2) */
+        CHECK_MSG(b->wire_bytes > a->wire_bytes && b->wire_bytes <= a->wire_bytes + 16 * (R - 1),
+                  "%u replicas: %" PRIu64 " bytes on the wire, one receiver %" PRIu64, R,
+                  b->wire_bytes, a->wire_bytes);
         for (uint32_t i = 0; b->nsegments == (uint64_t)R * a->nsegments && i < b->nsegments;
              i++) {
             const wsync_segment_t *x = &a->segments[i % a->nsegments], *y = &b->segments[i];
