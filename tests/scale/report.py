@@ -14,6 +14,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "docs", "scale")
@@ -54,8 +55,8 @@ def chart(rows, png):
     if gp is None:
         print("gnuplot not found: no chart", file=sys.stderr)
         return
-    data = os.path.join(OUT, "scale.dat")
-    with open(data, "w") as f:
+    fd, data = tempfile.mkstemp(suffix=".dat")
+    with os.fdopen(fd, "w") as f:
         for bells in (False, True):
             f.write("# doorbells %s\n" % ("on" if bells else "off"))
             for r in sorted((r for r in rows if r["doorbells"] == bells),
@@ -90,6 +91,7 @@ unset multiplot
         # an older gnuplot without pngcairo
         p = subprocess.run([gp], input=script.replace("pngcairo", "png"), text=True,
                            capture_output=True)
+    os.unlink(data)
     if p.returncode != 0:
         print("gnuplot failed: " + p.stderr, file=sys.stderr)
 
