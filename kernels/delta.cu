@@ -766,7 +766,9 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uin
                 *reinterpret_cast<el *>((d.dense ? a : d.b) + off) = reinterpret_cast<const el *>(sv)[i];
             }
         } else if (mode != WSYNC_DELTA_SAME) {
-            wk_store_block<E>(d, d.b, first, len, sv, mask, mode == WSYNC_DELTA_PLAIN);
+            /* a BITMAP block is dense enough (k > len / 16 for bf16) that most 32-byte sectors
+             * hold a change: the whole block in 16-byte stores, not a 2-byte store per change */
+            wk_store_block<E>(d, d.b, first, len, sv, mask, true);
         }
         const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
         uint64_t leaf = wk_xxh3(sv, (uint64_t)len * E, secret, hsum);

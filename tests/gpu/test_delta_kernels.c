@@ -574,22 +574,36 @@ static void test_apply(void)
 /* Corrupted streams                                                                            */
 /* ------------------------------------------------------------------------------------------ */
 
-/* A stream with every mode: the mode-boundary chunk of esize 2, strided (blocks across rows). */
-static const tcase_t *mixed_case(uint32_t es, int strided)
-{
-    int seen = 0;
-    for (int i = 0; i < ntc; i++)
-        if (tcs[i].es == es && strstr(tcs[i].label, "k pattern") != NULL && seen++ == strided)
-            return &tcs[i];
-    return &tcs[0];
-}
-
 #define NMUT 400
+
+/* u16 / bytes of a stream, little-endian. */
+static uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+static void wr16(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
 
 static void test_corrupt(void)
 {
-    const tcase_t *t = mixed_case(2, 1);
+    /* bf16 blocks: SPARSE k 5, BITMAP k 1000, PLAIN k 4000, SAME, SPARSE k 3, and a tail of 77
+     * elements as a BITMAP (k 30) whose last bitmap byte has bits past the block */
+    static const uint32_t kp[6] = {5, 1000, 4000, 0, 3, 30};
+    tcase_t tc;
+    tcase_make(&tc, 2, 1, 5 * BLK + 77, 5 * BLK + 77, 3, 0, kp, 6);
+    const tcase_t *t = &tc;
     const uint64_t nb = wsync_delta_nblocks(t->n), tbl = 16 + 8 * nb;
+    uint64_t pay[6];
+    for (int j = 0; j < 6; j++) {
+        uint32_t off, mk;
+        memcpy(&off, t->cpu_enc + 16 + 8 * j, 4);
+        memcpy(&mk, t->cpu_enc + 16 + 8 * j + 4, 4);
+        pay[j] = tbl + off;
+        static const uint32_t modes[6] = {WSYNC_DELTA_SPARSE, WSYNC_DELTA_BITMAP, WSYNC_DELTA_PLAIN,
+                                          WSYNC_DELTA_SAME, WSYNC_DELTA_SPARSE, WSYNC_DELTA_BITMAP};
+        CHECK_MSG(mk >> 30 == modes[j] && (mk & 0x3fffffffu) == kp[j],
+                  "corrupt case: block %d is mode %u k %u", j, mk >> 30, mk & 0x3fffffffu);
+    }
     const size_t bytes = t->buf_elems * t->es;
     uint8_t *streams = calloc(NMUT, t->cpu_len + 64);
     uint64_t *lens = calloc(NMUT, 8);
@@ -612,9 +626,40 @@ static void test_corrupt(void)
         case 6: lens[m] = t->cpu_len - 8; break;                                /* truncated */
         case 7: lens[m] = t->cpu_len + 8; memset(s + t->cpu_len, 0, 8); break;  /* trailing */
         case 8: s[16 + 8 * 1 + 7] ^= 0x40; break;                               /* mode of block 1 */
-        case 9: s[16 + 8 * 2 + 4] ^= 1; break;                                  /* k of block 2 */
+        case 9: s[16 + 8 * 0 + 4] ^= 1; break;                                  /* k of block 0 */
         case 10: s[16 + 8 * 3] ^= 8; break;                                     /* offset of block 3 */
         case 11: s[16 + 8 * 4 + 6] ^= 0x20; break;                              /* k far above */
+        /* payloads: block 0 SPARSE (indices at pay[0], values at + 16), 1 BITMAP, 5 tail BITMAP */
+        case 12: {   /* indices out of order */
+            uint32_t x = rd16(s + pay[0]);
+            wr16(s + pay[0], rd16(s + pay[0] + 2));
+            wr16(s + pay[0] + 2, x);
+            want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD;
+            break;
+        }
+        case 13: wr16(s + pay[0] + 2, rd16(s + pay[0])); want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;
+        case 14: wr16(s + pay[0] + 8, BLK); want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;
+        case 15: s[pay[0] + 10] = 1; want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;   /* index pad */
+        case 16: s[pay[1]] ^= 1; want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;       /* popcount */
+        case 17:   /* a bit moved: as valid as before, the values land elsewhere */
+        case 19: { /* a bit moved past the tail block's 77 elements */
+            uint8_t *map = s + pay[m == 17 ? 1 : 5];
+            uint32_t set = 0, clr = 0;
+            while (!((map[set / 8] >> (set % 8)) & 1))
+                set++;
+            while (m == 17 && ((map[clr / 8] >> (clr % 8)) & 1))
+                clr++;
+            if (m == 19)
+                clr = 79;
+            map[set / 8] &= (uint8_t)~(1u << (set % 8));
+            map[clr / 8] |= (uint8_t)(1u << (clr % 8));
+            if (m == 19)
+                want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD;
+            break;
+        }
+        case 18: s[pay[0] + 16 + 10] = 1; want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break; /* value pad */
+        case 20: s[pay[5] + 10] = 1; want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;      /* map pad */
+        case 21: s[16 + 8 * 2 + 4] ^= 1; break;   /* PLAIN k 4000 -> 4001: still PLAIN, valid */
         default: {
             uint64_t at = m < 200 ? below(tbl) : below(t->cpu_len);   /* header/table, anywhere */
             s[at] ^= (uint8_t)(1u << below(8));
@@ -635,8 +680,10 @@ static void test_corrupt(void)
         a[m] = (wsync_kdelta_app_t){d_streams + m * stride, lens[m], d_dst + m * bytes, t->r, t->es};
     wsync_kdelta_batch_t *b = NULL;
     CHECK_OK(wsync_kdelta_apply_create(a, NMUT, 1, &b));
-    if (b == NULL)
+    if (b == NULL) {
+        tcase_free(&tc);
         return;
+    }
     CHECK_OK(wsync_kdelta_launch(b, NULL, NULL));
     CU(cudaDeviceSynchronize());
     const wsync_kdelta_result_t *res = wsync_kdelta_results(b);
@@ -653,8 +700,12 @@ static void test_corrupt(void)
             CHECK_MSG(res[m].fault != WSYNC_KDELTA_NO_FAULT &&
                       (int)(res[m].fault & 0xff) == want_code[m],
                       "mutant %d: fault %" PRIx64 ", want code %d", m, res[m].fault, want_code[m]);
-        if (m < 12)
-            CHECK_MSG(!cpu_ok[m] && !gpu_ok, "targeted mutant %d accepted (cpu %d)", m, cpu_ok[m]);
+        if (m < 22) {
+            int valid = m == 17 || m == 21;
+            CHECK_MSG(cpu_ok[m] == valid && gpu_ok == valid, "targeted mutant %d: CPU %s, GPU %s, "
+                      "expected %s", m, cpu_ok[m] ? "valid" : "invalid", gpu_ok ? "valid" : "invalid",
+                      valid ? "valid" : "invalid");
+        }
         CU(cudaMemcpy(got, d_dst + m * bytes, bytes, cudaMemcpyDeviceToHost));
         /* outside the region: untouched, always */
         int outside = 0;
@@ -691,6 +742,7 @@ static void test_corrupt(void)
     free(lens);
     free(cpu_ok);
     free(want_code);
+    tcase_free(&tc);
 }
 
 /* ------------------------------------------------------------------------------------------ */
