@@ -603,6 +603,127 @@ def moe_section(gpu_path, base_path, host_path, terminal=None, plot_dir=None, re
     return out
 
 
+# ---------------------------------------------------------------------------- delta versions
+
+def delta_label(j):
+    """scheme words of one --delta run: "store (ucx)", "nccl (sockets)", "ipc"."""
+    if j["scheme"] == "store":
+        return "store (%s)" % ("UCX" if j["transport"] == "ucx" else "libfabric")
+    return j["scheme"] + (" colocated" if j.get("colocated") else "")
+
+
+def delta_rows(path):
+    """(meta, [(run name, rc, result or None)]) of a --delta JSON lines file: lines
+    {"run"|"bench": name, "rc": n, "result": wsync-bench --delta --json} and an optional
+    {"kind": "meta", ...} line."""
+    meta, rows = {}, []
+    for r in jsonl(path):
+        if r.get("kind") == "meta":
+            meta = r
+        else:
+            rows.append((r.get("run") or r.get("bench"), r.get("rc"), r.get("result")))
+    return meta, rows
+
+
+def delta_chart(runs, path, terminal, title):
+    """runs: good --delta results; wire bytes (% of the full version's, left axis, log) and time
+    (delta ÷ full, right axis, log) against lr, one colour per scheme."""
+    colours = ["#1b3a8c", "#e07b00", "#2a9d3a", "#b5179e", "#6c757d"]
+    gp = ["set terminal " + terminal, 'set output "%s"' % path, "set encoding utf8",
+          'set title "%s"' % title, 'set xlabel "learning rate (--lr)"',
+          'set ylabel "wire bytes, % of the full version (solid)"',
+          'set y2label "seconds per version, delta ÷ full (dashed)"',
+          "set logscale x", "set logscale y", "set logscale y2", 'set format x "%.0e"',
+          'set format y "%g"', 'set format y2 "%g"', "set ytics nomirror", "set y2tics",
+          "set grid xtics ytics", "set key outside right top vertical Left reverse",
+          "set xrange [%.6g:%.6g]" % (min(j["lr"] for j in runs) / 2, max(j["lr"] for j in runs) * 2)]
+    labels = []
+    for j in runs:
+        if delta_label(j) not in labels:
+            labels.append(delta_label(j))
+    plots = []
+    for i, lab in enumerate(labels):
+        pts = sorted((j["lr"], 100 * j["wire_ratio"], j["time_ratio"]) for j in runs
+                     if delta_label(j) == lab)
+        c = colours[i % len(colours)]
+        gp.append("$w%d << EOD\n%s\nEOD" % (i, "\n".join("%.6g %.6g" % (x, w) for x, w, _ in pts)))
+        gp.append("$t%d << EOD\n%s\nEOD" % (i, "\n".join("%.6g %.6g" % (x, t) for x, _, t in pts)))
+        plots.append('$w%d axes x1y1 with linespoints lc rgb "%s" lw 2 pt 7 title "%s: wire bytes"'
+                     % (i, c, lab))
+        plots.append('$t%d axes x1y2 with linespoints lc rgb "%s" lw 2 dt 2 pt 6 title "%s: time"'
+                     % (i, c, lab))
+    gp.append("plot " + ", \\\n     ".join(plots))
+    res = subprocess.run(["gnuplot"], input="\n".join(gp) + "\n", capture_output=True, text=True)
+    if res.returncode != 0:
+        fail("gnuplot failed on %s: %s" % (path, res.stderr.strip()))
+
+
+def delta_table(rows):
+    out = ["| run | shape | lr | delta | changed | wire bytes (÷ full) | seconds, delta | seconds, "
+           "full | delta ÷ full | CPU encode / apply | correct |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, rc, j in rows:
+        if not j:
+            out.append("| %s | | | | | no result (exit status %s) | | | | | |" % (name, rc))
+            continue
+        codec = ("%s / %s" % (secs(j["encode_seconds"]), secs(j["apply_seconds"]))
+                 if j.get("encode_seconds") is not None else "–")
+        out.append("| %s | %s | %g | %s | %.2f %% | %.1f MB of %.1f MB (%.2f %%) | %s | %s | %.3f | %s | %s |" % (
+            delta_label(j), j["model_shape"], j["lr"], j["delta_resolved"],
+            100 * j["changed_fraction"], j["wire_bytes"] / 1e6, j["full_wire_bytes"] / 1e6,
+            100 * j["wire_ratio"], secs(j["seconds"]), secs(j["full_seconds"]), j["time_ratio"],
+            codec, "yes" if j["correct"] else "NO"))
+    return out
+
+
+def delta_section(host_path, gpu_path, terminal=None, plot_dir=None, rel_dir="bench"):
+    """Delta versions (issue 17): wsync-bench --delta runs on host memory (docs/bench/delta-host.jsonl,
+    with a meta line) and tests/gpu/run.sh's step delta (its delta.jsonl, copied to
+    docs/bench/delta.jsonl)."""
+    out = ["## Delta versions (issue 17)", "",
+           "`wsync-bench --delta --lr X`: every shard element has an fp32 master (version 1: "
+           "about N(0, 0.02²), four uniforms summed); each version adds lr × d, d drawn per "
+           "(param, element, version) with |d| uniform in [0, 1) and a random sign (an Adam-like "
+           "step), and the bf16 weights are the masters rounded to nearest even. The same versions "
+           "are pushed twice in one run, by a group with delta on and then by one with delta off, "
+           "and every receiver checks every version of both against its own masters. Changed: "
+           "elements the step changed per version. Wire bytes: the senders' push stats (encoded "
+           "chunks plus chunks sent plain) against the full version's (version 1: no receiver "
+           "holds a base, everything plain). Seconds: median of the timed versions (the slowest "
+           "sender's push; the store: the slowest receiver's fetch); delta ÷ full: median of the "
+           "per-version ratios. CPU encode / apply: the CPU codec (core/delta.c, one thread) on "
+           "the same version's shards, timed apart from the sync (the schemes report no codec "
+           "times). Targets (issue 17): wire bytes at lr 1e-6 on the Qwen3-8B shape ≤ 4 % of the "
+           "full version's; over a network-bound link (nccl over sockets, the store over tcp) "
+           "time per version ≤ 0.1 × full; colocated, auto never slower than full.", ""]
+    hmeta, hrows = delta_rows(host_path)
+    gmeta, grows = delta_rows(gpu_path)
+    if not hrows and not grows:
+        return out + ["No delta results yet: see bench/README.md (host runs) and tests/gpu/run.sh "
+                      "step delta (GPU runs).", ""]
+    for title, meta, rows, fname in (("Host memory", hmeta, hrows, "delta-host.png"),
+                                     ("GPUs", gmeta, grows, "delta-gpu.png")):
+        if not rows:
+            continue
+        out += ["### %s" % title, ""]
+        if meta:
+            out += ["Machine: %s. Date: %s. Commit: %s. Load average %s before, %s after. %s" % (
+                meta.get("machine", "?"), meta.get("date", "?"), meta.get("commit", "?"),
+                meta.get("load_before", "?"), meta.get("load_after", "?"), meta.get("note", "")), ""]
+        else:
+            g = next((j.get("gpu") for _, _, j in rows if j and j.get("gpu")), "")
+            out += ["Machine: %s (tests/gpu/run.sh step delta)." % (g or "?"), ""]
+        good_runs = [j for _, _, j in rows if j]
+        if terminal and plot_dir and good_runs:
+            delta_chart(good_runs, os.path.join(plot_dir, fname), terminal,
+                        "Delta versions: wire bytes and time against lr (%s)" % title.lower())
+            out += ["![Delta versions, %s](%s/%s)" % (title.lower(), rel_dir, fname), ""]
+        out += delta_table(rows) + [""]
+        if meta.get("notes"):
+            out += meta["notes"] + [""]
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", nargs="*", help="compare.sh results.json files (default docs/bench/gpu.json)")
@@ -619,6 +740,10 @@ def main():
                    help="the MoE section's inputs: tests/gpu/run.sh's moe.jsonl and "
                         "moe-baselines.jsonl, and host runs' wsync-bench JSON lines (defaults under "
                         "docs/bench/; a missing file leaves its rows empty)")
+    p.add_argument("--delta", nargs=2, metavar=("HOST", "GPU"),
+                   default=["docs/bench/delta-host.jsonl", "docs/bench/delta.jsonl"],
+                   help="the delta section's inputs: wsync-bench --delta JSON lines on host memory, "
+                        "and tests/gpu/run.sh's delta.jsonl (defaults under docs/bench/)")
     args = p.parse_args()
     results = args.results or [f for f in ["docs/bench/gpu.json"] if os.path.exists(f)]
     if args.summary:
@@ -646,6 +771,7 @@ def main():
     if not args.no_plots and term is None:
         fail("gnuplot not found: install it (apt-get install gnuplot-nox) or pass --no-plots")
     page += moe_section(*args.moe, terminal=term, plot_dir=plot_dir, rel_dir="bench")
+    page += delta_section(*args.delta, terminal=term, plot_dir=plot_dir, rel_dir="bench")
     page += cpu_section(cpu, args)
     with open(args.out, "w") as f:
         f.write("\n".join(page).rstrip() + "\n")

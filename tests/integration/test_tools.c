@@ -1,6 +1,6 @@
 /* The command-line tools as a user runs them: wsync-info lists shm as available and explains the
  * scheme choice; wsync-bench moves a small version between processes and reports JSON (dense and
- * mixture-of-experts shapes, and refuses a shape that cannot fit); every tool
+ * mixture-of-experts shapes, delta versions, and refuses a shape that cannot fit); every tool
  * answers --help and names a bad option. */
 #include <jansson.h>
 #include <stdio.h>
@@ -121,6 +121,66 @@ static void case_bench_model_host(void)
     CHECK_MSG(rc != 0 && strstr(out, "--model-shape") != NULL, "flat cuda: exit %d, %s", rc, out);
 }
 
+/* Delta versions (wsync-bench --delta): FSDP-2 -> TP-2 of the tiny shape, the same versions with
+ * delta on and then off, every version checked on every receiver against its own fp32 masters;
+ * the encoded bytes are at least the changed elements' values and less than the full version's.
+ * With --delta-mode auto a one-host ipc group resolves off and sends every version whole. Bad
+ * combinations are refused, named. */
+static void case_bench_delta_host(void)
+{
+    int rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem host --scheme ipc "
+                               "--senders 2 --tp 2 --delta --lr 1e-5 --iters 2 --json 2>/dev/null",
+                      out, sizeof(out));
+    CHECK_MSG(rc == 0, "wsync-bench --delta exited %d: %s", rc, out);
+    json_t *j = (json_t *)proc_last_json_line(out);
+    CHECK_MSG(j != NULL, "wsync-bench --delta printed no JSON: %s", out);
+    if (j == NULL)
+        return;
+    CHECK(json_is_true(json_object_get(j, "delta")));
+    CHECK(json_is_true(json_object_get(j, "correct")));
+    CHECK(json_number_value(json_object_get(j, "lr")) == 1e-5);
+    CHECK(strcmp(json_string_value(json_object_get(j, "delta_resolved")), "on") == 0);
+    double changed = json_number_value(json_object_get(j, "changed_fraction"));
+    double wire = (double)json_integer_value(json_object_get(j, "wire_bytes"));
+    double full = (double)json_integer_value(json_object_get(j, "full_wire_bytes"));
+    double params = (double)json_integer_value(json_object_get(j, "param_bytes"));
+    /* lr 1e-5 on N(0, 0.02^2) bf16 weights changes about a seventh of them per step */
+    CHECK_MSG(changed > 0.05 && changed < 0.3, "changed fraction %g", changed);
+    CHECK_MSG(full >= params && wire >= changed * params && wire < full,
+              "wire %g bytes, full %g, params %g bytes, changed %g", wire, full, params, changed);
+    CHECK(json_number_value(json_object_get(j, "seconds")) > 0 &&
+          json_number_value(json_object_get(j, "full_seconds")) > 0);
+    CHECK(json_array_size(json_object_get(j, "times")) == 2 &&
+          json_array_size(json_object_get(j, "full_times")) == 2);
+    json_decref(j);
+
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem host --scheme ipc --delta "
+                           "--delta-mode auto --iters 1 --json 2>/dev/null", out, sizeof(out));
+    CHECK_MSG(rc == 0, "wsync-bench --delta --delta-mode auto exited %d: %s", rc, out);
+    j = (json_t *)proc_last_json_line(out);
+    CHECK_MSG(j != NULL, "wsync-bench --delta-mode auto printed no JSON: %s", out);
+    if (j != NULL) {
+        CHECK(json_is_true(json_object_get(j, "correct")));
+        CHECK(strcmp(json_string_value(json_object_get(j, "delta_resolved")), "off") == 0);
+        CHECK(json_integer_value(json_object_get(j, "wire_bytes")) ==
+              json_integer_value(json_object_get(j, "full_wire_bytes")));
+        json_decref(j);
+    }
+
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem host --scheme ipc --delta "
+                           "--quant fp8-block 2>&1", out, sizeof(out));
+    CHECK_MSG(rc != 0 && strstr(out, "FP8 targets always take full bytes") != NULL,
+              "--delta with fp8: exit %d, %s", rc, out);
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem host --scheme ipc --lr 1e-5 "
+                           "2>&1", out, sizeof(out));
+    CHECK_MSG(rc != 0 && strstr(out, "only with --delta") != NULL, "--lr alone: exit %d, %s", rc,
+              out);
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem host --scheme ipc --delta "
+                           "--lr 0 2>&1", out, sizeof(out));
+    CHECK_MSG(rc != 0 && strstr(out, "'0' is not a learning rate") != NULL, "--lr 0: exit %d, %s",
+              rc, out);
+}
+
 /* Mixture-of-experts shapes over host memory: FSDP-2 -> EP-2 (whole experts per receiver, 3-D
  * FusedMoE targets), -> TP-2 with FP8-block targets (every expert split), and DeepSeek's MLA,
  * shared experts and f32 router bias with EP-2 and FP8; every receiver's bytes are checked
@@ -210,6 +270,7 @@ int main(void)
     RUN(case_bench_small_json);
     RUN(case_bench_model_host);
     RUN(case_bench_moe_host);
+    RUN(case_bench_delta_host);
     RUN(case_help_and_bad_options);
     return check_summary();
 }
