@@ -18,7 +18,12 @@
  *
  * Integrity (WSYNC_VERIFY at any member): each sender hashes its chunks (copied to the host) and
  * relays each receiver the checksums of the chunks it takes; a receiver hashes what landed (or,
- * across a cast, the staged bytes the cast read) after each step and compares at the end. */
+ * across a cast, the staged bytes the cast read) after each step and compares at the end.
+ *
+ * Delta versions (the group's delta mode on, issue 17): schemes/nccl_delta.h says how they travel
+ * (an all-gather of bases and holds at version start; per step, DELTA ops send a table and then
+ * their items one call each, encoded on the sender's GPU and applied and hash-checked on the
+ * receiver's); schemes/nccl_delta.c holds that path, schemes/nccl_state.h the state both share. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,12 +36,12 @@
 #include "core/util.h"
 #include "kernels/device.h"
 #include "reshard/exec.h"
+#include "core/delta_state.h"
 #include "schemes/nccl.h"
+#include "schemes/nccl_delta.h"
+#include "schemes/nccl_state.h"
 #include "schemes/scheme.h"
 #include "transports/nccl.h"
-
-#define NC_SLOTS 2
-#define NC_ALIGN 256u                /* staging offsets of ops */
 #define NC_TAG_HELLO 1u              /* relay: a member's GPU (and sender 0's unique id) */
 #define NC_TAG_SUMS 2u               /* relay: a sender's checksums for one receiver */
 #define NC_HELLO_MAGIC 0x4e43434cu   /* "NCCL" */
@@ -462,60 +467,6 @@ static int nccl_score(const wsync_group_info_t *g, char *reason, size_t len)
  * State shared by both roles
  * ============================================================================================== */
 
-typedef struct {
-    uint32_t op;                     /* in sched->ops */
-    uint32_t phase;                  /* 0: whole-communicator broadcasts, 1: sends and receives,
-                                        2 + j: sub-communicator j */
-    int peer;                        /* P2P: the peer's NCCL rank; BCAST: the root's, in the comm */
-    int staged;
-    uint64_t soff;                   /* staged: offset in the step's slot */
-    void *direct;                    /* not staged: the shard or target bytes */
-} nc_myop_t;
-
-typedef struct {
-    uint32_t seg;                    /* in plan->segments */
-    int staged;
-    uint64_t soff;                   /* staged: the chunk's dense bytes in the slot */
-} nc_rseg_t;
-
-typedef struct {
-    uint32_t myop0, nmyops;
-    uint32_t ncopies;                /* pack (sender) or unpack (receiver) copies */
-    wsync_kcopy_batch_t *batch;      /* those copies, into / out of slot k % 2 */
-    uint64_t staging;                /* bytes of the slot the step uses */
-    uint64_t bytes;                  /* sender: bytes it sends; receiver: bytes landing */
-    uint32_t rseg0, nrseg;           /* receiver: its segments of the step */
-} nc_step_t;
-
-typedef struct {
-    wsync_member_t *m;
-    int role;
-    uint32_t rank;                   /* sender or receiver rank */
-    int nrank, nranks;               /* in the communicator */
-    int device, prev_device;
-    int verify;
-    int aborted;                     /* communicators aborted (after a failure) */
-    wsync_nccl_sched_t *sched;
-    wsync_nccl_comm_t *comm;
-    wsync_nccl_comm_t **sub;         /* [sched->nsplits], NULL where not a member */
-    void *cstream, *xstream;         /* NCCL calls; pack or unpack kernels */
-    void *ev_copy[NC_SLOTS];         /* sender: packed; receiver: received */
-    void *ev_done[NC_SLOTS];         /* sender: sent; receiver: unpacked */
-    int64_t slot_step[NC_SLOTS];     /* step whose work the slot's events track, -1 none */
-    void *slot[NC_SLOTS];
-    uint64_t slot_bytes;
-    nc_step_t *steps;                /* [sched->nsteps] */
-    nc_myop_t *myops;
-    uint32_t nmyops, myops_cap;
-    nc_rseg_t *rsegs;
-    uint32_t nrsegs, rsegs_cap;
-    uint32_t seg_lo, seg_hi;         /* receiver: its run of plan->segments */
-    void **bound_land;               /* receiver: the land pointers the steps were built for */
-    uint64_t *sums;                  /* receiver: [nrsegs] what landed, hashed */
-    uint8_t *host;                   /* verify and faults: host copies */
-    size_t host_cap;
-    uint64_t bytes_total;            /* receiver: landing bytes per version */
-} nc_state_t;
 
 static const char *role_word(int role)
 {
@@ -635,8 +586,7 @@ static wsync_status_t hash_device(nc_state_t *st, const void *base, wsync_dtype_
     return rc;
 }
 
-/* Flip one bit of device memory [p, p + bytes) (fault injection), through the host. */
-static wsync_status_t flip_device(nc_state_t *st, void *p, size_t bytes)
+wsync_status_t wsync_nccl_flip_device(nc_state_t *st, void *p, size_t bytes)
 {
     wsync_status_t rc;
 
@@ -692,7 +642,7 @@ static wsync_status_t collect_ops(nc_state_t *st, uint32_t k)
             const wsync_nccl_op_t *op = &s->ops[i];
             if (op_phase(st, op) != phase || !wsync_nccl_op_has(s, op, st->role, st->rank))
                 continue;
-            nc_myop_t o = {i, phase, 0, 1, 0, NULL};
+            nc_myop_t o = {.op = i, .phase = phase, .staged = 1};
             if (op->kind == WSYNC_NCCL_OP_P2P)
                 o.peer = st->role == WSYNC_ROLE_SENDER ? st->m->nsenders + (int)op->receiver
                                                        : (int)op->sender;
@@ -942,7 +892,9 @@ static wsync_status_t alloc_slots(nc_state_t *st)
     uint64_t need = 0;
 
     for (uint32_t k = 0; k < st->sched->nsteps; k++)
-        need = WSYNC_MAX(need, st->steps[k].staging);
+        need = WSYNC_MAX(need, st->steps[k].dstaging > 0
+                                   ? st->steps[k].dbase + st->steps[k].dstaging
+                                   : st->steps[k].staging);
     if (need <= st->slot_bytes)
         return WSYNC_OK;
     for (int i = 0; i < NC_SLOTS; i++) {
@@ -1005,6 +957,8 @@ static void state_free(nc_state_t *st)
         }
         if (!wsync_dev_is_wedged()) {
             free_batches(st);
+            if (st->d != NULL)
+                wsync_nccl_delta_free_batches(st);
             for (int i = 0; i < NC_SLOTS; i++) {
                 wsync_dev_free(st->slot[i]);
                 wsync_dev_event_destroy(st->ev_copy[i]);
@@ -1019,6 +973,8 @@ static void state_free(nc_state_t *st)
                         st->device);
         }
     }
+    if (st->d != NULL)
+        wsync_nccl_delta_free(st);   /* device parts only when not wedged (it checks) */
     wsync_nccl_sched_free(st->sched);
     free(st->sub);
     free(st->steps);
@@ -1046,17 +1002,41 @@ static void dev_leave(nc_state_t *st)
         wsync_dev_set(st->prev_device);
 }
 
+/* One NCCL call of op o: broadcast, send or receive `bytes` at buf. */
+static wsync_status_t issue_call(nc_state_t *st, wsync_nccl_comm_t *comm, const nc_myop_t *o,
+                                 void *buf, size_t bytes)
+{
+    const wsync_nccl_op_t *op = &st->sched->ops[o->op];
+    if (op->kind == WSYNC_NCCL_OP_BCAST)
+        return wsync_nccl_bcast(comm, buf, buf, bytes, o->peer, st->cstream);
+    if (st->role == WSYNC_ROLE_SENDER)
+        return wsync_nccl_send(comm, buf, bytes, o->peer, st->cstream);
+    return wsync_nccl_recv(comm, buf, bytes, o->peer, st->cstream);
+}
+
+enum { NC_PASS_PLAIN = 0, NC_PASS_TABLES = 1, NC_PASS_DATA = 2 };
+
 /* Issue step k's NCCL calls, phase by phase (one NCCL group per communicator), on cstream: each
- * op from (to) its staging place in slot k % 2, or this member's own memory. */
-static wsync_status_t issue_step(nc_state_t *st, uint32_t k, int64_t deadline)
+ * op from (to) its staging place in slot k % 2, or this member's own memory. A delta-mode step
+ * with DELTA ops runs two passes, the same on every rank of an op: NC_PASS_TABLES (the DELTA ops'
+ * tables only), then NC_PASS_DATA (plain ops as ever; a DELTA op's items one call each, of the
+ * length its table says). */
+static wsync_status_t issue_step(nc_state_t *st, uint32_t k, int64_t deadline, int pass)
 {
     const nc_step_t *step = &st->steps[k];
     uint8_t *slot = st->slot[k % NC_SLOTS];
     wsync_status_t rc = WSYNC_OK;
 
     for (uint32_t i = 0; i < step->nmyops;) {
-        uint32_t phase = st->myops[step->myop0 + i].phase, j = i;
+        uint32_t phase = st->myops[step->myop0 + i].phase, j = i, calls = 0;
         wsync_nccl_comm_t *comm = phase_comm(st, phase);
+        for (; j < step->nmyops && st->myops[step->myop0 + j].phase == phase; j++)
+            calls += pass != NC_PASS_TABLES || st->myops[step->myop0 + j].delta;
+        if (calls == 0) {   /* no table of this phase: no group (ranks outside it issue none) */
+            i = j;
+            continue;
+        }
+        j = i;
         if ((rc = wsync_nccl_group_start()) != WSYNC_OK)
             return rc;
         for (; j < step->nmyops && st->myops[step->myop0 + j].phase == phase; j++) {
@@ -1065,12 +1045,20 @@ static wsync_status_t issue_step(nc_state_t *st, uint32_t k, int64_t deadline)
             void *buf = o->staged ? slot + o->soff : o->direct;
             if (rc != WSYNC_OK)
                 break;
-            if (op->kind == WSYNC_NCCL_OP_BCAST)
-                rc = wsync_nccl_bcast(comm, buf, buf, (size_t)op->bytes, o->peer, st->cstream);
-            else if (st->role == WSYNC_ROLE_SENDER)
-                rc = wsync_nccl_send(comm, buf, (size_t)op->bytes, o->peer, st->cstream);
-            else
-                rc = wsync_nccl_recv(comm, buf, (size_t)op->bytes, o->peer, st->cstream);
+            if (pass == NC_PASS_TABLES) {
+                if (o->delta)
+                    rc = issue_call(st, comm, o, (uint8_t *)st->d->tdev[k % NC_SLOTS] + o->toff,
+                                    (size_t)wsync_nccl_dtable_bytes(op->nitems));
+            } else if (pass == NC_PASS_DATA && o->delta) {
+                for (uint32_t t = 0; t < op->nitems && rc == WSYNC_OK; t++) {
+                    void *ib;
+                    size_t n;
+                    wsync_nccl_delta_item_buf(st, st->m->plan, k, o, t, &ib, &n);
+                    rc = issue_call(st, comm, o, ib, n);
+                }
+            } else {
+                rc = issue_call(st, comm, o, buf, (size_t)op->bytes);
+            }
         }
         /* the group ends even after a failed call, so that NCCL's group state stays sane */
         wsync_status_t end = wsync_nccl_group_end(comm);
@@ -1086,12 +1074,9 @@ static wsync_status_t issue_step(nc_state_t *st, uint32_t k, int64_t deadline)
     return rc;
 }
 
-/* Wait until step k's work is done (its slot free again): polls its event, NCCL's asynchronous
- * errors and the control plane, until the member's timeout. */
-static wsync_status_t wait_step(nc_state_t *st, uint32_t k, uint64_t version)
+wsync_status_t wsync_nccl_wait_ev(nc_state_t *st, void *ev, uint32_t k, uint64_t version)
 {
     int64_t t0 = wsync_now_ms(), deadline = wsync_deadline_in(st->m->timeout_ms), spins = 0;
-    void *ev = st->ev_done[k % NC_SLOTS];
     wsync_status_t rc;
 
     for (;;) {
@@ -1133,6 +1118,13 @@ static wsync_status_t wait_step(nc_state_t *st, uint32_t k, uint64_t version)
             nanosleep(&ts, NULL);
         }
     }
+}
+
+/* Wait until step k's work is done (its slot free again): polls its event, NCCL's asynchronous
+ * errors and the control plane, until the member's timeout. */
+static wsync_status_t wait_step(nc_state_t *st, uint32_t k, uint64_t version)
+{
+    return wsync_nccl_wait_ev(st, st->ev_done[k % NC_SLOTS], k, version);
 }
 
 /* ================================================================================================
@@ -1183,7 +1175,11 @@ static wsync_status_t sender_bind(wsync_sender_t *s, nc_state_t *st)
             nstaged++;
         }
     }
+    if (st->d != NULL && (rc = wsync_nccl_delta_layout(st, plan, NULL)) != WSYNC_OK)
+        return rc;
     if ((rc = alloc_slots(st)) != WSYNC_OK)
+        return rc;
+    if (st->d != NULL && (rc = wsync_nccl_delta_sender_batches(s, st)) != WSYNC_OK)
         return rc;
     for (uint32_t k = 0; k < st->sched->nsteps && rc == WSYNC_OK; k++) {
         nc_step_t *step = &st->steps[k];
@@ -1246,6 +1242,8 @@ static wsync_status_t nccl_sender_setup(wsync_sender_t *s)
         st->prev_device = -1;
     if (rc == WSYNC_OK)
         rc = common_setup(st, &s->m, WSYNC_ROLE_SENDER, (uint32_t)s->m.rank);
+    if (rc == WSYNC_OK && s->m.planmsg.delta == WSYNC_DELTA_MODE_ON)
+        rc = wsync_nccl_delta_sender_setup(s, st);
     if (rc == WSYNC_OK)
         rc = sender_bind(s, st);
     if (rc != WSYNC_OK)
@@ -1316,6 +1314,11 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
 
     if (st->verify && (rc = sender_sums(s, st, version)) != WSYNC_OK)
         return rc;
+    if (st->d != NULL &&
+        (rc = wsync_nccl_delta_begin(st, s->delta_tx, wsync_delta_tx_begin(s->delta_tx, version),
+                                      version)) !=
+            WSYNC_OK)
+        return rc;
     for (int i = 0; i < NC_SLOTS; i++)
         st->slot_step[i] = -1;
     for (uint32_t k = 0; k < nsteps; k++) {
@@ -1330,13 +1333,19 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
                 return rc;
             t_wait += wsync_now_ns() - w;
         }
-        if (step->batch != NULL) {
-            if ((rc = wsync_dev_batch_launch(step->batch, st->xstream)) != WSYNC_OK ||
+        if (step->batch != NULL || step->ebatch != NULL) {
+            if ((step->batch != NULL &&
+                 (rc = wsync_dev_batch_launch(step->batch, st->xstream)) != WSYNC_OK) ||
+                (st->d != NULL && (rc = wsync_nccl_delta_encode(s, st, k)) != WSYNC_OK) ||
                 (rc = wsync_dev_event_record(st->ev_copy[slot], st->xstream)) != WSYNC_OK ||
                 (rc = wsync_dev_stream_wait_event(st->cstream, st->ev_copy[slot])) != WSYNC_OK)
                 return rc;
             s->stats.bytes_packed += step->staging;
         }
+        /* DELTA ops: the encoded lengths to the host, the tables out (fault point inside) */
+        if (st->d != NULL && step->ndelta > 0 &&
+            (rc = wsync_nccl_delta_tables(s, st, k)) != WSYNC_OK)
+            return rc;
         switch (WSYNC_FAULT(WSYNC_FAULT_PUSH_BUCKET)) {
         case WSYNC_FAULT_FAIL: {
             char where[128];
@@ -1355,7 +1364,7 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
                 break;
             }
             if ((rc = wsync_dev_stream_sync(st->xstream, deadline, "nccl: packing")) != WSYNC_OK ||
-                (rc = flip_device(st, (uint8_t *)st->slot[slot] + o->soff,
+                (rc = wsync_nccl_flip_device(st, (uint8_t *)st->slot[slot] + o->soff,
                                   (size_t)st->sched->ops[o->op].bytes)) != WSYNC_OK)
                 return rc;
             break;
@@ -1363,7 +1372,12 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
         default:
             break;
         }
-        if ((rc = issue_step(st, k, deadline)) != WSYNC_OK ||
+        rc = st->d != NULL && step->ndelta > 0 ? issue_step(st, k, deadline, NC_PASS_TABLES)
+                                               : WSYNC_OK;
+        if (rc == WSYNC_OK)
+            rc = issue_step(st, k, deadline, st->d != NULL && step->ndelta > 0 ? NC_PASS_DATA
+                                                                              : NC_PASS_PLAIN);
+        if (rc != WSYNC_OK ||
             (rc = wsync_dev_event_record(st->ev_done[slot], st->cstream)) != WSYNC_OK)
             return rc;
         st->slot_step[slot] = k;
@@ -1379,6 +1393,16 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
     uint64_t sent = 0;
     for (uint32_t k = 0; k < nsteps; k++)
         sent += st->steps[k].bytes;
+    if (st->d != NULL) {
+        s->stats.bytes_encoded = st->d->enc;
+        s->stats.bytes_plain = st->d->plain;
+        s->stats.bytes_wire = st->d->enc + st->d->plain;
+        s->stats.base_version = st->d->base;
+        WSYNC_LOG_D("nccl: sender %d: version %llu (base %llu): %llu bytes encoded, %llu plain "
+                    "on the wire", s->m.rank, (unsigned long long)version,
+                    (unsigned long long)st->d->base, (unsigned long long)st->d->enc,
+                    (unsigned long long)st->d->plain);
+    }
     WSYNC_LOG_D("nccl: sender %d: version %llu: %llu bytes sent in %u steps in %.4f s (%.2f GB/s; "
                 "%.4f s waiting for slots)", s->m.rank, (unsigned long long)version,
                 (unsigned long long)sent, nsteps, secs, secs > 0 ? (double)sent / secs / 1e9 : 0.0,
@@ -1468,6 +1492,8 @@ static wsync_status_t receiver_bind(wsync_receiver_t *r, nc_state_t *st)
     free_batches(st);
     st->nrsegs = 0;
     st->bytes_total = 0;
+    if (st->d != NULL)
+        wsync_nccl_delta_free_batches(st);   /* built for the old targets */
     for (uint32_t k = 0; k < st->sched->nsteps; k++) {
         nc_step_t *step = &st->steps[k];
         step->staging = 0;
@@ -1515,6 +1541,8 @@ static wsync_status_t receiver_bind(wsync_receiver_t *r, nc_state_t *st)
         step->nrseg = st->nrsegs - step->rseg0;
         st->bytes_total += step->bytes;
     }
+    if (rc == WSYNC_OK && st->d != NULL)
+        rc = wsync_nccl_delta_layout(st, plan, r);
     if (rc == WSYNC_OK)
         rc = alloc_slots(st);
     for (uint32_t k = 0; k < st->sched->nsteps && rc == WSYNC_OK; k++) {
@@ -1586,6 +1614,8 @@ static wsync_status_t nccl_receiver_setup(wsync_receiver_t *r)
         st->prev_device = -1;
     if (rc == WSYNC_OK)
         rc = common_setup(st, &r->m, WSYNC_ROLE_RECEIVER, (uint32_t)r->m.rank);
+    if (rc == WSYNC_OK && r->m.planmsg.delta == WSYNC_DELTA_MODE_ON)
+        rc = wsync_nccl_delta_receiver_setup(r, st);
     if (rc == WSYNC_OK)
         rc = receiver_bind(r, st);
     if (rc != WSYNC_OK)
@@ -1602,6 +1632,8 @@ static wsync_status_t receiver_step_done(wsync_receiver_t *r, nc_state_t *st, ui
     const nc_step_t *step = &st->steps[k];
     wsync_status_t rc;
 
+    if (st->d != NULL && step->ndelta > 0 && (rc = wsync_nccl_delta_check(r, st, k)) != WSYNC_OK)
+        return rc;
     switch (WSYNC_FAULT(WSYNC_FAULT_RECV_UNPACK)) {
     case WSYNC_FAULT_FAIL: {
         char where[128];
@@ -1613,7 +1645,7 @@ static wsync_status_t receiver_step_done(wsync_receiver_t *r, nc_state_t *st, ui
         if (step->nrseg > 0) {
             const wsync_segment_t *sg = &plan->segments[st->rsegs[step->rseg0].seg];
             size_t esz = wsync_dtype_size(r->land_dtype[sg->target]);
-            if ((rc = flip_device(st, (uint8_t *)r->land[sg->target] + sg->dst.off * esz,
+            if ((rc = wsync_nccl_flip_device(st, (uint8_t *)r->land[sg->target] + sg->dst.off * esz,
                                   (size_t)sg->dst.cols * esz)) != WSYNC_OK)
                 return rc;
         }
@@ -1741,6 +1773,22 @@ out:
     return rc;
 }
 
+/* Step k has DELTA ops: their tables first (NCCL), to the host, read. */
+static wsync_status_t receiver_tables(wsync_receiver_t *r, nc_state_t *st, uint32_t k)
+{
+    const nc_step_t *step = &st->steps[k];
+    uint32_t slot = k % NC_SLOTS;
+    wsync_status_t rc;
+
+    if ((rc = issue_step(st, k, wsync_deadline_in(r->m.timeout_ms), NC_PASS_TABLES)) != WSYNC_OK ||
+        (rc = wsync_dev_memcpy_async(st->d->thost[slot], st->d->tdev[slot],
+                                     (size_t)step->tstaging, st->cstream)) != WSYNC_OK ||
+        (rc = wsync_dev_event_record(st->d->ev_tab, st->cstream)) != WSYNC_OK ||
+        (rc = wsync_nccl_wait_ev(st, st->d->ev_tab, k, st->d->version)) != WSYNC_OK)
+        return rc;
+    return wsync_nccl_delta_read_tables(r, st, k);
+}
+
 static wsync_status_t receiver_recv_steps(wsync_receiver_t *r, nc_state_t *st, uint64_t version)
 {
     uint32_t nsteps = st->sched->nsteps;
@@ -1752,6 +1800,9 @@ static wsync_status_t receiver_recv_steps(wsync_receiver_t *r, nc_state_t *st, u
         if ((rc = receiver_bind(r, st)) != WSYNC_OK)
             return rc;
     }
+    if (st->d != NULL &&
+        (rc = wsync_nccl_delta_begin(st, NULL, wsync_delta_rx_holds(r), version)) != WSYNC_OK)
+        return rc;
     for (int i = 0; i < NC_SLOTS; i++)
         st->slot_step[i] = -1;
     r->torn = 1;   /* from the first byte on, the targets no longer hold only the last version */
@@ -1769,11 +1820,19 @@ static wsync_status_t receiver_recv_steps(wsync_receiver_t *r, nc_state_t *st, u
             if ((rc = receiver_step_done(r, st, prev, version, &bytes_done)) != WSYNC_OK)
                 return rc;
         }
-        if ((rc = issue_step(st, k, wsync_deadline_in(r->m.timeout_ms))) != WSYNC_OK ||
+        int delta = st->d != NULL && step->ndelta > 0;
+        if (delta && (rc = receiver_tables(r, st, k)) != WSYNC_OK)
+            return rc;
+        if ((rc = issue_step(st, k, wsync_deadline_in(r->m.timeout_ms),
+                             delta ? NC_PASS_DATA : NC_PASS_PLAIN)) != WSYNC_OK ||
             (rc = wsync_dev_event_record(st->ev_copy[slot], st->cstream)) != WSYNC_OK ||
             (rc = wsync_dev_stream_wait_event(st->xstream, st->ev_copy[slot])) != WSYNC_OK)
             return rc;
-        if (step->batch != NULL && (rc = wsync_dev_batch_launch(step->batch, st->xstream)) != WSYNC_OK)
+        if (delta)
+            rc = wsync_nccl_delta_launch(r, st, k);
+        else if (step->batch != NULL)
+            rc = wsync_dev_batch_launch(step->batch, st->xstream);
+        if (rc != WSYNC_OK)
             return rc;
         if ((rc = wsync_dev_event_record(st->ev_done[slot], st->xstream)) != WSYNC_OK)
             return rc;
@@ -1835,4 +1894,5 @@ const wsync_scheme_ops_t wsync_scheme_nccl = {
     .receiver_recv = nccl_receiver_recv,
     .receiver_fetch = nccl_receiver_fetch,
     .receiver_teardown = nccl_receiver_teardown,
+    .delta = 1,
 };

@@ -286,6 +286,18 @@ wsync_status_t wsync_nccl_bcast(wsync_nccl_comm_t *c, const void *send, void *re
     return nccl_fail(c, call, res);
 }
 
+wsync_status_t wsync_nccl_allgather(wsync_nccl_comm_t *c, const void *send, void *recv,
+                                    size_t bytes, void *stream)
+{
+    ncclResult_t res = ncclAllGather(send, recv, bytes, ncclUint8, c->comm, (cudaStream_t)stream);
+    char call[128];
+
+    if (res == ncclSuccess || res == ncclInProgress)
+        return WSYNC_OK;
+    snprintf(call, sizeof(call), "ncclAllGather(%zu bytes a rank)", bytes);
+    return nccl_fail(c, call, res);
+}
+
 /* The aborts of wsync_nccl_abort_all, on a detached thread: ncclCommAbort can block for good
  * (it may wait on kernels or proxies tied to a dead peer), and a failing caller must not. */
 typedef struct {
@@ -495,6 +507,13 @@ wsync_status_t wsync_nccl_bcast(wsync_nccl_comm_t *comm, const void *send, void 
                                 size_t bytes, int root, void *stream)
 {
     (void)comm, (void)send, (void)recv, (void)bytes, (void)root, (void)stream;
+    return NO_NCCL();
+}
+
+wsync_status_t wsync_nccl_allgather(wsync_nccl_comm_t *comm, const void *send, void *recv,
+                                    size_t bytes, void *stream)
+{
+    (void)comm, (void)send, (void)recv, (void)bytes, (void)stream;
     return NO_NCCL();
 }
 

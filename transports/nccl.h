@@ -77,6 +77,11 @@ wsync_status_t wsync_nccl_recv(wsync_nccl_comm_t *comm, void *buf, size_t bytes,
 wsync_status_t wsync_nccl_bcast(wsync_nccl_comm_t *comm, const void *send, void *recv,
                                 size_t bytes, int root, void *stream);
 
+/* ncclAllGather of `bytes` bytes from every rank: recv[i * bytes, (i + 1) * bytes) gets rank i's
+ * send (recv holds nranks * bytes). */
+wsync_status_t wsync_nccl_allgather(wsync_nccl_comm_t *comm, const void *send, void *recv,
+                                    size_t bytes, void *stream);
+
 #define WSYNC_NCCL_ABORT_MS 10000   /* wsync_nccl_abort's bound */
 
 /* ncclCommAbort of comms[0..n) in that order (sub-communicators before their parent; NULL
