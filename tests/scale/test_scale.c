@@ -18,6 +18,9 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "core/coord_stats.h"
 #include "core/objects.h"
@@ -286,14 +289,35 @@ static int receiver_main(void *arg)
     return check_failures ? 1 : 0;
 }
 
+/* Wait until something accepts connections at addr ("127.0.0.1:port"), at most timeout_ms. */
+static void wait_listening(const char *addr, int timeout_ms)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    long long end = proc_now_ms() + timeout_ms;
+
+    sa.sin_port = htons((uint16_t)atoi(strchr(addr, ':') + 1));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    while (proc_now_ms() < end) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
+        ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+        if (fd >= 0)
+            close(fd);
+        if (ok)
+            return;
+        usleep(20000);
+    }
+    CHECK_MSG(0, "the coordinator did not listen at %s within %d ms", addr, timeout_ms);
+}
+
 static void run_group(int participants)
 {
     static pid_t pids[MAX_P];
     static int codes[MAX_P];
     static group_t groups[MAX_P];
     /* a thousand processes starting on two cores (each probing its transports) starve one
-     * another for seconds: heartbeats every 3 s, silence allowed for 30 s (10 heartbeats) */
-    int pipefd[2], timeout_ms = participants >= 512 ? 120000 : 60000;
+     * another for seconds: heartbeats every 3 s, silence allowed for 30 s (10 heartbeats); the
+     * last of them describes itself minutes after the first, which waits for the plan */
+    int pipefd[2], timeout_ms = participants >= 512 ? 600000 : 60000;
     int heartbeat_ms = participants >= 512 ? 3000 : 1000;
     char out[4096];
     ssize_t got;
@@ -305,6 +329,8 @@ static void run_group(int participants)
     long long t0 = proc_now_ms();
     groups[0] = (group_t){participants, 0, timeout_ms, heartbeat_ms, pipefd[1]};
     pids[0] = proc_spawn(sender_main, &groups[0], timeout_ms / 1000 * 3);
+    /* let the coordinator listen before a thousand processes compete with its start */
+    wait_listening(coord_addr, timeout_ms);
     for (int i = 1; i < participants; i++) {
         groups[i] = (group_t){participants, i - 1, timeout_ms, heartbeat_ms, -1};
         pids[i] = proc_spawn(receiver_main, &groups[i], timeout_ms / 1000 * 3);
