@@ -247,7 +247,6 @@ void wsync_dir_entry_encode(const wsync_dir_entry_t *e, wsync_wbuf_t *out)
     if (e->delta_base != 0) {
         wsync_put_u32(out, e->delta_region);
         wsync_put_u64(out, e->delta_table);
-        wsync_put_u32(out, e->delta_c0);
         wsync_put_u32(out, e->delta_n);
     }
 }
@@ -305,10 +304,8 @@ wsync_status_t wsync_dir_entry_decode(wsync_rbuf_t *in, wsync_dir_entry_t *e)
     if (!in->err && e->delta_base != 0) {
         e->delta_region = wsync_get_u32(in);
         e->delta_table = wsync_get_u64(in);
-        e->delta_c0 = wsync_get_u32(in);
         e->delta_n = wsync_get_u32(in);
-        /* the table lies inside its region (n rows of 24 bytes; n bounded so that this cannot
-         * wrap) */
+        /* the table lies inside its region (n rows; n bounded so that this cannot wrap) */
         if (!in->err && (e->delta_region >= e->nregions || e->delta_n > (1u << 28) ||
                          e->delta_table < e->regions[e->delta_region].base ||
                          e->delta_table - e->regions[e->delta_region].base +

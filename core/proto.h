@@ -146,7 +146,7 @@ void wsync_plan_msg_clear(wsync_plan_msg_t *m);
 /* One sender's part of a published version in the store: its RMA context address, the regions
  * it registered (packed remote keys), where each of its shards lies in them, and (delta mode)
  * where the version's encoded chunks are. Wire form: the fields in order; the delta part is u64
- * delta_base, then only when it is not 0: u32 region, u64 table, u32 c0, u32 n. */
+ * delta_base, then only when it is not 0: u32 region, u64 table, u32 n. */
 typedef struct {
     uint32_t sender;
     char *transport;                  /* "ucx" or "ofi" */
@@ -163,19 +163,20 @@ typedef struct {
         uint32_t region;
         uint64_t addr;                /* the shard's first byte */
     } *shards;
-    /* Delta versions (schemes/store_delta.c): the base version this version's chunks were
+    /* Delta versions (schemes/store_delta.c): the base version this version's regions were
      * encoded against, 0 = none (every reader reads full bytes; the fields below are then 0 and
-     * not on the wire). Else the sender's plan chunks [delta_c0, delta_c0 + delta_n) have a
-     * table at delta_table, in region delta_region: per chunk u64 offset (from the table's first
-     * byte) of its encoded stream, u64 its length (0: read it plain), u64 the xxh3 tree hash of
-     * its new values (core/delta.h), little-endian. */
+     * not on the wire). Else a table of delta_n rows at delta_table, in region delta_region, one
+     * per shard region some reader asked for, sorted by (shard, off, rows, cols, pitch): u32
+     * shard, u32 zero, u64 off, rows, cols, pitch (elements), u64 offset of its encoded stream
+     * from the table's first byte, u64 its length (0: read it plain), u64 the xxh3 tree hash of
+     * its new values (core/delta.h); little-endian. */
     uint64_t delta_base;
     uint32_t delta_region;
     uint64_t delta_table;
-    uint32_t delta_c0, delta_n;
+    uint32_t delta_n;
 } wsync_dir_entry_t;
 
-#define WSYNC_DIR_DELTA_ROW 24u       /* bytes of one chunk's row in a delta table */
+#define WSYNC_DIR_DELTA_ROW 64u       /* bytes of one row of a delta table */
 
 void wsync_dir_entry_encode(const wsync_dir_entry_t *e, wsync_wbuf_t *out);
 /* Strict: sizes bounded, shard addresses inside their region, a delta table inside its
