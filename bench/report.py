@@ -660,19 +660,19 @@ def delta_chart(runs, path, terminal, title):
 
 def delta_table(rows):
     out = ["| run | shape | lr | delta | changed | wire bytes (÷ full) | seconds, delta | seconds, "
-           "full | delta ÷ full | CPU encode / apply | correct |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "full | delta ÷ full | CPU encode / apply | versions | correct |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, rc, j in rows:
         if not j:
-            out.append("| %s | | | | | no result (exit status %s) | | | | | |" % (name, rc))
+            out.append("| %s | | | | | no result (exit status %s) | | | | | | |" % (name, rc))
             continue
         codec = ("%s / %s" % (secs(j["encode_seconds"]), secs(j["apply_seconds"]))
                  if j.get("encode_seconds") is not None else "–")
-        out.append("| %s | %s | %g | %s | %.2f %% | %.1f MB of %.1f MB (%.2f %%) | %s | %s | %.3f | %s | %s |" % (
+        out.append("| %s | %s | %g | %s | %.2f %% | %.1f MB of %.1f MB (%.2f %%) | %s | %s | %.3f | %s | %d + %d | %s |" % (
             delta_label(j), j["model_shape"], j["lr"], j["delta_resolved"],
             100 * j["changed_fraction"], j["wire_bytes"] / 1e6, j["full_wire_bytes"] / 1e6,
             100 * j["wire_ratio"], secs(j["seconds"]), secs(j["full_seconds"]), j["time_ratio"],
-            codec, "yes" if j["correct"] else "NO"))
+            codec, j["warmup"], j["iters"], "yes" if j["correct"] else "NO"))
     return out
 
 
@@ -693,7 +693,7 @@ def delta_section(host_path, gpu_path, terminal=None, plot_dir=None, rel_dir="be
            "sender's push; the store: the slowest receiver's fetch); delta ÷ full: median of the "
            "per-version ratios. CPU encode / apply: the CPU codec (core/delta.c, one thread) on "
            "the same version's shards, timed apart from the sync (the schemes report no codec "
-           "times). Targets (issue 17): wire bytes at lr 1e-6 on the Qwen3-8B shape ≤ 4 % of the "
+           "times). Versions: warm-up + timed, in each mode. Targets (issue 17): wire bytes at lr 1e-6 on the Qwen3-8B shape ≤ 4 % of the "
            "full version's; over a network-bound link (nccl over sockets, the store over tcp) "
            "time per version ≤ 0.1 × full; colocated, auto never slower than full.", ""]
     hmeta, hrows = delta_rows(host_path)
