@@ -129,7 +129,8 @@ NAMES=()
 launch() {   # log name, host, GPU, then netns_member arguments
     local name=$1 host=$2 gpu=$3
     shift 3
-    local cmd=(ip netns exec "${TAG}h$host" env "${ENVS[@]}" CUDA_VISIBLE_DEVICES=$gpu
+    # XENV: one more VAR=value for this run's processes (the delta run's WSYNC_DELTA=on)
+    local cmd=(ip netns exec "${TAG}h$host" env "${ENVS[@]}" ${XENV:-} CUDA_VISIBLE_DEVICES=$gpu
                timeout -k 5 "$LIMIT" "$MEMBER" "$@")
     if [ "$DRY" = 1 ]; then echo "+ ${cmd[*]} > $WORK/$name.log &"; return; fi
     "${cmd[@]}" > "$WORK/$name.log" 2>&1 &
@@ -221,6 +222,9 @@ if ! lan_up "$HOSTS"; then
 fi
 
 wsync_run fsdp1-tp1 tp 0 1
+# delta versions asked for explicitly (issue 17: nccl carries them; auto also turns them on for
+# a group that spans namespaces)
+[ "$MEM" = cuda ] && XENV=WSYNC_DELTA=on wsync_run fsdp1-tp1-delta tp 0 1
 [ "$MEM" = cuda ] && raw_run raw-send send 0,1
 if [ "$GPUS" -ge 4 ]; then
     wsync_run fsdp2-tp2 tp 0,1 2,3

@@ -183,11 +183,33 @@ static inline uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
+/* The nccl delta cases (issue 17) set this in their children: 0, every element takes a new
+ * value in every version; N, from version 2 on about one element in N does, the others keep the
+ * value they had (what an RL step does to most bf16 weights). */
+static uint32_t g_sparse;
+
+/* The version whose value element i of a param holds in version v, under g_sparse. */
+static uint64_t sparse_version(uint64_t i, uint64_t v)
+{
+    while (v > 1 && mix64((i << 8) ^ v ^ 0x5D1A7Aull) % g_sparse != 0)
+        v--;
+    return v;
+}
+
 /* Elements [start, start+n) of param `name` in version v: finite, non-zero bf16 with
- * |x| in [2^-7, 2), different in every version. */
+ * |x| in [2^-7, 2), different in every version (g_sparse: only some, each version). */
 static void gen(const char *name, uint64_t v, uint64_t start, uint64_t n, uint16_t *out)
 {
     uint64_t seed = XXH3_64bits_withSeed(name, strlen(name), 0xC0FFEEull + v);
+    if (g_sparse) {   /* element by element (slow, small models only) */
+        for (uint64_t i = start; i < start + n; i++) {
+            uint64_t u = sparse_version(i, v);
+            uint64_t sd = XXH3_64bits_withSeed(name, strlen(name), 0xC0FFEEull + u);
+            uint16_t x = (uint16_t)(mix64(sd + (i >> 2) * 0xD1B54A32D192ED03ull) >> (16 * (i & 3)));
+            *out++ = (uint16_t)((x & 0x8000u) | ((120u + ((x >> 7) & 7u)) << 7) | (x & 0x7Fu));
+        }
+        return;
+    }
     for (uint64_t i = start; i < start + n; i++) {
         uint16_t x = (uint16_t)(mix64(seed + (i >> 2) * 0xD1B54A32D192ED03ull) >> (16 * (i & 3)));
         *out++ = (uint16_t)((x & 0x8000u) | ((120u + ((x >> 7) & 7u)) << 7) | (x & 0x7Fu));
@@ -1073,6 +1095,311 @@ static void run_cases(void)
         run_group(h);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* nccl delta versions (issue 17)                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* FSDP-d -> TP-d on GPUs of their own (senders 0 .. d-1, receivers d .. 2d-1), delta = on,
+ * DELTA_VERSIONS versions of which about one element in DELTA_SPARSE changes each time; every
+ * version byte-compared with expected() (the same generator), and the sender's stats must show
+ * deltas: from version 2 on the base is the version before and the wire carries under a quarter
+ * of the bytes delivered. Variants: a receiver that re-points a target after version 2 (poisoned
+ * 0xFF: version 3 must come to it in full, or it fails its hash), and a corrupted delta (fault
+ * delta.encoded:corrupt@1 on sender 0: version 2 must fail with INTEGRITY naming the param on
+ * the receiver that took it; a new group then takes version 3 right). */
+#define DELTA_VERSIONS 4
+#define DELTA_SPARSE 50
+enum { DELTA_BASIC = 0, DELTA_REPOINT = 1, DELTA_CORRUPT = 2 };
+static int g_delta_variant;
+static char coord2[64];                /* DELTA_CORRUPT: the group made after the failure */
+
+static int delta_sender_main(void *arg)
+{
+    const group_t *g = arg;
+    int rank = g->rank, dev = rank, failed_at = 0;
+    wsync_model_config_t cfg = model_small();
+    wsync_shard_t *shards = NULL;
+    size_t n = 0, bytes = 0, *off = NULL;
+    uint8_t *block = NULL, *host = NULL;
+    wsync_ctx_t *ctx = NULL;
+    wsync_sender_t *s = NULL;
+    wsync_status_t st;
+
+    check_failures = 0;
+    g_sparse = DELTA_SPARSE;
+    if (g_delta_variant == DELTA_CORRUPT && rank == 0)
+        setenv("WSYNC_FAULT", "delta.encoded:corrupt@1", 1);
+    CU_OK(cudaSetDevice(dev));
+    CHECK_OK(wsync_layout_fsdp_shards(&cfg, WSYNC_DTYPE_BF16, rank, g->nsenders, &shards, &n));
+    off = calloc(n + 1, sizeof(size_t));
+    for (size_t k = 0; k < n; k++) {
+        off[k] = bytes;
+        bytes += (elems_of(&shards[k].param, &shards[k].box) * esz_of(&shards[k].param) + 255) &
+                 ~(size_t)255;
+    }
+    host = malloc(bytes + 2);
+    CU_OK(cudaMalloc((void **)&block, bytes + 256));
+    if (check_failures || !host)
+        goto out;
+    for (int v = 1; v <= DELTA_VERSIONS; v++) {
+        if (s == NULL) {   /* the first group, or the one made after the corrupted version */
+            wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
+            sp.coordinator = v == 1 ? coord : coord2;
+            sp.rank = rank;
+            sp.nranks = g->nsenders;
+            sp.nreceivers = g->tp;
+            sp.scheme = "nccl";
+            sp.delta = "on";
+            sp.timeout_ms = TIMEOUT_MS;
+            sp.heartbeat_ms = 200;
+            CHECK_OK(wsync_ctx_create(NULL, &ctx));
+            CHECK_OK(wsync_sender_create(ctx, &sp, &s));
+            for (size_t k = 0; k < n && !check_failures; k++) {
+                wsync_shard_t sh = shards[k];
+                sh.data = block + off[k];
+                sh.mem = WSYNC_MEM_CUDA;
+                sh.device = dev;
+                CHECK_OK(wsync_sender_add_shard(s, &sh));
+            }
+            if (check_failures)
+                goto out;
+        }
+        for (size_t k = 0; k < n; k++) {
+            uint64_t cnt = elems_of(&shards[k].param, &shards[k].box), rowe = 1;
+            for (int d = 1; d < shards[k].param.ndim; d++)
+                rowe *= (uint64_t)shards[k].param.shape[d];
+            gen_as(&shards[k].param, (uint64_t)v, (uint64_t)shards[k].box.start[0] * rowe, cnt,
+                   host + off[k]);
+        }
+        CU_OK(cudaMemcpy(block, host, bytes, cudaMemcpyHostToDevice));
+        st = wsync_sender_setup(s);   /* once per group: a no-op after the first */
+        if (st == WSYNC_OK)
+            st = wsync_sender_push(s, (uint64_t)v);
+        if (st != WSYNC_OK) {
+            note_error(rank, st);
+            failed_at = v;
+            if (g_delta_variant == DELTA_CORRUPT && v == 2) {   /* expected: a new group */
+                wsync_sender_free(s);
+                wsync_ctx_free(ctx);
+                s = NULL;
+                ctx = NULL;
+                unsetenv("WSYNC_FAULT");
+                continue;
+            }
+            fprintf(stderr, "delta sender %d: version %d failed: %s\n", rank, v,
+                    g_shared->error_text[rank]);
+            CHECK(0);
+            break;
+        }
+        wsync_push_stats_t ps;
+        CHECK_OK(wsync_sender_stats(s, &ps));
+        /* after the corrupted version the new group starts full again */
+        int first = v == 1 || (g_delta_variant == DELTA_CORRUPT && v == 3);
+        CHECK_MSG(ps.base_version == (first ? 0 : (uint64_t)v - 1), "sender %d version %d: "
+                  "base %llu", rank, v, (unsigned long long)ps.base_version);
+        /* a receiver that re-pointed a target holds no version: version 3 goes full to it */
+        if (!first && !(g_delta_variant == DELTA_REPOINT && v == 3))
+            CHECK_MSG(ps.bytes_encoded > 0 && ps.bytes_wire * 4 < ps.bytes_delivered,
+                      "sender %d version %d: %llu bytes on the wire (%llu encoded) for %llu "
+                      "delivered: not a delta", rank, v, (unsigned long long)ps.bytes_wire,
+                      (unsigned long long)ps.bytes_encoded,
+                      (unsigned long long)ps.bytes_delivered);
+        printf("   sender %d version %d: base %llu, wire %llu bytes (encoded %llu), delivered "
+               "%llu\n", rank, v, (unsigned long long)ps.base_version,
+               (unsigned long long)ps.bytes_wire, (unsigned long long)ps.bytes_encoded,
+               (unsigned long long)ps.bytes_delivered);
+        fflush(stdout);
+    }
+    if (g_delta_variant == DELTA_CORRUPT)
+        CHECK_MSG(failed_at == 2, "sender %d: the corrupted version did not fail", rank);
+out:
+    wsync_sender_free(s);
+    wsync_ctx_free(ctx);
+    cudaFree(block);
+    free(host);
+    free(off);
+    wsync_layout_shards_free(shards, n);
+    return check_failures ? 1 : 0;
+}
+
+/* Every target of ours against expected(v); returns how many differ. */
+static int delta_compare(int rank, wsync_target_t *tg, uint8_t **data, size_t n, int v)
+{
+    int wrong = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t bytes = wsync_target_bytes(&tg[k]);
+        uint8_t *want = malloc(bytes), *have = malloc(bytes);
+        CHECK(expected(&tg[k], (uint64_t)v, want, NULL) == 0);
+        cudaError_t ce = cudaMemcpy(have, data[k], bytes, cudaMemcpyDeviceToHost);
+        CHECK_MSG(ce == cudaSuccess, "cudaMemcpy: %s", cudaGetErrorString(ce));
+        if ((ce != cudaSuccess || memcmp(want, have, bytes) != 0) && wrong++ < 4)
+            fprintf(stderr, "delta receiver %d version %d: target %s differs\n", rank, v,
+                    tg[k].name);
+        free(want);
+        free(have);
+    }
+    return wrong;
+}
+
+static int delta_receiver_main(void *arg)
+{
+    const group_t *g = arg;
+    int rank = g->rank, dev = g->nsenders + rank, slot = MAX_RANKS + rank, failed = 0;
+    wsync_model_config_t cfg = model_small();
+    wsync_target_t *tg = NULL;
+    size_t n = 0;
+    uint8_t **data = NULL;
+    wsync_ctx_t *ctx = NULL;
+    wsync_receiver_t *rv = NULL;
+    wsync_status_t st;
+
+    check_failures = 0;
+    g_sparse = DELTA_SPARSE;
+    CU_OK(cudaSetDevice(dev));
+    wsync_tp_options_t opt = WSYNC_TP_OPTIONS_INIT;
+    CHECK_OK(wsync_layout_tp_targets(&cfg, rank, g->tp, &opt, &tg, &n));
+    if (check_failures)
+        goto out;
+    data = calloc(n, sizeof(*data));
+    for (size_t k = 0; k < n; k++) {
+        CU_OK(cudaMalloc((void **)&data[k], wsync_target_bytes(&tg[k])));
+        CU_OK(cudaMemset(data[k], 0xFF, wsync_target_bytes(&tg[k])));
+    }
+    for (int v = 1; v <= DELTA_VERSIONS; v++) {
+        if (rv == NULL) {
+            wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
+            rp.coordinator = v == 1 ? coord : coord2;
+            rp.rank = rank;
+            rp.nreceivers = g->tp;
+            rp.delta = "on";
+            rp.timeout_ms = TIMEOUT_MS;
+            rp.heartbeat_ms = 200;
+            CHECK_OK(wsync_ctx_create(NULL, &ctx));
+            CHECK_OK(wsync_receiver_create(ctx, &rp, &rv));
+            for (size_t k = 0; k < n && !check_failures; k++) {
+                wsync_target_t t = tg[k];
+                t.data = data[k];
+                t.mem = WSYNC_MEM_CUDA;
+                t.device = dev;
+                CHECK_OK(wsync_receiver_add_target(rv, &t));
+            }
+            if (check_failures)
+                goto out;
+        }
+        uint64_t got = 0;
+        st = wsync_receiver_wait(rv, -1, &got);
+        if (st != WSYNC_OK) {
+            note_error(slot, st);
+            if (g_delta_variant == DELTA_CORRUPT && v == 2) {   /* a new group takes version 3 */
+                printf("   receiver %d version 2: %s: %s\n", rank, wsync_status_name(st),
+                       g_shared->error_text[slot]);
+                wsync_receiver_free(rv);
+                wsync_ctx_free(ctx);
+                rv = NULL;
+                ctx = NULL;
+                failed = v;
+                continue;
+            }
+            fprintf(stderr, "delta receiver %d: version %d failed: %s\n", rank, v,
+                    g_shared->error_text[slot]);
+            CHECK(0);
+            break;
+        }
+        CHECK_MSG(got == (uint64_t)v, "receiver %d: version %llu, expected %d", rank,
+                  (unsigned long long)got, v);
+        int wrong = delta_compare(rank, tg, data, n, v);
+        CHECK_MSG(wrong == 0, "delta receiver %d: %d targets differ in version %d", rank, wrong, v);
+        if (!wrong)
+            g_shared->versions_right[rank]++;
+        if (g_delta_variant == DELTA_REPOINT && v == 2 && rank == 0) {
+            /* a new buffer holding no version: the next one must come to it in full */
+            uint8_t *fresh = NULL;
+            CU_OK(cudaMalloc((void **)&fresh, wsync_target_bytes(&tg[0])));
+            CU_OK(cudaMemset(fresh, 0xFF, wsync_target_bytes(&tg[0])));
+            CU_OK(cudaDeviceSynchronize());
+            CHECK_OK(wsync_receiver_set_target_data(rv, tg[0].name, fresh, NULL));
+            cudaFree(data[0]);
+            data[0] = fresh;
+        }
+    }
+    if (g_delta_variant == DELTA_CORRUPT && failed == 2)
+        g_shared->versions_right[rank]++;   /* the refused version counts as handled right */
+out:
+    wsync_receiver_free(rv);
+    wsync_ctx_free(ctx);
+    for (size_t k = 0; data && k < n; k++)
+        cudaFree(data[k]);
+    free(data);
+    wsync_layout_targets_free(tg, n);
+    return check_failures ? 1 : 0;
+}
+
+static void run_delta_case(int variant, const char *what)
+{
+    int d = g_ngpu >= 4 ? 2 : 1, np = 2 * d, codes[2 * MAX_RANKS];
+    pid_t pids[2 * MAX_RANKS];
+    group_t cfg[2 * MAX_RANKS];
+    char name[128];
+    snprintf(name, sizeof(name), "nccl delta FSDP-%d -> TP-%d bf16: %s", d, d, what);
+    group_t g = {.name = strdup(name), .scheme = "nccl", .nsenders = d, .tp = d, .replicas = 1,
+                 .kill_receiver = -1};
+    if (!wanted(&g))
+        return;
+    case_row_t *row = &rows[nrows++];
+    snprintf(row->name, sizeof(row->name), "%s", g.name);
+    if (g_ngpu < 2) {
+        row->result = "skipped";
+        snprintf(row->why, sizeof(row->why), "needs 2 GPUs, %d visible", g_ngpu);
+        printf("-- %s: skipped (%s)\n", g.name, row->why);
+        return;
+    }
+    memset(g_shared, 0, sizeof(*g_shared));
+    g_delta_variant = variant;
+    g.ngpu = g_ngpu;
+    g.port = proc_free_port();
+    snprintf(coord, sizeof(coord), "127.0.0.1:%d", g.port);
+    int port2 = proc_free_port();
+    for (int tries = 0; port2 == g.port && tries < 10; tries++)
+        port2 = proc_free_port();
+    snprintf(coord2, sizeof(coord2), "127.0.0.1:%d", port2);
+    long long t0 = proc_now_ms();
+    printf("-- %s\n", g.name);
+    fflush(stdout);
+    for (int i = 0; i < np; i++) {
+        cfg[i] = g;
+        cfg[i].rank = i < d ? i : i - d;
+        pids[i] = proc_spawn(i < d ? delta_sender_main : delta_receiver_main, &cfg[i],
+                             CHILD_LIMIT_S);
+    }
+    proc_wait_all(pids, np, GROUP_LIMIT_MS, codes);
+    row->seconds = (double)(proc_now_ms() - t0) / 1000.0;
+    int before = check_failures, integrity = 0;
+    for (int i = 0; i < np; i++) {
+        int r = i < d ? i : i - d;
+        CHECK_MSG(codes[i] == 0, "%s %d exited with %d", i < d ? "sender" : "receiver", r,
+                  codes[i]);
+        if (i < d)
+            continue;
+        CHECK_MSG(g_shared->versions_right[r] == DELTA_VERSIONS, "receiver %d: %d of %d versions "
+                  "right", r, g_shared->versions_right[r], DELTA_VERSIONS);
+        integrity |= g_shared->error_status[MAX_RANKS + r] == (int)WSYNC_ERR_INTEGRITY &&
+                     strstr(g_shared->error_text[MAX_RANKS + r], "param '") != NULL;
+    }
+    if (variant == DELTA_CORRUPT)
+        CHECK_MSG(integrity, "no receiver refused the corrupted delta with WSYNC_ERR_INTEGRITY "
+                  "naming the param");
+    row->result = check_failures == before ? "pass" : "FAIL";
+    printf("-- %s: %s in %.1f s\n", g.name, row->result, row->seconds);
+    fflush(stdout);
+}
+
+static void run_delta_cases(void)
+{
+    run_delta_case(DELTA_BASIC, "sparse versions");
+    run_delta_case(DELTA_REPOINT, "re-pointed target gets full");
+    run_delta_case(DELTA_CORRUPT, "corrupted delta refused");
+}
+
 static int count_gpus(void *arg)
 {
     (void)arg;
@@ -1132,6 +1459,7 @@ int main(int argc, char **argv)
     }
     printf("test_schemes: %d GPU(s)\n", g_ngpu);
     run_cases();
+    run_delta_cases();
     printf("\ncase                                                          result    seconds\n");
     int failed = 0;
     for (int i = 0; i < nrows; i++) {
