@@ -336,6 +336,7 @@ if ! skipped delta && [ -x "$BENCH" ]; then
     lay="--senders 1 --tp 1"
     [ "$NGPU" -ge 4 ] && lay="--senders 2 --tp 2"
     for lr in $DELTA_LRS; do
+        [ "$NGPU" -ge 2 ] || break   # a sender and a receiver on GPUs of their own
         # shellcheck disable=SC2086
         delta_bench "nccl-sock $lr" env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$BENCH" \
             --model-shape "$DELTA_SHAPE" --mem cuda --scheme nccl $lay --lr "$lr"
