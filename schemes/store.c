@@ -17,6 +17,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "core/delta_state.h"
 #include "core/fault.h"
 #include "core/log.h"
 #include "core/objects.h"
@@ -24,6 +25,7 @@
 #include "kernels/device.h"
 #include "reshard/exec.h"
 #include "schemes/scheme.h"
+#include "schemes/store_delta.h"
 #include "schemes/store_stage.h"
 #include "transports/rma.h"
 
@@ -180,6 +182,7 @@ typedef struct {
     int cuda;                        /* some shard is in CUDA memory (on s->device) */
     void *stream;                    /* the snapshot's copies from the GPU */
     uint8_t *hashbuf;                /* in place, verify: a device shard's block, on the host */
+    store_dtx_t *dtx;                /* delta versions (group mode on): schemes/store_delta.c */
 } store_sender_t;
 
 static void slot_release(store_sender_t *st, store_slot_t *sl, int owned)
@@ -203,6 +206,7 @@ static void store_sender_teardown(wsync_sender_t *s)
     if (entered && st->stream != NULL)
         (void)wsync_dev_stream_sync(st->stream, wsync_deadline_in(s->m.timeout_ms),
                                     "the store's snapshot copies from the GPU");
+    wsync_store_dtx_free(st->dtx);   /* its buffers are registered with st->ctx */
     for (int i = 0; i < st->nslots; i++)
         slot_release(st, &st->slots[i], st->snap);
     free(st->slots);
@@ -310,6 +314,8 @@ static wsync_status_t store_sender_setup(wsync_sender_t *s)
     WSYNC_LOG_I("store: sender %d on %s, %s, %zu bytes per version%s%s", s->m.rank, st->info,
                 st->snap ? "snapshots" : "in place", st->total, st->cuda ? ", " : "",
                 st->cuda ? cuda_path(st->rma, st->ctx) : "");
+    if (s->m.planmsg.delta == WSYNC_DELTA_MODE_ON)
+        return wsync_store_dtx_create(s, st->rma, st->ctx, &st->dtx);
     return WSYNC_OK;
 }
 
@@ -360,7 +366,10 @@ static void handle_free(store_sender_t *st, wsync_msg_t *msg)
 
     wsync_rbuf_init(&r, msg->payload, msg->len);
     v = wsync_get_u64(&r);
-    if (!st->snap || r.err)
+    if (r.err)
+        return;
+    wsync_store_dtx_release(st->dtx, v);   /* the delta of v goes with v */
+    if (!st->snap)
         return;
     for (int i = 0; i < st->nslots; i++)
         if (st->slots[i].version == v)
@@ -429,7 +438,8 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
     e.addr_len = (uint32_t)st->addr_len;
     e.nshards = (uint32_t)s->nshards;
     e.shards = calloc(s->nshards + 1, sizeof(*e.shards));
-    e.regions = calloc(st->snap ? 1 : s->nshards + 1, sizeof(*e.regions));
+    /* one region more: the delta buffer */
+    e.regions = calloc(st->snap ? 2 : s->nshards + 1, sizeof(*e.regions));
     if (e.shards == NULL || e.regions == NULL) {
         free(e.shards);
         free(e.regions);
@@ -468,6 +478,12 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
             e.shards[i].addr = (uint64_t)(uintptr_t)st->slots[i].base;
         }
     }
+    if (st->dtx != NULL && (rc = wsync_store_dtx_publish(s, st->dtx, version, st->stream, &e)) !=
+                               WSYNC_OK) {
+        free(e.shards);
+        free(e.regions);
+        return rc;
+    }
     wsync_wbuf_init(&b);
     wsync_put_u64(&b, version);
     wsync_dir_entry_encode(&e, &b);
@@ -497,6 +513,8 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
         free(e.shards);
         free(e.regions);
         wsync_wbuf_free(&b);
+        wsync_store_dtx_abandon(st->dtx);
+        wsync_store_dtx_release(st->dtx, version);
         return rc;
     }
     free(e.shards);
@@ -506,6 +524,8 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
         snprintf(where, sizeof(where), "store sender %d publishing version %llu", s->m.rank,
                  (unsigned long long)version);
         wsync_wbuf_free(&b);
+        wsync_store_dtx_abandon(st->dtx);
+        wsync_store_dtx_release(st->dtx, version);
         return wsync_fault_err(WSYNC_FAULT_STORE_PUBLISH, where);
     }
     rc = b.err ? wsync_err(WSYNC_ERR_NOMEM, "store: no memory")
@@ -532,8 +552,10 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
         wsync_rbuf_init(&r, msg->payload, msg->len);
         uint64_t v = wsync_get_u64(&r);
         wsync_msg_free(msg);
-        if (v == version)
+        if (v == version) {
+            wsync_store_dtx_published(st->dtx, version);
             return WSYNC_OK;
+        }
         return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %d: PUBLISHED %llu while publishing "
                          "%llu", s->m.rank, (unsigned long long)v, (unsigned long long)version);
     }
@@ -584,6 +606,7 @@ typedef struct {
     wsync_receiver_t *r;
     uint64_t v;
     void *ld;
+    store_drx_t *drx;                /* delta versions (group mode on): schemes/store_delta.c */
 } store_receiver_t;
 
 static void store_receiver_teardown(wsync_receiver_t *r)
@@ -608,6 +631,7 @@ static void store_receiver_teardown(wsync_receiver_t *r)
         st->rma->close(st->ctx);
     free(st->bounce);
     free(st->cast);
+    wsync_store_drx_free(st->drx);
     if (st->staged)
         wsync_stage_free(&st->ring);
     if (st->cuda) {
@@ -757,6 +781,8 @@ static wsync_status_t store_receiver_setup(wsync_receiver_t *r)
                     r->m.rank, st->cuda ? "CUDA targets" : "targets (WSYNC_STORE_STAGE=1)",
                     STAGE_SLOTS, st->cuda ? "pinned " : "", st->ring.slot_bytes >> 10);
     }
+    if (r->m.planmsg.delta == WSYNC_DELTA_MODE_ON)
+        return wsync_store_drx_create(r, st->lo, st->hi, &st->drx);
     return WSYNC_OK;
 }
 
@@ -1097,6 +1123,33 @@ static wsync_status_t from_sender(wsync_receiver_t *r, wsync_status_t rc, int se
                      detail);
 }
 
+/* The delta path's gets (schemes/store_delta.h): through rkey_for and post_get, as ours. */
+typedef struct {
+    wsync_receiver_t *r;
+    store_receiver_t *st;
+    uint64_t v;
+    store_landing_t *ld;
+} store_dio_t;
+
+static wsync_status_t dio_get(void *arg, uint32_t s, const uint8_t *rkey, size_t rkey_len,
+                              uint64_t addr, void *dst, size_t len)
+{
+    store_dio_t *io = arg;
+    wsync_rma_rkey_t *key = NULL;
+    wsync_status_t rc = rkey_for(io->st, s, rkey, rkey_len, &key);
+
+    for (size_t o = 0; o < len && rc == WSYNC_OK; o += GET_PIECE)
+        rc = post_get(io->r, io->st, s, key, addr + o, (uint8_t *)dst + o,
+                      (size_t)WSYNC_MIN(GET_PIECE, len - o), io->v, io->ld);
+    return from_sender(io->r, rc, (int)s, io->v);
+}
+
+static wsync_status_t dio_flush(void *arg)
+{
+    store_dio_t *io = arg;
+    return from_sender(io->r, flush_landed(io->r, io->st, io->v, io->ld), -1, io->v);
+}
+
 /* Read version v's segments of ours, as the directory entries say where they lie. */
 static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
                                       const wsync_dir_entry_t *e, const store_sums_t *sums,
@@ -1107,7 +1160,16 @@ static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
     store_landing_t *ld = ldp;   /* the ring's flushes see it too */
     wsync_status_t rc;
 
+    if (st->drx != NULL) {
+        /* first the deltas this reader can take; the rest is read plain below */
+        store_dio_t dio = {r, st, v, ld};
+        wsync_store_io_t io = {dio_get, dio_flush, &dio};
+        if ((rc = wsync_store_drx_read(r, st->drx, &io, e, v, bytes)) != WSYNC_OK)
+            return rc;
+    }
     for (uint32_t i = st->lo; i < st->hi; i++) {
+        if (wsync_store_drx_done(st->drx, i))
+            continue;
         const wsync_segment_t *sg = &plan->segments[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         const wsync_dir_entry_t *en = &e[c->sender];
@@ -1356,6 +1418,7 @@ const wsync_scheme_ops_t wsync_scheme_store = {
     .name = "store",
     .implemented = 1,
     .async = 1,
+    .delta = 1,
     .score = store_score,
     .sender_setup = store_sender_setup,
     .sender_push = store_sender_push,
