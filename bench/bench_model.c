@@ -534,11 +534,14 @@ static int host_fits(const model_t *m)
     for (int j = 0; j < m->NR; j++)
         r += m->receiver_bytes[j];
     if (m->o->delta) {
-        /* fp32 masters on both sides (receivers: of their targets' elements), and the senders'
-         * previous weights (host) or host image of their weights (CUDA) */
+        /* fp32 masters on both sides (receivers: of their targets' elements), the senders'
+         * previous weights (host) or host image of their weights (CUDA), and the store's
+         * snapshots */
         d = m->shard_elems * 4 + s;
         for (int j = 0; j < m->NR; j++)
             d += m->receiver_bytes[j] * 2;
+        if (m->o->store) /* its snapshots: keep_versions (2) copies of the shards */
+            d += 2 * s;
         if (m->o->mem_cuda)
             s = r = 0; /* on the GPUs */
     }
