@@ -636,7 +636,15 @@ def delta_chart(runs, path, terminal, title):
           "set logscale x", "set logscale y", "set logscale y2", 'set format x "%.0e"',
           'set format y "%g"', 'set format y2 "%g"', "set ytics nomirror", "set y2tics",
           "set grid xtics ytics", "set key outside right top vertical Left reverse",
-          "set xrange [%.6g:%.6g]" % (min(j["lr"] for j in runs) / 2, max(j["lr"] for j in runs) * 2)]
+          "set xrange [%.6g:%.6g]" % (min(j["lr"] for j in runs) / 2, max(j["lr"] for j in runs) * 2),
+          # the targets: 4 % of the bytes (lr 1e-6, Qwen3-8B), 0.1 x the time (network
+          # bound); and delta = full
+          'set arrow from graph 0, first 4 to graph 1, first 4 nohead lc rgb "#444444" dt 3',
+          'set label "4 % of the bytes" at graph 0.01, first 4 offset 0,0.6 font ",9"',
+          'set arrow from graph 0, second 0.1 to graph 1, second 0.1 nohead lc rgb "#444444" dt 4',
+          'set label "0.1 x the time" at graph 0.99, second 0.1 right offset 0,0.6 font ",9"',
+          'set arrow from graph 0, second 1 to graph 1, second 1 nohead lc rgb "#999999" dt 2',
+          'set label "delta = full" at graph 0.99, second 1 right offset 0,0.6 font ",9"']
     labels = []
     for j in runs:
         if delta_label(j) not in labels:
