@@ -1311,6 +1311,14 @@ static int delta_receiver_main(void *arg)
         CHECK_MSG(wrong == 0, "delta receiver %d: %d targets differ in version %d", rank, wrong, v);
         if (!wrong)
             g_shared->versions_right[rank]++;
+        if (g_delta_variant == DELTA_CORRUPT && v == 2) {
+            /* the corrupted chunk went to another receiver: the group failed all the same (its
+             * senders' pushes did), and version 3 comes from the new one */
+            wsync_receiver_free(rv);
+            wsync_ctx_free(ctx);
+            rv = NULL;
+            ctx = NULL;
+        }
         if (g_delta_variant == DELTA_REPOINT && v == 2 && rank == 0) {
             /* a new buffer holding no version: the next one must come to it in full */
             uint8_t *fresh = NULL;
