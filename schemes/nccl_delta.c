@@ -385,8 +385,10 @@ wsync_status_t wsync_nccl_delta_layout(nc_state_t *st, const wsync_plan_t *plan,
         map = malloc(((size_t)(d->hi - d->lo) + 1) * sizeof(uint32_t));
         free(d->encd);
         d->encd = calloc((size_t)(d->hi - d->lo) + 1, 1);
-        if (map == NULL || d->encd == NULL)
+        if (map == NULL || d->encd == NULL) {
+            free(map);
             return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for delta versions");
+        }
         for (uint32_t c = d->lo; c < d->hi; c++)
             map[c - d->lo] = UINT32_MAX;
     }
