@@ -25,6 +25,10 @@ extern "C" {
 #define WK_EPT (WK_DBLK / WK_THREADS)  /* elements per thread */
 #define WK_MWORDS (WK_DBLK / 32)       /* mask words per block */
 #define WK_FULL 0xffffffffu
+/* Codec blocks resident per SM that the register budget must allow (<= 32 registers): a block's
+ * life has stretches without loads in flight (ballots, hash, look-back), so bandwidth comes from
+ * many blocks per SM (with bf16, shared memory allows 8 too). */
+#define WK_DMIN_BLOCKS 8
 
 static_assert(WK_DBLK == WSYNC_DELTA_BLOCK, "the kernels' block is the format's");
 static_assert(WK_THREADS == 256, "the hash and the prefix counts assume 256 threads");
@@ -446,7 +450,7 @@ __device__ __forceinline__ void wk_store_block(const wk_dchunk_t &d, unsigned ch
  * (dynamic): the new values [WK_DBLK * E], then the payload being built [WK_DBLK * E] (the
  * changed flags before it). */
 template <int E>
-__global__ void __launch_bounds__(WK_THREADS)
+__global__ void __launch_bounds__(WK_THREADS, WK_DMIN_BLOCKS)
 wk_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
                 unsigned long long *status, unsigned int *counter, uint64_t *leaves,
                 wsync_kdelta_result_t *res, int update_old)
@@ -637,7 +641,7 @@ __device__ uint32_t wk_check_entry(const unsigned char *enc, uint64_t elen, cons
 /* Blocks [g0, g0 + gridDim.x) of chunks [c0, c1), element size E: check, apply, hash. Shared
  * memory (dynamic): the block's values [WK_DBLK * E] (with hash). */
 template <int E>
-__global__ void __launch_bounds__(WK_THREADS)
+__global__ void __launch_bounds__(WK_THREADS, WK_DMIN_BLOCKS)
 wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
                const uint64_t *lens, uint64_t *leaves, wsync_kdelta_result_t *res, int hash)
 {
@@ -647,27 +651,25 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uin
     __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS];
     __shared__ uint64_t sec[24], hsum[WK_THREADS];
     __shared__ uint64_t sh_off, sh_size;
-    __shared__ uint32_t sh_c, sh_mode, sh_k, sh_fault, sh_bad, sh_total;
+    __shared__ uint32_t sh_mode, sh_k, sh_fault, sh_bad, sh_total;
     const int tid = threadIdx.x;
     const uint64_t g = g0 + blockIdx.x;
 
     wk_secret_load(sec);
+    const wk_dchunk_t d = ch[wk_find_chunk(ch, c0, c1, g)];
+    const uint32_t j = (uint32_t)(g - d.block0);
+    const uint64_t first = (uint64_t)j * WK_DBLK;
+    const uint32_t len = (uint32_t)(d.n - first < WK_DBLK ? d.n - first : WK_DBLK);
+    /* the target's values are read whatever the stream holds (reading is harmless): their loads
+     * are in flight while thread 0 walks the header and the table entry */
+    if (hash)
+        wk_load_block<E, false>(d, d.b, NULL, first, len, sv, NULL);
     if (tid == 0) {
-        uint32_t c = wk_find_chunk(ch, c0, c1, g);
-        const wk_dchunk_t &d = ch[c];
-        uint32_t j = (uint32_t)(g - d.block0);
-        uint64_t first = (uint64_t)j * WK_DBLK;
-        uint32_t len = (uint32_t)(d.n - first < WK_DBLK ? d.n - first : WK_DBLK);
-        sh_c = c;
         sh_fault = wk_check_entry(d.a, lens[d.idx], d, j, len, E, &sh_mode, &sh_k, &sh_off,
                                   &sh_size);
         sh_bad = 0;
     }
     __syncthreads();
-    const wk_dchunk_t d = ch[sh_c];
-    const uint32_t j = (uint32_t)(g - d.block0);
-    const uint64_t first = (uint64_t)j * WK_DBLK;
-    const uint32_t len = (uint32_t)(d.n - first < WK_DBLK ? d.n - first : WK_DBLK);
     if (sh_fault != 0) {
         if (tid == 0)
             atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
@@ -744,8 +746,6 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uin
             }
         }
     } else {
-        wk_load_block<E, false>(d, d.b, NULL, first, len, sv, NULL);
-        __syncthreads();
         if (mode == WSYNC_DELTA_SPARSE) {
             for (uint32_t r = tid; r < k; r += WK_THREADS)
                 reinterpret_cast<el *>(sv)[ix[r]] = vals[r];

@@ -94,9 +94,9 @@ wsync_status_t wsync_kdelta_encode_create(const wsync_kdelta_enc_t *chunks, uint
                                           int update_old, wsync_kdelta_batch_t **batch);
 
 /* An apply batch for n chunks. hash: compute each region's tree hash after applying (the
- * receiver's check; it reads every block of the region). Without it only blocks with changes are
- * read and only changed values written (a sender bringing its baseline up to the version it
- * encoded). Errors as encode_create (enc not 8-byte aligned; regions of one batch must not
+ * receiver's check; it reads every block of the region, and stores a BITMAP or PLAIN block whole,
+ * its unchanged values rewritten as they were). Without it only blocks with changes are read and
+ * only changed values written (a sender bringing its baseline up to the version it encoded). Errors as encode_create (enc not 8-byte aligned; regions of one batch must not
  * overlap). */
 wsync_status_t wsync_kdelta_apply_create(const wsync_kdelta_app_t *chunks, uint32_t n, int hash,
                                          wsync_kdelta_batch_t **batch);
