@@ -248,6 +248,9 @@ static void make_all_cases(void)
         tcase_make(&tcs[ntc++], es, 1, 7, 7, 1, 0.5, NULL, 0);
         tcase_make(&tcs[ntc++], es, 64, 64, 64, 0, 0.02, NULL, 0);
         tcase_make(&tcs[ntc++], es, 1, BLK + 1, BLK + 1, 0, 0.4, NULL, 0);
+        /* 100 blocks: look-backs across several windows of 32 blocks */
+        if (es == 2)
+            tcase_make(&tcs[ntc++], es, 1, 100 * BLK + 5, 100 * BLK + 5, 0, 0.02, NULL, 0);
         /* narrow rows: 3 of 7 */
         tcase_make(&tcs[ntc++], es, 3000, 3, 7, 2, 0.1, NULL, 0);
         /* every mode boundary, dense and strided */
