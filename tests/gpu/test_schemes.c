@@ -1408,6 +1408,257 @@ static void run_delta_cases(void)
     run_delta_case(DELTA_CORRUPT, "corrupted delta refused");
 }
 
+/* ------------------------------------------------------------------------------------------ */
+
+/* The store with delta = on, CUDA shards and CUDA targets (schemes/store_delta.c): FSDP-2 -> TP-2
+ * on the visible GPUs (one is enough: the store reads through the network stack), shards encoded
+ * by the device codec against device baselines, streams applied by the device codec from pinned
+ * host memory. DELTA_VERSIONS sparse versions, each fetched by both readers and byte-compared
+ * with expected(); from version 2 on every sender encodes against the version before, and each
+ * reader's delta fetches read under a quarter of its full fetch's bytes (its progress). Corrupted
+ * variant: delta.encoded:corrupt@1 on sender 0; the reader of that stream must refuse version 2
+ * with INTEGRITY naming the param, then read version 3 in full and right, version 4 a delta. */
+typedef struct {
+    uint64_t bytes[DELTA_VERSIONS + 1][MAX_RANKS];
+    int done[DELTA_VERSIONS + 1][MAX_RANKS];
+} store_delta_sync_t;
+static store_delta_sync_t *g_sds;
+
+static void store_delta_wait(const group_t *g, int v)
+{
+    long long until = proc_now_ms() + GROUP_LIMIT_MS;
+    for (int r = 0; r < g->tp && v > 0; r++)
+        while (!__atomic_load_n(&g_sds->done[v][r], __ATOMIC_ACQUIRE) && proc_now_ms() < until)
+            usleep(2000);
+}
+
+static int store_delta_sender_main(void *arg)
+{
+    const group_t *g = arg;
+    int rank = g->rank, dev = rank % g->ngpu;
+    wsync_model_config_t cfg = model_small();
+    wsync_shard_t *shards = NULL;
+    size_t n = 0, bytes = 0, *off = NULL;
+    uint8_t *block = NULL, *host = NULL;
+    wsync_ctx_t *ctx = NULL;
+    wsync_sender_t *s = NULL;
+    wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
+
+    check_failures = 0;
+    g_sparse = DELTA_SPARSE;
+    if (g_delta_variant == DELTA_CORRUPT && rank == 0)
+        setenv("WSYNC_FAULT", "delta.encoded:corrupt@1", 1);
+    CU_OK(cudaSetDevice(dev));
+    CHECK_OK(wsync_layout_fsdp_shards(&cfg, WSYNC_DTYPE_BF16, rank, g->nsenders, &shards, &n));
+    off = calloc(n + 1, sizeof(size_t));
+    for (size_t k = 0; k < n; k++) {
+        off[k] = bytes;
+        bytes += (elems_of(&shards[k].param, &shards[k].box) * esz_of(&shards[k].param) + 255) &
+                 ~(size_t)255;
+    }
+    host = malloc(bytes + 2);
+    CU_OK(cudaMalloc((void **)&block, bytes + 256));
+    sp.coordinator = coord;
+    sp.rank = rank;
+    sp.nranks = g->nsenders;
+    sp.nreceivers = g->tp;
+    sp.scheme = "store";
+    sp.delta = "on";
+    sp.keep_versions = DELTA_VERSIONS + 1;
+    sp.timeout_ms = TIMEOUT_MS;
+    sp.heartbeat_ms = 200;
+    CHECK_OK(wsync_ctx_create(NULL, &ctx));
+    CHECK_OK(wsync_sender_create(ctx, &sp, &s));
+    for (size_t k = 0; k < n && !check_failures; k++) {
+        wsync_shard_t sh = shards[k];
+        sh.data = block + off[k];
+        sh.mem = WSYNC_MEM_CUDA;
+        sh.device = dev;
+        CHECK_OK(wsync_sender_add_shard(s, &sh));
+    }
+    for (int v = 1; v <= DELTA_VERSIONS && !check_failures && host; v++) {
+        store_delta_wait(g, v - 1);   /* readers keep up: their regions reached us */
+        for (size_t k = 0; k < n; k++) {
+            uint64_t cnt = elems_of(&shards[k].param, &shards[k].box), rowe = 1;
+            for (int d = 1; d < shards[k].param.ndim; d++)
+                rowe *= (uint64_t)shards[k].param.shape[d];
+            gen_as(&shards[k].param, (uint64_t)v, (uint64_t)shards[k].box.start[0] * rowe, cnt,
+                   host + off[k]);
+        }
+        CU_OK(cudaMemcpy(block, host, bytes, cudaMemcpyHostToDevice));
+        wsync_status_t st = wsync_sender_push(s, (uint64_t)v);
+        CHECK_MSG(st == WSYNC_OK, "store delta sender %d: version %d: %s", rank, v,
+                  wsync_last_error());
+        wsync_push_stats_t ps;
+        CHECK_OK(wsync_sender_stats(s, &ps));
+        CHECK_MSG(ps.base_version == (uint64_t)v - 1 && (v == 1) == (ps.bytes_encoded == 0),
+                  "store delta sender %d version %d: base %llu, %llu bytes encoded", rank, v,
+                  (unsigned long long)ps.base_version, (unsigned long long)ps.bytes_encoded);
+        printf("   store sender %d version %d: base %llu, encoded %llu, plain %llu bytes\n", rank,
+               v, (unsigned long long)ps.base_version, (unsigned long long)ps.bytes_encoded,
+               (unsigned long long)ps.bytes_plain);
+        fflush(stdout);
+    }
+    store_delta_wait(g, DELTA_VERSIONS);   /* the store serves from this process */
+out:
+    wsync_sender_free(s);
+    wsync_ctx_free(ctx);
+    cudaFree(block);
+    free(host);
+    free(off);
+    wsync_layout_shards_free(shards, n);
+    return check_failures ? 1 : 0;
+}
+
+static void store_delta_progress(void *arg, uint64_t v, uint64_t done, uint64_t total)
+{
+    (void)total;
+    if (v <= DELTA_VERSIONS)
+        g_sds->bytes[v][(int)(intptr_t)arg] = done;
+}
+
+static int store_delta_receiver_main(void *arg)
+{
+    const group_t *g = arg;
+    int rank = g->rank, dev = (g->nsenders + rank) % g->ngpu, slot = MAX_RANKS + rank;
+    wsync_model_config_t cfg = model_small();
+    wsync_target_t *tg = NULL;
+    size_t n = 0;
+    uint8_t **data = NULL;
+    wsync_ctx_t *ctx = NULL;
+    wsync_receiver_t *rv = NULL;
+    wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
+    int failed = 0;
+
+    check_failures = 0;
+    g_sparse = DELTA_SPARSE;
+    CU_OK(cudaSetDevice(dev));
+    wsync_tp_options_t opt = WSYNC_TP_OPTIONS_INIT;
+    CHECK_OK(wsync_layout_tp_targets(&cfg, rank, g->tp, &opt, &tg, &n));
+    rp.coordinator = coord;
+    rp.rank = rank;
+    rp.nreceivers = g->tp;
+    rp.delta = "on";
+    rp.timeout_ms = TIMEOUT_MS;
+    rp.heartbeat_ms = 200;
+    rp.progress = store_delta_progress;
+    rp.progress_arg = (void *)(intptr_t)rank;
+    CHECK_OK(wsync_ctx_create(NULL, &ctx));
+    CHECK_OK(wsync_receiver_create(ctx, &rp, &rv));
+    data = calloc(n + 1, sizeof(*data));
+    for (size_t k = 0; k < n && !check_failures; k++) {
+        CU_OK(cudaMalloc((void **)&data[k], wsync_target_bytes(&tg[k])));
+        CU_OK(cudaMemset(data[k], 0xFF, wsync_target_bytes(&tg[k])));
+        wsync_target_t t = tg[k];
+        t.data = data[k];
+        t.mem = WSYNC_MEM_CUDA;
+        t.device = dev;
+        CHECK_OK(wsync_receiver_add_target(rv, &t));
+    }
+    for (int v = 1; v <= DELTA_VERSIONS && !check_failures; v++) {
+        uint64_t got = 0;
+        wsync_status_t st = wsync_receiver_fetch(rv, (uint64_t)v, TIMEOUT_MS, &got);
+        if (st != WSYNC_OK) {
+            note_error(slot, st);
+            printf("   store reader %d version %d: %s: %s\n", rank, v, wsync_status_name(st),
+                   g_shared->error_text[slot]);
+            CHECK_MSG(g_delta_variant == DELTA_CORRUPT && v == 2 && st == WSYNC_ERR_INTEGRITY,
+                      "store delta reader %d: version %d: %s", rank, v, g_shared->error_text[slot]);
+            failed = v;
+        } else {
+            int wrong = delta_compare(rank, tg, data, n, v);
+            CHECK_MSG(wrong == 0, "store delta reader %d: %d targets differ in version %d", rank,
+                      wrong, v);
+            if (!wrong)
+                g_shared->versions_right[rank]++;
+        }
+        __atomic_store_n(&g_sds->done[v][rank], 1, __ATOMIC_RELEASE);
+    }
+    /* bytes read: a delta fetch under a quarter of a full one (version 1, and 3 after a refusal) */
+    for (int v = 2; v <= DELTA_VERSIONS && !check_failures; v++) {
+        if (v == failed)
+            continue;
+        int full = failed && v == failed + 1;
+        uint64_t b = g_sds->bytes[v][rank], b1 = g_sds->bytes[1][rank];
+        CHECK_MSG(full ? b == b1 : b * 4 < b1, "store delta reader %d version %d: %llu bytes read, "
+                  "%llu in full", rank, v, (unsigned long long)b, (unsigned long long)b1);
+    }
+    if (failed == 2)
+        g_shared->versions_right[rank]++;   /* the refused version counts as handled right */
+out:
+    wsync_receiver_free(rv);
+    wsync_ctx_free(ctx);
+    for (size_t k = 0; data && k < n; k++)
+        cudaFree(data[k]);
+    free(data);
+    wsync_layout_targets_free(tg, n);
+    return check_failures ? 1 : 0;
+}
+
+static void run_store_delta_case(int variant, const char *what)
+{
+    int d = 2, np = 2 * d, codes[2 * MAX_RANKS];
+    pid_t pids[2 * MAX_RANKS];
+    group_t cfg[2 * MAX_RANKS];
+    char name[128];
+    snprintf(name, sizeof(name), "store delta FSDP-%d -> TP-%d bf16: %s", d, d, what);
+    group_t g = {.name = strdup(name), .scheme = "store", .nsenders = d, .tp = d, .replicas = 1,
+                 .kill_receiver = -1};
+    if (!wanted(&g))
+        return;
+    case_row_t *row = &rows[nrows++];
+    snprintf(row->name, sizeof(row->name), "%s", g.name);
+    memset(g_shared, 0, sizeof(*g_shared));
+    if (g_sds == NULL)
+        g_sds = mmap(NULL, sizeof(*g_sds), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                     -1, 0);
+    if (g_sds == MAP_FAILED) {
+        g_sds = NULL;
+        row->result = "FAIL";
+        return;
+    }
+    memset(g_sds, 0, sizeof(*g_sds));
+    g_delta_variant = variant;
+    g.ngpu = g_ngpu;
+    g.port = proc_free_port();
+    snprintf(coord, sizeof(coord), "127.0.0.1:%d", g.port);
+    long long t0 = proc_now_ms();
+    printf("-- %s\n", g.name);
+    fflush(stdout);
+    for (int i = 0; i < np; i++) {
+        cfg[i] = g;
+        cfg[i].rank = i < d ? i : i - d;
+        pids[i] = proc_spawn(i < d ? store_delta_sender_main : store_delta_receiver_main, &cfg[i],
+                             CHILD_LIMIT_S);
+    }
+    proc_wait_all(pids, np, GROUP_LIMIT_MS, codes);
+    row->seconds = (double)(proc_now_ms() - t0) / 1000.0;
+    int before = check_failures, integrity = 0;
+    for (int i = 0; i < np; i++) {
+        int r = i < d ? i : i - d;
+        CHECK_MSG(codes[i] == 0, "store %s %d exited with %d", i < d ? "sender" : "reader", r,
+                  codes[i]);
+        if (i < d)
+            continue;
+        CHECK_MSG(g_shared->versions_right[r] == DELTA_VERSIONS, "store reader %d: %d of %d "
+                  "versions right", r, g_shared->versions_right[r], DELTA_VERSIONS);
+        integrity |= g_shared->error_status[MAX_RANKS + r] == (int)WSYNC_ERR_INTEGRITY &&
+                     strstr(g_shared->error_text[MAX_RANKS + r], "param '") != NULL;
+    }
+    if (variant == DELTA_CORRUPT)
+        CHECK_MSG(integrity, "no store reader refused the corrupted delta with "
+                  "WSYNC_ERR_INTEGRITY naming the param");
+    row->result = check_failures == before ? "pass" : "FAIL";
+    printf("-- %s: %s in %.1f s\n", g.name, row->result, row->seconds);
+    fflush(stdout);
+}
+
+static void run_store_delta_cases(void)
+{
+    run_store_delta_case(DELTA_BASIC, "sparse versions");
+    run_store_delta_case(DELTA_CORRUPT, "corrupted delta refused");
+}
+
 static int count_gpus(void *arg)
 {
     (void)arg;
@@ -1468,6 +1719,7 @@ int main(int argc, char **argv)
     printf("test_schemes: %d GPU(s)\n", g_ngpu);
     run_cases();
     run_delta_cases();
+    run_store_delta_cases();
     printf("\ncase                                                          result    seconds\n");
     int failed = 0;
     for (int i = 0; i < nrows; i++) {
