@@ -36,7 +36,9 @@
 
 /* Resolve the group's delta mode from every participant's HELLO choice: any "off" -> off; else
  * any "on" -> on; else auto: on when the scheme is nccl or store and the participants span more
- * than one host or network namespace, off otherwise. A scheme whose ops lack .delta cannot carry
+ * than one host or network namespace, off otherwise (a store resolved before any reader joined
+ * (g->nreceivers 0): on, its readers come later from anywhere; a reader that said off then takes
+ * every version in full). A scheme whose ops lack .delta cannot carry
  * delta versions: "on" is then refused (WSYNC_ERR_UNSUPPORTED naming the scheme and who asked),
  * and auto resolves off. fp8_targets: the group has quantized FP8 targets (they always take full
  * bytes; the line says so when the mode is on). Writes one explanation line ("delta: on (...)")

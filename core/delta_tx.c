@@ -53,7 +53,12 @@ wsync_status_t wsync_delta_resolve(const wsync_group_info_t *g, const wsync_sche
         if (rc != 0)
             return wsync_err(WSYNC_ERR_NOMEM, "coordinator: out of memory");
         int dear = strcmp(scheme->name, "nccl") == 0 || strcmp(scheme->name, "store") == 0;
-        if (!dear) {
+        if (dear && g->nreceivers == 0 && scheme->async && scheme->delta) {
+            /* a store set up before any reader: readers come later, from anywhere */
+            *mode = WSYNC_DELTA_MODE_ON;
+            snprintf(why, sizeof(why), "auto: the %s scheme's readers come later, from any host; "
+                     "a reader with delta = off takes every version in full", scheme->name);
+        } else if (!dear) {
             *mode = WSYNC_DELTA_MODE_OFF;
             snprintf(why, sizeof(why), "auto: the %s scheme moves bytes through shared memory, "
                      "where full versions are cheap", scheme->name);

@@ -734,7 +734,10 @@ static wsync_status_t receiver_fetch(wsync_receiver_t *r, uint64_t want, int tim
         return wsync_member_fail(&r->m, st);
     r->torn = 0;
     r->version = v;
-    r->delta_holds = r->m.planmsg.delta == WSYNC_DELTA_MODE_ON ? v : 0;
+    /* a receiver that said off takes every version in full (a store reader that came after the
+     * group's mode was resolved without it) */
+    r->delta_holds = r->m.planmsg.delta == WSYNC_DELTA_MODE_ON &&
+                     r->delta_choice != WSYNC_DELTA_MODE_OFF ? v : 0;
     *got = v;
     return WSYNC_OK;
 }
@@ -803,7 +806,10 @@ wsync_status_t wsync_receiver_wait(wsync_receiver_t *r, int timeout_ms, uint64_t
     }
     r->torn = 0;
     r->version = v;
-    r->delta_holds = r->m.planmsg.delta == WSYNC_DELTA_MODE_ON ? v : 0;
+    /* a receiver that said off takes every version in full (a store reader that came after the
+     * group's mode was resolved without it) */
+    r->delta_holds = r->m.planmsg.delta == WSYNC_DELTA_MODE_ON &&
+                     r->delta_choice != WSYNC_DELTA_MODE_OFF ? v : 0;
     if (r->m.bells_on)
         wsync_member_bell_commit(&r->m, v);
     else

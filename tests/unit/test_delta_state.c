@@ -77,6 +77,11 @@ static void case_resolve(void)
     CHECK_OK(wsync_delta_resolve(&gr.g, &nccl, 0, &mode, line, sizeof(line)));
     CHECK_MSG(mode == ON && strstr(line, "delta: on (auto: the nccl scheme spans 2 hosts"), "%s",
               line);
+    /* a store set up before its readers: they come later, from anywhere */
+    const wsync_scheme_ops_t store = {.name = "store", .async = 1, .delta = 1};
+    group_make(&gr, 2, 0, (const uint32_t[]){A, A}, one);
+    CHECK_OK(wsync_delta_resolve(&gr.g, &store, 0, &mode, line, sizeof(line)));
+    CHECK_MSG(mode == ON && strstr(line, "readers come later"), "%s", line);
 }
 
 /* One host shard [8, 64] bf16 of sender 0, and chunks over it: rows 0-1 and 2-3 (apart), rows
