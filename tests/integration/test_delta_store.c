@@ -16,9 +16,10 @@
  * Every fetched version must hash as the reference's, and each delta fetch must move under a
  * quarter (bf16) of the bytes of a full fetch (the readers' progress reports the bytes read).
  *  - a corrupted delta (delta.encoded:corrupt on sender 0 flips a bit of version 2's first
- *    encoded chunk): the reader of that chunk fails version 2 with WSYNC_ERR_INTEGRITY naming the
- *    param, never holding wrong bytes as committed; its next fetch (3) is full and right, the
- *    one after (4) a delta and right.
+ *    encoded region), the shards published in place: the reader of that region fails version 2
+ *    with WSYNC_ERR_INTEGRITY naming the param, never holding wrong bytes as committed; its next
+ *    fetch (3) is full and right, the one after (4) a delta and right; the other reader's
+ *    versions are all right.
  */
 #include <signal.h>
 #include <stdint.h>
@@ -62,6 +63,7 @@ typedef struct {
     const char *transport;
     const char *fault;            /* WSYNC_FAULT of sender 0 */
     const int (*plan)[NV + 1];    /* [TP][v]: reader fetches version v; NULL: every version */
+    int in_place;                 /* publish the shards themselves (snapshot = 0) */
     int rank;
     results_t *res;
 } group_t;
@@ -138,7 +140,9 @@ static int run_sender(void *arg)
     sp.nranks = NS;
     sp.nreceivers = TP;
     sp.scheme = "store";
-    sp.snapshot = 1;               /* the trainer steps on as soon as a push returns */
+    /* snapshots: the trainer could step on as soon as a push returns; in place, it steps only
+     * once the readers have the version (the wait above) */
+    sp.snapshot = !g->in_place;
     sp.keep_versions = NV + 1;     /* every version stays for the readers' schedules */
     sp.timeout_ms = TIMEOUT_MS;
     sp.delta = g->delta;
@@ -385,7 +389,7 @@ static void case_delta(int fp8)
 static void case_corrupt(void)
 {
     group_t full = {.delta = "off"};
-    group_t delta = {.delta = "on", .fault = "delta.encoded:corrupt@1"};
+    group_t delta = {.delta = "on", .fault = "delta.encoded:corrupt@1", .in_place = 1};
     results_t *ref = run_group(&full), *got = run_group(&delta);
 
     if (ref == NULL || got == NULL || check_failures > 0)
