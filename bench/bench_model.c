@@ -2182,6 +2182,18 @@ static void version_times(const model_t *m, const model_shared_t *sh, double *ti
     }
 }
 
+/* The slowest sender's push of each timed version (the store: its publish, which the fetch
+ * times leave out). */
+static void push_times(const model_t *m, const model_shared_t *sh, double *times)
+{
+    for (int k = 0; k < m->o->iters; k++) {
+        times[k] = 0;
+        for (int s = 0; s < m->N; s++)
+            if (sh->push_s[m->o->warmup + k][s] > times[k])
+                times[k] = sh->push_s[m->o->warmup + k][s];
+    }
+}
+
 /* Every receiver of one group checked every version, all right. */
 static int delta_all_right(const model_t *m, const model_shared_t *sh)
 {
@@ -2211,8 +2223,11 @@ static int report_delta(const model_t *m, model_shared_t *const *sh)
     double ratio[MODEL_MAX_VERSIONS], wr[MODEL_MAX_VERSIONS];
     uint64_t wire[MODEL_MAX_VERSIONS], encb[MODEL_MAX_VERSIONS], plain[MODEL_MAX_VERSIONS];
     uint64_t base[MODEL_MAX_VERSIONS], codec[MODEL_MAX_VERSIONS];
+    double pd[MODEL_MAX_VERSIONS], pf[MODEL_MAX_VERSIONS];
     version_times(m, sh[0], td);
     version_times(m, sh[1], tf);
+    push_times(m, sh[0], pd);
+    push_times(m, sh[1], pf);
     int on = strncmp(sh[0]->delta_line, "delta: on", 9) == 0;
     /* the full version's wire bytes: version 1 of the delta group (no base yet: all plain);
      * with the mode resolved off nothing is counted, and every version moves the plan's bytes */
@@ -2285,6 +2300,10 @@ static int report_delta(const model_t *m, model_shared_t *const *sh)
            "(median of per-version ratios; %s)\n",
            sd.median, sd.min, sd.max, sf.median, sf.min, sf.max, sr.median,
            o->store ? "slowest receiver's fetch" : "slowest sender's push");
+    if (o->store)
+        printf("  publish           delta %.6f   full %.6f   (the slowest sender's push, "
+               "median; not in the fetch times above)\n",
+               bench_stats_of(pd, K).median, bench_stats_of(pf, K).median);
     if (!o->mem_cuda)
         printf("  CPU codec         encode %.4f s, apply %.4f s per version (one thread, "
                "apart from the sync; %.2f GB/s of the version's bytes encoded)\n",
@@ -2340,6 +2359,8 @@ static int report_delta(const model_t *m, model_shared_t *const *sh)
         json_object_set_new(j, "full_seconds_max", json_real(sf.max));
         json_object_set_new(j, "full_times", reals(tf, K));
         json_object_set_new(j, "time_ratio", json_real(sr.median));
+        json_object_set_new(j, "push_seconds", json_real(bench_stats_of(pd, K).median));
+        json_object_set_new(j, "full_push_seconds", json_real(bench_stats_of(pf, K).median));
         if (o->mem_cuda) {
             json_object_set_new(j, "encode_seconds", json_null());
             json_object_set_new(j, "apply_seconds", json_null());

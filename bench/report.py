@@ -676,11 +676,14 @@ def delta_table(rows):
             continue
         codec = ("%s / %s" % (secs(j["encode_seconds"]), secs(j["apply_seconds"]))
                  if j.get("encode_seconds") is not None else "–")
+        # the store times the fetch; its publish (the push: snapshot, encoding) comes beside it
+        pub = j["scheme"] == "store" and j.get("push_seconds") is not None
+        sd = secs(j["seconds"]) + (" (publish %s)" % secs(j["push_seconds"]) if pub else "")
+        sf = secs(j["full_seconds"]) + (" (publish %s)" % secs(j["full_push_seconds"]) if pub else "")
         out.append("| %s | %s | %g | %s | %.2f %% | %.1f MB of %.1f MB (%.2f %%) | %s | %s | %.3f | %s | %d + %d | %s |" % (
             delta_label(j), j["model_shape"], j["lr"], j["delta_resolved"],
             100 * j["changed_fraction"], j["wire_bytes"] / 1e6, j["full_wire_bytes"] / 1e6,
-            100 * j["wire_ratio"], secs(j["seconds"]), secs(j["full_seconds"]), j["time_ratio"],
-            codec, j["warmup"], j["iters"], "yes" if j["correct"] else "NO"))
+            100 * j["wire_ratio"], sd, sf, j["time_ratio"], codec, j["warmup"], j["iters"], "yes" if j["correct"] else "NO"))
     return out
 
 
@@ -698,7 +701,8 @@ def delta_section(host_path, gpu_path, terminal=None, plot_dir=None, rel_dir="be
            "elements the step changed per version. Wire bytes: the senders' push stats (encoded "
            "chunks plus chunks sent plain) against the full version's (version 1: no receiver "
            "holds a base, everything plain). Seconds: median of the timed versions (the slowest "
-           "sender's push; the store: the slowest receiver's fetch); delta ÷ full: median of the "
+           "sender's push; the store: the slowest receiver's fetch, with the slowest sender's "
+           "publish beside it where the run reported it); delta ÷ full: median of the "
            "per-version ratios. CPU encode / apply: the CPU codec (core/delta.c, one thread) on "
            "the same version's shards, timed apart from the sync (the schemes report no codec "
            "times). Versions: warm-up + timed, in each mode. Targets (issue 17): wire bytes at lr 1e-6 on the Qwen3-8B shape ≤ 4 % of the "
