@@ -781,7 +781,8 @@ static wsync_status_t store_receiver_setup(wsync_receiver_t *r)
                     r->m.rank, st->cuda ? "CUDA targets" : "targets (WSYNC_STORE_STAGE=1)",
                     STAGE_SLOTS, st->cuda ? "pinned " : "", st->ring.slot_bytes >> 10);
     }
-    if (r->m.planmsg.delta == WSYNC_DELTA_MODE_ON)
+    /* a reader that said off takes every version in full: no regions for the senders to encode */
+    if (r->m.planmsg.delta == WSYNC_DELTA_MODE_ON && r->delta_choice != WSYNC_DELTA_MODE_OFF)
         return wsync_store_drx_create(r, st->lo, st->hi, &st->drx);
     return WSYNC_OK;
 }
