@@ -7,13 +7,14 @@
  * flips the lowest mantissa bit of about 3 % of the elements, chosen by a hash of (param, index,
  * version), so every process makes version v on its own.
  *
- * The reference is the same versions published with delta = off and read by both readers, each
- * version hashed per target (xxh3 of its bytes, and of its scales for FP8 targets). In the delta
+ * References: every unquantized target of every fetched version equals what the CPU makes from
+ * its pieces and the generator (value_at), and every target (FP8 ones with their scales) hashes
+ * as the same version published with delta = off and read by both readers. In the delta
  * group the readers fetch chosen versions (wsync_receiver_fetch; the store keeps them all):
  *  - reader 0 fetches 1, 2, 3, skips 4, then 5 and 6: 1 is full (it holds nothing), 2 and 3 are
  *    deltas, 5 is full again (it holds 3, version 5 was encoded against 4), 6 a delta;
  *  - reader 1 joins late: 3 (full: it holds nothing), then 4, 5, 6 as deltas.
- * Every fetched version must hash as the reference's, and each delta fetch must move under a
+ * Every fetched version must equal both references, and each delta fetch must move under a
  * quarter (bf16) of the bytes of a full fetch (the readers' progress reports the bytes read).
  *  - a corrupted delta (delta.encoded:corrupt on sender 0 flips a bit of version 2's first
  *    encoded region), the shards published in place: the reader of that region fails version 2
@@ -48,6 +49,8 @@ typedef struct {
     uint64_t hash[NV + 1][TP][MAXT];
     int ntargets[TP];
     uint64_t bytes[NV + 1][TP];   /* what the reader's progress said it read */
+    /* per version, per reader: unquantized targets equal to / differing from the CPU's values */
+    int cpu_same[NV + 1][TP], cpu_diff[NV + 1][TP];
     int fetch_st[NV + 1][TP];
     char fetch_text[NV + 1][TP][512];
     wsync_push_stats_t stats[NV + 1][NS];
@@ -100,6 +103,59 @@ static uint64_t row_elems(const wsync_shard_t *sh)
 static uint64_t box_elems(const wsync_shard_t *sh)
 {
     return sh->param.ndim == 0 ? 1 : (uint64_t)sh->box.len[0] * row_elems(sh);
+}
+
+/* Element e (global row-major index) of param p (its index in the FSDP layout) at version v:
+ * the start value with the lowest bit flipped at every version that changed it. */
+static uint16_t value_at(uint32_t p, uint64_t e, uint64_t v)
+{
+    uint16_t x = base_value(p, e);
+    for (uint64_t w = 2; w <= v; w++)
+        x ^= (uint16_t)changes(p, e, w);
+    return x;
+}
+
+/* An unquantized bf16 target of version v as the CPU makes it from its pieces (names: the
+ * params in the senders' order); 1 when buf differs. */
+static int cpu_differs(const wsync_target_t *t, const void *buf, wsync_shard_t *names, size_t nn,
+                       uint64_t v)
+{
+    size_t bytes = wsync_target_bytes(t);
+    uint16_t *want = calloc(bytes / 2 + 1, 2);
+    int differs = 0;
+
+    if (want == NULL)
+        return 1;
+    for (int k = 0; k < t->npieces; k++) {
+        const wsync_piece_t *pc = &t->pieces[k];
+        uint32_t p = 0;
+        while (p < nn && strcmp(names[p].param.name, pc->param.name) != 0)
+            p++;
+        if (p == nn) {
+            differs = 1;
+            break;
+        }
+        int64_t idx[WSYNC_MAX_DIMS] = {0}, total = 1;
+        int nd = pc->param.ndim;
+        for (int d = 0; d < nd; d++)
+            total *= pc->src.len[d];
+        for (int64_t n = 0; n < total; n++) {
+            uint64_t e = 0, o = 0;
+            for (int d = 0; d < nd; d++) {
+                e = e * (uint64_t)pc->param.shape[d] + (uint64_t)(pc->src.start[d] + idx[d]);
+                o = o * (uint64_t)t->shape[d] + (uint64_t)(pc->dst_start[d] + idx[d]);
+            }
+            want[o] = value_at(p, e, v);
+            for (int d = nd - 1; d >= 0; d--) {   /* next index, row-major */
+                if (++idx[d] < pc->src.len[d])
+                    break;
+                idx[d] = 0;
+            }
+        }
+    }
+    differs |= memcmp(want, buf, bytes) != 0;
+    free(want);
+    return differs;
 }
 
 /* ---- sender ---------------------------------------------------------------------------------- */
@@ -219,6 +275,10 @@ static int run_receiver(void *arg)
         opts.quant.block_rows = opts.quant.block_cols = FP8_BLOCK;
     }
     CHECK_OK(wsync_layout_tp_targets(&cfg, g->rank, TP, &opts, &targets, &n));
+    /* the params in the senders' order: what value_at numbers them by */
+    wsync_shard_t *names = NULL;
+    size_t nnames = 0;
+    CHECK_OK(wsync_layout_fsdp_shards(&cfg, WSYNC_DTYPE_BF16, 0, NS, &names, &nnames));
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
     if (check_failures > 0 || n > MAXT)
         return 1;
@@ -268,6 +328,12 @@ static int run_receiver(void *arg)
                 XXH3_64bits_update(x, scales[i], nscales[i] * sizeof(float));
             g->res->hash[v][g->rank][i] = XXH3_64bits_digest(x);
             XXH3_freeState(x);
+            if (targets[i].quant.scheme == WSYNC_QUANT_NONE &&
+                targets[i].dtype == WSYNC_DTYPE_BF16) {
+                int bad = cpu_differs(&targets[i], bufs[i], names, nnames, v);
+                g->res->cpu_diff[v][g->rank] += bad;
+                g->res->cpu_same[v][g->rank] += !bad;
+            }
         }
         __atomic_store_n(&g->res->fetched[v][g->rank], 1, __ATOMIC_RELEASE);
     }
@@ -279,6 +345,7 @@ static int run_receiver(void *arg)
         free(scales[i]);
     }
     wsync_layout_targets_free(targets, n);
+    wsync_layout_shards_free(names, nnames);
     wsync_ctx_free(ctx);
     return check_failures > 0;
 }
@@ -312,9 +379,13 @@ static results_t *run_group(group_t *proto)
     return res;
 }
 
-/* Reader r's version v equals the reference's, target by target. */
+/* Reader r's version v equals the reference's, target by target, and its unquantized targets
+ * the CPU's values. */
 static void same(const results_t *ref, const results_t *got, int r, int v)
 {
+    CHECK_MSG(got->cpu_diff[v][r] == 0 && got->cpu_same[v][r] > 0,
+              "%s: reader %d, version %d: %d unquantized targets differ from the CPU's values, %d "
+              "equal", transport, r, v, got->cpu_diff[v][r], got->cpu_same[v][r]);
     CHECK(got->ntargets[r] == ref->ntargets[r] && ref->ntargets[r] > 0);
     for (int i = 0; i < ref->ntargets[r]; i++)
         CHECK_MSG(ref->hash[v][r][i] != 0 && got->hash[v][r][i] == ref->hash[v][r][i],
