@@ -18,8 +18,7 @@
 #define ROW WSYNC_DIR_DELTA_ROW
 /* relay tag: a reader's regions, to each sender it reads from */
 #define STORE_DELTA_TAG 1u
-/* a delta buffer's first size, grown geometrically (and never below a chunk's plain bytes of
- * room, which the CPU encoder needs to be given) */
+/* a delta buffer's first size, grown geometrically */
 #define DBUF_MIN (1ull << 20)
 
 static uint64_t plain_bytes(const wsync_chunk_t *c)
@@ -84,6 +83,8 @@ struct store_dtx {
     dbuf_t *bufs;
     int nbufs;
     int cur;                         /* the buffer of the version in flight, -1 */
+    uint8_t *scratch;                /* the CPU encoder's output, the largest region's bytes */
+    uint64_t scratch_cap;
     /* regions of CUDA shards with device baselines: encoded on the GPU */
     uint32_t nenc;
     uint32_t *enc_reg;               /* [nenc] index in regs */
@@ -160,6 +161,7 @@ void wsync_store_dtx_free(store_dtx_t *d)
     }
     free(d->bl);
     free(d->bl_kind);
+    free(d->scratch);
     free(d->bufs);
     free(d->regs);
     free(d->off);
@@ -527,13 +529,25 @@ wsync_status_t wsync_store_dtx_publish(wsync_sender_t *s, store_dtx_t *d, uint64
                     continue;   /* host baseline of a CUDA shard: read plain */
                 continue;       /* the device batch below */
             }
-            /* room for the plain bytes: an encoding that does not fit them is read plain */
-            if ((rc = buf_room(d, used + pb)) != WSYNC_OK)
-                break;
+            /* into the scratch, given the plain bytes (an encoding that does not fit them is read
+             * plain), then to the version's buffer: each buffer holds only what was encoded */
+            if (pb > d->scratch_cap) {
+                uint8_t *ns = realloc(d->scratch, (size_t)pb);
+                if (ns == NULL) {
+                    rc = wsync_err(WSYNC_ERR_NOMEM, "store: sender %d: no memory for %llu bytes "
+                                   "of delta encoding", s->m.rank, (unsigned long long)pb);
+                    break;
+                }
+                d->scratch = ns;
+                d->scratch_cap = pb;
+            }
             if (wsync_delta_encode(s->shard_data[x->shard], d->bl[x->shard], &x->g, esz,
-                                   d->bufs[d->cur].mem + used, pb, &n, &h, NULL) != WSYNC_OK ||
+                                   d->scratch, pb, &n, &h, NULL) != WSYNC_OK ||
                 n >= pb)
                 continue;
+            if ((rc = buf_room(d, used + n)) != WSYNC_OK)
+                break;
+            memcpy(d->bufs[d->cur].mem + used, d->scratch, (size_t)n);
             d->off[k] = used;
             d->len[k] = n;
             d->hash[k] = h;
