@@ -53,6 +53,7 @@
 #include "schemes/scheme.h"
 #include "transports/cuda_ipc.h"
 #include "transports/shm.h"
+#include "wsync_build_config.h"
 
 #define IPC_SLOTS 2
 #define DEV_SLOT0 IPC_SLOTS          /* slot numbers from here on name device slots */
@@ -166,6 +167,8 @@ typedef struct {
     uint32_t *qrun_list;             /* run indices (r->qruns) */
     uint32_t qblocks;                /* their kernels' grid cap, as the copies' (sender_stream) */
     ipc_drx_t *drx;                  /* delta versions (schemes/ipc_delta.h), NULL: mode off */
+    wsync_kcopy_batch_t **dcopy;     /* [nbuckets] the bucket's copies less its segments applied
+                                      * as deltas (built when the apply's set changes) */
     /* DATA_FDS reassembly during setup */
     wsync_msg_t *first;
     int *xfds;
@@ -417,6 +420,7 @@ static void ipc_sender_teardown(wsync_sender_t *s)
             WSYNC_LOG_W("ipc: sender %d: %s", s->m.rank, wsync_last_error());
         for (uint32_t k = 0; st->pack != NULL && k < st->nbuckets; k++)
             wsync_dev_batch_free(st->pack[k]);
+        wsync_ipc_dtx_cuda_free(st->dtx);
         wsync_dev_event_destroy(st->ev);
         wsync_dev_stream_destroy(st->stream);
         if (st->shm_registered)
@@ -631,9 +635,15 @@ out:
 /* Delta versions, when the group's mode is on: baselines and delta slots (after plan_slots). */
 static wsync_status_t plan_delta(wsync_sender_t *s, ipc_sender_t *st)
 {
+    wsync_status_t rc;
+
     if (s->m.planmsg.delta != WSYNC_DELTA_MODE_ON || st->dtx != NULL)
         return WSYNC_OK;
-    return wsync_ipc_dtx_create(s, st->nbuckets, st->chunk_start, IPC_SLOTS, &st->dtx);
+    rc = wsync_ipc_dtx_create(s, st->nbuckets, st->chunk_start, IPC_SLOTS, &st->dtx);
+    /* CUDA shards: encoded on the device into the (pinned) delta slots */
+    if (rc == WSYNC_OK && st->device >= 0)
+        rc = wsync_ipc_dtx_cuda(s, st->dtx);
+    return rc;
 }
 
 /* DATA_FDS to one receiver: payload: host slots (u32 nslots, u64 slot_bytes), delta slots (u32 n,
@@ -1140,6 +1150,8 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
             for (int c = 0; c < 2; c++)
                 for (uint32_t k = 0; f->batch[c] != NULL && k < f->nbuckets; k++)
                     wsync_dev_batch_free(f->batch[c][k]);
+            for (uint32_t k = 0; f->dcopy != NULL && k < f->nbuckets; k++)
+                wsync_dev_batch_free(f->dcopy[k]);
             for (uint32_t k = 0; f->ev != NULL && k < f->nbuckets; k++)
                 wsync_dev_event_destroy(f->ev[k]);
             wsync_dev_stream_destroy(f->stream);
@@ -1149,6 +1161,7 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
                 if (f->region_registered[g])
                     wsync_dev_host_unregister(f->regions[g].base);
             wsync_cuda_import_free(f->cim);
+            wsync_ipc_drx_cuda_free(f->drx);
         }
         wsync_shm_release(&f->shm);
         wsync_ipc_drx_free(f->drx);
@@ -1167,6 +1180,7 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
         free(f->gpu);
         free(f->batch[0]);
         free(f->batch[1]);
+        free(f->dcopy);
         free(f->ev);
         free(f->qrun_start);
         free(f->qrun_list);
@@ -1488,6 +1502,9 @@ static wsync_status_t take_data_fds(wsync_receiver_t *r, ipc_from_t *f, const ui
             if ((rc = wsync_dev_host_device_ptr(f->regions[g].base, &f->region_dev[g])) != WSYNC_OK)
                 goto out;
         }
+        /* delta versions: our kernels apply from the sender's (pinned) delta slots */
+        if (f->drx != NULL && (rc = wsync_ipc_drx_cuda(f->drx, f->nbuckets)) != WSYNC_OK)
+            goto out;
     }
 out:
     for (uint32_t i = 0; i < nfds; i++)
@@ -1696,11 +1713,55 @@ static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
     return rc;
 }
 
+/* The copies of bucket k of sender f into our CUDA targets, as they land now, into (*descs)[0,
+ * *n) (grown as needed): from where the sender's bytes lie to where ours land. skip_delta: leave
+ * out the segments that come as deltas in the READY at hand (applied by kernels/delta). */
+static wsync_status_t bucket_descs(wsync_receiver_t *r, ipc_receiver_t *st, ipc_from_t *f,
+                                   uint32_t k, int skip_delta, wsync_kcopy_t **descs,
+                                   uint32_t *cap, uint32_t *n)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    uint32_t slot = f->slot_of[k];
+    wsync_status_t rc = WSYNC_OK;
+
+    *n = 0;
+    for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
+        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_chunk_t *ch = &plan->chunks[sg->chunk];
+        const ipc_inplace_t *ip = &f->inplace[ch->shard];
+        const uint8_t *src;
+        uint64_t src_off = ch->src.off, src_pitch = ch->src.pitch;
+        if (r->targets[sg->target].mem != WSYNC_MEM_CUDA || st->seg_run[i] != 0)
+            continue;   /* host targets: the CPU's; runs: quantized from the shard */
+        if (skip_delta && wsync_ipc_drx_seg_delta(r, f->drx, i))
+            continue;   /* applied from the delta slot */
+        if (ip->region >= 0) {
+            src = (const uint8_t *)f->region_dev[ip->region] + ip->offset;
+        } else if (ip->cregion >= 0) {
+            src = (const uint8_t *)wsync_cuda_import_base(f->cim, (uint32_t)ip->cregion, NULL) +
+                  ip->offset;
+        } else {
+            src = slot >= DEV_SLOT0
+                      ? (const uint8_t *)wsync_cuda_import_base(f->cim, f->dslot_region, NULL) +
+                            (size_t)(slot - DEV_SLOT0) * f->dslot_bytes
+                      : (const uint8_t *)f->shm_dev + (size_t)slot * f->slot_bytes;
+            src += ch->bucket_off;
+            src_off = 0;
+            src_pitch = ch->src.cols;
+        }
+        if ((rc = wsync_kcopy_reserve(descs, cap, *n + 1)) != WSYNC_OK)
+            break;
+        (*descs)[(*n)++] = (wsync_kcopy_t){src, r->land[sg->target], src_off, src_pitch,
+                                           sg->dst.off, sg->dst.pitch, sg->dst.rows, sg->dst.cols,
+                                           ch->dtype, r->land_dtype[sg->target]};
+    }
+    return rc;
+}
+
 /* Build batch set c: for every bucket with segments into CUDA targets, one kernel launch's worth
  * of copies from where the sender's bytes lie to where ours land now. */
 static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int c)
 {
-    const wsync_plan_t *plan = r->m.plan;
     wsync_kcopy_t *descs = NULL;
     uint32_t cap = 0, nbatches = 0, max_blocks = 0;
     uint64_t t0 = wsync_now_ns();
@@ -1715,39 +1776,12 @@ static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int
             break;
         }
         for (uint32_t k = 0; k < f->nbuckets && rc == WSYNC_OK; k++) {
-            uint32_t n = 0, slot = f->slot_of[k];
+            uint32_t n = 0;
             wsync_dev_batch_free(f->batch[c][k]);
             f->batch[c][k] = NULL;
             if (!f->gpu[k])
                 continue;
-            for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
-                const wsync_segment_t *sg = &plan->segments[i];
-                const wsync_chunk_t *ch = &plan->chunks[sg->chunk];
-                const ipc_inplace_t *ip = &f->inplace[ch->shard];
-                const uint8_t *src;
-                uint64_t src_off = ch->src.off, src_pitch = ch->src.pitch;
-                if (r->targets[sg->target].mem != WSYNC_MEM_CUDA || st->seg_run[i] != 0)
-                    continue;   /* host targets: the CPU's; runs: quantized from the shard */
-                if (ip->region >= 0) {
-                    src = (const uint8_t *)f->region_dev[ip->region] + ip->offset;
-                } else if (ip->cregion >= 0) {
-                    src = (const uint8_t *)wsync_cuda_import_base(f->cim, (uint32_t)ip->cregion, NULL) +
-                          ip->offset;
-                } else {
-                    src = slot >= DEV_SLOT0
-                              ? (const uint8_t *)wsync_cuda_import_base(f->cim, f->dslot_region, NULL) +
-                                    (size_t)(slot - DEV_SLOT0) * f->dslot_bytes
-                              : (const uint8_t *)f->shm_dev + (size_t)slot * f->slot_bytes;
-                    src += ch->bucket_off;
-                    src_off = 0;
-                    src_pitch = ch->src.cols;
-                }
-                if ((rc = wsync_kcopy_reserve(&descs, &cap, n + 1)) != WSYNC_OK)
-                    break;
-                descs[n++] = (wsync_kcopy_t){src, r->land[sg->target], src_off, src_pitch,
-                                             sg->dst.off, sg->dst.pitch, sg->dst.rows, sg->dst.cols,
-                                             ch->dtype, r->land_dtype[sg->target]};
-            }
+            rc = bucket_descs(r, st, f, k, 0, &descs, &cap, &n);
             if (rc == WSYNC_OK && n > 0 && (rc = wsync_dev_batch_create(descs, n, &f->batch[c][k])) == WSYNC_OK)
                 nbatches++;
             if (rc == WSYNC_OK && n > 0 && (rc = sender_stream(r, f, descs[0].src, &max_blocks)) == WSYNC_OK)
@@ -1864,8 +1898,10 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
         }
     }
     if (r->m.planmsg.delta == WSYNC_DELTA_MODE_ON) {
-        /* delta versions: host targets apply them here; CUDA targets take plain bytes for now */
-        if (r->delta_rx == NULL && (rc = wsync_delta_rx_create(r, 1, &r->delta_rx)) != WSYNC_OK)
+        /* delta versions: host targets apply them with the CPU, CUDA targets with kernels/delta
+         * (a build without CUDA has no CUDA targets) */
+        if (r->delta_rx == NULL &&
+            (rc = wsync_delta_rx_create(r, !WSYNC_HAVE_CUDA, &r->delta_rx)) != WSYNC_OK)
             return rc;
         for (uint32_t s = 0; s < ns; s++)
             if (st->from[s].needed > 0 &&
@@ -2122,6 +2158,45 @@ static wsync_status_t verify_bucket(wsync_receiver_t *r, ipc_receiver_t *st, con
     return WSYNC_OK;
 }
 
+/* Delta versions, bucket k of sender f into CUDA targets: when some of its segments come as deltas
+ * in the READY at hand, launch their apply on the sender's stream and point *batch at the copies
+ * of the others (rebuilt only when that set, or where the targets land, changed); else leave
+ * *batch, the precomputed copies of every segment. */
+static wsync_status_t delta_batches(wsync_receiver_t *r, ipc_receiver_t *st, ipc_from_t *f,
+                                    uint32_t k, wsync_kcopy_batch_t **batch)
+{
+    wsync_kcopy_t *descs = NULL;
+    uint32_t cap = 0, n = 0, max_blocks = 0;
+    int rebuilt = 0, any = 0;
+    wsync_status_t rc;
+
+    for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1] && !any; i++)
+        any = r->targets[r->m.plan->segments[i].target].mem == WSYNC_MEM_CUDA &&
+              wsync_ipc_drx_seg_delta(r, f->drx, i);
+    if (!any)
+        return WSYNC_OK;
+    rc = wsync_ipc_drx_gpu_launch(r, f->drx, k, f->seg_start[k], f->seg_start[k + 1], f->stream,
+                                  &rebuilt);
+    if (rc != WSYNC_OK)
+        return rc;
+    if (f->dcopy == NULL && (f->dcopy = calloc(f->nbuckets + 1, sizeof(*f->dcopy))) == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+    if (rebuilt) {
+        wsync_dev_batch_free(f->dcopy[k]);
+        f->dcopy[k] = NULL;
+        rc = bucket_descs(r, st, f, k, 1, &descs, &cap, &n);
+        if (rc == WSYNC_OK && n > 0)
+            rc = wsync_dev_batch_create(descs, n, &f->dcopy[k]);
+        if (rc == WSYNC_OK && n > 0 && (rc = sender_stream(r, f, descs[0].src, &max_blocks)) == WSYNC_OK)
+            wsync_dev_batch_limit(f->dcopy[k], max_blocks);
+        free(descs);
+        if (rc != WSYNC_OK)
+            return rc;
+    }
+    *batch = f->dcopy[k];
+    return WSYNC_OK;
+}
+
 /* Bucket k of sender s has landed whole: fault point, checks, RELEASE, progress. */
 static wsync_status_t finish_bucket(wsync_receiver_t *r, ipc_receiver_t *st, uint32_t s, uint32_t k,
                                     uint64_t version, uint32_t slot, uint64_t bytes,
@@ -2164,6 +2239,9 @@ static wsync_status_t finish_bucket(wsync_receiver_t *r, ipc_receiver_t *st, uin
     default:
         break;
     }
+    /* the deltas applied on the GPU: their faults and tree hashes against the sender's */
+    if (f->drx != NULL && (rc = wsync_ipc_drx_gpu_check(r, f->drx, k, version)) != WSYNC_OK)
+        return rc;
     if (r->m.ctx->verify &&
         (rc = verify_bucket(r, st, f, s, k, version, st->sums, slot)) != WSYNC_OK)
         return rc;
@@ -2345,6 +2423,8 @@ static wsync_status_t recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_
         if (f->gpu[k]) {
             /* the segments into CUDA targets: one launch, finished when its event completes */
             wsync_kcopy_batch_t *batch = f->batch[st->cur][k];
+            if (f->drx != NULL && (rc = delta_batches(r, st, f, k, &batch)) != WSYNC_OK)
+                return rc;
             if (batch != NULL && (rc = wsync_dev_batch_launch(batch, f->stream)) != WSYNC_OK)
                 return rc;
             if (f->qrun_start[k + 1] > f->qrun_start[k] &&

@@ -11,8 +11,23 @@
 #include "core/fault.h"
 #include "core/log.h"
 #include "core/util.h"
+#include "kernels/delta.h"
 #include "kernels/device.h"
 #include "transports/shm.h"
+#include "wsync_build_config.h"
+
+/* kernels/delta.h is compiled only with CUDA; this file is built without it too, where no shard
+ * or target is in CUDA memory and these calls are never reached. */
+#if WSYNC_HAVE_CUDA
+#define KD_OR(call, fallback) (call)
+#else
+#define KD_OR(call, fallback) (fallback)
+static wsync_status_t no_cuda(void)
+{
+    return wsync_err(WSYNC_ERR_UNSUPPORTED, "ipc: delta versions of CUDA memory need CUDA (this "
+                     "wsync was built without it)");
+}
+#endif
 
 #define NONE UINT32_MAX
 #define PAGE 4096u
@@ -44,13 +59,25 @@ struct ipc_dtx {
     int dev_refresh;                 /* device copies were queued on the stream */
     uint64_t enc_bytes, plain_bytes, nenc, nplain;
     uint64_t t_encode_ns;
+    /* CUDA shards (wsync_ipc_dtx_cuda): their capable chunks are encoded by one batched device
+     * encode per bucket (kernels/delta.h, update_old: the pass also brings their baselines up)
+     * into the bucket's delta slot, pinned so that the kernels write it and every receiver (CPU
+     * or GPU) reads it */
+    int cuda;
+    void *shm_dev;                   /* the delta slots as kernels see them */
+    int shm_registered;
+    wsync_kdelta_batch_t **ebatch;   /* [nbuckets] the bucket's capable CUDA chunks, or NULL */
+    void *ev;
 };
 
 void wsync_ipc_dtx_free(ipc_dtx_t *d)
 {
     if (d == NULL)
         return;
+    if (d->cuda)
+        WSYNC_LOG_W("ipc: delta slots freed without wsync_ipc_dtx_cuda_free");
     wsync_shm_release(&d->shm);
+    free(d->ebatch);
     free(d->chunk_start);
     free(d->slot_of);
     free(d->rc_start);
@@ -169,6 +196,86 @@ void wsync_ipc_dtx_slots(const ipc_dtx_t *d, uint32_t *n, uint64_t *bytes, int *
     *fd = d != NULL && d->nslots > 0 ? d->shm.fd : -1;
 }
 
+/* Chunk c is in its bucket's device encode: capable, of a CUDA shard, and within the codec's
+ * limit (n * esize <= UINT32_MAX, core/delta.h; larger ones refresh their baseline by a copy and
+ * travel plain). */
+static int dev_encoded(const wsync_sender_t *s, const ipc_dtx_t *d, uint32_t c)
+{
+    const wsync_chunk_t *ch = &s->m.plan->chunks[c];
+    return wsync_delta_tx_capable(d->tx, c) && s->shards[ch->shard].mem == WSYNC_MEM_CUDA &&
+           plain_bytes(ch) <= UINT32_MAX;
+}
+
+wsync_status_t wsync_ipc_dtx_cuda(wsync_sender_t *s, ipc_dtx_t *d)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    wsync_kdelta_enc_t *e = NULL;
+    uint32_t cap = 0, nenc = 0;
+    wsync_status_t rc = WSYNC_OK;
+
+    if (d->nslots == 0 || d->cuda)
+        return WSYNC_OK;
+    d->cuda = 1;   /* from here on, wsync_ipc_dtx_cuda_free undoes what was done */
+    if ((d->ebatch = calloc((size_t)d->nbuckets + 1, sizeof(*d->ebatch))) == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for delta versions");
+    if ((rc = wsync_dev_host_register(d->shm.base, d->shm.bytes, 0, &d->shm_registered)) != WSYNC_OK ||
+        (rc = wsync_dev_host_device_ptr(d->shm.base, &d->shm_dev)) != WSYNC_OK ||
+        (rc = wsync_dev_event_create(0, &d->ev)) != WSYNC_OK)
+        return rc;
+    for (uint32_t k = 0; k < d->nbuckets && rc == WSYNC_OK; k++) {
+        uint32_t n = 0;
+        if (d->slot_of[k] == NONE)
+            continue;
+        for (uint32_t c = d->chunk_start[k]; c < d->chunk_start[k + 1] && rc == WSYNC_OK; c++) {
+            const wsync_chunk_t *ch = &plan->chunks[c];
+            int on_dev = 0;
+            void *old;
+            if (!dev_encoded(s, d, c))
+                continue;
+            if (n >= cap) {
+                wsync_kdelta_enc_t *ne = realloc(e, ((size_t)cap * 2 + 8) * sizeof(*e));
+                if (ne == NULL) {
+                    rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for delta versions");
+                    break;
+                }
+                e = ne;
+                cap = cap * 2 + 8;
+            }
+            old = wsync_delta_tx_baseline(d->tx, ch->shard, &on_dev);
+            if (old != NULL && !on_dev)   /* pinned host baseline: the address kernels use */
+                rc = wsync_dev_host_device_ptr(old, &old);
+            /* cap = the plain bytes: an encoding that does not fit travels plain (len > cap) */
+            e[n++] = (wsync_kdelta_enc_t){
+                .new_base = s->shard_data[ch->shard], .old_base = old, .src = ch->src,
+                .esize = (uint32_t)wsync_dtype_size(ch->dtype),
+                .out = (uint8_t *)d->shm_dev + (size_t)d->slot_of[k] * d->slot_bytes + ch->bucket_off,
+                .cap = plain_bytes(ch)};
+        }
+        if (rc == WSYNC_OK && n > 0)
+            rc = KD_OR(wsync_kdelta_encode_create(e, n, 1, &d->ebatch[k]), no_cuda());
+        nenc += n;
+    }
+    free(e);
+    if (rc == WSYNC_OK)
+        WSYNC_LOG_I("ipc: sender %d: %u chunks of CUDA shards encoded on the device into pinned "
+                    "delta slots", s->m.rank, nenc);
+    return rc;
+}
+
+void wsync_ipc_dtx_cuda_free(ipc_dtx_t *d)
+{
+    if (d == NULL || !d->cuda)
+        return;
+    for (uint32_t k = 0; d->ebatch != NULL && k < d->nbuckets; k++)
+        KD_OR(wsync_kdelta_free(d->ebatch[k]), (void)0);
+    wsync_dev_event_destroy(d->ev);
+    if (d->shm_registered)
+        wsync_dev_host_unregister(d->shm.base);
+    d->ev = NULL;
+    d->shm_registered = 0;
+    d->cuda = 0;
+}
+
 /* One DELTA_START: which of receiver r's chunks it takes as deltas and which plain. */
 static wsync_status_t take_start(wsync_sender_t *s, ipc_dtx_t *d, uint32_t r, wsync_rbuf_t *rb,
                                  uint64_t version)
@@ -275,6 +382,28 @@ int64_t wsync_ipc_dtx_reuse(ipc_dtx_t *d, uint32_t k)
     return prev;
 }
 
+/* The fault point delta.encoded on chunk c's encoding at enc[0, len) (host memory). */
+static wsync_status_t encoded_fault(wsync_sender_t *s, uint32_t c, uint8_t *enc, uint64_t len,
+                                    uint64_t version)
+{
+    switch (WSYNC_FAULT(WSYNC_FAULT_DELTA_CORRUPT)) {
+    case WSYNC_FAULT_FAIL: {
+        char where[128];
+        snprintf(where, sizeof(where), "ipc sender %d, chunk %u of version %llu", s->m.rank, c,
+                 (unsigned long long)version);
+        return wsync_fault_err(WSYNC_FAULT_DELTA_CORRUPT, where);
+    }
+    case WSYNC_FAULT_CORRUPT:
+        wsync_fault_flip(enc, (size_t)len);
+        WSYNC_LOG_W("ipc: sender %d: fault delta.encoded:corrupt flipped a bit of chunk %u (param "
+                    "'%s') of version %llu", s->m.rank, c,
+                    s->shards[s->m.plan->chunks[c].shard].param.name, (unsigned long long)version);
+        return WSYNC_OK;
+    default:
+        return WSYNC_OK;
+    }
+}
+
 wsync_status_t wsync_ipc_dtx_bucket(wsync_sender_t *s, ipc_dtx_t *d, uint32_t k, uint64_t version,
                                     void *stream)
 {
@@ -282,36 +411,53 @@ wsync_status_t wsync_ipc_dtx_bucket(wsync_sender_t *s, ipc_dtx_t *d, uint32_t k,
     uint32_t slot = d->slot_of[k];
     uint8_t *base = slot != NONE ? (uint8_t *)d->shm.base + (size_t)slot * d->slot_bytes : NULL;
     uint64_t t0 = wsync_now_ns();
-    wsync_status_t rc;
+    const wsync_kdelta_result_t *res = NULL;
+    uint32_t e = 0;   /* the next CUDA chunk's entry in the bucket's encode batch */
+    wsync_status_t rc = WSYNC_OK;
 
+    if (d->base != 0 && d->ebatch != NULL && d->ebatch[k] != NULL) {
+        int any = 0;
+        for (uint32_t c = d->chunk_start[k]; c < d->chunk_start[k + 1] && !any; c++)
+            any = d->want_d[c - d->c0] && dev_encoded(s, d, c);
+        if (any) {
+            /* one launch for the bucket's capable CUDA chunks, whoever takes them: it also brings
+             * their baselines to this version. The lengths and hashes go into READY. */
+            char what[96];
+            snprintf(what, sizeof(what), "ipc sender %d: encoding bucket %u of version %llu",
+                     s->m.rank, k, (unsigned long long)version);
+            rc = KD_OR(wsync_kdelta_launch(d->ebatch[k], NULL, stream), no_cuda());
+            if (rc == WSYNC_OK)
+                rc = wsync_dev_event_record(d->ev, stream);
+            if (rc == WSYNC_OK)
+                rc = wsync_dev_event_wait(d->ev, wsync_deadline_in(s->m.timeout_ms), what);
+            if (rc == WSYNC_OK && (res = KD_OR(wsync_kdelta_results(d->ebatch[k]), NULL)) == NULL)
+                rc = wsync_err(WSYNC_ERR_INTERNAL, "ipc: sender %d: no encode results", s->m.rank);
+            if (rc != WSYNC_OK)
+                return rc;
+        }
+    }
     for (uint32_t c = d->chunk_start[k]; c < d->chunk_start[k + 1]; c++) {
         const wsync_chunk_t *ch = &plan->chunks[c];
         uint32_t i = c - d->c0;
+        int cuda = s->shards[ch->shard].mem == WSYNC_MEM_CUDA;
         d->len[i] = 0;
         if (wsync_delta_tx_capable(d->tx, c)) {
-            if (d->base != 0 && d->want_d[i] && s->shards[ch->shard].mem == WSYNC_MEM_HOST) {
+            if (res != NULL && dev_encoded(s, d, c)) {
+                const wsync_kdelta_result_t *x = &res[e++];
+                wsync_delta_tx_mark(d->tx, c);
+                d->hash[i] = x->hash;
+                /* not smaller than the plain bytes (or past them): plain, by definition */
+                if (d->want_d[i] && x->len < plain_bytes(ch)) {
+                    d->len[i] = x->len;
+                    rc = encoded_fault(s, c, base + ch->bucket_off, d->len[i], version);
+                }
+            } else if (d->base != 0 && d->want_d[i] && !cuda) {
                 rc = wsync_delta_tx_encode(d->tx, c, base + ch->bucket_off, plain_bytes(ch),
                                            &d->len[i], &d->hash[i]);
-                if (rc == WSYNC_OK && d->len[i] > 0) {
-                    switch (WSYNC_FAULT(WSYNC_FAULT_DELTA_CORRUPT)) {
-                    case WSYNC_FAULT_FAIL: {
-                        char where[128];
-                        snprintf(where, sizeof(where), "ipc sender %d, chunk %u of version %llu",
-                                 s->m.rank, c, (unsigned long long)version);
-                        return wsync_fault_err(WSYNC_FAULT_DELTA_CORRUPT, where);
-                    }
-                    case WSYNC_FAULT_CORRUPT:
-                        wsync_fault_flip(base + ch->bucket_off, (size_t)d->len[i]);
-                        WSYNC_LOG_W("ipc: sender %d: fault delta.encoded:corrupt flipped a bit of "
-                                    "chunk %u (param '%s') of version %llu", s->m.rank, c,
-                                    s->shards[ch->shard].param.name, (unsigned long long)version);
-                        break;
-                    default:
-                        break;
-                    }
-                }
+                if (rc == WSYNC_OK && d->len[i] > 0)
+                    rc = encoded_fault(s, c, base + ch->bucket_off, d->len[i], version);
             } else {
-                if (s->shards[ch->shard].mem == WSYNC_MEM_CUDA)
+                if (cuda)
                     d->dev_refresh = 1;
                 rc = wsync_delta_tx_refresh(d->tx, c, stream);
             }
@@ -389,6 +535,21 @@ struct ipc_drx {
     uint64_t *len, *hash;
     uint32_t cap;
     uint32_t checked;                /* the chunk whose stream was checked last, NONE */
+    /* CUDA targets (wsync_ipc_drx_cuda): per bucket, one batched device apply (hash on) of the
+     * segments whose chunk comes as a delta, reading the pinned delta slot; cached by the set of
+     * segments and the targets' pointers */
+    int cuda;
+    void *shm_dev;                   /* the delta slots as our kernels see them */
+    int shm_registered;
+    uint32_t nbuckets;
+    struct drx_apply {
+        wsync_kdelta_batch_t *batch;
+        uint32_t n, cap;
+        uint32_t *seg;               /* [n] the segments, in batch order */
+        uint64_t *lens, *want;       /* [n] this version's encoded lengths, the sender's hashes */
+        uint64_t gen;                /* r->land_gen the batch was built for */
+        int live;                    /* launched in this version, not checked yet */
+    } *ab;                           /* [nbuckets] */
 };
 
 wsync_status_t wsync_ipc_drx_create(wsync_receiver_t *r, uint32_t sender, uint32_t seg_first,
@@ -422,6 +583,14 @@ void wsync_ipc_drx_free(ipc_drx_t *d)
 {
     if (d == NULL)
         return;
+    if (d->cuda)
+        WSYNC_LOG_W("ipc: receiver's delta slots freed without wsync_ipc_drx_cuda_free");
+    for (uint32_t k = 0; d->ab != NULL && k < d->nbuckets; k++) {
+        free(d->ab[k].seg);
+        free(d->ab[k].lens);
+        free(d->ab[k].want);
+    }
+    free(d->ab);
     wsync_shm_release(&d->shm);
     free(d->plain);
     free(d->len);
@@ -445,6 +614,8 @@ wsync_status_t wsync_ipc_drx_start(wsync_receiver_t *r, ipc_drx_t *d, wsync_conn
     wsync_wbuf_t b;
     wsync_status_t rc;
 
+    for (uint32_t k = 0; d->ab != NULL && k < d->nbuckets; k++)
+        d->ab[k].live = 0;   /* a failed version may have left applies unchecked: not ours now */
     wsync_wbuf_init(&b);
     wsync_put_u64(&b, version);
     wsync_put_u64(&b, wsync_delta_rx_holds(r));
@@ -520,4 +691,151 @@ int wsync_ipc_drx_segment(wsync_receiver_t *r, ipc_drx_t *d, uint32_t seg, uint6
     }
     *rc = wsync_delta_rx_apply(r, seg, enc, d->len[i], d->hash[i], version);
     return 1;
+}
+
+wsync_status_t wsync_ipc_drx_cuda(ipc_drx_t *d, uint32_t nbuckets)
+{
+    wsync_status_t rc;
+
+    if (d->cuda)
+        return WSYNC_OK;
+    if ((d->ab = calloc((size_t)nbuckets + 1, sizeof(*d->ab))) == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for delta versions");
+    d->nbuckets = nbuckets;
+    d->cuda = 1;
+    /* our kernels read the streams where the sender wrote them (read-only: mapped PROT_READ) */
+    if (d->nslots > 0 &&
+        ((rc = wsync_dev_host_register(d->shm.base, d->shm.bytes, 1, &d->shm_registered)) != WSYNC_OK ||
+         (rc = wsync_dev_host_device_ptr(d->shm.base, &d->shm_dev)) != WSYNC_OK))
+        return rc;
+    return WSYNC_OK;
+}
+
+void wsync_ipc_drx_cuda_free(ipc_drx_t *d)
+{
+    if (d == NULL || !d->cuda)
+        return;
+    for (uint32_t k = 0; d->ab != NULL && k < d->nbuckets; k++) {
+        KD_OR(wsync_kdelta_free(d->ab[k].batch), (void)0);
+        d->ab[k].batch = NULL;
+    }
+    if (d->shm_registered)
+        wsync_dev_host_unregister(d->shm.base);
+    d->shm_registered = 0;
+    d->cuda = 0;
+}
+
+int wsync_ipc_drx_seg_delta(const wsync_receiver_t *r, const ipc_drx_t *d, uint32_t seg)
+{
+    uint32_t c = r->m.plan->segments[seg].chunk, i = c - d->c0;
+    return d->n > 0 && c >= d->c0 && i < d->n && d->len[i] > 0 &&
+           wsync_delta_rx_takes(r, r->delta_rx, d->base, c);
+}
+
+wsync_status_t wsync_ipc_drx_gpu_launch(wsync_receiver_t *r, ipc_drx_t *d, uint32_t k,
+                                        uint32_t seg0, uint32_t seg1, void *stream, int *rebuilt)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    struct drx_apply *a;
+    uint32_t n = 0;
+    int same;
+    wsync_status_t rc = WSYNC_OK;
+
+    (void)stream;   /* without CUDA */
+    *rebuilt = 0;
+    if (!d->cuda || k >= d->nbuckets)
+        return wsync_err(WSYNC_ERR_INTERNAL, "ipc: receiver %d: delta apply on the GPU without "
+                         "its set-up (bucket %u of sender %u)", r->m.rank, k, d->sender);
+    a = &d->ab[k];
+    for (uint32_t i = seg0; i < seg1; i++)
+        n += r->targets[plan->segments[i].target].mem == WSYNC_MEM_CUDA &&
+             wsync_ipc_drx_seg_delta(r, d, i);
+    same = a->batch != NULL && a->gen == r->land_gen && a->n == n;
+    for (uint32_t i = seg0, j = 0; i < seg1 && same; i++)
+        if (r->targets[plan->segments[i].target].mem == WSYNC_MEM_CUDA &&
+            wsync_ipc_drx_seg_delta(r, d, i))
+            same = a->seg[j++] == i;
+    if (!same) {
+        wsync_kdelta_app_t *app = calloc((size_t)n + 1, sizeof(*app));
+        KD_OR(wsync_kdelta_free(a->batch), (void)0);
+        a->batch = NULL;
+        a->n = 0;
+        if (n > a->cap) {
+            uint32_t *sg = realloc(a->seg, (size_t)n * sizeof(*sg));
+            if (sg != NULL)
+                a->seg = sg;
+            uint64_t *l = realloc(a->lens, (size_t)n * sizeof(*l));
+            if (l != NULL)
+                a->lens = l;
+            uint64_t *w = realloc(a->want, (size_t)n * sizeof(*w));
+            if (w != NULL)
+                a->want = w;
+            if (sg == NULL || l == NULL || w == NULL) {
+                free(app);
+                return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for %u delta applies", n);
+            }
+            a->cap = n;
+        }
+        if (app == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for %u delta applies", n);
+        for (uint32_t i = seg0, j = 0; i < seg1; i++) {
+            const wsync_segment_t *sg = &plan->segments[i];
+            const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+            if (r->targets[sg->target].mem != WSYNC_MEM_CUDA || !wsync_ipc_drx_seg_delta(r, d, i))
+                continue;
+            a->seg[j] = i;
+            app[j++] = (wsync_kdelta_app_t){
+                .enc = (const uint8_t *)d->shm_dev + (size_t)d->slot * d->slot_bytes + c->bucket_off,
+                .len = d->len[sg->chunk - d->c0], .dst_base = r->land[sg->target], .dst = sg->dst,
+                .esize = (uint32_t)wsync_dtype_size(c->dtype)};
+        }
+        if (n > 0)
+            rc = KD_OR(wsync_kdelta_apply_create(app, n, 1, &a->batch), no_cuda());
+        free(app);
+        if (rc != WSYNC_OK)
+            return rc;
+        a->n = n;
+        a->gen = r->land_gen;
+        *rebuilt = 1;
+    }
+    if (n == 0)
+        return WSYNC_OK;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t i = plan->segments[a->seg[j]].chunk - d->c0;
+        a->lens[j] = d->len[i];
+        a->want[j] = d->hash[i];
+    }
+    /* the stream's slot (d->slot) is the bucket's every version: the batch's addresses hold */
+    rc = KD_OR(wsync_kdelta_launch(a->batch, a->lens, stream), no_cuda());
+    if (rc == WSYNC_OK)
+        a->live = 1;
+    return rc;
+}
+
+wsync_status_t wsync_ipc_drx_gpu_check(wsync_receiver_t *r, ipc_drx_t *d, uint32_t k,
+                                       uint64_t version)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    const wsync_kdelta_result_t *res;
+
+    if (!d->cuda || k >= d->nbuckets || !d->ab[k].live)
+        return WSYNC_OK;
+    d->ab[k].live = 0;
+    if ((res = KD_OR(wsync_kdelta_results(d->ab[k].batch), NULL)) == NULL)
+        return wsync_err(WSYNC_ERR_INTERNAL, "ipc: receiver %d: no apply results", r->m.rank);
+    for (uint32_t j = 0; j < d->ab[k].n; j++) {
+        uint32_t seg = d->ab[k].seg[j];
+        const wsync_segment_t *sg = &plan->segments[seg];
+        const wsync_target_desc_t *t = &r->targets[sg->target];
+        char what[WSYNC_NAME_MAX * 2 + 160];
+        wsync_status_t rc;
+        snprintf(what, sizeof(what), "receiver %d: version %llu refused: param '%s' (target "
+                 "'%s'), chunk %u from sender %u", r->m.rank, (unsigned long long)version,
+                 t->pieces[sg->piece].param.name, t->name, sg->chunk, d->sender);
+        if ((rc = KD_OR(wsync_kdelta_fault_status(&res[j], what), no_cuda())) != WSYNC_OK)
+            return rc;
+        if (res[j].hash != d->ab[k].want[j])
+            return wsync_delta_rx_hash_error(r, seg, d->ab[k].want[j], res[j].hash, version);
+    }
+    return WSYNC_OK;
 }

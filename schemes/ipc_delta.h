@@ -13,7 +13,13 @@
  * takes a chunk as a delta iff it holds the base, the chunk is delta-capable for it and the
  * sender encoded it: checks the stream once, applies it to each of its segments of the chunk and
  * compares each region's tree hash with the sender's (WSYNC_ERR_INTEGRITY naming the param).
- * Host targets only for now: CUDA segments take plain bytes (E2's kernels next). */
+ * CUDA memory: a sender with CUDA shards pins its delta slots and encodes each bucket's capable
+ * CUDA chunks with one batched device encode (kernels/delta.h, update_old brings the baselines
+ * up) into them, the results (length, hash) read back after the encode's event; a receiver with
+ * CUDA targets applies the bucket's segments that come as deltas with one batched device apply
+ * (hash on) reading the pinned slot, on the sender's stream beside the plain copies, and compares
+ * the hashes when the bucket's event completes. The delta slots are always pinned host memory
+ * (never device slots): every receiver, CPU or GPU, reads them. */
 #ifndef WSYNC_SCHEMES_IPC_DELTA_H
 #define WSYNC_SCHEMES_IPC_DELTA_H
 
@@ -46,6 +52,11 @@ int64_t wsync_ipc_dtx_reuse(ipc_dtx_t *d, uint32_t k);
  * delta.encoded: once per encoded chunk. */
 wsync_status_t wsync_ipc_dtx_bucket(wsync_sender_t *s, ipc_dtx_t *d, uint32_t k, uint64_t version,
                                     void *stream);
+/* CUDA shards (in the sender's device context, after _create): pin the delta slots for the
+ * kernels and build each bucket's batched encode of its capable CUDA chunks. _cuda_free undoes it
+ * (in the device context, before wsync_ipc_dtx_free). */
+wsync_status_t wsync_ipc_dtx_cuda(wsync_sender_t *s, ipc_dtx_t *d);
+void wsync_ipc_dtx_cuda_free(ipc_dtx_t *d);
 /* 1 when plan chunk c travels to nobody plain this version (so it need not be staged). */
 int wsync_ipc_dtx_skip_plain(const ipc_dtx_t *d, uint32_t c);
 /* READY's delta part for bucket k (after the slot). */
@@ -77,5 +88,22 @@ wsync_status_t wsync_ipc_drx_ready(wsync_receiver_t *r, ipc_drx_t *d, wsync_rbuf
  * that went), 0 when it takes plain bytes as before. */
 int wsync_ipc_drx_segment(wsync_receiver_t *r, ipc_drx_t *d, uint32_t seg, uint64_t version,
                           wsync_status_t *rc);
+
+/* CUDA targets (in the receiver's device context, after _map): pin the mapped delta slots for
+ * our kernels; the sender has nbuckets buckets. _cuda_free undoes it and frees the batches. */
+wsync_status_t wsync_ipc_drx_cuda(ipc_drx_t *d, uint32_t nbuckets);
+void wsync_ipc_drx_cuda_free(ipc_drx_t *d);
+/* 1 when segment `seg`'s chunk comes as a delta to us in the READY at hand. */
+int wsync_ipc_drx_seg_delta(const wsync_receiver_t *r, const ipc_drx_t *d, uint32_t seg);
+/* Bucket k (our segments seg0 .. seg1 from this sender): launch the apply of its CUDA-target
+ * segments that come as deltas on `stream` (nothing when none does). *rebuilt: the set of those
+ * segments (or the targets' pointers) changed since the bucket's last launch, so a copy batch
+ * that leaves them out must be rebuilt too. */
+wsync_status_t wsync_ipc_drx_gpu_launch(wsync_receiver_t *r, ipc_drx_t *d, uint32_t k,
+                                        uint32_t seg0, uint32_t seg1, void *stream, int *rebuilt);
+/* Bucket k's launch has completed: each apply's fault and tree hash against the sender's
+ * (WSYNC_ERR_INTEGRITY naming the param). Nothing when this version launched none. */
+wsync_status_t wsync_ipc_drx_gpu_check(wsync_receiver_t *r, ipc_drx_t *d, uint32_t k,
+                                       uint64_t version);
 
 #endif

@@ -1116,7 +1116,7 @@ static char coord2[64];                /* DELTA_CORRUPT: the group made after th
 static int delta_sender_main(void *arg)
 {
     const group_t *g = arg;
-    int rank = g->rank, dev = rank, failed_at = 0;
+    int rank = g->rank, dev = gpu_of_sender(g, rank), failed_at = 0;
     wsync_model_config_t cfg = model_small();
     wsync_shard_t *shards = NULL;
     size_t n = 0, bytes = 0, *off = NULL;
@@ -1148,7 +1148,7 @@ static int delta_sender_main(void *arg)
             sp.rank = rank;
             sp.nranks = g->nsenders;
             sp.nreceivers = g->tp;
-            sp.scheme = "nccl";
+            sp.scheme = g->scheme;   /* nccl, or ipc (run_ipc_delta_case) */
             sp.delta = "on";
             sp.timeout_ms = TIMEOUT_MS;
             sp.heartbeat_ms = 200;
@@ -1244,7 +1244,7 @@ static int delta_compare(int rank, wsync_target_t *tg, uint8_t **data, size_t n,
 static int delta_receiver_main(void *arg)
 {
     const group_t *g = arg;
-    int rank = g->rank, dev = g->nsenders + rank, slot = MAX_RANKS + rank, failed = 0;
+    int rank = g->rank, dev = gpu_of_receiver(g, rank), slot = MAX_RANKS + rank, failed = 0;
     wsync_model_config_t cfg = model_small();
     wsync_target_t *tg = NULL;
     size_t n = 0;
@@ -1406,6 +1406,84 @@ static void run_delta_cases(void)
     run_delta_case(DELTA_BASIC, "sparse versions");
     run_delta_case(DELTA_REPOINT, "re-pointed target gets full");
     run_delta_case(DELTA_CORRUPT, "corrupted delta refused");
+}
+
+/* ipc delta versions on CUDA memory (schemes/ipc_delta.c): FSDP-2 -> TP-2 with delta = on, CUDA
+ * shards and targets, through delta_sender_main / delta_receiver_main (the nccl cases' checks:
+ * every version byte-compared with expected(), base = v - 1 and the wire under a quarter of the
+ * bytes delivered from version 2 on; a re-pointed target takes version 3 in full; a corrupted
+ * delta refused with INTEGRITY naming the param, a new group right). The senders encode on the
+ * device into pinned delta slots, the receivers apply on the device from them. one_gpu: all four
+ * processes share GPU 0 (colocated: the shards are read in place where plain); else each its
+ * own GPU (4 needed: peer reads). */
+static void run_ipc_delta_case(int variant, const char *what, int one_gpu)
+{
+    int d = 2, np = 2 * d, codes[2 * MAX_RANKS], need = one_gpu ? 1 : 2 * d;
+    pid_t pids[2 * MAX_RANKS];
+    group_t cfg[2 * MAX_RANKS];
+    char name[128];
+    snprintf(name, sizeof(name), "ipc delta FSDP-%d -> TP-%d bf16 %s: %s", d, d,
+             one_gpu ? "on one GPU" : "on 4 GPUs", what);
+    group_t g = {.name = strdup(name), .scheme = "ipc", .nsenders = d, .tp = d, .replicas = 1,
+                 .kill_receiver = -1, .colocated = one_gpu};
+    if (!wanted(&g))
+        return;
+    case_row_t *row = &rows[nrows++];
+    snprintf(row->name, sizeof(row->name), "%s", g.name);
+    if (g_ngpu < need) {
+        row->result = "skipped";
+        snprintf(row->why, sizeof(row->why), "needs %d GPUs, %d visible", need, g_ngpu);
+        printf("-- %s: skipped (%s)\n", g.name, row->why);
+        return;
+    }
+    memset(g_shared, 0, sizeof(*g_shared));
+    g_delta_variant = variant;
+    g.ngpu = one_gpu ? 1 : g_ngpu;   /* colocated: i % 1 = GPU 0 for everyone */
+    g.port = proc_free_port();
+    snprintf(coord, sizeof(coord), "127.0.0.1:%d", g.port);
+    int port2 = proc_free_port();
+    for (int tries = 0; port2 == g.port && tries < 10; tries++)
+        port2 = proc_free_port();
+    snprintf(coord2, sizeof(coord2), "127.0.0.1:%d", port2);
+    long long t0 = proc_now_ms();
+    printf("-- %s\n", g.name);
+    fflush(stdout);
+    for (int i = 0; i < np; i++) {
+        cfg[i] = g;
+        cfg[i].rank = i < d ? i : i - d;
+        pids[i] = proc_spawn(i < d ? delta_sender_main : delta_receiver_main, &cfg[i],
+                             CHILD_LIMIT_S);
+    }
+    proc_wait_all(pids, np, GROUP_LIMIT_MS, codes);
+    row->seconds = (double)(proc_now_ms() - t0) / 1000.0;
+    int before = check_failures, integrity = 0;
+    for (int i = 0; i < np; i++) {
+        int r = i < d ? i : i - d;
+        CHECK_MSG(codes[i] == 0, "%s %d exited with %d", i < d ? "sender" : "receiver", r,
+                  codes[i]);
+        if (i < d)
+            continue;
+        CHECK_MSG(g_shared->versions_right[r] == DELTA_VERSIONS, "receiver %d: %d of %d versions "
+                  "right", r, g_shared->versions_right[r], DELTA_VERSIONS);
+        integrity |= g_shared->error_status[MAX_RANKS + r] == (int)WSYNC_ERR_INTEGRITY &&
+                     strstr(g_shared->error_text[MAX_RANKS + r], "param '") != NULL;
+        if (g_shared->error_status[MAX_RANKS + r] != 0)
+            printf("   receiver %d: %s\n", r, g_shared->error_text[MAX_RANKS + r]);
+    }
+    if (variant == DELTA_CORRUPT)
+        CHECK_MSG(integrity, "no receiver refused the corrupted delta with WSYNC_ERR_INTEGRITY "
+                  "naming the param");
+    row->result = check_failures == before ? "pass" : "FAIL";
+    printf("-- %s: %s in %.1f s\n", g.name, row->result, row->seconds);
+    fflush(stdout);
+}
+
+static void run_ipc_delta_cases(void)
+{
+    run_ipc_delta_case(DELTA_BASIC, "sparse versions", 1);
+    run_ipc_delta_case(DELTA_BASIC, "sparse versions", 0);
+    run_ipc_delta_case(DELTA_REPOINT, "re-pointed target gets full", 1);
+    run_ipc_delta_case(DELTA_CORRUPT, "corrupted delta refused", 1);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1719,6 +1797,7 @@ int main(int argc, char **argv)
     printf("test_schemes: %d GPU(s)\n", g_ngpu);
     run_cases();
     run_delta_cases();
+    run_ipc_delta_cases();
     run_store_delta_cases();
     printf("\ncase                                                          result    seconds\n");
     int failed = 0;
