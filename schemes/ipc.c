@@ -120,7 +120,8 @@ typedef struct {
     int device;                      /* -1: no CUDA shard */
     void *stream, *ev;
     wsync_cuda_exporter_t *cex;      /* shards read in place and the device slots */
-    void *dslots;                    /* device slots, cudaMalloc */
+    void *dslots;                    /* device slots, cudaMalloc (then the device delta slots) */
+    void *ddelta;                    /* the device delta slots in dslots, or NULL */
     uint32_t ndslots, dslot_region;
     uint64_t dslot_bytes;
     void *shm_dev;                   /* the host slots as kernels see them (registered), or NULL */
@@ -556,6 +557,18 @@ static wsync_status_t plan_slots(wsync_sender_t *s, ipc_sender_t *st)
     }
     if (st->device < 0)
         goto out;
+    /* delta versions: the delta slots now, since device ones share the device slots' export */
+    if (s->m.planmsg.delta == WSYNC_DELTA_MODE_ON && st->dtx == NULL &&
+        (rc = wsync_ipc_dtx_create(s, st->nbuckets, st->chunk_start, IPC_SLOTS, &st->dtx)) != WSYNC_OK)
+        goto out;
+    uint32_t nddelta = 0, ndelta_host = 0;
+    uint64_t ddelta_bytes = 0;
+    if (st->dtx != NULL) {
+        int fd = -1;
+        nddelta = wsync_ipc_dtx_plan_device(s, st->dtx, stage_host);
+        wsync_ipc_dtx_slots(st->dtx, &ndelta_host, &ddelta_bytes, &fd);
+    }
+    size_t dev_bytes = (size_t)st->ndslots * st->dslot_bytes + (size_t)nddelta * ddelta_bytes;
 
     /* CUDA shards: host slots the kernels write, device slots, exports, pack batches */
     if (st->nslots > 0) {
@@ -565,18 +578,19 @@ static wsync_status_t plan_slots(wsync_sender_t *s, ipc_sender_t *st)
         if (rc != WSYNC_OK)
             goto out;
     }
-    if (st->ndslots > 0) {
-        size_t bytes = (size_t)st->ndslots * st->dslot_bytes;
-        if ((rc = wsync_dev_malloc(bytes, &st->dslots)) != WSYNC_OK ||
-            (rc = wsync_cuda_export_add(st->cex, st->dslots, bytes, "the device bucket slots")) != WSYNC_OK)
+    if (dev_bytes > 0) {
+        if ((rc = wsync_dev_malloc(dev_bytes, &st->dslots)) != WSYNC_OK ||
+            (rc = wsync_cuda_export_add(st->cex, st->dslots, dev_bytes, "the device bucket slots")) != WSYNC_OK)
             goto out;
+        if (nddelta > 0)
+            st->ddelta = (uint8_t *)st->dslots + (size_t)st->ndslots * st->dslot_bytes;
     }
     if ((rc = wsync_cuda_export_finish(st->cex)) != WSYNC_OK)
         goto out;
-    if (st->ndslots > 0) {
+    if (dev_bytes > 0) {
         uint64_t off = 0;
-        if (!wsync_cuda_export_find(st->cex, st->dslots, (size_t)st->ndslots * st->dslot_bytes,
-                                    &st->dslot_region, &off) || off != 0) {
+        if (!wsync_cuda_export_find(st->cex, st->dslots, dev_bytes, &st->dslot_region, &off) ||
+            off != 0) {
             rc = wsync_err(WSYNC_ERR_INTERNAL, "ipc: sender %u: the device slots were not exported",
                            me);
             goto out;
@@ -635,14 +649,16 @@ out:
 /* Delta versions, when the group's mode is on: baselines and delta slots (after plan_slots). */
 static wsync_status_t plan_delta(wsync_sender_t *s, ipc_sender_t *st)
 {
-    wsync_status_t rc;
+    wsync_status_t rc = WSYNC_OK;
 
-    if (s->m.planmsg.delta != WSYNC_DELTA_MODE_ON || st->dtx != NULL)
+    if (s->m.planmsg.delta != WSYNC_DELTA_MODE_ON)
         return WSYNC_OK;
-    rc = wsync_ipc_dtx_create(s, st->nbuckets, st->chunk_start, IPC_SLOTS, &st->dtx);
-    /* CUDA shards: encoded on the device into the (pinned) delta slots */
+    /* (a sender with CUDA shards made them in plan_slots) */
+    if (st->dtx == NULL)
+        rc = wsync_ipc_dtx_create(s, st->nbuckets, st->chunk_start, IPC_SLOTS, &st->dtx);
+    /* CUDA shards: encoded on the device into device or pinned host delta slots */
     if (rc == WSYNC_OK && st->device >= 0)
-        rc = wsync_ipc_dtx_cuda(s, st->dtx);
+        rc = wsync_ipc_dtx_cuda(s, st->dtx, st->ddelta);
     return rc;
 }
 
@@ -1502,8 +1518,14 @@ static wsync_status_t take_data_fds(wsync_receiver_t *r, ipc_from_t *f, const ui
             if ((rc = wsync_dev_host_device_ptr(f->regions[g].base, &f->region_dev[g])) != WSYNC_OK)
                 goto out;
         }
-        /* delta versions: our kernels apply from the sender's (pinned) delta slots */
-        if (f->drx != NULL && (rc = wsync_ipc_drx_cuda(f->drx, f->nbuckets)) != WSYNC_OK)
+        /* delta versions: our kernels apply from the sender's delta slots: its device ones
+         * follow its device bucket slots in their region, the host ones are pinned */
+        uint64_t dhave = 0, dskip = (uint64_t)f->ndslots * f->dslot_bytes;
+        const uint8_t *dbase = wsync_cuda_import_base(f->cim, f->dslot_region, &dhave);
+        if (f->drx != NULL &&
+            (rc = wsync_ipc_drx_cuda(f->drx, f->nbuckets,
+                                     dbase != NULL && dhave > dskip ? dbase + dskip : NULL,
+                                     dbase != NULL && dhave > dskip ? dhave - dskip : 0)) != WSYNC_OK)
             goto out;
     }
 out:

@@ -31,6 +31,9 @@ static wsync_status_t no_cuda(void)
 
 #define NONE UINT32_MAX
 #define PAGE 4096u
+/* READY's delta slot with this bit: a device delta slot (in the sender's device slots' allocation,
+ * after its device bucket slots), else a host one (the memfd) */
+#define DEV_DELTA 0x80000000u
 
 static uint64_t plain_bytes(const wsync_chunk_t *c)
 {
@@ -61,11 +64,14 @@ struct ipc_dtx {
     uint64_t t_encode_ns;
     /* CUDA shards (wsync_ipc_dtx_cuda): their capable chunks are encoded by one batched device
      * encode per bucket (kernels/delta.h, update_old: the pass also brings their baselines up)
-     * into the bucket's delta slot, pinned so that the kernels write it and every receiver (CPU
-     * or GPU) reads it */
+     * into the bucket's delta slot: a device one when every receiver of the bucket's encoded
+     * chunks reads our GPU (as the plain path's device bucket slots), else the host one, pinned
+     * so that the kernels write it and every receiver (CPU or GPU) reads it */
     int cuda;
-    void *shm_dev;                   /* the delta slots as kernels see them */
+    void *shm_dev;                   /* the host delta slots as kernels see them */
     int shm_registered;
+    uint8_t *dev;                    /* [nbuckets] the bucket's delta slot is a device one */
+    void *dev_base;                  /* the device delta slots (not owned), or NULL */
     wsync_kdelta_batch_t **ebatch;   /* [nbuckets] the bucket's capable CUDA chunks, or NULL */
     void *ev;
 };
@@ -78,6 +84,7 @@ void wsync_ipc_dtx_free(ipc_dtx_t *d)
         WSYNC_LOG_W("ipc: delta slots freed without wsync_ipc_dtx_cuda_free");
     wsync_shm_release(&d->shm);
     free(d->ebatch);
+    free(d->dev);
     free(d->chunk_start);
     free(d->slot_of);
     free(d->rc_start);
@@ -206,7 +213,36 @@ static int dev_encoded(const wsync_sender_t *s, const ipc_dtx_t *d, uint32_t c)
            plain_bytes(ch) <= UINT32_MAX;
 }
 
-wsync_status_t wsync_ipc_dtx_cuda(wsync_sender_t *s, ipc_dtx_t *d)
+uint32_t wsync_ipc_dtx_plan_device(wsync_sender_t *s, ipc_dtx_t *d, const uint8_t *stage_host)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    uint32_t ndev = 0;
+
+    if (d->nslots == 0 || d->dev != NULL || (d->dev = calloc((size_t)d->nbuckets + 1, 1)) == NULL)
+        return 0;   /* no memory: every bucket keeps its host delta slot */
+    for (uint32_t k = 0; k < d->nbuckets; k++) {
+        int ok = d->slot_of[k] != NONE, any = 0;
+        for (uint32_t c = d->chunk_start[k]; c < d->chunk_start[k + 1] && ok; c++) {
+            if (!wsync_delta_tx_capable(d->tx, c))
+                continue;
+            /* a host shard's chunk is encoded by the CPU, and a receiver that reads host memory
+             * only (or not our GPU) cannot read a device slot: the host slot, as plain bytes */
+            ok = dev_encoded(s, d, c) && !stage_host[plan->chunks[c].shard];
+            any = 1;
+        }
+        d->dev[k] = (uint8_t)(ok && any);
+        ndev += d->dev[k];
+    }
+    /* WSYNC_IPC_DELTA_DEVICE=0: pinned host delta slots only (to test or measure that path) */
+    const char *env = getenv("WSYNC_IPC_DELTA_DEVICE");
+    if (env != NULL && strcmp(env, "0") == 0) {
+        memset(d->dev, 0, d->nbuckets);
+        ndev = 0;
+    }
+    return ndev > 0 ? d->nslots : 0;
+}
+
+wsync_status_t wsync_ipc_dtx_cuda(wsync_sender_t *s, ipc_dtx_t *d, void *dev_base)
 {
     const wsync_plan_t *plan = s->m.plan;
     wsync_kdelta_enc_t *e = NULL;
@@ -216,6 +252,9 @@ wsync_status_t wsync_ipc_dtx_cuda(wsync_sender_t *s, ipc_dtx_t *d)
     if (d->nslots == 0 || d->cuda)
         return WSYNC_OK;
     d->cuda = 1;   /* from here on, wsync_ipc_dtx_cuda_free undoes what was done */
+    d->dev_base = dev_base;
+    for (uint32_t k = 0; dev_base == NULL && d->dev != NULL && k < d->nbuckets; k++)
+        d->dev[k] = 0;
     if ((d->ebatch = calloc((size_t)d->nbuckets + 1, sizeof(*d->ebatch))) == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for delta versions");
     if ((rc = wsync_dev_host_register(d->shm.base, d->shm.bytes, 0, &d->shm_registered)) != WSYNC_OK ||
@@ -248,7 +287,8 @@ wsync_status_t wsync_ipc_dtx_cuda(wsync_sender_t *s, ipc_dtx_t *d)
             e[n++] = (wsync_kdelta_enc_t){
                 .new_base = s->shard_data[ch->shard], .old_base = old, .src = ch->src,
                 .esize = (uint32_t)wsync_dtype_size(ch->dtype),
-                .out = (uint8_t *)d->shm_dev + (size_t)d->slot_of[k] * d->slot_bytes + ch->bucket_off,
+                .out = (uint8_t *)(d->dev != NULL && d->dev[k] ? d->dev_base : d->shm_dev) +
+                       (size_t)d->slot_of[k] * d->slot_bytes + ch->bucket_off,
                 .cap = plain_bytes(ch)};
         }
         if (rc == WSYNC_OK && n > 0)
@@ -257,8 +297,9 @@ wsync_status_t wsync_ipc_dtx_cuda(wsync_sender_t *s, ipc_dtx_t *d)
     }
     free(e);
     if (rc == WSYNC_OK)
-        WSYNC_LOG_I("ipc: sender %d: %u chunks of CUDA shards encoded on the device into pinned "
-                    "delta slots", s->m.rank, nenc);
+        WSYNC_LOG_I("ipc: sender %d: %u chunks of CUDA shards encoded on the device into delta "
+                    "slots (%s)", s->m.rank, nenc, dev_base != NULL ? "device slots where every "
+                    "receiver reads our GPU, else pinned host ones" : "pinned host memory");
     return rc;
 }
 
@@ -382,9 +423,10 @@ int64_t wsync_ipc_dtx_reuse(ipc_dtx_t *d, uint32_t k)
     return prev;
 }
 
-/* The fault point delta.encoded on chunk c's encoding at enc[0, len) (host memory). */
+/* The fault point delta.encoded on chunk c's encoding at enc[0, len) (host memory, or device
+ * memory when on_device: a byte copied out, flipped and copied back on `stream`). */
 static wsync_status_t encoded_fault(wsync_sender_t *s, uint32_t c, uint8_t *enc, uint64_t len,
-                                    uint64_t version)
+                                    uint64_t version, int on_device, void *stream)
 {
     switch (WSYNC_FAULT(WSYNC_FAULT_DELTA_CORRUPT)) {
     case WSYNC_FAULT_FAIL: {
@@ -394,7 +436,20 @@ static wsync_status_t encoded_fault(wsync_sender_t *s, uint32_t c, uint8_t *enc,
         return wsync_fault_err(WSYNC_FAULT_DELTA_CORRUPT, where);
     }
     case WSYNC_FAULT_CORRUPT:
-        wsync_fault_flip(enc, (size_t)len);
+        if (on_device) {
+            uint8_t byte;
+            wsync_status_t rc = wsync_dev_copy_to_host(&byte, enc + len / 2, 1, stream,
+                                                       wsync_deadline_in(s->m.timeout_ms));
+            if (rc != WSYNC_OK)
+                return rc;
+            wsync_fault_flip(&byte, 1);
+            if ((rc = wsync_dev_memcpy_async(enc + len / 2, &byte, 1, stream)) != WSYNC_OK ||
+                (rc = wsync_dev_stream_sync(stream, wsync_deadline_in(s->m.timeout_ms),
+                                            "a fault's bit flip")) != WSYNC_OK)
+                return rc;
+        } else {
+            wsync_fault_flip(enc, (size_t)len);
+        }
         WSYNC_LOG_W("ipc: sender %d: fault delta.encoded:corrupt flipped a bit of chunk %u (param "
                     "'%s') of version %llu", s->m.rank, c,
                     s->shards[s->m.plan->chunks[c].shard].param.name, (unsigned long long)version);
@@ -448,14 +503,17 @@ wsync_status_t wsync_ipc_dtx_bucket(wsync_sender_t *s, ipc_dtx_t *d, uint32_t k,
                 d->hash[i] = x->hash;
                 /* not smaller than the plain bytes (or past them): plain, by definition */
                 if (d->want_d[i] && x->len < plain_bytes(ch)) {
+                    int dev = d->dev != NULL && d->dev[k];
+                    uint8_t *at = (dev ? (uint8_t *)d->dev_base + (size_t)slot * d->slot_bytes
+                                       : base) + ch->bucket_off;
                     d->len[i] = x->len;
-                    rc = encoded_fault(s, c, base + ch->bucket_off, d->len[i], version);
+                    rc = encoded_fault(s, c, at, d->len[i], version, dev, stream);
                 }
             } else if (d->base != 0 && d->want_d[i] && !cuda) {
                 rc = wsync_delta_tx_encode(d->tx, c, base + ch->bucket_off, plain_bytes(ch),
                                            &d->len[i], &d->hash[i]);
                 if (rc == WSYNC_OK && d->len[i] > 0)
-                    rc = encoded_fault(s, c, base + ch->bucket_off, d->len[i], version);
+                    rc = encoded_fault(s, c, base + ch->bucket_off, d->len[i], version, 0, NULL);
             } else {
                 if (cuda)
                     d->dev_refresh = 1;
@@ -488,7 +546,8 @@ void wsync_ipc_dtx_put_ready(const ipc_dtx_t *d, uint32_t k, wsync_wbuf_t *b)
     for (uint32_t c = d->chunk_start[k]; c < d->chunk_start[k + 1] && !any; c++)
         any = d->len[c - d->c0] > 0;
     wsync_put_u64(b, d->base);
-    wsync_put_u32(b, d->slot_of[k]);
+    wsync_put_u32(b, d->slot_of[k] | (d->dev != NULL && d->dev[k] && d->slot_of[k] != NONE
+                                          ? DEV_DELTA : 0u));
     wsync_put_u32(b, any ? d->chunk_start[k + 1] - d->chunk_start[k] : 0);
     for (uint32_t c = d->chunk_start[k]; any && c < d->chunk_start[k + 1]; c++) {
         wsync_put_u64(b, d->len[c - d->c0]);
@@ -539,8 +598,9 @@ struct ipc_drx {
      * segments whose chunk comes as a delta, reading the pinned delta slot; cached by the set of
      * segments and the targets' pointers */
     int cuda;
-    void *shm_dev;                   /* the delta slots as our kernels see them */
+    void *shm_dev;                   /* the host delta slots as our kernels see them */
     int shm_registered;
+    const void *dev_base;            /* the sender's device delta slots, NULL: none readable */
     uint32_t nbuckets;
     struct drx_apply {
         wsync_kdelta_batch_t *batch;
@@ -659,7 +719,7 @@ wsync_status_t wsync_ipc_drx_ready(wsync_receiver_t *r, ipc_drx_t *d, wsync_rbuf
         d->hash[i] = wsync_get_u64(rb);
         if (rb->err || d->len[i] == 0)
             continue;
-        if (d->slot >= d->nslots)
+        if ((d->slot & ~DEV_DELTA) >= d->nslots)
             why = "an encoded chunk in a delta slot that was not shared";
         else if (d->len[i] >= plain_bytes(c) || d->len[i] < WSYNC_DELTA_HEADER)
             why = "an encoded length outside (header, plain bytes)";
@@ -681,6 +741,12 @@ int wsync_ipc_drx_segment(wsync_receiver_t *r, ipc_drx_t *d, uint32_t seg, uint6
 
     if (d->n == 0 || i >= d->n || d->len[i] == 0 || !wsync_delta_rx_takes(r, r->delta_rx, d->base, c))
         return 0;
+    if (d->slot & DEV_DELTA) {   /* the sender puts a host target's chunks in host memory */
+        *rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u put chunk %u, which a "
+                        "host target of ours takes as a delta, in device memory", r->m.rank,
+                        d->sender, c);
+        return 1;
+    }
     const uint8_t *enc = (const uint8_t *)d->shm.base + (size_t)d->slot * d->slot_bytes +
                          plan->chunks[c].bucket_off;
     if (d->checked != c) {
@@ -693,12 +759,16 @@ int wsync_ipc_drx_segment(wsync_receiver_t *r, ipc_drx_t *d, uint32_t seg, uint6
     return 1;
 }
 
-wsync_status_t wsync_ipc_drx_cuda(ipc_drx_t *d, uint32_t nbuckets)
+wsync_status_t wsync_ipc_drx_cuda(ipc_drx_t *d, uint32_t nbuckets, const void *dev_base,
+                                  uint64_t dev_bytes)
 {
     wsync_status_t rc;
 
     if (d->cuda)
         return WSYNC_OK;
+    /* the device delta slots, when the sender shared them whole */
+    d->dev_base = dev_base != NULL && d->nslots > 0 && dev_bytes >= (uint64_t)d->nslots * d->slot_bytes
+                      ? dev_base : NULL;
     if ((d->ab = calloc((size_t)nbuckets + 1, sizeof(*d->ab))) == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for delta versions");
     d->nbuckets = nbuckets;
@@ -750,6 +820,11 @@ wsync_status_t wsync_ipc_drx_gpu_launch(wsync_receiver_t *r, ipc_drx_t *d, uint3
     for (uint32_t i = seg0; i < seg1; i++)
         n += r->targets[plan->segments[i].target].mem == WSYNC_MEM_CUDA &&
              wsync_ipc_drx_seg_delta(r, d, i);
+    const uint8_t *slots = (d->slot & DEV_DELTA) ? d->dev_base : d->shm_dev;
+    if (n > 0 && slots == NULL)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u put bucket %u's deltas "
+                         "in %s delta slots this receiver cannot read", r->m.rank, d->sender, k,
+                         (d->slot & DEV_DELTA) ? "device" : "host");
     same = a->batch != NULL && a->gen == r->land_gen && a->n == n;
     for (uint32_t i = seg0, j = 0; i < seg1 && same; i++)
         if (r->targets[plan->segments[i].target].mem == WSYNC_MEM_CUDA &&
@@ -785,7 +860,7 @@ wsync_status_t wsync_ipc_drx_gpu_launch(wsync_receiver_t *r, ipc_drx_t *d, uint3
                 continue;
             a->seg[j] = i;
             app[j++] = (wsync_kdelta_app_t){
-                .enc = (const uint8_t *)d->shm_dev + (size_t)d->slot * d->slot_bytes + c->bucket_off,
+                .enc = slots + (size_t)(d->slot & ~DEV_DELTA) * d->slot_bytes + c->bucket_off,
                 .len = d->len[sg->chunk - d->c0], .dst_base = r->land[sg->target], .dst = sg->dst,
                 .esize = (uint32_t)wsync_dtype_size(c->dtype)};
         }

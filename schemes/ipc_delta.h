@@ -13,13 +13,16 @@
  * takes a chunk as a delta iff it holds the base, the chunk is delta-capable for it and the
  * sender encoded it: checks the stream once, applies it to each of its segments of the chunk and
  * compares each region's tree hash with the sender's (WSYNC_ERR_INTEGRITY naming the param).
- * CUDA memory: a sender with CUDA shards pins its delta slots and encodes each bucket's capable
- * CUDA chunks with one batched device encode (kernels/delta.h, update_old brings the baselines
- * up) into them, the results (length, hash) read back after the encode's event; a receiver with
- * CUDA targets applies the bucket's segments that come as deltas with one batched device apply
- * (hash on) reading the pinned slot, on the sender's stream beside the plain copies, and compares
- * the hashes when the bucket's event completes. The delta slots are always pinned host memory
- * (never device slots): every receiver, CPU or GPU, reads them. */
+ * CUDA memory: a sender with CUDA shards encodes each bucket's capable CUDA chunks with one
+ * batched device encode (kernels/delta.h, update_old brings the baselines up), the results
+ * (length, hash) read back after the encode's event, into the bucket's delta slot: a device one
+ * (after the device bucket slots, in the same cuda_ipc region) when every receiver of those chunks
+ * lands them in CUDA targets on a GPU that reads ours (as the plain path decides device vs host
+ * bucket slots), else the host one, pinned for the kernels; READY's slot then has DEV_DELTA set.
+ * A receiver with CUDA targets applies the bucket's segments that come as deltas with one batched
+ * device apply (hash on) reading the peer-mapped device slot or the pinned host slot, on the
+ * sender's stream beside the plain copies, and compares the hashes when the bucket's event
+ * completes. */
 #ifndef WSYNC_SCHEMES_IPC_DELTA_H
 #define WSYNC_SCHEMES_IPC_DELTA_H
 
@@ -52,10 +55,15 @@ int64_t wsync_ipc_dtx_reuse(ipc_dtx_t *d, uint32_t k);
  * delta.encoded: once per encoded chunk. */
 wsync_status_t wsync_ipc_dtx_bucket(wsync_sender_t *s, ipc_dtx_t *d, uint32_t k, uint64_t version,
                                     void *stream);
-/* CUDA shards (in the sender's device context, after _create): pin the delta slots for the
- * kernels and build each bucket's batched encode of its capable CUDA chunks. _cuda_free undoes it
- * (in the device context, before wsync_ipc_dtx_free). */
-wsync_status_t wsync_ipc_dtx_cuda(wsync_sender_t *s, ipc_dtx_t *d);
+/* CUDA shards, before the device slots are allocated: which buckets' delta slots are device ones
+ * (stage_host[shard]: some receiver of the shard reads host memory or cannot read our GPU).
+ * Returns how many device delta slots (of wsync_ipc_dtx_slots' bytes) to allocate, 0: none. */
+uint32_t wsync_ipc_dtx_plan_device(wsync_sender_t *s, ipc_dtx_t *d, const uint8_t *stage_host);
+/* CUDA shards (in the sender's device context, after _create): pin the host delta slots for the
+ * kernels and build each bucket's batched encode of its capable CUDA chunks, into the device
+ * delta slots at dev_base (NULL: none, every bucket uses its host slot) or the host ones.
+ * _cuda_free undoes it (in the device context, before wsync_ipc_dtx_free). */
+wsync_status_t wsync_ipc_dtx_cuda(wsync_sender_t *s, ipc_dtx_t *d, void *dev_base);
 void wsync_ipc_dtx_cuda_free(ipc_dtx_t *d);
 /* 1 when plan chunk c travels to nobody plain this version (so it need not be staged). */
 int wsync_ipc_dtx_skip_plain(const ipc_dtx_t *d, uint32_t c);
@@ -89,9 +97,11 @@ wsync_status_t wsync_ipc_drx_ready(wsync_receiver_t *r, ipc_drx_t *d, wsync_rbuf
 int wsync_ipc_drx_segment(wsync_receiver_t *r, ipc_drx_t *d, uint32_t seg, uint64_t version,
                           wsync_status_t *rc);
 
-/* CUDA targets (in the receiver's device context, after _map): pin the mapped delta slots for
- * our kernels; the sender has nbuckets buckets. _cuda_free undoes it and frees the batches. */
-wsync_status_t wsync_ipc_drx_cuda(ipc_drx_t *d, uint32_t nbuckets);
+/* CUDA targets (in the receiver's device context, after _map): pin the mapped host delta slots
+ * for our kernels; the sender has nbuckets buckets; its device delta slots are at dev_base
+ * (imported, dev_bytes readable there; NULL: none). _cuda_free undoes it and frees the batches. */
+wsync_status_t wsync_ipc_drx_cuda(ipc_drx_t *d, uint32_t nbuckets, const void *dev_base,
+                                  uint64_t dev_bytes);
 void wsync_ipc_drx_cuda_free(ipc_drx_t *d);
 /* 1 when segment `seg`'s chunk comes as a delta to us in the READY at hand. */
 int wsync_ipc_drx_seg_delta(const wsync_receiver_t *r, const ipc_drx_t *d, uint32_t seg);

@@ -1413,17 +1413,19 @@ static void run_delta_cases(void)
  * every version byte-compared with expected(), base = v - 1 and the wire under a quarter of the
  * bytes delivered from version 2 on; a re-pointed target takes version 3 in full; a corrupted
  * delta refused with INTEGRITY naming the param, a new group right). The senders encode on the
- * device into pinned delta slots, the receivers apply on the device from them. one_gpu: all four
- * processes share GPU 0 (colocated: the shards are read in place where plain); else each its
- * own GPU (4 needed: peer reads). */
-static void run_ipc_delta_case(int variant, const char *what, int one_gpu)
+ * device into device delta slots (every receiver reads their GPU), or pinned host ones with
+ * host_slots (WSYNC_IPC_DELTA_DEVICE=0), and the receivers apply on the device from them.
+ * one_gpu: all four processes share GPU 0 (colocated: the shards are read in place where
+ * plain); else each its own GPU (4 needed: peer reads). */
+static void run_ipc_delta_case(int variant, const char *what, int one_gpu, int host_slots)
 {
     int d = 2, np = 2 * d, codes[2 * MAX_RANKS], need = one_gpu ? 1 : 2 * d;
     pid_t pids[2 * MAX_RANKS];
     group_t cfg[2 * MAX_RANKS];
     char name[128];
-    snprintf(name, sizeof(name), "ipc delta FSDP-%d -> TP-%d bf16 %s: %s", d, d,
-             one_gpu ? "on one GPU" : "on 4 GPUs", what);
+    snprintf(name, sizeof(name), "ipc delta FSDP-%d -> TP-%d bf16 %s%s: %s", d, d,
+             one_gpu ? "on one GPU" : "on 4 GPUs", host_slots ? ", pinned host delta slots" : "",
+             what);
     group_t g = {.name = strdup(name), .scheme = "ipc", .nsenders = d, .tp = d, .replicas = 1,
                  .kill_receiver = -1, .colocated = one_gpu};
     if (!wanted(&g))
@@ -1448,6 +1450,8 @@ static void run_ipc_delta_case(int variant, const char *what, int one_gpu)
     long long t0 = proc_now_ms();
     printf("-- %s\n", g.name);
     fflush(stdout);
+    if (host_slots)   /* the children inherit it: senders encode into pinned host slots */
+        setenv("WSYNC_IPC_DELTA_DEVICE", "0", 1);
     for (int i = 0; i < np; i++) {
         cfg[i] = g;
         cfg[i].rank = i < d ? i : i - d;
@@ -1455,6 +1459,7 @@ static void run_ipc_delta_case(int variant, const char *what, int one_gpu)
                              CHILD_LIMIT_S);
     }
     proc_wait_all(pids, np, GROUP_LIMIT_MS, codes);
+    unsetenv("WSYNC_IPC_DELTA_DEVICE");
     row->seconds = (double)(proc_now_ms() - t0) / 1000.0;
     int before = check_failures, integrity = 0;
     for (int i = 0; i < np; i++) {
@@ -1480,10 +1485,12 @@ static void run_ipc_delta_case(int variant, const char *what, int one_gpu)
 
 static void run_ipc_delta_cases(void)
 {
-    run_ipc_delta_case(DELTA_BASIC, "sparse versions", 1);
-    run_ipc_delta_case(DELTA_BASIC, "sparse versions", 0);
-    run_ipc_delta_case(DELTA_REPOINT, "re-pointed target gets full", 1);
-    run_ipc_delta_case(DELTA_CORRUPT, "corrupted delta refused", 1);
+    run_ipc_delta_case(DELTA_BASIC, "sparse versions", 1, 0);
+    run_ipc_delta_case(DELTA_BASIC, "sparse versions", 1, 1);
+    run_ipc_delta_case(DELTA_BASIC, "sparse versions", 0, 0);
+    run_ipc_delta_case(DELTA_REPOINT, "re-pointed target gets full", 1, 0);
+    run_ipc_delta_case(DELTA_CORRUPT, "corrupted delta refused", 1, 0);
+    run_ipc_delta_case(DELTA_CORRUPT, "corrupted delta refused", 1, 1);
 }
 
 /* ------------------------------------------------------------------------------------------ */
