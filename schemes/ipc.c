@@ -1176,8 +1176,8 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
             for (uint32_t g = 0; g < f->nregions; g++)
                 if (f->region_registered[g])
                     wsync_dev_host_unregister(f->regions[g].base);
+            wsync_ipc_drx_cuda_free(f->drx);   /* its batches read the imported slots */
             wsync_cuda_import_free(f->cim);
-            wsync_ipc_drx_cuda_free(f->drx);
         }
         wsync_shm_release(&f->shm);
         wsync_ipc_drx_free(f->drx);
