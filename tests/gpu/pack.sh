@@ -20,7 +20,7 @@ mkdir -p "$DEST/bin" "$DEST/tests/gpu" "$DEST/testdata"
 for f in "$BUILD"/bin/*; do
     [ -x "$f" ] && strip --strip-unneeded -o "$DEST/bin/$(basename "$f")" "$f"
 done
-for f in "$BUILD"/tests/gpu/test_*; do
+for f in "$BUILD"/tests/gpu/test_* "$BUILD"/tests/gpu/netns_member; do
     [ -x "$f" ] && strip --strip-unneeded -o "$DEST/tests/gpu/$(basename "$f")" "$f"
 done
 # the shared library, for the Python bindings (tests/gpu/test_python_torch.py): one plain file
