@@ -905,7 +905,7 @@ static wsync_sender_params_t sender_params(const model_t *m, int rank)
         sp.snapshot = 1;
         sp.keep_versions = 2;
     }
-    sp.delta = m->delta_param; /* NULL (auto) unless --delta */
+    sp.delta = m->delta_param ? m->delta_param : "off"; /* full versions unless --delta */
     return sp;
 }
 
@@ -1793,7 +1793,7 @@ static int run_receiver(model_t *m, int j)
     rp.coordinator = m->coordinator;
     rp.rank = j;
     rp.nreceivers = m->NR;
-    rp.delta = m->delta_param; /* NULL (auto) unless --delta */
+    rp.delta = m->delta_param ? m->delta_param : "off";
     if ((st = wsync_receiver_create(ctx, &rp, &rv)) != WSYNC_OK) {
         rc = bench_wsync_failed(who, "wsync_receiver_create", st);
         goto out;

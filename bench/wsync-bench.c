@@ -221,6 +221,8 @@ static void usage(FILE *out)
             "measured apart from the sync; the schemes expose no codec times). JSON adds\n"
             "delta, lr, changed_fraction, wire_bytes, full_wire_bytes, seconds, full_seconds\n"
             "and correct (both modes, every version, every receiver).\n"
+            "Every other run pushes full versions (delta = off for every participant, whatever\n"
+            "WSYNC_DELTA says): its versions repeat the same bytes, which a delta would skip.\n"
             "\n"
             "  --scheme S       ipc, nccl (model runs), store or auto (let the library choose)\n"
             "  --transport T    store only: ucx or ofi (WSYNC_STORE_TRANSPORT of every process,\n"
@@ -916,6 +918,7 @@ static int run_sender(const bench_opts_t *o, const char *coordinator, int res_fd
     /* The coordinator listens first, so receivers connect while the weights are made. */
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
     sp.coordinator = coordinator;
+    sp.delta = "off"; /* the versions repeat the same bytes: full versions are what is timed */
     sp.rank = 0;
     sp.nranks = 1;
     sp.nreceivers = o->receivers;
@@ -1006,6 +1009,7 @@ static int run_receiver(const bench_opts_t *o, const char *coordinator, int rank
     }
     wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
     rp.coordinator = coordinator;
+    rp.delta = "off";
     rp.rank = rank;
     rp.nreceivers = o->receivers;
     if ((st = wsync_receiver_create(ctx, &rp, &receiver)) != WSYNC_OK) {
@@ -1265,6 +1269,7 @@ static int store_sender(const bench_opts_t *o, const char *coordinator, int res_
     }
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
     sp.coordinator = coordinator;
+    sp.delta = "off"; /* the versions repeat the same bytes: full versions are what is timed */
     sp.rank = 0;
     sp.nranks = 1;
     sp.nreceivers = o->receivers;
@@ -1361,6 +1366,7 @@ static int store_receiver(const bench_opts_t *o, const char *coordinator, int ra
     }
     wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
     rp.coordinator = coordinator;
+    rp.delta = "off";
     rp.rank = rank;
     rp.nreceivers = o->receivers;
     if ((st = wsync_receiver_create(ctx, &rp, &receiver)) != WSYNC_OK) {
