@@ -666,6 +666,12 @@ def delta_chart(runs, path, terminal, title):
         fail("gnuplot failed on %s: %s" % (path, res.stderr.strip()))
 
 
+def lr_text(lr):
+    """1e-06 -> 1e-6"""
+    m, e = ("%.0e" % lr).split("e")
+    return "%se%d" % (m, int(e))
+
+
 def delta_table(rows):
     out = ["| run | shape | lr | delta | changed | wire bytes (÷ full) | seconds, delta | seconds, "
            "full | delta ÷ full | CPU encode / apply | versions | correct |",
@@ -680,8 +686,8 @@ def delta_table(rows):
         pub = j["scheme"] == "store" and j.get("push_seconds") is not None
         sd = secs(j["seconds"]) + (" (publish %s)" % secs(j["push_seconds"]) if pub else "")
         sf = secs(j["full_seconds"]) + (" (publish %s)" % secs(j["full_push_seconds"]) if pub else "")
-        out.append("| %s | %s | %g | %s | %.2f %% | %.1f MB of %.1f MB (%.2f %%) | %s | %s | %.3f | %s | %d + %d | %s |" % (
-            delta_label(j), j["model_shape"], j["lr"], j["delta_resolved"],
+        out.append("| %s | %s | %s | %s | %.2f %% | %.1f MB of %.1f MB (%.2f %%) | %s | %s | %.3f | %s | %d + %d | %s |" % (
+            delta_label(j), j["model_shape"], lr_text(j["lr"]), j["delta_resolved"],
             100 * j["changed_fraction"], j["wire_bytes"] / 1e6, j["full_wire_bytes"] / 1e6,
             100 * j["wire_ratio"], sd, sf, j["time_ratio"], codec, j["warmup"], j["iters"], "yes" if j["correct"] else "NO"))
     return out
@@ -731,8 +737,8 @@ def delta_section(host_path, gpu_path, terminal=None, plot_dir=None, rel_dir="be
                         "Delta versions: wire bytes and time against lr (%s)" % title.lower())
             out += ["![Delta versions, %s](%s/%s)" % (title.lower(), rel_dir, fname), ""]
         out += delta_table(rows) + [""]
-        if meta.get("notes"):
-            out += meta["notes"] + [""]
+        for note in meta.get("notes", []):
+            out += [note, ""]
     return out
 
 
