@@ -790,6 +790,12 @@ def main():
         fail("gnuplot not found: install it (apt-get install gnuplot-nox) or pass --no-plots")
     page += moe_section(*args.moe, terminal=term, plot_dir=plot_dir, rel_dir="bench")
     page += delta_section(*args.delta, terminal=term, plot_dir=plot_dir, rel_dir="bench")
+    # hand-written sections (figures no generator here produces: other tools' runs, arithmetic)
+    sec_dir = os.path.join(os.path.dirname(os.path.abspath(args.out)), "bench", "sections")
+    for name in sorted(os.listdir(sec_dir)) if os.path.isdir(sec_dir) else []:
+        if name.endswith(".md"):
+            with open(os.path.join(sec_dir, name)) as f:
+                page += [f.read().rstrip(), ""]
     page += cpu_section(cpu, args)
     with open(args.out, "w") as f:
         f.write("\n".join(page).rstrip() + "\n")
