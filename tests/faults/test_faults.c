@@ -332,6 +332,9 @@ static int sender_main(void *arg)
     sp.timeout_ms = TIMEOUT_MS;
     sp.heartbeat_ms = HEARTBEAT_MS;
     sp.keep_versions = VERSIONS;   /* readers read every version, in their own time */
+    /* the matrix is of the plain data paths (the store would resolve auto to delta versions,
+     * whose own corruption cases are test_delta_store's and test_delta_ipc's) */
+    sp.delta = "off";
     long long t0 = proc_now_ms();
     st = wsync_sender_create(ctx, &sp, &s);
     if (rank == 0 && st == WSYNC_OK) {
@@ -459,6 +462,7 @@ static int receiver_main(void *arg)
     rp.nreceivers = NR;
     rp.timeout_ms = TIMEOUT_MS;
     rp.heartbeat_ms = HEARTBEAT_MS;
+    rp.delta = "off";
     long long t0 = proc_now_ms();
     st = wsync_receiver_create(ctx, &rp, &rv);
     if (st != WSYNC_OK) {
