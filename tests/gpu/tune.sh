@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Sweep the knobs that decide how copies share a GPU, on a lent 4-GPU machine, to choose (and
-# re-check) their defaults: for each setting one wsync-bench run of the scenarios
+# Sweep the knobs that decide how copies share a GPU, on a lent 4-GPU machine (colocated1 and
+# colocated1-fp8: one GPU), to choose (and re-check) their defaults: for each setting one wsync-bench run of the scenarios
 # (Qwen3-8B shape by default), every result byte-checked by wsync-bench itself.
 #
-#   bash tests/gpu/tune.sh BUILD [SCENARIO ...]     (scenarios: colocated fp8 disagg-ipc disagg-nccl)
+#   bash tests/gpu/tune.sh BUILD [SCENARIO ...]     (scenarios: colocated fp8 disagg-ipc disagg-nccl
+#                                                      colocated1 colocated1-fp8)
 #
 # Knobs (see schemes/ipc.c, sender_stream): WSYNC_IPC_BLOCKS_LOCAL / WSYNC_IPC_BLOCKS_PEER
 # (blocks per SM of a sender's batch kernels when it is on our GPU / another one; 0: no cap) and
@@ -48,6 +49,16 @@ for s in $SCEN; do
         done
         one colocated-debug "WSYNC_LOG_LEVEL=debug" --scheme ipc --senders 4 --tp 4 --colocated
         ;;
+    colocated1|colocated1-fp8)   # one GPU: FSDP-1 -> TP-1 and FSDP-2 -> TP-2, local blocks per SM
+        q=""
+        [ "$s" = colocated1-fp8 ] && q="--quant fp8-block"
+        for g in 1 2; do
+            for l in 1 2 4 0; do
+                one "$s-g$g-L$l" "WSYNC_IPC_BLOCKS_LOCAL=$l" --scheme ipc --senders $g --tp $g \
+                    --colocated $q
+            done
+        done
+        ;;
     disagg-ipc)
         for p in 0 1 2 3; do
             one "disagg-ipc-P$p" "WSYNC_IPC_BLOCKS_PEER=$p" --scheme ipc --senders 2 --tp 2
@@ -61,7 +72,7 @@ for s in $SCEN; do
             --scheme nccl --senders 2 --tp 2
         ;;
     *)
-        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl)" >&2
+        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8)" >&2
         exit 2
         ;;
     esac
