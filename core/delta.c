@@ -171,10 +171,11 @@ static int region_ok(const wsync_region_t *r, uint64_t *n)
 
 /* ---- sizes ---------------------------------------------------------------------------------- */
 
-uint64_t wsync_delta_block_bytes(uint32_t len, uint32_t k, uint32_t esize, uint32_t *mode)
+uint64_t wsync_delta_block_bytes(uint32_t len, uint32_t k, uint32_t e, uint32_t esize,
+                                 uint32_t *mode)
 {
     uint64_t vals = align8((uint64_t)k * esize);
-    uint64_t sparse = align8(2 * (uint64_t)k) + vals;
+    uint64_t sparse = align8((uint64_t)k + e) + vals;
     uint64_t bitmap = align8(((uint64_t)len + 7) / 8) + vals;
     uint64_t plain = align8((uint64_t)len * esize);
     uint32_t m = WSYNC_DELTA_SPARSE;
@@ -196,6 +197,21 @@ uint64_t wsync_delta_block_bytes(uint32_t len, uint32_t k, uint32_t esize, uint3
     if (mode != NULL)
         *mode = m;
     return best;
+}
+
+/* The payload bytes of a block in a given mode (what its table entry says). */
+static uint64_t mode_bytes(uint32_t mode, uint32_t len, uint32_t k, uint32_t e, uint32_t es)
+{
+    switch (mode) {
+    case WSYNC_DELTA_SPARSE:
+        return align8((uint64_t)k + e) + align8((uint64_t)k * es);
+    case WSYNC_DELTA_BITMAP:
+        return align8(((uint64_t)len + 7) / 8) + align8((uint64_t)k * es);
+    case WSYNC_DELTA_PLAIN:
+        return align8((uint64_t)len * es);
+    default:
+        return 0;
+    }
 }
 
 uint64_t wsync_delta_max_bytes(uint64_t n, uint32_t esize)
@@ -277,20 +293,40 @@ static void copy_out(const view_t *v, cursor_t at, uint64_t len, uint8_t *dst)
     }
 }
 
-/* Write block payload (mode, k of len changed, indices idx) at p, bytes long. */
+/* The escape count of the k ascending block indices idx: the sum of floor(gap / 255). */
+static uint32_t escapes(const uint16_t *idx, uint32_t k)
+{
+    uint32_t e = 0, next = 0;
+    for (uint32_t j = 0; j < k; j++) {
+        e += (idx[j] - next) / WSYNC_DELTA_ESC;
+        next = idx[j] + 1u;
+    }
+    return e;
+}
+
+/* Write block payload (mode, k of len changed, indices idx, escape count e) at p, bytes long. */
 static void write_payload(uint8_t *p, uint64_t bytes, uint32_t mode, const view_t *nv,
-                          cursor_t at, uint32_t len, const uint16_t *idx, uint32_t k)
+                          cursor_t at, uint32_t len, const uint16_t *idx, uint32_t k, uint32_t e)
 {
     uint64_t head;
 
     memset(p + (bytes >= 8 ? bytes - 8 : 0), 0, bytes >= 8 ? 8 : bytes);   /* tail padding */
     switch (mode) {
-    case WSYNC_DELTA_SPARSE:
-        head = align8(2 * (uint64_t)k);
+    case WSYNC_DELTA_SPARSE: {
+        uint8_t *q = p;
+        uint32_t next = 0;                              /* first position the next gap skips */
+        head = align8((uint64_t)k + e);
         memset(p + head - 8, 0, 8);
-        memcpy(p, idx, 2 * (size_t)k);                  /* u16 little-endian, as the host */
+        for (uint32_t j = 0; j < k; j++) {
+            uint32_t d = idx[j] - next;
+            for (; d >= WSYNC_DELTA_ESC; d -= WSYNC_DELTA_ESC)
+                *q++ = (uint8_t)WSYNC_DELTA_ESC;
+            *q++ = (uint8_t)d;
+            next = idx[j] + 1u;
+        }
         gather(nv, at, idx, k, p + head);
         break;
+    }
     case WSYNC_DELTA_BITMAP:
         head = align8(((uint64_t)len + 7) / 8);
         memset(p, 0, head);
@@ -347,7 +383,7 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
     tree_init(&tree);
     for (uint64_t j = 0; j < nb; j++) {
         uint32_t blen = (uint32_t)(j + 1 < nb ? WSYNC_DELTA_BLOCK : n - j * WSYNC_DELTA_BLOCK);
-        uint32_t k = 0, mode;
+        uint32_t k = 0, e = 0, mode;
         uint64_t bytes;
         cursor_t s = at;
 
@@ -358,16 +394,25 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
             s.r++;
             s.c = 0;
         }
-        bytes = wsync_delta_block_bytes(blen, k, esize, &mode);
+        /* e only moves a block from SPARSE to BITMAP or PLAIN (SPARSE alone grows with it), so
+         * it is counted only where e = 0 would pick SPARSE */
+        bytes = wsync_delta_block_bytes(blen, k, 0, esize, &mode);
+        if (mode == WSYNC_DELTA_SPARSE) {
+            e = escapes(idx, k);
+            if (e > 0)
+                bytes = wsync_delta_block_bytes(blen, k, e, esize, &mode);
+        }
         if (cap - table_end < pos + bytes)
             return wsync_err(WSYNC_ERR_INVALID, "delta encode: cap %" PRIu64 " < the %" PRIu64
                              " bytes needed up to block %" PRIu64 " of %" PRIu64
                              " (wsync_delta_max_bytes gives %" PRIu64 ")", cap,
                              table_end + pos + bytes, j, nb, wsync_delta_max_bytes(n, esize));
         st32(o + WSYNC_DELTA_HEADER + 8 * j, (uint32_t)pos);
-        st32(o + WSYNC_DELTA_HEADER + 8 * j + 4, mode << 30 | k);
+        if (mode != WSYNC_DELTA_SPARSE)
+            e = 0;                      /* stored for SPARSE blocks only */
+        st32(o + WSYNC_DELTA_HEADER + 8 * j + 4, wsync_delta_word(mode, e, k));
         if (bytes > 0)
-            write_payload(o + table_end + pos, bytes, mode, &nv, at, blen, idx, k);
+            write_payload(o + table_end + pos, bytes, mode, &nv, at, blen, idx, k, e);
         tree_add(&tree, hash_block(&nv, at, blen));
         pos += bytes;
         nchanged += k;
@@ -390,35 +435,63 @@ static int all_zero(const uint8_t *p, uint64_t n)
     return 1;
 }
 
-/* The payload of block j (len elements, k changed, mode), bytes long at p: indices, bitmap and
- * padding. Returns WSYNC_OK or the INTEGRITY error naming what and the block. */
+/* The escape count of the positions whose bits are set in the bitmap of a block of len. */
+static uint32_t bitmap_escapes(const uint8_t *map, uint32_t len)
+{
+    uint64_t mbytes = ((uint64_t)len + 7) / 8, next = 0;
+    uint32_t e = 0;
+
+    for (uint64_t w = 0; w < mbytes; w += 8) {
+        uint64_t bits = 0;
+        memcpy(&bits, map + w, mbytes - w < 8 ? mbytes - w : 8);
+        while (bits != 0) {
+            uint64_t i = w * 8 + (uint64_t)__builtin_ctzll(bits);
+            bits &= bits - 1;
+            e += (uint32_t)((i - next) / WSYNC_DELTA_ESC);
+            next = i + 1;
+        }
+    }
+    return e;
+}
+
+/* The payload of block j (len elements, k changed, escape count e, mode), bytes long at p: index
+ * stream, bitmap and padding, and a BITMAP block's mode against its positions' escape count.
+ * Returns WSYNC_OK or the INTEGRITY error naming what and the block. */
 static wsync_status_t check_payload(const uint8_t *p, uint64_t bytes, uint32_t mode, uint32_t len,
-                                    uint32_t k, uint32_t es, uint64_t j, const char *what)
+                                    uint32_t k, uint32_t e, uint32_t es, uint64_t j,
+                                    const char *what)
 {
     uint64_t head = 0, vals = (uint64_t)k * es;
 
     if (mode == WSYNC_DELTA_SAME)
         return WSYNC_OK;                /* no payload */
     if (mode == WSYNC_DELTA_SPARSE) {
-        head = align8(2 * (uint64_t)k);
-        for (uint32_t i = 0; i < k; i++) {
-            uint32_t x = (uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 8;
-            uint32_t prev = i > 0 ? ((uint32_t)p[2 * i - 2] | (uint32_t)p[2 * i - 1] << 8) : 0;
-            if (x >= len)
-                return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": sparse "
-                                 "index %" PRIu32 " (entry %" PRIu32 ") >= the block's %" PRIu32
-                                 " elements", what, j, x, i, len);
-            if (i > 0 && x <= prev)
-                return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": sparse "
-                                 "index %" PRIu32 " (entry %" PRIu32 ") not above the one before "
-                                 "(%" PRIu32 "): indices must ascend, without duplicates",
-                                 what, j, x, i, prev);
+        uint64_t sl = (uint64_t)k + e, nesc = 0, adv = 0;     /* k >= 1: the mode says so */
+        head = align8(sl);
+        if (p[sl - 1] == WSYNC_DELTA_ESC)
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": SPARSE index "
+                             "stream of %" PRIu64 " bytes ends in an escape byte 0xFF",
+                             what, j, sl);
+        for (uint64_t i = 0; i < sl; i++) {
+            nesc += p[i] == WSYNC_DELTA_ESC;
+            adv += p[i] == WSYNC_DELTA_ESC ? WSYNC_DELTA_ESC : (uint64_t)p[i] + 1;
         }
-        if (!all_zero(p + 2 * (uint64_t)k, head - 2 * (uint64_t)k))
+        if (sl - nesc != k)             /* then nesc != e as well: k + e bytes in all */
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": SPARSE index "
+                             "stream of %" PRIu64 " bytes holds %" PRIu64 " positions (bytes "
+                             "< 0xFF) and %" PRIu64 " escapes (0xFF), the table says k %" PRIu32
+                             " and e %" PRIu32, what, j, sl, sl - nesc, nesc, k, e);
+        if (adv > len)                  /* adv - 1 is the last, and largest, position */
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": SPARSE index "
+                             "stream decodes to position %" PRIu64 " (entry %" PRIu32 ") >= the "
+                             "block's %" PRIu32 " elements", what, j, adv - 1, k - 1, len);
+        if (!all_zero(p + sl, head - sl))
             return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": non-zero "
-                             "padding after the %" PRIu32 " sparse indices", what, j, k);
+                             "padding after the %" PRIu64 "-byte SPARSE index stream",
+                             what, j, sl);
     } else if (mode == WSYNC_DELTA_BITMAP) {
         uint64_t mbytes = ((uint64_t)len + 7) / 8, pop = 0;
+        uint32_t want;
         head = align8(mbytes);
         for (uint64_t i = 0; i + 8 <= mbytes; i += 8)
             pop += (uint64_t)__builtin_popcountll(ld64(p + i));
@@ -434,6 +507,16 @@ static wsync_status_t check_payload(const uint8_t *p, uint64_t bytes, uint32_t m
         if (!all_zero(p + mbytes, head - mbytes))
             return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": non-zero "
                              "padding after the bitmap", what, j);
+        /* at e = 0 the choice may be SPARSE: then these positions' own e must push it here */
+        wsync_delta_block_bytes(len, k, 0, es, &want);
+        if (want != WSYNC_DELTA_BITMAP) {
+            uint32_t be = bitmap_escapes(p, len);
+            wsync_delta_block_bytes(len, k, be, es, &want);
+            if (want != WSYNC_DELTA_BITMAP)
+                return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": mode BITMAP, "
+                                 "but its k %" PRIu32 " positions of %" PRIu32 " elements have "
+                                 "e %" PRIu32 ": %s", what, j, k, len, be, mode_name(want));
+        }
     } else {
         vals = (uint64_t)len * es;
     }
@@ -446,7 +529,7 @@ static wsync_status_t check_payload(const uint8_t *p, uint64_t bytes, uint32_t m
 wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint32_t esize,
                                  const char *what)
 {
-    const uint8_t *e = enc;
+    const uint8_t *p = enc;
     uint64_t nb, table_end, area, pos = 0;
     uint32_t magic;
 
@@ -457,22 +540,22 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
     if (len < WSYNC_DELTA_HEADER)
         return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta truncated: %" PRIu64 " bytes, the "
                          "header alone is %u", what, len, WSYNC_DELTA_HEADER);
-    magic = ld32(e);
+    magic = ld32(p);
     if (magic != WSYNC_DELTA_MAGIC)
         return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta bad magic 0x%08" PRIx32 " (expected "
                          "0x%08x)", what, magic, WSYNC_DELTA_MAGIC);
-    if (e[4] != WSYNC_DELTA_FORMAT)
-        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta format %u (this build reads %u)",
-                         what, e[4], WSYNC_DELTA_FORMAT);
-    if (e[5] != esize || !esize_ok(esize))
+    if (p[4] != WSYNC_DELTA_FORMAT)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta format %u, expected %u", what, p[4],
+                         WSYNC_DELTA_FORMAT);
+    if (p[5] != esize || !esize_ok(esize))
         return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta esize %u, expected %" PRIu32, what,
-                         e[5], esize);
-    if (e[6] != 0 || e[7] != 0)
+                         p[5], esize);
+    if (p[6] != 0 || p[7] != 0)
         return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta header: non-zero padding (bytes 6-7: "
-                         "0x%02x%02x)", what, e[7], e[6]);
-    if (ld64(e + 8) != n)
+                         "0x%02x%02x)", what, p[7], p[6]);
+    if (ld64(p + 8) != n)
         return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta header says %" PRIu64 " elements, the "
-                         "region holds %" PRIu64, what, ld64(e + 8), n);
+                         "region holds %" PRIu64, what, ld64(p + 8), n);
     if (n == 0 || n > UINT32_MAX / esize)
         return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta of %" PRIu64 " elements of %" PRIu32
                          " bytes (1 to 2^32 - 1 bytes)", what, n, esize);
@@ -484,8 +567,10 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
                          table_end);
     area = len - table_end;
     for (uint64_t j = 0; j < nb; j++) {
-        const uint8_t *t = e + WSYNC_DELTA_HEADER + 8 * j;
-        uint32_t off = ld32(t), mk = ld32(t + 4), mode = mk >> 30, k = mk & 0x3fffffffu, want;
+        const uint8_t *t = p + WSYNC_DELTA_HEADER + 8 * j;
+        uint32_t off = ld32(t), w = ld32(t + 4), want;
+        uint32_t mode = wsync_delta_word_mode(w), e = wsync_delta_word_e(w);
+        uint32_t k = wsync_delta_word_k(w);
         uint32_t blen = (uint32_t)(j + 1 < nb ? WSYNC_DELTA_BLOCK : n - j * WSYNC_DELTA_BLOCK);
         uint64_t bytes;
         wsync_status_t st;
@@ -504,17 +589,30 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
         if (k > blen)
             return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": k %" PRIu32
                              " > the block's %" PRIu32 " elements", what, j, k, blen);
-        bytes = wsync_delta_block_bytes(blen, k, esize, &want);
-        if (mode != want)
+        if (mode != WSYNC_DELTA_SPARSE && e != 0)
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": e %" PRIu32
+                             " in a %s block (escape bytes belong to SPARSE blocks only)",
+                             what, j, e, mode_name(mode));
+        /* the choice is monotone in e: a SPARSE block is judged at its own e, another at the
+         * largest e its k allows (a BITMAP block's own e is checked with its bitmap) */
+        wsync_delta_block_bytes(blen, k, mode == WSYNC_DELTA_SPARSE ? e : (blen - k) /
+                                WSYNC_DELTA_ESC, esize, &want);
+        if (mode != want) {
+            if (mode == WSYNC_DELTA_SPARSE)
+                return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": mode "
+                                 "SPARSE, but k %" PRIu32 " and e %" PRIu32 " of %" PRIu32
+                                 " elements is %s", what, j, k, e, blen, mode_name(want));
             return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": mode %s, but k "
                              "%" PRIu32 " of %" PRIu32 " elements is %s", what, j,
                              mode_name(mode), k, blen, mode_name(want));
+        }
+        bytes = mode_bytes(mode, blen, k, e, esize);
         if (bytes > area - pos)
             return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta truncated: block %" PRIu64 "'s %s "
                              "payload of %" PRIu64 " bytes at offset %" PRIu64 " passes the "
                              "end (payload area %" PRIu64 " bytes)", what, j, mode_name(mode),
                              bytes, pos, area);
-        st = check_payload(e + table_end + pos, bytes, mode, blen, k, esize, j, what);
+        st = check_payload(p + table_end + pos, bytes, mode, blen, k, e, esize, j, what);
         if (st != WSYNC_OK)
             return st;
         pos += bytes;
@@ -527,17 +625,22 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
 
 /* ---- apply ---------------------------------------------------------------------------------- */
 
-/* Write the k values of vals to the ascending block indices idx (u16 little-endian) of the block
+/* Write the k values of vals to the positions the index stream q (sl bytes) names, in the block
  * at `at`. */
-static void scatter_sparse(const view_t *v, cursor_t at, const uint8_t *idx, uint32_t k,
+static void scatter_sparse(const view_t *v, cursor_t at, const uint8_t *q, uint64_t sl,
                            const uint8_t *vals)
 {
-    uint32_t prev = 0;
-    for (uint32_t j = 0; j < k; j++) {
-        uint32_t i = (uint32_t)idx[2 * j] | (uint32_t)idx[2 * j + 1] << 8;
-        cursor_add(v, &at, i - prev);
-        prev = i;
-        copy_elem(view_at(v, at), vals + (uint64_t)j * v->es, v->es);
+    uint32_t skip = 0;                  /* elements to move past before the next byte's gap */
+    for (uint64_t i = 0; i < sl; i++) {
+        uint32_t b = q[i];
+        if (b == WSYNC_DELTA_ESC) {
+            skip += WSYNC_DELTA_ESC;
+            continue;
+        }
+        cursor_add(v, &at, skip + b);
+        copy_elem(view_at(v, at), vals, v->es);
+        vals += v->es;
+        skip = 1;
     }
 }
 
@@ -606,13 +709,14 @@ wsync_status_t wsync_delta_apply(const void *enc, uint64_t len, void *dst_base,
     tree_init(&tree);
     for (uint64_t j = 0; j < nb; j++) {
         const uint8_t *t = e + WSYNC_DELTA_HEADER + 8 * j;
-        uint32_t off = ld32(t), mk = ld32(t + 4), mode = mk >> 30, k = mk & 0x3fffffffu;
+        uint32_t off = ld32(t), w = ld32(t + 4), mode = wsync_delta_word_mode(w);
+        uint64_t sl = (uint64_t)wsync_delta_word_k(w) + wsync_delta_word_e(w);
         uint32_t blen = (uint32_t)(j + 1 < nb ? WSYNC_DELTA_BLOCK : n - j * WSYNC_DELTA_BLOCK);
         const uint8_t *p = e + table_end + off;
 
         switch (mode) {
         case WSYNC_DELTA_SPARSE:
-            scatter_sparse(&v, at, p, k, p + align8(2 * (uint64_t)k));
+            scatter_sparse(&v, at, p, sl, p + align8(sl));
             break;
         case WSYNC_DELTA_BITMAP:
             scatter_bitmap(&v, at, p, blen, p + align8(((uint64_t)blen + 7) / 8));

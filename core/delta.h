@@ -7,15 +7,19 @@
  * bucket); elements compare as raw bit patterns of their size (so 0.0 vs -0.0 and NaN payloads
  * count as changes: a delta version is bit-exact, never "numerically equal").
  *
- * Wire form of one encoded chunk (all integers little-endian), for n elements of esize bytes
- * (esize 1, 2, 4 or 8):
+ * Wire form of one encoded chunk, format 2 (all integers little-endian), for n elements of esize
+ * bytes (esize 1, 2, 4 or 8). Format 1 (u16 SPARSE indices, k in bits 0..29) is gone: the check
+ * refuses it. Format 2 codes SPARSE positions as byte gaps, ~1 byte per change instead of 2.
  *
  *   header   16 bytes   u32 magic WSYNC_DELTA_MAGIC, u8 format WSYNC_DELTA_FORMAT, u8 esize,
  *                       u16 zero, u64 n
  *   blocks   8 * nb     nb = ceil(n / WSYNC_DELTA_BLOCK); block j covers elements
  *                       [j * BLOCK, min(n, (j + 1) * BLOCK)), len_j of them; per block:
  *                       u32 payload offset in bytes from the start of the payload area (a
- *                       multiple of 8), u32 (mode << 30) | k, k = elements that changed (<= len_j)
+ *                       multiple of 8), then u32 w = (mode << 30) | (e << 16) | k:
+ *                       k (bits 0..15) = elements that changed (<= len_j <= 4096),
+ *                       e (bits 16..29) = escape bytes of a SPARSE block's index stream (below;
+ *                       0 in every other mode), mode (bits 30..31)
  *   payloads            from byte 16 + 8 * nb, each block's at its offset, in block order, each
  *                       starting 8-byte aligned, with zero bytes as padding
  *
@@ -23,23 +27,44 @@
  *  - payloads are contiguous: block 0's offset is 0 and block j + 1's is block j's plus block j's
  *    payload bytes (a SAME block's offset is where the next payload starts: the running offset);
  *    the stream ends right after the last payload (len = 16 + 8 * nb + the sum of payloads).
- *  - a block's mode is the one wsync_delta_block_bytes picks for (len_j, k); k counts the elements
- *    whose bit patterns differ, in every mode (PLAIN included).
- *  - every padding byte is zero: the u16 after esize, index and value padding, and in a BITMAP
- *    the bits of the last bitmap byte past len_j.
+ *  - a block's mode is the one wsync_delta_block_bytes picks for (len_j, k, e, esize), where e is
+ *    the escape count of the block's changed positions (defined below) WHATEVER the mode: the
+ *    encoder computes e from the positions of every changed block, though only a SPARSE block
+ *    stores it (the others store e = 0). k counts the elements whose bit patterns differ, in
+ *    every mode (PLAIN included).
+ *  - every padding byte is zero: the u16 after esize, index-stream and value padding, and in a
+ *    BITMAP the bits of the last bitmap byte past len_j.
  *  - n * esize <= UINT32_MAX (so that every u32 offset fits): wsync_delta_encode refuses larger
  *    chunks (WSYNC_ERR_INVALID) and they travel plain; the check refuses such a header.
  *
+ * The escape count e of a block: its changed positions in ascending order i_1 < ... < i_k (block
+ * indices, 0 <= i < len_j), gaps d_1 = i_1 and d_m = i_m - i_{m-1} - 1 (the unchanged elements
+ * skipped before each change), e = sum over m of floor(d_m / 255) (<= floor((len_j - k) / 255),
+ * so <= 16 in a block of 4096).
+ *
  * Block modes (the smallest payload wins; on a tie the lower mode number):
  *   SAME    0  k = 0, no payload
- *   SPARSE  1  u16 index[k] (ascending, within the block), zero-padded to 8 bytes, then the k new
- *              values (esize each, in index order), zero-padded to 8:
- *              align8(2k) + align8(k * esize) bytes
+ *   SPARSE  1  the index stream of k + e bytes, zero-padded to 8, then the k new values (esize
+ *              each, in index order), zero-padded to 8: align8(k + e) + align8(k * esize) bytes.
+ *              The index stream writes each gap d_m, in order, as floor(d_m / 255) bytes 0xFF
+ *              followed by one byte d_m mod 255 (< 0xFF). Read back: a byte 0xFF advances the
+ *              position by 255 (an escape: "skip 255 elements"); a byte b < 0xFF advances it by b
+ *              and names the element there as changed, then the position moves one past it. So
+ *              it holds exactly e bytes 0xFF and k bytes < 0xFF, and its last byte is < 0xFF.
  *   BITMAP  2  ceil(len_j / 8) bytes of bitmap (bit i of byte i / 8, LSB first: element i
  *              changed), zero-padded to 8, then the k new values in index order, zero-padded to 8:
  *              align8(ceil(len_j / 8)) + align8(k * esize) bytes
  *   PLAIN   3  all len_j new values: align8(len_j * esize) bytes
- * (k = 0 is always SAME; a block with k > 0 is never SAME.)
+ * (k = 0 is always SAME; a block with k > 0 is never SAME.) The rule is monotone in e (only
+ * SPARSE's size grows with it), and it never weighs PLAIN against SPARSE with e mattering: for
+ * every len_j <= 4096, k and esize, the choice at e = 0 is PLAIN exactly when it is at every
+ * possible e (tests/unit/test_delta.c checks all of them), so a PLAIN block is canonical whatever
+ * its positions. Around the SPARSE/BITMAP break-even e does decide (e.g. bf16, len 4096, k 500:
+ * SPARSE for e <= 12, BITMAP for e >= 13).
+ *
+ * Decoding a SPARSE index stream in parallel (the GPU's way): each byte b contributes a position
+ * advance (b == 0xFF ? 255 : b + 1) and an element count (b != 0xFF); inclusive scans of both give,
+ * for each byte b < 0xFF, its element's position (advance sum - 1) and its value slot (count - 1).
  *
  * The encoding is a function of (old, new) alone: the CPU encoder here and the CUDA encoder
  * (kernels/delta.h) write the same bytes, and either decoder applies what either wrote. When the
@@ -63,7 +88,7 @@
 #include "wsync/wsync.h"
 
 #define WSYNC_DELTA_MAGIC 0x4c445357u   /* "WSDL" */
-#define WSYNC_DELTA_FORMAT 1u
+#define WSYNC_DELTA_FORMAT 2u
 #define WSYNC_DELTA_BLOCK 4096u         /* elements per block */
 #define WSYNC_DELTA_HEADER 16u
 
@@ -75,9 +100,22 @@ static inline uint64_t wsync_delta_nblocks(uint64_t n)
     return (n + WSYNC_DELTA_BLOCK - 1) / WSYNC_DELTA_BLOCK;
 }
 
-/* The payload bytes of a block of len elements of which k changed, in the mode the rules above
- * pick; *mode (may be NULL) gets that mode. */
-uint64_t wsync_delta_block_bytes(uint32_t len, uint32_t k, uint32_t esize, uint32_t *mode);
+#define WSYNC_DELTA_ESC 0xFFu             /* the escape byte of a SPARSE index stream */
+
+/* A block table entry's second word, and its fields. */
+static inline uint32_t wsync_delta_word(uint32_t mode, uint32_t e, uint32_t k)
+{
+    return mode << 30 | e << 16 | k;
+}
+static inline uint32_t wsync_delta_word_mode(uint32_t w) { return w >> 30; }
+static inline uint32_t wsync_delta_word_e(uint32_t w) { return (w >> 16) & 0x3fffu; }
+static inline uint32_t wsync_delta_word_k(uint32_t w) { return w & 0xffffu; }
+
+/* The payload bytes of a block of len elements of which k changed, with escape count e (the
+ * block's, whatever the mode: see above), in the mode the rules above pick; *mode (may be NULL)
+ * gets that mode. */
+uint64_t wsync_delta_block_bytes(uint32_t len, uint32_t k, uint32_t e, uint32_t esize,
+                                 uint32_t *mode);
 
 /* The most bytes wsync_delta_encode may write for n elements of esize: header, block table and
  * every block PLAIN. Size encode buffers with it. */
@@ -100,10 +138,13 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
                                   const wsync_region_t *src, uint32_t esize, void *out,
                                   uint64_t cap, uint64_t *len, uint64_t *hash, uint64_t *changed);
 
-/* Check an encoded chunk's structure before applying it: magic, format, esize, n equal to the
- * region's elements, offsets in order, aligned and inside len, each block's mode consistent with
- * its k and its payload size equal to wsync_delta_block_bytes, SPARSE indices ascending and inside
- * the block, BITMAP popcount equal to k, padding zero, nothing after the last payload.
+/* Check an encoded chunk's structure before applying it: magic, format (a format-1 stream is
+ * refused), esize, n equal to the region's elements, offsets in order, aligned and inside len,
+ * k <= len_j, e = 0 outside SPARSE, each block's payload size that of its mode and its mode the
+ * one wsync_delta_block_bytes picks for (len_j, k, e) (SPARSE: the table's e; BITMAP: the e of
+ * the bitmap's positions, which the check computes; PLAIN: any e, see above), a SPARSE index
+ * stream with exactly e bytes 0xFF and k bytes < 0xFF, a last byte < 0xFF and every decoded
+ * position < len_j, a BITMAP's popcount equal to k, padding zero, nothing after the last payload.
  * WSYNC_ERR_INTEGRITY naming `what` (e.g. "chunk 12 from sender 1") and the first fault found.
  * Never reads outside enc[0, len). */
 wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint32_t esize,

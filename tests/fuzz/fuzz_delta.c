@@ -134,7 +134,7 @@ static void op_stream(const uint8_t *p, size_t len, uint32_t es, uint8_t lsel)
     for (uint64_t j = 0; j < wsync_delta_nblocks(n); j++) {
         uint32_t mk;
         memcpy(&mk, p + WSYNC_DELTA_HEADER + 8 * j + 4, 4);
-        ksum += mk & 0x3fffffffu;
+        ksum += wsync_delta_word_k(mk);
     }
     l = make_layout(n, es, lsel);
     before = malloc(l.bytes);
