@@ -794,8 +794,9 @@ static void safetensors_seeds(const wsync_model_config_t *micro)
     }
 }
 
-/* fuzz_delta: op 0, an encoded chunk of each element size with every block mode (block 0
- * SPARSE, 1 BITMAP, 2 PLAIN, 3 SAME), in a strided layout; op 1, a list of 40 changes. */
+/* fuzz_delta: op 0, an encoded chunk (format 2) of each element size with every block mode
+ * (block 0 SPARSE with escapes in its index stream: gaps of 299, then one of 4095 - 3900 - 1; 1
+ * BITMAP, 2 PLAIN, 3 SAME), in a strided layout; op 1, a list of 40 changes. */
 static void delta_seeds(void)
 {
     enum { N = 3 * WSYNC_DELTA_BLOCK + 100 };
@@ -814,8 +815,9 @@ static void delta_seeds(void)
         for (uint64_t b = 0; b < (uint64_t)N * es; b++)
             old[b] = (uint8_t)(b * 131 + 7);
         memcpy(nw, old, (size_t)N * es);
-        for (uint64_t e = 0; e < 20; e++)
-            nw[e * 200 * es] ^= 1;
+        for (uint64_t e = 0; e < 14; e++)
+            nw[e * 300 * es] ^= 1;
+        nw[(B - 1) * es] ^= 1;
         for (uint64_t e = 0; e < 1000; e++)
             nw[(B + e * 4) * es] ^= 2;
         for (uint64_t e = 0; e < B; e++)
