@@ -2,6 +2,7 @@
  * else from the default. A malformed variable is an error naming it, never silently ignored. */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,33 @@ static wsync_status_t resolve_choice(const char *who, const char *field, const c
 static const char *const delta_modes[] = {"off", "on", "auto", NULL};
 static const char *const delta_baselines[] = {"device", "host", NULL};
 
+/* delta_cutoff: a fraction in (0, 1] from code, else WSYNC_DELTA_CUTOFF, else 0 (the sender picks
+ * the default per memory kind, core/delta_state.h). Negative, above 1 and NaN are refused, naming
+ * the field or the variable and the value as given. */
+static wsync_status_t resolve_cutoff(double *value)
+{
+    const char *s;
+    char *end;
+    double v;
+
+    if (*value != 0.0 || isnan(*value)) {
+        if (!(*value > 0.0 && *value <= 1.0))
+            return wsync_err(WSYNC_ERR_INVALID, "sender: delta_cutoff = %g, expected a fraction in "
+                             "(0, 1] of a chunk's plain bytes (0 = the default)", *value);
+        return WSYNC_OK;
+    }
+    if ((s = env_str("WSYNC_DELTA_CUTOFF")) == NULL)
+        return WSYNC_OK;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !(v > 0.0 && v <= 1.0))
+        return wsync_err(WSYNC_ERR_INVALID, "environment variable WSYNC_DELTA_CUTOFF='%s' "
+                         "(delta_cutoff): expected a fraction in (0, 1] of a chunk's plain bytes",
+                         s);
+    *value = v;
+    return WSYNC_OK;
+}
+
 static wsync_status_t check_common(const char *who, int rank, int n, const char *nname,
                                    int timeout_ms, int heartbeat_ms)
 {
@@ -147,6 +175,8 @@ wsync_status_t wsync_config_sender(const wsync_sender_params_t *in, wsync_sender
     if (st == WSYNC_OK)
         st = resolve_choice("sender", "delta_baseline", "WSYNC_DELTA_BASELINE", delta_baselines,
                             "device", &out->delta_baseline);
+    if (st == WSYNC_OK)
+        st = resolve_cutoff(&out->delta_cutoff);
     if (st != WSYNC_OK)
         return st;
     return check_common("sender", out->rank, out->nranks, "nranks", out->timeout_ms,

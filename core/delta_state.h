@@ -46,6 +46,23 @@
 wsync_status_t wsync_delta_resolve(const wsync_group_info_t *g, const wsync_scheme_ops_t *scheme,
                                    int fp8_targets, uint32_t *mode, char *line, size_t len);
 
+/* ---- sender: the cut-off (core/delta_tx.c; docs/delta.md "When a chunk goes plain") -------- */
+
+/* Defaults of params.delta_cutoff (0 = unset), per the memory the chunk's shard is in. Host: the
+ * CPU codec's passes (encode reads both versions, the reader checks, applies and hashes) cost
+ * more than the bytes they save past about half the plain size on a link of the speed of the
+ * loopback store (measured, docs/delta.md). CUDA: the device codec runs at HBM speed, far above
+ * any link, so an encoding pays whenever it is smaller than the plain bytes. */
+#define WSYNC_DELTA_CUTOFF_HOST 0.5
+#define WSYNC_DELTA_CUTOFF_CUDA 1.0
+
+/* This sender's cut-off for a chunk of a host (cuda 0) or CUDA (cuda 1) shard. */
+double wsync_delta_cutoff(const wsync_sender_t *s, int cuda);
+/* The cut-off in bytes for a chunk of `plain` bytes: its encoding travels only when it is
+ * shorter than this (floor(cutoff x plain); with cut-off 1, the plain size). Give the encoder
+ * this as its cap: an encoding that would pass it stops early and the chunk travels plain. */
+uint64_t wsync_delta_limit(const wsync_sender_t *s, int cuda, uint64_t plain);
+
 /* ---- sender: baselines (core/delta_tx.c) ------------------------------------------------- */
 
 typedef struct wsync_delta_tx wsync_delta_tx_t;
@@ -78,9 +95,11 @@ uint64_t wsync_delta_tx_base(const wsync_delta_tx_t *tx);
 
 /* Host shard chunk `chunk` (capable), this version: encode its new values (the shard) against
  * its baseline into out[0, cap) and bring the baseline to the new values. *len = the encoded
- * bytes, or 0 when the chunk travels plain (b = 0, or its encoding would not be smaller than its
- * plain bytes, or would not fit cap); the baseline is refreshed either way. *hash = the tree hash
- * of the new values (core/delta.h), always. Call once per chunk per version. */
+ * bytes, or 0 when the chunk travels plain (b = 0, or its encoding would not be shorter than
+ * wsync_delta_limit, the cut-off, or would not fit cap: the encoder stops there); the baseline is
+ * refreshed either way. *hash = the tree hash of the new values (core/delta.h) when *len > 0; 0
+ * for a plain chunk (receivers compare hashes only after applying a delta, so it is not
+ * computed). Call once per chunk per version. */
 wsync_status_t wsync_delta_tx_encode(wsync_delta_tx_t *tx, uint32_t chunk, void *out, uint64_t cap,
                                      uint64_t *len, uint64_t *hash);
 /* Capable chunk `chunk` travels plain to everyone this version: copy its new values into the

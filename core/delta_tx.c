@@ -84,6 +84,22 @@ wsync_status_t wsync_delta_resolve(const wsync_group_info_t *g, const wsync_sche
     return WSYNC_OK;
 }
 
+/* ---- the cut-off ----------------------------------------------------------------------------- */
+
+double wsync_delta_cutoff(const wsync_sender_t *s, int cuda)
+{
+    if (s != NULL && s->delta_cutoff > 0.0 && s->delta_cutoff <= 1.0)
+        return s->delta_cutoff;
+    return cuda ? WSYNC_DELTA_CUTOFF_CUDA : WSYNC_DELTA_CUTOFF_HOST;
+}
+
+uint64_t wsync_delta_limit(const wsync_sender_t *s, int cuda, uint64_t plain)
+{
+    double f = wsync_delta_cutoff(s, cuda);
+    /* plain <= 2^32 - 1 for any encodable chunk: exact in a double */
+    return f >= 1.0 ? plain : (uint64_t)(f * (double)plain);
+}
+
 /* ---- baselines ----------------------------------------------------------------------------- */
 
 struct wsync_delta_tx {
@@ -349,15 +365,15 @@ wsync_status_t wsync_delta_tx_encode(wsync_delta_tx_t *tx, uint32_t chunk, void 
         return wsync_err(WSYNC_ERR_INTERNAL, "delta: chunk %u is not a delta-capable chunk of a "
                          "host shard of sender %d", chunk, tx->s->m.rank);
     if (tx->cur_base != 0) {
-        wsync_status_t rc = wsync_delta_encode(data, base, &ch->src, esz, out, WSYNC_MIN(cap, plain),
-                                               &n, &h, NULL);
-        if (rc != WSYNC_OK)
-            n = 0;   /* it would not fit in its plain size: it travels plain */
-        else if (n >= plain)
-            n = 0;
+        /* given the cut-off as its room, the encoder stops at the first block past it */
+        uint64_t limit = wsync_delta_limit(tx->s, 0, plain);
+        wsync_status_t rc = wsync_delta_encode(data, base, &ch->src, esz, out,
+                                               WSYNC_MIN(cap, limit), &n, &h, NULL);
+        if (rc != WSYNC_OK || n >= limit)
+            n = 0;   /* past the cut-off (or the room): it travels plain */
     }
     if (n == 0)
-        h = wsync_delta_hash(data, &ch->src, esz);
+        h = 0;       /* a plain chunk's hash is read by no receiver: no pass for it */
     copy_region_host(base, data, &ch->src, esz);
     tx->touched[chunk - tx->c0] = 1;
     *len = n;

@@ -94,6 +94,7 @@ struct wsync_sender {
      * shards' baselines live, and the baselines once a scheme set them up (group mode on). */
     uint32_t delta_choice;
     int delta_baseline_host;
+    double delta_cutoff;             /* params.delta_cutoff: 0 = the default per memory kind */
     struct wsync_delta_tx *delta_tx;
 };
 

@@ -198,6 +198,7 @@ wsync_status_t wsync_sender_create(wsync_ctx_t *ctx, const wsync_sender_params_t
     s->copy_shards = p.copy_shards;
     s->delta_choice = (uint32_t)wsync_delta_mode_parse(p.delta);   /* config checked it */
     s->delta_baseline_host = strcmp(p.delta_baseline, "host") == 0;
+    s->delta_cutoff = p.delta_cutoff;
     s->data_listen_fd = -1;
     s->device = -1;
     if (s->m.coordinator == NULL || s->scheme_choice == NULL) {

@@ -283,13 +283,14 @@ wsync_status_t wsync_ipc_dtx_cuda(wsync_sender_t *s, ipc_dtx_t *d, void *dev_bas
             old = wsync_delta_tx_baseline(d->tx, ch->shard, &on_dev);
             if (old != NULL && !on_dev)   /* pinned host baseline: the address kernels use */
                 rc = wsync_dev_host_device_ptr(old, &old);
-            /* cap = the plain bytes: an encoding that does not fit travels plain (len > cap) */
+            /* cap = the cut-off (delta_cutoff x the plain bytes): an encoding that does not fit
+             * travels plain (len > cap) */
             e[n++] = (wsync_kdelta_enc_t){
                 .new_base = s->shard_data[ch->shard], .old_base = old, .src = ch->src,
                 .esize = (uint32_t)wsync_dtype_size(ch->dtype),
                 .out = (uint8_t *)(d->dev != NULL && d->dev[k] ? d->dev_base : d->shm_dev) +
                        (size_t)d->slot_of[k] * d->slot_bytes + ch->bucket_off,
-                .cap = plain_bytes(ch)};
+                .cap = wsync_delta_limit(s, 1, plain_bytes(ch))};
         }
         if (rc == WSYNC_OK && n > 0)
             rc = KD_OR(wsync_kdelta_encode_create(e, n, 1, &d->ebatch[k]), no_cuda());
@@ -501,8 +502,8 @@ wsync_status_t wsync_ipc_dtx_bucket(wsync_sender_t *s, ipc_dtx_t *d, uint32_t k,
                 const wsync_kdelta_result_t *x = &res[e++];
                 wsync_delta_tx_mark(d->tx, c);
                 d->hash[i] = x->hash;
-                /* not smaller than the plain bytes (or past them): plain, by definition */
-                if (d->want_d[i] && x->len < plain_bytes(ch)) {
+                /* not shorter than the cut-off (or past it): plain */
+                if (d->want_d[i] && x->len < wsync_delta_limit(s, 1, plain_bytes(ch))) {
                     int dev = d->dev != NULL && d->dev[k];
                     uint8_t *at = (dev ? (uint8_t *)d->dev_base + (size_t)slot * d->slot_bytes
                                        : base) + ch->bucket_off;

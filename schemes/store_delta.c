@@ -323,10 +323,11 @@ static wsync_status_t regs_ready(wsync_sender_t *s, store_dtx_t *d)
             continue;
         uint64_t plain = x->g.rows * x->g.cols * wsync_dtype_size(s->shards[x->shard].param.dtype);
         d->enc_reg[d->nenc] = i;
-        /* an encoding past half the plain bytes is read plain: the room bounds device memory */
-        d->enc_cap[d->nenc] = align8(plain / 2);
+        /* an encoding past half the plain bytes is read plain: the room bounds device memory;
+         * a lower cut-off (delta_cutoff) stops the encoder earlier */
+        d->enc_cap[d->nenc] = WSYNC_MIN(align8(plain / 2), wsync_delta_limit(s, 1, plain));
         d->enc_at[d->nenc] = total;
-        total += d->enc_cap[d->nenc];
+        total += align8(d->enc_cap[d->nenc]);   /* each stream starts 8-byte aligned */
         d->nenc++;
     }
     d->regs_changed = 0;
@@ -448,8 +449,8 @@ static wsync_status_t dev_encode(wsync_sender_t *s, store_dtx_t *d, uint64_t ver
         const dreg_t *x = &d->regs[k];
         uint64_t plain = x->g.rows * x->g.cols * wsync_dtype_size(s->shards[x->shard].param.dtype);
         d->hash[k] = res[i].hash;
-        if (res[i].len > d->enc_cap[i] || res[i].len >= plain)
-            continue;   /* read plain */
+        if (res[i].len > d->enc_cap[i] || res[i].len >= wsync_delta_limit(s, 1, plain))
+            continue;   /* read plain: past its room or the cut-off */
         if ((rc = buf_room(d, *used + res[i].len)) != WSYNC_OK)
             break;
         rc = wsync_dev_copy_to_host(d->bufs[d->cur].mem + *used, d->dev_out + d->enc_at[i],
@@ -529,25 +530,35 @@ wsync_status_t wsync_store_dtx_publish(wsync_sender_t *s, store_dtx_t *d, uint64
                     continue;   /* host baseline of a CUDA shard: read plain */
                 continue;       /* the device batch below */
             }
-            /* into the scratch, given the plain bytes (an encoding that does not fit them is read
-             * plain), then to the version's buffer: each buffer holds only what was encoded */
-            if (pb > d->scratch_cap) {
-                uint8_t *ns = realloc(d->scratch, (size_t)pb);
-                if (ns == NULL) {
-                    rc = wsync_err(WSYNC_ERR_NOMEM, "store: sender %d: no memory for %llu bytes "
-                                   "of delta encoding", s->m.rank, (unsigned long long)pb);
-                    break;
+            /* the encoder gets the cut-off as its room (an encoding that would pass it stops
+             * there and the region is read plain): straight into the version's buffer when it
+             * has that room already, else into the scratch and then copied, so that each buffer
+             * holds only what was encoded (it grows by the encodings, not by rooms) */
+            uint64_t limit = wsync_delta_limit(s, 0, pb);
+            uint8_t *to = d->bufs[d->cur].mem + used;
+            if (d->bufs[d->cur].cap < used + limit) {
+                if (limit > d->scratch_cap) {
+                    uint8_t *ns = realloc(d->scratch, (size_t)limit);
+                    if (ns == NULL) {
+                        rc = wsync_err(WSYNC_ERR_NOMEM, "store: sender %d: no memory for %llu "
+                                       "bytes of delta encoding", s->m.rank,
+                                       (unsigned long long)limit);
+                        break;
+                    }
+                    d->scratch = ns;
+                    d->scratch_cap = limit;
                 }
-                d->scratch = ns;
-                d->scratch_cap = pb;
+                to = d->scratch;
             }
-            if (wsync_delta_encode(s->shard_data[x->shard], d->bl[x->shard], &x->g, esz,
-                                   d->scratch, pb, &n, &h, NULL) != WSYNC_OK ||
-                n >= pb)
+            if (wsync_delta_encode(s->shard_data[x->shard], d->bl[x->shard], &x->g, esz, to,
+                                   limit, &n, &h, NULL) != WSYNC_OK ||
+                n >= limit)
                 continue;
-            if ((rc = buf_room(d, used + n)) != WSYNC_OK)
-                break;
-            memcpy(d->bufs[d->cur].mem + used, d->scratch, (size_t)n);
+            if (to == d->scratch) {
+                if ((rc = buf_room(d, used + n)) != WSYNC_OK)
+                    break;
+                memcpy(d->bufs[d->cur].mem + used, d->scratch, (size_t)n);
+            }
             d->off[k] = used;
             d->len[k] = n;
             d->hash[k] = h;

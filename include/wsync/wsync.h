@@ -292,9 +292,17 @@ typedef struct {
                                   always keep it in host memory. Costs the bytes of the shards
                                   with delta-capable chunks, allocated at setup when the group's
                                   mode is on. WSYNC_DELTA_BASELINE; NULL = unset ("device") */
+    double delta_cutoff;       /* delta versions: a chunk travels plain when its encoding would
+                                  take more than delta_cutoff x its plain bytes (the encoder
+                                  stops there, so a dense chunk costs a partial pass, not a
+                                  whole one). In (0, 1]; WSYNC_DELTA_CUTOFF; 0 = unset: 0.5 for
+                                  host shards (the CPU codec's passes cost more than the bytes
+                                  saved past that density, docs/delta.md), 1.0 for CUDA shards
+                                  (the GPU codec runs at HBM speed, far above any link). Other
+                                  values (negative, above 1, NaN) are refused */
 } wsync_sender_params_t;
 
-#define WSYNC_SENDER_PARAMS_INIT {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1, NULL, NULL}
+#define WSYNC_SENDER_PARAMS_INIT {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1, NULL, NULL, 0.0}
 
 /* Create a sender. Rank 0 also starts the coordinator, listening on params->coordinator (port 0
  * picks a free port; see wsync_sender_coordinator). Other ranks connect to it, retrying until the

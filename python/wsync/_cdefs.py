@@ -246,6 +246,7 @@ class wsync_sender_params_t(_Struct):
         ("copy_shards", C.c_int),
         ("delta", C.c_char_p),
         ("delta_baseline", C.c_char_p),
+        ("delta_cutoff", C.c_double),
     ]
 
 
@@ -417,8 +418,8 @@ def ctx_params_init() -> wsync_ctx_params_t:
 
 
 def sender_params_init() -> wsync_sender_params_t:
-    """WSYNC_SENDER_PARAMS_INIT: {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1, NULL, NULL}."""
-    return wsync_sender_params_t(None, -1, 0, 0, None, 0, 0, 0, -1, 0, -1, None, None)
+    """WSYNC_SENDER_PARAMS_INIT: {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1, NULL, NULL, 0.0}."""
+    return wsync_sender_params_t(None, -1, 0, 0, None, 0, 0, 0, -1, 0, -1, None, None, 0.0)
 
 
 def receiver_params_init() -> wsync_receiver_params_t:

@@ -65,7 +65,9 @@ class Sender:
     returns, so that the trainer may write them at once (see push_begin). `delta` ("off", "on",
     "auto") is this sender's say in the group's delta mode (docs/delta.md: receivers that hold
     the previous version get only the changed elements); `delta_baseline` ("device" or "host")
-    is where CUDA shards' baseline (their previous values) is kept.
+    is where CUDA shards' baseline (their previous values) is kept; `delta_cutoff` (a fraction
+    in (0, 1]) the encoded size, against a chunk's plain bytes, past which the chunk travels
+    plain (None: the default per memory kind, docs/delta.md).
 
     Memory given to add_shard / add_state_dict is read in place at every push: keep updating it
     in place (optimizer steps do), and do not free or reallocate it while the sender is open; the
@@ -79,7 +81,7 @@ class Sender:
                  timeout_ms: Optional[int] = None, heartbeat_ms: Optional[int] = None,
                  snapshot: Optional[bool] = None, keep_versions: Optional[int] = None,
                  copy_shards: Optional[bool] = None, delta: Optional[str] = None,
-                 delta_baseline: Optional[str] = None,
+                 delta_baseline: Optional[str] = None, delta_cutoff: Optional[float] = None,
                  context: Optional[Context] = None, log_level: Any = None):
         self._handle = None
         self._regions: List[Region] = []
@@ -110,6 +112,8 @@ class Sender:
             p.copy_shards = int(bool(copy_shards))
         p.delta = _opt(delta)
         p.delta_baseline = _opt(delta_baseline)
+        if delta_cutoff is not None:
+            p.delta_cutoff = float(delta_cutoff)
         self.rank = int(rank) if rank is not None else _env_int("WSYNC_SENDER_RANK", 0)
         self.world = int(world) if world is not None else _env_int("WSYNC_SENDERS", 1)
         ctx = self._ctx._acquire()

@@ -164,6 +164,7 @@ static void structs(void)
     FIELD(wsync_sender_params_t, copy_shards);
     FIELD(wsync_sender_params_t, delta);
     FIELD(wsync_sender_params_t, delta_baseline);
+    FIELD(wsync_sender_params_t, delta_cutoff);
     STRUCT_END();
 
     STRUCT_BEGIN(wsync_push_stats_t);
@@ -373,6 +374,7 @@ static void inits(void)
     num("wsync_sender_params_t.copy_shards", sp.copy_shards);
     PTR("wsync_sender_params_t.delta", sp.delta);
     PTR("wsync_sender_params_t.delta_baseline", sp.delta_baseline);
+    real("wsync_sender_params_t.delta_cutoff", sp.delta_cutoff);
 
     PTR("wsync_receiver_params_t.coordinator", rp.coordinator);
     num("wsync_receiver_params_t.rank", rp.rank);
