@@ -4,7 +4,11 @@
  * Both codec kernels give one CUDA block of WK_THREADS threads one codec block of WK_DBLK
  * elements. Encode keeps the block's new values in shared memory (for its payload and its leaf
  * hash) and a changed flag per element, turned into 32-bit mask words by warp ballots; the
- * words' prefix counts give each changed element its rank in the payload. The block's payload
+ * words' prefix counts give each changed element its rank in the payload; SPARSE's byte-gap
+ * index (format 2) needs, per element, the escapes before it: a gap of 255 or more never lies
+ * inside a mask word, so only a word's first element has escapes, and a scan over the words
+ * (last changed position: max; escapes: sum) places every index byte. Apply decodes an index
+ * stream with a block-wide scan of (position advance, is-element) over its bytes. The block's payload
  * offset inside its chunk is the sum of the sizes of the blocks before it: each block publishes
  * its size as soon as it knows it, then warp 0 looks back over its predecessors (decoupled
  * look-back, with block numbers drawn in launch order from a counter so that a block only ever
@@ -279,17 +283,18 @@ __device__ __forceinline__ void wk_secret_load(uint64_t *sec)
 
 __host__ __device__ __forceinline__ uint64_t wk_al8(uint64_t x) { return (x + 7) & ~UINT64_C(7); }
 
-/* wsync_delta_block_bytes: the payload of a block of len elements with k changed, in the mode
- * the format picks (the smallest; the lower mode on a tie). */
-__host__ __device__ __forceinline__ uint64_t wk_bbytes(uint32_t len, uint32_t k, uint32_t esize,
-                                                      uint32_t *mode)
+/* wsync_delta_block_bytes: the payload of a block of len elements with k changed and e escape
+ * bytes in its SPARSE index, in the mode the format picks (the smallest; the lower mode on a
+ * tie). */
+__host__ __device__ __forceinline__ uint64_t wk_bbytes(uint32_t len, uint32_t k, uint32_t e,
+                                                      uint32_t esize, uint32_t *mode)
 {
     if (k == 0) {
         *mode = WSYNC_DELTA_SAME;
         return 0;
     }
     uint64_t v = wk_al8((uint64_t)k * esize);
-    uint64_t best = wk_al8(2 * (uint64_t)k) + v, bm = wk_al8((len + 7) / 8) + v;
+    uint64_t best = wk_al8((uint64_t)k + e) + v, bm = wk_al8((len + 7) / 8) + v;
     uint64_t pl = wk_al8((uint64_t)len * esize);
     *mode = WSYNC_DELTA_SPARSE;
     if (bm < best) {
@@ -301,6 +306,17 @@ __host__ __device__ __forceinline__ uint64_t wk_bbytes(uint32_t len, uint32_t k,
         *mode = WSYNC_DELTA_PLAIN;
     }
     return best;
+}
+
+/* The payload bytes of a block in a given mode (what its table entry says). */
+__host__ __device__ __forceinline__ uint64_t wk_msize(uint32_t mode, uint32_t len, uint32_t k,
+                                                     uint32_t e, uint32_t esize)
+{
+    uint64_t v = wk_al8((uint64_t)k * esize);
+    return mode == WSYNC_DELTA_SAME     ? 0
+         : mode == WSYNC_DELTA_SPARSE   ? wk_al8((uint64_t)k + e) + v
+         : mode == WSYNC_DELTA_BITMAP   ? wk_al8((len + 7) / 8) + v
+                                        : wk_al8((uint64_t)len * esize);
 }
 
 /* Byte offset of element e of a chunk from its first element. */
@@ -334,31 +350,69 @@ __device__ __forceinline__ uint32_t wk_find_chunk(const wk_dchunk_t *ch, uint32_
     return lo;
 }
 
-/* Exclusive prefix counts of the mask words into wpre, and the total: warp 0, 4 words a lane.
- * Followed by a __syncthreads in the caller. */
-__device__ __forceinline__ void wk_mask_prefix(const uint32_t *mask, uint32_t *wpre, uint32_t *total)
+/* The mask words' scan, by warp 0 (4 words a lane): wpre[q] = changed elements before word q;
+ * wesc[q] = (escape bytes of the SPARSE index up to and including word q's) << 8 | word q's
+ * own; wprev[q] = the last changed position before word q (-1: none). A gap of 255 or more
+ * positions never lies inside a word, so only a word's first changed element has escapes: its
+ * gap is from wprev. *total gets k, *esc e. Followed by a __syncthreads in the caller. */
+__device__ __forceinline__ void wk_mask_scan(const uint32_t *mask, uint32_t *wpre, uint32_t *wesc,
+                                             int16_t *wprev, uint32_t *total, uint32_t *esc)
 {
     if (threadIdx.x >= 32)
         return;
     const int l = threadIdx.x;
-    uint32_t c[4], s = 0;
+    uint32_t m[4], s = 0;
+    int last = -1;
     for (int i = 0; i < 4; i++) {
-        c[i] = (uint32_t)__popc(mask[4 * l + i]);
-        s += c[i];
+        m[i] = mask[4 * l + i];
+        s += (uint32_t)__popc(m[i]);
+        if (m[i] != 0)
+            last = (4 * l + i) * 32 + 31 - __clz((int)m[i]);
     }
+    /* inclusive scans over the lanes: counts (sum), last changed position (max) */
     uint32_t inc = s;
+    int lmax = last;
     for (int d = 1; d < 32; d *= 2) {
         uint32_t o = __shfl_up_sync(WK_FULL, inc, d);
-        if (l >= d)
+        int ol = __shfl_up_sync(WK_FULL, lmax, d);
+        if (l >= d) {
             inc += o;
+            lmax = ol > lmax ? ol : lmax;
+        }
     }
-    uint32_t ex = inc - s;
+    int prev = __shfl_up_sync(WK_FULL, lmax, 1);
+    if (l == 0)
+        prev = -1;
+    uint32_t ew[4], es = 0;
+    int pv[4];
+    for (int i = 0; i < 4; i++) {
+        pv[i] = prev;
+        ew[i] = 0;
+        if (m[i] != 0) {
+            int q = 4 * l + i;
+            ew[i] = (uint32_t)(q * 32 + __ffs((int)m[i]) - 1 - prev - 1) / 255u;
+            prev = q * 32 + 31 - __clz((int)m[i]);
+        }
+        es += ew[i];
+    }
+    uint32_t einc = es;
+    for (int d = 1; d < 32; d *= 2) {
+        uint32_t o = __shfl_up_sync(WK_FULL, einc, d);
+        if (l >= d)
+            einc += o;
+    }
+    uint32_t ex = inc - s, ee = einc - es;
     for (int i = 0; i < 4; i++) {
         wpre[4 * l + i] = ex;
-        ex += c[i];
+        ex += (uint32_t)__popc(m[i]);
+        ee += ew[i];
+        wesc[4 * l + i] = ee << 8 | ew[i];
+        wprev[4 * l + i] = (int16_t)pv[i];
     }
-    if (l == 31)
+    if (l == 31) {
         *total = inc;
+        *esc = einc;
+    }
 }
 
 /* Rank of changed element i among the block's changed elements. */
@@ -458,10 +512,11 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
     extern __shared__ uint4 wk_dyn[];
     unsigned char *snew = reinterpret_cast<unsigned char *>(wk_dyn);
     unsigned char *stage = snew + WK_DBLK * E;
-    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS];
+    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS], wesc[WK_MWORDS];
+    __shared__ int16_t wprev[WK_MWORDS];
     __shared__ uint64_t sec[24], hsum[WK_THREADS];
     __shared__ uint64_t sh_g, sh_off;
-    __shared__ uint32_t sh_c, sh_k;
+    __shared__ uint32_t sh_c, sh_k, sh_e;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     wk_secret_load(sec);
@@ -486,7 +541,7 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
             snew[b] = 0;   /* a PLAIN tail block's padding */
     __syncthreads();
 
-    /* 2. flags -> mask words (ballots), their prefix counts, k */
+    /* 2. flags -> mask words (ballots), their prefix counts and escapes, k and e */
     for (uint32_t q = warp; q < WK_MWORDS; q += WK_THREADS / 32) {
         uint32_t i = q * 32 + lane;
         uint32_t m = __ballot_sync(WK_FULL, i < len && stage[i] != 0);
@@ -494,11 +549,12 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
             mask[q] = m;
     }
     __syncthreads();
-    wk_mask_prefix(mask, wpre, &sh_k);
+    wk_mask_scan(mask, wpre, wesc, wprev, &sh_k, &sh_e);
     __syncthreads();
     const uint32_t k = sh_k;
     uint32_t mode;
-    const uint64_t size = wk_bbytes(len, k, E, &mode);
+    const uint64_t size = wk_bbytes(len, k, sh_e, E, &mode);
+    const uint32_t e = mode == WSYNC_DELTA_SPARSE ? sh_e : 0;   /* the table's e */
 
     /* 3. publish the size at once (the blocks after this one are waiting for it), hash the block
      * meanwhile, then find the offset: the sizes of the blocks before this one in its chunk */
@@ -543,7 +599,7 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
     if (tid == 0) {
         if (16 + 8 * ((uint64_t)j + 1) <= d.cap)
             reinterpret_cast<uint64_t *>(d.out + 16)[j] =
-                off | ((uint64_t)((mode << 30) | k) << 32);
+                off | ((uint64_t)((mode << 30) | (e << 16) | k) << 32);
         if (j == 0 && d.cap >= 16) {
             reinterpret_cast<uint64_t *>(d.out)[0] =
                 WSYNC_DELTA_MAGIC | ((uint64_t)WSYNC_DELTA_FORMAT << 32) | ((uint64_t)E << 40);
@@ -561,7 +617,7 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
     if (size > 0 && pos + size <= d.cap) {
         const unsigned char *src = snew;
         if (mode != WSYNC_DELTA_PLAIN) {
-            const uint64_t hdr = mode == WSYNC_DELTA_SPARSE ? wk_al8(2 * (uint64_t)k)
+            const uint64_t hdr = mode == WSYNC_DELTA_SPARSE ? wk_al8((uint64_t)k + e)
                                                             : wk_al8((len + 7) / 8);
             if (tid == 0) {   /* padding words; the values overwrite their first bytes */
                 reinterpret_cast<uint64_t *>(stage)[hdr / 8 - 1] = 0;
@@ -574,9 +630,23 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
             for (uint32_t i = tid; i < len; i += WK_THREADS) {
                 if (!((mask[i >> 5] >> (i & 31)) & 1u))
                     continue;
-                uint32_t r = wk_rank(mask, wpre, i);
-                if (mode == WSYNC_DELTA_SPARSE)
-                    reinterpret_cast<uint16_t *>(stage)[r] = (uint16_t)i;
+                const uint32_t q = i >> 5, below = mask[q] & ((1u << (i & 31)) - 1u);
+                const uint32_t r = wpre[q] + (uint32_t)__popc(below);
+                if (mode == WSYNC_DELTA_SPARSE) {
+                    /* the gap byte of the element of rank r sits after r bytes of the elements
+                     * before it and the escapes up to its own */
+                    const uint32_t at = r + (wesc[q] >> 8);
+                    uint32_t gap;
+                    if (below != 0) {
+                        gap = (i & 31) - (32 - (uint32_t)__clz((int)below));
+                    } else {
+                        const uint32_t ew = wesc[q] & 0xff;
+                        gap = (uint32_t)((int)i - wprev[q] - 1);
+                        for (uint32_t x = 1; x <= ew; x++)
+                            stage[at - x] = 0xff;
+                    }
+                    stage[at] = (unsigned char)(gap % 255u);
+                }
                 typedef typename wk_elem<E>::t el;
                 *reinterpret_cast<el *>(stage + hdr + (uint64_t)r * E) =
                     reinterpret_cast<const el *>(snew)[i];
@@ -598,11 +668,13 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
 /* Apply                                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Check the header and block j's table entry; 0 or a fault. *mode, *k, *off, *size of the
- * block on success. One thread. */
+/* Check the header and block j's table entry; 0 or a fault. *mode, *k, *e, *off, *size of the
+ * block on success. One thread. A BITMAP entry passes here when the format could pick BITMAP
+ * for it: its choice depends on the escapes its positions would need as SPARSE, which only its
+ * bitmap tells (the caller checks that). */
 __device__ uint32_t wk_check_entry(const unsigned char *enc, uint64_t elen, const wk_dchunk_t &d,
                                    uint32_t j, uint32_t len, uint32_t E, uint32_t *mode,
-                                   uint32_t *k, uint64_t *off, uint64_t *size)
+                                   uint32_t *k, uint32_t *e, uint64_t *off, uint64_t *size)
 {
     const uint64_t tbl = 16 + 8 * (uint64_t)d.nb;
     if (elen < tbl)
@@ -612,30 +684,70 @@ __device__ uint32_t wk_check_entry(const unsigned char *enc, uint64_t elen, cons
         ((h >> 40) & 0xff) != E || (h >> 48) != 0 || wk_rd64(enc + 8) != d.n)
         return WSYNC_KDELTA_FAULT_HEADER;
     const uint64_t area = elen - tbl;
-    uint64_t e = wk_rd64(enc + 16 + 8 * (uint64_t)j);
-    uint32_t m = (uint32_t)(e >> 62), kk = (uint32_t)(e >> 32) & 0x3fffffffu, want;
-    uint64_t o = (uint32_t)e;
-    if (kk > len)
+    const uint64_t w = wk_rd64(enc + 16 + 8 * (uint64_t)j);
+    const uint32_t m = (uint32_t)(w >> 62), kk = (uint32_t)(w >> 32) & 0xffffu;
+    const uint32_t ee = (uint32_t)(w >> 48) & 0x3fffu;
+    const uint64_t o = (uint32_t)w;
+    uint32_t want;
+    if (kk > len || (m != WSYNC_DELTA_SPARSE && ee != 0))
         return WSYNC_KDELTA_FAULT_TABLE;
-    uint64_t sz = wk_bbytes(len, kk, E, &want);
-    if (m != want || (o & 7) != 0 || o + sz > area)
+    wk_bbytes(len, kk, ee, E, &want);
+    if (m != want && !(m == WSYNC_DELTA_BITMAP && want == WSYNC_DELTA_SPARSE))
+        return WSYNC_KDELTA_FAULT_TABLE;
+    const uint64_t sz = wk_msize(m, len, kk, ee, E);
+    if ((o & 7) != 0 || o + sz > area)
         return WSYNC_KDELTA_FAULT_TABLE;
     if (j == 0) {
         if (o != 0)
             return WSYNC_KDELTA_FAULT_TABLE;
     } else {   /* right after the block before it (which checks its own entry) */
-        uint64_t pe = wk_rd64(enc + 16 + 8 * ((uint64_t)j - 1));
-        uint32_t pk = (uint32_t)(pe >> 32) & 0x3fffffffu, pm;
-        if (pk > WK_DBLK || (uint64_t)(uint32_t)pe + wk_bbytes(WK_DBLK, pk, E, &pm) != o)
+        const uint64_t pw = wk_rd64(enc + 16 + 8 * ((uint64_t)j - 1));
+        const uint32_t pk = (uint32_t)(pw >> 32) & 0xffffu, pe = (uint32_t)(pw >> 48) & 0x3fffu;
+        if ((uint64_t)(uint32_t)pw + wk_msize((uint32_t)(pw >> 62), WK_DBLK, pk, pe, E) != o)
             return WSYNC_KDELTA_FAULT_TABLE;
     }
     if (j == d.nb - 1 && o + sz != area)
         return WSYNC_KDELTA_FAULT_TABLE;   /* bytes after the last payload */
     *mode = m;
     *k = kk;
+    *e = ee;
     *off = o;
     *size = sz;
     return 0;
+}
+
+/* Exclusive block-wide prefix sums of two counts (every thread calls it): *ea, *eb get the sums
+ * over the threads before this one, *ta, *tb the totals. red: 16 words of shared memory. */
+__device__ __forceinline__ void wk_block_scan2(uint32_t a, uint32_t b, uint32_t *red, uint32_t *ea,
+                                               uint32_t *eb, uint32_t *ta, uint32_t *tb)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint32_t ia = a, ib = b;
+    for (int d = 1; d < 32; d *= 2) {
+        uint32_t oa = __shfl_up_sync(WK_FULL, ia, d), ob = __shfl_up_sync(WK_FULL, ib, d);
+        if (lane >= d) {
+            ia += oa;
+            ib += ob;
+        }
+    }
+    if (lane == 31) {
+        red[warp] = ia;
+        red[8 + warp] = ib;
+    }
+    __syncthreads();
+    uint32_t pa = 0, pb = 0, sa = 0, sb = 0;
+    for (int w = 0; w < WK_THREADS / 32; w++) {
+        if (w < warp) {
+            pa += red[w];
+            pb += red[8 + w];
+        }
+        sa += red[w];
+        sb += red[8 + w];
+    }
+    *ea = pa + ia - a;
+    *eb = pb + ib - b;
+    *ta = sa;
+    *tb = sb;
 }
 
 /* Blocks [g0, g0 + gridDim.x) of chunks [c0, c1), element size E: check, apply, hash. Shared
@@ -648,10 +760,12 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uin
     typedef typename wk_elem<E>::t el;
     extern __shared__ uint4 wk_dyn[];
     unsigned char *sv = reinterpret_cast<unsigned char *>(wk_dyn);
-    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS];
+    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS], wesc[WK_MWORDS], red[16];
+    __shared__ int16_t wprev[WK_MWORDS];
+    __shared__ uint16_t posv[WK_DBLK];   /* SPARSE: the changed positions, in index order */
     __shared__ uint64_t sec[24], hsum[WK_THREADS];
     __shared__ uint64_t sh_off, sh_size;
-    __shared__ uint32_t sh_mode, sh_k, sh_fault, sh_bad, sh_total;
+    __shared__ uint32_t sh_mode, sh_k, sh_e, sh_fault, sh_bad, sh_total, sh_etrue;
     const int tid = threadIdx.x;
     const uint64_t g = g0 + blockIdx.x;
 
@@ -665,8 +779,8 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uin
     if (hash)
         wk_load_block<E, false>(d, d.b, NULL, first, len, sv, NULL);
     if (tid == 0) {
-        sh_fault = wk_check_entry(d.a, lens[d.idx], d, j, len, E, &sh_mode, &sh_k, &sh_off,
-                                  &sh_size);
+        sh_fault = wk_check_entry(d.a, lens[d.idx], d, j, len, E, &sh_mode, &sh_k, &sh_e,
+                                  &sh_off, &sh_size);
         sh_bad = 0;
     }
     __syncthreads();
@@ -685,12 +799,39 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uin
     /* 1. the payload's content, before anything is written */
     uint64_t hdr = 0;
     if (mode == WSYNC_DELTA_SPARSE) {
-        hdr = wk_al8(2 * (uint64_t)k);
-        const uint16_t *ix = reinterpret_cast<const uint16_t *>(P);
-        for (uint32_t r = tid; r < k; r += WK_THREADS)
-            if (ix[r] >= len || (r > 0 && ix[r] <= ix[r - 1]))
+        /* the index stream: byte b advances the position by 255 (b = 0xFF) or b + 1, and b <
+         * 0xFF marks an element; each thread scans a run of bytes, a block-wide scan gives each
+         * run its starting position and value slot */
+        const uint32_t nbytes = k + sh_e, per = (nbytes + WK_THREADS - 1) / WK_THREADS;
+        const uint32_t b0 = tid * per < nbytes ? tid * per : nbytes;
+        const uint32_t b1 = b0 + per < nbytes ? b0 + per : nbytes;
+        hdr = wk_al8(nbytes);
+        uint32_t adv = 0, cnt = 0;
+        for (uint32_t b = b0; b < b1; b++) {
+            const uint32_t x = P[b];
+            adv += x == 0xff ? 255u : x + 1;
+            cnt += x != 0xff;
+        }
+        uint32_t adv0, cnt0, advt, cntt;
+        wk_block_scan2(adv, cnt, red, &adv0, &cnt0, &advt, &cntt);
+        /* exactly k elements (so e escapes), no trailing escape; a block-uniform decision */
+        if (cntt != k || P[nbytes - 1] == 0xff) {
+            if (tid == 0)
                 sh_bad = 1;
-        for (uint64_t b = 2 * (uint64_t)k + tid; b < hdr; b += WK_THREADS)
+        } else {
+            for (uint32_t b = b0; b < b1; b++) {
+                const uint32_t x = P[b];
+                adv0 += x == 0xff ? 255u : x + 1;
+                if (x != 0xff) {
+                    if (adv0 - 1 >= len)
+                        sh_bad = 1;
+                    else
+                        posv[cnt0] = (uint16_t)(adv0 - 1);
+                    cnt0++;
+                }
+            }
+        }
+        for (uint64_t b = nbytes + tid; b < hdr; b += WK_THREADS)
             if (P[b] != 0)
                 sh_bad = 1;
     } else if (mode == WSYNC_DELTA_BITMAP) {
@@ -712,10 +853,15 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uin
     }
     __syncthreads();
     if (mode == WSYNC_DELTA_BITMAP) {
-        wk_mask_prefix(mask, wpre, &sh_total);
+        /* k bits, and BITMAP is the format's pick with the escapes these positions need */
+        wk_mask_scan(mask, wpre, wesc, wprev, &sh_total, &sh_etrue);
         __syncthreads();
-        if (tid == 0 && sh_total != k)
-            sh_bad = 1;
+        if (tid == 0) {
+            uint32_t want;
+            wk_bbytes(len, k, sh_etrue, E, &want);
+            if (sh_total != k || want != WSYNC_DELTA_BITMAP)
+                sh_bad = 1;
+        }
         __syncthreads();
     }
     if (sh_bad) {
@@ -725,9 +871,9 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uin
         return;
     }
 
-    /* 2. apply: without hash straight into the target; with it, into the block's values first */
+/* 2. apply: without hash straight into the target; with it, into the block's values first */
     const el *vals = reinterpret_cast<const el *>(P + hdr);
-    const uint16_t *ix = reinterpret_cast<const uint16_t *>(P);
+    const uint16_t *ix = posv;
     if (!hash) {
         unsigned char *a = d.b + (d.dense ? first * E : 0);
         if (mode == WSYNC_DELTA_SPARSE) {
@@ -763,7 +909,7 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uin
             for (uint32_t r = tid; r < k; r += WK_THREADS) {
                 uint32_t i = ix[r];
                 uint64_t off = d.dense ? (uint64_t)i * E : wk_eoff(d, first + i, E);
-                *reinterpret_cast<el *>((d.dense ? a : d.b) + off) = reinterpret_cast<const el *>(sv)[i];
+                *reinterpret_cast<el *>((d.dense ? a : d.b) + off) = vals[r];
             }
         } else if (mode != WSYNC_DELTA_SAME) {
             /* a BITMAP block is dense enough (k > len / 16 for bf16) that most 32-byte sectors

@@ -60,11 +60,13 @@ typedef struct {
 /* Faults an apply finds in an encoded chunk (low byte of wsync_kdelta_result_t.fault). */
 enum {
     WSYNC_KDELTA_FAULT_HEADER = 1,     /* len below header + table, magic, format, esize or n */
-    WSYNC_KDELTA_FAULT_TABLE = 2,      /* a block's entry: mode vs k, k above the block,
-                                          offset unaligned / out of order / past len, bytes
-                                          after the last payload */
-    WSYNC_KDELTA_FAULT_PAYLOAD = 3,    /* SPARSE indices not ascending or outside the block,
-                                          BITMAP count differs from k or bits past the block,
+    WSYNC_KDELTA_FAULT_TABLE = 2,      /* a block's entry: mode vs (k, e), k above the block,
+                                          e outside SPARSE, offset unaligned / out of order /
+                                          past len, bytes after the last payload */
+    WSYNC_KDELTA_FAULT_PAYLOAD = 3,    /* SPARSE index stream: not k bytes < 0xFF and e bytes
+                                          0xFF, a trailing 0xFF, a position past the block;
+                                          BITMAP count differs from k, bits past the block, or
+                                          its positions' escapes make SPARSE the pick;
                                           non-zero padding */
 };
 #define WSYNC_KDELTA_NO_FAULT UINT64_MAX

@@ -1,10 +1,13 @@
 /* The delta codec's CUDA kernels (kernels/delta.h) against the CPU codec (core/delta.h) and
  * xxHash, on fresh random inputs (the seed is printed; --seed S repeats a run): XXH3_64bits on the
  * device equal to the library's for every length 0..2048 and large ones; GPU encode bytes equal
- * to wsync_delta_encode's for element sizes 1, 2, 4, 8, dense and strided regions, densities
- * 0..100 % and every mode boundary; GPU apply of CPU streams and CPU apply of GPU streams equal
- * to the new values; corrupted streams refused exactly when wsync_delta_check refuses them,
- * nothing written outside the chunk. Then, unless --no-bench, 1 GiB of bf16 at 1 %, 5 % and 30 %
+ * to wsync_delta_encode's (format 2) for element sizes 1, 2, 4, 8, dense and strided regions,
+ * densities 0..100 % (0.2 and 0.4 %: escapes in most SPARSE blocks), every mode boundary, SPARSE
+ * gaps at the escapes' edges (254..256, 509..511, 4094, 4095) and the SPARSE/BITMAP choice
+ * decided by e; GPU apply of CPU streams and CPU apply of GPU streams equal
+ * to the new values; corrupted streams refused exactly when wsync_delta_check refuses them
+ * (targeted: a format-1 header, a trailing 0xFF, a wrong e, e in a BITMAP or PLAIN entry, a
+ * position past the block, ...), nothing written outside the chunk. Then, unless --no-bench, 1 GiB of bf16 at 1 %, 5 % and 30 %
  * changed: encode and apply times against reading both versions once (JSON lines on stdout).
  *
  * usage: test_delta_kernels [--seed S] [--no-bench] [--json PATH]
@@ -131,6 +134,8 @@ static uint64_t region_elem(const wsync_region_t *r, uint64_t e)
     return r->off + (e / r->cols) * r->pitch + e % r->cols;
 }
 
+static void tcase_finish(tcase_t *t);
+
 /* A chunk of rows x cols (pitch, off) with each element changed with probability `density`, or,
  * when kpat is not NULL, block j of it with exactly kpat[j % nk] changes. Elements of the buffer
  * outside the region differ between old and new too: an encoder that looks there is wrong. */
@@ -174,6 +179,17 @@ static void tcase_make(tcase_t *t, uint32_t es, uint64_t rows, uint64_t cols, ui
         }
         free(perm);
     }
+    snprintf(t->label, sizeof(t->label), "esize %u, %" PRIu64 " x %" PRIu64 " pitch %" PRIu64
+             " off %" PRIu64 ", %s %.3f", es, rows, cols, pitch, off, kpat ? "k pattern" : "density",
+             kpat ? 0.0 : density);
+    tcase_finish(t);
+}
+
+/* The device copies and the CPU encoding of a made case. */
+static void tcase_finish(tcase_t *t)
+{
+    const uint32_t es = t->es;
+    const size_t bytes = t->buf_elems * es;
     CU(cudaMalloc(&t->d_old, bytes));
     CU(cudaMalloc(&t->d_new, bytes));
     CU(cudaMemcpy(t->d_old, t->h_old, bytes, cudaMemcpyHostToDevice));
@@ -182,9 +198,35 @@ static void tcase_make(tcase_t *t, uint32_t es, uint64_t rows, uint64_t cols, ui
     t->cpu_enc = malloc(t->cap);
     CHECK_OK(wsync_delta_encode(t->h_new, t->h_old, &t->r, es, t->cpu_enc, t->cap, &t->cpu_len,
                                 &t->cpu_hash, &t->cpu_changed));
+}
+
+/* A chunk of rows x cols (pitch, off) whose elements (region order) pos[0..np) changed, and no
+ * other. */
+static void tcase_make_pos(tcase_t *t, uint32_t es, uint64_t rows, uint64_t cols, uint64_t pitch,
+                           uint64_t off, const uint32_t *pos, uint32_t np, const char *what)
+{
+    memset(t, 0, sizeof(*t));
+    t->es = es;
+    t->r.off = off;
+    t->r.pitch = pitch;
+    t->r.rows = rows;
+    t->r.cols = cols;
+    t->n = rows * cols;
+    t->buf_elems = off + (rows - 1) * pitch + cols + 5;
+    size_t bytes = t->buf_elems * es;
+    t->h_old = malloc(bytes);
+    t->h_new = malloc(bytes);
+    fill_random(t->h_old, bytes);
+    fill_random(t->h_new, bytes);
+    for (uint64_t e = 0; e < t->n; e++) {
+        uint64_t at = region_elem(&t->r, e);
+        memcpy(t->h_new + at * es, t->h_old + at * es, es);
+    }
+    for (uint32_t i = 0; i < np; i++)
+        change_elem(t->h_new + region_elem(&t->r, pos[i]) * es, es);
     snprintf(t->label, sizeof(t->label), "esize %u, %" PRIu64 " x %" PRIu64 " pitch %" PRIu64
-             " off %" PRIu64 ", %s %.3f", es, rows, cols, pitch, off, kpat ? "k pattern" : "density",
-             kpat ? 0.0 : density);
+             " off %" PRIu64 ", %s", es, rows, cols, pitch, off, what);
+    tcase_finish(t);
 }
 
 static void tcase_free(tcase_t *t)
@@ -204,7 +246,7 @@ static uint32_t mode_edges(uint32_t es, uint32_t *ks, uint32_t max)
     ks[n++] = 1;
     for (uint32_t k = 1; k <= BLK && n + 5 < max; k++) {
         uint32_t mode;
-        wsync_delta_block_bytes(BLK, k, es, &mode);
+        wsync_delta_block_bytes(BLK, k, 0, es, &mode);   /* the edges without escapes */
         if (k > 1 && mode != prev) {
             ks[n++] = k - 1;
             ks[n++] = k;
@@ -217,6 +259,43 @@ static uint32_t mode_edges(uint32_t es, uint32_t *ks, uint32_t max)
     return n;
 }
 
+/* Changed positions of a chunk of 7 blocks and a tail of 1000 whose SPARSE gaps sit at the
+ * escapes' edges: block 0 gaps 254, 255, 256, 509, 510, 511, 0, 0, 1000 and its last element;
+ * block 1 only its last element (gap 4095, 16 escapes); block 2 its first and last (4094);
+ * block 3 at 255 (one escape, then a byte 0) and its last; blocks 4 and 5 k = 500 with 12 and 13
+ * gaps of 255 then a run (bf16: SPARSE at e = 12 ties BITMAP and wins, BITMAP from e = 13);
+ * block 6 nothing; the tail its last element (gap 999). */
+static uint32_t gap_positions(uint32_t *p, uint32_t max)
+{
+    static const uint32_t gaps0[] = {254, 255, 256, 509, 510, 511, 0, 0, 1000};
+    uint32_t n = 0;
+    int64_t last = -1;
+    for (size_t i = 0; i < sizeof(gaps0) / sizeof(gaps0[0]); i++) {
+        last += gaps0[i] + 1;
+        p[n++] = (uint32_t)last;
+    }
+    p[n++] = BLK - 1;
+    p[n++] = 2 * BLK - 1;
+    p[n++] = 2 * BLK;
+    p[n++] = 3 * BLK - 1;
+    p[n++] = 3 * BLK + 255;
+    p[n++] = 4 * BLK - 1;
+    for (uint32_t b = 4; b <= 5; b++) {
+        uint32_t esc = b == 4 ? 12 : 13;
+        last = (int64_t)b * BLK - 1;
+        for (uint32_t i = 0; i < 500; i++) {
+            last += i < esc ? 256 : 1;
+            p[n++] = (uint32_t)last;
+        }
+    }
+    p[n++] = 7 * BLK + 999;
+    if (n > max) {
+        fprintf(stderr, "gap_positions: %u > %u\n", n, max);
+        exit(2);
+    }
+    return n;
+}
+
 /* The test chunks: every element size, densities 0..1, dense and strided, tails, unaligned. */
 #define MAX_TC 160
 static tcase_t tcs[MAX_TC];
@@ -225,7 +304,8 @@ static int ntc;
 static void make_all_cases(void)
 {
     static const uint32_t sizes[4] = {1, 2, 4, 8};
-    static const double dens[] = {0.0, 0.0005, 0.01, 0.05, 0.3, 0.6, 0.97, 1.0};
+    /* 0.002 and 0.004: most gaps near 255 (escapes in most SPARSE blocks) */
+    static const double dens[] = {0.0, 0.0005, 0.01, 0.05, 0.3, 0.6, 0.97, 1.0, 0.002, 0.004};
     static const struct {
         uint64_t rows, cols, pitch, off;
     } shapes[] = {
@@ -258,6 +338,13 @@ static void make_all_cases(void)
         tcase_make(&tcs[ntc++], es, 1, (uint64_t)nk * BLK + 77, (uint64_t)nk * BLK + 77, 0, 0, ks, nk);
         tcase_make(&tcs[ntc++], es, nk, BLK, BLK + 64, 8, 0, ks, nk);
     }
+    /* SPARSE gaps around the escapes, every element size, dense and (bf16) strided */
+    uint32_t gp[1100], ng = gap_positions(gp, 1100);
+    for (int si = 0; si < 4; si++)
+        tcase_make_pos(&tcs[ntc++], sizes[si], 1, 7 * BLK + 1000, 7 * BLK + 1000, 1, gp, ng,
+                       "gaps 254..256, 509..511, 4094, 4095, e 12 | 13 at k 500");
+    tcase_make_pos(&tcs[ntc++], 2, 8, (7 * BLK + 1000) / 8, 3800, 0, gp, ng,
+                   "gaps 254..256, 509..511, 4094, 4095, e 12 | 13 at k 500");
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -579,21 +666,49 @@ static void test_apply(void)
 
 #define NMUT 400
 
-/* u16 / bytes of a stream, little-endian. */
-static uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
-static void wr16(uint8_t *p, uint32_t v)
+/* Set block j's escape count e in a stream's table (its mode and k kept). */
+static void set_e(uint8_t *s, uint32_t j, uint32_t e)
 {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
+    uint8_t *w = s + 16 + 8 * j + 4;
+    w[2] = (uint8_t)e;
+    w[3] = (uint8_t)((w[3] & 0xc0) | ((e >> 8) & 0x3f));
+}
+
+/* k distinct random positions of [base, base + len) into p; the count after. */
+static uint32_t rand_positions(uint32_t *p, uint32_t n, uint32_t base, uint32_t len, uint32_t k)
+{
+    uint32_t *perm = malloc(len * sizeof(*perm));
+    for (uint32_t i = 0; i < len; i++)
+        perm[i] = i;
+    for (uint32_t i = 0; i < k; i++) {
+        uint32_t s = i + (uint32_t)below(len - i), tmp = perm[i];
+        perm[i] = perm[s];
+        perm[s] = tmp;
+        p[n++] = base + perm[i];
+    }
+    free(perm);
+    return n;
 }
 
 static void test_corrupt(void)
 {
-    /* bf16 blocks: SPARSE k 5, BITMAP k 1000, PLAIN k 4000, SAME, SPARSE k 3, and a tail of 77
+    /* bf16 blocks: SPARSE k 5 at 300, 301, 900, 1500, 3000 (gaps 300, 0, 598, 599, 1499: e 10,
+     * an index stream of 15 bytes and one of padding), BITMAP k 1000, PLAIN k 4000, SAME,
+     * SPARSE k 3 at 3000, 3001, 4095 (gaps 3000, 0, 1093: e 15, last byte 73), and a tail of 77
      * elements as a BITMAP (k 30) whose last bitmap byte has bits past the block */
-    static const uint32_t kp[6] = {5, 1000, 4000, 0, 3, 30};
+    static const uint32_t kp[6] = {5, 1000, 4000, 0, 3, 30}, ep[6] = {10, 0, 0, 0, 15, 0};
+    uint32_t *pos = malloc(6000 * sizeof(*pos)), np = 0;
+    static const uint32_t b0[5] = {300, 301, 900, 1500, 3000}, b4[3] = {3000, 3001, 4095};
+    for (int i = 0; i < 5; i++)
+        pos[np++] = b0[i];
+    np = rand_positions(pos, np, BLK, BLK, 1000);
+    np = rand_positions(pos, np, 2 * BLK, BLK, 4000);
+    for (int i = 0; i < 3; i++)
+        pos[np++] = 4 * BLK + b4[i];
+    np = rand_positions(pos, np, 5 * BLK, 77, 30);
     tcase_t tc;
-    tcase_make(&tc, 2, 1, 5 * BLK + 77, 5 * BLK + 77, 3, 0, kp, 6);
+    tcase_make_pos(&tc, 2, 1, 5 * BLK + 77, 5 * BLK + 77, 3, pos, np, "corrupt case");
+    free(pos);
     const tcase_t *t = &tc;
     const uint64_t nb = wsync_delta_nblocks(t->n), tbl = 16 + 8 * nb;
     uint64_t pay[6];
@@ -604,8 +719,17 @@ static void test_corrupt(void)
         pay[j] = tbl + off;
         static const uint32_t modes[6] = {WSYNC_DELTA_SPARSE, WSYNC_DELTA_BITMAP, WSYNC_DELTA_PLAIN,
                                           WSYNC_DELTA_SAME, WSYNC_DELTA_SPARSE, WSYNC_DELTA_BITMAP};
-        CHECK_MSG(mk >> 30 == modes[j] && (mk & 0x3fffffffu) == kp[j],
-                  "corrupt case: block %d is mode %u k %u", j, mk >> 30, mk & 0x3fffffffu);
+        CHECK_MSG(mk >> 30 == modes[j] && (mk & 0xffffu) == kp[j] && ((mk >> 16) & 0x3fffu) == ep[j],
+                  "corrupt case: block %d is mode %u k %u e %u", j, mk >> 30, mk & 0xffffu,
+                  (mk >> 16) & 0x3fffu);
+    }
+    {   /* block 0's index stream, byte for byte */
+        static const uint8_t want0[16] = {0xff, 45, 0, 0xff, 0xff, 88, 0xff, 0xff, 89,
+                                          0xff, 0xff, 0xff, 0xff, 0xff, 224, 0};
+        CHECK_MSG(memcmp(t->cpu_enc + pay[0], want0, 16) == 0, "corrupt case: block 0's index "
+                  "stream is not the one the format gives");
+        CHECK_MSG(t->cpu_enc[pay[4] + 17] == 73 && t->cpu_enc[pay[4] + 16] == 0xff &&
+                  t->cpu_enc[pay[4] + 11] == 195, "corrupt case: block 4's index stream");
     }
     const size_t bytes = t->buf_elems * t->es;
     uint8_t *streams = calloc(NMUT, t->cpu_len + 64);
@@ -621,7 +745,7 @@ static void test_corrupt(void)
         want_code[m] = -1;
         switch (m) {
         case 0: s[0] ^= 1; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;     /* magic */
-        case 1: s[4] = 2; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;      /* format */
+        case 1: s[4] = 1; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;      /* format 1 */
         case 2: s[5] = 4; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;      /* esize */
         case 3: s[6] = 1; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;      /* padding */
         case 4: s[8] ^= 1; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;     /* n */
@@ -631,18 +755,17 @@ static void test_corrupt(void)
         case 8: s[16 + 8 * 1 + 7] ^= 0x40; break;                               /* mode of block 1 */
         case 9: s[16 + 8 * 0 + 4] ^= 1; break;                                  /* k of block 0 */
         case 10: s[16 + 8 * 3] ^= 8; break;                                     /* offset of block 3 */
-        case 11: s[16 + 8 * 4 + 6] ^= 0x20; break;                              /* k far above */
-        /* payloads: block 0 SPARSE (indices at pay[0], values at + 16), 1 BITMAP, 5 tail BITMAP */
-        case 12: {   /* indices out of order */
-            uint32_t x = rd16(s + pay[0]);
-            wr16(s + pay[0], rd16(s + pay[0] + 2));
-            wr16(s + pay[0] + 2, x);
+        case 11: s[16 + 8 * 4 + 6] ^= 0x20; break;                              /* e + 32 */
+        /* payloads: block 0 SPARSE (index stream at pay[0], values at + 16), 1 BITMAP, 4 SPARSE
+         * (index at pay[4], values at + 24), 5 tail BITMAP */
+        case 12:   /* a trailing escape: counts right (e 11, k 5), last byte 0xFF */
+            s[pay[0] + 15] = 0xff;
+            set_e(s, 0, 11);
             want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD;
             break;
-        }
-        case 13: wr16(s + pay[0] + 2, rd16(s + pay[0])); want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;
-        case 14: wr16(s + pay[0] + 8, BLK); want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;
-        case 15: s[pay[0] + 10] = 1; want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;   /* index pad */
+        case 13: set_e(s, 0, 9); want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;   /* wrong e */
+        case 14: set_e(s, 0, 11); want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;  /* wrong e */
+        case 15: s[pay[0] + 15] = 1; want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;   /* index pad */
         case 16: s[pay[1]] ^= 1; want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;       /* popcount */
         case 17:   /* a bit moved: as valid as before, the values land elsewhere */
         case 19: { /* a bit moved past the tail block's 77 elements */
@@ -663,6 +786,19 @@ static void test_corrupt(void)
         case 18: s[pay[0] + 16 + 10] = 1; want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break; /* value pad */
         case 20: s[pay[5] + 10] = 1; want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;      /* map pad */
         case 21: s[16 + 8 * 2 + 4] ^= 1; break;   /* PLAIN k 4000 -> 4001: still PLAIN, valid */
+        case 22:   /* block 4's last gap 73 -> 254: position 4276, past the block */
+            s[pay[4] + 17] = 254;
+            want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD;
+            break;
+        case 23: s[pay[4] + 17] = 72; break;      /* last position 4094: valid, lands elsewhere */
+        case 24: set_e(s, 1, 1); want_code[m] = WSYNC_KDELTA_FAULT_TABLE; break;   /* BITMAP e 1 */
+        case 25: set_e(s, 2, 2); want_code[m] = WSYNC_KDELTA_FAULT_TABLE; break;   /* PLAIN e 2 */
+        case 26: s[16 + 8 * 4 + 5] ^= 0x10; want_code[m] = WSYNC_KDELTA_FAULT_TABLE; break; /* k + 4096 */
+        case 27:   /* block 4's last escape after its last element: counts right, last 0xFF */
+            s[pay[4] + 16] = 73;
+            s[pay[4] + 17] = 0xff;
+            want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD;
+            break;
         default: {
             uint64_t at = m < 200 ? below(tbl) : below(t->cpu_len);   /* header/table, anywhere */
             s[at] ^= (uint8_t)(1u << below(8));
@@ -703,8 +839,8 @@ static void test_corrupt(void)
             CHECK_MSG(res[m].fault != WSYNC_KDELTA_NO_FAULT &&
                       (int)(res[m].fault & 0xff) == want_code[m],
                       "mutant %d: fault %" PRIx64 ", want code %d", m, res[m].fault, want_code[m]);
-        if (m < 22) {
-            int valid = m == 17 || m == 21;
+        if (m < 28) {
+            int valid = m == 17 || m == 21 || m == 23;
             CHECK_MSG(cpu_ok[m] == valid && gpu_ok == valid, "targeted mutant %d: CPU %s, GPU %s, "
                       "expected %s", m, cpu_ok[m] ? "valid" : "invalid", gpu_ok ? "valid" : "invalid",
                       valid ? "valid" : "invalid");
