@@ -53,7 +53,7 @@ typedef struct {
     uint32_t nb;                       /* its blocks */
     uint32_t idx;                      /* its place in the caller's order (results, lengths) */
     uint32_t dense;                    /* rows == 1 or pitch == cols: element e at e * esize */
-    uint32_t pad;
+    uint32_t fast;                     /* the v2 kernels take it: dense, 16-byte aligned */
 } wk_dchunk_t;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -762,7 +762,8 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uin
     unsigned char *sv = reinterpret_cast<unsigned char *>(wk_dyn);
     __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS], wesc[WK_MWORDS], red[16];
     __shared__ int16_t wprev[WK_MWORDS];
-    __shared__ uint16_t posv[WK_DBLK];   /* SPARSE: the changed positions, in index order */
+    __shared__ uint16_t posv[512];   /* SPARSE: the changed positions, in index order (a SPARSE
+                                        block's k + e <= 512: its index beats a bitmap) */
     __shared__ uint64_t sec[24], hsum[WK_THREADS];
     __shared__ uint64_t sh_off, sh_size;
     __shared__ uint32_t sh_mode, sh_k, sh_e, sh_fault, sh_bad, sh_total, sh_etrue;
@@ -927,6 +928,670 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uin
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Persistent kernels (v2): chunks that are dense with 16-byte aligned starts                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* CTAs a v2 kernel keeps per SM (its register budget: 64 a thread). Each CTA loops over codec
+ * blocks: the chunk lookups are amortized, and the next block's values are loaded into
+ * registers while the current one is scanned, hashed and written (bf16 and bytes; wider
+ * elements load at the top of each iteration). */
+#define WK2_MIN_BLOCKS 4
+
+/* Element e of a 16-byte vector of E-byte elements. */
+template <int E>
+__device__ __forceinline__ unsigned long long wk_vget(const uint4 &x, int e)
+{
+    if constexpr (E == 8) {
+        return e == 0 ? ((unsigned long long)x.y << 32 | x.x) : ((unsigned long long)x.w << 32 | x.z);
+    } else {
+        const int w = (e * E) / 4, sh = ((e * E) % 4) * 8;
+        const uint32_t word = w == 0 ? x.x : w == 1 ? x.y : w == 2 ? x.z : x.w;
+        if constexpr (E == 4)
+            return word;
+        else
+            return (word >> sh) & ((1u << (8 * E)) - 1u);
+    }
+}
+
+/* Bit e set when element e of a and b differ. */
+template <int E>
+__device__ __forceinline__ uint32_t wk_vdiff(const uint4 &a, const uint4 &b)
+{
+    uint32_t bits = 0;
+#pragma unroll
+    for (int e = 0; e < 16 / E; e++)
+        bits |= (uint32_t)(wk_vget<E>(a, e) != wk_vget<E>(b, e)) << e;
+    return bits;
+}
+
+/* Vector v's bits into the mask words (every lane of the warp calls it, with v = threadIdx.x +
+ * WK_THREADS * it: the lanes of a mask word are neighbours). */
+template <int E>
+__device__ __forceinline__ void wk_put_bits(uint32_t bits, uint32_t v, uint32_t *mask)
+{
+    constexpr uint32_t VE = 16 / E, G = 32 / VE;
+    uint32_t x = bits << ((v % G) * VE);
+#pragma unroll
+    for (uint32_t o = 1; o < G; o *= 2)
+        x |= __shfl_xor_sync(WK_FULL, x, o);
+    if (v % G == 0)
+        mask[v / G] = x;
+}
+
+/* Vector v of a block of len elements starting at p (16-byte aligned): elements at or past len
+ * read as 0 (so old and new agree there, and a tail's padding is zero). */
+template <int E>
+__device__ __forceinline__ uint4 wk_vload(const unsigned char *p, uint32_t v, uint32_t len)
+{
+    typedef typename wk_elem<E>::t el;
+    constexpr uint32_t VE = 16 / E;
+    if ((v + 1) * VE <= len)
+        return reinterpret_cast<const uint4 *>(p)[v];
+    uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (uint32_t e = 0; e < VE; e++) {
+        if (v * VE + e < len) {
+            const unsigned long long x = reinterpret_cast<const el *>(p)[v * VE + e];
+            if constexpr (E == 8) {
+                w[2 * e] = (uint32_t)x;
+                w[2 * e + 1] = (uint32_t)(x >> 32);
+            } else {
+                w[(e * E) / 4] |= (uint32_t)x << (((e * E) % 4) * 8);
+            }
+        }
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* The block's values in registers: vector tid + WK_THREADS * it in x[it]. */
+template <int E>
+__device__ __forceinline__ void wk_vload_block(const unsigned char *p, uint32_t len, uint4 (&x)[E])
+{
+#pragma unroll
+    for (int it = 0; it < E; it++)
+        x[it] = wk_vload<E>(p, threadIdx.x + WK_THREADS * it, len);
+}
+
+/* XXH3 of a full block (WK_DBLK * E bytes, a multiple of 1024) from the values in registers,
+ * part 1 (every thread): XXH3's long loop adds, per 64-byte stripe, terms that depend only on the
+ * data and the secret; each thread makes the terms of its 16 bytes (two of the stripe's eight
+ * lanes), a warp sums them per accumulator over its 512 bytes (half a 1 KiB segment), and
+ * hx[half segment * 8 + accumulator] gets the sum. The input's last 64 bytes are its last
+ * stripe, keyed at secret byte 121 (the segment before it has 15 ordinary stripes). */
+template <int E>
+__device__ __forceinline__ void wk_hash_terms(const uint4 (&x)[E], const uint64_t *sec, uint64_t *hx)
+{
+    constexpr uint32_t L = WK_DBLK * E;
+    const uint32_t lane = threadIdx.x & 31;
+#pragma unroll
+    for (int it = 0; it < E; it++) {
+        const uint32_t v = threadIdx.x + WK_THREADS * it, o = 16 * v;
+        const uint32_t n = (o >> 6) & 15, i0 = (o >> 3) & 7;
+        uint64_t k0, k1;
+        if (o >= L - 64) {
+            k0 = (sec[15 + i0] >> 8) | (sec[16 + i0] << 56);
+            k1 = (sec[16 + i0] >> 8) | (sec[17 + i0] << 56);
+        } else {
+            k0 = sec[n + i0];
+            k1 = sec[n + i0 + 1];
+        }
+        const uint64_t d0 = (uint64_t)x[it].y << 32 | x[it].x, d1 = (uint64_t)x[it].w << 32 | x[it].z;
+        const uint64_t y0 = d0 ^ k0, y1 = d1 ^ k1;
+        uint64_t a = (y0 & 0xffffffffu) * (y0 >> 32) + d1;   /* accumulator i0 */
+        uint64_t b = (y1 & 0xffffffffu) * (y1 >> 32) + d0;   /* accumulator i0 + 1 */
+#pragma unroll
+        for (int s = 4; s < 32; s *= 2) {
+            a += __shfl_xor_sync(WK_FULL, a, s);
+            b += __shfl_xor_sync(WK_FULL, b, s);
+        }
+        if (lane < 4) {
+            hx[(v >> 5) * 8 + 2 * lane] = a;
+            hx[(v >> 5) * 8 + 2 * lane + 1] = b;
+        }
+    }
+}
+
+/* Part 2, by one whole warp after a __syncthreads: lanes 0..7 run the accumulators through the
+ * segments (a scramble after each but the last) and lane 0 gets XXH3_64bits. */
+template <int E>
+__device__ __forceinline__ uint64_t wk_hash_finish(const uint64_t *hx, const uint64_t *sec)
+{
+    constexpr uint32_t NSEG = WK_DBLK * E / 1024;
+    const uint32_t i = threadIdx.x & 7;   /* lanes 8..31 repeat lanes 0..7 */
+    const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
+    uint64_t acc = i == 0 ? WK_P32_3 : i == 1 ? WK_P64_1 : i == 2 ? WK_P64_2 : i == 3 ? WK_P64_3
+                 : i == 4 ? WK_P64_4 : i == 5 ? WK_P32_2 : i == 6 ? WK_P64_5 : WK_P32_1;
+    for (uint32_t s = 0; s < NSEG; s++) {
+        acc += hx[16 * s + i] + hx[16 * s + 8 + i];
+        if (s + 1 < NSEG) {
+            acc ^= acc >> 47;
+            acc ^= sec[16 + i];
+            acc *= WK_P32_1;
+        }
+    }
+    uint64_t h = (uint64_t)WK_DBLK * E * WK_P64_1;
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        const uint64_t a0 = __shfl_sync(WK_FULL, acc, 2 * m), a1 = __shfl_sync(WK_FULL, acc, 2 * m + 1);
+        h += wk_fold64(a0 ^ wk_rd64(secret + 11 + 16 * m), a1 ^ wk_rd64(secret + 19 + 16 * m));
+    }
+    return wk_avalanche3(h);
+}
+
+/* The chunk of batch block g, at or after chunk c (a CTA's blocks only grow). */
+__device__ __forceinline__ uint32_t wk_chunk_from(const wk_dchunk_t *ch, uint32_t c, uint32_t c1,
+                                                  uint64_t g)
+{
+    if (ch[c].block0 + ch[c].nb > g)
+        return c;
+    return wk_find_chunk(ch, c + 1, c1, g);
+}
+
+/* Elements in block g of chunk d, and the block's first element. */
+__device__ __forceinline__ uint32_t wk_blen(const wk_dchunk_t &d, uint64_t g, uint64_t *first)
+{
+    *first = (g - d.block0) * WK_DBLK;
+    return (uint32_t)(d.n - *first < WK_DBLK ? d.n - *first : WK_DBLK);
+}
+
+/* Encode, v2: blocks [g0, g0 + nblk) of chunks [c0, c1) (dense, new and old 16-byte aligned),
+ * claimed in order from *counter by a grid of resident CTAs. Per block: compare in registers
+ * (16-byte loads), mask words by shuffles, the words' scan (k, e, ranks) and the hash terms at
+ * once, publish the size, hash and look back, then the payload (PLAIN from registers; SPARSE and
+ * BITMAP staged in shared memory and written in 8-byte words). Shared memory (dynamic):
+ * WK_DBLK * E bytes (the staged payload; a tail block's values for its hash). */
+template <int E>
+__global__ void __launch_bounds__(WK_THREADS, WK2_MIN_BLOCKS)
+wk2_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
+                 uint64_t nblk, unsigned long long *status, unsigned int *counter,
+                 uint64_t *leaves, wsync_kdelta_result_t *res, int update_old)
+{
+    typedef typename wk_elem<E>::t el;
+    constexpr uint32_t VE = 16 / E;
+    constexpr bool PF = E <= 2;   /* prefetch the next block (registers allow it) */
+    extern __shared__ uint4 wk_dyn[];
+    unsigned char *buf = reinterpret_cast<unsigned char *>(wk_dyn);
+    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS], wesc[WK_MWORDS];
+    __shared__ int16_t wprev[WK_MWORDS];
+    __shared__ uint64_t sec[24], hx[64 * E > WK_THREADS ? 64 * E : WK_THREADS];
+    __shared__ uint64_t sh_off, sh_leaf;
+    __shared__ uint32_t sh_k, sh_e, sh_next;
+    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
+
+    wk_secret_load(sec);
+    if (tid == 0)
+        sh_next = atomicAdd(counter, 1u);
+    __syncthreads();
+    uint64_t gr = sh_next;
+    uint32_t c = c0;
+    uint4 nw[E], od[E];
+    if (gr < nblk) {
+        c = wk_chunk_from(ch, c, c1, g0 + gr);
+        uint64_t f;
+        const uint32_t l = wk_blen(ch[c], g0 + gr, &f);
+        wk_vload_block<E>(ch[c].a + f * E, l, nw);
+        wk_vload_block<E>(ch[c].b + f * E, l, od);
+    }
+    while (gr < nblk) {
+        const uint64_t g = g0 + gr;
+        const wk_dchunk_t &d = ch[c];
+        uint64_t first;
+        const uint32_t len = wk_blen(d, g, &first);
+        const uint32_t j = (uint32_t)(g - d.block0);
+        const bool full = len == WK_DBLK;
+
+        /* 1. changed bits, mask words; a tail block's values to shared memory for its hash */
+        uint32_t cb[E];
+#pragma unroll
+        for (int it = 0; it < E; it++) {
+            const uint32_t v = tid + WK_THREADS * it;
+            cb[it] = wk_vdiff<E>(nw[it], od[it]);
+            wk_put_bits<E>(cb[it], v, mask);
+            if (!full)
+                reinterpret_cast<uint4 *>(buf)[v] = nw[it];
+        }
+        __syncthreads();
+        /* 2. the words' scan (warp 0), the next block's claim, the hash terms */
+        if (warp == 0)
+            wk_mask_scan(mask, wpre, wesc, wprev, &sh_k, &sh_e);
+        else if (tid == 32)
+            sh_next = atomicAdd(counter, 1u);
+        if (full)
+            wk_hash_terms<E>(nw, sec, hx);
+        __syncthreads();
+        const uint32_t k = sh_k;
+        const uint64_t grn = sh_next;
+        uint32_t mode;
+        const uint64_t size = wk_bbytes(len, k, sh_e, E, &mode);
+        const uint32_t e = mode == WSYNC_DELTA_SPARSE ? sh_e : 0;
+        if (tid == 0)
+            atomicExch(&status[g], (unsigned long long)((j == 0 ? WK_LB_INC : WK_LB_AGG) | size));
+
+        /* 3. the next block's values start loading */
+        uint32_t cn = c;
+        uint4 pn[PF ? E : 1], po[PF ? E : 1];
+        if (PF && grn < nblk) {
+            cn = wk_chunk_from(ch, c, c1, g0 + grn);
+            uint64_t f;
+            const uint32_t l = wk_blen(ch[cn], g0 + grn, &f);
+#pragma unroll
+            for (int it = 0; it < (PF ? E : 1); it++) {
+                pn[it] = wk_vload<E>(ch[cn].a + f * E, tid + WK_THREADS * it, l);
+                po[it] = wk_vload<E>(ch[cn].b + f * E, tid + WK_THREADS * it, l);
+            }
+        }
+
+        /* 4. the leaf hash; the payload offset by look-back (warp 0) */
+        if (full) {
+            if (warp == 1) {
+                const uint64_t h = wk_hash_finish<E>(hx, sec);
+                if (lane == 0)
+                    sh_leaf = h;
+            }
+        } else {
+            const uint64_t h = wk_xxh3(buf, (uint64_t)len * E, secret, hx);
+            if (tid == 0)
+                sh_leaf = h;
+        }
+        if (warp == 0 && j > 0) {
+            uint64_t excl = 0;
+            int64_t p = (int64_t)j - 1;
+            for (;;) {
+                int64_t q = p - lane;
+                uint64_t w = q >= 0 ? *(volatile unsigned long long *)&status[d.block0 + (uint64_t)q]
+                                    : WK_LB_INC;
+                uint32_t st = (uint32_t)(w >> 62);
+                uint32_t xm = __ballot_sync(WK_FULL, st == 0), im = __ballot_sync(WK_FULL, st == 2);
+                uint32_t lowi = im ? (uint32_t)__ffs((int)im) - 1 : 32;
+                uint32_t lowx = xm ? (uint32_t)__ffs((int)xm) - 1 : 32;
+                if (lowx < lowi) {
+                    __nanosleep(32);
+                    continue;
+                }
+                uint64_t val = (uint32_t)lane <= lowi ? (w & WK_LB_VAL) : 0;
+                for (int o = 16; o > 0; o /= 2)
+                    val += __shfl_xor_sync(WK_FULL, val, o);
+                excl += val;
+                if (lowi < 32)
+                    break;
+                p -= 32;
+            }
+            if (lane == 0) {
+                atomicExch(&status[g], (unsigned long long)(WK_LB_INC | (excl + size)));
+                sh_off = excl;
+            }
+        } else if (tid == 0) {
+            sh_off = 0;
+        }
+        __syncthreads();
+        const uint64_t off = sh_off, pos = 16 + 8 * (uint64_t)d.nb + off;
+
+        /* 5. table entry, header, results */
+        if (tid == 0) {
+            if (16 + 8 * ((uint64_t)j + 1) <= d.cap)
+                reinterpret_cast<uint64_t *>(d.out + 16)[j] =
+                    off | ((uint64_t)((mode << 30) | (e << 16) | k) << 32);
+            if (j == 0 && d.cap >= 16) {
+                reinterpret_cast<uint64_t *>(d.out)[0] =
+                    WSYNC_DELTA_MAGIC | ((uint64_t)WSYNC_DELTA_FORMAT << 32) | ((uint64_t)E << 40);
+                reinterpret_cast<uint64_t *>(d.out)[1] = d.n;
+            }
+            leaves[g] = sh_leaf;
+            if (k > 0)
+                atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
+                          (unsigned long long)k);
+            if (j == d.nb - 1)
+                res[d.idx].len = pos + size;
+        }
+
+        /* 6. the payload */
+        if (size > 0 && pos + size <= d.cap) {
+            uint64_t *to = reinterpret_cast<uint64_t *>(d.out + pos);
+            if (mode == WSYNC_DELTA_PLAIN) {   /* from registers; a tail's padding is zero */
+#pragma unroll
+                for (int it = 0; it < E; it++) {
+                    const uint64_t w0 = 2 * (uint64_t)(tid + WK_THREADS * it);
+                    if (8 * w0 < size)
+                        to[w0] = (uint64_t)nw[it].y << 32 | nw[it].x;
+                    if (8 * (w0 + 1) < size)
+                        to[w0 + 1] = (uint64_t)nw[it].w << 32 | nw[it].z;
+                }
+            } else {
+                const bool sp = mode == WSYNC_DELTA_SPARSE;
+                const uint64_t nh = sp ? (uint64_t)k + e : (len + 7) / 8, hdr = wk_al8(nh);
+#pragma unroll
+                for (int it = 0; it < E; it++) {
+                    const uint32_t v = tid + WK_THREADS * it;
+#pragma unroll
+                    for (uint32_t x = 0; x < VE; x++) {
+                        if (!((cb[it] >> x) & 1u))
+                            continue;
+                        const uint32_t i = v * VE + x, q = i >> 5;
+                        const uint32_t below = mask[q] & ((1u << (i & 31)) - 1u);
+                        const uint32_t r = wpre[q] + (uint32_t)__popc(below);
+                        *reinterpret_cast<el *>(buf + hdr + (uint64_t)r * E) = (el)wk_vget<E>(nw[it], x);
+                        if (sp) {   /* as in wk_delta_encode */
+                            const uint32_t at = r + (wesc[q] >> 8);
+                            uint32_t gap;
+                            if (below != 0) {
+                                gap = (i & 31) - (32 - (uint32_t)__clz((int)below));
+                            } else {
+                                const uint32_t ew = wesc[q] & 0xff;
+                                gap = (uint32_t)((int)i - wprev[q] - 1);
+                                for (uint32_t y = 1; y <= ew; y++)
+                                    buf[at - y] = 0xff;
+                            }
+                            buf[at] = (unsigned char)(gap % 255u);
+                        }
+                    }
+                }
+                __syncthreads();
+                /* 8-byte words, the bytes past the index (or bitmap) and past the values zero:
+                 * the staging area holds earlier blocks' bytes there */
+                const uint64_t vend = hdr + (uint64_t)k * E;
+                for (uint64_t w = tid; w < size / 8; w += WK_THREADS) {
+                    const uint64_t b = 8 * w;
+                    uint64_t x, valid;
+                    if (b < hdr) {
+                        x = sp ? reinterpret_cast<const uint64_t *>(buf)[w]
+                               : (uint64_t)mask[2 * w + 1] << 32 | mask[2 * w];
+                        valid = nh > b ? nh - b : 0;
+                    } else {
+                        x = reinterpret_cast<const uint64_t *>(buf)[w];
+                        valid = vend > b ? vend - b : 0;
+                    }
+                    if (valid < 8)
+                        x &= valid == 0 ? 0 : ~UINT64_C(0) >> (64 - 8 * valid);
+                    to[w] = x;
+                }
+            }
+        }
+
+        /* 7. the sender's baseline takes the changed values */
+        if (update_old && k > 0) {
+            unsigned char *ob = d.b + first * E;
+#pragma unroll
+            for (int it = 0; it < E; it++) {
+                const uint32_t v = tid + WK_THREADS * it;
+#pragma unroll
+                for (uint32_t x = 0; x < VE; x++)
+                    if ((cb[it] >> x) & 1u)
+                        reinterpret_cast<el *>(ob)[v * VE + x] = (el)wk_vget<E>(nw[it], x);
+            }
+        }
+        __syncthreads();   /* buf, mask and hx are the next block's */
+
+        if constexpr (PF) {
+#pragma unroll
+            for (int it = 0; it < E; it++) {
+                nw[it] = pn[it];
+                od[it] = po[it];
+            }
+        } else if (grn < nblk) {
+            cn = wk_chunk_from(ch, c, c1, g0 + grn);
+            uint64_t f;
+            const uint32_t l = wk_blen(ch[cn], g0 + grn, &f);
+            wk_vload_block<E>(ch[cn].a + f * E, l, nw);
+            wk_vload_block<E>(ch[cn].b + f * E, l, od);
+        }
+        gr = grn;
+        c = cn;
+    }
+}
+
+/* Store vector v of a block of len elements at p (16-byte aligned): only elements below len. */
+template <int E>
+__device__ __forceinline__ void wk_vstore(unsigned char *p, uint32_t v, uint32_t len, const uint4 &x)
+{
+    typedef typename wk_elem<E>::t el;
+    constexpr uint32_t VE = 16 / E;
+    if ((v + 1) * VE <= len) {
+        reinterpret_cast<uint4 *>(p)[v] = x;
+        return;
+    }
+#pragma unroll
+    for (uint32_t e = 0; e < VE; e++)
+        if (v * VE + e < len)
+            reinterpret_cast<el *>(p)[v * VE + e] = (el)wk_vget<E>(x, e);
+}
+
+/* A block's table entry as checked (v2 apply: the next block's is checked while the current one
+ * is applied). */
+typedef struct {
+    uint64_t off, size;
+    uint32_t mode, k, e, fault;
+} wk_entry_t;
+
+__device__ __forceinline__ void wk_check_into(const wk_dchunk_t &d, const uint64_t *lens, uint64_t g,
+                                              uint32_t E, wk_entry_t *out)
+{
+    uint64_t first;
+    const uint32_t len = wk_blen(d, g, &first);
+    out->fault = wk_check_entry(d.a, lens[d.idx], d, (uint32_t)(g - d.block0), len, E, &out->mode,
+                                &out->k, &out->e, &out->off, &out->size);
+}
+
+/* Apply, v2: blocks [g0, g0 + nblk) of chunks [c0, c1) (dense, the target 16-byte aligned),
+ * grid-stride over a grid of resident CTAs. While a block is checked, applied and hashed, the
+ * next block's table entry is checked (thread 32) and, with hash, its target values are loaded
+ * into registers. With hash, the block's values go through shared memory only when the stream
+ * changes them (or for a tail block's hash): a SAME block is hashed from registers. Shared
+ * memory (dynamic, with hash): WK_DBLK * E bytes. */
+template <int E>
+__global__ void __launch_bounds__(WK_THREADS, WK2_MIN_BLOCKS)
+wk2_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
+                uint64_t nblk, const uint64_t *lens, uint64_t *leaves, wsync_kdelta_result_t *res,
+                int hash)
+{
+    typedef typename wk_elem<E>::t el;
+    constexpr bool PF = E <= 2;
+    extern __shared__ uint4 wk_dyn[];
+    unsigned char *buf = reinterpret_cast<unsigned char *>(wk_dyn);
+    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS], wesc[WK_MWORDS], red[16];
+    __shared__ int16_t wprev[WK_MWORDS];
+    __shared__ uint16_t posv[512];   /* SPARSE: k <= 512 (its index beats a bitmap of <= 512) */
+    __shared__ uint64_t sec[24], hx[64 * E > WK_THREADS ? 64 * E : WK_THREADS];
+    __shared__ wk_entry_t ent[2];
+    __shared__ uint32_t sh_total, sh_etrue;
+    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
+
+    wk_secret_load(sec);
+    uint64_t gr = blockIdx.x;
+    uint32_t c = c0, p = 0;
+    uint4 tv[E];
+    if (gr < nblk) {
+        c = wk_chunk_from(ch, c, c1, g0 + gr);
+        if (hash) {
+            uint64_t f;
+            const uint32_t l = wk_blen(ch[c], g0 + gr, &f);
+            wk_vload_block<E>(ch[c].b + f * E, l, tv);
+        }
+        if (tid == 0)
+            wk_check_into(ch[c], lens, g0 + gr, E, &ent[0]);
+    }
+    __syncthreads();
+    while (gr < nblk) {
+        const uint64_t g = g0 + gr, grn = gr + gridDim.x;
+        const wk_dchunk_t &d = ch[c];
+        uint64_t first;
+        const uint32_t len = wk_blen(d, g, &first);
+        const uint32_t j = (uint32_t)(g - d.block0);
+        const bool full = len == WK_DBLK;
+        const uint32_t fault = ent[p].fault, mode = ent[p].mode, k = ent[p].k, ee = ent[p].e;
+        const uint64_t size = ent[p].size;
+        const unsigned char *P = d.a + 16 + 8 * (uint64_t)d.nb + ent[p].off;   /* 8-byte aligned */
+
+        /* the next block: its entry, its target values */
+        uint32_t cn = c;
+        uint4 pv[PF ? E : 1];
+        if (grn < nblk) {
+            cn = wk_chunk_from(ch, c, c1, g0 + grn);
+            if (tid == 32)
+                wk_check_into(ch[cn], lens, g0 + grn, E, &ent[p ^ 1]);
+            if (PF && hash) {
+                uint64_t f;
+                const uint32_t l = wk_blen(ch[cn], g0 + grn, &f);
+#pragma unroll
+                for (int it = 0; it < (PF ? E : 1); it++)
+                    pv[it] = wk_vload<E>(ch[cn].b + f * E, tid + WK_THREADS * it, l);
+            }
+        }
+
+        /* 1. the payload's content, before anything is written (as wk_delta_apply) */
+        const bool buffered = hash && fault == 0 && (mode != WSYNC_DELTA_SAME || !full);
+        if (buffered) {
+#pragma unroll
+            for (int it = 0; it < E; it++)
+                reinterpret_cast<uint4 *>(buf)[tid + WK_THREADS * it] = tv[it];
+        }
+        int lbad = 0;
+        uint64_t hdr = 0;
+        if (fault == 0 && mode == WSYNC_DELTA_SPARSE) {
+            const uint32_t nbytes = k + ee, per = (nbytes + WK_THREADS - 1) / WK_THREADS;
+            const uint32_t b0 = tid * per < nbytes ? tid * per : nbytes;
+            const uint32_t b1 = b0 + per < nbytes ? b0 + per : nbytes;
+            hdr = wk_al8(nbytes);
+            uint32_t adv = 0, cnt = 0;
+            for (uint32_t b = b0; b < b1; b++) {
+                const uint32_t x = P[b];
+                adv += x == 0xff ? 255u : x + 1;
+                cnt += x != 0xff;
+            }
+            uint32_t adv0, cnt0, advt, cntt;
+            wk_block_scan2(adv, cnt, red, &adv0, &cnt0, &advt, &cntt);
+            if (cntt != k || P[nbytes - 1] == 0xff) {
+                lbad = 1;
+            } else {
+                for (uint32_t b = b0; b < b1; b++) {
+                    const uint32_t x = P[b];
+                    adv0 += x == 0xff ? 255u : x + 1;
+                    if (x != 0xff) {
+                        if (adv0 - 1 >= len)
+                            lbad = 1;
+                        else
+                            posv[cnt0] = (uint16_t)(adv0 - 1);
+                        cnt0++;
+                    }
+                }
+            }
+            for (uint64_t b = nbytes + tid; b < hdr; b += WK_THREADS)
+                if (P[b] != 0)
+                    lbad = 1;
+        } else if (fault == 0 && mode == WSYNC_DELTA_BITMAP) {
+            hdr = wk_al8((len + 7) / 8);
+            for (uint32_t w = tid; w < WK_MWORDS; w += WK_THREADS) {
+                uint32_t m = w < hdr / 4 ? reinterpret_cast<const uint32_t *>(P)[w] : 0;
+                uint32_t lo = w * 32;
+                uint32_t past = lo >= len ? WK_FULL : len - lo >= 32 ? 0u : ~((1u << (len - lo)) - 1u);
+                if (m & past)
+                    lbad = 1;
+                mask[w] = m;
+            }
+        }
+        if (fault == 0 && mode != WSYNC_DELTA_SAME) {
+            const uint64_t vend = mode == WSYNC_DELTA_PLAIN ? (uint64_t)len * E : hdr + (uint64_t)k * E;
+            for (uint64_t b = vend + tid; b < size; b += WK_THREADS)
+                if (P[b] != 0)
+                    lbad = 1;
+        }
+        int bad = __syncthreads_or(lbad);
+        if (fault == 0 && !bad && mode == WSYNC_DELTA_BITMAP) {
+            wk_mask_scan(mask, wpre, wesc, wprev, &sh_total, &sh_etrue);
+            __syncthreads();
+            int lb = 0;
+            if (tid == 0) {
+                uint32_t want;
+                wk_bbytes(len, k, sh_etrue, E, &want);
+                lb = sh_total != k || want != WSYNC_DELTA_BITMAP;
+            }
+            bad = __syncthreads_or(lb);
+        }
+
+        if (fault != 0 || bad) {
+            if (tid == 0)
+                atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
+                          (unsigned long long)(((uint64_t)j << 8) |
+                                               (fault != 0 ? fault : WSYNC_KDELTA_FAULT_PAYLOAD)));
+        } else {
+            /* 2. apply */
+            const el *vals = reinterpret_cast<const el *>(P + hdr);
+            unsigned char *tb = d.b + first * E;
+            if (!hash || mode == WSYNC_DELTA_SPARSE) {   /* only the changed values are written */
+                if (mode == WSYNC_DELTA_SPARSE) {
+                    for (uint32_t r = tid; r < k; r += WK_THREADS) {
+                        const el x = vals[r];
+                        reinterpret_cast<el *>(tb)[posv[r]] = x;
+                        if (hash)
+                            reinterpret_cast<el *>(buf)[posv[r]] = x;
+                    }
+                } else if (mode != WSYNC_DELTA_SAME) {
+                    for (uint32_t i = tid; i < len; i += WK_THREADS) {
+                        if (mode == WSYNC_DELTA_BITMAP && !((mask[i >> 5] >> (i & 31)) & 1u))
+                            continue;
+                        reinterpret_cast<el *>(tb)[i] =
+                            mode == WSYNC_DELTA_BITMAP ? vals[wk_rank(mask, wpre, i)] : vals[i];
+                    }
+                }
+            } else if (mode != WSYNC_DELTA_SAME) {   /* BITMAP, PLAIN: the block whole */
+                for (uint32_t i = tid; i < len; i += WK_THREADS) {
+                    if (mode == WSYNC_DELTA_BITMAP && !((mask[i >> 5] >> (i & 31)) & 1u))
+                        continue;
+                    reinterpret_cast<el *>(buf)[i] =
+                        mode == WSYNC_DELTA_BITMAP ? vals[wk_rank(mask, wpre, i)] : vals[i];
+                }
+            }
+            /* 3. the hash of the block's values after applying */
+            if (hash) {
+                if (buffered) {
+                    __syncthreads();
+#pragma unroll
+                    for (int it = 0; it < E; it++) {
+                        const uint32_t v = tid + WK_THREADS * it;
+                        tv[it] = reinterpret_cast<const uint4 *>(buf)[v];
+                        if (mode == WSYNC_DELTA_BITMAP || mode == WSYNC_DELTA_PLAIN)
+                            wk_vstore<E>(tb, v, len, tv[it]);
+                    }
+                }
+                if (full) {
+                    wk_hash_terms<E>(tv, sec, hx);
+                    __syncthreads();
+                    if (warp == 1) {
+                        const uint64_t h = wk_hash_finish<E>(hx, sec);
+                        if (lane == 0)
+                            leaves[g] = h;
+                    }
+                } else {
+                    const uint64_t h = wk_xxh3(buf, (uint64_t)len * E, secret, hx);
+                    if (tid == 0)
+                        leaves[g] = h;
+                }
+            }
+            if (tid == 0 && k > 0)
+                atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
+                          (unsigned long long)k);
+        }
+        __syncthreads();   /* buf, hx, posv, mask and ent[p] are the next block's */
+
+        if constexpr (PF) {
+            if (hash) {
+#pragma unroll
+                for (int it = 0; it < E; it++)
+                    tv[it] = pv[it];
+            }
+        } else if (hash && grn < nblk) {
+            uint64_t f;
+            const uint32_t l = wk_blen(ch[cn], g0 + grn, &f);
+            wk_vload_block<E>(ch[cn].b + f * E, l, tv);
+        }
+        gr = grn;
+        c = cn;
+        p ^= 1;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Chunk hashes, results, XXH3 of ranges                                                       */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -1001,8 +1666,9 @@ struct wsync_kdelta_batch {
     uint64_t *lens_default;            /* malloc [n] apply: those given at create */
     int lens_changed;                  /* a launch gave other lengths than the default */
     struct {
-        uint32_t c0, c1;               /* chunks */
-        uint64_t g0, g1;               /* blocks */
+        uint32_t c0, cf, c1;           /* chunks: [c0, cf) for the v2 kernels, [cf, c1) v1 */
+        uint64_t g0, gf, g1;           /* their blocks */
+        unsigned grid2;                /* the v2 kernel's CTAs (resident at once) */
     } grp[4];
 };
 
@@ -1010,6 +1676,14 @@ static const char *const wk_fault_names[4] = {
     "no fault", "bad header (length, magic, format, element size or element count)",
     "bad block table entry (mode, changed count, offset or length)",
     "bad payload (indices, bitmap, or non-zero padding)"};
+
+/* The v2 kernels unless WSYNC_KDELTA_V1 is set (not "0"): the one-CTA-per-block kernels for
+ * every chunk, to compare. */
+static int wk_use_v2(void)
+{
+    const char *v = getenv("WSYNC_KDELTA_V1");
+    return v == NULL || v[0] == '\0' || strcmp(v, "0") == 0;
+}
 
 /* The checks both kinds of chunk share. */
 static wsync_status_t wk_check_region(const char *fn, uint32_t i, const void *base,
@@ -1058,6 +1732,37 @@ static void wk_batch_release(wsync_kdelta_batch_t *b)
     free(b);
 }
 
+template <int E>
+static cudaError_t wk_occupancy(int apply, int *per_sm)
+{
+    if (apply)
+        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, wk2_delta_apply<E>, WK_THREADS,
+                                                             WK_DBLK * E);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, wk2_delta_encode<E>, WK_THREADS,
+                                                         WK_DBLK * E);
+}
+
+/* The v2 kernels' grids: as many CTAs as the device keeps resident (they loop over the blocks),
+ * at most one per block. */
+static wsync_status_t wk_grid2(wsync_kdelta_batch_t *b)
+{
+    int dev = 0, sms = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    for (int grp = 0; grp < 4 && e == cudaSuccess; grp++) {
+        const uint64_t nb = b->grp[grp].gf - b->grp[grp].g0;
+        int per_sm = 0;
+        if (nb == 0)
+            continue;
+        e = grp == 0 ? wk_occupancy<1>(b->apply, &per_sm) : grp == 1 ? wk_occupancy<2>(b->apply, &per_sm)
+          : grp == 2 ? wk_occupancy<4>(b->apply, &per_sm) : wk_occupancy<8>(b->apply, &per_sm);
+        uint64_t grid = (uint64_t)(per_sm > 0 ? per_sm : 1) * (uint64_t)(sms > 0 ? sms : 1);
+        b->grp[grp].grid2 = (unsigned)(grid < nb ? grid : nb);
+    }
+    return e == cudaSuccess ? WSYNC_OK : wk_cuda(e, "wsync_kdelta: occupancy of the codec kernels");
+}
+
 /* Group the chunks by element size, number their blocks, allocate and upload. d[i] describes
  * chunk i (caller's order) with block0 unset; esz[i] its element size. */
 static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dchunk_t *d,
@@ -1082,13 +1787,19 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
     for (int grp = 0; grp < 4; grp++) {
         b->grp[grp].c0 = m;
         b->grp[grp].g0 = g;
-        for (uint32_t i = 0; i < n; i++) {
-            if (wk_esize_group(esz[i]) != grp)
-                continue;
-            sorted[m] = d[i];
-            sorted[m].block0 = g;
-            g += sorted[m].nb;
-            m++;
+        for (int slow = 0; slow < 2; slow++) {   /* the v2 kernels' chunks first */
+            if (slow) {
+                b->grp[grp].cf = m;
+                b->grp[grp].gf = g;
+            }
+            for (uint32_t i = 0; i < n; i++) {
+                if (wk_esize_group(esz[i]) != grp || (int)(d[i].fast == 0) != slow)
+                    continue;
+                sorted[m] = d[i];
+                sorted[m].block0 = g;
+                g += sorted[m].nb;
+                m++;
+            }
         }
         b->grp[grp].c1 = m;
         b->grp[grp].g1 = g;
@@ -1154,6 +1865,9 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
             goto fail;
         }
     }
+    st = wk_grid2(b);
+    if (st != WSYNC_OK)
+        goto fail;
     free(sorted);
     *out = b;
     return WSYNC_OK;
@@ -1166,8 +1880,18 @@ fail:
 template <int E>
 static void wk_launch_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t s)
 {
-    const uint32_t c0 = b->grp[grp].c0, c1 = b->grp[grp].c1;
-    const uint64_t g0 = b->grp[grp].g0, nb = b->grp[grp].g1 - g0;
+    const uint32_t c0 = b->grp[grp].cf, c1 = b->grp[grp].c1, cv = b->grp[grp].c0;
+    const uint64_t g0 = b->grp[grp].gf, nb = b->grp[grp].g1 - g0, gv = b->grp[grp].g0;
+    const uint64_t nbv = g0 - gv;
+    if (nbv > 0) {
+        if (b->apply)
+            wk2_delta_apply<E><<<b->grp[grp].grid2, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
+                b->chunks, cv, c0, gv, nbv, b->lens, b->leaves, b->res, b->flag);
+        else
+            wk2_delta_encode<E><<<b->grp[grp].grid2, WK_THREADS, WK_DBLK * E, s>>>(
+                b->chunks, cv, c0, gv, nbv, b->status,
+                (unsigned int *)(b->status + b->nblocks) + 4 + grp, b->leaves, b->res, b->flag);
+    }
     if (nb == 0)
         return;
     if (b->apply)
@@ -1185,6 +1909,7 @@ wsync_status_t wsync_kdelta_encode_create(const wsync_kdelta_enc_t *chunks, uint
                                           int update_old, wsync_kdelta_batch_t **batch)
 {
     static const char fn[] = "wsync_kdelta_encode_create";
+    const int v2 = wk_use_v2();
     if (batch == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "%s: batch is NULL", fn);
     if (n > 0 && chunks == NULL)
@@ -1218,6 +1943,7 @@ wsync_status_t wsync_kdelta_encode_create(const wsync_kdelta_enc_t *chunks, uint
         d[i].nb = (uint32_t)wsync_delta_nblocks(d[i].n);
         d[i].idx = i;
         d[i].dense = r->rows == 1 || r->pitch == r->cols;
+        d[i].fast = v2 && d[i].dense && (((uintptr_t)d[i].a | (uintptr_t)d[i].b) & 15) == 0;
         esz[i] = c->esize;
     }
     if (st == WSYNC_OK)
@@ -1231,6 +1957,7 @@ wsync_status_t wsync_kdelta_apply_create(const wsync_kdelta_app_t *chunks, uint3
                                          wsync_kdelta_batch_t **batch)
 {
     static const char fn[] = "wsync_kdelta_apply_create";
+    const int v2 = wk_use_v2();
     if (batch == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "%s: batch is NULL", fn);
     if (n > 0 && chunks == NULL)
@@ -1262,6 +1989,7 @@ wsync_status_t wsync_kdelta_apply_create(const wsync_kdelta_app_t *chunks, uint3
         d[i].nb = (uint32_t)wsync_delta_nblocks(d[i].n);
         d[i].idx = i;
         d[i].dense = r->rows == 1 || r->pitch == r->cols;
+        d[i].fast = v2 && d[i].dense && ((uintptr_t)d[i].b & 15) == 0;
         esz[i] = c->esize;
         lens[i] = c->len;
     }

@@ -4,11 +4,14 @@
  * to wsync_delta_encode's (format 2) for element sizes 1, 2, 4, 8, dense and strided regions,
  * densities 0..100 % (0.2 and 0.4 %: escapes in most SPARSE blocks), every mode boundary, SPARSE
  * gaps at the escapes' edges (254..256, 509..511, 4094, 4095) and the SPARSE/BITMAP choice
- * decided by e; GPU apply of CPU streams and CPU apply of GPU streams equal
- * to the new values; corrupted streams refused exactly when wsync_delta_check refuses them
- * (targeted: a format-1 header, a trailing 0xFF, a wrong e, e in a BITMAP or PLAIN entry, a
- * position past the block, ...), nothing written outside the chunk. Then, unless --no-bench, 1 GiB of bf16 at 1 %, 5 % and 30 %
- * changed: encode and apply times against reading both versions once (JSON lines on stdout).
+ * decided by e; GPU apply of CPU streams and CPU apply of GPU streams equal to the new values;
+ * corrupted streams refused exactly when wsync_delta_check refuses them (targeted: a format-1
+ * header, a trailing 0xFF, a wrong e, e in a BITMAP or PLAIN entry, a position past the block,
+ * ...), nothing written outside the chunk. The encode, apply and corrupt cases run twice: every
+ * chunk through the v1 kernels (WSYNC_KDELTA_V1=1: one CTA per block), then the default (the v2
+ * persistent kernels for dense 16-byte aligned chunks, v1 for the rest, in the same batches).
+ * Then, unless --no-bench, 1 GiB of bf16 at 1 %, 5 % and 30 % changed: encode and apply times
+ * (v2, and v1 beside them) against reading both versions once (JSON lines on stdout).
  *
  * usage: test_delta_kernels [--seed S] [--no-bench] [--json PATH]
  * Exit 0 when every case passed, 1 otherwise, 77 when there is no CUDA device. Not a ctest:
@@ -96,6 +99,7 @@ typedef struct {
     double density, changed_fraction;
     uint64_t elements, changed, wire_bytes;
     double t_enc, t_app, t_app_nohash, t_amax, t_d2d, t_read;
+    double v1_enc, v1_app, v1_app_nohash;   /* the same with WSYNC_KDELTA_V1=1 */
     const char *read_ref;
     int correct;
 } bench_row_t;
@@ -707,7 +711,9 @@ static void test_corrupt(void)
         pos[np++] = 4 * BLK + b4[i];
     np = rand_positions(pos, np, 5 * BLK, 77, 30);
     tcase_t tc;
-    tcase_make_pos(&tc, 2, 1, 5 * BLK + 77, 5 * BLK + 77, 3, pos, np, "corrupt case");
+    /* at offset 0, each mutant's target 16-byte aligned: the v2 kernels take them (v1 in the
+     * "v1 only" run) */
+    tcase_make_pos(&tc, 2, 1, 5 * BLK + 77, 5 * BLK + 77, 0, pos, np, "corrupt case");
     free(pos);
     const tcase_t *t = &tc;
     const uint64_t nb = wsync_delta_nblocks(t->n), tbl = 16 + 8 * nb;
@@ -735,7 +741,7 @@ static void test_corrupt(void)
     uint8_t *streams = calloc(NMUT, t->cpu_len + 64);
     uint64_t *lens = calloc(NMUT, 8);
     int *cpu_ok = calloc(NMUT, sizeof(int)), *want_code = calloc(NMUT, sizeof(int));
-    const size_t stride = t->cpu_len + 64;
+    const size_t stride = t->cpu_len + 64, dstride = (bytes + 15) & ~(size_t)15;
 
     /* targeted faults first, then random byte changes anywhere */
     for (int m = 0; m < NMUT; m++) {
@@ -810,13 +816,13 @@ static void test_corrupt(void)
     /* every mutant applied by the GPU at once, each onto its own target */
     uint8_t *d_streams, *d_dst;
     CU(cudaMalloc((void **)&d_streams, NMUT * stride));
-    CU(cudaMalloc((void **)&d_dst, NMUT * bytes));
+    CU(cudaMalloc((void **)&d_dst, NMUT * dstride));
     CU(cudaMemcpy(d_streams, streams, NMUT * stride, cudaMemcpyHostToDevice));
     for (int m = 0; m < NMUT; m++)
-        CU(cudaMemcpy(d_dst + m * bytes, t->h_old, bytes, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(d_dst + m * dstride, t->h_old, bytes, cudaMemcpyHostToDevice));
     wsync_kdelta_app_t *a = calloc(NMUT, sizeof(*a));
     for (int m = 0; m < NMUT; m++)
-        a[m] = (wsync_kdelta_app_t){d_streams + m * stride, lens[m], d_dst + m * bytes, t->r, t->es};
+        a[m] = (wsync_kdelta_app_t){d_streams + m * stride, lens[m], d_dst + m * dstride, t->r, t->es};
     wsync_kdelta_batch_t *b = NULL;
     CHECK_OK(wsync_kdelta_apply_create(a, NMUT, 1, &b));
     if (b == NULL) {
@@ -845,7 +851,7 @@ static void test_corrupt(void)
                       "expected %s", m, cpu_ok[m] ? "valid" : "invalid", gpu_ok ? "valid" : "invalid",
                       valid ? "valid" : "invalid");
         }
-        CU(cudaMemcpy(got, d_dst + m * bytes, bytes, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(got, d_dst + m * dstride, bytes, cudaMemcpyDeviceToHost));
         /* outside the region: untouched, always */
         int outside = 0;
         uint64_t e = 0, next = region_elem(&t->r, 0);
@@ -1130,6 +1136,31 @@ static void run_bench(void)
             free(cpu);
             free(gpu);
         }
+        /* the v1 kernels (one CTA per block), for comparison: same bytes, their times */
+        {
+            wsync_kdelta_batch_t *eb1 = NULL, *ab1 = NULL, *ab01 = NULL;
+            setenv("WSYNC_KDELTA_V1", "1", 1);
+            CHECK_OK(wsync_kdelta_encode_create(e, NCH, 0, &eb1));
+            CHECK_OK(wsync_kdelta_apply_create(a, NCH, 1, &ab1));
+            CHECK_OK(wsync_kdelta_apply_create(a, NCH, 0, &ab01));
+            unsetenv("WSYNC_KDELTA_V1");
+            if (eb1 != NULL && ab1 != NULL && ab01 != NULL) {
+                row->v1_enc = time_it(batch_launch, eb1);
+                row->v1_app = time_it(batch_launch, ab1);
+                row->v1_app_nohash = time_it(batch_launch, ab01);
+                CU(cudaDeviceSynchronize());
+                const wsync_kdelta_result_t *e1 = wsync_kdelta_results(eb1), *a1 = wsync_kdelta_results(ab1);
+                int same1 = 1;
+                for (uint32_t c = 0; c < NCH; c++)
+                    same1 &= e1[c].len == er[c].len && e1[c].hash == er[c].hash &&
+                             a1[c].fault == WSYNC_KDELTA_NO_FAULT && a1[c].hash == er[c].hash;
+                CHECK_MSG(same1, "benchmark at density %.2f: the v1 kernels' lengths or hashes differ "
+                          "from v2's", dens[di]);
+            }
+            wsync_kdelta_free(eb1);
+            wsync_kdelta_free(ab1);
+            wsync_kdelta_free(ab01);
+        }
         row->t_amax = time_it(read_both, NULL);
         row->t_d2d = time_it(d2d_one, NULL);
         row->t_read = row->t_amax < row->t_d2d ? row->t_amax : row->t_d2d;
@@ -1139,6 +1170,9 @@ static void run_bench(void)
                 dens[di], row->changed_fraction, 100.0 * (double)row->wire_bytes / (double)(N * 2),
                 row->t_enc * 1e6, row->t_app * 1e6, row->t_app_nohash * 1e6, row->t_read * 1e6,
                 row->t_amax * 1e6, row->t_d2d * 1e6, (row->t_enc + row->t_app) / row->t_read);
+        fprintf(stderr, "      v1 kernels: encode %.1f us, apply %.1f us (no hash %.1f us): %.2f x\n",
+                row->v1_enc * 1e6, row->v1_app * 1e6, row->v1_app_nohash * 1e6,
+                (row->v1_enc + row->v1_app) / row->t_read);
         free(lens);
         wsync_kdelta_free(eb);
         wsync_kdelta_free(ab);
@@ -1162,13 +1196,16 @@ static void bench_json(FILE *f, const bench_row_t *r, const char *device)
             ", \"changed_fraction\": %.6f, \"wire_bytes\": %" PRIu64 ", \"full_bytes\": %" PRIu64
             ", \"encode_us\": %.1f, \"apply_us\": %.1f, \"apply_nohash_us\": %.1f, "
             "\"read_both_us\": %.1f, \"read_ref\": \"%s\", \"amax_both_us\": %.1f, "
-            "\"d2d_us\": %.1f, \"ratio\": %.3f, \"target\": 1.5, \"met\": %s, \"correct\": %s}",
+            "\"d2d_us\": %.1f, \"ratio\": %.3f, \"target\": 1.5, \"met\": %s, \"correct\": %s, "
+            "\"kernels\": \"v2: persistent CTAs, dense 16-byte aligned chunks\", \"v1_encode_us\": %.1f, "
+            "\"v1_apply_us\": %.1f, \"v1_apply_nohash_us\": %.1f, \"v1_ratio\": %.3f}",
             device, r->elements, r->density, r->changed, r->changed_fraction, r->wire_bytes,
             r->elements * 2, r->t_enc * 1e6, r->t_app * 1e6, r->t_app_nohash * 1e6,
             r->t_read * 1e6, r->read_ref, r->t_amax * 1e6, r->t_d2d * 1e6,
             (r->t_enc + r->t_app) / r->t_read,
             (r->t_enc + r->t_app) / r->t_read <= 1.5 ? "true" : "false",
-            r->correct ? "true" : "false");
+            r->correct ? "true" : "false", r->v1_enc * 1e6, r->v1_app * 1e6,
+            r->v1_app_nohash * 1e6, (r->v1_enc + r->v1_app) / r->t_read);
 }
 
 static void write_json(const char *path, const char *device, uint64_t seed)
@@ -1223,6 +1260,13 @@ int main(int argc, char **argv)
 
     run_case("cases (CPU encoder)", make_all_cases);
     run_case("xxh3", test_xxh3);
+    /* every chunk through the v1 kernels (one CTA per block), then the default: v2 kernels for
+     * the dense 16-byte aligned chunks, v1 for the others, in the same batches */
+    setenv("WSYNC_KDELTA_V1", "1", 1);
+    run_case("encode (v1 only)", test_encode);
+    run_case("apply (v1 only)", test_apply);
+    run_case("corrupt (v1 only)", test_corrupt);
+    unsetenv("WSYNC_KDELTA_V1");
     run_case("encode", test_encode);
     run_case("apply", test_apply);
     run_case("corrupt", test_corrupt);
