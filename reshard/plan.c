@@ -265,13 +265,25 @@ typedef struct {
     wsync_region_t src;
 } lchunk_t;
 
-/* A receiver's use of a logical chunk: its region of the target has the chunk's rows and cols
- * (emit_region finds the chunk by its region), so only where it starts and its pitch are kept:
- * 32 bytes, not 48. Pass 4 holds these beside the plan's segments, the compile's peak. */
+/* A target's use of a logical chunk: its region of the target has the chunk's rows and cols
+ * (emit_region finds the chunk by its region), so only where it starts and its pitch are kept;
+ * the receiver and target are its tref_t's: 24 bytes, not 48. */
 typedef struct {
-    uint32_t receiver, target, piece, lchunk;
+    uint32_t piece, lchunk;
     uint64_t dst_off, dst_pitch;
 } lseg_t;
+
+/* A target, in (receiver, index) order, and the logical segments it takes: its own, or those of
+ * an earlier target laid out like it (see map_targets), which are not copied: with data-parallel
+ * receivers most targets are such copies (Kimi-K2 TP-8 x EP-128: 19.5 million segments from
+ * 1.3 million logical segments), and pass 4 reads the one list for every copy. */
+typedef struct {
+    uint32_t receiver, target;       /* the target's receiver and index */
+    uint32_t src;                    /* the tref whose logical segments these are (itself: own) */
+    uint32_t shared;                 /* own segments a later target takes too */
+    uint32_t lseg0, nlseg;           /* c->lsegs[lseg0 ..) */
+    uint64_t nseg;                   /* segments they become (parts of their logical chunks) */
+} tref_t;
 
 /* Where a bucketed part starts inside its logical chunk. */
 typedef struct {
@@ -299,8 +311,9 @@ typedef struct {
 
     lchunk_t *lchunks;
     size_t nlchunks, cap_lchunks;
-    lseg_t *lsegs;
+    lseg_t *lsegs;                   /* own logical segments, target by target */
     size_t nlsegs, cap_lsegs;
+    tref_t *trefs;                   /* [ntargets] in (receiver, index) order */
     uint32_t *map;                   /* open addressing: lchunk index or UINT32_MAX; only the
                                         lchunks of boxes with more than LIST_MAX of them */
     size_t map_cap, nmapped;
@@ -325,11 +338,13 @@ static void compile_release(compile_t *c)
     free(c->load);
     free(c->lchunks);
     free(c->lsegs);
+    free(c->trefs);
     free(c->map);
     free(c->parts);
     free(c->part0);
     c->params = NULL, c->pmap = NULL, c->boxes = NULL, c->coords = NULL, c->reps = NULL;
     c->load = NULL, c->lchunks = NULL, c->lsegs = NULL, c->map = NULL, c->parts = NULL;
+    c->trefs = NULL;
     c->part0 = NULL;
 }
 
@@ -874,8 +889,6 @@ static wsync_status_t emit_region(compile_t *c, const emit_t *e, const wsync_reg
     if (grow((void **)&c->lsegs, &c->cap_lsegs, c->nlsegs + 1, sizeof(*c->lsegs)))
         return wsync_err(WSYNC_ERR_NOMEM, "plan: %zu segments", c->nlsegs + 1);
     sg = &c->lsegs[c->nlsegs++];
-    sg->receiver = e->target->receiver;
-    sg->target = e->target->index;
     sg->piece = e->piece;
     sg->lchunk = idx;
     sg->dst_off = dst->off;
@@ -1146,10 +1159,10 @@ static wsync_status_t check_target(const compile_t *c, const wsync_target_desc_t
 /* Targets that ask for the same bytes laid out the same way (every receiver's copy of a weight
  * replicated over data-parallel ranks: 256 receivers of Kimi-K2 with DP attention each take its
  * attention, dense and shared weights whole) get the same logical segments but for the receiver
- * and target numbers. Such a target copies the segments of the first one like it instead of
- * intersecting its pieces again: that one found or made every logical chunk they use, so the
- * copy is what mapping the pieces would give (the same chunks; none new, so no replica's load
- * changes either). */
+ * and target numbers. Such a target takes the logical segments of the first one like it (its
+ * tref_t names them) instead of intersecting its pieces again: that one found or made every
+ * logical chunk they use, so they are what mapping the pieces would give (the same chunks; none
+ * new, so no replica's load changes either). */
 typedef struct {
     uint64_t hash;
     uint32_t target;                 /* index in the receiver-ordered list of targets */
@@ -1204,10 +1217,11 @@ static wsync_status_t map_targets(compile_t *c)
     size_t n = c->ntargets;
 
     sorted = malloc((n ? n : 1) * sizeof(*sorted));
+    c->trefs = malloc((n ? n : 1) * sizeof(*c->trefs));
     while (sig_cap < 2 * n)
         sig_cap *= 2;
     sig = malloc(sig_cap * sizeof(*sig));
-    if (sorted == NULL || sig == NULL) {
+    if (sorted == NULL || c->trefs == NULL || sig == NULL) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: indexing %zu targets", n);
         goto out;
     }
@@ -1235,29 +1249,26 @@ static wsync_status_t map_targets(compile_t *c)
              slot = (slot + 1) & (sig_cap - 1))
             if (sig[slot].hash == h && same_target(sorted[sig[slot].target], t))
                 break;
-        if (sig[slot].target != UINT32_MAX) {       /* a copy of an earlier target */
+        tref_t *tr = &c->trefs[i];
+        tr->receiver = t->receiver;
+        tr->target = t->index;
+        tr->shared = 0;
+        tr->nseg = 0;
+        if (sig[slot].target != UINT32_MAX) {       /* laid out like an earlier target */
             const tsig_t *g = &sig[slot];
-            if (c->nlsegs + g->nlseg >= UINT32_MAX - 1) {
-                st = wsync_err(WSYNC_ERR_RANGE, "plan: more than %u segments", UINT32_MAX - 1);
-                goto out;
-            }
-            if (grow((void **)&c->lsegs, &c->cap_lsegs, c->nlsegs + g->nlseg,
-                     sizeof(*c->lsegs))) {
-                st = wsync_err(WSYNC_ERR_NOMEM, "plan: %zu segments", c->nlsegs + g->nlseg);
-                goto out;
-            }
-            for (uint32_t k = 0; k < g->nlseg; k++) {
-                lseg_t *sg = &c->lsegs[c->nlsegs++];
-                *sg = c->lsegs[g->lseg0 + k];
-                sg->receiver = t->receiver;
-                sg->target = t->index;
-            }
+            tr->src = g->target;
+            tr->lseg0 = g->lseg0;
+            tr->nlseg = g->nlseg;
+            c->trefs[g->target].shared = 1;
             continue;
         }
         size_t lseg0 = c->nlsegs;
         for (uint32_t k = 0; k < t->npieces; k++)
             if ((st = map_piece(c, t, k)) != WSYNC_OK)
                 goto out;
+        tr->src = (uint32_t)i;
+        tr->lseg0 = (uint32_t)lseg0;
+        tr->nlseg = (uint32_t)(c->nlsegs - lseg0);
         sig[slot].hash = h;
         sig[slot].target = (uint32_t)i;
         sig[slot].lseg0 = (uint32_t)lseg0;
@@ -1495,16 +1506,16 @@ static uint64_t *radix_by_lchunk(uint64_t *keys, uint64_t *tmp, size_t m, unsign
     return keys;
 }
 
-/* Segment `sg`: logical segment `sl` of `receiver` served by chunk q, one part of its logical
- * chunk; the pair's bytes counted as plan_derive counts them. */
-static inline void put_segment(compile_t *c, uint32_t receiver, const lseg_t *sl, uint32_t q,
-                               wsync_segment_t *sg)
+/* Segment `sg`: logical segment `sl` of `receiver`'s target `target` served by chunk q, one part
+ * of its logical chunk; the pair's bytes counted as plan_derive counts them. */
+static inline void put_segment(compile_t *c, uint32_t receiver, uint32_t target,
+                               const lseg_t *sl, uint32_t q, wsync_segment_t *sg)
 {
     wsync_plan_t *pl = c->plan;
     const wsync_chunk_t *ch = &pl->chunks[q];
 
     sg->receiver = receiver;
-    sg->target = sl->target;
+    sg->target = target;
     sg->piece = sl->piece;
     sg->chunk = q;
     sg->dst.off = sl->dst_off;
@@ -1516,29 +1527,44 @@ static inline void put_segment(compile_t *c, uint32_t receiver, const lseg_t *sl
     pl->pair_bytes[(size_t)ch->sender * c->nreceivers + receiver] += chunk_bytes(ch);
 }
 
-/* Segments in (receiver, chunk) order without a global sort. Logical segments come grouped by
- * receiver (map_targets walks targets in (receiver, index) order); each receiver's are put in
- * logical chunk order by a radix sort of their numbers (stable, so a receiver taking one chunk
- * twice keeps logical segment order, as before), and its segments are then written front to
- * back: logical chunks are numbered in bucket order, so their parts are chunks 0, 1, ... Only
- * segments of one receiver that share a chunk are sorted further. The scratch is two keys for
- * the largest receiver's logical segments, not an index over the whole plan. */
+/* One of a receiver's logical segments in pass 4: which one, for which of its targets. */
+typedef struct {
+    uint32_t lseg, target;
+} item_t;
+
+/* Segments in (receiver, chunk) order without a global sort. Targets come in (receiver, index)
+ * order (map_targets sorted them); each receiver's logical segments, target by target, are put
+ * in logical chunk order by a radix sort of their numbers (stable, so a receiver taking one
+ * chunk twice keeps logical segment order, as before), and its segments are then written front
+ * to back: logical chunks are numbered in bucket order, so their parts are chunks 0, 1, ...
+ * Only segments of one receiver that share a chunk are sorted further. The scratch is sized by
+ * the largest receiver's logical segments, not by the plan. */
 static wsync_status_t split_segments(compile_t *c)
 {
     wsync_plan_t *pl = c->plan;
     uint64_t n = 0, *keys = NULL, *tmp = NULL;
-    size_t most = 0, out = 0, released = 0;
+    item_t *item = NULL;
+    size_t most = 0, out = 0, released = 0, nt = c->ntargets;
     unsigned passes = 1;
     int twice = 0;
     wsync_status_t st = WSYNC_OK;
     const uint32_t *part0 = c->part0;
+    tref_t *tr = c->trefs;
 
-    for (size_t i = 0, run = 0; i < c->nlsegs; i++) {
-        n += part0[c->lsegs[i].lchunk + 1] - part0[c->lsegs[i].lchunk];
-        if (i > 0 && c->lsegs[i].receiver < c->lsegs[i - 1].receiver)
-            return wsync_err(WSYNC_ERR_INTERNAL, "plan: logical segment %zu (receiver %u) after "
-                             "receiver %u's", i, c->lsegs[i].receiver, c->lsegs[i - 1].receiver);
-        run = i > 0 && c->lsegs[i].receiver == c->lsegs[i - 1].receiver ? run + 1 : 1;
+    /* segments per target: counted once for a target's own logical segments, taken by copies */
+    for (size_t j = 0, run = 0; j < nt; j++) {
+        if (tr[j].src == j) {
+            uint64_t m = 0;
+            for (uint32_t k = 0; k < tr[j].nlseg; k++) {
+                uint32_t l = c->lsegs[tr[j].lseg0 + k].lchunk;
+                m += part0[l + 1] - part0[l];
+            }
+            tr[j].nseg = m;
+        } else {
+            tr[j].nseg = tr[tr[j].src].nseg;   /* src < j */
+        }
+        n += tr[j].nseg;
+        run = (j > 0 && tr[j].receiver == tr[j - 1].receiver ? run : 0) + tr[j].nlseg;
         most = WSYNC_MAX(most, run);
     }
     if (n > WSYNC_PLAN_MAX_SEGMENTS)
@@ -1550,38 +1576,62 @@ static wsync_status_t split_segments(compile_t *c)
     pl->pair_bytes = calloc((size_t)c->nsenders * c->nreceivers, sizeof(*pl->pair_bytes));
     keys = malloc((most ? most : 1) * sizeof(*keys));
     tmp = malloc((most ? most : 1) * sizeof(*tmp));
-    if (pl->segments == NULL || pl->pair_bytes == NULL || keys == NULL || tmp == NULL) {
+    item = malloc((most ? most : 1) * sizeof(*item));
+    if (pl->segments == NULL || pl->pair_bytes == NULL || keys == NULL || tmp == NULL ||
+        item == NULL) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " segments", n);
         goto done;
     }
-    for (size_t a = 0, b; a < c->nlsegs; a = b) {
-        const lseg_t *ls = &c->lsegs[a];
+    for (size_t a = 0, b; a < nt; a = b) {
         const uint64_t *sorted;
-        uint32_t receiver = ls->receiver;
-        for (b = a + 1; b < c->nlsegs && c->lsegs[b].receiver == receiver; b++)
-            ;
+        uint32_t receiver = tr[a].receiver;
         uint64_t mine = 0;
-        for (size_t i = 0; i < b - a; i++) {
-            keys[i] = (uint64_t)ls[i].lchunk << 32 | i;
-            mine += part0[ls[i].lchunk + 1] - part0[ls[i].lchunk];
+        size_t m = 0;
+        for (b = a; b < nt && tr[b].receiver == receiver; b++) {
+            const lseg_t *ls = &c->lsegs[tr[b].lseg0];
+            for (uint32_t k = 0; k < tr[b].nlseg; k++, m++) {
+                keys[m] = (uint64_t)ls[k].lchunk << 32 | m;
+                item[m].lseg = tr[b].lseg0 + k;
+                item[m].target = tr[b].target;
+            }
+            mine += tr[b].nseg;
         }
-        sorted = radix_by_lchunk(keys, tmp, b - a, passes);
-        /* fault in this receiver's segments at once; the logical segments read so far go */
+        sorted = radix_by_lchunk(keys, tmp, m, passes);
+        /* fault in this receiver's segments at once */
         wsync_plan_prefault(&pl->segments[out], mine * sizeof(*pl->segments));
-        for (size_t i = 0, e; i < b - a; i = e) {
+        for (size_t i = 0, e; i < m; i = e) {
             /* i .. e: this receiver's logical segments on logical chunk k (usually one) */
             uint32_t k = (uint32_t)(sorted[i] >> 32);
-            for (e = i + 1; e < b - a && (uint32_t)(sorted[e] >> 32) == k; e++)
+            /* sorted[] jumps through item[] and the logical segments: ask for both early */
+            if (i + 2 * PREFETCH_AHEAD < m)
+                PREFETCH(&item[(uint32_t)sorted[i + 2 * PREFETCH_AHEAD]]);
+            if (i + PREFETCH_AHEAD < m) {
+                PREFETCH(&c->lsegs[item[(uint32_t)sorted[i + PREFETCH_AHEAD]].lseg]);
+                PREFETCH(&pl->chunks[part0[(uint32_t)(sorted[i + PREFETCH_AHEAD] >> 32)]]);
+            }
+            for (e = i + 1; e < m && (uint32_t)(sorted[e] >> 32) == k; e++)
                 ;
             twice |= e - i > 1;
             for (uint32_t q = part0[k]; q < part0[k + 1]; q++)
-                for (size_t g = i; g < e; g++)
-                    put_segment(c, receiver, &ls[(uint32_t)sorted[g]], q,
+                for (size_t g = i; g < e; g++) {
+                    const item_t *it = &item[(uint32_t)sorted[g]];
+                    put_segment(c, receiver, it->target, &c->lsegs[it->lseg], q,
                                 &pl->segments[out++]);
+                }
         }
-        if ((b - released) * sizeof(*c->lsegs) >= ((size_t)4 << 20) || b == c->nlsegs) {
-            release_pages(c->lsegs, released * sizeof(*c->lsegs), b * sizeof(*c->lsegs));
-            released = b;
+        /* give back the pages of own logical segments no later target reads (most of them
+         * where no target is laid out like another); those of shared ones stay */
+        for (size_t j = a; j < b; j++) {
+            size_t end = ((size_t)tr[j].lseg0 + tr[j].nlseg) * sizeof(*c->lsegs);
+            if (tr[j].src != j)
+                continue;
+            if (tr[j].shared) {
+                release_pages(c->lsegs, released, (size_t)tr[j].lseg0 * sizeof(*c->lsegs));
+                released = end;
+            } else if (end - released >= ((size_t)4 << 20)) {
+                release_pages(c->lsegs, released, end);
+                released = end;
+            }
         }
     }
     pl->nsegments = (uint32_t)n;
@@ -1599,6 +1649,7 @@ static wsync_status_t split_segments(compile_t *c)
 done:
     free(keys);
     free(tmp);
+    free(item);
     return st;
 }
 
