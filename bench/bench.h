@@ -1,6 +1,7 @@
 /* wsync-bench's internal header: the options, and the helpers wsync-bench.c (flat runs: ipc and
- * store over host memory) shares with bench_model.c (model-shaped runs, host or CUDA memory) and
- * bench_cuda.c (everything that calls CUDA or NCCL, stubs in a build without them). */
+ * store over host memory) shares with bench_model.c (model-shaped runs, host or CUDA memory),
+ * bench_delta.c (their --delta) and bench_cuda.c (everything that calls CUDA or NCCL, stubs in a
+ * build without them). */
 #ifndef WSYNC_BENCH_H
 #define WSYNC_BENCH_H
 
@@ -98,5 +99,10 @@ int bench_model_shape_is_moe(const char *name);
 const char *bench_model_moe_shape_names(void);
 /* The whole model run; returns the process exit status (0 ok, 1 failed or wrong). */
 int bench_model_main(const bench_opts_t *o);
+
+typedef void (*bench_range_fn)(void *ctx, uint64_t lo, uint64_t hi);
+/* fn over [0, n) split over this process's generator threads (fewer when n / grain is small),
+ * as the model run sets them for its children. */
+void bench_par_for(uint64_t n, uint64_t grain, bench_range_fn fn, void *ctx);
 
 #endif

@@ -17,8 +17,7 @@
 /* The CPU quantizer is the reference an FP8 receiver's bytes must equal (bit for bit: the CUDA
  * kernels are checked against it); it has no public entry point of its own. */
 #include "reshard/fp8.h"
-/* --delta measures the CPU codec on each version's shards (the schemes expose no codec times). */
-#include "core/delta.h"
+#include "bench/bench_delta.h"
 #include "wsync/wsync.h"
 
 #include <errno.h>
@@ -244,7 +243,7 @@ static void gen_param_as(const wsync_param_t *p, uint64_t version, uint64_t star
     widen_bf16(half, out, n);
 }
 
-typedef void (*range_fn)(void *ctx, uint64_t lo, uint64_t hi);
+typedef bench_range_fn range_fn;
 
 typedef struct {
     range_fn fn;
@@ -291,6 +290,11 @@ static void par_for(uint64_t n, uint64_t grain, range_fn fn, void *ctx)
     }
 }
 
+void bench_par_for(uint64_t n, uint64_t grain, bench_range_fn fn, void *ctx)
+{
+    par_for(n, grain, fn, ctx);
+}
+
 typedef struct {
     const char *name;
     uint64_t version, start;
@@ -312,98 +316,6 @@ static void gen_param_mt(const wsync_param_t *p, uint64_t version, uint64_t star
     }
     gen_job_t g = {p->name, version, start, out};
     par_for(n, 1 << 20, gen_range, &g);
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Delta versions (--delta): fp32 master weights and an optimizer's steps                     */
-/* ---------------------------------------------------------------------------------------- */
-
-/* What an RL trainer does to the weights it sends between two syncs: every element has an fp32
- * master value; each version adds lr * d, d a unit-scale random direction drawn per (param,
- * element, version) -- |d| uniform in [0, 1), its sign a fair coin: the shape of an Adam step,
- * whose normalized update is about +-1 per element -- and the bf16 weight is the master rounded
- * to nearest even (f32 params hold the master itself). Version 1's master: about normal with
- * standard deviation DELTA_SIGMA (Irwin-Hall, four uniforms), the initializer's scale that trained LLM linear weights
- * keep; the weights' sizes set the fraction a step changes (a step of lr changes a bf16 value of
- * size |x| with odds about lr / (|x| 2^-8)), and a master lies anywhere between two bf16 values,
- * not on one. Counter-based like the data above: a sender
- * (shard layout) and a receiver (target layout) step their own copies of the same elements and
- * agree bit for bit, since each step is a product then a sum, each rounded to fp32 (ISO C11, as
- * CMakeLists.txt sets it, contracts no a * b + c into an FMA). */
-
-#define DELTA_SIGMA 0.02 /* version 1's masters: N(0, 0.02^2), HF's initializer_range */
-
-static uint64_t delta_seed(const char *name)
-{
-    return XXH3_64bits_withSeed(name, strlen(name), 0xDE17A5EEDull);
-}
-
-static inline float f32_of_bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
-
-static inline uint32_t bits_of_f32(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
-/* Round to nearest, ties to even (the values are finite and far from overflow). */
-static inline uint16_t bf16_rne(float f)
-{
-    uint32_t u = bits_of_f32(f);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static inline float delta_master1(uint64_t seed, uint64_t i)
-{
-    uint64_t h = mix64(seed + i * 0xD1B54A32D192ED03ull);
-    /* the sum of four uniforms (16 bits each), centred and scaled to unit variance: close to a
-     * normal (its density at 0 is 3.5 % lower, and it has no tail past 3.46 sigma) at a tenth of
-     * Box-Muller's cost (no log, no cos: version 1 of a large shape is made in seconds) */
-    uint32_t sum = (uint32_t)(h & 0xFFFFu) + (uint32_t)((h >> 16) & 0xFFFFu) +
-                   (uint32_t)((h >> 32) & 0xFFFFu) + (uint32_t)(h >> 48);
-    double z = ((double)sum + 2.0 - 131072.0) * 0x1p-16 * 1.7320508075688772;
-    return (float)(DELTA_SIGMA * z);
-}
-
-static inline float delta_dir(uint64_t seed, uint64_t i, uint64_t v)
-{
-    uint64_t h = mix64((seed ^ (v * 0x9E3779B97F4A7C15ull)) + i * 0xD1B54A32D192ED03ull);
-    float mag = (float)(h >> 40) * 0x1p-24f;
-    return (h & 1u) ? -mag : mag;
-}
-
-/* Masters of elements [src, src + n) of one param at version v, in m[0, n): version 1's values,
- * or one step from version v - 1's (which m holds). */
-static void delta_row(uint64_t seed, uint64_t src, uint64_t n, uint64_t v, float lr, float *m)
-{
-    if (v == 1) {
-        for (uint64_t c = 0; c < n; c++)
-            m[c] = delta_master1(seed, src + c);
-        return;
-    }
-    for (uint64_t c = 0; c < n; c++) {
-        float step = lr * delta_dir(seed, src + c, v);
-        m[c] = m[c] + step;
-    }
-}
-
-/* The weight a master gives, as an esz-byte element (bf16 rounded, or f32 itself). */
-static inline void delta_weight(float master, size_t esz, void *out)
-{
-    if (esz == 2) {
-        uint16_t b = bf16_rne(master);
-        memcpy(out, &b, 2);
-    } else {
-        uint32_t u = bits_of_f32(master);
-        memcpy(out, &u, 4);
-    }
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -431,20 +343,7 @@ typedef struct {
     char first_wrong[MODEL_MAX_RANKS][256];
     double verify_s[MODEL_MAX_RANKS];
     double fill_s[MODEL_MAX_RANKS];
-    /* --delta (one page per mode): per version index v - 1 and rank */
-    atomic_int checked[MODEL_MAX_VERSIONS + 1];  /* receivers that checked version v */
-    uint64_t wire[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];     /* senders' push stats */
-    uint64_t encoded[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
-    uint64_t plain[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
-    uint64_t base[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
-    uint64_t changed[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];  /* elements the step changed */
-    double update_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];   /* the step, untimed */
-    double enc_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];      /* the CPU codec, apart */
-    double apply_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
-    uint64_t codec_bytes[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
-    int wrong_versions[MODEL_MAX_RANKS];         /* versions a receiver found wrong */
-    int checked_versions[MODEL_MAX_RANKS];
-    char delta_line[256];                        /* sender 0's explanation line "delta: ..." */
+    bench_delta_page_t d;                        /* --delta (one page per mode) */
 } model_shared_t;
 
 typedef struct {
@@ -979,143 +878,6 @@ static int add_shards(const model_t *m, int rank, wsync_sender_t *sender, void *
     return 0;
 }
 
-/* ---- --delta, sender side ---------------------------------------------------------------- */
-
-typedef struct {
-    const model_t *m;
-    int rank;
-    const uint64_t *moff;  /* shard k's masters at master + moff[k]; moff[n] = all */
-    const size_t *off;     /* shard k's weights at w + off[k] */
-    float *master;
-    char *w;               /* the weights: the block (host) or its host image (CUDA) */
-    uint64_t version;
-    float lr;
-    atomic_ullong changed;
-} delta_tx_job_t;
-
-#define DELTA_ROW 4096u /* elements stepped at a time: masters in L1 while rounded */
-
-/* Elements [lo, hi) of the sender's masters (all shards end to end): step to the job's version,
- * round, count the weights that change and write them. */
-static void delta_tx_range(void *arg, uint64_t lo, uint64_t hi)
-{
-    delta_tx_job_t *j = arg;
-    size_t n = j->m->nshards[j->rank], a = 0, b = n;
-    while (b - a > 1) { /* the last shard whose masters start at or before lo */
-        size_t mid = a + (b - a) / 2;
-        if (j->moff[mid] <= lo)
-            a = mid;
-        else
-            b = mid;
-    }
-    uint64_t changed = 0;
-    for (size_t k = a; k < n && j->moff[k] < hi; k++) {
-        const wsync_shard_t *s = &j->m->shards[j->rank][k];
-        uint64_t e0 = lo > j->moff[k] ? lo - j->moff[k] : 0;
-        uint64_t e1 = (hi < j->moff[k + 1] ? hi : j->moff[k + 1]) - j->moff[k];
-        uint64_t first = (uint64_t)s->box.start[0] * row_elems(&s->param);
-        uint64_t seed = delta_seed(s->param.name);
-        size_t esz = param_esz(&s->param);
-        float *mm = j->master + j->moff[k];
-        char *w = j->w + j->off[k];
-        for (uint64_t e = e0; e < e1; e += DELTA_ROW) {
-            uint64_t cnt = e1 - e < DELTA_ROW ? e1 - e : DELTA_ROW;
-            delta_row(seed, first + e, cnt, j->version, j->lr, mm + e);
-            for (uint64_t c = e; c < e + cnt; c++) {
-                uint32_t nw = 0, old = 0;
-                delta_weight(mm[c], esz, &nw);
-                memcpy(&old, w + c * esz, esz);
-                if (nw != old || j->version == 1) {
-                    memcpy(w + c * esz, &nw, esz);
-                    changed++;
-                }
-            }
-        }
-    }
-    atomic_fetch_add(&j->changed, changed);
-}
-
-/* Step sender `rank`'s masters to version v and write its weights (w: the block, or the host
- * image of a CUDA block, then copied whole to `block`). Returns the elements that changed, or
- * UINT64_MAX when a copy failed. */
-static uint64_t delta_tx_step(const model_t *m, int rank, const uint64_t *moff, const size_t *off,
-                              float *master, char *w, char *block, size_t bytes, uint64_t v)
-{
-    delta_tx_job_t j = {m, rank, moff, off, master, w, v, (float)m->o->lr, 0};
-    par_for(moff[m->nshards[rank]], 1 << 20, delta_tx_range, &j);
-    if (m->o->mem_cuda && bcuda_h2d(block, w, bytes) != 0)
-        return UINT64_MAX;
-    return (uint64_t)atomic_load(&j.changed);
-}
-
-#define CODEC_PIECE ((uint64_t)4 << 20) /* elements per encoded region: a plan chunk's size */
-
-/* --mem host: the CPU codec (core/delta.c) on this version's shards, one thread, measured apart
- * from the sync: encode every shard (pieces of CODEC_PIECE elements) against prev (the previous
- * version's weights), then apply the stream to prev, which brings it to this version and must
- * give the encoder's tree hash. *enc_s, *apply_s: seconds of each; *bytes: what a scheme would
- * send (each piece's encoding, or its plain bytes when that is not smaller). 0, or -1 told. */
-static int delta_codec(const model_t *m, int rank, const size_t *off, const char *block,
-                       char *prev, void *buf, uint64_t cap, double *enc_s, double *apply_s,
-                       uint64_t *bytes)
-{
-    double te = 0, ta = 0;
-    uint64_t sent = 0;
-    for (size_t k = 0; k < m->nshards[rank]; k++) {
-        const wsync_shard_t *s = &m->shards[rank][k];
-        uint64_t n = box_elems(&s->param, &s->box);
-        uint32_t esz = (uint32_t)param_esz(&s->param);
-        for (uint64_t e = 0; e < n; e += CODEC_PIECE) {
-            uint64_t cnt = n - e < CODEC_PIECE ? n - e : CODEC_PIECE, len = 0, h = 0, h2 = 0;
-            wsync_region_t r = {0, cnt, 1, cnt};
-            const char *nw = block + off[k] + e * esz;
-            char *old = prev + off[k] + e * esz;
-            double a = bench_now_s();
-            wsync_status_t st = wsync_delta_encode(nw, old, &r, esz, buf, cap, &len, &h, NULL);
-            double b = bench_now_s();
-            if (st == WSYNC_OK)
-                st = wsync_delta_apply(buf, len, old, &r, esz, &h2);
-            double c = bench_now_s();
-            if (st != WSYNC_OK) {
-                fprintf(stderr, PROG ": sender %d: the CPU codec on shard %s: %s\n", rank,
-                        s->param.name, wsync_last_error());
-                return -1;
-            }
-            if (h2 != h || memcmp(old, nw, cnt * esz) != 0) {
-                fprintf(stderr, PROG ": sender %d: the CPU codec's apply of shard %s [%llu, "
-                                "+%llu) does not give the new values (hash %016llx, encoder's "
-                                "%016llx)\n",
-                        rank, s->param.name, (unsigned long long)e, (unsigned long long)cnt,
-                        (unsigned long long)h2, (unsigned long long)h);
-                return -1;
-            }
-            te += b - a;
-            ta += c - b;
-            sent += len < cnt * esz ? len : cnt * esz;
-        }
-    }
-    *enc_s = te;
-    *apply_s = ta;
-    *bytes = sent;
-    return 0;
-}
-
-/* Sender 0's explanation line about delta versions ("delta: on (...)"), for the report. */
-static void delta_line_of(const char *explain, char *out, size_t len)
-{
-    const char *p = explain;
-    out[0] = '\0';
-    while (p && *p) {
-        const char *e = strchr(p, '\n');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        if (strncmp(p, "delta:", 6) == 0) {
-            snprintf(out, len, "%.*s", (int)n, p);
-            return;
-        }
-        p = e ? e + 1 : NULL;
-    }
-}
-
 static int run_sender(model_t *m, int rank)
 {
     const bench_opts_t *o = m->o;
@@ -1131,12 +893,7 @@ static int run_sender(model_t *m, int rank)
     void **data = calloc(n ? n : 1, sizeof(void *));
     uint16_t *chunk = NULL;
     char *block = NULL;
-    /* --delta: masters (moff[k]: shard k's first), the weights' host image (CUDA), the previous
-     * version's weights and an encode buffer (host: the CPU codec's figures) */
-    uint64_t *moff = NULL, cap = 0;
-    float *master = NULL;
-    char *image = NULL, *prev = NULL;
-    void *cbuf = NULL;
+    bench_delta_tx_t *dtx = NULL; /* --delta: the shards' masters */
     if (!off || !data)
         goto oom;
     for (size_t k = 0; k < n; k++) {
@@ -1144,18 +901,8 @@ static int run_sender(model_t *m, int rank)
         bytes += align_up(box_elems(&m->shards[rank][k].param, &m->shards[rank][k].box) *
                           param_esz(&m->shards[rank][k].param));
     }
-    if (o->delta) {
-        if (!(moff = calloc(n + 1, sizeof(*moff))))
-            goto oom;
-        for (size_t k = 0; k < n; k++)
-            moff[k + 1] = moff[k] + box_elems(&m->shards[rank][k].param, &m->shards[rank][k].box);
-        cap = wsync_delta_max_bytes(CODEC_PIECE, 4);
-        if (!(master = malloc((moff[n] ? moff[n] : 1) * sizeof(float))))
-            goto oom;
-        if (o->mem_cuda ? !(image = calloc(bytes ? bytes : 1, 1))
-                        : !(prev = malloc(bytes ? bytes : 1)) || !(cbuf = malloc(cap)))
-            goto oom;
-    }
+    if (o->delta && bench_delta_tx_create(o, m->shards[rank], n, off, bytes, &dtx) != 0)
+        goto oom;
     if (o->store)
         setenv("WSYNC_STORE_TRANSPORT", o->transport, 1);
     if (o->mem_cuda && bcuda_set_device(m->gpu_s[rank]) != 0)
@@ -1186,11 +933,8 @@ static int run_sender(model_t *m, int rank)
     if (o->delta) {
         for (size_t k = 0; k < n; k++)
             data[k] = block + off[k];
-        if (delta_tx_step(m, rank, moff, off, master, image ? image : block, block, bytes, 1) ==
-            UINT64_MAX)
+        if (bench_delta_tx_step(dtx, block, 1) == UINT64_MAX)
             goto out;
-        if (prev)
-            memcpy(prev, block, bytes);
     } else if (make_shards(m, rank, off, bytes, block, chunk, data) != 0) {
         goto out;
     }
@@ -1210,24 +954,22 @@ static int run_sender(model_t *m, int rank)
         snprintf(shp->scheme, sizeof(shp->scheme), "%s", chosen ? chosen : "?");
         fprintf(stderr, PROG ": setup took %.3f s; scheme %s\n%s\n", bench_now_s() - t0,
                 shp->scheme, wsync_sender_explain(sender) ? wsync_sender_explain(sender) : "");
-        delta_line_of(wsync_sender_explain(sender), shp->delta_line, sizeof(shp->delta_line));
+        bench_delta_line_of(wsync_sender_explain(sender), shp->d.delta_line,
+                            sizeof(shp->d.delta_line));
     }
 
     for (int v = 1; v <= total; v++) {
         if (o->delta && v > 1) {
             /* every receiver checked v - 1 (so no fetch of it is still timed): step, outside
              * the timed region, then the codec's figures on what the step made */
-            bench_wait_at_least(&shp->checked[v - 1], m->NR);
+            bench_wait_at_least(&shp->d.checked[v - 1], m->NR);
             double a = bench_now_s();
-            uint64_t ch = delta_tx_step(m, rank, moff, off, master, image ? image : block, block,
-                                        bytes, (uint64_t)v);
+            uint64_t ch = bench_delta_tx_step(dtx, block, (uint64_t)v);
             if (ch == UINT64_MAX)
                 goto out;
-            shp->changed[v - 1][rank] = ch;
-            shp->update_s[v - 1][rank] = bench_now_s() - a;
-            if (prev && delta_codec(m, rank, off, block, prev, cbuf, cap, &shp->enc_s[v - 1][rank],
-                                    &shp->apply_s[v - 1][rank],
-                                    &shp->codec_bytes[v - 1][rank]) != 0)
+            shp->d.changed[v - 1][rank] = ch;
+            shp->d.update_s[v - 1][rank] = bench_now_s() - a;
+            if (bench_delta_tx_codec(dtx, block, rank, (uint64_t)v, &shp->d) != 0)
                 goto out;
         } else if (v > 1 && write_stripes(m, rank, data, (uint64_t)v) != 0) {
             goto out;
@@ -1252,10 +994,10 @@ static int run_sender(model_t *m, int rank)
                 rc = bench_wsync_failed(who, "wsync_sender_stats", st);
                 goto out;
             }
-            shp->wire[v - 1][rank] = ps.bytes_wire;
-            shp->encoded[v - 1][rank] = ps.bytes_encoded;
-            shp->plain[v - 1][rank] = ps.bytes_plain;
-            shp->base[v - 1][rank] = ps.base_version;
+            shp->d.wire[v - 1][rank] = ps.bytes_wire;
+            shp->d.encoded[v - 1][rank] = ps.bytes_encoded;
+            shp->d.plain[v - 1][rank] = ps.bytes_plain;
+            shp->d.base[v - 1][rank] = ps.base_version;
         }
         bench_count_up(&shp->pushed[v]);
         if (rank == 0)
@@ -1280,11 +1022,7 @@ out:
     free(chunk);
     free(off);
     free(data);
-    free(moff);
-    free(master);
-    free(image);
-    free(prev);
-    free(cbuf);
+    bench_delta_tx_free(dtx);
     return rc;
 }
 
@@ -1623,7 +1361,7 @@ static void delta_rx_rows(void *arg, uint64_t lo, uint64_t hi)
     for (uint64_t r = lo; r < hi; r++) {
         uint64_t src, dst;
         piece_row_at(j->p, j->pm, r, &src, &dst);
-        delta_row(j->seed, src, n, j->version, j->lr, j->mirror + dst);
+        bench_delta_row(j->seed, src, n, j->version, j->lr, j->mirror + dst);
     }
 }
 
@@ -1636,8 +1374,7 @@ typedef struct {
 static void delta_round(void *arg, uint64_t lo, uint64_t hi)
 {
     delta_round_job_t *j = arg;
-    for (uint64_t i = lo; i < hi; i++)
-        delta_weight(j->mirror[i], j->esz, j->out + i * j->esz);
+    bench_delta_round(j->mirror + lo, hi - lo, j->esz, j->out + lo * j->esz);
 }
 
 /* Receiver j after `got` landed (its masters hold version `from`): step every target's masters
@@ -1658,7 +1395,7 @@ static int delta_check(model_t *m, int j, uint64_t from, uint64_t got, uint8_t *
                     continue;
                 piece_map_t pm;
                 piece_map(t, pc, &pm);
-                delta_rx_job_t dj = {pc, &pm, delta_seed(pc->param.name), v, (float)m->o->lr,
+                delta_rx_job_t dj = {pc, &pm, bench_delta_seed(pc->param.name), v, (float)m->o->lr,
                                      mirror + mo[k]};
                 par_for(piece_row_count(pc), 64, delta_rx_rows, &dj);
             }
@@ -1700,11 +1437,11 @@ static int delta_version(model_t *m, int j, uint64_t *held, uint64_t got, uint8_
         return -1;
     *held = got;
     sh->verify_s[j] += bench_now_s() - a;
-    sh->checked_versions[j]++;
+    sh->d.checked_versions[j]++;
     if (w > 0)
-        sh->wrong_versions[j]++;
+        sh->d.wrong_versions[j]++;
     sh->wrong_targets[j] += w;
-    bench_count_up(&sh->checked[got]);
+    bench_count_up(&sh->d.checked[got]);
     return 0;
 }
 
@@ -1857,9 +1594,9 @@ static int run_receiver(model_t *m, int j)
     if (o->store)
         bench_count_up(&shp->receivers_done);
     if (o->delta) { /* every version was checked as it came */
-        shp->verdict[j] = shp->wrong_versions[j] == 0 ? 1 : 2;
+        shp->verdict[j] = shp->d.wrong_versions[j] == 0 ? 1 : 2;
         fprintf(stderr, PROG ": %s: %d versions checked, %d wrong\n", who,
-                shp->checked_versions[j], shp->wrong_versions[j]);
+                shp->d.checked_versions[j], shp->d.wrong_versions[j]);
         rc = 0;
         goto out;
     }
@@ -2199,193 +1936,35 @@ static int delta_all_right(const model_t *m, const model_shared_t *sh)
 {
     int total = m->o->warmup + m->o->iters;
     for (int r = 0; r < m->NR; r++)
-        if (sh->verdict[r] != 1 || sh->checked_versions[r] != total ||
+        if (sh->verdict[r] != 1 || sh->d.checked_versions[r] != total ||
             sh->final_version[r] != (uint64_t)total)
             return 0;
     return 1;
 }
 
-static json_t *u64s(const uint64_t *v, int n)
-{
-    json_t *a = json_array();
-    for (int i = 0; i < n; i++)
-        json_array_append_new(a, json_integer((json_int_t)v[i]));
-    return a;
-}
-
 /* sh[0]: the group with delta = --delta-mode, sh[1]: the same versions with delta = off. */
 static int report_delta(const model_t *m, model_shared_t *const *sh)
 {
-    const bench_opts_t *o = m->o;
-    int K = o->iters, W = o->warmup;
-    double td[MODEL_MAX_VERSIONS], tf[MODEL_MAX_VERSIONS], frac[MODEL_MAX_VERSIONS];
-    double enc[MODEL_MAX_VERSIONS], app[MODEL_MAX_VERSIONS], upd[MODEL_MAX_VERSIONS];
-    double ratio[MODEL_MAX_VERSIONS], wr[MODEL_MAX_VERSIONS];
-    uint64_t wire[MODEL_MAX_VERSIONS], encb[MODEL_MAX_VERSIONS], plain[MODEL_MAX_VERSIONS];
-    uint64_t base[MODEL_MAX_VERSIONS], codec[MODEL_MAX_VERSIONS];
-    double pd[MODEL_MAX_VERSIONS], pf[MODEL_MAX_VERSIONS];
-    version_times(m, sh[0], td);
-    version_times(m, sh[1], tf);
-    push_times(m, sh[0], pd);
-    push_times(m, sh[1], pf);
-    int on = strncmp(sh[0]->delta_line, "delta: on", 9) == 0;
-    /* the full version's wire bytes: version 1 of the delta group (no base yet: all plain);
-     * with the mode resolved off nothing is counted, and every version moves the plan's bytes */
-    uint64_t full = 0;
-    for (int s = 0; s < m->N; s++)
-        full += sh[0]->wire[0][s];
-    if (!on || full == 0)
-        full = m->sum->total_bytes;
-    for (int k = 0; k < K; k++) {
-        int v = W + k;
-        uint64_t ch = 0;
-        wire[k] = encb[k] = plain[k] = base[k] = codec[k] = 0;
-        enc[k] = app[k] = upd[k] = 0;
-        for (int s = 0; s < m->N; s++) {
-            ch += sh[0]->changed[v][s];
-            wire[k] += sh[0]->wire[v][s];
-            encb[k] += sh[0]->encoded[v][s];
-            plain[k] += sh[0]->plain[v][s];
-            codec[k] += sh[0]->codec_bytes[v][s];
-            if (sh[0]->base[v][s] > base[k])
-                base[k] = sh[0]->base[v][s];
-            /* senders step and encode at once: the slowest is the version's */
-            if (sh[0]->enc_s[v][s] > enc[k])
-                enc[k] = sh[0]->enc_s[v][s];
-            if (sh[0]->apply_s[v][s] > app[k])
-                app[k] = sh[0]->apply_s[v][s];
-            if (sh[0]->update_s[v][s] > upd[k])
-                upd[k] = sh[0]->update_s[v][s];
-        }
-        if (!on)
-            wire[k] = full;
-        frac[k] = m->shard_elems ? (double)ch / (double)m->shard_elems : 0;
-        wr[k] = (double)wire[k] / (double)full;
-        ratio[k] = tf[k] > 0 ? td[k] / tf[k] : 0;
-    }
-    double wired[MODEL_MAX_VERSIONS], encd[MODEL_MAX_VERSIONS], plaind[MODEL_MAX_VERSIONS];
-    for (int k = 0; k < K; k++) {
-        wired[k] = (double)wire[k];
-        encd[k] = (double)encb[k];
-        plaind[k] = (double)plain[k];
-    }
-    bench_stats_t sd = bench_stats_of(td, K), sf = bench_stats_of(tf, K);
-    bench_stats_t sfrac = bench_stats_of(frac, K), swire = bench_stats_of(wired, K);
-    bench_stats_t sr = bench_stats_of(ratio, K), swr = bench_stats_of(wr, K);
-    double e = bench_stats_of(enc, K).median, a = bench_stats_of(app, K).median;
-    double u = bench_stats_of(upd, K).median;
-    int right_d = delta_all_right(m, sh[0]), right_f = delta_all_right(m, sh[1]);
-    int right = right_d && right_f;
-    const char *first_wrong = "";
-    for (int p = 0; p < 2 && !first_wrong[0]; p++)
-        for (int r = 0; r < m->NR && !first_wrong[0]; r++)
-            if (sh[p]->first_wrong[r][0])
-                first_wrong = sh[p]->first_wrong[r];
     char what[160];
+    bench_delta_group_t g[2];
     run_words(m, what, sizeof(what));
-    printf("%s: --delta: %s, mem %s, scheme %s (asked %s%s%s), lr %g, %d timed versions after "
-           "%d warm-up\n",
-           PROG, what, o->mem_cuda ? "cuda" : "host", sh[0]->scheme, o->scheme,
-           o->store ? ", transport " : "", o->store ? o->transport : "", o->lr, K, W);
-    printf("  delta mode        asked %s: %s\n", o->delta_mode,
-           sh[0]->delta_line[0] ? sh[0]->delta_line : "(no explanation line)");
-    printf("  changed           %.4f %% of %llu elements per version (median; %.4f..%.4f)\n",
-           100 * sfrac.median, (unsigned long long)m->shard_elems, 100 * sfrac.min,
-           100 * sfrac.max);
-    printf("  wire bytes        %.4f GB per version (median; encoded %.4f GB, plain %.4f GB) "
-           "vs full %.4f GB: %.2f %%\n",
-           swire.median / 1e9, bench_stats_of(encd, K).median / 1e9,
-           bench_stats_of(plaind, K).median / 1e9, (double)full / 1e9, 100 * swr.median);
-    printf("  seconds           delta %.6f (%.6f..%.6f)   full %.6f (%.6f..%.6f)   ratio %.3f "
-           "(median of per-version ratios; %s)\n",
-           sd.median, sd.min, sd.max, sf.median, sf.min, sf.max, sr.median,
-           o->store ? "slowest receiver's fetch" : "slowest sender's push");
-    if (o->store)
-        printf("  publish           delta %.6f   full %.6f   (the slowest sender's push, "
-               "median; not in the fetch times above)\n",
-               bench_stats_of(pd, K).median, bench_stats_of(pf, K).median);
-    if (!o->mem_cuda)
-        printf("  CPU codec         encode %.4f s, apply %.4f s per version (one thread, "
-               "apart from the sync; %.2f GB/s of the version's bytes encoded)\n",
-               e, a, e > 0 ? (double)m->param_bytes / e / 1e9 : 0);
-    printf("  update            %.3f s per version (the step, untimed)\n", u);
-    if (right)
-        printf("  correct           yes: every receiver checked all %d versions of both "
-               "modes\n",
-               W + K);
-    else
-        printf("  correct           NO (delta %s, full %s): %s\n", right_d ? "right" : "WRONG",
-               right_f ? "right" : "WRONG", first_wrong[0] ? first_wrong : "a version missing");
-    if (o->json) {
-        json_t *j = json_object();
-        json_object_set_new(j, "mode", json_string("model"));
-        json_object_set_new(j, "delta", json_true());
-        json_object_set_new(j, "lr", json_real(o->lr));
-        json_object_set_new(j, "direction", json_string("uniform |d| in [0,1), random sign"));
-        json_object_set_new(j, "delta_mode", json_string(o->delta_mode));
-        json_object_set_new(j, "delta_resolved", json_string(on ? "on" : "off"));
-        json_object_set_new(j, "delta_explain", json_string(sh[0]->delta_line));
-        json_object_set_new(j, "model_shape", json_string(m->shape->name));
-        json_object_set_new(j, "param_elems", json_integer((json_int_t)m->param_elems));
-        json_object_set_new(j, "param_bytes", json_integer((json_int_t)m->param_bytes));
-        json_object_set_new(j, "senders", json_integer(m->N));
-        json_object_set_new(j, "tp", json_integer(m->T));
-        json_object_set_new(j, "replicas", json_integer(m->R));
-        json_object_set_new(j, "receivers", json_integer(m->NR));
-        json_object_set_new(j, "colocated", json_boolean(o->colocated));
-        json_object_set_new(j, "mem", json_string(o->mem_cuda ? "cuda" : "host"));
-        json_object_set_new(j, "scheme_asked", json_string(o->scheme));
-        json_object_set_new(j, "scheme", json_string(sh[0]->scheme));
-        json_object_set_new(j, "transport", json_string(o->store ? o->transport : ""));
-        json_object_set_new(j, "gpu", json_string(sh[0]->gpu_name));
-        json_object_set_new(j, "iters", json_integer(K));
-        json_object_set_new(j, "warmup", json_integer(W));
-        json_object_set_new(j, "changed_fraction", json_real(sfrac.median));
-        json_object_set_new(j, "changed_fractions", reals(frac, K));
-        json_object_set_new(j, "wire_bytes", json_integer((json_int_t)swire.median));
-        json_object_set_new(j, "wire_bytes_per_version", u64s(wire, K));
-        json_object_set_new(j, "encoded_bytes", json_integer((json_int_t)bench_stats_of(encd, K).median));
-        json_object_set_new(j, "plain_bytes", json_integer((json_int_t)bench_stats_of(plaind, K).median));
-        json_object_set_new(j, "base_versions", u64s(base, K));
-        json_object_set_new(j, "full_wire_bytes", json_integer((json_int_t)full));
-        json_object_set_new(j, "wire_ratio", json_real(swr.median));
-        json_object_set_new(j, "bytes_moved", json_integer((json_int_t)m->sum->total_bytes));
-        json_object_set_new(j, "seconds", json_real(sd.median));
-        json_object_set_new(j, "seconds_min", json_real(sd.min));
-        json_object_set_new(j, "seconds_max", json_real(sd.max));
-        json_object_set_new(j, "times", reals(td, K));
-        json_object_set_new(j, "full_seconds", json_real(sf.median));
-        json_object_set_new(j, "full_seconds_min", json_real(sf.min));
-        json_object_set_new(j, "full_seconds_max", json_real(sf.max));
-        json_object_set_new(j, "full_times", reals(tf, K));
-        json_object_set_new(j, "time_ratio", json_real(sr.median));
-        json_object_set_new(j, "push_seconds", json_real(bench_stats_of(pd, K).median));
-        json_object_set_new(j, "full_push_seconds", json_real(bench_stats_of(pf, K).median));
-        if (o->mem_cuda) {
-            json_object_set_new(j, "encode_seconds", json_null());
-            json_object_set_new(j, "apply_seconds", json_null());
-        } else {
-            json_object_set_new(j, "encode_seconds", json_real(e));
-            json_object_set_new(j, "apply_seconds", json_real(a));
-            json_object_set_new(j, "codec_bytes", json_integer((json_int_t)codec[K - 1]));
-        }
-        json_object_set_new(j, "codec", json_string(o->mem_cuda ? "none: the schemes expose no "
-                                                    "kernel times (tests/gpu/test_delta_kernels)"
-                                                  : "CPU core/delta.c, one thread, on the "
-                                                    "version's shards apart from the sync"));
-        json_object_set_new(j, "update_seconds", json_real(u));
-        json_object_set_new(j, "correct", json_boolean(right));
-        json_object_set_new(j, "correct_delta", json_boolean(right_d));
-        json_object_set_new(j, "correct_full", json_boolean(right_f));
-        json_object_set_new(j, "version", json_integer(W + K));
-        char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
-        if (text)
-            printf("%s\n", text);
-        free(text);
-        json_decref(j);
+    bench_delta_run_t run = {m->o, m->shape->name, what, m->N, m->T, m->R, m->NR,
+                             m->param_elems, m->param_bytes, m->shard_elems,
+                             m->sum->total_bytes};
+    for (int p = 0; p < 2; p++) {
+        memset(&g[p], 0, sizeof(g[p]));
+        g[p].page = &sh[p]->d;
+        g[p].scheme = sh[p]->scheme;
+        g[p].gpu = sh[p]->gpu_name;
+        version_times(m, sh[p], g[p].times);
+        push_times(m, sh[p], g[p].push);
+        g[p].right = delta_all_right(m, sh[p]);
+        g[p].first_wrong = "";
+        for (int r = 0; r < m->NR && !g[p].first_wrong[0]; r++)
+            if (sh[p]->first_wrong[r][0])
+                g[p].first_wrong = sh[p]->first_wrong[r];
     }
-    fflush(stdout);
-    return right ? 0 : 1;
+    return bench_delta_report(&run, g);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -1,0 +1,518 @@
+/* wsync-bench --delta: the update generator, the senders' masters and the codec's figures, and
+ * the report of the delta group against the full one (bench_delta.h). */
+#include "bench/bench_delta.h"
+#include "bench/bench_cuda.h"
+/* the CPU codec, measured on each version's shards (the schemes expose no codec times) */
+#include "core/delta.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* The update generator: fp32 master weights and an optimizer's steps                        */
+/* ---------------------------------------------------------------------------------------- */
+
+/* splitmix64's finalizer: the counter hash the generator draws from */
+static inline uint64_t mix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* What an RL trainer does to the weights it sends between two syncs: every element has an fp32
+ * master value; each version adds lr * d, d a unit-scale random direction drawn per (param,
+ * element, version) -- |d| uniform in [0, 1), its sign a fair coin: the shape of an Adam step,
+ * whose normalized update is about +-1 per element -- and the bf16 weight is the master rounded
+ * to nearest even (f32 params hold the master itself). Version 1's master: about normal with
+ * standard deviation DELTA_SIGMA (Irwin-Hall, four uniforms), the initializer's scale that trained LLM linear weights
+ * keep; the weights' sizes set the fraction a step changes (a step of lr changes a bf16 value of
+ * size |x| with odds about lr / (|x| 2^-8)), and a master lies anywhere between two bf16 values,
+ * not on one. Counter-based like bench_model.c's data: a sender
+ * (shard layout) and a receiver (target layout) step their own copies of the same elements and
+ * agree bit for bit, since each step is a product then a sum, each rounded to fp32 (ISO C11, as
+ * CMakeLists.txt sets it, contracts no a * b + c into an FMA). */
+
+#define DELTA_SIGMA 0.02 /* version 1's masters: N(0, 0.02^2), HF's initializer_range */
+
+uint64_t bench_delta_seed(const char *name)
+{
+    return XXH3_64bits_withSeed(name, strlen(name), 0xDE17A5EEDull);
+}
+
+static inline float f32_of_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static inline uint32_t bits_of_f32(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+/* Round to nearest, ties to even (the values are finite and far from overflow). */
+static inline uint16_t bf16_rne(float f)
+{
+    uint32_t u = bits_of_f32(f);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float delta_master1(uint64_t seed, uint64_t i)
+{
+    uint64_t h = mix64(seed + i * 0xD1B54A32D192ED03ull);
+    /* the sum of four uniforms (16 bits each), centred and scaled to unit variance: close to a
+     * normal (its density at 0 is 3.5 % lower, and it has no tail past 3.46 sigma) at a tenth of
+     * Box-Muller's cost (no log, no cos: version 1 of a large shape is made in seconds) */
+    uint32_t sum = (uint32_t)(h & 0xFFFFu) + (uint32_t)((h >> 16) & 0xFFFFu) +
+                   (uint32_t)((h >> 32) & 0xFFFFu) + (uint32_t)(h >> 48);
+    double z = ((double)sum + 2.0 - 131072.0) * 0x1p-16 * 1.7320508075688772;
+    return (float)(DELTA_SIGMA * z);
+}
+
+static inline float delta_dir(uint64_t seed, uint64_t i, uint64_t v)
+{
+    uint64_t h = mix64((seed ^ (v * 0x9E3779B97F4A7C15ull)) + i * 0xD1B54A32D192ED03ull);
+    float mag = (float)(h >> 40) * 0x1p-24f;
+    return (h & 1u) ? -mag : mag;
+}
+
+/* Masters of elements [src, src + n) of one param at version v, in m[0, n): version 1's values,
+ * or one step from version v - 1's (which m holds). */
+void bench_delta_row(uint64_t seed, uint64_t src, uint64_t n, uint64_t v, float lr, float *m)
+{
+    if (v == 1) {
+        for (uint64_t c = 0; c < n; c++)
+            m[c] = delta_master1(seed, src + c);
+        return;
+    }
+    for (uint64_t c = 0; c < n; c++) {
+        float step = lr * delta_dir(seed, src + c, v);
+        m[c] = m[c] + step;
+    }
+}
+
+/* The weight a master gives, as an esz-byte element (bf16 rounded, or f32 itself). */
+static inline void delta_weight(float master, size_t esz, void *out)
+{
+    if (esz == 2) {
+        uint16_t b = bf16_rne(master);
+        memcpy(out, &b, 2);
+    } else {
+        uint32_t u = bits_of_f32(master);
+        memcpy(out, &u, 4);
+    }
+}
+
+
+void bench_delta_round(const float *m, uint64_t n, size_t esz, void *out)
+{
+    for (uint64_t i = 0; i < n; i++)
+        delta_weight(m[i], esz, (char *)out + i * esz);
+}
+
+void bench_delta_line_of(const char *explain, char *out, size_t len)
+{
+    const char *p = explain;
+    out[0] = '\0';
+    while (p && *p) {
+        const char *e = strchr(p, '\n');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (strncmp(p, "delta:", 6) == 0) {
+            snprintf(out, len, "%.*s", (int)n, p);
+            return;
+        }
+        p = e ? e + 1 : NULL;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* A sender's masters                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+#define CODEC_PIECE ((uint64_t)4 << 20) /* elements per encoded region: a plan chunk's size */
+
+struct bench_delta_tx {
+    const bench_opts_t *o;
+    const wsync_shard_t *shards;
+    size_t n;
+    const size_t *off;     /* shard k's weights at block + off[k] */
+    size_t bytes;
+    uint64_t *moff;        /* shard k's masters at master + moff[k]; moff[n] = all */
+    float *master;
+    char *image;           /* --mem cuda: the host image of the block */
+    char *prev;            /* --mem host: the previous version's weights */
+    void *cbuf;            /* --mem host: the encode buffer */
+    uint64_t cap;
+};
+
+static size_t elem_size(const wsync_param_t *p) { return p->dtype == WSYNC_DTYPE_F32 ? 4 : 2; }
+
+static uint64_t shard_elems(const wsync_shard_t *s)
+{
+    uint64_t n = 1;
+    for (int d = 0; d < s->param.ndim; d++)
+        n *= (uint64_t)s->box.len[d];
+    return n;
+}
+
+static uint64_t row_elems(const wsync_param_t *p)
+{
+    uint64_t n = 1;
+    for (int d = 1; d < p->ndim; d++)
+        n *= (uint64_t)p->shape[d];
+    return n;
+}
+
+int bench_delta_tx_create(const bench_opts_t *o, const wsync_shard_t *shards, size_t n,
+                          const size_t *off, size_t bytes, bench_delta_tx_t **out)
+{
+    bench_delta_tx_t *tx = calloc(1, sizeof(*tx));
+    if (!tx || !(tx->moff = calloc(n + 1, sizeof(*tx->moff))))
+        goto oom;
+    tx->o = o;
+    tx->shards = shards;
+    tx->n = n;
+    tx->off = off;
+    tx->bytes = bytes;
+    for (size_t k = 0; k < n; k++)
+        tx->moff[k + 1] = tx->moff[k] + shard_elems(&shards[k]);
+    tx->cap = wsync_delta_max_bytes(CODEC_PIECE, 4);
+    if (!(tx->master = malloc((tx->moff[n] ? tx->moff[n] : 1) * sizeof(float))))
+        goto oom;
+    if (o->mem_cuda ? !(tx->image = calloc(bytes ? bytes : 1, 1))
+                    : !(tx->prev = malloc(bytes ? bytes : 1)) || !(tx->cbuf = malloc(tx->cap)))
+        goto oom;
+    *out = tx;
+    return 0;
+oom:
+    bench_delta_tx_free(tx);
+    return -1;
+}
+
+void bench_delta_tx_free(bench_delta_tx_t *tx)
+{
+    if (!tx)
+        return;
+    free(tx->moff);
+    free(tx->master);
+    free(tx->image);
+    free(tx->prev);
+    free(tx->cbuf);
+    free(tx);
+}
+
+typedef struct {
+    const bench_delta_tx_t *tx;
+    char *w;               /* the weights: the block (host) or its host image (CUDA) */
+    uint64_t version;
+    float lr;
+    atomic_ullong changed;
+} delta_tx_job_t;
+
+
+#define DELTA_ROW 4096u /* elements stepped at a time: masters in L1 while rounded */
+
+/* Elements [lo, hi) of the sender's masters (all shards end to end): step to the job's version,
+ * round, count the weights that change and write them. */
+static void delta_tx_range(void *arg, uint64_t lo, uint64_t hi)
+{
+    delta_tx_job_t *j = arg;
+    const bench_delta_tx_t *tx = j->tx;
+    size_t n = tx->n, a = 0, b = n;
+    while (b - a > 1) { /* the last shard whose masters start at or before lo */
+        size_t mid = a + (b - a) / 2;
+        if (tx->moff[mid] <= lo)
+            a = mid;
+        else
+            b = mid;
+    }
+    uint64_t changed = 0;
+    for (size_t k = a; k < n && tx->moff[k] < hi; k++) {
+        const wsync_shard_t *s = &tx->shards[k];
+        uint64_t e0 = lo > tx->moff[k] ? lo - tx->moff[k] : 0;
+        uint64_t e1 = (hi < tx->moff[k + 1] ? hi : tx->moff[k + 1]) - tx->moff[k];
+        uint64_t first = (uint64_t)s->box.start[0] * row_elems(&s->param);
+        uint64_t seed = bench_delta_seed(s->param.name);
+        size_t esz = elem_size(&s->param);
+        float *mm = tx->master + tx->moff[k];
+        char *w = j->w + tx->off[k];
+        for (uint64_t e = e0; e < e1; e += DELTA_ROW) {
+            uint64_t cnt = e1 - e < DELTA_ROW ? e1 - e : DELTA_ROW;
+            bench_delta_row(seed, first + e, cnt, j->version, j->lr, mm + e);
+            for (uint64_t c = e; c < e + cnt; c++) {
+                uint32_t nw = 0, old = 0;
+                delta_weight(mm[c], esz, &nw);
+                memcpy(&old, w + c * esz, esz);
+                if (nw != old || j->version == 1) {
+                    memcpy(w + c * esz, &nw, esz);
+                    changed++;
+                }
+            }
+        }
+    }
+    atomic_fetch_add(&j->changed, changed);
+}
+
+uint64_t bench_delta_tx_step(bench_delta_tx_t *tx, char *block, uint64_t v)
+{
+    char *w = tx->image ? tx->image : block;
+    delta_tx_job_t j = {tx, w, v, (float)tx->o->lr, 0};
+    bench_par_for(tx->moff[tx->n], 1 << 20, delta_tx_range, &j);
+    if (tx->o->mem_cuda && bcuda_h2d(block, w, tx->bytes) != 0)
+        return UINT64_MAX;
+    if (v == 1 && tx->prev)
+        memcpy(tx->prev, block, tx->bytes);
+    return (uint64_t)atomic_load(&j.changed);
+}
+
+/* --mem host: the CPU codec (core/delta.c) on this version's shards, one thread, measured apart
+ * from the sync: encode every shard (pieces of CODEC_PIECE elements) against prev (the previous
+ * version's weights), then apply the stream to prev, which brings it to this version and must
+ * give the encoder's tree hash. Seconds of each, and what a scheme would send (each piece's
+ * encoding, or its plain bytes when that is not smaller), go to the page. */
+int bench_delta_tx_codec(bench_delta_tx_t *tx, const char *block, int rank, uint64_t v,
+                         bench_delta_page_t *page)
+{
+    double te = 0, ta = 0;
+    uint64_t sent = 0;
+    if (!tx->prev)
+        return 0;
+    for (size_t k = 0; k < tx->n; k++) {
+        const wsync_shard_t *s = &tx->shards[k];
+        uint64_t n = shard_elems(s);
+        uint32_t esz = (uint32_t)elem_size(&s->param);
+        for (uint64_t e = 0; e < n; e += CODEC_PIECE) {
+            uint64_t cnt = n - e < CODEC_PIECE ? n - e : CODEC_PIECE, len = 0, h = 0, h2 = 0;
+            wsync_region_t r = {0, cnt, 1, cnt};
+            const char *nw = block + tx->off[k] + e * esz;
+            char *old = tx->prev + tx->off[k] + e * esz;
+            double a = bench_now_s();
+            wsync_status_t st = wsync_delta_encode(nw, old, &r, esz, tx->cbuf, tx->cap, &len, &h,
+                                                   NULL);
+            double b = bench_now_s();
+            if (st == WSYNC_OK)
+                st = wsync_delta_apply(tx->cbuf, len, old, &r, esz, &h2);
+            double c = bench_now_s();
+            if (st != WSYNC_OK) {
+                fprintf(stderr, PROG ": sender %d: the CPU codec on shard %s: %s\n", rank,
+                        s->param.name, wsync_last_error());
+                return -1;
+            }
+            if (h2 != h || memcmp(old, nw, cnt * esz) != 0) {
+                fprintf(stderr, PROG ": sender %d: the CPU codec's apply of shard %s [%llu, "
+                                "+%llu) does not give the new values (hash %016llx, encoder's "
+                                "%016llx)\n",
+                        rank, s->param.name, (unsigned long long)e, (unsigned long long)cnt,
+                        (unsigned long long)h2, (unsigned long long)h);
+                return -1;
+            }
+            te += b - a;
+            ta += c - b;
+            sent += len < cnt * esz ? len : cnt * esz;
+        }
+    }
+    page->enc_s[v - 1][rank] = te;
+    page->apply_s[v - 1][rank] = ta;
+    page->codec_bytes[v - 1][rank] = sent;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The report                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+static json_t *reals(const double *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, json_real(v[i]));
+    return a;
+}
+
+static json_t *u64s(const uint64_t *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, json_integer((json_int_t)v[i]));
+    return a;
+}
+
+/* g[0]: the group with delta = --delta-mode, g[1]: the same versions with delta = off. */
+int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *g)
+{
+    const bench_opts_t *o = run->o;
+    const bench_delta_page_t *d = g[0].page; /* the delta group's figures */
+    int K = o->iters, W = o->warmup;
+    double td[MODEL_MAX_VERSIONS], tf[MODEL_MAX_VERSIONS], frac[MODEL_MAX_VERSIONS];
+    double enc[MODEL_MAX_VERSIONS], app[MODEL_MAX_VERSIONS], upd[MODEL_MAX_VERSIONS];
+    double ratio[MODEL_MAX_VERSIONS], wr[MODEL_MAX_VERSIONS];
+    uint64_t wire[MODEL_MAX_VERSIONS], encb[MODEL_MAX_VERSIONS], plain[MODEL_MAX_VERSIONS];
+    uint64_t base[MODEL_MAX_VERSIONS], codec[MODEL_MAX_VERSIONS];
+    double pd[MODEL_MAX_VERSIONS], pf[MODEL_MAX_VERSIONS];
+    memcpy(td, g[0].times, sizeof(td));
+    memcpy(tf, g[1].times, sizeof(tf));
+    memcpy(pd, g[0].push, sizeof(pd));
+    memcpy(pf, g[1].push, sizeof(pf));
+    int on = strncmp(d->delta_line, "delta: on", 9) == 0;
+    /* the full version's wire bytes: version 1 of the delta group (no base yet: all plain);
+     * with the mode resolved off nothing is counted, and every version moves the plan's bytes */
+    uint64_t full = 0;
+    for (int s = 0; s < run->N; s++)
+        full += d->wire[0][s];
+    if (!on || full == 0)
+        full = run->plan_bytes;
+    for (int k = 0; k < K; k++) {
+        int v = W + k;
+        uint64_t ch = 0;
+        wire[k] = encb[k] = plain[k] = base[k] = codec[k] = 0;
+        enc[k] = app[k] = upd[k] = 0;
+        for (int s = 0; s < run->N; s++) {
+            ch += d->changed[v][s];
+            wire[k] += d->wire[v][s];
+            encb[k] += d->encoded[v][s];
+            plain[k] += d->plain[v][s];
+            codec[k] += d->codec_bytes[v][s];
+            if (d->base[v][s] > base[k])
+                base[k] = d->base[v][s];
+            /* senders step and encode at once: the slowest is the version's */
+            if (d->enc_s[v][s] > enc[k])
+                enc[k] = d->enc_s[v][s];
+            if (d->apply_s[v][s] > app[k])
+                app[k] = d->apply_s[v][s];
+            if (d->update_s[v][s] > upd[k])
+                upd[k] = d->update_s[v][s];
+        }
+        if (!on)
+            wire[k] = full;
+        frac[k] = run->shard_elems ? (double)ch / (double)run->shard_elems : 0;
+        wr[k] = (double)wire[k] / (double)full;
+        ratio[k] = tf[k] > 0 ? td[k] / tf[k] : 0;
+    }
+    double wired[MODEL_MAX_VERSIONS], encd[MODEL_MAX_VERSIONS], plaind[MODEL_MAX_VERSIONS];
+    for (int k = 0; k < K; k++) {
+        wired[k] = (double)wire[k];
+        encd[k] = (double)encb[k];
+        plaind[k] = (double)plain[k];
+    }
+    bench_stats_t sd = bench_stats_of(td, K), sf = bench_stats_of(tf, K);
+    bench_stats_t sfrac = bench_stats_of(frac, K), swire = bench_stats_of(wired, K);
+    bench_stats_t sr = bench_stats_of(ratio, K), swr = bench_stats_of(wr, K);
+    double e = bench_stats_of(enc, K).median, a = bench_stats_of(app, K).median;
+    double u = bench_stats_of(upd, K).median;
+    int right_d = g[0].right, right_f = g[1].right;
+    int right = right_d && right_f;
+    const char *first_wrong = g[0].first_wrong[0] ? g[0].first_wrong : g[1].first_wrong;
+    const char *what = run->what;
+    printf("%s: --delta: %s, mem %s, scheme %s (asked %s%s%s), lr %g, %d timed versions after "
+           "%d warm-up\n",
+           PROG, what, o->mem_cuda ? "cuda" : "host", g[0].scheme, o->scheme,
+           o->store ? ", transport " : "", o->store ? o->transport : "", o->lr, K, W);
+    printf("  delta mode        asked %s: %s\n", o->delta_mode,
+           d->delta_line[0] ? d->delta_line : "(no explanation line)");
+    printf("  changed           %.4f %% of %llu elements per version (median; %.4f..%.4f)\n",
+           100 * sfrac.median, (unsigned long long)run->shard_elems, 100 * sfrac.min,
+           100 * sfrac.max);
+    printf("  wire bytes        %.4f GB per version (median; encoded %.4f GB, plain %.4f GB) "
+           "vs full %.4f GB: %.2f %%\n",
+           swire.median / 1e9, bench_stats_of(encd, K).median / 1e9,
+           bench_stats_of(plaind, K).median / 1e9, (double)full / 1e9, 100 * swr.median);
+    printf("  seconds           delta %.6f (%.6f..%.6f)   full %.6f (%.6f..%.6f)   ratio %.3f "
+           "(median of per-version ratios; %s)\n",
+           sd.median, sd.min, sd.max, sf.median, sf.min, sf.max, sr.median,
+           o->store ? "slowest receiver's fetch" : "slowest sender's push");
+    if (o->store)
+        printf("  publish           delta %.6f   full %.6f   (the slowest sender's push, "
+               "median; not in the fetch times above)\n",
+               bench_stats_of(pd, K).median, bench_stats_of(pf, K).median);
+    if (!o->mem_cuda)
+        printf("  CPU codec         encode %.4f s, apply %.4f s per version (one thread, "
+               "apart from the sync; %.2f GB/s of the version's bytes encoded)\n",
+               e, a, e > 0 ? (double)run->param_bytes / e / 1e9 : 0);
+    printf("  update            %.3f s per version (the step, untimed)\n", u);
+    if (right)
+        printf("  correct           yes: every receiver checked all %d versions of both "
+               "modes\n",
+               W + K);
+    else
+        printf("  correct           NO (delta %s, full %s): %s\n", right_d ? "right" : "WRONG",
+               right_f ? "right" : "WRONG", first_wrong[0] ? first_wrong : "a version missing");
+    if (o->json) {
+        json_t *j = json_object();
+        json_object_set_new(j, "mode", json_string("model"));
+        json_object_set_new(j, "delta", json_true());
+        json_object_set_new(j, "lr", json_real(o->lr));
+        json_object_set_new(j, "direction", json_string("uniform |d| in [0,1), random sign"));
+        json_object_set_new(j, "delta_mode", json_string(o->delta_mode));
+        json_object_set_new(j, "delta_resolved", json_string(on ? "on" : "off"));
+        json_object_set_new(j, "delta_explain", json_string(d->delta_line));
+        json_object_set_new(j, "model_shape", json_string(run->shape));
+        json_object_set_new(j, "param_elems", json_integer((json_int_t)run->param_elems));
+        json_object_set_new(j, "param_bytes", json_integer((json_int_t)run->param_bytes));
+        json_object_set_new(j, "senders", json_integer(run->N));
+        json_object_set_new(j, "tp", json_integer(run->T));
+        json_object_set_new(j, "replicas", json_integer(run->R));
+        json_object_set_new(j, "receivers", json_integer(run->NR));
+        json_object_set_new(j, "colocated", json_boolean(o->colocated));
+        json_object_set_new(j, "mem", json_string(o->mem_cuda ? "cuda" : "host"));
+        json_object_set_new(j, "scheme_asked", json_string(o->scheme));
+        json_object_set_new(j, "scheme", json_string(g[0].scheme));
+        json_object_set_new(j, "transport", json_string(o->store ? o->transport : ""));
+        json_object_set_new(j, "gpu", json_string(g[0].gpu));
+        json_object_set_new(j, "iters", json_integer(K));
+        json_object_set_new(j, "warmup", json_integer(W));
+        json_object_set_new(j, "changed_fraction", json_real(sfrac.median));
+        json_object_set_new(j, "changed_fractions", reals(frac, K));
+        json_object_set_new(j, "wire_bytes", json_integer((json_int_t)swire.median));
+        json_object_set_new(j, "wire_bytes_per_version", u64s(wire, K));
+        json_object_set_new(j, "encoded_bytes", json_integer((json_int_t)bench_stats_of(encd, K).median));
+        json_object_set_new(j, "plain_bytes", json_integer((json_int_t)bench_stats_of(plaind, K).median));
+        json_object_set_new(j, "base_versions", u64s(base, K));
+        json_object_set_new(j, "full_wire_bytes", json_integer((json_int_t)full));
+        json_object_set_new(j, "wire_ratio", json_real(swr.median));
+        json_object_set_new(j, "bytes_moved", json_integer((json_int_t)run->plan_bytes));
+        json_object_set_new(j, "seconds", json_real(sd.median));
+        json_object_set_new(j, "seconds_min", json_real(sd.min));
+        json_object_set_new(j, "seconds_max", json_real(sd.max));
+        json_object_set_new(j, "times", reals(td, K));
+        json_object_set_new(j, "full_seconds", json_real(sf.median));
+        json_object_set_new(j, "full_seconds_min", json_real(sf.min));
+        json_object_set_new(j, "full_seconds_max", json_real(sf.max));
+        json_object_set_new(j, "full_times", reals(tf, K));
+        json_object_set_new(j, "time_ratio", json_real(sr.median));
+        json_object_set_new(j, "push_seconds", json_real(bench_stats_of(pd, K).median));
+        json_object_set_new(j, "full_push_seconds", json_real(bench_stats_of(pf, K).median));
+        if (o->mem_cuda) {
+            json_object_set_new(j, "encode_seconds", json_null());
+            json_object_set_new(j, "apply_seconds", json_null());
+        } else {
+            json_object_set_new(j, "encode_seconds", json_real(e));
+            json_object_set_new(j, "apply_seconds", json_real(a));
+            json_object_set_new(j, "codec_bytes", json_integer((json_int_t)codec[K - 1]));
+        }
+        json_object_set_new(j, "codec", json_string(o->mem_cuda ? "none: the schemes expose no "
+                                                    "kernel times (tests/gpu/test_delta_kernels)"
+                                                  : "CPU core/delta.c, one thread, on the "
+                                                    "version's shards apart from the sync"));
+        json_object_set_new(j, "update_seconds", json_real(u));
+        json_object_set_new(j, "correct", json_boolean(right));
+        json_object_set_new(j, "correct_delta", json_boolean(right_d));
+        json_object_set_new(j, "correct_full", json_boolean(right_f));
+        json_object_set_new(j, "version", json_integer(W + K));
+        char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        if (text)
+            printf("%s\n", text);
+        free(text);
+        json_decref(j);
+    }
+    fflush(stdout);
+    return right ? 0 : 1;
+}
