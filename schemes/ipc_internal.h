@@ -1,0 +1,152 @@
+/* Internal: what the ipc scheme's files (schemes/ipc*.c) share: the slot numbering, the
+ * DATA_HELLO flags, the sender's and the receiver's state, and the functions one file calls in
+ * another. ipc.c holds the scheme's table and the flow of setup and teardown; the other files each
+ * hold one part of it that reads on its own (their header comments say which). */
+#ifndef WSYNC_SCHEMES_IPC_INTERNAL_H
+#define WSYNC_SCHEMES_IPC_INTERNAL_H
+
+#include <stdint.h>
+
+#include "core/objects.h"
+#include "kernels/device.h"
+#include "schemes/ipc_delta.h"
+#include "transports/cuda_ipc.h"
+#include "transports/shm.h"
+
+#define IPC_SLOTS 2
+#define DEV_SLOT0 IPC_SLOTS          /* slot numbers from here on name device slots */
+#define PAGE 4096u
+#define NO_SLOT UINT32_MAX
+/* descriptors in one DATA_FDS frame: the bucket memfd and up to this many minus one regions;
+ * shards in further regions are staged instead. CUDA descriptors follow in more frames. */
+#define MAX_FDS WSYNC_MSG_MAX_FDS
+#define FDS_MORE 0xffffffffu         /* a DATA_FDS frame that only brings more descriptors */
+
+/* DATA_HELLO flags */
+#define HELLO_VERIFY 1u              /* send me checksums */
+#define HELLO_HOST 2u                /* segments from you land in my host targets */
+#define HELLO_GPU 4u                 /* ... in my CUDA targets; the UUIDs my GPU reads follow */
+#define MAX_UUIDS 64
+
+typedef struct {
+    int32_t region;                  /* index into the shared host regions, -1: not there */
+    int32_t cregion;                 /* index into the shared CUDA regions, -1: not there */
+    uint64_t offset;                 /* byte offset of the shard in its region */
+} ipc_inplace_t;
+
+static inline int in_place(const ipc_inplace_t *ip) { return ip->region >= 0 || ip->cregion >= 0; }
+
+typedef struct {
+    wsync_shm_t shm;
+    uint32_t nslots;
+    uint64_t slot_bytes;
+    ipc_inplace_t *inplace;          /* [nshards] */
+    int region_fds[MAX_FDS];         /* memfds of wsync_mem_alloc regions (not owned) */
+    uint64_t region_bytes[MAX_FDS];
+    uint32_t nregions;
+    uint8_t *staged;                 /* [nbuckets] bucket has chunks to pack */
+    uint32_t *slot_of;               /* [nbuckets] NO_SLOT, a host slot, or DEV_SLOT0 + device slot */
+    int64_t last_in_slot[2 * IPC_SLOTS]; /* bucket whose bytes a slot holds, -1 if none */
+    uint32_t nbuckets;
+    uint32_t first_bucket;           /* index of this sender's bucket 0 in plan->bucket_used */
+    uint32_t *chunk_start;           /* [nbuckets + 1] chunk ranges per bucket */
+    uint8_t *need;                   /* [nbuckets * nreceivers] receiver r needs bucket k */
+    uint32_t *pending;               /* [nbuckets] releases still due */
+    uint8_t *owed;                   /* [nbuckets * nreceivers] READY sent, RELEASE not yet in */
+    wsync_conn_t **rconn;            /* [nreceivers] data connections */
+    uint8_t *needs_any;              /* [nreceivers] */
+    int verify;                      /* READY carries the chunks' checksums */
+    /* CUDA shards */
+    uint32_t *rflags;                /* [nreceivers] DATA_HELLO flags */
+    uint8_t *rreach;                 /* [nreceivers] its GPU can read ours */
+    int device;                      /* -1: no CUDA shard */
+    void *stream, *ev;
+    wsync_cuda_exporter_t *cex;      /* shards read in place and the device slots */
+    void *dslots;                    /* device slots, cudaMalloc (then the device delta slots) */
+    void *ddelta;                    /* the device delta slots in dslots, or NULL */
+    uint32_t ndslots, dslot_region;
+    uint64_t dslot_bytes;
+    void *shm_dev;                   /* the host slots as kernels see them (registered), or NULL */
+    int shm_registered;
+    wsync_kcopy_batch_t **pack;      /* [nbuckets] GPU pack of the bucket's staged CUDA chunks */
+    uint8_t *scratch;                /* host copy of device bytes, for checksums */
+    size_t scratch_cap;
+    uint64_t gpu_pack_ns;            /* this push: time waiting for GPU packs */
+    ipc_dtx_t *dtx;                  /* delta versions (schemes/ipc_delta.h), NULL: mode off */
+} ipc_sender_t;
+
+typedef struct {
+    wsync_conn_t *conn;
+    wsync_shm_t shm;
+    uint32_t nslots;
+    uint64_t slot_bytes;
+    wsync_shm_t regions[MAX_FDS];    /* the sender's shards, mapped read-only */
+    uint32_t nregions;
+    ipc_inplace_t *inplace;          /* [ninplace_slots] by the sender's shard index */
+    uint32_t ninplace_slots;
+    uint32_t nbuckets;               /* the sender's schedule length */
+    uint32_t *seg_start;             /* [nbuckets + 1] ranges of plan->segments per bucket */
+    uint32_t *chunk_start;           /* [nbuckets + 1] ranges of plan->chunks per bucket */
+    uint8_t *done;                   /* [nbuckets] landed in this version */
+    uint32_t needed;                 /* buckets with segments of ours */
+    uint32_t pid;
+    /* CUDA */
+    uint32_t flags;                  /* what DATA_HELLO said */
+    uint32_t *slot_of;               /* [nbuckets] as the sender assigned them */
+    uint32_t ndslots, dslot_region;
+    uint64_t dslot_bytes;
+    wsync_cuda_import_t *cim;        /* the sender's CUDA regions, opened on our device */
+    void *shm_dev;                   /* host slots as our kernels see them (registered) */
+    int shm_registered;
+    void *region_dev[MAX_FDS];
+    uint8_t region_registered[MAX_FDS];
+    uint8_t *gpu;                    /* [nbuckets] bucket has segments into CUDA targets */
+    wsync_kcopy_batch_t **batch[2];  /* [nbuckets] per cached set of target pointers */
+    void **ev;                       /* [nbuckets] */
+    void *stream;                    /* this sender's copies: its own stream, so that local copies
+                                      * and peer reads from several senders overlap on the GPU */
+    uint32_t *qrun_start;            /* [nbuckets + 1] ranges of qrun_list: the quantization runs
+                                      * launched after bucket k's copies (their last bucket) */
+    uint32_t *qrun_list;             /* run indices (r->qruns) */
+    uint32_t qblocks;                /* their kernels' grid cap, as the copies' (sender_stream) */
+    ipc_drx_t *drx;                  /* delta versions (schemes/ipc_delta.h), NULL: mode off */
+    wsync_kcopy_batch_t **dcopy;     /* [nbuckets] the bucket's copies less its segments applied
+                                      * as deltas (built when the apply's set changes) */
+    /* DATA_FDS reassembly during setup */
+    wsync_msg_t *first;
+    int *xfds;
+    uint32_t nxfds, want_fds;
+} ipc_from_t;
+
+typedef struct {
+    uint32_t nsenders;
+    ipc_from_t *from;                /* [nsenders] */
+    uint64_t bytes_total;            /* bytes landing in our targets per version */
+    uint64_t *sums;                  /* the checksums of the READY at hand */
+    uint32_t sums_cap;
+    /* CUDA targets */
+    int gpu;                         /* some segment lands in a CUDA target */
+    void *stream;
+    void **cache_land[2];            /* [ntargets] the land pointers each batch set was built from */
+    uint64_t cache_stamp[2];         /* last use, 0: empty */
+    int cur;                         /* the batch set in use */
+    int qruns_planned;               /* plan_qruns ran (the runs do not depend on the batch set) */
+    uint32_t *seg_run;               /* [plan->nsegments] 1 + the run a segment is part of, or 0 */
+    uint32_t *qrun_last;             /* [r->nqruns] the bucket after whose copies a run launches */
+    uint64_t seen_gen, stamp;
+    struct ipc_pend {
+        uint32_t s, k;
+        uint64_t bytes;
+    } *pend;                         /* buckets launched on the GPU, not yet released (launch
+                                      * order; streams per sender finish them in any order) */
+    uint32_t pend_head, npend, pend_cap;
+    uint8_t *scratch;
+    size_t scratch_cap;
+} ipc_receiver_t;
+
+static inline uint64_t chunk_bytes(const wsync_chunk_t *c)
+{
+    return c->src.rows * c->src.cols * wsync_dtype_size(c->dtype);
+}
+
+#endif
