@@ -149,4 +149,14 @@ static inline uint64_t chunk_bytes(const wsync_chunk_t *c)
     return c->src.rows * c->src.cols * wsync_dtype_size(c->dtype);
 }
 
+/* ---- the receiver's GPU work (ipc_cuda_rx.c) ---- */
+
+/* The copy batch set for the targets' current pointers (one of the two kept, or a rebuilt one);
+ * plans the FP8 runs quantized straight from the shards the first time. */
+wsync_status_t wsync_ipc_select_batches(wsync_receiver_t *r, ipc_receiver_t *st);
+/* Bucket k of sender f, delta versions: launch the apply of its segments that come as deltas and
+ * point *batch at the copies of the others (*batch unchanged when none does). */
+wsync_status_t wsync_ipc_delta_batches(wsync_receiver_t *r, ipc_receiver_t *st, ipc_from_t *f,
+                                       uint32_t k, wsync_kcopy_batch_t **batch);
+
 #endif
