@@ -149,6 +149,14 @@ static inline uint64_t chunk_bytes(const wsync_chunk_t *c)
     return c->src.rows * c->src.cols * wsync_dtype_size(c->dtype);
 }
 
+static inline uint64_t shard_bytes(const wsync_shard_desc_t *d)
+{
+    uint64_t bytes = wsync_dtype_size(d->param.dtype);
+    for (int k = 0; k < d->param.ndim; k++)
+        bytes *= (uint64_t)d->box.len[k];
+    return bytes;
+}
+
 /* ---- the receiver's GPU work (ipc_cuda_rx.c) ---- */
 
 /* The copy batch set for the targets' current pointers (one of the two kept, or a rebuilt one);
@@ -158,5 +166,23 @@ wsync_status_t wsync_ipc_select_batches(wsync_receiver_t *r, ipc_receiver_t *st)
  * point *batch at the copies of the others (*batch unchanged when none does). */
 wsync_status_t wsync_ipc_delta_batches(wsync_receiver_t *r, ipc_receiver_t *st, ipc_from_t *f,
                                        uint32_t k, wsync_kcopy_batch_t **batch);
+
+/* ---- what a sender shares and how receivers take it (ipc_share.c) ---- */
+
+/* Sender: decide where every chunk is read from, assign bucket slots, allocate and share them,
+ * and (with CUDA shards) build the pack batches; with CUDA shards, needs every DATA_HELLO. */
+wsync_status_t wsync_ipc_plan_slots(wsync_sender_t *s, ipc_sender_t *st);
+/* Sender, delta versions (group mode on): baselines and delta slots, after _plan_slots. */
+wsync_status_t wsync_ipc_plan_delta(wsync_sender_t *s, ipc_sender_t *st);
+/* Sender: DATA_FDS (the description of what it shares, and the descriptors) to receiver `rank`. */
+wsync_status_t wsync_ipc_send_fds(wsync_sender_t *s, ipc_sender_t *st, uint32_t rank);
+/* Receiver: descriptors a DATA_FDS payload comes with (all frames together); UINT32_MAX if
+ * malformed, with *why saying which part. */
+uint32_t wsync_ipc_fds_wanted(const uint8_t *payload, uint32_t len, const char **why);
+/* Receiver: map what sender f shared and check that every read our plan makes from it stays
+ * inside. Takes fds[0..nfds) (closed or kept, never leaked). */
+wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
+                                       const uint8_t *payload, uint32_t len, int *fds,
+                                       uint32_t nfds);
 
 #endif
