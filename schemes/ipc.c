@@ -72,9 +72,9 @@ static uint64_t region_span(const wsync_region_t *g, size_t esz)
 
 /* xxh3 of a region of memory that may be on a device: copied to the host first (into *scratch,
  * grown as needed), then hashed as wsync_exec_hash does. */
-static wsync_status_t hash_any(const void *base, int on_device, wsync_dtype_t dtype,
-                               const wsync_region_t *g, uint8_t **scratch, size_t *cap,
-                               void *stream, int timeout_ms, uint64_t *out)
+wsync_status_t wsync_ipc_hash_any(const void *base, int on_device, wsync_dtype_t dtype,
+                                  const wsync_region_t *g, uint8_t **scratch, size_t *cap,
+                                  void *stream, int timeout_ms, uint64_t *out)
 {
     size_t esz = wsync_dtype_size(dtype);
     wsync_status_t rc;
@@ -102,7 +102,8 @@ static wsync_status_t hash_any(const void *base, int on_device, wsync_dtype_t dt
 }
 
 /* One bit flipped in the middle of [p, p + len), on the host or a device (fault injection). */
-static wsync_status_t flip_any(void *p, int on_device, size_t len, void *stream, int timeout_ms)
+wsync_status_t wsync_ipc_flip_any(void *p, int on_device, size_t len, void *stream,
+                                  int timeout_ms)
 {
     uint8_t byte;
     wsync_status_t rc;
@@ -483,211 +484,6 @@ out:
     return rc;
 }
 
-/* The receiver on data connection c (its tag, set when it said DATA_HELLO), -1 if none: one
- * lookup per RELEASE, not a scan of every receiver (quadratic with hundreds of them). */
-static int rank_of_conn(const ipc_sender_t *st, uint32_t nr, wsync_conn_t *c)
-{
-    uint32_t t = atomic_load(&c->tag);
-    if (t == 0 || t > nr || st->rconn[t - 1] != c)
-        return -1;
-    return (int)(t - 1);
-}
-
-/* Take RELEASE messages until bucket k has none due. */
-static wsync_status_t await_release(wsync_sender_t *s, ipc_sender_t *st, uint64_t version, uint32_t k)
-{
-    const uint16_t types[] = {WSYNC_MSG_RELEASE};
-    uint32_t nr = s->m.plan->nreceivers;
-
-    while (st->pending[k] > 0) {
-        wsync_msg_t *msg;
-        wsync_rbuf_t r;
-        wsync_status_t rc = wsync_inbox_pop(&s->m.inbox, types, 1,
-                                            wsync_deadline_in(s->m.timeout_ms), &msg);
-        if (rc == WSYNC_ERR_TIMEOUT) {
-            char who[512] = "";
-            size_t n = 0;
-            for (uint32_t i = 0; i < nr; i++) {
-                if (!st->owed[(size_t)k * nr + i] || n + 1 >= sizeof(who))
-                    continue;
-                pthread_mutex_lock(&st->rconn[i]->send_lock);   /* its name may be rewritten */
-                n += (size_t)snprintf(who + n, sizeof(who) - n, "%s%s", n ? ", " : "",
-                                      st->rconn[i]->name);
-                pthread_mutex_unlock(&st->rconn[i]->send_lock);
-            }
-            return wsync_err(rc, "ipc: sender %d: version %llu: bucket %u not released within %d ms "
-                             "by %s", s->m.rank, (unsigned long long)version, k, s->m.timeout_ms,
-                             who);
-        }
-        if (rc != WSYNC_OK)
-            return rc;
-        wsync_rbuf_init(&r, msg->payload, msg->len);
-        uint64_t v = wsync_get_u64(&r);
-        uint32_t b = wsync_get_u32(&r);
-        int rank = rank_of_conn(st, nr, msg->conn);
-        wsync_msg_free(msg);
-        if (r.err || v != version || b >= st->nbuckets || rank < 0 ||
-            !st->need[(size_t)b * nr + (uint32_t)rank] || st->pending[b] == 0)
-            return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: sender %d: unexpected RELEASE of bucket %u "
-                             "version %llu from receiver %d", s->m.rank, b, (unsigned long long)v,
-                             rank);
-        st->pending[b]--;
-        st->owed[(size_t)b * nr + (uint32_t)rank] = 0;
-    }
-    return WSYNC_OK;
-}
-
-/* Where slot `slot`'s bytes start, as the CPU (host slots) or kernels (device slots) see them. */
-static uint8_t *slot_base(const ipc_sender_t *st, uint32_t slot)
-{
-    if (slot >= DEV_SLOT0)
-        return (uint8_t *)st->dslots + (size_t)(slot - DEV_SLOT0) * st->dslot_bytes;
-    return (uint8_t *)st->shm.base + (size_t)slot * st->slot_bytes;
-}
-
-static wsync_status_t push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t version)
-{
-    const wsync_plan_t *plan = s->m.plan;
-    uint32_t nr = plan->nreceivers;
-    wsync_status_t rc;
-
-    uint64_t t0 = wsync_now_ns(), t_ready;
-    uint32_t nready = 0;
-
-    for (uint32_t i = 0; i < 2 * IPC_SLOTS; i++)
-        st->last_in_slot[i] = -1;
-    st->gpu_pack_ns = 0;
-    if (st->dtx != NULL &&
-        (rc = wsync_ipc_dtx_begin(s, st->dtx, version, st->rconn, st->needs_any)) != WSYNC_OK)
-        return rc;
-    for (uint32_t k = 0; k < st->nbuckets; k++) {
-        uint32_t slot = st->slot_of[k];
-        wsync_wbuf_t b;
-
-        if (st->dtx != NULL) {
-            /* encode first: a chunk whose encoding does not pay travels plain, staged below */
-            int64_t prev = wsync_ipc_dtx_reuse(st->dtx, k);
-            if ((prev >= 0 && (rc = await_release(s, st, version, (uint32_t)prev)) != WSYNC_OK) ||
-                (rc = wsync_ipc_dtx_bucket(s, st->dtx, k, version, st->stream)) != WSYNC_OK)
-                return rc;
-        }
-        if (slot != NO_SLOT) {
-            /* refill a slot only once its previous bucket was released by all who needed it */
-            if (st->last_in_slot[slot] >= 0 &&
-                (rc = await_release(s, st, version, (uint32_t)st->last_in_slot[slot])) != WSYNC_OK)
-                return rc;
-            st->last_in_slot[slot] = k;
-            uint8_t *base = slot_base(st, slot);
-            if (st->pack != NULL && st->pack[k] != NULL) {
-                /* CUDA chunks first, so that the CPU packs below overlap them */
-                if ((rc = wsync_dev_batch_launch(st->pack[k], st->stream)) != WSYNC_OK ||
-                    (rc = wsync_dev_event_record(st->ev, st->stream)) != WSYNC_OK)
-                    return rc;
-            }
-            for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
-                const wsync_chunk_t *ch = &plan->chunks[c];
-                if (in_place(&st->inplace[ch->shard]) || wsync_ipc_dtx_skip_plain(st->dtx, c))
-                    continue;
-                if (s->shards[ch->shard].mem == WSYNC_MEM_HOST)
-                    wsync_exec_pack(ch, s->shard_data[ch->shard], base);
-                s->stats.bytes_packed += chunk_bytes(ch);
-            }
-            if (st->pack != NULL && st->pack[k] != NULL) {
-                char what[96];
-                uint64_t t0 = wsync_now_ns();
-                snprintf(what, sizeof(what), "ipc sender %d: packing bucket %u of version %llu",
-                         s->m.rank, k, (unsigned long long)version);
-                rc = wsync_dev_event_wait(st->ev, wsync_deadline_in(s->m.timeout_ms), what);
-                if (rc != WSYNC_OK)
-                    return rc;
-                st->gpu_pack_ns += wsync_now_ns() - t0;
-            }
-            s->stats.buckets++;
-        }
-        wsync_wbuf_init(&b);
-        wsync_put_u64(&b, version);
-        wsync_put_u32(&b, k);
-        wsync_put_u32(&b, slot);
-        if (st->dtx != NULL)
-            wsync_ipc_dtx_put_ready(st->dtx, k, &b);
-        if (st->verify) {
-            /* from the shard itself: whatever happens to the bytes after this, the receiver sees */
-            wsync_put_u32(&b, st->chunk_start[k + 1] - st->chunk_start[k]);
-            for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
-                const wsync_chunk_t *ch = &plan->chunks[c];
-                uint64_t h = 0;
-                rc = hash_any(s->shard_data[ch->shard], s->shards[ch->shard].mem == WSYNC_MEM_CUDA,
-                              ch->dtype, &ch->src, &st->scratch, &st->scratch_cap, st->stream,
-                              s->m.timeout_ms, &h);
-                if (rc != WSYNC_OK) {
-                    wsync_wbuf_free(&b);
-                    return rc;
-                }
-                wsync_put_u64(&b, h);
-            }
-        }
-        switch (WSYNC_FAULT(WSYNC_FAULT_PUSH_BUCKET)) {
-        case WSYNC_FAULT_FAIL: {
-            char where[128];
-            snprintf(where, sizeof(where), "ipc sender %d, bucket %u of version %llu", s->m.rank,
-                     k, (unsigned long long)version);
-            wsync_wbuf_free(&b);
-            return wsync_fault_err(WSYNC_FAULT_PUSH_BUCKET, where);
-        }
-        case WSYNC_FAULT_CORRUPT:   /* in the staging slot: what the receivers copy from */
-            for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1] && slot != NO_SLOT; c++) {
-                if (in_place(&st->inplace[plan->chunks[c].shard]))
-                    continue;
-                rc = flip_any(slot_base(st, slot) + plan->chunks[c].bucket_off, slot >= DEV_SLOT0,
-                              chunk_bytes(&plan->chunks[c]), st->stream, s->m.timeout_ms);
-                if (rc != WSYNC_OK) {
-                    wsync_wbuf_free(&b);
-                    return rc;
-                }
-                break;
-            }
-            if (slot == NO_SLOT)
-                WSYNC_LOG_W("ipc: sender %d: bucket %u is read in place: nothing staged to "
-                            "corrupt", s->m.rank, k);
-            break;
-        default:
-            break;
-        }
-        if (b.err) {
-            wsync_wbuf_free(&b);
-            return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for READY");
-        }
-        for (uint32_t r = 0; r < nr; r++) {
-            if (!st->need[(size_t)k * nr + r])
-                continue;
-            rc = wsync_conn_send(st->rconn[r], WSYNC_MSG_READY, b.data, (uint32_t)b.len, NULL, 0,
-                                 s->m.timeout_ms);
-            if (rc != WSYNC_OK) {
-                wsync_wbuf_free(&b);
-                return rc;
-            }
-            st->pending[k]++;
-            st->owed[(size_t)k * nr + r] = 1;
-            nready++;
-        }
-        wsync_wbuf_free(&b);
-    }
-    t_ready = wsync_now_ns();
-    for (uint32_t k = 0; k < st->nbuckets; k++)
-        if ((rc = await_release(s, st, version, k)) != WSYNC_OK)
-            return rc;
-    for (uint32_t r = 0; r < nr; r++)
-        s->stats.bytes_delivered += plan->pair_bytes[(size_t)s->m.rank * nr + r];
-    if (st->dtx != NULL && (rc = wsync_ipc_dtx_finish(s, st->dtx, version, st->stream)) != WSYNC_OK)
-        return rc;
-    uint64_t t_end = wsync_now_ns();
-    WSYNC_LOG_D("ipc: sender %d: version %llu: %u READY (%u buckets) sent by %.3f ms, last RELEASE "
-                "at %.3f ms after the push began; %.3f ms waiting for GPU packs", s->m.rank,
-                (unsigned long long)version, nready, st->nbuckets, (double)(t_ready - t0) / 1e6,
-                (double)(t_end - t0) / 1e6, (double)st->gpu_pack_ns / 1e6);
-    return WSYNC_OK;
-}
-
 static wsync_status_t ipc_sender_push(wsync_sender_t *s, uint64_t version)
 {
     ipc_sender_t *st = s->m.scheme_state;
@@ -695,10 +491,10 @@ static wsync_status_t ipc_sender_push(wsync_sender_t *s, uint64_t version)
     wsync_status_t rc;
 
     if (st->device < 0)
-        return push_body(s, st, version);
+        return wsync_ipc_push_body(s, st, version);
     if ((rc = wsync_dev_enter(st->device, &saved)) != WSYNC_OK)
         return rc;
-    rc = push_body(s, st, version);
+    rc = wsync_ipc_push_body(s, st, version);
     wsync_dev_leave(st->device, saved);
     return rc;
 }
@@ -1078,21 +874,24 @@ static wsync_status_t verify_bucket(wsync_receiver_t *r, ipc_receiver_t *st, con
         uint64_t got = 0;
         wsync_status_t rc;
         if (r->land_dtype[sg->target] == c->dtype && (st->seg_run == NULL || st->seg_run[i] == 0)) {
-            rc = hash_any(r->land[sg->target], r->targets[sg->target].mem == WSYNC_MEM_CUDA,
-                          c->dtype, &sg->dst, &st->scratch, &st->scratch_cap, st->stream,
-                          r->m.timeout_ms, &got);
+            rc = wsync_ipc_hash_any(r->land[sg->target],
+                                    r->targets[sg->target].mem == WSYNC_MEM_CUDA, c->dtype,
+                                    &sg->dst, &st->scratch, &st->scratch_cap, st->stream,
+                                    r->m.timeout_ms, &got);
         } else if (ip->region >= 0) {
-            rc = hash_any((const uint8_t *)f->regions[ip->region].base + ip->offset, 0, c->dtype,
-                          &c->src, &st->scratch, &st->scratch_cap, st->stream, r->m.timeout_ms,
-                          &got);
+            rc = wsync_ipc_hash_any((const uint8_t *)f->regions[ip->region].base + ip->offset, 0,
+                                    c->dtype, &c->src, &st->scratch, &st->scratch_cap, st->stream,
+                                    r->m.timeout_ms, &got);
         } else if (ip->cregion >= 0) {
-            rc = hash_any((const uint8_t *)wsync_cuda_import_base(f->cim, (uint32_t)ip->cregion, NULL) +
-                              ip->offset, 1, c->dtype, &c->src, &st->scratch, &st->scratch_cap,
-                          st->stream, r->m.timeout_ms, &got);
+            rc = wsync_ipc_hash_any((const uint8_t *)wsync_cuda_import_base(
+                                        f->cim, (uint32_t)ip->cregion, NULL) + ip->offset,
+                                    1, c->dtype, &c->src, &st->scratch, &st->scratch_cap,
+                                    st->stream, r->m.timeout_ms, &got);
         } else {
             wsync_region_t dense = {0, c->src.cols, c->src.rows, c->src.cols};
-            rc = hash_any(base + c->bucket_off, slot_dev, c->dtype, &dense, &st->scratch,
-                          &st->scratch_cap, st->stream, r->m.timeout_ms, &got);
+            rc = wsync_ipc_hash_any(base + c->bucket_off, slot_dev, c->dtype, &dense,
+                                    &st->scratch, &st->scratch_cap, st->stream, r->m.timeout_ms,
+                                    &got);
         }
         if (rc != WSYNC_OK)
             return rc;
@@ -1143,9 +942,9 @@ static wsync_status_t finish_bucket(wsync_receiver_t *r, ipc_receiver_t *st, uin
         const wsync_segment_t *sg = &plan->segments[i];
         size_t esz = run ? 1 : wsync_dtype_size(r->land_dtype[sg->target]);
         void *at = run ? r->target_data[sg->target] : r->land[sg->target];
-        rc = flip_any((uint8_t *)at + sg->dst.off * esz,
-                      r->targets[sg->target].mem == WSYNC_MEM_CUDA, (size_t)sg->dst.cols * esz,
-                      st->stream, r->m.timeout_ms);
+        rc = wsync_ipc_flip_any((uint8_t *)at + sg->dst.off * esz,
+                                r->targets[sg->target].mem == WSYNC_MEM_CUDA,
+                                (size_t)sg->dst.cols * esz, st->stream, r->m.timeout_ms);
         if (rc != WSYNC_OK)
             return rc;
         break;

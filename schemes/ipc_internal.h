@@ -185,4 +185,19 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
                                        const uint8_t *payload, uint32_t len, int *fds,
                                        uint32_t nfds);
 
+/* ---- the sender's version (ipc_tx.c) ---- */
+
+wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t version);
+
+/* ---- helpers of both sides' versions (ipc.c) ---- */
+
+/* xxh3 of a region of memory that may be on a device: copied to the host first (into *scratch,
+ * grown as needed), then hashed as wsync_exec_hash does. */
+wsync_status_t wsync_ipc_hash_any(const void *base, int on_device, wsync_dtype_t dtype,
+                                  const wsync_region_t *g, uint8_t **scratch, size_t *cap,
+                                  void *stream, int timeout_ms, uint64_t *out);
+/* One bit flipped in the middle of [p, p + len), on the host or a device (fault injection). */
+wsync_status_t wsync_ipc_flip_any(void *p, int on_device, size_t len, void *stream,
+                                  int timeout_ms);
+
 #endif
