@@ -189,6 +189,10 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
 
 wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t version);
 
+/* ---- the receiver's version (ipc_rx.c) ---- */
+
+wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_t version);
+
 /* ---- helpers of both sides' versions (ipc.c) ---- */
 
 /* xxh3 of a region of memory that may be on a device: copied to the host first (into *scratch,
