@@ -1115,15 +1115,21 @@ wk2_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, u
     __shared__ int16_t wprev[WK_MWORDS];
     __shared__ uint64_t sec[24], hx[64 * E > WK_THREADS ? 64 * E : WK_THREADS];
     __shared__ uint64_t sh_off, sh_leaf;
-    __shared__ uint32_t sh_k, sh_e, sh_next;
+    __shared__ uint32_t sh_k, sh_e, sh_next, sh_next2;
     const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
 
+    /* claims run two blocks ahead: the current one, the next (its values loading), and the one
+     * after, whose atomic's latency is hidden behind a whole block (a CTA processes its claims in
+     * increasing order, so the lowest unfinished block is always some CTA's current one) */
     wk_secret_load(sec);
-    if (tid == 0)
+    if (tid == 0) {
         sh_next = atomicAdd(counter, 1u);
+        sh_next2 = atomicAdd(counter, 1u);
+    }
     __syncthreads();
-    uint64_t gr = sh_next;
+    uint64_t gr = sh_next, grq = sh_next2;
+    uint32_t claim = 0;
     uint32_t c = c0;
     uint4 nw[E], od[E];
     if (gr < nblk) {
@@ -1156,12 +1162,12 @@ wk2_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, u
         if (warp == 0)
             wk_mask_scan(mask, wpre, wesc, wprev, &sh_k, &sh_e);
         else if (tid == 32)
-            sh_next = atomicAdd(counter, 1u);
+            claim = atomicAdd(counter, 1u);   /* used at the end of the block */
         if (full)
             wk_hash_terms<E>(nw, sec, hx);
         __syncthreads();
         const uint32_t k = sh_k;
-        const uint64_t grn = sh_next;
+        const uint64_t grn = grq;
         uint32_t mode;
         const uint64_t size = wk_bbytes(len, k, sh_e, E, &mode);
         const uint32_t e = mode == WSYNC_DELTA_SPARSE ? sh_e : 0;
@@ -1320,7 +1326,10 @@ wk2_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, u
                         reinterpret_cast<el *>(ob)[v * VE + x] = (el)wk_vget<E>(nw[it], x);
             }
         }
+        if (tid == 32)
+            sh_next = claim;
         __syncthreads();   /* buf, mask and hx are the next block's */
+        grq = sh_next;
 
         if constexpr (PF) {
 #pragma unroll
@@ -1356,32 +1365,62 @@ __device__ __forceinline__ void wk_vstore(unsigned char *p, uint32_t v, uint32_t
             reinterpret_cast<el *>(p)[v * VE + e] = (el)wk_vget<E>(x, e);
 }
 
-/* A block's table entry as checked (v2 apply: the next block's is checked while the current one
- * is applied). */
-typedef struct {
-    uint64_t off, size;
-    uint32_t mode, k, e, fault;
-} wk_entry_t;
-
-__device__ __forceinline__ void wk_check_into(const wk_dchunk_t &d, const uint64_t *lens, uint64_t g,
-                                              uint32_t E, wk_entry_t *out)
+/* Every block's table entry checked, before the apply (v2): blocks [g0, g0 + nblk) of chunks
+ * [c0, c1), a thread each; ents[g] = {offset, payload bytes, (mode << 30) | (e << 16) | k, fault}.
+ * The apply then reads one 16-byte word per block, two blocks ahead. */
+__global__ void __launch_bounds__(WK_THREADS)
+wk2_entries(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
+            uint64_t nblk, const uint64_t *lens, uint32_t E, uint4 *ents)
 {
-    uint64_t first;
-    const uint32_t len = wk_blen(d, g, &first);
-    out->fault = wk_check_entry(d.a, lens[d.idx], d, (uint32_t)(g - d.block0), len, E, &out->mode,
-                                &out->k, &out->e, &out->off, &out->size);
+    for (uint64_t gr = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; gr < nblk;
+         gr += (uint64_t)gridDim.x * blockDim.x) {
+        const uint64_t g = g0 + gr;
+        const wk_dchunk_t &d = ch[wk_find_chunk(ch, c0, c1, g)];
+        uint64_t first, off = 0, size = 0;
+        const uint32_t len = wk_blen(d, g, &first);
+        uint32_t mode = 0, k = 0, e = 0;
+        const uint32_t fault = wk_check_entry(d.a, lens[d.idx], d, (uint32_t)(g - d.block0), len, E,
+                                              &mode, &k, &e, &off, &size);
+        ents[g] = fault != 0 ? make_uint4(0, 0, 0, fault)
+                             : make_uint4((uint32_t)off, (uint32_t)size, mode << 30 | e << 16 | k, 0);
+    }
+}
+
+/* A SPARSE block's payload in registers (v2 apply, loaded a block ahead): this thread's bytes
+ * of the index area [0, al8(k + e)) (at most 2: k + e <= 512), its values of rank tid and tid +
+ * WK_THREADS, and (thread 0) the payload's last 8 bytes, for the values' padding. */
+typedef struct {
+    uint32_t ib;
+    unsigned long long v0, v1, tail;
+} wk_sparse_regs_t;
+
+template <int E>
+__device__ __forceinline__ void wk_sparse_load(const unsigned char *P, uint4 en, wk_sparse_regs_t *r)
+{
+    typedef typename wk_elem<E>::t el;
+    const uint32_t k = en.z & 0xffffu, e = (en.z >> 16) & 0x3fffu;
+    const uint32_t hdr = (uint32_t)wk_al8(k + e), per = (hdr + WK_THREADS - 1) / WK_THREADS;
+    const uint32_t tid = threadIdx.x;
+    r->ib = 0;
+    for (uint32_t b = tid * per; b < tid * per + per && b < hdr; b++)
+        r->ib |= (uint32_t)P[b] << (8 * (b - tid * per));
+    const el *vals = reinterpret_cast<const el *>(P + hdr);
+    r->v0 = tid < k ? (unsigned long long)vals[tid] : 0;
+    r->v1 = tid + WK_THREADS < k ? (unsigned long long)vals[tid + WK_THREADS] : 0;
+    r->tail = tid == 0 ? *reinterpret_cast<const unsigned long long *>(P + en.y - 8) : 0;
 }
 
 /* Apply, v2: blocks [g0, g0 + nblk) of chunks [c0, c1) (dense, the target 16-byte aligned),
- * grid-stride over a grid of resident CTAs. While a block is checked, applied and hashed, the
- * next block's table entry is checked (thread 32) and, with hash, its target values are loaded
- * into registers. With hash, the block's values go through shared memory only when the stream
- * changes them (or for a tail block's hash): a SAME block is hashed from registers. Shared
- * memory (dynamic, with hash): WK_DBLK * E bytes. */
+ * grid-stride over a grid of resident CTAs, after wk2_entries. While a block is applied and
+ * hashed, the next block's entry word, target values (with hash) and, when SPARSE, its payload
+ * are loading into registers, and the entry word of the block after it: a SPARSE block is
+ * decoded, checked, applied and hashed without waiting for memory. A SAME block is hashed from
+ * registers; other blocks go through shared memory. Shared memory (dynamic, with hash):
+ * WK_DBLK * E bytes. */
 template <int E>
 __global__ void __launch_bounds__(WK_THREADS, WK2_MIN_BLOCKS)
 wk2_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
-                uint64_t nblk, const uint64_t *lens, uint64_t *leaves, wsync_kdelta_result_t *res,
+                uint64_t nblk, const uint4 *ents, uint64_t *leaves, wsync_kdelta_result_t *res,
                 int hash)
 {
     typedef typename wk_elem<E>::t el;
@@ -1392,51 +1431,57 @@ wk2_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
     __shared__ int16_t wprev[WK_MWORDS];
     __shared__ uint16_t posv[512];   /* SPARSE: k <= 512 (its index beats a bitmap of <= 512) */
     __shared__ uint64_t sec[24], hx[64 * E > WK_THREADS ? 64 * E : WK_THREADS];
-    __shared__ wk_entry_t ent[2];
     __shared__ uint32_t sh_total, sh_etrue;
     const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint64_t S = gridDim.x;
     const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
 
     wk_secret_load(sec);
     uint64_t gr = blockIdx.x;
-    uint32_t c = c0, p = 0;
-    uint4 tv[E];
+    uint32_t c = c0;
+    uint4 tv[E], en = make_uint4(0, 0, 0, 0), en1 = make_uint4(0, 0, 0, 0);
+    wk_sparse_regs_t sp = {0, 0, 0, 0};
     if (gr < nblk) {
         c = wk_chunk_from(ch, c, c1, g0 + gr);
-        if (hash) {
-            uint64_t f;
-            const uint32_t l = wk_blen(ch[c], g0 + gr, &f);
+        en = ents[g0 + gr];
+        if (gr + S < nblk)
+            en1 = ents[g0 + gr + S];
+        uint64_t f;
+        const uint32_t l = wk_blen(ch[c], g0 + gr, &f);
+        if (hash)
             wk_vload_block<E>(ch[c].b + f * E, l, tv);
-        }
-        if (tid == 0)
-            wk_check_into(ch[c], lens, g0 + gr, E, &ent[0]);
+        if (en.w == 0 && (en.z >> 30) == WSYNC_DELTA_SPARSE)
+            wk_sparse_load<E>(ch[c].a + 16 + 8 * (uint64_t)ch[c].nb + en.x, en, &sp);
     }
     __syncthreads();
     while (gr < nblk) {
-        const uint64_t g = g0 + gr, grn = gr + gridDim.x;
+        const uint64_t g = g0 + gr, grn = gr + S;
         const wk_dchunk_t &d = ch[c];
         uint64_t first;
         const uint32_t len = wk_blen(d, g, &first);
         const uint32_t j = (uint32_t)(g - d.block0);
         const bool full = len == WK_DBLK;
-        const uint32_t fault = ent[p].fault, mode = ent[p].mode, k = ent[p].k, ee = ent[p].e;
-        const uint64_t size = ent[p].size;
-        const unsigned char *P = d.a + 16 + 8 * (uint64_t)d.nb + ent[p].off;   /* 8-byte aligned */
+        const uint32_t fault = en.w, mode = en.z >> 30, k = en.z & 0xffffu, ee = (en.z >> 16) & 0x3fffu;
+        const uint64_t size = en.y;
+        const unsigned char *P = d.a + 16 + 8 * (uint64_t)d.nb + en.x;   /* 8-byte aligned */
 
-        /* the next block: its entry, its target values */
+        /* the blocks ahead: the entry after next; the next one's target values and payload */
         uint32_t cn = c;
-        uint4 pv[PF ? E : 1];
+        uint4 en2 = make_uint4(0, 0, 0, 0), pv[PF ? E : 1];
+        wk_sparse_regs_t sp1 = {0, 0, 0, 0};
+        if (grn + S < nblk)
+            en2 = ents[g0 + grn + S];
         if (grn < nblk) {
             cn = wk_chunk_from(ch, c, c1, g0 + grn);
-            if (tid == 32)
-                wk_check_into(ch[cn], lens, g0 + grn, E, &ent[p ^ 1]);
+            uint64_t f;
+            const uint32_t l = wk_blen(ch[cn], g0 + grn, &f);
             if (PF && hash) {
-                uint64_t f;
-                const uint32_t l = wk_blen(ch[cn], g0 + grn, &f);
 #pragma unroll
                 for (int it = 0; it < (PF ? E : 1); it++)
                     pv[it] = wk_vload<E>(ch[cn].b + f * E, tid + WK_THREADS * it, l);
             }
+            if (en1.w == 0 && (en1.z >> 30) == WSYNC_DELTA_SPARSE)
+                wk_sparse_load<E>(ch[cn].a + 16 + 8 * (uint64_t)ch[cn].nb + en1.x, en1, &sp1);
         }
 
         /* 1. the payload's content, before anything is written (as wk_delta_apply) */
@@ -1449,23 +1494,30 @@ wk2_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
         int lbad = 0;
         uint64_t hdr = 0;
         if (fault == 0 && mode == WSYNC_DELTA_SPARSE) {
-            const uint32_t nbytes = k + ee, per = (nbytes + WK_THREADS - 1) / WK_THREADS;
-            const uint32_t b0 = tid * per < nbytes ? tid * per : nbytes;
-            const uint32_t b1 = b0 + per < nbytes ? b0 + per : nbytes;
+            /* from registers: this thread's run of the index area, padding bytes zero, no
+             * trailing escape; then as wk_delta_apply */
+            const uint32_t nbytes = k + ee;
             hdr = wk_al8(nbytes);
+            const uint32_t per = ((uint32_t)hdr + WK_THREADS - 1) / WK_THREADS, b0 = tid * per;
             uint32_t adv = 0, cnt = 0;
-            for (uint32_t b = b0; b < b1; b++) {
-                const uint32_t x = P[b];
-                adv += x == 0xff ? 255u : x + 1;
-                cnt += x != 0xff;
+            for (uint32_t b = b0; b < b0 + per && b < hdr; b++) {
+                const uint32_t x = (sp.ib >> (8 * (b - b0))) & 0xffu;
+                if (b < nbytes) {
+                    adv += x == 0xff ? 255u : x + 1;
+                    cnt += x != 0xff;
+                    if (b == nbytes - 1 && x == 0xff)
+                        lbad = 1;
+                } else if (x != 0) {
+                    lbad = 1;
+                }
             }
             uint32_t adv0, cnt0, advt, cntt;
             wk_block_scan2(adv, cnt, red, &adv0, &cnt0, &advt, &cntt);
-            if (cntt != k || P[nbytes - 1] == 0xff) {
+            if (cntt != k) {
                 lbad = 1;
             } else {
-                for (uint32_t b = b0; b < b1; b++) {
-                    const uint32_t x = P[b];
+                for (uint32_t b = b0; b < b0 + per && b < nbytes; b++) {
+                    const uint32_t x = (sp.ib >> (8 * (b - b0))) & 0xffu;
                     adv0 += x == 0xff ? 255u : x + 1;
                     if (x != 0xff) {
                         if (adv0 - 1 >= len)
@@ -1476,9 +1528,9 @@ wk2_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
                     }
                 }
             }
-            for (uint64_t b = nbytes + tid; b < hdr; b += WK_THREADS)
-                if (P[b] != 0)
-                    lbad = 1;
+            const uint64_t pad = size - hdr - (uint64_t)k * E;   /* 0..7 bytes after the values */
+            if (tid == 0 && pad > 0 && (sp.tail >> (64 - 8 * pad)) != 0)
+                lbad = 1;
         } else if (fault == 0 && mode == WSYNC_DELTA_BITMAP) {
             hdr = wk_al8((len + 7) / 8);
             for (uint32_t w = tid; w < WK_MWORDS; w += WK_THREADS) {
@@ -1490,7 +1542,7 @@ wk2_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
                 mask[w] = m;
             }
         }
-        if (fault == 0 && mode != WSYNC_DELTA_SAME) {
+        if (fault == 0 && (mode == WSYNC_DELTA_BITMAP || mode == WSYNC_DELTA_PLAIN)) {
             const uint64_t vend = mode == WSYNC_DELTA_PLAIN ? (uint64_t)len * E : hdr + (uint64_t)k * E;
             for (uint64_t b = vend + tid; b < size; b += WK_THREADS)
                 if (P[b] != 0)
@@ -1518,15 +1570,19 @@ wk2_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
             /* 2. apply */
             const el *vals = reinterpret_cast<const el *>(P + hdr);
             unsigned char *tb = d.b + first * E;
-            if (!hash || mode == WSYNC_DELTA_SPARSE) {   /* only the changed values are written */
-                if (mode == WSYNC_DELTA_SPARSE) {
-                    for (uint32_t r = tid; r < k; r += WK_THREADS) {
-                        const el x = vals[r];
-                        reinterpret_cast<el *>(tb)[posv[r]] = x;
-                        if (hash)
-                            reinterpret_cast<el *>(buf)[posv[r]] = x;
-                    }
-                } else if (mode != WSYNC_DELTA_SAME) {
+            if (mode == WSYNC_DELTA_SPARSE) {   /* only the changed values are written */
+                if (tid < k) {
+                    reinterpret_cast<el *>(tb)[posv[tid]] = (el)sp.v0;
+                    if (hash)
+                        reinterpret_cast<el *>(buf)[posv[tid]] = (el)sp.v0;
+                }
+                if (tid + WK_THREADS < k) {
+                    reinterpret_cast<el *>(tb)[posv[tid + WK_THREADS]] = (el)sp.v1;
+                    if (hash)
+                        reinterpret_cast<el *>(buf)[posv[tid + WK_THREADS]] = (el)sp.v1;
+                }
+            } else if (!hash) {
+                if (mode != WSYNC_DELTA_SAME) {
                     for (uint32_t i = tid; i < len; i += WK_THREADS) {
                         if (mode == WSYNC_DELTA_BITMAP && !((mask[i >> 5] >> (i & 31)) & 1u))
                             continue;
@@ -1572,7 +1628,7 @@ wk2_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
                 atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
                           (unsigned long long)k);
         }
-        __syncthreads();   /* buf, hx, posv, mask and ent[p] are the next block's */
+        __syncthreads();   /* buf, hx, posv and mask are the next block's */
 
         if constexpr (PF) {
             if (hash) {
@@ -1585,9 +1641,11 @@ wk2_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, ui
             const uint32_t l = wk_blen(ch[cn], g0 + grn, &f);
             wk_vload_block<E>(ch[cn].b + f * E, l, tv);
         }
+        en = en1;
+        en1 = en2;
+        sp = sp1;
         gr = grn;
         c = cn;
-        p ^= 1;
     }
 }
 
@@ -1660,6 +1718,7 @@ struct wsync_kdelta_batch {
     unsigned long long *status;        /*   [nblocks + 4] encode: look-back words, counters */
     uint64_t *leaves;                  /*   [nblocks] */
     wsync_kdelta_result_t *res;        /*   [n] */
+    uint4 *ents;                       /*   [nblocks] apply: the checked table entries (v2) */
     uint64_t dev_bytes;
     wsync_kdelta_result_t *host;       /* pinned [n] */
     uint64_t *lens_host;               /* pinned [n] apply: the lengths of the next launch */
@@ -1814,7 +1873,8 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
     {   /* one device allocation: chunks, lens, status + counters, leaves, results */
         uint64_t o_ch = 0, o_lens = o_ch + wk_al8((uint64_t)n * sizeof(wk_dchunk_t));
         uint64_t o_st = o_lens + 8 * (uint64_t)n, o_lv = o_st + 8 * (apply ? 0 : g + 4);
-        uint64_t o_res = o_lv + 8 * g, total = o_res + (uint64_t)n * sizeof(wsync_kdelta_result_t);
+        uint64_t o_res = o_lv + 8 * g, o_en = (o_res + (uint64_t)n * sizeof(wsync_kdelta_result_t) + 15) & ~UINT64_C(15);
+        uint64_t total = o_en + (apply ? 16 * g : 0);
         e = cudaMalloc(&b->dev, total ? total : 8);
         if (e != cudaSuccess) {
             st = wk_cuda(e, "wsync_kdelta: cudaMalloc");
@@ -1826,6 +1886,7 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
         b->status = (unsigned long long *)(base + o_st);
         b->leaves = (uint64_t *)(base + o_lv);
         b->res = (wsync_kdelta_result_t *)(base + o_res);
+        b->ents = (uint4 *)(base + o_en);
         b->dev_bytes = total;
     }
     e = cudaMallocHost((void **)&b->host, (size_t)(n ? n : 1) * sizeof(wsync_kdelta_result_t));
@@ -1884,10 +1945,13 @@ static void wk_launch_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t
     const uint64_t g0 = b->grp[grp].gf, nb = b->grp[grp].g1 - g0, gv = b->grp[grp].g0;
     const uint64_t nbv = g0 - gv;
     if (nbv > 0) {
-        if (b->apply)
+        if (b->apply) {
+            const uint64_t units = (nbv + WK_THREADS - 1) / WK_THREADS;
+            wk2_entries<<<(unsigned)(units < 65536 ? units : 65536), WK_THREADS, 0, s>>>(
+                b->chunks, cv, c0, gv, nbv, b->lens, (uint32_t)E, b->ents);
             wk2_delta_apply<E><<<b->grp[grp].grid2, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
-                b->chunks, cv, c0, gv, nbv, b->lens, b->leaves, b->res, b->flag);
-        else
+                b->chunks, cv, c0, gv, nbv, b->ents, b->leaves, b->res, b->flag);
+        } else
             wk2_delta_encode<E><<<b->grp[grp].grid2, WK_THREADS, WK_DBLK * E, s>>>(
                 b->chunks, cv, c0, gv, nbv, b->status,
                 (unsigned int *)(b->status + b->nblocks) + 4 + grp, b->leaves, b->res, b->flag);
