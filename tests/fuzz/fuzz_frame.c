@@ -290,7 +290,7 @@ static void handle(uint16_t type, const uint8_t *p, size_t n)
     case WSYNC_MSG_WELCOME:
     case WSYNC_MSG_BYE:
     case WSYNC_MSG_HEARTBEAT:
-    case WSYNC_MSG_DATA_FDS:     /* scheme-defined, read against a receiver's plan (ipc.c) */
+    case WSYNC_MSG_DATA_FDS:     /* scheme-defined, read against a receiver's plan (ipc_share.c) */
         break;
     default:
         on_fixed(type, p, n);

@@ -6,7 +6,7 @@
 #   bash tests/gpu/tune.sh BUILD [SCENARIO ...]     (scenarios: colocated fp8 disagg-ipc disagg-nccl
 #                                                      colocated1 colocated1-fp8)
 #
-# Knobs (see schemes/ipc.c, sender_stream): WSYNC_IPC_BLOCKS_LOCAL / WSYNC_IPC_BLOCKS_PEER
+# Knobs (see schemes/ipc_cuda_rx.c, sender_stream): WSYNC_IPC_BLOCKS_LOCAL / WSYNC_IPC_BLOCKS_PEER
 # (blocks per SM of a sender's batch kernels when it is on our GPU / another one; 0: no cap) and
 # WSYNC_IPC_PEER_PRIORITY; for nccl, NCCL's own P2P channel and chunk settings.
 # Writes $OUT/tune.jsonl (one line per run: the setting and wsync-bench's JSON), each run's stderr
