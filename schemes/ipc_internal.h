@@ -187,10 +187,14 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
 
 /* ---- the sender's version (ipc_tx.c) ---- */
 
+/* One version: every bucket staged and announced (READY), every RELEASE in; in the sender's
+ * device context when it has CUDA shards (ipc_sender_push enters it). */
 wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t version);
 
 /* ---- the receiver's version (ipc_rx.c) ---- */
 
+/* One version landed in the targets and every bucket released; in the receiver's device context
+ * when it has CUDA targets (ipc_receiver_recv enters it). */
 wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_t version);
 
 /* ---- helpers of both sides' versions (ipc.c) ---- */
