@@ -62,6 +62,10 @@ double wsync_delta_cutoff(const wsync_sender_t *s, int cuda);
  * shorter than this (floor(cutoff x plain); with cut-off 1, the plain size). Give the encoder
  * this as its cap: an encoding that would pass it stops early and the chunk travels plain. */
 uint64_t wsync_delta_limit(const wsync_sender_t *s, int cuda, uint64_t plain);
+/* A host chunk that went plain by the cut-off is not encoded again for the next
+ * WSYNC_DELTA_REPROBE - 1 versions (it travels plain and its baseline is refreshed by a copy);
+ * the one after probes it again. Dense chunks then cost a copy, not a partial encoding pass. */
+#define WSYNC_DELTA_REPROBE 8u
 
 /* ---- sender: baselines (core/delta_tx.c) ------------------------------------------------- */
 
@@ -96,8 +100,9 @@ uint64_t wsync_delta_tx_base(const wsync_delta_tx_t *tx);
 /* Host shard chunk `chunk` (capable), this version: encode its new values (the shard) against
  * its baseline into out[0, cap) and bring the baseline to the new values. *len = the encoded
  * bytes, or 0 when the chunk travels plain (b = 0, or its encoding would not be shorter than
- * wsync_delta_limit, the cut-off, or would not fit cap: the encoder stops there); the baseline is
- * refreshed either way. *hash = the tree hash of the new values (core/delta.h) when *len > 0; 0
+ * wsync_delta_limit, the cut-off, or would not fit cap: the encoder stops there; and without
+ * encoding in the WSYNC_DELTA_REPROBE - 1 versions after one that went plain by the cut-off);
+ * the baseline is refreshed either way. *hash = the tree hash of the new values (core/delta.h) when *len > 0; 0
  * for a plain chunk (receivers compare hashes only after applying a delta, so it is not
  * computed). Call once per chunk per version. */
 wsync_status_t wsync_delta_tx_encode(wsync_delta_tx_t *tx, uint32_t chunk, void *out, uint64_t cap,

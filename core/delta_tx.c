@@ -76,11 +76,18 @@ wsync_status_t wsync_delta_resolve(const wsync_group_info_t *g, const wsync_sche
                      "namespaces", scheme->name, hosts, spaces);
         }
     }
-    snprintf(line, len, "delta: %s (%s)%s\n", *mode == WSYNC_DELTA_MODE_ON ? "on" : "off", why,
+    char cut[320] = "";
+    if (*mode == WSYNC_DELTA_MODE_ON)
+        snprintf(cut, sizeof(cut), "; a chunk travels plain when its encoding would pass "
+                 "delta_cutoff x its plain bytes (default %g for host shards: past it the CPU "
+                 "codec's passes cost more than the bytes they save on the loopback store's "
+                 "link; %g for CUDA shards: the GPU codec runs at HBM speed)",
+                 WSYNC_DELTA_CUTOFF_HOST, WSYNC_DELTA_CUTOFF_CUDA);
+    snprintf(line, len, "delta: %s (%s)%s%s\n", *mode == WSYNC_DELTA_MODE_ON ? "on" : "off", why,
              *mode == WSYNC_DELTA_MODE_ON && fp8_targets
                  ? "; quantized FP8 targets take every version in full (they hold FP8 codes, "
                    "not the values a delta is taken against)"
-                 : "");
+                 : "", cut);
     return WSYNC_OK;
 }
 
@@ -107,6 +114,8 @@ struct wsync_delta_tx {
     uint32_t c0, c1;                 /* this sender's chunks: plan->chunks[c0, c1) */
     uint8_t *capable;                /* [c1 - c0] */
     uint8_t *touched;                /* [c1 - c0] baseline brought to this version */
+    uint8_t *skip;                   /* [c1 - c0] versions left to travel plain unencoded (the
+                                        chunk went plain by the cut-off) */
     void **base;                     /* [nshards] baseline, NULL: no capable chunk */
     uint8_t *kind;                   /* [nshards] 0 host (malloc), 1 device, 2 pinned host */
     uint64_t bytes;
@@ -239,9 +248,11 @@ wsync_status_t wsync_delta_tx_create(wsync_sender_t *s, wsync_delta_tx_t **out)
         tx->c1++;
     tx->capable = calloc((size_t)(tx->c1 - tx->c0) + 1, 1);
     tx->touched = calloc((size_t)(tx->c1 - tx->c0) + 1, 1);
+    tx->skip = calloc((size_t)(tx->c1 - tx->c0) + 1, 1);
     tx->base = calloc(s->nshards + 1, sizeof(*tx->base));
     tx->kind = calloc(s->nshards + 1, 1);
-    if (tx->capable == NULL || tx->touched == NULL || tx->base == NULL || tx->kind == NULL) {
+    if (tx->capable == NULL || tx->touched == NULL || tx->skip == NULL || tx->base == NULL ||
+        tx->kind == NULL) {
         rc = wsync_err(WSYNC_ERR_NOMEM, "delta: no memory");
         goto err;
     }
@@ -282,9 +293,11 @@ wsync_status_t wsync_delta_tx_create(wsync_sender_t *s, wsync_delta_tx_t **out)
         wsync_dev_leave(s->device, saved);
     if (rc != WSYNC_OK)
         goto err;
-    WSYNC_LOG_I("delta: sender %u: %u of %u chunks delta-capable; baselines %.1f MiB (%s)", me,
+    WSYNC_LOG_I("delta: sender %u: %u of %u chunks delta-capable; baselines %.1f MiB (%s); "
+                "cut-off %g of the plain bytes for host shards, %g for CUDA shards", me,
                 tx->ncapable, tx->c1 - tx->c0, (double)tx->bytes / (1 << 20),
-                s->delta_baseline_host ? "host" : "device for CUDA shards, host for host shards");
+                s->delta_baseline_host ? "host" : "device for CUDA shards, host for host shards",
+                wsync_delta_cutoff(s, 0), wsync_delta_cutoff(s, 1));
     *out = tx;
     return WSYNC_OK;
 err:
@@ -301,6 +314,7 @@ void wsync_delta_tx_free(wsync_delta_tx_t *tx)
     free(tx->kind);
     free(tx->capable);
     free(tx->touched);
+    free(tx->skip);
     free(tx);
 }
 
@@ -364,13 +378,18 @@ wsync_status_t wsync_delta_tx_encode(wsync_delta_tx_t *tx, uint32_t chunk, void 
         tx->kind[ch->shard] != 0)
         return wsync_err(WSYNC_ERR_INTERNAL, "delta: chunk %u is not a delta-capable chunk of a "
                          "host shard of sender %d", chunk, tx->s->m.rank);
-    if (tx->cur_base != 0) {
+    uint8_t *skip = &tx->skip[chunk - tx->c0];
+    if (tx->cur_base != 0 && *skip > 0) {
+        (*skip)--;   /* dense lately: plain, without a pass to find out again */
+    } else if (tx->cur_base != 0) {
         /* given the cut-off as its room, the encoder stops at the first block past it */
         uint64_t limit = wsync_delta_limit(tx->s, 0, plain);
         wsync_status_t rc = wsync_delta_encode(data, base, &ch->src, esz, out,
                                                WSYNC_MIN(cap, limit), &n, &h, NULL);
-        if (rc != WSYNC_OK || n >= limit)
+        if (rc != WSYNC_OK || n >= limit) {
             n = 0;   /* past the cut-off (or the room): it travels plain */
+            *skip = (uint8_t)(WSYNC_DELTA_REPROBE - 1);
+        }
     }
     if (n == 0)
         h = 0;       /* a plain chunk's hash is read by no receiver: no pass for it */

@@ -80,6 +80,8 @@ struct store_dtx {
     uint32_t nregs, cap_regs;
     int regs_changed;                /* the device batch must be made again */
     uint64_t *off, *len, *hash;      /* [nregs] this version's rows */
+    uint8_t *skip;                   /* [nregs] host regions: versions left read plain without
+                                        encoding (the region went plain by the cut-off) */
     dbuf_t *bufs;
     int nbufs;
     int cur;                         /* the buffer of the version in flight, -1 */
@@ -167,6 +169,7 @@ void wsync_store_dtx_free(store_dtx_t *d)
     free(d->off);
     free(d->len);
     free(d->hash);
+    free(d->skip);
     free(d->enc_reg);
     free(d->enc_cap);
     free(d->enc_at);
@@ -224,8 +227,10 @@ wsync_status_t wsync_store_dtx_create(wsync_sender_t *s, const wsync_rma_ops_t *
         return rc;
     }
     WSYNC_LOG_I("store: sender %d: delta versions: baselines %.1f MiB (%s); regions come with the "
-                "readers", s->m.rank, (double)d->bl_bytes / (1 << 20),
-                s->delta_baseline_host ? "host" : "device for CUDA shards, host for host shards");
+                "readers; cut-off %g of the plain bytes for host shards, %g for CUDA shards "
+                "(device streams: at most half)", s->m.rank, (double)d->bl_bytes / (1 << 20),
+                s->delta_baseline_host ? "host" : "device for CUDA shards, host for host shards",
+                wsync_delta_cutoff(s, 0), wsync_delta_cutoff(s, 1));
     *out = d;
     return WSYNC_OK;
 }
@@ -300,6 +305,7 @@ static wsync_status_t regs_ready(wsync_sender_t *s, store_dtx_t *d)
     uint64_t *o = realloc(d->off, n * 8), *l = realloc(d->len, n * 8), *h = realloc(d->hash, n * 8);
     uint64_t *ec = realloc(d->enc_cap, n * 8), *ea = realloc(d->enc_at, n * 8);
     uint32_t *er = realloc(d->enc_reg, n * 4);
+    uint8_t *sk = realloc(d->skip, n);
     if (o != NULL)
         d->off = o;
     if (l != NULL)
@@ -312,8 +318,12 @@ static wsync_status_t regs_ready(wsync_sender_t *s, store_dtx_t *d)
         d->enc_at = ea;
     if (er != NULL)
         d->enc_reg = er;
-    if (o == NULL || l == NULL || h == NULL || ec == NULL || ea == NULL || er == NULL)
+    if (sk != NULL)
+        d->skip = sk;
+    if (o == NULL || l == NULL || h == NULL || ec == NULL || ea == NULL || er == NULL ||
+        sk == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta regions");
+    memset(d->skip, 0, n);   /* the regions' order changed: every one is probed again */
     dev_batch_free(d);
     d->nenc = 0;
     uint64_t total = 0;
@@ -530,6 +540,10 @@ wsync_status_t wsync_store_dtx_publish(wsync_sender_t *s, store_dtx_t *d, uint64
                     continue;   /* host baseline of a CUDA shard: read plain */
                 continue;       /* the device batch below */
             }
+            if (d->skip[k] > 0) {
+                d->skip[k]--;   /* dense lately: read plain, without a pass to find out again */
+                continue;
+            }
             /* the encoder gets the cut-off as its room (an encoding that would pass it stops
              * there and the region is read plain): straight into the version's buffer when it
              * has that room already, else into the scratch and then copied, so that each buffer
@@ -552,8 +566,10 @@ wsync_status_t wsync_store_dtx_publish(wsync_sender_t *s, store_dtx_t *d, uint64
             }
             if (wsync_delta_encode(s->shard_data[x->shard], d->bl[x->shard], &x->g, esz, to,
                                    limit, &n, &h, NULL) != WSYNC_OK ||
-                n >= limit)
+                n >= limit) {
+                d->skip[k] = (uint8_t)(WSYNC_DELTA_REPROBE - 1);
                 continue;
+            }
             if (to == d->scratch) {
                 if ((rc = buf_room(d, used + n)) != WSYNC_OK)
                     break;

@@ -7,8 +7,9 @@
  * With the default cut-off of host shards (0.5) the dense chunk travels plain (push stats: its
  * bytes in bytes_plain, not in bytes_encoded) and the sparse one encoded; with delta_cutoff = 1
  * (the param, and WSYNC_DELTA_CUTOFF=1) both travel encoded. Every version's target bytes equal
- * the values the receiver computes on its own from (param, element, version). The param and the
- * variable are refused at or below 0, above 1 and NaN, naming delta_cutoff and the value. */
+ * the values the receiver computes on its own from (param, element, version). A chunk that went
+ * plain by the cut-off is not encoded for the next WSYNC_DELTA_REPROBE - 1 versions, then probed
+ * again (case_reprobe: dense once, then sparse). The param and the variable are refused at or below 0, above 1 and NaN, naming delta_cutoff and the value. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,7 +27,7 @@
 #define NELEM ((uint64_t)ROWS * COLS)
 #define PLAIN (NELEM * 2)               /* bytes of one param */
 #define NP 2                            /* 0: dense, 1: sparse */
-#define NV 3                            /* versions 1..NV */
+#define NV 10                           /* versions 1..NV at most */
 #define TIMEOUT_MS 20000
 
 static const char *const names[NP] = {"dense.weight", "sparse.weight"};
@@ -41,6 +42,8 @@ typedef struct {
 
 typedef struct {
     int port;
+    int nv;                         /* versions 1..nv */
+    int reprobe;                    /* 1: "dense" is dense at version 2 only, 2 % after */
     double cutoff;                  /* the sender's params.delta_cutoff */
     const char *env;                /* WSYNC_DELTA_CUTOFF of the sender, NULL: unset */
     results_t *res;
@@ -54,17 +57,18 @@ static uint64_t mix(uint64_t a, uint64_t b, uint64_t c)
 
 /* Element e of param p at version v: a start value, its lowest bit flipped at each version from
  * 2 on where (p, e, v) draws under the param's permille. */
-static int flips(int p, uint64_t e, uint64_t v)
+static int flips(const group_t *g, int p, uint64_t e, uint64_t v)
 {
-    return v >= 2 && mix((uint64_t)p, e, v) % 1000 < (uint64_t)permille[p];
+    uint64_t pm = g->reprobe && v > 2 ? (uint64_t)permille[1] : (uint64_t)permille[p];
+    return v >= 2 && mix((uint64_t)p, e, v) % 1000 < pm;
 }
 
-static void make_version(int p, uint64_t v, uint16_t *w)
+static void make_version(const group_t *g, int p, uint64_t v, uint16_t *w)
 {
     for (uint64_t e = 0; e < NELEM; e++) {
         if (v == 1)
             w[e] = (uint16_t)(0x3c00 + (mix((uint64_t)p, e, 0) & 0x3ff));
-        else if (flips(p, e, v))
+        else if (flips(g, p, e, v))
             w[e] ^= 1;
     }
 }
@@ -103,7 +107,7 @@ static int run_sender(void *arg)
         w[p] = malloc(PLAIN);
         if (w[p] == NULL)
             return 1;
-        make_version(p, 1, w[p]);
+        make_version(g, p, 1, w[p]);
         sh.param = param_of(p);
         sh.box.len[0] = ROWS;
         sh.box.len[1] = COLS;
@@ -111,9 +115,9 @@ static int run_sender(void *arg)
         sh.mem = WSYNC_MEM_HOST;
         CHECK_OK(wsync_sender_add_shard(s, &sh));
     }
-    for (uint64_t v = 1; v <= NV && check_failures == 0; v++) {
+    for (uint64_t v = 1; v <= (uint64_t)g->nv && check_failures == 0; v++) {
         for (int p = 0; p < NP && v >= 2; p++)
-            make_version(p, v, w[p]);
+            make_version(g, p, v, w[p]);
         wsync_status_t st = wsync_sender_push(s, v);
         CHECK_MSG(st == WSYNC_OK, "push %llu: %s", (unsigned long long)v, wsync_last_error());
         g->res->push_ok[v] = st == WSYNC_OK;
@@ -167,7 +171,7 @@ static int run_receiver(void *arg)
         tg.npieces = 1;
         CHECK_OK(wsync_receiver_add_target(r, &tg));
     }
-    for (uint64_t v = 1; v <= NV && check_failures == 0; v++) {
+    for (uint64_t v = 1; v <= (uint64_t)g->nv && check_failures == 0; v++) {
         uint64_t got = 0;
         wsync_status_t st = wsync_receiver_wait(r, TIMEOUT_MS, &got);
         CHECK_MSG(st == WSYNC_OK && got == v, "wait for version %llu: %s (got %llu)",
@@ -176,8 +180,8 @@ static int run_receiver(void *arg)
         int right = st == WSYNC_OK;
         for (int p = 0; p < NP; p++) {
             for (uint64_t e = 0; v >= 2 && e < NELEM; e++)
-                g->res->changed[v][p] += (uint64_t)flips(p, e, v);
-            make_version(p, v, want[p]);
+                g->res->changed[v][p] += (uint64_t)flips(g, p, e, v);
+            make_version(g, p, v, want[p]);
             if (memcmp(t[p], want[p], PLAIN) != 0) {
                 uint64_t e = 0;
                 while (t[p][e] == want[p][e])
@@ -199,11 +203,11 @@ static int run_receiver(void *arg)
     return check_failures > 0;
 }
 
-static results_t *run_group(double cutoff, const char *env)
+static results_t *run_group(int nv, int reprobe, double cutoff, const char *env)
 {
     results_t *res = mmap(NULL, sizeof(results_t), PROT_READ | PROT_WRITE,
                           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    group_t g = {proc_free_port(), cutoff, env, res};
+    group_t g = {proc_free_port(), nv, reprobe, cutoff, env, res};
     pid_t pids[2];
     int codes[2];
 
@@ -222,7 +226,7 @@ static results_t *run_group(double cutoff, const char *env)
 /* Version 1 goes full (no base); from version 2 on: the expected split of the bytes. */
 static void check_versions(const results_t *res, int dense_plain)
 {
-    for (uint64_t v = 1; v <= NV; v++) {
+    for (uint64_t v = 1; v <= 3; v++) {
         const wsync_push_stats_t *st = &res->stats[v];
         CHECK_MSG(res->push_ok[v] && res->right[v], "version %llu: pushed %d, right %d",
                   (unsigned long long)v, res->push_ok[v], res->right[v]);
@@ -263,7 +267,7 @@ static void check_versions(const results_t *res, int dense_plain)
 static void case_default(void)
 {
     unsetenv("WSYNC_DELTA_CUTOFF");
-    results_t *res = run_group(0.0, NULL);
+    results_t *res = run_group(3, 0, 0.0, NULL);
     if (res != NULL)
         check_versions(res, 1);
 }
@@ -271,16 +275,38 @@ static void case_default(void)
 static void case_param_one(void)
 {
     unsetenv("WSYNC_DELTA_CUTOFF");
-    results_t *res = run_group(1.0, NULL);
+    results_t *res = run_group(3, 0, 1.0, NULL);
     if (res != NULL)
         check_versions(res, 0);
 }
 
 static void case_env_one(void)
 {
-    results_t *res = run_group(0.0, "1");
+    results_t *res = run_group(3, 0, 0.0, "1");
     if (res != NULL)
         check_versions(res, 0);
+}
+
+/* "dense" at 60 % in version 2 only, 2 % after: it goes plain by the cut-off at version 2, is
+ * not encoded in versions 3 .. 9 (plain, though sparse again: WSYNC_DELTA_REPROBE - 1 versions),
+ * and is probed and encoded again at version 10; every version right. */
+static void case_reprobe(void)
+{
+    unsetenv("WSYNC_DELTA_CUTOFF");
+    results_t *res = run_group(10, 1, 0.0, NULL);
+    if (res == NULL)
+        return;
+    for (uint64_t v = 2; v <= 10; v++) {
+        const wsync_push_stats_t *st = &res->stats[v];
+        CHECK_MSG(res->push_ok[v] && res->right[v], "version %llu: pushed %d, right %d",
+                  (unsigned long long)v, res->push_ok[v], res->right[v]);
+        CHECK(st->base_version == v - 1);
+        CHECK_MSG(st->bytes_plain == (v < 10 ? PLAIN : 0), "version %llu: %llu bytes plain",
+                  (unsigned long long)v, (unsigned long long)st->bytes_plain);
+        CHECK_MSG(st->bytes_encoded > 0 && st->bytes_encoded < (v < 10 ? PLAIN : 2 * PLAIN) / 10,
+                  "version %llu: %llu bytes encoded", (unsigned long long)v,
+                  (unsigned long long)st->bytes_encoded);
+    }
 }
 
 /* A sender's params with the cut-off (and the variable): refused before anything starts. */
@@ -328,5 +354,6 @@ int main(void)
     RUN(case_default);
     RUN(case_param_one);
     RUN(case_env_one);
+    RUN(case_reprobe);
     return check_summary();
 }

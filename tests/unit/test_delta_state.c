@@ -43,7 +43,7 @@ static void case_resolve(void)
     const wsync_scheme_ops_t nccl = {.name = "nccl", .delta = 1};
     const char *one[] = {"a/n1", "a/n1", "a/n1"}, *two[] = {"a/n1", "b/n1", "b/n1"};
     const uint32_t A = WSYNC_DELTA_MODE_AUTO, ON = WSYNC_DELTA_MODE_ON, OFF = WSYNC_DELTA_MODE_OFF;
-    char line[512];
+    char line[1024];
     uint32_t mode = 99;
     group_t gr;
 
@@ -58,6 +58,11 @@ static void case_resolve(void)
     CHECK(mode == ON);
     CHECK_MSG(strstr(line, "delta: on (receiver 0 asked for delta = on); quantized FP8 targets "
                            "take every version in full") == line, "%s", line);
+    /* the cut-off and its defaults (docs/delta.md "When a chunk goes plain") */
+    char cut[128];
+    snprintf(cut, sizeof(cut), "delta_cutoff x its plain bytes (default %g for host shards",
+             WSYNC_DELTA_CUTOFF_HOST);
+    CHECK_MSG(strstr(line, cut) != NULL && line[strlen(line) - 1] == '\n', "%s", line);
     /* on, where it does not: refused, naming the scheme and who asked; outputs untouched */
     mode = 99;
     CHECK_ST(wsync_delta_resolve(&gr.g, &nccl_plain, 0, &mode, line, sizeof(line)),
