@@ -1,18 +1,41 @@
 /* The delta codec of core/delta.h on the GPU: batched encode and apply, and XXH3_64bits on the
  * device (kernels/delta.h says what and why).
  *
- * Both codec kernels give one CUDA block of WK_THREADS threads one codec block of WK_DBLK
- * elements. Encode keeps the block's new values in shared memory (for its payload and its leaf
- * hash) and a changed flag per element, turned into 32-bit mask words by warp ballots; the
+ * Two sets of kernels. v1 (wk_delta_encode, wk_delta_apply): one CUDA block of WK_THREADS threads
+ * per codec block of WK_DBLK elements, any region (strided, unaligned). v2 (wk2_*): for chunks
+ * that are dense with 16-byte aligned starts (what buckets hold): a grid of resident CTAs loops
+ * over the blocks, the values in registers (16-byte loads), the next block's loading while the
+ * current one is worked on. A batch sends each chunk to one of them (WSYNC_KDELTA_V1=1: all v1).
+ *
+ * Encode: per block, changed flags -> 32-bit mask words (ballots in v1, shuffles in v2); the
  * words' prefix counts give each changed element its rank in the payload; SPARSE's byte-gap
  * index (format 2) needs, per element, the escapes before it: a gap of 255 or more never lies
  * inside a mask word, so only a word's first element has escapes, and a scan over the words
- * (last changed position: max; escapes: sum) places every index byte. Apply decodes an index
- * stream with a block-wide scan of (position advance, is-element) over its bytes. The block's payload
+ * (last changed position: max; escapes: sum) places every index byte. The block's payload
  * offset inside its chunk is the sum of the sizes of the blocks before it: each block publishes
  * its size as soon as it knows it, then warp 0 looks back over its predecessors (decoupled
- * look-back, with block numbers drawn in launch order from a counter so that a block only ever
- * waits for blocks already running), so that new and old are read once.
+ * look-back; block numbers drawn in order from a counter, so a block only waits for blocks that
+ * running CTAs hold), so that new and old are read once. The leaf XXH3 (v2, full blocks): XXH3's
+ * long loop adds per-stripe terms that depend only on data and secret, so each thread makes the
+ * terms of its 16 bytes, warp shuffles sum them per accumulator and half segment, and 8 lanes run
+ * the 1 KiB segments' scrambles; nothing goes through shared memory but those sums.
+ * Apply: v2 checks every block's table entry first (wk2_entries), then per block decodes an
+ * index stream with a block-wide scan of (position advance, is-element) over its bytes, checks
+ * the payload before any write, writes the changed values, and hashes the block from registers
+ * (a SAME block) or shared memory (patched values).
+ *
+ * Traffic, 1 GiB of bf16 in 64 chunks at 1 % changed (the bench of test_delta_kernels): encode
+ * reads new and old once (2 GiB) and writes the stream (table 1 MiB, payloads ~1.7 % of 1 GiB:
+ * a SPARSE block of k ~ 41 is al8(k + e) + al8(2k) ~ 136 bytes), the leaves and look-back words
+ * (1 MiB each); apply with the hash reads the target once (1 GiB), the stream (~18 MiB) and the
+ * entry words (2 MiB), and writes the ~41 changed values of each block (each a partial 32-byte
+ * sector: ~16 % of the target's sectors touched, merged in L2). So 3 GiB of reads against the
+ * reference's 2 GiB (an amax over both versions, or a D2D copy of one): 1.5 x is both kernels at
+ * the reference's read speed. What limits it: every block needs several CTA barriers (mask
+ * words, scan, hash sums, payload), a serial stretch (the word scan on one warp, the 4E segment
+ * scrambles on 8 lanes, the look-back), and v2 keeps 4 CTAs per SM (64 registers a thread, for
+ * the prefetched block): the loads in flight per SM are the 4 CTAs' next blocks (4 x 16 KiB for
+ * encode, 4 x 8 KiB for apply), which must cover HBM latency at full bandwidth.
  */
 #include "kernels/common.cuh"
 #include "kernels/delta.h"

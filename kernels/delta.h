@@ -6,13 +6,15 @@
  * wsync_delta_encode writes, and the apply kernel takes what either encoder wrote; the tree hash
  * equals wsync_delta_hash. tests/gpu/test_delta_kernels.c holds them to it.
  *
- * Work: one CUDA block per codec block (WSYNC_DELTA_BLOCK elements). Encode reads each block of
- * new and old values once: it counts the changes (warp ballots), hashes the new values (leaf),
- * finds the block's payload offset by a decoupled look-back over the blocks before it in its chunk
- * (so no second pass over the values), and writes its table entry and payload. A second, small
- * kernel hashes each chunk's leaves. Apply validates the header, the block's table entry and its
- * payload before touching the destination, writes the changed values in place and hashes the
- * block's values after it.
+ * Work: per codec block (WSYNC_DELTA_BLOCK elements), by persistent CTAs for chunks that are
+ * dense with 16-byte aligned starts, else one CUDA block each (WSYNC_KDELTA_V1=1: that for all;
+ * kernels/delta.cu says how and what limits the speed). Encode reads each block of new and old
+ * values once: it counts the changes, hashes the new values (leaf), finds the block's payload
+ * offset by a decoupled look-back over the blocks before it in its chunk (so no second pass over
+ * the values), and writes its table entry and payload. A second, small kernel hashes each
+ * chunk's leaves. Apply validates the header, the block's table entry and its payload before
+ * touching the destination, writes the changed values in place and hashes the block's values
+ * after it.
  *
  * Conventions are those of kernels/kernels.h (device pointers of the current device, streams as
  * void *, WSYNC_ERR_INVALID / WSYNC_ERR_DEVICE with wsync_last_error()). A batch holds device
