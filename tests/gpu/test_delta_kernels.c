@@ -13,7 +13,10 @@
  * Then, unless --no-bench, 1 GiB of bf16 at 1 %, 5 % and 30 % changed: encode and apply times
  * (v2, and v1 beside them) against reading both versions once (JSON lines on stdout).
  *
- * usage: test_delta_kernels [--seed S] [--no-bench] [--json PATH]
+ * usage: test_delta_kernels [--seed S] [--no-bench] [--profile] [--json PATH]
+ * --profile: only the bench at 1 %, one launch of each batch (encode, apply with and without the
+ * hash: kernels wk2_entries, wk2_delta_encode, wk2_delta_apply, wk_delta_chunk_hash), for
+ * `ncu --set full -k regex:wk2_ test_delta_kernels --profile`.
  * Exit 0 when every case passed, 1 otherwise, 77 when there is no CUDA device. Not a ctest:
  * tests/gpu/run.sh runs it on a GPU machine. */
 #include "core/delta.h"
@@ -979,10 +982,18 @@ typedef void (*launch_fn)(void *ctx);
 #define BENCH_ITERS 10
 
 /* Median seconds of one call. */
+/* --profile: the bench at 1 % only, each launch once (for a profiler), no v1, no reference */
+static int profile_mode;
+
 static double time_it(launch_fn fn, void *ctx)
 {
     cudaEvent_t ev[BENCH_ITERS + 1];
     float ms[BENCH_ITERS];
+    if (profile_mode) {
+        fn(ctx);
+        CU(cudaDeviceSynchronize());
+        return 0;
+    }
     fn(ctx);
     fn(ctx);
     for (int i = 0; i <= BENCH_ITERS; i++)
@@ -1077,7 +1088,7 @@ static void run_bench(void)
         a[c] = (wsync_kdelta_app_t){d_out + c * cap, 0, d_dst, r, 2};
     }
     fprintf(stderr, "-- 1 GiB bf16 in %u chunks, medians of %d\n", NCH, BENCH_ITERS);
-    for (int di = 0; di < 3 && nbench < MAX_BENCH; di++) {
+    for (int di = 0; di < (profile_mode ? 1 : 3) && nbench < MAX_BENCH; di++) {
         bench_row_t *row = &bench[nbench++];
         memset(row, 0, sizeof(*row));
         row->density = dens[di];
@@ -1137,7 +1148,7 @@ static void run_bench(void)
             free(gpu);
         }
         /* the v1 kernels (one CTA per block), for comparison: same bytes, their times */
-        {
+        if (!profile_mode) {
             wsync_kdelta_batch_t *eb1 = NULL, *ab1 = NULL, *ab01 = NULL;
             setenv("WSYNC_KDELTA_V1", "1", 1);
             CHECK_OK(wsync_kdelta_encode_create(e, NCH, 0, &eb1));
@@ -1244,8 +1255,10 @@ int main(int argc, char **argv)
             json = argv[++i];
         else if (strcmp(argv[i], "--no-bench") == 0)
             do_bench = 0;
+        else if (strcmp(argv[i], "--profile") == 0)
+            profile_mode = 1;
         else {
-            fprintf(stderr, "usage: %s [--seed S] [--no-bench] [--json PATH]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--seed S] [--no-bench] [--profile] [--json PATH]\n", argv[0]);
             return 2;
         }
     }
@@ -1258,23 +1271,25 @@ int main(int argc, char **argv)
     printf("device: %s (%d SMs), seed %" PRIu64 "\n", prop.name, prop.multiProcessorCount, seed);
     fflush(stdout);
 
-    run_case("cases (CPU encoder)", make_all_cases);
-    run_case("xxh3", test_xxh3);
-    /* every chunk through the v1 kernels (one CTA per block), then the default: v2 kernels for
-     * the dense 16-byte aligned chunks, v1 for the others, in the same batches */
-    setenv("WSYNC_KDELTA_V1", "1", 1);
-    run_case("encode (v1 only)", test_encode);
-    run_case("apply (v1 only)", test_apply);
-    run_case("corrupt (v1 only)", test_corrupt);
-    unsetenv("WSYNC_KDELTA_V1");
-    run_case("encode", test_encode);
-    run_case("apply", test_apply);
-    run_case("corrupt", test_corrupt);
-    run_case("errors", test_errors);
-    run_case("copy_plain", test_copy_plain);
-    for (int i = 0; i < ntc; i++)
-        tcase_free(&tcs[i]);
-    if (do_bench)
+    if (!profile_mode) {
+        run_case("cases (CPU encoder)", make_all_cases);
+        run_case("xxh3", test_xxh3);
+        /* every chunk through the v1 kernels (one CTA per block), then the default: v2 kernels for
+         * the dense 16-byte aligned chunks, v1 for the others, in the same batches */
+        setenv("WSYNC_KDELTA_V1", "1", 1);
+        run_case("encode (v1 only)", test_encode);
+        run_case("apply (v1 only)", test_apply);
+        run_case("corrupt (v1 only)", test_corrupt);
+        unsetenv("WSYNC_KDELTA_V1");
+        run_case("encode", test_encode);
+        run_case("apply", test_apply);
+        run_case("corrupt", test_corrupt);
+        run_case("errors", test_errors);
+        run_case("copy_plain", test_copy_plain);
+        for (int i = 0; i < ntc; i++)
+            tcase_free(&tcs[i]);
+    }
+    if (do_bench || profile_mode)
         run_case("bench", run_bench);
 
     printf("\n%-22s %s\n", "case", "result");
