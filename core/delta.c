@@ -21,6 +21,7 @@
 #endif
 
 #define LEAF_BATCH 128u             /* leaves hashed into the chunk hash per update */
+#define DENSE_FRACTION 16u          /* past 1/16 of a block changed, the next one diffs into bits */
 
 static inline uint64_t align8(uint64_t x) { return (x + 7) & ~(uint64_t)7; }
 
@@ -231,9 +232,10 @@ uint64_t wsync_delta_max_bytes(uint64_t n, uint32_t esize)
 /* ---- encode --------------------------------------------------------------------------------- */
 
 /* Append to idx[k..] the block indices (base + element) of the elements of a span that differ
- * (a: new, b: old, cnt elements); returns the new k. Compares 32 bytes, then 8, at a time. */
-static uint32_t diff_span(const uint8_t *a, const uint8_t *b, uint64_t cnt, uint32_t es,
-                          uint32_t base, uint16_t *idx, uint32_t k)
+ * (a: new, b: old, cnt elements); returns the new k. Compares 32 bytes, then 8, at a time, and
+ * walks the set bits of the words that differ: the fast way for sparse changes. */
+static uint32_t diff_span_idx(const uint8_t *a, const uint8_t *b, uint64_t cnt, uint32_t es,
+                              uint32_t base, uint16_t *idx, uint32_t k)
 {
     const unsigned sh = esize_shift(es), bsh = 3 + sh;   /* element of a bit: bit >> bsh */
     const uint64_t emask = es == 8 ? ~(uint64_t)0 : ((uint64_t)1 << (8 * es)) - 1;
@@ -269,6 +271,123 @@ static uint32_t diff_span(const uint8_t *a, const uint8_t *b, uint64_t cnt, uint
     return k;
 }
 
+/* One bit per element of an 8-byte XOR word of es-byte lanes: bit t set when lane t is non-zero.
+ * A lane's high bit gets the carry of (low bits + all ones below the high bit), or'ed with the
+ * lane itself; a multiply then gathers the lanes' high bits into the top bits of the product (the
+ * constant's terms land at distinct positions, so nothing carries into them). Branch-free, so
+ * that dense changes cost per word, not per element. */
+static inline uint64_t lane_bits(uint64_t x, uint32_t es)
+{
+    uint64_t low, hi;
+
+    switch (es) {
+    case 1:
+        low = 0x7f7f7f7f7f7f7f7full;
+        hi = (((x & low) + low) | x) & ~low;
+        return ((hi >> 7) * 0x0102040810204080ull) >> 56;
+    case 2:
+        low = 0x7fff7fff7fff7fffull;
+        hi = (((x & low) + low) | x) & ~low;
+        return ((hi >> 15) * 0x1000200040008000ull) >> 60;
+    case 4:
+        low = 0x7fffffff7fffffffull;
+        hi = (((x & low) + low) | x) & ~low;
+        return (hi >> 31 & 1) | (hi >> 62);
+    default:
+        return x != 0;
+    }
+}
+
+/* Or `nb` bits v into the block bitmap bm at bit p (p + nb <= the block's length). */
+static inline void put_bits(uint64_t *bm, uint32_t p, uint64_t v, uint32_t nb)
+{
+    uint32_t sh = p & 63;
+    bm[p >> 6] |= v << sh;
+    if (sh + nb > 64)
+        bm[(p >> 6) + 1] |= v >> (64 - sh);
+}
+
+/* Set in the block bitmap bm the bits (base + element) of the elements of a span that differ (a:
+ * new, b: old, cnt elements). Compares 32 bytes at a time and skips equal groups; a group that
+ * differs costs a few operations per 8-byte word whatever its number of changes: the fast way
+ * for dense changes. */
+static void diff_span_bits(const uint8_t *a, const uint8_t *b, uint64_t cnt, uint32_t es,
+                      uint32_t base, uint64_t *bm)
+{
+    const unsigned sh = esize_shift(es);
+    const uint32_t per = 8 >> sh;                       /* elements per word */
+    const uint64_t bytes = cnt * es;
+    uint64_t i = 0;
+
+    for (; i + 32 <= bytes; i += 32) {
+        uint64_t x0 = ld64(a + i) ^ ld64(b + i), x1 = ld64(a + i + 8) ^ ld64(b + i + 8);
+        uint64_t x2 = ld64(a + i + 16) ^ ld64(b + i + 16), x3 = ld64(a + i + 24) ^ ld64(b + i + 24);
+        uint32_t p = base + (uint32_t)(i >> sh);
+        if ((x0 | x1 | x2 | x3) == 0)
+            continue;
+        put_bits(bm, p, lane_bits(x0, es) | lane_bits(x1, es) << per |
+                 lane_bits(x2, es) << 2 * per | lane_bits(x3, es) << 3 * per, 4 * per);
+    }
+    for (; i + 8 <= bytes; i += 8)
+        put_bits(bm, base + (uint32_t)(i >> sh), lane_bits(ld64(a + i) ^ ld64(b + i), es), per);
+    for (; i < bytes; i += es)      /* fewer than 8 bytes left, whole elements */
+        if (memcmp(a + i, b + i, es) != 0)
+            put_bits(bm, base + (uint32_t)(i >> sh), 1, 1);
+}
+
+/* The set bits of the block bitmap bm (len bits), ascending, into idx; returns their count. */
+static uint32_t bits_to_idx(const uint64_t *bm, uint32_t len, uint16_t *idx)
+{
+    uint32_t k = 0;
+    for (uint32_t w = 0; w < (len + 63) / 64; w++)
+        for (uint64_t x = bm[w]; x != 0; x &= x - 1)
+            idx[k++] = (uint16_t)(w * 64 + (uint32_t)__builtin_ctzll(x));
+    return k;
+}
+
+/* Copy the values of the elements of a span (src, m elements from block index p) whose bits are
+ * set in bm to dst from slot q on; returns the next slot. Branch-free (each element is stored, the
+ * slot moves by its bit), for dense changes; a store lands at slot q only while a set bit remains
+ * ahead, so the caller stops before the block's last change and copies that one itself, and no
+ * store passes dst's k slots. */
+static inline uint32_t compress_span(const uint8_t *src, uint32_t m, uint32_t p,
+                                     const uint64_t *bm, uint8_t *dst, uint32_t q, uint32_t es)
+{
+    for (uint32_t i = 0; i < m; i++, p++) {
+        copy_elem(dst + (uint64_t)q * es, src + (uint64_t)i * es, es);
+        q += (uint32_t)(bm[p >> 6] >> (p & 63)) & 1u;
+    }
+    return q;
+}
+
+/* Copy the values of the elements whose bits are set in bm (at least one; a block of len from
+ * `at` of v) into dst, in block order. */
+static void gather_bits(const view_t *v, cursor_t at, const uint64_t *bm, uint32_t len,
+                        uint8_t *dst)
+{
+    uint32_t last = 0, q = 0, p = 0;
+
+    for (uint32_t w = (len + 63) / 64; w-- > 0;)
+        if (bm[w] != 0) {
+            last = w * 64 + 63 - (uint32_t)__builtin_clzll(bm[w]);
+            break;
+        }
+    while (p < last) {
+        uint32_t m = (uint32_t)span_len(v, at, last - p);
+        const uint8_t *src = view_at(v, at);
+        switch (v->es) {              /* constant sizes: one move per element */
+        case 1: q = compress_span(src, m, p, bm, dst, q, 1); break;
+        case 2: q = compress_span(src, m, p, bm, dst, q, 2); break;
+        case 4: q = compress_span(src, m, p, bm, dst, q, 4); break;
+        default: q = compress_span(src, m, p, bm, dst, q, 8); break;
+        }
+        p += m;
+        cursor_add(v, &at, m);
+    }
+    /* q == k - 1 here: the last change takes the last slot */
+    copy_elem(dst + (uint64_t)q * v->es, view_at(v, at), v->es);
+}
+
 /* Copy the values of the k (ascending) block indices idx from the block at `at` of v into dst. */
 static void gather(const view_t *v, cursor_t at, const uint16_t *idx, uint32_t k, uint8_t *dst)
 {
@@ -293,46 +412,42 @@ static void copy_out(const view_t *v, cursor_t at, uint64_t len, uint8_t *dst)
     }
 }
 
-/* The escape count of the k ascending block indices idx: the sum of floor(gap / 255). */
-static uint32_t escapes(const uint16_t *idx, uint32_t k)
+/* Write the SPARSE index stream of the k ascending block indices idx to q (room for k + 16
+ * bytes); returns its length, k + e. Each gap is floor(gap / 255) bytes 0xFF, then the rest. */
+static uint32_t make_stream(const uint16_t *idx, uint32_t k, uint8_t *q)
 {
-    uint32_t e = 0, next = 0;
+    uint32_t next = 0, n = 0;                   /* first position the next gap skips */
     for (uint32_t j = 0; j < k; j++) {
-        e += (idx[j] - next) / WSYNC_DELTA_ESC;
+        uint32_t d = idx[j] - next;
+        for (; d >= WSYNC_DELTA_ESC; d -= WSYNC_DELTA_ESC)
+            q[n++] = (uint8_t)WSYNC_DELTA_ESC;
+        q[n++] = (uint8_t)d;
         next = idx[j] + 1u;
     }
-    return e;
+    return n;
 }
 
-/* Write block payload (mode, k of len changed, indices idx, escape count e) at p, bytes long. */
+/* Write block payload (mode, k of len changed, their bitmap bm, and for SPARSE their indices
+ * idx, escape count e and index stream) at p, bytes long. */
 static void write_payload(uint8_t *p, uint64_t bytes, uint32_t mode, const view_t *nv,
-                          cursor_t at, uint32_t len, const uint16_t *idx, uint32_t k, uint32_t e)
+                          cursor_t at, uint32_t len, const uint64_t *bm, const uint16_t *idx,
+                          uint32_t k, uint32_t e, const uint8_t *stream)
 {
     uint64_t head;
 
     memset(p + (bytes >= 8 ? bytes - 8 : 0), 0, bytes >= 8 ? 8 : bytes);   /* tail padding */
     switch (mode) {
-    case WSYNC_DELTA_SPARSE: {
-        uint8_t *q = p;
-        uint32_t next = 0;                              /* first position the next gap skips */
+    case WSYNC_DELTA_SPARSE:
         head = align8((uint64_t)k + e);
         memset(p + head - 8, 0, 8);
-        for (uint32_t j = 0; j < k; j++) {
-            uint32_t d = idx[j] - next;
-            for (; d >= WSYNC_DELTA_ESC; d -= WSYNC_DELTA_ESC)
-                *q++ = (uint8_t)WSYNC_DELTA_ESC;
-            *q++ = (uint8_t)d;
-            next = idx[j] + 1u;
-        }
+        memcpy(p, stream, (size_t)k + e);
         gather(nv, at, idx, k, p + head);
         break;
-    }
     case WSYNC_DELTA_BITMAP:
         head = align8(((uint64_t)len + 7) / 8);
-        memset(p, 0, head);
-        for (uint32_t j = 0; j < k; j++)
-            p[idx[j] >> 3] |= (uint8_t)(1u << (idx[j] & 7));
-        gather(nv, at, idx, k, p + head);
+        memset(p + head - 8, 0, 8);
+        memcpy(p, bm, ((uint64_t)len + 7) / 8);         /* u64 words little-endian, as the host */
+        gather_bits(nv, at, bm, len, p + head);
         break;
     case WSYNC_DELTA_PLAIN:
         copy_out(nv, at, len, p);
@@ -346,7 +461,10 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
                                   const wsync_region_t *src, uint32_t esize, void *out,
                                   uint64_t cap, uint64_t *len, uint64_t *hash, uint64_t *changed)
 {
-    uint16_t idx[WSYNC_DELTA_BLOCK];
+    uint64_t bm[WSYNC_DELTA_BLOCK / 64];    /* the block's changed elements, bit per element */
+    uint16_t idx[WSYNC_DELTA_BLOCK];        /* or as indices */
+    uint8_t stream[WSYNC_DELTA_BLOCK + 16]; /* a SPARSE block's index stream: k + e bytes */
+    int dense = 0;                          /* diff into bm (else into idx) */
     uint64_t n, nb, table_end, pos = 0, nchanged = 0;
     view_t nv, ov;
     cursor_t at = {0, 0};
@@ -387,21 +505,39 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
         uint64_t bytes;
         cursor_t s = at;
 
+        if (dense)
+            memset(bm, 0, sizeof(bm));
         for (uint32_t done = 0; done < blen;) {
             uint32_t m = (uint32_t)span_len(&nv, s, blen - done);
-            k = diff_span(view_at(&nv, s), view_at(&ov, s), m, esize, done, idx, k);
+            if (dense)
+                diff_span_bits(view_at(&nv, s), view_at(&ov, s), m, esize, done, bm);
+            else
+                k = diff_span_idx(view_at(&nv, s), view_at(&ov, s), m, esize, done, idx, k);
             done += m;
             s.r++;
             s.c = 0;
         }
+        if (dense)
+            for (uint32_t w = 0; w < WSYNC_DELTA_BLOCK / 64; w++)
+                k += (uint32_t)__builtin_popcountll(bm[w]);
         /* e only moves a block from SPARSE to BITMAP or PLAIN (SPARSE alone grows with it), so
          * it is counted only where e = 0 would pick SPARSE */
         bytes = wsync_delta_block_bytes(blen, k, 0, esize, &mode);
         if (mode == WSYNC_DELTA_SPARSE) {
-            e = escapes(idx, k);
+            if (dense)
+                bits_to_idx(bm, blen, idx);
+            e = make_stream(idx, k, stream) - k;
             if (e > 0)
                 bytes = wsync_delta_block_bytes(blen, k, e, esize, &mode);
         }
+        if (mode == WSYNC_DELTA_BITMAP && !dense) {
+            memset(bm, 0, sizeof(bm));
+            for (uint32_t i = 0; i < k; i++)
+                bm[idx[i] >> 6] |= (uint64_t)1 << (idx[i] & 63);
+        }
+        /* the next block is diffed the way that suits this one's density (the output is the
+         * same either way) */
+        dense = k > blen / DENSE_FRACTION;
         if (cap - table_end < pos + bytes)
             return wsync_err(WSYNC_ERR_INVALID, "delta encode: cap %" PRIu64 " < the %" PRIu64
                              " bytes needed up to block %" PRIu64 " of %" PRIu64
@@ -412,7 +548,7 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
             e = 0;                      /* stored for SPARSE blocks only */
         st32(o + WSYNC_DELTA_HEADER + 8 * j + 4, wsync_delta_word(mode, e, k));
         if (bytes > 0)
-            write_payload(o + table_end + pos, bytes, mode, &nv, at, blen, idx, k, e);
+            write_payload(o + table_end + pos, bytes, mode, &nv, at, blen, bm, idx, k, e, stream);
         tree_add(&tree, hash_block(&nv, at, blen));
         pos += bytes;
         nchanged += k;

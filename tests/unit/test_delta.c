@@ -307,6 +307,37 @@ static void test_round_trips(void)
     }
 }
 
+/* A density per block, alternating dense and sparse (the encoder diffs a block after a dense one
+ * into a bitmap, after a sparse one into indices: both must give the reference's bytes), with
+ * escapes in the sparse blocks, on a dense and a strided region of every element size. */
+static void test_mixed_density(void)
+{
+    static const double dens[] = {0.5, 0.003, 0.9, 0, 0.2, 0.08, 1.0, 0.001, 0.07, 0.3, 0.01};
+    static const uint32_t sizes[] = {1, 2, 4, 8};
+    const uint64_t nbl = sizeof(dens) / sizeof(dens[0]);
+    /* dense; and rows of 333 (spans end mid-word), pitch 340 */
+    const wsync_region_t regs[] = {{3, nbl * B - 50, 1, nbl * B - 50}, {1, 340, (nbl * B - 50) / 333, 333}};
+
+    for (size_t si = 0; si < 4; si++)
+        for (size_t ri = 0; ri < 2; ri++) {
+            uint32_t es = sizes[si];
+            pair_t p = make_pair(regs[ri], es, 0, 40 + si);
+            uint64_t n = regs[ri].rows * regs[ri].cols, s = 77 + si;
+            char label[64];
+            for (uint64_t e = 0; e < n; e++) {
+                double d = dens[e / B];
+                if (d == 0 || (d < 1 && (double)(rng_next(&s) >> 11) * 0x1p-53 >= d))
+                    continue;
+                elem(p.nw, &p.r, e, es)[rng_next(&s) % es] ^= (uint8_t)(1 + rng_next(&s) % 255);
+                p.nchanged++;
+            }
+            snprintf(label, sizeof(label), "mixed density, esize %u, region %zu", es, ri);
+            unsigned m = round_trip(&p, label);
+            CHECK_MSG(m == 0xF, "%s: modes 0x%x", label, m);
+            free_pair(&p);
+        }
+}
+
 /* One byte of one element changed, at every byte position of every element of a short run:
  * the 8-byte comparison must name exactly that element. */
 static void test_single_byte_changes(void)
@@ -903,6 +934,7 @@ int main(void)
     RUN(test_sizes_and_args);
     RUN(test_single_byte_changes);
     RUN(test_round_trips);
+    RUN(test_mixed_density);
     RUN(test_check_rejects);
     RUN(test_corruptions_caught);
     RUN(test_speed_report);
