@@ -40,8 +40,11 @@
 #      version byte-checked) at lr 1e-6, 1e-5, 1e-4: nccl over NCCL's socket transport
 #      (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1) FSDP-1 -> TP-1 on GPUs 0 -> 1 (FSDP-2 -> TP-2 on
 #      4 GPUs), the store on host memory over UCX and libfabric ($WSYNC_DELTA_HOST_SHAPE, default
-#      the bench shape, qwen3-0.6b when that does not fit this host's memory), and ipc colocated
-#      on CUDA memory with delta auto (must resolve off) and on; a table in the summary;
+#      the bench shape, qwen3-0.6b when that does not fit this host's memory), ipc colocated
+#      on CUDA memory with delta auto (must resolve off) and on, and the store on CUDA memory
+#      over TCP (WSYNC_STORE_PROVIDER=tcp) over UCX and libfabric ($WSYNC_DELTA_STORE_SHAPE,
+#      default qwen3-0.6b); each run's codec times (kernels on CUDA memory); a table in the
+#      summary;
 # $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes faults python netns bench moe
 # moe-baselines store-cuda delta baselines"), $WSYNC_BENCH_SHAPE the model shape of the dense benchmarks (default
 # qwen3-8b) and $WSYNC_MOE_SHAPE that of the MoE ones (default qwen3-30b-a3b; tiny-moe for a
@@ -357,6 +360,18 @@ if ! skipped delta && [ -x "$BENCH" ]; then
         delta_bench "ipc-coloc $mode" "$BENCH" --model-shape "$DELTA_SHAPE" --mem cuda \
             --scheme ipc --colocated --senders 1 --tp 1 --lr 1e-6 --delta-mode $mode
     done
+    # the store on CUDA memory over TCP, as the host rows' store (WSYNC_STORE_PROVIDER=tcp:
+    # UCX_TLS=tcp, libfabric's tcp provider), $WSYNC_DELTA_STORE_SHAPE (default qwen3-0.6b)
+    slay="--senders 1 --tp 1"
+    [ "$NGPU" -ge 2 ] || slay="$slay --colocated"
+    for tr in ucx ofi; do
+        for lr in $DELTA_LRS; do
+            # shellcheck disable=SC2086
+            delta_bench "store-cuda-$tr $lr" env WSYNC_STORE_PROVIDER=tcp "$BENCH" \
+                --model-shape "${WSYNC_DELTA_STORE_SHAPE:-qwen3-0.6b}" --mem cuda --scheme store \
+                --transport $tr $slay --lr "$lr"
+        done
+    done
 fi
 
 # ---- 4. the peers' methods, when present (bench/baselines, helper D)
@@ -529,8 +544,9 @@ EOF
         echo "-- delta versions (wsync-bench --delta: the same versions with delta on, then off, in one run; wire % = delta wire bytes / full version's; ratio = median of per-version delta / full seconds)"
         python3 - "$WORK/delta.jsonl" <<'EOF' 2>&1 || cat "$WORK/delta.jsonl"
 import json, sys
-print("%-16s %-6s %-11s %-6s %-5s %9s %8s %9s %9s %7s %7s  %s" % ("benchmark", "lr", "shape", "mem",
-      "delta", "changed%", "wire%", "seconds", "full s", "ratio", "correct", "targets"))
+print("%-16s %-6s %-11s %-6s %-5s %9s %8s %9s %9s %7s %7s %6s %5s  %s" % ("benchmark", "lr",
+      "shape", "mem", "delta", "changed%", "wire%", "seconds", "full s", "ratio", "correct",
+      "codec", "right", "targets"))
 for l in open(sys.argv[1]):
     if not l.strip():
         continue
@@ -546,10 +562,16 @@ for l in open(sys.argv[1]):
         t.append("ratio <= 0.1: %s" % ("met" if j["time_ratio"] <= 0.1 else "MISSED"))
     if name == "ipc-coloc auto":
         t.append("auto resolves off: %s" % ("met" if j["delta_resolved"] == "off" else "MISSED"))
-    print("%-16s %-6g %-11s %-6s %-5s %9.4f %8.3f %9.5f %9.5f %7.3f %7s  %s" % (name.split(" ")[0],
-          j["lr"], j["model_shape"], j["mem"], j["delta_resolved"], 100 * j["changed_fraction"],
-          100 * j["wire_ratio"], j["seconds"], j["full_seconds"], j["time_ratio"],
-          "yes" if j["correct"] else "NO", "; ".join(t)))
+    # codec = (encode + apply) / reading both versions once (wsync-bench's codec_ratio)
+    cr, ok = j.get("codec_ratio"), j.get("codec_correct")
+    if j["mem"] == "cuda" and cr is not None:
+        t.append("codec <= 1.5: %s" % ("met" if cr <= 1.5 else "MISSED"))
+    print("%-16s %-6g %-11s %-6s %-5s %9.4f %8.3f %9.5f %9.5f %7.3f %7s %6s %5s  %s" % (
+          name.split(" ")[0], j["lr"], j["model_shape"], j["mem"], j["delta_resolved"],
+          100 * j["changed_fraction"], 100 * j["wire_ratio"], j["seconds"], j["full_seconds"],
+          j["time_ratio"], "yes" if j["correct"] else "NO",
+          "-" if cr is None else "%.2f" % cr, "-" if ok is None else "yes" if ok else "NO",
+          "; ".join(t)))
 EOF
     fi
     if [ -f "$WORK/baselines.log" ]; then
