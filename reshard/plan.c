@@ -1484,28 +1484,6 @@ static int cmp_segment(const void *a, const void *b)
     return r;
 }
 
-/* Order a receiver's logical segments by logical chunk: keys[i] = lchunk << 32 | i, sorted
- * stably on the lchunk, 8 bits a pass (LSD radix), `passes` passes; keys and tmp hold m each.
- * Returns the array that holds the result. */
-static uint64_t *radix_by_lchunk(uint64_t *keys, uint64_t *tmp, size_t m, unsigned passes)
-{
-    for (unsigned p = 0; p < passes; p++) {
-        size_t cnt[257] = {0};
-        unsigned shift = 32 + 8 * p;
-        uint64_t *t;
-        for (size_t i = 0; i < m; i++)
-            cnt[((keys[i] >> shift) & 255) + 1]++;
-        for (int d = 0; d < 256; d++)
-            cnt[d + 1] += cnt[d];
-        for (size_t i = 0; i < m; i++)
-            tmp[cnt[(keys[i] >> shift) & 255]++] = keys[i];
-        t = keys;
-        keys = tmp;
-        tmp = t;
-    }
-    return keys;
-}
-
 /* Segment `sg`: logical segment `sl` of `receiver`'s target `target` served by chunk q, one part
  * of its logical chunk; the pair's bytes counted as plan_derive counts them. */
 static inline void put_segment(compile_t *c, uint32_t receiver, uint32_t target,
@@ -1527,10 +1505,70 @@ static inline void put_segment(compile_t *c, uint32_t receiver, uint32_t target,
     pl->pair_bytes[(size_t)ch->sender * c->nreceivers + receiver] += chunk_bytes(ch);
 }
 
-/* One of a receiver's logical segments in pass 4: which one, for which of its targets. */
+/* One of a receiver's logical segments in pass 4: its logical chunk (the sort key), which
+ * logical segment, for which of the receiver's targets. */
 typedef struct {
-    uint32_t lseg, target;
+    uint32_t lchunk, lseg, target;
 } item_t;
+
+#define RADIX_BITS 11
+
+/* Order a receiver's items by logical chunk, stably (LSD radix, RADIX_BITS a pass, `passes`
+ * passes; the records move, so the pass that writes the segments reads them in order). a and
+ * tmp hold m each; returns the array that holds the result. */
+static item_t *radix_by_lchunk(item_t *a, item_t *tmp, size_t m, unsigned passes)
+{
+    for (unsigned p = 0; p < passes; p++) {
+        uint32_t cnt[(1u << RADIX_BITS) + 1];
+        unsigned shift = RADIX_BITS * p;
+        uint32_t mask = (1u << RADIX_BITS) - 1;
+        item_t *t;
+        memset(cnt, 0, sizeof(cnt));
+        for (size_t i = 0; i < m; i++)
+            cnt[((a[i].lchunk >> shift) & mask) + 1]++;
+        for (uint32_t d = 0; d < mask + 1; d++)
+            cnt[d + 1] += cnt[d];
+        for (size_t i = 0; i < m; i++)
+            tmp[cnt[(a[i].lchunk >> shift) & mask]++] = a[i];
+        t = a;
+        a = tmp;
+        tmp = t;
+    }
+    return a;
+}
+
+/* A receiver in pass 4: its targets c->trefs[a, b), where its segments go, and the receiver
+ * whose logical segments it takes most of (itself when it takes more of its own). */
+typedef struct {
+    size_t a, b;
+    uint64_t out;
+    uint32_t like;
+} rcv_t;
+
+/* Give back the pages of a receiver's own logical segments that no later target takes (all of
+ * them where no target is laid out like another); those of shared targets stay. A receiver's
+ * own logical segments lie side by side, target after target. */
+static void release_own(compile_t *c, const rcv_t *rv)
+{
+    size_t from = SIZE_MAX, to = 0, sz = sizeof(*c->lsegs);
+
+    for (size_t j = rv->a; j < rv->b; j++) {
+        const tref_t *t = &c->trefs[j];
+        if (t->src != j)
+            continue;
+        if (t->shared) {
+            if (from != SIZE_MAX)
+                release_pages(c->lsegs, from, to);
+            from = SIZE_MAX;
+        } else {
+            if (from == SIZE_MAX)
+                from = (size_t)t->lseg0 * sz;
+            to = ((size_t)t->lseg0 + t->nlseg) * sz;
+        }
+    }
+    if (from != SIZE_MAX)
+        release_pages(c->lsegs, from, to);
+}
 
 /* Segments in (receiver, chunk) order without a global sort. Targets come in (receiver, index)
  * order (map_targets sorted them); each receiver's logical segments, target by target, are put
@@ -1538,13 +1576,20 @@ typedef struct {
  * chunk twice keeps logical segment order, as before), and its segments are then written front
  * to back: logical chunks are numbered in bucket order, so their parts are chunks 0, 1, ...
  * Only segments of one receiver that share a chunk are sorted further. The scratch is sized by
- * the largest receiver's logical segments, not by the plan. */
+ * the largest receiver's logical segments, not by the plan.
+ * Receivers are written in an order that keeps those taking the same logical segments together
+ * (with TP-8 x EP-128, receivers r, r + 8, r + 16, ... of one TP rank), each at its place in
+ * the plan: the logical segments they read jumping (megabytes a TP rank) stay in cache from one
+ * to the next, where receiver order would cycle through all the TP ranks' lists. */
 static wsync_status_t split_segments(compile_t *c)
 {
     wsync_plan_t *pl = c->plan;
-    uint64_t n = 0, *keys = NULL, *tmp = NULL;
-    item_t *item = NULL;
-    size_t most = 0, out = 0, released = 0, nt = c->ntargets;
+    uint64_t n = 0;
+    item_t *item = NULL, *tmp = NULL;
+    rcv_t *rv = NULL;
+    uint32_t *order = NULL, *cnt = NULL;
+    uint64_t *tally = NULL;
+    size_t most = 0, nt = c->ntargets, nrv = 0;
     unsigned passes = 1;
     int twice = 0;
     wsync_status_t st = WSYNC_OK;
@@ -1567,72 +1612,95 @@ static wsync_status_t split_segments(compile_t *c)
         run = (j > 0 && tr[j].receiver == tr[j - 1].receiver ? run : 0) + tr[j].nlseg;
         most = WSYNC_MAX(most, run);
     }
+    /* refused here, before any segment is written (counted from the targets' logical
+     * segments, shared ones once) */
     if (n > WSYNC_PLAN_MAX_SEGMENTS)
-        return wsync_err(WSYNC_ERR_RANGE, "plan: %" PRIu64 " segments, more than %u; raise "
-                         "bucket_bytes", n, WSYNC_PLAN_MAX_SEGMENTS);
-    while (passes < 4 && (c->nlchunks >> (8 * passes)) != 0)
+        return wsync_err(WSYNC_ERR_RANGE, "plan: %" PRIu64 " segments (one per chunk and "
+                         "receiver taking it) to %u receivers, more than the %u a plan holds "
+                         "(%zu bytes each); use fewer receivers per group, larger buckets, or "
+                         "sender layouts that split fewer params (e.g. fused experts)", n,
+                         c->nreceivers, WSYNC_PLAN_MAX_SEGMENTS, sizeof(wsync_segment_t));
+    while (passes < 3 && ((uint64_t)c->nlchunks >> (RADIX_BITS * passes)) != 0)
         passes++;
     pl->segments = malloc((n ? n : 1) * sizeof(*pl->segments));
     pl->pair_bytes = calloc((size_t)c->nsenders * c->nreceivers, sizeof(*pl->pair_bytes));
-    keys = malloc((most ? most : 1) * sizeof(*keys));
     tmp = malloc((most ? most : 1) * sizeof(*tmp));
     item = malloc((most ? most : 1) * sizeof(*item));
-    if (pl->segments == NULL || pl->pair_bytes == NULL || keys == NULL || tmp == NULL ||
-        item == NULL) {
+    rv = malloc((c->nreceivers + (size_t)1) * sizeof(*rv));
+    order = malloc((c->nreceivers + (size_t)1) * sizeof(*order));
+    cnt = calloc(c->nreceivers + (size_t)1, sizeof(*cnt));
+    tally = calloc(c->nreceivers, sizeof(*tally));
+    if (pl->segments == NULL || pl->pair_bytes == NULL || tmp == NULL ||
+        item == NULL || rv == NULL || order == NULL || cnt == NULL || tally == NULL) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " segments", n);
         goto done;
     }
+    /* receivers with targets, where their segments start, and whom each is like: the receiver
+     * it takes the most logical segments from (tally[], zeroed again after each receiver) */
     for (size_t a = 0, b; a < nt; a = b) {
-        const uint64_t *sorted;
-        uint32_t receiver = tr[a].receiver;
-        uint64_t mine = 0;
+        rcv_t *r = &rv[nrv];
+        uint64_t best = 0;
+        r->a = a;
+        r->out = nrv > 0 ? rv[nrv - 1].out : 0;
+        r->like = tr[a].receiver;
+        for (b = a; b < nt && tr[b].receiver == tr[a].receiver; b++) {
+            uint32_t from = tr[tr[b].src].receiver;
+            tally[from] += tr[b].nlseg;
+            if (tally[from] > best) {
+                best = tally[from];
+                r->like = from;
+            }
+            r->out += tr[b].nseg;
+        }
+        for (size_t j = a; j < b; j++)
+            tally[tr[tr[j].src].receiver] = 0;
+        r->b = b;
+        cnt[r->like + 1]++;
+        nrv++;
+    }
+    for (size_t k = nrv; k-- > 0;)      /* out: where each receiver's segments start */
+        rv[k].out = k > 0 ? rv[k - 1].out : 0;
+    for (uint32_t k = 0; k < c->nreceivers; k++)   /* stable counting sort on `like` */
+        cnt[k + 1] += cnt[k];
+    for (size_t k = 0; k < nrv; k++)
+        order[cnt[rv[k].like]++] = (uint32_t)k;
+    for (size_t o = 0; o < nrv; o++) {
+        const rcv_t *r = &rv[order[o]];
+        const item_t *sorted;
+        uint32_t receiver = tr[r->a].receiver;
+        uint64_t mine = 0, out = r->out;
         size_t m = 0;
-        for (b = a; b < nt && tr[b].receiver == receiver; b++) {
+        for (size_t b = r->a; b < r->b; b++) {
             const lseg_t *ls = &c->lsegs[tr[b].lseg0];
             for (uint32_t k = 0; k < tr[b].nlseg; k++, m++) {
-                keys[m] = (uint64_t)ls[k].lchunk << 32 | m;
+                item[m].lchunk = ls[k].lchunk;
                 item[m].lseg = tr[b].lseg0 + k;
                 item[m].target = tr[b].target;
             }
             mine += tr[b].nseg;
         }
-        sorted = radix_by_lchunk(keys, tmp, m, passes);
+        sorted = radix_by_lchunk(item, tmp, m, passes);
         /* fault in this receiver's segments at once */
         wsync_plan_prefault(&pl->segments[out], mine * sizeof(*pl->segments));
         for (size_t i = 0, e; i < m; i = e) {
             /* i .. e: this receiver's logical segments on logical chunk k (usually one) */
-            uint32_t k = (uint32_t)(sorted[i] >> 32);
-            /* sorted[] jumps through item[] and the logical segments: ask for both early */
-            if (i + 2 * PREFETCH_AHEAD < m)
-                PREFETCH(&item[(uint32_t)sorted[i + 2 * PREFETCH_AHEAD]]);
+            uint32_t k = sorted[i].lchunk;
+            /* sorted[] jumps through the logical segments: ask for them early */
             if (i + PREFETCH_AHEAD < m) {
-                PREFETCH(&c->lsegs[item[(uint32_t)sorted[i + PREFETCH_AHEAD]].lseg]);
-                PREFETCH(&pl->chunks[part0[(uint32_t)(sorted[i + PREFETCH_AHEAD] >> 32)]]);
+                PREFETCH(&c->lsegs[sorted[i + PREFETCH_AHEAD].lseg]);
+                PREFETCH(&pl->chunks[part0[sorted[i + PREFETCH_AHEAD].lchunk]]);
             }
-            for (e = i + 1; e < m && (uint32_t)(sorted[e] >> 32) == k; e++)
+            for (e = i + 1; e < m && sorted[e].lchunk == k; e++)
                 ;
             twice |= e - i > 1;
             for (uint32_t q = part0[k]; q < part0[k + 1]; q++)
                 for (size_t g = i; g < e; g++) {
-                    const item_t *it = &item[(uint32_t)sorted[g]];
+                    const item_t *it = &sorted[g];
                     put_segment(c, receiver, it->target, &c->lsegs[it->lseg], q,
                                 &pl->segments[out++]);
                 }
         }
-        /* give back the pages of own logical segments no later target reads (most of them
-         * where no target is laid out like another); those of shared ones stay */
-        for (size_t j = a; j < b; j++) {
-            size_t end = ((size_t)tr[j].lseg0 + tr[j].nlseg) * sizeof(*c->lsegs);
-            if (tr[j].src != j)
-                continue;
-            if (tr[j].shared) {
-                release_pages(c->lsegs, released, (size_t)tr[j].lseg0 * sizeof(*c->lsegs));
-                released = end;
-            } else if (end - released >= ((size_t)4 << 20)) {
-                release_pages(c->lsegs, released, end);
-                released = end;
-            }
-        }
+        release_own(c, r);
     }
     pl->nsegments = (uint32_t)n;
     free(c->lsegs);
@@ -1647,9 +1715,12 @@ static wsync_status_t split_segments(compile_t *c)
             qsort(pl->segments + i, j - i, sizeof(*pl->segments), cmp_segment);
     }
 done:
-    free(keys);
     free(tmp);
     free(item);
+    free(rv);
+    free(order);
+    free(cnt);
+    free(tally);
     return st;
 }
 

@@ -248,6 +248,12 @@ static void deepseek_v3_plans(void)
     check_group(DSV3, 3, SEND_FSDP, 2, 4);
     check_group(DSV3, 2, SEND_FSDP, 2, 0);
     check_group(DSV3, 2, SEND_EP, 1, 8);     /* one expert per EP rank */
+    /* FSDP-16 -> EP-8 as 4 data-parallel groups of TP 2: receivers 2..7 take their attention
+     * and dense weights' logical segments from receiver 0 or 1 (not copied, read in place) and
+     * are written in the order 0, 2, 4, 6, 1, 3, 5, 7; receivers' own logical segments (tens
+     * of pages) are given back after their receiver while the shared ones stay. A page given
+     * back too early reads as zeros: chunk 0, sender 0's link bytes wrong. */
+    check_group(DSV3, 16, SEND_FSDP, 2, 8);
 }
 
 /* The same descriptions in another order (shards and targets shuffled, each keeping its rank
@@ -452,6 +458,47 @@ static void same_chunk_twice(void)
     wsync_target_desc_clear(&td[1]);
 }
 
+/* A plan past WSYNC_PLAN_MAX_SEGMENTS is refused with the count, the receivers and the limit,
+ * and before its segments are written: 4,096 senders each hold a row of one param, and 1,024
+ * receivers each take it whole as 17 targets laid out alike, 71,303,168 segments (3.4 GB of
+ * them) from 4,096 logical ones. */
+static void segment_limit(void)
+{
+    enum { S = 4096, R = 1024, K = 17 };
+    static char data;
+    wsync_param_t p = {"w", WSYNC_DTYPE_F32, 2, {S, 2}};
+    wsync_piece_t pc = {p, {{0, 0}, {S, 2}}, {0, 0}};
+    wsync_target_t t = {"t", WSYNC_DTYPE_F32, 2, {S, 2}, &data, WSYNC_MEM_HOST, 0, &pc, 1, {0}};
+    wsync_shard_desc_t *sd = calloc(S, sizeof(*sd));
+    wsync_target_desc_t *td = calloc((size_t)R * K, sizeof(*td));
+    wsync_plan_t *pl = NULL;
+    char name[16];
+
+    CHECK(sd != NULL && td != NULL);
+    if (sd == NULL || td == NULL) {
+        free(sd);
+        free(td);
+        return;
+    }
+    for (int s = 0; s < S; s++) {
+        wsync_shard_t sh = {p, {{s, 0}, {1, 2}}, &data, WSYNC_MEM_HOST, 0};
+        CHECK_ST(wsync_shard_desc_from(&sh, (uint32_t)s, 0, &sd[s]), WSYNC_OK);
+    }
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < K; k++) {
+            snprintf(name, sizeof(name), "t%d", k);
+            t.name = name;
+            CHECK_ST(wsync_target_desc_from(&t, (uint32_t)r, (uint32_t)k, &td[r * K + k]),
+                     WSYNC_OK);
+        }
+    CHECK_ST(wsync_plan_compile(sd, S, td, (size_t)R * K, S, R, 1 << 20, &pl), WSYNC_ERR_RANGE);
+    CHECK(pl == NULL);
+    CHECK_ERR_HAS("plan: 71303168 segments (one per chunk and receiver taking it) to 1024 "
+                  "receivers, more than the 67108864 a plan holds (48 bytes each)");
+    wsync_shard_descs_free(sd, S);
+    wsync_target_descs_free(td, (size_t)R * K);
+}
+
 /* Many params (as a MoE has), FSDP over 4 senders, two receivers taking alternate params whole:
  * one chunk per (param, sender), one segment per chunk, each receiver's bytes its params'. */
 static void many_params(void)
@@ -517,6 +564,7 @@ int main(void)
     RUN(order_independent);
     RUN(replicated_receivers);
     RUN(same_chunk_twice);
+    RUN(segment_limit);
     RUN(many_params);
     return check_summary();
 }
