@@ -80,29 +80,6 @@ static wsync_status_t summarize(const wsync_plan_t *p, const wsync_target_desc_t
                                 const wsync_target_t *targets, wsync_plan_summary_t *s)
 {
     size_t ns = p->nsenders, nr = p->nreceivers;
-    /* (receiver, index) → target, to find each segment's dtype */
-    size_t *first = calloc(nr + 1, sizeof(*first));
-    size_t *order = calloc(ntd ? ntd : 1, sizeof(*order));
-    if (first == NULL || order == NULL) {
-        free(first);
-        free(order);
-        return wsync_err(WSYNC_ERR_NOMEM, "plan summary: target index");
-    }
-    for (size_t j = 0; j < ntd; j++)
-        first[td[j].receiver + 1]++;
-    for (size_t r = 0; r < nr; r++)
-        first[r + 1] += first[r];
-    {
-        size_t *fill = calloc(nr ? nr : 1, sizeof(*fill));
-        if (fill == NULL) {
-            free(first);
-            free(order);
-            return wsync_err(WSYNC_ERR_NOMEM, "plan summary: target index");
-        }
-        for (size_t j = 0; j < ntd; j++) /* index = rank of j among its receiver's targets */
-            order[first[td[j].receiver] + fill[td[j].receiver]++] = j;
-        free(fill);
-    }
 
     for (size_t sn = 0; sn < ns; sn++)
         for (size_t r = 0; r < nr; r++) {
@@ -118,26 +95,27 @@ static wsync_status_t summarize(const wsync_plan_t *p, const wsync_target_desc_t
             s->staged_bytes_per_sender[sn] += p->bucket_used[k++];
         s->total_staged_bytes += s->staged_bytes_per_sender[sn];
     }
-    /* the element size of each target, in (receiver, index) order: a small array the
-     * segments (tens of millions) index, where the descriptions are large and scattered */
-    for (size_t j = 0; j < ntd; j++)
-        order[j] = wsync_dtype_size(td[order[j]].dtype);
-    for (uint32_t i = 0; i < p->nsegments; i++) {
-        const wsync_segment_t *sg = &p->segments[i];
-        s->bytes_landed_per_receiver[sg->receiver] +=
-            sg->dst.rows * sg->dst.cols * order[first[sg->receiver] + sg->target];
-    }
-    for (size_t j = 0; j < ntd; j++)
+    /* what lands: every element of every piece, once (the compile refuses a piece its
+     * segments do not cover exactly), at its target's element size; not summed over the
+     * segments, tens of millions of records read again */
+    for (size_t j = 0; j < ntd; j++) {
+        uint64_t esz = wsync_dtype_size(td[j].dtype);
+        for (uint32_t q = 0; q < td[j].npieces; q++) {
+            const wsync_piece_desc_t *pc = &td[j].pieces[q];
+            uint64_t v = 1;
+            for (int d = 0; d < td[j].ndim; d++)
+                v *= (uint64_t)pc->src.len[d];
+            s->bytes_landed_per_receiver[td[j].receiver] += v * esz;
+        }
         if (is_fp8(td[j].dtype) && td[j].quant != WSYNC_QUANT_NONE)
             s->bytes_landed_per_receiver[td[j].receiver] +=
                 wsync_target_scale_count(&targets[j]) * sizeof(float);
+    }
     for (size_t r = 0; r < nr; r++)
         s->total_landed_bytes += s->bytes_landed_per_receiver[r];
     s->nchunks = p->nchunks;
     s->nsegments = p->nsegments;
     s->fingerprint = p->fingerprint;
-    free(first);
-    free(order);
     return WSYNC_OK;
 }
 
