@@ -11,6 +11,11 @@
 #if WSYNC_HAVE_CUDA
 
 #include <cuda_runtime_api.h>
+#include <stdarg.h>
+
+#include "core/delta.h"
+#include "kernels/delta.h"
+#include "kernels/kernels.h"
 #if WSYNC_HAVE_NCCL
 #include <nccl.h>
 #endif
@@ -113,6 +118,272 @@ static int cmp_dbl(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+int bcuda_d2d(void *dst, const void *src, size_t bytes)
+{
+    CU(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy device to device");
+    return 0;
+}
+
+/* ---- --delta: the codec's times ---------------------------------------------------------- */
+
+#define CODEC_BATCH_BYTES ((size_t)256 << 20)
+#define CODEC_MAX_REPS 32
+
+static uint64_t align8(uint64_t v) { return (v + 7) & ~(uint64_t)7; }
+
+static double median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_dbl);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+typedef struct {
+    cudaStream_t s;
+    cudaEvent_t a, b;
+} codec_timer_t;
+
+/* Chunks [i, *j) of c: as many as fit in CODEC_BATCH_BYTES of span (one at least); *span their
+ * bytes from c[i].off, *out the encode buffers they need. */
+static void codec_batch(const bench_codec_chunk_t *c, size_t n, size_t i, size_t *j, size_t *span,
+                        uint64_t *out)
+{
+    size_t k = i;
+    *out = 0;
+    do {
+        *span = c[k].off + c[k].n * c[k].esize - c[i].off;
+        *out += align8(wsync_delta_max_bytes(c[k].n, c[k].esize));
+        k++;
+    } while (k < n && c[k].off + c[k].n * c[k].esize - c[i].off <= CODEC_BATCH_BYTES);
+    *j = k;
+}
+
+/* The stage a batch runs `reps` times (after one untimed): 0 encode, 1 apply, 2 copy, 3 amax. */
+typedef struct {
+    int what;
+    wsync_kdelta_batch_t *batch;
+    const uint64_t *lens;
+    char *dcopy;
+    const char *dnew, *dold;
+    size_t span;
+    float *damax;
+} codec_stage_t;
+
+static int codec_time(codec_timer_t *t, const codec_stage_t *st, int reps, double *median)
+{
+    double v[CODEC_MAX_REPS];
+    for (int r = 0; r <= reps; r++) {
+        wsync_status_t ws = WSYNC_OK;
+        if (st->what == 1) /* apply onto a fresh copy of the old values each time, untimed */
+            CU(cudaMemcpyAsync(st->dcopy, st->dold, st->span, cudaMemcpyDeviceToDevice, t->s),
+               "cudaMemcpyAsync (the old values' copy)");
+        CU(cudaEventRecord(t->a, t->s), "cudaEventRecord");
+        switch (st->what) {
+        case 0: ws = wsync_kdelta_launch(st->batch, NULL, t->s); break;
+        case 1: ws = wsync_kdelta_launch(st->batch, st->lens, t->s); break;
+        case 2:
+            CU(cudaMemcpyAsync(st->dcopy, st->dnew, st->span, cudaMemcpyDeviceToDevice, t->s),
+               "cudaMemcpyAsync (device to device)");
+            break;
+        default:
+            ws = wsync_kernels_amax(st->dold, WSYNC_DTYPE_BF16, 1, st->span / 2, st->span / 2,
+                                    st->damax, t->s);
+            if (ws == WSYNC_OK)
+                ws = wsync_kernels_amax(st->dnew, WSYNC_DTYPE_BF16, 1, st->span / 2,
+                                        st->span / 2, st->damax, t->s);
+        }
+        if (ws != WSYNC_OK) {
+            fprintf(stderr, PROG ": the delta codec's %s launch failed: %s\n",
+                    st->what == 0 ? "encode" : st->what == 1 ? "apply" : "amax",
+                    wsync_last_error());
+            return -1;
+        }
+        CU(cudaEventRecord(t->b, t->s), "cudaEventRecord");
+        CU(cudaEventSynchronize(t->b), "cudaEventSynchronize");
+        float ms = 0;
+        CU(cudaEventElapsedTime(&ms, t->a, t->b), "cudaEventElapsedTime");
+        if (r > 0)
+            v[r - 1] = ms / 1e3;
+    }
+    *median = median_of(v, reps);
+    return 0;
+}
+
+static void codec_wrong(bench_codec_res_t *res, const char *fmt, ...)
+{
+    if (!res->correct)
+        return;
+    res->correct = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(res->wrong, sizeof(res->wrong), fmt, ap);
+    va_end(ap);
+}
+
+int bcuda_delta_codec(const char *dnew, const char *dold, const bench_codec_chunk_t *c, size_t n,
+                      int reps, bench_codec_res_t *res)
+{
+    codec_timer_t t = {NULL, NULL, NULL};
+    char *dcopy = NULL, *dout = NULL, *hnew = NULL, *hgot = NULL;
+    float *damax = NULL;
+    wsync_kdelta_enc_t *ec = calloc(n ? n : 1, sizeof(*ec));
+    wsync_kdelta_app_t *ac = calloc(n ? n : 1, sizeof(*ac));
+    uint64_t *lens = calloc(n ? n : 1, sizeof(*lens)), *hashes = calloc(n ? n : 1, sizeof(*hashes));
+    wsync_kdelta_batch_t *eb = NULL, *ab = NULL;
+    size_t most_span = 0;
+    uint64_t most_out = 0;
+    int rc = -1;
+
+    memset(res, 0, sizeof(*res));
+    res->correct = 1;
+    if (reps < 1 || reps > CODEC_MAX_REPS) {
+        fprintf(stderr, PROG ": bcuda_delta_codec: reps %d is not in [1, %d]\n", reps,
+                CODEC_MAX_REPS);
+        goto out;
+    }
+    if (!ec || !ac || !lens || !hashes) {
+        fprintf(stderr, PROG ": the delta codec's figures: out of host memory\n");
+        goto out;
+    }
+    for (size_t i = 0, j = 0; i < n; i = j) {
+        size_t span;
+        uint64_t o;
+        codec_batch(c, n, i, &j, &span, &o);
+        most_span = span > most_span ? span : most_span;
+        most_out = o > most_out ? o : most_out;
+    }
+    if (n == 0) {
+        rc = 0;
+        goto out;
+    }
+    if (!(hnew = malloc(most_span)) || !(hgot = malloc(most_span))) {
+        fprintf(stderr, PROG ": the delta codec's check: no host memory for 2 x %zu bytes\n",
+                most_span);
+        goto out;
+    }
+#define CUGO(call, text)                                                                      \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess) {                                                              \
+            cuda_failed(text, e_);                                                            \
+            goto out;                                                                         \
+        }                                                                                     \
+    } while (0)
+    CUGO(cudaStreamCreateWithFlags(&t.s, cudaStreamNonBlocking), "cudaStreamCreate");
+    CUGO(cudaEventCreate(&t.a), "cudaEventCreate");
+    CUGO(cudaEventCreate(&t.b), "cudaEventCreate");
+    CUGO(cudaMalloc((void **)&dcopy, most_span), "cudaMalloc (the codec's copy)");
+    CUGO(cudaMalloc((void **)&dout, most_out), "cudaMalloc (the codec's encode buffers)");
+    CUGO(cudaMalloc((void **)&damax, sizeof(float)), "cudaMalloc (amax)");
+
+    for (size_t i = 0, j = 0; i < n; i = j) {
+        size_t span, lo = c[i].off;
+        uint64_t o, at = 0;
+        wsync_status_t ws;
+        codec_batch(c, n, i, &j, &span, &o);
+        for (size_t k = i; k < j; k++) {
+            uint64_t cap = wsync_delta_max_bytes(c[k].n, c[k].esize);
+            wsync_region_t r = {0, c[k].n, 1, c[k].n};
+            ec[k - i] = (wsync_kdelta_enc_t){dnew + c[k].off, (void *)(dold + c[k].off), r,
+                                             c[k].esize, dout + at, cap};
+            ac[k - i] = (wsync_kdelta_app_t){dout + at, cap, dcopy + (c[k].off - lo), r,
+                                             c[k].esize};
+            at += align8(cap);
+        }
+        /* encode: what a sender runs each version (the old values stay as they are: update_old
+         * off, so every launch does the same work) */
+        if ((ws = wsync_kdelta_encode_create(ec, (uint32_t)(j - i), 0, &eb)) != WSYNC_OK) {
+            fprintf(stderr, PROG ": wsync_kdelta_encode_create failed: %s\n", wsync_last_error());
+            goto out;
+        }
+        codec_stage_t st = {0, eb, NULL, dcopy, dnew + lo, dold + lo, span, damax};
+        double e_s, a_s, c_s, m_s;
+        if (codec_time(&t, &st, reps, &e_s) != 0)
+            goto out;
+        const wsync_kdelta_result_t *er = wsync_kdelta_results(eb);
+        for (size_t k = i; k < j; k++) {
+            uint64_t plain = c[k].n * c[k].esize;
+            lens[k - i] = er[k - i].len;
+            hashes[k - i] = er[k - i].hash;
+            res->changed += er[k - i].changed;
+            res->sent += er[k - i].len < plain ? er[k - i].len : plain;
+            if (er[k - i].len > ec[k - i].cap)
+                codec_wrong(res, "chunk at byte %zu: encoded %llu bytes, above the bound %llu",
+                            c[k].off, (unsigned long long)er[k - i].len,
+                            (unsigned long long)ec[k - i].cap);
+        }
+        /* apply, with the hash: what a receiver runs */
+        if ((ws = wsync_kdelta_apply_create(ac, (uint32_t)(j - i), 1, &ab)) != WSYNC_OK) {
+            fprintf(stderr, PROG ": wsync_kdelta_apply_create failed: %s\n", wsync_last_error());
+            goto out;
+        }
+        st.what = 1;
+        st.batch = ab;
+        st.lens = lens;
+        if (codec_time(&t, &st, reps, &a_s) != 0)
+            goto out;
+        const wsync_kdelta_result_t *ar = wsync_kdelta_results(ab);
+        for (size_t k = i; k < j; k++) {
+            if (ar[k - i].fault != WSYNC_KDELTA_NO_FAULT)
+                codec_wrong(res, "chunk at byte %zu: the apply found fault %llu (block %llu)",
+                            c[k].off, (unsigned long long)(ar[k - i].fault & 0xFF),
+                            (unsigned long long)(ar[k - i].fault >> 8));
+            else if (ar[k - i].hash != hashes[k - i])
+                codec_wrong(res, "chunk at byte %zu: hash after applying %016llx, the "
+                            "encoder's %016llx", c[k].off, (unsigned long long)ar[k - i].hash,
+                            (unsigned long long)hashes[k - i]);
+        }
+        /* dcopy holds the last apply's result: byte for byte the new values? */
+        CUGO(cudaMemcpy(hgot, dcopy, span, cudaMemcpyDeviceToHost), "cudaMemcpy (applied)");
+        CUGO(cudaMemcpy(hnew, dnew + lo, span, cudaMemcpyDeviceToHost), "cudaMemcpy (new)");
+        for (size_t k = i; k < j; k++) {
+            size_t at2 = c[k].off - lo, len = (size_t)(c[k].n * c[k].esize);
+            if (memcmp(hgot + at2, hnew + at2, len) != 0)
+                codec_wrong(res, "chunk at byte %zu (%llu elements): the applied bytes differ "
+                            "from the new ones", c[k].off, (unsigned long long)c[k].n);
+        }
+        wsync_kdelta_free(ab);
+        ab = NULL;
+        wsync_kdelta_free(eb);
+        eb = NULL;
+        /* reading both versions once: a copy of one (reads and writes a version's bytes), and
+         * an amax over each */
+        st.what = 2;
+        if (codec_time(&t, &st, reps, &c_s) != 0)
+            goto out;
+        st.what = 3;
+        if (codec_time(&t, &st, reps, &m_s) != 0)
+            goto out;
+        res->encode_s += e_s;
+        res->apply_s += a_s;
+        res->copy_s += c_s;
+        res->amax_s += m_s;
+    }
+#undef CUGO
+    rc = 0;
+out:
+    wsync_kdelta_free(ab);
+    wsync_kdelta_free(eb);
+    if (t.a)
+        cudaEventDestroy(t.a);
+    if (t.b)
+        cudaEventDestroy(t.b);
+    if (t.s)
+        cudaStreamDestroy(t.s);
+    if (dcopy)
+        cudaFree(dcopy);
+    if (dout)
+        cudaFree(dout);
+    if (damax)
+        cudaFree(damax);
+    free(hnew);
+    free(hgot);
+    free(ec);
+    free(ac);
+    free(lens);
+    free(hashes);
+    return rc;
 }
 
 enum { PROBE_RUNS = 5 };
@@ -374,6 +645,24 @@ int bcuda_d2h(void *dst, const void *src, size_t bytes)
     (void)dst;
     (void)src;
     (void)bytes;
+    return no_cuda();
+}
+int bcuda_d2d(void *dst, const void *src, size_t bytes)
+{
+    (void)dst;
+    (void)src;
+    (void)bytes;
+    return no_cuda();
+}
+int bcuda_delta_codec(const char *dnew, const char *dold, const bench_codec_chunk_t *c, size_t n,
+                      int reps, bench_codec_res_t *res)
+{
+    (void)dnew;
+    (void)dold;
+    (void)c;
+    (void)n;
+    (void)reps;
+    (void)res;
     return no_cuda();
 }
 int bcuda_probe(const bench_probe_req_t *req, bench_probe_res_t *res)

@@ -9,6 +9,7 @@
 #include "bench/bench.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* 1 when this build has CUDA (and NCCL for the broadcast reference). */
 int bcuda_compiled(void);
@@ -24,6 +25,36 @@ void bcuda_free(void *p);
 int bcuda_memset(void *p, int byte, size_t bytes);
 int bcuda_h2d(void *dst, const void *src, size_t bytes);
 int bcuda_d2h(void *dst, const void *src, size_t bytes);
+
+int bcuda_d2d(void *dst, const void *src, size_t bytes);
+
+/* --delta on CUDA memory: the codec of kernels/delta.h timed on one sender's version pair. */
+typedef struct {
+    size_t off;        /* the chunk's first byte, in both versions' blocks */
+    uint64_t n;        /* elements, contiguous */
+    uint32_t esize;    /* 2 (bf16) or 4 (f32) */
+} bench_codec_chunk_t;
+
+typedef struct {
+    /* seconds per version: for each batch of chunks the median of `reps` launches timed with
+     * CUDA events (after one untimed), summed over the batches */
+    double encode_s;   /* the batched encode against the old values, as a scheme runs it */
+    double apply_s;    /* the batched apply with the hash, onto a copy of the old values */
+    double copy_s;     /* a device-to-device copy of the new values (reads and writes a version) */
+    double amax_s;     /* an amax over the old values and one over the new (reads both) */
+    uint64_t sent;     /* each chunk's encoding, or its plain bytes where that is not smaller */
+    uint64_t changed;  /* elements that differ */
+    int correct;       /* every applied chunk equals the new values byte for byte, no fault, and
+                          the hash after applying equals the encoder's */
+    char wrong[192];   /* the first thing found wrong */
+} bench_codec_res_t;
+
+/* The codec on chunks c[0, n) (in ascending off, not overlapping) of dnew (the new version) and
+ * dold (the old), device memory of the current GPU; neither is written. Batches of chunks up to
+ * 256 MiB; device scratch of about twice that, freed before it returns. 0 with *res filled (a
+ * wrong result is res->correct = 0, not a failure), -1 told. */
+int bcuda_delta_codec(const char *dnew, const char *dold, const bench_codec_chunk_t *c, size_t n,
+                      int reps, bench_codec_res_t *res);
 
 /* What the link probe measures. GPUs are CUDA ordinals. */
 typedef struct {

@@ -152,6 +152,7 @@ struct bench_delta_tx {
     char *prev;            /* --mem host: the previous version's weights */
     void *cbuf;            /* --mem host: the encode buffer */
     uint64_t cap;
+    char *dprev;           /* --mem cuda: the previous weights of the last version, on the GPU */
 };
 
 static size_t elem_size(const wsync_param_t *p) { return p->dtype == WSYNC_DTYPE_F32 ? 4 : 2; }
@@ -207,6 +208,7 @@ void bench_delta_tx_free(bench_delta_tx_t *tx)
     free(tx->image);
     free(tx->prev);
     free(tx->cbuf);
+    bcuda_free(tx->dprev);
     free(tx);
 }
 
@@ -267,6 +269,13 @@ uint64_t bench_delta_tx_step(bench_delta_tx_t *tx, char *block, uint64_t v)
     char *w = tx->image ? tx->image : block;
     delta_tx_job_t j = {tx, w, v, (float)tx->o->lr, 0};
     bench_par_for(tx->moff[tx->n], 1 << 20, delta_tx_range, &j);
+    if (tx->o->mem_cuda && v > 1 && v == (uint64_t)(tx->o->warmup + tx->o->iters)) {
+        /* the pair the codec's figures are taken on: the previous weights stay on the GPU */
+        if (!tx->dprev && bcuda_malloc((void **)&tx->dprev, tx->bytes ? tx->bytes : 1) != 0)
+            return UINT64_MAX;
+        if (bcuda_d2d(tx->dprev, block, tx->bytes) != 0)
+            return UINT64_MAX;
+    }
     if (tx->o->mem_cuda && bcuda_h2d(block, w, tx->bytes) != 0)
         return UINT64_MAX;
     if (v == 1 && tx->prev)
@@ -274,55 +283,137 @@ uint64_t bench_delta_tx_step(bench_delta_tx_t *tx, char *block, uint64_t v)
     return (uint64_t)atomic_load(&j.changed);
 }
 
-/* --mem host: the CPU codec (core/delta.c) on this version's shards, one thread, measured apart
- * from the sync: encode every shard (pieces of CODEC_PIECE elements) against prev (the previous
- * version's weights), then apply the stream to prev, which brings it to this version and must
- * give the encoder's tree hash. Seconds of each, and what a scheme would send (each piece's
- * encoding, or its plain bytes when that is not smaller), go to the page. */
-int bench_delta_tx_codec(bench_delta_tx_t *tx, const char *block, int rank, uint64_t v,
-                         bench_delta_page_t *page)
+static void codec_wrong(bench_delta_page_t *page, int rank, uint64_t v, const char *line)
 {
-    double te = 0, ta = 0;
+    if (page->codec_ok[v - 1][rank] != 2)
+        snprintf(page->codec_wrong[rank], sizeof(page->codec_wrong[rank]), "%s", line);
+    page->codec_ok[v - 1][rank] = 2;
+    fprintf(stderr, PROG ": sender %d: the codec on version %llu: %s\n", rank,
+            (unsigned long long)v, line);
+}
+
+/* The pieces of CODEC_PIECE elements of every shard, as the chunks the GPU codec takes. */
+static bench_codec_chunk_t *codec_chunks(const bench_delta_tx_t *tx, size_t *count)
+{
+    size_t n = 0, at = 0;
+    for (size_t k = 0; k < tx->n; k++)
+        n += (size_t)((shard_elems(&tx->shards[k]) + CODEC_PIECE - 1) / CODEC_PIECE);
+    bench_codec_chunk_t *c = calloc(n ? n : 1, sizeof(*c));
+    if (!c)
+        return NULL;
+    for (size_t k = 0; k < tx->n; k++) {
+        uint64_t ne = shard_elems(&tx->shards[k]);
+        uint32_t esz = (uint32_t)elem_size(&tx->shards[k].param);
+        for (uint64_t e = 0; e < ne; e += CODEC_PIECE)
+            c[at++] = (bench_codec_chunk_t){tx->off[k] + e * esz,
+                                            ne - e < CODEC_PIECE ? ne - e : CODEC_PIECE, esz};
+    }
+    *count = n;
+    return c;
+}
+
+#define CODEC_REPS 5 /* timed launches per batch (the GPU codec), after one untimed */
+
+/* --mem cuda: the kernels on the last version's pair (the block: new; dprev: old). */
+static int codec_cuda(bench_delta_tx_t *tx, const char *block, int rank, uint64_t v,
+                      bench_delta_page_t *page)
+{
+    size_t n = 0;
+    bench_codec_res_t r;
+    bench_codec_chunk_t *c = codec_chunks(tx, &n);
+    if (!c) {
+        fprintf(stderr, PROG ": sender %d: out of host memory\n", rank);
+        return -1;
+    }
+    int rc = bcuda_delta_codec(block, tx->dprev, c, n, CODEC_REPS, &r);
+    free(c);
+    bcuda_free(tx->dprev); /* the sync's memory back before the push */
+    tx->dprev = NULL;
+    if (rc != 0)
+        return -1;
+    page->enc_s[v - 1][rank] = r.encode_s;
+    page->apply_s[v - 1][rank] = r.apply_s;
+    page->copy_s[v - 1][rank] = r.copy_s;
+    page->amax_s[v - 1][rank] = r.amax_s;
+    page->codec_bytes[v - 1][rank] = r.sent;
+    page->codec_ok[v - 1][rank] = 1;
+    if (!r.correct)
+        codec_wrong(page, rank, v, r.wrong);
+    return 0;
+}
+
+/* --mem host: the CPU codec (core/delta.c) on this version's shards, one thread: for every shard
+ * (pieces of CODEC_PIECE elements) a memcpy of the new values (reading both versions' bytes
+ * once: it reads one and writes one), the encode against prev (the previous weights) with the
+ * piece's plain size as its bound, as core/delta_tx.c does, then what a receiver does with it
+ * (core/delta_rx.c): check and apply the stream to prev with the hash, or copy a piece that
+ * travels plain. prev then holds this version: its bytes and the hash must be the new ones. */
+static int codec_host(bench_delta_tx_t *tx, const char *block, int rank, uint64_t v,
+                      bench_delta_page_t *page)
+{
+    double te = 0, ta = 0, tr = 0;
     uint64_t sent = 0;
-    if (!tx->prev)
-        return 0;
+    char line[192];
+    page->codec_ok[v - 1][rank] = 1;
     for (size_t k = 0; k < tx->n; k++) {
         const wsync_shard_t *s = &tx->shards[k];
         uint64_t n = shard_elems(s);
         uint32_t esz = (uint32_t)elem_size(&s->param);
         for (uint64_t e = 0; e < n; e += CODEC_PIECE) {
             uint64_t cnt = n - e < CODEC_PIECE ? n - e : CODEC_PIECE, len = 0, h = 0, h2 = 0;
+            uint64_t plain = cnt * esz;
             wsync_region_t r = {0, cnt, 1, cnt};
             const char *nw = block + tx->off[k] + e * esz;
             char *old = tx->prev + tx->off[k] + e * esz;
+            double t0 = bench_now_s();
+            memcpy(tx->cbuf, nw, plain);
             double a = bench_now_s();
-            wsync_status_t st = wsync_delta_encode(nw, old, &r, esz, tx->cbuf, tx->cap, &len, &h,
+            wsync_status_t st = wsync_delta_encode(nw, old, &r, esz, tx->cbuf, plain, &len, &h,
                                                    NULL);
             double b = bench_now_s();
-            if (st == WSYNC_OK)
-                st = wsync_delta_apply(tx->cbuf, len, old, &r, esz, &h2);
+            int delta = st == WSYNC_OK && len < plain;
+            if (delta) {
+                st = wsync_delta_check(tx->cbuf, len, cnt, esz, s->param.name);
+                if (st == WSYNC_OK)
+                    st = wsync_delta_apply(tx->cbuf, len, old, &r, esz, &h2);
+            } else {
+                memcpy(old, nw, plain);
+                st = WSYNC_OK;
+            }
             double c = bench_now_s();
             if (st != WSYNC_OK) {
-                fprintf(stderr, PROG ": sender %d: the CPU codec on shard %s: %s\n", rank,
-                        s->param.name, wsync_last_error());
-                return -1;
+                snprintf(line, sizeof(line), "shard %s [%llu, +%llu): %s", s->param.name,
+                         (unsigned long long)e, (unsigned long long)cnt, wsync_last_error());
+                codec_wrong(page, rank, v, line);
+                memcpy(old, nw, plain); /* the next version's pair stays right */
+            } else if ((delta && h2 != h) || memcmp(old, nw, plain) != 0) {
+                snprintf(line, sizeof(line), "shard %s [%llu, +%llu): the apply does not give "
+                         "the new values (hash %016llx, encoder's %016llx)", s->param.name,
+                         (unsigned long long)e, (unsigned long long)cnt,
+                         (unsigned long long)h2, (unsigned long long)h);
+                codec_wrong(page, rank, v, line);
+                memcpy(old, nw, plain);
             }
-            if (h2 != h || memcmp(old, nw, cnt * esz) != 0) {
-                fprintf(stderr, PROG ": sender %d: the CPU codec's apply of shard %s [%llu, "
-                                "+%llu) does not give the new values (hash %016llx, encoder's "
-                                "%016llx)\n",
-                        rank, s->param.name, (unsigned long long)e, (unsigned long long)cnt,
-                        (unsigned long long)h2, (unsigned long long)h);
-                return -1;
-            }
+            tr += a - t0;
             te += b - a;
             ta += c - b;
-            sent += len < cnt * esz ? len : cnt * esz;
+            sent += delta ? len : plain;
         }
     }
     page->enc_s[v - 1][rank] = te;
     page->apply_s[v - 1][rank] = ta;
+    page->copy_s[v - 1][rank] = tr;
     page->codec_bytes[v - 1][rank] = sent;
+    return 0;
+}
+
+int bench_delta_tx_codec(bench_delta_tx_t *tx, const char *block, int rank, uint64_t v,
+                         bench_delta_page_t *page)
+{
+    if (tx->prev)
+        return codec_host(tx, block, rank, v, page);
+    if (tx->dprev)
+        return codec_cuda(tx, block, rank, v, page);
     return 0;
 }
 
@@ -346,6 +437,70 @@ static json_t *u64s(const uint64_t *v, int n)
     return a;
 }
 
+/* The codec's figures of the run: per measured version the slowest sender's (senders encode at
+ * once), then the median over those versions. */
+typedef struct {
+    int measured, correct;
+    double enc, app, copy, amax, read, ratio;
+    uint64_t bytes;                  /* the last measured version's, over all senders */
+    const char *read_how, *how, *wrong;
+} codec_fig_t;
+
+static void codec_figures(const bench_delta_run_t *run, const bench_delta_page_t *d,
+                          codec_fig_t *f)
+{
+    const bench_opts_t *o = run->o;
+    double enc[MODEL_MAX_VERSIONS], app[MODEL_MAX_VERSIONS], cp[MODEL_MAX_VERSIONS];
+    double ax[MODEL_MAX_VERSIONS];
+    int nv = 0;
+    memset(f, 0, sizeof(*f));
+    f->correct = 1;
+    f->wrong = "";
+    for (int k = 0; k < o->iters; k++) {
+        int v = o->warmup + k, any = 0;
+        enc[nv] = app[nv] = cp[nv] = ax[nv] = 0;
+        uint64_t bytes = 0;
+        for (int s = 0; s < run->N; s++) {
+            if (d->codec_ok[v][s] == 0)
+                continue;
+            any = 1;
+            if (d->codec_ok[v][s] != 1 && f->correct) {
+                f->correct = 0;
+                f->wrong = d->codec_wrong[s];
+            }
+            enc[nv] = d->enc_s[v][s] > enc[nv] ? d->enc_s[v][s] : enc[nv];
+            app[nv] = d->apply_s[v][s] > app[nv] ? d->apply_s[v][s] : app[nv];
+            cp[nv] = d->copy_s[v][s] > cp[nv] ? d->copy_s[v][s] : cp[nv];
+            ax[nv] = d->amax_s[v][s] > ax[nv] ? d->amax_s[v][s] : ax[nv];
+            bytes += d->codec_bytes[v][s];
+        }
+        if (any) {
+            f->bytes = bytes;
+            nv++;
+        }
+    }
+    f->how = o->mem_cuda
+                 ? "CUDA kernels/delta.h on the last version's pair of every sender's shards "
+                   "(pieces of 4M elements, batches up to 256 MiB, median of 5 launches each), "
+                   "apart from the sync"
+                 : "CPU core/delta.h, one thread, on every version's pair of the shards (pieces "
+                   "of 4M elements; check and apply as a receiver), apart from the sync";
+    if (nv == 0)
+        return;
+    f->measured = 1;
+    f->enc = bench_stats_of(enc, nv).median;
+    f->app = bench_stats_of(app, nv).median;
+    f->copy = bench_stats_of(cp, nv).median;
+    f->amax = bench_stats_of(ax, nv).median;
+    f->read = f->copy;
+    f->read_how = o->mem_cuda ? "a device-to-device copy of one version" : "a memcpy of one version";
+    if (o->mem_cuda && f->amax > 0 && f->amax < f->copy) {
+        f->read = f->amax;
+        f->read_how = "an amax over both versions";
+    }
+    f->ratio = f->read > 0 ? (f->enc + f->app) / f->read : 0;
+}
+
 /* g[0]: the group with delta = --delta-mode, g[1]: the same versions with delta = off. */
 int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *g)
 {
@@ -353,10 +508,10 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
     const bench_delta_page_t *d = g[0].page; /* the delta group's figures */
     int K = o->iters, W = o->warmup;
     double td[MODEL_MAX_VERSIONS], tf[MODEL_MAX_VERSIONS], frac[MODEL_MAX_VERSIONS];
-    double enc[MODEL_MAX_VERSIONS], app[MODEL_MAX_VERSIONS], upd[MODEL_MAX_VERSIONS];
+    double upd[MODEL_MAX_VERSIONS];
     double ratio[MODEL_MAX_VERSIONS], wr[MODEL_MAX_VERSIONS];
     uint64_t wire[MODEL_MAX_VERSIONS], encb[MODEL_MAX_VERSIONS], plain[MODEL_MAX_VERSIONS];
-    uint64_t base[MODEL_MAX_VERSIONS], codec[MODEL_MAX_VERSIONS];
+    uint64_t base[MODEL_MAX_VERSIONS];
     double pd[MODEL_MAX_VERSIONS], pf[MODEL_MAX_VERSIONS];
     memcpy(td, g[0].times, sizeof(td));
     memcpy(tf, g[1].times, sizeof(tf));
@@ -373,21 +528,16 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
     for (int k = 0; k < K; k++) {
         int v = W + k;
         uint64_t ch = 0;
-        wire[k] = encb[k] = plain[k] = base[k] = codec[k] = 0;
-        enc[k] = app[k] = upd[k] = 0;
+        wire[k] = encb[k] = plain[k] = base[k] = 0;
+        upd[k] = 0;
         for (int s = 0; s < run->N; s++) {
             ch += d->changed[v][s];
             wire[k] += d->wire[v][s];
             encb[k] += d->encoded[v][s];
             plain[k] += d->plain[v][s];
-            codec[k] += d->codec_bytes[v][s];
             if (d->base[v][s] > base[k])
                 base[k] = d->base[v][s];
-            /* senders step and encode at once: the slowest is the version's */
-            if (d->enc_s[v][s] > enc[k])
-                enc[k] = d->enc_s[v][s];
-            if (d->apply_s[v][s] > app[k])
-                app[k] = d->apply_s[v][s];
+            /* senders step at once: the slowest is the version's */
             if (d->update_s[v][s] > upd[k])
                 upd[k] = d->update_s[v][s];
         }
@@ -406,8 +556,9 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
     bench_stats_t sd = bench_stats_of(td, K), sf = bench_stats_of(tf, K);
     bench_stats_t sfrac = bench_stats_of(frac, K), swire = bench_stats_of(wired, K);
     bench_stats_t sr = bench_stats_of(ratio, K), swr = bench_stats_of(wr, K);
-    double e = bench_stats_of(enc, K).median, a = bench_stats_of(app, K).median;
     double u = bench_stats_of(upd, K).median;
+    codec_fig_t cf;
+    codec_figures(run, d, &cf);
     int right_d = g[0].right, right_f = g[1].right;
     int right = right_d && right_f;
     const char *first_wrong = g[0].first_wrong[0] ? g[0].first_wrong : g[1].first_wrong;
@@ -433,10 +584,13 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
         printf("  publish           delta %.6f   full %.6f   (the slowest sender's push, "
                "median; not in the fetch times above)\n",
                bench_stats_of(pd, K).median, bench_stats_of(pf, K).median);
-    if (!o->mem_cuda)
-        printf("  CPU codec         encode %.4f s, apply %.4f s per version (one thread, "
-               "apart from the sync; %.2f GB/s of the version's bytes encoded)\n",
-               e, a, e > 0 ? (double)run->param_bytes / e / 1e9 : 0);
+    if (cf.measured)
+        printf("  codec             encode %.6f s, apply %.6f s, read both %.6f s (%s): ratio "
+               "%.3f; %s; %s\n",
+               cf.enc, cf.app, cf.read, cf.read_how, cf.ratio,
+               cf.correct ? "applied bytes right" : "applied bytes WRONG", cf.how);
+    if (cf.measured && !cf.correct)
+        printf("  codec wrong       %s\n", cf.wrong);
     printf("  update            %.3f s per version (the step, untimed)\n", u);
     if (right)
         printf("  correct           yes: every receiver checked all %d versions of both "
@@ -466,6 +620,10 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
         json_object_set_new(j, "scheme_asked", json_string(o->scheme));
         json_object_set_new(j, "scheme", json_string(g[0].scheme));
         json_object_set_new(j, "transport", json_string(o->store ? o->transport : ""));
+        /* the store's transport hint (WSYNC_STORE_PROVIDER: "tcp" forces TCP), "" for its
+         * default choice */
+        const char *hint = o->store ? getenv("WSYNC_STORE_PROVIDER") : NULL;
+        json_object_set_new(j, "store_provider", json_string(hint ? hint : ""));
         json_object_set_new(j, "gpu", json_string(g[0].gpu));
         json_object_set_new(j, "iters", json_integer(K));
         json_object_set_new(j, "warmup", json_integer(W));
@@ -490,18 +648,19 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
         json_object_set_new(j, "time_ratio", json_real(sr.median));
         json_object_set_new(j, "push_seconds", json_real(bench_stats_of(pd, K).median));
         json_object_set_new(j, "full_push_seconds", json_real(bench_stats_of(pf, K).median));
-        if (o->mem_cuda) {
-            json_object_set_new(j, "encode_seconds", json_null());
-            json_object_set_new(j, "apply_seconds", json_null());
-        } else {
-            json_object_set_new(j, "encode_seconds", json_real(e));
-            json_object_set_new(j, "apply_seconds", json_real(a));
-            json_object_set_new(j, "codec_bytes", json_integer((json_int_t)codec[K - 1]));
-        }
-        json_object_set_new(j, "codec", json_string(o->mem_cuda ? "none: the schemes expose no "
-                                                    "kernel times (tests/gpu/test_delta_kernels)"
-                                                  : "CPU core/delta.c, one thread, on the "
-                                                    "version's shards apart from the sync"));
+        json_object_set_new(j, "encode_seconds", cf.measured ? json_real(cf.enc) : json_null());
+        json_object_set_new(j, "apply_seconds", cf.measured ? json_real(cf.app) : json_null());
+        json_object_set_new(j, "read_both_seconds", cf.measured ? json_real(cf.read) : json_null());
+        json_object_set_new(j, "read_both", json_string(cf.measured ? cf.read_how : ""));
+        json_object_set_new(j, "copy_seconds", cf.measured ? json_real(cf.copy) : json_null());
+        json_object_set_new(j, "amax_seconds",
+                            cf.measured && o->mem_cuda ? json_real(cf.amax) : json_null());
+        json_object_set_new(j, "codec_ratio", cf.measured ? json_real(cf.ratio) : json_null());
+        json_object_set_new(j, "codec_correct", cf.measured ? json_boolean(cf.correct) : json_null());
+        if (cf.measured && !cf.correct)
+            json_object_set_new(j, "codec_wrong", json_string(cf.wrong));
+        json_object_set_new(j, "codec_bytes", json_integer((json_int_t)cf.bytes));
+        json_object_set_new(j, "codec", json_string(cf.how));
         json_object_set_new(j, "update_seconds", json_real(u));
         json_object_set_new(j, "correct", json_boolean(right));
         json_object_set_new(j, "correct_delta", json_boolean(right_d));

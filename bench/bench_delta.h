@@ -36,12 +36,18 @@ typedef struct {
     uint64_t base[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
     uint64_t changed[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];  /* elements the step changed */
     double update_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];   /* the step, untimed */
-    double enc_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];      /* the CPU codec, apart */
+    /* the codec on the version's pair, apart from the sync (host: the CPU codec on every
+     * version; CUDA: the kernels on the last version) */
+    double enc_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
     double apply_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
+    double copy_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];     /* a copy of one version */
+    double amax_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];     /* CUDA: an amax over both */
     uint64_t codec_bytes[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
+    int codec_ok[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];      /* 0 not measured, 1 right, 2 wrong */
+    char codec_wrong[MODEL_MAX_RANKS][192];                 /* the first wrong thing found */
     int wrong_versions[MODEL_MAX_RANKS];         /* versions a receiver found wrong */
     int checked_versions[MODEL_MAX_RANKS];
-    char delta_line[256];                        /* sender 0's explanation line "delta: ..." */
+    char delta_line[1024];                       /* sender 0's explanation line "delta: ..." */
 } bench_delta_page_t;
 
 /* Sender 0's explanation line about delta versions ("delta: on (...)") of wsync_sender_explain's
@@ -55,8 +61,9 @@ typedef struct bench_delta_tx bench_delta_tx_t;
 /* The masters of a sender's n shards (FSDP dim-0 boxes, as wsync_layout_fsdp_shards gives them),
  * whose weights lie in its block at offsets off[k] (bytes in all), in host memory or, with
  * o->mem_cuda, on its GPU (then stepped in a host image and copied whole). With --mem host it
- * also keeps the previous version's weights for the CPU codec's figures. Returns 0, or -1 told
- * (out of host memory). */
+ * also keeps the previous version's weights for the CPU codec's figures; with --mem cuda the
+ * last version's step keeps the previous weights on the GPU (bytes more, until the codec's
+ * figures are taken). Returns 0, or -1 told (out of host memory). */
 int bench_delta_tx_create(const bench_opts_t *o, const wsync_shard_t *shards, size_t n,
                           const size_t *off, size_t bytes, bench_delta_tx_t **out);
 
@@ -65,9 +72,12 @@ int bench_delta_tx_create(const bench_opts_t *o, const wsync_shard_t *shards, si
  * (all of them for v = 1), or UINT64_MAX when the copy to the GPU failed (told). */
 uint64_t bench_delta_tx_step(bench_delta_tx_t *tx, char *block, uint64_t v);
 
-/* --mem host, after bench_delta_tx_step(v > 1): the CPU codec's figures on this version's
- * shards (encode against the previous weights, apply to them), measured apart from the sync,
- * into page's entries of version v for sender `rank`. A no-op with --mem cuda. 0, or -1 told. */
+/* After bench_delta_tx_step(v > 1), before the push: the codec's figures on this version's
+ * shards against the previous version's, measured apart from the sync, into page's entries of
+ * version v for sender `rank`. --mem host: every version, the CPU codec (core/delta.h) as
+ * core/delta_tx.c and core/delta_rx.c call it, one thread; --mem cuda: the last version only,
+ * the batched kernels of kernels/delta.h timed with CUDA events (the previous weights are freed
+ * after). A wrong result is recorded (codec_ok 2), not a failure. 0, or -1 told. */
 int bench_delta_tx_codec(bench_delta_tx_t *tx, const char *block, int rank, uint64_t v,
                          bench_delta_page_t *page);
 

@@ -637,18 +637,25 @@ static void model_free(model_t *m)
 /* Per process beside its buffers: a CUDA context and, for schemes that stage, two buckets. */
 #define CUDA_CONTEXT_BYTES ((uint64_t)600 << 20)
 
+/* --delta on the GPU, per sender: the scheme's baselines of its shards (device memory by
+ * default), the previous weights the codec's figures keep for the last version, and the codec's
+ * scratch (a copy and encode buffers of one 256 MiB batch) */
+#define DELTA_CODEC_SCRATCH ((uint64_t)640 << 20)
+
 /* --mem cuda: each GPU must hold its senders' shards, its receivers' targets and scales, and
- * per process a context and two buckets; refuse (-1, reported, naming the GPU and the bytes)
- * before any sync process starts when one cannot. */
+ * per process a context and two buckets (and --delta's copies); refuse (-1, reported, naming the
+ * GPU and the bytes) before any sync process starts when one cannot. */
 static int gpus_fit(const model_t *m)
 {
     int bad = 0;
     for (int g = 0; g < m->ngpu; g++) {
-        uint64_t s = 0, r = 0;
+        uint64_t s = 0, r = 0, d = 0;
         int procs = 0;
         for (int i = 0; i < m->N; i++)
             if (m->gpu_s[i] == g) {
                 s += m->sender_bytes[i];
+                if (m->o->delta)
+                    d += 2 * m->sender_bytes[i] + DELTA_CODEC_SCRATCH;
                 procs++;
             }
         for (int j = 0; j < m->NR; j++)
@@ -662,16 +669,18 @@ static int gpus_fit(const model_t *m)
         size_t fr = 0, tot = 0;
         if (bcuda_mem_info(g, &fr, &tot) != 0)
             return -1;
-        if (s + r + extra <= fr)
+        if (s + r + d + extra <= fr)
             continue;
         char what[160];
         run_words(m, what, sizeof(what));
         fprintf(stderr,
                 PROG ": %s does not fit on GPU %d: it needs %.2f GB (senders' shards %.2f GB, "
-                     "receivers' targets %.2f GB, %d process%s x (context + 2 buckets) %.2f GB), "
+                     "receivers' targets %.2f GB, --delta's baselines, previous weights and "
+                     "codec scratch %.2f GB, %d process%s x (context + 2 buckets) %.2f GB), "
                      "%.2f GB free of %.2f GB\n",
-                what, g, (double)(s + r + extra) / 1e9, (double)s / 1e9, (double)r / 1e9, procs,
-                procs == 1 ? "" : "es", (double)extra / 1e9, (double)fr / 1e9, (double)tot / 1e9);
+                what, g, (double)(s + r + d + extra) / 1e9, (double)s / 1e9, (double)r / 1e9,
+                (double)d / 1e9, procs, procs == 1 ? "" : "es", (double)extra / 1e9,
+                (double)fr / 1e9, (double)tot / 1e9);
         bad = 1;
     }
     if (bad)

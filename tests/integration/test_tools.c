@@ -152,6 +152,21 @@ static void case_bench_delta_host(void)
           json_number_value(json_object_get(j, "full_seconds")) > 0);
     CHECK(json_array_size(json_object_get(j, "times")) == 2 &&
           json_array_size(json_object_get(j, "full_times")) == 2);
+    /* the CPU codec on the senders' own version pairs: the applied bytes are the new ones, its
+     * ratio is what its seconds say, and it sends at least the changed values */
+    CHECK(json_is_true(json_object_get(j, "codec_correct")));
+    double enc = json_number_value(json_object_get(j, "encode_seconds"));
+    double app = json_number_value(json_object_get(j, "apply_seconds"));
+    double rd = json_number_value(json_object_get(j, "read_both_seconds"));
+    double cr = json_number_value(json_object_get(j, "codec_ratio"));
+    CHECK_MSG(enc > 0 && app > 0 && rd > 0, "encode %g, apply %g, read both %g s", enc, app, rd);
+    CHECK_MSG(rd > 0 && cr > 0.999 * (enc + app) / rd && cr < 1.001 * (enc + app) / rd,
+              "codec ratio %g, (encode %g + apply %g) / read both %g", cr, enc, app, rd);
+    CHECK(strcmp(json_string_value(json_object_get(j, "read_both")), "a memcpy of one version") ==
+          0);
+    double cb = (double)json_integer_value(json_object_get(j, "codec_bytes"));
+    CHECK_MSG(cb >= changed * params && cb < full, "codec bytes %g, changed %g of %g bytes", cb,
+              changed, params);
     json_decref(j);
 
     rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem host --scheme ipc --delta "
