@@ -612,6 +612,27 @@ def delta_label(j):
     return j["scheme"] + (" colocated" if j.get("colocated") else "")
 
 
+def delta_transport(name, j):
+    """what carried one --delta run's bytes: the store's transport (and its forced provider), NCCL's
+    sockets (tests/gpu/run.sh's nccl-sock runs force them), or the ipc scheme's memory."""
+    if j["scheme"] == "store":
+        t = "UCX" if j["transport"] == "ucx" else "libfabric"
+        hint = j.get("store_provider")
+        if hint:
+            return "%s, %s" % (t, hint)
+        # the host rows ran where both transports had only TCP (docs/bench/delta-host.jsonl)
+        return t + (" (default)" if j["mem"] == "cuda" else " (tcp here)")
+    if j["scheme"] == "nccl":
+        return "NCCL sockets" if (name or "").startswith("nccl-sock") else "NCCL"
+    return "CUDA IPC" if j["mem"] == "cuda" else "shared memory"
+
+
+def delta_series(name, j):
+    """one chart line per scheme, transport and memory"""
+    return "%s, %s, %s%s" % (j["scheme"], delta_transport(name, j), j["mem"],
+                             ", colocated" if j.get("colocated") else "")
+
+
 def delta_rows(path):
     """(meta, [(run name, rc, result or None)]) of a --delta JSON lines file: lines
     {"run"|"bench": name, "rc": n, "result": wsync-bench --delta --json} and an optional
@@ -625,18 +646,24 @@ def delta_rows(path):
     return meta, rows
 
 
-def delta_chart(runs, path, terminal, title):
-    """runs: good --delta results; wire bytes (% of the full version's, left axis, log) and time
-    (delta ÷ full, right axis, log) against lr, one colour per scheme."""
-    colours = ["#1b3a8c", "#e07b00", "#2a9d3a", "#b5179e", "#6c757d"]
-    gp = ["set terminal " + terminal, 'set output "%s"' % path, "set encoding utf8",
+DELTA_SVG = 'svg size 1100,600 dynamic noenhanced font "DejaVu Sans,11"'
+
+
+def delta_chart(runs, path, title):
+    """runs: (name, result) of good --delta runs; wire bytes (% of the full version's, left axis,
+    log) and time (delta ÷ full, right axis, log) against lr (log), one colour per scheme,
+    transport and memory; an SVG (text: diffs stay readable)."""
+    colours = ["#1b3a8c", "#e07b00", "#2a9d3a", "#b5179e", "#6c757d", "#c1121f", "#0096c7",
+               "#7f5539"]
+    gp = ["set terminal " + DELTA_SVG, 'set output "%s"' % path, "set encoding utf8",
           'set title "%s"' % title, 'set xlabel "learning rate (--lr)"',
           'set ylabel "wire bytes, % of the full version (solid)"',
           'set y2label "seconds per version, delta ÷ full (dashed)"',
           "set logscale x", "set logscale y", "set logscale y2", 'set format x "%.0e"',
           'set format y "%g"', 'set format y2 "%g"', "set ytics nomirror", "set y2tics",
           "set grid xtics ytics", "set key outside right top vertical Left reverse",
-          "set xrange [%.6g:%.6g]" % (min(j["lr"] for j in runs) / 2, max(j["lr"] for j in runs) * 2),
+          "set xrange [%.6g:%.6g]" % (min(j["lr"] for _, j in runs) / 2,
+                                      max(j["lr"] for _, j in runs) * 2),
           # the issue's targets: 4 % of the bytes (lr 1e-6, Qwen3-8B), 0.1 x the time (network
           # bound); and delta = full
           'set arrow from graph 0, first 4 to graph 1, first 4 nohead lc rgb "#444444" dt 3',
@@ -646,20 +673,22 @@ def delta_chart(runs, path, terminal, title):
           'set arrow from graph 0, second 1 to graph 1, second 1 nohead lc rgb "#999999" dt 2',
           'set label "delta = full" at graph 0.99, second 1 right offset 0,0.6 font ",9"']
     labels = []
-    for j in runs:
-        if delta_label(j) not in labels:
-            labels.append(delta_label(j))
+    for name, j in runs:
+        if delta_series(name, j) not in labels:
+            labels.append(delta_series(name, j))
     plots = []
     for i, lab in enumerate(labels):
-        pts = sorted((j["lr"], 100 * j["wire_ratio"], j["time_ratio"]) for j in runs
-                     if delta_label(j) == lab)
+        pts = sorted((j["lr"], 100 * j["wire_ratio"], j["time_ratio"]) for name, j in runs
+                     if delta_series(name, j) == lab)
         c = colours[i % len(colours)]
         gp.append("$w%d << EOD\n%s\nEOD" % (i, "\n".join("%.6g %.6g" % (x, w) for x, w, _ in pts)))
         gp.append("$t%d << EOD\n%s\nEOD" % (i, "\n".join("%.6g %.6g" % (x, t) for x, _, t in pts)))
-        plots.append('$w%d axes x1y1 with linespoints lc rgb "%s" lw 2 pt 7 title "%s: wire bytes"'
-                     % (i, c, lab))
-        plots.append('$t%d axes x1y2 with linespoints lc rgb "%s" lw 2 dt 2 pt 6 title "%s: time"'
-                     % (i, c, lab))
+        # a point type of its own per line: transports with the same wire bytes overlap exactly
+        pt = [7, 5, 9, 11, 13, 15][i % 6]
+        plots.append('$w%d axes x1y1 with linespoints lc rgb "%s" lw 2 pt %d ps 1.3 title "%s: wire '
+                     'bytes"' % (i, c, pt, lab))
+        plots.append('$t%d axes x1y2 with linespoints lc rgb "%s" lw 2 dt 2 pt %d ps 1.3 title "%s: '
+                     'time"' % (i, c, pt - 1, lab))
     gp.append("plot " + ", \\\n     ".join(plots))
     res = subprocess.run(["gnuplot"], input="\n".join(gp) + "\n", capture_output=True, text=True)
     if res.returncode != 0:
@@ -672,9 +701,34 @@ def lr_text(lr):
     return "%se%d" % (m, int(e))
 
 
+def codec_cell(j):
+    """(encode + apply) ÷ reading both versions once, and whether the applied bytes were right"""
+    if j.get("codec_ratio") is None:
+        return "–"
+    return "%.2f%s" % (j["codec_ratio"], "" if j.get("codec_correct") else " (applied bytes WRONG)")
+
+
+def delta_summary(rows):
+    """rows: (file's title, run name, rc, result or None) of every --delta run"""
+    out = ["| run | lr | scheme | transport | mem | shape | changed | wire ÷ full | time, delta ÷ "
+           "full | codec ÷ read both | correct |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for title, name, rc, j in rows:
+        if not j:
+            out.append("| %s (%s) | | | | | | | | no result (exit status %s) | | |"
+                       % (name, title.lower(), rc))
+            continue
+        out.append("| %s (%s) | %s | %s | %s | %s | %s | %.2f %% | %.2f %% | %.3f | %s | %s |" % (
+            name, title.lower(), lr_text(j["lr"]), j["scheme"] + (" colocated" if j.get("colocated")
+                                                                 else ""),
+            delta_transport(name, j), j["mem"], j["model_shape"], 100 * j["changed_fraction"],
+            100 * j["wire_ratio"], j["time_ratio"], codec_cell(j), "yes" if j["correct"] else "NO"))
+    return out
+
+
 def delta_table(rows):
     out = ["| run | shape | lr | delta | changed | wire bytes (÷ full) | seconds, delta | seconds, "
-           "full | delta ÷ full | CPU encode / apply | versions | correct |",
+           "full | delta ÷ full | codec: encode / apply / read both | versions | correct |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, rc, j in rows:
         if not j:
@@ -682,6 +736,8 @@ def delta_table(rows):
             continue
         codec = ("%s / %s" % (secs(j["encode_seconds"]), secs(j["apply_seconds"]))
                  if j.get("encode_seconds") is not None else "–")
+        if j.get("read_both_seconds") is not None:
+            codec += " / %s" % secs(j["read_both_seconds"])
         # the store times the fetch; its publish (the push: snapshot, encoding) comes beside it
         pub = j["scheme"] == "store" and j.get("push_seconds") is not None
         sd = secs(j["seconds"]) + (" (publish %s)" % secs(j["push_seconds"]) if pub else "")
@@ -693,10 +749,11 @@ def delta_table(rows):
     return out
 
 
-def delta_section(host_path, gpu_path, terminal=None, plot_dir=None, rel_dir="bench"):
+def delta_section(host_path, gpu_path, plots=True, plot_dir=None, rel_dir="bench"):
     """Delta versions (issue 17): wsync-bench --delta runs on host memory (docs/bench/delta-host.jsonl,
     with a meta line) and tests/gpu/run.sh's step delta (its delta.jsonl, copied to
-    docs/bench/delta.jsonl)."""
+    docs/bench/delta.jsonl): one table and one chart (delta.svg) of every run, then each file's
+    machine and its runs in full."""
     out = ["## Delta versions (issue 17)", "",
            "`wsync-bench --delta --lr X`: every shard element has an fp32 master (version 1: "
            "about N(0, 0.02²), four uniforms summed); each version adds lr × d, d drawn per "
@@ -709,18 +766,33 @@ def delta_section(host_path, gpu_path, terminal=None, plot_dir=None, rel_dir="be
            "holds a base, everything plain). Seconds: median of the timed versions (the slowest "
            "sender's push; the store: the slowest receiver's fetch, with the slowest sender's "
            "publish beside it where the run reported it); delta ÷ full: median of the "
-           "per-version ratios. CPU encode / apply: the CPU codec (core/delta.c, one thread) on "
-           "the same version's shards, timed apart from the sync (the schemes report no codec "
-           "times). Versions: warm-up + timed, in each mode. Targets (issue 17): wire bytes at lr 1e-6 on the Qwen3-8B shape ≤ 4 % of the "
-           "full version's; over a network-bound link (nccl over sockets, the store over tcp) "
-           "time per version ≤ 0.1 × full; colocated, auto never slower than full.", ""]
+           "per-version ratios. Codec: the codec timed apart from the sync on the senders' own "
+           "version pairs (the schemes report no codec times): on host memory the CPU codec "
+           "(core/delta.h, one thread; encode, then check and apply as a receiver) on every "
+           "version, reading both versions once = a memcpy of one; on CUDA memory the batched "
+           "kernels (kernels/delta.h; encode, then apply with the hash onto a copy of the old "
+           "values) on the last version, CUDA events, medians, reading both = the faster of a "
+           "device-to-device copy of one version and an amax over both; codec ÷ read both = "
+           "(encode + apply) ÷ that, and the applied bytes are compared with the new ones. "
+           "Versions: warm-up + timed, in each mode. Targets (issue 17): wire bytes at lr 1e-6 "
+           "on the Qwen3-8B shape ≤ 4 % of the full version's; over a network-bound link (nccl "
+           "over sockets, the store over tcp) time per version ≤ 0.1 × full; encode + apply ≤ "
+           "1.5 × reading both versions at HBM speed; colocated, auto never slower than full.", ""]
     hmeta, hrows = delta_rows(host_path)
     gmeta, grows = delta_rows(gpu_path)
     if not hrows and not grows:
         return out + ["No delta results yet: see bench/README.md (host runs) and tests/gpu/run.sh "
                       "step delta (GPU runs).", ""]
-    for title, meta, rows, fname in (("Host memory", hmeta, hrows, "delta-host.png"),
-                                     ("GPUs", gmeta, grows, "delta-gpu.png")):
+    every = [("Host memory", n, rc, j) for n, rc, j in hrows] + \
+            [("GPUs", n, rc, j) for n, rc, j in grows]
+    good_runs = [(n, j) for _, n, _, j in every if j]
+    if plots and plot_dir and good_runs:
+        delta_chart(good_runs, os.path.join(plot_dir, "delta.svg"),
+                    "Delta versions: wire bytes and time against lr")
+        out += ["![Delta versions: wire bytes and time against lr](%s/delta.svg)" % rel_dir, ""]
+    out += ["Every run (host memory: docs/bench/delta-host.jsonl; GPUs: docs/bench/delta.jsonl):",
+            ""] + delta_summary(every) + [""]
+    for title, meta, rows in (("Host memory", hmeta, hrows), ("GPUs", gmeta, grows)):
         if not rows:
             continue
         out += ["### %s" % title, ""]
@@ -731,15 +803,26 @@ def delta_section(host_path, gpu_path, terminal=None, plot_dir=None, rel_dir="be
         else:
             g = next((j.get("gpu") for _, _, j in rows if j and j.get("gpu")), "")
             out += ["Machine: %s (tests/gpu/run.sh step delta)." % (g or "?"), ""]
-        good_runs = [j for _, _, j in rows if j]
-        if terminal and plot_dir and good_runs:
-            delta_chart(good_runs, os.path.join(plot_dir, fname), terminal,
-                        "Delta versions: wire bytes and time against lr (%s)" % title.lower())
-            out += ["![Delta versions, %s](%s/%s)" % (title.lower(), rel_dir, fname), ""]
         out += delta_table(rows) + [""]
         for note in meta.get("notes", []):
             out += [note, ""]
     return out
+
+
+def splice_section(path, heading, lines):
+    """replace the section of page `path` that starts at `heading` (up to the next heading of
+    its level) with lines; the rest of the page stays as it is."""
+    with open(path) as f:
+        page = f.read().split("\n")
+    level = heading.split(" ")[0] + " "
+    try:
+        a = page.index(heading)
+    except ValueError:
+        fail("%s has no line %r: regenerate the whole page (without --section)" % (path, heading))
+    b = next((i for i in range(a + 1, len(page)) if page[i].startswith(level)), len(page))
+    page[a:b] = lines
+    with open(path, "w") as f:
+        f.write("\n".join(page).rstrip() + "\n")
 
 
 def main():
@@ -762,7 +845,17 @@ def main():
                    default=["docs/bench/delta-host.jsonl", "docs/bench/delta.jsonl"],
                    help="the delta section's inputs: wsync-bench --delta JSON lines on host memory, "
                         "and tests/gpu/run.sh's delta.jsonl (defaults under docs/bench/)")
+    p.add_argument("--section", choices=["delta"],
+                   help="rewrite only this section of the existing page (and its chart), leaving "
+                        "the rest as it is")
     args = p.parse_args()
+    if args.section == "delta":
+        plot_dir = os.path.join(os.path.dirname(os.path.abspath(args.out)), "bench")
+        splice_section(args.out, "## Delta versions (issue 17)",
+                       delta_section(*args.delta, plots=not args.no_plots, plot_dir=plot_dir,
+                                     rel_dir="bench"))
+        print("wrote the delta section of %s" % args.out, file=sys.stderr)
+        return 0
     results = args.results or [f for f in ["docs/bench/gpu.json"] if os.path.exists(f)]
     if args.summary:
         if not results:
@@ -789,7 +882,7 @@ def main():
     if not args.no_plots and term is None:
         fail("gnuplot not found: install it (apt-get install gnuplot-nox) or pass --no-plots")
     page += moe_section(*args.moe, terminal=term, plot_dir=plot_dir, rel_dir="bench")
-    page += delta_section(*args.delta, terminal=term, plot_dir=plot_dir, rel_dir="bench")
+    page += delta_section(*args.delta, plots=term is not None, plot_dir=plot_dir, rel_dir="bench")
     # hand-written sections (figures no generator here produces: other tools' runs, arithmetic)
     sec_dir = os.path.join(os.path.dirname(os.path.abspath(args.out)), "bench", "sections")
     for name in sorted(os.listdir(sec_dir)) if os.path.isdir(sec_dir) else []:
