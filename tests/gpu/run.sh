@@ -44,7 +44,9 @@
 #      on CUDA memory with delta auto (must resolve off) and on, and the store on CUDA memory
 #      over TCP (WSYNC_STORE_PROVIDER=tcp) over UCX and libfabric ($WSYNC_DELTA_STORE_SHAPE,
 #      default qwen3-0.6b); each run's codec times (kernels on CUDA memory); a table in the
-#      summary;
+#      summary; $WSYNC_DELTA_LRS the learning rates, $WSYNC_DELTA_ROWS the groups of rows ("nccl
+#      store ipc store-cuda") to split the step over calls; rows land in $OUT/delta-partial.jsonl
+#      as they finish;
 # $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes faults python netns bench moe
 # moe-baselines store-cuda delta baselines"), $WSYNC_BENCH_SHAPE the model shape of the dense benchmarks (default
 # qwen3-8b) and $WSYNC_MOE_SHAPE that of the MoE ones (default qwen3-30b-a3b; tiny-moe for a
@@ -324,6 +326,9 @@ fi
 DELTA_SHAPE=${WSYNC_DELTA_SHAPE:-$SHAPE}
 DELTA_HOST_SHAPE=${WSYNC_DELTA_HOST_SHAPE:-$DELTA_SHAPE}
 DELTA_LRS=${WSYNC_DELTA_LRS:-1e-6 1e-5 1e-4}
+# which groups of rows (to split the step over device calls): nccl store ipc store-cuda
+DELTA_ROWS=" ${WSYNC_DELTA_ROWS:-nccl store ipc store-cuda} "
+delta_rows() { [[ "$DELTA_ROWS" == *" $1 "* ]]; }
 : > "$WORK/delta.jsonl"
 delta_bench() {   # name, then the command (env ... wsync-bench ...); returns wsync-bench's status
     local name=$1
@@ -333,12 +338,15 @@ delta_bench() {   # name, then the command (env ... wsync-bench ...); returns ws
     local rc=$? line
     line=$(grep '^{' "$WORK/delta $name.log" | tail -n 1)
     echo "{\"bench\": \"$name\", \"rc\": $rc, \"result\": ${line:-null}}" >> "$WORK/delta.jsonl"
+    # each row as it lands: a call cut by its time limit still brings back the rows it finished
+    [ -n "${OUT:-}" ] && [ -d "$OUT" ] && cp "$WORK/delta.jsonl" "$OUT/delta-partial.jsonl"
     return $rc
 }
 if ! skipped delta && [ -x "$BENCH" ]; then
     lay="--senders 1 --tp 1"
     [ "$NGPU" -ge 4 ] && lay="--senders 2 --tp 2"
     for lr in $DELTA_LRS; do
+        delta_rows nccl || break
         [ "$NGPU" -ge 2 ] || break   # a sender and a receiver on GPUs of their own
         # shellcheck disable=SC2086
         delta_bench "nccl-sock $lr" env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$BENCH" \
@@ -346,6 +354,7 @@ if ! skipped delta && [ -x "$BENCH" ]; then
     done
     hshape=$DELTA_HOST_SHAPE
     for tr in ucx ofi; do
+        delta_rows store || break
         for lr in $DELTA_LRS; do
             delta_bench "store-$tr $lr" "$BENCH" --model-shape "$hshape" --mem host \
                 --scheme store --transport $tr --lr "$lr"
@@ -357,6 +366,7 @@ if ! skipped delta && [ -x "$BENCH" ]; then
         done
     done
     for mode in auto on; do
+        delta_rows ipc || break
         delta_bench "ipc-coloc $mode" "$BENCH" --model-shape "$DELTA_SHAPE" --mem cuda \
             --scheme ipc --colocated --senders 1 --tp 1 --lr 1e-6 --delta-mode $mode
     done
@@ -365,6 +375,7 @@ if ! skipped delta && [ -x "$BENCH" ]; then
     slay="--senders 1 --tp 1"
     [ "$NGPU" -ge 2 ] || slay="$slay --colocated"
     for tr in ucx ofi; do
+        delta_rows store-cuda || break
         for lr in $DELTA_LRS; do
             # shellcheck disable=SC2086
             delta_bench "store-cuda-$tr $lr" env WSYNC_STORE_PROVIDER=tcp "$BENCH" \
