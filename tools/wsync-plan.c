@@ -568,15 +568,16 @@ static int parse_args(int argc, char **argv, options_t *o)
     return 0;
 }
 
-/* Rank s's shards of transformers 5.x's in-memory params: FSDP dim 0 of each (the fused
- * experts included), each fused shard unfused into the checkpoint's per-expert params. */
-static wsync_status_t fused_shards(const wsync_model_config_t *cfg, int s, int n,
+/* Rank s's shards of transformers 5.x's in-memory params fp (wsync_model_fused_params, made
+ * once for every rank: naming and fusing a trillion-parameter MoE's 69,120 expert params 256
+ * times was most of the tool's time): FSDP dim 0 of each (the fused experts included), each
+ * fused shard unfused into the checkpoint's per-expert params. */
+static wsync_status_t fused_shards(const wsync_param_t *fp, size_t nfp, int s, int n,
                                    wsync_shard_t **out, size_t *nout)
 {
-    wsync_param_t *fp = NULL;
-    size_t nfp = 0, len = 0, cap = 0;
+    size_t len = 0, cap = 0;
     wsync_shard_t *v = NULL;
-    wsync_status_t st = wsync_model_fused_params(cfg, (wsync_dtype_t)0, &fp, &nfp);
+    wsync_status_t st = WSYNC_OK;
 
     for (size_t i = 0; st == WSYNC_OK && i < nfp; i++) {
         wsync_shard_t one, *parts = NULL;
@@ -604,7 +605,6 @@ static wsync_status_t fused_shards(const wsync_model_config_t *cfg, int s, int n
         len += nparts;
         free(parts);
     }
-    wsync_model_params_free(fp, nfp);
     if (st != WSYNC_OK) {
         wsync_layout_shards_free(v, len);
         return st;
@@ -636,8 +636,8 @@ int main(int argc, char **argv)
     }
 
     layouts_t l = {0};
-    wsync_param_t *params = NULL;
-    size_t nparams = 0;
+    wsync_param_t *params = NULL, *fused = NULL;
+    size_t nparams = 0, nfused = 0;
     wsync_shard_t *shards = NULL;
     wsync_target_t *targets = NULL;
     int *shard_sender = NULL, *target_receiver = NULL;
@@ -670,13 +670,18 @@ int main(int argc, char **argv)
         goto out;
     }
     size_t nsh = 0, ntg = 0;
+    if (strcmp(o.sender_layout, "fused") == 0 &&
+        wsync_model_fused_params(&cfg, (wsync_dtype_t)0, &fused, &nfused) != WSYNC_OK) {
+        fprintf(stderr, PROG ": --sender-layout fused: %s\n", wsync_last_error());
+        goto out;
+    }
     for (int s = 0; s < o.senders; s++) {
         wsync_status_t st;
         if (strcmp(o.sender_layout, "ep") == 0)
             st = wsync_layout_ep_shards(&cfg, (wsync_dtype_t)0, s, o.senders, 0, &l.shards[s],
                                         &l.nshards[s]);
         else if (strcmp(o.sender_layout, "fused") == 0)
-            st = fused_shards(&cfg, s, o.senders, &l.shards[s], &l.nshards[s]);
+            st = fused_shards(fused, nfused, s, o.senders, &l.shards[s], &l.nshards[s]);
         else
             st = wsync_layout_fsdp_shards(&cfg, (wsync_dtype_t)0, s, o.senders, &l.shards[s],
                                           &l.nshards[s]);
@@ -687,6 +692,9 @@ int main(int argc, char **argv)
         }
         nsh += l.nshards[s];
     }
+    wsync_model_params_free(fused, nfused);   /* the shards own copies of the names */
+    fused = NULL;
+    nfused = 0;
     wsync_tp_options_t topt = WSYNC_TP_OPTIONS_INIT;
     topt.quant.scheme = qs;
     topt.vocab_pad = o.vocab_pad;
@@ -777,6 +785,7 @@ out:
     free(targets);
     free(target_receiver);
     layouts_free(&l, &o);
+    wsync_model_params_free(fused, nfused);
     wsync_model_params_free(params, nparams);
     return rc;
 }
