@@ -2,10 +2,12 @@
  * device (kernels/delta.h says what and why).
  *
  * Two sets of kernels. v1 (wk_delta_encode, wk_delta_apply): one CUDA block of WK_THREADS threads
- * per codec block of WK_DBLK elements, any region (strided, unaligned). v2 (wk2_*): for chunks
- * that are dense with 16-byte aligned starts (what buckets hold): a grid of resident CTAs loops
- * over the blocks, the values in registers (16-byte loads), the next block's loading while the
- * current one is worked on. A batch sends each chunk to one of them (WSYNC_KDELTA_V1=1: all v1).
+ * per codec block of WK_DBLK elements, any region (strided, unaligned); each finds its chunk in
+ * a block map (one load). v2 (wk2_*): for chunks that are dense with 16-byte aligned starts
+ * (what buckets hold): a grid of resident CTAs loops over the blocks, the values in registers
+ * (16-byte loads), the next block's loading while the current one is worked on. By default only
+ * an apply with the hash uses v2 (wk_use_v2 has the measurements); WSYNC_KDELTA_V1=1 and
+ * WSYNC_KDELTA_V2=1 force one or the other wherever it can run.
  *
  * Encode: per block, changed flags -> 32-bit mask words (ballots in v1, shuffles in v2); the
  * words' prefix counts give each changed element its rank in the payload; SPARSE's byte-gap
@@ -18,7 +20,7 @@
  * running CTAs hold), so that new and old are read once. The leaf XXH3 (v2, full blocks): XXH3's
  * long loop adds per-stripe terms that depend only on data and secret, so each thread makes the
  * terms of its 16 bytes, warp shuffles sum them per accumulator and half segment, and 8 lanes run
- * the 1 KiB segments' scrambles; nothing goes through shared memory but those sums.
+ * the 1 KiB segments' scrambles (v1 does the same from the block's values in shared memory).
  * Apply: v2 checks every block's table entry first (wk2_entries), then per block decodes an
  * index stream with a block-wide scan of (position advance, is-element) over its bytes, checks
  * the payload before any write, writes the changed values, and hashes the block from registers
@@ -29,13 +31,19 @@
  * a SPARSE block of k ~ 41 is al8(k + e) + al8(2k) ~ 136 bytes), the leaves and look-back words
  * (1 MiB each); apply with the hash reads the target once (1 GiB), the stream (~18 MiB) and the
  * entry words (2 MiB), and writes the ~41 changed values of each block (each a partial 32-byte
- * sector: ~16 % of the target's sectors touched, merged in L2). So 3 GiB of reads against the
- * reference's 2 GiB (an amax over both versions, or a D2D copy of one): 1.5 x is both kernels at
- * the reference's read speed. What limits it: every block needs several CTA barriers (mask
- * words, scan, hash sums, payload), a serial stretch (the word scan on one warp, the 4E segment
- * scrambles on 8 lanes, the look-back), and v2 keeps 4 CTAs per SM (64 registers a thread, for
- * the prefetched block): the loads in flight per SM are the 4 CTAs' next blocks (4 x 16 KiB for
- * encode, 4 x 8 KiB for apply), which must cover HBM latency at full bandwidth.
+ * sector: ~16 % of the target's sectors touched, merged in L2). The target (issue 17): encode +
+ * apply <= 1.5 x reading both versions once (an amax over both, or a D2D copy of one: 0.70 ms on
+ * an H100), counting the apply without the receiver's hash (that is the separate check of item
+ * 2, one more read of the new values; test_delta_kernels prints both ratios). Floors: encode
+ * reads 2 GiB (1.0 x); apply without the hash reads the ~18 MiB stream and writes the changes
+ * (~0.05-0.2 x, the writes being partial sectors the L2 must fill); with the hash it reads the
+ * target once more (+0.5 x). What limits the kernels: every block needs several CTA barriers
+ * (mask words, scan, hash sums, payload), serial stretches (the word scan on one warp, the 4E
+ * segment scrambles on 8 lanes, the look-back's wait for the block before), and dependent loads
+ * before a block's data can load (v1: the block counter, the block map, the descriptor; apply:
+ * the stream length, the table entries, the payload). Measured on an H100 (ncu) before the
+ * per-kind choice: v2 encode 61 % of warp time stalled at barriers, 4 CTAs per SM (64 registers
+ * for the prefetched block), 540 GB/s; v2 apply with the hash 765 GB/s.
  */
 #include "kernels/common.cuh"
 #include "kernels/delta.h"
@@ -520,438 +528,7 @@ __device__ __forceinline__ void wk_store_block(const wk_dchunk_t &d, unsigned ch
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Encode                                                                                       */
-/* ------------------------------------------------------------------------------------------ */
-
-/* Blocks [g0, g0 + gridDim.x) of chunks [c0, c1), all of element size E. Shared memory
- * (dynamic): the new values [WK_DBLK * E], then the payload being built [WK_DBLK * E] (the
- * changed flags before it). */
-template <int E>
-__global__ void __launch_bounds__(WK_THREADS, WK_DMIN_BLOCKS)
-wk_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
-                unsigned long long *status, unsigned int *counter, uint64_t *leaves,
-                wsync_kdelta_result_t *res, int update_old)
-{
-    extern __shared__ uint4 wk_dyn[];
-    unsigned char *snew = reinterpret_cast<unsigned char *>(wk_dyn);
-    unsigned char *stage = snew + WK_DBLK * E;
-    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS], wesc[WK_MWORDS];
-    __shared__ int16_t wprev[WK_MWORDS];
-    __shared__ uint64_t sec[24], hsum[WK_THREADS];
-    __shared__ uint64_t sh_g, sh_off;
-    __shared__ uint32_t sh_c, sh_k, sh_e;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-    wk_secret_load(sec);
-    if (tid == 0) {
-        /* blocks numbered in the order they start: the look-back waits only for running ones */
-        uint64_t g = g0 + atomicAdd(counter, 1u);
-        sh_g = g;
-        sh_c = wk_find_chunk(ch, c0, c1, g);
-    }
-    __syncthreads();
-    const uint64_t g = sh_g;
-    const wk_dchunk_t d = ch[sh_c];
-    const uint32_t j = (uint32_t)(g - d.block0);
-    const uint64_t first = (uint64_t)j * WK_DBLK;
-    const uint32_t len = (uint32_t)(d.n - first < WK_DBLK ? d.n - first : WK_DBLK);
-    const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
-
-    /* 1. new values into shared memory, a changed flag per element */
-    wk_load_block<E, true>(d, d.a, d.b, first, len, snew, stage);
-    if (tid == 0)
-        for (uint64_t b = (uint64_t)len * E; b < wk_al8((uint64_t)len * E); b++)
-            snew[b] = 0;   /* a PLAIN tail block's padding */
-    __syncthreads();
-
-    /* 2. flags -> mask words (ballots), their prefix counts and escapes, k and e */
-    for (uint32_t q = warp; q < WK_MWORDS; q += WK_THREADS / 32) {
-        uint32_t i = q * 32 + lane;
-        uint32_t m = __ballot_sync(WK_FULL, i < len && stage[i] != 0);
-        if (lane == 0)
-            mask[q] = m;
-    }
-    __syncthreads();
-    wk_mask_scan(mask, wpre, wesc, wprev, &sh_k, &sh_e);
-    __syncthreads();
-    const uint32_t k = sh_k;
-    uint32_t mode;
-    const uint64_t size = wk_bbytes(len, k, sh_e, E, &mode);
-    const uint32_t e = mode == WSYNC_DELTA_SPARSE ? sh_e : 0;   /* the table's e */
-
-    /* 3. publish the size at once (the blocks after this one are waiting for it), hash the block
-     * meanwhile, then find the offset: the sizes of the blocks before this one in its chunk */
-    if (tid == 0)
-        atomicExch(&status[g], (unsigned long long)((j == 0 ? WK_LB_INC : WK_LB_AGG) | size));
-    const uint64_t leaf = wk_xxh3(snew, (uint64_t)len * E, secret, hsum);
-    if (warp == 0 && j > 0) {
-        uint64_t excl = 0;
-        int64_t p = (int64_t)j - 1;   /* the nearest predecessor not yet summed */
-        for (;;) {
-            int64_t q = p - lane;
-            uint64_t w = q >= 0 ? *(volatile unsigned long long *)&status[d.block0 + (uint64_t)q]
-                                : WK_LB_INC;   /* before the chunk: nothing */
-            uint32_t st = (uint32_t)(w >> 62);
-            uint32_t xm = __ballot_sync(WK_FULL, st == 0), im = __ballot_sync(WK_FULL, st == 2);
-            uint32_t lowi = im ? (uint32_t)__ffs((int)im) - 1 : 32;
-            uint32_t lowx = xm ? (uint32_t)__ffs((int)xm) - 1 : 32;
-            if (lowx < lowi) {   /* a nearer block has not published yet */
-                __nanosleep(64);
-                continue;
-            }
-            uint64_t v = (uint32_t)lane <= lowi ? (w & WK_LB_VAL) : 0;
-            for (int o = 16; o > 0; o /= 2)
-                v += __shfl_xor_sync(WK_FULL, v, o);
-            excl += v;
-            if (lowi < 32)
-                break;
-            p -= 32;
-        }
-        if (lane == 0) {
-            atomicExch(&status[g], (unsigned long long)(WK_LB_INC | (excl + size)));
-            sh_off = excl;
-        }
-    } else if (tid == 0) {
-        sh_off = 0;
-    }
-    __syncthreads();
-    const uint64_t off = sh_off;
-    const uint64_t tbl = 16 + 8 * (uint64_t)d.nb, pos = tbl + off;
-
-    /* 4. table entry, header, results */
-    if (tid == 0) {
-        if (16 + 8 * ((uint64_t)j + 1) <= d.cap)
-            reinterpret_cast<uint64_t *>(d.out + 16)[j] =
-                off | ((uint64_t)((mode << 30) | (e << 16) | k) << 32);
-        if (j == 0 && d.cap >= 16) {
-            reinterpret_cast<uint64_t *>(d.out)[0] =
-                WSYNC_DELTA_MAGIC | ((uint64_t)WSYNC_DELTA_FORMAT << 32) | ((uint64_t)E << 40);
-            reinterpret_cast<uint64_t *>(d.out)[1] = d.n;
-        }
-        leaves[g] = leaf;
-        if (k > 0)
-            atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
-                      (unsigned long long)k);
-        if (j == d.nb - 1)
-            res[d.idx].len = pos + size;
-    }
-
-    /* 5. the payload, built in shared memory and copied out in 8-byte words */
-    if (size > 0 && pos + size <= d.cap) {
-        const unsigned char *src = snew;
-        if (mode != WSYNC_DELTA_PLAIN) {
-            const uint64_t hdr = mode == WSYNC_DELTA_SPARSE ? wk_al8((uint64_t)k + e)
-                                                            : wk_al8((len + 7) / 8);
-            if (tid == 0) {   /* padding words; the values overwrite their first bytes */
-                reinterpret_cast<uint64_t *>(stage)[hdr / 8 - 1] = 0;
-                reinterpret_cast<uint64_t *>(stage)[(size - 8) / 8] = 0;
-            }
-            __syncthreads();
-            if (mode == WSYNC_DELTA_BITMAP)   /* bits past len are 0 in the mask */
-                for (uint32_t w = tid; w < hdr / 4; w += WK_THREADS)
-                    reinterpret_cast<uint32_t *>(stage)[w] = mask[w];
-            for (uint32_t i = tid; i < len; i += WK_THREADS) {
-                if (!((mask[i >> 5] >> (i & 31)) & 1u))
-                    continue;
-                const uint32_t q = i >> 5, below = mask[q] & ((1u << (i & 31)) - 1u);
-                const uint32_t r = wpre[q] + (uint32_t)__popc(below);
-                if (mode == WSYNC_DELTA_SPARSE) {
-                    /* the gap byte of the element of rank r sits after r bytes of the elements
-                     * before it and the escapes up to its own */
-                    const uint32_t at = r + (wesc[q] >> 8);
-                    uint32_t gap;
-                    if (below != 0) {
-                        gap = (i & 31) - (32 - (uint32_t)__clz((int)below));
-                    } else {
-                        const uint32_t ew = wesc[q] & 0xff;
-                        gap = (uint32_t)((int)i - wprev[q] - 1);
-                        for (uint32_t x = 1; x <= ew; x++)
-                            stage[at - x] = 0xff;
-                    }
-                    stage[at] = (unsigned char)(gap % 255u);
-                }
-                typedef typename wk_elem<E>::t el;
-                *reinterpret_cast<el *>(stage + hdr + (uint64_t)r * E) =
-                    reinterpret_cast<const el *>(snew)[i];
-            }
-            __syncthreads();
-            src = stage;
-        }
-        uint64_t *to = reinterpret_cast<uint64_t *>(d.out + pos);
-        for (uint32_t w = tid; w < size / 8; w += WK_THREADS)
-            to[w] = reinterpret_cast<const uint64_t *>(src)[w];
-    }
-
-    /* 6. the sender's baseline takes the new values */
-    if (update_old && k > 0)
-        wk_store_block<E>(d, d.b, first, len, snew, mask, false);
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Apply                                                                                        */
-/* ------------------------------------------------------------------------------------------ */
-
-/* Check the header and block j's table entry; 0 or a fault. *mode, *k, *e, *off, *size of the
- * block on success. One thread. A BITMAP entry passes here when the format could pick BITMAP
- * for it: its choice depends on the escapes its positions would need as SPARSE, which only its
- * bitmap tells (the caller checks that). */
-__device__ uint32_t wk_check_entry(const unsigned char *enc, uint64_t elen, const wk_dchunk_t &d,
-                                   uint32_t j, uint32_t len, uint32_t E, uint32_t *mode,
-                                   uint32_t *k, uint32_t *e, uint64_t *off, uint64_t *size)
-{
-    const uint64_t tbl = 16 + 8 * (uint64_t)d.nb;
-    if (elen < tbl)
-        return WSYNC_KDELTA_FAULT_HEADER;
-    uint64_t h = wk_rd64(enc);
-    if ((uint32_t)h != WSYNC_DELTA_MAGIC || ((h >> 32) & 0xff) != WSYNC_DELTA_FORMAT ||
-        ((h >> 40) & 0xff) != E || (h >> 48) != 0 || wk_rd64(enc + 8) != d.n)
-        return WSYNC_KDELTA_FAULT_HEADER;
-    const uint64_t area = elen - tbl;
-    const uint64_t w = wk_rd64(enc + 16 + 8 * (uint64_t)j);
-    const uint32_t m = (uint32_t)(w >> 62), kk = (uint32_t)(w >> 32) & 0xffffu;
-    const uint32_t ee = (uint32_t)(w >> 48) & 0x3fffu;
-    const uint64_t o = (uint32_t)w;
-    uint32_t want;
-    if (kk > len || (m != WSYNC_DELTA_SPARSE && ee != 0))
-        return WSYNC_KDELTA_FAULT_TABLE;
-    wk_bbytes(len, kk, ee, E, &want);
-    if (m != want && !(m == WSYNC_DELTA_BITMAP && want == WSYNC_DELTA_SPARSE))
-        return WSYNC_KDELTA_FAULT_TABLE;
-    const uint64_t sz = wk_msize(m, len, kk, ee, E);
-    if ((o & 7) != 0 || o + sz > area)
-        return WSYNC_KDELTA_FAULT_TABLE;
-    if (j == 0) {
-        if (o != 0)
-            return WSYNC_KDELTA_FAULT_TABLE;
-    } else {   /* right after the block before it (which checks its own entry) */
-        const uint64_t pw = wk_rd64(enc + 16 + 8 * ((uint64_t)j - 1));
-        const uint32_t pk = (uint32_t)(pw >> 32) & 0xffffu, pe = (uint32_t)(pw >> 48) & 0x3fffu;
-        if ((uint64_t)(uint32_t)pw + wk_msize((uint32_t)(pw >> 62), WK_DBLK, pk, pe, E) != o)
-            return WSYNC_KDELTA_FAULT_TABLE;
-    }
-    if (j == d.nb - 1 && o + sz != area)
-        return WSYNC_KDELTA_FAULT_TABLE;   /* bytes after the last payload */
-    *mode = m;
-    *k = kk;
-    *e = ee;
-    *off = o;
-    *size = sz;
-    return 0;
-}
-
-/* Exclusive block-wide prefix sums of two counts (every thread calls it): *ea, *eb get the sums
- * over the threads before this one, *ta, *tb the totals. red: 16 words of shared memory. */
-__device__ __forceinline__ void wk_block_scan2(uint32_t a, uint32_t b, uint32_t *red, uint32_t *ea,
-                                               uint32_t *eb, uint32_t *ta, uint32_t *tb)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    uint32_t ia = a, ib = b;
-    for (int d = 1; d < 32; d *= 2) {
-        uint32_t oa = __shfl_up_sync(WK_FULL, ia, d), ob = __shfl_up_sync(WK_FULL, ib, d);
-        if (lane >= d) {
-            ia += oa;
-            ib += ob;
-        }
-    }
-    if (lane == 31) {
-        red[warp] = ia;
-        red[8 + warp] = ib;
-    }
-    __syncthreads();
-    uint32_t pa = 0, pb = 0, sa = 0, sb = 0;
-    for (int w = 0; w < WK_THREADS / 32; w++) {
-        if (w < warp) {
-            pa += red[w];
-            pb += red[8 + w];
-        }
-        sa += red[w];
-        sb += red[8 + w];
-    }
-    *ea = pa + ia - a;
-    *eb = pb + ib - b;
-    *ta = sa;
-    *tb = sb;
-}
-
-/* Blocks [g0, g0 + gridDim.x) of chunks [c0, c1), element size E: check, apply, hash. Shared
- * memory (dynamic): the block's values [WK_DBLK * E] (with hash). */
-template <int E>
-__global__ void __launch_bounds__(WK_THREADS, WK_DMIN_BLOCKS)
-wk_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
-               const uint64_t *lens, uint64_t *leaves, wsync_kdelta_result_t *res, int hash)
-{
-    typedef typename wk_elem<E>::t el;
-    extern __shared__ uint4 wk_dyn[];
-    unsigned char *sv = reinterpret_cast<unsigned char *>(wk_dyn);
-    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS], wesc[WK_MWORDS], red[16];
-    __shared__ int16_t wprev[WK_MWORDS];
-    __shared__ uint16_t posv[512];   /* SPARSE: the changed positions, in index order (a SPARSE
-                                        block's k + e <= 512: its index beats a bitmap) */
-    __shared__ uint64_t sec[24], hsum[WK_THREADS];
-    __shared__ uint64_t sh_off, sh_size;
-    __shared__ uint32_t sh_mode, sh_k, sh_e, sh_fault, sh_bad, sh_total, sh_etrue;
-    const int tid = threadIdx.x;
-    const uint64_t g = g0 + blockIdx.x;
-
-    wk_secret_load(sec);
-    const wk_dchunk_t d = ch[wk_find_chunk(ch, c0, c1, g)];
-    const uint32_t j = (uint32_t)(g - d.block0);
-    const uint64_t first = (uint64_t)j * WK_DBLK;
-    const uint32_t len = (uint32_t)(d.n - first < WK_DBLK ? d.n - first : WK_DBLK);
-    /* the target's values are read whatever the stream holds (reading is harmless): their loads
-     * are in flight while thread 0 walks the header and the table entry */
-    if (hash)
-        wk_load_block<E, false>(d, d.b, NULL, first, len, sv, NULL);
-    if (tid == 0) {
-        sh_fault = wk_check_entry(d.a, lens[d.idx], d, j, len, E, &sh_mode, &sh_k, &sh_e,
-                                  &sh_off, &sh_size);
-        sh_bad = 0;
-    }
-    __syncthreads();
-    if (sh_fault != 0) {
-        if (tid == 0)
-            atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
-                      (unsigned long long)(((uint64_t)j << 8) | sh_fault));
-        return;
-    }
-    const uint32_t mode = sh_mode, k = sh_k;
-    const uint64_t size = sh_size;
-    if (mode == WSYNC_DELTA_SAME && !hash)
-        return;
-    const unsigned char *P = d.a + 16 + 8 * (uint64_t)d.nb + sh_off;   /* 8-byte aligned */
-
-    /* 1. the payload's content, before anything is written */
-    uint64_t hdr = 0;
-    if (mode == WSYNC_DELTA_SPARSE) {
-        /* the index stream: byte b advances the position by 255 (b = 0xFF) or b + 1, and b <
-         * 0xFF marks an element; each thread scans a run of bytes, a block-wide scan gives each
-         * run its starting position and value slot */
-        const uint32_t nbytes = k + sh_e, per = (nbytes + WK_THREADS - 1) / WK_THREADS;
-        const uint32_t b0 = tid * per < nbytes ? tid * per : nbytes;
-        const uint32_t b1 = b0 + per < nbytes ? b0 + per : nbytes;
-        hdr = wk_al8(nbytes);
-        uint32_t adv = 0, cnt = 0;
-        for (uint32_t b = b0; b < b1; b++) {
-            const uint32_t x = P[b];
-            adv += x == 0xff ? 255u : x + 1;
-            cnt += x != 0xff;
-        }
-        uint32_t adv0, cnt0, advt, cntt;
-        wk_block_scan2(adv, cnt, red, &adv0, &cnt0, &advt, &cntt);
-        /* exactly k elements (so e escapes), no trailing escape; a block-uniform decision */
-        if (cntt != k || P[nbytes - 1] == 0xff) {
-            if (tid == 0)
-                sh_bad = 1;
-        } else {
-            for (uint32_t b = b0; b < b1; b++) {
-                const uint32_t x = P[b];
-                adv0 += x == 0xff ? 255u : x + 1;
-                if (x != 0xff) {
-                    if (adv0 - 1 >= len)
-                        sh_bad = 1;
-                    else
-                        posv[cnt0] = (uint16_t)(adv0 - 1);
-                    cnt0++;
-                }
-            }
-        }
-        for (uint64_t b = nbytes + tid; b < hdr; b += WK_THREADS)
-            if (P[b] != 0)
-                sh_bad = 1;
-    } else if (mode == WSYNC_DELTA_BITMAP) {
-        hdr = wk_al8((len + 7) / 8);
-        for (uint32_t w = tid; w < WK_MWORDS; w += WK_THREADS) {
-            uint32_t m = w < hdr / 4 ? reinterpret_cast<const uint32_t *>(P)[w] : 0;
-            uint32_t lo = w * 32;   /* bits at or past len must be 0 */
-            uint32_t past = lo >= len ? WK_FULL : len - lo >= 32 ? 0u : ~((1u << (len - lo)) - 1u);
-            if (m & past)
-                sh_bad = 1;
-            mask[w] = m;
-        }
-    }
-    {   /* padding after the values (PLAIN: after the len values) */
-        uint64_t vend = mode == WSYNC_DELTA_PLAIN ? (uint64_t)len * E : hdr + (uint64_t)k * E;
-        for (uint64_t b = vend + tid; b < size; b += WK_THREADS)
-            if (P[b] != 0)
-                sh_bad = 1;
-    }
-    __syncthreads();
-    if (mode == WSYNC_DELTA_BITMAP) {
-        /* k bits, and BITMAP is the format's pick with the escapes these positions need */
-        wk_mask_scan(mask, wpre, wesc, wprev, &sh_total, &sh_etrue);
-        __syncthreads();
-        if (tid == 0) {
-            uint32_t want;
-            wk_bbytes(len, k, sh_etrue, E, &want);
-            if (sh_total != k || want != WSYNC_DELTA_BITMAP)
-                sh_bad = 1;
-        }
-        __syncthreads();
-    }
-    if (sh_bad) {
-        if (tid == 0)
-            atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
-                      (unsigned long long)(((uint64_t)j << 8) | WSYNC_KDELTA_FAULT_PAYLOAD));
-        return;
-    }
-
-/* 2. apply: without hash straight into the target; with it, into the block's values first */
-    const el *vals = reinterpret_cast<const el *>(P + hdr);
-    const uint16_t *ix = posv;
-    if (!hash) {
-        unsigned char *a = d.b + (d.dense ? first * E : 0);
-        if (mode == WSYNC_DELTA_SPARSE) {
-            for (uint32_t r = tid; r < k; r += WK_THREADS) {
-                uint32_t i = ix[r];
-                uint64_t off = d.dense ? (uint64_t)i * E : wk_eoff(d, first + i, E);
-                *reinterpret_cast<el *>((d.dense ? a : d.b) + off) = vals[r];
-            }
-        } else {
-            for (uint32_t i = tid; i < len; i += WK_THREADS) {
-                if (mode == WSYNC_DELTA_BITMAP && !((mask[i >> 5] >> (i & 31)) & 1u))
-                    continue;
-                uint64_t off = d.dense ? (uint64_t)i * E : wk_eoff(d, first + i, E);
-                *reinterpret_cast<el *>((d.dense ? a : d.b) + off) =
-                    mode == WSYNC_DELTA_BITMAP ? vals[wk_rank(mask, wpre, i)] : vals[i];
-            }
-        }
-    } else {
-        if (mode == WSYNC_DELTA_SPARSE) {
-            for (uint32_t r = tid; r < k; r += WK_THREADS)
-                reinterpret_cast<el *>(sv)[ix[r]] = vals[r];
-        } else if (mode == WSYNC_DELTA_BITMAP) {
-            for (uint32_t i = tid; i < len; i += WK_THREADS)
-                if ((mask[i >> 5] >> (i & 31)) & 1u)
-                    reinterpret_cast<el *>(sv)[i] = vals[wk_rank(mask, wpre, i)];
-        } else if (mode == WSYNC_DELTA_PLAIN) {
-            for (uint32_t i = tid; i < len; i += WK_THREADS)
-                reinterpret_cast<el *>(sv)[i] = vals[i];
-        }
-        __syncthreads();
-        if (mode == WSYNC_DELTA_SPARSE) {
-            unsigned char *a = d.b + (d.dense ? first * E : 0);
-            for (uint32_t r = tid; r < k; r += WK_THREADS) {
-                uint32_t i = ix[r];
-                uint64_t off = d.dense ? (uint64_t)i * E : wk_eoff(d, first + i, E);
-                *reinterpret_cast<el *>((d.dense ? a : d.b) + off) = vals[r];
-            }
-        } else if (mode != WSYNC_DELTA_SAME) {
-            /* a BITMAP block is dense enough (k > len / 16 for bf16) that most 32-byte sectors
-             * hold a change: the whole block in 16-byte stores, not a 2-byte store per change */
-            wk_store_block<E>(d, d.b, first, len, sv, mask, true);
-        }
-        const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
-        uint64_t leaf = wk_xxh3(sv, (uint64_t)len * E, secret, hsum);
-        if (tid == 0)
-            leaves[g] = leaf;
-    }
-    if (tid == 0 && k > 0)
-        atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
-                  (unsigned long long)k);
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Persistent kernels (v2): chunks that are dense with 16-byte aligned starts                   */
+/* Vectors in registers, the register XXH3 of a full block (both kernel sets)                   */
 /* ------------------------------------------------------------------------------------------ */
 
 /* CTAs a v2 kernel keeps per SM (its register budget: 64 a thread). Each CTA loops over codec
@@ -1100,6 +677,472 @@ __device__ __forceinline__ uint64_t wk_hash_finish(const uint64_t *hx, const uin
     }
     return wk_avalanche3(h);
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Encode                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Blocks [g0, g0 + gridDim.x) of chunks [c0, c1), all of element size E. Shared memory
+ * (dynamic): the new values [WK_DBLK * E], then the payload being built [WK_DBLK * E] (the
+ * changed flags before it). */
+template <int E>
+__global__ void __launch_bounds__(WK_THREADS, WK_DMIN_BLOCKS)
+wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap, uint64_t g0,
+                unsigned long long *status, unsigned int *counter, uint64_t *leaves,
+                wsync_kdelta_result_t *res, int update_old)
+{
+    extern __shared__ uint4 wk_dyn[];
+    unsigned char *snew = reinterpret_cast<unsigned char *>(wk_dyn);
+    unsigned char *stage = snew + WK_DBLK * E;
+    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS], wesc[WK_MWORDS];
+    __shared__ int16_t wprev[WK_MWORDS];
+    __shared__ uint64_t sec[24], hsum[64 * E > WK_THREADS ? 64 * E : WK_THREADS];
+    __shared__ uint64_t sh_g, sh_off, sh_leaf;
+    __shared__ uint32_t sh_c, sh_k, sh_e;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    wk_secret_load(sec);
+    if (tid == 0) {
+        /* blocks numbered in the order they start: the look-back waits only for running ones */
+        uint64_t g = g0 + atomicAdd(counter, 1u);
+        sh_g = g;
+        sh_c = bmap[g];
+    }
+    __syncthreads();
+    const uint64_t g = sh_g;
+    const wk_dchunk_t d = ch[sh_c];
+    const uint32_t j = (uint32_t)(g - d.block0);
+    const uint64_t first = (uint64_t)j * WK_DBLK;
+    const uint32_t len = (uint32_t)(d.n - first < WK_DBLK ? d.n - first : WK_DBLK);
+    const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
+
+    /* 1. new values into shared memory, a changed flag per element */
+    wk_load_block<E, true>(d, d.a, d.b, first, len, snew, stage);
+    if (tid == 0)
+        for (uint64_t b = (uint64_t)len * E; b < wk_al8((uint64_t)len * E); b++)
+            snew[b] = 0;   /* a PLAIN tail block's padding */
+    __syncthreads();
+
+    /* 2. flags -> mask words (ballots), their prefix counts and escapes, k and e */
+    for (uint32_t q = warp; q < WK_MWORDS; q += WK_THREADS / 32) {
+        uint32_t i = q * 32 + lane;
+        uint32_t m = __ballot_sync(WK_FULL, i < len && stage[i] != 0);
+        if (lane == 0)
+            mask[q] = m;
+    }
+    __syncthreads();
+    wk_mask_scan(mask, wpre, wesc, wprev, &sh_k, &sh_e);
+    __syncthreads();
+    const uint32_t k = sh_k;
+    uint32_t mode;
+    const uint64_t size = wk_bbytes(len, k, sh_e, E, &mode);
+    const uint32_t e = mode == WSYNC_DELTA_SPARSE ? sh_e : 0;   /* the table's e */
+
+    /* 3. publish the size at once (the blocks after this one are waiting for it), hash the block
+     * meanwhile, then find the offset: the sizes of the blocks before this one in its chunk */
+    if (tid == 0)
+        atomicExch(&status[g], (unsigned long long)((j == 0 ? WK_LB_INC : WK_LB_AGG) | size));
+    if (len == WK_DBLK) {   /* the stripe terms by every thread, one warp's scrambles */
+        uint4 x[E];
+#pragma unroll
+        for (int it = 0; it < E; it++)
+            x[it] = reinterpret_cast<const uint4 *>(snew)[tid + WK_THREADS * it];
+        wk_hash_terms<E>(x, sec, hsum);
+        __syncthreads();
+        if (warp == 1) {
+            const uint64_t h = wk_hash_finish<E>(hsum, sec);
+            if (lane == 0)
+                sh_leaf = h;
+        }
+    } else {
+        const uint64_t h = wk_xxh3(snew, (uint64_t)len * E, secret, hsum);
+        if (tid == 0)
+            sh_leaf = h;
+    }
+    if (warp == 0 && j > 0) {
+        uint64_t excl = 0;
+        int64_t p = (int64_t)j - 1;   /* the nearest predecessor not yet summed */
+        for (;;) {
+            int64_t q = p - lane;
+            uint64_t w = q >= 0 ? *(volatile unsigned long long *)&status[d.block0 + (uint64_t)q]
+                                : WK_LB_INC;   /* before the chunk: nothing */
+            uint32_t st = (uint32_t)(w >> 62);
+            uint32_t xm = __ballot_sync(WK_FULL, st == 0), im = __ballot_sync(WK_FULL, st == 2);
+            uint32_t lowi = im ? (uint32_t)__ffs((int)im) - 1 : 32;
+            uint32_t lowx = xm ? (uint32_t)__ffs((int)xm) - 1 : 32;
+            if (lowx < lowi) {   /* a nearer block has not published yet */
+                __nanosleep(64);
+                continue;
+            }
+            uint64_t v = (uint32_t)lane <= lowi ? (w & WK_LB_VAL) : 0;
+            for (int o = 16; o > 0; o /= 2)
+                v += __shfl_xor_sync(WK_FULL, v, o);
+            excl += v;
+            if (lowi < 32)
+                break;
+            p -= 32;
+        }
+        if (lane == 0) {
+            atomicExch(&status[g], (unsigned long long)(WK_LB_INC | (excl + size)));
+            sh_off = excl;
+        }
+    } else if (tid == 0) {
+        sh_off = 0;
+    }
+    __syncthreads();
+    const uint64_t off = sh_off;
+    const uint64_t tbl = 16 + 8 * (uint64_t)d.nb, pos = tbl + off;
+
+    /* 4. table entry, header, results */
+    if (tid == 0) {
+        if (16 + 8 * ((uint64_t)j + 1) <= d.cap)
+            reinterpret_cast<uint64_t *>(d.out + 16)[j] =
+                off | ((uint64_t)((mode << 30) | (e << 16) | k) << 32);
+        if (j == 0 && d.cap >= 16) {
+            reinterpret_cast<uint64_t *>(d.out)[0] =
+                WSYNC_DELTA_MAGIC | ((uint64_t)WSYNC_DELTA_FORMAT << 32) | ((uint64_t)E << 40);
+            reinterpret_cast<uint64_t *>(d.out)[1] = d.n;
+        }
+        leaves[g] = sh_leaf;
+        if (k > 0)
+            atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
+                      (unsigned long long)k);
+        if (j == d.nb - 1)
+            res[d.idx].len = pos + size;
+    }
+
+    /* 5. the payload, built in shared memory and copied out in 8-byte words */
+    if (size > 0 && pos + size <= d.cap) {
+        const unsigned char *src = snew;
+        if (mode != WSYNC_DELTA_PLAIN) {
+            const uint64_t hdr = mode == WSYNC_DELTA_SPARSE ? wk_al8((uint64_t)k + e)
+                                                            : wk_al8((len + 7) / 8);
+            if (tid == 0) {   /* padding words; the values overwrite their first bytes */
+                reinterpret_cast<uint64_t *>(stage)[hdr / 8 - 1] = 0;
+                reinterpret_cast<uint64_t *>(stage)[(size - 8) / 8] = 0;
+            }
+            __syncthreads();
+            if (mode == WSYNC_DELTA_BITMAP)   /* bits past len are 0 in the mask */
+                for (uint32_t w = tid; w < hdr / 4; w += WK_THREADS)
+                    reinterpret_cast<uint32_t *>(stage)[w] = mask[w];
+            for (uint32_t i = tid; i < len; i += WK_THREADS) {
+                if (!((mask[i >> 5] >> (i & 31)) & 1u))
+                    continue;
+                const uint32_t q = i >> 5, below = mask[q] & ((1u << (i & 31)) - 1u);
+                const uint32_t r = wpre[q] + (uint32_t)__popc(below);
+                if (mode == WSYNC_DELTA_SPARSE) {
+                    /* the gap byte of the element of rank r sits after r bytes of the elements
+                     * before it and the escapes up to its own */
+                    const uint32_t at = r + (wesc[q] >> 8);
+                    uint32_t gap;
+                    if (below != 0) {
+                        gap = (i & 31) - (32 - (uint32_t)__clz((int)below));
+                    } else {
+                        const uint32_t ew = wesc[q] & 0xff;
+                        gap = (uint32_t)((int)i - wprev[q] - 1);
+                        for (uint32_t x = 1; x <= ew; x++)
+                            stage[at - x] = 0xff;
+                    }
+                    stage[at] = (unsigned char)(gap % 255u);
+                }
+                typedef typename wk_elem<E>::t el;
+                *reinterpret_cast<el *>(stage + hdr + (uint64_t)r * E) =
+                    reinterpret_cast<const el *>(snew)[i];
+            }
+            __syncthreads();
+            src = stage;
+        }
+        uint64_t *to = reinterpret_cast<uint64_t *>(d.out + pos);
+        for (uint32_t w = tid; w < size / 8; w += WK_THREADS)
+            to[w] = reinterpret_cast<const uint64_t *>(src)[w];
+    }
+
+    /* 6. the sender's baseline takes the new values */
+    if (update_old && k > 0)
+        wk_store_block<E>(d, d.b, first, len, snew, mask, false);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Apply                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Check the header and block j's table entry; 0 or a fault. *mode, *k, *e, *off, *size of the
+ * block on success. One thread. A BITMAP entry passes here when the format could pick BITMAP
+ * for it: its choice depends on the escapes its positions would need as SPARSE, which only its
+ * bitmap tells (the caller checks that). */
+__device__ uint32_t wk_check_entry(const unsigned char *enc, uint64_t elen, const wk_dchunk_t &d,
+                                   uint32_t j, uint32_t len, uint32_t E, uint32_t *mode,
+                                   uint32_t *k, uint32_t *e, uint64_t *off, uint64_t *size)
+{
+    const uint64_t tbl = 16 + 8 * (uint64_t)d.nb;
+    if (elen < tbl)
+        return WSYNC_KDELTA_FAULT_HEADER;
+    /* header, entry and the entry before it all lie before tbl: loaded together */
+    const uint64_t h = wk_rd64(enc), hn = wk_rd64(enc + 8);
+    const uint64_t w = wk_rd64(enc + 16 + 8 * (uint64_t)j);
+    const uint64_t pw = j > 0 ? wk_rd64(enc + 16 + 8 * ((uint64_t)j - 1)) : 0;
+    if ((uint32_t)h != WSYNC_DELTA_MAGIC || ((h >> 32) & 0xff) != WSYNC_DELTA_FORMAT ||
+        ((h >> 40) & 0xff) != E || (h >> 48) != 0 || hn != d.n)
+        return WSYNC_KDELTA_FAULT_HEADER;
+    const uint64_t area = elen - tbl;
+    const uint32_t m = (uint32_t)(w >> 62), kk = (uint32_t)(w >> 32) & 0xffffu;
+    const uint32_t ee = (uint32_t)(w >> 48) & 0x3fffu;
+    const uint64_t o = (uint32_t)w;
+    uint32_t want;
+    if (kk > len || (m != WSYNC_DELTA_SPARSE && ee != 0))
+        return WSYNC_KDELTA_FAULT_TABLE;
+    wk_bbytes(len, kk, ee, E, &want);
+    if (m != want && !(m == WSYNC_DELTA_BITMAP && want == WSYNC_DELTA_SPARSE))
+        return WSYNC_KDELTA_FAULT_TABLE;
+    const uint64_t sz = wk_msize(m, len, kk, ee, E);
+    if ((o & 7) != 0 || o + sz > area)
+        return WSYNC_KDELTA_FAULT_TABLE;
+    if (j == 0) {
+        if (o != 0)
+            return WSYNC_KDELTA_FAULT_TABLE;
+    } else {   /* right after the block before it (which checks its own entry) */
+        const uint32_t pk = (uint32_t)(pw >> 32) & 0xffffu, pe = (uint32_t)(pw >> 48) & 0x3fffu;
+        if ((uint64_t)(uint32_t)pw + wk_msize((uint32_t)(pw >> 62), WK_DBLK, pk, pe, E) != o)
+            return WSYNC_KDELTA_FAULT_TABLE;
+    }
+    if (j == d.nb - 1 && o + sz != area)
+        return WSYNC_KDELTA_FAULT_TABLE;   /* bytes after the last payload */
+    *mode = m;
+    *k = kk;
+    *e = ee;
+    *off = o;
+    *size = sz;
+    return 0;
+}
+
+/* Exclusive block-wide prefix sums of two counts (every thread calls it): *ea, *eb get the sums
+ * over the threads before this one, *ta, *tb the totals. red: 16 words of shared memory. */
+__device__ __forceinline__ void wk_block_scan2(uint32_t a, uint32_t b, uint32_t *red, uint32_t *ea,
+                                               uint32_t *eb, uint32_t *ta, uint32_t *tb)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint32_t ia = a, ib = b;
+    for (int d = 1; d < 32; d *= 2) {
+        uint32_t oa = __shfl_up_sync(WK_FULL, ia, d), ob = __shfl_up_sync(WK_FULL, ib, d);
+        if (lane >= d) {
+            ia += oa;
+            ib += ob;
+        }
+    }
+    if (lane == 31) {
+        red[warp] = ia;
+        red[8 + warp] = ib;
+    }
+    __syncthreads();
+    uint32_t pa = 0, pb = 0, sa = 0, sb = 0;
+    for (int w = 0; w < WK_THREADS / 32; w++) {
+        if (w < warp) {
+            pa += red[w];
+            pb += red[8 + w];
+        }
+        sa += red[w];
+        sb += red[8 + w];
+    }
+    *ea = pa + ia - a;
+    *eb = pb + ib - b;
+    *ta = sa;
+    *tb = sb;
+}
+
+/* Blocks [g0, g0 + gridDim.x) of chunks [c0, c1), element size E: check, apply, hash. Shared
+ * memory (dynamic): the block's values [WK_DBLK * E] (with hash). */
+template <int E>
+__global__ void __launch_bounds__(WK_THREADS, WK_DMIN_BLOCKS)
+wk_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap, uint64_t g0,
+               const uint64_t *lens, uint64_t *leaves, wsync_kdelta_result_t *res, int hash)
+{
+    typedef typename wk_elem<E>::t el;
+    extern __shared__ uint4 wk_dyn[];
+    unsigned char *sv = reinterpret_cast<unsigned char *>(wk_dyn);
+    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS], wesc[WK_MWORDS], red[16];
+    __shared__ int16_t wprev[WK_MWORDS];
+    __shared__ uint16_t posv[512];   /* SPARSE: the changed positions, in index order (a SPARSE
+                                        block's k + e <= 512: its index beats a bitmap) */
+    __shared__ uint64_t sec[24], hsum[64 * E > WK_THREADS ? 64 * E : WK_THREADS];
+    __shared__ uint64_t sh_off, sh_size;
+    __shared__ uint32_t sh_mode, sh_k, sh_e, sh_fault, sh_bad, sh_total, sh_etrue;
+    const int tid = threadIdx.x;
+    const uint64_t g = g0 + blockIdx.x;
+
+    wk_secret_load(sec);
+    const wk_dchunk_t d = ch[bmap[g]];
+    const uint32_t j = (uint32_t)(g - d.block0);
+    const uint64_t first = (uint64_t)j * WK_DBLK;
+    const uint32_t len = (uint32_t)(d.n - first < WK_DBLK ? d.n - first : WK_DBLK);
+    /* the target's values are read whatever the stream holds (reading is harmless): their loads
+     * are in flight while thread 0 walks the header and the table entry */
+    if (hash)
+        wk_load_block<E, false>(d, d.b, NULL, first, len, sv, NULL);
+    if (tid == 0) {
+        sh_fault = wk_check_entry(d.a, lens[d.idx], d, j, len, E, &sh_mode, &sh_k, &sh_e,
+                                  &sh_off, &sh_size);
+        sh_bad = 0;
+    }
+    __syncthreads();
+    if (sh_fault != 0) {
+        if (tid == 0)
+            atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
+                      (unsigned long long)(((uint64_t)j << 8) | sh_fault));
+        return;
+    }
+    const uint32_t mode = sh_mode, k = sh_k;
+    const uint64_t size = sh_size;
+    if (mode == WSYNC_DELTA_SAME && !hash)
+        return;
+    const unsigned char *P = d.a + 16 + 8 * (uint64_t)d.nb + sh_off;   /* 8-byte aligned */
+
+    /* 1. the payload's content, before anything is written */
+    uint64_t hdr = 0;
+    if (mode == WSYNC_DELTA_SPARSE) {
+        /* the index stream: byte b advances the position by 255 (b = 0xFF) or b + 1, and b <
+         * 0xFF marks an element; each thread scans a run of bytes, a block-wide scan gives each
+         * run its starting position and value slot */
+        const uint32_t nbytes = k + sh_e, per = (nbytes + WK_THREADS - 1) / WK_THREADS;
+        const uint32_t b0 = tid * per < nbytes ? tid * per : nbytes;
+        const uint32_t b1 = b0 + per < nbytes ? b0 + per : nbytes;
+        hdr = wk_al8(nbytes);
+        uint32_t adv = 0, cnt = 0;
+        for (uint32_t b = b0; b < b1; b++) {
+            const uint32_t x = P[b];
+            adv += x == 0xff ? 255u : x + 1;
+            cnt += x != 0xff;
+        }
+        uint32_t adv0, cnt0, advt, cntt;
+        wk_block_scan2(adv, cnt, red, &adv0, &cnt0, &advt, &cntt);
+        /* exactly k elements (so e escapes), no trailing escape; a block-uniform decision */
+        if (cntt != k || P[nbytes - 1] == 0xff) {
+            if (tid == 0)
+                sh_bad = 1;
+        } else {
+            for (uint32_t b = b0; b < b1; b++) {
+                const uint32_t x = P[b];
+                adv0 += x == 0xff ? 255u : x + 1;
+                if (x != 0xff) {
+                    if (adv0 - 1 >= len)
+                        sh_bad = 1;
+                    else
+                        posv[cnt0] = (uint16_t)(adv0 - 1);
+                    cnt0++;
+                }
+            }
+        }
+        for (uint64_t b = nbytes + tid; b < hdr; b += WK_THREADS)
+            if (P[b] != 0)
+                sh_bad = 1;
+    } else if (mode == WSYNC_DELTA_BITMAP) {
+        hdr = wk_al8((len + 7) / 8);
+        for (uint32_t w = tid; w < WK_MWORDS; w += WK_THREADS) {
+            uint32_t m = w < hdr / 4 ? reinterpret_cast<const uint32_t *>(P)[w] : 0;
+            uint32_t lo = w * 32;   /* bits at or past len must be 0 */
+            uint32_t past = lo >= len ? WK_FULL : len - lo >= 32 ? 0u : ~((1u << (len - lo)) - 1u);
+            if (m & past)
+                sh_bad = 1;
+            mask[w] = m;
+        }
+    }
+    {   /* padding after the values (PLAIN: after the len values) */
+        uint64_t vend = mode == WSYNC_DELTA_PLAIN ? (uint64_t)len * E : hdr + (uint64_t)k * E;
+        for (uint64_t b = vend + tid; b < size; b += WK_THREADS)
+            if (P[b] != 0)
+                sh_bad = 1;
+    }
+    __syncthreads();
+    if (mode == WSYNC_DELTA_BITMAP) {
+        /* k bits, and BITMAP is the format's pick with the escapes these positions need */
+        wk_mask_scan(mask, wpre, wesc, wprev, &sh_total, &sh_etrue);
+        __syncthreads();
+        if (tid == 0) {
+            uint32_t want;
+            wk_bbytes(len, k, sh_etrue, E, &want);
+            if (sh_total != k || want != WSYNC_DELTA_BITMAP)
+                sh_bad = 1;
+        }
+        __syncthreads();
+    }
+    if (sh_bad) {
+        if (tid == 0)
+            atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
+                      (unsigned long long)(((uint64_t)j << 8) | WSYNC_KDELTA_FAULT_PAYLOAD));
+        return;
+    }
+
+/* 2. apply: without hash straight into the target; with it, into the block's values first */
+    const el *vals = reinterpret_cast<const el *>(P + hdr);
+    const uint16_t *ix = posv;
+    if (!hash) {
+        unsigned char *a = d.b + (d.dense ? first * E : 0);
+        if (mode == WSYNC_DELTA_SPARSE) {
+            for (uint32_t r = tid; r < k; r += WK_THREADS) {
+                uint32_t i = ix[r];
+                uint64_t off = d.dense ? (uint64_t)i * E : wk_eoff(d, first + i, E);
+                *reinterpret_cast<el *>((d.dense ? a : d.b) + off) = vals[r];
+            }
+        } else {
+            for (uint32_t i = tid; i < len; i += WK_THREADS) {
+                if (mode == WSYNC_DELTA_BITMAP && !((mask[i >> 5] >> (i & 31)) & 1u))
+                    continue;
+                uint64_t off = d.dense ? (uint64_t)i * E : wk_eoff(d, first + i, E);
+                *reinterpret_cast<el *>((d.dense ? a : d.b) + off) =
+                    mode == WSYNC_DELTA_BITMAP ? vals[wk_rank(mask, wpre, i)] : vals[i];
+            }
+        }
+    } else {
+        if (mode == WSYNC_DELTA_SPARSE) {
+            for (uint32_t r = tid; r < k; r += WK_THREADS)
+                reinterpret_cast<el *>(sv)[ix[r]] = vals[r];
+        } else if (mode == WSYNC_DELTA_BITMAP) {
+            for (uint32_t i = tid; i < len; i += WK_THREADS)
+                if ((mask[i >> 5] >> (i & 31)) & 1u)
+                    reinterpret_cast<el *>(sv)[i] = vals[wk_rank(mask, wpre, i)];
+        } else if (mode == WSYNC_DELTA_PLAIN) {
+            for (uint32_t i = tid; i < len; i += WK_THREADS)
+                reinterpret_cast<el *>(sv)[i] = vals[i];
+        }
+        __syncthreads();
+        if (mode == WSYNC_DELTA_SPARSE) {
+            unsigned char *a = d.b + (d.dense ? first * E : 0);
+            for (uint32_t r = tid; r < k; r += WK_THREADS) {
+                uint32_t i = ix[r];
+                uint64_t off = d.dense ? (uint64_t)i * E : wk_eoff(d, first + i, E);
+                *reinterpret_cast<el *>((d.dense ? a : d.b) + off) = vals[r];
+            }
+        } else if (mode != WSYNC_DELTA_SAME) {
+            /* a BITMAP block is dense enough (k > len / 16 for bf16) that most 32-byte sectors
+             * hold a change: the whole block in 16-byte stores, not a 2-byte store per change */
+            wk_store_block<E>(d, d.b, first, len, sv, mask, true);
+        }
+        const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
+        if (len == WK_DBLK) {
+            uint4 x[E];
+#pragma unroll
+            for (int it = 0; it < E; it++)
+                x[it] = reinterpret_cast<const uint4 *>(sv)[tid + WK_THREADS * it];
+            wk_hash_terms<E>(x, sec, hsum);
+            __syncthreads();
+            if (tid >> 5 == 1) {
+                const uint64_t h = wk_hash_finish<E>(hsum, sec);
+                if ((tid & 31) == 0)
+                    leaves[g] = h;
+            }
+        } else {
+            const uint64_t leaf = wk_xxh3(sv, (uint64_t)len * E, secret, hsum);
+            if (tid == 0)
+                leaves[g] = leaf;
+        }
+    }
+    if (tid == 0 && k > 0)
+        atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
+                  (unsigned long long)k);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Persistent kernels (v2): chunks that are dense with 16-byte aligned starts                   */
+/* ------------------------------------------------------------------------------------------ */
 
 /* The chunk of batch block g, at or after chunk c (a CTA's blocks only grow). */
 __device__ __forceinline__ uint32_t wk_chunk_from(const wk_dchunk_t *ch, uint32_t c, uint32_t c1,
@@ -1392,13 +1435,13 @@ __device__ __forceinline__ void wk_vstore(unsigned char *p, uint32_t v, uint32_t
  * [c0, c1), a thread each; ents[g] = {offset, payload bytes, (mode << 30) | (e << 16) | k, fault}.
  * The apply then reads one 16-byte word per block, two blocks ahead. */
 __global__ void __launch_bounds__(WK_THREADS)
-wk2_entries(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
+wk2_entries(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap, uint64_t g0,
             uint64_t nblk, const uint64_t *lens, uint32_t E, uint4 *ents)
 {
     for (uint64_t gr = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; gr < nblk;
          gr += (uint64_t)gridDim.x * blockDim.x) {
         const uint64_t g = g0 + gr;
-        const wk_dchunk_t &d = ch[wk_find_chunk(ch, c0, c1, g)];
+        const wk_dchunk_t &d = ch[bmap[g]];
         uint64_t first, off = 0, size = 0;
         const uint32_t len = wk_blen(d, g, &first);
         uint32_t mode = 0, k = 0, e = 0;
@@ -1742,6 +1785,7 @@ struct wsync_kdelta_batch {
     uint64_t *leaves;                  /*   [nblocks] */
     wsync_kdelta_result_t *res;        /*   [n] */
     uint4 *ents;                       /*   [nblocks] apply: the checked table entries (v2) */
+    uint32_t *bmap;                    /*   [nblocks] each block's chunk (its place in chunks) */
     uint64_t dev_bytes;
     wsync_kdelta_result_t *host;       /* pinned [n] */
     uint64_t *lens_host;               /* pinned [n] apply: the lengths of the next launch */
@@ -1759,12 +1803,24 @@ static const char *const wk_fault_names[4] = {
     "bad block table entry (mode, changed count, offset or length)",
     "bad payload (indices, bitmap, or non-zero padding)"};
 
-/* The v2 kernels unless WSYNC_KDELTA_V1 is set (not "0"): the one-CTA-per-block kernels for
- * every chunk, to compare. */
-static int wk_use_v2(void)
+static int wk_env_on(const char *name)
 {
-    const char *v = getenv("WSYNC_KDELTA_V1");
-    return v == NULL || v[0] == '\0' || strcmp(v, "0") == 0;
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
+}
+
+/* Whether a batch's dense 16-byte aligned chunks take the v2 kernels: by default only an apply
+ * with the hash (measured on an H100, 1 GiB bf16 at 1 %: v2 apply with hash 1.40 ms against v1's
+ * 1.67; v1 faster for encode, 1.93 ms against 3.36, and for apply without hash, 0.67 against
+ * 0.75: v2 stalls at its barriers with 4 CTAs per SM). WSYNC_KDELTA_V1=1: v1 for every chunk;
+ * WSYNC_KDELTA_V2=1: v2 wherever it can (to compare). */
+static int wk_use_v2(int apply, int hash)
+{
+    if (wk_env_on("WSYNC_KDELTA_V1"))
+        return 0;
+    if (wk_env_on("WSYNC_KDELTA_V2"))
+        return 1;
+    return apply && hash;
 }
 
 /* The checks both kinds of chunk share. */
@@ -1897,7 +1953,7 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
         uint64_t o_ch = 0, o_lens = o_ch + wk_al8((uint64_t)n * sizeof(wk_dchunk_t));
         uint64_t o_st = o_lens + 8 * (uint64_t)n, o_lv = o_st + 8 * (apply ? 0 : g + 4);
         uint64_t o_res = o_lv + 8 * g, o_en = (o_res + (uint64_t)n * sizeof(wsync_kdelta_result_t) + 15) & ~UINT64_C(15);
-        uint64_t total = o_en + (apply ? 16 * g : 0);
+        uint64_t o_bm = o_en + (apply ? 16 * g : 0), total = o_bm + 4 * g;
         e = cudaMalloc(&b->dev, total ? total : 8);
         if (e != cudaSuccess) {
             st = wk_cuda(e, "wsync_kdelta: cudaMalloc");
@@ -1910,6 +1966,7 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
         b->leaves = (uint64_t *)(base + o_lv);
         b->res = (wsync_kdelta_result_t *)(base + o_res);
         b->ents = (uint4 *)(base + o_en);
+        b->bmap = (uint32_t *)(base + o_bm);
         b->dev_bytes = total;
     }
     e = cudaMallocHost((void **)&b->host, (size_t)(n ? n : 1) * sizeof(wsync_kdelta_result_t));
@@ -1929,6 +1986,22 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
             e = cudaMemcpy(b->lens, lens, (size_t)n * 8, cudaMemcpyHostToDevice);
         if (e != cudaSuccess) {
             st = wk_cuda(e, "wsync_kdelta: cudaMemcpy (descriptors)");
+            goto fail;
+        }
+    }
+    if (g > 0) {   /* each block's chunk: one load instead of a search per block */
+        uint32_t *bm = (uint32_t *)malloc((size_t)g * 4);
+        if (bm == NULL) {
+            st = wsync_err(WSYNC_ERR_NOMEM, "%s: a block map of %" PRIu64 " blocks", fn, g);
+            goto fail;
+        }
+        for (uint32_t i = 0; i < n; i++)
+            for (uint64_t x = 0; x < sorted[i].nb; x++)
+                bm[sorted[i].block0 + x] = i;
+        e = cudaMemcpy(b->bmap, bm, (size_t)g * 4, cudaMemcpyHostToDevice);
+        free(bm);
+        if (e != cudaSuccess) {
+            st = wk_cuda(e, "wsync_kdelta: cudaMemcpy (block map)");
             goto fail;
         }
     }
@@ -1964,14 +2037,14 @@ fail:
 template <int E>
 static void wk_launch_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t s)
 {
-    const uint32_t c0 = b->grp[grp].cf, c1 = b->grp[grp].c1, cv = b->grp[grp].c0;
+    const uint32_t c0 = b->grp[grp].cf, cv = b->grp[grp].c0;
     const uint64_t g0 = b->grp[grp].gf, nb = b->grp[grp].g1 - g0, gv = b->grp[grp].g0;
     const uint64_t nbv = g0 - gv;
     if (nbv > 0) {
         if (b->apply) {
             const uint64_t units = (nbv + WK_THREADS - 1) / WK_THREADS;
             wk2_entries<<<(unsigned)(units < 65536 ? units : 65536), WK_THREADS, 0, s>>>(
-                b->chunks, cv, c0, gv, nbv, b->lens, (uint32_t)E, b->ents);
+                b->chunks, b->bmap, gv, nbv, b->lens, (uint32_t)E, b->ents);
             wk2_delta_apply<E><<<b->grp[grp].grid2, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
                 b->chunks, cv, c0, gv, nbv, b->ents, b->leaves, b->res, b->flag);
         } else
@@ -1983,10 +2056,10 @@ static void wk_launch_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t
         return;
     if (b->apply)
         wk_delta_apply<E><<<(unsigned)nb, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
-            b->chunks, c0, c1, g0, b->lens, b->leaves, b->res, b->flag);
+            b->chunks, b->bmap, g0, b->lens, b->leaves, b->res, b->flag);
     else
         wk_delta_encode<E><<<(unsigned)nb, WK_THREADS, 2 * WK_DBLK * E, s>>>(
-            b->chunks, c0, c1, g0, b->status, (unsigned int *)(b->status + b->nblocks) + grp,
+            b->chunks, b->bmap, g0, b->status, (unsigned int *)(b->status + b->nblocks) + grp,
             b->leaves, b->res, b->flag);
 }
 
@@ -1996,7 +2069,7 @@ wsync_status_t wsync_kdelta_encode_create(const wsync_kdelta_enc_t *chunks, uint
                                           int update_old, wsync_kdelta_batch_t **batch)
 {
     static const char fn[] = "wsync_kdelta_encode_create";
-    const int v2 = wk_use_v2();
+    const int v2 = wk_use_v2(0, 0);
     if (batch == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "%s: batch is NULL", fn);
     if (n > 0 && chunks == NULL)
@@ -2044,7 +2117,7 @@ wsync_status_t wsync_kdelta_apply_create(const wsync_kdelta_app_t *chunks, uint3
                                          wsync_kdelta_batch_t **batch)
 {
     static const char fn[] = "wsync_kdelta_apply_create";
-    const int v2 = wk_use_v2();
+    const int v2 = wk_use_v2(1, hash != 0);
     if (batch == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "%s: batch is NULL", fn);
     if (n > 0 && chunks == NULL)
