@@ -536,6 +536,11 @@ __device__ __forceinline__ void wk_store_block(const wk_dchunk_t &d, unsigned ch
  * registers while the current one is scanned, hashed and written (bf16 and bytes; wider
  * elements load at the top of each iteration). */
 #define WK2_MIN_BLOCKS 4
+/* v2 encode: 4 CTAs per SM with the prefetch measured 61 % of warp time stalled at barriers
+ * (serial stretches of one CTA leave its warps idle), so it trades the prefetch for 6 CTAs per
+ * SM (40 registers), each loading its next block at the top of its loop. */
+#define WK2E_MIN_BLOCKS 6
+#define WK2E_PREFETCH 0
 
 /* Element e of a 16-byte vector of E-byte elements. */
 template <int E>
@@ -716,21 +721,38 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
     const uint32_t len = (uint32_t)(d.n - first < WK_DBLK ? d.n - first : WK_DBLK);
     const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
 
-    /* 1. new values into shared memory, a changed flag per element */
-    wk_load_block<E, true>(d, d.a, d.b, first, len, snew, stage);
+    /* 1. new values into shared memory; a full block of a dense chunk with 16-byte aligned
+     * starts: 16-byte loads, compared in registers, straight to mask words (shuffles); other
+     * blocks: a changed flag per element, then ballots */
+    const bool vec = d.dense && len == WK_DBLK &&
+                     ((((uintptr_t)d.a | (uintptr_t)d.b) + first * E) & 15) == 0;
+    if (vec) {
+#pragma unroll
+        for (int it = 0; it < E; it++) {
+            const uint32_t v = tid + WK_THREADS * it;
+            const uint4 x = reinterpret_cast<const uint4 *>(d.a + first * E)[v];
+            const uint4 y = reinterpret_cast<const uint4 *>(d.b + first * E)[v];
+            reinterpret_cast<uint4 *>(snew)[v] = x;
+            wk_put_bits<E>(wk_vdiff<E>(x, y), v, mask);
+        }
+    } else {
+        wk_load_block<E, true>(d, d.a, d.b, first, len, snew, stage);
+    }
     if (tid == 0)
         for (uint64_t b = (uint64_t)len * E; b < wk_al8((uint64_t)len * E); b++)
             snew[b] = 0;   /* a PLAIN tail block's padding */
     __syncthreads();
 
     /* 2. flags -> mask words (ballots), their prefix counts and escapes, k and e */
-    for (uint32_t q = warp; q < WK_MWORDS; q += WK_THREADS / 32) {
-        uint32_t i = q * 32 + lane;
-        uint32_t m = __ballot_sync(WK_FULL, i < len && stage[i] != 0);
-        if (lane == 0)
-            mask[q] = m;
+    if (!vec) {
+        for (uint32_t q = warp; q < WK_MWORDS; q += WK_THREADS / 32) {
+            uint32_t i = q * 32 + lane;
+            uint32_t m = __ballot_sync(WK_FULL, i < len && stage[i] != 0);
+            if (lane == 0)
+                mask[q] = m;
+        }
+        __syncthreads();
     }
-    __syncthreads();
     wk_mask_scan(mask, wpre, wesc, wprev, &sh_k, &sh_e);
     __syncthreads();
     const uint32_t k = sh_k;
@@ -1167,14 +1189,14 @@ __device__ __forceinline__ uint32_t wk_blen(const wk_dchunk_t &d, uint64_t g, ui
  * BITMAP staged in shared memory and written in 8-byte words). Shared memory (dynamic):
  * WK_DBLK * E bytes (the staged payload; a tail block's values for its hash). */
 template <int E>
-__global__ void __launch_bounds__(WK_THREADS, WK2_MIN_BLOCKS)
+__global__ void __launch_bounds__(WK_THREADS, WK2E_MIN_BLOCKS)
 wk2_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
                  uint64_t nblk, unsigned long long *status, unsigned int *counter,
                  uint64_t *leaves, wsync_kdelta_result_t *res, int update_old)
 {
     typedef typename wk_elem<E>::t el;
     constexpr uint32_t VE = 16 / E;
-    constexpr bool PF = E <= 2;   /* prefetch the next block (registers allow it) */
+    constexpr bool PF = WK2E_PREFETCH && E <= 2;   /* prefetch the next block into registers */
     extern __shared__ uint4 wk_dyn[];
     unsigned char *buf = reinterpret_cast<unsigned char *>(wk_dyn);
     __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS], wesc[WK_MWORDS];
