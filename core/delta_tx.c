@@ -80,8 +80,8 @@ wsync_status_t wsync_delta_resolve(const wsync_group_info_t *g, const wsync_sche
     if (*mode == WSYNC_DELTA_MODE_ON)
         snprintf(cut, sizeof(cut), "; a chunk travels plain when its encoding would pass "
                  "delta_cutoff x its plain bytes (default %g for host shards: past it the CPU "
-                 "codec's passes cost more than the bytes they save on the loopback store's "
-                 "link; %g for CUDA shards: the GPU codec runs at HBM speed)",
+                 "codec's passes cost more than the bytes they save, as measured on the loopback "
+                 "store; %g for CUDA shards: the GPU codec runs at HBM speed)",
                  WSYNC_DELTA_CUTOFF_HOST, WSYNC_DELTA_CUTOFF_CUDA);
     snprintf(line, len, "delta: %s (%s)%s%s\n", *mode == WSYNC_DELTA_MODE_ON ? "on" : "off", why,
              *mode == WSYNC_DELTA_MODE_ON && fp8_targets

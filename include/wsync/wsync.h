@@ -295,9 +295,9 @@ typedef struct {
     double delta_cutoff;       /* delta versions: a chunk travels plain when its encoding would
                                   take more than delta_cutoff x its plain bytes (the encoder
                                   stops there, so a dense chunk costs a partial pass, not a
-                                  whole one). In (0, 1]; WSYNC_DELTA_CUTOFF; 0 = unset: 0.5 for
+                                  whole one). In (0, 1]; WSYNC_DELTA_CUTOFF; 0 = unset: 0.2 for
                                   host shards (the CPU codec's passes cost more than the bytes
-                                  saved past that density, docs/delta.md), 1.0 for CUDA shards
+                                  saved past that size, docs/delta.md), 1.0 for CUDA shards
                                   (the GPU codec runs at HBM speed, far above any link). Other
                                   values (negative, above 1, NaN) are refused */
 } wsync_sender_params_t;

@@ -4,7 +4,7 @@
  *  - "dense": from version 2 on, about 60 % of its elements change each version (its encoding
  *    takes about two thirds of its plain bytes);
  *  - "sparse": about 2 % change (about 4 % of its plain bytes).
- * With the default cut-off of host shards (0.5) the dense chunk travels plain (push stats: its
+ * With the default cut-off of host shards (0.2) the dense chunk travels plain (push stats: its
  * bytes in bytes_plain, not in bytes_encoded) and the sparse one encoded; with delta_cutoff = 1
  * (the param, and WSYNC_DELTA_CUTOFF=1) both travel encoded. Every version's target bytes equal
  * the values the receiver computes on its own from (param, element, version). A chunk that went

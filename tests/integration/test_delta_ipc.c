@@ -407,7 +407,11 @@ static void case_delta(int fp8)
                       got->stats[v][1].base_version == (uint64_t)v - 1,
                   "version %d encoded against %llu", v,
                   (unsigned long long)got->stats[v][0].base_version);
-        CHECK(got->stats[v][0].bytes_encoded > 0 && got->stats[v][1].bytes_encoded > 0);
+        /* FP8 targets: sender 1's only unquantized chunks are norms of a few hundred bytes,
+         * whose encodings (header and table included) pass the host cut-off of 0.2 of their
+         * plain bytes: they go plain (docs/delta.md "When a chunk goes plain") */
+        CHECK(fp8 ? got->stats[v][0].bytes_encoded + got->stats[v][1].bytes_encoded > 0
+                  : got->stats[v][0].bytes_encoded > 0 && got->stats[v][1].bytes_encoded > 0);
         if (v == 4)
             continue;   /* receiver 0 took it in full */
         /* ~3 % of elements changed: sparse blocks; FP8 targets' weights still go plain */
