@@ -5,9 +5,9 @@
  * per codec block of WK_DBLK elements, any region (strided, unaligned); each finds its chunk in
  * a block map (one load). v2 (wk2_*): for chunks that are dense with 16-byte aligned starts
  * (what buckets hold): a grid of resident CTAs loops over the blocks, the values in registers
- * (16-byte loads), the next block's loading while the current one is worked on. By default only
- * an apply with the hash uses v2 (wk_use_v2 has the measurements); WSYNC_KDELTA_V1=1 and
- * WSYNC_KDELTA_V2=1 force one or the other wherever it can run.
+ * (16-byte loads), the next block's loading while the current one is worked on. v1 measured
+ * faster for every kind (wk_use_v2 has the numbers), so it is the default; WSYNC_KDELTA_V2=1
+ * runs v2 wherever it can (kept, tested, for the next round of tuning).
  *
  * Encode: per block, changed flags -> 32-bit mask words (ballots in v1, shuffles in v2); the
  * words' prefix counts give each changed element its rank in the payload; SPARSE's byte-gap
@@ -41,9 +41,12 @@
  * (mask words, scan, hash sums, payload), serial stretches (the word scan on one warp, the 4E
  * segment scrambles on 8 lanes, the look-back's wait for the block before), and dependent loads
  * before a block's data can load (v1: the block counter, the block map, the descriptor; apply:
- * the stream length, the table entries, the payload). Measured on an H100 (ncu) before the
- * per-kind choice: v2 encode 61 % of warp time stalled at barriers, 4 CTAs per SM (64 registers
- * for the prefetched block), 540 GB/s; v2 apply with the hash 765 GB/s.
+ * the stream length, the table entries, the payload). Measured on an H100 (ncu --set full,
+ * 1 GiB bf16 at 1 %): v1 encode 1.55 ms under ncu (1.30 in the bench), 1.40 TB/s, issue-bound
+ * (3.1 instructions a cycle, 78 % of issue slots, ALU 60 %): the next gain is fewer
+ * instructions per element (compare, mask words, the word scan, hash terms); v1 apply without
+ * the hash 0.63 ms, 32 registers with spills (17.8 M local requests) and partial-sector stores;
+ * v2 encode 61 % of warp time stalled at barriers with 4 CTAs per SM (540 GB/s).
  */
 #include "kernels/common.cuh"
 #include "kernels/delta.h"
@@ -536,11 +539,11 @@ __device__ __forceinline__ void wk_store_block(const wk_dchunk_t &d, unsigned ch
  * registers while the current one is scanned, hashed and written (bf16 and bytes; wider
  * elements load at the top of each iteration). */
 #define WK2_MIN_BLOCKS 4
-/* v2 encode: 4 CTAs per SM with the prefetch measured 61 % of warp time stalled at barriers
- * (serial stretches of one CTA leave its warps idle), so it trades the prefetch for 6 CTAs per
- * SM (40 registers), each loading its next block at the top of its loop. */
-#define WK2E_MIN_BLOCKS 6
-#define WK2E_PREFETCH 0
+/* v2 encode: 4 CTAs per SM with the register prefetch (3.36 ms on the 1 GiB bench, 61 % of warp
+ * time stalled at barriers); 6 CTAs per SM without it measured worse (5.93 ms: 40 registers,
+ * spills, and each block's loads exposed). */
+#define WK2E_MIN_BLOCKS 4
+#define WK2E_PREFETCH 1
 
 /* Element e of a 16-byte vector of E-byte elements. */
 template <int E>
@@ -1831,18 +1834,18 @@ static int wk_env_on(const char *name)
     return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
 }
 
-/* Whether a batch's dense 16-byte aligned chunks take the v2 kernels: by default only an apply
- * with the hash (measured on an H100, 1 GiB bf16 at 1 %: v2 apply with hash 1.40 ms against v1's
- * 1.67; v1 faster for encode, 1.93 ms against 3.36, and for apply without hash, 0.67 against
- * 0.75: v2 stalls at its barriers with 4 CTAs per SM). WSYNC_KDELTA_V1=1: v1 for every chunk;
- * WSYNC_KDELTA_V2=1: v2 wherever it can (to compare). */
+/* Whether a batch's dense 16-byte aligned chunks take the v2 kernels: not by default. Measured
+ * on an H100 (test_delta_kernels, 1 GiB bf16 in 64 chunks at 1 %, commit 5c201c0): v1 encode
+ * 1.30 ms against v2's 5.93, v1 apply 0.55 ms against 0.75, with the hash 1.00 against 1.40 (v2
+ * stalls at its barriers with 4-6 CTAs per SM; v1 keeps 8). WSYNC_KDELTA_V2=1: v2 wherever it
+ * can run, to compare; WSYNC_KDELTA_V1=1: v1 (the default) whatever else is set. */
 static int wk_use_v2(int apply, int hash)
 {
+    (void)apply;
+    (void)hash;
     if (wk_env_on("WSYNC_KDELTA_V1"))
         return 0;
-    if (wk_env_on("WSYNC_KDELTA_V2"))
-        return 1;
-    return apply && hash;
+    return wk_env_on("WSYNC_KDELTA_V2");
 }
 
 /* The checks both kinds of chunk share. */
