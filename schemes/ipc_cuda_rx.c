@@ -31,8 +31,15 @@ static double env_double(const char *name, double dflt)
     return v != NULL && *v && end != NULL && *end == '\0' && d >= 0 && d < 1e6 ? d : dflt;
 }
 
+/* The local copies' cap when no peer read shares the GPU: the one-block-per-SM cap is for sharing
+ * with peer reads; alone, one block of 256 threads per SM keeps too few bytes in flight to fill
+ * HBM. Measured on one H100 (tests/gpu/tune.sh colocated1, Qwen3-8B shape, colocated ipc):
+ * FSDP-1 -> TP-1 1.27 x its floor at 1 block per SM, 1.14 x at 2, 1.18 x at 4, 1.17 x uncapped;
+ * FSDP-2 -> TP-2 1.54, 1.40, 1.43, 1.43 x. */
+#define IPC_BLOCKS_LOCAL_ALONE 2.0
+
 static wsync_status_t sender_stream(wsync_receiver_t *r, ipc_from_t *f, const void *src,
-                                    uint32_t *max_blocks)
+                                    uint32_t *max_blocks, int *peer)
 {
     wsync_dev_ptr_t pi = {WSYNC_DEV_PTR_HOST, -1};
     int sms = 0, local;
@@ -43,6 +50,8 @@ static wsync_status_t sender_stream(wsync_receiver_t *r, ipc_from_t *f, const vo
     if (rc != WSYNC_OK)
         return rc;
     local = pi.kind == WSYNC_DEV_PTR_DEVICE && pi.device == r->device;
+    if (peer != NULL && src != NULL)
+        *peer |= !local;
     *max_blocks = (uint32_t)(sms * env_double(local ? "WSYNC_IPC_BLOCKS_LOCAL" : "WSYNC_IPC_BLOCKS_PEER",
                                               1.0) + 0.5);
     if (f->stream != NULL)
@@ -166,7 +175,7 @@ static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
         for (uint32_t j = 0; j < r->nqruns && rc == WSYNC_OK; j++)
             if (run_s[j] == s) {   /* the grid cap for a local or a peer source, and the stream */
                 wsync_dev_ptr_t pi = {WSYNC_DEV_PTR_HOST, -1};
-                rc = sender_stream(r, f, r->qruns[j].src, &f->qblocks);
+                rc = sender_stream(r, f, r->qruns[j].src, &f->qblocks, NULL);
                 if (rc == WSYNC_OK)
                     rc = wsync_dev_ptr_info(r->qruns[j].src, &pi);
                 int local = pi.kind == WSYNC_DEV_PTR_DEVICE && pi.device == r->device;
@@ -267,6 +276,7 @@ static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int
     uint32_t cap = 0, nbatches = 0, max_blocks = 0;
     uint64_t t0 = wsync_now_ns();
     wsync_status_t rc = WSYNC_OK;
+    int peer = 0;   /* some source is on another GPU */
 
     for (uint32_t s = 0; s < st->nsenders && rc == WSYNC_OK; s++) {
         ipc_from_t *f = &st->from[s];
@@ -285,12 +295,23 @@ static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int
             rc = bucket_descs(r, st, f, k, 0, &descs, &cap, &n);
             if (rc == WSYNC_OK && n > 0 && (rc = wsync_dev_batch_create(descs, n, &f->batch[c][k])) == WSYNC_OK)
                 nbatches++;
-            if (rc == WSYNC_OK && n > 0 && (rc = sender_stream(r, f, descs[0].src, &max_blocks)) == WSYNC_OK)
+            if (rc == WSYNC_OK && n > 0 && (rc = sender_stream(r, f, descs[0].src, &max_blocks, &peer)) == WSYNC_OK)
                 wsync_dev_batch_limit(f->batch[c][k], max_blocks);
         }
         if (rc == WSYNC_OK && f->stream == NULL)
-            rc = sender_stream(r, f, NULL, &max_blocks);
+            rc = sender_stream(r, f, NULL, &max_blocks, NULL);
     }
+    /* every source on our GPU: the local copies get the cap for a GPU they do not share with peer
+     * reads (unless WSYNC_IPC_BLOCKS_LOCAL says otherwise) */
+    const char *lv = getenv("WSYNC_IPC_BLOCKS_LOCAL");
+    int sms = 0;
+    if (rc == WSYNC_OK && !peer && (lv == NULL || *lv == '\0') &&
+        wsync_dev_sm_count(r->device, &sms) == WSYNC_OK)
+        for (uint32_t s = 0; s < st->nsenders; s++)
+            for (uint32_t k = 0; st->from[s].batch[c] != NULL && k < st->from[s].nbuckets; k++)
+                if (st->from[s].batch[c][k] != NULL)
+                    wsync_dev_batch_limit(st->from[s].batch[c][k],
+                                          (uint32_t)(sms * IPC_BLOCKS_LOCAL_ALONE + 0.5));
     free(descs);
     if (rc != WSYNC_OK) {
         st->cache_stamp[c] = 0;
@@ -366,7 +387,7 @@ wsync_status_t wsync_ipc_delta_batches(wsync_receiver_t *r, ipc_receiver_t *st, 
         rc = bucket_descs(r, st, f, k, 1, &descs, &cap, &n);
         if (rc == WSYNC_OK && n > 0)
             rc = wsync_dev_batch_create(descs, n, &f->dcopy[k]);
-        if (rc == WSYNC_OK && n > 0 && (rc = sender_stream(r, f, descs[0].src, &max_blocks)) == WSYNC_OK)
+        if (rc == WSYNC_OK && n > 0 && (rc = sender_stream(r, f, descs[0].src, &max_blocks, NULL)) == WSYNC_OK)
             wsync_dev_batch_limit(f->dcopy[k], max_blocks);
         free(descs);
         if (rc != WSYNC_OK)
