@@ -44,7 +44,7 @@
 #      on CUDA memory with delta auto (must resolve off) and on, and the store on CUDA memory
 #      over TCP (WSYNC_STORE_PROVIDER=tcp) over UCX and libfabric ($WSYNC_DELTA_STORE_SHAPE,
 #      default qwen3-0.6b); each run's codec times (kernels on CUDA memory); a table in the
-#      summary; $WSYNC_DELTA_LRS the learning rates, $WSYNC_DELTA_ROWS the groups of rows ("nccl
+#      summary; $WSYNC_DELTA_LRS the learning rates, $WSYNC_DELTA_ITERS the timed versions (3), $WSYNC_DELTA_ROWS the groups of rows ("nccl
 #      store ipc store-cuda") to split the step over calls; rows land in $OUT/delta-partial.jsonl
 #      as they finish;
 # $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes faults python netns bench moe
@@ -333,13 +333,16 @@ delta_rows() { [[ "$DELTA_ROWS" == *" $1 "* ]]; }
 delta_bench() {   # name, then the command (env ... wsync-bench ...); returns wsync-bench's status
     local name=$1
     shift
-    run_one "delta $name" "${WSYNC_DELTA_LIMIT:-420}" "$@" --delta --iters 3 --warmup 1 \
-        --timeout 400 --json
+    run_one "delta $name" "${WSYNC_DELTA_LIMIT:-420}" "$@" --delta --iters "${WSYNC_DELTA_ITERS:-3}" \
+        --warmup 1 --timeout 400 --json
     local rc=$? line
     line=$(grep '^{' "$WORK/delta $name.log" | tail -n 1)
     echo "{\"bench\": \"$name\", \"rc\": $rc, \"result\": ${line:-null}}" >> "$WORK/delta.jsonl"
     # each row as it lands: a call cut by its time limit still brings back the rows it finished
-    [ -n "${OUT:-}" ] && [ -d "$OUT" ] && cp "$WORK/delta.jsonl" "$OUT/delta-partial.jsonl"
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+        cp "$WORK/delta.jsonl" "$OUT/delta-partial.jsonl"
+        [ "$rc" = 0 ] || tail -n 40 "$WORK/delta $name.log" > "$OUT/delta-failed-${name// /-}.log"
+    fi
     return $rc
 }
 if ! skipped delta && [ -x "$BENCH" ]; then
