@@ -44,9 +44,9 @@
 #      on CUDA memory with delta auto (must resolve off) and on, and the store on CUDA memory
 #      over TCP (WSYNC_STORE_PROVIDER=tcp) over UCX and libfabric ($WSYNC_DELTA_STORE_SHAPE,
 #      default qwen3-0.6b); each run's codec times (kernels on CUDA memory); a table in the
-#      summary; $WSYNC_DELTA_LRS the learning rates, $WSYNC_DELTA_ITERS the timed versions (3), $WSYNC_DELTA_ROWS the groups of rows ("nccl
-#      store ipc store-cuda") to split the step over calls; rows land in $OUT/delta-partial.jsonl
-#      as they finish;
+#      summary; $WSYNC_DELTA_LRS the learning rates, $WSYNC_DELTA_ITERS the timed versions
+#      (3), $WSYNC_DELTA_ROWS the groups of rows ("nccl store ipc store-cuda") to split the
+#      step over calls; rows land in $OUT/delta-partial.jsonl as they finish;
 # $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes faults python netns bench moe
 # moe-baselines store-cuda delta baselines"), $WSYNC_BENCH_SHAPE the model shape of the dense benchmarks (default
 # qwen3-8b) and $WSYNC_MOE_SHAPE that of the MoE ones (default qwen3-30b-a3b; tiny-moe for a
