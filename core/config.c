@@ -80,8 +80,8 @@ static const char *const delta_modes[] = {"off", "on", "auto", NULL};
 static const char *const delta_baselines[] = {"device", "host", NULL};
 
 /* delta_cutoff: a fraction in (0, 1] from code, else WSYNC_DELTA_CUTOFF, else 0 (the sender picks
- * the default per memory kind, core/delta_state.h). Negative, above 1 and NaN are refused, naming
- * the field or the variable and the value as given. */
+ * the default per memory kind: WSYNC_DELTA_CUTOFF_HOST or _CUDA, wsync/wsync.h). Negative, above
+ * 1 and NaN are refused, naming the field or the variable and the value as given. */
 static wsync_status_t resolve_cutoff(double *value)
 {
     const char *s;

@@ -54,8 +54,7 @@ wsync_status_t wsync_delta_resolve(const wsync_group_info_t *g, const wsync_sche
  * loopback store (UCX over TCP, measured on the 2-core development VM, docs/delta.md): 0.2.
  * CUDA: the device codec runs at HBM speed, far above any link, so an encoding pays whenever it
  * is smaller than the plain bytes. */
-#define WSYNC_DELTA_CUTOFF_HOST 0.2
-#define WSYNC_DELTA_CUTOFF_CUDA 1.0
+/* (WSYNC_DELTA_CUTOFF_HOST and WSYNC_DELTA_CUTOFF_CUDA: public, in wsync/wsync.h) */
 
 /* This sender's cut-off for a chunk of a host (cuda 0) or CUDA (cuda 1) shard. */
 double wsync_delta_cutoff(const wsync_sender_t *s, int cuda);

@@ -178,6 +178,23 @@ static int print_delta(const char *delta, wsync_mem_t mem, int nsenders, const c
         fprintf(stderr, PROG ": WSYNC_DELTA='%s': expected off, on or auto\n", delta);
         return 1;
     }
+    const char *cut = getenv("WSYNC_DELTA_CUTOFF");
+    if (cut != NULL && *cut != '\0') {
+        char *end = NULL;
+        double f = strtod(cut, &end);
+        if (end == cut || *end != '\0' || !(f > 0 && f <= 1)) {
+            fprintf(stderr, PROG ": WSYNC_DELTA_CUTOFF='%s': expected a fraction in (0, 1]\n", cut);
+            return 1;
+        }
+        printf("delta cut-off: a chunk travels plain when its encoding would pass %g of its plain "
+               "bytes (WSYNC_DELTA_CUTOFF)\n", f);
+    } else {
+        printf("delta cut-off: a chunk travels plain when its encoding would pass %g of its plain "
+               "bytes (the default for %s shards; WSYNC_DELTA_CUTOFF or params.delta_cutoff "
+               "to change it)\n", mem == WSYNC_MEM_CUDA ? WSYNC_DELTA_CUTOFF_CUDA
+                                                        : WSYNC_DELTA_CUTOFF_HOST,
+               mem == WSYNC_MEM_CUDA ? "CUDA" : "host");
+    }
     printf("delta memory: with delta on, each sender keeps a baseline of its shards that have "
            "delta-capable chunks (their bytes once more) in %s%s\n", where,
            model == NULL ? "; --model config.json gives the bytes" : "");

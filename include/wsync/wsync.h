@@ -295,12 +295,17 @@ typedef struct {
     double delta_cutoff;       /* delta versions: a chunk travels plain when its encoding would
                                   take more than delta_cutoff x its plain bytes (the encoder
                                   stops there, so a dense chunk costs a partial pass, not a
-                                  whole one). In (0, 1]; WSYNC_DELTA_CUTOFF; 0 = unset: 0.2 for
-                                  host shards (the CPU codec's passes cost more than the bytes
-                                  saved past that size, docs/delta.md), 1.0 for CUDA shards
-                                  (the GPU codec runs at HBM speed, far above any link). Other
-                                  values (negative, above 1, NaN) are refused */
+                                  whole one). In (0, 1]; WSYNC_DELTA_CUTOFF; 0 = unset:
+                                  WSYNC_DELTA_CUTOFF_HOST for host shards (the CPU codec's passes
+                                  cost more than the bytes saved past that size, docs/delta.md),
+                                  WSYNC_DELTA_CUTOFF_CUDA for CUDA shards (the GPU codec runs at
+                                  HBM speed, far above any link). Other values (negative, above
+                                  1, NaN) are refused */
 } wsync_sender_params_t;
+
+/* delta_cutoff's defaults (0 = unset), per the memory a chunk's shard is in. */
+#define WSYNC_DELTA_CUTOFF_HOST 0.2
+#define WSYNC_DELTA_CUTOFF_CUDA 1.0
 
 #define WSYNC_SENDER_PARAMS_INIT {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1, NULL, NULL, 0.0}
 

@@ -128,9 +128,12 @@ static void case_bench_model_host(void)
  * combinations are refused, named. */
 static void case_bench_delta_host(void)
 {
-    int rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem host --scheme ipc "
-                               "--senders 2 --tp 2 --delta --lr 1e-5 --iters 2 --json 2>/dev/null",
-                      out, sizeof(out));
+    /* WSYNC_DELTA_CUTOFF=1: at lr 1e-5 (a seventh of the weights changing) the host default (0.2)
+     * would send every chunk plain; 1 keeps the encodings that are smaller than the plain bytes,
+     * so the encoded path is what this case checks (test_delta_cutoff checks the default) */
+    int rc = proc_run("WSYNC_DELTA_CUTOFF=1 " WSYNC_BIN_DIR "/wsync-bench --model-shape tiny "
+                      "--mem host --scheme ipc --senders 2 --tp 2 --delta --lr 1e-5 --iters 2 "
+                      "--json 2>/dev/null", out, sizeof(out));
     CHECK_MSG(rc == 0, "wsync-bench --delta exited %d: %s", rc, out);
     json_t *j = (json_t *)proc_last_json_line(out);
     CHECK_MSG(j != NULL, "wsync-bench --delta printed no JSON: %s", out);
