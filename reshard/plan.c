@@ -1671,17 +1671,20 @@ static wsync_status_t split_segments(compile_t *c)
         uint64_t mine = 0, out = r->out;
         size_t m = 0;
         for (size_t b = r->a; b < r->b; b++) {
+            mine += tr[b].nseg;
+            if (tr[b].nlseg == 0)
+                continue;   /* (lsegs may be NULL: no pointer arithmetic on it) */
             const lseg_t *ls = &c->lsegs[tr[b].lseg0];
             for (uint32_t k = 0; k < tr[b].nlseg; k++, m++) {
                 item[m].lchunk = ls[k].lchunk;
                 item[m].lseg = tr[b].lseg0 + k;
                 item[m].target = tr[b].target;
             }
-            mine += tr[b].nseg;
         }
         sorted = radix_by_lchunk(item, tmp, m, passes);
         /* fault in this receiver's segments at once */
-        wsync_plan_prefault(&pl->segments[out], mine * sizeof(*pl->segments));
+        if (mine > 0)
+            wsync_plan_prefault(&pl->segments[out], mine * sizeof(*pl->segments));
         for (size_t i = 0, e; i < m; i = e) {
             /* i .. e: this receiver's logical segments on logical chunk k (usually one) */
             uint32_t k = sorted[i].lchunk;
