@@ -18,7 +18,8 @@
 # (qwen3-32b but its fan-out), sweep, large-fanout, refusal (nccl on a colocated group, to show
 # its text). $WSYNC_COMPARE_SKIP names groups to leave out, e.g. a second call with
 # WSYNC_COMPARE_SKIP="core baselines small sweep" runs what the first had to skip;
-# bench/report.py merges both calls' results.
+# bench/report.py merges both calls' results. The peers' points of the fan-out sweep go with the
+# baselines group's launch, or with the sweep group in a call that skips the baselines group.
 #
 # Output in $OUT (the device tool brings back at most 8 files): results.json (one array: a meta
 # object, then one object per run with its status and wsync-bench's or the baseline's JSON),
@@ -181,17 +182,20 @@ print(json.dumps(r))' "$auto_line" "$s" >> "$RESULTS"
 }
 
 # ---- the peers' methods: one launch of suite.py for every run of the groups wanted
-baselines() {
-    local runs="" s sc
-    for s in qwen3-8b qwen3-0.6b qwen3-32b; do
-        case $s in qwen3-8b) wanted core || continue ;; qwen3-0.6b) wanted small || continue ;;
-                   qwen3-32b) wanted large || wanted large-fanout || continue ;; esac
-        for sc in colocated fanout disaggregated; do runs="$runs,a:$sc:$s"; done
-        runs="$runs,b:colocated:$s"
-        for sc in fanout disaggregated colocated; do runs="$runs,c:$sc:$s"; done
-    done
-    wanted sweep && runs="$runs,a:fanout:qwen3-8b:1,a:fanout:qwen3-8b:2,c:fanout:qwen3-8b:1,c:fanout:qwen3-8b:2"
-    runs="${runs#,},c:fanout:4G"
+SWEEP_BASELINES="a:fanout:qwen3-8b:1,a:fanout:qwen3-8b:2,c:fanout:qwen3-8b:1,c:fanout:qwen3-8b:2"
+baselines() {   # [RUNS]: those runs alone (the sweep's, in a call that skips the baselines group)
+    local runs="${1:-}" s sc
+    if [ -z "$runs" ]; then
+        for s in qwen3-8b qwen3-0.6b qwen3-32b; do
+            case $s in qwen3-8b) wanted core || continue ;; qwen3-0.6b) wanted small || continue ;;
+                       qwen3-32b) wanted large || wanted large-fanout || continue ;; esac
+            for sc in colocated fanout disaggregated; do runs="$runs,a:$sc:$s"; done
+            runs="$runs,b:colocated:$s"
+            for sc in fanout disaggregated colocated; do runs="$runs,c:$sc:$s"; done
+        done
+        wanted sweep && runs="$runs,$SWEEP_BASELINES"
+        runs="${runs#,},c:fanout:4G"
+    fi
     local n est room limit t
     n=$(tr ',' '\n' <<< "$runs" | wc -l)
     est=$((25 + 3 * n))     # start-up, then a few seconds a run (the biggest: qwen3-32b (a), ~6 s)
@@ -241,6 +245,9 @@ if wanted small; then for sc in $SCENARIOS; do scenario small "$sc" qwen3-0.6b; 
 if wanted large; then for sc in colocated colocated-fp8 disaggregated; do scenario large "$sc" qwen3-32b; done; fi
 if wanted sweep; then
     for r in 1 2; do for s in nccl ipc; do bench sweep fanout qwen3-8b "$r" "$s"; done; done
+    # the peers' points of the sweep come with the baselines group; a call that skips that group
+    # runs them here, so a split over calls never leaves the sweep's chart without them
+    wanted baselines || baselines "$SWEEP_BASELINES"
 fi
 if wanted large-fanout; then scenario large-fanout fanout qwen3-32b; fi
 if wanted refusal; then
