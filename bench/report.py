@@ -292,11 +292,16 @@ def ratio_cell(rows, scenario, shape):
 def gpu_section(metas, rows, args, plot_dir, rel_dir):
     machine, date, commit = meta_line(metas, args)
     m0 = metas[0] if metas else {}
+    calls = m0.get("calls") or []
+    how = ("in %d calls on one warm machine (%s; %s of %s s)" % (
+        len(calls), "; ".join(calls), m0.get("elapsed_s", "?"), m0.get("budget_s", "?"))
+        if len(calls) > 1 else
+        "in one call (%s of %s s)" % (m0.get("elapsed_s", "?"), m0.get("budget_s", "?")))
     out = ["## GPU: wsync against the peers' methods", "",
-           "Machine: %s. Date: %s. Commit: %s. `bench/compare.sh` in one call (%s of %s s); wsync: "
+           "Machine: %s. Date: %s. Commit: %s. `bench/compare.sh` %s; wsync: "
            "median of %s versions after %s warm-up, every byte checked on every receiver; peers: "
            "median of %s versions, a few tensors checked. `NCCL_NVLS_ENABLE=0`."
-           % (machine, date, commit, m0.get("elapsed_s", "?"), m0.get("budget_s", "?"),
+           % (machine, date, commit, how,
               m0.get("iters", "?"), m0.get("warmup", "?"), m0.get("baseline_iters", "?")), ""]
     if links(rows):
         out += [links(rows), ""]
@@ -340,12 +345,22 @@ def gpu_section(metas, rows, args, plot_dir, rel_dir):
         out += ["![fan-out scaling](%s/fanout-sweep.png)" % rel_dir, ""]
     out += ["| receivers | floor | wsync auto | wsync ipc | wsync nccl | (a) | (c) |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
+    carried = []
     for n in (1, 2, 3):
         fl = floor_of(rows, "fanout", "qwen3-8b", n)
-        cells = [cell(find(rows, "fanout", "qwen3-8b", m, n), fl) for m in
-                 ("wsync-auto", "wsync-ipc", "wsync-nccl", "a", "c")]
+        cells = []
+        for m in ("wsync-auto", "wsync-ipc", "wsync-nccl", "a", "c"):
+            r = find(rows, "fanout", "qwen3-8b", m, n)
+            cells.append(cell(r, fl) + (" †" if r and r.get("carried_from") else ""))
+            if r and r.get("carried_from"):
+                carried.append(r["carried_from"])
         out.append("| %d | %s | %s |" % (n, ms(fl) if fl else "–", " | ".join(cells)))
     out.append("")
+    if carried:
+        c = carried[0]
+        out += ["† from an earlier run of the same scripts on the same kind of machine (%s, commit "
+                "%s), not rerun with the rest: %s." % (c.get("date", "?"), c.get("commit", "?"),
+                                                        c.get("why", "")), ""]
     ceiling = [r for r in rows if r.get("kind") == "baseline" and r.get("buffer") and good(r)]
     for r in ceiling:
         j = r["result"]
@@ -426,17 +441,27 @@ def cpu_section(path, args):
 
 # The MoE rows of tests/gpu/run.sh (its moe.jsonl names): scenario words, wsync-bench arguments
 MOE_ROWS = [
-    ("coloc-ep", "colocated FSDP-4 → EP-4 (2 GPUs: FSDP-2 → EP-2), bf16",
+    # "{two}" is filled with the 2-GPU stand-in's layout when the run had fewer than 4 GPUs
+    ("coloc-ep", "colocated FSDP-4 → EP-4{two:FSDP-2 → EP-2}, bf16",
      "--scheme ipc --senders 4 --ep 4 --colocated"),
-    ("coloc-tp", "colocated FSDP-4 → TP-4 (2 GPUs: FSDP-2 → TP-2), bf16",
+    ("coloc-tp", "colocated FSDP-4 → TP-4{two:FSDP-2 → TP-2}, bf16",
      "--scheme ipc --senders 4 --tp 4 --colocated"),
-    ("coloc-ep-fp8", "colocated FSDP-4 → EP-4 (2 GPUs: FSDP-2 → EP-2), fp8-block",
+    ("coloc-ep-fp8", "colocated FSDP-4 → EP-4{two:FSDP-2 → EP-2}, fp8-block",
      "--scheme ipc --senders 4 --ep 4 --colocated --quant fp8-block"),
     ("disagg-ep", "disaggregated FSDP-2 (GPUs 0, 1) → EP-2 (GPUs 2, 3), bf16",
      "--scheme nccl --senders 2 --ep 2"),
     ("coloc-ep-fused", "colocated, senders holding fused experts (whole experts each) → EP-4, bf16 "
      "(`WSYNC_MOE_FUSED=1`)", "--scheme ipc --senders 4 --ep 4 --colocated --fused-experts"),
 ]
+
+
+def moe_words(words, ngpu):
+    """a MOE_ROWS label as run: the 2-GPU stand-in named only when the run had fewer than 4"""
+    a = words.find("{two:")
+    if a < 0:
+        return words
+    b = words.index("}", a)
+    return words[:a] + (" (2 GPUs: %s)" % words[a + 5:b] if 0 < ngpu < 4 else "") + words[b + 1:]
 
 
 def jsonl(path):
@@ -566,13 +591,13 @@ def moe_section(gpu_path, base_path, host_path, terminal=None, plot_dir=None, re
         j = r.get("result") if r else None
         if not j:
             note = ("not run (needs 4 GPUs)" if name.startswith("disagg") and machine and ngpu < 4
-                    else "—" if not r else "no result (exit %s)" % r.get("rc"))
-            out.append("| %s | `%s` | %s | — | — | — |" % (words, argv, note))
+                    else "not run" if not r else "no result (exit %s)" % r.get("rc"))
+            out.append("| %s | `%s` | %s | — | — | — |" % (moe_words(words, ngpu), argv, note))
             continue
         b = baseline(j) if j["quant"] == "none" else None
         bf = rows.get(name[:-4], {}).get("result") if name.endswith("-fp8") else None
         out.append("| %s | `%s` | %.2f | %s | %s | %s |" % (
-            words, argv, j["ratio_floor"], "%.1f" % (b["seconds"] / j["seconds"]) if b else "—",
+            moe_words(words, ngpu), argv, j["ratio_floor"], "%.1f" % (b["seconds"] / j["seconds"]) if b else "—",
             "%.2f" % (j["seconds"] / bf["seconds"]) if bf else "—", "yes" if j["correct"] else "NO"))
     out += ["", "Targets (issue 16): colocated FSDP-4 → EP-4 at ≤ 1.3 × the floor and ≥ 10 × faster "
             "than the all-gather method.", ""]
@@ -716,10 +741,10 @@ def delta_summary(rows):
     for title, name, rc, j in rows:
         if not j:
             out.append("| %s (%s) | | | | | | | | no result (exit status %s) | | |"
-                       % (name, title.lower(), rc))
+                       % (name, title if title[0].isdigit() else title.lower(), rc))
             continue
         out.append("| %s (%s) | %s | %s | %s | %s | %s | %.2f %% | %.2f %% | %.3f | %s | %s |" % (
-            name, title.lower(), lr_text(j["lr"]), j["scheme"] + (" colocated" if j.get("colocated")
+            name, title if title[0].isdigit() else title.lower(), lr_text(j["lr"]), j["scheme"] + (" colocated" if j.get("colocated")
                                                                  else ""),
             delta_transport(name, j), j["mem"], j["model_shape"], 100 * j["changed_fraction"],
             100 * j["wire_ratio"], j["time_ratio"], codec_cell(j), "yes" if j["correct"] else "NO"))
@@ -749,11 +774,12 @@ def delta_table(rows):
     return out
 
 
-def delta_section(host_path, gpu_path, plots=True, plot_dir=None, rel_dir="bench"):
+def delta_section(host_path, *gpu_paths, plots=True, plot_dir=None, rel_dir="bench"):
     """Delta versions (issue 17): wsync-bench --delta runs on host memory (docs/bench/delta-host.jsonl,
     with a meta line) and tests/gpu/run.sh's step delta (its delta.jsonl, copied to
-    docs/bench/delta.jsonl): one table and one chart (delta.svg) of every run, then each file's
-    machine and its runs in full."""
+    docs/bench/delta.jsonl; further GPU files, e.g. another machine's, after it): one table and
+    one chart (delta.svg) of every run, then each file's machine and its runs in full. A file's
+    meta "title" names it in the tables ("GPUs" when none)."""
     out = ["## Delta versions (issue 17)", "",
            "`wsync-bench --delta --lr X`: every shard element has an fp32 master (version 1: "
            "about N(0, 0.02²), four uniforms summed); each version adds lr × d, d drawn per "
@@ -779,20 +805,23 @@ def delta_section(host_path, gpu_path, plots=True, plot_dir=None, rel_dir="bench
            "over sockets, the store over tcp) time per version ≤ 0.1 × full; encode + apply ≤ "
            "1.5 × reading both versions at HBM speed; colocated, auto never slower than full.", ""]
     hmeta, hrows = delta_rows(host_path)
-    gmeta, grows = delta_rows(gpu_path)
-    if not hrows and not grows:
+    files = [("Host memory", hmeta, hrows, host_path)]
+    for path in gpu_paths:
+        gmeta, grows = delta_rows(path)
+        files.append((gmeta.get("title", "GPUs"), gmeta, grows, path))
+    if not any(rows for _, _, rows, _ in files):
         return out + ["No delta results yet: see bench/README.md (host runs) and tests/gpu/run.sh "
                       "step delta (GPU runs).", ""]
-    every = [("Host memory", n, rc, j) for n, rc, j in hrows] + \
-            [("GPUs", n, rc, j) for n, rc, j in grows]
+    every = [(title, n, rc, j) for title, _, rows, _ in files for n, rc, j in rows]
     good_runs = [(n, j) for _, n, _, j in every if j]
     if plots and plot_dir and good_runs:
         delta_chart(good_runs, os.path.join(plot_dir, "delta.svg"),
                     "Delta versions: wire bytes and time against lr")
         out += ["![Delta versions: wire bytes and time against lr](%s/delta.svg)" % rel_dir, ""]
-    out += ["Every run (host memory: docs/bench/delta-host.jsonl; GPUs: docs/bench/delta.jsonl):",
+    out += ["Every run (%s):" % "; ".join("%s: %s" % (t.lower() if t == "Host memory" else t, p)
+                                          for t, _, rows, p in files if rows),
             ""] + delta_summary(every) + [""]
-    for title, meta, rows in (("Host memory", hmeta, hrows), ("GPUs", gmeta, grows)):
+    for title, meta, rows, _ in files:
         if not rows:
             continue
         out += ["### %s" % title, ""]
@@ -841,14 +870,18 @@ def main():
                    help="the MoE section's inputs: tests/gpu/run.sh's moe.jsonl and "
                         "moe-baselines.jsonl, and host runs' wsync-bench JSON lines (defaults under "
                         "docs/bench/; a missing file leaves its rows empty)")
-    p.add_argument("--delta", nargs=2, metavar=("HOST", "GPU"),
-                   default=["docs/bench/delta-host.jsonl", "docs/bench/delta.jsonl"],
+    p.add_argument("--delta", nargs="+", metavar="FILE",
+                   default=["docs/bench/delta-host.jsonl", "docs/bench/delta.jsonl",
+                            "docs/bench/delta-4gpu.jsonl"],
                    help="the delta section's inputs: wsync-bench --delta JSON lines on host memory, "
-                        "and tests/gpu/run.sh's delta.jsonl (defaults under docs/bench/)")
+                        "then tests/gpu/run.sh's delta.jsonl files, one per machine, each with a "
+                        "meta line (defaults under docs/bench/; a missing file has no rows)")
     p.add_argument("--section", choices=["delta"],
                    help="rewrite only this section of the existing page (and its chart), leaving "
                         "the rest as it is")
     args = p.parse_args()
+    if len(args.delta) < 2:
+        fail("--delta takes the host file, then one or more GPU files")
     if args.section == "delta":
         plot_dir = os.path.join(os.path.dirname(os.path.abspath(args.out)), "bench")
         splice_section(args.out, "## Delta versions (issue 17)",
