@@ -352,8 +352,8 @@ static int choose_scheme(wsync_coord_t *co, int only, const wsync_plan_t *plan,
     g.receiver_gpu = rgpu;
     g.replication = plan_replication(plan);
     g.pair_bytes = plan->pair_bytes;   /* ipc: only the pairs that carry bytes must share a host */
-    st = wsync_negotiate(&g, co->senders[0].hello.scheme, &co->scheme, co->explain,
-                         sizeof(co->explain));
+    st = wsync_negotiate_probed(&g, co->senders[0].hello.scheme, &co->scheme, co->explain,
+                                sizeof(co->explain));
     if (st == WSYNC_OK) {
         /* delta versions: every participant's say, the scheme, and where they are */
         int fp8 = 0;

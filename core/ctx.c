@@ -1,5 +1,6 @@
 /* The context: log level and what each transport can do on this machine (probed once). */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -55,19 +56,84 @@ wsync_status_t wsync_ctx_create(const wsync_ctx_params_t *params, wsync_ctx_t **
     }
     wsync_log_set_level(ctx->log_level);
     pthread_mutex_init(&ctx->allocs_mu, NULL);
+    pthread_mutex_init(&ctx->probe_mu, NULL);
+    /* the transports are probed when a sender, receiver or info call first needs them */
+    for (int i = 0; i < WSYNC_NTRANSPORTS; i++)
+        wsync_caps_str(wsync_transports[i]->caps, ctx->transport_caps[i],
+                       sizeof(ctx->transport_caps[i]));
+    *out = ctx;
+    return WSYNC_OK;
+}
+
+uint32_t wsync_scheme_transports(const char *scheme)
+{
+    /* what each scheme's score and data path look at (the schemes' files): ipc shares memfds and CUDA
+     * IPC handles; nccl needs NCCL and a GPU; the store reads over UCX or libfabric, and stages
+     * CUDA memory where a device is usable */
+    static const struct {
+        const char *scheme;
+        const char *uses[3];
+    } table[] = {
+        {"ipc", {"cuda_ipc", NULL, NULL}},
+        {"nccl", {"nccl", "cuda_ipc", NULL}},
+        {"store", {"ucx", "ofi", "cuda_ipc"}},
+    };
+    uint32_t mask = (1u << wsync_transport_index("shm")) | (1u << wsync_transport_index("tcp"));
+
+    for (size_t i = 0; scheme != NULL && i < sizeof(table) / sizeof(table[0]); i++) {
+        if (strcmp(scheme, table[i].scheme) != 0)
+            continue;
+        for (int k = 0; k < 3 && table[i].uses[k] != NULL; k++) {
+            int t = wsync_transport_index(table[i].uses[k]);
+            if (t >= 0)
+                mask |= 1u << t;
+        }
+        return mask;
+    }
+    return (1u << WSYNC_NTRANSPORTS) - 1;
+}
+
+uint32_t wsync_ctx_probe(const wsync_ctx_t *cctx, uint32_t want)
+{
+    /* the ctx was allocated writable (wsync_ctx_create); the probes only fill its cache */
+    wsync_ctx_t *ctx = (wsync_ctx_t *)cctx;
+    uint32_t got;
+
+    pthread_mutex_lock(&ctx->probe_mu);
     for (int i = 0; i < WSYNC_NTRANSPORTS; i++) {
         const wsync_transport_ops_t *t = wsync_transports[i];
+        if (!(want & (1u << i)) || (ctx->probed_mask & (1u << i)))
+            continue;
         ctx->transport_available[i] = t->probe(ctx->transport_reason[i],
                                                sizeof(ctx->transport_reason[i]));
-        wsync_caps_str(t->caps, ctx->transport_caps[i], sizeof(ctx->transport_caps[i]));
         if (ctx->transport_available[i])
             ctx->transport_mask |= 1u << i;
+        ctx->probed_mask |= 1u << i;
         WSYNC_LOG_D("transport %s: %s (%s)", t->name,
                     ctx->transport_available[i] ? "available" : "unavailable",
                     ctx->transport_reason[i]);
     }
-    *out = ctx;
-    return WSYNC_OK;
+    got = ctx->transport_mask & want;
+    pthread_mutex_unlock(&ctx->probe_mu);
+    return got;
+}
+
+uint32_t wsync_ctx_probed(const wsync_ctx_t *cctx)
+{
+    wsync_ctx_t *ctx = (wsync_ctx_t *)cctx;
+    uint32_t m;
+
+    pthread_mutex_lock(&ctx->probe_mu);
+    m = ctx->probed_mask;
+    pthread_mutex_unlock(&ctx->probe_mu);
+    return m;
+}
+
+const char *wsync_ctx_env_scheme(void)
+{
+    const char *env = getenv("WSYNC_SCHEME");
+    /* "auto" or a name no scheme has: probe everything, as a receiver always did */
+    return env != NULL && wsync_scheme_find(env) != NULL ? env : NULL;
 }
 
 void wsync_ctx_free(wsync_ctx_t *ctx)
@@ -82,6 +148,7 @@ void wsync_ctx_free(wsync_ctx_t *ctx)
     }
     free(ctx->allocs);
     pthread_mutex_destroy(&ctx->allocs_mu);
+    pthread_mutex_destroy(&ctx->probe_mu);
     free(ctx);
 }
 
@@ -161,6 +228,7 @@ wsync_status_t wsync_transport_info(const wsync_ctx_t *ctx, int i, wsync_compone
     if (i < 0 || i >= WSYNC_NTRANSPORTS)
         return wsync_err(WSYNC_ERR_RANGE, "transport index %d outside [0, %d)", i,
                          WSYNC_NTRANSPORTS);
+    wsync_ctx_probe(ctx, 1u << i);
     info->name = wsync_transports[i]->name;
     info->compiled = wsync_transports[i]->compiled;
     info->available = ctx->transport_available[i];
@@ -194,6 +262,7 @@ wsync_status_t wsync_scheme_info(const wsync_ctx_t *ctx, int i, wsync_component_
         return WSYNC_OK;
     }
     /* a scheme can run here if any transport it builds on can */
+    wsync_ctx_probe(ctx, wsync_scheme_transports(s->name));
     info->available = 0;
     info->reason = "none of the transports it needs is available here";
     for (int k = 0; k < 3 && needs[i][k] != NULL; k++) {
@@ -223,6 +292,7 @@ wsync_status_t wsync_ctx_explain(const wsync_ctx_t *ctx, wsync_mem_t mem, int ns
     if (peers == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "wsync_ctx_explain: no memory");
     gethostname(host, sizeof(host) - 1);
+    uint32_t mask = wsync_ctx_probe(ctx, wsync_scheme_transports(NULL));   /* every scheme */
     /* every participant looks like this process: same host, same transports */
     for (int i = 0; i < nsenders + nreceivers; i++) {
         peers[i].role = i < nsenders ? WSYNC_ROLE_SENDER : WSYNC_ROLE_RECEIVER;
@@ -230,7 +300,7 @@ wsync_status_t wsync_ctx_explain(const wsync_ctx_t *ctx, wsync_mem_t mem, int ns
         peers[i].nsenders = nsenders;
         peers[i].nreceivers = nreceivers;
         peers[i].pid = (uint32_t)getpid();
-        peers[i].transports = ctx->transport_mask;
+        peers[i].transports = mask;
         peers[i].hostname = host;
         peers[i].host_id = (char *)wsync_host_id();
     }
@@ -243,5 +313,120 @@ wsync_status_t wsync_ctx_explain(const wsync_ctx_t *ctx, wsync_mem_t mem, int ns
     buf[0] = '\0';
     st = wsync_negotiate(&g, "auto", &chosen, buf, len);
     free(peers);
+    return st;
+}
+
+/* Participant i of g (senders first). */
+static const wsync_hello_t *probe_member(const wsync_group_info_t *g, uint32_t i)
+{
+    return i < g->nsenders ? &g->senders[i] : &g->receivers[i - g->nsenders];
+}
+
+/* Why scheme `k` reads refused although it might serve: who did not probe what. */
+static void unprobed_reason(const wsync_group_info_t *g, uint32_t uses, char *buf, size_t len)
+{
+    const wsync_hello_t *first = NULL;
+    uint32_t others = 0, missing = 0;
+    char names[128] = "";
+    size_t n = 0;
+
+    for (uint32_t i = 0; i < g->nsenders + g->nreceivers; i++) {
+        const wsync_hello_t *h = probe_member(g, i);
+        uint32_t lack = uses & ~wsync_scheme_transports(h->scheme);
+        if (lack == 0)
+            continue;
+        missing |= lack;
+        if (first == NULL)
+            first = h;
+        else
+            others++;
+    }
+    for (int t = 0; t < WSYNC_NTRANSPORTS; t++) {
+        if (!(missing & (1u << t)))
+            continue;
+        int w = snprintf(names + n, sizeof(names) - n, "%s%s", n ? ", " : "",
+                         wsync_transports[t]->name);
+        if (w < 0 || (size_t)w >= sizeof(names) - n)
+            break;
+        n += (size_t)w;
+    }
+    if (first == NULL) {   /* not reached: the caller found someone */
+        snprintf(buf, len, "not probed");
+        return;
+    }
+    snprintf(buf, len, "not probed: %s %d asked for scheme '%s' and probed only its transports "
+                       "(%s not probed by %u participant%s)",
+             first->role == WSYNC_ROLE_SENDER ? "sender" : "receiver", first->rank, first->scheme,
+             names, others + 1, others ? "s" : "");
+}
+
+wsync_status_t wsync_negotiate_probed(const wsync_group_info_t *g, const char *choice,
+                                      const wsync_scheme_ops_t **chosen, char *explain,
+                                      size_t len)
+{
+    const uint32_t all = wsync_scheme_transports(NULL);
+    uint32_t n = g->nsenders + g->nreceivers, partial = 0;
+    wsync_status_t st = wsync_negotiate(g, choice, chosen, explain, len);
+    char first_error[2048];
+
+    for (uint32_t i = 0; i < n; i++)
+        partial += wsync_scheme_transports(probe_member(g, i)->scheme) != all;
+    if (partial == 0 || len == 0)
+        return st;   /* everyone probed everything: the explanation stands as it is */
+    snprintf(first_error, sizeof(first_error), "%s", wsync_last_error());
+
+    /* The same group as if every transport not probed were there: a scheme refused now but
+     * accepted then was refused for what some participants did not look for. */
+    wsync_hello_t *filled = malloc((n ? n : 1) * sizeof(*filled));
+    char *out = malloc(len), *reason = malloc(1024);
+    if (filled == NULL || out == NULL || reason == NULL) {
+        free(filled);
+        free(out);
+        free(reason);
+        return st;   /* the plain explanation is still right about what is known */
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        filled[i] = *probe_member(g, i);
+        filled[i].transports |= all & ~wsync_scheme_transports(filled[i].scheme);
+    }
+    wsync_group_info_t g2 = *g;
+    g2.senders = filled;
+    g2.receivers = filled + g->nsenders;
+
+    size_t used = 0;
+    const char *line = explain;
+    int want_unprobed = 0;
+    out[0] = '\0';
+    for (int k = 0; k < WSYNC_NSCHEMES && *line != '\0'; k++) {
+        const wsync_scheme_ops_t *s = wsync_schemes[k];
+        const char *end = strchr(line, '\n');
+        size_t llen = end != NULL ? (size_t)(end - line) + 1 : strlen(line);
+        int w;
+        if (s->score(g, reason, 1024) == 0 && s->score(&g2, reason, 1024) > 0) {
+            unprobed_reason(g, wsync_scheme_transports(s->name), reason, 1024);
+            w = snprintf(out + used, len - used, "%s: refused: %s\n", s->name, reason);
+            if (choice != NULL && strcmp(choice, s->name) == 0)
+                want_unprobed = 1;
+        } else {
+            w = snprintf(out + used, len - used, "%.*s", (int)llen, line);
+        }
+        if (w > 0 && (size_t)w < len - used)
+            used += (size_t)w;
+        line += llen;
+    }
+    snprintf(out + used, len - used, "%s", line);   /* anything after the schemes' lines */
+    snprintf(explain, len, "%s", out);
+    if (st != WSYNC_OK && want_unprobed) {
+        unprobed_reason(g, wsync_scheme_transports(choice), reason, 1024);
+        st = wsync_err(st, "scheme '%s' was asked for but cannot serve this group: %s", choice,
+                       reason);
+    } else if (st != WSYNC_OK && (choice == NULL || strcmp(choice, "auto") == 0)) {
+        st = wsync_err(st, "no scheme can serve this group:\n%s", explain);
+    } else if (st != WSYNC_OK) {
+        st = wsync_err(st, "%s", first_error);
+    }
+    free(filled);
+    free(out);
+    free(reason);
     return st;
 }

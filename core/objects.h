@@ -19,10 +19,14 @@ struct wsync_ctx {
     pthread_mutex_t allocs_mu;       /* wsync_mem_alloc may be called from any thread */
     wsync_alloc_t *allocs;
     size_t nallocs, allocs_cap;
-    int transport_available[WSYNC_NTRANSPORTS];
+    /* Transports are probed on first need (wsync_ctx_probe), once each: UCX and libfabric cost
+     * 0.1-0.2 s of CPU, which hundreds of participants asking for ipc need not pay. */
+    pthread_mutex_t probe_mu;
+    uint32_t probed_mask;            /* bit i: transport i probed; under probe_mu */
+    int transport_available[WSYNC_NTRANSPORTS];   /* these three: once probed */
     char transport_reason[WSYNC_NTRANSPORTS][256];
     char transport_caps[WSYNC_NTRANSPORTS][128];
-    uint32_t transport_mask;         /* bit i: transport i available */
+    uint32_t transport_mask;         /* bit i: transport i probed and available; under probe_mu */
 };
 
 typedef struct wsync_coord wsync_coord_t;
@@ -228,6 +232,25 @@ const char *wsync_member_who(const wsync_member_t *m, char *buf, size_t len);
 
 /* core/ctx.c: the shareable allocation holding [ptr, ptr + bytes), copied into *out; 0 if any. */
 int wsync_ctx_find_alloc(wsync_ctx_t *ctx, const void *ptr, size_t bytes, wsync_alloc_t *out);
+
+/* The transports a participant asking for `scheme` probes, as bits of wsync_transports: those the
+ * scheme can use, plus shm and tcp (microseconds each). NULL, "auto" or an unknown name: all. */
+uint32_t wsync_scheme_transports(const char *scheme);
+/* Probe the transports in `want` that this ctx has not probed yet (thread-safe; each is probed
+ * once per ctx). Returns the bits of `want` whose transports are available. The ctx is const for
+ * the public info calls: the probes fill a cache of the machine's state, under probe_mu. */
+uint32_t wsync_ctx_probe(const wsync_ctx_t *ctx, uint32_t want);
+/* Bits of the transports probed so far (for tests). */
+uint32_t wsync_ctx_probed(const wsync_ctx_t *ctx);
+/* WSYNC_SCHEME when it names a scheme (a receiver has no param for it), else NULL. */
+const char *wsync_ctx_env_scheme(void);
+/* wsync_negotiate, telling a transport a participant did not probe from one it lacks: a
+ * participant whose HELLO names a scheme probed only that scheme's transports
+ * (wsync_scheme_transports), so a scheme refused only for want of those is explained as "not
+ * probed", naming who asked for what; a group of "auto" participants reads as before. */
+wsync_status_t wsync_negotiate_probed(const wsync_group_info_t *g, const char *choice,
+                                      const wsync_scheme_ops_t **chosen, char *explain,
+                                      size_t len);
 
 /* core/coordinator.c */
 wsync_status_t wsync_coord_create(const char *addr, int nsenders, int nreceivers,

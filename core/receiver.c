@@ -349,7 +349,10 @@ wsync_status_t wsync_receiver_create(wsync_ctx_t *ctx, const wsync_receiver_para
     hello.nsenders = -1;
     hello.nreceivers = p.nreceivers;
     hello.pid = (uint32_t)getpid();
-    hello.transports = ctx->transport_mask;
+    /* likewise a receiver given WSYNC_SCHEME; its HELLO names the scheme, so that the coordinator
+     * tells a transport it did not probe from one it lacks */
+    hello.scheme = (char *)wsync_ctx_env_scheme();
+    hello.transports = wsync_ctx_probe(ctx, wsync_scheme_transports(hello.scheme));
     hello.hostname = hostname;
     hello.host_id = (char *)wsync_host_id();
     hello.delta = r->delta_choice;

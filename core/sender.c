@@ -225,7 +225,8 @@ wsync_status_t wsync_sender_create(wsync_ctx_t *ctx, const wsync_sender_params_t
     hello.nreceivers = p.nreceivers;
     hello.pid = (uint32_t)getpid();
     hello.bucket_bytes = p.bucket_bytes;
-    hello.transports = ctx->transport_mask;
+    /* a sender that asked for one scheme probes, and reports, only the transports it can use */
+    hello.transports = wsync_ctx_probe(ctx, wsync_scheme_transports(s->scheme_choice));
     hello.hostname = hostname;
     hello.host_id = (char *)wsync_host_id();
     hello.data_addr = s->data_addr;
