@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #if WSYNC_HAVE_CUDA
 
@@ -432,6 +433,91 @@ static int time_copy(int src_dev, void *src, int dst_dev, void *dst, size_t byte
     return 0;
 }
 
+/* Every pair of req copying at once: pair p copies copy_bytes / ngpus from a[src] into its own
+ * slice of b[dst] (slice = the source's index, so no two copies write the same bytes), four
+ * times over on a stream of its own, all started together; the median over PROBE_RUNS timed
+ * runs after one untimed of the host time from the start to the last GPU's end. A GPU's load
+ * is the larger of the bytes it sends and receives: the busiest GPU's load over that time is
+ * what a GPU's links give when every peer uses them at once. The single-pair copies above
+ * measure one link alone, which an all-to-all pattern (a colocated group's peer reads) may not
+ * reach on every link at once. */
+enum { PROBE_ALL_ROUNDS = 4 };
+
+static int time_pairs_at_once(const bench_probe_req_t *req, void *const *a, void *const *b,
+                              bench_probe_res_t *res)
+{
+    cudaStream_t st[MODEL_MAX_GPUS * MODEL_MAX_GPUS] = {0};
+    size_t slice = req->copy_bytes / (size_t)req->ngpus / 256 * 256;
+    uint64_t in[MODEL_MAX_GPUS] = {0}, out[MODEL_MAX_GPUS] = {0}, busiest = 0;
+    int si[MODEL_MAX_GPUS * MODEL_MAX_GPUS], di[MODEL_MAX_GPUS * MODEL_MAX_GPUS];
+    double v[PROBE_RUNS];
+    int rc = -1;
+    for (int p = 0; p < req->npairs; p++) {
+        si[p] = di[p] = -1;
+        for (int i = 0; i < req->ngpus; i++) {
+            if (req->gpus[i] == req->pair_src[p])
+                si[p] = i;
+            if (req->gpus[i] == req->pair_dst[p])
+                di[p] = i;
+        }
+        if (si[p] < 0 || di[p] < 0)
+            continue;
+        out[si[p]] += (uint64_t)slice * PROBE_ALL_ROUNDS;
+        in[di[p]] += (uint64_t)slice * PROBE_ALL_ROUNDS;
+        if (cudaSetDevice(req->pair_src[p]) != cudaSuccess ||
+            cudaStreamCreateWithFlags(&st[p], cudaStreamNonBlocking) != cudaSuccess) {
+            cuda_failed("cudaStreamCreate for the all-pairs probe", cudaGetLastError());
+            goto out;
+        }
+    }
+    for (int i = 0; i < req->ngpus; i++) {
+        if (in[i] > busiest)
+            busiest = in[i];
+        if (out[i] > busiest)
+            busiest = out[i];
+    }
+    for (int r = -1; r < PROBE_RUNS; r++) {
+        struct timespec t0, t1;
+        for (int i = 0; i < req->ngpus; i++)
+            if (cudaSetDevice(req->gpus[i]) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+                cuda_failed("cudaDeviceSynchronize before the all-pairs probe", cudaGetLastError());
+                goto out;
+            }
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (int k = 0; k < PROBE_ALL_ROUNDS; k++)
+            for (int p = 0; p < req->npairs; p++) {
+                if (st[p] == NULL)
+                    continue;
+                cudaError_t e = cudaMemcpyPeerAsync((char *)b[di[p]] + (size_t)si[p] * slice,
+                                                    req->pair_dst[p], a[si[p]], req->pair_src[p],
+                                                    slice, st[p]);
+                if (e != cudaSuccess) {
+                    cuda_failed("cudaMemcpyPeerAsync (all pairs at once)", e);
+                    goto out;
+                }
+            }
+        for (int p = 0; p < req->npairs; p++)
+            if (st[p] != NULL && cudaStreamSynchronize(st[p]) != cudaSuccess) {
+                cuda_failed("cudaStreamSynchronize (all pairs at once)", cudaGetLastError());
+                goto out;
+            }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (r >= 0)
+            v[r] = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    }
+    qsort(v, PROBE_RUNS, sizeof(double), cmp_dbl);
+    res->peer_all_s = v[PROBE_RUNS / 2];
+    res->peer_all_gbps = (double)busiest / res->peer_all_s / 1e9;
+    rc = 0;
+out:
+    for (int p = 0; p < req->npairs; p++)
+        if (st[p] != NULL) {
+            cudaSetDevice(req->pair_src[p]);
+            cudaStreamDestroy(st[p]);
+        }
+    return rc;
+}
+
 static void probe_broadcast(const bench_probe_req_t *req, bench_probe_res_t *res)
 {
 #if WSYNC_HAVE_NCCL
@@ -580,6 +666,13 @@ int bcuda_probe(const bench_probe_req_t *req, bench_probe_res_t *res)
         res->peer_gbps[p] = (double)req->copy_bytes / s / 1e9;
         fprintf(stderr, PROG ": probe: peer copy GPU %d -> GPU %d: %.1f GB/s\n",
                 req->pair_src[p], req->pair_dst[p], res->peer_gbps[p]);
+    }
+    if (req->npairs > 1) {
+        if (time_pairs_at_once(req, a, b, res) != 0)
+            goto out;
+        fprintf(stderr, PROG ": probe: all %d peer pairs at once: %.1f GB/s on the busiest GPU "
+                        "(the larger of its bytes in and out, over %.2f ms)\n",
+                req->npairs, res->peer_all_gbps, res->peer_all_s * 1e3);
     }
     rc = 0;
 out:

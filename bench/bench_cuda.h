@@ -70,12 +70,19 @@ typedef struct {
 typedef struct {
     double d2d_gbps[MODEL_MAX_GPUS];                        /* by index into req->gpus */
     double peer_gbps[MODEL_MAX_GPUS * MODEL_MAX_GPUS];      /* by pair index */
+    /* every pair of req at once (several pairs only), each copying its slice of copy_bytes /
+     * ngpus: the busiest GPU's bytes (the larger of what it sends and what it receives) over
+     * the time all took, i.e. what one GPU's links give when all of its peers use them at once,
+     * as a colocated group's peer reads do; 0: not measured */
+    double peer_all_gbps;
+    double peer_all_s;
     double bcast_gbps;                                      /* 0: not measured */
     double bcast_s;
     char bcast_note[160];                                   /* why not, or what */
 } bench_probe_res_t;
 
-/* Measures every link of req into *res (each a median of 5 timed copies after one untimed).
+/* Measures every link of req into *res (each a median of 5 timed copies after one untimed),
+ * then, with several pairs, all pairs at once (peer_all_gbps).
  * The broadcast is skipped, with a note, for fewer than 2 GPUs or without NCCL; a failure of
  * the broadcast alone is noted, not returned. */
 int bcuda_probe(const bench_probe_req_t *req, bench_probe_res_t *res);
