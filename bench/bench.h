@@ -7,6 +7,7 @@
 
 #include "wsync/wsync.h"
 
+#include <jansson.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -86,6 +87,21 @@ typedef struct {
 /* Median, minimum and maximum of n > 0 values (the array is left as it was). */
 bench_stats_t bench_stats_of(const double *v, int n);
 
+/* A new JSON array of v[0, n) as reals, for the reports' lists of times. */
+json_t *bench_json_reals(const double *v, int n);
+/* Prints j as one compact line (reals to 6 digits) on stdout and frees it. */
+void bench_print_json(json_t *j);
+
+/* splitmix64's finalizer: the counter hash both data generators (bench_model.c's bf16 values,
+ * bench_delta.c's masters and steps) draw from. */
+static inline uint64_t bench_mix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Model runs (bench_model.c)                                                                 */
 /* ---------------------------------------------------------------------------------------- */
@@ -104,5 +120,13 @@ typedef void (*bench_range_fn)(void *ctx, uint64_t lo, uint64_t hi);
 /* fn over [0, n) split over this process's generator threads (fewer when n / grain is small),
  * as the model run sets them for its children. */
 void bench_par_for(uint64_t n, uint64_t grain, bench_range_fn fn, void *ctx);
+
+/* Bytes of one element of a param: bf16 weights, and f32 where a family keeps one (DeepSeek's
+ * e_score_correction_bias). */
+size_t bench_param_esz(const wsync_param_t *p);
+/* Elements of box b of param p (1 for a scalar). */
+uint64_t bench_box_elems(const wsync_param_t *p, const wsync_box_t *b);
+/* Elements of one dim-0 row of p: a dim-0 box from row r starts at element r * this. */
+uint64_t bench_row_elems(const wsync_param_t *p);
 
 #endif

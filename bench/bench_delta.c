@@ -15,15 +15,6 @@
 /* The update generator: fp32 master weights and an optimizer's steps                        */
 /* ---------------------------------------------------------------------------------------- */
 
-/* splitmix64's finalizer: the counter hash the generator draws from */
-static inline uint64_t mix64(uint64_t z)
-{
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* What an RL trainer does to the weights it sends between two syncs: every element has an fp32
  * master value; each version adds lr * d, d a unit-scale random direction drawn per (param,
  * element, version) -- |d| uniform in [0, 1), its sign a fair coin: the shape of an Adam step,
@@ -68,7 +59,7 @@ static inline uint16_t bf16_rne(float f)
 
 static inline float delta_master1(uint64_t seed, uint64_t i)
 {
-    uint64_t h = mix64(seed + i * 0xD1B54A32D192ED03ull);
+    uint64_t h = bench_mix64(seed + i * 0xD1B54A32D192ED03ull);
     /* the sum of four uniforms (16 bits each), centred and scaled to unit variance: close to a
      * normal (its density at 0 is 3.5 % lower, and it has no tail past 3.46 sigma) at a tenth of
      * Box-Muller's cost (no log, no cos: version 1 of a large shape is made in seconds) */
@@ -80,7 +71,7 @@ static inline float delta_master1(uint64_t seed, uint64_t i)
 
 static inline float delta_dir(uint64_t seed, uint64_t i, uint64_t v)
 {
-    uint64_t h = mix64((seed ^ (v * 0x9E3779B97F4A7C15ull)) + i * 0xD1B54A32D192ED03ull);
+    uint64_t h = bench_mix64((seed ^ (v * 0x9E3779B97F4A7C15ull)) + i * 0xD1B54A32D192ED03ull);
     float mag = (float)(h >> 40) * 0x1p-24f;
     return (h & 1u) ? -mag : mag;
 }
@@ -155,24 +146,6 @@ struct bench_delta_tx {
     char *dprev;           /* --mem cuda: the previous weights of the last version, on the GPU */
 };
 
-static size_t elem_size(const wsync_param_t *p) { return p->dtype == WSYNC_DTYPE_F32 ? 4 : 2; }
-
-static uint64_t shard_elems(const wsync_shard_t *s)
-{
-    uint64_t n = 1;
-    for (int d = 0; d < s->param.ndim; d++)
-        n *= (uint64_t)s->box.len[d];
-    return n;
-}
-
-static uint64_t row_elems(const wsync_param_t *p)
-{
-    uint64_t n = 1;
-    for (int d = 1; d < p->ndim; d++)
-        n *= (uint64_t)p->shape[d];
-    return n;
-}
-
 int bench_delta_tx_create(const bench_opts_t *o, const wsync_shard_t *shards, size_t n,
                           const size_t *off, size_t bytes, bench_delta_tx_t **out)
 {
@@ -185,7 +158,7 @@ int bench_delta_tx_create(const bench_opts_t *o, const wsync_shard_t *shards, si
     tx->off = off;
     tx->bytes = bytes;
     for (size_t k = 0; k < n; k++)
-        tx->moff[k + 1] = tx->moff[k] + shard_elems(&shards[k]);
+        tx->moff[k + 1] = tx->moff[k] + bench_box_elems(&shards[k].param, &shards[k].box);
     tx->cap = wsync_delta_max_bytes(CODEC_PIECE, 4);
     if (!(tx->master = malloc((tx->moff[n] ? tx->moff[n] : 1) * sizeof(float))))
         goto oom;
@@ -242,9 +215,9 @@ static void delta_tx_range(void *arg, uint64_t lo, uint64_t hi)
         const wsync_shard_t *s = &tx->shards[k];
         uint64_t e0 = lo > tx->moff[k] ? lo - tx->moff[k] : 0;
         uint64_t e1 = (hi < tx->moff[k + 1] ? hi : tx->moff[k + 1]) - tx->moff[k];
-        uint64_t first = (uint64_t)s->box.start[0] * row_elems(&s->param);
+        uint64_t first = (uint64_t)s->box.start[0] * bench_row_elems(&s->param);
         uint64_t seed = bench_delta_seed(s->param.name);
-        size_t esz = elem_size(&s->param);
+        size_t esz = bench_param_esz(&s->param);
         float *mm = tx->master + tx->moff[k];
         char *w = j->w + tx->off[k];
         for (uint64_t e = e0; e < e1; e += DELTA_ROW) {
@@ -296,14 +269,16 @@ static void codec_wrong(bench_delta_page_t *page, int rank, uint64_t v, const ch
 static bench_codec_chunk_t *codec_chunks(const bench_delta_tx_t *tx, size_t *count)
 {
     size_t n = 0, at = 0;
-    for (size_t k = 0; k < tx->n; k++)
-        n += (size_t)((shard_elems(&tx->shards[k]) + CODEC_PIECE - 1) / CODEC_PIECE);
+    for (size_t k = 0; k < tx->n; k++) {
+        uint64_t ne = bench_box_elems(&tx->shards[k].param, &tx->shards[k].box);
+        n += (size_t)((ne + CODEC_PIECE - 1) / CODEC_PIECE);
+    }
     bench_codec_chunk_t *c = calloc(n ? n : 1, sizeof(*c));
     if (!c)
         return NULL;
     for (size_t k = 0; k < tx->n; k++) {
-        uint64_t ne = shard_elems(&tx->shards[k]);
-        uint32_t esz = (uint32_t)elem_size(&tx->shards[k].param);
+        uint64_t ne = bench_box_elems(&tx->shards[k].param, &tx->shards[k].box);
+        uint32_t esz = (uint32_t)bench_param_esz(&tx->shards[k].param);
         for (uint64_t e = 0; e < ne; e += CODEC_PIECE)
             c[at++] = (bench_codec_chunk_t){tx->off[k] + e * esz,
                                             ne - e < CODEC_PIECE ? ne - e : CODEC_PIECE, esz};
@@ -357,8 +332,8 @@ static int codec_host(bench_delta_tx_t *tx, const char *block, int rank, uint64_
     page->codec_ok[v - 1][rank] = 1;
     for (size_t k = 0; k < tx->n; k++) {
         const wsync_shard_t *s = &tx->shards[k];
-        uint64_t n = shard_elems(s);
-        uint32_t esz = (uint32_t)elem_size(&s->param);
+        uint64_t n = bench_box_elems(&s->param, &s->box);
+        uint32_t esz = (uint32_t)bench_param_esz(&s->param);
         for (uint64_t e = 0; e < n; e += CODEC_PIECE) {
             uint64_t cnt = n - e < CODEC_PIECE ? n - e : CODEC_PIECE, len = 0, h = 0, h2 = 0;
             uint64_t plain = cnt * esz;
@@ -420,14 +395,6 @@ int bench_delta_tx_codec(bench_delta_tx_t *tx, const char *block, int rank, uint
 /* ---------------------------------------------------------------------------------------- */
 /* The report                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
-
-static json_t *reals(const double *v, int n)
-{
-    json_t *a = json_array();
-    for (int i = 0; i < n; i++)
-        json_array_append_new(a, json_real(v[i]));
-    return a;
-}
 
 static json_t *u64s(const uint64_t *v, int n)
 {
@@ -628,7 +595,7 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
         json_object_set_new(j, "iters", json_integer(K));
         json_object_set_new(j, "warmup", json_integer(W));
         json_object_set_new(j, "changed_fraction", json_real(sfrac.median));
-        json_object_set_new(j, "changed_fractions", reals(frac, K));
+        json_object_set_new(j, "changed_fractions", bench_json_reals(frac, K));
         json_object_set_new(j, "wire_bytes", json_integer((json_int_t)swire.median));
         json_object_set_new(j, "wire_bytes_per_version", u64s(wire, K));
         json_object_set_new(j, "encoded_bytes", json_integer((json_int_t)bench_stats_of(encd, K).median));
@@ -640,11 +607,11 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
         json_object_set_new(j, "seconds", json_real(sd.median));
         json_object_set_new(j, "seconds_min", json_real(sd.min));
         json_object_set_new(j, "seconds_max", json_real(sd.max));
-        json_object_set_new(j, "times", reals(td, K));
+        json_object_set_new(j, "times", bench_json_reals(td, K));
         json_object_set_new(j, "full_seconds", json_real(sf.median));
         json_object_set_new(j, "full_seconds_min", json_real(sf.min));
         json_object_set_new(j, "full_seconds_max", json_real(sf.max));
-        json_object_set_new(j, "full_times", reals(tf, K));
+        json_object_set_new(j, "full_times", bench_json_reals(tf, K));
         json_object_set_new(j, "time_ratio", json_real(sr.median));
         json_object_set_new(j, "push_seconds", json_real(bench_stats_of(pd, K).median));
         json_object_set_new(j, "full_push_seconds", json_real(bench_stats_of(pf, K).median));
@@ -666,11 +633,7 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
         json_object_set_new(j, "correct_delta", json_boolean(right_d));
         json_object_set_new(j, "correct_full", json_boolean(right_f));
         json_object_set_new(j, "version", json_integer(W + K));
-        char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
-        if (text)
-            printf("%s\n", text);
-        free(text);
-        json_decref(j);
+        bench_print_json(j);
     }
     fflush(stdout);
     return right ? 0 : 1;

@@ -170,14 +170,6 @@ static wsync_model_config_t config_of(const model_shape_t *s)
 
 static int g_threads = 1; /* generator threads of this process */
 
-static inline uint64_t mix64(uint64_t z)
-{
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Sign, exponent 120..127, 7 random mantissa bits: never zero, never non-finite. */
 static inline uint16_t bf16_of(uint16_t v)
 {
@@ -194,7 +186,7 @@ static void gen_stream(uint64_t seed, uint64_t start, uint64_t n, uint16_t *out)
 {
     uint64_t i = start, end = start + n;
     while (i < end) {
-        uint64_t h = mix64(seed + (i >> 2) * 0xD1B54A32D192ED03ull);
+        uint64_t h = bench_mix64(seed + (i >> 2) * 0xD1B54A32D192ED03ull);
         for (unsigned k = (unsigned)(i & 3); k < 4 && i < end; k++, i++)
             *out++ = bf16_of((uint16_t)(h >> (16 * k)));
     }
@@ -215,9 +207,8 @@ static void gen_param(const char *name, uint64_t version, uint64_t start, uint64
         gen_stream(seed_of(name, 0), start, n, out);
 }
 
-/* Bytes of one element of a param: bf16 weights, and f32 where a family keeps one (DeepSeek's
- * e_score_correction_bias); its values are the generator's bf16 widened, exactly. */
-static size_t param_esz(const wsync_param_t *p) { return p->dtype == WSYNC_DTYPE_F32 ? 4 : 2; }
+/* An f32 param's values (bench_param_esz 4) are the generator's bf16 widened, exactly. */
+size_t bench_param_esz(const wsync_param_t *p) { return p->dtype == WSYNC_DTYPE_F32 ? 4 : 2; }
 
 /* bf16 values [0, n) at in, widened to f32 at out; in may be the upper half of out's own
  * n * 4 bytes (in == (uint16_t *)out + n): element i is read before bytes of later ones are
@@ -234,7 +225,7 @@ static void widen_bf16(const uint16_t *in, uint32_t *out, uint64_t n)
 static void gen_param_as(const wsync_param_t *p, uint64_t version, uint64_t start, uint64_t n,
                          void *out)
 {
-    if (param_esz(p) == 2) {
+    if (bench_param_esz(p) == 2) {
         gen_param(p->name, version, start, n, out);
         return;
     }
@@ -310,7 +301,7 @@ static void gen_range(void *p, uint64_t lo, uint64_t hi)
 static void gen_param_mt(const wsync_param_t *p, uint64_t version, uint64_t start, uint64_t n,
                          void *out)
 {
-    if (param_esz(p) != 2) { /* only small params are f32 */
+    if (bench_param_esz(p) != 2) { /* only small params are f32 */
         gen_param_as(p, version, start, n, out);
         return;
     }
@@ -384,7 +375,7 @@ static int gpus_needed(const model_t *m)
 
 static size_t align_up(size_t v) { return (v + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
 
-static uint64_t box_elems(const wsync_param_t *p, const wsync_box_t *b)
+uint64_t bench_box_elems(const wsync_param_t *p, const wsync_box_t *b)
 {
     uint64_t n = 1;
     for (int d = 0; d < p->ndim; d++)
@@ -392,7 +383,7 @@ static uint64_t box_elems(const wsync_param_t *p, const wsync_box_t *b)
     return n;
 }
 
-static uint64_t row_elems(const wsync_param_t *p)
+uint64_t bench_row_elems(const wsync_param_t *p)
 {
     uint64_t n = 1;
     for (int d = 1; d < p->ndim; d++)
@@ -560,17 +551,17 @@ static int model_build(model_t *m)
             for (int d = 0; d < ps[k].ndim; d++)
                 e *= (uint64_t)ps[k].shape[d];
             m->param_elems += e;
-            m->param_bytes += e * param_esz(&ps[k]);
+            m->param_bytes += e * bench_param_esz(&ps[k]);
         }
         m->param_count = np;
         wsync_model_params_free(ps, np);
     }
     for (int i = 0; i < m->N; i++)
         for (size_t k = 0; k < m->nshards[i]; k++) {
-            m->sender_bytes[i] += align_up(box_elems(&m->shards[i][k].param,
-                                                     &m->shards[i][k].box) *
-                                           param_esz(&m->shards[i][k].param));
-            m->shard_elems += box_elems(&m->shards[i][k].param, &m->shards[i][k].box);
+            const wsync_shard_t *s = &m->shards[i][k];
+            uint64_t e = bench_box_elems(&s->param, &s->box);
+            m->sender_bytes[i] += align_up(e * bench_param_esz(&s->param));
+            m->shard_elems += e;
         }
     for (int j = 0; j < m->NR; j++)
         for (size_t k = 0; k < m->ntargets[j]; k++) {
@@ -756,12 +747,12 @@ static int write_stripes(const model_t *m, int rank, void *const *data, uint64_t
     const wsync_shard_t *sh = m->shards[rank];
     uint32_t buf[STRIPE]; /* room for f32 */
     for (size_t k = 0; k < m->nshards[rank]; k++) {
-        uint64_t n = box_elems(&sh[k].param, &sh[k].box);
-        uint64_t lo = (uint64_t)sh[k].box.start[0] * row_elems(&sh[k].param);
+        uint64_t n = bench_box_elems(&sh[k].param, &sh[k].box);
+        uint64_t lo = (uint64_t)sh[k].box.start[0] * bench_row_elems(&sh[k].param);
         if (n == 0 || lo >= STRIPE)
             continue;
         uint64_t cnt = STRIPE - lo < n ? STRIPE - lo : n;
-        size_t esz = param_esz(&sh[k].param);
+        size_t esz = bench_param_esz(&sh[k].param);
         gen_param_as(&sh[k].param, v, lo, cnt, buf);
         if (m->o->mem_cuda) {
             if (bcuda_h2d(data[k], buf, cnt * esz) != 0)
@@ -789,8 +780,8 @@ static void fill_shards(void *arg, uint64_t lo, uint64_t hi)
     fill_job_t *f = arg;
     for (uint64_t i = lo; i < hi; i++) {
         const wsync_shard_t *s = &f->shards[i];
-        uint64_t cnt = box_elems(&s->param, &s->box);
-        uint64_t first = (uint64_t)s->box.start[0] * row_elems(&s->param);
+        uint64_t cnt = bench_box_elems(&s->param, &s->box);
+        uint64_t first = (uint64_t)s->box.start[0] * bench_row_elems(&s->param);
         if (cnt > 0)
             gen_param_as(&s->param, 1, first, cnt, f->base + (f->off[i] - f->base_off));
     }
@@ -827,21 +818,22 @@ static int make_shards(const model_t *m, int rank, const size_t *off, size_t byt
 
     for (size_t k = 0; k < n;) {
         const wsync_shard_t *s = &m->shards[rank][k];
-        uint64_t cnt = box_elems(&s->param, &s->box), lo = (uint64_t)s->box.start[0] *
-                                                            row_elems(&s->param);
-        size_t esz = param_esz(&s->param);
+        uint64_t cnt = bench_box_elems(&s->param, &s->box);
+        uint64_t lo = (uint64_t)s->box.start[0] * bench_row_elems(&s->param);
+        size_t esz = bench_param_esz(&s->param);
         data[k] = block + off[k];
         if (cnt * esz < SMALL_SHARD_BYTES) {
             /* a run of small shards (a MoE model's thousands of expert tensors): one thread per
              * shard rather than per slice of one, then one copy to the GPU */
             size_t k2 = k + 1;
-            while (k2 < n && off[k2] - off[k] + align_up(box_elems(&m->shards[rank][k2].param,
-                                                                   &m->shards[rank][k2].box) *
-                                                         param_esz(&m->shards[rank][k2].param)) <=
-                                 GEN_CHUNK_ELEMS * 4 &&
-                   box_elems(&m->shards[rank][k2].param, &m->shards[rank][k2].box) *
-                           param_esz(&m->shards[rank][k2].param) < SMALL_SHARD_BYTES)
+            while (k2 < n) {
+                const wsync_shard_t *s2 = &m->shards[rank][k2];
+                uint64_t b2 = bench_box_elems(&s2->param, &s2->box) * bench_param_esz(&s2->param);
+                if (off[k2] - off[k] + align_up(b2) > GEN_CHUNK_ELEMS * 4 ||
+                    b2 >= SMALL_SHARD_BYTES)
+                    break;
                 k2++;
+            }
             size_t span = (k2 < n ? off[k2] : bytes) - off[k];
             fill_job_t fj = {m->shards[rank] + k, off + k, m->o->mem_cuda ? (char *)chunk : block,
                              m->o->mem_cuda ? off[k] : 0};
@@ -907,8 +899,8 @@ static int run_sender(model_t *m, int rank)
         goto oom;
     for (size_t k = 0; k < n; k++) {
         off[k] = bytes;
-        bytes += align_up(box_elems(&m->shards[rank][k].param, &m->shards[rank][k].box) *
-                          param_esz(&m->shards[rank][k].param));
+        bytes += align_up(bench_box_elems(&m->shards[rank][k].param, &m->shards[rank][k].box) *
+                          bench_param_esz(&m->shards[rank][k].param));
     }
     if (o->delta && bench_delta_tx_create(o, m->shards[rank], n, off, bytes, &dtx) != 0)
         goto oom;
@@ -1125,7 +1117,7 @@ static void piece_run(void *arg, uint64_t lo, uint64_t hi)
     for (uint64_t k = lo; k < hi; k++) {
         const wsync_piece_t *pc = &pj->t->pieces[k];
         piece_job_t j = {pj->t, pc, pj->version, pj->dense};
-        if (box_elems(&pc->param, &pc->src) > 0)
+        if (bench_box_elems(&pc->param, &pc->src) > 0)
             piece_rows(&j, 0, piece_row_count(pc));
     }
 }
@@ -1210,7 +1202,7 @@ static int expected_target(const wsync_target_t *t, uint64_t v, uint8_t *out, fl
         for (int k = 0; k < t->npieces; k++) {
             const wsync_piece_t *pc = &t->pieces[k];
             piece_job_t j = {t, pc, v, dense};
-            if (box_elems(&pc->param, &pc->src) > 0)
+            if (bench_box_elems(&pc->param, &pc->src) > 0)
                 par_for(piece_row_count(pc), 64, piece_rows, &j);
         }
     }
@@ -1400,7 +1392,7 @@ static int delta_check(model_t *m, int j, uint64_t from, uint64_t got, uint8_t *
         for (uint64_t v = from + 1; v <= got; v++)
             for (int q = 0; q < t->npieces; q++) {
                 const wsync_piece_t *pc = &t->pieces[q];
-                if (box_elems(&pc->param, &pc->src) == 0)
+                if (bench_box_elems(&pc->param, &pc->src) == 0)
                     continue;
                 piece_map_t pm;
                 piece_map(t, pc, &pm);
@@ -1727,14 +1719,6 @@ static void compute_floor(const model_t *m, double memcpy_gbps, model_floor_t *f
     }
 }
 
-static json_t *reals(const double *v, int n)
-{
-    json_t *a = json_array();
-    for (int i = 0; i < n; i++)
-        json_array_append_new(a, json_real(v[i]));
-    return a;
-}
-
 static void gpu_list(char *buf, size_t len, const int *g, int n)
 {
     size_t used = 0;
@@ -1873,7 +1857,7 @@ static int report(const model_t *m, double memcpy_gbps)
         json_object_set_new(j, "seconds", json_real(t.median));
         json_object_set_new(j, "seconds_min", json_real(t.min));
         json_object_set_new(j, "seconds_max", json_real(t.max));
-        json_object_set_new(j, "times", reals(times, K));
+        json_object_set_new(j, "times", bench_json_reals(times, K));
         json_object_set_new(j, "bytes_moved", json_integer((json_int_t)moved));
         json_object_set_new(j, "bytes_per_receiver_max", json_integer((json_int_t)per_recv));
         json_object_set_new(j, "bytes_landed", json_integer((json_int_t)m->sum->total_landed_bytes));
@@ -1901,11 +1885,7 @@ static int report(const model_t *m, double memcpy_gbps)
             json_array_append_new(d, json_string(dig));
         }
         json_object_set_new(j, "digests", d);
-        char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
-        if (text)
-            printf("%s\n", text);
-        free(text);
-        json_decref(j);
+        bench_print_json(j);
     }
     fflush(stdout);
     return right ? 0 : 1;

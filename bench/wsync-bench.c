@@ -1657,7 +1657,7 @@ bench_stats_t bench_stats_of(const double *v, int n)
     return s;
 }
 
-static void print_json(json_t *j)
+void bench_print_json(json_t *j)
 {
     char *text = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
     if (text)
@@ -1666,7 +1666,7 @@ static void print_json(json_t *j)
     json_decref(j);
 }
 
-static json_t *json_reals(const double *v, int n)
+json_t *bench_json_reals(const double *v, int n)
 {
     json_t *a = json_array();
     for (int i = 0; i < n; i++)
@@ -1715,8 +1715,8 @@ static void report_ipc(const bench_opts_t *o, const bench_result_t *res, double 
         json_object_set_new(j, "baseline_gbps", json_real(baseline));
         json_object_set_new(j, "baseline", json_string("memcpy, 1 core"));
         json_object_set_new(j, "ratio", json_real(ratio));
-        json_object_set_new(j, "times", json_reals(res->times, n));
-        print_json(j);
+        json_object_set_new(j, "times", bench_json_reals(res->times, n));
+        bench_print_json(j);
     }
     fflush(stdout);
 }
@@ -1838,16 +1838,16 @@ static void report_store(const bench_opts_t *o, const bench_result_t *res, const
         json_object_set_new(j, "ratio", json_real(q.median));
         json_object_set_new(j, "ratio_min", json_real(q.min));
         json_object_set_new(j, "ratio_max", json_real(q.max));
-        json_object_set_new(j, "ratios", json_reals(pr, K));
+        json_object_set_new(j, "ratios", bench_json_reals(pr, K));
         json_object_set_new(j, "gbps_aggregate", json_real(agg));
         json_object_set_new(j, "baseline_gbps_aggregate", json_real(agg_base));
         json_object_set_new(j, "ratio_aggregate", json_real(qa.median));
         json_object_set_new(j, "ratio_aggregate_min", json_real(qa.min));
         json_object_set_new(j, "ratio_aggregate_max", json_real(qa.max));
-        json_object_set_new(j, "times", json_reals(fetch, nf));
-        json_object_set_new(j, "publish_times", json_reals(res->times, res->ntimes));
-        json_object_set_new(j, "baseline_times", json_reals(raw, nf));
-        print_json(j);
+        json_object_set_new(j, "times", bench_json_reals(fetch, nf));
+        json_object_set_new(j, "publish_times", bench_json_reals(res->times, res->ntimes));
+        json_object_set_new(j, "baseline_times", bench_json_reals(raw, nf));
+        bench_print_json(j);
     }
     free(pr);
     free(pa);
