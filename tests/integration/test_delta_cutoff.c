@@ -18,9 +18,9 @@
 #include <sys/mman.h>
 
 #include "tests/support/check.h"
+#include "tests/support/delta_gen.h"
 #include "tests/support/proc.h"
 #include "wsync/wsync.h"
-#include "xxhash.h"
 
 #define ROWS 64
 #define COLS 4096
@@ -49,28 +49,18 @@ typedef struct {
     results_t *res;
 } group_t;
 
-static uint64_t mix(uint64_t a, uint64_t b, uint64_t c)
+/* Param p at version v, from version v - 1 in w (tests/support/delta_gen.h): a start value of
+ * its own (v = 1), its lowest bit flipped at each version from 2 on where (p, e, v) draws under
+ * the param's permille. Returns the elements that flipped. */
+static uint64_t make_version(const group_t *g, int p, uint64_t v, uint16_t *w)
 {
-    uint64_t k[3] = {a, b, c};
-    return XXH3_64bits(k, sizeof(k));
-}
-
-/* Element e of param p at version v: a start value, its lowest bit flipped at each version from
- * 2 on where (p, e, v) draws under the param's permille. */
-static int flips(const group_t *g, int p, uint64_t e, uint64_t v)
-{
-    uint64_t pm = g->reprobe && v > 2 ? (uint64_t)permille[1] : (uint64_t)permille[p];
-    return v >= 2 && mix((uint64_t)p, e, v) % 1000 < pm;
-}
-
-static void make_version(const group_t *g, int p, uint64_t v, uint16_t *w)
-{
-    for (uint64_t e = 0; e < NELEM; e++) {
-        if (v == 1)
-            w[e] = (uint16_t)(0x3c00 + (mix((uint64_t)p, e, 0) & 0x3ff));
-        else if (flips(g, p, e, v))
-            w[e] ^= 1;
+    unsigned pm = (unsigned)(g->reprobe && v > 2 ? permille[1] : permille[p]);
+    if (v == 1) {
+        for (uint64_t e = 0; e < NELEM; e++)
+            w[e] = (uint16_t)(0x3c00 + (dgen_mix((uint64_t)p, e, 0) & 0x3ff));
+        return 0;
     }
+    return dgen_step(w, NELEM, (uint64_t)p, 0, v, pm);
 }
 
 static wsync_param_t param_of(int p)
@@ -179,9 +169,7 @@ static int run_receiver(void *arg)
                   (unsigned long long)got);
         int right = st == WSYNC_OK;
         for (int p = 0; p < NP; p++) {
-            for (uint64_t e = 0; v >= 2 && e < NELEM; e++)
-                g->res->changed[v][p] += (uint64_t)flips(g, p, e, v);
-            make_version(g, p, v, want[p]);
+            g->res->changed[v][p] += make_version(g, p, v, want[p]);
             if (memcmp(t[p], want[p], PLAIN) != 0) {
                 uint64_t e = 0;
                 while (t[p][e] == want[p][e])

@@ -31,6 +31,7 @@
 #include <sys/mman.h>
 
 #include "tests/support/check.h"
+#include "tests/support/delta_gen.h"
 #include "tests/support/proc.h"
 #include "wsync/wsync.h"
 #include "xxhash.h"
@@ -67,40 +68,9 @@ typedef struct {
     results_t *res;
 } group_t;
 
-/* ---- the weights of version v -------------------------------------------------------------- */
+/* ---- the weights of version v: tests/support/delta_gen.h ----------------------------------- */
 
-static uint64_t mix(uint64_t a, uint64_t b, uint64_t c)
-{
-    uint64_t k[3] = {a, b, c};
-    return XXH3_64bits(k, sizeof(k));
-}
-
-static uint16_t base_value(uint32_t p, uint64_t e)
-{
-    float f = (float)((int)(mix(p, e, 0) % 2001) - 1000) / 1000.0f;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)(u >> 16);
-}
-
-/* Does element e of param p change at version v (about 3 % of them)? */
-static int changes(uint32_t p, uint64_t e, uint64_t v)
-{
-    return v >= 2 && mix(p, e, v) % 1000 < 30;
-}
-
-static uint64_t row_elems(const wsync_shard_t *sh)
-{
-    uint64_t n = 1;
-    for (int d = 1; d < sh->param.ndim; d++)
-        n *= (uint64_t)sh->param.shape[d];
-    return n;
-}
-
-static uint64_t box_elems(const wsync_shard_t *sh)
-{
-    return sh->param.ndim == 0 ? 1 : (uint64_t)sh->box.len[0] * row_elems(sh);
-}
+#define PERMILLE 30               /* elements a version changes: about 3 % */
 
 /* ---- sender ---------------------------------------------------------------------------------- */
 
@@ -145,8 +115,7 @@ static int run_sender(void *arg)
     if (check_failures > 0)
         return 1;
     for (size_t i = 0; i < nshards; i++) {
-        uint64_t n = box_elems(&shards[i]), e0 = shards[i].param.ndim == 0
-                                                     ? 0 : (uint64_t)shards[i].box.start[0] * row_elems(&shards[i]);
+        uint64_t n = dgen_shard_elems(&shards[i]), e0 = dgen_shard_first(&shards[i]);
         uint16_t *p = NULL;
         if (g->rank == 1)
             CHECK_OK(wsync_mem_alloc(ctx, n * 2 + 2, (void **)&p));
@@ -155,19 +124,14 @@ static int run_sender(void *arg)
         if (p == NULL)
             return 1;
         for (uint64_t j = 0; j < n; j++)
-            p[j] = base_value((uint32_t)i, e0 + j);
+            p[j] = dgen_start(i, e0 + j);
         shards[i].data = p;
     }
     CHECK_OK(sender_group(g, port, ctx, shards, nshards, &s));
     for (uint64_t v = 1; v <= NV && check_failures == 0; v++) {
-        for (size_t i = 0; i < nshards && v >= 2; i++) {
-            uint64_t n = box_elems(&shards[i]), e0 = shards[i].param.ndim == 0
-                                                         ? 0 : (uint64_t)shards[i].box.start[0] * row_elems(&shards[i]);
-            uint16_t *p = (uint16_t *)shards[i].data;
-            for (uint64_t j = 0; j < n; j++)
-                if (changes((uint32_t)i, e0 + j, v))
-                    p[j] ^= 1;
-        }
+        for (size_t i = 0; i < nshards; i++)
+            dgen_step((uint16_t *)(uintptr_t)shards[i].data, dgen_shard_elems(&shards[i]), i,
+                      dgen_shard_first(&shards[i]), v, PERMILLE);
         wsync_status_t st = wsync_sender_push(s, v);
         g->res->push_st[v][g->rank] = st;
         if ((int)v == g->fail_at) {
@@ -499,9 +463,53 @@ static void case_params(void)
     wsync_ctx_free(ctx);
 }
 
+/* tests/support/delta_gen.c gives the versions these tests' own copies of the generator gave
+ * (test_delta_ipc.c, test_delta_store.c, test_delta_cutoff.c at e99fd25): hashes of what it makes,
+ * computed once with that code and written here. */
+static void case_generator(void)
+{
+    enum { N = 3000, M = 4096 };
+    static const uint64_t want[7] = {0, 0x49bcd12903b3fd6full, 0x9050f8fa7f6a323dull,
+                                     0x07d1295ad4891853ull, 0x7925f3c0990079d6ull,
+                                     0x2adf86d47a96934bull, 0x17a4e43b07c18c95ull};
+    static const uint64_t nflip[7] = {0, 0, 96, 88, 79, 88, 80};
+    static uint16_t w[N], c[M];
+    const uint64_t e0 = 123456;
+
+    CHECK_MSG(dgen_start(0, 0) == 0x3f18 && dgen_start(7, 99) == 0xbdc0,
+              "start values 0x%04x 0x%04x, expected 0x3f18 0xbdc0", dgen_start(0, 0),
+              dgen_start(7, 99));
+    /* test_delta_ipc.c and test_delta_store.c: param 5, elements [e0, e0 + N), 3 % a version */
+    for (uint64_t j = 0; j < N; j++)
+        w[j] = dgen_start(5, e0 + j);
+    for (uint64_t v = 1; v <= 6; v++) {
+        uint64_t n = dgen_step(w, N, 5, e0, v, 30);
+        uint64_t h = XXH3_64bits(w, sizeof(w));
+        CHECK_MSG(n == nflip[v] && h == want[v], "version %llu: %llu flips, hash %016llx; "
+                  "expected %llu, %016llx", (unsigned long long)v, (unsigned long long)n,
+                  (unsigned long long)h, (unsigned long long)nflip[v],
+                  (unsigned long long)want[v]);
+    }
+    int agree = 1;
+    for (uint64_t j = 0; j < N; j++)
+        agree &= dgen_value_at(5, e0 + j, 6, 30) == w[j];
+    CHECK_MSG(agree && dgen_value_at(5, e0 + 17, 6, 30) == 0x3f61,
+              "dgen_value_at disagrees with the stepped versions");
+    /* test_delta_cutoff.c: its own start values, 600 then 20 permille (case_reprobe's pattern) */
+    for (uint64_t e = 0; e < M; e++)
+        c[e] = (uint16_t)(0x3c00 + (dgen_mix(0, e, 0) & 0x3ff));
+    CHECK(XXH3_64bits(c, sizeof(c)) == 0x5cca90f60566d982ull);
+    CHECK(dgen_step(c, M, 0, 0, 2, 600) == 2470);
+    CHECK(XXH3_64bits(c, sizeof(c)) == 0x40e9f7adcfabe791ull);
+    CHECK(dgen_step(c, M, 0, 0, 3, 20) == 88);
+    CHECK(XXH3_64bits(c, sizeof(c)) == 0x9c166c3260854625ull);
+    CHECK(dgen_step(c, M, 0, 0, 1, 1000) == 0);   /* version 1 flips nothing */
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
+    RUN(case_generator);
     RUN(case_delta_bf16);
     RUN(case_delta_fp8);
     RUN(case_corrupt_delta);
