@@ -144,13 +144,11 @@ static uint64_t region_elem(const wsync_region_t *r, uint64_t e)
     return r->off + (e / r->cols) * r->pitch + e % r->cols;
 }
 
-static void tcase_finish(tcase_t *t);
-
-/* A chunk of rows x cols (pitch, off) with each element changed with probability `density`, or,
- * when kpat is not NULL, block j of it with exactly kpat[j % nk] changes. Elements of the buffer
- * outside the region differ between old and new too: an encoder that looks there is wrong. */
-static void tcase_make(tcase_t *t, uint32_t es, uint64_t rows, uint64_t cols, uint64_t pitch,
-                       uint64_t off, double density, const uint32_t *kpat, uint32_t nk)
+/* A chunk of rows x cols (pitch, off) of es-byte elements, none changed yet: random old values,
+ * and new ones equal to them in the region. Elements of the buffer outside the region differ
+ * between old and new: an encoder that looks there is wrong. */
+static void tcase_start(tcase_t *t, uint32_t es, uint64_t rows, uint64_t cols, uint64_t pitch,
+                        uint64_t off)
 {
     memset(t, 0, sizeof(*t));
     t->es = es;
@@ -169,6 +167,33 @@ static void tcase_make(tcase_t *t, uint32_t es, uint64_t rows, uint64_t cols, ui
         uint64_t at = region_elem(&t->r, e);
         memcpy(t->h_new + at * es, t->h_old + at * es, es);
     }
+}
+
+/* A started case's label (its shape, then `what`: how it changed), device copies and CPU
+ * encoding. */
+static void tcase_finish(tcase_t *t, const char *what)
+{
+    const uint32_t es = t->es;
+    const size_t bytes = t->buf_elems * es;
+    snprintf(t->label, sizeof(t->label), "esize %u, %" PRIu64 " x %" PRIu64 " pitch %" PRIu64
+             " off %" PRIu64 ", %s", es, t->r.rows, t->r.cols, t->r.pitch, t->r.off, what);
+    CU(cudaMalloc(&t->d_old, bytes));
+    CU(cudaMalloc(&t->d_new, bytes));
+    CU(cudaMemcpy(t->d_old, t->h_old, bytes, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(t->d_new, t->h_new, bytes, cudaMemcpyHostToDevice));
+    t->cap = (wsync_delta_max_bytes(t->n, es) + 7) & ~(uint64_t)7;
+    t->cpu_enc = malloc(t->cap);
+    CHECK_OK(wsync_delta_encode(t->h_new, t->h_old, &t->r, es, t->cpu_enc, t->cap, &t->cpu_len,
+                                &t->cpu_hash, &t->cpu_changed));
+}
+
+/* A chunk (tcase_start) with each element changed with probability `density`, or, when kpat is
+ * not NULL, block j of it with exactly kpat[j % nk] changes. */
+static void tcase_make(tcase_t *t, uint32_t es, uint64_t rows, uint64_t cols, uint64_t pitch,
+                       uint64_t off, double density, const uint32_t *kpat, uint32_t nk)
+{
+    char what[32];
+    tcase_start(t, es, rows, cols, pitch, off);
     if (kpat == NULL) {
         for (uint64_t e = 0; e < t->n; e++)
             if (density >= 1.0 || (density > 0 && unit() < density))
@@ -189,54 +214,18 @@ static void tcase_make(tcase_t *t, uint32_t es, uint64_t rows, uint64_t cols, ui
         }
         free(perm);
     }
-    snprintf(t->label, sizeof(t->label), "esize %u, %" PRIu64 " x %" PRIu64 " pitch %" PRIu64
-             " off %" PRIu64 ", %s %.3f", es, rows, cols, pitch, off, kpat ? "k pattern" : "density",
-             kpat ? 0.0 : density);
-    tcase_finish(t);
+    snprintf(what, sizeof(what), "%s %.3f", kpat ? "k pattern" : "density", kpat ? 0.0 : density);
+    tcase_finish(t, what);
 }
 
-/* The device copies and the CPU encoding of a made case. */
-static void tcase_finish(tcase_t *t)
-{
-    const uint32_t es = t->es;
-    const size_t bytes = t->buf_elems * es;
-    CU(cudaMalloc(&t->d_old, bytes));
-    CU(cudaMalloc(&t->d_new, bytes));
-    CU(cudaMemcpy(t->d_old, t->h_old, bytes, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(t->d_new, t->h_new, bytes, cudaMemcpyHostToDevice));
-    t->cap = (wsync_delta_max_bytes(t->n, es) + 7) & ~(uint64_t)7;
-    t->cpu_enc = malloc(t->cap);
-    CHECK_OK(wsync_delta_encode(t->h_new, t->h_old, &t->r, es, t->cpu_enc, t->cap, &t->cpu_len,
-                                &t->cpu_hash, &t->cpu_changed));
-}
-
-/* A chunk of rows x cols (pitch, off) whose elements (region order) pos[0..np) changed, and no
- * other. */
+/* A chunk (tcase_start) whose elements (region order) pos[0..np) changed, and no other. */
 static void tcase_make_pos(tcase_t *t, uint32_t es, uint64_t rows, uint64_t cols, uint64_t pitch,
                            uint64_t off, const uint32_t *pos, uint32_t np, const char *what)
 {
-    memset(t, 0, sizeof(*t));
-    t->es = es;
-    t->r.off = off;
-    t->r.pitch = pitch;
-    t->r.rows = rows;
-    t->r.cols = cols;
-    t->n = rows * cols;
-    t->buf_elems = off + (rows - 1) * pitch + cols + 5;
-    size_t bytes = t->buf_elems * es;
-    t->h_old = malloc(bytes);
-    t->h_new = malloc(bytes);
-    fill_random(t->h_old, bytes);
-    fill_random(t->h_new, bytes);
-    for (uint64_t e = 0; e < t->n; e++) {
-        uint64_t at = region_elem(&t->r, e);
-        memcpy(t->h_new + at * es, t->h_old + at * es, es);
-    }
+    tcase_start(t, es, rows, cols, pitch, off);
     for (uint32_t i = 0; i < np; i++)
         change_elem(t->h_new + region_elem(&t->r, pos[i]) * es, es);
-    snprintf(t->label, sizeof(t->label), "esize %u, %" PRIu64 " x %" PRIu64 " pitch %" PRIu64
-             " off %" PRIu64 ", %s", es, rows, cols, pitch, off, what);
-    tcase_finish(t);
+    tcase_finish(t, what);
 }
 
 static void tcase_free(tcase_t *t)
