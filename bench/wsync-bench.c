@@ -401,8 +401,18 @@ static int parse_model_options(bench_opts_t *o, const char *scheme, const char *
     return 0;
 }
 
-/* Returns 0 to run, 1 when --help was asked, -1 on a bad command line (already reported). */
-static int parse_options(int argc, char **argv, bench_opts_t *o)
+/* What the command line says beyond bench_opts_t, for the checks after it is read. */
+typedef struct {
+    const char *scheme, *mem, *source, *transport, *quant;
+    int have_receivers, have_bytes, have_bucket, bucket_mb, have_params;
+    int have_layout; /* --senders, --tp, --ep, --replicas or --colocated */
+    int have_tp;
+    int have_lr; /* --lr or --delta-mode: only with --delta */
+} cmdline_t;
+
+/* Reads the command line into *o (defaults first) and *cl, each value checked alone. Returns 0,
+ * 1 when --help was asked, -1 on a bad option or value (already reported). */
+static int read_options(int argc, char **argv, bench_opts_t *o, cmdline_t *cl)
 {
     enum { OPT_SCHEME = 1000, OPT_MEM, OPT_RECEIVERS, OPT_BYTES, OPT_BUCKET, OPT_ITERS,
            OPT_WARMUP, OPT_PARAMS, OPT_TIMEOUT, OPT_JSON, OPT_SOURCE, OPT_TRANSPORT,
@@ -436,35 +446,30 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *scheme = NULL, *mem = NULL, *source = NULL, *transport = NULL, *quant = NULL;
-    int have_receivers = 0, have_bytes = 0, have_bucket = 0, bucket_mb = 256, have_params = 0;
-    int have_layout = 0; /* --senders, --tp, --ep, --replicas or --colocated */
-    int have_tp = 0;
-    int have_lr = 0; /* --lr or --delta-mode: only with --delta */
-
+    *cl = (cmdline_t){.bucket_mb = 256};
     *o = (bench_opts_t){.iters = 5, .warmup = 1, .params = 16, .timeout_s = 600, .senders = 1,
                         .tp = 1, .replicas = 1, .lr = 1e-6, .delta_mode = "on"};
     opterr = 0; /* errors are reported below, naming the option */
     int c;
     while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         switch (c) {
-        case OPT_SCHEME: scheme = optarg; break;
-        case OPT_TRANSPORT: transport = optarg; break;
-        case OPT_MEM: mem = optarg; break;
+        case OPT_SCHEME: cl->scheme = optarg; break;
+        case OPT_TRANSPORT: cl->transport = optarg; break;
+        case OPT_MEM: cl->mem = optarg; break;
         case OPT_RECEIVERS:
             if (parse_int("--receivers", optarg, 1, MAX_RECEIVERS, &o->receivers) != 0)
                 return -1;
-            have_receivers = 1;
+            cl->have_receivers = 1;
             break;
         case OPT_BYTES:
             if (parse_bytes("--bytes", optarg, &o->bytes) != 0)
                 return -1;
-            have_bytes = 1;
+            cl->have_bytes = 1;
             break;
         case OPT_BUCKET:
-            if (parse_int("--bucket-mb", optarg, 1, 1 << 20, &bucket_mb) != 0)
+            if (parse_int("--bucket-mb", optarg, 1, 1 << 20, &cl->bucket_mb) != 0)
                 return -1;
-            have_bucket = 1;
+            cl->have_bucket = 1;
             break;
         case OPT_ITERS:
             if (parse_int("--iters", optarg, 1, 1000000, &o->iters) != 0)
@@ -477,7 +482,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         case OPT_PARAMS:
             if (parse_int("--params", optarg, 1, MAX_PARAMS, &o->params) != 0)
                 return -1;
-            have_params = 1;
+            cl->have_params = 1;
             break;
         case OPT_MODEL:
             if (!bench_model_shape_known(optarg)) {
@@ -490,26 +495,26 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         case OPT_SENDERS:
             if (parse_int("--senders", optarg, 1, MODEL_MAX_RANKS, &o->senders) != 0)
                 return -1;
-            have_layout = 1;
+            cl->have_layout = 1;
             break;
         case OPT_TP:
             if (parse_int("--tp", optarg, 1, MODEL_MAX_RANKS, &o->tp) != 0)
                 return -1;
-            have_layout = have_tp = 1;
+            cl->have_layout = cl->have_tp = 1;
             break;
-        case OPT_FUSED: o->fused_experts = 1; have_layout = 1; break;
+        case OPT_FUSED: o->fused_experts = 1; cl->have_layout = 1; break;
         case OPT_EP:
             if (parse_int("--ep", optarg, 1, MODEL_MAX_RANKS, &o->ep) != 0)
                 return -1;
-            have_layout = 1;
+            cl->have_layout = 1;
             break;
         case OPT_REPLICAS:
             if (parse_int("--replicas", optarg, 1, MODEL_MAX_RANKS, &o->replicas) != 0)
                 return -1;
-            have_layout = 1;
+            cl->have_layout = 1;
             break;
-        case OPT_COLOCATED: o->colocated = 1; have_layout = 1; break;
-        case OPT_QUANT: quant = optarg; break;
+        case OPT_COLOCATED: o->colocated = 1; cl->have_layout = 1; break;
+        case OPT_QUANT: cl->quant = optarg; break;
         case OPT_TIMEOUT:
             if (parse_int("--timeout", optarg, 1, 7 * 24 * 3600, &o->timeout_s) != 0)
                 return -1;
@@ -524,14 +529,14 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
             if (errno || end == optarg || *end || !(lr > 0 && lr <= 1))
                 return bad_option("--lr", "'%s' is not a learning rate in (0, 1]", optarg);
             o->lr = lr;
-            have_lr = 1;
+            cl->have_lr = 1;
             break;
         }
         case OPT_DELTA_MODE:
             if (strcmp(optarg, "on") != 0 && strcmp(optarg, "auto") != 0)
                 return bad_option("--delta-mode", "'%s' is not on or auto", optarg);
             o->delta_mode = optarg;
-            have_lr = 1;
+            cl->have_lr = 1;
             break;
         case OPT_SOURCE:
             if (strcmp(optarg, "shared") == 0)
@@ -542,7 +547,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
                 fprintf(stderr, PROG ": --source '%s': expected shared or private\n", optarg);
                 return -1;
             }
-            source = optarg;
+            cl->source = optarg;
             break;
         case 'h': usage(stdout); return 1;
         case ':':
@@ -561,16 +566,22 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
         fprintf(stderr, PROG ": unexpected argument '%s' (see --help)\n", argv[optind]);
         return -1;
     }
+    return 0;
+}
 
-    if (!scheme) {
+/* The checks every run's options pass together: the scheme, the experts' layout, what --delta
+ * goes with. 0 or -1 (reported). */
+static int check_options(bench_opts_t *o, const cmdline_t *cl)
+{
+    if (!cl->scheme) {
         fprintf(stderr, PROG ": --scheme is required (ipc, nccl, store or auto)\n");
         return -1;
     }
-    if (strcmp(scheme, "ipc") != 0 && strcmp(scheme, "auto") != 0 &&
-        strcmp(scheme, "store") != 0 && strcmp(scheme, "nccl") != 0) {
+    if (strcmp(cl->scheme, "ipc") != 0 && strcmp(cl->scheme, "auto") != 0 &&
+        strcmp(cl->scheme, "store") != 0 && strcmp(cl->scheme, "nccl") != 0) {
         fprintf(stderr, PROG ": --scheme: unknown scheme '%s' (expected ipc, nccl, store or "
                         "auto)\n",
-                scheme);
+                cl->scheme);
         return -1;
     }
     if (o->model_shape && o->fused_experts && !bench_model_shape_is_moe(o->model_shape)) {
@@ -580,7 +591,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
     }
     if (o->model_shape && o->ep > 0) {
         /* the experts are split over the replica's own ranks (vLLM: EP = TP x DP, DP 1 here) */
-        if (!have_tp)
+        if (!cl->have_tp)
             o->tp = o->ep;
         if (o->ep != o->tp) {
             fprintf(stderr, PROG ": --ep %d with --tp %d: the experts are split over the TP "
@@ -595,7 +606,7 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
             return -1;
         }
     }
-    if (have_lr && !o->delta) {
+    if (cl->have_lr && !o->delta) {
         fprintf(stderr, PROG ": --lr and --delta-mode: only with --delta\n");
         return -1;
     }
@@ -604,10 +615,10 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
                         "see --help)\n");
         return -1;
     }
-    if (o->delta && quant && strcmp(quant, "none") != 0) {
+    if (o->delta && cl->quant && strcmp(cl->quant, "none") != 0) {
         fprintf(stderr, PROG ": --delta with --quant %s: FP8 targets always take full bytes "
                         "(docs/delta.md); --delta runs bf16 targets\n",
-                quant);
+                cl->quant);
         return -1;
     }
     if (o->delta && o->warmup < 1) {
@@ -616,46 +627,49 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
                         "more\n");
         return -1;
     }
-    if (o->model_shape)
-        return parse_model_options(o, scheme, mem, transport, quant, have_receivers,
-                                   have_bytes || have_params || source, have_bucket, bucket_mb);
-    if (strcmp(scheme, "nccl") == 0) {
+    return 0;
+}
+
+/* The rest of a flat run's command line (no --model-shape); 0 or -1 (reported). */
+static int parse_flat_options(bench_opts_t *o, const cmdline_t *cl)
+{
+    if (strcmp(cl->scheme, "nccl") == 0) {
         fprintf(stderr, PROG ": --scheme nccl needs --model-shape (GPU runs of a model's "
                         "shape; see --help)\n");
         return -1;
     }
-    if (have_layout || quant) {
+    if (cl->have_layout || cl->quant) {
         fprintf(stderr, PROG ": --senders, --tp, --ep, --fused-experts, --replicas, --colocated "
                         "and --quant need "
                         "--model-shape\n");
         return -1;
     }
-    o->scheme = scheme;
-    o->store = strcmp(scheme, "store") == 0;
+    o->scheme = cl->scheme;
+    o->store = strcmp(cl->scheme, "store") == 0;
     if (o->store) {
-        if (!transport) {
+        if (!cl->transport) {
             fprintf(stderr, PROG ": --transport is required with --scheme store (ucx or ofi)\n");
             return -1;
         }
-        if (strcmp(transport, "ucx") != 0 && strcmp(transport, "ofi") != 0) {
+        if (strcmp(cl->transport, "ucx") != 0 && strcmp(cl->transport, "ofi") != 0) {
             fprintf(stderr, PROG ": --transport: unknown transport '%s' (expected ucx or ofi)\n",
-                    transport);
+                    cl->transport);
             return -1;
         }
-        if (rma_ops(transport) == NULL) {
+        if (rma_ops(cl->transport) == NULL) {
             fprintf(stderr, PROG ": --transport %s: not compiled into this build (configure with "
                             "-DWSYNC_WITH_%s=ON; needs %s)\n",
-                    transport, strcmp(transport, "ucx") == 0 ? "UCX" : "OFI",
-                    strcmp(transport, "ucx") == 0 ? "libucx-dev" : "libfabric-dev");
+                    cl->transport, strcmp(cl->transport, "ucx") == 0 ? "UCX" : "OFI",
+                    strcmp(cl->transport, "ucx") == 0 ? "libucx-dev" : "libfabric-dev");
             return -1;
         }
-        if (source) {
+        if (cl->source) {
             fprintf(stderr, PROG ": --source %s: only with --scheme ipc (the store publishes "
                             "snapshots: where the sender's weights live does not matter)\n",
-                    source);
+                    cl->source);
             return -1;
         }
-        if (have_bucket) {
+        if (cl->have_bucket) {
             fprintf(stderr, PROG ": --bucket-mb: only with --scheme ipc (the store stages "
                             "nothing in buckets)\n");
             return -1;
@@ -666,34 +680,35 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
                     o->iters, o->warmup, MAX_VERSIONS);
             return -1;
         }
-        o->transport = transport;
+        o->transport = cl->transport;
     } else if (o->pin) {
         fprintf(stderr, PROG ": --pin: only with --scheme store\n");
         return -1;
-    } else if (transport) {
+    } else if (cl->transport) {
         fprintf(stderr, PROG ": --transport %s: only with --scheme store (with --scheme %s the "
                         "library picks the transports)\n",
-                transport, scheme);
+                cl->transport, cl->scheme);
         return -1;
     }
-    if (!mem) {
+    if (!cl->mem) {
         fprintf(stderr, PROG ": --mem is required (host)\n");
         return -1;
     }
-    if (strcmp(mem, "cuda") == 0) {
+    if (strcmp(cl->mem, "cuda") == 0) {
         fprintf(stderr, PROG ": --mem cuda needs --model-shape (GPU runs move a model's "
                         "shape; see --help)\n");
         return -1;
     }
-    if (strcmp(mem, "host") != 0) {
-        fprintf(stderr, PROG ": --mem: unknown memory kind '%s' (expected host or cuda)\n", mem);
+    if (strcmp(cl->mem, "host") != 0) {
+        fprintf(stderr, PROG ": --mem: unknown memory kind '%s' (expected host or cuda)\n",
+                cl->mem);
         return -1;
     }
-    if (!have_receivers) {
+    if (!cl->have_receivers) {
         fprintf(stderr, PROG ": --receivers is required\n");
         return -1;
     }
-    if (!have_bytes) {
+    if (!cl->have_bytes) {
         fprintf(stderr, PROG ": --bytes is required\n");
         return -1;
     }
@@ -713,9 +728,25 @@ static int parse_options(int argc, char **argv, bench_opts_t *o)
                 (unsigned long long)o->bytes);
         return -1;
     }
-    o->bucket_bytes = (uint64_t)bucket_mb << 20;
-    o->have_bucket = have_bucket;
+    o->bucket_bytes = (uint64_t)cl->bucket_mb << 20;
+    o->have_bucket = cl->have_bucket;
     return 0;
+}
+
+/* Returns 0 to run, 1 when --help was asked, -1 on a bad command line (already reported). */
+static int parse_options(int argc, char **argv, bench_opts_t *o)
+{
+    cmdline_t cl;
+    int rc = read_options(argc, argv, o, &cl);
+    if (rc == 0)
+        rc = check_options(o, &cl);
+    if (rc != 0)
+        return rc;
+    if (o->model_shape)
+        return parse_model_options(o, cl.scheme, cl.mem, cl.transport, cl.quant,
+                                   cl.have_receivers, cl.have_bytes || cl.have_params || cl.source,
+                                   cl.have_bucket, cl.bucket_mb);
+    return parse_flat_options(o, &cl);
 }
 
 /* ---------------------------------------------------------------------------------------- */
