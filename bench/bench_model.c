@@ -1446,13 +1446,130 @@ static int delta_version(model_t *m, int j, uint64_t *held, uint64_t got, uint8_
     return 0;
 }
 
+/* --delta: a receiver's masters of its targets (mo[k]: target k's first), stepped as the senders
+ * step theirs, the version they hold, and room for the largest target's expected and received
+ * bytes. */
+typedef struct {
+    uint64_t *mo, held;
+    float *mirror;
+    uint8_t *dexp, *dgot;
+} rx_delta_t;
+
+/* Receiver j's rx_delta_t for its targets (bf16 and f32 only) into *d. 0, or -1 told (what
+ * it allocated is d's, for the caller to free). */
+static int rx_delta_room(const model_t *m, int j, const char *who, rx_delta_t *d)
+{
+    const bench_opts_t *o = m->o;
+    size_t n = m->ntargets[j], most = 1;
+    if (!(d->mo = calloc(n + 1, sizeof(*d->mo)))) {
+        fprintf(stderr, PROG ": %s: out of host memory\n", who);
+        return -1;
+    }
+    for (size_t k = 0; k < n; k++) {
+        const wsync_target_t *t = &m->targets[j][k];
+        if (t->dtype != WSYNC_DTYPE_BF16 && t->dtype != WSYNC_DTYPE_F32) {
+            fprintf(stderr, PROG ": %s: --delta checks bf16 and f32 targets; %s is %s\n",
+                    who, t->name, wsync_dtype_name(t->dtype));
+            return -1;
+        }
+        d->mo[k + 1] = d->mo[k] + wsync_target_bytes(t) / wsync_dtype_size(t->dtype);
+        if (wsync_target_bytes(t) > most)
+            most = wsync_target_bytes(t);
+    }
+    d->mirror = calloc(d->mo[n] ? d->mo[n] : 1, sizeof(float));
+    d->dexp = malloc(most);
+    d->dgot = o->mem_cuda ? malloc(most) : NULL;
+    if (!d->mirror || !d->dexp || (o->mem_cuda && !d->dgot)) {
+        fprintf(stderr, PROG ": %s: no host memory for the targets' fp32 masters (%.2f GB)\n",
+                who, (double)d->mo[n] * 4 / 1e9);
+        return -1;
+    }
+    return 0;
+}
+
+/* Receiver j's block of target bytes and block of scales, on its GPU or in host memory, every
+ * byte poisoned. 0, or -1 told (what it allocated is in *block and *sblock, for the caller to
+ * free). */
+static int rx_alloc_targets(const model_t *m, int j, const char *who, size_t bytes, size_t sbytes,
+                            char **block, char **sblock)
+{
+    if (m->o->mem_cuda) {
+        if (bcuda_set_device(m->gpu_r[j]) != 0 || bcuda_malloc((void **)block, bytes) != 0 ||
+            bcuda_malloc((void **)sblock, sbytes) != 0)
+            return -1;
+        /* poison: 0xFF is NaN in bf16 and e4m3, so no stale byte passes for data */
+        if (bcuda_memset(*block, 0xFF, bytes) != 0 || bcuda_memset(*sblock, 0xFF, sbytes) != 0)
+            return -1;
+    } else {
+        *block = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+        *sblock = aligned_alloc(4096, ((sbytes ? sbytes : 1) + 4095) & ~(size_t)4095);
+        if (!*block || !*sblock) {
+            fprintf(stderr, PROG ": %s: cannot allocate %zu bytes of targets\n", who, bytes);
+            return -1;
+        }
+        memset(*block, 0xFF, bytes);
+        memset(*sblock, 0xFF, sbytes);
+    }
+    return 0;
+}
+
+/* Receiver j takes every version: the store's fetches (timed, each once the senders pushed it)
+ * or the pushed versions as they land; with --delta each is checked as it comes. *got: the
+ * last version taken. 0, or -1 told. */
+static int rx_take_versions(model_t *m, int j, const char *who, wsync_receiver_t *rv,
+                            uint8_t *const *data, rx_delta_t *d, uint64_t *got)
+{
+    const bench_opts_t *o = m->o;
+    model_shared_t *shp = m->sh;
+    int total = o->warmup + o->iters;
+    wsync_status_t st;
+    if (o->store) {
+        for (int v = 1; v <= total; v++) {
+            bench_wait_at_least(&shp->pushed[v], m->N);
+            double a = bench_now_s();
+            st = wsync_receiver_fetch(rv, (uint64_t)v, -1, got);
+            double dt = bench_now_s() - a;
+            if (st != WSYNC_OK) {
+                char call[64];
+                snprintf(call, sizeof(call), "wsync_receiver_fetch(version %d)", v);
+                bench_wsync_failed(who, call, st);
+                return -1;
+            }
+            shp->fetch_s[v - 1][j] = dt;
+            bench_count_up(&shp->fetched[v]);
+            if (o->delta && delta_version(m, j, &d->held, *got, data, d->mirror, d->mo, d->dexp,
+                                          d->dgot) != 0)
+                return -1;
+        }
+    } else {
+        /* a timeout only means no version began yet; the parent's deadline bounds the run */
+        uint64_t prev = 0;
+        while (*got < (uint64_t)total) {
+            st = wsync_receiver_wait(rv, -1, got);
+            if (st == WSYNC_ERR_TIMEOUT)
+                continue;
+            if (st != WSYNC_OK) {
+                bench_wsync_failed(who, "wsync_receiver_wait", st);
+                return -1;
+            }
+            if (*got != prev + 1)
+                shp->skipped_versions[j]++;
+            prev = *got;
+            if (o->delta && delta_version(m, j, &d->held, *got, data, d->mirror, d->mo, d->dexp,
+                                          d->dgot) != 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
 static int run_receiver(model_t *m, int j)
 {
     const bench_opts_t *o = m->o;
     model_shared_t *shp = m->sh;
     char who[32];
     snprintf(who, sizeof(who), "receiver %d", j);
-    int rc = 1, total = o->warmup + o->iters;
+    int rc = 1;
     wsync_ctx_t *ctx = NULL;
     wsync_receiver_t *rv = NULL;
     wsync_status_t st;
@@ -1462,11 +1579,7 @@ static int run_receiver(model_t *m, int j)
     float **scales = calloc(n ? n : 1, sizeof(*scales));
     char *block = NULL, *sblock = NULL;
     uint64_t got = 0;
-    /* --delta: the targets' masters (mo[k]: target k's first), stepped as the senders step
-     * theirs, and room for the largest target's expected and received bytes */
-    uint64_t *mo = NULL, held = 0;
-    float *mirror = NULL;
-    uint8_t *dexp = NULL, *dgot = NULL;
+    rx_delta_t dx = {0};
     if (!off || !soff || !data || !scales) {
         fprintf(stderr, PROG ": %s: out of host memory\n", who);
         goto out;
@@ -1478,51 +1591,12 @@ static int run_receiver(model_t *m, int j)
         if (m->targets[j][k].quant.scheme != WSYNC_QUANT_NONE)
             sbytes += align_up(wsync_target_scale_count(&m->targets[j][k]) * sizeof(float));
     }
-    if (o->delta) {
-        size_t most = 1;
-        if (!(mo = calloc(n + 1, sizeof(*mo)))) {
-            fprintf(stderr, PROG ": %s: out of host memory\n", who);
-            goto out;
-        }
-        for (size_t k = 0; k < n; k++) {
-            const wsync_target_t *t = &m->targets[j][k];
-            if (t->dtype != WSYNC_DTYPE_BF16 && t->dtype != WSYNC_DTYPE_F32) {
-                fprintf(stderr, PROG ": %s: --delta checks bf16 and f32 targets; %s is %s\n",
-                        who, t->name, wsync_dtype_name(t->dtype));
-                goto out;
-            }
-            mo[k + 1] = mo[k] + wsync_target_bytes(t) / wsync_dtype_size(t->dtype);
-            if (wsync_target_bytes(t) > most)
-                most = wsync_target_bytes(t);
-        }
-        mirror = calloc(mo[n] ? mo[n] : 1, sizeof(float));
-        dexp = malloc(most);
-        dgot = o->mem_cuda ? malloc(most) : NULL;
-        if (!mirror || !dexp || (o->mem_cuda && !dgot)) {
-            fprintf(stderr, PROG ": %s: no host memory for the targets' fp32 masters (%.2f GB)\n",
-                    who, (double)mo[n] * 4 / 1e9);
-            goto out;
-        }
-    }
+    if (o->delta && rx_delta_room(m, j, who, &dx) != 0)
+        goto out;
     if (o->store)
         setenv("WSYNC_STORE_TRANSPORT", o->transport, 1);
-    if (o->mem_cuda) {
-        if (bcuda_set_device(m->gpu_r[j]) != 0 || bcuda_malloc((void **)&block, bytes) != 0 ||
-            bcuda_malloc((void **)&sblock, sbytes) != 0)
-            goto out;
-        /* poison: 0xFF is NaN in bf16 and e4m3, so no stale byte passes for data */
-        if (bcuda_memset(block, 0xFF, bytes) != 0 || bcuda_memset(sblock, 0xFF, sbytes) != 0)
-            goto out;
-    } else {
-        block = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
-        sblock = aligned_alloc(4096, ((sbytes ? sbytes : 1) + 4095) & ~(size_t)4095);
-        if (!block || !sblock) {
-            fprintf(stderr, PROG ": %s: cannot allocate %zu bytes of targets\n", who, bytes);
-            goto out;
-        }
-        memset(block, 0xFF, bytes);
-        memset(sblock, 0xFF, sbytes);
-    }
+    if (rx_alloc_targets(m, j, who, bytes, sbytes, &block, &sblock) != 0)
+        goto out;
     if ((st = wsync_ctx_create(NULL, &ctx)) != WSYNC_OK) {
         rc = bench_wsync_failed(who, "wsync_ctx_create", st);
         goto out;
@@ -1553,41 +1627,8 @@ static int run_receiver(model_t *m, int j)
         }
     }
 
-    if (o->store) {
-        for (int v = 1; v <= total; v++) {
-            bench_wait_at_least(&shp->pushed[v], m->N);
-            double a = bench_now_s();
-            st = wsync_receiver_fetch(rv, (uint64_t)v, -1, &got);
-            double dt = bench_now_s() - a;
-            if (st != WSYNC_OK) {
-                char call[64];
-                snprintf(call, sizeof(call), "wsync_receiver_fetch(version %d)", v);
-                rc = bench_wsync_failed(who, call, st);
-                goto out;
-            }
-            shp->fetch_s[v - 1][j] = dt;
-            bench_count_up(&shp->fetched[v]);
-            if (o->delta && delta_version(m, j, &held, got, data, mirror, mo, dexp, dgot) != 0)
-                goto out;
-        }
-    } else {
-        /* a timeout only means no version began yet; the parent's deadline bounds the run */
-        uint64_t prev = 0;
-        while (got < (uint64_t)total) {
-            st = wsync_receiver_wait(rv, -1, &got);
-            if (st == WSYNC_ERR_TIMEOUT)
-                continue;
-            if (st != WSYNC_OK) {
-                rc = bench_wsync_failed(who, "wsync_receiver_wait", st);
-                goto out;
-            }
-            if (got != prev + 1)
-                shp->skipped_versions[j]++;
-            prev = got;
-            if (o->delta && delta_version(m, j, &held, got, data, mirror, mo, dexp, dgot) != 0)
-                goto out;
-        }
-    }
+    if (rx_take_versions(m, j, who, rv, data, &dx, &got) != 0)
+        goto out;
     shp->final_version[j] = got;
     /* leave the group first: checking a large model takes a while */
     wsync_receiver_free(rv);
@@ -1624,10 +1665,10 @@ out:
     free(soff);
     free(data);
     free(scales);
-    free(mo);
-    free(mirror);
-    free(dexp);
-    free(dgot);
+    free(dx.mo);
+    free(dx.mirror);
+    free(dx.dexp);
+    free(dx.dgot);
     return rc;
 }
 
