@@ -1,6 +1,8 @@
 /* The store scheme's delta versions: see schemes/store_delta.h. */
 #include "schemes/store_delta.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,7 @@
 #include "core/log.h"
 #include "core/relay.h"
 #include "core/util.h"
+#include "core/workpool.h"
 #include "kernels/delta.h"
 #include "kernels/device.h"
 #include "wsync_build_config.h"
@@ -45,6 +48,24 @@ static uint64_t get64(const uint8_t *p)
         v |= (uint64_t)p[i] << (8 * i);
     return v;
 }
+
+/* One item of a pool's run (a region to encode, a chunk to apply): runs take them largest first,
+ * so that the last items to start are small ones and the threads end together. */
+typedef struct {
+    uint64_t bytes;
+    uint32_t j;
+} work_t;
+
+static int work_cmp(const void *x, const void *y)
+{
+    const work_t *a = x, *b = y;
+    if (a->bytes != b->bytes)
+        return a->bytes > b->bytes ? -1 : 1;
+    return (a->j > b->j) - (a->j < b->j);
+}
+
+/* The baselines of host shards are refreshed in pieces of this many bytes over the pool. */
+#define COPY_PIECE (16ull << 20)
 
 /* ---- sender ---------------------------------------------------------------------------------- */
 
@@ -85,8 +106,16 @@ struct store_dtx {
     dbuf_t *bufs;
     int nbufs;
     int cur;                         /* the buffer of the version in flight, -1 */
-    uint8_t *scratch;                /* the CPU encoder's output, the largest region's bytes */
-    uint64_t scratch_cap;
+    /* the CPU encode runs over a pool made at set-up: each thread encodes a region into its own
+     * scratch (the region's cut-off in bytes, the most the encoder writes), then appends what it
+     * wrote to the version's buffer under `mu` */
+    wsync_workpool_t *pool;
+    uint8_t **scratch;               /* [pool size] */
+    uint64_t *scratch_cap;
+    pthread_mutex_t mu;
+    work_t *work;                    /* [nregs] this version's host regions to encode */
+    uint32_t nwork;
+    uint64_t copy_pieces;            /* host shards' baselines: COPY_PIECE pieces in all */
     /* regions of CUDA shards with device baselines: encoded on the GPU */
     uint32_t nenc;
     uint32_t *enc_reg;               /* [nenc] index in regs */
@@ -163,7 +192,13 @@ void wsync_store_dtx_free(store_dtx_t *d)
     }
     free(d->bl);
     free(d->bl_kind);
+    for (uint32_t i = 0; d->scratch != NULL && i < wsync_workpool_size(d->pool); i++)
+        free(d->scratch[i]);
     free(d->scratch);
+    free(d->scratch_cap);
+    free(d->work);
+    wsync_workpool_free(d->pool);
+    pthread_mutex_destroy(&d->mu);
     free(d->bufs);
     free(d->regs);
     free(d->off);
@@ -191,9 +226,22 @@ wsync_status_t wsync_store_dtx_create(wsync_sender_t *s, const wsync_rma_ops_t *
     d->rank = s->m.rank;
     d->nshards = s->nshards;
     d->cur = -1;
+    pthread_mutex_init(&d->mu, NULL);
     d->bl = calloc(s->nshards + 1, sizeof(*d->bl));
     d->bl_kind = calloc(s->nshards + 1, 1);
     if (d->bl == NULL || d->bl_kind == NULL) {
+        wsync_store_dtx_free(d);
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta versions");
+    }
+    uint32_t nth = 1;
+    if ((rc = wsync_workpool_threads("WSYNC_DELTA_THREADS", &nth)) != WSYNC_OK ||
+        (rc = wsync_workpool_create(nth, &d->pool)) != WSYNC_OK) {
+        wsync_store_dtx_free(d);
+        return rc;
+    }
+    d->scratch = calloc(nth, sizeof(*d->scratch));
+    d->scratch_cap = calloc(nth, sizeof(*d->scratch_cap));
+    if (d->scratch == NULL || d->scratch_cap == NULL) {
         wsync_store_dtx_free(d);
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta versions");
     }
@@ -219,6 +267,8 @@ wsync_status_t wsync_store_dtx_create(wsync_sender_t *s, const wsync_rma_ops_t *
             }
         }
         d->bl_bytes += bytes;
+        if (s->shards[i].mem != WSYNC_MEM_CUDA)
+            d->copy_pieces += (bytes + COPY_PIECE - 1) / COPY_PIECE;
     }
     if (entered)
         wsync_dev_leave(s->device, saved);
@@ -228,9 +278,10 @@ wsync_status_t wsync_store_dtx_create(wsync_sender_t *s, const wsync_rma_ops_t *
     }
     WSYNC_LOG_I("store: sender %d: delta versions: baselines %.1f MiB (%s); regions come with the "
                 "readers; cut-off %g of the plain bytes for host shards, %g for CUDA shards "
-                "(device streams: at most half)", s->m.rank, (double)d->bl_bytes / (1 << 20),
+                "(device streams: at most half); %u threads encode host shards", s->m.rank,
+                (double)d->bl_bytes / (1 << 20),
                 s->delta_baseline_host ? "host" : "device for CUDA shards, host for host shards",
-                wsync_delta_cutoff(s, 0), wsync_delta_cutoff(s, 1));
+                wsync_delta_cutoff(s, 0), wsync_delta_cutoff(s, 1), nth);
     *out = d;
     return WSYNC_OK;
 }
@@ -306,6 +357,9 @@ static wsync_status_t regs_ready(wsync_sender_t *s, store_dtx_t *d)
     uint64_t *ec = realloc(d->enc_cap, n * 8), *ea = realloc(d->enc_at, n * 8);
     uint32_t *er = realloc(d->enc_reg, n * 4);
     uint8_t *sk = realloc(d->skip, n);
+    work_t *wk = realloc(d->work, n * sizeof(*wk));
+    if (wk != NULL)
+        d->work = wk;
     if (o != NULL)
         d->off = o;
     if (l != NULL)
@@ -321,7 +375,7 @@ static wsync_status_t regs_ready(wsync_sender_t *s, store_dtx_t *d)
     if (sk != NULL)
         d->skip = sk;
     if (o == NULL || l == NULL || h == NULL || ec == NULL || ea == NULL || er == NULL ||
-        sk == NULL)
+        sk == NULL || wk == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta regions");
     memset(d->skip, 0, n);   /* the regions' order changed: every one is probed again */
     dev_batch_free(d);
@@ -440,6 +494,57 @@ static wsync_status_t fault_point(wsync_sender_t *s, const dreg_t *x, uint64_t v
     }
 }
 
+typedef struct {
+    wsync_sender_t *s;
+    store_dtx_t *d;
+    uint64_t used;                   /* the buffer's bytes so far (under d->mu) */
+    atomic_uint_fast64_t enc_ns;     /* the items' times summed (the log) */
+} tx_job_t;
+
+/* Host region work[item]: encoded against its baseline into this thread's scratch, with the
+ * cut-off as its room (an encoding that would pass it stops there and the region is read
+ * plain), then appended to the version's buffer. */
+static wsync_status_t tx_item(void *arg, uint32_t item, uint32_t worker)
+{
+    tx_job_t *job = arg;
+    wsync_sender_t *s = job->s;
+    store_dtx_t *d = job->d;
+    uint32_t k = d->work[item].j;
+    const dreg_t *x = &d->regs[k];
+    uint32_t esz = (uint32_t)wsync_dtype_size(s->shards[x->shard].param.dtype);
+    uint64_t limit = wsync_delta_limit(s, 0, x->g.rows * x->g.cols * esz), n = 0, h = 0;
+    uint64_t t0 = wsync_now_ns();
+    wsync_status_t rc = WSYNC_OK;
+
+    if (limit > d->scratch_cap[worker]) {
+        uint8_t *ns = realloc(d->scratch[worker], (size_t)limit);
+        if (ns == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "store: sender %d: no memory for %llu bytes of "
+                             "delta encoding (param '%s')", s->m.rank, (unsigned long long)limit,
+                             s->shards[x->shard].param.name);
+        d->scratch[worker] = ns;
+        d->scratch_cap[worker] = limit;
+    }
+    if (wsync_delta_encode(s->shard_data[x->shard], d->bl[x->shard], &x->g, esz,
+                           d->scratch[worker], limit, &n, &h, NULL) != WSYNC_OK ||
+        n >= limit) {
+        d->skip[k] = (uint8_t)(WSYNC_DELTA_REPROBE - 1);
+        atomic_fetch_add(&job->enc_ns, wsync_now_ns() - t0);
+        return WSYNC_OK;
+    }
+    atomic_fetch_add(&job->enc_ns, wsync_now_ns() - t0);
+    pthread_mutex_lock(&d->mu);
+    if ((rc = buf_room(d, job->used + n)) == WSYNC_OK) {
+        memcpy(d->bufs[d->cur].mem + job->used, d->scratch[worker], (size_t)n);
+        d->off[k] = job->used;
+        d->len[k] = n;
+        d->hash[k] = h;
+        job->used += align8(n);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
 #if WSYNC_HAVE_CUDA
 /* The GPU's regions: one batched encode, then each stream that fits its room to the host buffer
  * at *used. */
@@ -476,18 +581,49 @@ static wsync_status_t dev_encode(wsync_sender_t *s, store_dtx_t *d, uint64_t ver
 }
 #endif
 
+typedef struct {
+    wsync_sender_t *s;
+    store_dtx_t *d;
+} copy_job_t;
+
+/* Piece `item` of the host shards' baselines (COPY_PIECE bytes each, shard by shard). */
+static wsync_status_t copy_item(void *arg, uint32_t item, uint32_t worker)
+{
+    copy_job_t *job = arg;
+    uint64_t left = item;
+
+    (void)worker;
+    for (size_t i = 0; i < job->s->nshards; i++) {
+        if (job->s->shards[i].mem == WSYNC_MEM_CUDA)
+            continue;
+        uint64_t bytes = shard_bytes(&job->s->shards[i]);
+        uint64_t pieces = (bytes + COPY_PIECE - 1) / COPY_PIECE;
+        if (left >= pieces) {
+            left -= pieces;
+            continue;
+        }
+        uint64_t at = left * COPY_PIECE;
+        memcpy((uint8_t *)job->d->bl[i] + at, (const uint8_t *)job->s->shard_data[i] + at,
+               (size_t)WSYNC_MIN(COPY_PIECE, bytes - at));
+        return WSYNC_OK;
+    }
+    return wsync_err(WSYNC_ERR_INTERNAL, "store: baseline piece %u is past the shards", item);
+}
+
 /* Every shard's baseline to its new values (after encoding). */
 static wsync_status_t refresh(wsync_sender_t *s, store_dtx_t *d, void *stream)
 {
-    wsync_status_t rc = WSYNC_OK;
+    copy_job_t job = {s, d};
+    wsync_status_t rc;
     int saved = -1, entered = 0;
 
+    rc = wsync_workpool_run(d->pool, (uint32_t)d->copy_pieces, copy_item, &job,
+                            wsync_deadline_in(s->m.timeout_ms),
+                            "store: refreshing the delta baselines");
     for (size_t i = 0; i < s->nshards && rc == WSYNC_OK; i++) {
-        size_t bytes = (size_t)shard_bytes(&s->shards[i]);
-        if (s->shards[i].mem != WSYNC_MEM_CUDA) {
-            memcpy(d->bl[i], s->shard_data[i], bytes);
+        if (s->shards[i].mem != WSYNC_MEM_CUDA)
             continue;
-        }
+        size_t bytes = (size_t)shard_bytes(&s->shards[i]);
         if (!entered && (rc = wsync_dev_enter(d->device, &saved)) != WSYNC_OK)
             break;
         entered = 1;
@@ -511,6 +647,8 @@ wsync_status_t wsync_store_dtx_publish(wsync_sender_t *s, store_dtx_t *d, uint64
     wsync_msg_t *msg;
     wsync_relay_t rl;
 
+    uint64_t t0 = wsync_now_ns(), t_enc = t0;
+
     d->next_base = 0;   /* until this version is published whole */
     d->pending = version;
     e->delta_base = 0;
@@ -531,56 +669,38 @@ wsync_status_t wsync_store_dtx_publish(wsync_sender_t *s, store_dtx_t *d, uint64
         memset(d->hash, 0, (size_t)d->nregs * sizeof(*d->hash));
         if ((rc = take_buf(d)) == WSYNC_OK)
             rc = buf_room(d, used);
-        for (uint32_t k = 0; k < d->nregs && rc == WSYNC_OK; k++) {
+        /* the host regions to encode this version, largest first */
+        d->nwork = 0;
+        for (uint32_t k = 0; k < d->nregs; k++) {
             const dreg_t *x = &d->regs[k];
-            uint32_t esz = (uint32_t)wsync_dtype_size(s->shards[x->shard].param.dtype);
-            uint64_t pb = x->g.rows * x->g.cols * esz, n = 0, h = 0;
-            if (s->shards[x->shard].mem == WSYNC_MEM_CUDA) {
-                if (d->bl_kind[x->shard] != 1)
-                    continue;   /* host baseline of a CUDA shard: read plain */
-                continue;       /* the device batch below */
-            }
+            if (s->shards[x->shard].mem == WSYNC_MEM_CUDA)
+                continue;   /* the device batch below, or (host baseline) read plain */
             if (d->skip[k] > 0) {
                 d->skip[k]--;   /* dense lately: read plain, without a pass to find out again */
                 continue;
             }
-            /* the encoder gets the cut-off as its room (an encoding that would pass it stops
-             * there and the region is read plain): straight into the version's buffer when it
-             * has that room already, else into the scratch and then copied, so that each buffer
-             * holds only what was encoded (it grows by the encodings, not by rooms) */
-            uint64_t limit = wsync_delta_limit(s, 0, pb);
-            uint8_t *to = d->bufs[d->cur].mem + used;
-            if (d->bufs[d->cur].cap < used + limit) {
-                if (limit > d->scratch_cap) {
-                    uint8_t *ns = realloc(d->scratch, (size_t)limit);
-                    if (ns == NULL) {
-                        rc = wsync_err(WSYNC_ERR_NOMEM, "store: sender %d: no memory for %llu "
-                                       "bytes of delta encoding", s->m.rank,
-                                       (unsigned long long)limit);
-                        break;
-                    }
-                    d->scratch = ns;
-                    d->scratch_cap = limit;
-                }
-                to = d->scratch;
-            }
-            if (wsync_delta_encode(s->shard_data[x->shard], d->bl[x->shard], &x->g, esz, to,
-                                   limit, &n, &h, NULL) != WSYNC_OK ||
-                n >= limit) {
-                d->skip[k] = (uint8_t)(WSYNC_DELTA_REPROBE - 1);
-                continue;
-            }
-            if (to == d->scratch) {
-                if ((rc = buf_room(d, used + n)) != WSYNC_OK)
-                    break;
-                memcpy(d->bufs[d->cur].mem + used, d->scratch, (size_t)n);
-            }
-            d->off[k] = used;
-            d->len[k] = n;
-            d->hash[k] = h;
-            rc = fault_point(s, x, version, d->bufs[d->cur].mem + used, n);
-            used += align8(n);
+            d->work[d->nwork++] = (work_t){
+                x->g.rows * x->g.cols * wsync_dtype_size(s->shards[x->shard].param.dtype), k};
         }
+        qsort(d->work, d->nwork, sizeof(*d->work), work_cmp);
+        tx_job_t job = {s, d, used, 0};
+        char what[96];
+        snprintf(what, sizeof(what), "store: sender %d: encoding version %llu", s->m.rank,
+                 (unsigned long long)version);
+        if (rc == WSYNC_OK)
+            rc = wsync_workpool_run(d->pool, d->nwork, tx_item, &job,
+                                    wsync_deadline_in(s->m.timeout_ms), what);
+        used = job.used;
+        /* the fault point once per encoded region, in region order whatever the threads did */
+        for (uint32_t k = 0; k < d->nregs && rc == WSYNC_OK; k++)
+            if (d->len[k] > 0)
+                rc = fault_point(s, &d->regs[k], version, d->bufs[d->cur].mem + d->off[k],
+                                 d->len[k]);
+        t_enc = wsync_now_ns();
+        WSYNC_LOG_D("store: sender %d: version %llu: encoded %u host regions with %u threads in "
+                    "%.2f ms (%.2f ms summed over the regions)", s->m.rank,
+                    (unsigned long long)version, d->nwork, wsync_workpool_size(d->pool),
+                    (double)(t_enc - t0) / 1e6, (double)atomic_load(&job.enc_ns) / 1e6);
 #if WSYNC_HAVE_CUDA
         if (rc == WSYNC_OK && d->nenc > 0) {
             int saved = -1;
@@ -591,8 +711,12 @@ wsync_status_t wsync_store_dtx_publish(wsync_sender_t *s, store_dtx_t *d, uint64
         }
 #endif
     }
+    uint64_t t_dev = wsync_now_ns();
     if (rc == WSYNC_OK)
         rc = refresh(s, d, stream);
+    WSYNC_LOG_D("store: sender %d: version %llu: device encode %.2f ms, baselines refreshed in "
+                "%.2f ms", s->m.rank, (unsigned long long)version, (double)(t_dev - t_enc) / 1e6,
+                (double)(wsync_now_ns() - t_dev) / 1e6);
     if (rc == WSYNC_OK && base != 0 && d->nregs > 0) {
         dbuf_t *b = &d->bufs[d->cur];
         for (uint32_t k = 0; k < d->nregs; k++) {
@@ -681,6 +805,7 @@ typedef struct {
     uint64_t at;                     /* where it landed in `enc` */
 } mine_t;
 
+
 struct store_drx {
     uint32_t lo, hi;
     mine_t *mine;                    /* our distinct chunks, in plan order */
@@ -694,15 +819,23 @@ struct store_drx {
     int cuda;
     uint32_t *first, *last;          /* [nsenders] this version's rows read from each sender */
     size_t *at;                      /* [nsenders] where they landed in `table` */
+    /* the streams' check, apply and hash run over a pool made at set-up (chunks write disjoint
+     * target regions: a plan carries each byte of a receiver once) */
+    wsync_workpool_t *pool;
+    work_t *work;                    /* [nmine] this version's chunks to check and apply (j: in
+                                        mine, bytes: plain bytes over our segments) */
+    uint32_t nwork;
 };
 
 void wsync_store_drx_free(store_drx_t *d)
 {
     if (d == NULL)
         return;
+    wsync_workpool_free(d->pool);
     if (d->enc_pinned)
         wsync_dev_host_unregister(d->enc);
     free(d->enc);
+    free(d->work);
     free(d->table);
     free(d->mine);
     free(d->of_seg);
@@ -733,11 +866,20 @@ wsync_status_t wsync_store_drx_create(wsync_receiver_t *r, uint32_t lo, uint32_t
     d->first = calloc((size_t)plan->nsenders + 1, sizeof(*d->first));
     d->last = calloc((size_t)plan->nsenders + 1, sizeof(*d->last));
     d->at = calloc((size_t)plan->nsenders + 1, sizeof(*d->at));
+    d->work = calloc((size_t)(hi - lo) + 1, sizeof(*d->work));
     if (d->mine == NULL || d->of_seg == NULL || d->first == NULL || d->last == NULL ||
-        d->at == NULL) {
+        d->at == NULL || d->work == NULL) {
         wsync_store_drx_free(d);
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta versions");
     }
+    uint32_t nth = 1;
+    if ((rc = wsync_workpool_threads("WSYNC_DELTA_THREADS", &nth)) != WSYNC_OK ||
+        (rc = wsync_workpool_create(nth, &d->pool)) != WSYNC_OK) {
+        wsync_store_drx_free(d);
+        return rc;
+    }
+    WSYNC_LOG_D("store: receiver %d: delta streams checked and applied by %u threads", r->m.rank,
+                nth);
     /* segments come by receiver, then chunk: a chunk's segments of ours are consecutive */
     for (uint32_t i = lo; i < hi; i++) {
         const wsync_segment_t *sg = &plan->segments[i];
@@ -895,6 +1037,36 @@ static wsync_status_t dev_apply(wsync_receiver_t *r, store_drx_t *d, uint64_t v)
 }
 #endif
 
+
+typedef struct {
+    wsync_receiver_t *r;
+    store_drx_t *d;
+    uint64_t v;
+    atomic_uint_fast64_t check_ns, apply_ns;   /* the items' times summed (the log) */
+} rx_job_t;
+
+/* One chunk: check its stream, apply it to each of our host segments of it, compare each
+ * region's tree hash with the sender's (errors name the param, the target and the chunk). */
+static wsync_status_t rx_item(void *arg, uint32_t item, uint32_t worker)
+{
+    rx_job_t *job = arg;
+    store_drx_t *d = job->d;
+    const mine_t *m = &d->mine[d->work[item].j];
+    uint64_t t0 = wsync_now_ns(), t1;
+    wsync_status_t rc;
+
+    (void)worker;
+    rc = wsync_delta_rx_check(job->r, m->chunk, d->enc + m->at, m->len, job->v);
+    t1 = wsync_now_ns();
+    atomic_fetch_add(&job->check_ns, t1 - t0);
+    if (rc != WSYNC_OK)
+        return named(job->r, m->seg0, rc);
+    for (uint32_t i = m->seg0; i < m->seg1 && rc == WSYNC_OK && !m->cuda; i++)
+        rc = wsync_delta_rx_apply(job->r, i, d->enc + m->at, m->len, m->hash, job->v);
+    atomic_fetch_add(&job->apply_ns, wsync_now_ns() - t1);
+    return rc;
+}
+
 /* The row of a sender's table (n rows, sorted) for chunk c's region, NULL when it has none. */
 static const uint8_t *find_row(const uint8_t *t, uint32_t n, const wsync_chunk_t *c)
 {
@@ -931,6 +1103,7 @@ wsync_status_t wsync_store_drx_read(wsync_receiver_t *r, store_drx_t *d, const w
         d->mine[j].take = 0;
     if (holds == 0)
         return WSYNC_OK;
+    uint64_t t0 = wsync_now_ns();
     /* the tables of the senders whose base we hold and from which we take deltas: whole */
     for (uint32_t s = 0; s < plan->nsenders; s++)
         d->first[s] = 0;
@@ -961,6 +1134,7 @@ wsync_status_t wsync_store_drx_read(wsync_receiver_t *r, store_drx_t *d, const w
         rc = io->flush(io->arg);
     if (rc != WSYNC_OK)
         return rc;
+    uint64_t t_table = wsync_now_ns();
     /* each capable chunk's row: read it as a delta, or plain */
     for (uint32_t j = 0; j < d->nmine; j++) {
         mine_t *m = &d->mine[j];
@@ -1014,18 +1188,34 @@ wsync_status_t wsync_store_drx_read(wsync_receiver_t *r, store_drx_t *d, const w
     }
     if (rc == WSYNC_OK)
         rc = io->flush(io->arg);
-    /* check each stream once, apply it to each of our segments of its chunk, compare hashes */
-    for (uint32_t j = 0; j < d->nmine && rc == WSYNC_OK; j++) {
+    if (rc != WSYNC_OK)
+        return rc;
+    uint64_t t_streams = wsync_now_ns();
+    /* check each stream once, apply it to each of our segments of its chunk, compare hashes:
+     * chunk by chunk over the pool, largest first */
+    d->nwork = 0;
+    for (uint32_t j = 0; j < d->nmine; j++) {
         mine_t *m = &d->mine[j];
         if (!m->take)
             continue;
         *bytes += m->len;
-        rc = wsync_delta_rx_check(r, m->chunk, d->enc + m->at, m->len, v);
-        if (rc != WSYNC_OK)
-            return named(r, m->seg0, rc);
-        for (uint32_t i = m->seg0; i < m->seg1 && rc == WSYNC_OK && !m->cuda; i++)
-            rc = wsync_delta_rx_apply(r, i, d->enc + m->at, m->len, m->hash, v);
+        d->work[d->nwork++] = (work_t){plain_bytes(&plan->chunks[m->chunk]) *
+                                              (m->seg1 - m->seg0), j};
     }
+    qsort(d->work, d->nwork, sizeof(*d->work), work_cmp);
+    rx_job_t job = {r, d, v, 0, 0};
+    char what[96];
+    snprintf(what, sizeof(what), "store: receiver %d: applying version %llu's deltas", r->m.rank,
+             (unsigned long long)v);
+    rc = wsync_workpool_run(d->pool, d->nwork, rx_item, &job, wsync_deadline_in(r->m.timeout_ms),
+                            what);
+    uint64_t t_apply = wsync_now_ns();
+    WSYNC_LOG_D("store: receiver %d: version %llu's deltas: table %.2f ms, streams %.2f ms (%zu "
+                "bytes), check %.2f + apply and hash %.2f ms summed over the chunks, %u threads, "
+                "in %.2f ms (%u chunks)", r->m.rank, (unsigned long long)v,
+                (double)(t_table - t0) / 1e6, (double)(t_streams - t_table) / 1e6, total,
+                (double)atomic_load(&job.check_ns) / 1e6, (double)atomic_load(&job.apply_ns) / 1e6,
+                wsync_workpool_size(d->pool), (double)(t_apply - t_streams) / 1e6, d->nwork);
 #if WSYNC_HAVE_CUDA
     if (rc == WSYNC_OK && d->cuda)
         rc = dev_apply(r, d, v);

@@ -21,6 +21,9 @@
  *    with WSYNC_ERR_INTEGRITY naming the param, never holding wrong bytes as committed; its next
  *    fetch (3) is full and right, the one after (4) a delta and right; the other reader's
  *    versions are all right.
+ *  - WSYNC_DELTA_THREADS=4 in every process (the senders encode and the readers check, apply
+ *    and hash over pools of 4 threads): the bf16 case again, and a corrupted stream in the 12th
+ *    region sender 0 encodes, which its reader refuses naming that region's param.
  */
 #include <signal.h>
 #include <stdint.h>
@@ -67,6 +70,8 @@ typedef struct {
     const char *fault;            /* WSYNC_FAULT of sender 0 */
     const int (*plan)[NV + 1];    /* [TP][v]: reader fetches version v; NULL: every version */
     int in_place;                 /* publish the shards themselves (snapshot = 0) */
+    const char *threads;          /* WSYNC_DELTA_THREADS of every process; NULL: unset */
+    const char *fault_log;        /* sender 0's stderr goes here (what its fault point hit) */
     int rank;
     results_t *res;
 } group_t;
@@ -172,8 +177,12 @@ static int run_sender(void *arg)
     char addr[64];
 
     setenv("WSYNC_STORE_TRANSPORT", g->transport, 1);
+    if (g->threads != NULL)
+        setenv("WSYNC_DELTA_THREADS", g->threads, 1);
     if (g->fault != NULL && g->rank == 0)
         setenv("WSYNC_FAULT", g->fault, 1);
+    if (g->fault_log != NULL && g->rank == 0 && freopen(g->fault_log, "w", stderr) == NULL)
+        return 1;
     CHECK_OK(wsync_model_config_load(CONFIG_PATH, &cfg));
     CHECK_OK(wsync_layout_fsdp_shards(&cfg, WSYNC_DTYPE_BF16, g->rank, NS, &shards, &nshards));
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
@@ -269,6 +278,8 @@ static int run_receiver(void *arg)
     char addr[64];
 
     setenv("WSYNC_STORE_TRANSPORT", g->transport, 1);
+    if (g->threads != NULL)
+        setenv("WSYNC_DELTA_THREADS", g->threads, 1);
     CHECK_OK(wsync_model_config_load(CONFIG_PATH, &cfg));
     if (g->fp8) {
         opts.quant.scheme = WSYNC_QUANT_BLOCK;
@@ -412,15 +423,15 @@ static int full_fetch(int r, int v)
     return r == 0 ? v == 1 || v == 5 : v == 3;
 }
 
-static void case_delta(int fp8)
+static void case_delta(int fp8, const char *threads)
 {
     group_t full = {.fp8 = fp8, .delta = "off"};
-    group_t delta = {.fp8 = fp8, .delta = "on", .plan = schedule};
+    group_t delta = {.fp8 = fp8, .delta = "on", .plan = schedule, .threads = threads};
     results_t *ref = run_group(&full), *got = run_group(&delta);
 
     if (ref == NULL || got == NULL || check_failures > 0)
         return;
-    print_bytes(fp8 ? "fp8 delta" : "bf16 delta", got);
+    print_bytes(fp8 ? "fp8 delta" : threads != NULL ? "bf16 delta, 4 threads" : "bf16 delta", got);
     CHECK_MSG(strstr(got->explain, "delta: on (sender 0 asked for delta = on)") != NULL, "%s",
               got->explain);
     for (int r = 0; r < TP; r++) {
@@ -496,6 +507,62 @@ static void case_corrupt(void)
     munmap(got, sizeof(*got));
 }
 
+/* A corrupted stream in a later region (the 12th encoded by sender 0: not the first item of any
+ * thread), readers applying over 4 threads each: the reader of that region refuses version 2
+ * with INTEGRITY naming that region's param (the one sender 0's fault point says it flipped),
+ * whichever thread checked or applied it; every other version of both readers is right. */
+static void case_corrupt_threads(void)
+{
+    char log[64];
+    snprintf(log, sizeof(log), "/tmp/wsync-test-delta-store.%d.log", (int)getpid());
+    group_t full = {.delta = "off"};
+    group_t delta = {.delta = "on", .fault = "delta.encoded:corrupt@12", .in_place = 1,
+                     .threads = "4", .fault_log = log};
+    results_t *ref = run_group(&full), *got = run_group(&delta);
+    char text[4096] = "", param[256] = "";
+    FILE *f = fopen(log, "r");
+
+    if (f != NULL) {
+        size_t n = fread(text, 1, sizeof(text) - 1, f);
+        text[n] = '\0';
+        fclose(f);
+    }
+    unlink(log);
+    const char *at = strstr(text, "flipped a bit of a region of param '");
+    if (at != NULL) {
+        at += strlen("flipped a bit of a region of param '");
+        size_t n = strcspn(at, "'");
+        snprintf(param, sizeof(param), "param '%.*s'", (int)(n < 200 ? n : 200), at);
+    }
+    CHECK_MSG(param[0] != '\0', "%s: sender 0's fault point flipped nothing: %s", transport, text);
+    if (ref == NULL || got == NULL || check_failures > 0)
+        return;
+    int failed = 0;
+    for (int r = 0; r < TP; r++) {
+        printf("  %s, 4 threads: reader %d, version 2: %s: %s\n", transport, r,
+               wsync_status_str((wsync_status_t)got->fetch_st[2][r]), got->fetch_text[2][r]);
+        for (int v = 1; v <= NV; v++) {
+            if (v == 2 && got->fetch_st[2][r] != WSYNC_OK)
+                continue;
+            CHECK_MSG(got->fetch_st[v][r] == WSYNC_OK, "%s: reader %d, version %d: %s", transport,
+                      r, v, got->fetch_text[v][r]);
+            same(ref, got, r, v);
+        }
+        if (got->fetch_st[2][r] == WSYNC_OK)
+            continue;
+        failed++;
+        CHECK_MSG(got->fetch_st[2][r] == WSYNC_ERR_INTEGRITY &&
+                      strstr(got->fetch_text[2][r], param) != NULL,
+                  "%s: reader %d failed version 2 with %s, not naming %s: %s", transport, r,
+                  wsync_status_str((wsync_status_t)got->fetch_st[2][r]), param,
+                  got->fetch_text[2][r]);
+    }
+    CHECK_MSG(failed >= 1, "%s: no reader refused the corrupted delta of %s in version 2",
+              transport, param);
+    munmap(ref, sizeof(*ref));
+    munmap(got, sizeof(*got));
+}
+
 static int have_transport(const char *name)
 {
     wsync_ctx_t *ctx;
@@ -521,9 +588,13 @@ static void run_all(const char *t)
     if (!have_transport(t))
         return;
     fprintf(stderr, "-- transport %s\n", t);
-    case_delta(0);
-    case_delta(1);
+    case_delta(0, NULL);
+    case_delta(1, NULL);
     case_corrupt();
+    /* the codec's passes over a pool of 4 threads on both sides (the senders' encode, the
+     * readers' check, apply and hash, chunk by chunk): the same bytes as full fetches */
+    case_delta(0, "4");
+    case_corrupt_threads();
 }
 
 static void case_store_ucx(void) { run_all("ucx"); }
