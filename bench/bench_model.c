@@ -1686,6 +1686,8 @@ static int sync_body(int i, int res_fd, void *arg)
 typedef struct {
     double peer_gbps, peer_min, peer_max, d2d_gbps, memcpy_gbps;
     double floor_s;
+    /* the same floor at the probe's all-pairs-at-once peer speed (0: not measured: one pair) */
+    double peer_all_gbps, floor_all_s;
     int floor_gpu;
     uint64_t in_b, out_b, local_b;        /* of the floor's GPU */
 } model_floor_t;
@@ -1748,8 +1750,14 @@ static void compute_floor(const model_t *m, double memcpy_gbps, model_floor_t *f
             }
         }
         double link = (double)(in > out ? in : out);
-        double t = (f->peer_gbps > 0 ? link / (f->peer_gbps * 1e9) : 0) +
-                   (f->d2d_gbps > 0 ? (double)local / (f->d2d_gbps * 1e9) : 0);
+        double t_local = f->d2d_gbps > 0 ? (double)local / (f->d2d_gbps * 1e9) : 0;
+        double t = (f->peer_gbps > 0 ? link / (f->peer_gbps * 1e9) : 0) + t_local;
+        if (p->peer_all_gbps > 0) {
+            double t_all = link / (p->peer_all_gbps * 1e9) + t_local;
+            f->peer_all_gbps = p->peer_all_gbps;
+            if (t_all > f->floor_all_s)
+                f->floor_all_s = t_all;
+        }
         if (t > f->floor_s) {
             f->floor_s = t;
             f->floor_gpu = g;
@@ -1851,6 +1859,10 @@ static int report(const model_t *m, double memcpy_gbps)
                "GB/s + %.3f GB local at device-to-device GB/s\n",
                f.floor_s, f.floor_gpu, (double)f.in_b / 1e9, (double)f.out_b / 1e9,
                (double)f.local_b / 1e9);
+        if (f.floor_all_s > 0)
+            printf("  floor, all peers  %.6f s: the same bytes at %.1f GB/s, the probe's every "
+                   "peer pair at once; ratio %.3f\n",
+                   f.floor_all_s, f.peer_all_gbps, t.median / f.floor_all_s);
     } else {
         printf("  floor             %.6f s: the largest receiver's bytes at one core's memcpy "
                "(%.2f GB/s)\n",
@@ -1913,6 +1925,10 @@ static int report(const model_t *m, double memcpy_gbps)
         json_object_set_new(j, "bcast_note", json_string(o->mem_cuda ? sh->probe.bcast_note : ""));
         json_object_set_new(j, "floor_seconds", json_real(f.floor_s));
         json_object_set_new(j, "floor_gpu", json_integer(f.floor_gpu));
+        json_object_set_new(j, "peer_all_gbps", json_real(f.peer_all_gbps));
+        json_object_set_new(j, "floor_all_seconds", json_real(f.floor_all_s));
+        json_object_set_new(j, "ratio_floor_all",
+                            json_real(f.floor_all_s > 0 ? t.median / f.floor_all_s : 0));
         json_object_set_new(j, "floor_in_bytes", json_integer((json_int_t)f.in_b));
         json_object_set_new(j, "floor_out_bytes", json_integer((json_int_t)f.out_b));
         json_object_set_new(j, "floor_local_bytes", json_integer((json_int_t)f.local_b));
