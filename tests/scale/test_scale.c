@@ -244,6 +244,9 @@ static int receiver_main(void *arg)
     char names[NPARAMS][64], tnames[NPARAMS][32];
     wsync_piece_t pieces[NPARAMS];
 
+    /* a receiver has no scheme param: WSYNC_SCHEME tells it to probe only ipc's transports
+     * (not UCX and libfabric, 0.1-0.2 s of CPU each time, which hundreds of processes pay) */
+    setenv("WSYNC_SCHEME", "ipc", 1);
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
     rp.coordinator = coord_addr;
     rp.rank = g->rank;
