@@ -199,7 +199,9 @@ typedef struct {
 
 #define WSYNC_CTX_PARAMS_INIT {WSYNC_LOG_UNSET, -1}
 
-/* Create a context: reads the environment and probes which transports work on this machine.
+/* Create a context: reads the environment. Which transports work on this machine is probed later,
+ * once each, when first needed: by a sender or receiver (only its scheme's transports when it asks
+ * for one, through its param or WSYNC_SCHEME; all for auto) or by the info and explain calls.
  * params may be NULL (all defaults). *ctx is owned by the caller; free with wsync_ctx_free.
  * Thread-safe. */
 wsync_status_t wsync_ctx_create(const wsync_ctx_params_t *params, wsync_ctx_t **ctx);

@@ -4,6 +4,7 @@
  * cuda_ipc; the info calls probe what they report, with the same answers as a ctx that probed
  * everything. The coordinator's explanation tells a transport a participant did not probe from one
  * it lacks, and a group of "auto" participants reads exactly as before. */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,11 +214,99 @@ static void test_explain_tells_unprobed_from_missing(void)
         CHECK_ERR_HAS("scheme 'store' was asked for but cannot serve this group");
 }
 
+/* ---- a real group: the coordinator's explanation, end to end ---------------------------------- */
+
+#define ROWS 4
+#define COLS 8
+
+typedef struct {
+    const char *addr;
+    uint16_t got[ROWS * COLS];
+    int ok;
+} recv_arg_t;
+
+static void *receiver_thread(void *arg)
+{
+    recv_arg_t *a = arg;
+    wsync_ctx_t *ctx = NULL;
+    wsync_receiver_t *r = NULL;
+    wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
+    wsync_piece_t piece;
+    uint64_t v = 0;
+
+    if (wsync_ctx_create(NULL, &ctx) != WSYNC_OK)
+        return NULL;
+    rp.coordinator = a->addr;
+    rp.timeout_ms = 10000;
+    if (wsync_receiver_create(ctx, &rp, &r) == WSYNC_OK) {
+        memset(&piece, 0, sizeof(piece));
+        piece.param = (wsync_param_t){"w", WSYNC_DTYPE_BF16, 2, {ROWS, COLS}};
+        piece.src.len[0] = ROWS;
+        piece.src.len[1] = COLS;
+        wsync_target_t t = {.name = "w", .dtype = WSYNC_DTYPE_BF16, .ndim = 2,
+                            .shape = {ROWS, COLS}, .data = a->got, .mem = WSYNC_MEM_HOST,
+                            .pieces = &piece, .npieces = 1};
+        a->ok = wsync_receiver_add_target(r, &t) == WSYNC_OK &&
+                wsync_receiver_wait(r, 10000, &v) == WSYNC_OK && v == 1;
+        wsync_receiver_free(r);
+    }
+    wsync_ctx_free(ctx);
+    return NULL;
+}
+
+static void test_group_explains_unprobed(void)
+{
+    char addr[64], why[1024], line[1024];
+    wsync_ctx_t *ctx = NULL;
+    wsync_sender_t *s = NULL;
+    wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
+    uint16_t w[ROWS * COLS];
+    recv_arg_t ra;
+    pthread_t th;
+    group_t full;
+
+    group_make(&full, "auto", "auto");
+    int store_ok = wsync_scheme_find("store")->score(&full.g, why, sizeof(why)) > 0;
+    for (int i = 0; i < ROWS * COLS; i++)
+        w[i] = (uint16_t)(0x3f80 + i);
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", proc_free_port());
+    CHECK_OK(wsync_ctx_create(NULL, &ctx));
+    sp.coordinator = addr;
+    sp.scheme = "ipc";
+    sp.timeout_ms = 10000;
+    CHECK_OK(wsync_sender_create(ctx, &sp, &s));
+    wsync_shard_t sh = {{"w", WSYNC_DTYPE_BF16, 2, {ROWS, COLS}}, {{0, 0}, {ROWS, COLS}}, w,
+                        WSYNC_MEM_HOST, 0};
+    CHECK_OK(wsync_sender_add_shard(s, &sh));
+    memset(&ra, 0, sizeof(ra));
+    ra.addr = addr;
+    CHECK(pthread_create(&th, NULL, receiver_thread, &ra) == 0);
+    CHECK_OK(wsync_sender_push(s, 1));
+    pthread_join(th, NULL);
+    CHECK(ra.ok);
+    CHECK_MSG(memcmp(ra.got, w, sizeof(w)) == 0, "the receiver's bytes differ from the shard");
+    const char *explain = wsync_sender_explain(s);
+    CHECK(explain != NULL);
+    explain_line(explain != NULL ? explain : "", "store", line, sizeof(line));
+    if (store_ok)
+        CHECK_MSG(strcmp(line, "store: refused: not probed: sender 0 asked for scheme 'ipc' and "
+                               "probed only its transports (ucx, ofi not probed by 1 "
+                               "participant)") == 0, "store's line: '%s'", line);
+    explain_line(explain != NULL ? explain : "", "ipc", line, sizeof(line));
+    CHECK_MSG(strncmp(line, "ipc: chosen: all 2 participants share host", 42) == 0, "'%s'", line);
+    /* the sender's ctx probed no more than ipc needs, the whole way through */
+    CHECK_MSG(wsync_ctx_probed(ctx) == wsync_scheme_transports("ipc"), "probed %#x",
+              wsync_ctx_probed(ctx));
+    wsync_sender_free(s);
+    wsync_ctx_free(ctx);
+}
+
 int main(void)
 {
     unsetenv("WSYNC_SCHEME");
     RUN(test_ctx_probes_nothing_until_asked);
     RUN(test_members_probe_their_scheme);
     RUN(test_explain_tells_unprobed_from_missing);
+    RUN(test_group_explains_unprobed);
     return check_summary();
 }
