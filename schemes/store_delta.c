@@ -233,12 +233,16 @@ wsync_status_t wsync_store_dtx_create(wsync_sender_t *s, const wsync_rma_ops_t *
         wsync_store_dtx_free(d);
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta versions");
     }
-    uint32_t nth = 1;
+    /* threads only where the CPU encodes: host shards (the variable is checked either way) */
+    uint32_t nth = 1, host = 0;
+    for (size_t i = 0; i < s->nshards; i++)
+        host += s->shards[i].mem != WSYNC_MEM_CUDA;
     if ((rc = wsync_workpool_threads("WSYNC_DELTA_THREADS", &nth)) != WSYNC_OK ||
-        (rc = wsync_workpool_create(nth, &d->pool)) != WSYNC_OK) {
+        (rc = wsync_workpool_create(host > 0 ? nth : 1, &d->pool)) != WSYNC_OK) {
         wsync_store_dtx_free(d);
         return rc;
     }
+    nth = wsync_workpool_size(d->pool);
     d->scratch = calloc(nth, sizeof(*d->scratch));
     d->scratch_cap = calloc(nth, sizeof(*d->scratch_cap));
     if (d->scratch == NULL || d->scratch_cap == NULL) {
@@ -872,14 +876,6 @@ wsync_status_t wsync_store_drx_create(wsync_receiver_t *r, uint32_t lo, uint32_t
         wsync_store_drx_free(d);
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta versions");
     }
-    uint32_t nth = 1;
-    if ((rc = wsync_workpool_threads("WSYNC_DELTA_THREADS", &nth)) != WSYNC_OK ||
-        (rc = wsync_workpool_create(nth, &d->pool)) != WSYNC_OK) {
-        wsync_store_drx_free(d);
-        return rc;
-    }
-    WSYNC_LOG_D("store: receiver %d: delta streams checked and applied by %u threads", r->m.rank,
-                nth);
     /* segments come by receiver, then chunk: a chunk's segments of ours are consecutive */
     for (uint32_t i = lo; i < hi; i++) {
         const wsync_segment_t *sg = &plan->segments[i];
@@ -902,6 +898,17 @@ wsync_status_t wsync_store_drx_create(wsync_receiver_t *r, uint32_t lo, uint32_t
             if (r->targets[plan->segments[i].target].mem != WSYNC_MEM_CUDA)
                 m->capable = 0;
     }
+    /* threads only where the CPU applies: host targets (the variable is checked either way) */
+    uint32_t nth = 1, host = 0;
+    for (uint32_t j = 0; j < d->nmine; j++)
+        host += d->mine[j].capable && !d->mine[j].cuda;
+    if ((rc = wsync_workpool_threads("WSYNC_DELTA_THREADS", &nth)) != WSYNC_OK ||
+        (rc = wsync_workpool_create(host > 0 ? nth : 1, &d->pool)) != WSYNC_OK) {
+        wsync_store_drx_free(d);
+        return rc;
+    }
+    WSYNC_LOG_D("store: receiver %d: delta streams of %u chunks of host targets checked and "
+                "applied by %u threads", r->m.rank, host, wsync_workpool_size(d->pool));
     /* the senders do not know our plan: tell each the regions we would take as deltas */
     rc = WSYNC_OK;
     for (uint32_t s = 0; s < plan->nsenders && rc == WSYNC_OK; s++) {
