@@ -322,7 +322,8 @@ static const wsync_hello_t *probe_member(const wsync_group_info_t *g, uint32_t i
     return i < g->nsenders ? &g->senders[i] : &g->receivers[i - g->nsenders];
 }
 
-/* Why scheme `k` reads refused although it might serve: who did not probe what. */
+/* Why a scheme that uses the transports `uses` reads refused although it might serve: the first
+ * participant that did not probe some of them, the scheme it asked for, and what was not probed. */
 static void unprobed_reason(const wsync_group_info_t *g, uint32_t uses, char *buf, size_t len)
 {
     const wsync_hello_t *first = NULL;

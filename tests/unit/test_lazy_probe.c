@@ -214,6 +214,63 @@ static void test_explain_tells_unprobed_from_missing(void)
         CHECK_ERR_HAS("scheme 'store' was asked for but cannot serve this group");
 }
 
+/* ---- several threads asking one ctx at once ------------------------------------------------- */
+
+typedef struct {
+    wsync_ctx_t *ctx;
+    int first;                       /* transport this thread asks about first */
+    int available[WSYNC_NTRANSPORTS];
+    const char *reason[WSYNC_NTRANSPORTS];
+} info_arg_t;
+
+static void *info_thread(void *arg)
+{
+    info_arg_t *a = arg;
+    for (int k = 0; k < WSYNC_NTRANSPORTS; k++) {
+        int i = (a->first + k) % WSYNC_NTRANSPORTS;
+        wsync_component_info_t info;
+        if (wsync_transport_info(a->ctx, i, &info) != WSYNC_OK)
+            return NULL;
+        a->available[i] = info.available;
+        a->reason[i] = info.reason;
+    }
+    return NULL;
+}
+
+static void test_threads_share_one_probe(void)
+{
+    wsync_ctx_t *ctx = NULL, *ref = NULL;
+    info_arg_t args[6];
+    pthread_t th[6];
+
+    CHECK_OK(wsync_ctx_create(NULL, &ctx));
+    CHECK_OK(wsync_ctx_create(NULL, &ref));
+    wsync_ctx_probe(ref, wsync_scheme_transports(NULL));
+    for (int t = 0; t < 6; t++) {
+        memset(&args[t], 0, sizeof(args[t]));
+        args[t].ctx = ctx;
+        args[t].first = t;
+        CHECK(pthread_create(&th[t], NULL, info_thread, &args[t]) == 0);
+    }
+    for (int t = 0; t < 6; t++)
+        pthread_join(th[t], NULL);
+    for (int i = 0; i < WSYNC_NTRANSPORTS; i++) {
+        wsync_component_info_t want;
+        CHECK_OK(wsync_transport_info(ref, i, &want));
+        for (int t = 0; t < 6; t++) {
+            /* each read right after its own call: a probe still under way would read 0 */
+            CHECK_MSG(args[t].available[i] == want.available, "thread %d, transport %s: %d",
+                      t, want.name, args[t].available[i]);
+        }
+        CHECK_MSG(args[0].reason[i] != NULL && strcmp(args[0].reason[i], want.reason) == 0,
+                  "transport %s: '%s' against '%s'", want.name,
+                  args[0].reason[i] ? args[0].reason[i] : "(none)", want.reason);
+    }
+    CHECK(wsync_ctx_probed(ctx) == wsync_scheme_transports(NULL));
+    wsync_ctx_free(ref);
+    wsync_ctx_free(ctx);
+}
+
 /* ---- a real group: the coordinator's explanation, end to end ---------------------------------- */
 
 #define ROWS 4
@@ -307,6 +364,7 @@ int main(void)
     RUN(test_ctx_probes_nothing_until_asked);
     RUN(test_members_probe_their_scheme);
     RUN(test_explain_tells_unprobed_from_missing);
+    RUN(test_threads_share_one_probe);
     RUN(test_group_explains_unprobed);
     return check_summary();
 }
