@@ -46,7 +46,8 @@ def _s(b: Optional[bytes]) -> str:
 
 
 class Context:
-    """A wsync context (wsync_ctx_t): reads WSYNC_* variables and probes the transports.
+    """A wsync context (wsync_ctx_t): reads WSYNC_* variables; transports are probed on first
+    need (a Sender's or Receiver's scheme, or transports() and the other info calls).
 
     ``with Context(log_level="info") as ctx: ...``. ``verify=True`` checksums every chunk of
     every version (WSYNC_VERIFY; None: from the environment). Must outlive every Sender and
