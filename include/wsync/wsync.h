@@ -361,7 +361,8 @@ wsync_status_t wsync_sender_setup(wsync_sender_t *sender);
 wsync_status_t wsync_sender_push(wsync_sender_t *sender, uint64_t version);
 
 /* The asynchronous push: wsync_sender_push split in two, so that the trainer computes while a
- * version travels. wsync_sender_push(s, v) is exactly push_begin(s, v) then push_wait(s, -1).
+ * version travels. wsync_sender_push(s, v) does what push_begin(s, v) then push_wait(s, -1) do,
+ * on the caller's thread (no thread of wsync's: the caller waits anyway).
  *
  * push_begin checks the version (WSYNC_ERR_INVALID as the push says) and the group (an earlier
  * failure is returned at once), takes the copy of the shards when copy_shards is on, then starts
