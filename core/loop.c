@@ -500,7 +500,11 @@ static void *loop_main(void *arg)
                 reap_closed(loop);
             } else if (tag < EV_LISTEN + MAX_LISTENERS) {
                 int k = (int)(tag - EV_LISTEN);
-                do_accept(loop, loop->listeners[k].fd, loop->listeners[k].flags);
+                pthread_mutex_lock(&loop->mu);
+                int lfd = loop->listeners[k].fd;
+                unsigned lflags = loop->listeners[k].flags;
+                pthread_mutex_unlock(&loop->mu);
+                do_accept(loop, lfd, lflags);
             }
         }
         /* data connections first: what a peer sent on them before anything it caused on the
@@ -608,16 +612,20 @@ wsync_status_t wsync_loop_listen(wsync_loop_t *loop, int fd, unsigned conn_flags
         return wsync_err(WSYNC_ERR_INTERNAL, "too many listening sockets");
     }
     wsync_sock_nonblock(fd);
+    /* the slot is filled before epoll may report the socket: the loop thread reads it (under
+     * the lock) as soon as a connection arrives */
+    loop->listeners[loop->nlisteners].fd = fd;
+    loop->listeners[loop->nlisteners].flags = conn_flags;
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV_LISTEN + (uint64_t)loop->nlisteners};
     if (epoll_ctl(loop->ep_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
         int e = errno;
+        loop->listeners[loop->nlisteners].fd = -1;
         pthread_mutex_unlock(&loop->mu);
         close(fd);
         return wsync_err(WSYNC_ERR_IO, "cannot watch a listening socket: epoll_ctl: %s",
                          strerror(e));
     }
-    loop->listeners[loop->nlisteners].fd = fd;
-    loop->listeners[loop->nlisteners++].flags = conn_flags;
+    loop->nlisteners++;
     pthread_mutex_unlock(&loop->mu);
     return WSYNC_OK;
 }
