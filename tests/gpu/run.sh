@@ -402,8 +402,11 @@ by = {r["bench"]: r for r in rows}
 def res(name):
     r = by.get(name)
     return r["result"] if r and r["result"] else None
-print("%-20s %-6s %9s %8s %9s %7s %7s %7s  %s" % ("benchmark", "scheme", "seconds", "GB/s",
-      "floor s", "x floor", "x bcast", "correct", "target"))
+print("%-20s %-6s %9s %8s %9s %7s %7s %7s %7s  %s" % ("benchmark", "scheme", "seconds", "GB/s",
+      "floor s", "x floor", "x all", "x bcast", "correct", "target"))
+def x_all(j):
+    """the ratio to the floor at the all-pairs-at-once peer speed, '-' where not measured"""
+    return "%.3f" % j["ratio_floor_all"] if j.get("ratio_floor_all") else "-"
 for r in rows:
     j, name = r["result"], r["bench"]
     if not j:
@@ -424,13 +427,18 @@ for r in rows:
     elif name.startswith("disagg"):
         ok = j["ratio_floor"] <= 1.25
         target = "x floor <= 1.25: %s" % ("met" if ok else "MISSED by %.0f%%" % (100 * (j["ratio_floor"] - 1.25) / 1.25))
-    print("%-20s %-6s %9.5f %8.1f %9.5f %7.3f %7.3f %7s  %s" % (name, j["scheme"], j["seconds"],
-          j["gbps"], j["floor_seconds"], j["ratio_floor"], j["ratio_bcast"],
+    print("%-20s %-6s %9.5f %8.1f %9.5f %7.3f %7s %7.3f %7s  %s" % (name, j["scheme"], j["seconds"],
+          j["gbps"], j["floor_seconds"], j["ratio_floor"], x_all(j), j["ratio_bcast"],
           "yes" if j["correct"] else "NO", target))
 if rows and rows[0]["result"]:
     j = rows[0]["result"]
     print("links: peer %.1f GB/s (%.1f..%.1f), device-to-device %.1f GB/s, broadcast %.1f GB/s (%s)" % (
         j["peer_gbps"], j["peer_gbps_min"], j["peer_gbps_max"], j["d2d_gbps"], j["bcast_gbps"], j["bcast_note"]))
+alls = [(r["bench"], r["result"]["peer_all_gbps"]) for r in rows
+        if r["result"] and r["result"].get("peer_all_gbps")]
+if alls:
+    print("every peer pair at once (x all's peer speed): " +
+          ", ".join("%s %.1f GB/s" % a for a in alls))
 EOF
 }
 
@@ -447,8 +455,8 @@ def baseline(j):
                 and b.get("tp") == j["tp"] and (b.get("ep", 1) > 1) == (j["ep"] > 1)):
             return b
     return None
-print("%-13s %-6s %-24s %9s %9s %7s %9s %7s %7s  %s" % ("benchmark", "scheme", "layout", "seconds",
-      "floor s", "x floor", "base s", "x base", "correct", "target"))
+print("%-13s %-6s %-24s %9s %9s %7s %7s %9s %7s %7s  %s" % ("benchmark", "scheme", "layout", "seconds",
+      "floor s", "x floor", "x all", "base s", "x base", "correct", "target"))
 for r in rows:
     j, name = r["result"], r["bench"]
     if not j:
@@ -470,8 +478,9 @@ for r in rows:
         if bs:
             q = bs / j["seconds"]
             target += "; x base >= 10: %s" % ("met" if q >= 10 else "MISSED (%.1f)" % q)
-    print("%-13s %-6s %-24s %9.5f %9.5f %7.3f %9s %7s %7s  %s" % (name, j["scheme"], layout,
-          j["seconds"], j["floor_seconds"], j["ratio_floor"], "%.5f" % bs if bs else "-",
+    print("%-13s %-6s %-24s %9.5f %9.5f %7.3f %7s %9s %7s %7s  %s" % (name, j["scheme"], layout,
+          j["seconds"], j["floor_seconds"], j["ratio_floor"],
+          "%.3f" % j["ratio_floor_all"] if j.get("ratio_floor_all") else "-", "%.5f" % bs if bs else "-",
           "%.1f" % (bs / j["seconds"]) if bs else "-", "yes" if j["correct"] else "NO", target))
 for b in base:
     print("baseline %-34s %9.5f s (%s; verified %s)" % (b["run"], b["seconds"], ", ".join(b["steps"]),
@@ -519,7 +528,7 @@ EOF
     fi
     if [ -s "$WORK/bench.jsonl" ]; then
         echo
-        echo "-- benchmarks ($SHAPE, wsync-bench --mem cuda; x floor = seconds / floor, x bcast = per-receiver GB/s / ncclBroadcast GB/s)"
+        echo "-- benchmarks ($SHAPE, wsync-bench --mem cuda; x floor = seconds / floor, x all = seconds / the floor at every peer pair's speed at once, x bcast = per-receiver GB/s / ncclBroadcast GB/s)"
         bench_table 2>&1 || cat "$WORK/bench.jsonl"
     fi
     [ -n "$BENCH_NOTES" ] && echo "   $BENCH_NOTES"
