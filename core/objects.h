@@ -233,9 +233,6 @@ const char *wsync_member_who(const wsync_member_t *m, char *buf, size_t len);
 /* core/ctx.c: the shareable allocation holding [ptr, ptr + bytes), copied into *out; 0 if any. */
 int wsync_ctx_find_alloc(wsync_ctx_t *ctx, const void *ptr, size_t bytes, wsync_alloc_t *out);
 
-/* The transports a participant asking for `scheme` probes, as bits of wsync_transports: those the
- * scheme can use, plus shm and tcp (microseconds each). NULL, "auto" or an unknown name: all. */
-uint32_t wsync_scheme_transports(const char *scheme);
 /* Probe the transports in `want` that this ctx has not probed yet (thread-safe; each is probed
  * once per ctx). Returns the bits of `want` whose transports are available. The ctx is const for
  * the public info calls: the probes fill a cache of the machine's state, under probe_mu. */
@@ -244,14 +241,6 @@ uint32_t wsync_ctx_probe(const wsync_ctx_t *ctx, uint32_t want);
 uint32_t wsync_ctx_probed(const wsync_ctx_t *ctx);
 /* WSYNC_SCHEME when it names a scheme (a receiver has no param for it), else NULL. */
 const char *wsync_ctx_env_scheme(void);
-/* wsync_negotiate, telling a transport a participant did not probe from one it lacks: a
- * participant whose HELLO names a scheme probed only that scheme's transports
- * (wsync_scheme_transports), so a scheme refused only for want of those is explained as "not
- * probed", naming who asked for what; a group of "auto" participants reads as before. */
-wsync_status_t wsync_negotiate_probed(const wsync_group_info_t *g, const char *choice,
-                                      const wsync_scheme_ops_t **chosen, char *explain,
-                                      size_t len);
-
 /* core/coordinator.c */
 wsync_status_t wsync_coord_create(const char *addr, int nsenders, int nreceivers,
                                   int heartbeat_ms, int timeout_ms, wsync_coord_t **coord);

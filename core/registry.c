@@ -1,7 +1,9 @@
 /* The static registries of transports and schemes, and how a scheme is chosen. */
 #include "core/registry.h"
 
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/status.h"
@@ -91,4 +93,148 @@ wsync_status_t wsync_negotiate(const wsync_group_info_t *g, const char *choice,
     }
     *chosen = wsync_schemes[best];
     return WSYNC_OK;
+}
+
+uint32_t wsync_scheme_transports(const char *scheme)
+{
+    /* what each scheme's score and data path look at (the schemes' files): ipc shares memfds and CUDA
+     * IPC handles; nccl needs NCCL and a GPU; the store reads over UCX or libfabric, and stages
+     * CUDA memory where a device is usable */
+    static const struct {
+        const char *scheme;
+        const char *uses[3];
+    } table[] = {
+        {"ipc", {"cuda_ipc", NULL, NULL}},
+        {"nccl", {"nccl", "cuda_ipc", NULL}},
+        {"store", {"ucx", "ofi", "cuda_ipc"}},
+    };
+    uint32_t mask = (1u << wsync_transport_index("shm")) | (1u << wsync_transport_index("tcp"));
+
+    for (size_t i = 0; scheme != NULL && i < sizeof(table) / sizeof(table[0]); i++) {
+        if (strcmp(scheme, table[i].scheme) != 0)
+            continue;
+        for (int k = 0; k < 3 && table[i].uses[k] != NULL; k++) {
+            int t = wsync_transport_index(table[i].uses[k]);
+            if (t >= 0)
+                mask |= 1u << t;
+        }
+        return mask;
+    }
+    return (1u << WSYNC_NTRANSPORTS) - 1;
+}
+
+/* Participant i of g (senders first). */
+static const wsync_hello_t *probe_member(const wsync_group_info_t *g, uint32_t i)
+{
+    return i < g->nsenders ? &g->senders[i] : &g->receivers[i - g->nsenders];
+}
+
+/* Why a scheme that uses the transports `uses` reads refused although it might serve: the first
+ * participant that did not probe some of them, the scheme it asked for, and what was not probed. */
+static void unprobed_reason(const wsync_group_info_t *g, uint32_t uses, char *buf, size_t len)
+{
+    const wsync_hello_t *first = NULL;
+    uint32_t others = 0, missing = 0;
+    char names[128] = "";
+    size_t n = 0;
+
+    for (uint32_t i = 0; i < g->nsenders + g->nreceivers; i++) {
+        const wsync_hello_t *h = probe_member(g, i);
+        uint32_t lack = uses & ~wsync_scheme_transports(h->scheme);
+        if (lack == 0)
+            continue;
+        missing |= lack;
+        if (first == NULL)
+            first = h;
+        else
+            others++;
+    }
+    for (int t = 0; t < WSYNC_NTRANSPORTS; t++) {
+        if (!(missing & (1u << t)))
+            continue;
+        int w = snprintf(names + n, sizeof(names) - n, "%s%s", n ? ", " : "",
+                         wsync_transports[t]->name);
+        if (w < 0 || (size_t)w >= sizeof(names) - n)
+            break;
+        n += (size_t)w;
+    }
+    if (first == NULL) {   /* not reached: the caller found someone */
+        snprintf(buf, len, "not probed");
+        return;
+    }
+    snprintf(buf, len, "not probed: %s %d asked for scheme '%s' and probed only its transports "
+                       "(%s not probed by %u participant%s)",
+             first->role == WSYNC_ROLE_SENDER ? "sender" : "receiver", first->rank, first->scheme,
+             names, others + 1, others ? "s" : "");
+}
+
+wsync_status_t wsync_negotiate_probed(const wsync_group_info_t *g, const char *choice,
+                                      const wsync_scheme_ops_t **chosen, char *explain,
+                                      size_t len)
+{
+    const uint32_t all = wsync_scheme_transports(NULL);
+    uint32_t n = g->nsenders + g->nreceivers, partial = 0;
+    wsync_status_t st = wsync_negotiate(g, choice, chosen, explain, len);
+    char first_error[2048];
+
+    for (uint32_t i = 0; i < n; i++)
+        partial += wsync_scheme_transports(probe_member(g, i)->scheme) != all;
+    if (partial == 0 || len == 0)
+        return st;   /* everyone probed everything: the explanation stands as it is */
+    snprintf(first_error, sizeof(first_error), "%s", wsync_last_error());
+
+    /* The same group as if every transport not probed were there: a scheme refused now but
+     * accepted then was refused for what some participants did not look for. */
+    wsync_hello_t *filled = malloc((n ? n : 1) * sizeof(*filled));
+    char *out = malloc(len), *reason = malloc(1024);
+    if (filled == NULL || out == NULL || reason == NULL) {
+        free(filled);
+        free(out);
+        free(reason);
+        return st;   /* the plain explanation is still right about what is known */
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        filled[i] = *probe_member(g, i);
+        filled[i].transports |= all & ~wsync_scheme_transports(filled[i].scheme);
+    }
+    wsync_group_info_t g2 = *g;
+    g2.senders = filled;
+    g2.receivers = filled + g->nsenders;
+
+    size_t used = 0;
+    const char *line = explain;
+    int want_unprobed = 0;
+    out[0] = '\0';
+    for (int k = 0; k < WSYNC_NSCHEMES && *line != '\0'; k++) {
+        const wsync_scheme_ops_t *s = wsync_schemes[k];
+        const char *end = strchr(line, '\n');
+        size_t llen = end != NULL ? (size_t)(end - line) + 1 : strlen(line);
+        int w;
+        if (s->score(g, reason, 1024) == 0 && s->score(&g2, reason, 1024) > 0) {
+            unprobed_reason(g, wsync_scheme_transports(s->name), reason, 1024);
+            w = snprintf(out + used, len - used, "%s: refused: %s\n", s->name, reason);
+            if (choice != NULL && strcmp(choice, s->name) == 0)
+                want_unprobed = 1;
+        } else {
+            w = snprintf(out + used, len - used, "%.*s", (int)llen, line);
+        }
+        if (w > 0 && (size_t)w < len - used)
+            used += (size_t)w;
+        line += llen;
+    }
+    snprintf(out + used, len - used, "%s", line);   /* anything after the schemes' lines */
+    snprintf(explain, len, "%s", out);
+    if (st != WSYNC_OK && want_unprobed) {
+        unprobed_reason(g, wsync_scheme_transports(choice), reason, 1024);
+        st = wsync_err(st, "scheme '%s' was asked for but cannot serve this group: %s", choice,
+                       reason);
+    } else if (st != WSYNC_OK && (choice == NULL || strcmp(choice, "auto") == 0)) {
+        st = wsync_err(st, "no scheme can serve this group:\n%s", explain);
+    } else if (st != WSYNC_OK) {
+        st = wsync_err(st, "%s", first_error);
+    }
+    free(filled);
+    free(out);
+    free(reason);
+    return st;
 }
