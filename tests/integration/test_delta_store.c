@@ -468,6 +468,18 @@ static void case_delta(int fp8, const char *threads)
     munmap(got, sizeof(*got));
 }
 
+/* Reader r fetched every version but a refused version 2, each equal to the full group's. */
+static void others_right(const results_t *ref, const results_t *got, int r)
+{
+    for (int v = 1; v <= NV; v++) {
+        if (v == 2 && got->fetch_st[2][r] != WSYNC_OK)
+            continue;
+        CHECK_MSG(got->fetch_st[v][r] == WSYNC_OK, "%s: reader %d, version %d: %s", transport, r,
+                  v, got->fetch_text[v][r]);
+        same(ref, got, r, v);
+    }
+}
+
 static void case_corrupt(void)
 {
     group_t full = {.delta = "off"};
@@ -482,13 +494,7 @@ static void case_corrupt(void)
         uint64_t full_bytes = ref->bytes[1][r];
         printf("  %s reader %d, version 2: %s: %s\n", transport, r,
                wsync_status_str((wsync_status_t)got->fetch_st[2][r]), got->fetch_text[2][r]);
-        for (int v = 1; v <= NV; v++) {
-            if (v == 2 && got->fetch_st[2][r] != WSYNC_OK)
-                continue;
-            CHECK_MSG(got->fetch_st[v][r] == WSYNC_OK, "%s: reader %d, version %d: %s", transport,
-                      r, v, got->fetch_text[v][r]);
-            same(ref, got, r, v);
-        }
+        others_right(ref, got, r);
         if (got->fetch_st[2][r] == WSYNC_OK)
             continue;
         failed++;
@@ -541,13 +547,7 @@ static void case_corrupt_threads(void)
     for (int r = 0; r < TP; r++) {
         printf("  %s, 4 threads: reader %d, version 2: %s: %s\n", transport, r,
                wsync_status_str((wsync_status_t)got->fetch_st[2][r]), got->fetch_text[2][r]);
-        for (int v = 1; v <= NV; v++) {
-            if (v == 2 && got->fetch_st[2][r] != WSYNC_OK)
-                continue;
-            CHECK_MSG(got->fetch_st[v][r] == WSYNC_OK, "%s: reader %d, version %d: %s", transport,
-                      r, v, got->fetch_text[v][r]);
-            same(ref, got, r, v);
-        }
+        others_right(ref, got, r);
         if (got->fetch_st[2][r] == WSYNC_OK)
             continue;
         failed++;
