@@ -103,6 +103,16 @@ typedef struct {
 
 static char coord_addr[64];
 
+/* Sender 0 is the coordinator: once its group failed, it stays a moment, so that a participant
+ * still starting (a loaded machine) reaches it and is told why the group ended, not refused a
+ * connection until its deadline. Also when the group failed during sender 0's own create (a rank
+ * claimed twice is found while the HELLOs arrive): CI once saw a receiver start after that. */
+static void linger_if_coordinator(const group_t *g)
+{
+    if (g->sender_rank == 0)
+        usleep(3000000);
+}
+
 static int sender_main(void *arg)
 {
     const group_t *g = arg;
@@ -124,6 +134,7 @@ static int sender_main(void *arg)
     if (st != WSYNC_OK) {
         if (g->expect_error != NULL) {
             CHECK_ERR_HAS(g->expect_error);
+            linger_if_coordinator(g);
             wsync_ctx_free(ctx);
             return check_failures ? 1 : 0;
         }
@@ -224,10 +235,7 @@ static int sender_main(void *arg)
     if (g->expect_error != NULL) {
         CHECK_MSG(st != WSYNC_OK, "every push succeeded; expected an error with \"%s\"",
                   g->expect_error);
-        /* sender 0 is the coordinator: stay a moment, so that a participant still starting
-         * (a loaded machine) reaches it and is told why the group ended, not just refused */
-        if (g->sender_rank == 0)
-            usleep(1500000);
+        linger_if_coordinator(g);
     }
     wsync_sender_free(s);
     for (int p = 0; p < NPARAMS; p++) {
