@@ -19,7 +19,7 @@
 #include "wsync/wsync.h"
 
 #define WSYNC_FRAME_MAGIC 0x4e595357u      /* "WSYN" read as little-endian u32 */
-#define WSYNC_PROTO_VERSION 1
+#define WSYNC_PROTO_VERSION 2
 #define WSYNC_FRAME_HDR 24
 #define WSYNC_FRAME_MAX (64u << 20)        /* largest payload: a plan for a very large model */
 

@@ -130,6 +130,12 @@ struct wsync_receiver {
      * anything from the land pointers (copy batches) rebuilds it when this moved. */
     uint64_t land_gen;
     wsync_quant_t *quant;            /* [ntargets] the caller's quantization (scales pointer) */
+    /* FP8 on the wire (docs/fp8_wire.md): wire[i] = 1 for a target whose every segment comes as
+     * FP8 codes and scales its senders made (wsync_plan_wire_targets, set once the plan is
+     * known): it lands in its own buffer (land[i] = target_data[i], land_dtype[i] its FP8
+     * dtype), is never quantized here, and its scales land where wsync_receiver_wire_scales
+     * says. NULL until the plan is known. */
+    uint8_t *wire;
     size_t ntargets, cap;
     uint64_t version;                /* last committed */
     int torn;
@@ -173,6 +179,15 @@ static inline void wsync_shape_matrix(int ndim, const int64_t *shape, uint64_t *
     *cols = ndim > 0 ? (uint64_t)shape[ndim - 1] : 1;
     for (int d = 0; d < ndim - 1; d++)
         *rows *= (uint64_t)shape[d];
+}
+
+/* Where target i's scales land when it takes FP8 on the wire (r->wire[i]): its device staging
+ * of host scales (dev_scales[i], copied out at commit) when it has one, else the caller's
+ * quant.scales (host for a host target; host or device for a CUDA one, as scales_mem says). */
+static inline float *wsync_receiver_wire_scales(const wsync_receiver_t *r, size_t i)
+{
+    return r->dev_scales != NULL && r->dev_scales[i] != NULL ? r->dev_scales[i]
+                                                             : r->quant[i].scales;
 }
 
 /* An FP8 target filled by quantizing float values (rather than copying FP8 bytes). */

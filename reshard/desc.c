@@ -11,12 +11,13 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* Smallest encodings, to bound counts read from the wire. */
 #define SHARD_WIRE_MIN 43u   /* sender, index, name len, dtype, ndim, 1 dim, start, len, mem, dev */
-#define TARGET_WIRE_MIN 40u  /* receiver, index, name, dtype, ndim, 1 dim, mem, dev, quant x3, n */
+#define TARGET_WIRE_MIN 45u  /* receiver, index, name, dtype, ndim, 1 dim, mem, dev, quant x5, n */
 #define PIECE_WIRE_MIN 38u   /* name len, dtype, ndim, 1 dim, start, len, dst */
 
 /* ------------------------------------------------------------------------------------------ */
@@ -178,6 +179,9 @@ static wsync_status_t check_target(wsync_status_t code, const wsync_target_desc_
         return wsync_err(code, "receiver %u target '%s': quant scheme %d with blocks %d x %d",
                          t->receiver, t->name, (int)t->quant, (int)t->block_rows,
                          (int)t->block_cols);
+    if (!isfinite(t->eps) || t->ue8m0 > 1 || t->no_saturate > 1)
+        return wsync_err(code, "receiver %u target '%s': quant eps %g, ue8m0 %u, no_saturate %u",
+                         t->receiver, t->name, (double)t->eps, t->ue8m0, t->no_saturate);
     if (t->npieces > WSYNC_MAX_PIECES)
         return wsync_err(code, "receiver %u target '%s': %u pieces, more than %d", t->receiver,
                          t->name, t->npieces, WSYNC_MAX_PIECES);
@@ -306,7 +310,11 @@ wsync_status_t wsync_target_desc_from(const wsync_target_t *target, uint32_t rec
     if (d.quant == WSYNC_QUANT_BLOCK) {
         d.block_rows = d.block_rows ? d.block_rows : 128;
         d.block_cols = d.block_cols ? d.block_cols : 128;
+        d.eps = isfinite(target->quant.eps) && target->quant.eps > 0.0f ? target->quant.eps
+                                                                         : 1e-4f;
+        d.ue8m0 = target->quant.ue8m0 ? 1 : 0;
     }
+    d.no_saturate = target->quant.no_saturate ? 1 : 0;
     d.npieces = n;
     d.pieces = calloc(n ? n : 1, sizeof(*d.pieces));
     if (d.pieces == NULL)
@@ -418,6 +426,12 @@ void wsync_targets_encode(const wsync_target_desc_t *targets, size_t n, wsync_wb
         wsync_put_u8(out, (uint8_t)t->quant);
         wsync_put_i32(out, t->block_rows);
         wsync_put_i32(out, t->block_cols);
+        {
+            uint32_t eb;
+            memcpy(&eb, &t->eps, 4);
+            wsync_put_u32(out, eb);
+        }
+        wsync_put_u8(out, (uint8_t)((t->ue8m0 ? 1u : 0u) | (t->no_saturate ? 2u : 0u)));
         wsync_put_u32(out, np);
         for (uint32_t k = 0; k < np; k++) {
             const wsync_piece_desc_t *p = &t->pieces[k];
@@ -520,6 +534,16 @@ static wsync_status_t decode_target(wsync_rbuf_t *in, uint32_t i, wsync_target_d
     t->quant = (wsync_quant_scheme_t)wsync_get_u8(in);
     t->block_rows = wsync_get_i32(in);
     t->block_cols = wsync_get_i32(in);
+    {
+        uint32_t eb = wsync_get_u32(in);
+        uint8_t qf = wsync_get_u8(in);
+        memcpy(&t->eps, &eb, 4);
+        t->ue8m0 = qf & 1u;
+        t->no_saturate = (qf >> 1) & 1u;
+        if (qf > 3u) {
+            t->ue8m0 = 2;            /* refused by the check below, naming the field */
+        }
+    }
     np = wsync_get_count(in, PIECE_WIRE_MIN);
     if (in->err)
         return wsync_err(WSYNC_ERR_PROTOCOL, "target description %u ('%s'): truncated, or a "

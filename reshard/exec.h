@@ -23,6 +23,24 @@ void wsync_exec_pack(const wsync_chunk_t *chunk, const void *shard_data, void *b
 wsync_status_t wsync_exec_unpack(const wsync_segment_t *seg, const wsync_chunk_t *chunk,
                                  const void *bucket, wsync_dtype_t dst_dtype, void *target_data);
 
+/* FP8 on the wire (chunk->rule > 0, docs/fp8_wire.md). Pack: quantize the chunk's region of
+ * the shard under plan->rules[chunk->rule - 1], exactly as wsync_quantize_f32 quantizes those
+ * cells of the target (the plan lays the chunk on whole cells), writing the codes dense
+ * [rows, cols] at the chunk's place in the bucket, then its ncells fp32 scales row-major at
+ * wsync_wire_scales_off(rows, cols). WSYNC_ERR_NONFINITE when the region holds a NaN or Inf:
+ * the message names `param`, `sender` and the element's row and column in the chunk; nothing
+ * is written then. */
+wsync_status_t wsync_exec_pack_wire(const wsync_plan_t *plan, const wsync_chunk_t *chunk,
+                                    const char *param, const void *shard_data, void *bucket);
+
+/* Unpack a segment of an FP8 chunk: its codes into the segment's region of the target (FP8
+ * bytes, target_data of t's dtype), its scales into the target's scale matrix `scales` (host
+ * f32, wsync_quant_scales_shape of t) at the cells the region covers. */
+wsync_status_t wsync_exec_unpack_wire(const wsync_plan_t *plan, const wsync_segment_t *seg,
+                                      const wsync_chunk_t *chunk, const void *bucket,
+                                      const wsync_target_desc_t *t, void *target_data,
+                                      float *scales);
+
 /* Zero every element of a target that no piece covers (vocab padding rows). */
 void wsync_exec_zero_uncovered(const wsync_target_desc_t *target, void *target_data);
 

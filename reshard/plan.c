@@ -262,6 +262,7 @@ typedef struct {
     uint32_t spos;                   /* its shard's place in (sender, index) order */
     uint32_t next;                   /* next logical chunk of the same distinct box */
     wsync_dtype_t dtype;
+    uint32_t rule;                   /* FP8 on the wire: 0 plain, k: compile_t.rules[k - 1] */
     wsync_region_t src;
 } lchunk_t;
 
@@ -278,6 +279,7 @@ typedef struct {
  * receivers most targets are such copies (Kimi-K2 TP-8 x EP-128: 19.5 million segments from
  * 1.3 million logical segments), and pass 4 reads the one list for every copy. */
 typedef struct {
+    const wsync_target_desc_t *desc;
     uint32_t receiver, target;       /* the target's receiver and index */
     uint32_t src;                    /* the tref whose logical segments these are (itself: own) */
     uint32_t shared;                 /* own segments a later target takes too */
@@ -324,6 +326,9 @@ typedef struct {
                                         was split (every part starts at row 0, column 0) */
     size_t cap_chunks, cap_parts;
     size_t nused, cap_used;          /* plan->bucket_used as pass 3 fills it */
+    int fp8_wire;                    /* wsync_plan_opts_t's */
+    wsync_wire_rule_t *rules;        /* FP8 on the wire: the distinct rules, in order found */
+    uint32_t nrules, cap_rules;
     wsync_plan_t *plan;
 } compile_t;
 
@@ -342,6 +347,9 @@ static void compile_release(compile_t *c)
     free(c->map);
     free(c->parts);
     free(c->part0);
+    free(c->rules);
+    c->rules = NULL;
+    c->nrules = c->cap_rules = 0;
     c->params = NULL, c->pmap = NULL, c->boxes = NULL, c->coords = NULL, c->reps = NULL;
     c->load = NULL, c->lchunks = NULL, c->lsegs = NULL, c->map = NULL, c->parts = NULL;
     c->trefs = NULL;
@@ -1185,14 +1193,17 @@ static uint64_t target_hash(const wsync_target_desc_t *t)
     return h;
 }
 
-/* Same layout as far as the plan can tell: shape, dtype, quant, and every piece's param (name,
- * dtype, dims) and boxes. Only the receiver, index and name may differ. */
+/* Same layout as far as the plan can tell: shape, dtype, quant and its knobs (FP8 on the wire
+ * reads them), and every piece's param (name, dtype, dims) and boxes. Only the receiver, index
+ * and name may differ. */
 static int same_target(const wsync_target_desc_t *a, const wsync_target_desc_t *b)
 {
     size_t nd = (size_t)a->ndim;
 
     if (a->ndim != b->ndim || a->dtype != b->dtype || a->quant != b->quant ||
-        a->npieces != b->npieces || memcmp(a->shape, b->shape, nd * sizeof(int64_t)) != 0)
+        a->block_rows != b->block_rows || a->block_cols != b->block_cols ||
+        memcmp(&a->eps, &b->eps, sizeof(float)) != 0 || a->ue8m0 != b->ue8m0 ||
+        a->no_saturate != b->no_saturate || a->npieces != b->npieces || memcmp(a->shape, b->shape, nd * sizeof(int64_t)) != 0)
         return 0;
     for (uint32_t k = 0; k < a->npieces; k++) {
         const wsync_piece_desc_t *p = &a->pieces[k], *q = &b->pieces[k];
@@ -1250,6 +1261,7 @@ static wsync_status_t map_targets(compile_t *c)
             if (sig[slot].hash == h && same_target(sorted[sig[slot].target], t))
                 break;
         tref_t *tr = &c->trefs[i];
+        tr->desc = t;
         tr->receiver = t->receiver;
         tr->target = t->index;
         tr->shared = 0;
@@ -1278,6 +1290,100 @@ out:
     free(sorted);
     free(sig);
     return st;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pass 2b: FP8 on the wire                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+#define RULE_BAD UINT32_MAX
+
+/* The rule's number in c->rules, plus one (added when new); 0 when out of memory. */
+static uint32_t intern_rule(compile_t *c, const wsync_wire_rule_t *r)
+{
+    for (uint32_t k = 0; k < c->nrules; k++)
+        if (wsync_wire_rule_eq(&c->rules[k], r))
+            return k + 1;
+    if (c->nrules >= UINT16_MAX)
+        return 0;                    /* so many distinct rules: the rest travel plain */
+    if (c->nrules == c->cap_rules) {
+        uint32_t cap = c->cap_rules ? 2 * c->cap_rules : 4;
+        wsync_wire_rule_t *p = realloc(c->rules, cap * sizeof(*p));
+        if (p == NULL)
+            return 0;
+        c->rules = p;
+        c->cap_rules = cap;
+    }
+    c->rules[c->nrules++] = *r;
+    return c->nrules;
+}
+
+/* Which logical chunks travel as FP8 (lchunk_t.rule). A target takes chunks quantized by their
+ * senders only whole: when it may (wsync_wire_rule_of), every one of its chunks lands on whole
+ * cells and fits a bucket by rows of cells, and no chunk of it also feeds a target that does not
+ * take FP8 or takes another rule. Dropping a target can drop chunks it shares with another
+ * target (fan-out replicas of different kinds), which can drop that one: repeated until nothing
+ * changes (twice in practice). */
+static wsync_status_t mark_wire(compile_t *c)
+{
+    uint32_t *trule;
+    size_t n = c->ntargets;
+    int changed = 1;
+
+    if (!c->fp8_wire || n == 0)
+        return WSYNC_OK;
+    trule = calloc(n, sizeof(*trule));
+    if (trule == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: %zu targets", n);
+    for (size_t i = 0; i < n; i++) {
+        const tref_t *tr = &c->trefs[i];
+        wsync_wire_rule_t r;
+        int ok;
+        if (!wsync_wire_rule_of(tr->desc, &r))
+            continue;
+        ok = 1;
+        for (uint32_t k = 0; k < tr->nlseg && ok; k++) {
+            const lseg_t *ls = &c->lsegs[tr->lseg0 + k];
+            const lchunk_t *l = &c->lchunks[ls->lchunk];
+            ok = wsync_wire_region_whole(&r, tr->desc, ls->dst_off, ls->dst_pitch, l->src.rows,
+                                         l->src.cols) &&
+                 wsync_wire_cellrow_fits(&r, l->src.cols, c->bucket_bytes);
+        }
+        if (ok && (trule[i] = intern_rule(c, &r)) == 0 && c->nrules < UINT16_MAX) {
+            free(trule);
+            return wsync_err(WSYNC_ERR_NOMEM, "plan: FP8 rules");
+        }
+    }
+    while (changed) {
+        changed = 0;
+        for (size_t j = 0; j < c->nlchunks; j++)
+            c->lchunks[j].rule = 0;
+        for (size_t i = 0; i < n; i++) {
+            const tref_t *tr = &c->trefs[i];
+            for (uint32_t k = 0; k < tr->nlseg; k++) {
+                lchunk_t *l = &c->lchunks[c->lsegs[tr->lseg0 + k].lchunk];
+                if (trule[i] == 0)
+                    l->rule = RULE_BAD;
+                else if (l->rule == 0)
+                    l->rule = trule[i];
+                else if (l->rule != trule[i])
+                    l->rule = RULE_BAD;
+            }
+        }
+        for (size_t i = 0; i < n; i++) {
+            const tref_t *tr = &c->trefs[i];
+            for (uint32_t k = 0; k < tr->nlseg && trule[i] != 0; k++)
+                if (c->lchunks[c->lsegs[tr->lseg0 + k].lchunk].rule == RULE_BAD) {
+                    trule[i] = 0;
+                    changed = 1;
+                }
+        }
+    }
+    for (size_t j = 0; j < c->nlchunks; j++)
+        if (c->lchunks[j].rule == RULE_BAD)
+            c->lchunks[j].rule = 0;
+    free(trule);
+    return WSYNC_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1329,6 +1435,13 @@ static wsync_status_t add_part(compile_t *c, const lchunk_t *l, uint64_t row, ui
     ch->sender = l->sender;
     ch->shard = l->shard;
     ch->dtype = l->dtype;
+    ch->rule = l->rule;
+    ch->ncells = 0;
+    if (l->rule != 0) {
+        uint64_t cr, cc;
+        wsync_wire_cells(&c->rules[l->rule - 1], rows, cols, &cr, &cc);
+        ch->ncells = (uint32_t)(cr * cc);            /* layout_buckets keeps it in range */
+    }
     ch->src.off = l->src.off + row * l->src.pitch + col;
     ch->src.pitch = l->src.pitch;
     ch->src.rows = rows;
@@ -1346,7 +1459,7 @@ static wsync_status_t add_part(compile_t *c, const lchunk_t *l, uint64_t row, ui
         pl->nbuckets[l->sender] = bucket + 1;
     }
     pl->bucket_used[c->nused - 1] = WSYNC_MAX(pl->bucket_used[c->nused - 1],
-                                              off + rows * cols * wsync_dtype_size(l->dtype));
+                                              off + chunk_bytes(ch));
     if (c->parts != NULL) {
         c->parts[pl->nchunks].row = row;
         c->parts[pl->nchunks].col = col;
@@ -1432,6 +1545,28 @@ static wsync_status_t layout_buckets(compile_t *c)
                 goto out;
             }
             uint64_t space = B - off;
+            if (l->rule != 0) {                  /* FP8 on the wire: whole rows of cells */
+                const wsync_wire_rule_t *ru = &c->rules[l->rule - 1];
+                uint64_t cr = ru->scheme == WSYNC_QUANT_BLOCK ? (uint64_t)ru->block_rows : 1u;
+                uint64_t cc = ru->scheme == WSYNC_QUANT_BLOCK
+                                  ? (l->src.cols + (uint64_t)ru->block_cols - 1) /
+                                        (uint64_t)ru->block_cols
+                                  : 1u;
+                uint64_t k = space > 3u ? (space - 3u) / (cr * l->src.cols + cc * 4u) : 0;
+                uint64_t m;
+                k = WSYNC_MIN(k, UINT32_MAX / cc);
+                m = WSYNC_MIN(k * cr, l->src.rows - row);
+                if (m == 0) {                    /* mark_wire saw a row of cells fit a bucket */
+                    bucket++;
+                    off = 0;
+                    continue;
+                }
+                if ((st = add_part(c, l, row, 0, m, l->src.cols, bucket, off)) != WSYNC_OK)
+                    goto out;
+                off += wsync_wire_bytes(ru, m, l->src.cols);
+                row += m;
+                continue;
+            }
             if (col == 0 && rowbytes <= B) {     /* whole rows: as many as fit */
                 uint64_t k = WSYNC_MIN(l->src.rows - row, space / rowbytes);
                 if (k == 0) {
@@ -1752,6 +1887,16 @@ wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshar
                                   uint32_t nsenders, uint32_t nreceivers, uint64_t bucket_bytes,
                                   wsync_plan_t **plan)
 {
+    return wsync_plan_compile_opts(shards, nshards, targets, ntargets, nsenders, nreceivers,
+                                   bucket_bytes, NULL, plan);
+}
+
+wsync_status_t wsync_plan_compile_opts(const wsync_shard_desc_t *shards, size_t nshards,
+                                       const wsync_target_desc_t *targets, size_t ntargets,
+                                       uint32_t nsenders, uint32_t nreceivers,
+                                       uint64_t bucket_bytes, const wsync_plan_opts_t *opts,
+                                       wsync_plan_t **plan)
+{
     compile_t c;
     wsync_status_t st;
 
@@ -1771,6 +1916,7 @@ wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshar
     c.nsenders = nsenders;
     c.nreceivers = nreceivers;
     c.bucket_bytes = bucket_bytes;
+    c.fp8_wire = opts != NULL && opts->fp8_wire;
     c.plan = calloc(1, sizeof(*c.plan));
     c.load = calloc(nsenders, sizeof(*c.load));
     if (c.plan == NULL || c.load == NULL || map_grow(&c) != 0) {
@@ -1784,8 +1930,13 @@ wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshar
     /* nbuckets, bucket_used and pair_bytes are filled by passes 3 and 4 as they lay the chunks
      * and segments, to the values plan_derive gives a decoded plan */
     if ((st = index_shards(&c)) != WSYNC_OK || (st = map_targets(&c)) != WSYNC_OK ||
-        (st = layout_buckets(&c)) != WSYNC_OK || (st = split_segments(&c)) != WSYNC_OK)
+        (st = mark_wire(&c)) != WSYNC_OK || (st = layout_buckets(&c)) != WSYNC_OK ||
+        (st = split_segments(&c)) != WSYNC_OK)
         goto fail;
+    c.plan->rules = c.rules;         /* the rules chunks name, in the plan's keeping */
+    c.plan->nrules = c.nrules;
+    c.rules = NULL;
+    c.nrules = c.cap_rules = 0;
 
     /* the fingerprint is the xxh3-64 of the encoded body, as wsync_plan_encode appends it */
     compile_release(&c);
@@ -1811,6 +1962,7 @@ void wsync_plan_free(wsync_plan_t *plan)
     free(plan->nbuckets);
     free(plan->bucket_used);
     free(plan->pair_bytes);
+    free(plan->rules);
     free(plan);
 }
 
@@ -1878,7 +2030,12 @@ wsync_status_t wsync_plan_check_sender(const wsync_plan_t *plan, uint32_t rank,
         }
         vol = box_volume(s->param.ndim, &s->box);
         end = region_end(&ch->src);
-        if (ch->dtype != s->param.dtype || !region_sane(&ch->src) || end > vol)
+        if (ch->rule != 0 && (ch->rule > plan->nrules || !dtype_is_float(ch->dtype)))
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan chunk %u of shard %u (param '%s', %s) is to "
+                           "travel quantized with FP8 rule %u of %u", i, ch->shard,
+                           nm(s->param.name), wsync_dtype_name(ch->dtype), ch->rule,
+                           plan->nrules);
+        else if (ch->dtype != s->param.dtype || !region_sane(&ch->src) || end > vol)
             st = wsync_err(WSYNC_ERR_PROTOCOL, "plan chunk %u does not fit shard %u (param '%s', "
                            "%s, %" PRIu64 " elements): %s, elements [%" PRIu64 ", %" PRIu64 ")",
                            i, ch->shard, nm(s->param.name), wsync_dtype_name(s->param.dtype), vol,
@@ -1945,6 +2102,8 @@ wsync_status_t wsync_plan_check_receiver(const wsync_plan_t *plan, uint32_t rank
             st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %u does not fit target '%s' (%" PRIu64
                            " elements): elements [%" PRIu64 ", %" PRIu64 ")", i, nm(t->name), vol,
                            sg->dst.off, end);
+        } else {
+            st = wsync_plan_check_wire_segment(plan, sg, t);
         }
     }
     free(v);

@@ -73,6 +73,9 @@ typedef struct {
     int32_t device;
     wsync_quant_scheme_t quant;      /* FP8 targets: how scales are formed */
     int32_t block_rows, block_cols;  /* WSYNC_QUANT_BLOCK: 0 in the public struct becomes 128 */
+    float eps;                       /* WSYNC_QUANT_BLOCK: the floor on a cell's amax (<= 0 in
+                                        the public struct becomes 1e-4); 0 otherwise */
+    uint8_t ue8m0, no_saturate;      /* as wsync_quant_t's; ue8m0 only with blocks */
     uint32_t npieces;
     wsync_piece_desc_t *pieces;
 } wsync_target_desc_t;
@@ -89,13 +92,57 @@ typedef struct {
 
 #define WSYNC_BUCKET_NONE UINT32_MAX
 
+/* How the FP8 codes and scales of a chunk that travels quantized ("FP8 on the wire") are made:
+ * the knobs of the targets it lands in, which all agree (the plan's rule table). Cells are
+ * block_rows x block_cols of the chunk (WSYNC_QUANT_BLOCK) or its rows (WSYNC_QUANT_CHANNEL,
+ * block_rows = block_cols = 0); the plan lays every such chunk on whole cells of its targets,
+ * so the sender's cells are the receiver's. */
+typedef struct {
+    wsync_dtype_t fp8_dtype;         /* WSYNC_DTYPE_F8E4M3FN or WSYNC_DTYPE_F8E5M2 */
+    wsync_quant_scheme_t scheme;     /* WSYNC_QUANT_BLOCK or WSYNC_QUANT_CHANNEL */
+    int32_t block_rows, block_cols;
+    float eps;                       /* blocks: the amax floor, > 0 */
+    uint8_t ue8m0, no_saturate;
+} wsync_wire_rule_t;
+
 typedef struct {
     uint32_t sender, shard;          /* source: shard `shard` (index) of sender `sender` */
     wsync_dtype_t dtype;             /* the param's dtype */
+    uint32_t rule;                   /* 0: travels as it is (dtype); k > 0: as FP8 codes of
+                                        plan->rules[k - 1], [rows, cols] dense, then (4-byte
+                                        aligned) ncells fp32 scales row-major, one per cell */
     wsync_region_t src;              /* region of the shard */
     uint32_t bucket;                 /* bucket number in the sender's schedule */
+    uint32_t ncells;                 /* rule > 0: its cells (scales); 0 otherwise */
     uint64_t bucket_off;             /* byte offset in that bucket, 64-byte aligned */
 } wsync_chunk_t;
+
+/* Cells of a [rows, cols] chunk under a rule: rows of cells and cells per row. */
+static inline void wsync_wire_cells(const wsync_wire_rule_t *r, uint64_t rows, uint64_t cols,
+                                    uint64_t *cell_rows, uint64_t *cell_cols)
+{
+    if (r->scheme == WSYNC_QUANT_BLOCK) {
+        *cell_rows = (rows + (uint64_t)r->block_rows - 1) / (uint64_t)r->block_rows;
+        *cell_cols = (cols + (uint64_t)r->block_cols - 1) / (uint64_t)r->block_cols;
+    } else {
+        *cell_rows = rows;
+        *cell_cols = 1;
+    }
+}
+
+/* Byte offset of an FP8 chunk's scales in its bucket place (after rows x cols codes). */
+static inline uint64_t wsync_wire_scales_off(uint64_t rows, uint64_t cols)
+{
+    return (rows * cols + 3u) & ~(uint64_t)3u;
+}
+
+/* Bytes a chunk takes in its bucket and on the wire. */
+static inline uint64_t wsync_chunk_wire_bytes(const wsync_chunk_t *ch)
+{
+    if (ch->rule != 0)
+        return wsync_wire_scales_off(ch->src.rows, ch->src.cols) + (uint64_t)ch->ncells * 4u;
+    return ch->src.rows * ch->src.cols * wsync_dtype_size(ch->dtype);
+}
 
 typedef struct {
     uint32_t receiver, target;       /* destination: target `target` (index) of `receiver` */
@@ -116,7 +163,9 @@ typedef struct {
     uint64_t *bucket_used;           /* [sum nbuckets] bytes used in each bucket, sender-major:
                                         the end of its last chunk, so [0, used) holds them all */
     uint64_t *pair_bytes;            /* [nsenders * nreceivers] bytes receiver r takes from
-                                        sender s, at s * nreceivers + r (param dtype bytes) */
+                                        sender s, at s * nreceivers + r (wire bytes) */
+    uint32_t nrules;                 /* FP8 on the wire: the rules chunks name (0: none) */
+    wsync_wire_rule_t *rules;
     uint64_t fingerprint;            /* xxh3-64 of the encoded plan body */
     uint64_t wire_bytes;             /* the encoded size, set with the fingerprint (compile) or
                                         by decode; 0: not known (wsync_plan_wire_bytes counts) */
@@ -146,6 +195,52 @@ wsync_status_t wsync_plan_compile(const wsync_shard_desc_t *shards, size_t nshar
                                   uint32_t nsenders, uint32_t nreceivers, uint64_t bucket_bytes,
                                   wsync_plan_t **plan);
 void wsync_plan_free(wsync_plan_t *plan);
+
+/* Options of a compile. fp8_wire: 1 to let chunks travel as FP8 codes and scales made by their
+ * senders (docs/fp8_wire.md): a chunk does when every target it lands in is FP8 with block or
+ * channel scales, all with one rule (dtype and knobs), each fully covered by pieces of float
+ * params, and every chunk of each such target lands on whole cells of it (fused pieces or FSDP
+ * rows that cut a cell leave the whole target to its receiver); such chunks are split at cell
+ * rows only. 0 (and a NULL opts): every chunk travels as it is. */
+typedef struct {
+    int fp8_wire;
+} wsync_plan_opts_t;
+
+wsync_status_t wsync_plan_compile_opts(const wsync_shard_desc_t *shards, size_t nshards,
+                                       const wsync_target_desc_t *targets, size_t ntargets,
+                                       uint32_t nsenders, uint32_t nreceivers,
+                                       uint64_t bucket_bytes, const wsync_plan_opts_t *opts,
+                                       wsync_plan_t **plan);
+
+/* FP8 on the wire (reshard/plan_quant.c). */
+/* 1 and *rule filled when target t could take chunks quantized by their senders (FP8 dtype,
+ * block or channel scales, every element covered by pieces of bf16/f16/f32 params). */
+int wsync_wire_rule_of(const wsync_target_desc_t *t, wsync_wire_rule_t *rule);
+int wsync_wire_rule_eq(const wsync_wire_rule_t *a, const wsync_wire_rule_t *b);
+/* The quantizer's arguments for a rule (scales and scales_mem left 0). */
+void wsync_wire_rule_quant(const wsync_wire_rule_t *rule, wsync_quant_t *q);
+/* Wire bytes of a [rows, cols] chunk under a rule. */
+uint64_t wsync_wire_bytes(const wsync_wire_rule_t *rule, uint64_t rows, uint64_t cols);
+/* 1 when one row of cells of a chunk `cols` wide fits a bucket (with room for alignment). */
+int wsync_wire_cellrow_fits(const wsync_wire_rule_t *rule, uint64_t cols, uint64_t bucket_bytes);
+/* 1 when the target region at dst_off (pitch dst_pitch, rows x cols, in elements of t's matrix:
+ * its last dim the columns) is a union of whole cells of t under the rule. */
+int wsync_wire_region_whole(const wsync_wire_rule_t *rule, const wsync_target_desc_t *t,
+                            uint64_t dst_off, uint64_t dst_pitch, uint64_t rows, uint64_t cols);
+/* Where a segment's cells sit in its target's scale matrix (wsync_quant_scales_shape's): the
+ * first cell's row and column, and the matrix's columns (its row pitch). */
+void wsync_wire_scales_at(const wsync_wire_rule_t *rule, const wsync_target_desc_t *t,
+                          const wsync_region_t *dst, uint64_t *cell_row, uint64_t *cell_col,
+                          uint64_t *scale_cols);
+/* A receiver's check of a segment whose chunk travels as FP8: the rule is its target's and the
+ * region whole cells (WSYNC_ERR_PROTOCOL naming both otherwise); WSYNC_OK for a plain chunk. */
+wsync_status_t wsync_plan_check_wire_segment(const wsync_plan_t *plan, const wsync_segment_t *sg,
+                                             const wsync_target_desc_t *t);
+/* wire[t] = 1 for each of receiver `rank`'s targets t < ntargets whose every segment travels as
+ * FP8 (and that has one): its codes and scales arrive made; it needs no staging and no
+ * quantization. */
+wsync_status_t wsync_plan_wire_targets(const wsync_plan_t *plan, uint32_t rank, size_t ntargets,
+                                       uint8_t *wire);
 
 /* Wire form of a plan (version 2, plan_wire.c says how each record is coded): "WSPL", version,
  * counts, the chunks, each coded against the one before, then each receiver's segments as

@@ -37,10 +37,10 @@ static inline int region_sane(const wsync_region_t *g)
            region_end(g) != 0;
 }
 
-/* Bytes of a chunk in its bucket (rows x cols elements of its dtype). */
+/* Bytes of a chunk in its bucket (rows x cols elements of its dtype, or its FP8 form). */
 static inline uint64_t chunk_bytes(const wsync_chunk_t *ch)
 {
-    return ch->src.rows * ch->src.cols * wsync_dtype_size(ch->dtype);
+    return wsync_chunk_wire_bytes(ch);
 }
 
 /* Ranks in [1, WSYNC_PLAN_MAX_RANKS] with their product at most WSYNC_PLAN_MAX_PAIRS, and

@@ -11,6 +11,7 @@
 #include "core/util.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -22,6 +23,12 @@
  * 48 on every segment, which put Kimi-K2 plans at 0.5-1.3 GB, past the 64 MiB control frame. */
 #define PLAN_VERSION 2u
 #define PLAN_HEADER_BYTES 32u           /* magic .. segment count */
+/* Header flag: FP8 on the wire. The rule table follows the header (a varint count, then each
+ * rule: fp8 dtype and scheme bytes, block rows and columns as varints, eps as 4 bytes of f32,
+ * a byte of ue8m0 | no_saturate << 1), and chunks may carry CF_RULE. A plan without rules is
+ * coded as before (flags 0). */
+#define PLAN_FLAG_RULES 0x1u
+#define PLAN_MAX_RULES 65535u
 
 /* ------------------------------------------------------------------------------------------ */
 /* Derived tables, encoding, fingerprint                                                        */
@@ -106,7 +113,8 @@ static wsync_status_t plan_derive(wsync_plan_t *p)
 #define CF_SENDER 0x080u
 #define CF_PITCH 0x100u
 #define CF_DTYPE 0x200u
-#define CF_ALL 0x3ffu
+#define CF_RULE 0x400u                     /* FP8 rule differs from the previous chunk's */
+#define CF_ALL 0x7ffu
 
 #define SF_TARGET 0x01u
 #define SF_PIECE 0x02u
@@ -120,7 +128,7 @@ static wsync_status_t plan_derive(wsync_plan_t *p)
 #define SF_COPY_ALL 0x83u
 
 #define VARINT_MAX 10u
-#define RECORD_MAX (2u + 9u * VARINT_MAX)  /* longest chunk, literal, copy or receiver head */
+#define RECORD_MAX (2u + 10u * VARINT_MAX) /* longest chunk, literal, copy or receiver head */
 #define REF_TRIES 256u                     /* segments tried when choosing a reference */
 
 static inline uint64_t zigzag(uint64_t d)
@@ -223,6 +231,8 @@ static void encode_chunk(encoder_t *e, const wsync_chunk_t *ch, const wsync_chun
         f |= CF_SHARD;
     if (ch->dtype != pv->dtype)
         f |= CF_DTYPE;
+    if (ch->rule != pv->rule)
+        f |= CF_RULE;
     if (ch->src.rows != pv->src.rows)
         f |= CF_ROWS;
     if (ch->src.cols != pv->src.cols)
@@ -242,6 +252,8 @@ static void encode_chunk(encoder_t *e, const wsync_chunk_t *ch, const wsync_chun
         q = put_varint(q, zigzag((uint64_t)ch->shard - pv->shard));
     if (f & CF_DTYPE)
         *q++ = (uint8_t)ch->dtype;
+    if (f & CF_RULE)
+        q = put_varint(q, ch->rule);
     if (f & CF_ROWS)
         q = put_varint(q, zigzag(ch->src.rows - pv->src.rows));
     if (f & CF_COLS)
@@ -401,12 +413,28 @@ static uint64_t encode_body(const wsync_plan_t *p, wsync_wbuf_t *b, XXH3_state_t
     e->used = 0;
     wsync_put_u32(b, PLAN_MAGIC);
     wsync_put_u16(b, PLAN_VERSION);
-    wsync_put_u16(b, 0);                          /* flags */
+    wsync_put_u16(b, p->nrules > 0 ? PLAN_FLAG_RULES : 0);
     wsync_put_u32(b, p->nsenders);
     wsync_put_u32(b, p->nreceivers);
     wsync_put_u64(b, p->bucket_bytes);
     wsync_put_u32(b, p->nchunks);
     wsync_put_u32(b, p->nsegments);
+    if (p->nrules > 0) {
+        uint8_t tmp[2 * VARINT_MAX], *q = put_varint(tmp, p->nrules);
+        wsync_put_bytes(b, tmp, (size_t)(q - tmp));
+        for (uint32_t k = 0; k < p->nrules; k++) {
+            const wsync_wire_rule_t *ru = &p->rules[k];
+            uint32_t eb;
+            wsync_put_u8(b, (uint8_t)ru->fp8_dtype);
+            wsync_put_u8(b, (uint8_t)ru->scheme);
+            q = put_varint(tmp, (uint64_t)(uint32_t)ru->block_rows);
+            q = put_varint(q, (uint64_t)(uint32_t)ru->block_cols);
+            wsync_put_bytes(b, tmp, (size_t)(q - tmp));
+            memcpy(&eb, &ru->eps, 4);
+            wsync_put_u32(b, eb);
+            wsync_put_u8(b, (uint8_t)((ru->ue8m0 ? 1u : 0u) | (ru->no_saturate ? 2u : 0u)));
+        }
+    }
     enc_flush(e);
     for (uint32_t i = 0; i < p->nchunks; i++)
         encode_chunk(e, &p->chunks[i], i > 0 ? &p->chunks[i - 1] : &zc);
@@ -511,6 +539,57 @@ static uint64_t get_varint(wsync_rbuf_t *r)
     return 0;
 }
 
+static int wire_source_dtype(wsync_dtype_t dt)
+{
+    return dt == WSYNC_DTYPE_BF16 || dt == WSYNC_DTYPE_F16 || dt == WSYNC_DTYPE_F32;
+}
+
+/* The FP8 rule table (PLAN_FLAG_RULES): at least one rule, each one the compiler could make. */
+static wsync_status_t decode_rules(wsync_rbuf_t *r, wsync_plan_t *p)
+{
+    uint64_t n = get_varint(r);
+
+    if (r->err || n == 0 || n > PLAN_MAX_RULES || n > wsync_rbuf_left(r) / 8u)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: %" PRIu64 " FP8 rules (1 to %u, 8 bytes or "
+                         "more each)", n, PLAN_MAX_RULES);
+    p->rules = calloc((size_t)n, sizeof(*p->rules));
+    if (p->rules == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "plan decode: %" PRIu64 " rules", n);
+    p->nrules = (uint32_t)n;
+    for (uint32_t k = 0; k < p->nrules; k++) {
+        wsync_wire_rule_t *ru = &p->rules[k];
+        uint8_t dt = wsync_get_u8(r), sc = wsync_get_u8(r), fl;
+        uint64_t br = get_varint(r), bc = get_varint(r);
+        uint32_t eb = wsync_get_u32(r);
+        int ok;
+        fl = wsync_get_u8(r);
+        memcpy(&ru->eps, &eb, 4);
+        ru->fp8_dtype = (wsync_dtype_t)dt;
+        ru->scheme = (wsync_quant_scheme_t)sc;
+        ru->block_rows = (int32_t)WSYNC_MIN(br, (uint64_t)INT32_MAX);
+        ru->block_cols = (int32_t)WSYNC_MIN(bc, (uint64_t)INT32_MAX);
+        ru->ue8m0 = fl & 1u;
+        ru->no_saturate = (fl >> 1) & 1u;
+        ok = !r->err && fl <= 3u &&
+             (ru->fp8_dtype == WSYNC_DTYPE_F8E4M3FN || ru->fp8_dtype == WSYNC_DTYPE_F8E5M2);
+        if (ok && ru->scheme == WSYNC_QUANT_BLOCK)
+            ok = br >= 1 && br <= INT32_MAX && bc >= 1 && bc <= INT32_MAX && ru->eps > 0.0f &&
+                 ru->eps < INFINITY;
+        else if (ok)
+            ok = ru->scheme == WSYNC_QUANT_CHANNEL && br == 0 && bc == 0 && eb == 0 &&
+                 !ru->ue8m0;
+        if (!ok)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "plan: FP8 rule %u is malformed (dtype %u, "
+                             "scheme %u, blocks %" PRIu64 " x %" PRIu64 ", flags %u)", k + 1, dt,
+                             sc, br, bc, fl);
+        for (uint32_t j = 0; j < k; j++)
+            if (wsync_wire_rule_eq(&p->rules[j], ru))
+                return wsync_err(WSYNC_ERR_PROTOCOL, "plan: FP8 rules %u and %u are the same",
+                                 j + 1, k + 1);
+    }
+    return WSYNC_OK;
+}
+
 static wsync_status_t decode_chunk(wsync_rbuf_t *r, const wsync_plan_t *p, uint32_t i)
 {
     static const wsync_chunk_t zc = {0};
@@ -527,6 +606,7 @@ static wsync_status_t decode_chunk(wsync_rbuf_t *r, const wsync_plan_t *p, uint3
     if (f & CF_DTYPE)
         dt = wsync_get_u8(r);
     ch->dtype = (wsync_dtype_t)dt;
+    ch->rule = f & CF_RULE ? (uint32_t)WSYNC_MIN(get_varint(r), (uint64_t)UINT32_MAX) : pv->rule;
     ch->src.rows = pv->src.rows + (f & CF_ROWS ? unzigzag(get_varint(r)) : 0);
     ch->src.cols = pv->src.cols + (f & CF_COLS ? unzigzag(get_varint(r)) : 0);
     ch->src.pitch = ch->src.cols + (f & CF_PITCH ? unzigzag(get_varint(r)) : 0);
@@ -547,7 +627,24 @@ static wsync_status_t decode_chunk(wsync_rbuf_t *r, const wsync_plan_t *p, uint3
         return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u has a malformed region (%" PRIu64
                          " x %" PRIu64 ", pitch %" PRIu64 ")", i, ch->src.rows, ch->src.cols,
                          ch->src.pitch);
+    if (ch->rule > p->nrules || (ch->rule != 0 && !wire_source_dtype(ch->dtype)))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u (%s) names FP8 rule %u of %u", i,
+                         wsync_dtype_name(ch->dtype), ch->rule, p->nrules);
+    ch->ncells = 0;
+    if (ch->rule != 0) {
+        uint64_t cr, cc;
+        if (wsync_mul_u64(ch->src.rows, ch->src.cols, &bytes) || bytes > p->bucket_bytes)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u (%" PRIu64 " x %" PRIu64
+                             " FP8) is larger than a bucket", i, ch->src.rows, ch->src.cols);
+        wsync_wire_cells(&p->rules[ch->rule - 1], ch->src.rows, ch->src.cols, &cr, &cc);
+        if (cr * cc > UINT32_MAX)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u has %" PRIu64 " FP8 cells", i,
+                             cr * cc);
+        ch->ncells = (uint32_t)(cr * cc);
+        esz = 1;
+    }
     if (wsync_mul_u64(ch->src.rows, ch->src.cols, &bytes) || wsync_mul_u64(bytes, esz, &bytes) ||
+        (ch->rule != 0 && (bytes = chunk_bytes(ch)) == 0) ||
         bytes > p->bucket_bytes || ch->bucket_off % WSYNC_PLAN_ALIGN != 0 ||
         ch->bucket_off > p->bucket_bytes - bytes)
         return wsync_err(WSYNC_ERR_PROTOCOL, "plan: chunk %u (%" PRIu64 " x %" PRIu64 " %s at "
@@ -748,9 +845,10 @@ wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **pl
     flags = wsync_get_u16(&r);
     if (r.err || magic != PLAN_MAGIC)
         return wsync_err(WSYNC_ERR_PROTOCOL, "plan: not a plan (bad magic or %zu bytes)", len);
-    if (version != PLAN_VERSION || flags != 0)
+    if (version != PLAN_VERSION || (flags & ~PLAN_FLAG_RULES) != 0)
         return wsync_err(WSYNC_ERR_PROTOCOL, "plan: version %u flags %u, this library reads "
-                         "version %u flags 0", version, flags, PLAN_VERSION);
+                         "version %u flags 0 or %u", version, flags, PLAN_VERSION,
+                         PLAN_FLAG_RULES);
     /* the whole message is hashed first: a flipped bit is named as such, not as whatever
      * record it happened to garble */
     if (len < PLAN_HEADER_BYTES + 8u)
@@ -782,6 +880,8 @@ wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **pl
         goto fail;
     }
     p->nsegments = wsync_get_u32(&r);
+    if ((flags & PLAN_FLAG_RULES) && (st = decode_rules(&r, p)) != WSYNC_OK)
+        goto fail;
     if (p->nchunks > WSYNC_PLAN_MAX_CHUNKS || p->nsegments > WSYNC_PLAN_MAX_SEGMENTS ||
         p->nreceivers > wsync_rbuf_left(&r)) {
         st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: %u chunks (at most %u), %u segments (at most "

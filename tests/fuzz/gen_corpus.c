@@ -614,7 +614,7 @@ static void compile_seed_misc(void)
 
     /* receiver 0: columns [0, 8) and [8, 16) of a, swapped, in one [8, 16] target */
     tg[0] = (wsync_target_desc_t){0, 0, (char *)"a.swapped", WSYNC_DTYPE_BF16, 2, {8, 16},
-                                  WSYNC_MEM_HOST, 0, WSYNC_QUANT_NONE, 0, 0, 2, pa};
+                                  WSYNC_MEM_HOST, 0, WSYNC_QUANT_NONE, 0, 0, 0.0f, 0, 0, 2, pa};
     for (int k = 0; k < 2; k++) {
         pa[k].param = sh[0].param;
         pa[k].src.len[0] = 8;
@@ -624,19 +624,19 @@ static void compile_seed_misc(void)
     }
     /* receiver 0: b cast to bf16 in a [12] target (2 elements uncovered) */
     tg[1] = (wsync_target_desc_t){0, 1, (char *)"b.padded", WSYNC_DTYPE_BF16, 1, {12},
-                                  WSYNC_MEM_HOST, 0, WSYNC_QUANT_NONE, 0, 0, 1, pb};
+                                  WSYNC_MEM_HOST, 0, WSYNC_QUANT_NONE, 0, 0, 0.0f, 0, 0, 1, pb};
     pb[0].param = sh[2].param;
     pb[0].src.len[0] = 10;
     /* receiver 1: rows [2, 6) of a */
     tg[2] = (wsync_target_desc_t){1, 0, (char *)"a.rows", WSYNC_DTYPE_BF16, 2, {4, 16},
-                                  WSYNC_MEM_HOST, 0, WSYNC_QUANT_NONE, 0, 0, 1, pc};
+                                  WSYNC_MEM_HOST, 0, WSYNC_QUANT_NONE, 0, 0, 0.0f, 0, 0, 1, pc};
     pc[0].param = sh[0].param;
     pc[0].src.start[0] = 2;
     pc[0].src.len[0] = 4;
     pc[0].src.len[1] = 16;
     /* receiver 1: a [1, 2, 5] slab of c */
     tg[3] = (wsync_target_desc_t){1, 1, (char *)"c.slab", WSYNC_DTYPE_U8, 3, {1, 2, 5},
-                                  WSYNC_MEM_HOST, 0, WSYNC_QUANT_NONE, 0, 0, 1, pd};
+                                  WSYNC_MEM_HOST, 0, WSYNC_QUANT_NONE, 0, 0, 0.0f, 0, 0, 1, pd};
     pd[0].param = sh[4].param;
     pd[0].src.start[0] = 1;
     pd[0].src.len[0] = 1;

@@ -363,7 +363,7 @@ static void test_pack_unpack_plan(void)
 
 static void test_copy_errors(void)
 {
-    wsync_chunk_t ch = {0, 0, WSYNC_DTYPE_BF16, {0, 8, 2, 8}, 0, 0};
+    wsync_chunk_t ch = {0, 0, WSYNC_DTYPE_BF16, 0, {0, 8, 2, 8}, 0, 0, 0};
     wsync_segment_t sg = {0, 0, 0, 0, {0, 8, 2, 8}};
     wsync_kcopy_t c;
     wsync_kcopy_batch_t *b = NULL;

@@ -94,11 +94,11 @@ static void case_resolve(void)
 static void case_baselines(void)
 {
     wsync_chunk_t chunks[5] = {
-        {0, 0, WSYNC_DTYPE_BF16, {0 * 64, 64, 2, 64}, 0, 0},
-        {0, 0, WSYNC_DTYPE_BF16, {2 * 64, 64, 2, 64}, 0, 256},
-        {0, 0, WSYNC_DTYPE_BF16, {4 * 64, 64, 2, 64}, 0, 512},
-        {0, 0, WSYNC_DTYPE_BF16, {5 * 64, 64, 2, 32}, 0, 768},
-        {0, 0, WSYNC_DTYPE_BF16, {6 * 64 + 32, 64, 2, 32}, 0, 896},
+        {0, 0, WSYNC_DTYPE_BF16, 0, {0 * 64, 64, 2, 64}, 0, 0, 0},
+        {0, 0, WSYNC_DTYPE_BF16, 0, {2 * 64, 64, 2, 64}, 0, 0, 256},
+        {0, 0, WSYNC_DTYPE_BF16, 0, {4 * 64, 64, 2, 64}, 0, 0, 512},
+        {0, 0, WSYNC_DTYPE_BF16, 0, {5 * 64, 64, 2, 32}, 0, 0, 768},
+        {0, 0, WSYNC_DTYPE_BF16, 0, {6 * 64 + 32, 64, 2, 32}, 0, 0, 896},
     };
     wsync_plan_t plan;
     wsync_shard_desc_t desc;
