@@ -606,7 +606,11 @@ static wsync_status_t decode_chunk(wsync_rbuf_t *r, const wsync_plan_t *p, uint3
     if (f & CF_DTYPE)
         dt = wsync_get_u8(r);
     ch->dtype = (wsync_dtype_t)dt;
-    ch->rule = f & CF_RULE ? (uint32_t)WSYNC_MIN(get_varint(r), (uint64_t)UINT32_MAX) : pv->rule;
+    ch->rule = pv->rule;
+    if (f & CF_RULE) {
+        uint64_t rule = get_varint(r);   /* read once: WSYNC_MIN evaluates its arguments twice */
+        ch->rule = (uint32_t)WSYNC_MIN(rule, (uint64_t)UINT32_MAX);
+    }
     ch->src.rows = pv->src.rows + (f & CF_ROWS ? unzigzag(get_varint(r)) : 0);
     ch->src.cols = pv->src.cols + (f & CF_COLS ? unzigzag(get_varint(r)) : 0);
     ch->src.pitch = ch->src.cols + (f & CF_PITCH ? unzigzag(get_varint(r)) : 0);
