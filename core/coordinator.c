@@ -45,6 +45,7 @@ struct wsync_coord {
     const wsync_scheme_ops_t *scheme;  /* chosen at the first plan */
     char explain[4096];
     uint32_t delta;                  /* the group's delta mode, resolved with the scheme */
+    int fp8_wire;                    /* rank 0's fp8_wire param: FP8 on the wire allowed */
     /* store: published versions (the directory), readers waiting for one, how many to keep */
     struct coord_version {
         uint64_t version;
@@ -375,6 +376,43 @@ static int choose_scheme(wsync_coord_t *co, int only, const wsync_plan_t *plan,
     return 0;
 }
 
+/* FP8 on the wire (docs/fp8_wire.md) is for ipc and nccl groups without delta versions, when
+ * rank 0 allows it and some target is FP8 with block or channel scales: the store's readers read
+ * shards as published, and delta versions diff the values as they are. */
+static int wire_wanted(const wsync_coord_t *co, const wsync_target_desc_t *targets, size_t ntg)
+{
+    if (!co->fp8_wire || co->scheme == NULL || co->scheme->async ||
+        co->delta != WSYNC_DELTA_MODE_OFF ||
+        (strcmp(co->scheme->name, "ipc") != 0 && strcmp(co->scheme->name, "nccl") != 0))
+        return 0;
+    for (size_t i = 0; i < ntg; i++)
+        if (wsync_target_quantized(targets[i].dtype, targets[i].quant) &&
+            targets[i].quant != WSYNC_QUANT_TENSOR)
+            return 1;
+    return 0;
+}
+
+/* One line in the explanation: what FP8 on the wire saves, from the two plans' bytes. */
+static void wire_explain(wsync_coord_t *co, const wsync_plan_t *plain, const wsync_plan_t *wired)
+{
+    uint64_t before = 0, after = 0, nwire = 0;
+    size_t used = strlen(co->explain);
+    size_t npairs = (size_t)plain->nsenders * plain->nreceivers;
+
+    for (size_t i = 0; i < npairs; i++) {
+        before += plain->pair_bytes[i];
+        after += wired->pair_bytes[i];
+    }
+    for (uint32_t i = 0; i < wired->nchunks; i++)
+        nwire += wired->chunks[i].rule != 0;
+    if (used + 2 < sizeof(co->explain) && used > 0 && co->explain[used - 1] != '\n')
+        co->explain[used++] = '\n';
+    snprintf(co->explain + used, sizeof(co->explain) - used,
+             "FP8 on the wire: %" PRIu64 " of %u chunks quantized by their senders; %.3f GB moved "
+             "instead of %.3f GB (%.3f x)", nwire, wired->nchunks, (double)after / 1e9,
+             (double)before / 1e9, before ? (double)after / (double)before : 1.0);
+}
+
 /* A plan too large for one control frame is refused before encoding what may be a gigabyte;
  * every participant gets the abort with the reason instead of waiting for a plan. Returns 1 when
  * refused. */
@@ -516,6 +554,21 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
     if (co->scheme == NULL &&
         choose_scheme(co, only, plan, shards, nsh, targets, ntg, sh, rh) != 0)
         goto out;
+    if (wire_wanted(co, targets, ntg)) {
+        /* FP8 on the wire: the scheme was chosen on the plain plan (which pairs carry bytes is
+         * the same); the plan the participants get lets senders quantize */
+        wsync_plan_t *wired = NULL;
+        const wsync_plan_opts_t opts = {1};
+        st = wsync_plan_compile_opts(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
+                                     (uint32_t)co->nreceivers, bucket, &opts, &wired);
+        if (st != WSYNC_OK) {
+            group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
+            goto out;
+        }
+        wire_explain(co, plan, wired);
+        wsync_plan_free(plan);
+        plan = wired;
+    }
     WSYNC_LOG_I("coordinator: plan %016llx, %u chunks, %u segments; scheme %s\n%s",
                 (unsigned long long)plan->fingerprint, plan->nchunks, plan->nsegments,
                 co->scheme->name, co->explain);
@@ -1285,7 +1338,8 @@ static void raise_fd_limit(int participants)
 }
 
 wsync_status_t wsync_coord_create(const char *addr, int nsenders, int nreceivers,
-                                  int heartbeat_ms, int timeout_ms, wsync_coord_t **out)
+                                  int heartbeat_ms, int timeout_ms, int fp8_wire,
+                                  wsync_coord_t **out)
 {
     static const wsync_loop_ops_t ops = {coord_on_msg, coord_on_accept, coord_on_close,
                                          coord_on_tick};
@@ -1299,6 +1353,7 @@ wsync_status_t wsync_coord_create(const char *addr, int nsenders, int nreceivers
     co->nsenders = nsenders;
     co->nreceivers = nreceivers;
     co->timeout_ms = timeout_ms;
+    co->fp8_wire = fp8_wire != 0;
     co->senders = calloc((size_t)nsenders, sizeof(*co->senders));
     co->receivers = calloc((size_t)nreceivers, sizeof(*co->receivers));
     if (co->senders == NULL || co->receivers == NULL) {

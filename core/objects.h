@@ -257,8 +257,10 @@ uint32_t wsync_ctx_probed(const wsync_ctx_t *ctx);
 /* WSYNC_SCHEME when it names a scheme (a receiver has no param for it), else NULL. */
 const char *wsync_ctx_env_scheme(void);
 /* core/coordinator.c */
+/* fp8_wire: rank 0's param (FP8 on the wire where the scheme and plan allow it). */
 wsync_status_t wsync_coord_create(const char *addr, int nsenders, int nreceivers,
-                                  int heartbeat_ms, int timeout_ms, wsync_coord_t **coord);
+                                  int heartbeat_ms, int timeout_ms, int fp8_wire,
+                                  wsync_coord_t **coord);
 const char *wsync_coord_address(const wsync_coord_t *coord);
 void wsync_coord_free(wsync_coord_t *coord);
 

@@ -207,7 +207,7 @@ wsync_status_t wsync_sender_create(wsync_ctx_t *ctx, const wsync_sender_params_t
     }
     if (p.rank == 0) {
         st = wsync_coord_create(p.coordinator, p.nranks, p.nreceivers, p.heartbeat_ms,
-                                p.timeout_ms, &s->coord);
+                                p.timeout_ms, p.fp8_wire, &s->coord);
         if (st != WSYNC_OK)
             goto err;
         free(s->m.coordinator);

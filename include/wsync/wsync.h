@@ -303,13 +303,21 @@ typedef struct {
                                   WSYNC_DELTA_CUTOFF_CUDA for CUDA shards (the GPU codec runs at
                                   HBM speed, far above any link). Other values (negative, above
                                   1, NaN) are refused */
+    int fp8_wire;              /* FP8 on the wire (docs/fp8_wire.md): 1 lets senders quantize the
+                                  chunks of FP8 targets with block or channel scales and send
+                                  codes and scales (about half the bytes; the receivers' codes
+                                  and scales are the same bit for bit), where the plan allows it
+                                  (whole cells) and the scheme does (ipc and nccl; the store and
+                                  delta groups send plain values, quantized by the receivers);
+                                  0: always plain. Rank 0's value counts. WSYNC_FP8_WIRE=0|1;
+                                  -1 = unset (1) */
 } wsync_sender_params_t;
 
 /* delta_cutoff's defaults (0 = unset), per the memory a chunk's shard is in. */
 #define WSYNC_DELTA_CUTOFF_HOST 0.2
 #define WSYNC_DELTA_CUTOFF_CUDA 1.0
 
-#define WSYNC_SENDER_PARAMS_INIT {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1, NULL, NULL, 0.0}
+#define WSYNC_SENDER_PARAMS_INIT {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1, NULL, NULL, 0.0, -1}
 
 /* Create a sender. Rank 0 also starts the coordinator, listening on params->coordinator (port 0
  * picks a free port; see wsync_sender_coordinator). Other ranks connect to it, retrying until the

@@ -128,6 +128,18 @@ class ExpertPlacement(enum.IntEnum):
     ROUND_ROBIN = 1
 
 
+class WireForm(enum.IntEnum):
+    """wsync_wire_form_t (wsync_plan.h): how a target's bytes travel."""
+    PLAIN = 0
+    FP8 = 1
+    CUT_CELLS = 2
+    SHARED = 3
+    PER_TENSOR = 4
+    OFF = 5
+    UNCOVERED = 6
+    NFORMS = 7
+
+
 WSYNC_REPLICATE = -1
 WSYNC_MODEL_MAX_MLP_ONLY = 256
 
@@ -247,6 +259,7 @@ class wsync_sender_params_t(_Struct):
         ("delta", C.c_char_p),
         ("delta_baseline", C.c_char_p),
         ("delta_cutoff", C.c_double),
+        ("fp8_wire", C.c_int),
     ]
 
 
@@ -377,6 +390,15 @@ class wsync_plan_summary_t(_Struct):
         ("wire_bytes", C.c_uint64),
         ("wire_checked", C.c_int),
         ("wire_check_seconds", C.c_double),
+        ("fp8_wire", C.c_int),
+        ("fp8_wire_bytes", C.c_uint64),
+        ("form_bytes", C.c_uint64 * WireForm.NFORMS),
+        ("form_param_bytes", C.c_uint64 * WireForm.NFORMS),
+        ("total_param_bytes", C.c_uint64),
+        ("ntargets", C.c_size_t),
+        ("target_form", C.POINTER(C.c_int32)),
+        ("target_bytes", C.POINTER(C.c_uint64)),
+        ("target_param_bytes", C.POINTER(C.c_uint64)),
     ]
 
 
@@ -396,6 +418,7 @@ ENUMS = {
     "wsync_router_score_t": {f"WSYNC_ROUTER_{m.name}": int(m) for m in RouterScore},
     "wsync_topk_method_t": {f"WSYNC_TOPK_{m.name}": int(m) for m in TopkMethod},
     "wsync_expert_placement_t": {f"WSYNC_EXPERT_{m.name}": int(m) for m in ExpertPlacement},
+    "wsync_wire_form_t": {f"WSYNC_WIRE_{m.name}": int(m) for m in WireForm},
 }
 
 MACROS = {
@@ -418,8 +441,8 @@ def ctx_params_init() -> wsync_ctx_params_t:
 
 
 def sender_params_init() -> wsync_sender_params_t:
-    """WSYNC_SENDER_PARAMS_INIT: {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1, NULL, NULL, 0.0}."""
-    return wsync_sender_params_t(None, -1, 0, 0, None, 0, 0, 0, -1, 0, -1, None, None, 0.0)
+    """WSYNC_SENDER_PARAMS_INIT: {NULL, -1, 0, 0, NULL, 0, 0, 0, -1, 0, -1, NULL, NULL, 0.0, -1}."""
+    return wsync_sender_params_t(None, -1, 0, 0, None, 0, 0, 0, -1, 0, -1, None, None, 0.0, -1)
 
 
 def receiver_params_init() -> wsync_receiver_params_t:
@@ -598,6 +621,10 @@ PROTOTYPES = {
                                         C.POINTER(wsync_target_t), C.POINTER(C.c_int), _S,
                                         C.c_int, C.c_int, _S,
                                         C.POINTER(C.POINTER(wsync_plan_summary_t))]),
+    "wsync_plan_summarize_wire": (c_status, [C.POINTER(wsync_shard_t), C.POINTER(C.c_int), _S,
+                                             C.POINTER(wsync_target_t), C.POINTER(C.c_int), _S,
+                                             C.c_int, C.c_int, _S, C.c_int,
+                                             C.POINTER(C.POINTER(wsync_plan_summary_t))]),
     "wsync_plan_summary_free": (None, [C.POINTER(wsync_plan_summary_t)]),
     # Megatron-Core sender layouts (reshard/layout_megatron.c)
     "wsync_layout_megatron_tensors": (c_status, [C.POINTER(wsync_model_config_t), c_enum, C.c_int,

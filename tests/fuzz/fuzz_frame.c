@@ -532,7 +532,7 @@ static void run_coordinator(uint8_t flags, const uint8_t *p, size_t n, int two)
         if (two)
             fix_checksums(copy + part[0], part[1]);
     }
-    FUZZ_ASSERT(wsync_coord_create("127.0.0.1:0", 1, 1, 1000, 10000, &co) == WSYNC_OK,
+    FUZZ_ASSERT(wsync_coord_create("127.0.0.1:0", 1, 1, 1000, 10000, 1, &co) == WSYNC_OK,
                 "coord_create: %s", wsync_last_error());
     for (int i = 0; i < nclients; i++)
         FUZZ_ASSERT(wsync_tcp_connect(wsync_coord_address(co), wsync_deadline_in(5000),

@@ -165,6 +165,7 @@ static void structs(void)
     FIELD(wsync_sender_params_t, delta);
     FIELD(wsync_sender_params_t, delta_baseline);
     FIELD(wsync_sender_params_t, delta_cutoff);
+    FIELD(wsync_sender_params_t, fp8_wire);
     STRUCT_END();
 
     STRUCT_BEGIN(wsync_push_stats_t);
@@ -265,6 +266,15 @@ static void structs(void)
     FIELD(wsync_plan_summary_t, wire_bytes);
     FIELD(wsync_plan_summary_t, wire_checked);
     FIELD(wsync_plan_summary_t, wire_check_seconds);
+    FIELD(wsync_plan_summary_t, fp8_wire);
+    FIELD(wsync_plan_summary_t, fp8_wire_bytes);
+    FIELD(wsync_plan_summary_t, form_bytes);
+    FIELD(wsync_plan_summary_t, form_param_bytes);
+    FIELD(wsync_plan_summary_t, total_param_bytes);
+    FIELD(wsync_plan_summary_t, ntargets);
+    FIELD(wsync_plan_summary_t, target_form);
+    FIELD(wsync_plan_summary_t, target_bytes);
+    FIELD(wsync_plan_summary_t, target_param_bytes);
     STRUCT_END();
 
     end();
@@ -326,6 +336,16 @@ static void enums(void)
     ENUM(WSYNC_EXPERT_LINEAR);
     ENUM(WSYNC_EXPERT_ROUND_ROBIN);
     end();
+    begin("wsync_wire_form_t");
+    ENUM(WSYNC_WIRE_PLAIN);
+    ENUM(WSYNC_WIRE_FP8);
+    ENUM(WSYNC_WIRE_CUT_CELLS);
+    ENUM(WSYNC_WIRE_SHARED);
+    ENUM(WSYNC_WIRE_PER_TENSOR);
+    ENUM(WSYNC_WIRE_OFF);
+    ENUM(WSYNC_WIRE_UNCOVERED);
+    ENUM(WSYNC_WIRE_NFORMS);
+    end();
     end();
 
     begin("enum_sizes");
@@ -375,6 +395,7 @@ static void inits(void)
     PTR("wsync_sender_params_t.delta", sp.delta);
     PTR("wsync_sender_params_t.delta_baseline", sp.delta_baseline);
     real("wsync_sender_params_t.delta_cutoff", sp.delta_cutoff);
+    num("wsync_sender_params_t.fp8_wire", sp.fp8_wire);
 
     PTR("wsync_receiver_params_t.coordinator", rp.coordinator);
     num("wsync_receiver_params_t.rank", rp.rank);
