@@ -193,7 +193,8 @@ static wsync_status_t quant_early_reset(wsync_receiver_t *r)
         }
         for (size_t i = 0; i < r->ntargets; i++)
             if (r->targets[i].mem != WSYNC_MEM_CUDA ||
-                !wsync_target_quantized(r->targets[i].dtype, r->quant[i].scheme))
+                !wsync_target_quantized(r->targets[i].dtype, r->quant[i].scheme) ||
+                (r->wire != NULL && r->wire[i]))   /* its codes and scales come made */
                 r->q_need[i] = 0;
     }
     memset(r->q_got, 0, r->ntargets * sizeof(*r->q_got));
@@ -241,6 +242,30 @@ static wsync_status_t quant_drain(wsync_receiver_t *r, wsync_status_t st)
     return wsync_err_set_text(st, text);
 }
 
+/* Scales that live in host memory, of the CUDA FP8 targets quantized here and of those whose
+ * scales came made (FP8 on the wire): copies queued on dev_stream behind the kernels, waited
+ * for with the non-finite flags. *count: the copies queued. */
+static wsync_status_t scales_out_dev(wsync_receiver_t *r, size_t *count)
+{
+    wsync_status_t st = WSYNC_OK;
+
+    for (size_t i = 0; i < r->ntargets && st == WSYNC_OK; i++) {
+        const wsync_target_desc_t *t = &r->targets[i];
+        uint64_t rows, cols;
+        int64_t sr = 0, sc = 0;
+        if (t->mem != WSYNC_MEM_CUDA || r->dev_scales[i] == NULL ||
+            (r->land[i] == r->target_data[i] && (r->wire == NULL || !r->wire[i])))
+            continue;
+        wsync_shape_matrix(t->ndim, t->shape, &rows, &cols);
+        st = wsync_quant_scales_shape(&r->quant[i], (int64_t)rows, (int64_t)cols, &sr, &sc);
+        if (st == WSYNC_OK)
+            st = wsync_dev_memcpy_async(r->quant[i].scales, r->dev_scales[i],
+                                        (size_t)sr * (size_t)sc * sizeof(float), r->dev_stream);
+        (*count)++;
+    }
+    return st;
+}
+
 /* Quantize the staged CUDA FP8 targets on the device that have not started yet: every launch
  * first, then the copies of the scales that live in host memory, then one copy of all
  * non-finite flags with one wait (with the deadline); a flagged target is looked at again
@@ -248,7 +273,7 @@ static wsync_status_t quant_drain(wsync_receiver_t *r, wsync_status_t st)
 static wsync_status_t quantize_staged_dev(wsync_receiver_t *r)
 {
     wsync_status_t st = WSYNC_OK;
-    size_t n = 0, early = 0, bad = 0;
+    size_t n = 0, early = 0, bad = 0, ncopies = 0;
     uint64_t t0 = wsync_now_ns(), t1, t2;
 
     if (r->q_started == NULL)
@@ -263,21 +288,10 @@ static wsync_status_t quantize_staged_dev(wsync_receiver_t *r)
         else
             st = quant_launch(r, i);
     }
-    if (n == 0 || st != WSYNC_OK)
+    if (st == WSYNC_OK)
+        st = scales_out_dev(r, &ncopies);
+    if ((n == 0 && ncopies == 0) || st != WSYNC_OK)
         return st;
-    /* scales that live in host memory: copies queued behind the kernels, one wait for all */
-    for (size_t i = 0; i < r->ntargets && st == WSYNC_OK; i++) {
-        const wsync_target_desc_t *t = &r->targets[i];
-        if (t->mem != WSYNC_MEM_CUDA || r->land[i] == r->target_data[i] || r->dev_scales[i] == NULL)
-            continue;
-        uint64_t rows, cols;
-        int64_t sr = 0, sc = 0;
-        wsync_shape_matrix(t->ndim, t->shape, &rows, &cols);
-        st = wsync_quant_scales_shape(&r->quant[i], (int64_t)rows, (int64_t)cols, &sr, &sc);
-        if (st == WSYNC_OK)
-            st = wsync_dev_memcpy_async(r->quant[i].scales, r->dev_scales[i],
-                                        (size_t)sr * (size_t)sc * sizeof(float), r->dev_stream);
-    }
     t1 = wsync_now_ns();
     /* one copy of every workspace's non-finite flag (untouched ones stay zero from setup),
      * waiting for the stream once; only a target that saw a non-finite value is looked at
@@ -406,6 +420,7 @@ void wsync_receiver_free(wsync_receiver_t *r)
     free(r->q_started);
     free(r->qruns);   /* wsync_qdirect_free's host half, when the device could not be entered */
     free(r->q_direct);
+    free(r->wire);
     wsync_target_descs_free(r->targets, r->ntargets);
     free(r->target_data);
     free(r->land);
@@ -582,6 +597,40 @@ wsync_status_t wsync_receiver_add_target(wsync_receiver_t *r, const wsync_target
     return WSYNC_OK;
 }
 
+/* FP8 on the wire, once the plan is accepted: a target whose every segment comes as codes and
+ * scales its senders made lands in its own buffer, so the "land[i] == target_data[i]" checks
+ * skip its quantization; its staging buffer is freed. */
+static wsync_status_t wire_setup(wsync_receiver_t *r)
+{
+    int saved = -1, dev = 0;
+    wsync_status_t st;
+
+    if (r->wire != NULL)
+        return WSYNC_OK;
+    r->wire = calloc(r->ntargets + 1, 1);
+    if (r->wire == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "receiver %d: no memory", r->m.rank);
+    st = wsync_plan_wire_targets(r->m.plan, (uint32_t)r->m.rank, r->ntargets, r->wire);
+    for (size_t i = 0; i < r->ntargets && st == WSYNC_OK; i++) {
+        if (!r->wire[i] || r->land[i] == r->target_data[i])
+            continue;
+        if (r->targets[i].mem == WSYNC_MEM_CUDA) {
+            if (!dev && (st = wsync_dev_enter(r->device, &saved)) != WSYNC_OK)
+                break;
+            dev = 1;
+            wsync_dev_free(r->land[i]);
+        } else {
+            free(r->land[i]);
+        }
+        r->land[i] = r->target_data[i];
+        r->land_dtype[i] = r->targets[i].dtype;
+        r->land_gen++;
+    }
+    if (dev)
+        wsync_dev_leave(r->device, saved);
+    return st;
+}
+
 /* Describe, wait for the plan and set the scheme up; resumable across calls. */
 static wsync_status_t receiver_setup(wsync_receiver_t *r, int64_t plan_deadline)
 {
@@ -603,6 +652,8 @@ static wsync_status_t receiver_setup(wsync_receiver_t *r, int64_t plan_deadline)
     if (st != WSYNC_OK)
         return st;
     st = wsync_plan_check_receiver(r->m.plan, (uint32_t)r->m.rank, r->targets, r->ntargets);
+    if (st == WSYNC_OK)
+        st = wire_setup(r);
     if (st != WSYNC_OK)
         return wsync_member_fail(&r->m, st);
     for (size_t i = 0; i < r->ntargets; i++) {
