@@ -39,6 +39,9 @@ void wsync_plan_summary_free(wsync_plan_summary_t *s)
     free(s->bytes_per_sender);
     free(s->staged_bytes_per_sender);
     free(s->buckets_per_sender);
+    free(s->target_form);
+    free(s->target_bytes);
+    free(s->target_param_bytes);
     free(s);
 }
 
@@ -75,9 +78,149 @@ static wsync_status_t shard_view(const wsync_shard_t *sh, uint32_t sender, uint3
     return WSYNC_OK;
 }
 
+/* ---- FP8 on the wire: how each target's bytes travel, and why plain -------------------------
+ *
+ * The compiler keeps no reasons; they are found again from the plan and the descriptions. A
+ * target that could take FP8 (wsync_wire_rule_of) but travels plain was dropped either because a
+ * chunk of it does not lie on whole cells (or a row of its cells does not fit a bucket), or,
+ * all its chunks being whole, because one of them also feeds a target that travels otherwise.
+ * The compiler judges a chunk before splitting it at bucket ends, and a plain chunk is split at
+ * any row: the parts of one region (consecutive chunks of one shard, the next part starting its
+ * bucket, rows continuing in the shard and in the target) are joined again before the test. */
+
+/* A region of a target being joined from the parts of one chunk. */
+typedef struct {
+    uint32_t chunk;                  /* its last part; UINT32_MAX: none open */
+    uint32_t piece;
+    uint64_t off, pitch, rows, cols; /* in the target, in elements */
+} run_t;
+
+/* 1 when segment sg (chunk ch) continues run r: the next part of the same region. */
+static int run_continues(const wsync_plan_t *p, const run_t *r, const wsync_segment_t *sg)
+{
+    const wsync_chunk_t *a, *b = &p->chunks[sg->chunk];
+
+    if (r->chunk == UINT32_MAX || sg->chunk != r->chunk + 1 || sg->piece != r->piece)
+        return 0;
+    a = &p->chunks[r->chunk];
+    return a->sender == b->sender && a->shard == b->shard && a->rule == 0 && b->rule == 0 &&
+           b->bucket == a->bucket + 1 && b->bucket_off == 0 && a->src.cols == b->src.cols &&
+           a->src.pitch == b->src.pitch && b->src.off == a->src.off + a->src.rows * a->src.pitch &&
+           sg->dst.cols == r->cols && sg->dst.pitch == r->pitch &&
+           sg->dst.off == r->off + r->rows * r->pitch;
+}
+
+/* The region run r joined: 0 when it is not whole cells of t under rule, or its cell row does not
+ * fit a bucket (what the compiler asks of every region before it marks a target). */
+static int run_whole(const run_t *r, const wsync_wire_rule_t *rule, const wsync_target_desc_t *t,
+                     uint64_t bucket_bytes)
+{
+    return wsync_wire_region_whole(rule, t, r->off, r->pitch, r->rows, r->cols) &&
+           wsync_wire_cellrow_fits(rule, r->cols, bucket_bytes);
+}
+
+/* target_form, target_bytes, target_param_bytes and the totals by form. */
+static wsync_status_t summarize_forms(const wsync_plan_t *p, const wsync_target_desc_t *td,
+                                      size_t ntd, int fp8_wire, wsync_plan_summary_t *s)
+{
+    uint32_t *at = NULL, *base = NULL, *nseg = NULL, *nfp8 = NULL;
+    uint8_t *ruled = NULL, *cut = NULL;
+    wsync_wire_rule_t *rules = NULL;
+    run_t *runs = NULL;
+    size_t nr = p->nreceivers;
+    wsync_status_t st = WSYNC_OK;
+
+    at = malloc((ntd + 1) * sizeof(*at));
+    base = calloc(nr + 1, sizeof(*base));
+    nseg = calloc(ntd + 1, sizeof(*nseg));
+    nfp8 = calloc(ntd + 1, sizeof(*nfp8));
+    ruled = calloc(ntd + 1, 1);
+    cut = calloc(ntd + 1, 1);
+    rules = calloc(ntd + 1, sizeof(*rules));
+    runs = malloc((ntd + 1) * sizeof(*runs));
+    if (!at || !base || !nseg || !nfp8 || !ruled || !cut || !rules || !runs) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan summary: wire forms of %zu targets", ntd);
+        goto out;
+    }
+    /* segments name (receiver, index); the descriptions are in the caller's order */
+    for (size_t j = 0; j < ntd; j++)
+        base[td[j].receiver + 1]++;
+    for (size_t r = 0; r < nr; r++)
+        base[r + 1] += base[r];
+    for (size_t j = 0; j < ntd; j++) {
+        at[base[td[j].receiver] + td[j].index] = (uint32_t)j;
+        ruled[j] = fp8_wire && wsync_wire_rule_of(&td[j], &rules[j]);
+        runs[j].chunk = UINT32_MAX;
+    }
+    for (uint32_t i = 0; i < p->nsegments; i++) {
+        const wsync_segment_t *sg = &p->segments[i];
+        const wsync_chunk_t *ch = &p->chunks[sg->chunk];
+        size_t j = at[base[sg->receiver] + sg->target];
+        run_t *r = &runs[j];
+
+        s->target_bytes[j] += wsync_chunk_wire_bytes(ch);
+        s->target_param_bytes[j] += ch->src.rows * ch->src.cols * wsync_dtype_size(ch->dtype);
+        nseg[j]++;
+        nfp8[j] += ch->rule != 0;
+        if (!ruled[j] || cut[j])
+            continue;
+        if (run_continues(p, r, sg)) {
+            r->chunk = sg->chunk;
+            r->rows += sg->dst.rows;
+            continue;
+        }
+        if (r->chunk != UINT32_MAX && !run_whole(r, &rules[j], &td[j], p->bucket_bytes))
+            cut[j] = 1;
+        r->chunk = sg->chunk;
+        r->piece = sg->piece;
+        r->off = sg->dst.off;
+        r->pitch = sg->dst.pitch;
+        r->rows = sg->dst.rows;
+        r->cols = sg->dst.cols;
+    }
+    for (size_t j = 0; j < ntd; j++) {
+        const wsync_target_desc_t *t = &td[j];
+        wsync_wire_form_t f;
+
+        if (ruled[j] && !cut[j] && runs[j].chunk != UINT32_MAX &&
+            !run_whole(&runs[j], &rules[j], t, p->bucket_bytes))
+            cut[j] = 1;
+        if (!is_fp8(t->dtype) || t->quant == WSYNC_QUANT_NONE)
+            f = WSYNC_WIRE_PLAIN;
+        else if (nseg[j] > 0 && nfp8[j] == nseg[j])
+            f = WSYNC_WIRE_FP8;
+        else if (t->quant == WSYNC_QUANT_TENSOR)
+            f = WSYNC_WIRE_PER_TENSOR;
+        else if (!fp8_wire)
+            f = WSYNC_WIRE_OFF;
+        else if (!ruled[j])
+            f = WSYNC_WIRE_UNCOVERED;
+        else if (cut[j])
+            f = WSYNC_WIRE_CUT_CELLS;
+        else
+            f = WSYNC_WIRE_SHARED;
+        s->target_form[j] = (int32_t)f;
+        s->form_bytes[f] += s->target_bytes[j];
+        s->form_param_bytes[f] += s->target_param_bytes[j];
+        s->total_param_bytes += s->target_param_bytes[j];
+    }
+    s->fp8_wire_bytes = s->form_bytes[WSYNC_WIRE_FP8];
+out:
+    free(at);
+    free(base);
+    free(nseg);
+    free(nfp8);
+    free(ruled);
+    free(cut);
+    free(rules);
+    free(runs);
+    return st;
+}
+
 /* Fill the summary's figures from a compiled plan. */
 static wsync_status_t summarize(const wsync_plan_t *p, const wsync_target_desc_t *td, size_t ntd,
-                                const wsync_target_t *targets, wsync_plan_summary_t *s)
+                                const wsync_target_t *targets, int fp8_wire,
+                                wsync_plan_summary_t *s)
 {
     size_t ns = p->nsenders, nr = p->nreceivers;
 
@@ -116,7 +259,8 @@ static wsync_status_t summarize(const wsync_plan_t *p, const wsync_target_desc_t
     s->nchunks = p->nchunks;
     s->nsegments = p->nsegments;
     s->fingerprint = p->fingerprint;
-    return WSYNC_OK;
+    s->fp8_wire = fp8_wire;
+    return summarize_forms(p, td, ntd, fp8_wire, s);
 }
 
 /* WSYNC_PLAN_WIRE_CHECK=1: what every participant would do with the plan the coordinator sends:
@@ -176,6 +320,16 @@ wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shar
                                     int nreceivers, size_t bucket_bytes,
                                     wsync_plan_summary_t **summary)
 {
+    return wsync_plan_summarize_wire(shards, shard_sender, nshards, targets, target_receiver,
+                                     ntargets, nsenders, nreceivers, bucket_bytes, 0, summary);
+}
+
+wsync_status_t wsync_plan_summarize_wire(const wsync_shard_t *shards, const int *shard_sender,
+                                         size_t nshards, const wsync_target_t *targets,
+                                         const int *target_receiver, size_t ntargets,
+                                         int nsenders, int nreceivers, size_t bucket_bytes,
+                                         int fp8_wire, wsync_plan_summary_t **summary)
+{
     wsync_shard_desc_t *sd = NULL;
     wsync_target_desc_t *td = NULL;
     uint32_t *count = NULL;
@@ -186,6 +340,9 @@ wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shar
 
     if (summary == NULL || (nshards > 0 && shards == NULL) || (ntargets > 0 && targets == NULL))
         return wsync_err(WSYNC_ERR_INVALID, "plan summary: NULL argument");
+    if (fp8_wire != 0 && fp8_wire != 1)
+        return wsync_err(WSYNC_ERR_INVALID, "plan summary: fp8_wire = %d, expected 0 or 1",
+                         fp8_wire);
     if (nsenders < 1 || nreceivers < 1 || (uint64_t)nsenders > WSYNC_PLAN_MAX_RANKS ||
         (uint64_t)nreceivers > WSYNC_PLAN_MAX_RANKS ||
         (uint64_t)nsenders * (uint64_t)nreceivers > WSYNC_PLAN_MAX_PAIRS)
@@ -231,8 +388,9 @@ wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shar
         if ((st = wsync_target_desc_from(&t, (uint32_t)rank, count[rank]++, &td[j])) != WSYNC_OK)
             goto out;
     }
-    st = wsync_plan_compile(sd, nsd, td, ntd, (uint32_t)nsenders, (uint32_t)nreceivers,
-                            (uint64_t)bucket_bytes, &plan);
+    st = wsync_plan_compile_opts(sd, nsd, td, ntd, (uint32_t)nsenders, (uint32_t)nreceivers,
+                                 (uint64_t)bucket_bytes, &(wsync_plan_opts_t){.fp8_wire = fp8_wire},
+                                 &plan);
     if (st != WSYNC_OK)
         goto out;
 
@@ -243,17 +401,21 @@ wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shar
         (s->bytes_landed_per_receiver = calloc(nr, sizeof(uint64_t))) == NULL ||
         (s->bytes_per_sender = calloc(ns, sizeof(uint64_t))) == NULL ||
         (s->staged_bytes_per_sender = calloc(ns, sizeof(uint64_t))) == NULL ||
-        (s->buckets_per_sender = calloc(ns, sizeof(uint64_t))) == NULL) {
+        (s->buckets_per_sender = calloc(ns, sizeof(uint64_t))) == NULL ||
+        (s->target_form = calloc(ntd + 1, sizeof(int32_t))) == NULL ||
+        (s->target_bytes = calloc(ntd + 1, sizeof(uint64_t))) == NULL ||
+        (s->target_param_bytes = calloc(ntd + 1, sizeof(uint64_t))) == NULL) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan summary: %d senders, %d receivers", nsenders,
                        nreceivers);
         goto out;
     }
     s->nsenders = nsenders;
     s->nreceivers = nreceivers;
+    s->ntargets = ntd;
     s->bucket_bytes = bucket_bytes;
     memcpy(s->pair_bytes, plan->pair_bytes, ns * nr * sizeof(uint64_t));
     s->wire_bytes = wsync_plan_wire_bytes(plan);
-    if ((st = summarize(plan, td, ntd, targets, s)) != WSYNC_OK ||
+    if ((st = summarize(plan, td, ntd, targets, fp8_wire, s)) != WSYNC_OK ||
         (st = wire_check(plan, sd, nsd, td, ntd, s)) != WSYNC_OK)
         goto out;
     *summary = s;

@@ -105,6 +105,32 @@ static uint64_t ref_pair_elems(int s, int n, int r, int t, int64_t pad, int quan
     return e;
 }
 
+/* Elements receiver r needs from FSDP sender s of n, of the params of one kind only. */
+static uint64_t ref_kind_elems(int s, int n, int r, int t, int64_t pad, kind_t kind)
+{
+    ref_param_t p[64];
+    size_t np = ref_params(p);
+    uint64_t e = 0;
+    for (size_t i = 0; i < np; i++) {
+        if (p[i].kind != kind)
+            continue;
+        int64_t r0, r1, nc, c = (p[i].rows + n - 1) / n;
+        needed(&p[i], r, t, pad, &r0, &r1, &nc);
+        int64_t a = max64(r0, s * c), b = min64(r1, min64(p[i].rows, (s + 1) * c));
+        if (b > a)
+            e += (uint64_t)((b - a) * nc);
+    }
+    return e;
+}
+
+/* FP8 on the wire with 32 x 32 blocks: one byte per element and a 4-byte scale per 1,024
+ * elements, when every region travelling so is whole blocks (its element count a multiple of
+ * 1,024, its codes of 4) */
+static uint64_t ref_wire32(uint64_t elems)
+{
+    return elems + elems / 1024 * 4;
+}
+
 static uint64_t ref_receiver_bytes(int r, int t, int64_t pad)
 {
     uint64_t e = 0;
@@ -128,6 +154,7 @@ static uint64_t ref_naive_bytes(void)
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct {
+    int nsend;
     wsync_shard_t *shards[NSEND];
     size_t nshards[NSEND];
     wsync_target_t *targets[TP];
@@ -142,7 +169,7 @@ typedef struct {
 
 static void group_free(group_t *g)
 {
-    for (int s = 0; s < NSEND; s++)
+    for (int s = 0; s < g->nsend; s++)
         wsync_layout_shards_free(g->shards[s], g->nshards[s]);
     for (int r = 0; r < TP; r++)
         wsync_layout_targets_free(g->targets[r], g->ntargets[r]);
@@ -153,13 +180,16 @@ static void group_free(group_t *g)
     memset(g, 0, sizeof(*g));
 }
 
-/* Data pointers stay NULL: a summary needs geometry only. */
-static int group_build(group_t *g, wsync_quant_scheme_t quant, int64_t pad)
+/* Data pointers stay NULL: a summary needs geometry only. nsend FSDP senders; receiver r is TP
+ * rank tp_rank[r] of TP with quant[r] (blocks of `block`, 0: the default 128). */
+static int group_build_of(group_t *g, int nsend, const wsync_quant_scheme_t *quant,
+                          const int *tp_rank, int block, int64_t pad)
 {
     wsync_model_config_t cfg;
     wsync_tp_options_t opt = WSYNC_TP_OPTIONS_INIT;
 
     memset(g, 0, sizeof(*g));
+    g->nsend = nsend;
     if (wsync_model_config_load(CONFIG, &cfg) != WSYNC_OK)
         return -1;
     /* the reference above is written from these numbers */
@@ -167,17 +197,18 @@ static int group_build(group_t *g, wsync_quant_scheme_t quant, int64_t pad)
           cfg.num_attention_heads == H && cfg.num_key_value_heads == K && cfg.head_dim == D &&
           cfg.intermediate_size == I && cfg.vocab_size == V && !cfg.tie_word_embeddings &&
           cfg.qk_norm && !cfg.attention_bias && !cfg.mlp_bias);
-    opt.quant.scheme = quant;
     opt.vocab_pad = pad;
-    for (int s = 0; s < NSEND; s++) {
-        if (wsync_layout_fsdp_shards(&cfg, (wsync_dtype_t)0, s, NSEND, &g->shards[s],
+    opt.quant.block_rows = opt.quant.block_cols = block;
+    for (int s = 0; s < nsend; s++) {
+        if (wsync_layout_fsdp_shards(&cfg, (wsync_dtype_t)0, s, nsend, &g->shards[s],
                                      &g->nshards[s]) != WSYNC_OK)
             return -1;
         g->nsh += g->nshards[s];
     }
     for (int r = 0; r < TP; r++) {
-        if (wsync_layout_tp_targets(&cfg, r, TP, &opt, &g->targets[r], &g->ntargets[r]) !=
-            WSYNC_OK)
+        opt.quant.scheme = quant[r];
+        if (wsync_layout_tp_targets(&cfg, tp_rank[r], TP, &opt, &g->targets[r],
+                                    &g->ntargets[r]) != WSYNC_OK)
             return -1;
         g->ntg += g->ntargets[r];
     }
@@ -188,7 +219,7 @@ static int group_build(group_t *g, wsync_quant_scheme_t quant, int64_t pad)
     if (!g->all_shards || !g->shard_sender || !g->all_targets || !g->target_receiver)
         return -1;
     size_t k = 0;
-    for (int s = 0; s < NSEND; s++)
+    for (int s = 0; s < nsend; s++)
         for (size_t i = 0; i < g->nshards[s]; i++, k++) {
             g->all_shards[k] = g->shards[s][i];
             g->shard_sender[k] = s;
@@ -202,26 +233,65 @@ static int group_build(group_t *g, wsync_quant_scheme_t quant, int64_t pad)
     return 0;
 }
 
+static int group_build(group_t *g, wsync_quant_scheme_t quant, int64_t pad)
+{
+    const wsync_quant_scheme_t q[TP] = {quant, quant};
+    const int rank[TP] = {0, 1};
+    return group_build_of(g, NSEND, q, rank, 0, pad);
+}
+
 static wsync_status_t summarize(group_t *g, size_t bucket, wsync_plan_summary_t **out)
 {
     return wsync_plan_summarize(g->all_shards, g->shard_sender, g->nsh, g->all_targets,
                                 g->target_receiver, g->ntg, NSEND, TP, bucket, out);
 }
 
+static wsync_status_t summarize_wire(group_t *g, size_t bucket, int fp8_wire,
+                                     wsync_plan_summary_t **out)
+{
+    return wsync_plan_summarize_wire(g->all_shards, g->shard_sender, g->nsh, g->all_targets,
+                                     g->target_receiver, g->ntg, g->nsend, TP, bucket, fp8_wire,
+                                     out);
+}
+
+/* The wire forms' figures agree with each other and with the rest of the summary. */
+static void check_forms(const wsync_plan_summary_t *s)
+{
+    uint64_t by = 0, pb = 0, fb[WSYNC_WIRE_NFORMS] = {0}, fp[WSYNC_WIRE_NFORMS] = {0};
+    for (int f = 0; f < WSYNC_WIRE_NFORMS; f++) {
+        by += s->form_bytes[f];
+        pb += s->form_param_bytes[f];
+    }
+    CHECK_MSG(by == s->total_bytes, "forms %" PRIu64 ", total %" PRIu64, by, s->total_bytes);
+    CHECK(pb == s->total_param_bytes);
+    CHECK(s->fp8_wire_bytes == s->form_bytes[WSYNC_WIRE_FP8]);
+    for (size_t j = 0; j < s->ntargets; j++) {
+        int f = s->target_form[j];
+        CHECK(f >= 0 && f < WSYNC_WIRE_NFORMS);
+        if (f < 0 || f >= WSYNC_WIRE_NFORMS)
+            return;
+        fb[f] += s->target_bytes[j];
+        fp[f] += s->target_param_bytes[j];
+    }
+    CHECK(memcmp(fb, s->form_bytes, sizeof(fb)) == 0);
+    CHECK(memcmp(fp, s->form_param_bytes, sizeof(fp)) == 0);
+}
+
 /* The summary's own figures agree with each other. */
 static void check_consistent(const wsync_plan_summary_t *s)
 {
     uint64_t tot = 0, staged = 0, landed = 0;
-    CHECK(s->nsenders == NSEND && s->nreceivers == TP);
+    const int ns = s->nsenders;
+    CHECK(s->nreceivers == TP);
     for (int r = 0; r < TP; r++) {
         uint64_t in = 0;
-        for (int sn = 0; sn < NSEND; sn++)
+        for (int sn = 0; sn < ns; sn++)
             in += s->pair_bytes[sn * TP + r];
         CHECK_MSG(in == s->bytes_per_receiver[r], "receiver %d: %" PRIu64 " vs %" PRIu64, r, in,
                   s->bytes_per_receiver[r]);
         landed += s->bytes_landed_per_receiver[r];
     }
-    for (int sn = 0; sn < NSEND; sn++) {
+    for (int sn = 0; sn < ns; sn++) {
         uint64_t out = 0;
         for (int r = 0; r < TP; r++)
             out += s->pair_bytes[sn * TP + r];
@@ -351,6 +421,231 @@ static void summary_fp8_moved_vs_landed(void)
     }
     wsync_plan_summary_free(s);
     group_free(&g);
+}
+
+/* FSDP-2 -> TP-2 with 32 x 32 blocks: every FSDP boundary and every TP piece falls on a block
+ * row, so every FP8 target travels as codes and scales (one byte per element, 4 per 1,024);
+ * with FP8 on the wire off the same targets travel as bf16 and say so. Buckets of 16 kB split
+ * the chunks at rows of blocks: the same bytes. */
+static void summary_fp8_wire_whole(void)
+{
+    const wsync_quant_scheme_t q[TP] = {WSYNC_QUANT_BLOCK, WSYNC_QUANT_BLOCK};
+    const int rank[TP] = {0, 1};
+    group_t g;
+    wsync_plan_summary_t *on = NULL, *off = NULL, *small = NULL;
+
+    CHECK(group_build_of(&g, 2, q, rank, 32, 64) == 0);
+    CHECK_OK(summarize_wire(&g, 0, 1, &on));
+    CHECK_OK(summarize_wire(&g, 0, 0, &off));
+    CHECK_OK(summarize_wire(&g, 16384, 1, &small));
+    if (on && off && small) {
+        uint64_t fp8 = 0, quant = 0, plain = 0;
+        check_consistent(on);
+        check_forms(on);
+        check_forms(off);
+        check_forms(small);
+        CHECK(on->fp8_wire == 1 && off->fp8_wire == 0);
+        for (int r = 0; r < TP; r++)
+            for (int sn = 0; sn < 2; sn++) {
+                uint64_t p = ref_pair_elems(sn, 2, r, TP, 64, 0);
+                uint64_t e = ref_pair_elems(sn, 2, r, TP, 64, 1);
+                CHECK_MSG(on->pair_bytes[sn * TP + r] == p * BF16 + ref_wire32(e),
+                          "pair (%d, %d): %" PRIu64 ", reference %" PRIu64, sn, r,
+                          on->pair_bytes[sn * TP + r], p * BF16 + ref_wire32(e));
+                CHECK(off->pair_bytes[sn * TP + r] == (p + e) * BF16);
+                fp8 += ref_wire32(e);
+                quant += e;
+                plain += p;
+            }
+        CHECK_MSG(on->fp8_wire_bytes == fp8, "%" PRIu64 " FP8 bytes, reference %" PRIu64,
+                  on->fp8_wire_bytes, fp8);
+        CHECK(on->form_param_bytes[WSYNC_WIRE_FP8] == quant * BF16);
+        CHECK(on->total_param_bytes == (quant + plain) * BF16);
+        CHECK(on->total_bytes == fp8 + plain * BF16);
+        for (int f = WSYNC_WIRE_CUT_CELLS; f < WSYNC_WIRE_NFORMS; f++)
+            CHECK(on->form_bytes[f] == 0);
+        /* off: the same elements as bf16, every FP8 target saying why */
+        CHECK(off->fp8_wire_bytes == 0);
+        CHECK(off->form_bytes[WSYNC_WIRE_OFF] == quant * BF16);
+        CHECK(off->total_bytes == off->total_param_bytes &&
+              off->total_param_bytes == on->total_param_bytes);
+        size_t nfp8 = 0, noff = 0;
+        CHECK(on->ntargets == g.ntg && off->ntargets == g.ntg);
+        for (size_t j = 0; j < g.ntg; j++) {
+            int quantized = g.all_targets[j].dtype == WSYNC_DTYPE_F8E4M3FN;
+            nfp8 += on->target_form[j] == WSYNC_WIRE_FP8;
+            noff += off->target_form[j] == WSYNC_WIRE_OFF;
+            CHECK_MSG(on->target_form[j] == (quantized ? WSYNC_WIRE_FP8 : WSYNC_WIRE_PLAIN),
+                      "%s: form %d", g.all_targets[j].name, on->target_form[j]);
+        }
+        CHECK(nfp8 == LAYERS * NQUANT_PER_LAYER * TP && noff == nfp8);
+        /* small buckets: split at rows of blocks, each part whole: the same bytes */
+        CHECK(small->nchunks > on->nchunks);
+        CHECK(memcmp(small->pair_bytes, on->pair_bytes, 2 * TP * sizeof(uint64_t)) == 0);
+        CHECK(small->fp8_wire_bytes == fp8);
+    }
+    wsync_plan_summary_free(on);
+    wsync_plan_summary_free(off);
+    wsync_plan_summary_free(small);
+    group_free(&g);
+}
+
+/* FSDP-3 -> TP-2, 32 x 32 blocks: the FSDP boundaries of q, k, v, o and down (rows 43 and 86 of
+ * 128, 22 and 44 of 64) cut blocks, those of gate and up (128 and 256 of 384) do not: gate_up
+ * travels FP8, the rest plain for cut cells. Per-tensor scales travel plain, saying so. */
+static void summary_fp8_wire_cut(void)
+{
+    const wsync_quant_scheme_t q[TP] = {WSYNC_QUANT_BLOCK, WSYNC_QUANT_BLOCK};
+    const int rank[TP] = {0, 1};
+    group_t g, gt;
+    wsync_plan_summary_t *s = NULL, *t = NULL;
+
+    CHECK(group_build_of(&g, NSEND, q, rank, 32, 64) == 0);
+    CHECK_OK(summarize_wire(&g, 0, 1, &s));
+    CHECK(group_build(&gt, WSYNC_QUANT_TENSOR, 64) == 0);
+    CHECK_OK(summarize_wire(&gt, 0, 1, &t));
+    if (s && t) {
+        uint64_t fp8 = 0, cut = 0, quant = 0;
+        check_consistent(s);
+        check_forms(s);
+        check_forms(t);
+        for (int r = 0; r < TP; r++)
+            for (int sn = 0; sn < NSEND; sn++) {
+                uint64_t p = ref_pair_elems(sn, NSEND, r, TP, 64, 0);
+                uint64_t gu = ref_kind_elems(sn, NSEND, r, TP, 64, COLS);
+                uint64_t c = ref_kind_elems(sn, NSEND, r, TP, 64, Q) +
+                             ref_kind_elems(sn, NSEND, r, TP, 64, KV) +
+                             ref_kind_elems(sn, NSEND, r, TP, 64, ROWPAR);
+                CHECK(gu + c == ref_pair_elems(sn, NSEND, r, TP, 64, 1));
+                CHECK_MSG(s->pair_bytes[sn * TP + r] == (p + c) * BF16 + ref_wire32(gu),
+                          "pair (%d, %d): %" PRIu64, sn, r, s->pair_bytes[sn * TP + r]);
+                fp8 += ref_wire32(gu);
+                cut += c * BF16;
+                quant += gu + c;
+            }
+        CHECK(s->fp8_wire_bytes == fp8);
+        CHECK_MSG(s->form_bytes[WSYNC_WIRE_CUT_CELLS] == cut, "cut cells %" PRIu64 ", reference "
+                  "%" PRIu64, s->form_bytes[WSYNC_WIRE_CUT_CELLS], cut);
+        CHECK(s->form_bytes[WSYNC_WIRE_SHARED] == 0 && s->form_bytes[WSYNC_WIRE_UNCOVERED] == 0);
+        for (size_t j = 0; j < g.ntg; j++) {
+            const char *n = g.all_targets[j].name;
+            int want = g.all_targets[j].dtype != WSYNC_DTYPE_F8E4M3FN ? WSYNC_WIRE_PLAIN
+                       : strstr(n, "gate_up_proj") ? WSYNC_WIRE_FP8 : WSYNC_WIRE_CUT_CELLS;
+            CHECK_MSG(s->target_form[j] == want, "%s: form %d, expected %d", n,
+                      s->target_form[j], want);
+        }
+        /* per-tensor: every FP8 target plain, for that reason */
+        CHECK(t->fp8_wire_bytes == 0);
+        CHECK(t->form_bytes[WSYNC_WIRE_PER_TENSOR] == quant * BF16);
+        CHECK(t->total_bytes == t->total_param_bytes);
+    }
+    wsync_plan_summary_free(s);
+    wsync_plan_summary_free(t);
+    group_free(&g);
+    group_free(&gt);
+}
+
+/* Receiver 0 wants TP rank 0 in FP8 blocks, receiver 1 the same rank in bf16: every chunk of
+ * receiver 0's FP8 targets feeds a bf16 target too, so they travel plain, as "shared", also when
+ * small buckets split those chunks at rows that are not block rows (the summary joins the parts
+ * again before judging the cells). */
+static void summary_fp8_wire_shared(void)
+{
+    const wsync_quant_scheme_t q[TP] = {WSYNC_QUANT_BLOCK, WSYNC_QUANT_NONE};
+    const int rank[TP] = {0, 0};
+    static const size_t buckets[] = {0, 16384, 20000};
+    group_t g;
+    uint64_t whole_chunks = 0;
+
+    CHECK(group_build_of(&g, 2, q, rank, 32, 64) == 0);
+    for (size_t b = 0; b < sizeof(buckets) / sizeof(buckets[0]); b++) {
+        wsync_plan_summary_t *s = NULL;
+        CHECK_OK(summarize_wire(&g, buckets[b], 1, &s));
+        if (s == NULL)
+            continue;
+        uint64_t quant = 0;
+        check_forms(s);
+        for (int sn = 0; sn < 2; sn++)
+            quant += ref_pair_elems(sn, 2, 0, TP, 64, 1);
+        CHECK(s->fp8_wire_bytes == 0);
+        CHECK_MSG(s->form_bytes[WSYNC_WIRE_SHARED] == quant * BF16,
+                  "bucket %zu: shared %" PRIu64 ", reference %" PRIu64 ", cut cells %" PRIu64,
+                  buckets[b], s->form_bytes[WSYNC_WIRE_SHARED], quant * BF16,
+                  s->form_bytes[WSYNC_WIRE_CUT_CELLS]);
+        for (size_t j = 0; j < g.ntg; j++)
+            CHECK(s->target_form[j] == (g.all_targets[j].dtype == WSYNC_DTYPE_F8E4M3FN
+                                            ? WSYNC_WIRE_SHARED : WSYNC_WIRE_PLAIN));
+        if (buckets[b] == 0)
+            whole_chunks = s->nchunks;
+        else   /* bf16 rows of 256 or 384 bytes: 64 or 42 to a bucket, splits mid-block */
+            CHECK_MSG(s->nchunks > whole_chunks + 20, "%" PRIu64 " chunks, %" PRIu64 " unsplit",
+                      s->nchunks, whole_chunks);
+        wsync_plan_summary_free(s);
+    }
+    group_free(&g);
+}
+
+/* A group counted by hand: one receiver, two senders, 64 x 64 bf16 params.
+ *  a8: blocks of 32 from a, whose senders hold rows [0, 16) and [16, 64): cut cells, plain;
+ *  b8: channel scales from b, rows [0, 32) and [32, 64): two chunks of 32 x 64 codes and 32
+ *      scales, 2,048 + 128 bytes each;
+ *  c8: blocks of 32, 96 rows of which c covers 64: uncovered, plain. */
+static void summary_fp8_wire_by_hand(void)
+{
+    wsync_shard_t sh[5];
+    int sender[5] = {0, 1, 0, 1, 0};
+    wsync_piece_t pc[3];
+    wsync_target_t tg[3];
+    wsync_plan_summary_t *s = NULL;
+    static const char *names[3] = {"a", "b", "c"};
+    static const int64_t a_rows[2][2] = {{0, 16}, {16, 48}}, b_rows[2][2] = {{0, 32}, {32, 32}};
+
+    memset(sh, 0, sizeof(sh));
+    memset(pc, 0, sizeof(pc));
+    memset(tg, 0, sizeof(tg));
+    for (int i = 0; i < 5; i++) {
+        int p = i < 2 ? 0 : i < 4 ? 1 : 2;
+        sh[i].param = (wsync_param_t){names[p], WSYNC_DTYPE_BF16, 2, {64, 64}};
+        sh[i].box.start[0] = p == 0 ? a_rows[i][0] : p == 1 ? b_rows[i - 2][0] : 0;
+        sh[i].box.len[0] = p == 0 ? a_rows[i][1] : p == 1 ? b_rows[i - 2][1] : 64;
+        sh[i].box.len[1] = 64;
+        sh[i].mem = WSYNC_MEM_HOST;
+    }
+    for (int t = 0; t < 3; t++) {
+        pc[t].param = sh[2 * t].param;
+        pc[t].src.len[0] = 64;
+        pc[t].src.len[1] = 64;
+        tg[t].name = t == 0 ? "a8" : t == 1 ? "b8" : "c8";
+        tg[t].dtype = WSYNC_DTYPE_F8E4M3FN;
+        tg[t].ndim = 2;
+        tg[t].shape[0] = t == 2 ? 96 : 64;
+        tg[t].shape[1] = 64;
+        tg[t].mem = WSYNC_MEM_HOST;
+        tg[t].pieces = &pc[t];
+        tg[t].npieces = 1;
+        tg[t].quant.scheme = t == 1 ? WSYNC_QUANT_CHANNEL : WSYNC_QUANT_BLOCK;
+        tg[t].quant.block_rows = tg[t].quant.block_cols = t == 1 ? 0 : 32;
+    }
+    CHECK_OK(wsync_plan_summarize_wire(sh, sender, 5, tg, NULL, 3, 2, 1, 0, 1, &s));
+    if (s) {
+        check_forms(s);
+        CHECK(s->ntargets == 3);
+        CHECK(s->target_form[0] == WSYNC_WIRE_CUT_CELLS && s->target_bytes[0] == 64 * 64 * 2);
+        CHECK(s->target_form[1] == WSYNC_WIRE_FP8 && s->target_bytes[1] == 2 * (2048 + 128));
+        CHECK(s->target_param_bytes[1] == 64 * 64 * 2);
+        CHECK(s->target_form[2] == WSYNC_WIRE_UNCOVERED && s->target_bytes[2] == 64 * 64 * 2);
+        CHECK_MSG(s->pair_bytes[0] == 16 * 64 * 2 + 2176 + 8192 &&
+                      s->pair_bytes[1] == 48 * 64 * 2 + 2176,
+                  "pairs %" PRIu64 ", %" PRIu64, s->pair_bytes[0], s->pair_bytes[1]);
+        CHECK(s->fp8_wire_bytes == 4352);
+        CHECK(s->total_param_bytes == 3 * 8192);
+    }
+    wsync_plan_summary_free(s);
+    s = NULL;
+    CHECK_ST(wsync_plan_summarize_wire(sh, sender, 5, tg, NULL, 3, 2, 1, 0, 2, &s),
+             WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("fp8_wire = 2");
+    CHECK(s == NULL);
 }
 
 static void summary_errors(void)
@@ -509,6 +804,10 @@ int main(void)
     RUN(summary_small_buckets);
     RUN(summary_wire_check);
     RUN(summary_fp8_moved_vs_landed);
+    RUN(summary_fp8_wire_whole);
+    RUN(summary_fp8_wire_cut);
+    RUN(summary_fp8_wire_shared);
+    RUN(summary_fp8_wire_by_hand);
     RUN(summary_errors);
     RUN(tool_json);
     RUN(tool_errors);
