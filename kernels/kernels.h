@@ -158,6 +158,40 @@ wsync_status_t wsync_kernels_quantize_many(const wsync_kquant_t *a, uint32_t n, 
  * stream. */
 wsync_status_t wsync_kernels_quantize(const wsync_kquant_t *a, void *ws, void *stream);
 
+/* ------------------------------------------------------------------------------------------ */
+/* FP8 on the wire: pack and unpack descriptors                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* FP8 on the wire (docs/fp8_wire.md; chunk->rule > 0). Descriptor builders only, in plain C
+ * (kernels/wire.c, built with and without CUDA); they make no device call.
+ *
+ * Pack: the quantization of the chunk's region of the shard (x = shard_data + src.off elements of
+ * the chunk's dtype, pitch src.pitch) under plan->rules[chunk->rule - 1], into the chunk's place in
+ * the bucket: codes dense [rows, cols] at bucket + bucket_off, then its ncells f32 scales
+ * row-major over the chunk's cell grid at bucket + bucket_off + wsync_wire_scales_off(rows, cols).
+ * The plan lays the chunk on whole cells of every target it feeds, so these are the codes and
+ * scales quantizing the whole target gives for those cells. name is NULL and row_base 0 (the caller
+ * may set them for its messages). Launch with wsync_kernels_quantize_many: NaN and Inf land in the
+ * workspaces, which the caller checks (wsync_dev_quantize_check) before sending. WSYNC_ERR_INVALID
+ * for NULL arguments, a plain chunk, a rule out of the plan's table, a dtype that is not bf16, f16
+ * or f32, a cell count that is not the rule's, or a misaligned bucket place. */
+wsync_status_t wsync_kernels_pack_wire_desc(const wsync_plan_t *plan, const wsync_chunk_t *chunk,
+                                            const void *shard_data, void *bucket,
+                                            wsync_kquant_t *out);
+
+/* Unpack a segment of an FP8 chunk: out[0] its codes, rows x cols bytes of t's FP8 dtype from the
+ * bucket place into the segment's region of target_data; out[1] its scales, the chunk's cell grid
+ * of f32 into t's scale matrix `scales` (wsync_quant_scales_shape of t, row-major) at the cells
+ * the region covers (wsync_wire_scales_at; dst_pitch its columns). Both are ordinary copies for a
+ * batch (wsync_kernels_batch_create). WSYNC_ERR_INVALID for NULL arguments, a plain chunk or
+ * shapes that disagree; WSYNC_ERR_PROTOCOL (wsync_plan_check_wire_segment) when the chunk's rule
+ * is not t's or the region is not whole cells of t. */
+wsync_status_t wsync_kernels_unpack_wire_desc(const wsync_plan_t *plan,
+                                              const wsync_segment_t *seg,
+                                              const wsync_chunk_t *chunk, const void *bucket,
+                                              const wsync_target_desc_t *t, void *target_data,
+                                              float *scales, wsync_kcopy_t out[2]);
+
 #ifdef __cplusplus
 }
 #endif
