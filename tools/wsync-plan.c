@@ -3,8 +3,9 @@
  * expert-parallel MoE layouts); the plan the coordinator would compile is summarized per
  * receiver, per sender and per link, and compared with the naive method (gather every full
  * tensor, broadcast it to every receiver). It also times the compile and measures its memory,
- * for the models of tens of thousands of params (Kimi-K2: 61 layers x 384 experts x 3).
- * Public API only. */
+ * for the models of tens of thousands of params (Kimi-K2: 61 layers x 384 experts x 3). With
+ * FP8 targets it says which travel as FP8 codes and scales made by the senders (FP8 on the
+ * wire, docs/fp8_wire.md) and why the others travel plain. Public API only. */
 #include "wsync/wsync.h"
 
 #include <errno.h>
@@ -25,8 +26,9 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: " PROG " --config config.json --senders N --tp T [--ep E] [--replicas R]\n"
             "                  [--sender-layout fsdp|ep|fused]\n"
-            "                  [--quant none|fp8-block|fp8-tensor|fp8-channel] [--vocab-pad P]\n"
-            "                  [--bucket-mb B] [--link-gbps G] [--verbose] [--json]\n"
+            "                  [--quant none|fp8-block|fp8-tensor|fp8-channel] [--fp8-block B]\n"
+            "                  [--fp8-wire on|off] [--vocab-pad P] [--bucket-mb B]\n"
+            "                  [--link-gbps G] [--verbose] [--json]\n"
             "\n"
             "Compiles the plan wsync would use to sync the model of a HF config.json from N\n"
             "trainer ranks to R inference engines laid out as vLLM lays them out, and prints the\n"
@@ -58,6 +60,12 @@ static void usage(FILE *out)
             "  --replicas R      inference engines (default 1)\n"
             "  --quant Q         linear weights on the receivers: none (default), fp8-block\n"
             "                    (128x128), fp8-tensor or fp8-channel (e4m3fn)\n"
+            "  --fp8-block B     fp8-block: blocks of B x B (default 128)\n"
+            "  --fp8-wire W      on (default): the plan an ipc or nccl group compiles, where the\n"
+            "                    senders quantize the chunks of FP8 block and channel targets\n"
+            "                    and send FP8 codes and fp32 scales (FP8 on the wire); off: the\n"
+            "                    plan of the store, of delta versions or of WSYNC_FP8_WIRE=0,\n"
+            "                    where every param travels in its dtype and receivers quantize\n"
             "  --vocab-pad P     vocab padding multiple of embed_tokens/lm_head (default 64)\n"
             "  --bucket-mb B     staging bucket size in MiB (default 256)\n"
             "  --link-gbps G     each rank's NIC in Gb/s, gigabits (default 400: one 400 Gb/s\n"
@@ -67,10 +75,21 @@ static void usage(FILE *out)
             "  --json            also print one JSON object as the last line\n"
             "  -h, --help        this text\n"
             "\n"
-            "Moved bytes are counted in the checkpoint dtype. In this version FP8 targets are\n"
-            "quantized on the receiver: their params travel as bf16 (2 bytes per element), and\n"
-            "that is what 'moved' reports. 'landed' is what the targets then hold (1 byte per FP8\n"
-            "element plus 4 per fp32 scale); it is not what the links carry.\n"
+            "Moved bytes are counted as they travel: the checkpoint dtype, or for an FP8 target\n"
+            "that travels FP8 (--fp8-wire on) 1 byte per element plus 4 per fp32 scale. An FP8\n"
+            "target travels so only whole: every chunk of it on whole cells of its blocks or\n"
+            "rows, none feeding a target that travels otherwise. The others travel plain (and\n"
+            "their receivers quantize), for one of these reasons, counted per target and in all:\n"
+            "  cut cells    a chunk does not lie on whole cells (FSDP rows or fused pieces cut\n"
+            "               a block), or a row of its cells does not fit a bucket\n"
+            "  shared       a chunk also feeds a target that travels plain or by another rule\n"
+            "  per-tensor   fp8-tensor: one scale needs every sender's amax\n"
+            "  off          --fp8-wire off\n"
+            "  uncovered    padding no param covers (vocab padding), or a non-float param\n"
+            "'FP8 targets' is the bytes moved into them against their checkpoint-dtype bytes;\n"
+            "'whole model' all bytes moved against every param travelling in its dtype. The\n"
+            "floor uses the bytes as they travel. 'landed' is what the targets then hold (1 byte\n"
+            "per FP8 element plus 4 per fp32 scale).\n"
             "'compile' is the wall time of wsync_plan_summarize here (descriptions to plan to\n"
             "figures, one thread); 'layouts' is the time building every rank's shards and\n"
             "targets, which a real group spreads over its ranks. 'plan memory' is the process's\n"
@@ -84,6 +103,8 @@ typedef struct {
     int senders, tp, replicas, ep;
     const char *sender_layout;
     const char *quant;
+    long fp8_block;
+    int fp8_wire;
     long vocab_pad;
     double bucket_mb, link_gbps;
     int json, verbose;
@@ -251,10 +272,178 @@ static void print_seconds(char *buf, size_t len, double s)
 
 #define LIST_MAX 16   /* more receivers (senders) than this: min / mean / max unless --verbose */
 
+/* ---- FP8 on the wire, per target ------------------------------------------------------------
+ * FP8 targets are listed by name with the layer (every number between dots) as '*': one line for
+ * a kind of target, however many layers, receivers and replicas it has. */
+
+#define GROUP_MAX 256          /* kinds of FP8 target listed; more go to the last line */
+#define GROUP_NAME 128
+
+static const char *const form_names[WSYNC_WIRE_NFORMS] = {
+    "plain", "fp8", "cut cells", "shared", "per-tensor", "off", "uncovered"};
+static const char *const form_keys[WSYNC_WIRE_NFORMS] = {
+    "plain", "fp8", "cut_cells", "shared", "per_tensor", "off", "uncovered"};
+
+typedef struct {
+    char name[GROUP_NAME];
+    uint64_t ntargets[WSYNC_WIRE_NFORMS];
+    uint64_t bytes[WSYNC_WIRE_NFORMS], param_bytes[WSYNC_WIRE_NFORMS];
+} wire_group_t;
+
+typedef struct {
+    wire_group_t *g;
+    size_t n;
+} wire_groups_t;
+
+/* "model.layers.12.mlp.down_proj.weight" -> "model.layers.*.mlp.down_proj.weight" */
+static void group_name(const char *name, char *out, size_t len)
+{
+    size_t k = 0;
+    for (const char *p = name; *p && k + 1 < len;) {
+        const char *q = p;
+        while (*q >= '0' && *q <= '9')
+            q++;
+        if (q > p && (p == name || p[-1] == '.') && (*q == '.' || *q == '\0')) {
+            out[k++] = '*';
+            p = q;
+            continue;
+        }
+        out[k++] = *p++;
+    }
+    out[k] = '\0';
+}
+
+/* The summary's FP8 targets (every form but plain) grouped by kind; 0 or -1 (out of memory). */
+static int wire_groups(const wsync_plan_summary_t *s, const wsync_target_t *targets,
+                       wire_groups_t *wg)
+{
+    char name[GROUP_NAME];
+
+    wg->n = 0;
+    wg->g = calloc(GROUP_MAX, sizeof(*wg->g));
+    if (wg->g == NULL)
+        return -1;
+    for (size_t j = 0; j < s->ntargets; j++) {
+        int f = s->target_form[j];
+        size_t k;
+        if (f == WSYNC_WIRE_PLAIN)
+            continue;
+        group_name(targets[j].name ? targets[j].name : "(null)", name, sizeof(name));
+        for (k = 0; k < wg->n; k++)
+            if (strcmp(wg->g[k].name, name) == 0)
+                break;
+        if (k == wg->n) {
+            if (wg->n == GROUP_MAX) {
+                k = GROUP_MAX - 1;
+                snprintf(wg->g[k].name, GROUP_NAME, "(others)");
+            } else {
+                snprintf(wg->g[k].name, GROUP_NAME, "%s", name);
+                wg->n++;
+            }
+        }
+        wg->g[k].ntargets[f]++;
+        wg->g[k].bytes[f] += s->target_bytes[j];
+        wg->g[k].param_bytes[f] += s->target_param_bytes[j];
+    }
+    return 0;
+}
+
+/* Bytes moved into FP8 targets (every form but plain), as they travel (param 0) or in the
+ * params' dtype (param 1). */
+static uint64_t wire_fp8_target_bytes(const wsync_plan_summary_t *s, int param)
+{
+    uint64_t b = 0;
+    for (int f = 0; f < WSYNC_WIRE_NFORMS; f++)
+        if (f != WSYNC_WIRE_PLAIN)
+            b += param ? s->form_param_bytes[f] : s->form_bytes[f];
+    return b;
+}
+
+static double ratio_of(uint64_t a, uint64_t b)
+{
+    return b ? (double)a / (double)b : 0.0;
+}
+
+static void print_wire_table(const wsync_plan_summary_t *s, const wire_groups_t *wg)
+{
+    char a[32], b[32];
+    uint64_t fp8 = wire_fp8_target_bytes(s, 0), fp8_param = wire_fp8_target_bytes(s, 1);
+
+    if (wg->n == 0)
+        return;
+    printf("\nFP8 targets (by kind, layers as *; bytes moved into them, all receivers)\n");
+    printf("  %-44s %7s %12s %12s %6s  %s\n", "target", "targets", "plain dtype", "moved",
+           "ratio", "how (targets)");
+    for (size_t k = 0; k < wg->n; k++) {
+        const wire_group_t *g = &wg->g[k];
+        uint64_t n = 0, by = 0, pb = 0;
+        char how[160];
+        size_t used = 0;
+        how[0] = '\0';
+        for (int f = 0; f < WSYNC_WIRE_NFORMS; f++) {
+            n += g->ntargets[f];
+            by += g->bytes[f];
+            pb += g->param_bytes[f];
+            if (g->ntargets[f] && used + 32 < sizeof(how))
+                used += (size_t)snprintf(how + used, sizeof(how) - used, "%s%s %" PRIu64,
+                                         used ? ", " : "", form_names[f], g->ntargets[f]);
+        }
+        printf("  %-44s %7" PRIu64 " %12s %12s %6.3f  %s\n", g->name, n,
+               human(pb, a, sizeof(a)), human(by, b, sizeof(b)), ratio_of(by, pb), how);
+    }
+    printf("  FP8 on the wire %s: %s as FP8 codes and scales", s->fp8_wire ? "on" : "off",
+           human(s->fp8_wire_bytes, a, sizeof(a)));
+    for (int f = WSYNC_WIRE_CUT_CELLS; f < WSYNC_WIRE_NFORMS; f++)
+        if (s->form_bytes[f])
+            printf(", %s plain (%s)", human(s->form_bytes[f], b, sizeof(b)), form_names[f]);
+    printf("\n  FP8 targets: %s moved for %s in the params' dtype: ratio %.4f\n",
+           human(fp8, a, sizeof(a)), human(fp8_param, b, sizeof(b)), ratio_of(fp8, fp8_param));
+}
+
+/* The JSON's FP8-on-the-wire figures. */
+static void wire_json(json_t *root, const wsync_plan_summary_t *s, const wire_groups_t *wg)
+{
+    json_t *forms = json_object(), *groups = json_array();
+    uint64_t fp8 = wire_fp8_target_bytes(s, 0), fp8_param = wire_fp8_target_bytes(s, 1);
+
+    json_object_set_new(root, "fp8_wire", json_boolean(s->fp8_wire));
+    json_object_set_new(root, "fp8_wire_bytes", json_integer((json_int_t)s->fp8_wire_bytes));
+    for (int f = 0; f < WSYNC_WIRE_NFORMS; f++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "bytes", json_integer((json_int_t)s->form_bytes[f]));
+        json_object_set_new(o, "param_bytes", json_integer((json_int_t)s->form_param_bytes[f]));
+        json_object_set_new(forms, form_keys[f], o);
+    }
+    json_object_set_new(root, "wire_forms", forms);
+    json_object_set_new(root, "fp8_targets_bytes", json_integer((json_int_t)fp8));
+    json_object_set_new(root, "fp8_targets_param_bytes", json_integer((json_int_t)fp8_param));
+    json_object_set_new(root, "fp8_targets_ratio", json_real(ratio_of(fp8, fp8_param)));
+    json_object_set_new(root, "total_param_bytes", json_integer((json_int_t)s->total_param_bytes));
+    json_object_set_new(root, "ratio_to_param_dtype",
+                        json_real(ratio_of(s->total_bytes, s->total_param_bytes)));
+    for (size_t k = 0; k < wg->n; k++) {
+        const wire_group_t *g = &wg->g[k];
+        json_t *o = json_object(), *n = json_object(), *b = json_object(), *p = json_object();
+        json_object_set_new(o, "target", json_string(g->name));
+        for (int f = 0; f < WSYNC_WIRE_NFORMS; f++) {
+            if (!g->ntargets[f])
+                continue;
+            json_object_set_new(n, form_keys[f], json_integer((json_int_t)g->ntargets[f]));
+            json_object_set_new(b, form_keys[f], json_integer((json_int_t)g->bytes[f]));
+            json_object_set_new(p, form_keys[f], json_integer((json_int_t)g->param_bytes[f]));
+        }
+        json_object_set_new(o, "targets", n);
+        json_object_set_new(o, "bytes", b);
+        json_object_set_new(o, "param_bytes", p);
+        json_array_append_new(groups, o);
+    }
+    json_object_set_new(root, "fp8_target_kinds", groups);
+}
+
 static void print_table(const options_t *o, const wsync_model_config_t *cfg,
                         const wsync_plan_summary_t *s, uint64_t naive_per_receiver,
                         uint64_t naive_total, double floor_s, const char *bottleneck,
-                        const cost_t *cost)
+                        const cost_t *cost, const wire_groups_t *wg)
 {
     char a[32], b[32], c[32];
     int nr = s->nreceivers, ns = s->nsenders, per = engine_size(o);
@@ -273,8 +462,12 @@ static void print_table(const options_t *o, const wsync_model_config_t *cfg,
     else
         printf("senders %d (%s) -> %d replica(s) x TP %d = %d receivers", ns, o->sender_layout,
                o->replicas, o->tp, nr);
-    printf("; quant %s; vocab pad %ld; bucket %g MiB; NIC %g Gb/s per rank\n\n", o->quant,
-           o->vocab_pad, (double)s->bucket_bytes / 1048576.0, o->link_gbps);
+    printf("; quant %s", o->quant);
+    if (strcmp(o->quant, "fp8-block") == 0)
+        printf(" %ldx%ld", o->fp8_block, o->fp8_block);
+    printf("; FP8 on the wire %s; vocab pad %ld; bucket %g MiB; NIC %g Gb/s per rank\n\n",
+           o->fp8_wire ? "on" : "off", o->vocab_pad, (double)s->bucket_bytes / 1048576.0,
+           o->link_gbps);
 
     if (nr <= LIST_MAX || o->verbose) {
         printf("receivers\n  %-8s %-7s %-7s %-7s %14s %14s %14s\n", "receiver", "engine",
@@ -334,8 +527,13 @@ static void print_table(const options_t *o, const wsync_model_config_t *cfg,
         }
     }
 
+    print_wire_table(s, wg);
     printf("\ntotal moved     %s (%" PRIu64 " bytes)\n", human(s->total_bytes, a, sizeof(a)),
            s->total_bytes);
+    if (s->total_param_bytes != s->total_bytes)
+        printf("whole model     %.4f of the %s it takes with every param in its dtype\n",
+               ratio_of(s->total_bytes, s->total_param_bytes),
+               human(s->total_param_bytes, a, sizeof(a)));
     printf("naive total     %s (%" PRIu64 " bytes: full model to each of %d receivers)\n",
            human(naive_total, a, sizeof(a)), naive_total, nr);
     printf("ratio to naive  %.4f\n", naive_total ? (double)s->total_bytes / naive_total : 0.0);
@@ -360,17 +558,16 @@ static void print_table(const options_t *o, const wsync_model_config_t *cfg,
     if (s->wire_checked)
         printf("wire check      encode -> decode -> same plan -> every sender's and receiver's "
                "check: ok, %.3f s\n", s->wire_check_seconds);
-    printf("\nNote: 'moved' counts the checkpoint dtype. FP8 targets are quantized on the "
-           "receiver in this version,\nso their params travel as bf16; 'landed' (1 byte per FP8 "
-           "element + fp32 scales) is what the\ntargets hold, not what the links carry. 'sent' "
-           "counts one copy per receiver (point to\npoint); 'staged' packs a chunk that several "
-           "receivers need once.\n");
+    printf("\nNote: 'moved' counts bytes as they travel: the checkpoint dtype, or FP8 codes "
+           "and fp32 scales for\nFP8 targets that travel FP8 (the others are quantized on the "
+           "receiver); 'landed' is what the\ntargets hold. 'sent' counts one copy per receiver "
+           "(point to point); 'staged' packs a chunk\nthat several receivers need once.\n");
 }
 
 static int print_json(const options_t *o, const wsync_model_config_t *cfg,
                       const wsync_plan_summary_t *s, uint64_t naive_per_receiver,
                       uint64_t naive_total, double floor_s, const char *bottleneck,
-                      const cost_t *cost)
+                      const cost_t *cost, const wire_groups_t *wg)
 {
     size_t nr = (size_t)s->nreceivers, ns = (size_t)s->nsenders;
     json_t *root = json_object(), *conf = json_object(), *pairs = json_array();
@@ -390,6 +587,8 @@ static int print_json(const options_t *o, const wsync_model_config_t *cfg,
     json_object_set_new(conf, "replicas", json_integer(o->replicas));
     json_object_set_new(conf, "receivers", json_integer((json_int_t)nr));
     json_object_set_new(conf, "quant", json_string(o->quant));
+    json_object_set_new(conf, "fp8_block", json_integer(o->fp8_block));
+    json_object_set_new(conf, "fp8_wire", json_boolean(o->fp8_wire));
     json_object_set_new(conf, "vocab_pad", json_integer(o->vocab_pad));
     json_object_set_new(conf, "bucket_bytes", json_integer((json_int_t)s->bucket_bytes));
     json_object_set_new(conf, "link_gbps", json_real(o->link_gbps));
@@ -425,7 +624,9 @@ static int print_json(const options_t *o, const wsync_model_config_t *cfg,
     json_object_set_new(root, "fingerprint", json_string(fp));
     json_object_set_new(root, "floor_seconds", json_real(floor_s));
     json_object_set_new(root, "floor_bottleneck", json_string(bottleneck));
-    json_object_set_new(root, "fp8_quantized_on_receiver", json_true());
+    json_object_set_new(root, "fp8_quantized_on_receiver",
+                        json_boolean(wire_fp8_target_bytes(s, 0) > s->fp8_wire_bytes));
+    wire_json(root, s, wg);
     json_object_set_new(root, "layout_seconds", json_real(cost->layout_s));
     json_object_set_new(root, "compile_seconds", json_real(cost->compile_s));
     json_object_set_new(root, "compile_cpu_seconds", json_real(cost->compile_cpu_s));
@@ -462,6 +663,8 @@ static int parse_args(int argc, char **argv, options_t *o)
         {"replicas", required_argument, NULL, 'r'},
         {"quant", required_argument, NULL, 'q'},
         {"vocab-pad", required_argument, NULL, 'v'},
+        {"fp8-block", required_argument, NULL, 'B'},
+        {"fp8-wire", required_argument, NULL, 'w'},
         {"bucket-mb", required_argument, NULL, 'b'},
         {"link-gbps", required_argument, NULL, 'g'},
         {"json", no_argument, NULL, 'j'},
@@ -514,6 +717,18 @@ static int parse_args(int argc, char **argv, options_t *o)
             if (parse_int("--vocab-pad", optarg, 1L << 30, &v))
                 return 2;
             o->vocab_pad = v;
+            break;
+        case 'B':
+            if (parse_int("--fp8-block", optarg, 1L << 20, &v))
+                return 2;
+            o->fp8_block = v;
+            break;
+        case 'w':
+            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+                fprintf(stderr, PROG ": --fp8-wire: '%s' is not one of on, off\n", optarg);
+                return 2;
+            }
+            o->fp8_wire = strcmp(optarg, "on") == 0;
             break;
         case 'b':
             if (parse_pos("--bucket-mb", optarg, &o->bucket_mb))
@@ -616,7 +831,7 @@ static wsync_status_t fused_shards(const wsync_param_t *fp, size_t nfp, int s, i
 
 int main(int argc, char **argv)
 {
-    options_t o = {NULL, 0, 0, 1, 0, "fsdp", "none", 64, 256.0, 400.0, 0, 0};
+    options_t o = {NULL, 0, 0, 1, 0, "fsdp", "none", 128, 1, 64, 256.0, 400.0, 0, 0};
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
@@ -642,6 +857,7 @@ int main(int argc, char **argv)
     wsync_target_t *targets = NULL;
     int *shard_sender = NULL, *target_receiver = NULL;
     wsync_plan_summary_t *sum = NULL;
+    wire_groups_t wg = {0};
     int per = engine_size(&o), nr = o.replicas * per;
     cost_t cost;
     memset(&cost, 0, sizeof(cost));
@@ -697,6 +913,8 @@ int main(int argc, char **argv)
     nfused = 0;
     wsync_tp_options_t topt = WSYNC_TP_OPTIONS_INIT;
     topt.quant.scheme = qs;
+    if (qs == WSYNC_QUANT_BLOCK)
+        topt.quant.block_rows = topt.quant.block_cols = (int)o.fp8_block;
     topt.vocab_pad = o.vocab_pad;
     for (int r = 0; r < per; r++) {
         /* with --ep, layout r is EP rank r: TP rank r % T of its attention group */
@@ -741,8 +959,8 @@ int main(int argc, char **argv)
     uint64_t peak0;
     rss_now(&cost.rss_before, &peak0);
     double w0 = now_s(CLOCK_MONOTONIC), c0 = now_s(CLOCK_PROCESS_CPUTIME_ID);
-    if (wsync_plan_summarize(shards, shard_sender, nsh, targets, target_receiver, ntg, o.senders,
-                             nr, bucket, &sum) != WSYNC_OK) {
+    if (wsync_plan_summarize_wire(shards, shard_sender, nsh, targets, target_receiver, ntg,
+                                  o.senders, nr, bucket, o.fp8_wire, &sum) != WSYNC_OK) {
         fprintf(stderr, PROG ": plan: %s\n", wsync_last_error());
         goto out;
     }
@@ -774,11 +992,17 @@ int main(int argc, char **argv)
     double floor_s = (double)(max_in > max_out ? max_in : max_out) / (o.link_gbps * 1e9 / 8.0);
     uint64_t naive_total = naive * (uint64_t)nr;
 
-    print_table(&o, &cfg, sum, naive, naive_total, floor_s, bottleneck, &cost);
-    if (o.json && print_json(&o, &cfg, sum, naive, naive_total, floor_s, bottleneck, &cost) != 0)
+    if (wire_groups(sum, targets, &wg) != 0) {
+        fprintf(stderr, PROG ": out of memory\n");
+        goto out;
+    }
+    print_table(&o, &cfg, sum, naive, naive_total, floor_s, bottleneck, &cost, &wg);
+    if (o.json &&
+        print_json(&o, &cfg, sum, naive, naive_total, floor_s, bottleneck, &cost, &wg) != 0)
         goto out;
     rc = 0;
 out:
+    free(wg.g);
     wsync_plan_summary_free(sum);
     free(shards);
     free(shard_sender);

@@ -780,6 +780,81 @@ static void tool_json(void)
     free(out);
 }
 
+static const json_t *jget(const json_t *o, const char *a, const char *b)
+{
+    return json_object_get(json_object_get(o, a), b);
+}
+
+/* wsync-plan with FP8 on the wire, FSDP-3 -> TP-2 and 32 x 32 blocks, against the hand count of
+ * summary_fp8_wire_cut: gate_up travels FP8, q/k/v, o and down plain for cut cells; the floor is
+ * the busiest NIC's bytes as they travel; the per-target listing says which is which. With
+ * --fp8-wire off the same targets travel as bf16 and say why. */
+static void tool_fp8_wire(void)
+{
+    uint64_t fp8 = 0, cut = 0, quant = 0, in[TP] = {0}, out_b[NSEND] = {0}, most = 0;
+    for (int r = 0; r < TP; r++)
+        for (int sn = 0; sn < NSEND; sn++) {
+            uint64_t p = ref_pair_elems(sn, NSEND, r, TP, 64, 0);
+            uint64_t gu = ref_kind_elems(sn, NSEND, r, TP, 64, COLS);
+            uint64_t c = ref_pair_elems(sn, NSEND, r, TP, 64, 1) - gu;
+            uint64_t b = (p + c) * BF16 + ref_wire32(gu);
+            fp8 += ref_wire32(gu);
+            cut += c * BF16;
+            quant += (gu + c) * BF16;
+            in[r] += b;
+            out_b[sn] += b;
+        }
+    for (int r = 0; r < TP; r++)
+        most = in[r] > most ? in[r] : most;
+    for (int sn = 0; sn < NSEND; sn++)
+        most = out_b[sn] > most ? out_b[sn] : most;
+
+    int status = -1;
+    char *out = run(TOOL " --config '" CONFIG "' --senders 3 --tp 2 --quant fp8-block "
+                    "--fp8-block 32 --json", &status);
+    CHECK(out != NULL);
+    if (out == NULL)
+        return;
+    CHECK_MSG(status == 0, "exit %d: %s", status, out);
+    CHECK_MSG(strstr(out, "model.layers.*.mlp.gate_up_proj.weight") != NULL &&
+                  strstr(out, "fp8 4") != NULL && strstr(out, "cut cells 4") != NULL,
+              "per-target listing: %s", out);
+    json_error_t err;
+    json_t *j = json_loads(last_line(out), 0, &err);
+    CHECK_MSG(j != NULL, "last line is not JSON: %s", err.text);
+    if (j) {
+        CHECK(json_is_true(json_object_get(j, "fp8_wire")));
+        CHECK_MSG(jint(j, "fp8_wire_bytes") == fp8, "fp8_wire_bytes %" PRIu64 ", reference %"
+                  PRIu64, jint(j, "fp8_wire_bytes"), fp8);
+        CHECK(json_integer_value(json_object_get(jget(j, "wire_forms", "cut_cells"), "bytes")) ==
+              (json_int_t)cut);
+        CHECK(jint(j, "fp8_targets_bytes") == fp8 + cut);
+        CHECK(jint(j, "fp8_targets_param_bytes") == quant);
+        double ratio = json_real_value(json_object_get(j, "fp8_targets_ratio"));
+        CHECK(fabs(ratio - (double)(fp8 + cut) / (double)quant) < 1e-9);
+        double floor_s = json_real_value(json_object_get(j, "floor_seconds"));
+        CHECK_MSG(fabs(floor_s - (double)most / 50e9) <= 1e-9 * floor_s, "floor %g, reference %g",
+                  floor_s, (double)most / 50e9);
+        CHECK(json_integer_value(jget(j, "config", "fp8_block")) == 32);
+        json_decref(j);
+    }
+    free(out);
+    out = run(TOOL " --config '" CONFIG "' --senders 3 --tp 2 --quant fp8-block --fp8-block 32 "
+              "--fp8-wire off --json", &status);
+    CHECK(out != NULL && status == 0);
+    j = out ? json_loads(last_line(out), 0, &err) : NULL;
+    CHECK(j != NULL);
+    if (j) {
+        CHECK(json_is_false(json_object_get(j, "fp8_wire")));
+        CHECK(jint(j, "fp8_wire_bytes") == 0);
+        CHECK(json_integer_value(json_object_get(jget(j, "wire_forms", "off"), "bytes")) ==
+              (json_int_t)quant);
+        CHECK(jint(j, "total_bytes") == jint(j, "total_param_bytes"));
+        json_decref(j);
+    }
+    free(out);
+}
+
 static void tool_errors(void)
 {
     int status = 0;
@@ -791,6 +866,10 @@ static void tool_errors(void)
     out = run(TOOL " --config '" CONFIG "' --senders 3 --tp 2 --quant fp9 2>&1", &status);
     CHECK(out != NULL && status == 2);
     CHECK_MSG(out && strstr(out, "--quant"), "output: %s", out);
+    free(out);
+    out = run(TOOL " --config '" CONFIG "' --senders 3 --tp 2 --fp8-wire maybe 2>&1", &status);
+    CHECK(out != NULL && status == 2);
+    CHECK_MSG(out && strstr(out, "--fp8-wire"), "output: %s", out);
     free(out);
     out = run(TOOL " --config '" CONFIG "' --senders 0 --tp 2 2>&1", &status);
     CHECK(out != NULL && status == 2);
@@ -810,6 +889,7 @@ int main(void)
     RUN(summary_fp8_wire_by_hand);
     RUN(summary_errors);
     RUN(tool_json);
+    RUN(tool_fp8_wire);
     RUN(tool_errors);
     return check_summary();
 }
