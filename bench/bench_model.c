@@ -346,7 +346,9 @@ typedef struct {
     size_t nshards[MODEL_MAX_RANKS];
     wsync_target_t *targets[MODEL_MAX_RANKS];
     size_t ntargets[MODEL_MAX_RANKS];
-    wsync_plan_summary_t *sum;
+    wsync_plan_summary_t *sum;                    /* every chunk plain (FP8 on the wire off) */
+    wsync_plan_summary_t *sum_wire;               /* FP8 on the wire on: NULL when it cannot be
+                                                     (off, no FP8 targets, the store, --delta) */
     uint64_t param_elems, param_count, param_bytes;
     uint64_t sender_bytes[MODEL_MAX_RANKS];       /* shards, as run_sender allocates them */
     uint64_t receiver_bytes[MODEL_MAX_RANKS];     /* targets and scales, as run_receiver does */
@@ -603,6 +605,12 @@ static int model_build(model_t *m)
         }
     st = wsync_plan_summarize(all_s, rank_s, ns, all_t, rank_t, nt, m->N, m->NR,
                               o->have_bucket ? (size_t)o->bucket_bytes : 0, &m->sum);
+    /* the plan an ipc or nccl group compiles with FP8 on the wire (core/coordinator.c's
+     * wire_wanted): the report counts it when the scheme resolves to one of those */
+    if (st == WSYNC_OK && o->fp8_wire && o->quant_fp8 && !o->store && !o->delta)
+        st = wsync_plan_summarize_wire(all_s, rank_s, ns, all_t, rank_t, nt, m->N, m->NR,
+                                       o->have_bucket ? (size_t)o->bucket_bytes : 0, 1,
+                                       &m->sum_wire);
     free(all_s);
     free(all_t);
     free(rank_s);
@@ -619,6 +627,17 @@ static void model_free(model_t *m)
     for (int j = 0; j < m->NR; j++)
         wsync_layout_targets_free(m->targets[j], m->ntargets[j]);
     wsync_plan_summary_free(m->sum);
+    wsync_plan_summary_free(m->sum_wire);
+}
+
+/* The plan the group moved: FP8 on the wire where it was asked for and the scheme the group
+ * chose sends it (ipc, nccl), else every chunk plain. */
+static const wsync_plan_summary_t *moved_summary(const model_t *m)
+{
+    if (m->sum_wire != NULL && m->sh != NULL &&
+        (strcmp(m->sh->scheme, "ipc") == 0 || strcmp(m->sh->scheme, "nccl") == 0))
+        return m->sum_wire;
+    return m->sum;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -805,6 +824,7 @@ static wsync_sender_params_t sender_params(const model_t *m, int rank)
         sp.keep_versions = 2;
     }
     sp.delta = m->delta_param ? m->delta_param : "off"; /* full versions unless --delta */
+    sp.fp8_wire = o->fp8_wire;                          /* rank 0's decides (the coordinator) */
     return sp;
 }
 
@@ -1694,6 +1714,7 @@ typedef struct {
 
 static void compute_floor(const model_t *m, double memcpy_gbps, model_floor_t *f)
 {
+    const wsync_plan_summary_t *sum = moved_summary(m);   /* the bytes as they travel */
     const bench_probe_res_t *p = &m->sh->probe;
     const bench_probe_req_t *q = &m->sh->probe_req;
     memset(f, 0, sizeof(*f));
@@ -1701,8 +1722,8 @@ static void compute_floor(const model_t *m, double memcpy_gbps, model_floor_t *f
     if (!m->o->mem_cuda) {
         uint64_t most = 0;
         for (int r = 0; r < m->NR; r++)
-            if (m->sum->bytes_per_receiver[r] > most)
-                most = m->sum->bytes_per_receiver[r];
+            if (sum->bytes_per_receiver[r] > most)
+                most = sum->bytes_per_receiver[r];
         f->memcpy_gbps = memcpy_gbps;
         f->floor_s = memcpy_gbps > 0 ? (double)most / (memcpy_gbps * 1e9) : 0;
         return;
@@ -1728,7 +1749,7 @@ static void compute_floor(const model_t *m, double memcpy_gbps, model_floor_t *f
         uint64_t in = 0, out = 0, local = 0;
         for (int s = 0; s < m->N; s++)
             for (int r = 0; r < m->NR; r++) {
-                uint64_t b = m->sum->pair_bytes[s * m->NR + r];
+                uint64_t b = sum->pair_bytes[s * m->NR + r];
                 if (m->gpu_s[s] == g && m->gpu_r[r] == g)
                     local += b;
                 else if (m->gpu_r[r] == g)
@@ -1742,7 +1763,7 @@ static void compute_floor(const model_t *m, double memcpy_gbps, model_floor_t *f
                 uint64_t most = 0;
                 for (int k = 0; k < m->R; k++) {
                     int r = k * m->T + t;
-                    uint64_t b = m->sum->pair_bytes[s * m->NR + r];
+                    uint64_t b = sum->pair_bytes[s * m->NR + r];
                     if (m->gpu_r[r] != g && b > most)
                         most = b;
                 }
@@ -1796,10 +1817,12 @@ static int report(const model_t *m, double memcpy_gbps)
         }
     }
     bench_stats_t t = bench_stats_of(times, K);
-    uint64_t moved = m->sum->total_bytes, per_recv = 0;
+    const wsync_plan_summary_t *sum = moved_summary(m);
+    int wire = sum == m->sum_wire;
+    uint64_t moved = sum->total_bytes, per_recv = 0;
     for (int r = 0; r < m->NR; r++)
-        if (m->sum->bytes_per_receiver[r] > per_recv)
-            per_recv = m->sum->bytes_per_receiver[r];
+        if (sum->bytes_per_receiver[r] > per_recv)
+            per_recv = sum->bytes_per_receiver[r];
     model_floor_t f;
     compute_floor(m, memcpy_gbps, &f);
     double gbps = (double)moved / t.median / 1e9, gbps_recv = (double)per_recv / t.median / 1e9;
@@ -1845,8 +1868,15 @@ static int report(const model_t *m, double memcpy_gbps)
            o->store ? "slowest receiver's fetch" : "slowest sender's push");
     printf("  bytes moved       %.4f GB (plan: %llu chunks, %llu segments); most into one "
            "receiver %.4f GB\n",
-           (double)moved / 1e9, (unsigned long long)m->sum->nchunks,
-           (unsigned long long)m->sum->nsegments, (double)per_recv / 1e9);
+           (double)moved / 1e9, (unsigned long long)sum->nchunks,
+           (unsigned long long)sum->nsegments, (double)per_recv / 1e9);
+    if (o->quant_fp8)
+        printf("  FP8 on the wire   %s: %.4f GB moved, %.4f of them FP8 codes and scales; %.4f x "
+               "the %.4f GB of the params' dtype\n",
+               wire ? "on" : o->fp8_wire ? "asked, not used by this scheme" : "off",
+               (double)moved / 1e9, (double)sum->fp8_wire_bytes / 1e9,
+               m->sum->total_bytes ? (double)moved / (double)m->sum->total_bytes : 0.0,
+               (double)m->sum->total_bytes / 1e9);
     printf("  GB/s              %.1f (bytes moved / median); %.1f per receiver\n", gbps,
            gbps_recv);
     if (o->mem_cuda) {
@@ -1913,7 +1943,24 @@ static int report(const model_t *m, double memcpy_gbps)
         json_object_set_new(j, "times", bench_json_reals(times, K));
         json_object_set_new(j, "bytes_moved", json_integer((json_int_t)moved));
         json_object_set_new(j, "bytes_per_receiver_max", json_integer((json_int_t)per_recv));
-        json_object_set_new(j, "bytes_landed", json_integer((json_int_t)m->sum->total_landed_bytes));
+        json_object_set_new(j, "bytes_landed", json_integer((json_int_t)sum->total_landed_bytes));
+        json_object_set_new(j, "fp8_wire_asked", json_boolean(o->fp8_wire));
+        json_object_set_new(j, "fp8_wire", json_boolean(wire));
+        json_object_set_new(j, "wire_bytes", json_integer((json_int_t)moved));
+        json_object_set_new(j, "fp8_wire_bytes", json_integer((json_int_t)sum->fp8_wire_bytes));
+        json_object_set_new(j, "param_dtype_bytes", json_integer((json_int_t)m->sum->total_bytes));
+        json_object_set_new(j, "wire_ratio",
+                            json_real(m->sum->total_bytes
+                                          ? (double)moved / (double)m->sum->total_bytes : 0.0));
+        {   /* the FP8 targets' bytes as they travelled against their params' dtype */
+            uint64_t fb = 0, fp = 0;
+            for (int f = 0; f < WSYNC_WIRE_NFORMS; f++)
+                if (f != WSYNC_WIRE_PLAIN) {
+                    fb += sum->form_bytes[f];
+                    fp += sum->form_param_bytes[f];
+                }
+            json_object_set_new(j, "fp8_targets_ratio", json_real(fp ? (double)fb / fp : 0.0));
+        }
         json_object_set_new(j, "gbps", json_real(gbps));
         json_object_set_new(j, "gbps_per_receiver", json_real(gbps_recv));
         json_object_set_new(j, "peer_gbps", json_real(f.peer_gbps));

@@ -251,6 +251,12 @@ static void usage(FILE *out)
             "  --replicas R     inference replicas (default 1)\n"
             "  --colocated      senders and receivers share GPUs (see above)\n"
             "  --quant Q        none (default: bf16 targets) or fp8-block\n"
+            "  --fp8-wire W     on (default) or off: FP8 on the wire, the senders' fp8_wire\n"
+            "                   param (WSYNC_FP8_WIRE is not read): with on, ipc and nccl groups\n"
+            "                   send FP8 targets whose chunks lie on whole blocks as FP8 codes\n"
+            "                   and scales made by the senders; bytes moved and the floor count\n"
+            "                   the bytes as they travel (JSON fp8_wire, wire_bytes,\n"
+            "                   fp8_wire_bytes, param_dtype_bytes, wire_ratio)\n"
             "  --bucket-mb B    staging bucket size in MiB (default: the library's, 256)\n"
             "  --iters K        timed pushes or fetched versions (default 5)\n"
             "  --warmup W       untimed ones first (default 1)\n"
@@ -412,6 +418,7 @@ typedef struct {
     int have_layout; /* --senders, --tp, --ep, --replicas or --colocated */
     int have_tp;
     int have_lr; /* --lr or --delta-mode: only with --delta */
+    int quant_opts; /* --fp8-wire: only with --model-shape */
 } cmdline_t;
 
 /* Reads the command line into *o (defaults first) and *cl, each value checked alone. Returns 0,
@@ -421,7 +428,7 @@ static int read_options(int argc, char **argv, bench_opts_t *o, cmdline_t *cl)
     enum { OPT_SCHEME = 1000, OPT_MEM, OPT_RECEIVERS, OPT_BYTES, OPT_BUCKET, OPT_ITERS,
            OPT_WARMUP, OPT_PARAMS, OPT_TIMEOUT, OPT_JSON, OPT_SOURCE, OPT_TRANSPORT,
            OPT_MODEL, OPT_SENDERS, OPT_TP, OPT_REPLICAS, OPT_COLOCATED, OPT_QUANT, OPT_EP,
-           OPT_FUSED, OPT_PIN, OPT_DELTA, OPT_LR, OPT_DELTA_MODE };
+           OPT_FUSED, OPT_PIN, OPT_DELTA, OPT_LR, OPT_DELTA_MODE, OPT_FP8_WIRE };
     static const struct option longopts[] = {
         {"scheme", required_argument, NULL, OPT_SCHEME},
         {"transport", required_argument, NULL, OPT_TRANSPORT},
@@ -444,6 +451,7 @@ static int read_options(int argc, char **argv, bench_opts_t *o, cmdline_t *cl)
         {"replicas", required_argument, NULL, OPT_REPLICAS},
         {"colocated", no_argument, NULL, OPT_COLOCATED},
         {"quant", required_argument, NULL, OPT_QUANT},
+        {"fp8-wire", required_argument, NULL, OPT_FP8_WIRE},
         {"delta", no_argument, NULL, OPT_DELTA},
         {"lr", required_argument, NULL, OPT_LR},
         {"delta-mode", required_argument, NULL, OPT_DELTA_MODE},
@@ -452,7 +460,8 @@ static int read_options(int argc, char **argv, bench_opts_t *o, cmdline_t *cl)
     };
     *cl = (cmdline_t){.bucket_mb = 256};
     *o = (bench_opts_t){.iters = 5, .warmup = 1, .params = 16, .timeout_s = 600, .senders = 1,
-                        .tp = 1, .replicas = 1, .lr = 1e-6, .delta_mode = "on"};
+                        .tp = 1, .replicas = 1, .lr = 1e-6, .delta_mode = "on",
+                        .fp8_wire = 1};
     opterr = 0; /* errors are reported below, naming the option */
     int c;
     while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
@@ -519,6 +528,12 @@ static int read_options(int argc, char **argv, bench_opts_t *o, cmdline_t *cl)
             break;
         case OPT_COLOCATED: o->colocated = 1; cl->have_layout = 1; break;
         case OPT_QUANT: cl->quant = optarg; break;
+        case OPT_FP8_WIRE:
+            if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0)
+                return bad_option("--fp8-wire", "'%s' is not on or off", optarg);
+            o->fp8_wire = strcmp(optarg, "on") == 0;
+            cl->quant_opts = 1;
+            break;
         case OPT_TIMEOUT:
             if (parse_int("--timeout", optarg, 1, 7 * 24 * 3600, &o->timeout_s) != 0)
                 return -1;
@@ -642,9 +657,9 @@ static int parse_flat_options(bench_opts_t *o, const cmdline_t *cl)
                         "shape; see --help)\n");
         return -1;
     }
-    if (cl->have_layout || cl->quant) {
-        fprintf(stderr, PROG ": --senders, --tp, --ep, --fused-experts, --replicas, --colocated "
-                        "and --quant need "
+    if (cl->have_layout || cl->quant || cl->quant_opts) {
+        fprintf(stderr, PROG ": --senders, --tp, --ep, --fused-experts, --replicas, --colocated, "
+                        "--quant and --fp8-wire need "
                         "--model-shape\n");
         return -1;
     }

@@ -10,6 +10,8 @@
 #   2. every other tests/gpu/test_* program (test_schemes: ipc and nccl end to end, and nccl
 #      delta versions: cases "nccl delta ..."), with every GPU visible; each adapts to the GPU
 #      count and says what it skipped;
+#   2e. tests/gpu/test_fp8_wire_gpu (step "fp8wire", about 1 minute): FP8 on the wire (issue 18),
+#      its descriptors and kernels, nccl and ipc groups with it on and off, a NaN refused;
 #   2a. test_faults_cuda (step "faults", about 5 minutes on 4 GPUs): the faults suite on CUDA
 #      memory, ipc and nccl; its matrix (markdown) is faults_matrix.md;
 #   2b. tests/gpu/test_python_torch.py (issue 8): a PyTorch trainer on GPUs 0, 1 pushes three
@@ -25,6 +27,9 @@
 #   3. wsync-bench model runs of the issue's targets (Qwen3-8B shape): on 4 GPUs fan-out 1 -> 3
 #      replicas (nccl, ipc), colocated FSDP-4 -> TP-4 (ipc, nccl; bf16 and fp8-block),
 #      disaggregated FSDP-2 (GPUs 0,1) -> TP-2 (GPUs 2,3) (nccl, ipc); fewer, named, on 1 or 2;
+#      FP8 on the wire (issue 18): disaggregated FSDP-2 -> TP-2 over nccl, on NVLink and over
+#      NCCL's socket transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1), bf16 and fp8-block
+#      targets with --fp8-wire on (rows -fp8w) and off (-fp8p): time and wire bytes ratios;
 #   3a. mixture of experts (issue 16, step "moe", about 3 minutes on 2 GPUs): wsync-bench on the
 #      Qwen3-30B-A3B shape, colocated FSDP-4 -> EP-4 and -> TP-4 (ipc, bf16), the EP row again
 #      with fp8-block targets, disaggregated FSDP-2 (GPUs 0,1) -> EP-2 (GPUs 2,3) (nccl); on 2
@@ -47,7 +52,7 @@
 #      summary; $WSYNC_DELTA_LRS the learning rates, $WSYNC_DELTA_ITERS the timed versions
 #      (3), $WSYNC_DELTA_ROWS the groups of rows ("nccl store ipc store-cuda") to split the
 #      step over calls; rows land in $OUT/delta-partial.jsonl as they finish;
-# $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes faults python netns bench moe
+# $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes fp8wire faults python netns bench moe
 # moe-baselines store-cuda delta baselines"), $WSYNC_BENCH_SHAPE the model shape of the dense benchmarks (default
 # qwen3-8b) and $WSYNC_MOE_SHAPE that of the MoE ones (default qwen3-30b-a3b; tiny-moe for a
 # quick try); WSYNC_MOE_FUSED=1 adds a colocated EP row whose senders shard the fused experts
@@ -155,10 +160,19 @@ fi
 if ! skipped schemes; then
     for t in $tests; do
         n=$(basename "$t")
-        case $n in test_kernels | test_faults_cuda) continue ;; esac
+        case $n in test_kernels | test_faults_cuda | test_fp8_wire_gpu) continue ;; esac
         run_one "$n" "${WSYNC_TEST_LIMIT:-240}" "$t" --json "$WORK/$n.json"
         [ -f "$WORK/$n.json" ] && cp "$WORK/$n.json" "$OUT/$n.json"
     done
+fi
+
+# ---- 2e. FP8 on the wire (issue 18, step "fp8wire"): the pack/unpack descriptors against the CPU
+# quantizer, nccl and ipc groups with WSYNC_FP8_WIRE=1 and =0 (same bytes, about half on the
+# wire), a NaN refused with NONFINITE
+if ! skipped fp8wire && [ -x "$BUILD/tests/gpu/test_fp8_wire_gpu" ]; then
+    run_one test_fp8_wire_gpu "${WSYNC_TEST_LIMIT:-240}" "$BUILD/tests/gpu/test_fp8_wire_gpu" \
+        --json "$WORK/test_fp8_wire_gpu.json"
+    [ -f "$WORK/test_fp8_wire_gpu.json" ] && cp "$WORK/test_fp8_wire_gpu.json" "$OUT/"
 fi
 
 # ---- 2a. the faults suite on CUDA memory (FAULTS_ONLY=text narrows it)
@@ -189,11 +203,12 @@ fi
 # ---- 3. benchmarks
 BENCH=$BUILD/bin/wsync-bench
 : > "$WORK/bench.jsonl"
-bench() {   # name, then wsync-bench arguments
+bench() {   # name, then wsync-bench arguments; $BENCH_ENV: variables for it, $BENCH_TIME: limit
     local name=$1
     shift
-    run_one "bench $name" "${WSYNC_BENCH_LIMIT:-120}" "$BENCH" --model-shape "$SHAPE" --mem cuda \
-        --iters 5 --warmup 1 --timeout 60 --json "$@"
+    # shellcheck disable=SC2086
+    run_one "bench $name" "${BENCH_TIME:-${WSYNC_BENCH_LIMIT:-120}}" env ${BENCH_ENV:-} "$BENCH" \
+        --model-shape "$SHAPE" --mem cuda --iters 5 --warmup 1 --timeout 60 --json "$@"
     local rc=$?
     local line
     line=$(grep '^{' "$WORK/bench $name.log" | tail -n 1)
@@ -214,6 +229,20 @@ if ! skipped bench; then
         bench disagg-nccl --scheme nccl --senders 2 --tp 2
         bench disagg-ipc --scheme ipc --senders 2 --tp 2
         bench colocated-ipc-fp8 --scheme ipc --senders 4 --tp 4 --colocated --quant fp8-block
+        # FP8 on the wire (issue 18): the bf16 row above (NVLink), then fp8-block with the
+        # senders quantizing (w) and with the receivers quantizing (p); the same over sockets
+        bench disagg-nccl-fp8w --scheme nccl --senders 2 --tp 2 --quant fp8-block --fp8-wire on
+        bench disagg-nccl-fp8p --scheme nccl --senders 2 --tp 2 --quant fp8-block --fp8-wire off
+        for q in none fp8w fp8p; do
+            case $q in
+                none) n=disagg-nccl-sock a="" ;;
+                fp8w) n=disagg-nccl-sock-fp8w a="--quant fp8-block --fp8-wire on" ;;
+                fp8p) n=disagg-nccl-sock-fp8p a="--quant fp8-block --fp8-wire off" ;;
+            esac
+            # shellcheck disable=SC2086
+            BENCH_ENV="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1" BENCH_TIME=${WSYNC_BENCH_SOCK_LIMIT:-300} \
+                bench $n --scheme nccl --senders 2 --tp 2 --iters 3 --timeout 280 $a
+        done
     elif [ "$NGPU" -ge 2 ]; then
         BENCH_NOTES="2 GPUs: fan-out to 3 replicas and FSDP-2 -> TP-2 disaggregated need 4; run FSDP-1 -> TP-1 across GPUs and FSDP-2 -> TP-2 colocated instead"
         bench fanout-nccl --scheme nccl --senders 1 --tp 1 --replicas 1
@@ -413,7 +442,21 @@ for r in rows:
         print("%-20s %s" % (name, "no result (rc %s; see its log)" % r["rc"]))
         continue
     target = ""
-    if name.startswith("fanout") and j["replicas"] > 1:
+    if name.endswith("-fp8w") or name.endswith("-fp8p"):
+        # FP8 on the wire (issue 18): time against the bf16 row of the same link, and the bytes
+        base, plain = res(name[:-5]), res(name[:-1] + "p")
+        lim = 0.65 if "-sock" in name else 0.8
+        if base and name.endswith("-fp8w"):
+            q = j["seconds"] / base["seconds"]
+            target = "fp8-wire/bf16 %.3f <= %.2f: %s" % (q, lim, "met" if q <= lim else "MISSED by %.0f%%" % (100 * (q - lim) / lim))
+            if plain:
+                target += "; /fp8 plain %.3f" % (j["seconds"] / plain["seconds"])
+        elif base:
+            target = "fp8 plain/bf16 %.3f" % (j["seconds"] / base["seconds"])
+        if name.endswith("-fp8w") and j.get("wire_ratio"):
+            ft = j.get("fp8_targets_ratio", 0)
+            target += "; bytes %.3f x bf16 (FP8 targets %.3f <= 0.52: %s)" % (j["wire_ratio"], ft, "met" if 0 < ft <= 0.52 else "MISSED")
+    elif name.startswith("fanout") and j["replicas"] > 1:
         ok = j["ratio_bcast"] >= 0.95
         target = "bcast ratio >= 0.95: %s" % ("met" if ok else "MISSED by %.1f%%" % (100 * (0.95 - j["ratio_bcast"]) / 0.95))
     elif name.endswith("-fp8"):
@@ -424,7 +467,7 @@ for r in rows:
     elif name.startswith("colocated") and j["senders"] == 4:
         ok = j["ratio_floor"] <= 1.5
         target = "x floor <= 1.5: %s" % ("met" if ok else "MISSED by %.0f%%" % (100 * (j["ratio_floor"] - 1.5) / 1.5))
-    elif name.startswith("disagg"):
+    elif name.startswith("disagg") and "-sock" not in name:   # the floor is NVLink's
         ok = j["ratio_floor"] <= 1.25
         target = "x floor <= 1.25: %s" % ("met" if ok else "MISSED by %.0f%%" % (100 * (j["ratio_floor"] - 1.25) / 1.25))
     print("%-20s %-6s %9.5f %8.1f %9.5f %7.3f %7s %7.3f %7s  %s" % (name, j["scheme"], j["seconds"],

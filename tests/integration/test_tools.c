@@ -81,7 +81,10 @@ static void case_bench_small_json(void)
 }
 
 /* A model run over host memory: FSDP-2 -> 2 replicas of TP-2 with FP8-block targets; every
- * receiver checks its bytes against the host's reference, and the replicas agree. */
+ * receiver checks its bytes against the host's reference, and the replicas agree. FP8 on the
+ * wire (the default) moves the tiny shape's FP8 targets as codes and scales: its every chunk
+ * lies on whole 128 x 128 blocks, so one byte per element and 4 per 16,384; with --fp8-wire off
+ * they move as bf16. */
 static void case_bench_model_host(void)
 {
     int rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem host --scheme ipc "
@@ -96,13 +99,25 @@ static void case_bench_model_host(void)
     CHECK(json_integer_value(json_object_get(j, "receivers")) == 4);
     CHECK(json_integer_value(json_object_get(j, "version")) == 3);
     json_int_t moved = json_integer_value(json_object_get(j, "bytes_moved"));
+    json_int_t plain = json_integer_value(json_object_get(j, "param_dtype_bytes"));
     double secs = json_number_value(json_object_get(j, "seconds"));
     double gbps = json_number_value(json_object_get(j, "gbps"));
     /* 2 replicas each take the whole model once (2 x its bf16 bytes), and each TP rank its
      * own copy of the norms */
     json_int_t model = 2 * json_integer_value(json_object_get(j, "param_elems"));
-    CHECK_MSG(moved >= 2 * model && moved < 2 * model + model / 100, "bytes_moved %lld of %lld",
-              (long long)moved, (long long)model);
+    CHECK_MSG(plain >= 2 * model && plain < 2 * model + model / 100,
+              "param_dtype_bytes %lld of %lld", (long long)plain, (long long)model);
+    /* tiny (hidden 256, 4 heads and 2 kv of 128, intermediate 512, 2 layers): q, k, v, o,
+     * gate, up, down are 786,432 elements a layer; 2 replicas take them all */
+    const json_int_t fp8_elems = 2 * 2 * 786432, fp8_wire = fp8_elems + fp8_elems / 16384 * 4;
+    CHECK(json_is_true(json_object_get(j, "fp8_wire")));
+    CHECK_MSG(json_integer_value(json_object_get(j, "fp8_wire_bytes")) == fp8_wire,
+              "fp8_wire_bytes %lld, reference %lld",
+              (long long)json_integer_value(json_object_get(j, "fp8_wire_bytes")),
+              (long long)fp8_wire);
+    CHECK_MSG(moved == plain - 2 * fp8_elems + fp8_wire, "bytes_moved %lld, param dtype %lld",
+              (long long)moved, (long long)plain);
+    CHECK(json_integer_value(json_object_get(j, "wire_bytes")) == moved);
     CHECK_MSG(gbps > 0.99 * (double)moved / 1e9 / secs && gbps < 1.01 * (double)moved / 1e9 / secs,
               "%g GB/s for %g s", gbps, secs);
     json_t *d = json_object_get(j, "digests");
@@ -113,6 +128,24 @@ static void case_bench_model_host(void)
               strcmp(json_string_value(json_array_get(d, 0)),
                      json_string_value(json_array_get(d, 1))) != 0);
     json_decref(j);
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem host --scheme ipc "
+                               "--senders 2 --tp 2 --quant fp8-block --fp8-wire off --iters 1 "
+                               "--json 2>/dev/null", out, sizeof(out));
+    CHECK_MSG(rc == 0, "wsync-bench --fp8-wire off exited %d: %s", rc, out);
+    j = (json_t *)proc_last_json_line(out);
+    CHECK_MSG(j != NULL, "wsync-bench printed no JSON: %s", out);
+    if (j != NULL) {
+        CHECK(json_is_true(json_object_get(j, "correct")));
+        CHECK(json_is_false(json_object_get(j, "fp8_wire")));
+        CHECK(json_integer_value(json_object_get(j, "fp8_wire_bytes")) == 0);
+        CHECK(json_integer_value(json_object_get(j, "bytes_moved")) ==
+              json_integer_value(json_object_get(j, "param_dtype_bytes")));
+        json_decref(j);
+    }
+    rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem host --scheme ipc "
+                           "--fp8-wire maybe 2>&1", out, sizeof(out));
+    CHECK_MSG(rc != 0 && strstr(out, "--fp8-wire") != NULL, "--fp8-wire maybe: exit %d, %s", rc,
+              out);
     rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape qwen3-9b --mem host --scheme ipc "
                            "2>&1", out, sizeof(out));
     CHECK_MSG(rc != 0 && strstr(out, "qwen3-8b") != NULL, "unknown shape: exit %d, %s", rc, out);
