@@ -48,6 +48,54 @@ static uint32_t load_bits(const uint8_t *p, size_t esz)
     return h;
 }
 
+/* Loops below go in chunks of CHUNK elements with restrict pointers: a fixed trip count
+ * without aliasing is what GCC's -O2 cost model needs to vectorize them (as in fp8.c). */
+#define CHUNK 16
+
+/* The largest exponent field of a row (masked bits, as unsigned): equal to the mask exactly
+ * when the row holds an Inf or NaN. */
+static uint32_t row_exp_max32(const uint8_t *restrict p, uint64_t n, uint32_t mask)
+{
+    uint32_t acc[CHUNK] = {0}, worst = 0;
+    uint64_t c = 0;
+
+    for (; c + CHUNK <= n; c += CHUNK) {
+        uint32_t u[CHUNK];
+        memcpy(u, p + c * 4, sizeof(u));
+        for (int k = 0; k < CHUNK; k++)
+            acc[k] = (u[k] & mask) > acc[k] ? u[k] & mask : acc[k];
+    }
+    for (; c < n; c++) {
+        uint32_t u;
+        memcpy(&u, p + c * 4, 4);
+        worst = (u & mask) > worst ? u & mask : worst;
+    }
+    for (int k = 0; k < CHUNK; k++)
+        worst = acc[k] > worst ? acc[k] : worst;
+    return worst;
+}
+
+static uint16_t row_exp_max16(const uint8_t *restrict p, uint64_t n, uint16_t mask)
+{
+    uint16_t acc[CHUNK] = {0}, worst = 0;
+    uint64_t c = 0;
+
+    for (; c + CHUNK <= n; c += CHUNK) {
+        uint16_t h[CHUNK];
+        memcpy(h, p + c * 2, sizeof(h));
+        for (int k = 0; k < CHUNK; k++)
+            acc[k] = (uint16_t)(h[k] & mask) > acc[k] ? (uint16_t)(h[k] & mask) : acc[k];
+    }
+    for (; c < n; c++) {
+        uint16_t h;
+        memcpy(&h, p + c * 2, 2);
+        worst = (uint16_t)(h & mask) > worst ? (uint16_t)(h & mask) : worst;
+    }
+    for (int k = 0; k < CHUNK; k++)
+        worst = acc[k] > worst ? acc[k] : worst;
+    return worst;
+}
+
 /* The first non-finite element of the region in row-major order, found on the raw bits (an
  * all-ones exponent): 1, its (*row, *col) and its bits when there is one. A row's largest
  * exponent is found first (a loop compilers vectorize); the element only in a bad row. */
@@ -60,23 +108,7 @@ static int find_nonfinite(const uint8_t *base, wsync_dtype_t dt, const wsync_reg
     float_bits(dt, &em, &mm, &esz);
     for (uint64_t r = 0; r < g->rows; r++) {
         const uint8_t *p = base + (g->off + r * g->pitch) * esz;
-        uint32_t worst = 0;
-        if (esz == 4) {
-            for (uint64_t c = 0; c < g->cols; c++) {
-                uint32_t u;
-                memcpy(&u, p + c * 4, 4);
-                u &= em;
-                worst = u > worst ? u : worst;
-            }
-        } else {
-            for (uint64_t c = 0; c < g->cols; c++) {
-                uint16_t h;
-                memcpy(&h, p + c * 2, 2);
-                h &= (uint16_t)em;
-                worst = h > worst ? h : worst;
-            }
-        }
-        if (worst != em)
+        if ((esz == 4 ? row_exp_max32(p, g->cols, em) : row_exp_max16(p, g->cols, (uint16_t)em)) != em)
             continue;
         for (uint64_t c = 0; c < g->cols; c++) {
             uint32_t u = load_bits(p + c * esz, esz);
@@ -116,12 +148,43 @@ static void tile_dims(const wsync_wire_rule_t *ru, uint64_t cols, uint64_t *trow
                       uint64_t *tcols)
 {
     if (ru->scheme == WSYNC_QUANT_BLOCK) {
+        uint64_t cell = (uint64_t)ru->block_rows * (uint64_t)ru->block_cols * 4u;
+        uint64_t k = TILE_BYTES / cell;
         *trows = (uint64_t)ru->block_rows;
-        *tcols = (uint64_t)ru->block_cols * TILE_CELLS;
+        *tcols = (uint64_t)ru->block_cols * (k < 1 ? 1 : k > TILE_CELLS ? TILE_CELLS : k);
     } else {
         uint64_t k = TILE_BYTES / 4u / cols;
         *trows = k < 1 ? 1 : k > TILE_CELLS ? TILE_CELLS : k;
         *tcols = cols;
+    }
+}
+
+/* Rows of bf16 / f16 to f32 (the output never aliases the shard). */
+static void row_bf16(const uint8_t *restrict p, float *restrict o, uint64_t n)
+{
+    uint64_t c = 0;
+
+    for (; c + CHUNK <= n; c += CHUNK) {
+        uint16_t h[CHUNK];
+        uint32_t u[CHUNK];
+        memcpy(h, p + c * 2, sizeof(h));
+        for (int k = 0; k < CHUNK; k++)
+            u[k] = (uint32_t)h[k] << 16;
+        memcpy(o + c, u, sizeof(u));
+    }
+    for (; c < n; c++) {
+        uint16_t h;
+        memcpy(&h, p + c * 2, 2);
+        o[c] = wsync_bf16_to_f32(h);
+    }
+}
+
+static void row_f16(const uint8_t *restrict p, float *restrict o, uint64_t n)
+{
+    for (uint64_t c = 0; c < n; c++) {   /* f16 is rare for weights: the plain conversion */
+        uint16_t h;
+        memcpy(&h, p + c * 2, 2);
+        o[c] = wsync_f16_to_f32(h);
     }
 }
 
@@ -140,20 +203,10 @@ static void tile_input(const wsync_chunk_t *ch, const uint8_t *shard, const tile
     }
     for (uint64_t r = 0; r < tl->rows; r++) {
         const uint8_t *p = first + r * ch->src.pitch * esz;
-        float *o = scratch + r * tl->cols;
-        if (ch->dtype == WSYNC_DTYPE_BF16) {
-            for (uint64_t c = 0; c < tl->cols; c++) {
-                uint16_t h;
-                memcpy(&h, p + c * 2, 2);
-                o[c] = wsync_bf16_to_f32(h);
-            }
-        } else {
-            for (uint64_t c = 0; c < tl->cols; c++) {
-                uint16_t h;
-                memcpy(&h, p + c * 2, 2);
-                o[c] = wsync_f16_to_f32(h);
-            }
-        }
+        if (ch->dtype == WSYNC_DTYPE_BF16)
+            row_bf16(p, scratch + r * tl->cols, tl->cols);
+        else
+            row_f16(p, scratch + r * tl->cols, tl->cols);
     }
     *x = scratch;
     *pitch = tl->cols;

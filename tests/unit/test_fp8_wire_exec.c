@@ -516,6 +516,29 @@ static void test_fused_rows(void)
     free(k.full);
 }
 
+/* Chunks wider than the packer's tile (16 cells of 128 x 128 a tile: [256, 2200] has rows of
+ * 18 cells, the last 24 wide) and taller than a channel tile (64 rows: [150, 100] in one
+ * chunk), so that a chunk's codes and scales are put together from several tiles. */
+static void test_tiles(void)
+{
+    param_t w = param_new("wide", BF16, 256, 2200, 13);
+    param_t v = param_new("tall", F32, 150, 100, 14);
+    const int64_t cuts[] = {0, 128, 256};
+    group_t g;
+
+    memset(&g, 0, sizeof(g));
+    add_fsdp(&g, &w, cuts, 2);
+    add_shard(&g, 0, &v, 0, 150);
+    add_target(&g, 0, "wide.fp8", E4M3, 256, 2200, BLOCK, 128, 128, 1, 0);
+    add_piece(&g, &w, 0, 256, 0, 2200, 0);
+    add_target(&g, 0, "tall.fp8", E5M2, 150, 100, CHANNEL, 0, 0, 0, 0);
+    add_piece(&g, &v, 0, 150, 0, 100, 0);
+    run_group(&g, 2, 1, 4 * MiB);
+    group_free(&g);
+    free(w.full);
+    free(v.full);
+}
+
 /* A NaN (bf16) or -Inf (f32) in sender 1's shard: its pack refuses the chunk naming the param,
  * the sender and the element, and the bucket keeps every byte; sender 0's chunk packs. */
 static void test_nonfinite(void)
@@ -568,6 +591,7 @@ int main(void)
     RUN(test_channel);
     RUN(test_block_e5m2_and_slices);
     RUN(test_fused_rows);
+    RUN(test_tiles);
     RUN(test_nonfinite);
     return check_summary();
 }
