@@ -108,7 +108,9 @@ static int find_nonfinite(const uint8_t *base, wsync_dtype_t dt, const wsync_reg
     float_bits(dt, &em, &mm, &esz);
     for (uint64_t r = 0; r < g->rows; r++) {
         const uint8_t *p = base + (g->off + r * g->pitch) * esz;
-        if ((esz == 4 ? row_exp_max32(p, g->cols, em) : row_exp_max16(p, g->cols, (uint16_t)em)) != em)
+        uint32_t worst = esz == 4 ? row_exp_max32(p, g->cols, em)
+                                  : row_exp_max16(p, g->cols, (uint16_t)em);
+        if (worst != em)
             continue;
         for (uint64_t c = 0; c < g->cols; c++) {
             uint32_t u = load_bits(p + c * esz, esz);
@@ -212,6 +214,41 @@ static void tile_input(const wsync_chunk_t *ch, const uint8_t *shard, const tile
     *pitch = tl->cols;
 }
 
+/* Quantize the chunk tile by tile into its bucket place `codes` (codes dense, then scales). */
+static wsync_status_t pack_tiles(const wsync_chunk_t *ch, const wsync_wire_rule_t *ru,
+                                 const char *param, const void *shard_data, uint8_t *codes,
+                                 float *scratch, uint64_t trows, uint64_t tcols)
+{
+    uint64_t rows = ch->src.rows, cols = ch->src.cols, cell_rows, cell_cols;
+    float tile_scales[TILE_CELLS];
+    wsync_status_t st = WSYNC_OK;
+    wsync_quant_t q;
+
+    wsync_wire_cells(ru, rows, cols, &cell_rows, &cell_cols);
+    wsync_wire_rule_quant(ru, &q);
+    for (uint64_t r0 = 0; r0 < rows && st == WSYNC_OK; r0 += trows) {
+        for (uint64_t c0 = 0; c0 < cols && st == WSYNC_OK; c0 += tcols) {
+            tile_t tl = {r0, WSYNC_MIN(trows, rows - r0), c0, WSYNC_MIN(tcols, cols - c0), 0, 0};
+            const float *x;
+            uint64_t pitch, tcr, tcc;
+            wsync_wire_cells(ru, tl.rows, tl.cols, &tcr, &tcc);
+            tl.ncells = tcr * tcc;
+            tl.cell = ru->scheme == WSYNC_QUANT_BLOCK
+                          ? r0 / (uint64_t)ru->block_rows * cell_cols +
+                                c0 / (uint64_t)ru->block_cols
+                          : r0;
+            tile_input(ch, shard_data, &tl, scratch, &x, &pitch);
+            st = wsync_quantize_f32(param, x, tl.rows, tl.cols, pitch, &q, ru->fp8_dtype,
+                                    codes + r0 * cols + c0, cols, tile_scales);
+            /* scales through memcpy: the bucket's place needs no float alignment */
+            if (st == WSYNC_OK)
+                memcpy(codes + wsync_wire_scales_off(rows, cols) + tl.cell * 4u, tile_scales,
+                       (size_t)tl.ncells * 4u);
+        }
+    }
+    return st;
+}
+
 static wsync_status_t pack_check(const wsync_plan_t *plan, const wsync_chunk_t *ch,
                                  const void *shard_data, const void *bucket)
 {
@@ -237,10 +274,8 @@ wsync_status_t wsync_exec_pack_wire(const wsync_plan_t *plan, const wsync_chunk_
 {
     const wsync_chunk_t *ch = chunk;
     const wsync_wire_rule_t *ru;
-    wsync_quant_t q;
     uint64_t rows, cols, cell_rows, cell_cols, trows, tcols;
-    uint8_t *codes;
-    float *scratch = NULL, tile_scales[TILE_CELLS];
+    float *scratch = NULL;
     wsync_status_t st = pack_check(plan, ch, shard_data, bucket);
 
     if (st != WSYNC_OK)
@@ -265,27 +300,8 @@ wsync_status_t wsync_exec_pack_wire(const wsync_plan_t *plan, const wsync_chunk_
                              "scratch for %" PRIu64 " x %" PRIu64 " values", ch->sender,
                              param != NULL ? param : "?", trows, tcols);
     }
-    wsync_wire_rule_quant(ru, &q);
-    codes = (uint8_t *)bucket + ch->bucket_off;
-    for (uint64_t r0 = 0; r0 < rows && st == WSYNC_OK; r0 += trows) {
-        for (uint64_t c0 = 0; c0 < cols && st == WSYNC_OK; c0 += tcols) {
-            tile_t tl = {r0, WSYNC_MIN(trows, rows - r0), c0, WSYNC_MIN(tcols, cols - c0), 0, 0};
-            const float *x;
-            uint64_t pitch, tcr, tcc;
-            wsync_wire_cells(ru, tl.rows, tl.cols, &tcr, &tcc);
-            tl.ncells = tcr * tcc;
-            tl.cell = ru->scheme == WSYNC_QUANT_BLOCK
-                          ? (r0 / (uint64_t)ru->block_rows) * cell_cols + c0 / (uint64_t)ru->block_cols
-                          : r0;
-            tile_input(ch, shard_data, &tl, scratch, &x, &pitch);
-            st = wsync_quantize_f32(param, x, tl.rows, tl.cols, pitch, &q, ru->fp8_dtype,
-                                    codes + r0 * cols + c0, cols, tile_scales);
-            /* scales through memcpy: the bucket's place needs no float alignment */
-            if (st == WSYNC_OK)
-                memcpy(codes + wsync_wire_scales_off(rows, cols) + tl.cell * 4u, tile_scales,
-                       (size_t)tl.ncells * 4u);
-        }
-    }
+    st = pack_tiles(ch, ru, param, shard_data, (uint8_t *)bucket + ch->bucket_off, scratch,
+                    trows, tcols);
     free(scratch);
     return st;
 }
