@@ -46,9 +46,11 @@
 #define NC_TAG_SUMS 2u               /* relay: a sender's checksums for one receiver */
 #define NC_HELLO_MAGIC 0x4e43434cu   /* "NCCL" */
 
+/* Bytes of a chunk in an op's buffer and on the wire: FP8 codes and scales for a chunk that
+ * travels quantized (FP8 on the wire), its values otherwise. */
 static uint64_t chunk_bytes(const wsync_chunk_t *c)
 {
-    return c->src.rows * c->src.cols * wsync_dtype_size(c->dtype);
+    return wsync_chunk_wire_bytes(c);
 }
 
 static uint64_t align_up(uint64_t v, uint64_t a)
@@ -959,6 +961,7 @@ static void state_free(nc_state_t *st)
             free_batches(st);
             if (st->d != NULL)
                 wsync_nccl_delta_free_batches(st);
+            wsync_dev_free(st->qws_dev);
             for (int i = 0; i < NC_SLOTS; i++) {
                 wsync_dev_free(st->slot[i]);
                 wsync_dev_event_destroy(st->ev_copy[i]);
@@ -983,6 +986,12 @@ static void state_free(nc_state_t *st)
     free(st->bound_land);
     free(st->sums);
     free(st->host);
+    free(st->quant);
+    free(st->qws);
+    free(st->qchunk);
+    free(st->qoff);
+    free(st->tx_sum);
+    free(st->tx_have);
     free(st);
 }
 
@@ -1145,6 +1154,64 @@ static void nccl_sender_teardown(wsync_sender_t *s)
     s->m.scheme_state = NULL;
 }
 
+/* FP8 on the wire: the quantization of every chunk that travels as FP8 codes and scales into
+ * its place in its step's slot (the steps' counts and quant0 set), and their workspaces, zeroed
+ * once (quantize_many keeps them so while every value is finite). */
+static wsync_status_t sender_bind_wire(wsync_sender_t *s, nc_state_t *st)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    wsync_status_t rc;
+    uint32_t q = 0;
+
+    if (st->nquant == 0)
+        return WSYNC_OK;
+    st->quant = calloc(st->nquant, sizeof(*st->quant));
+    st->qws = calloc(st->nquant, sizeof(*st->qws));
+    st->qchunk = calloc(st->nquant, sizeof(*st->qchunk));
+    st->qoff = calloc(st->nquant, sizeof(*st->qoff));
+    if (st->quant == NULL || st->qws == NULL || st->qchunk == NULL || st->qoff == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for %u FP8 chunks", st->nquant);
+    if ((rc = wsync_dev_malloc((size_t)st->nquant * WSYNC_KQUANT_WS_BYTES, &st->qws_dev)) !=
+            WSYNC_OK ||
+        (rc = wsync_dev_memset_async(st->qws_dev, 0, (size_t)st->nquant * WSYNC_KQUANT_WS_BYTES,
+                                     st->xstream)) != WSYNC_OK ||
+        (rc = wsync_dev_stream_sync(st->xstream, wsync_deadline_in(s->m.timeout_ms),
+                                    "nccl: zeroing the FP8 workspaces")) != WSYNC_OK)
+        return rc;
+    for (uint32_t k = 0; k < st->sched->nsteps; k++) {
+        const nc_step_t *step = &st->steps[k];
+        for (uint32_t i = 0; i < step->nmyops; i++) {
+            const nc_myop_t *o = &st->myops[step->myop0 + i];
+            const wsync_nccl_op_t *op = &st->sched->ops[o->op];
+            if (!o->staged)
+                continue;
+            for (uint32_t j = 0; j < op->nitems; j++) {
+                const wsync_nccl_item_t *it = &st->sched->items[op->item0 + j];
+                wsync_chunk_t c = plan->chunks[it->chunk];
+                if (c.rule == 0)
+                    continue;
+                c.bucket_off = o->soff + it->off;   /* its place in the op's staging */
+                if (q >= step->quant0 + step->nquant || q < step->quant0)
+                    return wsync_err(WSYNC_ERR_INTERNAL, "nccl: sender %d: step %u: FP8 chunk "
+                                     "count", s->m.rank, k);
+                rc = wsync_kernels_pack_wire_desc(plan, &c, s->shard_data[c.shard],
+                                                  st->slot[k % NC_SLOTS], &st->quant[q]);
+                if (rc != WSYNC_OK)
+                    return rc;
+                st->quant[q].name = s->shards[c.shard].param.name;
+                st->qws[q] = (uint8_t *)st->qws_dev + (size_t)q * WSYNC_KQUANT_WS_BYTES;
+                st->qchunk[q] = it->chunk;
+                st->qoff[q] = c.bucket_off;
+                q++;
+            }
+        }
+    }
+    if (q != st->nquant)
+        return wsync_err(WSYNC_ERR_INTERNAL, "nccl: sender %d: %u of %u FP8 chunks laid out",
+                         s->m.rank, q, st->nquant);
+    return WSYNC_OK;
+}
+
 /* Staging layout, pack copies and direct pointers of every step. */
 static wsync_status_t sender_bind(wsync_sender_t *s, nc_state_t *st)
 {
@@ -1162,7 +1229,9 @@ static wsync_status_t sender_bind(wsync_sender_t *s, nc_state_t *st)
             const wsync_nccl_op_t *op = &st->sched->ops[o->op];
             const wsync_chunk_t *c = &plan->chunks[st->sched->items[op->item0].chunk];
             step->bytes += op->bytes;
-            if (!op->packed && wsync_nccl_region_contiguous(&c->src)) {
+            /* an FP8 chunk's codes and scales exist only once packed: never straight from the
+             * shard */
+            if (!op->packed && c->rule == 0 && wsync_nccl_region_contiguous(&c->src)) {
                 o->staged = 0;
                 o->direct = (uint8_t *)s->shard_data[c->shard] + c->src.off * wsync_dtype_size(c->dtype);
                 ndirect++;
@@ -1171,15 +1240,28 @@ static wsync_status_t sender_bind(wsync_sender_t *s, nc_state_t *st)
             o->staged = 1;
             o->soff = align_up(step->staging, NC_ALIGN);
             step->staging = o->soff + op->bytes;
-            step->ncopies += op->nitems;
+            for (uint32_t j = 0; j < op->nitems; j++) {
+                if (plan->chunks[st->sched->items[op->item0 + j].chunk].rule != 0)
+                    step->nquant++;
+                else
+                    step->ncopies++;
+            }
             nstaged++;
         }
+        step->quant0 = st->nquant;
+        st->nquant += step->nquant;
     }
+    if (st->d != NULL && st->nquant > 0)
+        return wsync_err(WSYNC_ERR_INTERNAL, "nccl: sender %d: the plan sends %u chunks as FP8 "
+                         "codes in a group with delta versions (delta groups get plain plans)",
+                         s->m.rank, st->nquant);
     if (st->d != NULL && (rc = wsync_nccl_delta_layout(st, plan, NULL)) != WSYNC_OK)
         return rc;
     if ((rc = alloc_slots(st)) != WSYNC_OK)
         return rc;
     if (st->d != NULL && (rc = wsync_nccl_delta_sender_batches(s, st)) != WSYNC_OK)
+        return rc;
+    if ((rc = sender_bind_wire(s, st)) != WSYNC_OK)
         return rc;
     for (uint32_t k = 0; k < st->sched->nsteps && rc == WSYNC_OK; k++) {
         nc_step_t *step = &st->steps[k];
@@ -1197,6 +1279,8 @@ static wsync_status_t sender_bind(wsync_sender_t *s, nc_state_t *st)
                 const wsync_nccl_item_t *it = &st->sched->items[op->item0 + j];
                 const wsync_chunk_t *c = &plan->chunks[it->chunk];
                 uint64_t esz = wsync_dtype_size(c->dtype);
+                if (c->rule != 0)
+                    continue;                /* quantized into the slot: sender_bind_wire */
                 descs[n++] = (wsync_kcopy_t){
                     .src = s->shard_data[c->shard], .dst = st->slot[k % NC_SLOTS],
                     .src_off = c->src.off, .src_pitch = c->src.pitch,
@@ -1210,9 +1294,10 @@ static wsync_status_t sender_bind(wsync_sender_t *s, nc_state_t *st)
     free(descs);
     if (rc == WSYNC_OK)
         WSYNC_LOG_I("nccl: sender %d: %u steps, %u ops (%u straight from the shards, %u staged), "
-                    "staging 2 x %llu bytes; the group's broadcasts carry %llu bytes a version, "
-                    "its sends %llu", s->m.rank, st->sched->nsteps, ndirect + nstaged, ndirect,
-                    nstaged, (unsigned long long)st->slot_bytes,
+                    "%u chunks quantized to FP8 as they are packed, staging 2 x %llu bytes; the "
+                    "group's broadcasts carry %llu bytes a version, its sends %llu", s->m.rank,
+                    st->sched->nsteps, ndirect + nstaged, ndirect, nstaged, st->nquant,
+                    (unsigned long long)st->slot_bytes,
                     (unsigned long long)st->sched->bytes_bcast,
                     (unsigned long long)st->sched->bytes_p2p);
     return rc;
@@ -1252,27 +1337,62 @@ static wsync_status_t nccl_sender_setup(wsync_sender_t *s)
     return rc;
 }
 
-/* WSYNC_VERIFY: hash every chunk of ours someone takes, and relay each receiver its list. */
-static wsync_status_t sender_sums(wsync_sender_t *s, nc_state_t *st, uint64_t version)
+/* xxh3 of an FP8 chunk's wire bytes at `place` (device): its codes, then its scales, without the
+ * up to 3 bytes of alignment between them (which the pack does not write: two ops carrying one
+ * chunk may differ there). Both sides hash it so. */
+static wsync_status_t hash_wire(nc_state_t *st, const void *place, const wsync_chunk_t *c,
+                                uint64_t *out)
+{
+    uint64_t ncodes = c->src.rows * c->src.cols, soff = wsync_wire_scales_off(c->src.rows,
+                                                                                c->src.cols);
+    uint64_t wire = wsync_chunk_wire_bytes(c), dense = ncodes + (uint64_t)c->ncells * 4u;
+    wsync_status_t rc = host_room(st, (size_t)wire);
+
+    if (rc == WSYNC_OK)
+        rc = wsync_dev_copy_to_host(st->host, place, (size_t)wire, st->xstream,
+                                    wsync_deadline_in(st->m->timeout_ms));
+    if (rc != WSYNC_OK)
+        return rc;
+    memmove(st->host + ncodes, st->host + soff, (size_t)c->ncells * 4u);
+    wsync_region_t r = {0, dense, 1, dense};
+    *out = wsync_exec_hash(st->host, WSYNC_DTYPE_U8, &r);
+    return WSYNC_OK;
+}
+
+/* WSYNC_VERIFY, at version start: room for the version's checksums, and those of the chunks of
+ * ours someone takes that travel as they are (hashed from the shards); an FP8 chunk's exist once
+ * its step packed it (sender_check_wire). */
+static wsync_status_t sender_sums_begin(wsync_sender_t *s, nc_state_t *st)
 {
     const wsync_plan_t *plan = s->m.plan;
-    uint32_t me = (uint32_t)s->m.rank, nr = plan->nreceivers;
-    uint64_t *sum = calloc(plan->nchunks + 1, sizeof(uint64_t));
-    uint8_t *have = calloc(plan->nchunks + 1, 1);
+    uint32_t me = (uint32_t)s->m.rank;
     wsync_status_t rc = WSYNC_OK;
 
-    if (sum == NULL || have == NULL) {
-        rc = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for checksums");
-        goto out;
-    }
+    free(st->tx_sum);
+    free(st->tx_have);
+    st->tx_sum = calloc(plan->nchunks + 1, sizeof(uint64_t));
+    st->tx_have = calloc(plan->nchunks + 1, 1);
+    if (st->tx_sum == NULL || st->tx_have == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for checksums");
     for (uint32_t i = 0; i < plan->nsegments && rc == WSYNC_OK; i++) {
         uint32_t c = plan->segments[i].chunk;
         const wsync_chunk_t *ch = &plan->chunks[c];
-        if (ch->sender != me || have[c])
+        if (ch->sender != me || st->tx_have[c] || ch->rule != 0)
             continue;
-        rc = hash_device(st, s->shard_data[ch->shard], ch->dtype, &ch->src, &sum[c]);
-        have[c] = 1;
+        rc = hash_device(st, s->shard_data[ch->shard], ch->dtype, &ch->src, &st->tx_sum[c]);
+        st->tx_have[c] = 1;
     }
+    return rc;
+}
+
+/* WSYNC_VERIFY, once every step is packed: relay each receiver the checksums of the chunks it
+ * takes from us, in its segments' order. */
+static wsync_status_t sender_sums_send(wsync_sender_t *s, nc_state_t *st, uint64_t version)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    uint32_t me = (uint32_t)s->m.rank, nr = plan->nreceivers;
+    wsync_status_t rc = WSYNC_OK;
+
     for (uint32_t r = 0, i = 0; r < nr && rc == WSYNC_OK; r++) {
         wsync_wbuf_t b;
         uint32_t n = 0, prev = UINT32_MAX;
@@ -1283,11 +1403,16 @@ static wsync_status_t sender_sums(wsync_sender_t *s, nc_state_t *st, uint64_t ve
             uint32_t c = plan->segments[i].chunk;
             if (plan->chunks[c].sender != me || c == prev)
                 continue;
-            wsync_put_u64(&b, sum[c]);
+            if (!st->tx_have[c]) {
+                rc = wsync_err(WSYNC_ERR_INTERNAL, "nccl: sender %u: no checksum of chunk %u "
+                               "(FP8 on the wire: not packed in any step)", me, c);
+                break;
+            }
+            wsync_put_u64(&b, st->tx_sum[c]);
             prev = c;
             n++;
         }
-        if (n > 0 && !b.err) {
+        if (rc == WSYNC_OK && n > 0 && !b.err) {
             for (int j = 0; j < 4; j++)
                 b.data[8 + j] = (uint8_t)(n >> (8 * j));
             rc = b.len > WSYNC_RELAY_MAX
@@ -1295,15 +1420,122 @@ static wsync_status_t sender_sums(wsync_sender_t *s, nc_state_t *st, uint64_t ve
                                  "exceed one relay", me, n, r)
                      : wsync_member_relay_send(&s->m, WSYNC_ROLE_RECEIVER, (int)r, NC_TAG_SUMS,
                                                b.data, (uint32_t)b.len);
-        } else if (b.err) {
+        } else if (rc == WSYNC_OK && b.err) {
             rc = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for checksums");
         }
         wsync_wbuf_free(&b);
     }
-out:
-    free(sum);
-    free(have);
     return rc;
+}
+
+/* 1 when element p (bf16, f16 or f32) is NaN or Inf (an all-ones exponent); *what says which. */
+static int nonfinite_elem(const uint8_t *p, wsync_dtype_t dt, const char **what)
+{
+    uint32_t u, em, mm, sm;
+
+    if (dt == WSYNC_DTYPE_F32) {
+        memcpy(&u, p, 4);
+        em = 0x7f800000u, mm = 0x007fffffu, sm = 0x80000000u;
+    } else {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        u = h;
+        em = dt == WSYNC_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+        mm = dt == WSYNC_DTYPE_BF16 ? 0x007fu : 0x03ffu;
+        sm = 0x8000u;
+    }
+    if ((u & em) != em)
+        return 0;
+    *what = (u & mm) ? "NaN" : (u & sm) ? "-Inf" : "Inf";
+    return 1;
+}
+
+/* FP8 quantization q of this version met a NaN or Inf: find the first in its chunk's region
+ * (row-major, through a host copy) and refuse the version naming the param, the element (row and
+ * column of the param's [rows, last dim] matrix) and this sender. */
+static wsync_status_t sender_wire_nonfinite(wsync_sender_t *s, nc_state_t *st, uint32_t q,
+                                            uint64_t version)
+{
+    const wsync_chunk_t *c = &s->m.plan->chunks[st->qchunk[q]];
+    const wsync_shard_desc_t *sh = &s->shards[c->shard];
+    size_t esz = wsync_dtype_size(c->dtype), width = (size_t)(c->src.cols * esz);
+    const char *what = NULL;
+    uint64_t e = UINT64_MAX;
+    wsync_status_t rc = host_room(st, width * (size_t)c->src.rows);
+
+    if (rc == WSYNC_OK)
+        rc = wsync_dev_memcpy2d_async(st->host, width, (const uint8_t *)s->shard_data[c->shard] +
+                                      c->src.off * esz, (size_t)(c->src.pitch * esz), width,
+                                      (size_t)c->src.rows, st->xstream);
+    if (rc == WSYNC_OK)
+        rc = wsync_dev_stream_sync(st->xstream, wsync_deadline_in(st->m->timeout_ms),
+                                   "nccl: a copy to the host to find a non-finite value");
+    if (rc != WSYNC_OK)
+        return rc;
+    for (uint64_t r = 0; r < c->src.rows && e == UINT64_MAX; r++)
+        for (uint64_t k = 0; k < c->src.cols; k++)
+            if (nonfinite_elem(st->host + (r * c->src.cols + k) * esz, c->dtype, &what)) {
+                e = c->src.off + r * c->src.pitch + k;   /* element of the dense shard box */
+                break;
+            }
+    if (e == UINT64_MAX)
+        return wsync_err(WSYNC_ERR_INTERNAL, "nccl: sender %d: version %llu: the FP8 quantization "
+                         "of param '%s' saw a non-finite value its region does not hold",
+                         s->m.rank, (unsigned long long)version, sh->param.name);
+    /* the element's coordinates in the param, then its row of the param's matrix */
+    int nd = sh->param.ndim;
+    uint64_t idx[WSYNC_MAX_DIMS] = {0}, rest = e, row = 0;
+    for (int d = nd - 1; d >= 0; d--) {
+        uint64_t len = (uint64_t)sh->box.len[d];
+        idx[d] = (uint64_t)sh->box.start[d] + (len > 0 ? rest % len : 0);
+        rest = len > 0 ? rest / len : 0;
+    }
+    for (int d = 0; d + 1 < nd; d++)
+        row = row * (uint64_t)sh->param.shape[d] + idx[d];
+    return wsync_err(WSYNC_ERR_NONFINITE, "nccl: sender %d: version %llu refused: %s: %s at row "
+                     "%llu, column %llu (quantized by this sender: FP8 on the wire)", s->m.rank,
+                     (unsigned long long)version, sh->param.name, what, (unsigned long long)row,
+                     (unsigned long long)(nd > 0 ? idx[nd - 1] : 0));
+}
+
+/* After step k's pack, before its sends: did its FP8 quantizations meet a NaN or Inf (then the
+ * version is refused and nothing of the step goes out)? With WSYNC_VERIFY, the checksums of the
+ * FP8 chunks it packed. Waits for the pack. */
+static wsync_status_t sender_check_wire(wsync_sender_t *s, nc_state_t *st, uint32_t k,
+                                        uint64_t version)
+{
+    const nc_step_t *step = &st->steps[k];
+    size_t bad = step->nquant;
+    wsync_status_t rc;
+
+    if (step->nquant == 0)
+        return WSYNC_OK;
+    rc = wsync_dev_quantize_check(st->qws[step->quant0], step->nquant, st->xstream,
+                                  wsync_deadline_in(s->m.timeout_ms), &bad);
+    if (rc != WSYNC_OK)
+        return rc;
+    if (bad < step->nquant) {
+        rc = sender_wire_nonfinite(s, st, step->quant0 + (uint32_t)bad, version);
+        /* the flags stay set otherwise; the group fails with this version anyway */
+        char text[1024];
+        snprintf(text, sizeof(text), "%s", wsync_last_error());
+        if (wsync_dev_memset_async(st->qws[step->quant0], 0,
+                                   (size_t)step->nquant * WSYNC_KQUANT_WS_BYTES, st->xstream) !=
+            WSYNC_OK)
+            WSYNC_LOG_W("nccl: sender %d: %s", s->m.rank, wsync_last_error());
+        return wsync_err_set_text(rc, text);
+    }
+    for (uint32_t i = 0; st->verify && i < step->nquant; i++) {
+        uint32_t q = step->quant0 + i, c = st->qchunk[q];
+        if (st->tx_have[c])
+            continue;
+        rc = hash_wire(st, (uint8_t *)st->slot[k % NC_SLOTS] + st->qoff[q], &s->m.plan->chunks[c],
+                       &st->tx_sum[c]);
+        if (rc != WSYNC_OK)
+            return rc;
+        st->tx_have[c] = 1;
+    }
+    return WSYNC_OK;
 }
 
 static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint64_t version)
@@ -1312,7 +1544,7 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
     uint32_t nsteps = st->sched->nsteps;
     uint64_t t0 = wsync_now_ns(), t_wait = 0;
 
-    if (st->verify && (rc = sender_sums(s, st, version)) != WSYNC_OK)
+    if (st->verify && (rc = sender_sums_begin(s, st)) != WSYNC_OK)
         return rc;
     if (st->d != NULL &&
         (rc = wsync_nccl_delta_begin(st, s->delta_tx, wsync_delta_tx_begin(s->delta_tx, version),
@@ -1333,15 +1565,22 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
                 return rc;
             t_wait += wsync_now_ns() - w;
         }
-        if (step->batch != NULL || step->ebatch != NULL) {
+        if (step->batch != NULL || step->ebatch != NULL || step->nquant > 0) {
             if ((step->batch != NULL &&
                  (rc = wsync_dev_batch_launch(step->batch, st->xstream)) != WSYNC_OK) ||
+                (step->nquant > 0 &&
+                 (rc = wsync_dev_quantize_many(&st->quant[step->quant0], step->nquant,
+                                               &st->qws[step->quant0], 0, st->xstream)) !=
+                     WSYNC_OK) ||
                 (st->d != NULL && (rc = wsync_nccl_delta_encode(s, st, k)) != WSYNC_OK) ||
                 (rc = wsync_dev_event_record(st->ev_copy[slot], st->xstream)) != WSYNC_OK ||
                 (rc = wsync_dev_stream_wait_event(st->cstream, st->ev_copy[slot])) != WSYNC_OK)
                 return rc;
             s->stats.bytes_packed += step->staging;
         }
+        /* FP8 on the wire: a NaN or Inf refuses the version before the step's bytes go out */
+        if ((rc = sender_check_wire(s, st, k, version)) != WSYNC_OK)
+            return rc;
         /* DELTA ops: the encoded lengths to the host, the tables out (fault point inside) */
         if (st->d != NULL && step->ndelta > 0 &&
             (rc = wsync_nccl_delta_tables(s, st, k)) != WSYNC_OK)
@@ -1383,6 +1622,10 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
         st->slot_step[slot] = k;
         s->stats.buckets++;
     }
+    /* the checksums go once every FP8 chunk is packed and hashed: the receivers compare them
+     * after their last step */
+    if (st->verify && (rc = sender_sums_send(s, st, version)) != WSYNC_OK)
+        return rc;
     for (uint32_t i = 0; i < NC_SLOTS; i++) {
         uint32_t slot = (uint32_t)(i + nsteps) % NC_SLOTS;   /* oldest first */
         if (st->slot_step[slot] >= 0 &&
@@ -1480,6 +1723,28 @@ static wsync_status_t add_rseg(nc_state_t *st, uint32_t seg, int staged, uint64_
     return WSYNC_OK;
 }
 
+/* FP8 on the wire: the two copies of a segment whose chunk travels as FP8 codes and scales, from
+ * its place `soff` in the slot: codes into the target itself (a wire target is its own landing
+ * buffer and is never quantized here), scales where the receiver keeps that target's. */
+static wsync_status_t unpack_wire_descs(const wsync_receiver_t *r, const nc_state_t *st,
+                                        const wsync_segment_t *sg, uint64_t soff, void *slot,
+                                        wsync_kcopy_t out[2])
+{
+    const wsync_plan_t *plan = r->m.plan;
+    wsync_chunk_t c = plan->chunks[sg->chunk];
+    float *scales;
+
+    if (r->wire == NULL || !r->wire[sg->target] || r->land[sg->target] != r->target_data[sg->target])
+        return wsync_err(WSYNC_ERR_PROTOCOL, "nccl: receiver %u: target '%s' is sent chunk %u as "
+                         "FP8 codes and scales, but is not set up to take FP8 on the wire (every "
+                         "segment FP8, landing in the target itself)", st->rank,
+                         r->targets[sg->target].name, sg->chunk);
+    scales = wsync_receiver_wire_scales(r, sg->target);
+    c.bucket_off = soff;              /* its place in the op's staging */
+    return wsync_kernels_unpack_wire_desc(plan, sg, &c, slot, &r->targets[sg->target],
+                                          r->target_data[sg->target], scales, out);
+}
+
 /* Staging layout, unpack copies and direct pointers of every step, for the landing buffers as
  * they are now (again whenever the application moved a target). */
 static wsync_status_t receiver_bind(wsync_receiver_t *r, nc_state_t *st)
@@ -1509,7 +1774,8 @@ static wsync_status_t receiver_bind(wsync_receiver_t *r, nc_state_t *st)
             if (!op->packed) {
                 const wsync_chunk_t *c = &plan->chunks[st->sched->items[op->item0].chunk];
                 my_segments(plan, st, st->sched->items[op->item0].chunk, &lo, &hi);
-                if (hi == lo + 1) {
+                /* an FP8 chunk's codes and scales go two ways: always staged */
+                if (hi == lo + 1 && c->rule == 0) {
                     const wsync_segment_t *sg = &plan->segments[lo];
                     if (r->land_dtype[sg->target] == c->dtype &&
                         wsync_nccl_region_contiguous(&sg->dst)) {
@@ -1531,7 +1797,13 @@ static wsync_status_t receiver_bind(wsync_receiver_t *r, nc_state_t *st)
                 my_segments(plan, st, it->chunk, &lo, &hi);
                 for (uint32_t g = lo; g < hi && rc == WSYNC_OK; g++) {
                     const wsync_segment_t *sg = &plan->segments[g];
+                    const wsync_chunk_t *c = &plan->chunks[it->chunk];
                     rc = add_rseg(st, g, 1, o->soff + it->off);
+                    if (c->rule != 0) {      /* codes, then scales */
+                        step->ncopies += 2;
+                        step->bytes += sg->dst.rows * sg->dst.cols + (uint64_t)c->ncells * 4u;
+                        continue;
+                    }
                     step->ncopies++;
                     step->bytes += sg->dst.rows * sg->dst.cols *
                                    wsync_dtype_size(r->land_dtype[sg->target]);
@@ -1558,6 +1830,13 @@ static wsync_status_t receiver_bind(wsync_receiver_t *r, nc_state_t *st)
             const wsync_chunk_t *c = &plan->chunks[sg->chunk];
             if (!e->staged)
                 continue;
+            if (c->rule != 0) {
+                if ((rc = unpack_wire_descs(r, st, sg, e->soff, st->slot[k % NC_SLOTS],
+                                            &descs[n])) != WSYNC_OK)
+                    break;
+                n += 2;
+                continue;
+            }
             descs[n++] = (wsync_kcopy_t){
                 .src = st->slot[k % NC_SLOTS], .dst = r->land[sg->target],
                 .src_off = e->soff / wsync_dtype_size(c->dtype), .src_pitch = c->src.cols,
@@ -1565,7 +1844,8 @@ static wsync_status_t receiver_bind(wsync_receiver_t *r, nc_state_t *st)
                 .rows = sg->dst.rows, .cols = sg->dst.cols,
                 .src_dtype = c->dtype, .dst_dtype = r->land_dtype[sg->target]};
         }
-        rc = wsync_dev_batch_create(descs, n, &step->batch);
+        if (rc == WSYNC_OK)
+            rc = wsync_dev_batch_create(descs, n, &step->batch);
     }
     free(descs);
     if (rc != WSYNC_OK)
@@ -1614,14 +1894,57 @@ static wsync_status_t nccl_receiver_setup(wsync_receiver_t *r)
         st->prev_device = -1;
     if (rc == WSYNC_OK)
         rc = common_setup(st, &r->m, WSYNC_ROLE_RECEIVER, (uint32_t)r->m.rank);
-    if (rc == WSYNC_OK && r->m.planmsg.delta == WSYNC_DELTA_MODE_ON)
-        rc = wsync_nccl_delta_receiver_setup(r, st);
+    if (rc == WSYNC_OK && r->m.planmsg.delta == WSYNC_DELTA_MODE_ON) {
+        for (uint32_t g = st->seg_lo; g < st->seg_hi && rc == WSYNC_OK; g++)
+            if (plan->chunks[plan->segments[g].chunk].rule != 0)
+                rc = wsync_err(WSYNC_ERR_INTERNAL, "nccl: receiver %d: chunk %u travels as FP8 "
+                               "codes in a group with delta versions (delta groups get plain "
+                               "plans)", r->m.rank, plan->segments[g].chunk);
+        if (rc == WSYNC_OK)
+            rc = wsync_nccl_delta_receiver_setup(r, st);
+    }
     if (rc == WSYNC_OK)
         rc = receiver_bind(r, st);
     if (rc != WSYNC_OK)
         rc = nc_fail(st, rc);
     dev_leave(st);
     return rc;
+}
+
+/* xxh3 of what an FP8 segment landed: its codes in the target, then its scales in the target's
+ * scale matrix, dense (hash_wire's bytes). */
+static wsync_status_t hash_landed_wire(const wsync_receiver_t *r, nc_state_t *st,
+                                       const wsync_segment_t *sg, uint64_t *out)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+    const wsync_wire_rule_t *rule = &plan->rules[c->rule - 1];
+    const float *scales = wsync_receiver_wire_scales(r, sg->target);
+    uint64_t ncodes = sg->dst.rows * sg->dst.cols, cr, cc, cell_row, cell_col, scale_cols;
+    uint64_t dense = ncodes + (uint64_t)c->ncells * 4u;
+    wsync_status_t rc = host_room(st, (size_t)dense);
+
+    wsync_wire_cells(rule, c->src.rows, c->src.cols, &cr, &cc);
+    wsync_wire_scales_at(rule, &r->targets[sg->target], &sg->dst, &cell_row, &cell_col,
+                         &scale_cols);
+    if (rc == WSYNC_OK)
+        rc = wsync_dev_memcpy2d_async(st->host, (size_t)sg->dst.cols,
+                                      (const uint8_t *)r->target_data[sg->target] + sg->dst.off,
+                                      (size_t)sg->dst.pitch, (size_t)sg->dst.cols,
+                                      (size_t)sg->dst.rows, st->xstream);
+    if (rc == WSYNC_OK)
+        rc = wsync_dev_memcpy2d_async(st->host + ncodes, (size_t)cc * 4u,
+                                      scales + cell_row * scale_cols + cell_col,
+                                      (size_t)scale_cols * 4u, (size_t)cc * 4u, (size_t)cr,
+                                      st->xstream);
+    if (rc == WSYNC_OK)
+        rc = wsync_dev_stream_sync(st->xstream, wsync_deadline_in(st->m->timeout_ms),
+                                   "nccl: a copy to the host for checksums");
+    if (rc != WSYNC_OK)
+        return rc;
+    wsync_region_t d = {0, dense, 1, dense};
+    *out = wsync_exec_hash(st->host, WSYNC_DTYPE_U8, &d);
+    return WSYNC_OK;
 }
 
 /* After step k landed: checksums of what landed (verify), the fault point, progress. */
@@ -1657,7 +1980,10 @@ static wsync_status_t receiver_step_done(wsync_receiver_t *r, nc_state_t *st, ui
         const nc_rseg_t *e = &st->rsegs[step->rseg0 + i];
         const wsync_segment_t *sg = &plan->segments[e->seg];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
-        if (r->land_dtype[sg->target] == c->dtype || !e->staged) {
+        if (c->rule != 0) {
+            /* FP8 on the wire: the codes and scales as they landed, as the sender hashed them */
+            rc = hash_landed_wire(r, st, sg, &st->sums[step->rseg0 + i]);
+        } else if (r->land_dtype[sg->target] == c->dtype || !e->staged) {
             rc = hash_device(st, r->land[sg->target], c->dtype, &sg->dst,
                              &st->sums[step->rseg0 + i]);
         } else {
@@ -1672,6 +1998,8 @@ static wsync_status_t receiver_step_done(wsync_receiver_t *r, nc_state_t *st, ui
     }
     for (uint32_t i = 0; i < step->nrseg; i++) {   /* FP8 targets now whole start quantizing */
         uint32_t g = st->rsegs[step->rseg0 + i].seg;
+        if (plan->chunks[plan->segments[g].chunk].rule != 0)
+            continue;                /* came quantized: nothing to quantize here */
         if ((rc = wsync_receiver_landed(r, g, g + 1)) != WSYNC_OK)
             return rc;
     }

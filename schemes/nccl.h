@@ -17,7 +17,10 @@
  * Order within a step, the same on every rank: BCAST ops by group then chunk, then P2P ops by
  * (sender, receiver), single ops in chunk order before the packed op. Each rank issues, per step,
  * the ops it is part of: on the whole communicator (broadcasts, then sends and receives, as two
- * NCCL groups), then on each sub-communicator in group order. */
+ * NCCL groups), then on each sub-communicator in group order.
+ * Bytes are wire bytes (wsync_chunk_wire_bytes): a chunk that travels as FP8 codes and scales
+ * (FP8 on the wire) counts those, and is always staged (quantized into the slot, unpacked in two
+ * copies). */
 #ifndef WSYNC_SCHEMES_NCCL_H
 #define WSYNC_SCHEMES_NCCL_H
 

@@ -59,6 +59,9 @@ typedef struct {
     uint32_t *echunk;                /* sender: [nenc] plan chunks */
     uint64_t *eoff;                  /* sender: [nenc] their place */
     uint32_t ndelta;                 /* this version: ops of ours that go DELTA */
+    /* FP8 on the wire (sender): the step's chunks that travel as FP8, quantized into the slot
+     * (st->quant[quant0 .. quant0 + nquant)) by one wsync_dev_quantize_many after its copies */
+    uint32_t quant0, nquant;
 } nc_step_t;
 
 typedef struct {
@@ -89,6 +92,16 @@ typedef struct {
     uint8_t *host;                   /* verify and faults: host copies */
     size_t host_cap;
     uint64_t bytes_total;            /* receiver: landing bytes per version */
+    /* FP8 on the wire (sender): every step's quantizations into its slot, set up once */
+    uint32_t nquant;
+    wsync_kquant_t *quant;           /* [nquant] */
+    void **qws;                      /* [nquant] workspaces, consecutive in qws_dev (each step's
+                                        run one block, as wsync_dev_quantize_check takes it) */
+    void *qws_dev;                   /* nquant * WSYNC_KQUANT_WS_BYTES of device memory, zeroed */
+    uint32_t *qchunk;                /* [nquant] plan chunk of each */
+    uint64_t *qoff;                  /* [nquant] its place in the slot */
+    uint64_t *tx_sum;                /* sender, verify: [nchunks] this version's checksums */
+    uint8_t *tx_have;                /* [nchunks] 1: tx_sum set */
     struct nc_delta *d;              /* delta mode on: schemes/nccl_delta.c; NULL: off */
 } nc_state_t;
 
