@@ -34,6 +34,14 @@
  * sender's stream after their last bucket's copies, several a kernel. On 4 H200s (FSDP-4 -> TP-4
  * colocated, Qwen3-8B shape) that took FP8-block from 1.26 to 1.18 x the bf16 time.
  *
+ * FP8 on the wire (docs/fp8_wire.md): a chunk with rule != 0 travels as the FP8 codes and scales
+ * its sender's pack makes (wsync_exec_pack_wire on the CPU, a quantization kernel per chunk on
+ * CUDA, launched with the bucket's copies), so its shard is staged whatever the in-place rules
+ * say (its plain chunks with it). A NaN or Inf refuses the version (NONFINITE naming the param and
+ * sender) before that bucket's READY. Receivers copy the codes into the target and the scales
+ * into its scale matrix (CPU, or two copies in the bucket's batch); such targets are never
+ * quantized here (nor by plan_qruns). Checksums of those chunks are of the bytes in the slot.
+ *
  * Files: this one holds the scheme's table, its score, and each side's set-up (DATA_HELLO, the
  * connections) and teardown; ipc_share.c what a sender shares and how a receiver maps it
  * (DATA_FDS); ipc_tx.c a sender's version; ipc_rx.c a receiver's version; ipc_cuda_rx.c the
@@ -277,6 +285,7 @@ static void ipc_sender_teardown(wsync_sender_t *s)
         for (uint32_t k = 0; st->pack != NULL && k < st->nbuckets; k++)
             wsync_dev_batch_free(st->pack[k]);
         wsync_ipc_dtx_cuda_free(st->dtx);
+        wsync_dev_free(st->wq_mem);
         wsync_dev_event_destroy(st->ev);
         wsync_dev_stream_destroy(st->stream);
         if (st->shm_registered)
@@ -300,6 +309,10 @@ static void ipc_sender_teardown(wsync_sender_t *s)
     free(st->rreach);
     free(st->pack);
     free(st->scratch);
+    free(st->wire_shard);
+    free(st->wq_start);
+    free(st->wq);
+    free(st->wq_ws);
     free(st);
     s->m.scheme_state = NULL;
 }
@@ -363,8 +376,26 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
     /* host shards in shareable memory are read in place; the rest is staged */
     st->inplace = calloc(s->nshards + 1, sizeof(*st->inplace));
     st->staged = calloc(st->nbuckets + 1, 1);
-    if (st->inplace == NULL || st->staged == NULL)
+    st->wire_shard = calloc(s->nshards + 1, 1);
+    if (st->inplace == NULL || st->staged == NULL || st->wire_shard == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for the schedule");
+    /* FP8 on the wire: such a chunk's bytes exist only once the pack made them, so its shard is
+     * staged whole (its plain chunks too), whatever the memory would allow */
+    {
+        uint32_t nwire = 0;
+        for (uint32_t c = c0; c < st->chunk_start[st->nbuckets]; c++)
+            if (plan->chunks[c].rule != 0 && plan->chunks[c].shard < s->nshards &&
+                !st->wire_shard[plan->chunks[c].shard]) {
+                st->wire_shard[plan->chunks[c].shard] = 1;
+                nwire++;
+            }
+        if (nwire > 0 && s->m.planmsg.delta == WSYNC_DELTA_MODE_ON)
+            return wsync_err(WSYNC_ERR_INTERNAL, "ipc: sender %u: a plan with FP8 on the wire and "
+                             "delta versions on (the coordinator never makes one)", me);
+        if (nwire > 0)
+            WSYNC_LOG_D("ipc: sender %u: %u shards staged because chunks of them travel as FP8 "
+                        "codes and scales", me, nwire);
+    }
     for (size_t i = 0; i < s->nshards; i++) {
         const wsync_shard_desc_t *d = &s->shards[i];
         uint64_t bytes = shard_bytes(d);
@@ -373,7 +404,7 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
         st->inplace[i].cregion = -1;
         if (d->mem == WSYNC_MEM_CUDA)
             st->device = s->device;
-        if (d->mem != WSYNC_MEM_HOST || bytes == 0 ||
+        if (d->mem != WSYNC_MEM_HOST || bytes == 0 || st->wire_shard[i] ||
             !wsync_ctx_find_alloc(s->m.ctx, s->shard_data[i], bytes, &a))
             continue;
         uint32_t g;
@@ -579,6 +610,8 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
     }
     free(st->cache_land[0]);
     free(st->cache_land[1]);
+    free(st->cache_scales[0]);
+    free(st->cache_scales[1]);
     free(st->seg_run);
     free(st->qrun_last);
     free(st->pend);
@@ -667,7 +700,10 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
         const wsync_segment_t *sg = &plan->segments[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         ipc_from_t *f = &st->from[c->sender];
-        st->bytes_total += sg->dst.rows * sg->dst.cols * wsync_dtype_size(r->land_dtype[sg->target]);
+        /* an FP8 chunk's segment is the whole chunk: its codes and scales */
+        st->bytes_total += c->rule != 0 ? wsync_chunk_wire_bytes(c)
+                                        : sg->dst.rows * sg->dst.cols *
+                                              wsync_dtype_size(r->land_dtype[sg->target]);
         if (r->targets[sg->target].mem == WSYNC_MEM_CUDA) {
             f->flags |= HELLO_GPU;
             nevents += !f->gpu[c->bucket];
@@ -704,7 +740,11 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
         st->pend_cap = nevents;
         st->cache_land[0] = calloc(r->ntargets + 1, sizeof(void *));
         st->cache_land[1] = calloc(r->ntargets + 1, sizeof(void *));
-        if (rc == WSYNC_OK && (st->pend == NULL || st->cache_land[0] == NULL || st->cache_land[1] == NULL))
+        st->cache_scales[0] = calloc(r->ntargets + 1, sizeof(float *));
+        st->cache_scales[1] = calloc(r->ntargets + 1, sizeof(float *));
+        if (rc == WSYNC_OK && (st->pend == NULL || st->cache_land[0] == NULL ||
+                               st->cache_land[1] == NULL || st->cache_scales[0] == NULL ||
+                               st->cache_scales[1] == NULL))
             rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
         for (uint32_t s = 0; s < ns && rc == WSYNC_OK; s++) {
             ipc_from_t *f = &st->from[s];

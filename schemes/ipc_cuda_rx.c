@@ -108,6 +108,10 @@ static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
     /* verifying hashes what landed, which for a run is only the shard it read: stage instead */
     if (rc == WSYNC_OK && (r->m.ctx->verify || env_double("WSYNC_IPC_QUANT_DIRECT", 1) <= 0))
         memset(cand, 0, r->ntargets);
+    /* FP8 on the wire: its senders quantized it already */
+    for (uint32_t t = 0; rc == WSYNC_OK && t < r->ntargets; t++)
+        if (wire_target(r, t))
+            cand[t] = 0;
     for (int pass = 0; pass < 2 && rc == WSYNC_OK; pass++) {
         for (uint32_t s = 0; s < st->nsenders && rc == WSYNC_OK; s++) {
             ipc_from_t *f = &st->from[s];
@@ -223,6 +227,36 @@ static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
     return rc;
 }
 
+/* FP8 on the wire: the two copies of a segment of an FP8 chunk (its codes into the target, its
+ * scales into the target's scale matrix, kernels/kernels.h), appended to (*descs)[*n]. The chunk
+ * is always staged: its slot holds what the sender's pack made. */
+static wsync_status_t wire_descs(wsync_receiver_t *r, const ipc_from_t *f,
+                                 const wsync_segment_t *sg, const wsync_chunk_t *ch,
+                                 wsync_kcopy_t **descs, uint32_t *cap, uint32_t *n)
+{
+    uint32_t slot = f->slot_of[ch->bucket];
+    wsync_status_t rc;
+
+    if (!wire_target(r, sg->target) || slot == NO_SLOT || in_place(&f->inplace[ch->shard]))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: FP8 chunk %u of sender %u for "
+                         "target '%s' came %s", r->m.rank, sg->chunk, ch->sender,
+                         r->targets[sg->target].name,
+                         !wire_target(r, sg->target) ? "for a target not set up for FP8 on the wire"
+                                                     : "without a slot");
+    if ((rc = wsync_kcopy_reserve(descs, cap, *n + 2)) != WSYNC_OK)
+        return rc;
+    const uint8_t *bucket =
+        slot >= DEV_SLOT0 ? (const uint8_t *)wsync_cuda_import_base(f->cim, f->dslot_region, NULL) +
+                                (size_t)(slot - DEV_SLOT0) * f->dslot_bytes
+                          : (const uint8_t *)f->shm_dev + (size_t)slot * f->slot_bytes;
+    rc = wsync_kernels_unpack_wire_desc(r->m.plan, sg, ch, bucket, &r->targets[sg->target],
+                                        r->target_data[sg->target],
+                                        wsync_receiver_wire_scales(r, sg->target), *descs + *n);
+    if (rc == WSYNC_OK)
+        *n += 2;
+    return rc;
+}
+
 /* The copies of bucket k of sender f into our CUDA targets, as they land now, into (*descs)[0,
  * *n) (grown as needed): from where the sender's bytes lie to where ours land. skip_delta: leave
  * out the segments that come as deltas in the READY at hand (applied by kernels/delta). */
@@ -245,6 +279,11 @@ static wsync_status_t bucket_descs(wsync_receiver_t *r, ipc_receiver_t *st, ipc_
             continue;   /* host targets: the CPU's; runs: quantized from the shard */
         if (skip_delta && wsync_ipc_drx_seg_delta(r, f->drx, i))
             continue;   /* applied from the delta slot */
+        if (ch->rule != 0) {
+            if ((rc = wire_descs(r, f, sg, ch, descs, cap, n)) != WSYNC_OK)
+                break;
+            continue;
+        }
         if (ip->region >= 0) {
             src = (const uint8_t *)f->region_dev[ip->region] + ip->offset;
         } else if (ip->cregion >= 0) {
@@ -317,8 +356,10 @@ static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int
         st->cache_stamp[c] = 0;
         return rc;
     }
-    for (size_t i = 0; i < r->ntargets; i++)
+    for (size_t i = 0; i < r->ntargets; i++) {
         st->cache_land[c][i] = r->land[i];
+        st->cache_scales[c][i] = wire_target(r, (uint32_t)i) ? wsync_receiver_wire_scales(r, i) : NULL;
+    }
     WSYNC_LOG_D("ipc: receiver %d: %u copy batches built (set %d) in %.3f ms", r->m.rank, nbatches,
                 c, (double)(wsync_now_ns() - t0) / 1e6);
     return WSYNC_OK;
@@ -335,14 +376,22 @@ wsync_status_t wsync_ipc_select_batches(wsync_receiver_t *r, ipc_receiver_t *st)
             return rc;
         st->qruns_planned = 1;
     }
-    if (st->cache_stamp[st->cur] != 0 && r->land_gen == st->seen_gen) {
+    /* FP8 on the wire: a target's scales may move without its data (set_target_data) */
+    int scales_same = 1;
+    for (size_t i = 0; i < r->ntargets && scales_same && st->cache_stamp[st->cur] != 0; i++)
+        scales_same = !wire_target(r, (uint32_t)i) || r->targets[i].mem != WSYNC_MEM_CUDA ||
+                      st->cache_scales[st->cur][i] == wsync_receiver_wire_scales(r, i);
+    if (st->cache_stamp[st->cur] != 0 && r->land_gen == st->seen_gen && scales_same) {
         st->cache_stamp[st->cur] = ++st->stamp;
         return WSYNC_OK;
     }
     for (int c = 0; c < 2 && hit < 0; c++) {
         int same = st->cache_stamp[c] != 0;
         for (size_t i = 0; i < r->ntargets && same; i++)
-            same = r->targets[i].mem != WSYNC_MEM_CUDA || st->cache_land[c][i] == r->land[i];
+            same = r->targets[i].mem != WSYNC_MEM_CUDA ||
+                   (st->cache_land[c][i] == r->land[i] &&
+                    (!wire_target(r, (uint32_t)i) ||
+                     st->cache_scales[c][i] == wsync_receiver_wire_scales(r, i)));
         if (same)
             hit = c;
     }

@@ -73,6 +73,15 @@ typedef struct {
     size_t scratch_cap;
     uint64_t gpu_pack_ns;            /* this push: time waiting for GPU packs */
     ipc_dtx_t *dtx;                  /* delta versions (schemes/ipc_delta.h), NULL: mode off */
+    /* FP8 on the wire (docs/fp8_wire.md): shards with a chunk of rule != 0 are always staged */
+    uint8_t *wire_shard;             /* [nshards] 1: some chunk of ours from it travels as FP8 */
+    uint32_t *wq_start;              /* [nbuckets + 1] ranges of wq: CUDA chunks quantized into
+                                      * the bucket by the pack, NULL: none */
+    wsync_kquant_t *wq;              /* their quantizations (kernels/kernels.h) */
+    void **wq_ws;                    /* [nwq] each one's device workspace, in wq_mem */
+    void *wq_mem;                    /* nwq * WSYNC_KQUANT_WS_BYTES, cudaMalloc, kept zeroed */
+    uint32_t nwq;
+    int wq_dirty;                    /* a workspace may hold a non-finite flag: clear first */
 } ipc_sender_t;
 
 typedef struct {
@@ -128,6 +137,7 @@ typedef struct {
     int gpu;                         /* some segment lands in a CUDA target */
     void *stream;
     void **cache_land[2];            /* [ntargets] the land pointers each batch set was built from */
+    float **cache_scales[2];         /* [ntargets] and the wire targets' scales pointers */
     uint64_t cache_stamp[2];         /* last use, 0: empty */
     int cur;                         /* the batch set in use */
     int qruns_planned;               /* plan_qruns ran (the runs do not depend on the batch set) */
@@ -144,9 +154,25 @@ typedef struct {
     size_t scratch_cap;
 } ipc_receiver_t;
 
+/* Bytes of a chunk in its bucket slot: its FP8 codes and scales when it travels as FP8. */
 static inline uint64_t chunk_bytes(const wsync_chunk_t *c)
 {
-    return c->src.rows * c->src.cols * wsync_dtype_size(c->dtype);
+    return wsync_chunk_wire_bytes(c);
+}
+
+/* A wire chunk's bytes in its bucket, as one row of u8: what both sides hash when verifying
+ * (the sender's pack made them; the shard holds something else). */
+static inline wsync_region_t wire_region(const wsync_chunk_t *c)
+{
+    uint64_t n = wsync_chunk_wire_bytes(c);
+    wsync_region_t g = {0, n, 1, n};
+    return g;
+}
+
+/* Receiver: 1 when target t takes its codes and scales as its senders made them. */
+static inline int wire_target(const wsync_receiver_t *r, uint32_t t)
+{
+    return r->wire != NULL && t < r->ntargets && r->wire[t];
 }
 
 static inline uint64_t shard_bytes(const wsync_shard_desc_t *d)

@@ -67,7 +67,16 @@ static wsync_status_t verify_bucket(wsync_receiver_t *r, ipc_receiver_t *st, con
         const ipc_inplace_t *ip = &f->inplace[c->shard];
         uint64_t got = 0;
         wsync_status_t rc;
-        if (r->land_dtype[sg->target] == c->dtype && (st->seg_run == NULL || st->seg_run[i] == 0)) {
+        if (c->rule != 0) {
+            /* FP8 on the wire: the sender hashed the codes and scales it packed into the slot */
+            wsync_region_t g = wire_region(c);
+            rc = base == NULL ? wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: FP8 chunk %u of "
+                                          "sender %u came without a slot", r->m.rank, sg->chunk, s)
+                              : wsync_ipc_hash_any(base + c->bucket_off, slot_dev, WSYNC_DTYPE_U8,
+                                                   &g, &st->scratch, &st->scratch_cap, st->stream,
+                                                   r->m.timeout_ms, &got);
+        } else if (r->land_dtype[sg->target] == c->dtype &&
+                   (st->seg_run == NULL || st->seg_run[i] == 0)) {
             rc = wsync_ipc_hash_any(r->land[sg->target],
                                     r->targets[sg->target].mem == WSYNC_MEM_CUDA, c->dtype,
                                     &sg->dst, &st->scratch, &st->scratch_cap, st->stream,
@@ -351,9 +360,26 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
             const ipc_inplace_t *ip = &f->inplace[c->shard];
             void *dst = r->land[sg->target];
             wsync_dtype_t dst_dtype = r->land_dtype[sg->target];
-            bytes += sg->dst.rows * sg->dst.cols * wsync_dtype_size(dst_dtype);
+            bytes += c->rule != 0 ? wsync_chunk_wire_bytes(c)
+                                  : sg->dst.rows * sg->dst.cols * wsync_dtype_size(dst_dtype);
             if (r->targets[sg->target].mem == WSYNC_MEM_CUDA)
                 continue;   /* in the batch */
+            if (c->rule != 0) {
+                /* FP8 on the wire: codes into the target, scales into its scale matrix */
+                if (base == NULL || slot_dev || in_place(ip) || !wire_target(r, sg->target))
+                    return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: FP8 chunk %u of "
+                                     "sender %u for target '%s' came %s", r->m.rank, sg->chunk,
+                                     c->sender, r->targets[sg->target].name,
+                                     !wire_target(r, sg->target)
+                                         ? "for a target not set up for FP8 on the wire"
+                                         : "without a host slot");
+                rc = wsync_exec_unpack_wire(plan, sg, c, base, &r->targets[sg->target],
+                                            r->target_data[sg->target],
+                                            wsync_receiver_wire_scales(r, sg->target));
+                if (rc != WSYNC_OK)
+                    return rc;
+                continue;
+            }
             if (f->drx != NULL && wsync_ipc_drx_segment(r, f->drx, i, version, &rc)) {
                 if (rc != WSYNC_OK)
                     return rc;

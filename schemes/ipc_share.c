@@ -66,8 +66,8 @@ static wsync_status_t plan_cuda_shards(wsync_sender_t *s, ipc_sender_t *st, uint
         if (d->mem != WSYNC_MEM_CUDA || bytes == 0)
             continue;
         stage_host[i] |= noreach[i];
-        if (stage_host[i])
-            continue;
+        if (stage_host[i] || st->wire_shard[i])
+            continue;   /* FP8 on the wire: the pack makes its bytes, into a device slot */
         snprintf(what, sizeof(what), "param '%s'", d->param.name);
         rc = wsync_cuda_export_add(st->cex, s->shard_data[i], bytes, what);
         if (rc == WSYNC_OK) {
@@ -79,6 +79,65 @@ static wsync_status_t plan_cuda_shards(wsync_sender_t *s, ipc_sender_t *st, uint
         }
     }
     free(noreach);
+    return rc;
+}
+
+/* Where bucket slot `slot` starts as the sender's kernels see it (device slots, or the host slots
+ * through their registered address). */
+static uint8_t *slot_dev_base(const ipc_sender_t *st, uint32_t slot)
+{
+    return slot >= DEV_SLOT0 ? (uint8_t *)st->dslots + (size_t)(slot - DEV_SLOT0) * st->dslot_bytes
+                             : (uint8_t *)st->shm_dev + (size_t)slot * st->slot_bytes;
+}
+
+/* FP8 on the wire, CUDA shards: one quantization per chunk of rule != 0, from the shard into its
+ * codes and scales in the bucket (kernels/kernels.h), grouped by bucket to be launched with the
+ * bucket's pack; each with a workspace of its own, zeroed here, whose non-finite flag the push
+ * reads before READY. */
+static wsync_status_t plan_wire_packs(wsync_sender_t *s, ipc_sender_t *st)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    uint32_t n = 0;
+    wsync_status_t rc = WSYNC_OK;
+
+    for (uint32_t c = st->chunk_start[0]; c < st->chunk_start[st->nbuckets]; c++)
+        n += plan->chunks[c].rule != 0 && s->shards[plan->chunks[c].shard].mem == WSYNC_MEM_CUDA;
+    if (n == 0)
+        return WSYNC_OK;
+    st->wq_start = calloc(st->nbuckets + 1, sizeof(*st->wq_start));
+    st->wq = calloc(n, sizeof(*st->wq));
+    st->wq_ws = calloc(n, sizeof(*st->wq_ws));
+    if (st->wq_start == NULL || st->wq == NULL || st->wq_ws == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for %u FP8 packs", n);
+    if ((rc = wsync_dev_malloc((size_t)n * WSYNC_KQUANT_WS_BYTES, &st->wq_mem)) != WSYNC_OK ||
+        (rc = wsync_dev_memset_async(st->wq_mem, 0, (size_t)n * WSYNC_KQUANT_WS_BYTES,
+                                     st->stream)) != WSYNC_OK ||
+        (rc = wsync_dev_stream_sync(st->stream, wsync_deadline_in(s->m.timeout_ms),
+                                    "zeroing the FP8 packs' workspaces")) != WSYNC_OK)
+        return rc;
+    for (uint32_t k = 0; k < st->nbuckets && rc == WSYNC_OK; k++) {
+        st->wq_start[k] = st->nwq;
+        for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1] && rc == WSYNC_OK; c++) {
+            const wsync_chunk_t *ch = &plan->chunks[c];
+            if (ch->rule == 0 || s->shards[ch->shard].mem != WSYNC_MEM_CUDA)
+                continue;
+            if (st->slot_of[k] == NO_SLOT)
+                return wsync_err(WSYNC_ERR_INTERNAL, "ipc: sender %d: bucket %u has an FP8 chunk "
+                                 "but no slot", s->m.rank, k);
+            rc = wsync_kernels_pack_wire_desc(plan, ch, s->shard_data[ch->shard],
+                                              slot_dev_base(st, st->slot_of[k]), &st->wq[st->nwq]);
+            if (rc == WSYNC_OK) {
+                /* NONFINITE names the param and, for a matrix, the row in the param's rows */
+                const wsync_shard_desc_t *d = &s->shards[ch->shard];
+                st->wq[st->nwq].name = d->param.name;
+                if (d->param.ndim == 2 && ch->src.pitch > 0)
+                    st->wq[st->nwq].row_base = (uint64_t)d->box.start[0] + ch->src.off / ch->src.pitch;
+                st->wq_ws[st->nwq] = (uint8_t *)st->wq_mem + (size_t)st->nwq * WSYNC_KQUANT_WS_BYTES;
+                st->nwq++;
+            }
+        }
+    }
+    st->wq_start[st->nbuckets] = st->nwq;
     return rc;
 }
 
@@ -195,6 +254,8 @@ wsync_status_t wsync_ipc_plan_slots(wsync_sender_t *s, ipc_sender_t *st)
         rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
         goto out;
     }
+    if ((rc = plan_wire_packs(s, st)) != WSYNC_OK)
+        goto out;
     {
         wsync_kcopy_t *descs = NULL;
         uint32_t cap = 0;
@@ -203,12 +264,12 @@ wsync_status_t wsync_ipc_plan_slots(wsync_sender_t *s, ipc_sender_t *st)
             uint8_t *base;
             if (slot == NO_SLOT)
                 continue;
-            base = slot >= DEV_SLOT0 ? (uint8_t *)st->dslots + (size_t)(slot - DEV_SLOT0) * st->dslot_bytes
-                                     : (uint8_t *)st->shm_dev + (size_t)slot * st->slot_bytes;
+            base = slot_dev_base(st, slot);
             for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
                 const wsync_chunk_t *ch = &plan->chunks[c];
-                if (s->shards[ch->shard].mem != WSYNC_MEM_CUDA || in_place(&st->inplace[ch->shard]))
-                    continue;
+                if (s->shards[ch->shard].mem != WSYNC_MEM_CUDA ||
+                    in_place(&st->inplace[ch->shard]) || ch->rule != 0)
+                    continue;   /* FP8 chunks: quantized by plan_wire_packs' kernels */
                 if ((rc = wsync_kcopy_reserve(&descs, &cap, n + 1)) != WSYNC_OK)
                     break;
                 descs[n++] = (wsync_kcopy_t){s->shard_data[ch->shard], base + ch->bucket_off,
@@ -538,6 +599,12 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
         uint64_t esz = wsync_dtype_size(c->dtype), limit = 0;
         uint32_t slot = f->slot_of[c->bucket];
         int dev_src = 0;
+        if (in_place(ip) && c->rule != 0) {
+            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u offers its shard %u in "
+                           "place, but chunk %u of it travels as FP8 codes its pack makes", me,
+                           c->sender, c->shard, sg->chunk);
+            goto out;
+        }
         if (in_place(ip)) {
             /* end = offset + (off + (rows - 1) * pitch + cols) * esz, refusing any wrap: the
              * plan only promises the element count fits, not the byte count */

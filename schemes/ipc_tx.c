@@ -77,6 +77,66 @@ static uint8_t *slot_base(const ipc_sender_t *st, uint32_t slot)
     return (uint8_t *)st->shm.base + (size_t)slot * st->slot_bytes;
 }
 
+/* A version refused by this sender's pack (FP8 on the wire: a NaN or Inf in a shard): rc with
+ * the pack's message (param, sender, element), prefixed with the version. */
+static wsync_status_t refused(const wsync_sender_t *s, uint64_t version, wsync_status_t rc)
+{
+    char text[1024];
+    snprintf(text, sizeof(text), "ipc sender %d: version %llu refused: %s", s->m.rank,
+             (unsigned long long)version, wsync_last_error());
+    return wsync_err_set_text(rc, text);
+}
+
+/* FP8 on the wire, CUDA shards: the quantizations of bucket k's FP8 chunks, on the pack's
+ * stream (their workspaces cleared first after a version that may have flagged one). */
+static wsync_status_t wire_pack_launch(ipc_sender_t *st, uint32_t k, uint32_t n)
+{
+    wsync_status_t rc;
+
+    if (st->wq_dirty) {
+        rc = wsync_dev_memset_async(st->wq_mem, 0, (size_t)st->nwq * WSYNC_KQUANT_WS_BYTES,
+                                    st->stream);
+        if (rc != WSYNC_OK)
+            return rc;
+        st->wq_dirty = 0;
+    }
+    return wsync_dev_quantize_many(st->wq + st->wq_start[k], n, st->wq_ws + st->wq_start[k], 0,
+                                   st->stream);
+}
+
+/* After bucket k's pack completed: NONFINITE (param, sender, element) when one of its FP8
+ * chunks held a NaN or Inf, before READY goes out. */
+static wsync_status_t wire_pack_check(wsync_sender_t *s, ipc_sender_t *st, uint64_t version,
+                                      uint32_t k, uint32_t n)
+{
+    size_t bad = n;
+    uint32_t i0 = st->wq_start[k];
+    wsync_status_t rc = wsync_dev_quantize_check(st->wq_ws[i0], n, st->stream,
+                                                 wsync_deadline_in(s->m.timeout_ms), &bad);
+
+    if (rc != WSYNC_OK || bad >= n)
+        return rc;
+    st->wq_dirty = 1;
+    const wsync_chunk_t *ch = NULL;
+    uint32_t seen = 0;
+    for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1] && ch == NULL; c++) {
+        const wsync_chunk_t *x = &s->m.plan->chunks[c];
+        if (x->rule != 0 && s->shards[x->shard].mem == WSYNC_MEM_CUDA && seen++ == bad)
+            ch = x;
+    }
+    rc = wsync_dev_quantize_finish(&st->wq[i0 + bad], st->wq_ws[i0 + bad], st->stream);
+    if (rc == WSYNC_OK)   /* the flag said otherwise: name it anyway */
+        rc = wsync_err(WSYNC_ERR_NONFINITE, "non-finite value");
+    char text[1024];
+    snprintf(text, sizeof(text), "ipc sender %d: version %llu refused: sender %d: param '%s', its "
+             "chunk from column %llu, quantized for the wire: %s", s->m.rank,
+             (unsigned long long)version, s->m.rank,
+             ch != NULL ? s->shards[ch->shard].param.name : "?",
+             ch != NULL && ch->src.pitch > 0 ? (unsigned long long)(ch->src.off % ch->src.pitch)
+                                             : 0ull, wsync_last_error());
+    return wsync_err_set_text(rc, text);
+}
+
 /* One version, with the sender in its device context when it has CUDA shards. */
 wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t version)
 {
@@ -111,9 +171,13 @@ wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t
                 return rc;
             st->last_in_slot[slot] = k;
             uint8_t *base = slot_base(st, slot);
-            if (st->pack != NULL && st->pack[k] != NULL) {
+            uint32_t nwq = st->wq_start != NULL ? st->wq_start[k + 1] - st->wq_start[k] : 0;
+            int gpu = (st->pack != NULL && st->pack[k] != NULL) || nwq > 0;
+            if (gpu) {
                 /* CUDA chunks first, so that the CPU packs below overlap them */
-                if ((rc = wsync_dev_batch_launch(st->pack[k], st->stream)) != WSYNC_OK ||
+                if ((st->pack != NULL && st->pack[k] != NULL &&
+                     (rc = wsync_dev_batch_launch(st->pack[k], st->stream)) != WSYNC_OK) ||
+                    (nwq > 0 && (rc = wire_pack_launch(st, k, nwq)) != WSYNC_OK) ||
                     (rc = wsync_dev_event_record(st->ev, st->stream)) != WSYNC_OK)
                     return rc;
             }
@@ -121,16 +185,25 @@ wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t
                 const wsync_chunk_t *ch = &plan->chunks[c];
                 if (in_place(&st->inplace[ch->shard]) || wsync_ipc_dtx_skip_plain(st->dtx, c))
                     continue;
-                if (s->shards[ch->shard].mem == WSYNC_MEM_HOST)
+                if (s->shards[ch->shard].mem == WSYNC_MEM_HOST && ch->rule != 0) {
+                    /* FP8 on the wire: a NaN or Inf refuses the version before READY */
+                    rc = wsync_exec_pack_wire(plan, ch, s->shards[ch->shard].param.name,
+                                              s->shard_data[ch->shard], base);
+                    if (rc != WSYNC_OK)
+                        return refused(s, version, rc);
+                } else if (s->shards[ch->shard].mem == WSYNC_MEM_HOST) {
                     wsync_exec_pack(ch, s->shard_data[ch->shard], base);
+                }
                 s->stats.bytes_packed += chunk_bytes(ch);
             }
-            if (st->pack != NULL && st->pack[k] != NULL) {
+            if (gpu) {
                 char what[96];
                 uint64_t t0 = wsync_now_ns();
                 snprintf(what, sizeof(what), "ipc sender %d: packing bucket %u of version %llu",
                          s->m.rank, k, (unsigned long long)version);
                 rc = wsync_dev_event_wait(st->ev, wsync_deadline_in(s->m.timeout_ms), what);
+                if (rc == WSYNC_OK && nwq > 0)
+                    rc = wire_pack_check(s, st, version, k, nwq);
                 if (rc != WSYNC_OK)
                     return rc;
                 st->gpu_pack_ns += wsync_now_ns() - t0;
@@ -149,10 +222,19 @@ wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t
             for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
                 const wsync_chunk_t *ch = &plan->chunks[c];
                 uint64_t h = 0;
-                rc = wsync_ipc_hash_any(s->shard_data[ch->shard],
-                                        s->shards[ch->shard].mem == WSYNC_MEM_CUDA, ch->dtype,
-                                        &ch->src, &st->scratch, &st->scratch_cap, st->stream,
-                                        s->m.timeout_ms, &h);
+                if (ch->rule != 0) {
+                    /* FP8 on the wire: the codes and scales the pack wrote, as the receiver
+                     * reads them from the slot */
+                    wsync_region_t g = wire_region(ch);
+                    rc = wsync_ipc_hash_any(slot_base(st, slot) + ch->bucket_off,
+                                            slot >= DEV_SLOT0, WSYNC_DTYPE_U8, &g, &st->scratch,
+                                            &st->scratch_cap, st->stream, s->m.timeout_ms, &h);
+                } else {
+                        rc = wsync_ipc_hash_any(s->shard_data[ch->shard],
+                                            s->shards[ch->shard].mem == WSYNC_MEM_CUDA, ch->dtype,
+                                            &ch->src, &st->scratch, &st->scratch_cap,
+                                            st->stream, s->m.timeout_ms, &h);
+                }
                 if (rc != WSYNC_OK) {
                     wsync_wbuf_free(&b);
                     return rc;

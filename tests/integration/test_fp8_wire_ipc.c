@@ -1,0 +1,553 @@
+/* FP8 on the wire through the ipc scheme, host memory, across processes (docs/fp8_wire.md).
+ * FSDP-2 senders of a small model-shaped set of bf16 params, TP-2 receivers whose targets are
+ * FP8: a fused QKV of three params with 128 x 128 blocks, a row-parallel column slice with
+ * channel scales, a merged gate_up with UE8M0 64 x 128 blocks, an embedding the FSDP boundary
+ * cuts mid-cell (so it travels plain and its receiver quantizes it), and a bf16 norm.
+ *  - Two versions with fp8_wire = 1 and again with 0: every receiver's codes and scales equal
+ *    wsync_quantize_f32 of the target assembled from the full params here, so the two runs are
+ *    byte-identical; the senders staged the FP8 form (bytes_packed counted by hand: codes and
+ *    one f32 per cell, about half of bf16), and rank 0's explanation says so.
+ *  - The same with verification on: the checksums of FP8 chunks are of their wire bytes.
+ *  - A NaN in sender 1's shard in version 2: its push fails with WSYNC_ERR_NONFINITE naming the
+ *    param, the sender and the element, before that bucket's READY; every participant fails,
+ *    no receiver commits version 2 (theirs stays 1); a new group then takes version 3 right. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "reshard/fp8.h"
+#include "tests/support/check.h"
+#include "tests/support/proc.h"
+#include "wsync/wsync.h"
+
+#define TIMEOUT_MS 20000
+#define NSENDERS 2
+#define TP 2
+#define BUCKET (96 * 1024)   /* several buckets: chunks split at cell rows */
+
+typedef struct {
+    const char *name;
+    int64_t rows, cols;              /* cols 0: 1-D of `rows` elements */
+} pspec_t;
+
+enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_EMBED, P_NORM, NPARAMS };
+
+static const pspec_t params[NPARAMS] = {
+    {"model.layers.0.self_attn.q_proj.weight", 512, 256},
+    {"model.layers.0.self_attn.k_proj.weight", 256, 256},
+    {"model.layers.0.self_attn.v_proj.weight", 256, 256},
+    {"model.layers.0.self_attn.o_proj.weight", 256, 512},
+    {"model.layers.0.mlp.gate_proj.weight", 512, 256},
+    {"model.layers.0.mlp.up_proj.weight", 512, 256},
+    {"model.embed_tokens.weight", 300, 256},   /* FSDP-2 splits it at row 150: inside a cell */
+    {"model.norm.weight", 256, 0},
+};
+
+enum { T_QKV, T_O, T_GATE_UP, T_EMBED, T_NORM, NTARGETS };
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Element (i, j) of param p in version v, as bf16 bits: magnitudes that change across cells, so
+ * that every cell gets a scale of its own. */
+static uint16_t value_bf16(int p, int64_t i, int64_t j, uint64_t v)
+{
+    uint64_t h = splitmix64(((uint64_t)p << 56) ^ ((uint64_t)i << 32) ^ ((uint64_t)j << 8) ^ v);
+    int e = (int)((i / 37 + j / 53 + (int64_t)v + p) % 9) - 4;
+    float x = ((float)(h >> 40) / 16777216.0f - 0.5f) * ldexpf(1.0f, e);
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);   /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+static float bf16_f32(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static int64_t prows(int p) { return params[p].rows; }
+static int64_t pcols(int p) { return params[p].cols ? params[p].cols : 1; }
+
+/* FSDP rows of sender s: [lo, hi); 1-D params whole on sender 0. */
+static void fsdp_rows(int p, int s, int64_t *lo, int64_t *hi)
+{
+    if (params[p].cols == 0) {
+        *lo = 0;
+        *hi = s == 0 ? params[p].rows : 0;
+        return;
+    }
+    *lo = prows(p) * s / NSENDERS;
+    *hi = prows(p) * (s + 1) / NSENDERS;
+}
+
+static wsync_param_t to_param(int p)
+{
+    wsync_param_t wp = {params[p].name, WSYNC_DTYPE_BF16, params[p].cols ? 2 : 1, {0}};
+    wp.shape[0] = params[p].rows;
+    if (params[p].cols)
+        wp.shape[1] = params[p].cols;
+    return wp;
+}
+
+/* ---- targets: described once, for the receivers and for the reference ------------------------ */
+
+typedef struct {
+    const char *name;
+    wsync_dtype_t dtype;
+    int64_t rows, cols;              /* cols 0: 1-D */
+    wsync_quant_t quant;
+    int npieces;
+    wsync_piece_t pieces[3];
+} tspec_t;
+
+static wsync_piece_t piece_rows(int p, int64_t r0, int64_t n, int64_t dst_row)
+{
+    wsync_piece_t pc = {to_param(p), {{r0, 0}, {n, pcols(p)}}, {dst_row, 0}};
+    return pc;
+}
+
+/* Receiver r's targets (vLLM's TP-2 layout of these params). */
+static void make_targets(int r, tspec_t t[NTARGETS])
+{
+    const wsync_quant_t block = {WSYNC_QUANT_BLOCK, 128, 128, 0.0f, 0, 0, NULL, WSYNC_MEM_HOST};
+    const wsync_quant_t chan = {WSYNC_QUANT_CHANNEL, 0, 0, 0.0f, 0, 0, NULL, WSYNC_MEM_HOST};
+    const wsync_quant_t ue8m0 = {WSYNC_QUANT_BLOCK, 64, 128, 0.0f, 1, 0, NULL, WSYNC_MEM_HOST};
+
+    memset(t, 0, NTARGETS * sizeof(*t));
+    /* fused QKV, column-parallel: q, k, v rows of rank r stacked */
+    t[T_QKV] = (tspec_t){.name = "qkv_proj", .dtype = WSYNC_DTYPE_F8E4M3FN, .rows = 512,
+                         .cols = 256, .quant = block, .npieces = 3};
+    t[T_QKV].pieces[0] = piece_rows(P_Q, r * 256, 256, 0);
+    t[T_QKV].pieces[1] = piece_rows(P_K, r * 128, 128, 256);
+    t[T_QKV].pieces[2] = piece_rows(P_V, r * 128, 128, 384);
+    /* row-parallel: a slice of o_proj's columns, every row */
+    t[T_O] = (tspec_t){.name = "o_proj", .dtype = WSYNC_DTYPE_F8E4M3FN, .rows = 256, .cols = 256,
+                       .quant = chan, .npieces = 1};
+    t[T_O].pieces[0] = (wsync_piece_t){to_param(P_O), {{0, r * 256}, {256, 256}}, {0, 0}};
+    /* merged gate_up, UE8M0 scales over 64 x 128 blocks */
+    t[T_GATE_UP] = (tspec_t){.name = "gate_up_proj", .dtype = WSYNC_DTYPE_F8E4M3FN, .rows = 512,
+                             .cols = 256, .quant = ue8m0, .npieces = 2};
+    t[T_GATE_UP].pieces[0] = piece_rows(P_GATE, r * 256, 256, 0);
+    t[T_GATE_UP].pieces[1] = piece_rows(P_UP, r * 256, 256, 256);
+    /* replicated whole: both senders' rows meet at row 150, inside the 128..256 cell row */
+    t[T_EMBED] = (tspec_t){.name = "embed_tokens", .dtype = WSYNC_DTYPE_F8E4M3FN, .rows = 300,
+                           .cols = 256, .quant = block, .npieces = 1};
+    t[T_EMBED].pieces[0] = piece_rows(P_EMBED, 0, 300, 0);
+    t[T_NORM] = (tspec_t){.name = "norm", .dtype = WSYNC_DTYPE_BF16, .rows = 256, .npieces = 1};
+    t[T_NORM].pieces[0] = (wsync_piece_t){to_param(P_NORM), {{0}, {256}}, {0}};
+}
+
+static int is_fp8(const tspec_t *t) { return t->dtype == WSYNC_DTYPE_F8E4M3FN; }
+static int64_t tcols(const tspec_t *t) { return t->cols ? t->cols : 1; }
+
+static size_t target_bytes(const tspec_t *t)
+{
+    return (size_t)(t->rows * tcols(t)) * wsync_dtype_size(t->dtype);
+}
+
+static size_t scale_count(const tspec_t *t)
+{
+    int64_t sr = 0, sc = 0;
+    if (!is_fp8(t) || wsync_quant_scales_shape(&t->quant, t->rows, tcols(t), &sr, &sc) != WSYNC_OK)
+        return 0;
+    return (size_t)(sr * sc);
+}
+
+/* What target t must hold after version v, computed here: its bf16 bytes, or the codes and
+ * scales wsync_quantize_f32 makes of the whole target assembled from the full params. */
+static void reference(const tspec_t *t, uint64_t v, uint8_t *data, float *scales)
+{
+    int64_t rows = t->rows, cols = tcols(t);
+    float *x = calloc((size_t)(rows * cols), sizeof(float));
+    uint16_t *b = (uint16_t *)data;
+
+    for (int k = 0; k < t->npieces; k++) {
+        const wsync_piece_t *pc = &t->pieces[k];
+        int p = 0;
+        while (strcmp(params[p].name, pc->param.name) != 0)
+            p++;
+        int two = params[p].cols != 0;
+        int64_t nr = two ? pc->src.len[0] : 1, nc = two ? pc->src.len[1] : pc->src.len[0];
+        for (int64_t i = 0; i < nr; i++)
+            for (int64_t j = 0; j < nc; j++) {
+                uint16_t h = two ? value_bf16(p, pc->src.start[0] + i, pc->src.start[1] + j, v)
+                                 : value_bf16(p, 0, pc->src.start[0] + j, v);
+                int64_t at = two ? (pc->dst_start[0] + i) * cols + pc->dst_start[1] + j
+                                 : pc->dst_start[0] + j;
+                if (is_fp8(t))
+                    x[at] = bf16_f32(h);
+                else
+                    b[at] = h;
+            }
+    }
+    if (is_fp8(t))
+        CHECK_OK(wsync_quantize_f32(t->name, x, (uint64_t)rows, (uint64_t)cols, (uint64_t)cols,
+                                    &t->quant, t->dtype, data, (uint64_t)cols, scales));
+    free(x);
+}
+
+/* ---- a group --------------------------------------------------------------------------------- */
+
+/* What each receiver saw, for the parent to compare across runs (shared memory). */
+typedef struct {
+    uint64_t data_hash[TP][NTARGETS], scales_hash[TP][NTARGETS];
+    uint64_t version[TP];            /* committed at the end */
+    uint64_t landed[TP][2];          /* the last version's progress: bytes done, of total */
+    uint64_t packed[NSENDERS];       /* bytes_packed of the last successful push */
+    uint64_t delivered[NSENDERS];
+    int explain_wire;                /* rank 0's explanation has the FP8 on the wire line */
+} results_t;
+
+typedef struct {
+    int port;
+    int rank;                        /* of the child */
+    int fp8_wire;                    /* sender param */
+    uint64_t first, last;            /* versions pushed */
+    int nan_version;                 /* sender 1 puts a NaN in q_proj in this version (0: none) */
+    results_t *res;
+    int verify;                      /* WSYNC_VERIFY=1 in every participant */
+} group_t;
+
+static char coord_addr[64];
+
+static int sender_main(void *arg)
+{
+    const group_t *g = arg;
+    int s = g->rank;
+    wsync_ctx_t *ctx = NULL;
+    wsync_sender_t *snd = NULL;
+    wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
+    uint16_t *data[NPARAMS] = {0};
+    wsync_status_t st = WSYNC_OK;
+
+    if (g->verify)
+        setenv("WSYNC_VERIFY", "1", 1);
+    CHECK_OK(wsync_ctx_create(NULL, &ctx));
+    sp.coordinator = coord_addr;
+    sp.rank = s;
+    sp.nranks = NSENDERS;
+    sp.nreceivers = TP;
+    sp.bucket_bytes = BUCKET;
+    sp.timeout_ms = TIMEOUT_MS;
+    sp.heartbeat_ms = 200;
+    sp.scheme = "ipc";
+    sp.fp8_wire = g->fp8_wire;
+    CHECK_OK(wsync_sender_create(ctx, &sp, &snd));
+    if (snd == NULL)
+        return 1;
+    for (int p = 0; p < NPARAMS; p++) {
+        int64_t lo, hi;
+        fsdp_rows(p, s, &lo, &hi);
+        if (hi <= lo)
+            continue;
+        wsync_shard_t sh = {to_param(p), {{lo, 0}, {hi - lo, pcols(p)}}, NULL, WSYNC_MEM_HOST, 0};
+        if (params[p].cols == 0)
+            sh.box.len[0] = params[p].rows;
+        data[p] = malloc((size_t)((hi - lo) * pcols(p)) * 2);
+        sh.data = data[p];
+        CHECK_OK(wsync_sender_add_shard(snd, &sh));
+    }
+    for (uint64_t v = g->first; v <= g->last; v++) {
+        for (int p = 0; p < NPARAMS; p++) {
+            int64_t lo, hi;
+            fsdp_rows(p, s, &lo, &hi);
+            for (int64_t i = lo; i < hi && data[p] != NULL; i++)
+                for (int64_t j = 0; j < pcols(p); j++)
+                    data[p][(i - lo) * pcols(p) + j] =
+                        params[p].cols ? value_bf16(p, i, j, v) : value_bf16(p, 0, i, v);
+        }
+        int nan_here = v == (uint64_t)g->nan_version && s == 1;
+        if (nan_here)
+            data[P_Q][3 * pcols(P_Q) + 5] = 0x7fc0;   /* q_proj row 259 (its row 3), column 5 */
+        st = wsync_sender_push(snd, v);
+        if (nan_here) {
+            CHECK_MSG(st == WSYNC_ERR_NONFINITE, "push of version %llu returned %s: %s",
+                      (unsigned long long)v, wsync_status_name(st), wsync_last_error());
+            CHECK_ERR_HAS(params[P_Q].name);
+            CHECK_ERR_HAS("sender 1");
+            CHECK_ERR_HAS("NaN at row 3, column 5");
+            break;
+        }
+        if (v == (uint64_t)g->nan_version) {
+            /* the group fails on the other members too, with the first failure's words */
+            CHECK_MSG(st != WSYNC_OK, "sender %d: version %llu was pushed", s,
+                      (unsigned long long)v);
+            CHECK_ERR_HAS(params[P_Q].name);
+            break;
+        }
+        CHECK_OK(st);
+        if (st != WSYNC_OK)
+            break;
+        wsync_push_stats_t stats;
+        CHECK_OK(wsync_sender_stats(snd, &stats));
+        g->res->packed[s] = stats.bytes_packed;
+        g->res->delivered[s] = stats.bytes_delivered;
+    }
+    if (s == 0 && wsync_sender_explain(snd) != NULL)
+        g->res->explain_wire = strstr(wsync_sender_explain(snd), "FP8 on the wire:") != NULL;
+    if (s == 0 && g->nan_version)
+        usleep(1000000);   /* the coordinator stays while the others hear why */
+    wsync_sender_free(snd);
+    for (int p = 0; p < NPARAMS; p++)
+        free(data[p]);
+    wsync_ctx_free(ctx);
+    return check_failures ? 1 : 0;
+}
+
+/* The receiver's progress: bytes landed in this version so far, of its total. */
+static void on_progress(void *arg, uint64_t version, uint64_t done, uint64_t total)
+{
+    uint64_t *landed = arg;
+    (void)version;
+    landed[0] = done;
+    landed[1] = total;
+}
+
+static int receiver_main(void *arg)
+{
+    const group_t *g = arg;
+    int r = g->rank;
+    wsync_ctx_t *ctx = NULL;
+    wsync_receiver_t *rv = NULL;
+    wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
+    tspec_t ts[NTARGETS];
+    uint8_t *buf[NTARGETS], *want[NTARGETS];
+    float *scales[NTARGETS], *want_scales[NTARGETS];
+    wsync_status_t st;
+
+    make_targets(r, ts);
+    if (g->verify)
+        setenv("WSYNC_VERIFY", "1", 1);
+    CHECK_OK(wsync_ctx_create(NULL, &ctx));
+    rp.coordinator = coord_addr;
+    rp.rank = r;
+    rp.nreceivers = TP;
+    rp.timeout_ms = TIMEOUT_MS;
+    rp.heartbeat_ms = 200;
+    rp.progress = on_progress;
+    rp.progress_arg = g->res->landed[r];
+    CHECK_OK(wsync_receiver_create(ctx, &rp, &rv));
+    if (rv == NULL)
+        return 1;
+    for (int i = 0; i < NTARGETS; i++) {
+        const tspec_t *t = &ts[i];
+        size_t ns = scale_count(t);
+        buf[i] = malloc(target_bytes(t));
+        want[i] = malloc(target_bytes(t));
+        scales[i] = malloc((ns + 1) * sizeof(float));
+        want_scales[i] = malloc((ns + 1) * sizeof(float));
+        memset(buf[i], 0xAB, target_bytes(t));   /* poison: stale bytes cannot pass */
+        memset(scales[i], 0xAB, (ns + 1) * sizeof(float));
+        wsync_target_t wt = {t->name, t->dtype, t->cols ? 2 : 1, {t->rows, t->cols}, buf[i],
+                             WSYNC_MEM_HOST, 0, t->pieces, t->npieces, t->quant};
+        if (is_fp8(t))
+            wt.quant.scales = scales[i];
+        CHECK_OK(wsync_receiver_add_target(rv, &wt));
+    }
+    for (uint64_t v = g->first; v <= g->last; v++) {
+        uint64_t got = 0;
+        st = wsync_receiver_wait(rv, TIMEOUT_MS, &got);
+        if (v == (uint64_t)g->nan_version) {
+            CHECK_MSG(st != WSYNC_OK, "receiver %d committed version %llu", r,
+                      (unsigned long long)got);
+            CHECK_ERR_HAS(params[P_Q].name);
+            break;
+        }
+        CHECK_OK(st);
+        if (st != WSYNC_OK)
+            break;
+        CHECK_MSG(got == v, "receiver %d got version %llu, expected %llu", r,
+                  (unsigned long long)got, (unsigned long long)v);
+        for (int i = 0; i < NTARGETS; i++) {
+            const tspec_t *t = &ts[i];
+            size_t ns = scale_count(t);
+            reference(t, v, want[i], want_scales[i]);
+            size_t bad = 0;
+            while (bad < target_bytes(t) && buf[i][bad] == want[i][bad])
+                bad++;
+            CHECK_MSG(bad == target_bytes(t), "receiver %d version %llu target %s: byte %zu is "
+                      "%02x, wsync_quantize_f32 of the params gives %02x", r,
+                      (unsigned long long)v, t->name, bad, bad < target_bytes(t) ? buf[i][bad] : 0,
+                      bad < target_bytes(t) ? want[i][bad] : 0);
+            CHECK_MSG(memcmp(scales[i], want_scales[i], ns * sizeof(float)) == 0,
+                      "receiver %d version %llu target %s: scales differ from the reference", r,
+                      (unsigned long long)v, t->name);
+            g->res->data_hash[r][i] = XXH3_64bits(buf[i], target_bytes(t));
+            g->res->scales_hash[r][i] = XXH3_64bits(scales[i], ns * sizeof(float));
+        }
+    }
+    g->res->version[r] = wsync_receiver_version(rv);
+    wsync_receiver_free(rv);
+    wsync_ctx_free(ctx);
+    for (int i = 0; i < NTARGETS; i++) {
+        free(buf[i]);
+        free(want[i]);
+        free(scales[i]);
+        free(want_scales[i]);
+    }
+    return check_failures ? 1 : 0;
+}
+
+/* Run a group (both senders and receivers as processes); every one must exit 0. */
+static void run_group(group_t g)
+{
+    pid_t pids[NSENDERS + TP];
+    group_t cfg[NSENDERS + TP];
+    int codes[NSENDERS + TP], n = 0;
+
+    g.port = proc_free_port();
+    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", g.port);
+    memset(g.res, 0, sizeof(*g.res));
+    for (int s = 0; s < NSENDERS; s++) {
+        cfg[n] = g;
+        cfg[n].rank = s;
+        pids[n] = proc_spawn(sender_main, &cfg[n], 60);
+        n++;
+    }
+    for (int r = 0; r < TP; r++) {
+        cfg[n] = g;
+        cfg[n].rank = r;
+        pids[n] = proc_spawn(receiver_main, &cfg[n], 60);
+        n++;
+    }
+    proc_wait_all(pids, n, 90000, codes);
+    for (int i = 0; i < n; i++)
+        CHECK_MSG(codes[i] == 0, "%s %d exited with %d", i < NSENDERS ? "sender" : "receiver",
+                  i < NSENDERS ? i : i - NSENDERS, codes[i]);
+}
+
+static results_t *shared_results(void)
+{
+    void *p = mmap(NULL, sizeof(results_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                   -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Bytes sender s stages per version, counted by hand: every row it holds once (the embedding's
+ * two receivers read one chunk), FP8 targets' rows as codes plus one f32 per cell when on. */
+static uint64_t expected_packed(int s, int wire)
+{
+    uint64_t b = 0;
+    for (int p = 0; p < NPARAMS; p++) {
+        int64_t lo, hi;
+        fsdp_rows(p, s, &lo, &hi);
+        uint64_t elems = (uint64_t)((hi - lo) * pcols(p));
+        if (!wire || p == P_EMBED || p == P_NORM) {
+            b += 2 * elems;
+            continue;
+        }
+        uint64_t cells = p == P_O ? 2 * (uint64_t)(hi - lo)              /* two slices, a row each */
+                       : p == P_GATE || p == P_UP ? (uint64_t)(hi - lo) / 64 * 2   /* 64 x 128 */
+                                                  : (uint64_t)(hi - lo) / 128 * 2; /* 128 x 128 */
+        b += elems + 4 * cells;
+    }
+    return b;
+}
+
+static void case_wire_on_equals_off(void)
+{
+    results_t *on = shared_results(), *off = shared_results();
+    CHECK(on != NULL && off != NULL);
+    if (on == NULL || off == NULL)
+        return;
+    run_group((group_t){0, 0, 1, 1, 2, 0, on, 0});
+    run_group((group_t){0, 0, 0, 1, 2, 0, off, 0});
+    for (int r = 0; r < TP; r++) {
+        CHECK(on->version[r] == 2 && off->version[r] == 2);
+        for (int i = 0; i < NTARGETS; i++) {
+            CHECK_MSG(on->data_hash[r][i] == off->data_hash[r][i] && on->data_hash[r][i] != 0,
+                      "receiver %d target %d: codes differ with FP8 on the wire", r, i);
+            CHECK_MSG(on->scales_hash[r][i] == off->scales_hash[r][i],
+                      "receiver %d target %d: scales differ with FP8 on the wire", r, i);
+        }
+    }
+    CHECK(on->explain_wire && !off->explain_wire);
+    /* what a receiver lands per version: the FP8 targets' codes and one f32 per cell (qkv_proj
+     * 4 + 2 + 2 cells, o_proj one per row, gate_up_proj 8 + 8), the embedding as f32 values to
+     * quantize, the norm as bf16 */
+    uint64_t landed = 512 * 256 + 4 * 8 + 256 * 256 + 4 * 256 + 512 * 256 + 4 * 16 +
+                      300 * 256 * 4 + 256 * 2;
+    for (int r = 0; r < TP; r++) {
+        CHECK_MSG(on->landed[r][0] == landed && on->landed[r][1] == landed,
+                  "receiver %d landed %llu of %llu bytes, expected %llu", r,
+                  (unsigned long long)on->landed[r][0], (unsigned long long)on->landed[r][1],
+                  (unsigned long long)landed);
+        printf("receiver %d: landed %llu bytes per version with FP8 on the wire, %llu without\n",
+               r, (unsigned long long)on->landed[r][1], (unsigned long long)off->landed[r][1]);
+    }
+    for (int s = 0; s < NSENDERS; s++) {
+        CHECK_MSG(on->packed[s] == expected_packed(s, 1), "sender %d staged %llu bytes with FP8 "
+                  "on the wire, expected %llu", s, (unsigned long long)on->packed[s],
+                  (unsigned long long)expected_packed(s, 1));
+        CHECK_MSG(off->packed[s] == expected_packed(s, 0), "sender %d staged %llu bytes plain, "
+                  "expected %llu", s, (unsigned long long)off->packed[s],
+                  (unsigned long long)expected_packed(s, 0));
+        CHECK_MSG(on->delivered[s] < off->delivered[s] * 6 / 10,
+                  "sender %d delivered %llu bytes with FP8 on the wire, %llu without", s,
+                  (unsigned long long)on->delivered[s], (unsigned long long)off->delivered[s]);
+        printf("sender %d: staged %llu bytes with FP8 on the wire, %llu plain (%.3f x); "
+               "delivered %llu, %llu\n", s, (unsigned long long)on->packed[s],
+               (unsigned long long)off->packed[s], (double)on->packed[s] / (double)off->packed[s],
+               (unsigned long long)on->delivered[s], (unsigned long long)off->delivered[s]);
+        fflush(stdout);
+    }
+    munmap(on, sizeof(*on));
+    munmap(off, sizeof(*off));
+}
+
+/* Verification on (WSYNC_VERIFY=1): the checksums of FP8 chunks are of the codes and scales the
+ * senders packed, and the receivers' hashes of what they read from the slots agree. */
+static void case_wire_verified(void)
+{
+    results_t *res = shared_results();
+    CHECK(res != NULL);
+    if (res == NULL)
+        return;
+    run_group((group_t){0, 0, 1, 1, 2, 0, res, 1});
+    for (int r = 0; r < TP; r++)
+        CHECK(res->version[r] == 2);
+    CHECK(res->explain_wire);
+    for (int s = 0; s < NSENDERS; s++)
+        CHECK(res->packed[s] == expected_packed(s, 1));
+    munmap(res, sizeof(*res));
+}
+
+static void case_nan_refused(void)
+{
+    results_t *res = shared_results();
+    CHECK(res != NULL);
+    if (res == NULL)
+        return;
+    run_group((group_t){0, 0, 1, 1, 3, 2, res, 0});
+    for (int r = 0; r < TP; r++)
+        CHECK_MSG(res->version[r] == 1, "receiver %d holds version %llu, expected 1", r,
+                  (unsigned long long)res->version[r]);
+    /* finite again: a new group takes version 3 right */
+    run_group((group_t){0, 0, 1, 3, 3, 0, res, 0});
+    for (int r = 0; r < TP; r++)
+        CHECK(res->version[r] == 3);
+    CHECK(res->explain_wire);
+    munmap(res, sizeof(*res));
+}
+
+int main(void)
+{
+    RUN(case_wire_on_equals_off);
+    RUN(case_wire_verified);
+    RUN(case_nan_refused);
+    return check_summary();
+}
