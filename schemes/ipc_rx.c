@@ -101,13 +101,18 @@ static wsync_status_t verify_bucket(wsync_receiver_t *r, ipc_receiver_t *st, con
         uint64_t want = sums[sg->chunk - f->chunk_start[k]];
         if (got != want) {
             const wsync_target_desc_t *t = &r->targets[sg->target];
+            char form[96] = "";
+            if (c->rule != 0)   /* what was hashed: the bytes in the slot */
+                snprintf(form, sizeof(form), ", sent as FP8 codes and scales: %llu bytes",
+                         (unsigned long long)wsync_chunk_wire_bytes(c));
             return wsync_err(WSYNC_ERR_INTEGRITY, "receiver %d: version %llu refused: param '%s' "
                              "(target '%s') from sender %u (pid %u), chunk %u (bucket %u, %llu x "
-                             "%llu %s): the sender's xxh3 is %016llx, what landed hashes to %016llx",
-                             r->m.rank, (unsigned long long)version, t->pieces[sg->piece].param.name,
-                             t->name, s, f->pid, sg->chunk, k, (unsigned long long)c->src.rows,
-                             (unsigned long long)c->src.cols, wsync_dtype_name(c->dtype),
-                             (unsigned long long)want, (unsigned long long)got);
+                             "%llu %s%s): the sender's xxh3 is %016llx, what landed hashes to "
+                             "%016llx", r->m.rank, (unsigned long long)version,
+                             t->pieces[sg->piece].param.name, t->name, s, f->pid, sg->chunk, k,
+                             (unsigned long long)c->src.rows, (unsigned long long)c->src.cols,
+                             wsync_dtype_name(c->dtype), form, (unsigned long long)want,
+                             (unsigned long long)got);
         }
     }
     return WSYNC_OK;

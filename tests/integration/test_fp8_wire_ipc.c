@@ -7,7 +7,8 @@
  *    wsync_quantize_f32 of the target assembled from the full params here, so the two runs are
  *    byte-identical; the senders staged the FP8 form (bytes_packed counted by hand: codes and
  *    one f32 per cell, about half of bf16), and rank 0's explanation says so.
- *  - The same with verification on: the checksums of FP8 chunks are of their wire bytes.
+ *  - The same with verification on: the checksums of FP8 chunks are of their wire bytes; a bit
+ *    of one flipped in its slot (fault push.bucket:corrupt) is refused with INTEGRITY.
  *  - A NaN in sender 1's shard in version 2: its push fails with WSYNC_ERR_NONFINITE naming the
  *    param, the sender and the element, before that bucket's READY; every participant fails,
  *    no receiver commits version 2 (theirs stays 1); a new group then takes version 3 right. */
@@ -210,6 +211,8 @@ typedef struct {
     uint64_t packed[NSENDERS];       /* bytes_packed of the last successful push */
     uint64_t delivered[NSENDERS];
     int explain_wire;                /* rank 0's explanation has the FP8 on the wire line */
+    int fail_status[TP];             /* a receiver's failed wait: its status and text */
+    char fail_text[TP][1024];
 } results_t;
 
 typedef struct {
@@ -220,6 +223,8 @@ typedef struct {
     int nan_version;                 /* sender 1 puts a NaN in q_proj in this version (0: none) */
     results_t *res;
     int verify;                      /* WSYNC_VERIFY=1 in every participant */
+    int corrupt;                     /* sender 1 flips a bit of its first staged chunk in version
+                                        `first` (fault push.bucket:corrupt@1): that version fails */
 } group_t;
 
 static char coord_addr[64];
@@ -236,6 +241,8 @@ static int sender_main(void *arg)
 
     if (g->verify)
         setenv("WSYNC_VERIFY", "1", 1);
+    if (g->corrupt && s == 1)
+        setenv("WSYNC_FAULT", "push.bucket:corrupt@1", 1);
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
     sp.coordinator = coord_addr;
     sp.rank = s;
@@ -282,6 +289,10 @@ static int sender_main(void *arg)
             CHECK_ERR_HAS("NaN at row 3, column 5");
             break;
         }
+        if (g->corrupt) {
+            CHECK_MSG(st != WSYNC_OK, "sender %d: a corrupted version was pushed", s);
+            break;
+        }
         if (v == (uint64_t)g->nan_version) {
             /* the group fails on the other members too, with the first failure's words */
             CHECK_MSG(st != WSYNC_OK, "sender %d: version %llu was pushed", s,
@@ -299,7 +310,7 @@ static int sender_main(void *arg)
     }
     if (s == 0 && wsync_sender_explain(snd) != NULL)
         g->res->explain_wire = strstr(wsync_sender_explain(snd), "FP8 on the wire:") != NULL;
-    if (s == 0 && g->nan_version)
+    if (s == 0 && (g->nan_version || g->corrupt))
         usleep(1000000);   /* the coordinator stays while the others hear why */
     wsync_sender_free(snd);
     for (int p = 0; p < NPARAMS; p++)
@@ -361,6 +372,12 @@ static int receiver_main(void *arg)
     for (uint64_t v = g->first; v <= g->last; v++) {
         uint64_t got = 0;
         st = wsync_receiver_wait(rv, TIMEOUT_MS, &got);
+        if (g->corrupt) {
+            CHECK_MSG(st != WSYNC_OK, "receiver %d committed a corrupted version", r);
+            g->res->fail_status[r] = (int)st;
+            snprintf(g->res->fail_text[r], sizeof(g->res->fail_text[r]), "%s", wsync_last_error());
+            break;
+        }
         if (v == (uint64_t)g->nan_version) {
             CHECK_MSG(st != WSYNC_OK, "receiver %d committed version %llu", r,
                       (unsigned long long)got);
@@ -464,8 +481,8 @@ static void case_wire_on_equals_off(void)
     CHECK(on != NULL && off != NULL);
     if (on == NULL || off == NULL)
         return;
-    run_group((group_t){0, 0, 1, 1, 2, 0, on, 0});
-    run_group((group_t){0, 0, 0, 1, 2, 0, off, 0});
+    run_group((group_t){0, 0, 1, 1, 2, 0, on, 0, 0});
+    run_group((group_t){0, 0, 0, 1, 2, 0, off, 0, 0});
     for (int r = 0; r < TP; r++) {
         CHECK(on->version[r] == 2 && off->version[r] == 2);
         for (int i = 0; i < NTARGETS; i++) {
@@ -517,7 +534,7 @@ static void case_wire_verified(void)
     CHECK(res != NULL);
     if (res == NULL)
         return;
-    run_group((group_t){0, 0, 1, 1, 2, 0, res, 1});
+    run_group((group_t){0, 0, 1, 1, 2, 0, res, 1, 0});
     for (int r = 0; r < TP; r++)
         CHECK(res->version[r] == 2);
     CHECK(res->explain_wire);
@@ -526,18 +543,48 @@ static void case_wire_verified(void)
     munmap(res, sizeof(*res));
 }
 
+/* Verification on and a bit of sender 1's first FP8 chunk flipped in its slot after the
+ * checksum was taken: a receiver that reads it refuses the version with INTEGRITY, naming the
+ * param and the sender (what it read from the slot is not what the pack made). */
+static void case_wire_corrupt_refused(void)
+{
+#if defined(WSYNC_FAULTS) && WSYNC_FAULTS
+    results_t *res = shared_results();
+    int found = 0;
+    CHECK(res != NULL);
+    if (res == NULL)
+        return;
+    run_group((group_t){0, 0, 1, 1, 1, 0, res, 1, 1});
+    for (int r = 0; r < TP; r++) {
+        printf("receiver %d: %s: %s\n", r, wsync_status_name((wsync_status_t)res->fail_status[r]),
+               res->fail_text[r]);
+        CHECK(res->version[r] == 0);
+        found |= res->fail_status[r] == WSYNC_ERR_INTEGRITY &&
+                 strstr(res->fail_text[r], "from sender 1") != NULL &&
+                 strstr(res->fail_text[r], "sent as FP8 codes and scales") != NULL &&
+                 strstr(res->fail_text[r], params[P_Q].name) != NULL;
+    }
+    fflush(stdout);
+    CHECK_MSG(found, "no receiver refused the corrupted FP8 chunk of %s with INTEGRITY",
+              params[P_Q].name);
+    munmap(res, sizeof(*res));
+#else
+    printf("skipped: this build has no fault injection (configure with -DWSYNC_FAULTS=ON)\n");
+#endif
+}
+
 static void case_nan_refused(void)
 {
     results_t *res = shared_results();
     CHECK(res != NULL);
     if (res == NULL)
         return;
-    run_group((group_t){0, 0, 1, 1, 3, 2, res, 0});
+    run_group((group_t){0, 0, 1, 1, 3, 2, res, 0, 0});
     for (int r = 0; r < TP; r++)
         CHECK_MSG(res->version[r] == 1, "receiver %d holds version %llu, expected 1", r,
                   (unsigned long long)res->version[r]);
     /* finite again: a new group takes version 3 right */
-    run_group((group_t){0, 0, 1, 3, 3, 0, res, 0});
+    run_group((group_t){0, 0, 1, 3, 3, 0, res, 0, 0});
     for (int r = 0; r < TP; r++)
         CHECK(res->version[r] == 3);
     CHECK(res->explain_wire);
@@ -548,6 +595,7 @@ int main(void)
 {
     RUN(case_wire_on_equals_off);
     RUN(case_wire_verified);
+    RUN(case_wire_corrupt_refused);
     RUN(case_nan_refused);
     return check_summary();
 }
