@@ -112,7 +112,8 @@ wsync_status_t wsync_kernels_unpack_wire_desc(const wsync_plan_t *plan,
         .src_dtype = t->dtype, .dst_dtype = t->dtype};
     out[1] = (wsync_kcopy_t){
         .src = bucket, .dst = scales,
-        .src_off = (chunk->bucket_off + wsync_wire_scales_off(chunk->src.rows, chunk->src.cols)) / 4,
+        .src_off = (chunk->bucket_off + wsync_wire_scales_off(chunk->src.rows,
+                                                              chunk->src.cols)) / 4,
         .src_pitch = cc,
         .dst_off = cell_row * scale_cols + cell_col, .dst_pitch = scale_cols,
         .rows = cr, .cols = cc,

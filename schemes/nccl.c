@@ -1734,7 +1734,8 @@ static wsync_status_t unpack_wire_descs(const wsync_receiver_t *r, const nc_stat
     wsync_chunk_t c = plan->chunks[sg->chunk];
     float *scales;
 
-    if (r->wire == NULL || !r->wire[sg->target] || r->land[sg->target] != r->target_data[sg->target])
+    if (r->wire == NULL || !r->wire[sg->target] ||
+        r->land[sg->target] != r->target_data[sg->target])
         return wsync_err(WSYNC_ERR_PROTOCOL, "nccl: receiver %u: target '%s' is sent chunk %u as "
                          "FP8 codes and scales, but is not set up to take FP8 on the wire (every "
                          "segment FP8, landing in the target itself)", st->rank,
@@ -2085,8 +2086,8 @@ static wsync_status_t receiver_verify(wsync_receiver_t *r, nc_state_t *st, uint6
                            r->m.rank, (unsigned long long)version, t->pieces[sg->piece].param.name,
                            t->name, s, r->m.planmsg.peers[s].pid, sg->chunk, c->bucket,
                            (unsigned long long)c->src.rows, (unsigned long long)c->src.cols,
-                           wsync_dtype_name(c->dtype), (unsigned long long)want,
-                           (unsigned long long)have);
+                           c->rule != 0 ? "as FP8 codes and scales" : wsync_dtype_name(c->dtype),
+                           (unsigned long long)want, (unsigned long long)have);
             goto out;
         }
     }

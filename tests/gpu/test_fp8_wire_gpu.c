@@ -706,7 +706,8 @@ static int receiver_main(void *arg)
     for (int v = 1; v <= VERSIONS && !failed; v++) {
         /* poison: a byte this version does not write cannot pass for data */
         for (size_t i = 0; i < NPARAMS; i++) {
-            CU_OK(cudaMemset(data[i], 0xFF, elems_of_target(&tg[i]) * wsync_dtype_size(tg[i].dtype)));
+            CU_OK(cudaMemset(data[i], 0xFF,
+                             elems_of_target(&tg[i]) * wsync_dtype_size(tg[i].dtype)));
             if (scales[i] && g_params[i].host_scales)
                 memset(scales[i], 0xFF, nscales[i] * sizeof(float));
             else if (scales[i])
