@@ -38,9 +38,11 @@
  * its sender's pack makes (wsync_exec_pack_wire on the CPU, a quantization kernel per chunk on
  * CUDA, launched with the bucket's copies), so its shard is staged whatever the in-place rules
  * say (its plain chunks with it). A NaN or Inf refuses the version (NONFINITE naming the param and
- * sender) before that bucket's READY. Receivers copy the codes into the target and the scales
- * into its scale matrix (CPU, or two copies in the bucket's batch); such targets are never
- * quantized here (nor by plan_qruns). Checksums of those chunks are of the bytes in the slot.
+ * sender) before that bucket's READY; a receiver whose last bucket from a sender comes before
+ * that sender's last FP8 one waits for its PACKED (a READY of bucket nbuckets), so that no
+ * receiver commits a version some pack refused. Receivers copy the codes into the target and
+ * the scales into its scale matrix (CPU, or two copies in the bucket's batch); such targets are
+ * never quantized here (nor by plan_qruns). Checksums of those chunks are of the slot's bytes.
  *
  * Files: this one holds the scheme's table, its score, and each side's set-up (DATA_HELLO, the
  * connections) and teardown; ipc_share.c what a sender shares and how a receiver maps it
@@ -310,11 +312,55 @@ static void ipc_sender_teardown(wsync_sender_t *s)
     free(st->pack);
     free(st->scratch);
     free(st->wire_shard);
+    free(st->notify);
     free(st->wq_start);
     free(st->wq);
     free(st->wq_ws);
     free(st);
     s->m.scheme_state = NULL;
+}
+
+/* FP8 on the wire, at the sender's setup (after need[] is known): a chunk with rule != 0 exists
+ * only once the pack made it, so its shard is staged whole (its plain chunks too), whatever the
+ * memory would allow (wire_shard); our last bucket with such a chunk (wire_last) and the
+ * receivers that need none of our buckets from it on, which get PACKED (notify). */
+static wsync_status_t wire_schedule(wsync_sender_t *s, ipc_sender_t *st, uint32_t c0)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    uint32_t me = (uint32_t)s->m.rank, nr = plan->nreceivers, nwire = 0;
+    int64_t *last;
+
+    st->wire_last = -1;
+    st->wire_shard = calloc(s->nshards + 1, 1);
+    st->notify = calloc(nr + 1, 1);
+    if (st->wire_shard == NULL || st->notify == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for the schedule");
+    for (uint32_t c = c0; c < st->chunk_start[st->nbuckets]; c++)
+        if (plan->chunks[c].rule != 0 && plan->chunks[c].shard < s->nshards &&
+            !st->wire_shard[plan->chunks[c].shard]) {
+            st->wire_shard[plan->chunks[c].shard] = 1;
+            nwire++;
+        }
+    if (nwire == 0)
+        return WSYNC_OK;
+    if (s->m.planmsg.delta == WSYNC_DELTA_MODE_ON)
+        return wsync_err(WSYNC_ERR_INTERNAL, "ipc: sender %u: a plan with FP8 on the wire and "
+                         "delta versions on (the coordinator never makes one)", me);
+    WSYNC_LOG_D("ipc: sender %u: %u shards staged because chunks of them travel as FP8 codes and "
+                "scales", me, nwire);
+    if ((last = calloc(plan->nsenders + 1, sizeof(*last))) == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for the schedule");
+    wire_last_buckets(plan, c0, st->chunk_start[st->nbuckets], last);
+    st->wire_last = last[me];
+    free(last);
+    for (uint32_t r = 0; r < nr; r++) {
+        int64_t last_need = -1;
+        for (uint32_t k = 0; k < st->nbuckets; k++)
+            if (st->need[(size_t)k * nr + r])
+                last_need = k;
+        st->notify[r] = st->needs_any[r] && last_need < st->wire_last;
+    }
+    return WSYNC_OK;
 }
 
 static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
@@ -376,26 +422,10 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
     /* host shards in shareable memory are read in place; the rest is staged */
     st->inplace = calloc(s->nshards + 1, sizeof(*st->inplace));
     st->staged = calloc(st->nbuckets + 1, 1);
-    st->wire_shard = calloc(s->nshards + 1, 1);
-    if (st->inplace == NULL || st->staged == NULL || st->wire_shard == NULL)
+    if (st->inplace == NULL || st->staged == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for the schedule");
-    /* FP8 on the wire: such a chunk's bytes exist only once the pack made them, so its shard is
-     * staged whole (its plain chunks too), whatever the memory would allow */
-    {
-        uint32_t nwire = 0;
-        for (uint32_t c = c0; c < st->chunk_start[st->nbuckets]; c++)
-            if (plan->chunks[c].rule != 0 && plan->chunks[c].shard < s->nshards &&
-                !st->wire_shard[plan->chunks[c].shard]) {
-                st->wire_shard[plan->chunks[c].shard] = 1;
-                nwire++;
-            }
-        if (nwire > 0 && s->m.planmsg.delta == WSYNC_DELTA_MODE_ON)
-            return wsync_err(WSYNC_ERR_INTERNAL, "ipc: sender %u: a plan with FP8 on the wire and "
-                             "delta versions on (the coordinator never makes one)", me);
-        if (nwire > 0)
-            WSYNC_LOG_D("ipc: sender %u: %u shards staged because chunks of them travel as FP8 "
-                        "codes and scales", me, nwire);
-    }
+    if ((rc = wire_schedule(s, st, c0)) != WSYNC_OK)
+        return rc;
     for (size_t i = 0; i < s->nshards; i++) {
         const wsync_shard_desc_t *d = &s->shards[i];
         uint64_t bytes = shard_bytes(d);
@@ -682,6 +712,22 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
             if (k > 0 && f->seg_start[k] > f->seg_start[k - 1])
                 f->needed++;
         }
+    }
+    if (plan->nrules > 0) {
+        /* FP8 on the wire: a sender that quantizes after our last bucket from it sends PACKED */
+        int64_t *last = calloc(ns + 1, sizeof(*last));
+        if (last == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+        wire_last_buckets(plan, 0, plan->nchunks, last);
+        for (uint32_t s = 0; s < ns; s++) {
+            ipc_from_t *f = &st->from[s];
+            int64_t mine = -1;
+            for (uint32_t k = 0; k < f->nbuckets; k++)
+                if (f->seg_start[k] < f->seg_start[k + 1])
+                    mine = k;
+            f->await_packed = f->needed > 0 && mine < last[s];
+        }
+        free(last);
     }
     if (r->m.planmsg.delta == WSYNC_DELTA_MODE_ON) {
         /* delta versions: host targets apply them with the CPU, CUDA targets with kernels/delta

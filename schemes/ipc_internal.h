@@ -82,6 +82,9 @@ typedef struct {
     void *wq_mem;                    /* nwq * WSYNC_KQUANT_WS_BYTES, cudaMalloc, kept zeroed */
     uint32_t nwq;
     int wq_dirty;                    /* a workspace may hold a non-finite flag: clear first */
+    int64_t wire_last;               /* our last bucket with an FP8 chunk, -1: none */
+    uint8_t *notify;                 /* [nreceivers] gets PACKED once wire_last passed its check:
+                                      * it needs none of our buckets from wire_last on */
 } ipc_sender_t;
 
 typedef struct {
@@ -98,6 +101,9 @@ typedef struct {
     uint32_t *chunk_start;           /* [nbuckets + 1] ranges of plan->chunks per bucket */
     uint8_t *done;                   /* [nbuckets] landed in this version */
     uint32_t needed;                 /* buckets with segments of ours */
+    int await_packed;                /* its pack quantizes FP8 chunks after our last bucket: wait
+                                      * for its PACKED before committing (wire_packed_notice) */
+    int packed;                      /* PACKED came in this version */
     uint32_t pid;
     /* CUDA */
     uint32_t flags;                  /* what DATA_HELLO said */
@@ -181,6 +187,24 @@ static inline uint64_t shard_bytes(const wsync_shard_desc_t *d)
     for (int k = 0; k < d->param.ndim; k++)
         bytes *= (uint64_t)d->box.len[k];
     return bytes;
+}
+
+/* FP8 on the wire: a NaN or Inf that a sender's pack finds refuses the version, so no receiver
+ * may commit it before every pack that could find one is done. A receiver whose last bucket
+ * from a sender comes before that sender's last bucket with an FP8 chunk would; the sender
+ * sends it PACKED (a READY of bucket nbuckets, slot NO_SLOT, nothing to release) once that
+ * bucket passed its check, and the receiver waits for it. Both sides find the pairs from the
+ * plan: last[s] = -1 when sender s has no FP8 chunk among chunks [c0, c1), else its last bucket
+ * with one (last has nsenders entries). */
+static inline void wire_last_buckets(const wsync_plan_t *plan, uint32_t c0, uint32_t c1,
+                                     int64_t *last)
+{
+    for (uint32_t s = 0; s < plan->nsenders; s++)
+        last[s] = -1;
+    for (uint32_t c = c0; c < c1 && c < plan->nchunks; c++)
+        if (plan->chunks[c].rule != 0 && plan->chunks[c].sender < plan->nsenders)
+            last[plan->chunks[c].sender] = WSYNC_MAX(last[plan->chunks[c].sender],
+                                                     (int64_t)plan->chunks[c].bucket);
 }
 
 /* ---- the receiver's GPU work (ipc_cuda_rx.c) ---- */

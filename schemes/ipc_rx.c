@@ -36,6 +36,9 @@ static void waiting_on(const ipc_receiver_t *st, char *buf, size_t len)
         if (missing > 0)
             n += (size_t)snprintf(buf + n, len - n, "%ssender %u (pid %u): %u bucket%s",
                                   n ? ", " : "", s, f->pid, missing, missing == 1 ? "" : "s");
+        else if (f->await_packed && !f->packed && n + 1 < len)
+            n += (size_t)snprintf(buf + n, len - n, "%ssender %u (pid %u): the end of its FP8 "
+                                  "packs", n ? ", " : "", s, f->pid);
     }
 }
 
@@ -235,8 +238,9 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
     wsync_status_t rc;
 
     for (uint32_t s = 0; s < st->nsenders; s++) {
-        remaining += st->from[s].needed;
+        remaining += st->from[s].needed + (uint32_t)st->from[s].await_packed;
         memset(st->from[s].done, 0, st->from[s].nbuckets);
+        st->from[s].packed = 0;
     }
     total = remaining;
     st->pend_head = st->npend = 0;
@@ -306,6 +310,21 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
         uint64_t v = wsync_get_u64(&rb);
         uint32_t k = wsync_get_u32(&rb);
         uint32_t slot = wsync_get_u32(&rb);
+        if (f != NULL && !rb.err && k == f->nbuckets) {
+            /* PACKED: every FP8 chunk of this sender passed its check (ipc_internal.h) */
+            int ok = f->await_packed && !f->packed && v == version && slot == NO_SLOT &&
+                     wsync_rbuf_left(&rb) == 0;
+            wsync_msg_free(msg);
+            if (!ok)
+                return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: unexpected PACKED "
+                                 "(version %llu) from sender %u while receiving version %llu",
+                                 r->m.rank, (unsigned long long)v, s,
+                                 (unsigned long long)version);
+            f->packed = 1;
+            remaining--;
+            last_ms = wsync_now_ms();
+            continue;
+        }
         if (f != NULL && f->drx != NULL && !rb.err && k < f->nbuckets &&
             (rc = wsync_ipc_drx_ready(r, f->drx, &rb, k, f->chunk_start[k], f->chunk_start[k + 1],
                                       version)) != WSYNC_OK) {

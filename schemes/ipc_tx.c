@@ -137,6 +137,28 @@ static wsync_status_t wire_pack_check(wsync_sender_t *s, ipc_sender_t *st, uint6
     return wsync_err_set_text(rc, text);
 }
 
+/* FP8 on the wire: every FP8 chunk of ours passed its check in this version: PACKED (a READY
+ * of bucket nbuckets, no slot, nothing to release) to the receivers that need none of our
+ * buckets from the last FP8 one on, which wait for it before committing (ipc_internal.h). */
+static wsync_status_t send_packed(wsync_sender_t *s, ipc_sender_t *st, uint64_t version)
+{
+    wsync_wbuf_t b;
+    wsync_status_t rc = WSYNC_OK;
+
+    wsync_wbuf_init(&b);
+    wsync_put_u64(&b, version);
+    wsync_put_u32(&b, st->nbuckets);
+    wsync_put_u32(&b, NO_SLOT);
+    if (b.err)
+        rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for PACKED");
+    for (uint32_t r = 0; r < s->m.plan->nreceivers && rc == WSYNC_OK; r++)
+        if (st->notify[r])
+            rc = wsync_conn_send(st->rconn[r], WSYNC_MSG_READY, b.data, (uint32_t)b.len, NULL, 0,
+                                 s->m.timeout_ms);
+    wsync_wbuf_free(&b);
+    return rc;
+}
+
 /* One version, with the sender in its device context when it has CUDA shards. */
 wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t version)
 {
@@ -288,6 +310,8 @@ wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t
             nready++;
         }
         wsync_wbuf_free(&b);
+        if ((int64_t)k == st->wire_last && (rc = send_packed(s, st, version)) != WSYNC_OK)
+            return rc;
     }
     t_ready = wsync_now_ns();
     for (uint32_t k = 0; k < st->nbuckets; k++)

@@ -9,6 +9,8 @@
  *    one f32 per cell, about half of bf16), and rank 0's explanation says so.
  *  - The same with verification on: the checksums of FP8 chunks are of their wire bytes; a bit
  *    of one flipped in its slot (fault push.bucket:corrupt) is refused with INTEGRITY.
+ *  Sender 1's chunks for receiver 0 (the embedding, o_proj) all come before its last FP8 one
+ *  (up_proj, receiver 1's): a NaN there must still keep receiver 0 from committing (PACKED).
  *  - A NaN in sender 1's shard in version 2: its push fails with WSYNC_ERR_NONFINITE naming the
  *    param, the sender and the element, before that bucket's READY; every participant fails,
  *    no receiver commits version 2 (theirs stays 1); a new group then takes version 3 right. */
@@ -36,17 +38,19 @@ typedef struct {
     int64_t rows, cols;              /* cols 0: 1-D of `rows` elements */
 } pspec_t;
 
-enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_EMBED, P_NORM, NPARAMS };
+/* the embedding first: sender 1's chunks for receiver 0 (embedding, o_proj) all come before its
+ * last FP8 one (up_proj, receiver 1's) */
+enum { P_EMBED, P_NORM, P_Q, P_K, P_V, P_O, P_GATE, P_UP, NPARAMS };
 
 static const pspec_t params[NPARAMS] = {
+    {"model.embed_tokens.weight", 300, 256},   /* FSDP-2 splits it at row 150: inside a cell */
+    {"model.norm.weight", 256, 0},
     {"model.layers.0.self_attn.q_proj.weight", 512, 256},
     {"model.layers.0.self_attn.k_proj.weight", 256, 256},
     {"model.layers.0.self_attn.v_proj.weight", 256, 256},
     {"model.layers.0.self_attn.o_proj.weight", 256, 512},
     {"model.layers.0.mlp.gate_proj.weight", 512, 256},
     {"model.layers.0.mlp.up_proj.weight", 512, 256},
-    {"model.embed_tokens.weight", 300, 256},   /* FSDP-2 splits it at row 150: inside a cell */
-    {"model.norm.weight", 256, 0},
 };
 
 enum { T_QKV, T_O, T_GATE_UP, T_EMBED, T_NORM, NTARGETS };
@@ -223,8 +227,10 @@ typedef struct {
     int nan_version;                 /* sender 1 puts a NaN in q_proj in this version (0: none) */
     results_t *res;
     int verify;                      /* WSYNC_VERIFY=1 in every participant */
-    int corrupt;                     /* sender 1 flips a bit of its first staged chunk in version
-                                        `first` (fault push.bucket:corrupt@1): that version fails */
+    int corrupt;                     /* sender 1 flips a bit of the first chunk of its bucket 1,
+                                        q_proj's first FP8 chunk (fault push.bucket:corrupt@2), in
+                                        version `first`: that version fails */
+    int nan_param;                   /* where sender 1's NaN goes: its row 3, column 5 */
 } group_t;
 
 static char coord_addr[64];
@@ -242,7 +248,7 @@ static int sender_main(void *arg)
     if (g->verify)
         setenv("WSYNC_VERIFY", "1", 1);
     if (g->corrupt && s == 1)
-        setenv("WSYNC_FAULT", "push.bucket:corrupt@1", 1);
+        setenv("WSYNC_FAULT", "push.bucket:corrupt@2", 1);
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
     sp.coordinator = coord_addr;
     sp.rank = s;
@@ -278,13 +284,13 @@ static int sender_main(void *arg)
                         params[p].cols ? value_bf16(p, i, j, v) : value_bf16(p, 0, i, v);
         }
         int nan_here = v == (uint64_t)g->nan_version && s == 1;
-        if (nan_here)
-            data[P_Q][3 * pcols(P_Q) + 5] = 0x7fc0;   /* q_proj row 259 (its row 3), column 5 */
+        if (nan_here)   /* e.g. q_proj row 259 (its row 3), column 5 */
+            data[g->nan_param][3 * pcols(g->nan_param) + 5] = 0x7fc0;
         st = wsync_sender_push(snd, v);
         if (nan_here) {
             CHECK_MSG(st == WSYNC_ERR_NONFINITE, "push of version %llu returned %s: %s",
                       (unsigned long long)v, wsync_status_name(st), wsync_last_error());
-            CHECK_ERR_HAS(params[P_Q].name);
+            CHECK_ERR_HAS(params[g->nan_param].name);
             CHECK_ERR_HAS("sender 1");
             CHECK_ERR_HAS("NaN at row 3, column 5");
             break;
@@ -297,7 +303,7 @@ static int sender_main(void *arg)
             /* the group fails on the other members too, with the first failure's words */
             CHECK_MSG(st != WSYNC_OK, "sender %d: version %llu was pushed", s,
                       (unsigned long long)v);
-            CHECK_ERR_HAS(params[P_Q].name);
+            CHECK_ERR_HAS(params[g->nan_param].name);
             break;
         }
         CHECK_OK(st);
@@ -381,7 +387,7 @@ static int receiver_main(void *arg)
         if (v == (uint64_t)g->nan_version) {
             CHECK_MSG(st != WSYNC_OK, "receiver %d committed version %llu", r,
                       (unsigned long long)got);
-            CHECK_ERR_HAS(params[P_Q].name);
+            CHECK_ERR_HAS(params[g->nan_param].name);
             break;
         }
         CHECK_OK(st);
@@ -481,8 +487,8 @@ static void case_wire_on_equals_off(void)
     CHECK(on != NULL && off != NULL);
     if (on == NULL || off == NULL)
         return;
-    run_group((group_t){0, 0, 1, 1, 2, 0, on, 0, 0});
-    run_group((group_t){0, 0, 0, 1, 2, 0, off, 0, 0});
+    run_group((group_t){0, 0, 1, 1, 2, 0, on, 0, 0, 0});
+    run_group((group_t){0, 0, 0, 1, 2, 0, off, 0, 0, 0});
     for (int r = 0; r < TP; r++) {
         CHECK(on->version[r] == 2 && off->version[r] == 2);
         for (int i = 0; i < NTARGETS; i++) {
@@ -534,7 +540,7 @@ static void case_wire_verified(void)
     CHECK(res != NULL);
     if (res == NULL)
         return;
-    run_group((group_t){0, 0, 1, 1, 2, 0, res, 1, 0});
+    run_group((group_t){0, 0, 1, 1, 2, 0, res, 1, 0, 0});
     for (int r = 0; r < TP; r++)
         CHECK(res->version[r] == 2);
     CHECK(res->explain_wire);
@@ -543,7 +549,8 @@ static void case_wire_verified(void)
     munmap(res, sizeof(*res));
 }
 
-/* Verification on and a bit of sender 1's first FP8 chunk flipped in its slot after the
+/* Verification on and a bit of sender 1's first FP8 chunk (its bucket 1: the embedding's plain
+ * rows fill bucket 0) flipped in its slot after the
  * checksum was taken: a receiver that reads it refuses the version with INTEGRITY, naming the
  * param and the sender (what it read from the slot is not what the pack made). */
 static void case_wire_corrupt_refused(void)
@@ -554,7 +561,7 @@ static void case_wire_corrupt_refused(void)
     CHECK(res != NULL);
     if (res == NULL)
         return;
-    run_group((group_t){0, 0, 1, 1, 1, 0, res, 1, 1});
+    run_group((group_t){0, 0, 1, 1, 1, 0, res, 1, 1, 0});
     for (int r = 0; r < TP; r++) {
         printf("receiver %d: %s: %s\n", r, wsync_status_name((wsync_status_t)res->fail_status[r]),
                res->fail_text[r]);
@@ -579,12 +586,18 @@ static void case_nan_refused(void)
     CHECK(res != NULL);
     if (res == NULL)
         return;
-    run_group((group_t){0, 0, 1, 1, 3, 2, res, 0, 0});
-    for (int r = 0; r < TP; r++)
-        CHECK_MSG(res->version[r] == 1, "receiver %d holds version %llu, expected 1", r,
-                  (unsigned long long)res->version[r]);
+    /* in q_proj, sender 1's first bucket; in up_proj, its last FP8 one, after every bucket of
+     * it receiver 0 takes: receiver 0 waits for sender 1's PACKED, which never comes */
+    static const int where[] = {P_Q, P_UP};
+    for (int w = 0; w < 2; w++) {
+        run_group((group_t){0, 0, 1, 1, 3, 2, res, 0, 0, where[w]});
+        for (int r = 0; r < TP; r++)
+            CHECK_MSG(res->version[r] == 1, "NaN in %s: receiver %d holds version %llu, "
+                      "expected 1", params[where[w]].name, r,
+                      (unsigned long long)res->version[r]);
+    }
     /* finite again: a new group takes version 3 right */
-    run_group((group_t){0, 0, 1, 3, 3, 0, res, 0, 0});
+    run_group((group_t){0, 0, 1, 3, 3, 0, res, 0, 0, 0});
     for (int r = 0; r < TP; r++)
         CHECK(res->version[r] == 3);
     CHECK(res->explain_wire);
