@@ -2107,6 +2107,11 @@ int bench_model_main(const bench_opts_t *o)
             (unsigned long long)m->param_elems, (double)m->sum->total_bytes / 1e9,
             (unsigned long long)m->sum->nchunks, (unsigned long long)m->sum->nsegments,
             (unsigned long long)m->sum->fingerprint);
+    if (m->sum_wire)
+        fprintf(stderr, PROG ": with FP8 on the wire (ipc, nccl) it moves %.3f GB, %.3f of them "
+                        "FP8 codes and scales (fingerprint %016llx)\n",
+                (double)m->sum_wire->total_bytes / 1e9, (double)m->sum_wire->fp8_wire_bytes / 1e9,
+                (unsigned long long)m->sum_wire->fingerprint);
 
     if (o->mem_cuda) {
         bench_child_t probe = {.name = "link probe"};
