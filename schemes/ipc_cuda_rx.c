@@ -358,7 +358,8 @@ static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int
     }
     for (size_t i = 0; i < r->ntargets; i++) {
         st->cache_land[c][i] = r->land[i];
-        st->cache_scales[c][i] = wire_target(r, (uint32_t)i) ? wsync_receiver_wire_scales(r, i) : NULL;
+        st->cache_scales[c][i] =
+            wire_target(r, (uint32_t)i) ? wsync_receiver_wire_scales(r, i) : NULL;
     }
     WSYNC_LOG_D("ipc: receiver %d: %u copy batches built (set %d) in %.3f ms", r->m.rank, nbatches,
                 c, (double)(wsync_now_ns() - t0) / 1e6);

@@ -129,9 +129,10 @@ static wsync_status_t plan_wire_packs(wsync_sender_t *s, ipc_sender_t *st)
             if (rc == WSYNC_OK) {
                 /* NONFINITE names the param and, for a matrix, the row in the param's rows */
                 const wsync_shard_desc_t *d = &s->shards[ch->shard];
-                st->wq[st->nwq].name = d->param.name;
+                wsync_kquant_t *q = &st->wq[st->nwq];
+                q->name = d->param.name;
                 if (d->param.ndim == 2 && ch->src.pitch > 0)
-                    st->wq[st->nwq].row_base = (uint64_t)d->box.start[0] + ch->src.off / ch->src.pitch;
+                    q->row_base = (uint64_t)d->box.start[0] + ch->src.off / ch->src.pitch;
                 st->wq_ws[st->nwq] = (uint8_t *)st->wq_mem + (size_t)st->nwq * WSYNC_KQUANT_WS_BYTES;
                 st->nwq++;
             }

@@ -252,7 +252,7 @@ wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t
                                             slot >= DEV_SLOT0, WSYNC_DTYPE_U8, &g, &st->scratch,
                                             &st->scratch_cap, st->stream, s->m.timeout_ms, &h);
                 } else {
-                        rc = wsync_ipc_hash_any(s->shard_data[ch->shard],
+                    rc = wsync_ipc_hash_any(s->shard_data[ch->shard],
                                             s->shards[ch->shard].mem == WSYNC_MEM_CUDA, ch->dtype,
                                             &ch->src, &st->scratch, &st->scratch_cap,
                                             st->stream, s->m.timeout_ms, &h);

@@ -473,9 +473,10 @@ static uint64_t expected_packed(int s, int wire)
             b += 2 * elems;
             continue;
         }
-        uint64_t cells = p == P_O ? 2 * (uint64_t)(hi - lo)              /* two slices, a row each */
-                       : p == P_GATE || p == P_UP ? (uint64_t)(hi - lo) / 64 * 2   /* 64 x 128 */
-                                                  : (uint64_t)(hi - lo) / 128 * 2; /* 128 x 128 */
+        /* o_proj: two column slices, a cell per row each; gate, up: 64 x 128; q, k, v: 128 x 128 */
+        uint64_t cells = p == P_O                 ? 2 * (uint64_t)(hi - lo)
+                       : p == P_GATE || p == P_UP ? (uint64_t)(hi - lo) / 64 * 2
+                                                  : (uint64_t)(hi - lo) / 128 * 2;
         b += elems + 4 * cells;
     }
     return b;
