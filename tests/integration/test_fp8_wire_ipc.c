@@ -1,19 +1,21 @@
 /* FP8 on the wire through the ipc scheme, host memory, across processes (docs/fp8_wire.md).
- * FSDP-2 senders of a small model-shaped set of bf16 params, TP-2 receivers whose targets are
- * FP8: a fused QKV of three params with 128 x 128 blocks, a row-parallel column slice with
- * channel scales, a merged gate_up with UE8M0 64 x 128 blocks, an embedding the FSDP boundary
- * cuts mid-cell (so it travels plain and its receiver quantizes it), and a bf16 norm.
+ * FSDP-2 senders of a small model-shaped set of bf16 params; TP-2 receivers and a replica of TP
+ * rank 0 (which reads the same slots as rank 0), whose targets are FP8: a fused QKV of three
+ * params with 128 x 128 blocks, a row-parallel column slice with channel scales, a merged
+ * gate_up with UE8M0 64 x 128 blocks, an embedding the FSDP boundary cuts mid-cell (so it
+ * travels plain and its receiver quantizes it), and a bf16 norm.
  *  - Two versions with fp8_wire = 1 and again with 0: every receiver's codes and scales equal
  *    wsync_quantize_f32 of the target assembled from the full params here, so the two runs are
  *    byte-identical; the senders staged the FP8 form (bytes_packed counted by hand: codes and
- *    one f32 per cell, about half of bf16), and rank 0's explanation says so.
+ *    one f32 per cell, about half of bf16), the receivers landed it (their progress, counted by
+ *    hand), and rank 0's explanation says so.
  *  - The same with verification on: the checksums of FP8 chunks are of their wire bytes; a bit
  *    of one flipped in its slot (fault push.bucket:corrupt) is refused with INTEGRITY.
- *  Sender 1's chunks for receiver 0 (the embedding, o_proj) all come before its last FP8 one
- *  (up_proj, receiver 1's): a NaN there must still keep receiver 0 from committing (PACKED).
  *  - A NaN in sender 1's shard in version 2: its push fails with WSYNC_ERR_NONFINITE naming the
  *    param, the sender and the element, before that bucket's READY; every participant fails,
- *    no receiver commits version 2 (theirs stays 1); a new group then takes version 3 right. */
+ *    no receiver commits version 2 (theirs stays 1); a new group then takes version 3 right.
+ *    Sender 1's chunks for receiver 0 (the embedding, o_proj) all come before its last FP8 one
+ *    (up_proj, receiver 1's): a NaN there must still keep receiver 0 from committing (PACKED). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -31,6 +33,7 @@
 #define TIMEOUT_MS 20000
 #define NSENDERS 2
 #define TP 2
+#define NRECV 3      /* TP ranks 0, 1 and a replica of rank 0: one slot read by two */
 #define BUCKET (96 * 1024)   /* several buckets: chunks split at cell rows */
 
 typedef struct {
@@ -209,14 +212,14 @@ static void reference(const tspec_t *t, uint64_t v, uint8_t *data, float *scales
 
 /* What each receiver saw, for the parent to compare across runs (shared memory). */
 typedef struct {
-    uint64_t data_hash[TP][NTARGETS], scales_hash[TP][NTARGETS];
-    uint64_t version[TP];            /* committed at the end */
-    uint64_t landed[TP][2];          /* the last version's progress: bytes done, of total */
+    uint64_t data_hash[NRECV][NTARGETS], scales_hash[NRECV][NTARGETS];
+    uint64_t version[NRECV];            /* committed at the end */
+    uint64_t landed[NRECV][2];          /* the last version's progress: bytes done, of total */
     uint64_t packed[NSENDERS];       /* bytes_packed of the last successful push */
     uint64_t delivered[NSENDERS];
     int explain_wire;                /* rank 0's explanation has the FP8 on the wire line */
-    int fail_status[TP];             /* a receiver's failed wait: its status and text */
-    char fail_text[TP][1024];
+    int fail_status[NRECV];             /* a receiver's failed wait: its status and text */
+    char fail_text[NRECV][1024];
 } results_t;
 
 typedef struct {
@@ -253,7 +256,7 @@ static int sender_main(void *arg)
     sp.coordinator = coord_addr;
     sp.rank = s;
     sp.nranks = NSENDERS;
-    sp.nreceivers = TP;
+    sp.nreceivers = NRECV;
     sp.bucket_bytes = BUCKET;
     sp.timeout_ms = TIMEOUT_MS;
     sp.heartbeat_ms = 200;
@@ -346,13 +349,13 @@ static int receiver_main(void *arg)
     float *scales[NTARGETS], *want_scales[NTARGETS];
     wsync_status_t st;
 
-    make_targets(r, ts);
+    make_targets(r % TP, ts);   /* receiver 2 is a replica of TP rank 0 */
     if (g->verify)
         setenv("WSYNC_VERIFY", "1", 1);
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
     rp.coordinator = coord_addr;
     rp.rank = r;
-    rp.nreceivers = TP;
+    rp.nreceivers = NRECV;
     rp.timeout_ms = TIMEOUT_MS;
     rp.heartbeat_ms = 200;
     rp.progress = on_progress;
@@ -428,9 +431,9 @@ static int receiver_main(void *arg)
 /* Run a group (both senders and receivers as processes); every one must exit 0. */
 static void run_group(group_t g)
 {
-    pid_t pids[NSENDERS + TP];
-    group_t cfg[NSENDERS + TP];
-    int codes[NSENDERS + TP], n = 0;
+    pid_t pids[NSENDERS + NRECV];
+    group_t cfg[NSENDERS + NRECV];
+    int codes[NSENDERS + NRECV], n = 0;
 
     g.port = proc_free_port();
     snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", g.port);
@@ -441,7 +444,7 @@ static void run_group(group_t g)
         pids[n] = proc_spawn(sender_main, &cfg[n], 60);
         n++;
     }
-    for (int r = 0; r < TP; r++) {
+    for (int r = 0; r < NRECV; r++) {
         cfg[n] = g;
         cfg[n].rank = r;
         pids[n] = proc_spawn(receiver_main, &cfg[n], 60);
@@ -482,6 +485,24 @@ static uint64_t expected_packed(int s, int wire)
     return b;
 }
 
+/* Bytes sender s delivers per version (the plan's pair bytes, summed over the receivers), by
+ * hand: each receiver of TP rank t takes the embedding's rows of s (plain), the norm (s = 0),
+ * s's rows of its o_proj slice, and when s = t, s's rows of q, k, v, gate and up. */
+static uint64_t expected_delivered(int s, int wire)
+{
+    uint64_t b = 0;
+    for (int r = 0; r < NRECV; r++) {
+        b += 150 * 256 * 2 + (s == 0 ? 256 * 2 : 0);
+        b += wire ? 128 * 256 + 4 * 128 : 2 * 128 * 256;              /* o_proj: channel */
+        if (s != r % TP)
+            continue;
+        b += wire ? 256 * 256 + 4 * 4 : 2 * 256 * 256;                /* q */
+        b += 2 * (wire ? 128 * 256 + 4 * 2 : 2 * 128 * 256);          /* k, v */
+        b += 2 * (wire ? 256 * 256 + 4 * 8 : 2 * 256 * 256);          /* gate, up */
+    }
+    return b;
+}
+
 static void case_wire_on_equals_off(void)
 {
     results_t *on = shared_results(), *off = shared_results();
@@ -490,7 +511,7 @@ static void case_wire_on_equals_off(void)
         return;
     run_group((group_t){0, 0, 1, 1, 2, 0, on, 0, 0, 0});
     run_group((group_t){0, 0, 0, 1, 2, 0, off, 0, 0, 0});
-    for (int r = 0; r < TP; r++) {
+    for (int r = 0; r < NRECV; r++) {
         CHECK(on->version[r] == 2 && off->version[r] == 2);
         for (int i = 0; i < NTARGETS; i++) {
             CHECK_MSG(on->data_hash[r][i] == off->data_hash[r][i] && on->data_hash[r][i] != 0,
@@ -505,7 +526,7 @@ static void case_wire_on_equals_off(void)
      * quantize, the norm as bf16 */
     uint64_t landed = 512 * 256 + 4 * 8 + 256 * 256 + 4 * 256 + 512 * 256 + 4 * 16 +
                       300 * 256 * 4 + 256 * 2;
-    for (int r = 0; r < TP; r++) {
+    for (int r = 0; r < NRECV; r++) {
         CHECK_MSG(on->landed[r][0] == landed && on->landed[r][1] == landed,
                   "receiver %d landed %llu of %llu bytes, expected %llu", r,
                   (unsigned long long)on->landed[r][0], (unsigned long long)on->landed[r][1],
@@ -520,9 +541,13 @@ static void case_wire_on_equals_off(void)
         CHECK_MSG(off->packed[s] == expected_packed(s, 0), "sender %d staged %llu bytes plain, "
                   "expected %llu", s, (unsigned long long)off->packed[s],
                   (unsigned long long)expected_packed(s, 0));
-        CHECK_MSG(on->delivered[s] < off->delivered[s] * 6 / 10,
-                  "sender %d delivered %llu bytes with FP8 on the wire, %llu without", s,
-                  (unsigned long long)on->delivered[s], (unsigned long long)off->delivered[s]);
+        CHECK_MSG(on->delivered[s] == expected_delivered(s, 1) &&
+                      off->delivered[s] == expected_delivered(s, 0),
+                  "sender %d delivered %llu bytes with FP8 on the wire, %llu without; expected "
+                  "%llu and %llu", s, (unsigned long long)on->delivered[s],
+                  (unsigned long long)off->delivered[s],
+                  (unsigned long long)expected_delivered(s, 1),
+                  (unsigned long long)expected_delivered(s, 0));
         printf("sender %d: staged %llu bytes with FP8 on the wire, %llu plain (%.3f x); "
                "delivered %llu, %llu\n", s, (unsigned long long)on->packed[s],
                (unsigned long long)off->packed[s], (double)on->packed[s] / (double)off->packed[s],
@@ -542,7 +567,7 @@ static void case_wire_verified(void)
     if (res == NULL)
         return;
     run_group((group_t){0, 0, 1, 1, 2, 0, res, 1, 0, 0});
-    for (int r = 0; r < TP; r++)
+    for (int r = 0; r < NRECV; r++)
         CHECK(res->version[r] == 2);
     CHECK(res->explain_wire);
     for (int s = 0; s < NSENDERS; s++)
@@ -563,7 +588,7 @@ static void case_wire_corrupt_refused(void)
     if (res == NULL)
         return;
     run_group((group_t){0, 0, 1, 1, 1, 0, res, 1, 1, 0});
-    for (int r = 0; r < TP; r++) {
+    for (int r = 0; r < NRECV; r++) {
         printf("receiver %d: %s: %s\n", r, wsync_status_name((wsync_status_t)res->fail_status[r]),
                res->fail_text[r]);
         CHECK(res->version[r] == 0);
@@ -592,14 +617,14 @@ static void case_nan_refused(void)
     static const int where[] = {P_Q, P_UP};
     for (int w = 0; w < 2; w++) {
         run_group((group_t){0, 0, 1, 1, 3, 2, res, 0, 0, where[w]});
-        for (int r = 0; r < TP; r++)
+        for (int r = 0; r < NRECV; r++)
             CHECK_MSG(res->version[r] == 1, "NaN in %s: receiver %d holds version %llu, "
                       "expected 1", params[where[w]].name, r,
                       (unsigned long long)res->version[r]);
     }
     /* finite again: a new group takes version 3 right */
     run_group((group_t){0, 0, 1, 3, 3, 0, res, 0, 0, 0});
-    for (int r = 0; r < TP; r++)
+    for (int r = 0; r < NRECV; r++)
         CHECK(res->version[r] == 3);
     CHECK(res->explain_wire);
     munmap(res, sizeof(*res));
