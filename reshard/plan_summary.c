@@ -1,5 +1,6 @@
-/* wsync_plan_summarize: the coordinator's plan compiled from public descriptions, reduced to the
- * figures a tool prints (bytes per link, staging, counts, fingerprint). */
+/* wsync_plan_summarize(_wire): the coordinator's plan compiled from public descriptions, reduced
+ * to the figures a tool prints (bytes per link, staging, counts, fingerprint, and how each
+ * target's bytes travel with FP8 on the wire). */
 #include "reshard/plan.h"
 
 #include "core/status.h"
