@@ -431,7 +431,7 @@ by = {r["bench"]: r for r in rows}
 def res(name):
     r = by.get(name)
     return r["result"] if r and r["result"] else None
-print("%-20s %-6s %9s %8s %9s %7s %7s %7s %7s  %s" % ("benchmark", "scheme", "seconds", "GB/s",
+print("%-22s %-6s %9s %8s %9s %7s %7s %7s %7s  %s" % ("benchmark", "scheme", "seconds", "GB/s",
       "floor s", "x floor", "x all", "x bcast", "correct", "target"))
 def x_all(j):
     """the ratio to the floor at the all-pairs-at-once peer speed, '-' where not measured"""
@@ -439,7 +439,7 @@ def x_all(j):
 for r in rows:
     j, name = r["result"], r["bench"]
     if not j:
-        print("%-20s %s" % (name, "no result (rc %s; see its log)" % r["rc"]))
+        print("%-22s %s" % (name, "no result (rc %s; see its log)" % r["rc"]))
         continue
     target = ""
     if name.endswith("-fp8w") or name.endswith("-fp8p"):
@@ -470,7 +470,7 @@ for r in rows:
     elif name.startswith("disagg") and "-sock" not in name:   # the floor is NVLink's
         ok = j["ratio_floor"] <= 1.25
         target = "x floor <= 1.25: %s" % ("met" if ok else "MISSED by %.0f%%" % (100 * (j["ratio_floor"] - 1.25) / 1.25))
-    print("%-20s %-6s %9.5f %8.1f %9.5f %7.3f %7s %7.3f %7s  %s" % (name, j["scheme"], j["seconds"],
+    print("%-22s %-6s %9.5f %8.1f %9.5f %7.3f %7s %7.3f %7s  %s" % (name, j["scheme"], j["seconds"],
           j["gbps"], j["floor_seconds"], j["ratio_floor"], x_all(j), j["ratio_bcast"],
           "yes" if j["correct"] else "NO", target))
 if rows and rows[0]["result"]:
