@@ -52,6 +52,9 @@
 #      summary; $WSYNC_DELTA_LRS the learning rates, $WSYNC_DELTA_ITERS the timed versions
 #      (3), $WSYNC_DELTA_ROWS the groups of rows ("nccl store ipc store-cuda") to split the
 #      step over calls; rows land in $OUT/delta-partial.jsonl as they finish;
+# $WSYNC_BENCH_ONLY may name the rows of step 3 to run (e.g. "disagg-nccl disagg-nccl-fp8w
+# disagg-nccl-fp8p disagg-nccl-sock disagg-nccl-sock-fp8w disagg-nccl-sock-fp8p": FP8 on the wire
+# and the bf16 rows it is compared with), the others being left out.
 # $WSYNC_GPU_SKIP may name steps to leave out ("kernels schemes fp8wire faults python netns bench moe
 # moe-baselines store-cuda delta baselines"), $WSYNC_BENCH_SHAPE the model shape of the dense benchmarks (default
 # qwen3-8b) and $WSYNC_MOE_SHAPE that of the MoE ones (default qwen3-30b-a3b; tiny-moe for a
@@ -206,6 +209,9 @@ BENCH=$BUILD/bin/wsync-bench
 bench() {   # name, then wsync-bench arguments; $BENCH_ENV: variables for it, $BENCH_TIME: limit
     local name=$1
     shift
+    if [ -n "${WSYNC_BENCH_ONLY:-}" ] && [[ " $WSYNC_BENCH_ONLY " != *" $name "* ]]; then
+        return 0
+    fi
     # shellcheck disable=SC2086
     run_one "bench $name" "${BENCH_TIME:-${WSYNC_BENCH_LIMIT:-120}}" env ${BENCH_ENV:-} "$BENCH" \
         --model-shape "$SHAPE" --mem cuda --iters 5 --warmup 1 --timeout 60 --json "$@"
