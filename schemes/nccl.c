@@ -44,6 +44,7 @@
 #include "transports/nccl.h"
 #define NC_TAG_HELLO 1u              /* relay: a member's GPU (and sender 0's unique id) */
 #define NC_TAG_SUMS 2u               /* relay: a sender's checksums for one receiver */
+#define NC_TAG_PACKED 3u             /* relay: a sender's FP8 chunks all passed their check */
 #define NC_HELLO_MAGIC 0x4e43434cu   /* "NCCL" */
 
 /* Bytes of a chunk in an op's buffer and on the wire: FP8 codes and scales for a chunk that
@@ -842,6 +843,70 @@ static wsync_status_t make_comms(nc_state_t *st, const uint8_t id[WSYNC_NCCL_ID_
     return WSYNC_OK;
 }
 
+/* FP8 on the wire: which (sender, receiver) pairs need a PACKED relay (nc_state_t says why),
+ * from the plan alone: sender s's last step with FP8 chunks against the last step in which the
+ * receiver takes anything from s (step k moves bucket k). */
+static wsync_status_t packed_pairs(nc_state_t *st, const wsync_plan_t *plan)
+{
+    uint32_t ns = plan->nsenders, nr = plan->nreceivers;
+    int64_t *lastq = malloc(((size_t)ns + 1) * sizeof(int64_t));
+    int64_t *last = malloc(((size_t)(st->role == WSYNC_ROLE_SENDER ? nr : ns) + 1) *
+                           sizeof(int64_t));
+    wsync_status_t rc = WSYNC_OK;
+
+    st->last_qstep = -1;
+    if (lastq == NULL || last == NULL) {
+        rc = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory");
+        goto out;
+    }
+    for (uint32_t s = 0; s < ns; s++)
+        lastq[s] = -1;
+    for (uint32_t c = 0; c < plan->nchunks; c++) {
+        const wsync_chunk_t *ch = &plan->chunks[c];
+        if (ch->rule != 0 && (int64_t)ch->bucket > lastq[ch->sender])
+            lastq[ch->sender] = ch->bucket;
+    }
+    if (st->role == WSYNC_ROLE_SENDER) {
+        st->last_qstep = lastq[st->rank];
+        if (st->last_qstep < 0)
+            goto out;
+        for (uint32_t r = 0; r < nr; r++)
+            last[r] = -1;
+        for (uint32_t i = 0; i < plan->nsegments; i++) {
+            const wsync_chunk_t *c = &plan->chunks[plan->segments[i].chunk];
+            uint32_t r = plan->segments[i].receiver;
+            if (c->sender == st->rank && (int64_t)c->bucket > last[r])
+                last[r] = c->bucket;
+        }
+        st->packed_to = calloc((size_t)nr + 1, 1);
+        if (st->packed_to == NULL) {
+            rc = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory");
+            goto out;
+        }
+        for (uint32_t r = 0; r < nr; r++)
+            st->packed_to[r] = last[r] >= 0 && last[r] < st->last_qstep;
+    } else {
+        for (uint32_t s = 0; s < ns; s++)
+            last[s] = -1;
+        for (uint32_t g = st->seg_lo; g < st->seg_hi; g++) {
+            const wsync_chunk_t *c = &plan->chunks[plan->segments[g].chunk];
+            if ((int64_t)c->bucket > last[c->sender])
+                last[c->sender] = c->bucket;
+        }
+        st->packed_from = calloc((size_t)ns + 1, 1);
+        if (st->packed_from == NULL) {
+            rc = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory");
+            goto out;
+        }
+        for (uint32_t s = 0; s < ns; s++)
+            st->packed_from[s] = last[s] >= 0 && last[s] < lastq[s];
+    }
+out:
+    free(lastq);
+    free(last);
+    return rc;
+}
+
 static wsync_status_t common_setup(nc_state_t *st, wsync_member_t *m, int role, uint32_t rank)
 {
     uint8_t id[WSYNC_NCCL_ID_BYTES];
@@ -884,7 +949,7 @@ static wsync_status_t common_setup(nc_state_t *st, wsync_member_t *m, int role, 
     for (uint32_t k = 0; k < st->sched->nsteps; k++)
         if ((rc = collect_ops(st, k)) != WSYNC_OK)
             return rc;
-    return WSYNC_OK;
+    return packed_pairs(st, m->plan);
 }
 
 /* Grow the scratch array of copy descriptors a step's batch is built from to hold n. */
@@ -992,6 +1057,8 @@ static void state_free(nc_state_t *st)
     free(st->qoff);
     free(st->tx_sum);
     free(st->tx_have);
+    free(st->packed_to);
+    free(st->packed_from);
     free(st);
 }
 
@@ -1538,6 +1605,24 @@ static wsync_status_t sender_check_wire(wsync_sender_t *s, nc_state_t *st, uint3
     return WSYNC_OK;
 }
 
+/* Every FP8 chunk of ours passed its check: tell the receivers that could otherwise finish the
+ * version first (their last step from us comes earlier). Under WSYNC_VERIFY the checksums,
+ * relayed after the packs, say it. */
+static wsync_status_t sender_send_packed(wsync_sender_t *s, nc_state_t *st, uint64_t version)
+{
+    uint8_t b[8];
+    wsync_status_t rc = WSYNC_OK;
+
+    for (int j = 0; j < 8; j++)
+        b[j] = (uint8_t)(version >> (8 * j));
+    for (uint32_t r = 0; st->packed_to != NULL && r < s->m.plan->nreceivers && rc == WSYNC_OK;
+         r++)
+        if (st->packed_to[r])
+            rc = wsync_member_relay_send(&s->m, WSYNC_ROLE_RECEIVER, (int)r, NC_TAG_PACKED, b,
+                                         sizeof(b));
+    return rc;
+}
+
 static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint64_t version)
 {
     wsync_status_t rc;
@@ -1580,6 +1665,9 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
         }
         /* FP8 on the wire: a NaN or Inf refuses the version before the step's bytes go out */
         if ((rc = sender_check_wire(s, st, k, version)) != WSYNC_OK)
+            return rc;
+        if ((int64_t)k == st->last_qstep && !st->verify &&
+            (rc = sender_send_packed(s, st, version)) != WSYNC_OK)
             return rc;
         /* DELTA ops: the encoded lengths to the host, the tables out (fault point inside) */
         if (st->d != NULL && step->ndelta > 0 &&
@@ -2102,6 +2190,57 @@ out:
     return rc;
 }
 
+/* FP8 on the wire: before the version may finish here, the PACKED relay of every sender whose
+ * FP8 checks end after our last step from it (a NaN there refuses the version: the group's
+ * failure comes instead). */
+static wsync_status_t receiver_wait_packed(wsync_receiver_t *r, nc_state_t *st, uint64_t version)
+{
+    uint32_t ns = r->m.plan->nsenders, expect = 0, got = 0;
+    uint8_t *seen = NULL;
+    int64_t deadline = wsync_deadline_in(r->m.timeout_ms);
+    wsync_status_t rc = WSYNC_OK;
+
+    for (uint32_t s = 0; st->packed_from != NULL && s < ns; s++)
+        expect += st->packed_from[s];
+    if (expect == 0)
+        return WSYNC_OK;
+    if ((seen = calloc(ns, 1)) == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory");
+    while (got < expect) {
+        wsync_msg_t *msg;
+        wsync_relay_t rl;
+        rc = wsync_member_relay_recv(&r->m, deadline, &msg, &rl);
+        if (rc == WSYNC_ERR_TIMEOUT) {
+            uint32_t s = 0;
+            while (s < ns && (!st->packed_from[s] || seen[s]))
+                s++;
+            rc = wsync_err(rc, "nccl: receiver %d: version %llu: sender %u did not say within "
+                           "%d ms that its FP8 chunks passed their NaN/Inf check", r->m.rank,
+                           (unsigned long long)version, s, r->m.timeout_ms);
+        }
+        if (rc != WSYNC_OK)
+            break;
+        wsync_rbuf_t rb;
+        wsync_rbuf_init(&rb, rl.data, rl.len);
+        uint64_t v = wsync_get_u64(&rb);
+        uint32_t s = (uint32_t)rl.rank;
+        int bad = rb.err || wsync_rbuf_left(&rb) != 0 || rl.tag != NC_TAG_PACKED ||
+                  rl.role != WSYNC_ROLE_SENDER || s >= ns || !st->packed_from[s] || seen[s] ||
+                  v != version;
+        wsync_msg_free(msg);
+        if (bad) {
+            rc = wsync_err(WSYNC_ERR_PROTOCOL, "nccl: receiver %d: unexpected relay (tag %u) from "
+                           "%s %d while waiting for the FP8 checks of version %llu", r->m.rank,
+                           rl.tag, role_word((int)rl.role), rl.rank, (unsigned long long)version);
+            break;
+        }
+        seen[s] = 1;
+        got++;
+    }
+    free(seen);
+    return rc;
+}
+
 /* Step k has DELTA ops: their tables first (NCCL), to the host, read. */
 static wsync_status_t receiver_tables(wsync_receiver_t *r, nc_state_t *st, uint32_t k)
 {
@@ -2176,6 +2315,8 @@ static wsync_status_t receiver_recv_steps(wsync_receiver_t *r, nc_state_t *st, u
             (rc = receiver_step_done(r, st, k, version, &bytes_done)) != WSYNC_OK)
             return rc;
     }
+    if (!st->verify && (rc = receiver_wait_packed(r, st, version)) != WSYNC_OK)
+        return rc;
     if (st->verify && (rc = receiver_verify(r, st, version)) != WSYNC_OK)
         return rc;
     double secs = (double)(wsync_now_ns() - t0) / 1e9;

@@ -102,6 +102,13 @@ typedef struct {
     uint64_t *qoff;                  /* [nquant] its place in the slot */
     uint64_t *tx_sum;                /* sender, verify: [nchunks] this version's checksums */
     uint8_t *tx_have;                /* [nchunks] 1: tx_sum set */
+    /* FP8 on the wire: no receiver may finish a version before the NaN/Inf check of every FP8
+     * chunk of the senders it takes from. A receiver whose last step from sender s comes before
+     * s's last step with FP8 chunks waits for s's PACKED relay (or, under WSYNC_VERIFY, its
+     * checksums, sent after its packs), which s sends once that step's check passed. */
+    int64_t last_qstep;              /* sender: its last step with FP8 chunks; -1: none */
+    uint8_t *packed_to;              /* sender: [nreceivers] 1: relay PACKED to it */
+    uint8_t *packed_from;            /* receiver: [nsenders] 1: wait for that sender's PACKED */
     struct nc_delta *d;              /* delta mode on: schemes/nccl_delta.c; NULL: off */
 } nc_state_t;
 
