@@ -844,8 +844,8 @@ static wsync_status_t make_comms(nc_state_t *st, const uint8_t id[WSYNC_NCCL_ID_
 }
 
 /* FP8 on the wire: which (sender, receiver) pairs need a PACKED relay (nc_state_t says why),
- * from the plan alone: sender s's last step with FP8 chunks against the last step in which the
- * receiver takes anything from s (step k moves bucket k). */
+ * from the plan alone: every pair with bytes whose sender has FP8 chunks (step k moves bucket
+ * k; the sender relays after its last step with FP8 chunks). */
 static wsync_status_t packed_pairs(nc_state_t *st, const wsync_plan_t *plan)
 {
     uint32_t ns = plan->nsenders, nr = plan->nreceivers;
@@ -884,7 +884,7 @@ static wsync_status_t packed_pairs(nc_state_t *st, const wsync_plan_t *plan)
             goto out;
         }
         for (uint32_t r = 0; r < nr; r++)
-            st->packed_to[r] = last[r] >= 0 && last[r] < st->last_qstep;
+            st->packed_to[r] = last[r] >= 0;
     } else {
         for (uint32_t s = 0; s < ns; s++)
             last[s] = -1;
@@ -899,7 +899,7 @@ static wsync_status_t packed_pairs(nc_state_t *st, const wsync_plan_t *plan)
             goto out;
         }
         for (uint32_t s = 0; s < ns; s++)
-            st->packed_from[s] = last[s] >= 0 && last[s] < lastq[s];
+            st->packed_from[s] = last[s] >= 0 && lastq[s] >= 0;
     }
 out:
     free(lastq);
@@ -1628,6 +1628,8 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
     wsync_status_t rc;
     uint32_t nsteps = st->sched->nsteps;
     uint64_t t0 = wsync_now_ns(), t_wait = 0;
+    wsync_status_t refused = WSYNC_OK;   /* an FP8 chunk's NaN/Inf, with its message */
+    char refused_text[1024] = "";
 
     if (st->verify && (rc = sender_sums_begin(s, st)) != WSYNC_OK)
         return rc;
@@ -1663,10 +1665,17 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
                 return rc;
             s->stats.bytes_packed += step->staging;
         }
-        /* FP8 on the wire: a NaN or Inf refuses the version before the step's bytes go out */
-        if ((rc = sender_check_wire(s, st, k, version)) != WSYNC_OK)
-            return rc;
-        if ((int64_t)k == st->last_qstep && !st->verify &&
+        /* FP8 on the wire: a NaN or Inf refuses the version, but the steps still go out, so
+         * that every send and receive of the peers completes; PACKED and the checksums never */
+        if ((rc = sender_check_wire(s, st, k, version)) != WSYNC_OK) {
+            if (rc != WSYNC_ERR_NONFINITE)
+                return rc;
+            if (refused == WSYNC_OK) {
+                refused = rc;
+                snprintf(refused_text, sizeof(refused_text), "%s", wsync_last_error());
+            }
+        }
+        if ((int64_t)k == st->last_qstep && !st->verify && refused == WSYNC_OK &&
             (rc = sender_send_packed(s, st, version)) != WSYNC_OK)
             return rc;
         /* DELTA ops: the encoded lengths to the host, the tables out (fault point inside) */
@@ -1712,7 +1721,7 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
     }
     /* the checksums go once every FP8 chunk is packed and hashed: the receivers compare them
      * after their last step */
-    if (st->verify && (rc = sender_sums_send(s, st, version)) != WSYNC_OK)
+    if (st->verify && refused == WSYNC_OK && (rc = sender_sums_send(s, st, version)) != WSYNC_OK)
         return rc;
     for (uint32_t i = 0; i < NC_SLOTS; i++) {
         uint32_t slot = (uint32_t)(i + nsteps) % NC_SLOTS;   /* oldest first */
@@ -1720,6 +1729,8 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
             (rc = wait_step(st, (uint32_t)st->slot_step[slot], version)) != WSYNC_OK)
             return rc;
     }
+    if (refused != WSYNC_OK)
+        return wsync_err_set_text(refused, refused_text);
     double secs = (double)(wsync_now_ns() - t0) / 1e9;
     uint64_t sent = 0;
     for (uint32_t k = 0; k < nsteps; k++)

@@ -103,9 +103,12 @@ typedef struct {
     uint64_t *tx_sum;                /* sender, verify: [nchunks] this version's checksums */
     uint8_t *tx_have;                /* [nchunks] 1: tx_sum set */
     /* FP8 on the wire: no receiver may finish a version before the NaN/Inf check of every FP8
-     * chunk of the senders it takes from. A receiver whose last step from sender s comes before
-     * s's last step with FP8 chunks waits for s's PACKED relay (or, under WSYNC_VERIFY, its
-     * checksums, sent after its packs), which s sends once that step's check passed. */
+     * chunk of the senders it takes from. A sender that finds one still issues every step (its
+     * peers' sends and receives complete, so nothing is left for an abort that may never
+     * return: 4 x H200, 2026-11-26), then refuses the version; so every receiver that takes
+     * anything from a sender with FP8 chunks waits for its PACKED relay (or, under WSYNC_VERIFY,
+     * its checksums, sent after its packs), which it sends once its last such step's check
+     * passed, and which the refusal never sends. */
     int64_t last_qstep;              /* sender: its last step with FP8 chunks; -1: none */
     uint8_t *packed_to;              /* sender: [nreceivers] 1: relay PACKED to it */
     uint8_t *packed_from;            /* receiver: [nsenders] 1: wait for that sender's PACKED */
