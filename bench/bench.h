@@ -39,8 +39,8 @@ typedef struct {
     int fused_experts;       /* --fused-experts: senders shard transformers 5.x's fused experts */
     int colocated;
     int quant_fp8;           /* --quant fp8-block */
-    int fp8_wire;            /* --fp8-wire: 1 on (default), 0 off: the senders' fp8_wire, and
-                                the plan whose bytes the floor counts */
+    int fp8_wire;            /* --fp8-wire: 1 on (default), 0 off, 2 always: the senders'
+                                fp8_wire, and the plan whose bytes the floor counts */
     int delta;               /* --delta: delta versions, timed against full ones (bench_model.c) */
     double lr;               /* --lr: the update generator's learning rate (default 1e-6) */
     const char *delta_mode;  /* --delta-mode: "on" (default) or "auto", the delta run's param */

@@ -323,6 +323,7 @@ typedef struct {
     bench_probe_req_t probe_req;
     bench_probe_res_t probe;
     char scheme[32];
+    int wire_off;                                /* its explanation: FP8 on the wire is off */
     int refused;                                 /* the probe found the run cannot fit */
     double push_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
     double fetch_s[MODEL_MAX_VERSIONS][MODEL_MAX_RANKS];
@@ -631,10 +632,11 @@ static void model_free(model_t *m)
 }
 
 /* The plan the group moved: FP8 on the wire where it was asked for and the scheme the group
- * chose sends it (ipc, nccl), else every chunk plain. */
+ * chose sends it (ipc, nccl; ipc not where most bytes stay on their GPU: the explanation says
+ * so), else every chunk plain. */
 static const wsync_plan_summary_t *moved_summary(const model_t *m)
 {
-    if (m->sum_wire != NULL && m->sh != NULL &&
+    if (m->sum_wire != NULL && m->sh != NULL && !m->sh->wire_off &&
         (strcmp(m->sh->scheme, "ipc") == 0 || strcmp(m->sh->scheme, "nccl") == 0))
         return m->sum_wire;
     return m->sum;
@@ -977,6 +979,8 @@ static int run_sender(model_t *m, int rank)
                 shp->scheme, wsync_sender_explain(sender) ? wsync_sender_explain(sender) : "");
         bench_delta_line_of(wsync_sender_explain(sender), shp->d.delta_line,
                             sizeof(shp->d.delta_line));
+        shp->wire_off = wsync_sender_explain(sender) != NULL &&
+                        strstr(wsync_sender_explain(sender), "FP8 on the wire: off") != NULL;
     }
 
     for (int v = 1; v <= total; v++) {
@@ -1944,7 +1948,7 @@ static int report(const model_t *m, double memcpy_gbps)
         json_object_set_new(j, "bytes_moved", json_integer((json_int_t)moved));
         json_object_set_new(j, "bytes_per_receiver_max", json_integer((json_int_t)per_recv));
         json_object_set_new(j, "bytes_landed", json_integer((json_int_t)sum->total_landed_bytes));
-        json_object_set_new(j, "fp8_wire_asked", json_boolean(o->fp8_wire));
+        json_object_set_new(j, "fp8_wire_asked", json_integer(o->fp8_wire));
         json_object_set_new(j, "fp8_wire", json_boolean(wire));
         json_object_set_new(j, "wire_bytes", json_integer((json_int_t)moved));
         json_object_set_new(j, "fp8_wire_bytes", json_integer((json_int_t)sum->fp8_wire_bytes));

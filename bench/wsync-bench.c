@@ -251,7 +251,8 @@ static void usage(FILE *out)
             "  --replicas R     inference replicas (default 1)\n"
             "  --colocated      senders and receivers share GPUs (see above)\n"
             "  --quant Q        none (default: bf16 targets) or fp8-block\n"
-            "  --fp8-wire W     on (default) or off: FP8 on the wire, the senders' fp8_wire\n"
+            "  --fp8-wire W     on (default), off or always: FP8 on the wire, the senders' fp8_wire\n"
+            "                   (1, 0, 2; on leaves it off for ipc where most bytes stay on their GPU)\n"
             "                   param (WSYNC_FP8_WIRE is not read): with on, ipc and nccl groups\n"
             "                   send FP8 targets whose chunks lie on whole blocks as FP8 codes\n"
             "                   and scales made by the senders; bytes moved and the floor count\n"
@@ -529,9 +530,10 @@ static int read_options(int argc, char **argv, bench_opts_t *o, cmdline_t *cl)
         case OPT_COLOCATED: o->colocated = 1; cl->have_layout = 1; break;
         case OPT_QUANT: cl->quant = optarg; break;
         case OPT_FP8_WIRE:
-            if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0)
-                return bad_option("--fp8-wire", "'%s' is not on or off", optarg);
-            o->fp8_wire = strcmp(optarg, "on") == 0;
+            if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0 &&
+                strcmp(optarg, "always") != 0)
+                return bad_option("--fp8-wire", "'%s' is not on, off or always", optarg);
+            o->fp8_wire = strcmp(optarg, "on") == 0 ? 1 : strcmp(optarg, "always") == 0 ? 2 : 0;
             cl->quant_opts = 1;
             break;
         case OPT_TIMEOUT:

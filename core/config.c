@@ -140,9 +140,9 @@ wsync_status_t wsync_config_sender(const wsync_sender_params_t *in, wsync_sender
     RESOLVE_INT(snapshot, -1, "WSYNC_SNAPSHOT", 0, 1, 1);
     RESOLVE_INT(keep_versions, 0, "WSYNC_KEEP_VERSIONS", 1, 1 << 20, 2);
     RESOLVE_INT(copy_shards, -1, "WSYNC_COPY_SHARDS", 0, 1, 0);
-    RESOLVE_INT(fp8_wire, -1, "WSYNC_FP8_WIRE", 0, 1, 1);
-    if (out->fp8_wire != 0 && out->fp8_wire != 1)
-        return wsync_err(WSYNC_ERR_INVALID, "sender: fp8_wire = %d, expected 0 or 1",
+    RESOLVE_INT(fp8_wire, -1, "WSYNC_FP8_WIRE", 0, 2, 1);
+    if (out->fp8_wire < 0 || out->fp8_wire > 2)
+        return wsync_err(WSYNC_ERR_INVALID, "sender: fp8_wire = %d, expected 0, 1 or 2",
                          out->fp8_wire);
     if (out->copy_shards != 0 && out->copy_shards != 1)
         return wsync_err(WSYNC_ERR_INVALID, "sender: copy_shards = %d, expected 0 or 1",

@@ -257,7 +257,7 @@ uint32_t wsync_ctx_probed(const wsync_ctx_t *ctx);
 /* WSYNC_SCHEME when it names a scheme (a receiver has no param for it), else NULL. */
 const char *wsync_ctx_env_scheme(void);
 /* core/coordinator.c */
-/* fp8_wire: rank 0's param (FP8 on the wire where the scheme and plan allow it). */
+/* fp8_wire: rank 0's param (0 off, 1 where it pays, 2 wherever the scheme and plan allow). */
 wsync_status_t wsync_coord_create(const char *addr, int nsenders, int nreceivers,
                                   int heartbeat_ms, int timeout_ms, int fp8_wire,
                                   wsync_coord_t **coord);

@@ -307,10 +307,11 @@ typedef struct {
                                   chunks of FP8 targets with block or channel scales and send
                                   codes and scales (about half the bytes; the receivers' codes
                                   and scales are the same bit for bit), where the plan allows it
-                                  (whole cells) and the scheme does (ipc and nccl; the store and
-                                  delta groups send plain values, quantized by the receivers);
-                                  0: always plain. Rank 0's value counts. WSYNC_FP8_WIRE=0|1;
-                                  -1 = unset (1) */
+                                  (whole cells), the scheme does (ipc and nccl; the store and
+                                  delta groups send plain values, quantized by the receivers)
+                                  and it pays (ipc: when at least 2/3 of the bytes cross GPUs);
+                                  2: wherever the plan and scheme allow it; 0: always plain.
+                                  Rank 0's value counts. WSYNC_FP8_WIRE=0|1|2; -1 = unset (1) */
 } wsync_sender_params_t;
 
 /* delta_cutoff's defaults (0 = unset), per the memory a chunk's shard is in. */

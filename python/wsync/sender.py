@@ -68,8 +68,8 @@ class Sender:
     is where CUDA shards' baseline (their previous values) is kept; `delta_cutoff` (a fraction
     in (0, 1]) the encoded size, against a chunk's plain bytes, past which the chunk travels
     plain (None: the default per memory kind, docs/delta.md). `fp8_wire` (rank 0's counts) lets
-    senders quantize the chunks of FP8 targets and send codes and scales (docs/fp8_wire.md; None:
-    WSYNC_FP8_WIRE, else on).
+    senders quantize the chunks of FP8 targets and send codes and scales (docs/fp8_wire.md): 0
+    never, 1 where it pays, 2 wherever allowed (None: WSYNC_FP8_WIRE, else 1).
 
     Memory given to add_shard / add_state_dict is read in place at every push: keep updating it
     in place (optimizer steps do), and do not free or reallocate it while the sender is open; the
@@ -84,7 +84,7 @@ class Sender:
                  snapshot: Optional[bool] = None, keep_versions: Optional[int] = None,
                  copy_shards: Optional[bool] = None, delta: Optional[str] = None,
                  delta_baseline: Optional[str] = None, delta_cutoff: Optional[float] = None,
-                 fp8_wire: Optional[bool] = None, context: Optional[Context] = None,
+                 fp8_wire: Optional[int] = None, context: Optional[Context] = None,
                  log_level: Any = None):
         self._handle = None
         self._regions: List[Region] = []
@@ -118,7 +118,7 @@ class Sender:
         if delta_cutoff is not None:
             p.delta_cutoff = float(delta_cutoff)
         if fp8_wire is not None:
-            p.fp8_wire = int(bool(fp8_wire))
+            p.fp8_wire = int(fp8_wire)
         self.rank = int(rank) if rank is not None else _env_int("WSYNC_SENDER_RANK", 0)
         self.world = int(world) if world is not None else _env_int("WSYNC_SENDERS", 1)
         ctx = self._ctx._acquire()

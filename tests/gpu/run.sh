@@ -235,6 +235,12 @@ if ! skipped bench; then
         bench disagg-nccl --scheme nccl --senders 2 --tp 2
         bench disagg-ipc --scheme ipc --senders 2 --tp 2
         bench colocated-ipc-fp8 --scheme ipc --senders 4 --tp 4 --colocated --quant fp8-block
+        # the same with the receivers quantizing straight from the shards (FP8 on the wire off):
+        # issue 18's colocated FP8 speed, both ways
+        bench colocated-ipc-fp8p --scheme ipc --senders 4 --tp 4 --colocated --quant fp8-block \
+            --fp8-wire off
+        bench disagg-ipc-fp8w --scheme ipc --senders 2 --tp 2 --quant fp8-block --fp8-wire on
+        bench disagg-ipc-fp8p --scheme ipc --senders 2 --tp 2 --quant fp8-block --fp8-wire off
         # FP8 on the wire (issue 18): the bf16 row above (NVLink), then fp8-block with the
         # senders quantizing (w) and with the receivers quantizing (p); the same over sockets
         bench disagg-nccl-fp8w --scheme nccl --senders 2 --tp 2 --quant fp8-block --fp8-wire on

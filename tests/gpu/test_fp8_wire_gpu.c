@@ -579,7 +579,8 @@ static int sender_main(void *arg)
     wsync_status_t st;
 
     check_failures = 0;
-    setenv("WSYNC_FP8_WIRE", g->wire ? "1" : "0", 1);
+    /* 2: also where ipc keeps the bytes on one GPU (1 would leave those plain: it pays less) */
+    setenv("WSYNC_FP8_WIRE", g->wire ? "2" : "0", 1);
     setenv("WSYNC_VERIFY", g->wire ? "1" : "0", 1);
     CU_OK(cudaSetDevice(dev));
     for (size_t i = 0; i < NPARAMS; i++) {
