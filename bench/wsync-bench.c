@@ -252,7 +252,7 @@ static void usage(FILE *out)
             "  --colocated      senders and receivers share GPUs (see above)\n"
             "  --quant Q        none (default: bf16 targets) or fp8-block\n"
             "  --fp8-wire W     on (default), off or always: FP8 on the wire, the senders' fp8_wire\n"
-            "                   (1, 0, 2; on leaves it off for ipc where most bytes stay on their GPU)\n"
+            "                   (1, 0, 2; on leaves it off for ipc colocated on 1 or 2 GPUs)\n"
             "                   param (WSYNC_FP8_WIRE is not read): with on, ipc and nccl groups\n"
             "                   send FP8 targets whose chunks lie on whole blocks as FP8 codes\n"
             "                   and scales made by the senders; bytes moved and the floor count\n"

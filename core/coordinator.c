@@ -376,11 +376,47 @@ static int choose_scheme(wsync_coord_t *co, int only, const wsync_plan_t *plan,
     return 0;
 }
 
+/* Distinct GPUs of the participants' CUDA memory. */
+static int gpus_of(const wsync_coord_t *co)
+{
+    const uint8_t *seen[64];
+    int n = 0;
+
+    for (int i = 0; i < co->nsenders + co->nreceivers && n < 64; i++) {
+        const coord_peer_t *p = i < co->nsenders ? &co->senders[i]
+                                                 : &co->receivers[i - co->nsenders];
+        int k = 0;
+        if (!p->has_gpu)
+            continue;
+        while (k < n && memcmp(seen[k], p->gpu, 16) != 0)
+            k++;
+        if (k == n)
+            seen[n++] = p->gpu;
+    }
+    return n;
+}
+
+/* ipc stages FP8 chunks where it would read shards in place: it halves the bytes that cross
+ * NVLink and costs a pack and a copy where one quantization from the shard would do. Measured
+ * on H200s (Qwen3-8B fp8-block, 2026-11-26), colocated FSDP-4 -> TP-4 on 4 GPUs 5.57 ms with
+ * it against 6.41 without (each GPU's NVLink ports shared by three peers: the crossing bytes
+ * bound the time), but FSDP-2 -> TP-2 on 2 GPUs 9.5 against 8.8, FSDP-1 -> TP-1 15.4 against
+ * 13.9; disaggregated FSDP-2 -> TP-2 0.59 x. So: not when colocated on one or two GPUs. */
+static int ipc_wire_pays(const wsync_coord_t *co)
+{
+    int colocated = 0;
+
+    for (int r = 0; r < co->nreceivers && !colocated; r++)
+        for (int s = 0; s < co->nsenders && !colocated; s++)
+            colocated = co->receivers[r].has_gpu && co->senders[s].has_gpu &&
+                        memcmp(co->receivers[r].gpu, co->senders[s].gpu, 16) == 0;
+    return !colocated || gpus_of(co) > 2;
+}
+
 /* FP8 on the wire (docs/fp8_wire.md) is for ipc and nccl groups without delta versions, when
  * rank 0 allows it and some target is FP8 with block or channel scales: the store's readers read
  * shards as published, and delta versions diff the values as they are. */
-static int wire_wanted(wsync_coord_t *co, const wsync_plan_t *plan,
-                       const wsync_target_desc_t *targets, size_t ntg)
+static int wire_wanted(wsync_coord_t *co, const wsync_target_desc_t *targets, size_t ntg)
 {
     int fp8 = 0;
 
@@ -393,34 +429,15 @@ static int wire_wanted(wsync_coord_t *co, const wsync_plan_t *plan,
               targets[i].quant != WSYNC_QUANT_TENSOR;
     if (!fp8)
         return 0;
-    if (co->fp8_wire == 1 && strcmp(co->scheme->name, "ipc") == 0) {
-        /* ipc stages FP8 chunks where it would read shards in place: a win where the bytes
-         * cross NVLink (half of them), a loss where they stay on one GPU (a pack and a copy
-         * instead of one quantization from the shard). H200s, colocated Qwen3-8B fp8-block,
-         * 2026-11-26: FSDP-4 -> TP-4 on 4 GPUs (75 % of the bytes cross) 5.57 ms with it, 6.41
-         * without; on 2 GPUs FSDP-2 -> TP-2 (50 %) 9.6 against 8.9, FSDP-1 -> TP-1 15.4
-         * against 13.9. */
-        uint64_t all = 0, cross = 0;
-        size_t used;
-        for (uint32_t s = 0; s < plan->nsenders; s++)
-            for (uint32_t r = 0; r < plan->nreceivers; r++) {
-                uint64_t b = plan->pair_bytes[(size_t)s * plan->nreceivers + r];
-                const coord_peer_t *ps = &co->senders[s], *pr = &co->receivers[r];
-                all += b;
-                if (!ps->has_gpu || !pr->has_gpu || memcmp(ps->gpu, pr->gpu, 16) != 0)
-                    cross += b;
-            }
-        if (all > 0 && 3 * cross < 2 * all) {
-            used = strlen(co->explain);
-            if (used + 2 < sizeof(co->explain) && used > 0 && co->explain[used - 1] != '\n')
-                co->explain[used++] = '\n';
-            snprintf(co->explain + used, sizeof(co->explain) - used,
-                     "FP8 on the wire: off: ipc keeps %.0f %% of the bytes on the GPU they are "
-                     "on (the receivers quantize from the shards in place, cheaper there; it "
-                     "stages FP8 chunks when at least 2/3 of the bytes cross GPUs)",
-                     100.0 * (double)(all - cross) / (double)all);
-            return 0;
-        }
+    if (co->fp8_wire == 1 && strcmp(co->scheme->name, "ipc") == 0 && !ipc_wire_pays(co)) {
+        size_t used = strlen(co->explain);
+        if (used + 2 < sizeof(co->explain) && used > 0 && co->explain[used - 1] != '\n')
+            co->explain[used++] = '\n';
+        snprintf(co->explain + used, sizeof(co->explain) - used,
+                 "FP8 on the wire: off: ipc colocated on %d GPU(s): the receivers quantize from "
+                 "the shards in place, cheaper there than staging FP8 chunks (fp8_wire 2 forces "
+                 "it)", gpus_of(co));
+        return 0;
     }
     return 1;
 }
@@ -587,7 +604,7 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
     if (co->scheme == NULL &&
         choose_scheme(co, only, plan, shards, nsh, targets, ntg, sh, rh) != 0)
         goto out;
-    if (wire_wanted(co, plan, targets, ntg)) {
+    if (wire_wanted(co, targets, ntg)) {
         /* FP8 on the wire: the scheme was chosen on the plain plan (which pairs carry bytes is
          * the same); the plan the participants get lets senders quantize */
         wsync_plan_t *wired = NULL;

@@ -309,7 +309,7 @@ typedef struct {
                                   and scales are the same bit for bit), where the plan allows it
                                   (whole cells), the scheme does (ipc and nccl; the store and
                                   delta groups send plain values, quantized by the receivers)
-                                  and it pays (ipc: when at least 2/3 of the bytes cross GPUs);
+                                  and it pays (ipc: not when colocated on one or two GPUs);
                                   2: wherever the plan and scheme allow it; 0: always plain.
                                   Rank 0's value counts. WSYNC_FP8_WIRE=0|1|2; -1 = unset (1) */
 } wsync_sender_params_t;
