@@ -10,6 +10,7 @@
 #include "reshard/fp8.h"
 #include "reshard/plan.h"
 #include "tests/support/check.h"
+#include "tests/support/fp8_wire_fixtures.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -97,51 +98,21 @@ static param_t param_new(const char *name, wsync_dtype_t dt, int64_t rows, int64
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct {
-    wsync_shard_desc_t s[16];
-    void *sdata[16];
-    size_t ns;
-    wsync_target_desc_t t[8];
-    const param_t *tparam[8][4];     /* each piece's param */
-    uint8_t *codes[8];
-    float *scales[8];
-    size_t nt;
-    wsync_piece_desc_t p[32];
-    size_t np;
+    fw_group_t d;                    /* descriptions (tests/support/fp8_wire_fixtures.h) */
+    void *sdata[16];                 /* each shard's rows */
+    const param_t *tparam[16][4];    /* each piece's param */
+    uint8_t *codes[16];
+    float *scales[16];
 } group_t;
-
-static wsync_pdesc_t pdesc(const param_t *pa)
-{
-    wsync_pdesc_t d;
-    memset(&d, 0, sizeof(d));
-    d.name = (char *)pa->name;
-    d.dtype = pa->dt;
-    d.ndim = 2;
-    d.shape[0] = pa->rows;
-    d.shape[1] = pa->cols;
-    return d;
-}
 
 /* Sender `sender` holds rows [r0, r0 + nr) of the param (dense copy). */
 static void add_shard(group_t *g, uint32_t sender, const param_t *pa, int64_t r0, int64_t nr)
 {
-    wsync_shard_desc_t *s = &g->s[g->ns];
-    size_t esz = wsync_dtype_size(pa->dt);
-    uint32_t index = 0;
+    size_t esz = wsync_dtype_size(pa->dt), n = (size_t)(nr * pa->cols) * esz;
 
-    for (size_t i = 0; i < g->ns; i++)
-        index += g->s[i].sender == sender;
-    memset(s, 0, sizeof(*s));
-    s->sender = sender;
-    s->index = index;
-    s->param = pdesc(pa);
-    s->box.start[0] = r0;
-    s->box.len[0] = nr;
-    s->box.len[1] = pa->cols;
-    s->mem = WSYNC_MEM_HOST;
-    g->sdata[g->ns] = malloc((size_t)(nr * pa->cols) * esz + 1);
-    memcpy(g->sdata[g->ns], (uint8_t *)pa->full + (size_t)(r0 * pa->cols) * esz,
-           (size_t)(nr * pa->cols) * esz);
-    g->ns++;
+    g->sdata[g->d.ns] = malloc(n + 1);
+    memcpy(g->sdata[g->d.ns], (uint8_t *)pa->full + (size_t)(r0 * pa->cols) * esz, n);
+    fw_add_shard(&g->d, sender, pa->name, pa->dt, pa->rows, pa->cols, r0, nr);
 }
 
 /* FSDP over rows at the given cuts: sender k holds [cut[k], cut[k + 1]). */
@@ -151,54 +122,23 @@ static void add_fsdp(group_t *g, const param_t *pa, const int64_t *cuts, int nse
         add_shard(g, (uint32_t)k, pa, cuts[k], cuts[k + 1] - cuts[k]);
 }
 
-static wsync_target_desc_t *add_target(group_t *g, uint32_t receiver, const char *name,
-                                       wsync_dtype_t dt, int64_t rows, int64_t cols,
-                                       wsync_quant_scheme_t quant, int br, int bc, int ue8m0,
-                                       int no_sat)
-{
-    wsync_target_desc_t *t = &g->t[g->nt];
-    uint32_t index = 0;
-
-    for (size_t i = 0; i < g->nt; i++)
-        index += g->t[i].receiver == receiver;
-    memset(t, 0, sizeof(*t));
-    t->receiver = receiver;
-    t->index = index;
-    t->name = (char *)name;
-    t->dtype = dt;
-    t->ndim = 2;
-    t->shape[0] = rows;
-    t->shape[1] = cols;
-    t->mem = WSYNC_MEM_HOST;
-    t->quant = quant;
-    if (quant == BLOCK) {
-        t->block_rows = br;
-        t->block_cols = bc;
-        t->eps = 1e-4f;
-        t->ue8m0 = (uint8_t)ue8m0;
-    }
-    t->no_saturate = (uint8_t)no_sat;
-    t->pieces = &g->p[g->np];
-    g->nt++;
-    return t;
-}
-
 /* A piece of the last target: rows [r0, r0 + nr), columns [c0, c0 + nc) of pa at (dr, 0). */
 static void add_piece(group_t *g, const param_t *pa, int64_t r0, int64_t nr, int64_t c0,
                       int64_t nc, int64_t dr)
 {
-    wsync_target_desc_t *t = &g->t[g->nt - 1];
-    wsync_piece_desc_t *p = &g->p[g->np++];
+    wsync_target_desc_t *t = &g->d.t[g->d.nt - 1];
 
-    memset(p, 0, sizeof(*p));
-    p->param = pdesc(pa);
-    p->src.start[0] = r0;
-    p->src.start[1] = c0;
-    p->src.len[0] = nr;
-    p->src.len[1] = nc;
-    p->dst_start[0] = dr;
-    g->tparam[g->nt - 1][t->npieces] = pa;
-    t->npieces++;
+    g->tparam[g->d.nt - 1][t->npieces] = pa;
+    fw_add_piece(&g->d, pa->name, pa->dt, pa->rows, pa->cols, r0, nr, c0, nc, dr, 0);
+}
+
+/* A target of `receiver` that is the whole param. */
+static void add_whole(group_t *g, uint32_t receiver, const char *name, const param_t *pa,
+                      wsync_dtype_t dt, wsync_quant_scheme_t quant, int br, int bc, int ue8m0,
+                      int no_sat)
+{
+    fw_add_target(&g->d, receiver, name, dt, pa->rows, pa->cols, quant, br, bc, ue8m0, no_sat);
+    add_piece(g, pa, 0, pa->rows, 0, pa->cols, 0);
 }
 
 static wsync_quant_t quant_of(const wsync_target_desc_t *t)
@@ -220,14 +160,16 @@ static void scales_shape(const wsync_target_desc_t *t, int64_t *sr, int64_t *sc)
     CHECK_OK(wsync_quant_scales_shape(&q, t->shape[0], t->shape[1], sr, sc));
 }
 
+/* Frees the group's data and buffers and empties it. */
 static void group_free(group_t *g)
 {
-    for (size_t i = 0; i < g->ns; i++)
+    for (size_t i = 0; i < g->d.ns; i++)
         free(g->sdata[i]);
-    for (size_t i = 0; i < g->nt; i++) {
+    for (size_t i = 0; i < g->d.nt; i++) {
         free(g->codes[i]);
         free(g->scales[i]);
     }
+    memset(g, 0, sizeof(*g));
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -236,16 +178,16 @@ static void group_free(group_t *g)
 
 static size_t shard_of(const group_t *g, const wsync_chunk_t *ch)
 {
-    for (size_t i = 0; i < g->ns; i++)
-        if (g->s[i].sender == ch->sender && g->s[i].index == ch->shard)
+    for (size_t i = 0; i < g->d.ns; i++)
+        if (g->d.s[i].sender == ch->sender && g->d.s[i].index == ch->shard)
             return i;
     return SIZE_MAX;
 }
 
 static size_t target_of(const group_t *g, const wsync_segment_t *sg)
 {
-    for (size_t i = 0; i < g->nt; i++)
-        if (g->t[i].receiver == sg->receiver && g->t[i].index == sg->target)
+    for (size_t i = 0; i < g->d.nt; i++)
+        if (g->d.t[i].receiver == sg->receiver && g->d.t[i].index == sg->target)
             return i;
     return SIZE_MAX;
 }
@@ -280,7 +222,7 @@ static void pack_all(group_t *g, const wsync_plan_t *p, uint8_t *all)
         CHECK(s != SIZE_MAX);
         if (s == SIZE_MAX)
             continue;
-        CHECK_OK(wsync_exec_pack_wire(p, ch, g->s[s].param.name, g->sdata[s], b));
+        CHECK_OK(wsync_exec_pack_wire(p, ch, g->d.s[s].param.name, g->sdata[s], b));
         memset(owned + (b - all) + ch->bucket_off, 1, (size_t)wsync_chunk_wire_bytes(ch));
     }
     for (uint64_t k = 0; k < bytes; k++)
@@ -294,10 +236,10 @@ static void pack_all(group_t *g, const wsync_plan_t *p, uint8_t *all)
 
 static void unpack_all(group_t *g, const wsync_plan_t *p, uint8_t *all)
 {
-    for (size_t i = 0; i < g->nt; i++) {
+    for (size_t i = 0; i < g->d.nt; i++) {
         int64_t sr = 0, sc = 0;
-        size_t n = (size_t)(g->t[i].shape[0] * g->t[i].shape[1]);
-        scales_shape(&g->t[i], &sr, &sc);
+        size_t n = (size_t)(g->d.t[i].shape[0] * g->d.t[i].shape[1]);
+        scales_shape(&g->d.t[i], &sr, &sc);
         g->codes[i] = malloc(n);
         g->scales[i] = malloc((size_t)(sr * sc) * sizeof(float) + 1);
         memset(g->codes[i], 0xEE, n);
@@ -310,7 +252,7 @@ static void unpack_all(group_t *g, const wsync_plan_t *p, uint8_t *all)
         CHECK(t != SIZE_MAX);
         if (t == SIZE_MAX)
             continue;
-        CHECK_OK(wsync_exec_unpack_wire(p, sg, ch, bucket_at(all, p, ch), &g->t[t], g->codes[t],
+        CHECK_OK(wsync_exec_unpack_wire(p, sg, ch, bucket_at(all, p, ch), &g->d.t[t], g->codes[t],
                                         g->scales[t]));
     }
 }
@@ -318,7 +260,7 @@ static void unpack_all(group_t *g, const wsync_plan_t *p, uint8_t *all)
 /* The whole target as f32 from its pieces' params, quantized by the reference; compared. */
 static void check_target(const group_t *g, size_t i)
 {
-    const wsync_target_desc_t *t = &g->t[i];
+    const wsync_target_desc_t *t = &g->d.t[i];
     uint64_t rows = (uint64_t)t->shape[0], cols = (uint64_t)t->shape[1];
     float *x = calloc((size_t)(rows * cols), sizeof(float));
     uint8_t *want = malloc((size_t)(rows * cols));
@@ -353,8 +295,8 @@ static void check_target(const group_t *g, size_t i)
     free(wscales);
 }
 
-/* Compile with FP8 on the wire (every chunk must take it), pack, unpack, compare. Returns the
- * number of chunks. */
+/* Compile with FP8 on the wire (every chunk must take it), pack, unpack, compare; then free
+ * the group's buffers and empty it for the next. Returns the number of chunks. */
 static uint32_t run_group(group_t *g, uint32_t ns, uint32_t nr, uint64_t bucket)
 {
     wsync_plan_t *p = NULL;
@@ -362,22 +304,23 @@ static uint32_t run_group(group_t *g, uint32_t ns, uint32_t nr, uint64_t bucket)
     uint8_t *all;
     uint32_t n = 0;
 
-    CHECK_OK(wsync_plan_compile_opts(g->s, g->ns, g->t, g->nt, ns, nr, bucket, &o, &p));
-    if (p == NULL)
-        return 0;
-    CHECK_OK(wsync_plan_check_receiver(p, 0, g->t, g->nt));   /* receiver 0's own, sorted */
-    for (uint32_t i = 0; i < p->nchunks; i++)
-        n += p->chunks[i].rule != 0;
-    CHECK_MSG(n == p->nchunks && n > 0, "%u of %u chunks travel as FP8", n, p->nchunks);
-    all = malloc((size_t)(total_buckets(p) * p->bucket_bytes));
-    memset(all, POISON, (size_t)(total_buckets(p) * p->bucket_bytes));
-    pack_all(g, p, all);
-    unpack_all(g, p, all);
-    for (size_t i = 0; i < g->nt; i++)
-        check_target(g, i);
-    free(all);
-    n = p->nchunks;
-    wsync_plan_free(p);
+    CHECK_OK(wsync_plan_compile_opts(g->d.s, g->d.ns, g->d.t, g->d.nt, ns, nr, bucket, &o, &p));
+    if (p != NULL) {
+        CHECK_OK(wsync_plan_check_receiver(p, 0, g->d.t, g->d.nt)); /* receiver 0's, sorted */
+        for (uint32_t i = 0; i < p->nchunks; i++)
+            n += p->chunks[i].rule != 0;
+        CHECK_MSG(n == p->nchunks && n > 0, "%u of %u chunks travel as FP8", n, p->nchunks);
+        all = malloc((size_t)(total_buckets(p) * p->bucket_bytes));
+        memset(all, POISON, (size_t)(total_buckets(p) * p->bucket_bytes));
+        pack_all(g, p, all);
+        unpack_all(g, p, all);
+        for (size_t i = 0; i < g->d.nt; i++)
+            check_target(g, i);
+        free(all);
+        n = p->nchunks;
+        wsync_plan_free(p);
+    }
+    group_free(g);
     return n;
 }
 
@@ -393,14 +336,12 @@ static void test_block128_bf16(void)
     const int64_t cuts[] = {0, 256, 300};
     group_t g;
 
+    memset(&g, 0, sizeof(g));
     for (int small = 0; small < 2; small++) {
-        memset(&g, 0, sizeof(g));
         add_fsdp(&g, &w, cuts, 2);
-        add_target(&g, 0, "down.fp8", E4M3, 300, 200, BLOCK, 128, 128, 0, 0);
-        add_piece(&g, &w, 0, 300, 0, 200, 0);
+        add_whole(&g, 0, "down.fp8", &w, E4M3, BLOCK, 128, 128, 0, 0);
         uint32_t n = run_group(&g, 2, 1, small ? 128u * 200u + 64u : 1 * MiB);
         CHECK_MSG(small ? n == 3 : n == 2, "%u chunks", n);
-        group_free(&g);
     }
     free(w.full);
 }
@@ -418,13 +359,10 @@ static void test_block64_ue8m0_f32(void)
     add_fsdp(&g, &w, cuts, 3);
     add_fsdp(&g, &v, cuts, 3);
     for (uint32_t r = 0; r < 2; r++) {
-        add_target(&g, r, "w64.fp8", E4M3, 200, 300, BLOCK, 64, 128, 0, 0);
-        add_piece(&g, &w, 0, 200, 0, 300, 0);
-        add_target(&g, r, "v64.fp8", E4M3, 200, 300, BLOCK, 64, 128, 1, 0);
-        add_piece(&g, &v, 0, 200, 0, 300, 0);
+        add_whole(&g, r, "w64.fp8", &w, E4M3, BLOCK, 64, 128, 0, 0);
+        add_whole(&g, r, "v64.fp8", &v, E4M3, BLOCK, 64, 128, 1, 0);
     }
     run_group(&g, 3, 2, 1 * MiB);
-    group_free(&g);
     free(w.full);
     free(v.full);
 }
@@ -444,23 +382,17 @@ static void test_channel(void)
     add_fsdp(&g, &a, cuts, 2);
     add_fsdp(&g, &b, cuts, 2);
     add_fsdp(&g, &c, cuts, 2);
-    add_target(&g, 0, "a.fp8", E4M3, 100, 333, CHANNEL, 0, 0, 0, 0);
-    add_piece(&g, &a, 0, 100, 0, 333, 0);
-    add_target(&g, 0, "b.fp8", E5M2, 100, 333, CHANNEL, 0, 0, 0, 0);
-    add_piece(&g, &b, 0, 100, 0, 333, 0);
-    add_target(&g, 0, "c.fp8", E4M3, 100, 333, CHANNEL, 0, 0, 0, 1);
-    add_piece(&g, &c, 0, 100, 0, 333, 0);
+    add_whole(&g, 0, "a.fp8", &a, E4M3, CHANNEL, 0, 0, 0, 0);
+    add_whole(&g, 0, "b.fp8", &b, E5M2, CHANNEL, 0, 0, 0, 0);
+    add_whole(&g, 0, "c.fp8", &c, E4M3, CHANNEL, 0, 0, 0, 1);
     run_group(&g, 2, 1, 1 * MiB);
-    group_free(&g);
 
-    memset(&g, 0, sizeof(g));
     add_fsdp(&g, &o, ocuts, 2);
     for (uint32_t r = 0; r < 2; r++) {
-        add_target(&g, r, "o_proj.fp8", E4M3, 96, 256, CHANNEL, 0, 0, 0, 0);
+        fw_add_target(&g.d, r, "o_proj.fp8", E4M3, 96, 256, CHANNEL, 0, 0, 0, 0);
         add_piece(&g, &o, 0, 96, (int64_t)r * 256, 256, 0);
     }
     run_group(&g, 2, 2, 1 * MiB);
-    group_free(&g);
     free(a.full);
     free(b.full);
     free(c.full);
@@ -478,19 +410,15 @@ static void test_block_e5m2_and_slices(void)
 
     memset(&g, 0, sizeof(g));
     add_fsdp(&g, &w, cuts, 2);
-    add_target(&g, 0, "w16.fp8", E5M2, 260, 130, BLOCK, 128, 128, 0, 0);
-    add_piece(&g, &w, 0, 260, 0, 130, 0);
+    add_whole(&g, 0, "w16.fp8", &w, E5M2, BLOCK, 128, 128, 0, 0);
     run_group(&g, 2, 1, 1 * MiB);
-    group_free(&g);
 
-    memset(&g, 0, sizeof(g));
     add_fsdp(&g, &u, ucuts, 2);
-    add_target(&g, 0, "up.0", E4M3, 256, 256, BLOCK, 128, 128, 0, 0);
+    fw_add_target(&g.d, 0, "up.0", E4M3, 256, 256, BLOCK, 128, 128, 0, 0);
     add_piece(&g, &u, 0, 256, 0, 256, 0);
-    add_target(&g, 1, "up.1", E4M3, 256, 128, BLOCK, 128, 128, 1, 0);
+    fw_add_target(&g.d, 1, "up.1", E4M3, 256, 128, BLOCK, 128, 128, 1, 0);
     add_piece(&g, &u, 0, 256, 256, 128, 0);
     run_group(&g, 2, 2, 1 * MiB);
-    group_free(&g);
     free(w.full);
     free(u.full);
 }
@@ -507,11 +435,10 @@ static void test_fused_rows(void)
     memset(&g, 0, sizeof(g));
     add_fsdp(&g, &q, qcuts, 2);
     add_shard(&g, 1, &k, 0, 128);
-    add_target(&g, 0, "qk_proj.fp8", E4M3, 384, 192, BLOCK, 128, 128, 0, 0);
+    fw_add_target(&g.d, 0, "qk_proj.fp8", E4M3, 384, 192, BLOCK, 128, 128, 0, 0);
     add_piece(&g, &q, 0, 256, 0, 192, 0);
     add_piece(&g, &k, 0, 128, 0, 192, 256);
     run_group(&g, 2, 1, 1 * MiB);
-    group_free(&g);
     free(q.full);
     free(k.full);
 }
@@ -529,12 +456,9 @@ static void test_tiles(void)
     memset(&g, 0, sizeof(g));
     add_fsdp(&g, &w, cuts, 2);
     add_shard(&g, 0, &v, 0, 150);
-    add_target(&g, 0, "wide.fp8", E4M3, 256, 2200, BLOCK, 128, 128, 1, 0);
-    add_piece(&g, &w, 0, 256, 0, 2200, 0);
-    add_target(&g, 0, "tall.fp8", E5M2, 150, 100, CHANNEL, 0, 0, 0, 0);
-    add_piece(&g, &v, 0, 150, 0, 100, 0);
+    add_whole(&g, 0, "wide.fp8", &w, E4M3, BLOCK, 128, 128, 1, 0);
+    add_whole(&g, 0, "tall.fp8", &v, E5M2, CHANNEL, 0, 0, 0, 0);
     run_group(&g, 2, 1, 4 * MiB);
-    group_free(&g);
     free(w.full);
     free(v.full);
 }
@@ -555,11 +479,10 @@ static void test_nonfinite(void)
 
         memset(&g, 0, sizeof(g));
         add_fsdp(&g, &w, cuts, 2);
-        add_target(&g, 0, "w.fp8", E4M3, 256, 160, BLOCK, 128, 128, 0, 0);
-        add_piece(&g, &w, 0, 256, 0, 160, 0);
+        add_whole(&g, 0, "w.fp8", &w, E4M3, BLOCK, 128, 128, 0, 0);
         /* row 10, column 77 of sender 1's shard (its only chunk) */
         put(g.sdata[1], 10u * 160u + 77u, w.dt, kind ? -INFINITY : NAN);
-        CHECK_OK(wsync_plan_compile_opts(g.s, g.ns, g.t, g.nt, 2, 1, 1 * MiB, &o, &p));
+        CHECK_OK(wsync_plan_compile_opts(g.d.s, g.d.ns, g.d.t, g.d.nt, 2, 1, 1 * MiB, &o, &p));
         if (p != NULL && p->nchunks == 2 && p->chunks[1].sender == 1 && p->chunks[1].rule) {
             bucket = malloc(p->bucket_bytes);
             before = malloc(p->bucket_bytes);

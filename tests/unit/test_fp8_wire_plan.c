@@ -5,6 +5,7 @@
 #include "core/status.h"
 #include "reshard/plan.h"
 #include "tests/support/check.h"
+#include "tests/support/fp8_wire_fixtures.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,105 +25,16 @@
 /* Descriptions by hand                                                                         */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef struct {
-    wsync_shard_desc_t s[16];
-    size_t ns;
-    wsync_target_desc_t t[16];
-    size_t nt;
-    wsync_piece_desc_t p[32];
-    size_t np;
-} group_t;
-
-static wsync_pdesc_t pdesc(const char *name, wsync_dtype_t dt, int64_t rows, int64_t cols)
-{
-    wsync_pdesc_t p;
-    memset(&p, 0, sizeof(p));
-    p.name = (char *)name;
-    p.dtype = dt;
-    p.ndim = 2;
-    p.shape[0] = rows;
-    p.shape[1] = cols;
-    return p;
-}
-
-/* Sender `sender` holds rows [r0, r0 + nr) of the [rows, cols] param. */
-static void add_shard(group_t *g, uint32_t sender, const char *name, wsync_dtype_t dt,
-                      int64_t rows, int64_t cols, int64_t r0, int64_t nr)
-{
-    wsync_shard_desc_t *s = &g->s[g->ns];
-    uint32_t index = 0;
-
-    for (size_t i = 0; i < g->ns; i++)
-        index += g->s[i].sender == sender;
-    memset(s, 0, sizeof(*s));
-    s->sender = sender;
-    s->index = index;
-    s->param = pdesc(name, dt, rows, cols);
-    s->box.start[0] = r0;
-    s->box.len[0] = nr;
-    s->box.len[1] = cols;
-    s->mem = WSYNC_MEM_HOST;
-    g->ns++;
-}
-
-/* A [rows, cols] target of `receiver`; its pieces follow with add_piece. br 0: no blocks. */
-static wsync_target_desc_t *add_target(group_t *g, uint32_t receiver, const char *name,
-                                       wsync_dtype_t dt, int64_t rows, int64_t cols,
-                                       wsync_quant_scheme_t quant, int br, int bc, int ue8m0)
-{
-    wsync_target_desc_t *t = &g->t[g->nt];
-    uint32_t index = 0;
-
-    for (size_t i = 0; i < g->nt; i++)
-        index += g->t[i].receiver == receiver;
-    memset(t, 0, sizeof(*t));
-    t->receiver = receiver;
-    t->index = index;
-    t->name = (char *)name;
-    t->dtype = dt;
-    t->ndim = 2;
-    t->shape[0] = rows;
-    t->shape[1] = cols;
-    t->mem = WSYNC_MEM_HOST;
-    t->quant = quant;
-    if (quant == BLOCK) {
-        t->block_rows = br;
-        t->block_cols = bc;
-        t->eps = 1e-4f;
-        t->ue8m0 = (uint8_t)ue8m0;
-    }
-    t->pieces = &g->p[g->np];
-    g->nt++;
-    return t;
-}
-
-/* A piece of the last target: box [r0, r0 + nr) x [c0, c0 + nc) of a [prows, pcols] param, at
- * (dr, dc) of the target. */
-static void add_piece(group_t *g, const char *param, wsync_dtype_t dt, int64_t prows,
-                      int64_t pcols, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t dr,
-                      int64_t dc)
-{
-    wsync_target_desc_t *t = &g->t[g->nt - 1];
-    wsync_piece_desc_t *p = &g->p[g->np++];
-
-    memset(p, 0, sizeof(*p));
-    p->param = pdesc(param, dt, prows, pcols);
-    p->src.start[0] = r0;
-    p->src.start[1] = c0;
-    p->src.len[0] = nr;
-    p->src.len[1] = nc;
-    p->dst_start[0] = dr;
-    p->dst_start[1] = dc;
-    t->npieces++;
-}
+/* tests/support/fp8_wire_fixtures.h builds them */
+typedef fw_group_t group_t;
 
 /* A target that is the whole [rows, cols] param. */
 static void add_whole(group_t *g, uint32_t receiver, const char *tname, const char *param,
                       wsync_dtype_t pdt, int64_t rows, int64_t cols, wsync_dtype_t dt,
                       wsync_quant_scheme_t quant, int br, int bc, int ue8m0)
 {
-    add_target(g, receiver, tname, dt, rows, cols, quant, br, bc, ue8m0);
-    add_piece(g, param, pdt, rows, cols, 0, rows, 0, cols, 0, 0);
+    fw_add_target(g, receiver, tname, dt, rows, cols, quant, br, bc, ue8m0, 0);
+    fw_add_piece(g, param, pdt, rows, cols, 0, rows, 0, cols, 0, 0);
 }
 
 static wsync_plan_t *compile(const group_t *g, uint32_t ns, uint32_t nr, uint64_t bucket,
@@ -169,8 +81,8 @@ static uint64_t chunk_row(const wsync_chunk_t *c)
 static void fsdp2_block(group_t *g)
 {
     memset(g, 0, sizeof(*g));
-    add_shard(g, 0, "w", BF16, 512, 384, 0, 256);
-    add_shard(g, 1, "w", BF16, 512, 384, 256, 256);
+    fw_add_shard(g, 0, "w", BF16, 512, 384, 0, 256);
+    fw_add_shard(g, 1, "w", BF16, 512, 384, 256, 256);
     add_whole(g, 0, "w.fp8", "w", BF16, 512, 384, E4M3, BLOCK, 128, 128, 0);
 }
 
@@ -223,8 +135,8 @@ static void test_fsdp_unaligned(void)
     wsync_plan_t *p;
 
     memset(&g, 0, sizeof(g));
-    add_shard(&g, 0, "w", BF16, 512, 384, 0, 200);
-    add_shard(&g, 1, "w", BF16, 512, 384, 200, 312);
+    fw_add_shard(&g, 0, "w", BF16, 512, 384, 0, 200);
+    fw_add_shard(&g, 1, "w", BF16, 512, 384, 200, 312);
     add_whole(&g, 0, "w.fp8", "w", BF16, 512, 384, E4M3, BLOCK, 128, 128, 0);
     p = compile(&g, 2, 1, 64 * MiB, 1);
     if (p == NULL)
@@ -242,7 +154,7 @@ static wsync_plan_t *fanout(wsync_dtype_t dt1, wsync_quant_scheme_t q1, int br1,
     wsync_plan_t *alone, *p;
 
     memset(&g, 0, sizeof(g));
-    add_shard(&g, 0, "w", BF16, 256, 256, 0, 256);
+    fw_add_shard(&g, 0, "w", BF16, 256, 256, 0, 256);
     add_whole(&g, 0, "w.a", "w", BF16, 256, 256, E4M3, BLOCK, 128, 128, 0);
     alone = compile(&g, 1, 1, 64 * MiB, 1);
     *chunks_alone = alone != NULL ? alone->nchunks : 0;
@@ -294,11 +206,12 @@ static void test_channel_tp_slice(void)
 
     for (int quant = 0; quant < 2; quant++) {
         memset(&g, 0, sizeof(g));
-        add_shard(&g, 0, "o", BF16, 256, 512, 0, 128);
-        add_shard(&g, 1, "o", BF16, 256, 512, 128, 128);
+        fw_add_shard(&g, 0, "o", BF16, 256, 512, 0, 128);
+        fw_add_shard(&g, 1, "o", BF16, 256, 512, 128, 128);
         for (uint32_t r = 0; r < 2; r++) {
-            add_target(&g, r, "o.fp8", E4M3, 256, 256, quant == 0 ? CHANNEL : TENSOR, 0, 0, 0);
-            add_piece(&g, "o", BF16, 256, 512, 0, 256, r * 256, 256, 0, 0);
+            fw_add_target(&g, r, "o.fp8", E4M3, 256, 256, quant == 0 ? CHANNEL : TENSOR, 0, 0,
+                          0, 0);
+            fw_add_piece(&g, "o", BF16, 256, 512, 0, 256, r * 256, 256, 0, 0);
         }
         p = compile(&g, 2, 2, 64 * MiB, 1);
         if (p == NULL)
@@ -336,7 +249,7 @@ static void test_rules_distinct(void)
 
     memset(&g, 0, sizeof(g));
     for (int k = 0; k < 3; k++)
-        add_shard(&g, 0, names[k], BF16, 256, 128, 0, 256);
+        fw_add_shard(&g, 0, names[k], BF16, 256, 128, 0, 256);
     for (int k = 0; k < 3; k++)
         add_whole(&g, 0, tnames[k], names[k], BF16, 256, 128, dts[k], BLOCK, 128, 128, ue[k]);
     p = compile(&g, 1, 1, 64 * MiB, 1);
@@ -371,7 +284,7 @@ static void test_split_on_cell_rows(void)
     const uint64_t bucket = 80000;   /* 2 x (128 x 256 codes + 2 scales) fit, 3 do not */
 
     memset(&g, 0, sizeof(g));
-    add_shard(&g, 0, "w", BF16, 500, 256, 0, 500);
+    fw_add_shard(&g, 0, "w", BF16, 500, 256, 0, 500);
     add_whole(&g, 0, "w.fp8", "w", BF16, 500, 256, E4M3, BLOCK, 128, 128, 0);
     p = compile(&g, 1, 1, bucket, 1);
     if (p == NULL)
@@ -428,7 +341,7 @@ static void test_wire_round_trip(void)
 
     fsdp2_block(&g);
     /* a second, channel target on another receiver: two rules on the wire */
-    add_shard(&g, 0, "v", F32, 64, 96, 0, 64);
+    fw_add_shard(&g, 0, "v", F32, 64, 96, 0, 64);
     add_whole(&g, 1, "v.fp8", "v", F32, 64, 96, E5M2, CHANNEL, 0, 0, 0);
     p = compile(&g, 2, 2, 64 * MiB, 1);
     if (p == NULL)
