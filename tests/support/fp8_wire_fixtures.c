@@ -1,6 +1,11 @@
 /* fp8_wire_fixtures: see fp8_wire_fixtures.h. */
 #include "tests/support/fp8_wire_fixtures.h"
 
+#include "core/status.h"
+#include "kernels/kernels.h"
+#include "tests/support/check.h"
+
+#include <inttypes.h>
 #include <string.h>
 
 wsync_pdesc_t fw_pdesc(const char *name, wsync_dtype_t dt, int64_t rows, int64_t cols)
@@ -84,4 +89,55 @@ void fw_add_piece(fw_group_t *d, const char *param, wsync_dtype_t dt, int64_t pr
     p->dst_start[0] = dr;
     p->dst_start[1] = dc;
     t->npieces++;
+}
+
+void fw_check_codes(const char *name, const uint8_t *have, const uint8_t *want, uint64_t rows,
+                    uint64_t cols, const float *have_s, const float *want_s, uint64_t nscales)
+{
+    uint64_t n = rows * cols, i = 0;
+
+    while (i < n && have[i] == want[i])
+        i++;
+    CHECK_MSG(i == n, "%s: target code %" PRIu64 " (row %" PRIu64 ", column %" PRIu64 ") is "
+              "0x%02x, wsync_quantize_f32 of the whole target gives 0x%02x", name, i, i / cols,
+              i % cols, i < n ? have[i] : 0, i < n ? want[i] : 0);
+    CHECK_MSG(memcmp(have_s, want_s, nscales * sizeof(float)) == 0,
+              "%s: target scales differ from wsync_quantize_f32's", name);
+}
+
+void fw_check_wire_desc_refusals(const wsync_plan_t *plan, const wsync_target_desc_t *td,
+                                 const void *shard, uint8_t *bucket, uint8_t *target,
+                                 float *scales)
+{
+    const wsync_segment_t *sg = &plan->segments[0];
+    wsync_kquant_t a;
+    wsync_kcopy_t two[2];
+    wsync_chunk_t c = plan->chunks[0];
+    wsync_target_desc_t other = *td;
+
+    c.rule = 0;
+    CHECK_ST(wsync_kernels_pack_wire_desc(plan, &c, shard, bucket, &a), WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("travels plain");
+    c.rule = plan->nrules + 1;
+    CHECK_ST(wsync_kernels_pack_wire_desc(plan, &c, shard, bucket, &a), WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("no such rule");
+    c = plan->chunks[0];
+    c.ncells += 1;
+    CHECK_ST(wsync_kernels_pack_wire_desc(plan, &c, shard, bucket, &a), WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("cells");
+    c = plan->chunks[0];
+    c.bucket_off += 2;
+    CHECK_ST(wsync_kernels_pack_wire_desc(plan, &c, shard, bucket, &a), WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("4-byte aligned");
+    CHECK_ST(wsync_kernels_pack_wire_desc(plan, &plan->chunks[0], NULL, bucket, &a),
+             WSYNC_ERR_INVALID);
+    /* a target whose rule is not the chunk's */
+    other.dtype = td->dtype == WSYNC_DTYPE_F8E4M3FN ? WSYNC_DTYPE_F8E5M2 : WSYNC_DTYPE_F8E4M3FN;
+    CHECK_ST(wsync_kernels_unpack_wire_desc(plan, sg, &plan->chunks[sg->chunk], bucket, &other,
+                                            target, scales, two),
+             WSYNC_ERR_PROTOCOL);
+    CHECK_ERR_HAS(td->name);
+    CHECK_ST(wsync_kernels_unpack_wire_desc(plan, sg, &plan->chunks[sg->chunk], bucket, td,
+                                            target, NULL, two),
+             WSYNC_ERR_INVALID);
 }

@@ -1,7 +1,10 @@
 /* fp8_wire_fixtures: the descriptions of an FP8-on-the-wire group built by hand, shared by
  * test_fp8_wire_plan and test_fp8_wire_exec: [rows, cols] params, shards that are row ranges of
  * them, and targets (plain, block or channel scales) with their pieces. Only descriptions: no
- * data, no buffers; a test keeps those beside the group.
+ * data, no buffers; a test keeps those beside the group. Also the checks that
+ * test_fp8_wire_kernels (descriptors carried out on the CPU) and tests/gpu/test_fp8_wire_gpu (the
+ * kernels) share: a target's codes and scales against the reference, and the descriptors'
+ * refusals.
  *
  *     fw_group_t d;
  *     memset(&d, 0, sizeof(d));
@@ -51,5 +54,18 @@ wsync_target_desc_t *fw_add_target(fw_group_t *d, uint32_t receiver, const char 
 void fw_add_piece(fw_group_t *d, const char *param, wsync_dtype_t dt, int64_t prows,
                   int64_t pcols, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t dr,
                   int64_t dc);
+
+/* CHECKs that a [rows, cols] target's codes and its nscales scales equal the reference's
+ * (wsync_quantize_f32 of the whole target), naming the first code that differs. */
+void fw_check_codes(const char *name, const uint8_t *have, const uint8_t *want, uint64_t rows,
+                    uint64_t cols, const float *have_s, const float *want_s, uint64_t nscales);
+
+/* CHECKs the refusals of wsync_kernels_pack_wire_desc and _unpack_wire_desc (kernels/wire.c) for
+ * the plan's first chunk and segment, whose target td (an FP8 wire target of the plan) has its
+ * codes at `target` and its scales at `scales`; shard and bucket as the pack takes them. The
+ * descriptors are only built, nothing is read or written: any memory, host or device. */
+void fw_check_wire_desc_refusals(const wsync_plan_t *plan, const wsync_target_desc_t *td,
+                                 const void *shard, uint8_t *bucket, uint8_t *target,
+                                 float *scales);
 
 #endif

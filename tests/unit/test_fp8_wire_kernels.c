@@ -14,6 +14,7 @@
 #include "reshard/plan.h"
 #include "schemes/nccl.h"
 #include "tests/support/check.h"
+#include "tests/support/fp8_wire_fixtures.h"
 
 #include <inttypes.h>
 #include <stdint.h>
@@ -188,16 +189,7 @@ static void one_case(const wcase_t *k)
         run_copy(&two[0]);
         run_copy(&two[1]);
     }
-    {
-        uint64_t i = 0;
-        while (i < R * TC && have[i] == want[i])
-            i++;
-        CHECK_MSG(i == R * TC, "%s: code %" PRIu64 " (row %" PRIu64 ", column %" PRIu64 ") is "
-                  "0x%02x, the whole target quantized gives 0x%02x", k->name, i, i / TC, i % TC,
-                  i < R * TC ? have[i] : 0, i < R * TC ? want[i] : 0);
-        CHECK_MSG(memcmp(have_s, want_s, (size_t)(sr * sc) * sizeof(float)) == 0,
-                  "%s: scales differ from the whole target's", k->name);
-    }
+    fw_check_codes(k->name, have, want, R, TC, have_s, want_s, (uint64_t)(sr * sc));
 
     /* the nccl schedule counts wire bytes: each op's items, 64-byte aligned, end at its bytes */
     CHECK_OK(wsync_nccl_sched_build(plan, WSYNC_NCCL_DIRECT_MIN, WSYNC_NCCL_MAX_SPLITS, &sched));
@@ -227,40 +219,7 @@ static void one_case(const wcase_t *k)
                   k->name, total, pair, R * TC * esz);
     }
 
-    /* refusals */
-    {
-        wsync_kquant_t a;
-        wsync_kcopy_t two[2];
-        wsync_chunk_t c = plan->chunks[0];
-        wsync_target_desc_t other = td;
-        c.rule = 0;
-        CHECK_ST(wsync_kernels_pack_wire_desc(plan, &c, shard, buckets, &a), WSYNC_ERR_INVALID);
-        CHECK_ERR_HAS("travels plain");
-        c = plan->chunks[0];
-        c.rule = 2;
-        CHECK_ST(wsync_kernels_pack_wire_desc(plan, &c, shard, buckets, &a), WSYNC_ERR_INVALID);
-        CHECK_ERR_HAS("no such rule");
-        c = plan->chunks[0];
-        c.ncells += 1;
-        CHECK_ST(wsync_kernels_pack_wire_desc(plan, &c, shard, buckets, &a), WSYNC_ERR_INVALID);
-        CHECK_ERR_HAS("cells");
-        c = plan->chunks[0];
-        c.bucket_off += 2;
-        CHECK_ST(wsync_kernels_pack_wire_desc(plan, &c, shard, buckets, &a), WSYNC_ERR_INVALID);
-        CHECK_ERR_HAS("4-byte aligned");
-        CHECK_ST(wsync_kernels_pack_wire_desc(plan, &plan->chunks[0], NULL, buckets, &a),
-                 WSYNC_ERR_INVALID);
-        other.dtype = k->fp8 == WSYNC_DTYPE_F8E4M3FN ? WSYNC_DTYPE_F8E5M2 : WSYNC_DTYPE_F8E4M3FN;
-        CHECK_ST(wsync_kernels_unpack_wire_desc(plan, &plan->segments[0],
-                                                &plan->chunks[plan->segments[0].chunk], buckets,
-                                                &other, have, have_s, two),
-                 WSYNC_ERR_PROTOCOL);
-        CHECK_ERR_HAS(k->name);
-        CHECK_ST(wsync_kernels_unpack_wire_desc(plan, &plan->segments[0],
-                                                &plan->chunks[plan->segments[0].chunk], buckets,
-                                                &td, have, NULL, two),
-                 WSYNC_ERR_INVALID);
-    }
+    fw_check_wire_desc_refusals(plan, &td, shard, buckets, have, have_s);
 out:
     wsync_nccl_sched_free(sched);
     wsync_plan_free(plan);
