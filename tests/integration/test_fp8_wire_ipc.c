@@ -238,6 +238,23 @@ typedef struct {
 
 static char coord_addr[64];
 
+/* A member's word on version v where the group must refuse it (a flipped bit, or a NaN that
+ * another member met): it failed, naming the NaN's param. 1: a refused version, the member
+ * stops; 0: a good version. */
+static int refused_version(const group_t *g, uint64_t v, wsync_status_t st, const char *who)
+{
+    if (g->corrupt) {
+        CHECK_MSG(st != WSYNC_OK, "%s: a corrupted version went through", who);
+        return 1;
+    }
+    if (v == (uint64_t)g->nan_version) {
+        CHECK_MSG(st != WSYNC_OK, "%s: version %llu went through", who, (unsigned long long)v);
+        CHECK_ERR_HAS(params[g->nan_param].name);
+        return 1;
+    }
+    return 0;
+}
+
 static int sender_main(void *arg)
 {
     const group_t *g = arg;
@@ -247,7 +264,9 @@ static int sender_main(void *arg)
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
     uint16_t *data[NPARAMS] = {0};
     wsync_status_t st = WSYNC_OK;
+    char who[32];
 
+    snprintf(who, sizeof(who), "sender %d", s);
     if (g->verify)
         setenv("WSYNC_VERIFY", "1", 1);
     if (g->corrupt && s == 1)
@@ -298,17 +317,9 @@ static int sender_main(void *arg)
             CHECK_ERR_HAS("NaN at row 3, column 5");
             break;
         }
-        if (g->corrupt) {
-            CHECK_MSG(st != WSYNC_OK, "sender %d: a corrupted version was pushed", s);
+        /* the group fails on the other members too, with the first failure's words */
+        if (refused_version(g, v, st, who))
             break;
-        }
-        if (v == (uint64_t)g->nan_version) {
-            /* the group fails on the other members too, with the first failure's words */
-            CHECK_MSG(st != WSYNC_OK, "sender %d: version %llu was pushed", s,
-                      (unsigned long long)v);
-            CHECK_ERR_HAS(params[g->nan_param].name);
-            break;
-        }
         CHECK_OK(st);
         if (st != WSYNC_OK)
             break;
@@ -348,7 +359,9 @@ static int receiver_main(void *arg)
     uint8_t *buf[NTARGETS], *want[NTARGETS];
     float *scales[NTARGETS], *want_scales[NTARGETS];
     wsync_status_t st;
+    char who[32];
 
+    snprintf(who, sizeof(who), "receiver %d", r);
     make_targets(r % TP, ts);   /* receiver 2 is a replica of TP rank 0 */
     if (g->verify)
         setenv("WSYNC_VERIFY", "1", 1);
@@ -382,17 +395,11 @@ static int receiver_main(void *arg)
         uint64_t got = 0;
         st = wsync_receiver_wait(rv, TIMEOUT_MS, &got);
         if (g->corrupt) {
-            CHECK_MSG(st != WSYNC_OK, "receiver %d committed a corrupted version", r);
             g->res->fail_status[r] = (int)st;
             snprintf(g->res->fail_text[r], sizeof(g->res->fail_text[r]), "%s", wsync_last_error());
-            break;
         }
-        if (v == (uint64_t)g->nan_version) {
-            CHECK_MSG(st != WSYNC_OK, "receiver %d committed version %llu", r,
-                      (unsigned long long)got);
-            CHECK_ERR_HAS(params[g->nan_param].name);
+        if (refused_version(g, v, st, who))
             break;
-        }
         CHECK_OK(st);
         if (st != WSYNC_OK)
             break;
