@@ -241,14 +241,15 @@ static char coord_addr[64];
 /* A member's word on version v where the group must refuse it (a flipped bit, or a NaN that
  * another member met): it failed, naming the NaN's param. 1: a refused version, the member
  * stops; 0: a good version. */
-static int refused_version(const group_t *g, uint64_t v, wsync_status_t st, const char *who)
+static int refused_version(const group_t *g, uint64_t v, wsync_status_t st, const char *role)
 {
     if (g->corrupt) {
-        CHECK_MSG(st != WSYNC_OK, "%s: a corrupted version went through", who);
+        CHECK_MSG(st != WSYNC_OK, "%s %d: a corrupted version went through", role, g->rank);
         return 1;
     }
     if (v == (uint64_t)g->nan_version) {
-        CHECK_MSG(st != WSYNC_OK, "%s: version %llu went through", who, (unsigned long long)v);
+        CHECK_MSG(st != WSYNC_OK, "%s %d: version %llu went through", role, g->rank,
+                  (unsigned long long)v);
         CHECK_ERR_HAS(params[g->nan_param].name);
         return 1;
     }
@@ -264,9 +265,7 @@ static int sender_main(void *arg)
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
     uint16_t *data[NPARAMS] = {0};
     wsync_status_t st = WSYNC_OK;
-    char who[32];
 
-    snprintf(who, sizeof(who), "sender %d", s);
     if (g->verify)
         setenv("WSYNC_VERIFY", "1", 1);
     if (g->corrupt && s == 1)
@@ -318,7 +317,7 @@ static int sender_main(void *arg)
             break;
         }
         /* the group fails on the other members too, with the first failure's words */
-        if (refused_version(g, v, st, who))
+        if (refused_version(g, v, st, "sender"))
             break;
         CHECK_OK(st);
         if (st != WSYNC_OK)
@@ -359,9 +358,7 @@ static int receiver_main(void *arg)
     uint8_t *buf[NTARGETS], *want[NTARGETS];
     float *scales[NTARGETS], *want_scales[NTARGETS];
     wsync_status_t st;
-    char who[32];
 
-    snprintf(who, sizeof(who), "receiver %d", r);
     make_targets(r % TP, ts);   /* receiver 2 is a replica of TP rank 0 */
     if (g->verify)
         setenv("WSYNC_VERIFY", "1", 1);
@@ -398,7 +395,7 @@ static int receiver_main(void *arg)
             g->res->fail_status[r] = (int)st;
             snprintf(g->res->fail_text[r], sizeof(g->res->fail_text[r]), "%s", wsync_last_error());
         }
-        if (refused_version(g, v, st, who))
+        if (refused_version(g, v, st, "receiver"))
             break;
         CHECK_OK(st);
         if (st != WSYNC_OK)
