@@ -31,6 +31,7 @@
 #include "reshard/fp8.h"
 #include "reshard/plan.h"
 #include "tests/support/check.h"
+#include "tests/support/fp8_wire_fixtures.h"
 #include "tests/support/proc.h"
 #include "wsync/wsync.h"
 
@@ -255,40 +256,9 @@ static void kernel_case(const kcase_t *k)
     CU_OK(cudaDeviceSynchronize());
     CU_OK(cudaMemcpy(have, d_t, telems, cudaMemcpyDeviceToHost));
     CU_OK(cudaMemcpy(have_s, d_s, (size_t)(sr * sc) * sizeof(float), cudaMemcpyDeviceToHost));
-    {
-        uint64_t i = 0;
-        while (i < telems && have[i] == want[i])
-            i++;
-        CHECK_MSG(i == telems, "%s: target code %" PRIu64 " (row %" PRIu64 ", column %" PRIu64
-                  ") is 0x%02x, wsync_quantize_f32 of the whole target gives 0x%02x", k->name, i,
-                  i / TC, i % TC, i < telems ? have[i] : 0, i < telems ? want[i] : 0);
-        CHECK_MSG(memcmp(have_s, want_s, (size_t)(sr * sc) * sizeof(float)) == 0,
-                  "%s: target scales differ from wsync_quantize_f32's", k->name);
-    }
+    fw_check_codes(k->name, have, want, R, TC, have_s, want_s, (uint64_t)(sr * sc));
 
-    /* refusals */
-    {
-        wsync_kquant_t a;
-        wsync_kcopy_t two[2];
-        wsync_chunk_t c = plan->chunks[0];
-        wsync_target_desc_t other = td;
-        c.rule = 0;
-        CHECK_ST(wsync_kernels_pack_wire_desc(plan, &c, d_x, d_bucket, &a), WSYNC_ERR_INVALID);
-        CHECK_ERR_HAS("travels plain");
-        c = plan->chunks[0];
-        c.ncells++;
-        CHECK_ST(wsync_kernels_pack_wire_desc(plan, &c, d_x, d_bucket, &a), WSYNC_ERR_INVALID);
-        CHECK_ERR_HAS("cells");
-        CHECK_ST(wsync_kernels_pack_wire_desc(plan, &plan->chunks[0], NULL, d_bucket, &a),
-                 WSYNC_ERR_INVALID);
-        /* a target whose rule is not the chunk's */
-        other.dtype = k->fp8 == WSYNC_DTYPE_F8E4M3FN ? WSYNC_DTYPE_F8E5M2 : WSYNC_DTYPE_F8E4M3FN;
-        CHECK_ST(wsync_kernels_unpack_wire_desc(plan, &plan->segments[0],
-                                                &plan->chunks[plan->segments[0].chunk], d_bucket,
-                                                &other, d_t, d_s, two),
-                 WSYNC_ERR_PROTOCOL);
-        CHECK_ERR_HAS(k->name);
-    }
+    fw_check_wire_desc_refusals(plan, &td, d_x, d_bucket, d_t, d_s);
 
     /* a NaN in the first chunk's region (its row 1, column 2): the workspace check finds the
      * chunk, _finish names the element */
@@ -813,6 +783,36 @@ static int wanted(const char *scheme, const char *name)
 
 static int gpus_needed(const group_t *g) { return g->colocated ? 1 : 2 * g->n; }
 
+/* The row of a group case named in row->name: 0 when it is not to run (not asked for: the row
+ * is dropped; too few GPUs: marked skipped, saying why), else 1, the case announced. */
+static int case_open(case_row_t *row, group_t *g)
+{
+    g->name = row->name;
+    if (!wanted(g->scheme, row->name)) {
+        nrows--;
+        return 0;
+    }
+    if (gpus_needed(g) > g_ngpu) {
+        row->result = "skipped";
+        snprintf(row->why, sizeof(row->why), "needs %d GPUs, %d visible", gpus_needed(g), g_ngpu);
+        printf("-- %s: skipped (%s)\n", row->name, row->why);
+        return 0;
+    }
+    printf("-- %s\n", row->name);
+    fflush(stdout);
+    return 1;
+}
+
+/* The case's result: pass when no check failed since `before`, its time since t0 (ms). */
+static void case_close(case_row_t *row, long long t0, int before)
+{
+    row->seconds = (double)(proc_now_ms() - t0) / 1000.0;
+    row->result = check_failures == before ? "pass" : "FAIL";
+    printf("-- %s: %s in %.1f s%s%s%s\n", row->name, row->result, row->seconds,
+           row->why[0] ? " (" : "", row->why, row->why[0] ? ")" : "");
+    fflush(stdout);
+}
+
 /* Run one group; 0 when every child exited 0. The digests and counts stay in g_shared. */
 static int run_group(group_t g)
 {
@@ -847,22 +847,11 @@ static void case_equal(const char *scheme, int n, int colocated)
     group_t g = {.scheme = scheme, .n = n, .colocated = colocated};
     snprintf(row->name, sizeof(row->name), "%s %s FSDP-%d -> TP-%d: FP8 on the wire = off, "
              "bytes halved", scheme, colocated ? "colocated" : "disaggregated", n, n);
-    g.name = row->name;
-    if (!wanted(scheme, row->name)) {
-        nrows--;
+    if (!case_open(row, &g))
         return;
-    }
-    if (gpus_needed(&g) > g_ngpu) {
-        row->result = "skipped";
-        snprintf(row->why, sizeof(row->why), "needs %d GPUs, %d visible", gpus_needed(&g), g_ngpu);
-        printf("-- %s: skipped (%s)\n", row->name, row->why);
-        return;
-    }
     long long t0 = proc_now_ms();
     int before = check_failures;
     uint64_t digest[2][MAX_RANKS][VERSIONS + 1], bytes[2] = {0, 0};
-    printf("-- %s\n", row->name);
-    fflush(stdout);
     for (int w = 1; w >= 0; w--) {
         g.wire = w;
         CHECK_MSG(run_group(g) == 0, "%s: the run with FP8 on the wire %s failed", row->name,
@@ -888,10 +877,7 @@ static void case_equal(const char *scheme, int n, int colocated)
     double ratio = bytes[0] ? (double)bytes[1] / (double)bytes[0] : 0.0;
     snprintf(row->why, sizeof(row->why), "bytes a version: %llu on, %llu off (%.3f)",
              (unsigned long long)bytes[1], (unsigned long long)bytes[0], ratio);
-    row->seconds = (double)(proc_now_ms() - t0) / 1000.0;
-    row->result = check_failures == before ? "pass" : "FAIL";
-    printf("-- %s: %s in %.1f s (%s)\n", row->name, row->result, row->seconds, row->why);
-    fflush(stdout);
+    case_close(row, t0, before);
 }
 
 /* A NaN in version 2 with FP8 on the wire: refused with NONFINITE, naming the param and its
@@ -904,21 +890,10 @@ static void case_nan(const char *scheme, int n, int colocated, int where)
     snprintf(row->name, sizeof(row->name), "%s %s FSDP-%d -> TP-%d: NaN in version 2 (%s "
              "bucket): NONFINITE, version 1 kept", scheme, colocated ? "colocated" :
              "disaggregated", n, n, where == 1 ? "first" : "last");
-    g.name = row->name;
-    if (!wanted(scheme, row->name)) {
-        nrows--;
+    if (!case_open(row, &g))
         return;
-    }
-    if (gpus_needed(&g) > g_ngpu) {
-        row->result = "skipped";
-        snprintf(row->why, sizeof(row->why), "needs %d GPUs, %d visible", gpus_needed(&g), g_ngpu);
-        printf("-- %s: skipped (%s)\n", row->name, row->why);
-        return;
-    }
     long long t0 = proc_now_ms();
     int before = check_failures, found = 0;
-    printf("-- %s\n", row->name);
-    fflush(stdout);
     CHECK_MSG(run_group(g) == 0, "%s: a participant exited badly", row->name);
     /* w.block: sender n-1's row 3 is the param's row (n-1) * R / n + 3, receiver 0 takes
      * column 5; w.late: the last row of the param, receiver n-1's (rows are the targets') */
@@ -962,10 +937,7 @@ static void case_nan(const char *scheme, int n, int colocated, int where)
                   row->name, r, (unsigned long long)g_shared->version_after[r],
                   g_shared->versions_right[r]);
     }
-    row->seconds = (double)(proc_now_ms() - t0) / 1000.0;
-    row->result = check_failures == before ? "pass" : "FAIL";
-    printf("-- %s: %s in %.1f s\n", row->name, row->result, row->seconds);
-    fflush(stdout);
+    case_close(row, t0, before);
 }
 
 static int count_gpus(void *arg)
