@@ -1,5 +1,5 @@
-/* Internal: the nccl scheme's state, shared by schemes/nccl.c (set-up, the schedule's NCCL calls)
- * and schemes/nccl_delta.c (delta versions). */
+/* Internal: the nccl scheme's state, shared by schemes/nccl.c (set-up, the schedule's NCCL calls),
+ * schemes/nccl_delta.c (delta versions) and schemes/nccl_wire.c (FP8 on the wire). */
 #ifndef WSYNC_SCHEMES_NCCL_STATE_H
 #define WSYNC_SCHEMES_NCCL_STATE_H
 
@@ -12,6 +12,9 @@
 
 #define NC_SLOTS 2
 #define NC_ALIGN 256u                /* staging offsets of ops */
+#define NC_TAG_HELLO 1u              /* relay: a member's GPU (and sender 0's unique id) */
+#define NC_TAG_SUMS 2u               /* relay: a sender's checksums for one receiver */
+#define NC_TAG_PACKED 3u             /* relay: a sender's FP8 chunks all passed their check */
 
 struct wsync_kdelta_batch;
 
@@ -145,6 +148,32 @@ typedef struct nc_delta {
 wsync_status_t wsync_nccl_wait_ev(nc_state_t *st, void *ev, uint32_t k, uint64_t version);
 /* Flip one bit of device memory [p, p + bytes) (fault injection), through the host. */
 wsync_status_t wsync_nccl_flip_device(nc_state_t *st, void *p, size_t bytes);
+/* st->host holds at least `bytes` (grown as needed). */
+wsync_status_t wsync_nccl_host_room(nc_state_t *st, size_t bytes);
+
+/* schemes/nccl_wire.c: FP8 on the wire */
+/* Which (sender, receiver) pairs need a PACKED relay (st->last_qstep, packed_to or packed_from),
+ * from the plan alone; the receiver's seg_lo/seg_hi set. */
+wsync_status_t wsync_nccl_wire_packed_pairs(nc_state_t *st, const wsync_plan_t *plan);
+/* Sender, once the slots exist and the steps' nquant/quant0 are counted: st->quant, qws (zeroed
+ * workspaces), qchunk, qoff. */
+wsync_status_t wsync_nccl_wire_sender_bind(wsync_sender_t *s, nc_state_t *st);
+/* Sender, after step k's pack: WSYNC_ERR_NONFINITE (naming param and element) when one of its
+ * FP8 quantizations met a NaN or Inf; with verify, the checksums of its FP8 chunks. */
+wsync_status_t wsync_nccl_wire_sender_check(wsync_sender_t *s, nc_state_t *st, uint32_t k,
+                                            uint64_t version);
+/* Sender: relay PACKED (the version) to every receiver in st->packed_to. */
+wsync_status_t wsync_nccl_wire_send_packed(wsync_sender_t *s, nc_state_t *st, uint64_t version);
+/* Receiver: the two copies (codes into the target, scales where it keeps them) of FP8 segment
+ * `sg` from its place `soff` in `slot`; WSYNC_ERR_PROTOCOL when the target is not set up for it. */
+wsync_status_t wsync_nccl_wire_unpack_descs(const wsync_receiver_t *r, const nc_state_t *st,
+                                            const wsync_segment_t *sg, uint64_t soff, void *slot,
+                                            wsync_kcopy_t out[2]);
+/* Receiver, verify: xxh3 of what FP8 segment `sg` landed (codes, then scales, dense). */
+wsync_status_t wsync_nccl_wire_hash_landed(const wsync_receiver_t *r, nc_state_t *st,
+                                           const wsync_segment_t *sg, uint64_t *out);
+/* Receiver, after its steps: wait for the PACKED relay of every sender in st->packed_from. */
+wsync_status_t wsync_nccl_wire_wait_packed(wsync_receiver_t *r, nc_state_t *st, uint64_t version);
 
 /* schemes/nccl_delta.c: delta mode's part of set-up and of each version (see nccl_delta.h) */
 wsync_status_t wsync_nccl_delta_sender_setup(wsync_sender_t *s, nc_state_t *st);
