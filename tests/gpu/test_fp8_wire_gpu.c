@@ -32,6 +32,7 @@
 #include "reshard/plan.h"
 #include "tests/support/check.h"
 #include "tests/support/fp8_wire_fixtures.h"
+#include "tests/gpu/gpu_cases.h"
 #include "tests/support/proc.h"
 #include "wsync/wsync.h"
 
@@ -763,38 +764,27 @@ out:
 /* Cases                                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-static int g_ngpu;
-static const char *g_only, *g_case;
-
-typedef struct {
-    char name[120];
-    const char *result;
-    char why[200];
-    double seconds;
-} case_row_t;
-
-static case_row_t rows[32];
-static int nrows;
+static gpu_cases_t g_cases;   /* the command line, the GPU count, the table of cases */
 
 static int wanted(const char *scheme, const char *name)
 {
-    return (!g_only || strcmp(g_only, scheme) == 0) && (!g_case || strstr(name, g_case));
+    return (!g_cases.only || strcmp(g_cases.only, scheme) == 0) && (!g_cases.match || strstr(name, g_cases.match));
 }
 
 static int gpus_needed(const group_t *g) { return g->colocated ? 1 : 2 * g->n; }
 
 /* The row of a group case named in row->name: 0 when it is not to run (not asked for: the row
  * is dropped; too few GPUs: marked skipped, saying why), else 1, the case announced. */
-static int case_open(case_row_t *row, group_t *g)
+static int case_open(gpu_case_t *row, group_t *g)
 {
     g->name = row->name;
     if (!wanted(g->scheme, row->name)) {
-        nrows--;
+        g_cases.nrows--;
         return 0;
     }
-    if (gpus_needed(g) > g_ngpu) {
+    if (gpus_needed(g) > g_cases.ngpu) {
         row->result = "skipped";
-        snprintf(row->why, sizeof(row->why), "needs %d GPUs, %d visible", gpus_needed(g), g_ngpu);
+        snprintf(row->why, sizeof(row->why), "needs %d GPUs, %d visible", gpus_needed(g), g_cases.ngpu);
         printf("-- %s: skipped (%s)\n", row->name, row->why);
         return 0;
     }
@@ -804,7 +794,7 @@ static int case_open(case_row_t *row, group_t *g)
 }
 
 /* The case's result: pass when no check failed since `before`, its time since t0 (ms). */
-static void case_close(case_row_t *row, long long t0, int before)
+static void case_close(gpu_case_t *row, long long t0, int before)
 {
     row->seconds = (double)(proc_now_ms() - t0) / 1000.0;
     row->result = check_failures == before ? "pass" : "FAIL";
@@ -820,7 +810,7 @@ static int run_group(group_t g)
     pid_t pids[2 * MAX_RANKS];
     group_t cfg[2 * MAX_RANKS];
 
-    g.ngpu = g_ngpu;
+    g.ngpu = g_cases.ngpu;
     memset(g_shared, 0, sizeof(*g_shared));
     g.port = proc_free_port();
     snprintf(coord, sizeof(coord), "127.0.0.1:%d", g.port);
@@ -843,7 +833,7 @@ static int run_group(group_t g)
  * and the bytes delivered exactly the count for each. */
 static void case_equal(const char *scheme, int n, int colocated)
 {
-    case_row_t *row = &rows[nrows++];
+    gpu_case_t *row = gpu_cases_add(&g_cases);
     group_t g = {.scheme = scheme, .n = n, .colocated = colocated};
     snprintf(row->name, sizeof(row->name), "%s %s FSDP-%d -> TP-%d: FP8 on the wire = off, "
              "bytes halved", scheme, colocated ? "colocated" : "disaggregated", n, n);
@@ -884,7 +874,7 @@ static void case_equal(const char *scheme, int n, int colocated)
  * element; no receiver commits it. */
 static void case_nan(const char *scheme, int n, int colocated, int where)
 {
-    case_row_t *row = &rows[nrows++];
+    gpu_case_t *row = gpu_cases_add(&g_cases);
     group_t g = {.scheme = scheme, .n = n, .colocated = colocated, .wire = 1, .nan_v2 = where};
     char has[128];
     snprintf(row->name, sizeof(row->name), "%s %s FSDP-%d -> TP-%d: NaN in version 2 (%s "
@@ -940,52 +930,13 @@ static void case_nan(const char *scheme, int n, int colocated, int where)
     case_close(row, t0, before);
 }
 
-static int count_gpus(void *arg)
-{
-    (void)arg;
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess)
-        return 0;
-    return n > 100 ? 100 : n;
-}
-
-static void write_json(const char *path)
-{
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return;
-    fprintf(f, "{\"ngpu\": %d, \"cases\": [", g_ngpu);
-    for (int i = 0; i < nrows; i++)
-        fprintf(f, "%s{\"name\": \"%s\", \"result\": \"%s\", \"why\": \"%s\", \"seconds\": %.1f}",
-                i ? ", " : "", rows[i].name, rows[i].result, rows[i].why, rows[i].seconds);
-    fprintf(f, "]}\n");
-    fclose(f);
-}
-
 int main(int argc, char **argv)
 {
-    const char *json = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
-            json = argv[++i];
-        else if (strcmp(argv[i], "--no-bench") == 0)
-            ;
-        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
-            g_only = argv[++i];
-        else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc)
-            g_case = argv[++i];
-        else {
-            fprintf(stderr, "usage: %s [--json PATH] [--no-bench] [--only ipc|nccl] "
-                            "[--case SUBSTRING]\n", argv[0]);
-            return 2;
-        }
-    }
-    /* the parent never initializes CUDA: children do */
-    pid_t pid = proc_spawn(count_gpus, NULL, 60);
-    int code = 0;
-    proc_wait_all(&pid, 1, 60000, &code);
-    g_ngpu = code > 0 && code < 128 ? code : 0;
-    if (g_ngpu == 0) {
+    int rc = gpu_cases_args(&g_cases, argc, argv);
+    if (rc != 0)
+        return rc;
+    gpu_cases_count_gpus(&g_cases);   /* in a child: the parent never initializes CUDA */
+    if (g_cases.ngpu == 0) {
         printf("test_fp8_wire_gpu: no CUDA device: skipped\n");
         return 77;
     }
@@ -996,19 +947,20 @@ int main(int argc, char **argv)
         perror("mmap");
         return 1;
     }
-    printf("test_fp8_wire_gpu: %d GPU(s)\n", g_ngpu);
-    if (!g_case || strstr("kernels: pack and unpack descriptors", g_case)) {
-        case_row_t *row = &rows[nrows++];
+    printf("test_fp8_wire_gpu: %d GPU(s)\n", g_cases.ngpu);
+    if (!g_cases.match || strstr("kernels: pack and unpack descriptors", g_cases.match)) {
+        gpu_case_t *row = gpu_cases_add(&g_cases);
+        int code = 0;
         snprintf(row->name, sizeof(row->name), "kernels: pack and unpack descriptors");
         long long t0 = proc_now_ms();
-        pid = proc_spawn(kernels_main, NULL, CHILD_LIMIT_S);
+        pid_t pid = proc_spawn(kernels_main, NULL, CHILD_LIMIT_S);
         proc_wait_all(&pid, 1, GROUP_LIMIT_MS, &code);
         row->seconds = (double)(proc_now_ms() - t0) / 1000.0;
         row->result = code == 0 ? "pass" : "FAIL";
     }
     /* nccl: a GPU per rank (FSDP-2 -> TP-2 on 4, FSDP-1 -> TP-1 on 2 or 3); ipc colocated
      * FSDP-2 -> TP-2 on the GPUs there are, and disaggregated where nccl's fits */
-    int d = g_ngpu >= 4 ? 2 : 1;
+    int d = g_cases.ngpu >= 4 ? 2 : 1;
     case_equal("nccl", d, 0);
     case_equal("ipc", 2, 1);
     case_equal("ipc", d, 0);
@@ -1016,17 +968,5 @@ int main(int argc, char **argv)
     case_nan("nccl", d, 0, 2);
     case_nan("ipc", 2, 1, 1);
     case_nan("ipc", 2, 1, 2);
-    printf("\ncase                                                                     result    "
-           "seconds\n");
-    int failed = 0;
-    for (int i = 0; i < nrows; i++) {
-        printf("%-72s  %-8s  %.1f%s%s\n", rows[i].name, rows[i].result, rows[i].seconds,
-               rows[i].why[0] ? "  " : "", rows[i].why);
-        if (strcmp(rows[i].result, "FAIL") == 0)
-            failed++;
-    }
-    if (json)
-        write_json(json);
-    printf("%d of %d cases failed\n", failed, nrows);
-    return failed ? 1 : 0;
+    return gpu_cases_finish(&g_cases, 72);
 }

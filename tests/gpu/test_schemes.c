@@ -28,6 +28,7 @@
  * it on a GPU machine. --no-bench is accepted (run.sh passes it) and changes nothing. */
 #include "reshard/fp8.h"
 #include "tests/support/check.h"
+#include "tests/gpu/gpu_cases.h"
 #include "tests/support/proc.h"
 #include "wsync/wsync.h"
 
@@ -857,24 +858,13 @@ out:
 /* Cases                                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-static int g_ngpu;
-static const char *g_only, *g_case;
-
-typedef struct {
-    char name[96];
-    const char *result;   /* "pass", "FAIL", "skipped" */
-    char why[160];
-    double seconds;
-} case_row_t;
-
-static case_row_t rows[64];
-static int nrows;
+static gpu_cases_t g_cases;   /* the command line, the GPU count, the table of cases */
 
 static int wanted(const group_t *g)
 {
-    if (g_only && strcmp(g_only, g->scheme) != 0)
+    if (g_cases.only && strcmp(g_cases.only, g->scheme) != 0)
         return 0;
-    if (g_case && !strstr(g->name, g_case))
+    if (g_cases.match && !strstr(g->name, g_cases.match))
         return 0;
     return 1;
 }
@@ -887,17 +877,17 @@ static int gpus_needed(const group_t *g)
 /* Runs one group; returns 0 if every check passed. */
 static void run_group(group_t g)
 {
-    case_row_t *row = &rows[nrows++];
+    gpu_case_t *row = gpu_cases_add(&g_cases);
     snprintf(row->name, sizeof(row->name), "%s", g.name);
-    if (gpus_needed(&g) > g_ngpu) {
+    if (gpus_needed(&g) > g_cases.ngpu) {
         row->result = "skipped";
         snprintf(row->why, sizeof(row->why), "needs %d GPUs, %d visible", gpus_needed(&g),
-                 g_ngpu);
+                 g_cases.ngpu);
         printf("-- %s: skipped (%s)\n", g.name, row->why);
         fflush(stdout);
         return;
     }
-    g.ngpu = g_ngpu;
+    g.ngpu = g_cases.ngpu;
     memset(g_shared, 0, sizeof(*g_shared));
     g.port = proc_free_port();
     snprintf(coord, sizeof(coord), "127.0.0.1:%d", g.port);
@@ -976,7 +966,7 @@ static void run_cases(void)
         const char *sc = schemes[si];
         for (int fp8 = 0; fp8 <= 1; fp8++) {
             /* colocated: FSDP-G -> TP-G on the same G GPUs (2 -> 2 on one GPU) */
-            int c = g_ngpu >= 4 ? 4 : g_ngpu >= 2 ? 2 : 2;
+            int c = g_cases.ngpu >= 4 ? 4 : g_cases.ngpu >= 2 ? 2 : 2;
             group_t g = {.scheme = sc, .nsenders = c, .tp = c, .replicas = 1, .colocated = 1,
                          .fp8 = fp8, .kill_receiver = -1};
             int nccl = strcmp(sc, "nccl") == 0;
@@ -992,7 +982,7 @@ static void run_cases(void)
             if (wanted(&g))
                 run_group(g);
             /* disaggregated: FSDP-2 -> TP-2 on 4 GPUs, FSDP-1 -> TP-1 on 2 */
-            int d = g_ngpu >= 4 ? 2 : 1;
+            int d = g_cases.ngpu >= 4 ? 2 : 1;
             g = (group_t){.scheme = sc, .nsenders = d, .tp = d, .replicas = 1, .fp8 = fp8,
                           .kill_receiver = -1};
             snprintf(name, sizeof(name), "%s disaggregated FSDP-%d -> TP-%d %s", sc, d, d,
@@ -1011,7 +1001,7 @@ static void run_cases(void)
             run_group(f);
         /* a receiver killed mid-push (nccl: on GPUs of their own, since nccl refuses a shared
          * GPU: FSDP-2 -> TP-2 on 4, FSDP-1 -> TP-1 on 2 or 3, the sender the only survivor) */
-        int kn = strcmp(sc, "nccl") != 0 || g_ngpu >= 4 ? 2 : 1;
+        int kn = strcmp(sc, "nccl") != 0 || g_cases.ngpu >= 4 ? 2 : 1;
         group_t k = {.scheme = sc, .nsenders = kn, .tp = kn, .replicas = 1,
                      .colocated = strcmp(sc, "nccl") != 0, .kill_receiver = kn - 1, .big = 1};
         snprintf(name, sizeof(name), "%s receiver %d killed mid-push", sc, kn - 1);
@@ -1055,7 +1045,7 @@ static void run_cases(void)
             if (wanted(&g))
                 run_group(g);
         }
-        int d = g_ngpu >= 4 ? 2 : 1;
+        int d = g_cases.ngpu >= 4 ? 2 : 1;
         group_t g = {.scheme = "nccl", .nsenders = d, .tp = d, .replicas = 1,
                      .fp8 = moes[mi].fp8, .model = moes[mi].id, .ep = 1, .kill_receiver = -1};
         char name[96];
@@ -1344,7 +1334,7 @@ out:
 
 static void run_delta_case(int variant, const char *what)
 {
-    int d = g_ngpu >= 4 ? 2 : 1, np = 2 * d, codes[2 * MAX_RANKS];
+    int d = g_cases.ngpu >= 4 ? 2 : 1, np = 2 * d, codes[2 * MAX_RANKS];
     pid_t pids[2 * MAX_RANKS];
     group_t cfg[2 * MAX_RANKS];
     char name[128];
@@ -1353,17 +1343,17 @@ static void run_delta_case(int variant, const char *what)
                  .kill_receiver = -1};
     if (!wanted(&g))
         return;
-    case_row_t *row = &rows[nrows++];
+    gpu_case_t *row = gpu_cases_add(&g_cases);
     snprintf(row->name, sizeof(row->name), "%s", g.name);
-    if (g_ngpu < 2) {
+    if (g_cases.ngpu < 2) {
         row->result = "skipped";
-        snprintf(row->why, sizeof(row->why), "needs 2 GPUs, %d visible", g_ngpu);
+        snprintf(row->why, sizeof(row->why), "needs 2 GPUs, %d visible", g_cases.ngpu);
         printf("-- %s: skipped (%s)\n", g.name, row->why);
         return;
     }
     memset(g_shared, 0, sizeof(*g_shared));
     g_delta_variant = variant;
-    g.ngpu = g_ngpu;
+    g.ngpu = g_cases.ngpu;
     g.port = proc_free_port();
     snprintf(coord, sizeof(coord), "127.0.0.1:%d", g.port);
     int port2 = proc_free_port();
@@ -1430,17 +1420,17 @@ static void run_ipc_delta_case(int variant, const char *what, int one_gpu, int h
                  .kill_receiver = -1, .colocated = one_gpu};
     if (!wanted(&g))
         return;
-    case_row_t *row = &rows[nrows++];
+    gpu_case_t *row = gpu_cases_add(&g_cases);
     snprintf(row->name, sizeof(row->name), "%s", g.name);
-    if (g_ngpu < need) {
+    if (g_cases.ngpu < need) {
         row->result = "skipped";
-        snprintf(row->why, sizeof(row->why), "needs %d GPUs, %d visible", need, g_ngpu);
+        snprintf(row->why, sizeof(row->why), "needs %d GPUs, %d visible", need, g_cases.ngpu);
         printf("-- %s: skipped (%s)\n", g.name, row->why);
         return;
     }
     memset(g_shared, 0, sizeof(*g_shared));
     g_delta_variant = variant;
-    g.ngpu = one_gpu ? 1 : g_ngpu;   /* colocated: i % 1 = GPU 0 for everyone */
+    g.ngpu = one_gpu ? 1 : g_cases.ngpu;   /* colocated: i % 1 = GPU 0 for everyone */
     g.port = proc_free_port();
     snprintf(coord, sizeof(coord), "127.0.0.1:%d", g.port);
     int port2 = proc_free_port();
@@ -1691,7 +1681,7 @@ static void run_store_delta_case(int variant, const char *what)
                  .kill_receiver = -1};
     if (!wanted(&g))
         return;
-    case_row_t *row = &rows[nrows++];
+    gpu_case_t *row = gpu_cases_add(&g_cases);
     snprintf(row->name, sizeof(row->name), "%s", g.name);
     memset(g_shared, 0, sizeof(*g_shared));
     if (g_sds == NULL)
@@ -1704,7 +1694,7 @@ static void run_store_delta_case(int variant, const char *what)
     }
     memset(g_sds, 0, sizeof(*g_sds));
     g_delta_variant = variant;
-    g.ngpu = g_ngpu;
+    g.ngpu = g_cases.ngpu;
     g.port = proc_free_port();
     snprintf(coord, sizeof(coord), "127.0.0.1:%d", g.port);
     long long t0 = proc_now_ms();
@@ -1744,53 +1734,13 @@ static void run_store_delta_cases(void)
     run_store_delta_case(DELTA_CORRUPT, "corrupted delta refused");
 }
 
-static int count_gpus(void *arg)
-{
-    (void)arg;
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess)
-        return 0;
-    return n > 100 ? 100 : n;
-}
-
-static void write_json(const char *path)
-{
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return;
-    fprintf(f, "{\"ngpu\": %d, \"cases\": [", g_ngpu);
-    for (int i = 0; i < nrows; i++)
-        fprintf(f, "%s{\"name\": \"%s\", \"result\": \"%s\", \"why\": \"%s\", \"seconds\": %.1f}",
-                i ? ", " : "", rows[i].name, rows[i].result, rows[i].why, rows[i].seconds);
-    fprintf(f, "]}\n");
-    fclose(f);
-}
-
 int main(int argc, char **argv)
 {
-    const char *json = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
-            json = argv[++i];
-        else if (strcmp(argv[i], "--no-bench") == 0)
-            ;
-        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
-            g_only = argv[++i];
-        else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc)
-            g_case = argv[++i];
-        else {
-            fprintf(stderr, "usage: %s [--json PATH] [--no-bench] [--only ipc|nccl] "
-                            "[--case SUBSTRING]\n",
-                    argv[0]);
-            return 2;
-        }
-    }
-    /* the parent never initializes CUDA: a child counts the GPUs */
-    pid_t pid = proc_spawn(count_gpus, NULL, 60);
-    int code = 0;
-    proc_wait_all(&pid, 1, 60000, &code);
-    g_ngpu = code > 0 && code < 128 ? code : 0;
-    if (g_ngpu == 0) {
+    int rc = gpu_cases_args(&g_cases, argc, argv);
+    if (rc != 0)
+        return rc;
+    gpu_cases_count_gpus(&g_cases);   /* in a child: the parent never initializes CUDA */
+    if (g_cases.ngpu == 0) {
         printf("test_schemes: no CUDA device: skipped\n");
         return 77;
     }
@@ -1801,21 +1751,10 @@ int main(int argc, char **argv)
         perror("mmap");
         return 1;
     }
-    printf("test_schemes: %d GPU(s)\n", g_ngpu);
+    printf("test_schemes: %d GPU(s)\n", g_cases.ngpu);
     run_cases();
     run_delta_cases();
     run_ipc_delta_cases();
     run_store_delta_cases();
-    printf("\ncase                                                          result    seconds\n");
-    int failed = 0;
-    for (int i = 0; i < nrows; i++) {
-        printf("%-60s  %-8s  %.1f%s%s\n", rows[i].name, rows[i].result, rows[i].seconds,
-               rows[i].why[0] ? "  " : "", rows[i].why);
-        if (strcmp(rows[i].result, "FAIL") == 0)
-            failed++;
-    }
-    if (json)
-        write_json(json);
-    printf("%d of %d cases failed\n", failed, nrows);
-    return failed ? 1 : 0;
+    return gpu_cases_finish(&g_cases, 60);
 }
