@@ -214,6 +214,38 @@ static wsync_status_t reap(wsync_receiver_t *r, ipc_receiver_t *st, uint64_t ver
 /* A short pause while GPU copies run and no READY is in: spin with yields first (copies of a
  * bucket take tens of microseconds to a few milliseconds; nanosleep costs at least the timer
  * slack, about 50 us), then naps of 10 us. */
+/* A PACKED from sender s (ok: expected, for this version, well formed): marks it taken. */
+static wsync_status_t take_packed(wsync_receiver_t *r, ipc_from_t *f, uint32_t s, int ok,
+                                  uint64_t v, uint64_t version)
+{
+    if (!ok)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: unexpected PACKED (version %llu) "
+                         "from sender %u while receiving version %llu", r->m.rank,
+                         (unsigned long long)v, s, (unsigned long long)version);
+    f->packed = 1;
+    return WSYNC_OK;
+}
+
+/* FP8 on the wire, a host target: the segment's codes into the target, its scales into the
+ * target's scale matrix, from the chunk's place in a host slot (base; not_host: the chunk came
+ * in place or in a device slot, which a sender never does with an FP8 chunk). */
+static wsync_status_t unpack_wire_host(wsync_receiver_t *r, const wsync_plan_t *plan,
+                                       const wsync_segment_t *sg, const uint8_t *base,
+                                       int not_host)
+{
+    const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+    uint32_t t = sg->target;
+
+    if (base == NULL || not_host || !wire_target(r, t))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: FP8 chunk %u of sender %u for "
+                         "target '%s' came %s", r->m.rank, sg->chunk, c->sender,
+                         r->targets[t].name, !wire_target(r, t)
+                                                 ? "for a target not set up for FP8 on the wire"
+                                                 : "without a host slot");
+    return wsync_exec_unpack_wire(plan, sg, c, base, &r->targets[t], r->target_data[t],
+                                  wsync_receiver_wire_scales(r, t));
+}
+
 static void poll_pause(uint32_t idle)
 {
     if (idle < 64) {
@@ -315,12 +347,8 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
             int ok = f->await_packed && !f->packed && v == version && slot == NO_SLOT &&
                      wsync_rbuf_left(&rb) == 0;
             wsync_msg_free(msg);
-            if (!ok)
-                return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: unexpected PACKED "
-                                 "(version %llu) from sender %u while receiving version %llu",
-                                 r->m.rank, (unsigned long long)v, s,
-                                 (unsigned long long)version);
-            f->packed = 1;
+            if ((rc = take_packed(r, f, s, ok, v, version)) != WSYNC_OK)
+                return rc;
             remaining--;
             last_ms = wsync_now_ms();
             continue;
@@ -389,18 +417,8 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
             if (r->targets[sg->target].mem == WSYNC_MEM_CUDA)
                 continue;   /* in the batch */
             if (c->rule != 0) {
-                /* FP8 on the wire: codes into the target, scales into its scale matrix */
-                if (base == NULL || slot_dev || in_place(ip) || !wire_target(r, sg->target))
-                    return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: FP8 chunk %u of "
-                                     "sender %u for target '%s' came %s", r->m.rank, sg->chunk,
-                                     c->sender, r->targets[sg->target].name,
-                                     !wire_target(r, sg->target)
-                                         ? "for a target not set up for FP8 on the wire"
-                                         : "without a host slot");
-                rc = wsync_exec_unpack_wire(plan, sg, c, base, &r->targets[sg->target],
-                                            r->target_data[sg->target],
-                                            wsync_receiver_wire_scales(r, sg->target));
-                if (rc != WSYNC_OK)
+                if ((rc = unpack_wire_host(r, plan, sg, base, slot_dev || in_place(ip))) !=
+                    WSYNC_OK)
                     return rc;
                 continue;
             }
