@@ -413,21 +413,37 @@ static int ipc_wire_pays(const wsync_coord_t *co)
     return !colocated || gpus_of(co) > 2;
 }
 
+/* Some target could take FP8 on the wire: rank 0 allows it, some target is FP8 with block or
+ * channel scales, and the scheme, if already chosen, is ipc or nccl without delta versions. */
+static int wire_candidate(const wsync_coord_t *co, const wsync_target_desc_t *targets, size_t ntg)
+{
+    int fp8 = 0;
+
+    if (!co->fp8_wire || (co->scheme != NULL &&
+                          (co->scheme->async || co->delta != WSYNC_DELTA_MODE_OFF ||
+                           (strcmp(co->scheme->name, "ipc") != 0 &&
+                            strcmp(co->scheme->name, "nccl") != 0))))
+        return 0;
+    for (size_t i = 0; i < ntg && !fp8; i++)
+        fp8 = wsync_target_quantized(targets[i].dtype, targets[i].quant) &&
+              targets[i].quant != WSYNC_QUANT_TENSOR;
+    return fp8;
+}
+
+static int plan_has_wire(const wsync_plan_t *plan)
+{
+    for (uint32_t i = 0; i < plan->nchunks; i++)
+        if (plan->chunks[i].rule != 0)
+            return 1;
+    return 0;
+}
+
 /* FP8 on the wire (docs/fp8_wire.md) is for ipc and nccl groups without delta versions, when
  * rank 0 allows it and some target is FP8 with block or channel scales: the store's readers read
  * shards as published, and delta versions diff the values as they are. */
 static int wire_wanted(wsync_coord_t *co, const wsync_target_desc_t *targets, size_t ntg)
 {
-    int fp8 = 0;
-
-    if (!co->fp8_wire || co->scheme == NULL || co->scheme->async ||
-        co->delta != WSYNC_DELTA_MODE_OFF ||
-        (strcmp(co->scheme->name, "ipc") != 0 && strcmp(co->scheme->name, "nccl") != 0))
-        return 0;
-    for (size_t i = 0; i < ntg && !fp8; i++)
-        fp8 = wsync_target_quantized(targets[i].dtype, targets[i].quant) &&
-              targets[i].quant != WSYNC_QUANT_TENSOR;
-    if (!fp8)
+    if (co->scheme == NULL || !wire_candidate(co, targets, ntg))
         return 0;
     if (co->fp8_wire == 1 && strcmp(co->scheme->name, "ipc") == 0 && !ipc_wire_pays(co)) {
         size_t used = strlen(co->explain);
@@ -442,16 +458,17 @@ static int wire_wanted(wsync_coord_t *co, const wsync_target_desc_t *targets, si
     return 1;
 }
 
-/* One line in the explanation: what FP8 on the wire saves, from the two plans' bytes. */
-static void wire_explain(wsync_coord_t *co, const wsync_plan_t *plain, const wsync_plan_t *wired)
+/* One line in the explanation: what FP8 on the wire saves (every segment's bytes as they travel
+ * against those of its values in their dtype). */
+static void wire_explain(wsync_coord_t *co, const wsync_plan_t *wired)
 {
     uint64_t before = 0, after = 0, nwire = 0;
     size_t used = strlen(co->explain);
-    size_t npairs = (size_t)plain->nsenders * plain->nreceivers;
 
-    for (size_t i = 0; i < npairs; i++) {
-        before += plain->pair_bytes[i];
-        after += wired->pair_bytes[i];
+    for (uint32_t i = 0; i < wired->nsegments; i++) {
+        const wsync_chunk_t *c = &wired->chunks[wired->segments[i].chunk];
+        before += c->src.rows * c->src.cols * wsync_dtype_size(c->dtype);
+        after += wsync_chunk_wire_bytes(c);
     }
     for (uint32_t i = 0; i < wired->nchunks; i++)
         nwire += wired->chunks[i].rule != 0;
@@ -585,8 +602,12 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
         }
         rh[i] = co->receivers[i].hello;
     }
-    st = wsync_plan_compile(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
-                            (uint32_t)co->nreceivers, bucket, &plan);
+    /* FP8 on the wire compiled in from the start where it may be taken: the scheme is chosen on
+     * that plan (which pairs carry bytes does not change), and only a group that turns out not
+     * to take it (the store, delta versions, ipc colocated on few GPUs) compiles again */
+    const wsync_plan_opts_t opts = {wire_candidate(co, targets, ntg)};
+    st = wsync_plan_compile_opts(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
+                                 (uint32_t)co->nreceivers, bucket, &opts, &plan);
     if (st != WSYNC_OK) {
         char text[1200];
         if (only >= 0 && co->scheme != NULL && co->scheme->async) {
@@ -604,20 +625,18 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
     if (co->scheme == NULL &&
         choose_scheme(co, only, plan, shards, nsh, targets, ntg, sh, rh) != 0)
         goto out;
-    if (wire_wanted(co, targets, ntg)) {
-        /* FP8 on the wire: the scheme was chosen on the plain plan (which pairs carry bytes is
-         * the same); the plan the participants get lets senders quantize */
-        wsync_plan_t *wired = NULL;
-        const wsync_plan_opts_t opts = {1};
-        st = wsync_plan_compile_opts(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
-                                     (uint32_t)co->nreceivers, bucket, &opts, &wired);
+    if (plan_has_wire(plan) && !wire_wanted(co, targets, ntg)) {
+        wsync_plan_t *plain = NULL;
+        st = wsync_plan_compile(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
+                                (uint32_t)co->nreceivers, bucket, &plain);
         if (st != WSYNC_OK) {
             group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
             goto out;
         }
-        wire_explain(co, plan, wired);
         wsync_plan_free(plan);
-        plan = wired;
+        plan = plain;
+    } else if (plan_has_wire(plan)) {
+        wire_explain(co, plan);
     }
     WSYNC_LOG_I("coordinator: plan %016llx, %u chunks, %u segments; scheme %s\n%s",
                 (unsigned long long)plan->fingerprint, plan->nchunks, plan->nsegments,
