@@ -5,6 +5,7 @@
 #include "core/loop.h"
 #include "core/proto.h"
 #include "core/registry.h"
+#include "core/util.h"
 #include "reshard/plan.h"
 
 typedef struct {
@@ -169,17 +170,6 @@ struct wsync_receiver {
     uint64_t delta_holds;
     struct wsync_delta_rx *delta_rx;
 };
-
-/* A target's shape as the quantizers take it: [rows, cols], cols its last dimension, rows the
- * product of the others (a scalar: [1, 1]). */
-static inline void wsync_shape_matrix(int ndim, const int64_t *shape, uint64_t *rows,
-                                      uint64_t *cols)
-{
-    *rows = 1;
-    *cols = ndim > 0 ? (uint64_t)shape[ndim - 1] : 1;
-    for (int d = 0; d < ndim - 1; d++)
-        *rows *= (uint64_t)shape[d];
-}
 
 /* Where target i's scales land when it takes FP8 on the wire (r->wire[i]): its device staging
  * of host scales (dev_scales[i], copied out at commit) when it has one, else the caller's

@@ -67,4 +67,15 @@ int wsync_host_same_netns(const char *a, const char *b);
  * in O(n log n). 0 on success, -1 when out of memory (outputs untouched). */
 int wsync_host_count(const char *const *ids, size_t n, uint32_t *hosts, uint32_t *spaces);
 
+/* A target's shape as the quantizers take it: [rows, cols], cols its last dimension, rows the
+ * product of the others (a scalar: [1, 1]). */
+static inline void wsync_shape_matrix(int ndim, const int64_t *shape, uint64_t *rows,
+                                      uint64_t *cols)
+{
+    *rows = 1;
+    *cols = ndim > 0 ? (uint64_t)shape[ndim - 1] : 1;
+    for (int d = 0; d < ndim - 1; d++)
+        *rows *= (uint64_t)shape[d];
+}
+
 #endif

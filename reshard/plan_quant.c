@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/status.h"
+#include "core/util.h"
 #include "reshard/plan_internal.h"
 
 #define DEFAULT_EPS 1e-4f
@@ -21,16 +22,6 @@ static int float_dtype(wsync_dtype_t dt)
     return dt == WSYNC_DTYPE_BF16 || dt == WSYNC_DTYPE_F16 || dt == WSYNC_DTYPE_F32;
 }
 
-/* The matrix a target is quantized as: its last dim the columns, the others the rows. */
-static void target_matrix(const wsync_target_desc_t *t, uint64_t *rows, uint64_t *cols)
-{
-    uint64_t r = 1;
-
-    for (int32_t d = 0; d + 1 < t->ndim; d++)
-        r *= (uint64_t)t->shape[d];
-    *rows = r;
-    *cols = t->ndim > 0 ? (uint64_t)t->shape[t->ndim - 1] : 1;
-}
 
 int wsync_wire_rule_of(const wsync_target_desc_t *t, wsync_wire_rule_t *rule)
 {
@@ -110,7 +101,7 @@ int wsync_wire_region_whole(const wsync_wire_rule_t *rule, const wsync_target_de
 {
     uint64_t R, C, r0, c0;
 
-    target_matrix(t, &R, &C);
+    wsync_shape_matrix(t->ndim, t->shape, &R, &C);
     if (C == 0 || (rows > 1 && dst_pitch != C))
         return 0;                    /* rows not consecutive rows of the matrix */
     r0 = dst_off / C;
@@ -134,7 +125,7 @@ void wsync_wire_scales_at(const wsync_wire_rule_t *rule, const wsync_target_desc
 {
     uint64_t R, C, r0, c0;
 
-    target_matrix(t, &R, &C);
+    wsync_shape_matrix(t->ndim, t->shape, &R, &C);
     r0 = dst->off / C;
     c0 = dst->off % C;
     if (rule->scheme == WSYNC_QUANT_BLOCK) {
