@@ -17,6 +17,7 @@
 #include "core/objects.h"
 #include "core/sock.h"
 #include "core/util.h"
+#include "core/wire_policy.h"
 
 typedef struct {
     wsync_conn_t *conn;
@@ -396,21 +397,15 @@ static int gpus_of(const wsync_coord_t *co)
     return n;
 }
 
-/* ipc stages FP8 chunks where it would read shards in place: it halves the bytes that cross
- * NVLink and costs a pack and a copy where one quantization from the shard would do. Measured
- * on H200s (Qwen3-8B fp8-block, 2026-11-26), colocated FSDP-4 -> TP-4 on 4 GPUs 5.57 ms with
- * it against 6.41 without (each GPU's NVLink ports shared by three peers: the crossing bytes
- * bound the time), but FSDP-2 -> TP-2 on 2 GPUs 9.5 against 8.8, FSDP-1 -> TP-1 15.4 against
- * 13.9; disaggregated FSDP-2 -> TP-2 0.59 x. So: not when colocated on one or two GPUs. */
-static int ipc_wire_pays(const wsync_coord_t *co)
+/* Some sender shares a GPU with some receiver. */
+static int group_colocated(const wsync_coord_t *co)
 {
-    int colocated = 0;
-
-    for (int r = 0; r < co->nreceivers && !colocated; r++)
-        for (int s = 0; s < co->nsenders && !colocated; s++)
-            colocated = co->receivers[r].has_gpu && co->senders[s].has_gpu &&
-                        memcmp(co->receivers[r].gpu, co->senders[s].gpu, 16) == 0;
-    return !colocated || gpus_of(co) > 2;
+    for (int r = 0; r < co->nreceivers; r++)
+        for (int s = 0; s < co->nsenders; s++)
+            if (co->receivers[r].has_gpu && co->senders[s].has_gpu &&
+                memcmp(co->receivers[r].gpu, co->senders[s].gpu, 16) == 0)
+                return 1;
+    return 0;
 }
 
 /* Some target could take FP8 on the wire: rank 0 allows it, some target is FP8 with block or
@@ -438,21 +433,46 @@ static int plan_has_wire(const wsync_plan_t *plan)
     return 0;
 }
 
+/* What the plan's segments move: their values in their dtype (plain) and as they travel (wire),
+ * and how many chunks their senders quantize. */
+static void wire_totals(const wsync_plan_t *plan, uint64_t *plain, uint64_t *wire, uint64_t *nwire)
+{
+    *plain = *wire = *nwire = 0;
+    for (uint32_t i = 0; i < plan->nsegments; i++) {
+        const wsync_chunk_t *c = &plan->chunks[plan->segments[i].chunk];
+        *plain += c->src.rows * c->src.cols * wsync_dtype_size(c->dtype);
+        *wire += wsync_chunk_wire_bytes(c);
+    }
+    for (uint32_t i = 0; i < plan->nchunks; i++)
+        *nwire += plan->chunks[i].rule != 0;
+}
+
+/* Append one line to the explanation. */
+static void explain_line(wsync_coord_t *co, const char *line)
+{
+    size_t used = strlen(co->explain);
+    if (used + 2 < sizeof(co->explain) && used > 0 && co->explain[used - 1] != '\n')
+        co->explain[used++] = '\n';
+    snprintf(co->explain + used, sizeof(co->explain) - used, "%s", line);
+}
+
 /* FP8 on the wire (docs/fp8_wire.md) is for ipc and nccl groups without delta versions, when
  * rank 0 allows it and some target is FP8 with block or channel scales: the store's readers read
- * shards as published, and delta versions diff the values as they are. */
-static int wire_wanted(wsync_coord_t *co, const wsync_target_desc_t *targets, size_t ntg)
+ * shards as published, and delta versions diff the values as they are. With fp8_wire 1, ipc
+ * takes it only where it pays (core/wire_policy.c). `wired` is the plan compiled with it. */
+static int wire_wanted(wsync_coord_t *co, const wsync_plan_t *wired,
+                       const wsync_target_desc_t *targets, size_t ntg)
 {
+    uint64_t plain, wire, nwire;
+    char why[300], line[400];
+
     if (co->scheme == NULL || !wire_candidate(co, targets, ntg))
         return 0;
-    if (co->fp8_wire == 1 && strcmp(co->scheme->name, "ipc") == 0 && !ipc_wire_pays(co)) {
-        size_t used = strlen(co->explain);
-        if (used + 2 < sizeof(co->explain) && used > 0 && co->explain[used - 1] != '\n')
-            co->explain[used++] = '\n';
-        snprintf(co->explain + used, sizeof(co->explain) - used,
-                 "FP8 on the wire: off: ipc colocated on %d GPU(s): the receivers quantize from "
-                 "the shards in place, cheaper there than staging FP8 chunks (fp8_wire 2 forces "
-                 "it)", gpus_of(co));
+    wire_totals(wired, &plain, &wire, &nwire);
+    if (co->fp8_wire == 1 && strcmp(co->scheme->name, "ipc") == 0 &&
+        !wsync_ipc_wire_pays(group_colocated(co), gpus_of(co), plain, wire, why, sizeof(why))) {
+        snprintf(line, sizeof(line), "FP8 on the wire: off: %s (fp8_wire 2 forces it)", why);
+        explain_line(co, line);
         return 0;
     }
     return 1;
@@ -462,22 +482,15 @@ static int wire_wanted(wsync_coord_t *co, const wsync_target_desc_t *targets, si
  * against those of its values in their dtype). */
 static void wire_explain(wsync_coord_t *co, const wsync_plan_t *wired)
 {
-    uint64_t before = 0, after = 0, nwire = 0;
-    size_t used = strlen(co->explain);
+    uint64_t before, after, nwire;
+    char line[300];
 
-    for (uint32_t i = 0; i < wired->nsegments; i++) {
-        const wsync_chunk_t *c = &wired->chunks[wired->segments[i].chunk];
-        before += c->src.rows * c->src.cols * wsync_dtype_size(c->dtype);
-        after += wsync_chunk_wire_bytes(c);
-    }
-    for (uint32_t i = 0; i < wired->nchunks; i++)
-        nwire += wired->chunks[i].rule != 0;
-    if (used + 2 < sizeof(co->explain) && used > 0 && co->explain[used - 1] != '\n')
-        co->explain[used++] = '\n';
-    snprintf(co->explain + used, sizeof(co->explain) - used,
+    wire_totals(wired, &before, &after, &nwire);
+    snprintf(line, sizeof(line),
              "FP8 on the wire: %" PRIu64 " of %u chunks quantized by their senders; %.3f GB moved "
              "instead of %.3f GB (%.3f x)", nwire, wired->nchunks, (double)after / 1e9,
              (double)before / 1e9, before ? (double)after / (double)before : 1.0);
+    explain_line(co, line);
 }
 
 /* A plan too large for one control frame is refused before encoding what may be a gigabyte;
@@ -625,7 +638,7 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
     if (co->scheme == NULL &&
         choose_scheme(co, only, plan, shards, nsh, targets, ntg, sh, rh) != 0)
         goto out;
-    if (plan_has_wire(plan) && !wire_wanted(co, targets, ntg)) {
+    if (plan_has_wire(plan) && !wire_wanted(co, plan, targets, ntg)) {
         wsync_plan_t *plain = NULL;
         st = wsync_plan_compile(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
                                 (uint32_t)co->nreceivers, bucket, &plain);
