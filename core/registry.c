@@ -231,7 +231,7 @@ wsync_status_t wsync_negotiate_probed(const wsync_group_info_t *g, const char *c
     } else if (st != WSYNC_OK && (choice == NULL || strcmp(choice, "auto") == 0)) {
         st = wsync_err(st, "no scheme can serve this group:\n%s", explain);
     } else if (st != WSYNC_OK) {
-        st = wsync_err(st, "%s", first_error);
+        st = wsync_err_set_text(st, first_error);   /* as wsync_negotiate said it, prefix and all */
     }
     free(filled);
     free(out);

@@ -212,6 +212,18 @@ static void test_explain_tells_unprobed_from_missing(void)
                       "ofi not probed by 2 participants)");
     else
         CHECK_ERR_HAS("scheme 'store' was asked for but cannot serve this group");
+
+    /* a scheme refused whatever was probed (nccl, host memory): the error is wsync_negotiate's,
+     * word for word, its status named once */
+    group_make(&gr, "nccl", "ipc");
+    CHECK_ST(wsync_negotiate(&gr.g, "nccl", &chosen, a, sizeof(a)), WSYNC_ERR_UNSUPPORTED);
+    snprintf(plain, sizeof(plain), "%s", wsync_last_error());
+    CHECK_ST(wsync_negotiate_probed(&gr.g, "nccl", &c2, b, sizeof(b)), WSYNC_ERR_UNSUPPORTED);
+    CHECK_MSG(strcmp(wsync_last_error(), plain) == 0, "'%s' against '%s'", wsync_last_error(),
+              plain);
+    const char *head = "operation not supported: scheme 'nccl' was asked for";
+    CHECK_MSG(strncmp(plain, head, strlen(head)) == 0 &&
+              strstr(plain, "not supported: operation not supported") == NULL, "'%s'", plain);
 }
 
 /* ---- several threads asking one ctx at once ------------------------------------------------- */
