@@ -11,10 +11,44 @@
 # Every program links the static library with every kernel in it, so the folder outgrows what
 # the device tool carries: DEST.tgz, made beside it, is what to carry. On the machine:
 # `tar xzf gpu-carry.tgz && WSYNC_TESTDATA=gpu-carry/testdata bash tests/gpu/run.sh gpu-carry`.
+#
+# $WSYNC_PACK_STEPS may name the run.sh steps (and "compare" for bench/compare.sh) one call will
+# run, to carry only their programs: the whole set is near the carry limit, so a run split over
+# calls takes one smaller carry each, e.g.
+#   WSYNC_PACK_STEPS="kernels schemes fp8wire faults" bash tests/gpu/pack.sh build-gpu gpu-carry
+#   WSYNC_PACK_STEPS="python netns bench moe delta" bash tests/gpu/pack.sh build-gpu gpu-carry-b
+# (there: `tar xzf gpu-carry-b.tgz && WSYNC_TESTDATA=gpu-carry-b/testdata WSYNC_GPU_SKIP=...
+# bash tests/gpu/run.sh gpu-carry-b`, skipping the steps the carry has no programs for).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BUILD=${1:-build-gpu}
 DEST=${2:-gpu-carry}
+STEPS=${WSYNC_PACK_STEPS:-}
+# what the steps named in $STEPS run (run.sh's step names; "compare": bench/compare.sh); no
+# steps named: everything
+wanted() {   # file name (wsync-bench, test_schemes, libwsync.so ...)
+    [ -z "$STEPS" ] && return 0
+    local step need
+    for step in $STEPS; do
+        case $step in
+        kernels) need="test_kernels" ;;
+        schemes) need="test_delta_kernels test_engine_cuda test_schemes wsync-engine wsync-demo" ;;
+        fp8wire) need="test_fp8_wire_gpu" ;;
+        faults) need="test_faults_cuda" ;;
+        python) need="libwsync.so wsync-engine" ;;
+        netns) need="netns_member" ;;
+        bench | moe | delta | compare) need="wsync-bench" ;;
+        store-cuda) need="test_schemes wsync-bench" ;;
+        moe-baselines | baselines) need="" ;;
+        *) echo "pack.sh: unknown step '$step' in WSYNC_PACK_STEPS (kernels schemes fp8wire" \
+                "faults python netns bench moe moe-baselines store-cuda delta baselines compare)" >&2
+           exit 2 ;;
+        esac
+        case " $need wsync-plan " in *" $1 "*) return 0 ;; esac
+    done
+    return 1
+}
+wanted - || true   # an unknown step fails here, before anything is written
 rm -rf "$DEST" "$DEST.tgz"
 mkdir -p "$DEST/bin" "$DEST/tests/gpu" "$DEST/testdata"
 # the tools the GPU steps run (tests/gpu/*, bench/compare.sh): each links every kernel, ~6 MB
@@ -22,14 +56,14 @@ mkdir -p "$DEST/bin" "$DEST/tests/gpu" "$DEST/testdata"
 # 64 MiB; wsync-plan is small and handy there
 for t in wsync-bench wsync-engine wsync-demo wsync-plan; do
     f=$BUILD/bin/$t
-    [ -x "$f" ] && strip --strip-unneeded -o "$DEST/bin/$t" "$f"
+    [ -x "$f" ] && wanted "$t" && strip --strip-unneeded -o "$DEST/bin/$t" "$f"
 done
 for f in "$BUILD"/tests/gpu/test_* "$BUILD"/tests/gpu/netns_member; do
-    [ -x "$f" ] && strip --strip-unneeded -o "$DEST/tests/gpu/$(basename "$f")" "$f"
+    [ -x "$f" ] && wanted "$(basename "$f")" && strip --strip-unneeded -o "$DEST/tests/gpu/$(basename "$f")" "$f"
 done
 # the shared library, for the Python bindings (tests/gpu/test_python_torch.py): one plain file
 lib=$(readlink -f "$BUILD/libwsync.so" 2>/dev/null || true)
-if [ -n "$lib" ] && [ -f "$lib" ]; then
+if [ -n "$lib" ] && [ -f "$lib" ] && wanted libwsync.so; then
     mkdir -p "$DEST/lib"
     strip --strip-unneeded -o "$DEST/lib/libwsync.so" "$lib"
 fi
@@ -55,5 +89,5 @@ du -sh "$DEST" "$DEST.tgz"
 size=$(stat -c %s "$DEST.tgz")
 if [ "$size" -gt $((60 * 1024 * 1024)) ]; then
     echo "pack.sh: $DEST.tgz is $((size / 1024 / 1024)) MiB, near the device tool's 64 MiB carry:" \
-         "leave out test programs the call does not run (rm $DEST/tests/gpu/<name>, then tar again)" >&2
+         "carry only what one call runs (WSYNC_PACK_STEPS, above), one carry per call" >&2
 fi
