@@ -1047,115 +1047,94 @@ static void explain_child(child_t *k, int rc)
     }
 }
 
-int main(int argc, char **argv)
+/* The model's config (the folder's config.json, or the built-in one) and the fixed prompt. */
+static int load_config(options_t *o)
 {
-    static options_t o;
-    model_t m;
-    wsync_engine_comm_t *comm = NULL;
-    uint16_t **full = NULL;
-    engine_report_t *erep = NULL;
-    expected_t *ex = NULL;
-    int rc, matched = 0, failed = 0;
-    uint64_t nparams_total = 0;
-    double total_bytes = 0, total_secs = 0;
-    char scheme_seen[16] = "?";
-
-    rc = parse_args(argc, argv, &o);
-    if (rc != 0)
-        return rc < 0 ? 0 : rc;
-    signal(SIGPIPE, SIG_IGN);
-    if (o.cuda)
-        setenv("NCCL_NVLS_ENABLE", "0", 0);   /* NVLink multicast off on shared hosts */
-    if (o.model != NULL) {
+    if (o->model != NULL) {
         char path[4096];
-        snprintf(path, sizeof(path), "%s/config.json", o.model);
-        if (wsync_model_config_load(path, &o.cfg) != WSYNC_OK) {
+        snprintf(path, sizeof(path), "%s/config.json", o->model);
+        if (wsync_model_config_load(path, &o->cfg) != WSYNC_OK) {
             fprintf(stderr, PROG ": %s\n", wsync_last_error());
             return 1;
         }
-    } else if (wsync_model_config_parse(builtin_config, strlen(builtin_config), &o.cfg) !=
+    } else if (wsync_model_config_parse(builtin_config, strlen(builtin_config), &o->cfg) !=
                WSYNC_OK) {
         fprintf(stderr, PROG ": built-in config: %s\n", wsync_last_error());
         return 1;
     }
-    o.nprompt = 8;
-    for (int i = 0; i < o.nprompt; i++)
-        o.prompt[i] = (int32_t)((1 + 37 * i) % o.cfg.vocab_size);
-    if (model_open(&o, &m) != 0)
-        return 1;
-    for (size_t p = 0; p < m.nparams; p++)
-        nparams_total += numel(&m.params[p]);
+    o->nprompt = 8;
+    for (int i = 0; i < o->nprompt; i++)
+        o->prompt[i] = (int32_t)((1 + 37 * i) % o->cfg.vocab_size);
+    return 0;
+}
 
-    /* refuse what the engine's layout refuses, before starting anyone */
-    {
-        wsync_engine_params_t p = engine_params(&o, 0, o.tp, NULL);
-        wsync_tp_options_t opts = WSYNC_TP_OPTIONS_INIT;
-        wsync_target_t *t = NULL;
-        size_t n = 0;
-        (void)p;
-        if (strcmp(o.quant, "fp8-block") == 0) {
-            opts.quant.scheme = WSYNC_QUANT_BLOCK;
-            opts.quant.block_rows = opts.quant.block_cols = o.block;
-        }
-        for (int r = 0; r < o.tp; r++) {
-            if (o.ep > 1) {
-                opts.ep_size = o.ep;
-                opts.ep_rank = r;
-            }
-            if (wsync_layout_tp_targets(&o.cfg, r, o.tp, &opts, &t, &n) != WSYNC_OK) {
-                fprintf(stderr, PROG ": TP %d: %s\n", o.tp, wsync_last_error());
-                return 1;
-            }
-            wsync_layout_targets_free(t, n);
-        }
+/* Refuse what the engine's layout refuses, before starting anyone. */
+static int check_layout(const options_t *o)
+{
+    wsync_tp_options_t opts = WSYNC_TP_OPTIONS_INIT;
+    wsync_target_t *t = NULL;
+    size_t n = 0;
+
+    if (strcmp(o->quant, "fp8-block") == 0) {
+        opts.quant.scheme = WSYNC_QUANT_BLOCK;
+        opts.quant.block_rows = opts.quant.block_cols = o->block;
     }
+    for (int r = 0; r < o->tp; r++) {
+        if (o->ep > 1) {
+            opts.ep_size = o->ep;
+            opts.ep_rank = r;
+        }
+        if (wsync_layout_tp_targets(&o->cfg, r, o->tp, &opts, &t, &n) != WSYNC_OK) {
+            fprintf(stderr, PROG ": TP %d: %s\n", o->tp, wsync_last_error());
+            return 1;
+        }
+        wsync_layout_targets_free(t, n);
+    }
+    return 0;
+}
+
+static void print_banner(const options_t *o, uint64_t nparams_total)
+{
+    char blk[32] = "";
 
     printf("wsync-demo: %s model (%s): hidden %lld, %lld layers, %lld heads / %lld kv, head_dim "
            "%lld, intermediate %lld, vocab %lld: %.2fM params\n",
-           wsync_model_type_name(o.cfg.model_type), o.model ? o.model : "built in",
-           (long long)o.cfg.hidden_size, (long long)o.cfg.num_hidden_layers,
-           (long long)o.cfg.num_attention_heads, (long long)o.cfg.num_key_value_heads,
-           (long long)o.cfg.head_dim, (long long)o.cfg.intermediate_size,
-           (long long)o.cfg.vocab_size, (double)nparams_total / 1e6);
-    if (o.cfg.num_experts > 0)
-        printf("  %lld experts of width %lld, top %lld%s%s\n", (long long)o.cfg.num_experts,
-               (long long)o.cfg.moe_intermediate_size, (long long)o.cfg.num_experts_per_tok,
-               o.cfg.n_shared_experts > 0 ? ", shared experts" : "",
-               o.cfg.kv_lora_rank > 0 ? ", multi-head latent attention" : "");
-    {
-        char blk[32] = "";
-        if (strcmp(o.quant, "fp8-block") == 0)
-            snprintf(blk, sizeof(blk), " %dx%d", o.block, o.block);
-        printf("  %d trainer process%s (FSDP-%d, bf16) -> 1 engine of TP %d%s (%s%s, %s weights%s), "
-               "%d steps, %d new tokens per step\n",
-               o.trainers, o.trainers > 1 ? "es" : "", o.trainers, o.tp,
-               o.ep > 1 ? " with EP" : "", o.cuda ? "CUDA, " : "", o.shadow ? "shadow" : "in place",
-               strcmp(o.quant, "fp8-block") == 0 ? "FP8-E4M3 block" : "bf16", blk, o.steps,
-               o.max_new);
-    }
+           wsync_model_type_name(o->cfg.model_type), o->model ? o->model : "built in",
+           (long long)o->cfg.hidden_size, (long long)o->cfg.num_hidden_layers,
+           (long long)o->cfg.num_attention_heads, (long long)o->cfg.num_key_value_heads,
+           (long long)o->cfg.head_dim, (long long)o->cfg.intermediate_size,
+           (long long)o->cfg.vocab_size, (double)nparams_total / 1e6);
+    if (o->cfg.num_experts > 0)
+        printf("  %lld experts of width %lld, top %lld%s%s\n", (long long)o->cfg.num_experts,
+               (long long)o->cfg.moe_intermediate_size, (long long)o->cfg.num_experts_per_tok,
+               o->cfg.n_shared_experts > 0 ? ", shared experts" : "",
+               o->cfg.kv_lora_rank > 0 ? ", multi-head latent attention" : "");
+    if (strcmp(o->quant, "fp8-block") == 0)
+        snprintf(blk, sizeof(blk), " %dx%d", o->block, o->block);
+    printf("  %d trainer process%s (FSDP-%d, bf16) -> 1 engine of TP %d%s (%s%s, %s weights%s), "
+           "%d steps, %d new tokens per step\n",
+           o->trainers, o->trainers > 1 ? "es" : "", o->trainers, o->tp,
+           o->ep > 1 ? " with EP" : "", o->cuda ? "CUDA, " : "", o->shadow ? "shadow" : "in place",
+           strcmp(o->quant, "fp8-block") == 0 ? "FP8-E4M3 block" : "bf16", blk, o->steps,
+           o->max_new);
     fflush(stdout);
+}
 
-    snprintf(o.coord, sizeof(o.coord), "127.0.0.1:%d", free_port());
-    if (o.tp > 1 && wsync_engine_comm_create(o.tp, &o.cfg, 0, o.timeout_s * 1000 + 10000, &comm) !=
-                        WSYNC_OK) {
-        fprintf(stderr, PROG ": %s\n", wsync_engine_last_error());
-        return 1;
-    }
-
-    /* every process is forked here, before any wsync object exists */
+/* Fork every trainer and engine rank (before any wsync object exists here), each with a pipe
+ * for its reports and one for its steps (EOF on it means leave). */
+static int spawn_all(const options_t *o, wsync_engine_comm_t *comm)
+{
     fflush(NULL);
-    for (int i = 0; i < o.trainers + o.tp; i++) {
+    for (int i = 0; i < o->trainers + o->tp; i++) {
         int out[2], go[2] = {-1, -1};
-        int trainer = i < o.trainers;
+        int trainer = i < o->trainers;
         if (pipe(out) != 0 || pipe(go) != 0) {
             perror(PROG ": pipe");
-            kill_all();
             return 1;
         }
         pid_t pid = fork();
         if (pid < 0) {
             perror(PROG ": fork");
-            kill_all();
             return 1;
         }
         if (pid == 0) {
@@ -1166,9 +1145,9 @@ int main(int argc, char **argv)
             }
             close(out[0]);
             close(go[1]);
-            alarm((unsigned)(o.timeout_s * (o.steps + 2) + 60));
-            int code = trainer ? trainer_main(&o, i, go[0], out[1])
-                               : engine_main(&o, i - o.trainers, comm, go[0], out[1]);
+            alarm((unsigned)(o->timeout_s * (o->steps + 2) + 60));
+            int code = trainer ? trainer_main(o, i, go[0], out[1])
+                               : engine_main(o, i - o->trainers, comm, go[0], out[1]);
             fflush(NULL);
             _exit(code);
         }
@@ -1178,114 +1157,122 @@ int main(int argc, char **argv)
         kids[nkids].out_fd = out[0];
         kids[nkids].go_fd = go[1];   /* trainers: steps to push; everyone: EOF means leave */
         kids[nkids].what = trainer ? "trainer" : "engine rank";
-        kids[nkids].index = trainer ? i : i - o.trainers;
+        kids[nkids].index = trainer ? i : i - o->trainers;
         nkids++;
     }
+    return 0;
+}
 
-    full = calloc(m.nparams, sizeof(*full));
-    for (size_t p = 0; p < m.nparams; p++)
-        full[p] = malloc((size_t)numel(&m.params[p]) * 2);
-    erep = calloc((size_t)o.tp, sizeof(*erep));
-    ex = calloc(1, sizeof(*ex));
-    printf("%4s %8s %7s %11s %9s %8s  %-40s %s\n", "step", "version", "scheme", "moved",
-           "sync ms", "GB/s", "tokens (first 8)", "match");
-    fflush(stdout);
+/* What one step left: the trainers' reports and every engine rank's. */
+typedef struct {
+    trainer_report_t first;      /* trainer 0's */
+    double secs, bytes;          /* the slowest trainer's push; bytes delivered by all */
+    engine_report_t *erep;       /* [tp] */
+} step_reports_t;
 
-    for (int step = 1; step <= o.steps && !failed; step++) {
-        int32_t ref[MAX_NEW];
-        trainer_report_t trep, tfirst = {0};
-        double secs = 0, bytes = 0;
-        int64_t deadline = now_ms() + (int64_t)o.timeout_s * 1000 * 2;
-        int ok = 1, weights_ok = 0, tokens_ok = 1;
-        char why[256] = "", moved[32], toks[64] = "";
-        size_t tn = 0;
+/* Tell the trainers to push `step` and read every child's report. 0, or 1 with the reason on
+ * stderr (a child that died or sent nothing before the deadline). */
+static int collect_step(const options_t *o, int step, step_reports_t *sr)
+{
+    int64_t deadline = now_ms() + (int64_t)o->timeout_s * 1000 * 2;
+    trainer_report_t trep;
 
-        progress(step, o.steps, "pushing");
-        for (int i = 0; i < o.trainers; i++)
-            if (write_all(kids[i].go_fd, &step, sizeof(step)) != 0)
-                failed = 1;
-        for (int i = 0; i < nkids && !failed; i++) {
-            int r;
-            if (i < o.trainers) {
-                r = read_all(kids[i].out_fd, &trep, sizeof(trep), deadline);
-                if (r == 0) {
-                    bytes += (double)trep.bytes_delivered;
-                    secs = trep.seconds > secs ? trep.seconds : secs;
-                    if (i == 0)
-                        tfirst = trep;
-                }
-            } else {
-                r = read_all(kids[i].out_fd, &erep[i - o.trainers], sizeof(*erep), deadline);
+    sr->secs = sr->bytes = 0;
+    memset(&sr->first, 0, sizeof(sr->first));
+    for (int i = 0; i < o->trainers; i++)
+        if (write_all(kids[i].go_fd, &step, sizeof(step)) != 0)
+            return 1;
+    for (int i = 0; i < nkids; i++) {
+        int r;
+        if (i < o->trainers) {
+            r = read_all(kids[i].out_fd, &trep, sizeof(trep), deadline);
+            if (r == 0) {
+                sr->bytes += (double)trep.bytes_delivered;
+                sr->secs = trep.seconds > sr->secs ? trep.seconds : sr->secs;
+                if (i == 0)
+                    sr->first = trep;
             }
-            if (r != 0) {
-                explain_child(&kids[i], r);
-                failed = 1;
-            }
+        } else {
+            r = read_all(kids[i].out_fd, &sr->erep[i - o->trainers], sizeof(*sr->erep), deadline);
         }
-        if (failed)
-            break;
-        progress(step, o.steps, "checking");
-        snprintf(scheme_seen, sizeof(scheme_seen), "%s", tfirst.scheme);
-
-        /* the full weights of this step, from the definition alone */
-        for (size_t p = 0; p < m.nparams; p++) {
-            uint64_t n = numel(&m.params[p]);
-            for (uint64_t e = 0; e < n; e++)
-                full[p][e] = weight(&m, p, e, (uint32_t)step);
+        if (r != 0) {
+            explain_child(&kids[i], r);
+            return 1;
         }
-        for (int r = 0; r < o.tp; r++) {
-            const engine_report_t *er = &erep[r];
-            if (er->taken != (uint64_t)step || er->version != (uint64_t)step) {
-                ok = 0;
-                snprintf(why, sizeof(why), "rank %d took version %llu, generated with %llu", r,
-                         (unsigned long long)er->taken, (unsigned long long)er->version);
-                continue;
-            }
-            if (expected_hashes(&o, &m, full, r, ex) != 0 || ex->n != er->ntargets) {
-                ok = 0;
-                snprintf(why, sizeof(why), "rank %d: %d targets, expected %d", r, er->ntargets,
-                         ex->n);
-                continue;
-            }
-            int bad = -1;
-            for (int i = 0; i < ex->n && bad < 0; i++)
-                if (ex->hash[i] != er->hashes[i])
-                    bad = i;
-            if (bad >= 0) {
-                ok = 0;
-                snprintf(why, sizeof(why), "rank %d: target %d's hash differs", r, bad);
-            } else {
-                weights_ok++;
-            }
-            if (er->ntokens != o.max_new || memcmp(er->tokens, erep[0].tokens,
-                                                   (size_t)o.max_new * sizeof(int32_t)) != 0)
-                tokens_ok = 0;
-        }
-        if (reference_tokens(&o, &m, full, ref) != 0 ||
-            memcmp(ref, erep[0].tokens, (size_t)o.max_new * sizeof(int32_t)) != 0)
-            tokens_ok = 0;
-        if (!tokens_ok && why[0] == '\0')
-            snprintf(why, sizeof(why), "tokens differ from the single-process engine's");
-        ok = ok && tokens_ok;
-        for (int i = 0; i < o.max_new && i < 8; i++)
-            tn += (size_t)snprintf(toks + tn, sizeof(toks) - tn, "%s%d", i ? " " : "",
-                                   erep[0].tokens[i]);
-        human_bytes(bytes, moved, sizeof(moved));
-        printf("%4d %8llu %7s %11s %9.2f %8.2f  %-40s %s", step,
-               (unsigned long long)tfirst.version, tfirst.scheme, moved, secs * 1e3,
-               secs > 0 ? bytes / secs / 1e9 : 0.0, toks, ok ? "yes" : "NO");
-        if (ok)
-            printf(" (weights %d/%d ranks, tokens = 1-process engine)\n", weights_ok, o.tp);
-        else
-            printf(" (%s)\n", why);
-        fflush(stdout);
-        total_bytes += bytes;
-        total_secs += secs;
-        matched += ok;
     }
-    progress(0, 0, NULL);
+    return 0;
+}
 
-    /* every child leaves when its go pipe closes; everyone is reaped */
+/* Check one step against the weights the definition gives (`full`, filled here): every rank
+ * took this version, its targets hash as expected, and the tokens equal a single-process
+ * engine's. Prints the step's line; returns 1 when it matched. */
+static int check_step(const options_t *o, const model_t *m, int step, const step_reports_t *sr,
+                      uint16_t *const *full, expected_t *ex)
+{
+    const engine_report_t *erep = sr->erep;
+    int32_t ref[MAX_NEW];
+    int ok = 1, weights_ok = 0, tokens_ok = 1;
+    char why[256] = "", moved[32], toks[64] = "";
+    size_t tn = 0;
+
+    for (size_t p = 0; p < m->nparams; p++) {
+        uint64_t n = numel(&m->params[p]);
+        for (uint64_t e = 0; e < n; e++)
+            full[p][e] = weight(m, p, e, (uint32_t)step);
+    }
+    for (int r = 0; r < o->tp; r++) {
+        const engine_report_t *er = &erep[r];
+        if (er->taken != (uint64_t)step || er->version != (uint64_t)step) {
+            ok = 0;
+            snprintf(why, sizeof(why), "rank %d took version %llu, generated with %llu", r,
+                     (unsigned long long)er->taken, (unsigned long long)er->version);
+            continue;
+        }
+        if (expected_hashes(o, m, full, r, ex) != 0 || ex->n != er->ntargets) {
+            ok = 0;
+            snprintf(why, sizeof(why), "rank %d: %d targets, expected %d", r, er->ntargets,
+                     ex->n);
+            continue;
+        }
+        int bad = -1;
+        for (int i = 0; i < ex->n && bad < 0; i++)
+            if (ex->hash[i] != er->hashes[i])
+                bad = i;
+        if (bad >= 0) {
+            ok = 0;
+            snprintf(why, sizeof(why), "rank %d: target %d's hash differs", r, bad);
+        } else {
+            weights_ok++;
+        }
+        if (er->ntokens != o->max_new || memcmp(er->tokens, erep[0].tokens,
+                                                (size_t)o->max_new * sizeof(int32_t)) != 0)
+            tokens_ok = 0;
+    }
+    if (reference_tokens(o, m, full, ref) != 0 ||
+        memcmp(ref, erep[0].tokens, (size_t)o->max_new * sizeof(int32_t)) != 0)
+        tokens_ok = 0;
+    if (!tokens_ok && why[0] == '\0')
+        snprintf(why, sizeof(why), "tokens differ from the single-process engine's");
+    ok = ok && tokens_ok;
+    for (int i = 0; i < o->max_new && i < 8; i++)
+        tn += (size_t)snprintf(toks + tn, sizeof(toks) - tn, "%s%d", i ? " " : "",
+                               erep[0].tokens[i]);
+    human_bytes(sr->bytes, moved, sizeof(moved));
+    printf("%4d %8llu %7s %11s %9.2f %8.2f  %-40s %s", step,
+           (unsigned long long)sr->first.version, sr->first.scheme, moved, sr->secs * 1e3,
+           sr->secs > 0 ? sr->bytes / sr->secs / 1e9 : 0.0, toks, ok ? "yes" : "NO");
+    if (ok)
+        printf(" (weights %d/%d ranks, tokens = 1-process engine)\n", weights_ok, o->tp);
+    else
+        printf(" (%s)\n", why);
+    fflush(stdout);
+    return ok;
+}
+
+/* Every child leaves when its go pipe closes (or is killed after a failure); all are reaped.
+ * Returns 1 when one ended badly. */
+static int reap_all(int failed, wsync_engine_comm_t *comm)
+{
     for (int i = 0; i < nkids; i++)
         if (kids[i].go_fd >= 0)
             close(kids[i].go_fd);
@@ -1305,6 +1292,76 @@ int main(int argc, char **argv)
         }
         close(kids[i].out_fd);
     }
+    return failed;
+}
+
+int main(int argc, char **argv)
+{
+    static options_t o;
+    model_t m;
+    wsync_engine_comm_t *comm = NULL;
+    uint16_t **full = NULL;
+    step_reports_t sr = {0};
+    expected_t *ex = NULL;
+    int rc, matched = 0, failed = 0;
+    uint64_t nparams_total = 0;
+    double total_bytes = 0, total_secs = 0;
+    char scheme_seen[16] = "?";
+
+    rc = parse_args(argc, argv, &o);
+    if (rc != 0)
+        return rc < 0 ? 0 : rc;
+    signal(SIGPIPE, SIG_IGN);
+    if (o.cuda)
+        setenv("NCCL_NVLS_ENABLE", "0", 0);   /* NVLink multicast off on shared hosts */
+    if (load_config(&o) != 0 || model_open(&o, &m) != 0)
+        return 1;
+    for (size_t p = 0; p < m.nparams; p++)
+        nparams_total += numel(&m.params[p]);
+    if (check_layout(&o) != 0) {
+        model_close(&m);
+        return 1;
+    }
+    print_banner(&o, nparams_total);
+
+    /* what each step's check needs, before anyone is started */
+    full = calloc(m.nparams, sizeof(*full));
+    sr.erep = calloc((size_t)o.tp, sizeof(*sr.erep));
+    ex = calloc(1, sizeof(*ex));
+    failed = full == NULL || sr.erep == NULL || ex == NULL;
+    for (size_t p = 0; !failed && p < m.nparams; p++)
+        failed = (full[p] = malloc((size_t)numel(&m.params[p]) * 2)) == NULL;
+    if (failed)
+        fprintf(stderr, PROG ": no memory for the model's full weights (%.2fM params)\n",
+                (double)nparams_total / 1e6);
+
+    snprintf(o.coord, sizeof(o.coord), "127.0.0.1:%d", free_port());
+    if (!failed && o.tp > 1 &&
+        wsync_engine_comm_create(o.tp, &o.cfg, 0, o.timeout_s * 1000 + 10000, &comm) != WSYNC_OK) {
+        fprintf(stderr, PROG ": %s\n", wsync_engine_last_error());
+        failed = 1;
+    }
+    if (!failed)
+        failed = spawn_all(&o, comm);
+    if (!failed) {
+        printf("%4s %8s %7s %11s %9s %8s  %-40s %s\n", "step", "version", "scheme", "moved",
+               "sync ms", "GB/s", "tokens (first 8)", "match");
+        fflush(stdout);
+    }
+    for (int step = 1; step <= o.steps && !failed; step++) {
+        progress(step, o.steps, "pushing");
+        failed = collect_step(&o, step, &sr);
+        if (failed)
+            break;
+        progress(step, o.steps, "checking");
+        snprintf(scheme_seen, sizeof(scheme_seen), "%s", sr.first.scheme);
+        matched += check_step(&o, &m, step, &sr, full, ex);
+        total_bytes += sr.bytes;
+        total_secs += sr.secs;
+    }
+    progress(0, 0, NULL);
+    failed = reap_all(failed, comm);
+
     rc = !failed && matched == o.steps ? 0 : 1;
     if (rc == 0)
         printf("all %d steps matched: every engine rank held exactly the trainers' weights, and "
@@ -1323,7 +1380,7 @@ int main(int argc, char **argv)
     for (size_t p = 0; full != NULL && p < m.nparams; p++)
         free(full[p]);
     free(full);
-    free(erep);
+    free(sr.erep);
     free(ex);
     wsync_engine_comm_free(comm);
     model_close(&m);
