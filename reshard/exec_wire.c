@@ -331,6 +331,10 @@ wsync_status_t wsync_exec_unpack_wire(const wsync_plan_t *plan, const wsync_segm
                          PRIu64, t->name, wsync_dtype_name(t->dtype), seg->chunk,
                          chunk->src.rows, chunk->src.cols, wsync_dtype_name(ru->fp8_dtype),
                          seg->dst.rows, seg->dst.cols);
+    /* the receiver's own check (as the CUDA descriptors make it): its target's rule, and
+     * whole cells inside it; codes and scales are written only where those cells lie */
+    if ((st = wsync_plan_check_wire_segment(plan, seg, t)) != WSYNC_OK)
+        return st;
     wsync_wire_cells(ru, chunk->src.rows, chunk->src.cols, &cell_rows, &cell_cols);
     wsync_wire_scales_at(ru, t, &seg->dst, &cr0, &cc0, &scale_cols);
     if (cc0 + cell_cols > scale_cols)

@@ -263,6 +263,7 @@ static void check_target(const group_t *g, size_t i)
     const wsync_target_desc_t *t = &g->d.t[i];
     uint64_t rows = (uint64_t)t->shape[0], cols = (uint64_t)t->shape[1];
     float *x = calloc((size_t)(rows * cols), sizeof(float));
+    float *staged = calloc((size_t)(rows * cols), sizeof(float));
     uint8_t *want = malloc((size_t)(rows * cols));
     int64_t sr = 0, sc = 0;
     float *wscales;
@@ -279,6 +280,21 @@ static void check_target(const group_t *g, size_t i)
                     get(pa->full, (uint64_t)((pc->src.start[0] + r) * pa->cols +
                                              pc->src.start[1] + c), pa->dt);
     }
+    /* the receiver quantizing itself converts through its staging copy (wsync_exec_copy into
+     * f32, receiver.c's land[i]): those values, bit for bit, or the codes could not agree */
+    for (uint32_t k = 0; k < t->npieces; k++) {
+        const wsync_piece_desc_t *pc = &t->pieces[k];
+        const param_t *pa = g->tparam[i][k];
+        wsync_region_t from = {(uint64_t)(pc->src.start[0] * pa->cols + pc->src.start[1]),
+                               (uint64_t)pa->cols, (uint64_t)pc->src.len[0],
+                               (uint64_t)pc->src.len[1]};
+        wsync_region_t to = {(uint64_t)pc->dst_start[0] * cols + (uint64_t)pc->dst_start[1], cols,
+                             (uint64_t)pc->src.len[0], (uint64_t)pc->src.len[1]};
+        CHECK_OK(wsync_exec_copy(pa->full, pa->dt, &from, staged, F32, &to));
+    }
+    CHECK_MSG(memcmp(staged, x, (size_t)(rows * cols) * sizeof(float)) == 0,
+              "target '%s': the receiver's staging copy converts some value differently",
+              t->name);
     CHECK_OK(wsync_quantize_f32(t->name, x, rows, cols, cols, &q, t->dtype, want, cols, wscales));
     for (uint64_t k = 0; k < rows * cols; k++)
         if (g->codes[i][k] != want[k]) {
@@ -291,6 +307,7 @@ static void check_target(const group_t *g, size_t i)
               "target '%s' (receiver %u): scales differ from the reference", t->name,
               t->receiver);
     free(x);
+    free(staged);
     free(want);
     free(wscales);
 }
@@ -507,6 +524,148 @@ static void test_nonfinite(void)
     }
 }
 
+/* Values at the edges of the scale rule, one kind per 32 x 32 patch (the blocks below are 32
+ * rows, 32 or 64 columns, so each cell holds one kind, or two side by side): all +0, all -0, a
+ * mix of +-0 with one tiny value, subnormals of the source dtype, an amax of exactly 448 x 2^k
+ * (the e4m3 saturation bound at a power-of-two scale) and 448 x 2^k x (1 + 2^-7) (UE8M0 rounds
+ * it up), an amax just under and exactly at eps, one large value among tiny ones (codes that
+ * underflow to FP8 subnormals and zero), values of both signs at the dtype's largest finite
+ * magnitude (f16 65504, bf16 and f32 near 3e38), and random ones. */
+static float edge_value(int kind, wsync_dtype_t dt, int64_t r, int64_t c)
+{
+    uint64_t h = mix(((uint64_t)r << 32) ^ (uint64_t)c ^ ((uint64_t)kind << 20));
+    float m = (float)(h % 1000001u) / 1000000.0f, sign = (h >> 40) & 1 ? -1.0f : 1.0f;
+    float sub = dt == F16 ? 5.9604645e-8f : dt == BF16 ? 9.1835e-41f : 1.4e-45f;
+    float big = dt == F16 ? 65504.0f : 3.3895314e38f;   /* bf16's largest; f32 stays finite */
+    int first = r % 32 == 0 && c % 32 == 0;
+
+    switch (kind) {
+    case 0:
+        return 0.0f;
+    case 1:
+        return -0.0f;
+    case 2:
+        return first ? 1e-30f : (h & 1) ? -0.0f : 0.0f;
+    case 3:
+        return sign * sub * (float)(1 + h % 7);
+    case 4:
+        return first ? -448.0f * 4.0f : sign * m * 448.0f * 4.0f;
+    case 5:
+        return first ? 448.0f * 4.0f * (1.0f + 1.0f / 128.0f) : sign * m * 448.0f;
+    case 6:
+        return first ? 0.99e-4f : sign * m * 0.99e-4f;
+    case 7:
+        return first ? -1e-4f : sign * m * 1e-4f;
+    case 8:
+        return first ? 1000.0f : sign * m * 1e-3f;
+    case 9:
+        return sign * big * (m > 0.5f ? 1.0f : 0.5f);
+    default:
+        return sign * m * (float)(1u << (h >> 50) % 16);
+    }
+}
+
+static param_t edge_param(const char *name, wsync_dtype_t dt, int64_t rows, int64_t cols)
+{
+    param_t p = {name, dt, rows, cols, malloc((size_t)(rows * cols) * wsync_dtype_size(dt))};
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            int kind = (int)((r / 32 * 7 + c / 32) % 12);
+            put(p.full, (uint64_t)(r * cols + c), dt, edge_value(kind, dt, r, c));
+        }
+    return p;
+}
+
+/* Those values from bf16, f16 and f32 [100, 200] params (neither a multiple of the blocks),
+ * FSDP-2 cut at row 64, under 32x32 e4m3 blocks, 32x64 UE8M0 no-saturate blocks and e5m2
+ * no-saturate channels: codes and scales equal the receiver quantizing the whole target
+ * itself. */
+static void test_edge_values(void)
+{
+    static const wsync_dtype_t dts[] = {BF16, F16, F32};
+    static const char *names[3][3] = {{"b.blk", "b.ue8", "b.ch"},
+                                      {"h.blk", "h.ue8", "h.ch"},
+                                      {"f.blk", "f.ue8", "f.ch"}};
+    const int64_t cuts[] = {0, 64, 100};
+    param_t ps[9];
+    group_t g;
+
+    /* two groups: the fixtures hold 16 shards */
+    memset(&g, 0, sizeof(g));
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < 3; k++)
+            ps[d * 3 + k] = edge_param(names[d][k], dts[d], 100, 200);
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < 2; k++) {
+            param_t *pa = &ps[d * 3 + k];
+            add_fsdp(&g, pa, cuts, 2);
+            add_whole(&g, 0, pa->name, pa, E4M3, BLOCK, 32, k ? 64 : 32, k, k);
+        }
+    CHECK(run_group(&g, 2, 1, 1 * MiB) == 12);
+    for (int d = 0; d < 3; d++) {
+        param_t *pa = &ps[d * 3 + 2];
+        add_fsdp(&g, pa, cuts, 2);
+        add_whole(&g, 0, pa->name, pa, E5M2, CHANNEL, 0, 0, 0, 1);
+    }
+    CHECK(run_group(&g, 2, 1, 1 * MiB) == 6);
+    for (int i = 0; i < 9; i++)
+        free(ps[i].full);
+}
+
+/* A segment off its target's cells (a hostile or corrupt plan the receiver did not check):
+ * unpack refuses it with PROTOCOL naming the target, and writes neither codes nor scales. One
+ * row down, 64 columns right, and past the last row of a [256, 256] target of 128x128 blocks. */
+static void test_unpack_off_cells(void)
+{
+    param_t w = param_new("w.cut", BF16, 256, 256, 15);
+    const int64_t cuts[] = {0, 128, 256};
+    static const uint64_t shift[] = {256, 64, 200 * 256};
+    wsync_plan_opts_t o = {.fp8_wire = 1};
+    wsync_plan_t *p = NULL;
+    group_t g;
+
+    memset(&g, 0, sizeof(g));
+    add_fsdp(&g, &w, cuts, 2);
+    add_whole(&g, 0, "w.cut.fp8", &w, E4M3, BLOCK, 128, 128, 0, 0);
+    CHECK_OK(wsync_plan_compile_opts(g.d.s, g.d.ns, g.d.t, g.d.nt, 2, 1, 1 * MiB, &o, &p));
+    if (p != NULL && p->nsegments == 2 && p->chunks[p->segments[0].chunk].rule != 0) {
+        uint8_t *all = malloc((size_t)(total_buckets(p) * p->bucket_bytes));
+        /* room past the target's end: an unchecked write lands here, not on the heap */
+        uint8_t *codes = malloc(4 * 256 * 256), *before = malloc(4 * 256 * 256);
+        float *scales = malloc(64 * sizeof(float)), *sbefore = malloc(64 * sizeof(float));
+        for (size_t i = 0; i < 4 * 256 * 256; i++)
+            codes[i] = (uint8_t)mix(i);
+        for (size_t i = 0; i < 64; i++)
+            scales[i] = (float)i;
+        memcpy(before, codes, 4 * 256 * 256);
+        memcpy(sbefore, scales, 64 * sizeof(float));
+        memset(all, POISON, (size_t)(total_buckets(p) * p->bucket_bytes));
+        pack_all(&g, p, all);
+        for (int k = 0; k < 3; k++) {
+            wsync_segment_t sg = p->segments[0];
+            const wsync_chunk_t *ch = &p->chunks[sg.chunk];
+            sg.dst.off += shift[k];
+            CHECK_ST(wsync_exec_unpack_wire(p, &sg, ch, bucket_at(all, p, ch), &g.d.t[0], codes,
+                                            scales),
+                     WSYNC_ERR_PROTOCOL);
+            CHECK_ERR_HAS("target 'w.cut.fp8'");
+            CHECK_ERR_HAS("does not cover whole");
+            CHECK(memcmp(codes, before, 4 * 256 * 256) == 0);
+            CHECK(memcmp(scales, sbefore, 64 * sizeof(float)) == 0);
+        }
+        free(all);
+        free(codes);
+        free(before);
+        free(scales);
+        free(sbefore);
+    } else {
+        CHECK_MSG(0, "the plan is not two FP8 segments");
+    }
+    wsync_plan_free(p);
+    group_free(&g);
+    free(w.full);
+}
+
 int main(void)
 {
     RUN(test_block128_bf16);
@@ -516,5 +675,7 @@ int main(void)
     RUN(test_fused_rows);
     RUN(test_tiles);
     RUN(test_nonfinite);
+    RUN(test_edge_values);
+    RUN(test_unpack_off_cells);
     return check_summary();
 }
