@@ -7,6 +7,7 @@
 #include "tests/support/check.h"
 #include "tests/support/fp8_wire_fixtures.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -435,6 +436,94 @@ static void test_check_receiver_other_block(void)
     wsync_plan_free(p);
 }
 
+/* A plan whose FP8 fields were changed in the struct, then encoded (the fingerprint matches):
+ * decode refuses it with PROTOCOL and the message given. */
+static void decode_refuses(const wsync_plan_t *p, const char *what, const char *want)
+{
+    wsync_plan_t *q = NULL;
+    wsync_wbuf_t b;
+
+    wsync_wbuf_init(&b);
+    wsync_plan_encode(p, &b);
+    CHECK(!b.err);
+    if (wsync_plan_decode(b.data, b.len, &q) == WSYNC_ERR_PROTOCOL)
+        CHECK_MSG(strstr(wsync_last_error(), want) != NULL, "%s: \"%s\" lacks \"%s\"", what,
+                  wsync_last_error(), want);
+    else
+        CHECK_MSG(0, "%s: decode did not refuse with PROTOCOL (%s)", what, wsync_last_error());
+    CHECK_MSG(q == NULL, "%s: a refused decode set its output", what);
+    wsync_plan_free(q);
+    wsync_wbuf_free(&b);
+}
+
+/* Hostile FP8 fields, each alone: a chunk of FP8 dtype quantized again, a rule no compiler
+ * makes (eps NaN, 0 or Inf, a channel rule with UE8M0 or an eps, blocks of 0 rows), two equal
+ * rules, and an FP8 chunk whose scales pass its bucket's end. */
+static void test_decode_hostile_rules(void)
+{
+    group_t g;
+    wsync_plan_t *p;
+    wsync_wire_rule_t keep;
+    wsync_chunk_t kc;
+    const float bad_eps[] = {0.0f, NAN, INFINITY, -1.0f};
+
+    fsdp2_block(&g);
+    fw_add_shard(&g, 0, "v", F32, 64, 96, 0, 64);
+    add_whole(&g, 1, "v.fp8", "v", F32, 64, 96, E5M2, CHANNEL, 0, 0, 0);
+    p = compile(&g, 2, 2, 64 * MiB, 1);
+    if (p == NULL || p->nrules != 2 || p->nchunks < 1 || p->chunks[0].rule == 0) {
+        CHECK_MSG(0, "the plan has no two rules");
+        wsync_plan_free(p);
+        return;
+    }
+    uint32_t blk = p->rules[0].scheme == BLOCK ? 0 : 1, ch = 1 - blk;
+
+    kc = p->chunks[0];
+    p->chunks[0].dtype = E4M3;
+    decode_refuses(p, "FP8 chunk of FP8 dtype", "names FP8 rule");
+    p->chunks[0] = kc;
+
+    keep = p->rules[blk];
+    for (size_t i = 0; i < sizeof(bad_eps) / sizeof(bad_eps[0]); i++) {
+        p->rules[blk].eps = bad_eps[i];
+        decode_refuses(p, "block eps", "is malformed");
+    }
+    p->rules[blk] = keep;
+    p->rules[blk].block_rows = 0;
+    decode_refuses(p, "blocks of 0 rows", "is malformed");
+    p->rules[blk] = keep;
+
+    keep = p->rules[ch];
+    p->rules[ch].ue8m0 = 1;
+    decode_refuses(p, "channel UE8M0", "is malformed");
+    p->rules[ch] = keep;
+    p->rules[ch].eps = 1e-4f;
+    decode_refuses(p, "channel eps", "is malformed");
+    p->rules[ch] = keep;
+
+    keep = p->rules[1];
+    p->rules[1] = p->rules[0];
+    decode_refuses(p, "two equal rules", "are the same");
+    p->rules[1] = keep;
+
+    /* the last chunk of its bucket moved so that its codes fit and its scales do not */
+    int moved = 0;
+    for (uint32_t i = 0; i < p->nchunks && !moved; i++) {
+        wsync_chunk_t *c = &p->chunks[i];
+        if (c->rule == 0 || (i + 1 < p->nchunks && p->chunks[i + 1].sender == c->sender &&
+                             p->chunks[i + 1].bucket == c->bucket))
+            continue;
+        kc = *c;
+        c->bucket_off = (p->bucket_bytes - c->src.rows * c->src.cols) / 64 * 64;
+        CHECK(c->bucket_off + wsync_chunk_wire_bytes(c) > p->bucket_bytes);
+        decode_refuses(p, "scales past the bucket", "does not fit");
+        *c = kc;
+        moved = 1;
+    }
+    CHECK_MSG(moved, "no FP8 chunk ends its bucket");
+    wsync_plan_free(p);
+}
+
 int main(void)
 {
     RUN(test_fsdp2_aligned);
@@ -445,5 +534,6 @@ int main(void)
     RUN(test_split_on_cell_rows);
     RUN(test_wire_round_trip);
     RUN(test_check_receiver_other_block);
+    RUN(test_decode_hostile_rules);
     return check_summary();
 }
