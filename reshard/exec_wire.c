@@ -331,10 +331,21 @@ wsync_status_t wsync_exec_unpack_wire(const wsync_plan_t *plan, const wsync_segm
                          PRIu64, t->name, wsync_dtype_name(t->dtype), seg->chunk,
                          chunk->src.rows, chunk->src.cols, wsync_dtype_name(ru->fp8_dtype),
                          seg->dst.rows, seg->dst.cols);
-    /* the receiver's own check (as the CUDA descriptors make it): its target's rule, and
-     * whole cells inside it; codes and scales are written only where those cells lie */
-    if ((st = wsync_plan_check_wire_segment(plan, seg, t)) != WSYNC_OK)
-        return st;
+    /* whole cells of the target under its own cell geometry, inside it: codes and scales are
+     * written only there, whatever the plan says (O(1) per segment and version; the full rule
+     * check, wsync_plan_check_wire_segment, ran on the plan once) */
+    if (ru->scheme != t->quant ||
+        (ru->scheme == WSYNC_QUANT_BLOCK &&
+         (ru->block_rows != t->block_rows || ru->block_cols != t->block_cols)) ||
+        !wsync_wire_region_whole(ru, t, seg->dst.off, seg->dst.pitch, seg->dst.rows,
+                                 seg->dst.cols))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "unpack (FP8 on the wire): receiver %u target '%s' "
+                         "(quant %d, blocks %d x %d): chunk %u, FP8 rule %u (quant %d, blocks %d "
+                         "x %d), lands on cells it does not cover whole (offset %" PRIu64 ", %"
+                         PRIu64 " x %" PRIu64 ", pitch %" PRIu64 ")", seg->receiver, t->name,
+                         (int)t->quant, t->block_rows, t->block_cols, seg->chunk, chunk->rule,
+                         (int)ru->scheme, ru->block_rows, ru->block_cols, seg->dst.off,
+                         seg->dst.rows, seg->dst.cols, seg->dst.pitch);
     wsync_wire_cells(ru, chunk->src.rows, chunk->src.cols, &cell_rows, &cell_cols);
     wsync_wire_scales_at(ru, t, &seg->dst, &cr0, &cc0, &scale_cols);
     if (cc0 + cell_cols > scale_cols)

@@ -614,7 +614,8 @@ static void test_edge_values(void)
 
 /* A segment off its target's cells (a hostile or corrupt plan the receiver did not check):
  * unpack refuses it with PROTOCOL naming the target, and writes neither codes nor scales. One
- * row down, 64 columns right, and past the last row of a [256, 256] target of 128x128 blocks. */
+ * row down, 64 columns right, and past the last row of a [256, 256] target of 128x128 blocks;
+ * then a target whose blocks are 256 rows, whose scale matrix has one row. */
 static void test_unpack_off_cells(void)
 {
     param_t w = param_new("w.cut", BF16, 256, 256, 15);
@@ -651,6 +652,18 @@ static void test_unpack_off_cells(void)
             CHECK_ERR_HAS("target 'w.cut.fp8'");
             CHECK_ERR_HAS("does not cover whole");
             CHECK(memcmp(codes, before, 4 * 256 * 256) == 0);
+            CHECK(memcmp(scales, sbefore, 64 * sizeof(float)) == 0);
+        }
+        /* a target of 256-row blocks (one row of scales) fed the 128-row rule's second cell row */
+        {
+            wsync_target_desc_t other = g.d.t[0];
+            const wsync_segment_t *sg = &p->segments[1];
+            other.block_rows = 256;
+            CHECK_ST(wsync_exec_unpack_wire(p, sg, &p->chunks[sg->chunk],
+                                            bucket_at(all, p, &p->chunks[sg->chunk]), &other,
+                                            codes, scales),
+                     WSYNC_ERR_PROTOCOL);
+            CHECK_ERR_HAS("blocks 256 x 128");
             CHECK(memcmp(scales, sbefore, 64 * sizeof(float)) == 0);
         }
         free(all);
