@@ -106,7 +106,7 @@ int wsync_wire_region_whole(const wsync_wire_rule_t *rule, const wsync_target_de
         return 0;                    /* rows not consecutive rows of the matrix */
     r0 = dst_off / C;
     c0 = dst_off % C;
-    if (c0 + cols > C || r0 + rows > R)
+    if (cols > C - c0 || rows > R || r0 > R - rows)   /* as differences: no sum may wrap */
         return 0;
     if (rule->scheme == WSYNC_QUANT_CHANNEL)
         return c0 == 0 && cols == C;

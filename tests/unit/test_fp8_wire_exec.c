@@ -615,7 +615,8 @@ static void test_edge_values(void)
 /* A segment off its target's cells (a hostile or corrupt plan the receiver did not check):
  * unpack refuses it with PROTOCOL naming the target, and writes neither codes nor scales. One
  * row down, 64 columns right, and past the last row of a [256, 256] target of 128x128 blocks;
- * then a target whose blocks are 256 rows, whose scale matrix has one row. */
+ * then a target whose blocks are 256 rows, whose scale matrix has one row; then a [1, 1]
+ * channel target with an offset whose rows wrap past 2^64. */
 static void test_unpack_off_cells(void)
 {
     param_t w = param_new("w.cut", BF16, 256, 256, 15);
@@ -665,6 +666,29 @@ static void test_unpack_off_cells(void)
                      WSYNC_ERR_PROTOCOL);
             CHECK_ERR_HAS("blocks 256 x 128");
             CHECK(memcmp(scales, sbefore, 64 * sizeof(float)) == 0);
+        }
+        /* a [1, 1] channel target (C = 1): an offset whose rows would wrap past 2^64 */
+        {
+            wsync_target_desc_t one = g.d.t[0];
+            wsync_segment_t sg = p->segments[0];
+            wsync_chunk_t ch = p->chunks[sg.chunk];
+            wsync_wire_rule_t *ru = &p->rules[ch.rule - 1], keep = *ru;
+            one.quant = CHANNEL;
+            one.shape[0] = 1;
+            one.shape[1] = 1;
+            memset(ru, 0, sizeof(*ru));
+            ru->fp8_dtype = E4M3;
+            ru->scheme = CHANNEL;
+            ch.src.rows = sg.dst.rows = 2;
+            ch.src.cols = sg.dst.cols = 1;
+            sg.dst.pitch = 1;
+            sg.dst.off = UINT64_MAX;
+            CHECK_ST(wsync_exec_unpack_wire(p, &sg, &ch, bucket_at(all, p, &ch), &one, codes + 8,
+                                            scales + 8),
+                     WSYNC_ERR_PROTOCOL);
+            CHECK(memcmp(codes, before, 4 * 256 * 256) == 0);
+            CHECK(memcmp(scales, sbefore, 64 * sizeof(float)) == 0);
+            *ru = keep;
         }
         free(all);
         free(codes);
