@@ -1,0 +1,99 @@
+/* Pass 2b of the plan compiler (plan.c), FP8 on the wire: which logical chunks their senders
+ * quantize (lchunk_t.rule) and the distinct rules those name (compile_t.rules). What the pass
+ * asks of one target or one region is in plan_quant.c (docs/fp8_wire.md). */
+#include "reshard/plan.h"
+#include "reshard/plan_internal.h"
+
+#include "core/status.h"
+
+#include <stdlib.h>
+
+#define RULE_BAD UINT32_MAX
+
+/* The rule's number in c->rules, plus one (added when new); 0 when out of memory. */
+static uint32_t intern_rule(compile_t *c, const wsync_wire_rule_t *r)
+{
+    for (uint32_t k = 0; k < c->nrules; k++)
+        if (wsync_wire_rule_eq(&c->rules[k], r))
+            return k + 1;
+    if (c->nrules >= UINT16_MAX)
+        return 0;                    /* so many distinct rules: the rest travel plain */
+    if (c->nrules == c->cap_rules) {
+        uint32_t cap = c->cap_rules ? 2 * c->cap_rules : 4;
+        wsync_wire_rule_t *p = realloc(c->rules, cap * sizeof(*p));
+        if (p == NULL)
+            return 0;
+        c->rules = p;
+        c->cap_rules = cap;
+    }
+    c->rules[c->nrules++] = *r;
+    return c->nrules;
+}
+
+/* Which logical chunks travel as FP8 (lchunk_t.rule). A target takes chunks quantized by their
+ * senders only whole: when it may (wsync_wire_rule_of), every one of its chunks lands on whole
+ * cells and fits a bucket by rows of cells, and no chunk of it also feeds a target that does not
+ * take FP8 or takes another rule. Dropping a target can drop chunks it shares with another
+ * target (fan-out replicas of different kinds), which can drop that one: repeated until nothing
+ * changes (twice in practice). */
+wsync_status_t wsync_plan_mark_wire(compile_t *c)
+{
+    uint32_t *trule;
+    size_t n = c->ntargets;
+    int changed = 1;
+
+    if (!c->fp8_wire || n == 0)
+        return WSYNC_OK;
+    trule = calloc(n, sizeof(*trule));
+    if (trule == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "plan: %zu targets", n);
+    for (size_t i = 0; i < n; i++) {
+        const tref_t *tr = &c->trefs[i];
+        wsync_wire_rule_t r;
+        int ok;
+        if (!wsync_wire_rule_of(tr->desc, &r))
+            continue;
+        ok = 1;
+        for (uint32_t k = 0; k < tr->nlseg && ok; k++) {
+            const lseg_t *ls = &c->lsegs[tr->lseg0 + k];
+            const lchunk_t *l = &c->lchunks[ls->lchunk];
+            ok = wsync_wire_region_whole(&r, tr->desc, ls->dst_off, ls->dst_pitch, l->src.rows,
+                                         l->src.cols) &&
+                 wsync_wire_cellrow_fits(&r, l->src.cols, c->bucket_bytes);
+        }
+        if (ok && (trule[i] = intern_rule(c, &r)) == 0 && c->nrules < UINT16_MAX) {
+            free(trule);
+            return wsync_err(WSYNC_ERR_NOMEM, "plan: FP8 rules");
+        }
+    }
+    while (changed) {
+        changed = 0;
+        for (size_t j = 0; j < c->nlchunks; j++)
+            c->lchunks[j].rule = 0;
+        for (size_t i = 0; i < n; i++) {
+            const tref_t *tr = &c->trefs[i];
+            for (uint32_t k = 0; k < tr->nlseg; k++) {
+                lchunk_t *l = &c->lchunks[c->lsegs[tr->lseg0 + k].lchunk];
+                if (trule[i] == 0)
+                    l->rule = RULE_BAD;
+                else if (l->rule == 0)
+                    l->rule = trule[i];
+                else if (l->rule != trule[i])
+                    l->rule = RULE_BAD;
+            }
+        }
+        for (size_t i = 0; i < n; i++) {
+            const tref_t *tr = &c->trefs[i];
+            for (uint32_t k = 0; k < tr->nlseg && trule[i] != 0; k++)
+                if (c->lchunks[c->lsegs[tr->lseg0 + k].lchunk].rule == RULE_BAD) {
+                    trule[i] = 0;
+                    changed = 1;
+                }
+        }
+    }
+    for (size_t j = 0; j < c->nlchunks; j++)
+        if (c->lchunks[j].rule == RULE_BAD)
+            c->lchunks[j].rule = 0;
+    free(trule);
+    return WSYNC_OK;
+}
