@@ -46,6 +46,17 @@
  * (WSYNC_STORE_STAGE_KB, in KiB) each, copied to the GPU while the next one fills (store_stage.h). */
 #define STAGE_SLOTS 4
 #define STAGE_SLOT_MB 16
+/* Column slices of row-major shards (TP's row-parallel o_proj and down_proj cut from FSDP's row
+ * shards) are rows of a few KiB with gaps between them. One get per row made the qwen3-0.6b
+ * FSDP-2 -> TP-2 reader issue ~57,000 gets of 2-3 KiB; a get costs some microseconds beside its
+ * bytes, so rows whose gap is at most SPAN_GAP_KB (WSYNC_STORE_GAP_KB; 0: never) are read as
+ * spans, gaps included, into a staging slot and scattered from there (docs/store.md, "Model
+ * shapes against the raw gets"). For host targets the scatter is a memcpy that one get per row
+ * avoids, so there rows longer than SPAN_ROW_MAX go one get each as before. */
+#define SPAN_GAP_KB 16
+#define SPAN_ROW_MAX (64u << 10)
+/* gets below this many bytes are counted apart in the debug line of each read */
+#define SMALL_GET (64u << 10)
 
 /* ---- choosing the transport ------------------------------------------------------------------ */
 
@@ -597,6 +608,11 @@ typedef struct {
     int slot_pinned;                 /* wsync_dev_host_register'ed by us */
     uint8_t *slots[STAGE_SLOTS];
     wsync_stage_t ring;
+    size_t gap_max;                  /* rows this far apart or closer are read as spans */
+    /* host targets' spans: one slot of host memory, scattered by memcpy (made when first needed) */
+    int hstaged;
+    uint8_t *hslot[1];
+    wsync_stage_t hring;
     int cuda;                        /* some target is in CUDA memory (on r->device) */
     void *stream;                    /* the copies to the GPU */
     void *events[STAGE_SLOTS];       /* each slot's last copies */
@@ -634,6 +650,9 @@ static void store_receiver_teardown(wsync_receiver_t *r)
     wsync_store_drx_free(st->drx);
     if (st->staged)
         wsync_stage_free(&st->ring);
+    if (st->hstaged)
+        wsync_stage_free(&st->hring);
+    free(st->hslot[0]);
     if (st->cuda) {
         int saved = -1;
         if (wsync_dev_enter(r->device, &saved) == WSYNC_OK) {
@@ -711,18 +730,29 @@ static wsync_status_t stage_land(void *arg)
     return flush_landed(st->r, st, st->v, st->ld);
 }
 
-/* The ring and, for CUDA targets, its pinned slots, stream and events (on r->device). */
-static wsync_status_t stage_setup(wsync_receiver_t *r, store_receiver_t *st)
+/* Bytes per staging slot: WSYNC_STORE_STAGE_KB, else STAGE_SLOT_MB. */
+static wsync_status_t stage_slot_bytes(size_t *out)
 {
     const char *kb_env = getenv("WSYNC_STORE_STAGE_KB");
     long kb = kb_env != NULL && *kb_env != '\0' ? strtol(kb_env, NULL, 10) : STAGE_SLOT_MB * 1024;
-    wsync_status_t rc = WSYNC_OK;
-    int saved = -1;
 
     if (kb < 4 || kb > (4l << 20))
         return wsync_err(WSYNC_ERR_INVALID, "store: WSYNC_STORE_STAGE_KB=%s: expected 4 to %ld "
                          "(KiB per staging slot)", kb_env, 4l << 20);
-    size_t slot = (size_t)kb << 10;
+    *out = (size_t)kb << 10;
+    return WSYNC_OK;
+}
+
+/* The ring and, for CUDA targets, its pinned slots, stream and events (on r->device). */
+static wsync_status_t stage_setup(wsync_receiver_t *r, store_receiver_t *st)
+{
+    wsync_status_t rc = WSYNC_OK;
+    int saved = -1;
+    size_t slot = 0;
+
+    if ((rc = stage_slot_bytes(&slot)) != WSYNC_OK)
+        return rc;
+    long kb = (long)(slot >> 10);
     st->slot_mem_bytes = slot * STAGE_SLOTS;
     if (posix_memalign((void **)&st->slot_mem, 4096, st->slot_mem_bytes) != 0) {
         st->slot_mem = NULL;
@@ -752,6 +782,27 @@ static wsync_status_t stage_setup(wsync_receiver_t *r, store_receiver_t *st)
     return rc;
 }
 
+/* The host targets' span ring: one slot, since its memcpy scatter runs at once when the slot is
+ * sealed (after its gets landed) and leaves nothing to wait for before the slot is refilled. */
+static wsync_status_t host_span_setup(wsync_receiver_t *r, store_receiver_t *st)
+{
+    wsync_stage_copier_t cp = {host_copy, host_mark, host_wait, st};
+    size_t slot = 0;
+    wsync_status_t rc;
+
+    if ((rc = stage_slot_bytes(&slot)) != WSYNC_OK)
+        return rc;
+    if ((st->hslot[0] = malloc(slot)) == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: receiver %d: no memory for a %zu KiB slot for "
+                         "column slices", r->m.rank, slot >> 10);
+    if ((rc = wsync_stage_init(&st->hring, st->hslot, 1, slot, &cp, stage_land, st)) != WSYNC_OK)
+        return rc;
+    st->hstaged = 1;
+    WSYNC_LOG_D("store: receiver %d reads column slices with gaps of at most %zu bytes as spans "
+                "through a %zu KiB host slot", r->m.rank, st->gap_max, slot >> 10);
+    return WSYNC_OK;
+}
+
 static wsync_status_t store_receiver_setup(wsync_receiver_t *r)
 {
     const wsync_plan_t *plan = r->m.plan;
@@ -771,6 +822,13 @@ static wsync_status_t store_receiver_setup(wsync_receiver_t *r)
         ;
     const char *force = getenv("WSYNC_STORE_STAGE");
     st->stage_all = force != NULL && atoi(force) > 0;
+    const char *gap = getenv("WSYNC_STORE_GAP_KB");
+    long gap_kb = gap != NULL && *gap != '\0' ? strtol(gap, NULL, 10) : SPAN_GAP_KB;
+    if (gap_kb < 0 || gap_kb > (1l << 20))
+        return wsync_err(WSYNC_ERR_INVALID, "store: WSYNC_STORE_GAP_KB=%s: expected 0 to %ld "
+                         "(KiB of gap between rows read as one span; 0: one get per row)", gap,
+                         1l << 20);
+    st->gap_max = (size_t)gap_kb << 10;
     for (size_t t = 0; t < r->ntargets; t++)
         st->cuda |= r->targets[t].mem == WSYNC_MEM_CUDA;
     if (st->cuda || st->stage_all) {
@@ -911,6 +969,7 @@ typedef struct {
     size_t flip_len;
     uint8_t *last;
     size_t last_len;
+    uint64_t gets, small, bytes, flushes;  /* for the debug line of each read */
 } store_landing_t;
 
 /* One get, through the store.get fault point. */
@@ -934,6 +993,9 @@ static wsync_status_t post_get(wsync_receiver_t *r, store_receiver_t *st, uint32
     }
     ld->last = dst;
     ld->last_len = len;
+    ld->gets++;
+    ld->small += len < SMALL_GET;
+    ld->bytes += len;
     return st->rma->get(st->from[s].peer, key, addr, dst, len);
 }
 
@@ -943,6 +1005,8 @@ static wsync_status_t flush_landed(wsync_receiver_t *r, store_receiver_t *st, ui
 {
     store_landing_t *ld = ldv;
     wsync_status_t rc = st->rma->flush(st->ctx, wsync_deadline_in(r->m.timeout_ms));
+
+    ld->flushes++;
 
     if (rc != WSYNC_OK)
         return rc;
@@ -1006,52 +1070,44 @@ static wsync_status_t land_copy(wsync_receiver_t *r, store_receiver_t *st, const
                                  "a converted chunk's copy to the GPU");
 }
 
-/* Segment sg, same dtype, staged: its rows land in the ring's slots, as many whole rows per
- * slot as fit (rows longer than a slot in slot-sized pieces), and go on to the target from
- * there. */
-static wsync_status_t read_staged(wsync_receiver_t *r, store_receiver_t *st, uint32_t i,
-                                  wsync_rma_rkey_t *key, uint64_t shard_addr, uint64_t v,
-                                  store_landing_t *ld)
+/* A sender's gets into a ring's slots, in GET_PIECE pieces as the direct reads. */
+typedef struct {
+    wsync_receiver_t *r;
+    store_receiver_t *st;
+    uint32_t sender;
+    wsync_rma_rkey_t *key;
+    uint64_t v;
+    store_landing_t *ld;
+} store_getter_t;
+
+static wsync_status_t ring_get(void *arg, uint64_t from, uint8_t *dst, size_t len)
+{
+    store_getter_t *g = arg;
+    wsync_status_t rc = WSYNC_OK;
+
+    for (size_t o = 0; o < len && rc == WSYNC_OK; o += GET_PIECE)
+        rc = post_get(g->r, g->st, g->sender, g->key, from + o, dst + o,
+                      (size_t)WSYNC_MIN(GET_PIECE, len - o), g->v, g->ld);
+    return rc;
+}
+
+/* Segment sg, same dtype, through `ring`: its rows land in the ring's slots (as spans of rows
+ * where the gaps between them are at most gap_max, else whole rows, one get each) and go on to
+ * the target from there. */
+static wsync_status_t read_staged(wsync_receiver_t *r, store_receiver_t *st, wsync_stage_t *ring,
+                                  uint32_t i, wsync_rma_rkey_t *key, uint64_t shard_addr,
+                                  size_t gap_max, uint64_t v, store_landing_t *ld)
 {
     const wsync_segment_t *sg = &r->m.plan->segments[i];
     const wsync_chunk_t *c = &r->m.plan->chunks[sg->chunk];
-    size_t esz = wsync_dtype_size(c->dtype), row = (size_t)c->src.cols * esz;
-    size_t slot = st->ring.slot_bytes;
-    uint8_t *land = r->land[sg->target];
-    int64_t deadline = wsync_deadline_in(r->m.timeout_ms);
-    wsync_status_t rc = WSYNC_OK;
-    uint8_t *p;
+    size_t esz = wsync_dtype_size(c->dtype);
+    store_getter_t g = {r, st, c->sender, key, v, ld};
 
-    if (row <= slot) {
-        uint64_t per = slot / row;
-        for (uint64_t r0 = 0; r0 < c->src.rows && rc == WSYNC_OK; r0 += per) {
-            uint64_t n = WSYNC_MIN(per, c->src.rows - r0);
-            uint64_t from = shard_addr + (c->src.off + r0 * c->src.pitch) * esz;
-            if ((rc = wsync_stage_take(&st->ring, (size_t)n * row, deadline, &p)) != WSYNC_OK)
-                return rc;
-            if (c->src.pitch == c->src.cols)
-                rc = post_get(r, st, c->sender, key, from, p, (size_t)n * row, v, ld);
-            for (uint64_t k = 0; c->src.pitch != c->src.cols && k < n && rc == WSYNC_OK; k++)
-                rc = post_get(r, st, c->sender, key, from + k * c->src.pitch * esz, p + k * row,
-                              row, v, ld);
-            if (rc == WSYNC_OK)
-                rc = wsync_stage_move(&st->ring, p, row,
-                                      land + (sg->dst.off + r0 * sg->dst.pitch) * esz,
-                                      (size_t)sg->dst.pitch * esz, row, (size_t)n);
-        }
-        return rc;
-    }
-    for (uint64_t k = 0; k < c->src.rows && rc == WSYNC_OK; k++) {
-        uint64_t from = shard_addr + (c->src.off + k * c->src.pitch) * esz;
-        uint8_t *to = land + (sg->dst.off + k * sg->dst.pitch) * esz;
-        for (size_t o = 0; o < row && rc == WSYNC_OK; o += slot) {
-            size_t n = WSYNC_MIN(slot, row - o);
-            if ((rc = wsync_stage_take(&st->ring, n, deadline, &p)) == WSYNC_OK &&
-                (rc = post_get(r, st, c->sender, key, from + o, p, n, v, ld)) == WSYNC_OK)
-                rc = wsync_stage_move(&st->ring, p, n, to + o, n, n, 1);
-        }
-    }
-    return rc;
+    return wsync_stage_rows(ring, ring_get, &g, shard_addr + c->src.off * esz,
+                            (size_t)c->src.pitch * esz, (size_t)c->src.cols * esz, c->src.rows,
+                            (uint8_t *)r->land[sg->target] + sg->dst.off * esz,
+                            (size_t)sg->dst.pitch * esz, gap_max,
+                            wsync_deadline_in(r->m.timeout_ms));
 }
 
 /* Segment sg, verified: batches of its rows arrive as whole checksum blocks into the bounce
@@ -1214,7 +1270,16 @@ static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
             posted = 0;
         } else if (direct && st->staged &&
                    (st->stage_all || r->targets[sg->target].mem == WSYNC_MEM_CUDA)) {
-            rc = read_staged(r, st, i, key, sh->addr, v, ld);
+            rc = read_staged(r, st, &st->ring, i, key, sh->addr, st->gap_max, v, ld);
+            posted = 0;
+        } else if (direct && c->src.rows > 1 && c->src.pitch != c->src.cols &&
+                   row <= SPAN_ROW_MAX &&
+                   wsync_stage_spans(row, (size_t)(c->src.pitch * esz), st->gap_max)) {
+            /* a column slice of small rows close together: spans, scattered by memcpy */
+            if (!st->hstaged)
+                rc = host_span_setup(r, st);
+            if (rc == WSYNC_OK)
+                rc = read_staged(r, st, &st->hring, i, key, sh->addr, st->gap_max, v, ld);
             posted = 0;
         } else if (direct) {
             /* straight into the target, one get per row, or one for a contiguous block */
@@ -1236,16 +1301,26 @@ static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
                 posted = 0;
             }
         } else {
-            /* a cast: the chunk lands dense in the bounce buffer, then the executor converts */
-            rc = grow_bounce(st, (size_t)(c->src.rows * row));
-            for (uint64_t k = 0; k < c->src.rows && rc == WSYNC_OK; k++)
+            /* a cast: the chunk lands in the bounce buffer (dense, or as one span, gaps included,
+             * when they are at most gap_max), then the executor converts */
+            size_t pitch = (size_t)(c->src.pitch * esz);
+            int span = c->src.rows > 1 && wsync_stage_spans(row, pitch, st->gap_max);
+            size_t need = span ? (size_t)(c->src.rows - 1) * pitch + row
+                               : (size_t)c->src.rows * row;
+            rc = grow_bounce(st, need);
+            if (span) {
+                store_getter_t g = {r, st, c->sender, key, v, ld};
+                if (rc == WSYNC_OK)
+                    rc = ring_get(&g, first, st->bounce, need);
+            }
+            for (uint64_t k = 0; !span && k < c->src.rows && rc == WSYNC_OK; k++)
                 rc = post_get(r, st, c->sender, key, sh->addr + (c->src.off + k * c->src.pitch) * esz,
                               st->bounce + k * row, row, v, ld);
             if (rc == WSYNC_OK)
                 rc = flush_landed(r, st, v, ld);
-            wsync_region_t dense = {0, c->src.cols, c->src.rows, c->src.cols};
+            wsync_region_t from = {0, span ? c->src.pitch : c->src.cols, c->src.rows, c->src.cols};
             if (rc == WSYNC_OK)
-                rc = land_copy(r, st, st->bounce, c->dtype, &dense, sg->target, &sg->dst);
+                rc = land_copy(r, st, st->bounce, c->dtype, &from, sg->target, &sg->dst);
             posted = 0;
         }
         if (rc != WSYNC_OK)
@@ -1257,6 +1332,9 @@ static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
     if (st->staged && (rc = wsync_stage_finish(&st->ring, wsync_deadline_in(r->m.timeout_ms))) !=
                           WSYNC_OK)
         return from_sender(r, rc, -1, v);
+    if (st->hstaged && (rc = wsync_stage_finish(&st->hring, wsync_deadline_in(r->m.timeout_ms))) !=
+                           WSYNC_OK)
+        return from_sender(r, rc, -1, v);
     return r->m.ctx->verify && st->lo < st->hi ? WSYNC_OK
                                                : from_sender(r, flush_landed(r, st, v, ld), -1, v);
 }
@@ -1267,7 +1345,7 @@ static wsync_status_t read_version(wsync_receiver_t *r, store_receiver_t *st,
                                    const wsync_dir_entry_t *e, const store_sums_t *sums,
                                    uint64_t v, uint64_t *bytes)
 {
-    store_landing_t ld = {NULL, 0, NULL, 0};
+    store_landing_t ld = {NULL, 0, NULL, 0, 0, 0, 0, 0};
     int saved = -1;
     wsync_status_t rc;
 
@@ -1277,12 +1355,20 @@ static wsync_status_t read_version(wsync_receiver_t *r, store_receiver_t *st,
     if (st->cuda && (rc = wsync_dev_enter(r->device, &saved)) != WSYNC_OK)
         return rc;
     rc = read_version_in(r, st, e, sums, v, bytes, &ld);
-    if (rc != WSYNC_OK && st->staged) {
+    if (rc != WSYNC_OK && (st->staged || st->hstaged)) {
         char text[1024];
         snprintf(text, sizeof(text), "%s", wsync_last_error());
-        wsync_stage_abandon(&st->ring, wsync_deadline_in(r->m.timeout_ms));
+        if (st->staged)
+            wsync_stage_abandon(&st->ring, wsync_deadline_in(r->m.timeout_ms));
+        if (st->hstaged)
+            wsync_stage_abandon(&st->hring, wsync_deadline_in(r->m.timeout_ms));
         wsync_err_set_text(rc, text);
     }
+    if (rc == WSYNC_OK)
+        WSYNC_LOG_D("store: receiver %d read version %llu in %llu gets (%llu under %u KiB), "
+                    "%llu bytes, %llu flushes", r->m.rank, (unsigned long long)v,
+                    (unsigned long long)ld.gets, (unsigned long long)ld.small, SMALL_GET >> 10,
+                    (unsigned long long)ld.bytes, (unsigned long long)ld.flushes);
     if (st->cuda)
         wsync_dev_leave(r->device, saved);
     st->ld = NULL;

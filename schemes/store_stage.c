@@ -117,6 +117,70 @@ wsync_status_t wsync_stage_move(wsync_stage_t *sg, uint8_t *src, size_t spitch, 
     return WSYNC_OK;
 }
 
+int wsync_stage_spans(size_t width, size_t spitch, size_t gap_max)
+{
+    return spitch >= width && spitch - width <= gap_max;
+}
+
+uint64_t wsync_stage_span_rows(size_t width, size_t spitch, uint64_t rows, size_t room)
+{
+    if (rows == 0 || width == 0 || width > room)
+        return 0;
+    if (spitch == 0)                 /* only one row can be meant */
+        return 1;
+    return WSYNC_MIN(rows, 1 + (uint64_t)((room - width) / spitch));
+}
+
+wsync_status_t wsync_stage_rows(wsync_stage_t *sg, wsync_stage_get_fn get, void *get_arg,
+                                uint64_t from, size_t spitch, size_t width, uint64_t rows,
+                                uint8_t *dst, size_t dpitch, size_t gap_max, int64_t deadline_ms)
+{
+    size_t slot = sg->slot_bytes;
+    wsync_status_t rc = WSYNC_OK;
+    uint8_t *p;
+
+    if (rows == 0 || width == 0)
+        return WSYNC_OK;
+    if (rows == 1)
+        spitch = width;              /* a single row has no pitch to speak of */
+    if (spitch < width)
+        return wsync_err(WSYNC_ERR_INTERNAL, "store stage: rows of %zu bytes %zu bytes apart "
+                         "overlap", width, spitch);
+    if (width <= slot && wsync_stage_spans(width, spitch, gap_max)) {
+        for (uint64_t r0 = 0; r0 < rows && rc == WSYNC_OK;) {
+            uint64_t n = wsync_stage_span_rows(width, spitch, rows - r0, slot);
+            size_t span = (size_t)(n - 1) * spitch + width;
+            if ((rc = wsync_stage_take(sg, span, deadline_ms, &p)) == WSYNC_OK &&
+                (rc = get(get_arg, from + r0 * spitch, p, span)) == WSYNC_OK)
+                rc = wsync_stage_move(sg, p, spitch, dst + r0 * dpitch, dpitch, width, (size_t)n);
+            r0 += n;
+        }
+        return rc;
+    }
+    if (width <= slot) {
+        uint64_t per = slot / width;
+        for (uint64_t r0 = 0; r0 < rows && rc == WSYNC_OK; r0 += per) {
+            uint64_t n = WSYNC_MIN(per, rows - r0);
+            if ((rc = wsync_stage_take(sg, (size_t)n * width, deadline_ms, &p)) != WSYNC_OK)
+                return rc;
+            for (uint64_t k = 0; k < n && rc == WSYNC_OK; k++)
+                rc = get(get_arg, from + (r0 + k) * spitch, p + k * width, width);
+            if (rc == WSYNC_OK)
+                rc = wsync_stage_move(sg, p, width, dst + r0 * dpitch, dpitch, width, (size_t)n);
+        }
+        return rc;
+    }
+    for (uint64_t k = 0; k < rows && rc == WSYNC_OK; k++) {
+        for (size_t o = 0; o < width && rc == WSYNC_OK; o += slot) {
+            size_t n = WSYNC_MIN(slot, width - o);
+            if ((rc = wsync_stage_take(sg, n, deadline_ms, &p)) == WSYNC_OK &&
+                (rc = get(get_arg, from + k * spitch + o, p, n)) == WSYNC_OK)
+                rc = wsync_stage_move(sg, p, n, dst + k * dpitch + o, n, n, 1);
+        }
+    }
+    return rc;
+}
+
 wsync_status_t wsync_stage_finish(wsync_stage_t *sg, int64_t deadline_ms)
 {
     wsync_status_t rc = seal(sg);

@@ -70,6 +70,26 @@ wsync_status_t wsync_stage_take(wsync_stage_t *sg, size_t bytes, int64_t deadlin
  * (pitch dpitch). */
 wsync_status_t wsync_stage_move(wsync_stage_t *sg, uint8_t *src, size_t spitch, void *dst,
                                 size_t dpitch, size_t width, size_t rows);
+/* Rows of `width` bytes, `spitch` bytes apart at the source (a column slice of a row-major
+ * shard when spitch > width), are read as spans when the gap between them is at most gap_max
+ * bytes: one get of several rows with their gaps, scattered by the ring's move, instead of one
+ * get per row. A get costs a fixed overhead beside its bytes (a request and a completion on
+ * both sides), so a span pays when the gap's bytes take less time than that overhead. */
+int wsync_stage_spans(size_t width, size_t spitch, size_t gap_max);
+/* How many of `rows` rows (from the first) one span of at most room bytes holds:
+ * (n - 1) * spitch + width <= room; 0 when not even one row fits. */
+uint64_t wsync_stage_span_rows(size_t width, size_t spitch, uint64_t rows, size_t room);
+
+/* One get of len bytes at source address `from` into dst (in a slot). */
+typedef wsync_status_t (*wsync_stage_get_fn)(void *arg, uint64_t from, uint8_t *dst, size_t len);
+
+/* `rows` rows of `width` bytes at source address `from` (row pitch spitch >= width, bytes) to
+ * dst (pitch dpitch) through the ring: as spans of rows (contiguous rows, or gaps of at most
+ * gap_max: wsync_stage_spans), each one get into a slot; else as many whole rows per slot as fit,
+ * one get each; rows longer than a slot in slot-sized pieces. */
+wsync_status_t wsync_stage_rows(wsync_stage_t *sg, wsync_stage_get_fn get, void *get_arg,
+                                uint64_t from, size_t spitch, size_t width, uint64_t rows,
+                                uint8_t *dst, size_t dpitch, size_t gap_max, int64_t deadline_ms);
 /* Seal the current slot (if anything is in it) and wait for every copy: then every move made
  * has reached its destination. */
 wsync_status_t wsync_stage_finish(wsync_stage_t *sg, int64_t deadline_ms);

@@ -232,8 +232,156 @@ static void test_errors(void)
     free(f);
 }
 
+/* ---- spans: rows with small gaps read as one get each span (wsync_stage_rows) -------------- */
+
+typedef struct {
+    fake_t *f;
+    const uint8_t *lo, *hi;          /* the source's bytes: a get outside them is a defect */
+    int ngets;
+    size_t lens[MAXQ];
+} spans_net_t;
+
+static wsync_status_t spans_get(void *arg, uint64_t from, uint8_t *dst, size_t len)
+{
+    spans_net_t *n = arg;
+    const uint8_t *src = (const uint8_t *)(uintptr_t)from;
+    if (src < n->lo || len > (size_t)(n->hi - src))
+        return wsync_err(WSYNC_ERR_RANGE, "spans test: a get of %zu bytes at source offset %td "
+                         "runs past the %td source bytes", len, src - n->lo, n->hi - n->lo);
+    if (n->ngets < MAXQ)
+        n->lens[n->ngets++] = len;
+    post(n->f, dst, src, len);
+    return WSYNC_OK;
+}
+
+typedef struct {
+    size_t width, spitch, rows, dpitch;
+    size_t gets;                     /* expected gets */
+    size_t first_len;                /* expected length of the first get */
+} span_case_t;
+
+/* One column slice through a ring of one or more slots: the bytes equal a per-row memcpy, every
+ * get stays inside the source (which ends where the last row ends), and the gets are as many and
+ * as long as the rule says. */
+static void span_case(const span_case_t *c, int nslots, size_t slot, size_t gap_max, int deferred)
+{
+    size_t sbytes = (c->rows - 1) * c->spitch + c->width, dbytes = c->rows * c->dpitch;
+    uint8_t *src = malloc(sbytes), *dst = malloc(dbytes), *ref = malloc(dbytes);
+    uint8_t *mem = malloc((size_t)nslots * slot), *slots[8];
+    fake_t *f = calloc(1, sizeof(*f));
+    spans_net_t *n = calloc(1, sizeof(*n));
+    unsigned seed = 777u + (unsigned)c->spitch;
+    wsync_stage_t sg;
+
+    CHECK(src && dst && ref && mem && f && n);
+    if (!(src && dst && ref && mem && f && n))
+        return;
+    for (size_t i = 0; i < sbytes; i++)
+        src[i] = (uint8_t)((seed = seed * 1103515245u + 12345u) >> 16);
+    memset(dst, 0xEE, dbytes);
+    memset(ref, 0xEE, dbytes);
+    for (size_t k = 0; k < c->rows; k++)
+        memcpy(ref + k * c->dpitch, src + k * c->spitch, c->width);
+    f->deferred = deferred;
+    n->f = f;
+    n->lo = src;
+    n->hi = src + sbytes;
+    for (int i = 0; i < nslots; i++)
+        slots[i] = mem + (size_t)i * slot;
+    wsync_stage_copier_t cp = {fake_copy, fake_mark, fake_wait, f};
+    CHECK_OK(wsync_stage_init(&sg, slots, nslots, slot, &cp, fake_land, f));
+    CHECK_OK(wsync_stage_rows(&sg, spans_get, n, (uint64_t)(uintptr_t)src, c->spitch, c->width,
+                              c->rows, dst, c->dpitch, gap_max, 0));
+    CHECK_OK(wsync_stage_finish(&sg, 0));
+    CHECK_MSG(memcmp(dst, ref, dbytes) == 0, "%zu rows of %zu bytes, %zu apart (gap limit %zu, "
+              "%d slots of %zu): the bytes differ from a copy row by row", c->rows, c->width,
+              c->spitch, gap_max, nslots, slot);
+    CHECK_MSG((size_t)n->ngets == c->gets && n->lens[0] == c->first_len,
+              "%zu rows of %zu bytes, %zu apart (gap limit %zu, slot %zu): %d gets, the first "
+              "of %zu bytes; expected %zu, the first of %zu", c->rows, c->width, c->spitch,
+              gap_max, slot, n->ngets, n->lens[0], c->gets, c->first_len);
+    wsync_stage_free(&sg);
+    free(src);
+    free(dst);
+    free(ref);
+    free(mem);
+    free(f);
+    free(n);
+}
+
+static void test_span_rule(void)
+{
+    CHECK(wsync_stage_spans(100, 100, 0) == 1);       /* contiguous rows always span */
+    CHECK(wsync_stage_spans(100, 164, 64) == 1);      /* a gap of exactly the limit */
+    CHECK(wsync_stage_spans(100, 165, 64) == 0);      /* one byte more */
+    CHECK(wsync_stage_spans(100, 99, 64) == 0);       /* overlapping rows: never */
+    CHECK(wsync_stage_span_rows(100, 164, 10, 100) == 1);
+    CHECK(wsync_stage_span_rows(100, 164, 10, 99) == 0);
+    CHECK(wsync_stage_span_rows(100, 164, 10, 427) == 2);    /* 164 + 100 + 163 */
+    CHECK(wsync_stage_span_rows(100, 164, 10, 428) == 3);    /* 2 * 164 + 100 exactly */
+    CHECK(wsync_stage_span_rows(100, 164, 2, 4096) == 2);    /* no more rows than there are */
+    CHECK(wsync_stage_span_rows(100, 164, 0, 4096) == 0);
+}
+
+static void test_spans(void)
+{
+    /* gap limit 64 bytes, slots of 1024 */
+    const span_case_t cases[] = {
+        /* TP-2 of a row shard: gap = width = 64, at the limit: spans of (1024 - 64) / 128 + 1
+         * = 8 rows (960 bytes), 20 rows in 3 gets, the last ending at the last row's end */
+        {64, 128, 20, 64, 3, 960},
+        /* gap 65, one byte over: one get per row */
+        {64, 129, 20, 64, 20, 64},
+        /* a single row: one get of its width, pitch ignored */
+        {64, 4096, 1, 64, 1, 64},
+        /* contiguous rows into a pitched target: 1024 / 100 = 10 rows a get */
+        {100, 100, 25, 300, 3, 1000},
+        /* spans that fill their slot exactly: 15 x 68 + 4 = 1024, 40 rows as 16 + 16 + 8 */
+        {4, 68, 40, 4, 3, 1024},
+        /* rows longer than a slot, small gap: slot-sized pieces, no spans (3 rows x 2 pieces) */
+        {1500, 1520, 3, 1500, 6, 1024},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        span_case(&cases[i], 2, 1024, 64, 0);
+        span_case(&cases[i], 2, 1024, 64, 1);
+        span_case(&cases[i], 1, 1024, 64, 1);
+    }
+    /* gap limit 0: a column slice goes row by row, contiguous rows still as spans */
+    const span_case_t off = {64, 128, 20, 64, 20, 64}, contiguous = {100, 100, 25, 300, 3, 1000};
+    span_case(&off, 2, 1024, 0, 1);
+    span_case(&contiguous, 2, 1024, 0, 1);
+}
+
+static void test_span_errors(void)
+{
+    fake_t *f = calloc(1, sizeof(*f));
+    uint8_t buf[256], *slots[1] = {buf}, src[64], dst[64];
+    spans_net_t *n = calloc(1, sizeof(*n));
+    wsync_stage_copier_t cp = {fake_copy, fake_mark, fake_wait, f};
+    wsync_stage_t sg;
+
+    n->f = f;
+    n->lo = src;
+    n->hi = src + sizeof(src);
+    CHECK_OK(wsync_stage_init(&sg, slots, 1, sizeof(buf), &cp, fake_land, f));
+    CHECK_ST(wsync_stage_rows(&sg, spans_get, n, (uint64_t)(uintptr_t)src, 8, 16, 2, dst, 16, 64,
+                              0), WSYNC_ERR_INTERNAL);
+    CHECK_ERR_HAS("rows of 16 bytes 8 bytes apart overlap");
+    /* a get's failure comes back as it is */
+    CHECK_ST(wsync_stage_rows(&sg, spans_get, n, (uint64_t)(uintptr_t)src, 48, 32, 2, dst, 32, 64,
+                              0), WSYNC_ERR_RANGE);
+    CHECK_ERR_HAS("a get of 80 bytes at source offset 0 runs past the 64 source bytes");
+    wsync_stage_abandon(&sg, 0);
+    wsync_stage_free(&sg);
+    free(f);
+    free(n);
+}
+
 int main(void)
 {
+    RUN(test_span_rule);
+    RUN(test_spans);
+    RUN(test_span_errors);
     RUN(test_ring_immediate);
     RUN(test_ring_deferred);
     RUN(test_errors);
