@@ -1,5 +1,6 @@
-/* Fuzz target: the plan and the descriptions on the wire (reshard/plan.c wsync_plan_decode and
- * the checks a participant runs on a plan, reshard/desc.c wsync_shards_decode and
+/* Fuzz target: the plan and the descriptions on the wire (reshard/plan_wire.c wsync_plan_decode
+ * and the checks a participant runs on a plan, reshard/plan_check.c; reshard/desc.c
+ * wsync_shards_decode and
  * wsync_targets_decode), and the plan compiler fed with what a peer described.
  *
  * Input: one selector byte (taken mod 5), then
@@ -25,6 +26,7 @@
 #include "reshard/plan.h"
 #include "tests/fuzz/fuzz.h"
 #include "tests/support/plan_sim.h"
+#include "wsync/wsync_fp8.h"
 
 #define MAX_BUF (1u << 20)
 #define MAX_COMPILE_ELEMS (1u << 16)
@@ -190,16 +192,55 @@ static void run_sender(const wsync_plan_t *plan, uint32_t rank, const wsync_shar
         bytes = volume(s->param.ndim, s->box.len) * wsync_dtype_size(s->param.dtype);
         data = malloc(bytes ? bytes : 1);
         FUZZ_ASSERT(data != NULL, "no memory");
-        memset(data, 0x11, bytes);
-        wsync_exec_pack(c, data, bucket);
+        memset(data, 0x11, bytes);   /* bf16 / f16 / f32 0x11.. values: finite */
+        if (c->rule != 0) {
+            /* FP8 on the wire: codes and scales at the chunk's place (wsync_chunk_wire_bytes) */
+            wsync_status_t st = wsync_exec_pack_wire(plan, c, s->param.name, data, bucket);
+            FUZZ_ASSERT(st == WSYNC_OK || st == WSYNC_ERR_NONFINITE,
+                        "FP8 pack of chunk %u: %s", i, wsync_last_error());
+        } else {
+            wsync_exec_pack(c, data, bucket);
+        }
         free(data);
     }
     free(bucket);
 }
 
+/* A segment of an FP8 chunk (FP8 on the wire) unpacked into a target buffer and a scale matrix
+ * of exactly their sizes: a checked plan must never make it write outside them. */
+static void run_wire_segment(const wsync_plan_t *plan, uint32_t seg, const void *bucket,
+                             const wsync_target_desc_t *t)
+{
+    wsync_quant_t q;
+    int64_t sr = 0, sc = 0;
+    uint64_t bytes = target_bytes(t);
+
+    memset(&q, 0, sizeof(q));
+    q.scheme = t->quant;
+    q.block_rows = t->block_rows;
+    q.block_cols = t->block_cols;
+    q.eps = t->eps;
+    q.ue8m0 = t->ue8m0;
+    q.no_saturate = t->no_saturate;
+    if (t->ndim != 2 || wsync_quant_scales_shape(&q, t->shape[0], t->shape[1], &sr, &sc) != WSYNC_OK ||
+        bytes > MAX_BUF || (uint64_t)sr * (uint64_t)sc > MAX_BUF / sizeof(float))
+        return;
+    uint8_t *data = malloc(bytes ? bytes : 1);
+    size_t nscales = (size_t)sr * (size_t)sc;
+    float *scales = malloc((nscales > 0 ? nscales : 1) * sizeof(float));
+    FUZZ_ASSERT(data != NULL && scales != NULL, "no memory");
+    wsync_status_t st = wsync_exec_unpack_wire(plan, &plan->segments[seg],
+                                               &plan->chunks[plan->segments[seg].chunk], bucket,
+                                               t, data, scales);
+    FUZZ_ASSERT(st == WSYNC_OK || st == WSYNC_ERR_PROTOCOL, "FP8 unpack of segment %u: %s", seg,
+                wsync_last_error());
+    free(data);
+    free(scales);
+}
+
 /* As a receiver: every segment of `rank` unpacked from a bucket of bucket_bytes into a target
  * buffer of exactly the target's bytes (FP8 targets fed from floats go through the quantizer,
- * not the executor: left out). */
+ * not the executor: left out; FP8 chunks through the wire unpack). */
 static void run_receiver(const wsync_plan_t *plan, uint32_t rank, const wsync_target_desc_t *td,
                          size_t nt)
 {
@@ -221,6 +262,10 @@ static void run_receiver(const wsync_plan_t *plan, uint32_t rank, const wsync_ta
         t = find_target(td, nt, rank, sg->target);
         FUZZ_ASSERT(t != NULL, "checked plan writes target %u that receiver %u lacks",
                     sg->target, rank);
+        if (c->rule != 0) {
+            run_wire_segment(plan, i, bucket, t);
+            continue;
+        }
         if (dtype_is_fp8(t->dtype) && t->dtype != c->dtype)
             continue;
         bytes = target_bytes(t);

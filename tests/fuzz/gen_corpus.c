@@ -86,6 +86,7 @@ typedef struct {
 
 static char dummy_data[1];   /* descriptions need a non-NULL pointer, never read */
 
+/* fp8: 0 bf16 targets, 1 FP8 32 x 32 blocks, 2 the same with FP8 on the wire */
 static void group_make(group_t *g, const wsync_model_config_t *cfg, uint32_t nsenders,
                        uint32_t nreceivers, int fp8, uint64_t bucket)
 {
@@ -124,8 +125,10 @@ static void group_make(group_t *g, const wsync_model_config_t *cfg, uint32_t nse
         }
         wsync_layout_targets_free(t, n);
     }
-    if (wsync_plan_compile(g->shards, g->nshards, g->targets, g->ntargets, nsenders, nreceivers,
-                           bucket, &g->plan))
+    /* fp8 2: FP8 on the wire, as the coordinator compiles for ipc and nccl */
+    const wsync_plan_opts_t opts = {fp8 == 2};
+    if (wsync_plan_compile_opts(g->shards, g->nshards, g->targets, g->ntargets, nsenders,
+                                nreceivers, bucket, &opts, &g->plan))
         die("plan compile");
 }
 
@@ -874,6 +877,9 @@ int main(int argc, char **argv)
     group_free(&g);
     group_make(&g, &tiny, 2, 2, 1, 16u << 10);
     plan_seeds(&g, "tiny_fsdp2_tp2_fp8", 0);
+    group_free(&g);
+    group_make(&g, &tiny, 2, 2, 2, 16u << 10);
+    plan_seeds(&g, "tiny_fsdp2_tp2_fp8w", 0);
     group_free(&g);
     group_make(&g, &micro, 2, 2, 0, 256);
     plan_seeds(&g, "micro_fsdp2_tp2", 1);
