@@ -1,7 +1,7 @@
 /* FP8 on the wire: which targets may take chunks quantized by their senders, the rules that say
  * how, and the checks a receiver applies to such chunks (docs/fp8_wire.md). The compiler's pass
- * that marks chunks is in plan.c (it walks the compile state); what it asks of one target or one
- * region is here. */
+ * that marks chunks is plan_fp8_mark.c (it walks the compile state); what it asks of one target
+ * or one region is here. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
