@@ -1354,6 +1354,7 @@ static wsync_status_t read_version(wsync_receiver_t *r, store_receiver_t *st,
     st->ld = &ld;
     if (st->cuda && (rc = wsync_dev_enter(r->device, &saved)) != WSYNC_OK)
         return rc;
+    uint64_t t0 = wsync_now_ns();
     rc = read_version_in(r, st, e, sums, v, bytes, &ld);
     if (rc != WSYNC_OK && (st->staged || st->hstaged)) {
         char text[1024];
@@ -1366,9 +1367,10 @@ static wsync_status_t read_version(wsync_receiver_t *r, store_receiver_t *st,
     }
     if (rc == WSYNC_OK)
         WSYNC_LOG_D("store: receiver %d read version %llu in %llu gets (%llu under %u KiB), "
-                    "%llu bytes, %llu flushes", r->m.rank, (unsigned long long)v,
+                    "%llu bytes, %llu flushes, %.1f ms", r->m.rank, (unsigned long long)v,
                     (unsigned long long)ld.gets, (unsigned long long)ld.small, SMALL_GET >> 10,
-                    (unsigned long long)ld.bytes, (unsigned long long)ld.flushes);
+                    (unsigned long long)ld.bytes, (unsigned long long)ld.flushes,
+                    (double)(wsync_now_ns() - t0) / 1e6);
     if (st->cuda)
         wsync_dev_leave(r->device, saved);
     st->ld = NULL;
