@@ -792,7 +792,7 @@ static wsync_status_t host_span_setup(wsync_receiver_t *r, store_receiver_t *st)
 
     if ((rc = stage_slot_bytes(&slot)) != WSYNC_OK)
         return rc;
-    if ((st->hslot[0] = malloc(slot)) == NULL)
+    if (st->hslot[0] == NULL && (st->hslot[0] = malloc(slot)) == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "store: receiver %d: no memory for a %zu KiB slot for "
                          "column slices", r->m.rank, slot >> 10);
     if ((rc = wsync_stage_init(&st->hring, st->hslot, 1, slot, &cp, stage_land, st)) != WSYNC_OK)
