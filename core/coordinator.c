@@ -145,6 +145,15 @@ static int send_timeout(const wsync_coord_t *co)
     return WSYNC_MIN(co->timeout_ms, 5000);
 }
 
+/* Every send of the coordinator runs on its loop thread, which serves everyone: it never waits
+ * for a peer's socket (wsync_conn_post). A peer that stops reading is closed at the send timeout
+ * (or the queue's cap), naming it, and coord_on_close treats it as any lost peer. */
+static wsync_status_t coord_send(const wsync_coord_t *co, wsync_conn_t *c, uint16_t type,
+                                 const void *data, size_t len)
+{
+    return wsync_conn_post(c, type, data, (uint32_t)len, send_timeout(co), NULL);
+}
+
 static void peer_name(const coord_peer_t *p, char *buf, size_t len)
 {
     snprintf(buf, len, "%s %d (pid %u on %s)",
@@ -167,6 +176,7 @@ typedef struct {
     uint16_t type;
     const wsync_wbuf_t *payload;
     const wsync_conn_t *except;
+    wsync_outbuf_t *shared;          /* one queued copy for every peer that must wait for it */
 } bcast_t;
 
 static void bcast_one(wsync_coord_t *co, coord_peer_t *p, void *arg)
@@ -174,8 +184,8 @@ static void bcast_one(wsync_coord_t *co, coord_peer_t *p, void *arg)
     bcast_t *b = arg;
     if (p->conn == b->except || p->left || atomic_load(&p->conn->closed))
         return;
-    wsync_conn_send(p->conn, b->type, b->payload->data, (uint32_t)b->payload->len, NULL, 0,
-                    send_timeout(co));
+    wsync_conn_post(p->conn, b->type, b->payload->data, (uint32_t)b->payload->len,
+                    send_timeout(co), &b->shared);
 }
 
 /* End the group: every participant (but `except`) gets type (ABORT or PEER_LOST) and the text. */
@@ -198,7 +208,9 @@ static void group_fail(wsync_coord_t *co, uint16_t type, wsync_status_t st, cons
     arg.type = type;
     arg.payload = &b;
     arg.except = except;
+    arg.shared = NULL;
     for_each_peer(co, bcast_one, &arg);
+    wsync_outbuf_release(arg.shared);
     wsync_wbuf_free(&b);
 }
 
@@ -208,7 +220,7 @@ static void reject(wsync_coord_t *co, wsync_conn_t *c, wsync_status_t st, const 
 
     wsync_wbuf_init(&b);
     wsync_status_msg_encode(st, text, &b);
-    wsync_conn_send(c, WSYNC_MSG_ABORT, b.data, (uint32_t)b.len, NULL, 0, send_timeout(co));
+    coord_send(co, c, WSYNC_MSG_ABORT, b.data, b.len);
     wsync_wbuf_free(&b);
     wsync_loop_close(co->loop, c, WSYNC_OK, text);
 }
@@ -219,7 +231,7 @@ static void send_u64(wsync_coord_t *co, coord_peer_t *p, uint16_t type, uint64_t
 
     wsync_wbuf_init(&b);
     wsync_put_u64(&b, v);
-    wsync_conn_send(p->conn, type, b.data, (uint32_t)b.len, NULL, 0, send_timeout(co));
+    coord_send(co, p->conn, type, b.data, b.len);
     wsync_wbuf_free(&b);
 }
 
@@ -299,8 +311,7 @@ static void on_hello(wsync_coord_t *co, wsync_conn_t *c, wsync_msg_t *m)
     pthread_mutex_unlock(&c->send_lock);
     WSYNC_LOG_I("coordinator: %s joined (%d of %d)", name, co->npresent,
                 co->nsenders + co->nreceivers);
-    wsync_conn_send(c, WSYNC_MSG_WELCOME, wb.err ? NULL : wb.data, wb.err ? 0 : (uint32_t)wb.len,
-                    NULL, 0, send_timeout(co));
+    coord_send(co, c, WSYNC_MSG_WELCOME, wb.err ? NULL : wb.data, wb.err ? 0 : wb.len);
     wsync_wbuf_free(&wb);
 }
 
@@ -556,17 +567,19 @@ static void send_plan(wsync_coord_t *co, int only, coord_peer_t *to, const wsync
                  (unsigned)WSYNC_FRAME_MAX, pb.err || mb.err ? " (out of memory)" : "");
         group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_RANGE, text, NULL);
     } else if (to != NULL) {
-        wsync_conn_send(to->conn, WSYNC_MSG_PLAN, mb.data, (uint32_t)mb.len, NULL, 0,
-                        send_timeout(co));
+        coord_send(co, to->conn, WSYNC_MSG_PLAN, mb.data, mb.len);
     } else if (only == -2) {
+        wsync_outbuf_t *shared = NULL;
         co->planned = 1;
         for (int i = 0; i < co->nsenders; i++)
-            wsync_conn_send(co->senders[i].conn, WSYNC_MSG_PLAN, mb.data, (uint32_t)mb.len,
-                            NULL, 0, send_timeout(co));
+            wsync_conn_post(co->senders[i].conn, WSYNC_MSG_PLAN, mb.data, (uint32_t)mb.len,
+                            send_timeout(co), &shared);
+        wsync_outbuf_release(shared);
     } else {
-        bcast_t arg = {WSYNC_MSG_PLAN, &mb, NULL};
+        bcast_t arg = {WSYNC_MSG_PLAN, &mb, NULL, NULL};
         co->planned = 1;
         for_each_peer(co, bcast_one, &arg);
+        wsync_outbuf_release(arg.shared);
     }
     free(peers);
     wsync_wbuf_free(&pb);
@@ -864,8 +877,9 @@ static void on_scheme_setup(wsync_coord_t *co, coord_peer_t *p, wsync_msg_t *m)
         return;
     }
     if (in.role == WSYNC_ROLE_NONE) {
-        bcast_t arg = {WSYNC_MSG_SCHEME_RELAY, &b, p->conn};
+        bcast_t arg = {WSYNC_MSG_SCHEME_RELAY, &b, p->conn, NULL};
         for_each_peer(co, bcast_one, &arg);
+        wsync_outbuf_release(arg.shared);
     } else {
         int n = in.role == WSYNC_ROLE_SENDER ? co->nsenders : co->nreceivers;
         coord_peer_t *to = in.rank < n ? (in.role == WSYNC_ROLE_SENDER ? &co->senders[in.rank]
@@ -877,8 +891,7 @@ static void on_scheme_setup(wsync_coord_t *co, coord_peer_t *p, wsync_msg_t *m)
                      in.rank);
             group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PROTOCOL, text, NULL);
         } else if (!to->left && !atomic_load(&to->conn->closed)) {
-            wsync_conn_send(to->conn, WSYNC_MSG_SCHEME_RELAY, b.data, (uint32_t)b.len, NULL, 0,
-                            send_timeout(co));
+            coord_send(co, to->conn, WSYNC_MSG_SCHEME_RELAY, b.data, b.len);
         }
     }
     wsync_wbuf_free(&b);
@@ -936,8 +949,7 @@ static void store_reply_error(wsync_coord_t *co, coord_peer_t *p, uint64_t seq, 
     wsync_put_u64(&b, seq);
     wsync_put_i32(&b, st);
     wsync_put_str(&b, text);
-    wsync_conn_send(p->conn, WSYNC_MSG_DIRECTORY, b.data, (uint32_t)b.len, NULL, 0,
-                    send_timeout(co));
+    coord_send(co, p->conn, WSYNC_MSG_DIRECTORY, b.data, b.len);
     wsync_wbuf_free(&b);
 }
 
@@ -954,8 +966,8 @@ static void store_reply(wsync_coord_t *co, coord_peer_t *p, uint64_t seq, struct
     wsync_put_u32(&b, (uint32_t)co->nsenders);
     for (int s = 0; s < co->nsenders; s++)
         wsync_put_bytes(&b, cv->entries[s].data, cv->entries[s].len);
-    if (wsync_conn_send(p->conn, WSYNC_MSG_DIRECTORY, b.data, (uint32_t)b.len, NULL, 0,
-                        send_timeout(co)) == WSYNC_OK) {
+    /* queued counts as given: a reader lost before reading it releases the lease on close */
+    if (coord_send(co, p->conn, WSYNC_MSG_DIRECTORY, b.data, b.len) == WSYNC_OK) {
         cv->leases++;
         p->lease = cv->version;
     }
@@ -1276,7 +1288,7 @@ static void coord_on_msg(void *user, wsync_conn_t *c, wsync_msg_t *m)
             wsync_wbuf_t b;
             wsync_wbuf_init(&b);
             wsync_status_msg_encode(st, text, &b);
-            wsync_conn_send(c, WSYNC_MSG_ABORT, b.data, (uint32_t)b.len, NULL, 0, send_timeout(co));
+            coord_send(co, c, WSYNC_MSG_ABORT, b.data, b.len);
             wsync_wbuf_free(&b);
             break;
         }
@@ -1485,6 +1497,8 @@ void wsync_coord_free(wsync_coord_t *co)
         wsync_loop_stop(co->loop);
         group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_ABORTED,
                    "the group ended: its coordinator (sender 0) closed", NULL);
+        /* no loop to write what the sockets could not take at once: one deadline for all */
+        wsync_loop_flush(co->loop, send_timeout(co));
         wsync_loop_free(co->loop);
     }
     wsync_bells_free(co->bells);

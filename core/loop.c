@@ -44,6 +44,24 @@ struct wsync_loop {
     } listeners[MAX_LISTENERS];
     int nlisteners;
     int64_t next_tick_ms;
+    size_t oq_max;                  /* cap on a connection's queued bytes */
+    /* earliest deadline of a queue's oldest frame (INT64_MAX: none), so that the loop wakes for
+     * it: lowered by posts (any thread), recomputed by the loop when it passes */
+    atomic_llong oq_deadline;
+};
+
+struct wsync_outbuf {
+    atomic_int refs;
+    uint32_t len;
+    uint8_t data[];
+};
+
+struct wsync_outq {
+    wsync_outq_t *next;
+    uint8_t hdr[WSYNC_FRAME_HDR];
+    wsync_outbuf_t *buf;            /* NULL for an empty payload */
+    size_t off;                     /* bytes of header + payload written */
+    int64_t queued_ms, deadline_ms;
 };
 
 void wsync_msg_free(wsync_msg_t *m)
@@ -64,13 +82,34 @@ static void wake(wsync_loop_t *loop)
     (void)n;
 }
 
-static wsync_conn_t *conn_new(int fd, unsigned flags, const char *name, void *user)
+void wsync_outbuf_release(wsync_outbuf_t *b)
+{
+    if (b != NULL && atomic_fetch_sub(&b->refs, 1) == 1)
+        free(b);
+}
+
+/* Free the out-queue. Under send_lock (or with the connection no longer shared). */
+static void oq_clear(wsync_conn_t *c)
+{
+    while (c->oq_head != NULL) {
+        wsync_outq_t *q = c->oq_head;
+        c->oq_head = q->next;
+        wsync_outbuf_release(q->buf);
+        free(q);
+    }
+    c->oq_tail = NULL;
+    c->oq_bytes = 0;
+}
+
+static wsync_conn_t *conn_new(wsync_loop_t *loop, int fd, unsigned flags, const char *name,
+                              void *user)
 {
     wsync_conn_t *c = calloc(1, sizeof(*c));
 
     if (c == NULL)
         return NULL;
     c->fd = fd;
+    c->loop = loop;
     c->flags = flags;
     snprintf(c->name, sizeof(c->name), "%s", name);
     c->user = user;
@@ -87,6 +126,7 @@ static void conn_free(wsync_conn_t *c)
     if (c->fd >= 0)
         close(c->fd);
     free(c->payload);
+    oq_clear(c);
     pthread_mutex_destroy(&c->send_lock);
     free(c);
 }
@@ -129,6 +169,10 @@ static void conn_finish(wsync_loop_t *loop, wsync_conn_t *c, wsync_status_t why,
     shutdown(c->fd, SHUT_RDWR);
     free(c->payload);
     c->payload = NULL;
+    pthread_mutex_lock(&c->send_lock);
+    oq_clear(c);                 /* nobody will read it */
+    c->oq_armed = 0;
+    pthread_mutex_unlock(&c->send_lock);
     for (int i = 0; i < c->npending_fds; i++)
         close(c->pending_fds[i]);
     c->npending_fds = 0;
@@ -140,17 +184,274 @@ static void conn_finish(wsync_loop_t *loop, wsync_conn_t *c, wsync_status_t why,
         loop->ops.on_close(loop->user, c, why, text);
 }
 
-void wsync_loop_close(wsync_loop_t *loop, wsync_conn_t *c, wsync_status_t why, const char *text)
+/* Mark c closed with a reason for the loop to report (it must be woken). Under send_lock. */
+static void close_locked(wsync_conn_t *c, wsync_status_t why, const char *text)
 {
-    pthread_mutex_lock(&c->send_lock);
     if (!atomic_load(&c->closed)) {
         c->close_why = why;
         snprintf(c->close_text, sizeof(c->close_text), "%s", text ? text : "closed");
         atomic_store(&c->closed, 1);
         shutdown(c->fd, SHUT_RDWR);
     }
+}
+
+void wsync_loop_close(wsync_loop_t *loop, wsync_conn_t *c, wsync_status_t why, const char *text)
+{
+    pthread_mutex_lock(&c->send_lock);
+    close_locked(c, why, text);
     pthread_mutex_unlock(&c->send_lock);
     wake(loop);
+}
+
+/* The fault hook of a frame about to be sent: 1 to send it, 0 to drop it silently, -1 failed
+ * (the last error says so). */
+static int fault_gate(const wsync_conn_t *c, uint16_t type)
+{
+    switch (WSYNC_FAULT_MSG(WSYNC_FAULT_CTRL_SEND, type)) {
+    case WSYNC_FAULT_DROP:
+        return 0;                        /* as if the peer never got it */
+    case WSYNC_FAULT_FAIL: {
+        char where[200];
+        snprintf(where, sizeof(where), "sending %s to %s", wsync_msg_name(type), c->name);
+        wsync_fault_err(WSYNC_FAULT_CTRL_SEND, where);
+        return -1;
+    }
+    default:
+        return 1;
+    }
+}
+
+/* Write [hdr, payload) from byte `off` without waiting: the bytes written, or -1 with errno
+ * (EAGAIN: no room). */
+static ssize_t write_frame(int fd, const uint8_t *hdr, const void *payload, size_t len, size_t off)
+{
+    struct iovec iov[2];
+    struct msghdr mh;
+    int niov = 0;
+
+    if (off < WSYNC_FRAME_HDR) {
+        iov[niov].iov_base = (void *)(hdr + off);
+        iov[niov++].iov_len = WSYNC_FRAME_HDR - off;
+        if (len > 0) {
+            iov[niov].iov_base = (void *)payload;
+            iov[niov++].iov_len = len;
+        }
+    } else {
+        iov[niov].iov_base = (uint8_t *)payload + (off - WSYNC_FRAME_HDR);
+        iov[niov++].iov_len = WSYNC_FRAME_HDR + len - off;
+    }
+    memset(&mh, 0, sizeof(mh));
+    mh.msg_iov = iov;
+    mh.msg_iovlen = (size_t)niov;
+    for (;;) {
+        ssize_t n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0) {
+            errno = EPIPE;
+            return -1;
+        }
+        return n;
+    }
+}
+
+/* Write queued frames until the queue is empty (1), the socket is full (0) or fails (-1, errno
+ * in *err). Each frame's bytes go once, in order. Under send_lock. */
+static int oq_write(wsync_conn_t *c, int *err)
+{
+    while (c->oq_head != NULL) {
+        wsync_outq_t *q = c->oq_head;
+        size_t len = q->buf != NULL ? q->buf->len : 0;
+        ssize_t n = write_frame(c->fd, q->hdr, q->buf != NULL ? q->buf->data : NULL, len, q->off);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 0;
+            *err = errno;
+            return -1;
+        }
+        q->off += (size_t)n;
+        c->oq_bytes -= (size_t)n;
+        if (q->off == WSYNC_FRAME_HDR + len) {
+            c->oq_head = q->next;
+            if (c->oq_head == NULL)
+                c->oq_tail = NULL;
+            wsync_outbuf_release(q->buf);
+            free(q);
+        }
+    }
+    return 1;
+}
+
+/* Watch the socket for room (on) or not. Under send_lock. */
+static void oq_arm(wsync_conn_t *c, int on)
+{
+    struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0u), .data.ptr = c};
+
+    if (c->oq_armed == on || c->loop == NULL)
+        return;
+    /* fails only for a connection the loop already stopped watching (finished): nothing to do */
+    if (epoll_ctl(c->loop->ep_fd, EPOLL_CTL_MOD, c->fd, &ev) == 0)
+        c->oq_armed = on;
+}
+
+/* "3.2 MB" */
+static void fmt_bytes(size_t n, char *buf, size_t len)
+{
+    if (n >= 1000000)
+        snprintf(buf, len, "%.1f MB", (double)n / 1e6);
+    else if (n >= 1000)
+        snprintf(buf, len, "%.1f KB", (double)n / 1e3);
+    else
+        snprintf(buf, len, "%zu bytes", n);
+}
+
+/* The reason a queue ends its connection. Under send_lock. */
+static void oq_reason(const wsync_conn_t *c, const char *limit, char *buf, size_t len)
+{
+    char b[32];
+    int64_t age = c->oq_head != NULL ? wsync_now_ms() - c->oq_head->queued_ms : 0;
+
+    fmt_bytes(c->oq_bytes, b, sizeof(b));
+    snprintf(buf, len, "%s stopped reading its %s connection: %s queued for %lld ms (%s)",
+             c->name, (c->flags & WSYNC_CONN_HEARTBEAT) ? "control" : "data", b, (long long)age,
+             limit);
+}
+
+static void deadline_lower(wsync_loop_t *loop, int64_t d)
+{
+    long long cur = atomic_load(&loop->oq_deadline);
+    while (d < cur && !atomic_compare_exchange_weak(&loop->oq_deadline, &cur, d))
+        ;
+}
+
+wsync_status_t wsync_conn_post(wsync_conn_t *c, uint16_t type, const void *payload, uint32_t len,
+                               int timeout_ms, wsync_outbuf_t **shared)
+{
+    uint8_t hdr[WSYNC_FRAME_HDR];
+    size_t total = WSYNC_FRAME_HDR + len, sent = 0;
+    wsync_loop_t *loop = c->loop;
+    char why[400];
+    int gate;
+
+    if (len > WSYNC_FRAME_MAX)
+        return wsync_err(WSYNC_ERR_INTERNAL, "frame to %s: %u bytes", c->name, len);
+    gate = fault_gate(c, type);
+    if (gate <= 0)
+        return gate == 0 ? WSYNC_OK : WSYNC_ERR_IO;
+    wsync_frame_hdr_encode(type, 0, payload, len, hdr);
+    pthread_mutex_lock(&c->send_lock);
+    if (atomic_load(&c->closed)) {
+        pthread_mutex_unlock(&c->send_lock);
+        return wsync_err(WSYNC_ERR_PEER_LOST, "cannot send %s to %s: the connection is closed",
+                         wsync_msg_name(type), c->name);
+    }
+    while (c->oq_head == NULL && sent < total) {   /* behind a queue, it waits its turn */
+        ssize_t n = write_frame(c->fd, hdr, payload, len, sent);
+        if (n > 0) {
+            sent += (size_t)n;
+            continue;
+        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            break;
+        snprintf(why, sizeof(why), "sending %s to %s failed: %s", wsync_msg_name(type), c->name,
+                 strerror(errno));
+        goto fail;
+    }
+    if (sent == total) {
+        pthread_mutex_unlock(&c->send_lock);
+        return WSYNC_OK;
+    }
+    size_t cap = loop != NULL ? loop->oq_max : WSYNC_CONN_QUEUE_MAX;
+    if (c->oq_bytes + (total - sent) > cap) {
+        char b[32], lim[96];
+        fmt_bytes(cap, b, sizeof(b));
+        snprintf(lim, sizeof(lim), "%s more would pass the cap of %s", wsync_msg_name(type), b);
+        oq_reason(c, lim, why, sizeof(why));
+        goto fail;
+    }
+    wsync_outq_t *q = calloc(1, sizeof(*q));
+    wsync_outbuf_t *ob = shared != NULL ? *shared : NULL;
+    if (q != NULL && len > 0 && ob == NULL) {
+        ob = malloc(sizeof(*ob) + len);
+        if (ob != NULL) {
+            atomic_init(&ob->refs, shared != NULL ? 1 : 0);   /* the slot's hold */
+            ob->len = len;
+            memcpy(ob->data, payload, len);
+            if (shared != NULL)
+                *shared = ob;
+        }
+    }
+    if (q == NULL || (len > 0 && ob == NULL)) {
+        free(q);
+        snprintf(why, sizeof(why), "out of memory queueing %s (%u bytes) to %s",
+                 wsync_msg_name(type), len, c->name);
+        if (sent == 0) {        /* nothing written: the stream is intact */
+            pthread_mutex_unlock(&c->send_lock);
+            return wsync_err(WSYNC_ERR_NOMEM, "%s", why);
+        }
+        goto fail;
+    }
+    if (len > 0)
+        atomic_fetch_add(&ob->refs, 1);
+    memcpy(q->hdr, hdr, sizeof(hdr));
+    q->buf = len > 0 ? ob : NULL;
+    q->off = sent;
+    q->queued_ms = wsync_now_ms();
+    q->deadline_ms = wsync_deadline_in(timeout_ms);
+    if (c->oq_tail != NULL)
+        c->oq_tail->next = q;
+    else
+        c->oq_head = q;
+    c->oq_tail = q;
+    c->oq_bytes += total - sent;
+    oq_arm(c, 1);
+    pthread_mutex_unlock(&c->send_lock);
+    if (loop != NULL && q->deadline_ms < atomic_load(&loop->oq_deadline)) {
+        deadline_lower(loop, q->deadline_ms);
+        wake(loop);              /* its epoll_wait may be set to sleep past this deadline */
+    }
+    return WSYNC_OK;
+fail:
+    /* a part-sent frame, or a peer past its limits: the stream is done; the loop reports it */
+    close_locked(c, WSYNC_ERR_PEER_LOST, why);
+    pthread_mutex_unlock(&c->send_lock);
+    if (loop != NULL)
+        wake(loop);
+    return wsync_err(WSYNC_ERR_PEER_LOST, "%s", why);
+}
+
+/* Write c's queue before a blocking send, until deadline. Under send_lock; on failure unlocks. */
+static wsync_status_t flush_locked(wsync_conn_t *c, uint16_t type, int64_t deadline, int timeout_ms)
+{
+    char why[400];
+    int err = 0;
+
+    for (;;) {
+        int r = oq_write(c, &err);
+        if (r == 1)
+            return WSYNC_OK;    /* the loop disarms EPOLLOUT when it next looks */
+        if (r < 0)
+            break;
+        int left = wsync_ms_left(deadline);
+        struct pollfd pfd = {c->fd, POLLOUT, 0};
+        if (left <= 0) {
+            char b[32];
+            fmt_bytes(c->oq_bytes, b, sizeof(b));
+            pthread_mutex_unlock(&c->send_lock);
+            return wsync_err(WSYNC_ERR_TIMEOUT, "no room to send %s to %s for %d ms (%s queued "
+                             "before it)", wsync_msg_name(type), c->name, timeout_ms, b);
+        }
+        if (poll(&pfd, 1, left) < 0 && errno != EINTR) {
+            err = errno;
+            break;
+        }
+    }
+    snprintf(why, sizeof(why), "sending to %s failed: %s", c->name, strerror(err));
+    close_locked(c, WSYNC_ERR_PEER_LOST, why);
+    pthread_mutex_unlock(&c->send_lock);
+    if (c->loop != NULL)
+        wake(c->loop);
+    return wsync_err(WSYNC_ERR_PEER_LOST, "%s", why);
 }
 
 wsync_status_t wsync_conn_send(wsync_conn_t *c, uint16_t type, const void *payload, uint32_t len,
@@ -164,17 +465,9 @@ wsync_status_t wsync_conn_send(wsync_conn_t *c, uint16_t type, const void *paylo
 
     if (nfds < 0 || nfds > WSYNC_MSG_MAX_FDS || len > WSYNC_FRAME_MAX)
         return wsync_err(WSYNC_ERR_INTERNAL, "frame to %s: %d fds, %u bytes", c->name, nfds, len);
-    switch (WSYNC_FAULT_MSG(WSYNC_FAULT_CTRL_SEND, type)) {
-    case WSYNC_FAULT_DROP:
-        return WSYNC_OK;                 /* as if the peer never got it */
-    case WSYNC_FAULT_FAIL: {
-        char where[200];
-        snprintf(where, sizeof(where), "sending %s to %s", wsync_msg_name(type), c->name);
-        return wsync_fault_err(WSYNC_FAULT_CTRL_SEND, where);
-    }
-    default:
-        break;
-    }
+    int gate = fault_gate(c, type);
+    if (gate <= 0)
+        return gate == 0 ? WSYNC_OK : WSYNC_ERR_IO;
     wsync_frame_hdr_encode(type, (uint32_t)nfds, payload, len, hdr);
     pthread_mutex_lock(&c->send_lock);
     if (atomic_load(&c->closed)) {
@@ -182,6 +475,9 @@ wsync_status_t wsync_conn_send(wsync_conn_t *c, uint16_t type, const void *paylo
         return wsync_err(WSYNC_ERR_PEER_LOST, "cannot send %s to %s: the connection is closed",
                          wsync_msg_name(type), c->name);
     }
+    /* frames posted before this one go first: frame order is the stream's order */
+    if (c->oq_head != NULL && (st = flush_locked(c, type, deadline, timeout_ms)) != WSYNC_OK)
+        return st;
     while (sent < total) {
         struct iovec iov[2];
         struct msghdr mh;
@@ -411,7 +707,7 @@ static void do_accept(wsync_loop_t *loop, int lfd, unsigned flags)
         if (fd < 0)
             return;
         snprintf(name, sizeof(name), "an unidentified client (fd %d)", fd);
-        c = conn_new(fd, flags, name, NULL);
+        c = conn_new(loop, fd, flags, name, NULL);
         if (c == NULL || add_conn(loop, c) != WSYNC_OK) {
             if (c != NULL)
                 conn_free(c);
@@ -449,11 +745,73 @@ static void tick(wsync_loop_t *loop)
             conn_finish(loop, c, WSYNC_ERR_TIMEOUT, why);
             continue;
         }
-        if (!atomic_load(&c->closed))
-            wsync_conn_send(c, WSYNC_MSG_HEARTBEAT, NULL, 0, NULL, 0, 0);
+        /* never blocking; none behind a queue: the peer is not reading, or is reading the
+         * queue's bytes, which count as signs of life as much as a heartbeat */
+        pthread_mutex_lock(&c->send_lock);
+        int idle = c->oq_head == NULL;
+        pthread_mutex_unlock(&c->send_lock);
+        if (!atomic_load(&c->closed) && idle)
+            wsync_conn_post(c, WSYNC_MSG_HEARTBEAT, NULL, 0, loop->peer_timeout_ms, NULL);
     }
     if (loop->ops.on_tick != NULL)
         loop->ops.on_tick(loop->user);
+}
+
+/* The socket has room: write c's queue. */
+static void conn_drain(wsync_loop_t *loop, wsync_conn_t *c)
+{
+    char why[300];
+    int err = 0, r;
+
+    pthread_mutex_lock(&c->send_lock);
+    r = oq_write(c, &err);
+    if (r == 1)
+        oq_arm(c, 0);
+    else if (r < 0)
+        snprintf(why, sizeof(why), "sending to %s failed: %s", c->name, strerror(err));
+    pthread_mutex_unlock(&c->send_lock);
+    if (r < 0)
+        conn_finish(loop, c, WSYNC_ERR_PEER_LOST, why);
+}
+
+/* A queue's oldest frame is past its deadline: close that connection, naming the peer; note the
+ * next deadline. */
+static void check_queues(wsync_loop_t *loop)
+{
+    int64_t now = wsync_now_ms();
+    size_t n;
+
+    /* reset first: a post racing with the scan lowers it again after this store */
+    atomic_store(&loop->oq_deadline, INT64_MAX);
+    pthread_mutex_lock(&loop->mu);
+    n = loop->nconns;
+    pthread_mutex_unlock(&loop->mu);
+    for (size_t i = 0; i < n; i++) {
+        wsync_conn_t *c = loop->conns[i];
+        char why[400];
+        int over = 0;
+
+        if (c->close_reported)
+            continue;
+        pthread_mutex_lock(&c->send_lock);
+        if (c->oq_head != NULL && !atomic_load(&c->closed)) {
+            if (now >= c->oq_head->deadline_ms) {
+                char lim[64];
+                snprintf(lim, sizeof(lim), "deadline %lld ms",
+                         (long long)(c->oq_head->deadline_ms - c->oq_head->queued_ms));
+                oq_reason(c, lim, why, sizeof(why));
+                close_locked(c, WSYNC_ERR_TIMEOUT, why);
+                over = 1;
+            } else {
+                deadline_lower(loop, c->oq_head->deadline_ms);
+            }
+        }
+        pthread_mutex_unlock(&c->send_lock);
+        if (over) {
+            WSYNC_LOG_W("%s", why);
+            conn_finish(loop, c, WSYNC_ERR_TIMEOUT, why);
+        }
+    }
 }
 
 /* Report the connections other threads closed (wsync_loop_close wakes the loop for them). */
@@ -483,12 +841,15 @@ static void *loop_main(void *arg)
             tick(loop);
             loop->next_tick_ms = now + loop->heartbeat_ms;
         }
-        int timeout = (int)WSYNC_MAX(0, loop->next_tick_ms - wsync_now_ms());
+        int64_t until = WSYNC_MIN(loop->next_tick_ms, (int64_t)atomic_load(&loop->oq_deadline));
+        int timeout = (int)WSYNC_MAX(0, until - wsync_now_ms());
         int rc = epoll_wait(loop->ep_fd, evs, MAX_EVENTS, timeout);
         if (rc < 0 && errno != EINTR) {
             WSYNC_LOG_E("epoll_wait failed: %s", strerror(errno));
             break;
         }
+        if (wsync_now_ms() >= atomic_load(&loop->oq_deadline))
+            check_queues(loop);
         if (rc <= 0)
             continue;
         for (int i = 0; i < rc; i++) {
@@ -518,9 +879,13 @@ static void *loop_main(void *arg)
                 int control = (c->flags & WSYNC_CONN_HEARTBEAT) != 0;
                 if (control != pass || c->close_reported)
                     continue;
-                if (atomic_load(&c->closed))   /* closed by another thread: report it here */
+                if (atomic_load(&c->closed)) {  /* closed by another thread: report it here */
                     conn_finish(loop, c, c->close_why, c->close_text);
-                else
+                    continue;
+                }
+                if (evs[i].events & EPOLLOUT)
+                    conn_drain(loop, c);
+                if (!c->close_reported && (evs[i].events & ~(uint32_t)EPOLLOUT))
                     conn_read(loop, c);
             }
         }
@@ -547,6 +912,8 @@ wsync_status_t wsync_loop_create(const wsync_loop_ops_t *ops, void *user, int he
     loop->user = user;
     loop->heartbeat_ms = heartbeat_ms > 0 ? heartbeat_ms : 1000;
     loop->peer_timeout_ms = peer_timeout_ms > 0 ? peer_timeout_ms : 60000;
+    loop->oq_max = WSYNC_CONN_QUEUE_MAX;
+    atomic_init(&loop->oq_deadline, INT64_MAX);
     loop->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (loop->wake_fd < 0) {
         free(loop);
@@ -603,6 +970,42 @@ void wsync_loop_free(wsync_loop_t *loop)
     free(loop);
 }
 
+void wsync_loop_set_queue_max(wsync_loop_t *loop, size_t bytes)
+{
+    loop->oq_max = bytes;
+}
+
+void wsync_loop_flush(wsync_loop_t *loop, int timeout_ms)
+{
+    int64_t deadline = wsync_deadline_in(timeout_ms);
+    size_t n = loop->nconns;
+    struct pollfd *pfd = calloc(n ? n : 1, sizeof(*pfd));
+
+    if (pfd == NULL)
+        return;
+    for (;;) {
+        nfds_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            wsync_conn_t *c = loop->conns[i];
+            int err = 0, r = 1;
+            pthread_mutex_lock(&c->send_lock);
+            if (c->oq_head != NULL && !atomic_load(&c->closed))
+                r = oq_write(c, &err);
+            if (r < 0)
+                oq_clear(c);    /* broken: its last words are lost either way */
+            pthread_mutex_unlock(&c->send_lock);
+            if (r == 0)
+                pfd[k++] = (struct pollfd){c->fd, POLLOUT, 0};
+        }
+        int left = wsync_ms_left(deadline);
+        if (k == 0 || left <= 0)
+            break;
+        if (poll(pfd, k, left) < 0 && errno != EINTR)
+            break;
+    }
+    free(pfd);
+}
+
 wsync_status_t wsync_loop_listen(wsync_loop_t *loop, int fd, unsigned conn_flags)
 {
     pthread_mutex_lock(&loop->mu);
@@ -637,7 +1040,7 @@ wsync_status_t wsync_loop_add(wsync_loop_t *loop, int fd, unsigned flags, const 
     wsync_status_t st;
 
     wsync_sock_nonblock(fd);
-    c = conn_new(fd, flags, name, user);
+    c = conn_new(loop, fd, flags, name, user);
     if (c == NULL) {
         close(fd);
         return wsync_err(WSYNC_ERR_NOMEM, "no memory for a connection");

@@ -2,7 +2,13 @@
  * for reading: it accepts connections, reassembles frames (with file descriptors passed over Unix
  * sockets), sends heartbeats on control connections, declares a peer lost when it is silent past
  * its deadline or its connection breaks, and hands each message to the owner's callbacks, on the
- * loop thread. Any thread may send on a connection (one sender at a time, by a lock). */
+ * loop thread. Any thread may send on a connection (one sender at a time, by a lock).
+ *
+ * Two ways to send: wsync_conn_send blocks until the frame is written (API threads), and
+ * wsync_conn_post never blocks (the loop thread: a peer that stopped reading must not stall it):
+ * what the socket does not take at once waits in the connection's out-queue, written by the loop
+ * when the socket has room, in order; a queue past its byte cap or whose oldest frame is past its
+ * deadline closes the connection, naming the peer. */
 #ifndef WSYNC_CORE_LOOP_H
 #define WSYNC_CORE_LOOP_H
 
@@ -16,6 +22,12 @@
 
 typedef struct wsync_conn wsync_conn_t;
 typedef struct wsync_loop wsync_loop_t;
+typedef struct wsync_outbuf wsync_outbuf_t;   /* a queued payload, shared by a broadcast's posts */
+typedef struct wsync_outq wsync_outq_t;       /* one queued frame (core/loop.c) */
+
+/* Default cap on a connection's queued bytes: two of the largest frames (a plan to a slow peer
+ * and what follows it), not a growing backlog for a peer that stopped reading. */
+#define WSYNC_CONN_QUEUE_MAX (2 * (size_t)WSYNC_FRAME_MAX)
 
 typedef struct wsync_msg {
     struct wsync_msg *next;
@@ -59,6 +71,11 @@ struct wsync_conn {
     int close_reported;
     wsync_status_t close_why;       /* set by wsync_loop_close from another thread */
     char close_text[256];
+    wsync_loop_t *loop;             /* its loop (to arm EPOLLOUT for the out-queue) */
+    /* out-queue (wsync_conn_post): under send_lock */
+    wsync_outq_t *oq_head, *oq_tail;
+    size_t oq_bytes;                /* not yet written, partly written head included */
+    int oq_armed;                   /* EPOLLOUT watched */
 };
 
 typedef struct {
@@ -89,9 +106,32 @@ wsync_status_t wsync_loop_add(wsync_loop_t *loop, int fd, unsigned flags, const 
 void wsync_loop_close(wsync_loop_t *loop, wsync_conn_t *c, wsync_status_t why, const char *text);
 
 /* Send one frame (fds attached on Unix connections), waiting at most timeout_ms for room.
+ * Frames queued by wsync_conn_post go first (this call writes them, within the same deadline);
+ * WSYNC_ERR_TIMEOUT, with nothing of this frame written, if they or it do not fit in time.
  * WSYNC_ERR_PEER_LOST if the connection is closed or breaks. Thread-safe. */
 wsync_status_t wsync_conn_send(wsync_conn_t *c, uint16_t type, const void *payload, uint32_t len,
                                const int *fds, int nfds, int timeout_ms);
+
+/* Send one frame (no descriptors) without waiting: written at once when nothing is queued and the
+ * socket has room, else (what is left of it) queued and written by the loop thread when the
+ * socket has room, after the frames queued before it. The frame must be fully written within
+ * timeout_ms, and the connection's queue stay under its cap (wsync_loop_set_queue_max), or the
+ * connection is closed with a reason naming the peer ("... stopped reading its control
+ * connection: 3.2 MB queued for 5004 ms ...") and the owner's on_close follows on the loop
+ * thread. shared: NULL, or a broadcast's slot (NULL at first) where the first post that must
+ * queue keeps one copy of the payload for every post of the same payload that passes the same
+ * slot; the caller releases it with wsync_outbuf_release after the last post. Returns WSYNC_OK
+ * once written or queued; WSYNC_ERR_PEER_LOST if the connection is closed (or this post closed
+ * it: past the cap, or the socket failed); WSYNC_ERR_NOMEM. Thread-safe. */
+wsync_status_t wsync_conn_post(wsync_conn_t *c, uint16_t type, const void *payload, uint32_t len,
+                               int timeout_ms, wsync_outbuf_t **shared);
+/* Drop the caller's hold on a shared payload. NULL is a no-op. */
+void wsync_outbuf_release(wsync_outbuf_t *b);
+/* Cap on each connection's queued bytes (default WSYNC_CONN_QUEUE_MAX). */
+void wsync_loop_set_queue_max(wsync_loop_t *loop, size_t bytes);
+/* Once the loop is stopped: write what the connections still have queued (a stopping owner's last
+ * words), giving up at timeout_ms for all of them together. */
+void wsync_loop_flush(wsync_loop_t *loop, int timeout_ms);
 
 /* A queue of messages handed from the loop thread to the owner's API calls, with a sticky
  * failure: once the group failed, waits return that failure (after the messages that came first). */
