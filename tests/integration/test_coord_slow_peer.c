@@ -1,11 +1,13 @@
 /* A participant that stops reading its control connection must not stall the coordinator
- * (issue 19). A store group (sender 0, which hosts the coordinator, and three readers): the
- * readers describe themselves before the sender, so that the sender's first push makes the
- * coordinator send each reader its plan; reader 0 is SIGSTOPped before that, and the
- * coordinator's sockets are shrunk (as on a congested link) so that its plan cannot fit in the
- * socket buffers. Versions go on: readers 1 and 2 fetch each one whole and fast (before, the
- * coordinator's thread sat up to 5 s in the send to reader 0 while nobody was served), and the
- * coordinator drops reader 0 at its send deadline with a reason naming it. */
+ * (issue 19). Sender 0 (which hosts the coordinator) and three receivers, which describe
+ * themselves before the sender, so that the sender's first push makes the coordinator send the
+ * plans; receiver 0 is SIGSTOPped before that, and the coordinator's sockets are shrunk (as on a
+ * congested link) so that its plan cannot fit in the socket buffers.
+ * - store: versions go on; readers 1 and 2 fetch each one whole and fast (before, the
+ *   coordinator's thread sat 5 s in the send to reader 0 while nobody was served), and the
+ *   coordinator drops reader 0 at its send deadline with a reason naming it.
+ * - ipc (every receiver takes every version): the group fails at the send deadline, and the
+ *   sender and receivers 1 and 2 are told why, naming receiver 0. */
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -32,11 +34,13 @@
 static char coord_addr[64];
 static int coord_port;
 static const char *transport;
+static const char *scheme;
 static char log_path[128];
 
 typedef struct {
     long long fetch_ms[NREADERS][8];   /* each reader's fetch time per version */
     int got[NREADERS][8];
+    char err[1 + NREADERS][512];       /* ipc: the failure each member saw (sender 0 first) */
 } shared_t;
 
 static shared_t *sh;
@@ -136,7 +140,7 @@ static int sender_main(void *arg)
     sp.rank = 0;
     sp.nranks = 1;
     sp.nreceivers = NREADERS;
-    sp.scheme = "store";
+    sp.scheme = scheme;
     sp.timeout_ms = TIMEOUT_MS;
     sp.heartbeat_ms = HEARTBEAT_MS;
     if (wsync_sender_create(ctx, &sp, &s) != WSYNC_OK) {
@@ -164,8 +168,10 @@ static int sender_main(void *arg)
             for (int i = 0; i < plen(p); i++)
                 w[poff(p) + (size_t)i] = value(p, v, i);
         wsync_status_t st = wsync_sender_push(s, v);
-        if (st != WSYNC_OK)
+        if (st != WSYNC_OK) {
             fprintf(stderr, "sender: push %llu: %s\n", (unsigned long long)v, wsync_last_error());
+            snprintf(sh->err[0], sizeof(sh->err[0]), "%s", wsync_last_error());
+        }
         send_byte(ch->to_parent[1], st == WSYNC_OK ? 'y' : 'n');
     }
     wsync_sender_free(s);
@@ -211,7 +217,10 @@ static int reader_main(void *arg)
         CHECK_OK(wsync_receiver_add_target(rv, &tg));
     }
     /* describe; no sender has yet, so no plan comes: a timeout, which leaves it described */
-    CHECK_ST(wsync_receiver_fetch(rv, 0, 200, &got), WSYNC_ERR_TIMEOUT);
+    if (strcmp(scheme, "store") == 0)
+        CHECK_ST(wsync_receiver_fetch(rv, 0, 200, &got), WSYNC_ERR_TIMEOUT);
+    else
+        CHECK_ST(wsync_receiver_wait(rv, 200, &got), WSYNC_ERR_TIMEOUT);
     if (a->rank == 0) {
         /* a stopped process: its buffers hold what the kernel took, then nothing more */
         shrink_sockets(1, SO_RCVBUF, 4096);
@@ -222,6 +231,13 @@ static int reader_main(void *arg)
     send_byte(a->ch->to_parent[1], 'd');
     for (;;) {
         int c = recv_byte(a->ch->to_child[0], 60000);
+        if (c == 'w') {   /* ipc: wait for a version; the group's failure is expected */
+            wsync_status_t st = wsync_receiver_wait(rv, TIMEOUT_MS, &got);
+            if (st != WSYNC_OK)
+                snprintf(sh->err[1 + a->rank], sizeof(sh->err[0]), "%s", wsync_last_error());
+            send_byte(a->ch->to_parent[1], st == WSYNC_OK ? 'y' : 'n');
+            continue;
+        }
         if (c != 'f')
             break;
         long long t0 = proc_now_ms();
@@ -270,12 +286,62 @@ static void read_log(char *buf, size_t len)
         fclose(f);
 }
 
+static void finish(chan_t *sc, chan_t *rc, pid_t *pids, const char *log)
+{
+    int codes[1 + NREADERS];
+
+    kill(pids[1], SIGKILL);
+    for (int r = 1; r < NREADERS; r++)
+        send_byte(rc[r].to_child[1], 'q');
+    send_byte(sc->to_child[1], 'q');
+    proc_wait_all(pids, 1 + NREADERS, 60000, codes);
+    CHECK_MSG(codes[0] == 0, "sender 0 exited with %d", codes[0]);
+    CHECK_MSG(codes[1] == 128 + SIGKILL, "reader 0 exited with %d", codes[1]);
+    for (int r = 1; r < NREADERS; r++)
+        CHECK_MSG(codes[1 + r] == 0, "reader %d exited with %d", r, codes[1 + r]);
+    if (check_failures)
+        fprintf(stderr, "sender 0's log:\n%s\n", log);
+    unlink(log_path);
+}
+
+/* ipc: the plan goes to everyone; receiver 0's waits. The group fails at the send deadline, and
+ * every member is told why, naming receiver 0. */
+static void group_fails(chan_t *sc, chan_t *rc, pid_t *pids, long long t_go)
+{
+    static char log[1 << 16];
+    char want[128];
+
+    for (int r = 1; r < NREADERS; r++)
+        send_byte(rc[r].to_child[1], 'w');
+    CHECK_MSG(recv_byte(sc->to_parent[0], 30000) == 'n', "version 1 was pushed without receiver 0");
+    long long fail_ms = proc_now_ms() - t_go;
+    for (int r = 1; r < NREADERS; r++)
+        CHECK_MSG(recv_byte(rc[r].to_parent[0], 30000) == 'n', "receiver %d got a version", r);
+    long long all_ms = proc_now_ms() - t_go;
+    snprintf(want, sizeof(want), "lost receiver 0 (pid %d on ", (int)pids[1]);
+    for (int i = 0; i < 1 + NREADERS; i++) {
+        if (i == 1)
+            continue;   /* receiver 0 is stopped */
+        CHECK_MSG(strstr(sh->err[i], want) != NULL &&
+                  strstr(sh->err[i], ") stopped reading its control connection: ") != NULL &&
+                  strstr(sh->err[i], "(deadline 5000 ms)") != NULL,
+                  "%s %d was told: %s", i == 0 ? "sender" : "receiver", i == 0 ? 0 : i - 1,
+                  sh->err[i]);
+    }
+    CHECK_MSG(fail_ms >= SEND_TIMEOUT_MS && all_ms < SEND_TIMEOUT_MS + 3000,
+              "the push failed after %lld ms, everyone knew after %lld ms", fail_ms, all_ms);
+    fprintf(stderr, "the group failed %lld ms after the push began (all told after %lld ms): "
+            "%s\n", fail_ms, all_ms, sh->err[0]);
+    read_log(log, sizeof(log));
+    finish(sc, rc, pids, log);
+}
+
 static void stopped_reader(void)
 {
     chan_t sc, rc[NREADERS];
     reader_arg_t ra[NREADERS];
     pid_t pids[1 + NREADERS];
-    int codes[1 + NREADERS], status;
+    int status;
     static char log[1 << 16];
 
     coord_port = proc_free_port();
@@ -297,6 +363,10 @@ static void stopped_reader(void)
     /* the sender describes: plans go to every reader, reader 0's into a full socket */
     long long t_go = proc_now_ms();
     send_byte(sc.to_child[1], 'g');
+    if (strcmp(scheme, "ipc") == 0) {
+        group_fails(&sc, rc, pids, t_go);
+        return;
+    }
     CHECK_MSG(recv_byte(sc.to_parent[0], 30000) == 'y', "version 1 was not published");
     long long v1_ms = 0;
     for (int v = 1; v <= 3; v++) {
@@ -358,20 +428,8 @@ static void stopped_reader(void)
         CHECK_MSG(recv_byte(rc[r].to_parent[0], 30000) == 4, "reader %d: version 4", r);
     }
 
-    kill(pids[1], SIGKILL);
-    for (int r = 1; r < NREADERS; r++)
-        send_byte(rc[r].to_child[1], 'q');
-    send_byte(sc.to_child[1], 'q');
-    proc_wait_all(pids, 1 + NREADERS, 60000, codes);
-    CHECK_MSG(codes[0] == 0, "sender 0 exited with %d; its log:\n%s", codes[0], log);
-    CHECK_MSG(codes[1] == 128 + SIGKILL, "reader 0 exited with %d", codes[1]);
-    for (int r = 1; r < NREADERS; r++)
-        CHECK_MSG(codes[1 + r] == 0, "reader %d exited with %d", r, codes[1 + r]);
-    if (check_failures) {
-        read_log(log, sizeof(log));
-        fprintf(stderr, "sender 0's log:\n%s\n", log);
-    }
-    unlink(log_path);
+    read_log(log, sizeof(log));
+    finish(&sc, rc, pids, log);
 }
 
 static void case_store(void)
@@ -381,11 +439,19 @@ static void case_store(void)
         if (!have_transport(ts[i]))
             continue;
         transport = ts[i];
+        scheme = "store";
         fprintf(stderr, "-- transport %s\n", transport);
         stopped_reader();
         return;
     }
     fprintf(stderr, "skipped: no RMA transport (ucx, ofi) in this build\n");
+}
+
+static void case_ipc(void)
+{
+    transport = "ucx";   /* unused by ipc */
+    scheme = "ipc";
+    stopped_reader();
 }
 
 int main(void)
@@ -395,5 +461,6 @@ int main(void)
     if (sh == MAP_FAILED)
         return 1;
     RUN(case_store);
+    RUN(case_ipc);
     return check_summary();
 }
