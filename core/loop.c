@@ -771,6 +771,8 @@ static void conn_drain(wsync_loop_t *loop, wsync_conn_t *c)
         snprintf(why, sizeof(why), "sending to %s failed: %s", c->name, strerror(err));
     pthread_mutex_unlock(&c->send_lock);
     if (r < 0)
+        conn_read(loop, c);     /* its last frames, and its own account of the end */
+    if (r < 0 && !c->close_reported)
         conn_finish(loop, c, WSYNC_ERR_PEER_LOST, why);
 }
 
@@ -883,10 +885,12 @@ static void *loop_main(void *arg)
                     conn_finish(loop, c, c->close_why, c->close_text);
                     continue;
                 }
-                if (evs[i].events & EPOLLOUT)
-                    conn_drain(loop, c);
-                if (!c->close_reported && (evs[i].events & ~(uint32_t)EPOLLOUT))
+                /* read first: what the peer sent before it went (a BYE, an ERROR) comes before
+                 * a failed write to it */
+                if (evs[i].events & ~(uint32_t)EPOLLOUT)
                     conn_read(loop, c);
+                if (!c->close_reported && (evs[i].events & EPOLLOUT))
+                    conn_drain(loop, c);
             }
         }
     }

@@ -380,8 +380,9 @@ static void stopped_reader(void)
             int g = recv_byte(rc[r].to_parent[0], 30000);
             CHECK_MSG(g == v, "reader %d, version %d: got %d", r, v, g);
             /* served as if nobody were stuck: before, the coordinator's thread sat 5 s in the
-             * send to reader 0, and the readers' first fetch waited for it */
-            CHECK_MSG(g != v || sh->fetch_ms[r][v] < 1000, "reader %d fetched version %d in %lld ms",
+             * send to reader 0, and the readers' first fetch waited for it (a fetch takes
+             * 0.1-0.5 s here, reading 20,000 params; the bound leaves room for a loaded host) */
+            CHECK_MSG(g != v || sh->fetch_ms[r][v] < 2000, "reader %d fetched version %d in %lld ms",
                       r, v, sh->fetch_ms[r][v]);
         }
         if (v == 1)
