@@ -68,30 +68,6 @@ static uint16_t value(int p, uint64_t v, int i)
     return (uint16_t)(x >> 40);
 }
 
-typedef struct {
-    int to_child[2], to_parent[2];
-} chan_t;
-
-static void chan_open(chan_t *c)
-{
-    if (pipe(c->to_child) != 0 || pipe(c->to_parent) != 0)
-        abort();
-}
-
-static int recv_byte(int fd, int ms)
-{
-    struct pollfd p = {fd, POLLIN, 0};
-    char c;
-    if (poll(&p, 1, ms) != 1 || read(fd, &c, 1) != 1)
-        return -1;
-    return (unsigned char)c;
-}
-
-static void send_byte(int fd, char c)
-{
-    if (write(fd, &c, 1) != 1)
-        abort();
-}
 
 static int sock_port(int fd, int peer)
 {
@@ -120,7 +96,7 @@ static int shrink_sockets(int peer, int opt, int bytes)
 
 static int sender_main(void *arg)
 {
-    chan_t *ch = arg;
+    proc_chan_t *ch = arg;
     wsync_ctx_t *ctx;
     wsync_sender_t *s;
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
@@ -153,9 +129,9 @@ static int sender_main(void *arg)
                             w + poff(p), WSYNC_MEM_HOST, 0};
         CHECK_OK(wsync_sender_add_shard(s, &sd));
     }
-    send_byte(ch->to_parent[1], 'c');
+    proc_send_byte(ch->to_parent[1], 'c');
     for (;;) {
-        int c = recv_byte(ch->to_child[0], 60000);
+        int c = proc_recv_byte(ch->to_child[0], 60000);
         if (c != 'g' && c != 'p')
             break;
         if (c == 'g') {
@@ -172,7 +148,7 @@ static int sender_main(void *arg)
             fprintf(stderr, "sender: push %llu: %s\n", (unsigned long long)v, wsync_last_error());
             snprintf(sh->err[0], sizeof(sh->err[0]), "%s", wsync_last_error());
         }
-        send_byte(ch->to_parent[1], st == WSYNC_OK ? 'y' : 'n');
+        proc_send_byte(ch->to_parent[1], st == WSYNC_OK ? 'y' : 'n');
     }
     wsync_sender_free(s);
     wsync_ctx_free(ctx);
@@ -185,7 +161,7 @@ static int sender_main(void *arg)
 
 typedef struct {
     int rank;
-    chan_t *ch;
+    proc_chan_t *ch;
 } reader_arg_t;
 
 static int reader_main(void *arg)
@@ -224,18 +200,18 @@ static int reader_main(void *arg)
     if (a->rank == 0) {
         /* a stopped process: its buffers hold what the kernel took, then nothing more */
         shrink_sockets(1, SO_RCVBUF, 4096);
-        send_byte(a->ch->to_parent[1], 'd');
+        proc_send_byte(a->ch->to_parent[1], 'd');
         raise(SIGSTOP);
         return 0;   /* never: the parent kills it */
     }
-    send_byte(a->ch->to_parent[1], 'd');
+    proc_send_byte(a->ch->to_parent[1], 'd');
     for (;;) {
-        int c = recv_byte(a->ch->to_child[0], 60000);
+        int c = proc_recv_byte(a->ch->to_child[0], 60000);
         if (c == 'w') {   /* ipc: wait for a version; the group's failure is expected */
             wsync_status_t st = wsync_receiver_wait(rv, TIMEOUT_MS, &got);
             if (st != WSYNC_OK)
                 snprintf(sh->err[1 + a->rank], sizeof(sh->err[0]), "%s", wsync_last_error());
-            send_byte(a->ch->to_parent[1], st == WSYNC_OK ? 'y' : 'n');
+            proc_send_byte(a->ch->to_parent[1], st == WSYNC_OK ? 'y' : 'n');
             continue;
         }
         if (c != 'f')
@@ -253,7 +229,7 @@ static int reader_main(void *arg)
             sh->fetch_ms[a->rank][got] = took;
             sh->got[a->rank][got] = ok;
         }
-        send_byte(a->ch->to_parent[1], ok ? (char)got : (char)200);
+        proc_send_byte(a->ch->to_parent[1], ok ? (char)got : (char)200);
     }
     wsync_receiver_free(rv);
     wsync_ctx_free(ctx);
@@ -286,14 +262,14 @@ static void read_log(char *buf, size_t len)
         fclose(f);
 }
 
-static void finish(chan_t *sc, chan_t *rc, pid_t *pids, const char *log)
+static void finish(proc_chan_t *sc, proc_chan_t *rc, pid_t *pids, const char *log)
 {
     int codes[1 + NREADERS];
 
     kill(pids[1], SIGKILL);
     for (int r = 1; r < NREADERS; r++)
-        send_byte(rc[r].to_child[1], 'q');
-    send_byte(sc->to_child[1], 'q');
+        proc_send_byte(rc[r].to_child[1], 'q');
+    proc_send_byte(sc->to_child[1], 'q');
     proc_wait_all(pids, 1 + NREADERS, 60000, codes);
     CHECK_MSG(codes[0] == 0, "sender 0 exited with %d", codes[0]);
     CHECK_MSG(codes[1] == 128 + SIGKILL, "reader 0 exited with %d", codes[1]);
@@ -306,17 +282,17 @@ static void finish(chan_t *sc, chan_t *rc, pid_t *pids, const char *log)
 
 /* ipc: the plan goes to everyone; receiver 0's waits. The group fails at the send deadline, and
  * every member is told why, naming receiver 0. */
-static void group_fails(chan_t *sc, chan_t *rc, pid_t *pids, long long t_go)
+static void group_fails(proc_chan_t *sc, proc_chan_t *rc, pid_t *pids, long long t_go)
 {
     static char log[1 << 16];
     char want[128];
 
     for (int r = 1; r < NREADERS; r++)
-        send_byte(rc[r].to_child[1], 'w');
-    CHECK_MSG(recv_byte(sc->to_parent[0], 30000) == 'n', "version 1 was pushed without receiver 0");
+        proc_send_byte(rc[r].to_child[1], 'w');
+    CHECK_MSG(proc_recv_byte(sc->to_parent[0], 30000) == 'n', "version 1 was pushed without receiver 0");
     long long fail_ms = proc_now_ms() - t_go;
     for (int r = 1; r < NREADERS; r++)
-        CHECK_MSG(recv_byte(rc[r].to_parent[0], 30000) == 'n', "receiver %d got a version", r);
+        CHECK_MSG(proc_recv_byte(rc[r].to_parent[0], 30000) == 'n', "receiver %d got a version", r);
     long long all_ms = proc_now_ms() - t_go;
     snprintf(want, sizeof(want), "lost receiver 0 (pid %d on ", (int)pids[1]);
     for (int i = 0; i < 1 + NREADERS; i++) {
@@ -338,7 +314,7 @@ static void group_fails(chan_t *sc, chan_t *rc, pid_t *pids, long long t_go)
 
 static void stopped_reader(void)
 {
-    chan_t sc, rc[NREADERS];
+    proc_chan_t sc, rc[NREADERS];
     reader_arg_t ra[NREADERS];
     pid_t pids[1 + NREADERS];
     int status;
@@ -348,36 +324,36 @@ static void stopped_reader(void)
     snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", coord_port);
     snprintf(log_path, sizeof(log_path), "/tmp/wsync_slow_peer_%d.log", (int)getpid());
     memset(sh, 0, sizeof(*sh));
-    chan_open(&sc);
+    proc_chan_open(&sc);
     pids[0] = proc_spawn(sender_main, &sc, 120);
-    CHECK(recv_byte(sc.to_parent[0], 30000) == 'c');
+    CHECK(proc_recv_byte(sc.to_parent[0], 30000) == 'c');
     for (int r = 0; r < NREADERS; r++) {
-        chan_open(&rc[r]);
+        proc_chan_open(&rc[r]);
         ra[r] = (reader_arg_t){r, &rc[r]};
         pids[1 + r] = proc_spawn(reader_main, &ra[r], 120);
     }
     for (int r = 0; r < NREADERS; r++)
-        CHECK_MSG(recv_byte(rc[r].to_parent[0], 30000) == 'd', "reader %d did not describe", r);
+        CHECK_MSG(proc_recv_byte(rc[r].to_parent[0], 30000) == 'd', "reader %d did not describe", r);
     CHECK(waitpid(pids[1], &status, WUNTRACED) == pids[1] && WIFSTOPPED(status));
 
     /* the sender describes: plans go to every reader, reader 0's into a full socket */
     long long t_go = proc_now_ms();
-    send_byte(sc.to_child[1], 'g');
+    proc_send_byte(sc.to_child[1], 'g');
     if (strcmp(scheme, "ipc") == 0) {
         group_fails(&sc, rc, pids, t_go);
         return;
     }
-    CHECK_MSG(recv_byte(sc.to_parent[0], 30000) == 'y', "version 1 was not published");
+    CHECK_MSG(proc_recv_byte(sc.to_parent[0], 30000) == 'y', "version 1 was not published");
     long long v1_ms = 0;
     for (int v = 1; v <= 3; v++) {
         if (v > 1) {
-            send_byte(sc.to_child[1], 'p');
-            CHECK_MSG(recv_byte(sc.to_parent[0], 30000) == 'y', "version %d not published", v);
+            proc_send_byte(sc.to_child[1], 'p');
+            CHECK_MSG(proc_recv_byte(sc.to_parent[0], 30000) == 'y', "version %d not published", v);
         }
         for (int r = 1; r < NREADERS; r++)
-            send_byte(rc[r].to_child[1], 'f');
+            proc_send_byte(rc[r].to_child[1], 'f');
         for (int r = 1; r < NREADERS; r++) {
-            int g = recv_byte(rc[r].to_parent[0], 30000);
+            int g = proc_recv_byte(rc[r].to_parent[0], 30000);
             CHECK_MSG(g == v, "reader %d, version %d: got %d", r, v, g);
             /* served as if nobody were stuck: before, the coordinator's thread sat 5 s in the
              * send to reader 0, and the readers' first fetch waited for it (a fetch takes
@@ -422,11 +398,11 @@ static void stopped_reader(void)
                 (int)strcspn(line, "\n"), line);
     }
     /* the store serves on */
-    send_byte(sc.to_child[1], 'p');
-    CHECK_MSG(recv_byte(sc.to_parent[0], 30000) == 'y', "version 4 not published");
+    proc_send_byte(sc.to_child[1], 'p');
+    CHECK_MSG(proc_recv_byte(sc.to_parent[0], 30000) == 'y', "version 4 not published");
     for (int r = 1; r < NREADERS; r++) {
-        send_byte(rc[r].to_child[1], 'f');
-        CHECK_MSG(recv_byte(rc[r].to_parent[0], 30000) == 4, "reader %d: version 4", r);
+        proc_send_byte(rc[r].to_child[1], 'f');
+        CHECK_MSG(proc_recv_byte(rc[r].to_parent[0], 30000) == 4, "reader %d: version 4", r);
     }
 
     read_log(log, sizeof(log));

@@ -35,37 +35,12 @@ static uint16_t value(int p, uint64_t v, size_t i)
 
 /* ---- step-by-step control ------------------------------------------------------------------ */
 
-typedef struct {
-    int to_child[2], to_parent[2];
-} chan_t;
-
-static void chan_open(chan_t *c)
-{
-    if (pipe(c->to_child) != 0 || pipe(c->to_parent) != 0)
-        abort();
-}
-
-/* Wait for one byte on fd; returns it, or -1 after the deadline. */
-static int recv_byte(int fd, int ms)
-{
-    struct pollfd p = {fd, POLLIN, 0};
-    char c;
-    if (poll(&p, 1, ms) != 1 || read(fd, &c, 1) != 1)
-        return -1;
-    return (unsigned char)c;
-}
-
-static void send_byte(int fd, char c)
-{
-    if (write(fd, &c, 1) != 1)
-        abort();
-}
 
 /* ---- sender: publishes versions 1..upto when told, then waits; 'k' kills it ------------------ */
 
 typedef struct {
     int rank;
-    chan_t *chan;
+    proc_chan_t *chan;
     int keep;
     int in_place;              /* publish the shards themselves, not snapshots */
 } sender_arg_t;
@@ -105,7 +80,7 @@ static int sender_main(void *arg)
     }
     /* commands: 'p' publish the next version, 'k' die, 'q' leave */
     for (;;) {
-        int c = recv_byte(a->chan->to_child[0], 60000);
+        int c = proc_recv_byte(a->chan->to_child[0], 60000);
         if (c == 'k')
             raise(SIGKILL);
         if (c != 'p')
@@ -123,7 +98,7 @@ static int sender_main(void *arg)
             memset(w, 0x5a, ROWS / NSENDERS * COLS * 2);
             memset(norm, 0x5a, NORM * 2);
         }
-        send_byte(a->chan->to_parent[1], st == WSYNC_OK ? 'y' : 'n');
+        proc_send_byte(a->chan->to_parent[1], st == WSYNC_OK ? 'y' : 'n');
     }
     wsync_sender_free(s);
     wsync_ctx_free(ctx);
@@ -136,7 +111,7 @@ static int sender_main(void *arg)
 
 typedef struct {
     int rank;
-    chan_t *chan;
+    proc_chan_t *chan;
 } receiver_arg_t;
 
 static uint16_t *rw, *rnorm;
@@ -193,14 +168,14 @@ static int receiver_main(void *arg)
     CHECK_OK(wsync_receiver_add_target(rv, &tw));
     CHECK_OK(wsync_receiver_add_target(rv, &tn));
     for (;;) {
-        int c = recv_byte(a->chan->to_child[0], 60000);
+        int c = proc_recv_byte(a->chan->to_child[0], 60000);
         if (c == 'h') {
-            hold_ms = recv_byte(a->chan->to_child[0], 1000) * 10;
+            hold_ms = proc_recv_byte(a->chan->to_child[0], 1000) * 10;
             continue;
         }
         if (c != 'f')
             break;
-        int want = recv_byte(a->chan->to_child[0], 1000);
+        int want = proc_recv_byte(a->chan->to_child[0], 1000);
         uint64_t got = 0;
         wsync_status_t st = wsync_receiver_fetch(rv, (uint64_t)want, want == 99 ? 500 : TIMEOUT_MS,
                                                  &got);
@@ -211,7 +186,7 @@ static int receiver_main(void *arg)
             reply = (char)(st == WSYNC_ERR_NOT_FOUND ? 201 : st == WSYNC_ERR_TIMEOUT ? 202 : 203);
         if (st != WSYNC_OK)
             fprintf(stderr, "receiver %d: fetch %d: %s\n", a->rank, want, wsync_last_error());
-        send_byte(a->chan->to_parent[1], reply);
+        proc_send_byte(a->chan->to_parent[1], reply);
     }
     wsync_receiver_free(rv);
     wsync_ctx_free(ctx);
@@ -221,7 +196,7 @@ static int receiver_main(void *arg)
 /* ---- the parent drives ---------------------------------------------------------------------- */
 
 typedef struct {
-    chan_t sc[NSENDERS], rc[2];
+    proc_chan_t sc[NSENDERS], rc[2];
     sender_arg_t sa[NSENDERS];
     receiver_arg_t ra[2];
     pid_t pids[NSENDERS + 2];
@@ -235,7 +210,7 @@ static void start_senders(world_t *w, int keep)
     snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", proc_free_port());
     w->n = 0;
     for (int s = 0; s < NSENDERS; s++) {
-        chan_open(&w->sc[s]);
+        proc_chan_open(&w->sc[s]);
         w->sa[s] = (sender_arg_t){s, &w->sc[s], keep, in_place};
         w->pids[w->n++] = proc_spawn(sender_main, &w->sa[s], 90);
     }
@@ -243,7 +218,7 @@ static void start_senders(world_t *w, int keep)
 
 static void start_receiver(world_t *w, int r)
 {
-    chan_open(&w->rc[r]);
+    proc_chan_open(&w->rc[r]);
     w->ra[r] = (receiver_arg_t){r, &w->rc[r]};
     w->pids[w->n++] = proc_spawn(receiver_main, &w->ra[r], 90);
 }
@@ -253,17 +228,17 @@ static int publish(world_t *w)
 {
     int ok = 1;
     for (int s = 0; s < NSENDERS; s++)
-        send_byte(w->sc[s].to_child[1], 'p');
+        proc_send_byte(w->sc[s].to_child[1], 'p');
     for (int s = 0; s < NSENDERS; s++)
-        ok &= recv_byte(w->sc[s].to_parent[0], 30000) == 'y';
+        ok &= proc_recv_byte(w->sc[s].to_parent[0], 30000) == 'y';
     return ok;
 }
 
 static int fetch(world_t *w, int r, int version)
 {
-    send_byte(w->rc[r].to_child[1], 'f');
-    send_byte(w->rc[r].to_child[1], (char)version);
-    return recv_byte(w->rc[r].to_parent[0], 30000);
+    proc_send_byte(w->rc[r].to_child[1], 'f');
+    proc_send_byte(w->rc[r].to_child[1], (char)version);
+    return proc_recv_byte(w->rc[r].to_parent[0], 30000);
 }
 
 static void finish(world_t *w, int killed_sender)
@@ -271,10 +246,10 @@ static void finish(world_t *w, int killed_sender)
     int codes[NSENDERS + 2];
 
     for (int r = 0; r < w->n - NSENDERS; r++)
-        send_byte(w->rc[r].to_child[1], 'q');
+        proc_send_byte(w->rc[r].to_child[1], 'q');
     for (int s = 0; s < NSENDERS; s++)
         if (s != killed_sender)
-            send_byte(w->sc[s].to_child[1], 'q');
+            proc_send_byte(w->sc[s].to_child[1], 'q');
     proc_wait_all(w->pids, w->n, 60000, codes);
     for (int i = 0; i < w->n; i++) {
         if (i == killed_sender)
@@ -334,18 +309,18 @@ static void eviction_and_leases(void)
     CHECK_MSG((r = fetch(&w, 0, 99)) == 202, "version 99: got %d, expected TIMEOUT", r);
     CHECK_MSG((r = fetch(&w, 0, 3)) == 3, "version 3: got %d", r);
     /* reader 0 holds version 4 for 2 s while 5 and 6 are published: 4 must survive that */
-    send_byte(w.rc[0].to_child[1], 'h');
-    send_byte(w.rc[0].to_child[1], (char)200);
-    send_byte(w.rc[0].to_child[1], 'f');
-    send_byte(w.rc[0].to_child[1], 4);
+    proc_send_byte(w.rc[0].to_child[1], 'h');
+    proc_send_byte(w.rc[0].to_child[1], (char)200);
+    proc_send_byte(w.rc[0].to_child[1], 'f');
+    proc_send_byte(w.rc[0].to_child[1], 4);
     usleep(300000);
     CHECK(publish(&w));
     CHECK(publish(&w));
     CHECK_MSG((r = fetch(&w, 1, 4)) == 4, "version 4, held by another reader: got %d", r);
-    CHECK_MSG((r = recv_byte(w.rc[0].to_parent[0], 30000)) == 4,
+    CHECK_MSG((r = proc_recv_byte(w.rc[0].to_parent[0], 30000)) == 4,
               "the slow reader of version 4 got %d", r);
-    send_byte(w.rc[0].to_child[1], 'h');
-    send_byte(w.rc[0].to_child[1], 0);
+    proc_send_byte(w.rc[0].to_child[1], 'h');
+    proc_send_byte(w.rc[0].to_child[1], 0);
     /* released: with 5 and 6 kept, 4 goes */
     CHECK(publish(&w));
     CHECK_MSG((r = fetch(&w, 1, 4)) == 201, "version 4 after release: got %d, expected NOT_FOUND", r);
@@ -364,7 +339,7 @@ static void sender_killed(void)
     start_receiver(&w, 0);
     CHECK(publish(&w));
     CHECK_MSG(fetch(&w, 0, 0) == 1, "version 1 not read");
-    send_byte(w.sc[1].to_child[1], 'k');
+    proc_send_byte(w.sc[1].to_child[1], 'k');
     usleep(200000);
     t0 = proc_now_ms();
     r = fetch(&w, 0, 0);

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,4 +173,25 @@ void *proc_last_json_line(const char *text)
     while (start > text && start[-1] != '\n')
         start--;
     return json_loadb(start, (size_t)(end - start), 0, &err);
+}
+
+void proc_chan_open(proc_chan_t *c)
+{
+    if (pipe(c->to_child) != 0 || pipe(c->to_parent) != 0)
+        abort();
+}
+
+int proc_recv_byte(int fd, int ms)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    char c;
+    if (poll(&p, 1, ms) != 1 || read(fd, &c, 1) != 1)
+        return -1;
+    return (unsigned char)c;
+}
+
+void proc_send_byte(int fd, char c)
+{
+    if (write(fd, &c, 1) != 1)
+        abort();
 }

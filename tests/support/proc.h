@@ -30,4 +30,16 @@ void *proc_last_json_line(const char *text);
 /* Names of files in /dev/shm, newline-joined, into buf. */
 void proc_list_dev_shm(char *buf, size_t len);
 
+/* Step-by-step control of a child: a pipe each way, one byte a step. */
+typedef struct {
+    int to_child[2], to_parent[2];
+} proc_chan_t;
+
+/* Both pipes (aborts if it cannot make them: a test with no pipes cannot go on). */
+void proc_chan_open(proc_chan_t *c);
+/* Wait for one byte on fd; returns it, or -1 after ms milliseconds. */
+int proc_recv_byte(int fd, int ms);
+/* Write one byte to fd (aborts if it cannot). */
+void proc_send_byte(int fd, char c);
+
 #endif
