@@ -40,6 +40,7 @@
 
 #include "tests/support/check.h"
 #include "tests/support/proc.h"
+#include "tests/support/transports.h"
 #include "wsync/wsync.h"
 
 #ifdef FAULTS_ON_CUDA
@@ -1025,25 +1026,6 @@ static void run_clean(const char *scheme, const char *transport)
     }
 }
 
-static int have_transport(const char *name)
-{
-    wsync_ctx_t *ctx;
-    int have = 0;
-
-    if (wsync_ctx_create(NULL, &ctx) != WSYNC_OK)
-        return 0;
-    for (int i = 0; i < wsync_transport_count(ctx); i++) {
-        wsync_component_info_t info;
-        if (wsync_transport_info(ctx, i, &info) == WSYNC_OK && strcmp(info.name, name) == 0) {
-            have = info.compiled && info.available;
-            if (!have)
-                fprintf(stderr, "skipped: store over %s: %s\n", name, info.reason);
-        }
-    }
-    wsync_ctx_free(ctx);
-    return have;
-}
-
 /* The matrix is printed as markdown, each line after "MATRIX ": one table per scheme. */
 static void matrix_header(const char *title)
 {
@@ -1069,7 +1051,7 @@ static void store_over(const char *transport)
     snprintf(title, sizeof(title), "store over %s", strcmp(transport, "ucx") == 0 ? "UCX"
                                                                                   : "libfabric");
     matrix_header(title);
-    if (!have_transport(transport)) {
+    if (!test_have_transport(transport)) {
         printf("MATRIX | - | - | - | skipped: %s is not in this build or not usable here |||||\n",
                transport);
         return;

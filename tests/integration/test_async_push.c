@@ -25,6 +25,7 @@
 
 #include "tests/support/check.h"
 #include "tests/support/proc.h"
+#include "tests/support/transports.h"
 #include "wsync/wsync.h"
 
 #define TIMEOUT_MS 5000
@@ -457,28 +458,12 @@ static int store_receiver_main(void *arg)
     return check_failures ? 1 : 0;
 }
 
-static int have_transport(const char *name)
-{
-    wsync_ctx_t *ctx;
-    int have = 0;
-
-    if (wsync_ctx_create(NULL, &ctx) != WSYNC_OK)
-        return 0;
-    for (int i = 0; i < wsync_transport_count(ctx); i++) {
-        wsync_component_info_t info;
-        if (wsync_transport_info(ctx, i, &info) == WSYNC_OK && strcmp(info.name, name) == 0)
-            have = info.compiled && info.available;
-    }
-    wsync_ctx_free(ctx);
-    return have;
-}
-
 static void case_store_in_place_with_copy(void)
 {
     pid_t pids[2];
     int codes[2];
 
-    store_transport = have_transport("ucx") ? "ucx" : have_transport("ofi") ? "ofi" : NULL;
+    store_transport = test_have_transport("ucx") ? "ucx" : test_have_transport("ofi") ? "ofi" : NULL;
     if (store_transport == NULL) {
         fprintf(stderr, "skipped: no RMA transport (ucx, ofi) for the store scheme\n");
         return;

@@ -23,6 +23,7 @@
 
 #include "tests/support/check.h"
 #include "tests/support/proc.h"
+#include "tests/support/transports.h"
 #include "wsync/wsync.h"
 
 #define NREADERS 3
@@ -237,22 +238,6 @@ static int reader_main(void *arg)
     return check_failures ? 1 : 0;
 }
 
-static int have_transport(const char *name)
-{
-    wsync_ctx_t *ctx;
-    int have = 0;
-
-    if (wsync_ctx_create(NULL, &ctx) != WSYNC_OK)
-        return 0;
-    for (int i = 0; i < wsync_transport_count(ctx); i++) {
-        wsync_component_info_t info;
-        if (wsync_transport_info(ctx, i, &info) == WSYNC_OK && strcmp(info.name, name) == 0)
-            have = info.compiled && info.available;
-    }
-    wsync_ctx_free(ctx);
-    return have;
-}
-
 static void read_log(char *buf, size_t len)
 {
     FILE *f = fopen(log_path, "r");
@@ -413,7 +398,7 @@ static void case_store(void)
 {
     const char *ts[] = {"ucx", "ofi"};
     for (int i = 0; i < 2; i++) {
-        if (!have_transport(ts[i]))
+        if (!test_have_transport(ts[i]))
             continue;
         transport = ts[i];
         scheme = "store";

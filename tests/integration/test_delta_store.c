@@ -35,6 +35,7 @@
 
 #include "tests/support/check.h"
 #include "tests/support/proc.h"
+#include "tests/support/transports.h"
 #include "wsync/wsync.h"
 #include "xxhash.h"
 
@@ -563,29 +564,10 @@ static void case_corrupt_threads(void)
     munmap(got, sizeof(*got));
 }
 
-static int have_transport(const char *name)
-{
-    wsync_ctx_t *ctx;
-    int have = 0;
-
-    if (wsync_ctx_create(NULL, &ctx) != WSYNC_OK)
-        return 0;
-    for (int i = 0; i < wsync_transport_count(ctx); i++) {
-        wsync_component_info_t info;
-        if (wsync_transport_info(ctx, i, &info) == WSYNC_OK && strcmp(info.name, name) == 0) {
-            have = info.compiled && info.available;
-            if (!have)
-                fprintf(stderr, "skipped: transport %s: %s\n", name, info.reason);
-        }
-    }
-    wsync_ctx_free(ctx);
-    return have;
-}
-
 static void run_all(const char *t)
 {
     transport = t;
-    if (!have_transport(t))
+    if (!test_have_transport(t))
         return;
     fprintf(stderr, "-- transport %s\n", t);
     case_delta(0, NULL);

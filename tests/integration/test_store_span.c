@@ -19,6 +19,7 @@
 
 #include "tests/support/check.h"
 #include "tests/support/proc.h"
+#include "tests/support/transports.h"
 #include "wsync/wsync.h"
 
 #define NSENDERS 2
@@ -273,30 +274,11 @@ static void run_group(const run_t *run, uint64_t *gets)
     }
 }
 
-static int have_transport(const char *name)
-{
-    wsync_ctx_t *ctx;
-    int have = 0;
-
-    if (wsync_ctx_create(NULL, &ctx) != WSYNC_OK)
-        return 0;
-    for (int i = 0; i < wsync_transport_count(ctx); i++) {
-        wsync_component_info_t info;
-        if (wsync_transport_info(ctx, i, &info) == WSYNC_OK && strcmp(info.name, name) == 0) {
-            have = info.compiled && info.available;
-            if (!have)
-                fprintf(stderr, "skipped: transport %s: %s\n", name, info.reason);
-        }
-    }
-    wsync_ctx_free(ctx);
-    return have;
-}
-
 static void run_all(const char *t)
 {
     uint64_t rows[NRECV], spans[NRECV], g[NRECV];
 
-    if (!have_transport(t))
+    if (!test_have_transport(t))
         return;
     run_t off = {t, 0, "0", 0}, on = {t, 0, "1", 0};
     run_group(&off, rows);
