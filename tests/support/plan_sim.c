@@ -3,6 +3,7 @@
 
 #include "core/status.h"
 #include "reshard/exec.h"
+#include "reshard/plan_internal.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -31,23 +32,6 @@ struct plan_sim {
     wsync_plan_t *plan;
     int ran;
 };
-
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    size_t n = *cap ? *cap * 2 : 16;
-    void *q;
-
-    if (need <= *cap)
-        return 0;
-    while (n < need)
-        n *= 2;
-    q = realloc(*p, n * elem);
-    if (q == NULL)
-        return -1;
-    *p = q;
-    *cap = n;
-    return 0;
-}
 
 plan_sim_t *plan_sim_new(uint32_t nsenders, uint32_t nreceivers, uint64_t bucket_bytes)
 {
@@ -91,7 +75,7 @@ wsync_status_t plan_sim_add_shard(plan_sim_t *sim, uint32_t sender, const wsync_
 
     if (sim == NULL || sender >= sim->nsenders)
         return wsync_err(WSYNC_ERR_INVALID, "plan_sim: sender %u out of range", sender);
-    if (grow((void **)&sim->shards, &sim->cap_shards, sim->nshards + 1, sizeof(*sim->shards)))
+    if (plan_grow((void **)&sim->shards, &sim->cap_shards, sim->nshards + 1, sizeof(*sim->shards)))
         return wsync_err(WSYNC_ERR_NOMEM, "plan_sim");
     st = wsync_shard_desc_from(shard, sender, sim->shard_count[sender],
                                &sim->shards[sim->nshards].desc);
@@ -110,7 +94,7 @@ wsync_status_t plan_sim_add_target(plan_sim_t *sim, uint32_t receiver,
 
     if (sim == NULL || receiver >= sim->nreceivers)
         return wsync_err(WSYNC_ERR_INVALID, "plan_sim: receiver %u out of range", receiver);
-    if (grow((void **)&sim->targets, &sim->cap_targets, sim->ntargets + 1, sizeof(*sim->targets)))
+    if (plan_grow((void **)&sim->targets, &sim->cap_targets, sim->ntargets + 1, sizeof(*sim->targets)))
         return wsync_err(WSYNC_ERR_NOMEM, "plan_sim");
     t = &sim->targets[sim->ntargets];
     memset(t, 0, sizeof(*t));
