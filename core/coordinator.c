@@ -420,15 +420,17 @@ static int group_colocated(const wsync_coord_t *co)
 }
 
 /* Some target could take FP8 on the wire: rank 0 allows it, some target is FP8 with block or
- * channel scales, and the scheme, if already chosen, is ipc or nccl without delta versions. */
+ * channel scales, and the scheme, if already chosen, is ipc, nccl or the store, without delta
+ * versions. */
 static int wire_candidate(const wsync_coord_t *co, const wsync_target_desc_t *targets, size_t ntg)
 {
     int fp8 = 0;
 
     if (!co->fp8_wire || (co->scheme != NULL &&
-                          (co->scheme->async || co->delta != WSYNC_DELTA_MODE_OFF ||
+                          (co->delta != WSYNC_DELTA_MODE_OFF ||
                            (strcmp(co->scheme->name, "ipc") != 0 &&
-                            strcmp(co->scheme->name, "nccl") != 0))))
+                            strcmp(co->scheme->name, "nccl") != 0 &&
+                            strcmp(co->scheme->name, "store") != 0))))
         return 0;
     for (size_t i = 0; i < ntg && !fp8; i++)
         fp8 = wsync_target_quantized(targets[i].dtype, targets[i].quant) &&
@@ -467,18 +469,42 @@ static void explain_line(wsync_coord_t *co, const char *line)
     snprintf(co->explain + used, sizeof(co->explain) - used, "%s", line);
 }
 
-/* FP8 on the wire (docs/fp8_wire.md) is for ipc and nccl groups without delta versions, when
- * rank 0 allows it and some target is FP8 with block or channel scales: the store's readers read
- * shards as published, and delta versions diff the values as they are. With fp8_wire 1, ipc
- * takes it only where it pays (core/wire_policy.c). `wired` is the plan compiled with it. */
+/* The explanation says FP8 on the wire once: a store compiles a plan per reader. */
+static int wire_said(const wsync_coord_t *co)
+{
+    return strstr(co->explain, "FP8 on the wire:") != NULL;
+}
+
+/* Delta versions keep FP8 on the wire off (they diff plain values: docs/delta.md), said where
+ * rank 0 allows it and some target could take it (a store's senders, planning before any
+ * reader, cannot tell: said for them too). */
+static void wire_off_delta(wsync_coord_t *co, const wsync_target_desc_t *targets, size_t ntg)
+{
+    int fp8 = ntg == 0;
+
+    for (size_t i = 0; i < ntg && !fp8; i++)
+        fp8 = wsync_target_quantized(targets[i].dtype, targets[i].quant) &&
+              targets[i].quant != WSYNC_QUANT_TENSOR;
+    if (fp8 && co->fp8_wire && co->scheme != NULL && co->delta != WSYNC_DELTA_MODE_OFF &&
+        !wire_said(co))
+        explain_line(co, "FP8 on the wire: off: delta versions diff plain values, so FP8 targets "
+                         "take full bytes (docs/delta.md)");
+}
+
+/* FP8 on the wire (docs/fp8_wire.md) is for ipc, nccl and store groups without delta versions,
+ * when rank 0 allows it and some target is FP8 with block or channel scales: delta versions diff
+ * the values as they are. With fp8_wire 1, ipc takes it only where it pays
+ * (core/wire_policy.c). `wired` is the plan compiled with it. */
 static int wire_wanted(wsync_coord_t *co, const wsync_plan_t *wired,
                        const wsync_target_desc_t *targets, size_t ntg)
 {
     uint64_t plain, wire, nwire;
     char why[300], line[400];
 
-    if (co->scheme == NULL || !wire_candidate(co, targets, ntg))
+    if (co->scheme == NULL || !wire_candidate(co, targets, ntg)) {
+        wire_off_delta(co, targets, ntg);
         return 0;
+    }
     wire_totals(wired, &plain, &wire, &nwire);
     if (co->fp8_wire == 1 && strcmp(co->scheme->name, "ipc") == 0 &&
         !wsync_ipc_wire_pays(group_colocated(co), gpus_of(co), plain, wire, why, sizeof(why))) {
@@ -496,6 +522,8 @@ static void wire_explain(wsync_coord_t *co, const wsync_plan_t *wired)
     uint64_t before, after, nwire;
     char line[300];
 
+    if (wire_said(co))
+        return;
     wire_totals(wired, &before, &after, &nwire);
     snprintf(line, sizeof(line),
              "FP8 on the wire: %" PRIu64 " of %u chunks quantized by their senders; %.3f GB moved "
@@ -663,6 +691,17 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
         plan = plain;
     } else if (plan_has_wire(plan)) {
         wire_explain(co, plan);
+    } else if (co->scheme->async && only == -2 && co->fp8_wire && !wire_said(co)) {
+        /* a store's senders plan before any reader: say what they will do */
+        if (co->delta != WSYNC_DELTA_MODE_OFF)
+            wire_off_delta(co, targets, ntg);
+        else
+            explain_line(co, "FP8 on the wire: the store's senders quantize the FP8 chunks "
+                             "(block or channel scales, whole cells) their readers ask for, from "
+                             "the version after a reader came; a reader quantizes what they did "
+                             "not, to the same bytes");
+    } else {
+        wire_off_delta(co, targets, ntg);
     }
     WSYNC_LOG_I("coordinator: plan %016llx, %u chunks, %u segments; scheme %s\n%s",
                 (unsigned long long)plan->fingerprint, plan->nchunks, plan->nsegments,
@@ -1055,6 +1094,18 @@ static int checksums_ok(wsync_rbuf_t *r, const coord_peer_t *p)
     return r->err ? -1 : 0;
 }
 
+/* After the checksums, the sender's FP8 table (schemes/store_fp8.h): u32 rows, u32 row bytes,
+ * the rows, passed on to readers as they are. 0 when its size is sound. */
+static int fp8_table_ok(wsync_rbuf_t *r)
+{
+    uint32_t n = wsync_get_u32(r), row = wsync_get_u32(r);
+
+    if (r->err || row < 8 || row > 4096 || n > wsync_rbuf_left(r) / row)
+        return -1;
+    wsync_get_bytes(r, (size_t)n * row);
+    return r->err ? -1 : 0;
+}
+
 static void on_publish(wsync_coord_t *co, coord_peer_t *p, wsync_msg_t *m)
 {
     char name[160], text[512];
@@ -1069,7 +1120,7 @@ static void on_publish(wsync_coord_t *co, coord_peer_t *p, wsync_msg_t *m)
     v = wsync_get_u64(&r);
     const uint8_t *entry = r.p;
     if (wsync_dir_entry_decode(&r, &e) != WSYNC_OK || checksums_ok(&r, p) != 0 ||
-        wsync_rbuf_left(&r) != 0 || e.sender != (uint32_t)s || e.nshards != p->nshards) {
+        fp8_table_ok(&r) != 0 || wsync_rbuf_left(&r) != 0 || e.sender != (uint32_t)s || e.nshards != p->nshards) {
         wsync_dir_entry_clear(&e);
         snprintf(text, sizeof(text), "%s published a malformed directory entry", name);
         group_fail(co, WSYNC_MSG_ABORT, WSYNC_ERR_PROTOCOL, text, NULL);

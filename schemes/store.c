@@ -26,6 +26,7 @@
 #include "reshard/exec.h"
 #include "schemes/scheme.h"
 #include "schemes/store_delta.h"
+#include "schemes/store_fp8.h"
 #include "schemes/store_stage.h"
 #include "transports/rma.h"
 
@@ -194,6 +195,7 @@ typedef struct {
     void *stream;                    /* the snapshot's copies from the GPU */
     uint8_t *hashbuf;                /* in place, verify: a device shard's block, on the host */
     store_dtx_t *dtx;                /* delta versions (group mode on): schemes/store_delta.c */
+    store_ftx_t *ftx;                /* FP8 on the wire (delta off): schemes/store_fp8.c */
 } store_sender_t;
 
 static void slot_release(store_sender_t *st, store_slot_t *sl, int owned)
@@ -218,6 +220,7 @@ static void store_sender_teardown(wsync_sender_t *s)
         (void)wsync_dev_stream_sync(st->stream, wsync_deadline_in(s->m.timeout_ms),
                                     "the store's snapshot copies from the GPU");
     wsync_store_dtx_free(st->dtx);   /* its buffers are registered with st->ctx */
+    wsync_store_ftx_free(st->ftx);
     for (int i = 0; i < st->nslots; i++)
         slot_release(st, &st->slots[i], st->snap);
     free(st->slots);
@@ -327,7 +330,8 @@ static wsync_status_t store_sender_setup(wsync_sender_t *s)
                 st->cuda ? cuda_path(st->rma, st->ctx) : "");
     if (s->m.planmsg.delta == WSYNC_DELTA_MODE_ON)
         return wsync_store_dtx_create(s, st->rma, st->ctx, &st->dtx);
-    return WSYNC_OK;
+    /* delta versions diff plain values: FP8 on the wire only without them */
+    return wsync_store_ftx_create(s, st->rma, st->ctx, &st->ftx);
 }
 
 /* A free snapshot slot, registered once and reused (a new one while all are held). */
@@ -380,6 +384,7 @@ static void handle_free(store_sender_t *st, wsync_msg_t *msg)
     if (r.err)
         return;
     wsync_store_dtx_release(st->dtx, v);   /* the delta of v goes with v */
+    wsync_store_ftx_release(st->ftx, v);   /* and its FP8 codes and scales */
     if (!st->snap)
         return;
     for (int i = 0; i < st->nslots; i++)
@@ -427,6 +432,35 @@ static wsync_status_t device_block(wsync_sender_t *s, store_sender_t *st, const 
     return rc;
 }
 
+/* FP8 on the wire: the regions readers asked for, quantized from this version's bytes (the
+ * snapshot, host shards, or CUDA shards in place by way of the host) into a wire slot that
+ * joins the entry's regions. */
+static wsync_status_t publish_fp8(wsync_sender_t *s, store_sender_t *st, const store_slot_t *sl,
+                                  uint64_t version, wsync_dir_entry_t *e)
+{
+    const void **src = calloc(s->nshards + 1, sizeof(*src));
+    uint64_t packed = 0;
+    int saved = -1;
+    wsync_status_t rc;
+
+    if (src == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+    for (size_t i = 0; i < s->nshards; i++)
+        src[i] = sl != NULL ? (const uint8_t *)sl->base + st->shard_off[i]
+                 : s->shards[i].mem == WSYNC_MEM_CUDA ? NULL : s->shard_data[i];
+    if (st->cuda && (rc = wsync_dev_enter(s->device, &saved)) != WSYNC_OK) {
+        free(src);
+        return rc;
+    }
+    rc = wsync_store_ftx_publish(s, st->ftx, version, src, st->stream, st->verify, e, &packed);
+    if (st->cuda)
+        wsync_dev_leave(s->device, saved);
+    free(src);
+    if (rc == WSYNC_OK)
+        s->stats.bytes_packed += packed;
+    return rc;
+}
+
 static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
 {
     store_sender_t *st = s->m.scheme_state;
@@ -449,8 +483,8 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
     e.addr_len = (uint32_t)st->addr_len;
     e.nshards = (uint32_t)s->nshards;
     e.shards = calloc(s->nshards + 1, sizeof(*e.shards));
-    /* one region more: the delta buffer */
-    e.regions = calloc(st->snap ? 2 : s->nshards + 1, sizeof(*e.regions));
+    /* regions beside the shards': the delta buffer, or the FP8 wire slot */
+    e.regions = calloc(st->snap ? 3 : s->nshards + 2, sizeof(*e.regions));
     if (e.shards == NULL || e.regions == NULL) {
         free(e.shards);
         free(e.regions);
@@ -489,8 +523,17 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
             e.shards[i].addr = (uint64_t)(uintptr_t)st->slots[i].base;
         }
     }
+    if (st->ftx != NULL && (rc = publish_fp8(s, st, sl, version, &e)) != WSYNC_OK) {
+        if (sl != NULL)
+            sl->version = 0;
+        free(e.shards);
+        free(e.regions);
+        return rc;
+    }
     if (st->dtx != NULL && (rc = wsync_store_dtx_publish(s, st->dtx, version, st->stream, &e)) !=
                                WSYNC_OK) {
+        if (sl != NULL)
+            sl->version = 0;
         free(e.shards);
         free(e.regions);
         return rc;
@@ -520,10 +563,12 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
             }
         }
     }
+    wsync_store_ftx_table(st->ftx, &b);
     if (rc != WSYNC_OK) {
         free(e.shards);
         free(e.regions);
         wsync_wbuf_free(&b);
+        wsync_store_ftx_abandon(st->ftx);
         wsync_store_dtx_abandon(st->dtx);
         wsync_store_dtx_release(st->dtx, version);
         return rc;
@@ -535,6 +580,7 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
         snprintf(where, sizeof(where), "store sender %d publishing version %llu", s->m.rank,
                  (unsigned long long)version);
         wsync_wbuf_free(&b);
+        wsync_store_ftx_abandon(st->ftx);
         wsync_store_dtx_abandon(st->dtx);
         wsync_store_dtx_release(st->dtx, version);
         return wsync_fault_err(WSYNC_FAULT_STORE_PUBLISH, where);
@@ -623,6 +669,7 @@ typedef struct {
     uint64_t v;
     void *ld;
     store_drx_t *drx;                /* delta versions (group mode on): schemes/store_delta.c */
+    store_frx_t *frx;                /* our FP8 chunks (FP8 on the wire): schemes/store_fp8.c */
 } store_receiver_t;
 
 static void store_receiver_teardown(wsync_receiver_t *r)
@@ -648,6 +695,7 @@ static void store_receiver_teardown(wsync_receiver_t *r)
     free(st->bounce);
     free(st->cast);
     wsync_store_drx_free(st->drx);
+    wsync_store_frx_free(st->frx);
     if (st->staged)
         wsync_stage_free(&st->ring);
     if (st->hstaged)
@@ -839,6 +887,9 @@ static wsync_status_t store_receiver_setup(wsync_receiver_t *r)
                     r->m.rank, st->cuda ? "CUDA targets" : "targets (WSYNC_STORE_STAGE=1)",
                     STAGE_SLOTS, st->cuda ? "pinned " : "", st->ring.slot_bytes >> 10);
     }
+    wsync_status_t frc = wsync_store_frx_create(r, st->lo, st->hi, &st->frx);
+    if (frc != WSYNC_OK)
+        return frc;
     /* a reader that said off takes every version in full: no regions for the senders to encode */
     if (r->m.planmsg.delta == WSYNC_DELTA_MODE_ON && r->delta_choice != WSYNC_DELTA_MODE_OFF)
         return wsync_store_drx_create(r, st->lo, st->hi, &st->drx);
@@ -1210,7 +1261,8 @@ static wsync_status_t dio_flush(void *arg)
 /* Read version v's segments of ours, as the directory entries say where they lie. */
 static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
                                       const wsync_dir_entry_t *e, const store_sums_t *sums,
-                                      uint64_t v, uint64_t *bytes, store_landing_t *ldp)
+                                      const store_fp8_table_t *tabs, uint64_t v, uint64_t *bytes,
+                                      store_landing_t *ldp)
 {
     const wsync_plan_t *plan = r->m.plan;
     uint64_t posted = 0;
@@ -1224,8 +1276,16 @@ static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
         if ((rc = wsync_store_drx_read(r, st->drx, &io, e, v, bytes)) != WSYNC_OK)
             return rc;
     }
+    if (st->frx != NULL) {
+        /* FP8 chunks: their senders' codes and scales (FP8 on the wire) */
+        store_dio_t dio = {r, st, v, ld};
+        wsync_store_io_t io = {dio_get, dio_flush, &dio};
+        if ((rc = wsync_store_frx_read(r, st->frx, &io, e, tabs, v, st->stream, bytes)) !=
+            WSYNC_OK)
+            return rc;
+    }
     for (uint32_t i = st->lo; i < st->hi; i++) {
-        if (wsync_store_drx_done(st->drx, i))
+        if (wsync_store_drx_done(st->drx, i) || plan->chunks[plan->segments[i].chunk].rule != 0)
             continue;
         const wsync_segment_t *sg = &plan->segments[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
@@ -1343,7 +1403,7 @@ static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
  * flushes, CUDA device current; on failure the ring's copies are waited for. */
 static wsync_status_t read_version(wsync_receiver_t *r, store_receiver_t *st,
                                    const wsync_dir_entry_t *e, const store_sums_t *sums,
-                                   uint64_t v, uint64_t *bytes)
+                                   const store_fp8_table_t *tabs, uint64_t v, uint64_t *bytes)
 {
     store_landing_t ld = {NULL, 0, NULL, 0, 0, 0, 0, 0};
     int saved = -1;
@@ -1355,7 +1415,7 @@ static wsync_status_t read_version(wsync_receiver_t *r, store_receiver_t *st,
     if (st->cuda && (rc = wsync_dev_enter(r->device, &saved)) != WSYNC_OK)
         return rc;
     uint64_t t0 = wsync_now_ns();
-    rc = read_version_in(r, st, e, sums, v, bytes, &ld);
+    rc = read_version_in(r, st, e, sums, tabs, v, bytes, &ld);
     if (rc != WSYNC_OK && (st->staged || st->hstaged)) {
         char text[1024];
         snprintf(text, sizeof(text), "%s", wsync_last_error());
@@ -1385,6 +1445,7 @@ static wsync_status_t store_receiver_fetch(wsync_receiver_t *r, uint64_t want, i
     int64_t deadline = wsync_deadline_in(timeout_ms);
     wsync_dir_entry_t *e = NULL;
     store_sums_t *sums = NULL;
+    store_fp8_table_t *tabs = NULL;
     wsync_status_t rc;
     wsync_wbuf_t b;
     wsync_msg_t *msg = NULL;
@@ -1440,13 +1501,17 @@ static wsync_status_t store_receiver_fetch(wsync_receiver_t *r, uint64_t want, i
         }
         e = calloc(n, sizeof(*e));
         sums = calloc(n, sizeof(*sums));
-        rc = e == NULL || sums == NULL ? wsync_err(WSYNC_ERR_NOMEM, "store: no memory") : WSYNC_OK;
+        tabs = calloc(n, sizeof(*tabs));
+        rc = e == NULL || sums == NULL || tabs == NULL
+                 ? wsync_err(WSYNC_ERR_NOMEM, "store: no memory") : WSYNC_OK;
         for (uint32_t s = 0; s < n && rc == WSYNC_OK; s++) {
             rc = wsync_dir_entry_decode(&rb, &e[s]);
             if (rc == WSYNC_OK && e[s].sender != s)
                 rc = wsync_err(WSYNC_ERR_PROTOCOL, "store: directory entries out of order");
             if (rc == WSYNC_OK)
                 rc = sums_decode(&rb, s, &sums[s]);
+            if (rc == WSYNC_OK)
+                rc = wsync_store_fp8_table_decode(&rb, s, &e[s], &tabs[s]);
         }
         wsync_msg_free(msg);
     }
@@ -1461,7 +1526,7 @@ static wsync_status_t store_receiver_fetch(wsync_receiver_t *r, uint64_t want, i
     }
     if (rc == WSYNC_OK) {
         r->torn = 1;   /* from here on the targets no longer hold only the last version */
-        rc = read_version(r, st, e, sums, v, &bytes);
+        rc = read_version(r, st, e, sums, tabs, v, &bytes);
         if (rc != WSYNC_OK) {
             /* let the gets already posted finish before anything is torn down: a reader that
              * goes away with a get in flight can abort the owner serving it (UCX 1.13 software
@@ -1484,8 +1549,11 @@ static wsync_status_t store_receiver_fetch(wsync_receiver_t *r, uint64_t want, i
         wsync_dir_entry_clear(&e[s]);
     for (uint32_t s = 0; sums != NULL && s < n; s++)
         sums_clear(&sums[s]);
+    for (uint32_t s = 0; tabs != NULL && s < n; s++)
+        wsync_store_fp8_table_clear(&tabs[s]);
     free(e);
     free(sums);
+    free(tabs);
     if (rc == WSYNC_OK && r->progress != NULL)
         r->progress(r->progress_arg, v, bytes, bytes);   /* still under the lease */
     /* the lease ends either way; a failed read is the caller's error to report */

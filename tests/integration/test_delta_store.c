@@ -212,6 +212,9 @@ static int run_sender(void *arg)
     sp.keep_versions = NV + 1;     /* every version stays for the readers' schedules */
     sp.timeout_ms = TIMEOUT_MS;
     sp.delta = g->delta;
+    /* the reference reads FP8 targets' values plain, as a delta group's full versions do (a
+     * store without delta versions takes FP8 on the wire: fewer bytes, the same targets) */
+    sp.fp8_wire = 0;
     CHECK_OK(wsync_sender_create(ctx, &sp, &s));
     for (size_t i = 0; i < nshards && check_failures == 0; i++)
         CHECK_OK(wsync_sender_add_shard(s, &shards[i]));

@@ -1,0 +1,848 @@
+/* FP8 on the wire through the store: the senders' wire slots and tables, the readers' FP8
+ * chunks (schemes/store_fp8.h says how they fit together). */
+#include "schemes/store_fp8.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "core/log.h"
+#include "core/relay.h"
+#include "core/util.h"
+#include "kernels/device.h"
+#include "reshard/exec.h"
+
+/* relay tag: a reader's FP8 chunks, to each sender it reads them from (store_delta.c has 1) */
+#define STORE_FP8_TAG 2u
+/* bytes of one region in a reader's relay */
+#define RELAY_ROW 64u
+/* a reader's FP8 reads go in batches of at most this many bytes of host buffer (one larger
+ * chunk gets a batch of its own) */
+#define BATCH_BYTES (64ull << 20)
+#define ALIGN 64u
+
+/* ---- a region and its rule: one sort key for senders' sets and readers' lookups ---------------- */
+
+static uint32_t f32_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+static uint32_t rule_flags(const wsync_wire_rule_t *r)
+{
+    return (r->ue8m0 ? 1u : 0u) | (r->no_saturate ? 2u : 0u);
+}
+
+/* The first column of a region in its shard's rows. */
+static uint64_t col_of(const wsync_region_t *g)
+{
+    return g->pitch ? g->off % g->pitch : g->off;
+}
+
+#define CMP(a, b)                                                                                \
+    do {                                                                                         \
+        if ((a) != (b))                                                                          \
+            return (a) < (b) ? -1 : 1;                                                           \
+    } while (0)
+
+/* Shard, row geometry, rule, then the first row: regions one could hold another's rows are
+ * neighbours, the last one starting at or before a row found by binary search. */
+static int key_cmp(uint32_t sa, const wsync_region_t *a, const wsync_wire_rule_t *ra, uint32_t sb,
+                   const wsync_region_t *b, const wsync_wire_rule_t *rb)
+{
+    CMP(sa, sb);
+    CMP(a->pitch, b->pitch);
+    CMP(a->cols, b->cols);
+    CMP(col_of(a), col_of(b));
+    CMP((uint32_t)ra->fp8_dtype, (uint32_t)rb->fp8_dtype);
+    CMP((uint32_t)ra->scheme, (uint32_t)rb->scheme);
+    CMP(ra->block_rows, rb->block_rows);
+    CMP(ra->block_cols, rb->block_cols);
+    CMP(f32_bits(ra->eps), f32_bits(rb->eps));
+    CMP(rule_flags(ra), rule_flags(rb));
+    CMP(a->off, b->off);
+    return 0;
+}
+
+static int row_cmp(const void *x, const void *y)
+{
+    const store_fp8_row_t *a = x, *b = y;
+    int c = key_cmp(a->shard, &a->g, &a->rule, b->shard, &b->g, &b->rule);
+    if (c != 0)
+        return c;
+    CMP(a->g.rows, b->g.rows);
+    return 0;
+}
+
+/* A rule as it came from a peer: a known FP8 dtype and scheme, blocks of sane sizes. */
+static int rule_sane(const wsync_wire_rule_t *r)
+{
+    if (r->fp8_dtype != WSYNC_DTYPE_F8E4M3FN && r->fp8_dtype != WSYNC_DTYPE_F8E5M2)
+        return 0;
+    if (r->scheme == WSYNC_QUANT_CHANNEL)
+        return r->block_rows == 0 && r->block_cols == 0;
+    return r->scheme == WSYNC_QUANT_BLOCK && r->block_rows > 0 && r->block_cols > 0 &&
+           r->block_rows <= (1 << 20) && r->block_cols <= (1 << 20);
+}
+
+static uint64_t cells_of(const wsync_wire_rule_t *r, uint64_t rows, uint64_t cols)
+{
+    uint64_t cr, cc;
+    wsync_wire_cells(r, rows, cols, &cr, &cc);
+    return cr * cc;
+}
+
+static void put_rule(wsync_wbuf_t *b, const wsync_wire_rule_t *r)
+{
+    wsync_put_u32(b, (uint32_t)r->fp8_dtype);
+    wsync_put_u32(b, (uint32_t)r->scheme);
+    wsync_put_i32(b, r->block_rows);
+    wsync_put_i32(b, r->block_cols);
+    wsync_put_u32(b, f32_bits(r->eps));
+    wsync_put_u32(b, rule_flags(r));
+}
+
+static void get_rule(wsync_rbuf_t *rb, wsync_wire_rule_t *r)
+{
+    uint32_t eps, flags;
+
+    memset(r, 0, sizeof(*r));
+    r->fp8_dtype = (wsync_dtype_t)wsync_get_u32(rb);
+    r->scheme = (wsync_quant_scheme_t)wsync_get_u32(rb);
+    r->block_rows = wsync_get_i32(rb);
+    r->block_cols = wsync_get_i32(rb);
+    eps = wsync_get_u32(rb);
+    memcpy(&r->eps, &eps, 4);
+    flags = wsync_get_u32(rb);
+    r->ue8m0 = (uint8_t)(flags & 1u);
+    r->no_saturate = (uint8_t)((flags >> 1) & 1u);
+}
+
+/* ---- sender ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    uint32_t shard;
+    wsync_region_t g;
+    wsync_wire_rule_t rule;
+    uint32_t ncells;
+    uint64_t off;                    /* its place in a wire slot */
+    uint64_t hash;                   /* of this version's packed bytes (0: not hashed) */
+} freg_t;
+
+typedef struct {
+    uint8_t *mem;
+    size_t cap;
+    wsync_rma_mr_t *mr;
+    uint8_t rkey[WSYNC_RMA_BLOB_MAX];
+    size_t rkey_len;
+    uint64_t version;                /* the version it holds; 0: free */
+} fslot_t;
+
+struct store_ftx {
+    const wsync_rma_ops_t *rma;
+    wsync_rma_t *ctx;
+    freg_t *regs;                    /* sorted by row_cmp's key, unique */
+    uint32_t nregs, cap_regs;
+    uint64_t used;                   /* bytes of a slot the regions take */
+    fslot_t *slots;
+    int nslots;
+    int cur;                         /* the slot of the version in flight, -1 */
+    uint32_t published;              /* regions in the table of the version packed last */
+    uint32_t region;                 /* its slot's region in the directory entry */
+    uint8_t *scratch;                /* a CUDA shard's region on the host */
+    size_t scratch_cap;
+};
+
+static int freg_cmp(const void *x, const void *y)
+{
+    const freg_t *a = x, *b = y;
+    int c = key_cmp(a->shard, &a->g, &a->rule, b->shard, &b->g, &b->rule);
+    if (c != 0)
+        return c;
+    CMP(a->g.rows, b->g.rows);
+    return 0;
+}
+
+/* Append a region (checked against shard `shard`), unsorted; sort_regs makes the set again. */
+static wsync_status_t add_reg(wsync_sender_t *s, store_ftx_t *f, uint32_t shard,
+                              const wsync_region_t *g, const wsync_wire_rule_t *rule,
+                              uint32_t ncells, int from_rank)
+{
+    if (shard >= s->nshards || g->rows == 0 || g->cols == 0 || g->pitch < g->cols ||
+        !rule_sane(rule) || cells_of(rule, g->rows, g->cols) != ncells)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %d: reader %d asked for a malformed "
+                         "FP8 region (shard %u of %zu, %" PRIu64 " x %" PRIu64 " at pitch %" PRIu64
+                         ", %u cells)", s->m.rank, from_rank, shard, s->nshards, g->rows, g->cols,
+                         g->pitch, ncells);
+    uint64_t elems = 1;
+    for (int d = 0; d < s->shards[shard].param.ndim; d++)
+        elems *= (uint64_t)s->shards[shard].box.len[d];
+    wsync_dtype_t dt = s->shards[shard].param.dtype;
+    if (g->off > elems || (g->rows - 1) > (elems - g->off) / g->pitch ||
+        g->off + (g->rows - 1) * g->pitch + g->cols > elems ||
+        (dt != WSYNC_DTYPE_BF16 && dt != WSYNC_DTYPE_F16 && dt != WSYNC_DTYPE_F32))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %d: reader %d asked for an FP8 region "
+                         "of param '%s' (%s) outside its shard of %" PRIu64 " elements, or not "
+                         "of bf16, f16 or f32", s->m.rank, from_rank,
+                         s->shards[shard].param.name, wsync_dtype_name(dt), elems);
+    if (f->nregs == f->cap_regs) {
+        uint32_t nc = f->cap_regs ? f->cap_regs * 2 : 64;
+        freg_t *n = realloc(f->regs, (size_t)nc * sizeof(*n));
+        if (n == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for FP8 regions");
+        f->regs = n;
+        f->cap_regs = nc;
+    }
+    freg_t *x = &f->regs[f->nregs++];
+    memset(x, 0, sizeof(*x));
+    x->shard = shard;
+    x->g = *g;
+    x->rule = *rule;
+    x->ncells = ncells;
+    return WSYNC_OK;
+}
+
+/* Sorted and unique, with each region's place in a slot. */
+static void sort_regs(store_ftx_t *f)
+{
+    uint32_t n = 0;
+
+    qsort(f->regs, f->nregs, sizeof(*f->regs), freg_cmp);
+    for (uint32_t i = 0; i < f->nregs; i++)
+        if (n == 0 || freg_cmp(&f->regs[n - 1], &f->regs[i]) != 0)
+            f->regs[n++] = f->regs[i];
+    f->nregs = n;
+    f->used = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        f->regs[i].off = f->used;
+        f->used += (wsync_wire_scales_off(f->regs[i].g.rows, f->regs[i].g.cols) +
+                    (uint64_t)f->regs[i].ncells * 4u + ALIGN - 1) / ALIGN * ALIGN;
+    }
+}
+
+wsync_status_t wsync_store_ftx_create(wsync_sender_t *s, const wsync_rma_ops_t *rma,
+                                      wsync_rma_t *ctx, store_ftx_t **out)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    store_ftx_t *f = calloc(1, sizeof(*f));
+    wsync_status_t rc = WSYNC_OK;
+
+    if (f == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+    f->rma = rma;
+    f->ctx = ctx;
+    f->cur = -1;
+    for (uint32_t i = 0; plan != NULL && i < plan->nchunks && rc == WSYNC_OK; i++) {
+        const wsync_chunk_t *c = &plan->chunks[i];
+        if (c->sender == (uint32_t)s->m.rank && c->rule != 0 && c->rule <= plan->nrules)
+            rc = add_reg(s, f, c->shard, &c->src, &plan->rules[c->rule - 1], c->ncells, -1);
+    }
+    if (rc != WSYNC_OK) {
+        wsync_store_ftx_free(f);
+        return rc;
+    }
+    sort_regs(f);
+    *out = f;
+    return WSYNC_OK;
+}
+
+void wsync_store_ftx_free(store_ftx_t *f)
+{
+    if (f == NULL)
+        return;
+    for (int i = 0; i < f->nslots; i++) {
+        if (f->slots[i].mr != NULL)
+            f->rma->dereg(f->slots[i].mr);
+        free(f->slots[i].mem);
+    }
+    free(f->slots);
+    free(f->regs);
+    free(f->scratch);
+    free(f);
+}
+
+/* A reader's relay: u32 n, then n rows of u32 shard, u64 off, rows, cols, pitch, u32 ncells,
+ * the rule (six u32). */
+static wsync_status_t take_relay(wsync_sender_t *s, store_ftx_t *f, const wsync_relay_t *m)
+{
+    wsync_rbuf_t rb;
+    wsync_status_t rc = WSYNC_OK;
+
+    wsync_rbuf_init(&rb, m->data, m->len);
+    uint32_t n = wsync_get_count(&rb, RELAY_ROW);
+    for (uint32_t i = 0; i < n && rc == WSYNC_OK && !rb.err; i++) {
+        wsync_region_t g;
+        wsync_wire_rule_t rule;
+        uint32_t shard = wsync_get_u32(&rb);
+        g.off = wsync_get_u64(&rb);
+        g.rows = wsync_get_u64(&rb);
+        g.cols = wsync_get_u64(&rb);
+        g.pitch = wsync_get_u64(&rb);
+        uint32_t ncells = wsync_get_u32(&rb);
+        get_rule(&rb, &rule);
+        if (!rb.err)
+            rc = add_reg(s, f, shard, &g, &rule, ncells, m->rank);
+    }
+    if (rc == WSYNC_OK && (rb.err || wsync_rbuf_left(&rb) != 0))
+        rc = wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %d: reader %d's FP8 regions are "
+                       "malformed", s->m.rank, m->rank);
+    return rc;
+}
+
+/* A free slot of at least f->used bytes, registered. */
+static wsync_status_t take_slot(wsync_sender_t *s, store_ftx_t *f)
+{
+    int pick = -1;
+
+    for (int i = 0; i < f->nslots && pick < 0; i++)
+        if (f->slots[i].version == 0)
+            pick = i;
+    if (pick < 0) {
+        fslot_t *n = realloc(f->slots, (size_t)(f->nslots + 1) * sizeof(*n));
+        if (n == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+        f->slots = n;
+        memset(&f->slots[f->nslots], 0, sizeof(*n));
+        pick = f->nslots++;
+    }
+    fslot_t *sl = &f->slots[pick];
+    if (sl->cap < f->used) {         /* readers asked for more: a larger slot */
+        if (sl->mr != NULL)
+            f->rma->dereg(sl->mr);
+        free(sl->mem);
+        memset(sl, 0, sizeof(*sl));
+        if (posix_memalign((void **)&sl->mem, 4096, (size_t)f->used) != 0) {
+            sl->mem = NULL;
+            return wsync_err(WSYNC_ERR_NOMEM, "store: sender %d: no memory for a wire slot of "
+                             "%" PRIu64 " bytes (FP8 codes and scales)", s->m.rank, f->used);
+        }
+        sl->cap = (size_t)f->used;
+    }
+    if (sl->mr == NULL) {
+        sl->rkey_len = sizeof(sl->rkey);
+        wsync_status_t rc = f->rma->reg(f->ctx, sl->mem, sl->cap, &sl->mr, sl->rkey, &sl->rkey_len);
+        if (rc != WSYNC_OK) {
+            sl->mr = NULL;
+            return rc;
+        }
+    }
+    f->cur = pick;
+    return WSYNC_OK;
+}
+
+/* Region x of a CUDA shard in place, on the host: its rows' span from the first to the last
+ * element wanted. *base points where element x->g.off would be. */
+static wsync_status_t device_span(wsync_sender_t *s, store_ftx_t *f, const freg_t *x,
+                                  void *stream, const uint8_t **base)
+{
+    size_t esz = wsync_dtype_size(s->shards[x->shard].param.dtype);
+    size_t n = (size_t)((x->g.rows - 1) * x->g.pitch + x->g.cols) * esz;
+
+    if (n > f->scratch_cap) {
+        uint8_t *p = realloc(f->scratch, n);
+        if (p == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for %zu bytes", n);
+        f->scratch = p;
+        f->scratch_cap = n;
+    }
+    wsync_status_t rc = wsync_dev_copy_to_host(f->scratch,
+                                               (const uint8_t *)s->shard_data[x->shard] +
+                                                   x->g.off * esz,
+                                               n, stream, wsync_deadline_in(s->m.timeout_ms));
+    *base = f->scratch - x->g.off * esz;
+    return rc;
+}
+
+wsync_status_t wsync_store_ftx_publish(wsync_sender_t *s, store_ftx_t *f, uint64_t version,
+                                       const void *const *src, void *stream, int hash,
+                                       wsync_dir_entry_t *e, uint64_t *packed)
+{
+    wsync_status_t rc = WSYNC_OK;
+    wsync_msg_t *msg;
+    wsync_relay_t rl;
+    uint32_t had = f->nregs;
+
+    *packed = 0;
+    f->published = 0;
+    /* readers that came since the last version: their regions */
+    while (rc == WSYNC_OK && wsync_member_relay_recv(&s->m, 0, &msg, &rl) == WSYNC_OK) {
+        if (rl.tag == STORE_FP8_TAG && rl.role == WSYNC_ROLE_RECEIVER)
+            rc = take_relay(s, f, &rl);
+        wsync_msg_free(msg);
+    }
+    if (rc != WSYNC_OK)
+        return rc;
+    if (f->nregs != had) {
+        sort_regs(f);
+        WSYNC_LOG_D("store: sender %d: %u FP8 regions (%" PRIu64 " bytes of codes and scales) "
+                    "from version %llu", s->m.rank, f->nregs, f->used, (unsigned long long)version);
+    }
+    if (f->nregs == 0)
+        return WSYNC_OK;
+    if ((rc = take_slot(s, f)) != WSYNC_OK)
+        return rc;
+    fslot_t *sl = &f->slots[f->cur];
+    for (uint32_t k = 0; k < f->nregs && rc == WSYNC_OK; k++) {
+        freg_t *x = &f->regs[k];
+        const uint8_t *base = src[x->shard];
+        if (base == NULL)
+            rc = device_span(s, f, x, stream, &base);
+        /* a plan of one rule, and the region as a chunk placed at its offset in the slot */
+        wsync_plan_t one;
+        memset(&one, 0, sizeof(one));
+        one.nrules = 1;
+        one.rules = &x->rule;
+        wsync_chunk_t c;
+        memset(&c, 0, sizeof(c));
+        c.sender = (uint32_t)s->m.rank;
+        c.shard = x->shard;
+        c.dtype = s->shards[x->shard].param.dtype;
+        c.rule = 1;
+        c.src = x->g;
+        c.ncells = x->ncells;
+        c.bucket_off = x->off;
+        if (rc == WSYNC_OK)
+            rc = wsync_exec_pack_wire(&one, &c, s->shards[x->shard].param.name, base, sl->mem);
+        uint64_t nb = wsync_chunk_wire_bytes(&c);
+        x->hash = rc == WSYNC_OK && hash ? XXH3_64bits(sl->mem + x->off, (size_t)nb) : 0;
+        *packed += nb;
+    }
+    if (rc != WSYNC_OK) {
+        char text[1024];
+        snprintf(text, sizeof(text), "store sender %d: version %llu refused: %s", s->m.rank,
+                 (unsigned long long)version, wsync_last_error());
+        wsync_store_ftx_abandon(f);
+        return wsync_err_set_text(rc, text);
+    }
+    struct wsync_dir_region *g = &e->regions[e->nregions];
+    g->base = (uint64_t)(uintptr_t)sl->mem;
+    g->len = sl->cap;
+    g->rkey = sl->rkey;
+    g->rkey_len = (uint32_t)sl->rkey_len;
+    f->region = e->nregions++;
+    sl->version = version;
+    f->published = f->nregs;
+    return WSYNC_OK;
+}
+
+void wsync_store_ftx_table(const store_ftx_t *f, wsync_wbuf_t *b)
+{
+    uint32_t n = f != NULL && f->cur >= 0 ? f->published : 0;
+
+    wsync_put_u32(b, n);
+    wsync_put_u32(b, STORE_FP8_ROW);
+    if (n == 0)
+        return;
+    const fslot_t *sl = &f->slots[f->cur];
+    for (uint32_t k = 0; k < n; k++) {
+        const freg_t *x = &f->regs[k];
+        wsync_put_u32(b, x->shard);
+        wsync_put_u32(b, f->region);
+        wsync_put_u64(b, (uint64_t)(uintptr_t)sl->mem + x->off);
+        wsync_put_u64(b, x->g.off);
+        wsync_put_u64(b, x->g.rows);
+        wsync_put_u64(b, x->g.cols);
+        wsync_put_u64(b, x->g.pitch);
+        wsync_put_u32(b, x->ncells);
+        put_rule(b, &x->rule);
+        wsync_put_u64(b, x->hash);
+    }
+}
+
+void wsync_store_ftx_abandon(store_ftx_t *f)
+{
+    if (f == NULL)
+        return;
+    if (f->cur >= 0)
+        f->slots[f->cur].version = 0;
+    f->cur = -1;
+    f->published = 0;
+}
+
+void wsync_store_ftx_release(store_ftx_t *f, uint64_t version)
+{
+    for (int i = 0; f != NULL && i < f->nslots; i++)
+        if (f->slots[i].version == version)
+            f->slots[i].version = 0;
+}
+
+/* ---- reader ---------------------------------------------------------------------------------- */
+
+wsync_status_t wsync_store_fp8_table_decode(wsync_rbuf_t *rb, uint32_t sender,
+                                            const wsync_dir_entry_t *e, store_fp8_table_t *t)
+{
+    memset(t, 0, sizeof(*t));
+    uint32_t n = wsync_get_u32(rb), row = wsync_get_u32(rb);
+    if (rb->err || row != STORE_FP8_ROW || n > wsync_rbuf_left(rb) / STORE_FP8_ROW)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's FP8 table is malformed (%u rows "
+                         "of %u bytes)", sender, n, row);
+    if (n == 0)
+        return WSYNC_OK;
+    t->rows = calloc(n, sizeof(*t->rows));
+    if (t->rows == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for %u FP8 table rows", n);
+    t->n = n;
+    for (uint32_t i = 0; i < n; i++) {
+        store_fp8_row_t *x = &t->rows[i];
+        x->shard = wsync_get_u32(rb);
+        x->region = wsync_get_u32(rb);
+        x->addr = wsync_get_u64(rb);
+        x->g.off = wsync_get_u64(rb);
+        x->g.rows = wsync_get_u64(rb);
+        x->g.cols = wsync_get_u64(rb);
+        x->g.pitch = wsync_get_u64(rb);
+        x->ncells = wsync_get_u32(rb);
+        get_rule(rb, &x->rule);
+        x->hash = wsync_get_u64(rb);
+        int ok = !rb->err && x->region < e->nregions && x->shard < e->nshards && x->g.rows > 0 &&
+                 x->g.cols > 0 && x->g.pitch >= x->g.cols && x->g.rows <= (1ull << 40) &&
+                 x->g.cols <= (1ull << 40) && rule_sane(&x->rule) &&
+                 cells_of(&x->rule, x->g.rows, x->g.cols) == x->ncells;
+        if (ok) {   /* the packed bytes lie inside their region (differences: nothing wraps) */
+            const struct wsync_dir_region *g = &e->regions[x->region];
+            uint64_t nb = wsync_wire_scales_off(x->g.rows, x->g.cols) + (uint64_t)x->ncells * 4u;
+            ok = x->addr >= g->base && x->addr - g->base <= g->len &&
+                 nb <= g->len - (x->addr - g->base);
+        }
+        if (!ok) {
+            wsync_store_fp8_table_clear(t);
+            return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's FP8 table row %u is "
+                             "malformed or lies outside its region", sender, i);
+        }
+    }
+    qsort(t->rows, n, sizeof(*t->rows), row_cmp);
+    return WSYNC_OK;
+}
+
+void wsync_store_fp8_table_clear(store_fp8_table_t *t)
+{
+    free(t->rows);
+    memset(t, 0, sizeof(*t));
+}
+
+/* Shard, row geometry and rule equal: one row of the table could hold the chunk's rows. */
+static int same_key(const store_fp8_row_t *x, uint32_t shard, const wsync_region_t *g,
+                    const wsync_wire_rule_t *rule)
+{
+    wsync_region_t a = x->g, b = *g;
+    a.off = b.off = 0;   /* all but the first row */
+    return key_cmp(x->shard, &a, &x->rule, shard, &b, rule) == 0 && col_of(&x->g) == col_of(g);
+}
+
+/* The table's row that holds chunk c's region as whole rows of its cells, and the chunk's first
+ * row in it (*dr); NULL when none does. */
+static const store_fp8_row_t *find_row(const store_fp8_table_t *t, const wsync_chunk_t *c,
+                                       const wsync_wire_rule_t *rule, uint64_t *dr)
+{
+    size_t lo = 0, hi = t->n;
+    uint64_t step = rule->scheme == WSYNC_QUANT_BLOCK ? (uint64_t)rule->block_rows : 1u;
+
+    while (lo < hi) {   /* the first row after c's key */
+        size_t mid = lo + (hi - lo) / 2;
+        const store_fp8_row_t *x = &t->rows[mid];
+        if (key_cmp(x->shard, &x->g, &x->rule, c->shard, &c->src, rule) <= 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    /* a few rows back: a shorter region may start nearer than a longer one that holds c */
+    for (size_t k = lo, tries = 0; k > 0 && tries < 16; k--, tries++) {
+        const store_fp8_row_t *x = &t->rows[k - 1];
+        if (!same_key(x, c->shard, &c->src, rule))
+            break;
+        if (c->src.off < x->g.off || (c->src.off - x->g.off) % x->g.pitch != 0)
+            continue;
+        uint64_t d = (c->src.off - x->g.off) / x->g.pitch;
+        if (d > x->g.rows || c->src.rows > x->g.rows - d || d % step != 0 ||
+            (c->src.rows % step != 0 && d + c->src.rows != x->g.rows))
+            continue;
+        *dr = d;
+        return x;
+    }
+    return NULL;
+}
+
+typedef struct {
+    uint32_t seg;
+    uint64_t wire;                   /* its codes and scales in the batch buffer */
+    uint64_t plain;                  /* UINT64_MAX: packed by its sender; else its values there,
+                                        quantized here */
+    uint64_t hash;                   /* WSYNC_VERIFY: the sender's xxh3 of what arrived whole;
+                                        0: none to check */
+} fitem_t;
+
+struct store_frx {
+    uint32_t lo, hi;
+    uint8_t *buf;
+    size_t cap;
+    fitem_t *items;                  /* the batch on its way */
+    uint32_t nitems, cap_items;
+    uint32_t nsent, nlocal;          /* segments of the last version: packed by senders, here */
+};
+
+static uint64_t align_up(uint64_t x)
+{
+    return (x + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+wsync_status_t wsync_store_frx_create(wsync_receiver_t *r, uint32_t lo, uint32_t hi,
+                                      store_frx_t **out)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    uint32_t n = 0;
+    wsync_status_t rc = WSYNC_OK;
+
+    *out = NULL;
+    for (uint32_t i = lo; i < hi; i++)
+        n += plan->chunks[plan->segments[i].chunk].rule != 0;
+    if (n == 0)
+        return WSYNC_OK;
+    store_frx_t *f = calloc(1, sizeof(*f));
+    if (f == NULL || (f->items = calloc(n, sizeof(*f->items))) == NULL) {
+        free(f);
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+    }
+    f->lo = lo;
+    f->hi = hi;
+    f->cap_items = n;
+    /* our FP8 chunks of each sender, to that sender: it packs them from then on */
+    const uint32_t per = (WSYNC_RELAY_MAX - 8u) / RELAY_ROW;
+    for (uint32_t s = 0; s < plan->nsenders && rc == WSYNC_OK; s++) {
+        uint32_t i = lo;
+        while (i < hi && rc == WSYNC_OK) {
+            wsync_wbuf_t b;
+            uint32_t k = 0, prev = UINT32_MAX;
+            wsync_wbuf_init(&b);
+            wsync_put_u32(&b, 0);   /* the count, set below */
+            for (; i < hi && k < per; i++) {
+                const wsync_segment_t *sg = &plan->segments[i];
+                const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+                if (c->sender != s || c->rule == 0 || sg->chunk == prev)
+                    continue;
+                prev = sg->chunk;   /* segments of one chunk are neighbours (receiver, chunk) */
+                wsync_put_u32(&b, c->shard);
+                wsync_put_u64(&b, c->src.off);
+                wsync_put_u64(&b, c->src.rows);
+                wsync_put_u64(&b, c->src.cols);
+                wsync_put_u64(&b, c->src.pitch);
+                wsync_put_u32(&b, c->ncells);
+                put_rule(&b, &plan->rules[c->rule - 1]);
+                k++;
+            }
+            if (!b.err && k > 0) {
+                uint32_t le = k;   /* little-endian count in place */
+                for (int j = 0; j < 4; j++, le >>= 8)
+                    b.data[j] = (uint8_t)le;
+            }
+            if (b.err)
+                rc = wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
+            else if (k > 0)
+                rc = wsync_member_relay_send(&r->m, WSYNC_ROLE_SENDER, (int)s, STORE_FP8_TAG,
+                                             b.data, (uint32_t)b.len);
+            wsync_wbuf_free(&b);
+        }
+    }
+    if (rc != WSYNC_OK) {
+        wsync_store_frx_free(f);
+        return rc;
+    }
+    WSYNC_LOG_D("store: receiver %d: %u segments of FP8 targets take FP8 on the wire", r->m.rank,
+                n);
+    *out = f;
+    return WSYNC_OK;
+}
+
+void wsync_store_frx_free(store_frx_t *f)
+{
+    if (f == NULL)
+        return;
+    free(f->buf);
+    free(f->items);
+    free(f);
+}
+
+/* Codes and scales of segment sg (at `at` in the batch, as a bucket place) into its CUDA target:
+ * two 2-D copies on `stream`. */
+static wsync_status_t unpack_cuda(wsync_receiver_t *r, const wsync_segment_t *sg,
+                                  const wsync_wire_rule_t *rule, const uint8_t *at, void *stream)
+{
+    const wsync_target_desc_t *t = &r->targets[sg->target];
+    uint64_t cell_row, cell_col, scale_cols, cr, cc;
+    wsync_status_t rc;
+
+    if (!wsync_wire_region_whole(rule, t, sg->dst.off, sg->dst.pitch, sg->dst.rows, sg->dst.cols))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "store: receiver %d: target '%s': an FP8 segment "
+                         "lands on cells it does not cover whole (offset %" PRIu64 ", %" PRIu64
+                         " x %" PRIu64 ")", r->m.rank, t->name, sg->dst.off, sg->dst.rows,
+                         sg->dst.cols);
+    wsync_wire_cells(rule, sg->dst.rows, sg->dst.cols, &cr, &cc);
+    wsync_wire_scales_at(rule, t, &sg->dst, &cell_row, &cell_col, &scale_cols);
+    float *scales = wsync_receiver_wire_scales(r, sg->target);
+    rc = wsync_dev_memcpy2d_async((uint8_t *)r->target_data[sg->target] + sg->dst.off,
+                                  (size_t)sg->dst.pitch, at, (size_t)sg->dst.cols,
+                                  (size_t)sg->dst.cols, (size_t)sg->dst.rows, stream);
+    if (rc == WSYNC_OK)
+        rc = wsync_dev_memcpy2d_async(scales + cell_row * scale_cols + cell_col,
+                                      (size_t)scale_cols * 4u,
+                                      at + wsync_wire_scales_off(sg->dst.rows, sg->dst.cols),
+                                      (size_t)cc * 4u, (size_t)cc * 4u, (size_t)cr, stream);
+    return rc;
+}
+
+/* The batch's gets landed: quantize what came plain, then every segment into its target. */
+static wsync_status_t finish_batch(wsync_receiver_t *r, store_frx_t *f, const wsync_store_io_t *io,
+                                   void *stream)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    wsync_status_t rc = f->nitems > 0 ? io->flush(io->arg) : WSYNC_OK;
+    int cuda = 0;
+
+    for (uint32_t k = 0; k < f->nitems && rc == WSYNC_OK; k++) {
+        const fitem_t *it = &f->items[k];
+        const wsync_segment_t *sg = &plan->segments[it->seg];
+        const wsync_target_desc_t *t = &r->targets[sg->target];
+        wsync_chunk_t c = plan->chunks[sg->chunk];
+        if (it->hash != 0) {
+            uint64_t got = XXH3_64bits(f->buf + it->wire, (size_t)wsync_chunk_wire_bytes(&c));
+            if (got != it->hash) {
+                rc = wsync_err(WSYNC_ERR_INTEGRITY, "store: receiver %d: version refused: param "
+                               "'%s' (target '%s') from sender %u, FP8 chunk %u: the sender's "
+                               "xxh3 of its codes and scales is %016llx, what arrived hashes to "
+                               "%016llx", r->m.rank, t->pieces[sg->piece].param.name, t->name,
+                               c.sender, sg->chunk, (unsigned long long)it->hash,
+                               (unsigned long long)got);
+                break;
+            }
+        }
+        if (it->plain != UINT64_MAX) {
+            wsync_chunk_t pc = c;
+            pc.src = (wsync_region_t){0, c.src.cols, c.src.rows, c.src.cols};
+            pc.bucket_off = it->wire;
+            rc = wsync_exec_pack_wire(plan, &pc, t->pieces[sg->piece].param.name,
+                                      f->buf + it->plain, f->buf);
+            if (rc != WSYNC_OK)
+                break;
+        }
+        c.bucket_off = it->wire;
+        if (t->mem == WSYNC_MEM_CUDA) {
+            rc = unpack_cuda(r, sg, &plan->rules[c.rule - 1], f->buf + it->wire, stream);
+            cuda = 1;
+        } else {
+            rc = wsync_exec_unpack_wire(plan, sg, &c, f->buf, t, r->target_data[sg->target],
+                                        wsync_receiver_wire_scales(r, sg->target));
+        }
+    }
+    /* the buffer is refilled next: the copies out of it first */
+    if (cuda) {
+        wsync_status_t w = wsync_dev_stream_sync(stream, wsync_deadline_in(r->m.timeout_ms),
+                                                 "the store's FP8 chunks' copies to the GPU");
+        rc = rc == WSYNC_OK ? w : rc;
+    }
+    f->nitems = 0;
+    return rc;
+}
+
+wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const wsync_store_io_t *io,
+                                    const wsync_dir_entry_t *e, const store_fp8_table_t *tabs,
+                                    uint64_t v, void *stream, uint64_t *bytes)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    uint64_t used = 0;
+    wsync_status_t rc = WSYNC_OK;
+
+    f->nitems = 0;
+    f->nsent = f->nlocal = 0;
+    for (uint32_t i = f->lo; i < f->hi && rc == WSYNC_OK; i++) {
+        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+        if (c->rule == 0)
+            continue;
+        const wsync_target_desc_t *t = &r->targets[sg->target];
+        if (r->wire == NULL || !r->wire[sg->target] || c->rule > plan->nrules)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "store: receiver %d: FP8 chunk %u of sender %u "
+                             "for target '%s', which is not set up for FP8 on the wire",
+                             r->m.rank, sg->chunk, c->sender, t->name);
+        const wsync_wire_rule_t *rule = &plan->rules[c->rule - 1];
+        const wsync_dir_entry_t *en = &e[c->sender];
+        size_t esz = wsync_dtype_size(c->dtype);
+        uint64_t nb = wsync_chunk_wire_bytes(c), dr = 0, plain = c->src.rows * c->src.cols * esz;
+        const store_fp8_row_t *x = find_row(&tabs[c->sender], c, rule, &dr);
+        uint64_t need = align_up(nb) + (x == NULL ? align_up(plain) : 0);
+        if (f->nitems > 0 && used + need > f->cap) {
+            if ((rc = finish_batch(r, f, io, stream)) != WSYNC_OK)
+                return rc;
+            used = 0;
+        }
+        if (used + need > f->cap) {   /* nothing in flight: the buffer may move */
+            size_t want = (size_t)WSYNC_MAX(need, BATCH_BYTES);
+            uint8_t *p = realloc(f->buf, want);
+            if (p == NULL)
+                return wsync_err(WSYNC_ERR_NOMEM, "store: receiver %d: no memory for %zu bytes "
+                                 "of FP8 chunks", r->m.rank, want);
+            f->buf = p;
+            f->cap = want;
+        }
+        fitem_t *it = &f->items[f->nitems++];
+        it->seg = i;
+        it->wire = used;
+        it->plain = x == NULL ? used + align_up(nb) : UINT64_MAX;
+        it->hash = 0;
+        if (x != NULL) {   /* its sender's codes and scales: one get, or codes and scales apart */
+            const struct wsync_dir_region *g = &en->regions[x->region];
+            uint64_t step = rule->scheme == WSYNC_QUANT_BLOCK ? (uint64_t)rule->block_rows : 1u;
+            uint64_t cr, cc;
+            wsync_wire_cells(rule, c->src.rows, c->src.cols, &cr, &cc);
+            if (dr == 0 && c->src.rows == x->g.rows) {
+                rc = io->get(io->arg, c->sender, g->rkey, g->rkey_len, x->addr, f->buf + used, nb);
+                it->hash = r->m.ctx->verify ? x->hash : 0;
+            } else {
+                rc = io->get(io->arg, c->sender, g->rkey, g->rkey_len, x->addr + dr * c->src.cols,
+                             f->buf + used, c->src.rows * c->src.cols);
+                if (rc == WSYNC_OK)
+                    rc = io->get(io->arg, c->sender, g->rkey, g->rkey_len,
+                                 x->addr + wsync_wire_scales_off(x->g.rows, x->g.cols) +
+                                     dr / step * cc * 4u,
+                                 f->buf + used + wsync_wire_scales_off(c->src.rows, c->src.cols),
+                                 cr * cc * 4u);
+            }
+            *bytes += nb;
+            f->nsent++;
+        } else {           /* not in its table (yet): its values, quantized here */
+            if (c->shard >= en->nshards)
+                return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's directory entry for "
+                                 "version %llu has %u shards; the plan reads shard %u", c->sender,
+                                 (unsigned long long)v, en->nshards, c->shard);
+            const struct wsync_dir_shard *sh = &en->shards[c->shard];
+            const struct wsync_dir_region *g = &en->regions[sh->region];
+            uint64_t first = sh->addr + c->src.off * esz;
+            uint64_t last = first + ((c->src.rows - 1) * c->src.pitch + c->src.cols) * esz;
+            if (first < g->base || last > g->base + g->len || last < first)
+                return wsync_err(WSYNC_ERR_PROTOCOL, "store: version %llu: sender %u shard %u: "
+                                 "the plan reads [%llu, %llu) outside its registered region",
+                                 (unsigned long long)v, c->sender, c->shard,
+                                 (unsigned long long)first, (unsigned long long)last);
+            uint8_t *to = f->buf + it->plain;
+            if (c->src.pitch == c->src.cols)
+                rc = io->get(io->arg, c->sender, g->rkey, g->rkey_len, first, to, plain);
+            for (uint64_t k = 0; c->src.pitch != c->src.cols && k < c->src.rows && rc == WSYNC_OK;
+                 k++)
+                rc = io->get(io->arg, c->sender, g->rkey, g->rkey_len,
+                             first + k * c->src.pitch * esz, to + k * c->src.cols * esz,
+                             c->src.cols * esz);
+            *bytes += plain;
+            f->nlocal++;
+        }
+        used += need;
+    }
+    if (rc == WSYNC_OK)
+        rc = finish_batch(r, f, io, stream);
+    if (rc == WSYNC_OK)
+        WSYNC_LOG_D("store: receiver %d: version %llu: %u FP8 segments as their senders packed "
+                    "them, %u read plain and quantized here", r->m.rank, (unsigned long long)v,
+                    f->nsent, f->nlocal);
+    return rc;
+}
