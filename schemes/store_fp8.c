@@ -685,11 +685,15 @@ static wsync_status_t unpack_cuda(wsync_receiver_t *r, const wsync_segment_t *sg
     rc = wsync_dev_memcpy2d_async((uint8_t *)r->target_data[sg->target] + sg->dst.off,
                                   (size_t)sg->dst.pitch, at, (size_t)sg->dst.cols,
                                   (size_t)sg->dst.cols, (size_t)sg->dst.rows, stream);
-    if (rc == WSYNC_OK)
-        rc = wsync_dev_memcpy2d_async(scales + cell_row * scale_cols + cell_col,
-                                      (size_t)scale_cols * 4u,
-                                      at + wsync_wire_scales_off(sg->dst.rows, sg->dst.cols),
-                                      (size_t)cc * 4u, (size_t)cc * 4u, (size_t)cr, stream);
+    const uint8_t *from = at + wsync_wire_scales_off(sg->dst.rows, sg->dst.cols);
+    float *to = scales + cell_row * scale_cols + cell_col;
+    int dev = (r->dev_scales != NULL && r->dev_scales[sg->target] != NULL) ||
+              r->quant[sg->target].scales_mem == WSYNC_MEM_CUDA;
+    if (rc == WSYNC_OK && dev)
+        rc = wsync_dev_memcpy2d_async(to, (size_t)scale_cols * 4u, from, (size_t)cc * 4u,
+                                      (size_t)cc * 4u, (size_t)cr, stream);
+    for (uint64_t k = 0; rc == WSYNC_OK && !dev && k < cr; k++)   /* host scales */
+        memcpy(to + k * scale_cols, from + k * cc * 4u, (size_t)cc * 4u);
     return rc;
 }
 
