@@ -12,6 +12,7 @@
 #include "core/relay.h"
 #include "core/util.h"
 #include "kernels/device.h"
+#include "kernels/kernels.h"
 #include "reshard/exec.h"
 
 /* relay tag: a reader's FP8 chunks, to each sender it reads them from (store_delta.c has 1) */
@@ -140,6 +141,7 @@ typedef struct {
     uint8_t rkey[WSYNC_RMA_BLOB_MAX];
     size_t rkey_len;
     uint64_t version;                /* the version it holds; 0: free */
+    int pinned;                      /* cudaHostRegister'ed by us (a sender with CUDA shards) */
 } fslot_t;
 
 struct store_ftx {
@@ -155,6 +157,15 @@ struct store_ftx {
     uint32_t region;                 /* its slot's region in the directory entry */
     uint8_t *scratch;                /* a CUDA shard's region on the host */
     size_t scratch_cap;
+    /* Regions of CUDA shards: quantized on the GPU (kernels/wire.c's pack descriptors, one
+     * quantize_many) into dwire, laid out as a slot, then copied to the slot. */
+    int cuda;                        /* some shard is in CUDA memory */
+    int stale;                       /* the regions changed: descriptors to make again */
+    wsync_kquant_t *kq;              /* [nkq] */
+    uint32_t *kreg;                  /* [nkq] the region of each */
+    void **kws;                      /* [nkq] its workspace in dws */
+    uint32_t nkq;
+    void *dwire, *dws;               /* device: the slot's image, the workspaces (kept zeroed) */
 };
 
 static int freg_cmp(const void *x, const void *y)
@@ -236,6 +247,9 @@ wsync_status_t wsync_store_ftx_create(wsync_sender_t *s, const wsync_rma_ops_t *
     f->rma = rma;
     f->ctx = ctx;
     f->cur = -1;
+    f->stale = 1;
+    for (size_t i = 0; i < s->nshards; i++)
+        f->cuda |= s->shards[i].mem == WSYNC_MEM_CUDA;
     for (uint32_t i = 0; plan != NULL && i < plan->nchunks && rc == WSYNC_OK; i++) {
         const wsync_chunk_t *c = &plan->chunks[i];
         if (c->sender == (uint32_t)s->m.rank && c->rule != 0 && c->rule <= plan->nrules)
@@ -257,11 +271,18 @@ void wsync_store_ftx_free(store_ftx_t *f)
     for (int i = 0; i < f->nslots; i++) {
         if (f->slots[i].mr != NULL)
             f->rma->dereg(f->slots[i].mr);
+        if (f->slots[i].pinned)
+            wsync_dev_host_unregister(f->slots[i].mem);
         free(f->slots[i].mem);
     }
     free(f->slots);
     free(f->regs);
     free(f->scratch);
+    wsync_dev_free(f->dwire);
+    wsync_dev_free(f->dws);
+    free(f->kq);
+    free(f->kreg);
+    free(f->kws);
     free(f);
 }
 
@@ -313,6 +334,8 @@ static wsync_status_t take_slot(wsync_sender_t *s, store_ftx_t *f)
     if (sl->cap < f->used) {         /* readers asked for more: a larger slot */
         if (sl->mr != NULL)
             f->rma->dereg(sl->mr);
+        if (sl->pinned)
+            wsync_dev_host_unregister(sl->mem);
         free(sl->mem);
         memset(sl, 0, sizeof(*sl));
         if (posix_memalign((void **)&sl->mem, 4096, (size_t)f->used) != 0) {
@@ -321,6 +344,11 @@ static wsync_status_t take_slot(wsync_sender_t *s, store_ftx_t *f)
                              "%" PRIu64 " bytes (FP8 codes and scales)", s->m.rank, f->used);
         }
         sl->cap = (size_t)f->used;
+        /* pinned, so that the copy of the GPU's codes and scales is DMA */
+        wsync_status_t rc = f->cuda ? wsync_dev_host_register(sl->mem, sl->cap, 0, &sl->pinned)
+                                    : WSYNC_OK;
+        if (rc != WSYNC_OK)
+            return rc;
     }
     if (sl->mr == NULL) {
         sl->rkey_len = sizeof(sl->rkey);
@@ -357,6 +385,101 @@ static wsync_status_t device_span(wsync_sender_t *s, store_ftx_t *f, const freg_
     return rc;
 }
 
+/* A plan of one rule, and region x as a chunk placed at its offset in a slot. */
+static void region_chunk(const wsync_sender_t *s, freg_t *x, wsync_plan_t *one, wsync_chunk_t *c)
+{
+    memset(one, 0, sizeof(*one));
+    one->nrules = 1;
+    one->rules = &x->rule;
+    memset(c, 0, sizeof(*c));
+    c->sender = (uint32_t)s->m.rank;
+    c->shard = x->shard;
+    c->dtype = s->shards[x->shard].param.dtype;
+    c->rule = 1;
+    c->src = x->g;
+    c->ncells = x->ncells;
+    c->bucket_off = x->off;
+}
+
+/* The descriptors of the CUDA shards' regions, their workspaces zeroed, and the device image of
+ * a slot (f->used bytes), made again whenever the regions changed. */
+static wsync_status_t dev_bind(wsync_sender_t *s, store_ftx_t *f, void *stream)
+{
+    wsync_status_t rc = WSYNC_OK;
+    uint32_t n = 0;
+
+    for (uint32_t k = 0; k < f->nregs; k++)
+        n += s->shards[f->regs[k].shard].mem == WSYNC_MEM_CUDA;
+    wsync_dev_free(f->dwire);
+    wsync_dev_free(f->dws);
+    f->dwire = f->dws = NULL;
+    free(f->kq);
+    free(f->kreg);
+    free(f->kws);
+    f->kq = calloc(n + 1, sizeof(*f->kq));
+    f->kreg = calloc(n + 1, sizeof(*f->kreg));
+    f->kws = calloc(n + 1, sizeof(*f->kws));
+    f->nkq = 0;
+    if (f->kq == NULL || f->kreg == NULL || f->kws == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for %u FP8 regions", n);
+    if (n == 0) {
+        f->stale = 0;
+        return WSYNC_OK;
+    }
+    if ((rc = wsync_dev_malloc((size_t)f->used, &f->dwire)) != WSYNC_OK ||
+        (rc = wsync_dev_malloc((size_t)n * WSYNC_KQUANT_WS_BYTES, &f->dws)) != WSYNC_OK ||
+        (rc = wsync_dev_memset_async(f->dws, 0, (size_t)n * WSYNC_KQUANT_WS_BYTES, stream)) !=
+            WSYNC_OK ||
+        (rc = wsync_dev_stream_sync(stream, wsync_deadline_in(s->m.timeout_ms),
+                                    "store: zeroing the FP8 workspaces")) != WSYNC_OK)
+        return rc;
+    for (uint32_t k = 0; k < f->nregs && rc == WSYNC_OK; k++) {
+        freg_t *x = &f->regs[k];
+        if (s->shards[x->shard].mem != WSYNC_MEM_CUDA)
+            continue;
+        wsync_plan_t one;
+        wsync_chunk_t c;
+        region_chunk(s, x, &one, &c);
+        rc = wsync_kernels_pack_wire_desc(&one, &c, s->shard_data[x->shard], f->dwire,
+                                          &f->kq[f->nkq]);
+        f->kq[f->nkq].name = s->shards[x->shard].param.name;
+        f->kws[f->nkq] = (uint8_t *)f->dws + (size_t)f->nkq * WSYNC_KQUANT_WS_BYTES;
+        f->kreg[f->nkq++] = k;
+    }
+    f->stale = rc != WSYNC_OK;
+    return rc;
+}
+
+/* The CUDA shards' regions, quantized on the GPU and copied into slot sl. *bad: the region whose
+ * quantization met a NaN or Inf (UINT32_MAX: none). */
+static wsync_status_t dev_pack(wsync_sender_t *s, store_ftx_t *f, void *stream, fslot_t *sl,
+                               uint32_t *bad)
+{
+    size_t first_bad = f->nkq;
+    wsync_status_t rc;
+
+    *bad = UINT32_MAX;
+    if (f->stale && (rc = dev_bind(s, f, stream)) != WSYNC_OK)
+        return rc;
+    if (f->nkq == 0)
+        return WSYNC_OK;
+    if ((rc = wsync_dev_quantize_many(f->kq, f->nkq, f->kws, 0, stream)) != WSYNC_OK ||
+        (rc = wsync_dev_quantize_check(f->dws, f->nkq, stream, wsync_deadline_in(s->m.timeout_ms),
+                                       &first_bad)) != WSYNC_OK)
+        return rc;
+    if (first_bad < f->nkq) {
+        *bad = f->kreg[first_bad];
+        /* the flags stay set otherwise */
+        rc = wsync_dev_memset_async(f->dws, 0, (size_t)f->nkq * WSYNC_KQUANT_WS_BYTES, stream);
+        return rc;
+    }
+    rc = wsync_dev_memcpy_async(sl->mem, f->dwire, (size_t)f->used, stream);
+    return rc == WSYNC_OK ? wsync_dev_stream_sync(stream, wsync_deadline_in(s->m.timeout_ms),
+                                                  "store: the GPU's FP8 codes and scales to the "
+                                                  "host")
+                          : rc;
+}
+
 wsync_status_t wsync_store_ftx_publish(wsync_sender_t *s, store_ftx_t *f, uint64_t version,
                                        const void *const *src, void *stream, int hash,
                                        wsync_dir_entry_t *e, uint64_t *packed)
@@ -378,6 +501,7 @@ wsync_status_t wsync_store_ftx_publish(wsync_sender_t *s, store_ftx_t *f, uint64
         return rc;
     if (f->nregs != had) {
         sort_regs(f);
+        f->stale = 1;
         WSYNC_LOG_D("store: sender %d: %u FP8 regions (%" PRIu64 " bytes of codes and scales) "
                     "from version %llu", s->m.rank, f->nregs, f->used, (unsigned long long)version);
     }
@@ -386,30 +510,31 @@ wsync_status_t wsync_store_ftx_publish(wsync_sender_t *s, store_ftx_t *f, uint64
     if ((rc = take_slot(s, f)) != WSYNC_OK)
         return rc;
     fslot_t *sl = &f->slots[f->cur];
+    /* CUDA shards' regions on the GPU first (the copy fills the whole slot), then the host's */
+    uint32_t bad = UINT32_MAX;
+    if (f->cuda)
+        rc = dev_pack(s, f, stream, sl, &bad);
     for (uint32_t k = 0; k < f->nregs && rc == WSYNC_OK; k++) {
         freg_t *x = &f->regs[k];
-        const uint8_t *base = src[x->shard];
-        if (base == NULL)
-            rc = device_span(s, f, x, stream, &base);
-        /* a plan of one rule, and the region as a chunk placed at its offset in the slot */
         wsync_plan_t one;
-        memset(&one, 0, sizeof(one));
-        one.nrules = 1;
-        one.rules = &x->rule;
         wsync_chunk_t c;
-        memset(&c, 0, sizeof(c));
-        c.sender = (uint32_t)s->m.rank;
-        c.shard = x->shard;
-        c.dtype = s->shards[x->shard].param.dtype;
-        c.rule = 1;
-        c.src = x->g;
-        c.ncells = x->ncells;
-        c.bucket_off = x->off;
-        if (rc == WSYNC_OK)
-            rc = wsync_exec_pack_wire(&one, &c, s->shards[x->shard].param.name, base, sl->mem);
+        region_chunk(s, x, &one, &c);
         uint64_t nb = wsync_chunk_wire_bytes(&c);
-        x->hash = rc == WSYNC_OK && hash ? XXH3_64bits(sl->mem + x->off, (size_t)nb) : 0;
         *packed += nb;
+        if (s->shards[x->shard].mem != WSYNC_MEM_CUDA || k == bad) {
+            /* on the CPU; a region whose GPU quantization met a NaN or Inf again, from a host
+             * copy, for the error naming the element */
+            const uint8_t *base = s->shards[x->shard].mem == WSYNC_MEM_CUDA ? NULL : src[x->shard];
+            if (base == NULL)
+                rc = device_span(s, f, x, stream, &base);
+            if (rc == WSYNC_OK)
+                rc = wsync_exec_pack_wire(&one, &c, s->shards[x->shard].param.name, base, sl->mem);
+            if (rc == WSYNC_OK && k == bad)
+                rc = wsync_err(WSYNC_ERR_INTERNAL, "store: sender %d: the GPU's quantization of "
+                               "param '%s' met a non-finite value its region does not hold",
+                               s->m.rank, s->shards[x->shard].param.name);
+        }
+        x->hash = rc == WSYNC_OK && hash ? XXH3_64bits(sl->mem + x->off, (size_t)nb) : 0;
     }
     if (rc != WSYNC_OK) {
         char text[1024];

@@ -51,9 +51,11 @@ wsync_status_t wsync_store_ftx_create(wsync_sender_t *s, const wsync_rma_ops_t *
 void wsync_store_ftx_free(store_ftx_t *f);
 /* Version `version`: take the regions of readers that came since (relays), quantize each into a
  * wire slot and add the slot as region e->nregions (the caller's array has room for it). src[i]
- * is shard i's bytes of this version in host memory, or NULL for a CUDA shard read in place
- * (copied to the host on `stream`, device current). WSYNC_ERR_NONFINITE naming the param and
- * the sender when a region holds a NaN or Inf; nothing is published then. *packed: the bytes. */
+ * is host shard i's bytes of this version (its snapshot, or the shard); regions of CUDA shards
+ * are quantized on the GPU from the shards (kernels/wire.c's descriptors, on `stream`, device
+ * current) and copied into the slot. WSYNC_ERR_NONFINITE naming the param, the element and the
+ * sender when a region holds a NaN or Inf; nothing is published then. *packed: the bytes. With
+ * `hash`, each region's xxh3 goes in the table (WSYNC_VERIFY). */
 wsync_status_t wsync_store_ftx_publish(wsync_sender_t *s, store_ftx_t *f, uint64_t version,
                                        const void *const *src, void *stream, int hash,
                                        wsync_dir_entry_t *e, uint64_t *packed);

@@ -562,6 +562,8 @@ static int sender_main(void *arg)
     int store = strcmp(g->scheme, "store") == 0;
     if (store)
         sp.snapshot = !g->in_place;
+    if (store && g->fp8)
+        sp.delta = "off";   /* a store resolves delta versions on, which keep FP8 on the wire off */
     CHECK_OK(wsync_sender_create(ctx, &sp, &s));
     if (check_failures)
         goto out;
@@ -621,6 +623,28 @@ static int sender_main(void *arg)
             note_error(rank, st);
             failed_at = v;
             break;
+        }
+        if (store && g->fp8 && v >= 2) {
+            /* FP8 on the wire: every reader told us its FP8 chunks (it read v - 1 first), so
+             * this version's codes and scales were made here, beside the snapshot copied from
+             * the GPU (in place: from the shards themselves); the readers check every byte */
+            wsync_push_stats_t ps;
+            uint64_t snap = 0;
+            for (size_t k = 0; k < n && !g->in_place; k++)
+                snap += (elems_of(&shards[k].param, &shards[k].box) *
+                             wsync_dtype_size(shards[k].param.dtype) + 63) / 64 * 64;
+            CHECK_OK(wsync_sender_stats(s, &ps));
+            CHECK_MSG(ps.bytes_packed > snap, "store sender %d version %d: %llu bytes packed, the "
+                      "snapshot alone is %llu: no FP8 codes and scales were made", rank, v,
+                      (unsigned long long)ps.bytes_packed, (unsigned long long)snap);
+            printf("   store sender %d version %d: %llu bytes of FP8 codes and scales\n", rank,
+                   v, (unsigned long long)(ps.bytes_packed - snap));
+            if (rank == 0 && v == 2)
+                CHECK_MSG(wsync_sender_explain(s) != NULL &&
+                              strstr(wsync_sender_explain(s), "FP8 on the wire: the store's") !=
+                                  NULL,
+                          "store sender 0: the explanation does not say FP8 on the wire:\n%s",
+                          wsync_sender_explain(s) ? wsync_sender_explain(s) : "(none)");
         }
     }
     if (failed_at == 0) /* the store lives in the senders: stay until the readers are done */
@@ -1010,14 +1034,16 @@ static void run_cases(void)
             run_group(k);
     }
     /* the store on CUDA memory (issue 19.6), FSDP-2 -> TP-2 sharing GPUs: snapshots copied from
-     * the GPU (bf16 and fp8-block targets, FP8 quantized at the receiver) and the shards
-     * published in place (registered where UCX/libfabric take CUDA memory, else staged) */
-    for (int c = 0; c < 3; c++) {
+     * the GPU (bf16 and fp8-block targets) and the shards published in place (registered where
+     * UCX/libfabric take CUDA memory, else staged); fp8-block with FP8 on the wire (delta off):
+     * the senders quantize from the snapshot, or in place from the shards by way of the host,
+     * and the readers copy codes and scales to the GPU */
+    for (int c = 0; c < 4; c++) {
         group_t g = {.scheme = "store", .nsenders = 2, .tp = 2, .replicas = 1, .colocated = 1,
-                     .fp8 = c == 1, .in_place = c == 2, .kill_receiver = -1};
+                     .fp8 = c == 1 || c == 3, .in_place = c >= 2, .kill_receiver = -1};
         char name[96];
         snprintf(name, sizeof(name), "store colocated FSDP-2 -> TP-2 %s, %s",
-                 c == 1 ? "fp8-block" : "bf16", c == 2 ? "in place" : "snapshots");
+                 g.fp8 ? "fp8-block" : "bf16", g.in_place ? "in place" : "snapshots");
         g.name = strdup(name);
         if (wanted(&g))
             run_group(g);
