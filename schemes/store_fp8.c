@@ -492,13 +492,13 @@ wsync_status_t wsync_store_ftx_publish(wsync_sender_t *s, store_ftx_t *f, uint64
     *packed = 0;
     f->published = 0;
     /* readers that came since the last version: their regions */
-    while (rc == WSYNC_OK && wsync_member_relay_recv(&s->m, 0, &msg, &rl) == WSYNC_OK) {
-        if (rl.tag == STORE_FP8_TAG && rl.role == WSYNC_ROLE_RECEIVER)
-            rc = take_relay(s, f, &rl);
+    while (wsync_member_relay_recv(&s->m, 0, &msg, &rl) == WSYNC_OK) {
+        /* a reader's malformed regions cost that reader only: it quantizes what we do not */
+        if (rl.tag == STORE_FP8_TAG && rl.role == WSYNC_ROLE_RECEIVER &&
+            take_relay(s, f, &rl) != WSYNC_OK)
+            WSYNC_LOG_W("%s (the rest of that reader's regions left out)", wsync_last_error());
         wsync_msg_free(msg);
     }
-    if (rc != WSYNC_OK)
-        return rc;
     if (f->nregs != had) {
         sort_regs(f);
         f->stale = 1;
@@ -658,32 +658,31 @@ static int same_key(const store_fp8_row_t *x, uint32_t shard, const wsync_region
     return key_cmp(x->shard, &a, &x->rule, shard, &b, rule) == 0 && col_of(&x->g) == col_of(g);
 }
 
-/* The table's row that holds chunk c's region as whole rows of its cells, and the chunk's first
- * row in it (*dr); NULL when none does. */
-static const store_fp8_row_t *find_row(const store_fp8_table_t *t, const wsync_chunk_t *c,
-                                       const wsync_wire_rule_t *rule, uint64_t *dr)
+const store_fp8_row_t *wsync_store_fp8_find(const store_fp8_table_t *t, uint32_t shard,
+                                            const wsync_region_t *src, const wsync_wire_rule_t *rule,
+                                            uint64_t *dr)
 {
     size_t lo = 0, hi = t->n;
     uint64_t step = rule->scheme == WSYNC_QUANT_BLOCK ? (uint64_t)rule->block_rows : 1u;
 
-    while (lo < hi) {   /* the first row after c's key */
+    while (lo < hi) {   /* the first row after src's key */
         size_t mid = lo + (hi - lo) / 2;
         const store_fp8_row_t *x = &t->rows[mid];
-        if (key_cmp(x->shard, &x->g, &x->rule, c->shard, &c->src, rule) <= 0)
+        if (key_cmp(x->shard, &x->g, &x->rule, shard, src, rule) <= 0)
             lo = mid + 1;
         else
             hi = mid;
     }
-    /* a few rows back: a shorter region may start nearer than a longer one that holds c */
+    /* a few rows back: a shorter region may start nearer than a longer one that holds src */
     for (size_t k = lo, tries = 0; k > 0 && tries < 16; k--, tries++) {
         const store_fp8_row_t *x = &t->rows[k - 1];
-        if (!same_key(x, c->shard, &c->src, rule))
+        if (!same_key(x, shard, src, rule))
             break;
-        if (c->src.off < x->g.off || (c->src.off - x->g.off) % x->g.pitch != 0)
+        if (src->off < x->g.off || (src->off - x->g.off) % x->g.pitch != 0)
             continue;
-        uint64_t d = (c->src.off - x->g.off) / x->g.pitch;
-        if (d > x->g.rows || c->src.rows > x->g.rows - d || d % step != 0 ||
-            (c->src.rows % step != 0 && d + c->src.rows != x->g.rows))
+        uint64_t d = (src->off - x->g.off) / x->g.pitch;
+        if (d > x->g.rows || src->rows > x->g.rows - d || d % step != 0 ||
+            (src->rows % step != 0 && d + src->rows != x->g.rows))
             continue;
         *dr = d;
         return x;
@@ -899,7 +898,8 @@ wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const w
         const wsync_dir_entry_t *en = &e[c->sender];
         size_t esz = wsync_dtype_size(c->dtype);
         uint64_t nb = wsync_chunk_wire_bytes(c), dr = 0, plain = c->src.rows * c->src.cols * esz;
-        const store_fp8_row_t *x = find_row(&tabs[c->sender], c, rule, &dr);
+        const store_fp8_row_t *x = wsync_store_fp8_find(&tabs[c->sender], c->shard, &c->src, rule,
+                                                        &dr);
         uint64_t need = align_up(nb) + (x == NULL ? align_up(plain) : 0);
         if (f->nitems > 0 && used + need > f->cap) {
             if ((rc = finish_batch(r, f, io, stream)) != WSYNC_OK)

@@ -73,6 +73,12 @@ typedef struct store_frx store_frx_t;
 wsync_status_t wsync_store_fp8_table_decode(wsync_rbuf_t *rb, uint32_t sender,
                                             const wsync_dir_entry_t *e, store_fp8_table_t *t);
 void wsync_store_fp8_table_clear(store_fp8_table_t *t);
+/* The row of a decoded table that holds shard `shard`'s region src under `rule` as whole rows of
+ * its cells (same columns, its first row on a cell row, its last at one or at the row's end),
+ * and src's first row in it (*dr); NULL when none does. */
+const store_fp8_row_t *wsync_store_fp8_find(const store_fp8_table_t *t, uint32_t shard,
+                                            const wsync_region_t *src, const wsync_wire_rule_t *rule,
+                                            uint64_t *dr);
 
 /* Receiver setup: our segments are plan->segments[lo, hi). *out NULL when none of them is FP8;
  * else each sender we read FP8 chunks from is told their regions. */
