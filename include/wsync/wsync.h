@@ -307,9 +307,10 @@ typedef struct {
                                   chunks of FP8 targets with block or channel scales and send
                                   codes and scales (about half the bytes; the receivers' codes
                                   and scales are the same bit for bit), where the plan allows it
-                                  (whole cells), the scheme does (ipc and nccl; the store and
-                                  delta groups send plain values, quantized by the receivers)
-                                  and it pays (ipc: not when colocated on one or two GPUs);
+                                  (whole cells), the scheme does (ipc, nccl and the store;
+                                  groups with delta versions send plain values, quantized by the
+                                  receivers) and it pays (ipc: not when colocated on one or two
+                                  GPUs);
                                   2: wherever the plan and scheme allow it; 0: always plain.
                                   Rank 0's value counts. WSYNC_FP8_WIRE=0|1|2; -1 = unset (1) */
 } wsync_sender_params_t;
