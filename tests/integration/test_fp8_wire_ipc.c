@@ -1,4 +1,5 @@
-/* FP8 on the wire through the ipc scheme, host memory, across processes (docs/fp8_wire.md).
+/* FP8 on the wire through the ipc scheme and the store, host memory, across processes
+ * (docs/fp8_wire.md).
  * FSDP-2 senders of a small model-shaped set of bf16 params; TP-2 receivers and a replica of TP
  * rank 0 (which reads the same slots as rank 0), whose targets are FP8: a fused QKV of three
  * params with 128 x 128 blocks, a row-parallel column slice with channel scales, a merged
@@ -16,6 +17,16 @@
  *    no receiver commits version 2 (theirs stays 1); a new group then takes version 3 right.
  *    Sender 1's chunks for receiver 0 (the embedding, o_proj) all come before its last FP8 one
  *    (up_proj, receiver 1's): a NaN there must still keep receiver 0 from committing (PACKED). */
+/* The store (schemes/store_fp8.c), over UCX and libfabric, snapshots and in place, with a
+ * per-tensor lm_head target too (plain, quantized by its receiver):
+ *  - readers come once version 1 is published, so their senders made it without their FP8
+ *    chunks: the readers read those plain and quantize them (their progress counts bf16 bytes);
+ *    from version 2 on the senders pack them (progress: codes and one f32 per cell, 0.502 x),
+ *    and every version's codes and scales equal the reference and the group's with
+ *    fp8_wire = 0; the senders' bytes_packed is the snapshot plus the FP8 regions, by hand;
+ *  - WSYNC_VERIFY=1: the chunks read whole are checked against their senders' xxh3;
+ *  - a NaN in sender 1's q_proj in version 2: refused by sender 1 (NONFINITE naming the param,
+ *    itself and the element), every reader keeps version 1. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -230,6 +241,8 @@ typedef struct {
     uint64_t delivered[NSENDERS];
     int explain_wire;                /* rank 0's explanation has the FP8 on the wire line */
     int fetched[8];                  /* the store: readers that fetched version v */
+    int published;                   /* the store: sender 0 published version `first` */
+    uint64_t landed_first[NRECV];    /* the store: the progress of version `first` */
     int fail_status[NRECV];             /* a receiver's failed wait: its status and text */
     char fail_text[NRECV][1024];
 } results_t;
@@ -353,6 +366,8 @@ static int sender_main(void *arg)
         CHECK_OK(wsync_sender_stats(snd, &stats));
         g->res->packed[s] = stats.bytes_packed;
         g->res->delivered[s] = stats.bytes_delivered;
+        if (s == 0 && v == g->first)
+            __atomic_store_n(&g->res->published, 1, __ATOMIC_RELEASE);
         /* the store: every reader has version v before the next is made (in place, its shards
          * are read as they are; and the senders have heard every reader's FP8 chunks by then),
          * and before a sender leaves with its memory */
@@ -399,6 +414,12 @@ static int receiver_main(void *arg)
     wsync_status_t st;
 
     make_targets(r % TP, ts);   /* receiver 2 is a replica of TP rank 0 */
+    /* the store: readers come once the first version is in it, so that its senders made it
+     * without their FP8 chunks, which the readers read plain and quantize themselves */
+    for (int64_t until = now_ms() + TIMEOUT_MS;
+         g->store != NULL && !__atomic_load_n(&g->res->published, __ATOMIC_ACQUIRE) &&
+         now_ms() < until;)
+        usleep(2000);
     const int nt = g->store != NULL ? NTARGETS : T_LM;
     if (g->verify)
         setenv("WSYNC_VERIFY", "1", 1);
@@ -460,6 +481,8 @@ static int receiver_main(void *arg)
             g->res->data_hash[r][i] = XXH3_64bits(buf[i], target_bytes(t));
             g->res->scales_hash[r][i] = XXH3_64bits(scales[i], ns * sizeof(float));
         }
+        if (v == g->first)
+            g->res->landed_first[r] = g->res->landed[r][1];
         if (v < 8)
             __atomic_add_fetch(&g->res->fetched[v], 1, __ATOMIC_RELEASE);
     }
@@ -610,6 +633,11 @@ static void wire_on_equals_off(const char *store, int in_place)
                (unsigned long long)fp8_on, (unsigned long long)(fp8_off / 2),
                (double)fp8_on / (double)(fp8_off / 2));
     }
+    for (int r = 0; r < NRECV && store != NULL; r++)   /* version 1: read plain, quantized here */
+        CHECK_MSG(on->landed_first[r] == fp8_off / 2 + rest, "%s: receiver %d read %llu bytes "
+                  "of version 1, published before it came; expected %llu (its FP8 chunks plain)",
+                  what, r, (unsigned long long)on->landed_first[r],
+                  (unsigned long long)(fp8_off / 2 + rest));
     for (int s = 0; s < NSENDERS && store != NULL; s++) {
         /* the store: the snapshot (none in place), then the FP8 regions its readers asked for,
          * each row of them once (receiver 2 asks for receiver 0's) */
