@@ -1162,11 +1162,13 @@ static wsync_status_t read_staged(wsync_receiver_t *r, store_receiver_t *st, wsy
 }
 
 /* Segment sg, verified: batches of its rows arrive as whole checksum blocks into the bounce
- * buffer, are checked, then copied (and cast) into the target. */
+ * buffer, are checked, then copied (and cast) into the target, or (dense not NULL) into dense
+ * [rows, cols] in the chunk's dtype. */
 static wsync_status_t read_verified(wsync_receiver_t *r, store_receiver_t *st, uint32_t i,
                                     const struct wsync_dir_shard *sh,
                                     const struct wsync_dir_region *rg, wsync_rma_rkey_t *key,
-                                    const store_sums_t *x, uint64_t v, store_landing_t *ld)
+                                    const store_sums_t *x, uint64_t v, store_landing_t *ld,
+                                    uint8_t *dense)
 {
     const wsync_segment_t *sg = &r->m.plan->segments[i];
     const wsync_chunk_t *c = &r->m.plan->chunks[sg->chunk];
@@ -1206,7 +1208,9 @@ static wsync_status_t read_verified(wsync_receiver_t *r, store_receiver_t *st, u
         }
         wsync_region_t from = {first / esz - lo / esz, c->src.pitch, n, c->src.cols};
         wsync_region_t to = {sg->dst.off + r0 * sg->dst.pitch, sg->dst.pitch, n, sg->dst.cols};
-        rc = land_copy(r, st, st->bounce, c->dtype, &from, sg->target, &to);
+        wsync_region_t packed = {r0 * c->src.cols, c->src.cols, n, c->src.cols};
+        rc = dense != NULL ? wsync_exec_copy(st->bounce, c->dtype, &from, dense, c->dtype, &packed)
+                           : land_copy(r, st, st->bounce, c->dtype, &from, sg->target, &to);
         if (rc != WSYNC_OK)
             return rc;
     }
@@ -1258,6 +1262,42 @@ static wsync_status_t dio_flush(void *arg)
     return from_sender(io->r, flush_landed(io->r, io->st, io->v, io->ld), -1, io->v);
 }
 
+/* WSYNC_VERIFY: an FP8 chunk no packed region holds whole (schemes/store_fp8.c quantizes it
+ * here), its plain rows checked against its sender's checksums, dense into dst. */
+typedef struct {
+    wsync_receiver_t *r;
+    store_receiver_t *st;
+    const wsync_dir_entry_t *e;
+    const store_sums_t *sums;
+    uint64_t v;
+    store_landing_t *ld;
+} store_vio_t;
+
+static wsync_status_t plain_verified(void *arg, uint32_t i, uint8_t *dst)
+{
+    store_vio_t *io = arg;
+    const wsync_chunk_t *c = &io->r->m.plan->chunks[io->r->m.plan->segments[i].chunk];
+    const wsync_dir_entry_t *en = &io->e[c->sender];
+    const store_sums_t *x = &io->sums[c->sender];
+    wsync_rma_rkey_t *key = NULL;
+
+    if (x->block == 0)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "store: receiver %d: version %llu refused: it "
+                         "cannot be verified, sender %u published it without checksums "
+                         "(WSYNC_VERIFY=1 must be set on the senders too)", io->r->m.rank,
+                         (unsigned long long)io->v, c->sender);
+    if (c->shard >= en->nshards || c->shard >= x->nshards)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's directory entry or checksums for "
+                         "version %llu lack shard %u, which the plan reads", c->sender,
+                         (unsigned long long)io->v, c->shard);
+    const struct wsync_dir_shard *sh = &en->shards[c->shard];
+    const struct wsync_dir_region *rg = &en->regions[sh->region];
+    wsync_status_t rc = rkey_for(io->st, c->sender, rg->rkey, rg->rkey_len, &key);
+    if (rc == WSYNC_OK)
+        rc = read_verified(io->r, io->st, i, sh, rg, key, x, io->v, io->ld, dst);
+    return from_sender(io->r, rc, (int)c->sender, io->v);
+}
+
 /* Read version v's segments of ours, as the directory entries say where they lie. */
 static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
                                       const wsync_dir_entry_t *e, const store_sums_t *sums,
@@ -1280,8 +1320,9 @@ static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
         /* FP8 chunks: their senders' codes and scales (FP8 on the wire) */
         store_dio_t dio = {r, st, v, ld};
         wsync_store_io_t io = {dio_get, dio_flush, &dio};
-        if ((rc = wsync_store_frx_read(r, st->frx, &io, e, tabs, v, st->stream, bytes)) !=
-            WSYNC_OK)
+        store_vio_t vio = {r, st, e, sums, v, ld};
+        if ((rc = wsync_store_frx_read(r, st->frx, &io, plain_verified, &vio, e, tabs, v,
+                                       st->stream, bytes)) != WSYNC_OK)
             return rc;
     }
     for (uint32_t i = st->lo; i < st->hi; i++) {
@@ -1326,7 +1367,7 @@ static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
                 return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's checksums for version "
                                  "%llu cover %u shards; the plan reads shard %u", c->sender,
                                  (unsigned long long)v, x->nshards, c->shard);
-            rc = read_verified(r, st, i, sh, rg, key, x, v, ld);
+            rc = read_verified(r, st, i, sh, rg, key, x, v, ld, NULL);
             posted = 0;
         } else if (direct && st->staged &&
                    (st->stage_all || r->targets[sg->target].mem == WSYNC_MEM_CUDA)) {

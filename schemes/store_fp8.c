@@ -706,6 +706,7 @@ struct store_frx {
     fitem_t *items;                  /* the batch on its way */
     uint32_t nitems, cap_items;
     uint32_t nsent, nlocal;          /* segments of the last version: packed by senders, here */
+    uint64_t v;                      /* the version being read */
 };
 
 static uint64_t align_up(uint64_t x)
@@ -837,12 +838,12 @@ static wsync_status_t finish_batch(wsync_receiver_t *r, store_frx_t *f, const ws
         if (it->hash != 0) {
             uint64_t got = XXH3_64bits(f->buf + it->wire, (size_t)wsync_chunk_wire_bytes(&c));
             if (got != it->hash) {
-                rc = wsync_err(WSYNC_ERR_INTEGRITY, "store: receiver %d: version refused: param "
-                               "'%s' (target '%s') from sender %u, FP8 chunk %u: the sender's "
-                               "xxh3 of its codes and scales is %016llx, what arrived hashes to "
-                               "%016llx", r->m.rank, t->pieces[sg->piece].param.name, t->name,
-                               c.sender, sg->chunk, (unsigned long long)it->hash,
-                               (unsigned long long)got);
+                rc = wsync_err(WSYNC_ERR_INTEGRITY, "store: receiver %d: version %llu refused: "
+                               "param '%s' (target '%s') from sender %u, FP8 chunk %u: the "
+                               "sender's xxh3 of its codes and scales is %016llx, what arrived "
+                               "hashes to %016llx", r->m.rank, (unsigned long long)f->v,
+                               t->pieces[sg->piece].param.name, t->name, c.sender, sg->chunk,
+                               (unsigned long long)it->hash, (unsigned long long)got);
                 break;
             }
         }
@@ -875,6 +876,7 @@ static wsync_status_t finish_batch(wsync_receiver_t *r, store_frx_t *f, const ws
 }
 
 wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const wsync_store_io_t *io,
+                                    wsync_store_verified_fn verified, void *varg,
                                     const wsync_dir_entry_t *e, const store_fp8_table_t *tabs,
                                     uint64_t v, void *stream, uint64_t *bytes)
 {
@@ -884,6 +886,7 @@ wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const w
 
     f->nitems = 0;
     f->nsent = f->nlocal = 0;
+    f->v = v;
     for (uint32_t i = f->lo; i < f->hi && rc == WSYNC_OK; i++) {
         const wsync_segment_t *sg = &plan->segments[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
@@ -900,6 +903,10 @@ wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const w
         uint64_t nb = wsync_chunk_wire_bytes(c), dr = 0, plain = c->src.rows * c->src.cols * esz;
         const store_fp8_row_t *x = wsync_store_fp8_find(&tabs[c->sender], c->shard, &c->src, rule,
                                                         &dr);
+        /* verified: only what can be checked whole against its sender's xxh3 */
+        if (x != NULL && r->m.ctx->verify &&
+            (dr != 0 || c->src.rows != x->g.rows || x->hash == 0))
+            x = NULL;
         uint64_t need = align_up(nb) + (x == NULL ? align_up(plain) : 0);
         if (f->nitems > 0 && used + need > f->cap) {
             if ((rc = finish_batch(r, f, io, stream)) != WSYNC_OK)
@@ -955,9 +962,12 @@ wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const w
                                  (unsigned long long)v, c->sender, c->shard,
                                  (unsigned long long)first, (unsigned long long)last);
             uint8_t *to = f->buf + it->plain;
-            if (c->src.pitch == c->src.cols)
+            if (r->m.ctx->verify)
+                rc = verified(varg, i, to);
+            else if (c->src.pitch == c->src.cols)
                 rc = io->get(io->arg, c->sender, g->rkey, g->rkey_len, first, to, plain);
-            for (uint64_t k = 0; c->src.pitch != c->src.cols && k < c->src.rows && rc == WSYNC_OK;
+            for (uint64_t k = 0; !r->m.ctx->verify && c->src.pitch != c->src.cols &&
+                                 k < c->src.rows && rc == WSYNC_OK;
                  k++)
                 rc = io->get(io->arg, c->sender, g->rkey, g->rkey_len,
                              first + k * c->src.pitch * esz, to + k * c->src.cols * esz,

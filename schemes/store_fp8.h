@@ -85,10 +85,17 @@ const store_fp8_row_t *wsync_store_fp8_find(const store_fp8_table_t *t, uint32_t
 wsync_status_t wsync_store_frx_create(wsync_receiver_t *r, uint32_t lo, uint32_t hi,
                                       store_frx_t **out);
 void wsync_store_frx_free(store_frx_t *f);
+/* WSYNC_VERIFY: segment seg's chunk's plain rows, checked against its sender's checksums, dense
+ * [rows, cols] into dst (store.c). */
+typedef wsync_status_t (*wsync_store_verified_fn)(void *arg, uint32_t seg, uint8_t *dst);
+
 /* Version v: every one of our segments whose chunk travels FP8, read (its sender's packed bytes
  * where its table holds them, else plain and quantized here) and landed in its target (CUDA
- * targets by copies on `stream`, device current). *bytes += the bytes read for them. */
+ * targets by copies on `stream`, device current). *bytes += the bytes read for them. With
+ * WSYNC_VERIFY, packed bytes are taken only where a region holds the chunk whole with its
+ * sender's xxh3 (checked); the others come plain through `verified`. */
 wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const wsync_store_io_t *io,
+                                    wsync_store_verified_fn verified, void *varg,
                                     const wsync_dir_entry_t *e, const store_fp8_table_t *tabs,
                                     uint64_t v, void *stream, uint64_t *bytes);
 

@@ -261,6 +261,8 @@ typedef struct {
     int nan_param;                   /* where sender 1's NaN goes: its row 3, column 5 */
     const char *store;               /* the store over this transport ("ucx", "ofi"); NULL: ipc */
     int in_place;                    /* the store: shards published in place, not snapshots */
+    int corrupt_get;                 /* the store: reader corrupt_get - 1 flips a bit of its first
+                                        get of version 2 (0: none) */
 } group_t;
 
 static char coord_addr[64];
@@ -414,6 +416,10 @@ static int receiver_main(void *arg)
     wsync_status_t st;
 
     make_targets(r % TP, ts);   /* receiver 2 is a replica of TP rank 0 */
+    /* its 18th get: version 1 took 17 under WSYNC_VERIFY (whole checksum blocks), and version
+     * 2's FP8 chunks are read first, as their senders packed them */
+    if (g->store != NULL && g->corrupt_get == r + 1)
+        setenv("WSYNC_FAULT", "store.get:corrupt@18", 1);
     /* the store: readers come once the first version is in it, so that its senders made it
      * without their FP8 chunks, which the readers read plain and quantize themselves */
     for (int64_t until = now_ms() + TIMEOUT_MS;
@@ -453,6 +459,13 @@ static int receiver_main(void *arg)
         uint64_t got = 0;
         st = g->store != NULL ? wsync_receiver_fetch(rv, v, TIMEOUT_MS, &got)
                               : wsync_receiver_wait(rv, TIMEOUT_MS, &got);
+        if (g->corrupt_get == r + 1 && v == 2) {   /* this reader alone refuses it */
+            g->res->fail_status[r] = (int)st;
+            snprintf(g->res->fail_text[r], sizeof(g->res->fail_text[r]), "%s", wsync_last_error());
+            CHECK_MSG(st != WSYNC_OK, "reader %d: a corrupted version went through", r);
+            __atomic_add_fetch(&g->res->fetched[v], 1, __ATOMIC_RELEASE);   /* senders go on */
+            break;
+        }
         if (g->corrupt) {
             g->res->fail_status[r] = (int)st;
             snprintf(g->res->fail_text[r], sizeof(g->res->fail_text[r]), "%s", wsync_last_error());
@@ -694,7 +707,7 @@ static void case_wire_verified(void)
     CHECK(res != NULL);
     if (res == NULL)
         return;
-    run_group((group_t){0, 0, 1, 1, 2, 0, res, 1, 0, 0, NULL, 0});
+    run_group((group_t){0, 0, 1, 1, 2, 0, res, 1, 0, 0, NULL, 0, 0});
     for (int r = 0; r < NRECV; r++)
         CHECK(res->version[r] == 2);
     CHECK(res->explain_wire);
@@ -715,7 +728,7 @@ static void case_wire_corrupt_refused(void)
     CHECK(res != NULL);
     if (res == NULL)
         return;
-    run_group((group_t){0, 0, 1, 1, 1, 0, res, 1, 1, 0, NULL, 0});
+    run_group((group_t){0, 0, 1, 1, 1, 0, res, 1, 1, 0, NULL, 0, 0});
     for (int r = 0; r < NRECV; r++) {
         printf("receiver %d: %s: %s\n", r, wsync_status_name((wsync_status_t)res->fail_status[r]),
                res->fail_text[r]);
@@ -744,14 +757,14 @@ static void case_nan_refused(void)
      * it receiver 0 takes: receiver 0 waits for sender 1's PACKED, which never comes */
     static const int where[] = {P_Q, P_UP};
     for (int w = 0; w < 2; w++) {
-        run_group((group_t){0, 0, 1, 1, 3, 2, res, 0, 0, where[w], NULL, 0});
+        run_group((group_t){0, 0, 1, 1, 3, 2, res, 0, 0, where[w], NULL, 0, 0});
         for (int r = 0; r < NRECV; r++)
             CHECK_MSG(res->version[r] == 1, "NaN in %s: receiver %d holds version %llu, "
                       "expected 1", params[where[w]].name, r,
                       (unsigned long long)res->version[r]);
     }
     /* finite again: a new group takes version 3 right */
-    run_group((group_t){0, 0, 1, 3, 3, 0, res, 0, 0, 0, NULL, 0});
+    run_group((group_t){0, 0, 1, 3, 3, 0, res, 0, 0, 0, NULL, 0, 0});
     for (int r = 0; r < NRECV; r++)
         CHECK(res->version[r] == 3);
     CHECK(res->explain_wire);
@@ -771,8 +784,9 @@ static void case_store_on_equals_off(void)
     }
 }
 
-/* The store with WSYNC_VERIFY=1: a reader checks the FP8 chunks it reads against the xxh3 its
- * sender published for them. */
+/* The store with WSYNC_VERIFY=1: a reader checks the FP8 chunks it reads whole against the xxh3
+ * its sender published for them (version 2), and those it quantizes itself against the shards'
+ * checksums (version 1, published before it came); a flipped bit is refused. */
 static void case_store_verified(void)
 {
     const char *t = test_have_transport("ucx") ? "ucx" : test_have_transport("ofi") ? "ofi" : NULL;
@@ -783,6 +797,21 @@ static void case_store_verified(void)
                         .store = t});
     for (int r = 0; r < NRECV; r++)
         CHECK(res->version[r] == 2);
+#if defined(WSYNC_FAULTS) && WSYNC_FAULTS
+    /* a bit of reader 1's first FP8 chunk of version 2 flipped as it lands: refused with
+     * INTEGRITY naming the chunk's param and sender; the other readers take version 2 */
+    run_group((group_t){.fp8_wire = 1, .first = 1, .last = 2, .res = res, .verify = 1,
+                        .store = t, .corrupt_get = 2});
+    printf("%s: reader 1: %s: %s\n", t, wsync_status_name((wsync_status_t)res->fail_status[1]),
+           res->fail_text[1]);
+    fflush(stdout);
+    CHECK_MSG(res->fail_status[1] == WSYNC_ERR_INTEGRITY &&
+                  strstr(res->fail_text[1], "version 2 refused") != NULL &&
+                  strstr(res->fail_text[1], "xxh3 of its codes and scales") != NULL &&
+                  strstr(res->fail_text[1], "from sender") != NULL,
+              "%s: reader 1 did not refuse its corrupted FP8 chunk with INTEGRITY", t);
+    CHECK(res->version[0] == 2 && res->version[1] == 1 && res->version[2] == 2);
+#endif
     munmap(res, sizeof(*res));
 }
 
