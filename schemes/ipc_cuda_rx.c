@@ -187,6 +187,15 @@ static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
                  * local runs: 3% faster on 4 H200 (FSDP-4 -> TP-4 colocated, Qwen3-8B shape) */
                 double q = local ? env_double("WSYNC_IPC_QUANT_BLOCKS_LOCAL", 1.0)
                                  : env_double("WSYNC_IPC_QUANT_BLOCKS_PEER", 0.5);
+                /* alone on the GPU (no peer reads; the batch set built at setup tells), the
+                 * runs get the copies' cap for that case: on one H200 (Qwen3-8B shape, FP8
+                 * block) FSDP-1 -> TP-1 took 11.6 ms at 1 block per SM, 9.7 at 2, 9.9
+                 * uncapped (bf16: 9.9) */
+                const char *lv = getenv("WSYNC_IPC_BLOCKS_LOCAL");
+                int sms = 0;
+                if (local && !st->peer_reads && (lv == NULL || *lv == '\0') &&
+                    wsync_dev_sm_count(r->device, &sms) == WSYNC_OK && sms > 0)
+                    f->qblocks = (uint32_t)(sms * IPC_BLOCKS_LOCAL_ALONE + 0.5);
                 if (f->qblocks > 0 && q > 0)   /* 0 (copies' or ours): no cap */
                     f->qblocks = WSYNC_MAX((uint32_t)(f->qblocks * q + 0.5), 1u);
                 else
@@ -275,8 +284,9 @@ static wsync_status_t bucket_descs(wsync_receiver_t *r, ipc_receiver_t *st, ipc_
         const ipc_inplace_t *ip = &f->inplace[ch->shard];
         const uint8_t *src;
         uint64_t src_off = ch->src.off, src_pitch = ch->src.pitch;
-        if (r->targets[sg->target].mem != WSYNC_MEM_CUDA || st->seg_run[i] != 0)
-            continue;   /* host targets: the CPU's; runs: quantized from the shard */
+        if (r->targets[sg->target].mem != WSYNC_MEM_CUDA || (st->seg_run != NULL && st->seg_run[i] != 0))
+            continue;   /* host targets: the CPU's; runs: quantized from the shard (none
+                           planned yet: batches built at setup) */
         if (skip_delta && wsync_ipc_drx_seg_delta(r, f->drx, i))
             continue;   /* applied from the delta slot */
         if (ch->rule != 0) {
@@ -340,6 +350,7 @@ static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int
         if (rc == WSYNC_OK && f->stream == NULL)
             rc = sender_stream(r, f, NULL, &max_blocks, NULL);
     }
+    st->peer_reads = peer;
     /* every source on our GPU: the local copies get the cap for a GPU they do not share with peer
      * reads (unless WSYNC_IPC_BLOCKS_LOCAL says otherwise) */
     const char *lv = getenv("WSYNC_IPC_BLOCKS_LOCAL");
@@ -371,11 +382,16 @@ wsync_status_t wsync_ipc_select_batches(wsync_receiver_t *r, ipc_receiver_t *st)
 {
     int hit = -1;
 
-    if (!st->qruns_planned) {
+    /* the runs need q_need, which a version's start sets up (core/receiver.c): batches built at
+     * setup, before any version, go without them, and are built again once the runs are known
+     * (planning them at setup found no candidate, so no FP8 target was ever quantized in place) */
+    if (!st->qruns_planned && r->q_need != NULL) {
         wsync_status_t rc = plan_qruns(r, st);
         if (rc != WSYNC_OK)
             return rc;
         st->qruns_planned = 1;
+        if (r->nqruns > 0)
+            st->cache_stamp[0] = st->cache_stamp[1] = 0;
     }
     /* FP8 on the wire: a target's scales may move without its data (set_target_data) */
     int scales_same = 1;

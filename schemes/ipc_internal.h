@@ -147,6 +147,7 @@ typedef struct {
     uint64_t cache_stamp[2];         /* last use, 0: empty */
     int cur;                         /* the batch set in use */
     int qruns_planned;               /* plan_qruns ran (the runs do not depend on the batch set) */
+    int peer_reads;                  /* the last batch set read some source on another GPU */
     uint32_t *seg_run;               /* [plan->nsegments] 1 + the run a segment is part of, or 0 */
     uint32_t *qrun_last;             /* [r->nqruns] the bucket after whose copies a run launches */
     uint64_t seen_gen, stamp;

@@ -396,7 +396,7 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
                 return rc;
             if (batch != NULL && (rc = wsync_dev_batch_launch(batch, f->stream)) != WSYNC_OK)
                 return rc;
-            if (f->qrun_start[k + 1] > f->qrun_start[k] &&
+            if (f->qrun_start != NULL && f->qrun_start[k + 1] > f->qrun_start[k] &&
                 (rc = wsync_qdirect_launch(r, f->qrun_list + f->qrun_start[k],
                                            f->qrun_start[k + 1] - f->qrun_start[k],
                                            f->qblocks, f->stream)) != WSYNC_OK)

@@ -137,11 +137,11 @@ static void run_case(const char *name, void (*fn)(void))
 
 static const wsync_dtype_t float_types[3] = {WSYNC_DTYPE_BF16, WSYNC_DTYPE_F16, WSYNC_DTYPE_F32};
 
-static void pick_pair(wsync_dtype_t *s, wsync_dtype_t *d)
+static void pick_pair(wsync_dtype_t *s, wsync_dtype_t *d, int same)
 {
     static const wsync_dtype_t any[5] = {WSYNC_DTYPE_BF16, WSYNC_DTYPE_F16, WSYNC_DTYPE_F32,
                                          WSYNC_DTYPE_F8E4M3FN, WSYNC_DTYPE_U8};
-    if (below(3) == 0) {
+    if (same || below(3) == 0) {
         *s = *d = any[below(5)];
         return;
     }
@@ -157,14 +157,15 @@ typedef struct {
     size_t src_at, dst_at, src_bytes, dst_bytes;   /* byte ranges in the arenas */
 } placed_t;
 
-static void make_copy(placed_t *p, size_t *src_used, size_t *dst_used)
+/* same: no cast (a batch of such copies runs the byte-copy kernel) */
+static void make_copy(placed_t *p, size_t *src_used, size_t *dst_used, int same)
 {
     wsync_kcopy_t *c = &p->c;
     int aligned = below(2) == 0;
     size_t ss, ds;
 
     memset(p, 0, sizeof(*p));
-    pick_pair(&c->src_dtype, &c->dst_dtype);
+    pick_pair(&c->src_dtype, &c->dst_dtype, same);
     ss = wsync_dtype_size(c->src_dtype);
     ds = wsync_dtype_size(c->dst_dtype);
     switch (below(4)) {
@@ -198,16 +199,20 @@ static void make_copy(placed_t *p, size_t *src_used, size_t *dst_used)
 }
 
 /* Random batches of copies, run by the batch and the one-shot entry points, against
- * wsync_exec_copy. */
+ * wsync_exec_copy; the batch also with its grid capped at 3 blocks (each block then strides over
+ * many units, as a receiver's capped batches do). The second half of the trials has no casts
+ * (the byte-copy kernel). */
+static const char *const copy_ways[3] = {"batch", "one-shot", "batch, 3 blocks"};
+
 static void test_copy_random(void)
 {
-    for (int trial = 0; trial < 30; trial++) {
+    for (int trial = 0; trial < 40; trial++) {
         uint32_t n = (uint32_t)range(1, 48);
         placed_t *pl = calloc(n, sizeof(*pl));
         wsync_kcopy_t *cd = calloc(n, sizeof(*cd));
         size_t su = 0, du = 0;
         for (uint32_t i = 0; i < n; i++)
-            make_copy(&pl[i], &su, &du);
+            make_copy(&pl[i], &su, &du, trial >= 20);
         uint8_t *hs = malloc(su), *hd = malloc(du), *ref = malloc(du), *got = malloc(du);
         uint8_t poison = (uint8_t)(rnd() | 1);
         void *ds_, *dd_;
@@ -229,15 +234,17 @@ static void test_copy_random(void)
             cd[i].dst = (uint8_t *)dd_ + pl[i].dst_at;
         }
         CU(cudaMemcpy(ds_, hs, su, cudaMemcpyHostToDevice));
-        for (int way = 0; way < 2; way++) {
+        for (int way = 0; way < 3; way++) {
             wsync_kcopy_batch_t *b = NULL;
             memset(hd, poison, du);
             CU(cudaMemcpy(dd_, hd, du, cudaMemcpyHostToDevice));
-            if (way == 0) {
-                CHECK_OK(wsync_kernels_batch_create(cd, n, &b));
-                CHECK_OK(wsync_kernels_batch_launch(b, NULL));
-            } else {
+            if (way == 1) {
                 CHECK_OK(wsync_kernels_copy(cd, n, NULL));
+            } else {
+                CHECK_OK(wsync_kernels_batch_create(cd, n, &b));
+                if (way == 2)
+                    wsync_kernels_batch_limit(b, 3);
+                CHECK_OK(wsync_kernels_batch_launch(b, NULL));
             }
             CU(cudaDeviceSynchronize());
             wsync_kernels_batch_free(b);
@@ -250,7 +257,7 @@ static void test_copy_random(void)
                 const wsync_kcopy_t *c = &pl[i].c;
                 CHECK_MSG(0, "trial %d (%s): byte %zu differs (%02x, want %02x): copy %u %s->%s "
                           "%" PRIu64 "x%" PRIu64 " off %" PRIu64 "/%" PRIu64 " pitch %" PRIu64 "/%" PRIu64,
-                          trial, way ? "one-shot" : "batch", at, got[at], ref[at], i,
+                          trial, copy_ways[way], at, got[at], ref[at], i,
                           dtn(c->src_dtype), dtn(c->dst_dtype), c->rows, c->cols, c->src_off,
                           c->dst_off, c->src_pitch, c->dst_pitch);
             }
@@ -1039,6 +1046,17 @@ static void run_bench(void)
         wsync_kcopy_batch_t *b;
         CHECK_OK(wsync_kernels_batch_create(cd, 8, &b));
         bench_add("pack bf16 (8 strided slices)", N * 4.0, N * 4.0, batch_launch, b);
+        wsync_kernels_batch_free(b);
+        /* a dense copy with the grid a colocated receiver gives it alone on its GPU
+         * (schemes/ipc_cuda_rx.c: 2 blocks per SM), and uncapped */
+        int sms = 0;
+        CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        wsync_kcopy_t dc = {d_bf16, d_wide, 0, C, 0, C, R, C, WSYNC_DTYPE_BF16, WSYNC_DTYPE_BF16};
+        CHECK_OK(wsync_kernels_batch_create(&dc, 1, &b));
+        wsync_kernels_batch_limit(b, (uint32_t)(2 * sms));
+        bench_add("copy bf16 dense, 2 blocks/SM", N * 4.0, N * 4.0, batch_launch, b);
+        wsync_kernels_batch_limit(b, 0);
+        bench_add("copy bf16 dense, uncapped", N * 4.0, N * 4.0, batch_launch, b);
         wsync_kernels_batch_free(b);
         wsync_kcopy_t up = {d_bf16, d_wide, 0, C, 0, C, R, C, WSYNC_DTYPE_BF16, WSYNC_DTYPE_F32};
         CHECK_OK(wsync_kernels_batch_create(&up, 1, &b));
