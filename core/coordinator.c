@@ -494,20 +494,17 @@ static void wire_off_delta(wsync_coord_t *co, const wsync_target_desc_t *targets
 /* FP8 on the wire (docs/fp8_wire.md) is for ipc, nccl and store groups without delta versions,
  * when rank 0 allows it and some target is FP8 with block or channel scales: delta versions diff
  * the values as they are. With fp8_wire 1, ipc takes it only where it pays
- * (core/wire_policy.c). `wired` is the plan compiled with it. */
-static int wire_wanted(wsync_coord_t *co, const wsync_plan_t *wired,
-                       const wsync_target_desc_t *targets, size_t ntg)
+ * (core/wire_policy.c: not where sender and receiver share a GPU). */
+static int wire_wanted(wsync_coord_t *co, const wsync_target_desc_t *targets, size_t ntg)
 {
-    uint64_t plain, wire, nwire;
     char why[300], line[400];
 
     if (co->scheme == NULL || !wire_candidate(co, targets, ntg)) {
         wire_off_delta(co, targets, ntg);
         return 0;
     }
-    wire_totals(wired, &plain, &wire, &nwire);
     if (co->fp8_wire == 1 && strcmp(co->scheme->name, "ipc") == 0 &&
-        !wsync_ipc_wire_pays(group_colocated(co), gpus_of(co), plain, wire, why, sizeof(why))) {
+        !wsync_ipc_wire_pays(group_colocated(co), gpus_of(co), why, sizeof(why))) {
         snprintf(line, sizeof(line), "FP8 on the wire: off: %s (fp8_wire 2 forces it)", why);
         explain_line(co, line);
         return 0;
@@ -679,7 +676,7 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
     if (co->scheme == NULL &&
         choose_scheme(co, only, plan, shards, nsh, targets, ntg, sh, rh) != 0)
         goto out;
-    if (plan_has_wire(plan) && !wire_wanted(co, plan, targets, ntg)) {
+    if (plan_has_wire(plan) && !wire_wanted(co, targets, ntg)) {
         wsync_plan_t *plain = NULL;
         st = wsync_plan_compile(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
                                 (uint32_t)co->nreceivers, bucket, &plain);

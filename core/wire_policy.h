@@ -7,15 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Colocated ipc takes FP8 on the wire only where its bytes are at most this share of the plain
- * bytes: staging FP8 chunks costs a pack and a copy, repaid only by a large enough saving. */
-#define WSYNC_IPC_WIRE_MAX_SHARE 0.70
-
-/* 1: ipc stages FP8 chunks. 0: its receivers quantize from the shards in place, and `why` (may
- * be NULL) says why in one line. colocated: some sender shares a GPU with some receiver; ngpus:
- * the distinct GPUs of the group; plain_bytes, wire_bytes: what the plan's segments move without
- * and with FP8 on the wire. */
-int wsync_ipc_wire_pays(int colocated, int ngpus, uint64_t plain_bytes, uint64_t wire_bytes,
-                        char *why, size_t whylen);
-
+/* 1: ipc stages FP8 chunks (disaggregated groups: every byte crosses a link). 0: colocated; its
+ * receivers quantize from the shards in place, and `why` (may be NULL) says so in one line.
+ * colocated: some sender shares a GPU with some receiver; ngpus: the distinct GPUs of the
+ * group. */
+int wsync_ipc_wire_pays(int colocated, int ngpus, char *why, size_t whylen);
 #endif
