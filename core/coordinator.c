@@ -47,6 +47,8 @@ struct wsync_coord {
     char explain[4096];
     uint32_t delta;                  /* the group's delta mode, resolved with the scheme */
     int fp8_wire;                    /* rank 0's fp8_wire param: 0 off, 1 where it pays, 2 on */
+    int wire_tensor;                 /* this compile may send per-tensor FP8 targets' chunks as
+                                        FP8 (tensor_candidate) */
     /* store: published versions (the directory), readers waiting for one, how many to keep */
     struct coord_version {
         uint64_t version;
@@ -434,8 +436,42 @@ static int wire_candidate(const wsync_coord_t *co, const wsync_target_desc_t *ta
         return 0;
     for (size_t i = 0; i < ntg && !fp8; i++)
         fp8 = wsync_target_quantized(targets[i].dtype, targets[i].quant) &&
-              targets[i].quant != WSYNC_QUANT_TENSOR;
+              (targets[i].quant != WSYNC_QUANT_TENSOR || co->wire_tensor);
     return fp8;
+}
+
+/* Per-tensor FP8 targets may travel FP8 too: their senders agree on each one's amax every
+ * version (schemes/wire_amax.c), which only ipc does, with host shards and host targets (CUDA
+ * shards, nccl and the store keep them plain: docs/fp8_wire.md section 5). Some such target
+ * exists, and the scheme, if already chosen, is ipc. */
+static int tensor_candidate(const wsync_coord_t *co, const wsync_shard_desc_t *shards,
+                            size_t nsh, const wsync_target_desc_t *targets, size_t ntg)
+{
+    int any = 0;
+
+    if (!co->fp8_wire || (co->scheme != NULL && strcmp(co->scheme->name, "ipc") != 0))
+        return 0;
+    for (size_t i = 0; i < nsh; i++)
+        if (shards[i].mem != WSYNC_MEM_HOST)
+            return 0;
+    for (size_t i = 0; i < ntg; i++) {
+        if (!wsync_target_quantized(targets[i].dtype, targets[i].quant) ||
+            targets[i].quant != WSYNC_QUANT_TENSOR)
+            continue;
+        if (targets[i].mem != WSYNC_MEM_HOST)
+            return 0;
+        any = 1;
+    }
+    return any;
+}
+
+static int plan_has_tensor(const wsync_plan_t *plan)
+{
+    for (uint32_t i = 0; i < plan->nchunks; i++)
+        if (plan->chunks[i].rule != 0 &&
+            wsync_wire_rule_needs_amax(&plan->rules[plan->chunks[i].rule - 1]))
+            return 1;
+    return 0;
 }
 
 static int plan_has_wire(const wsync_plan_t *plan)
@@ -484,7 +520,7 @@ static void wire_off_delta(wsync_coord_t *co, const wsync_target_desc_t *targets
 
     for (size_t i = 0; i < ntg && !fp8; i++)
         fp8 = wsync_target_quantized(targets[i].dtype, targets[i].quant) &&
-              targets[i].quant != WSYNC_QUANT_TENSOR;
+              (targets[i].quant != WSYNC_QUANT_TENSOR || co->wire_tensor);
     if (fp8 && co->fp8_wire && co->scheme != NULL && co->delta != WSYNC_DELTA_MODE_OFF &&
         !wire_said(co))
         explain_line(co, "FP8 on the wire: off: delta versions diff plain values, so FP8 targets "
@@ -526,6 +562,28 @@ static void wire_explain(wsync_coord_t *co, const wsync_plan_t *wired)
              "FP8 on the wire: %" PRIu64 " of %u chunks quantized by their senders; %.3f GB moved "
              "instead of %.3f GB (%.3f x)", nwire, wired->nchunks, (double)after / 1e9,
              (double)before / 1e9, before ? (double)after / (double)before : 1.0);
+    explain_line(co, line);
+    if (plan_has_tensor(wired))
+        explain_line(co, "FP8 on the wire: per-tensor targets too: their senders agree on each "
+                         "one's amax every version (one control round trip through sender 0)");
+}
+
+/* Per-tensor FP8 targets left plain while rank 0 allows FP8 on the wire: said once. */
+static void tensor_plain_said(wsync_coord_t *co, const wsync_plan_t *plan,
+                              const wsync_target_desc_t *targets, size_t ntg)
+{
+    int any = 0;
+    char line[300];
+
+    for (size_t i = 0; i < ntg && !any; i++)
+        any = wsync_target_quantized(targets[i].dtype, targets[i].quant) &&
+              targets[i].quant == WSYNC_QUANT_TENSOR;
+    if (!any || !co->fp8_wire || plan_has_tensor(plan) || strstr(co->explain, "per-tensor") ||
+        strstr(co->explain, "FP8 on the wire: off"))
+        return;
+    snprintf(line, sizeof(line), "FP8 on the wire: per-tensor targets plain, quantized by their "
+             "receivers: only ipc with host shards and host targets has its senders agree on "
+             "the amax (scheme %s)", co->scheme != NULL ? co->scheme->name : "?");
     explain_line(co, line);
 }
 
@@ -656,7 +714,8 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
     /* FP8 on the wire compiled in from the start where it may be taken: the scheme is chosen on
      * that plan (which pairs carry bytes does not change), and only a group that turns out not
      * to take it (the store, delta versions, ipc colocated on few GPUs) compiles again */
-    const wsync_plan_opts_t opts = {wire_candidate(co, targets, ntg)};
+    co->wire_tensor = tensor_candidate(co, shards, nsh, targets, ntg);
+    wsync_plan_opts_t opts = {wire_candidate(co, targets, ntg), co->wire_tensor};
     st = wsync_plan_compile_opts(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
                                  (uint32_t)co->nreceivers, bucket, &opts, &plan);
     if (st != WSYNC_OK) {
@@ -676,6 +735,20 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
     if (co->scheme == NULL &&
         choose_scheme(co, only, plan, shards, nsh, targets, ntg, sh, rh) != 0)
         goto out;
+    if (co->wire_tensor && !tensor_candidate(co, shards, nsh, targets, ntg)) {
+        /* the scheme chosen does not exchange amaxes: per-tensor targets travel plain */
+        wsync_plan_t *again = NULL;
+        co->wire_tensor = 0;
+        opts = (wsync_plan_opts_t){wire_candidate(co, targets, ntg), 0};
+        st = wsync_plan_compile_opts(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
+                                     (uint32_t)co->nreceivers, bucket, &opts, &again);
+        if (st != WSYNC_OK) {
+            group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
+            goto out;
+        }
+        wsync_plan_free(plan);
+        plan = again;
+    }
     if (plan_has_wire(plan) && !wire_wanted(co, targets, ntg)) {
         wsync_plan_t *plain = NULL;
         st = wsync_plan_compile(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
@@ -696,10 +769,12 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
             explain_line(co, "FP8 on the wire: the store's senders quantize the FP8 chunks "
                              "(block or channel scales, whole cells) their readers ask for, from "
                              "the version after a reader came; a reader quantizes what they did "
-                             "not, to the same bytes");
+                             "not, to the same bytes; per-tensor targets plain, quantized by "
+                             "their readers (the store's senders do not agree on amaxes)");
     } else {
         wire_off_delta(co, targets, ntg);
     }
+    tensor_plain_said(co, plan, targets, ntg);
     WSYNC_LOG_I("coordinator: plan %016llx, %u chunks, %u segments; scheme %s\n%s",
                 (unsigned long long)plan->fingerprint, plan->nchunks, plan->nsegments,
                 co->scheme->name, co->explain);

@@ -33,6 +33,17 @@ wsync_status_t wsync_exec_unpack(const wsync_segment_t *seg, const wsync_chunk_t
 wsync_status_t wsync_exec_pack_wire(const wsync_plan_t *plan, const wsync_chunk_t *chunk,
                                     const char *param, const void *shard_data, void *bucket);
 
+/* Per-tensor rules (wsync_wire_rule_needs_amax): the chunk's part of the target's amax, max |x|
+ * over its region of the shard (*amax, finite, written only on success), and its pack with the
+ * amax its senders agreed on (`amax`: the target's, >= the chunk's own): codes x / s with s =
+ * wsync_fp8_tensor_scale(amax), then that one scale. wsync_exec_pack_wire refuses such chunks
+ * (it has no amax). NONFINITE as for wsync_exec_pack_wire (the amax pass finds it). */
+wsync_status_t wsync_exec_amax_wire(const wsync_plan_t *plan, const wsync_chunk_t *chunk,
+                                    const char *param, const void *shard_data, float *amax);
+wsync_status_t wsync_exec_pack_wire_amax(const wsync_plan_t *plan, const wsync_chunk_t *chunk,
+                                         const char *param, const void *shard_data, float amax,
+                                         void *bucket);
+
 /* Unpack a segment of an FP8 chunk: its codes into the segment's region of the target (FP8
  * bytes, target_data of t's dtype), its scales into the target's scale matrix `scales` (host
  * f32, wsync_quant_scales_shape of t) at the cells the region covers. */

@@ -10,6 +10,7 @@
 #include "reshard/convert.h"
 #include "reshard/fp8.h"
 
+#include <float.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -281,6 +282,10 @@ wsync_status_t wsync_exec_pack_wire(const wsync_plan_t *plan, const wsync_chunk_
     if (st != WSYNC_OK)
         return st;
     ru = &plan->rules[ch->rule - 1];
+    if (wsync_wire_rule_needs_amax(ru))
+        return wsync_err(WSYNC_ERR_INVALID, "pack (FP8 on the wire): sender %u: param '%s': a "
+                         "per-tensor chunk needs the target's amax (wsync_exec_pack_wire_amax)",
+                         ch->sender, param != NULL ? param : "?");
     rows = ch->src.rows;
     cols = ch->src.cols;
     wsync_wire_cells(ru, rows, cols, &cell_rows, &cell_cols);
@@ -303,6 +308,106 @@ wsync_status_t wsync_exec_pack_wire(const wsync_plan_t *plan, const wsync_chunk_
     st = pack_tiles(ch, ru, param, shard_data, (uint8_t *)bucket + ch->bucket_off, scratch,
                     trows, tcols);
     free(scratch);
+    return st;
+}
+
+/* Per-tensor rules: rows of the chunk in tiles of up to TILE_BYTES of f32 (channel-like), so
+ * that bf16 and f16 shards convert through a bounded scratch. */
+static wsync_status_t tensor_tiles(const wsync_chunk_t *ch, const char *param,
+                                   float **scratch, uint64_t *trows)
+{
+    uint64_t k = TILE_BYTES / 4u / ch->src.cols;
+
+    *trows = WSYNC_MIN(k < 1 ? 1 : k, ch->src.rows);
+    *scratch = NULL;
+    if (ch->dtype == WSYNC_DTYPE_F32)
+        return WSYNC_OK;
+    *scratch = malloc((size_t)(*trows * ch->src.cols) * sizeof(float));
+    if (*scratch == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "pack (FP8 on the wire): sender %u: param '%s': "
+                         "scratch for %" PRIu64 " x %" PRIu64 " values", ch->sender,
+                         param != NULL ? param : "?", *trows, ch->src.cols);
+    return WSYNC_OK;
+}
+
+static wsync_status_t tensor_check(const wsync_plan_t *plan, const wsync_chunk_t *ch,
+                                   const char *param, const void *shard_data, const void *out)
+{
+    wsync_status_t st = pack_check(plan, ch, shard_data, out);
+
+    if (st == WSYNC_OK && !wsync_wire_rule_needs_amax(&plan->rules[ch->rule - 1]))
+        return wsync_err(WSYNC_ERR_INVALID, "pack (FP8 on the wire): sender %u: param '%s': "
+                         "rule %u is not per-tensor", ch->sender, param != NULL ? param : "?",
+                         ch->rule);
+    if (st == WSYNC_OK && ch->ncells != 1)
+        return wsync_err(WSYNC_ERR_INVALID, "pack (FP8 on the wire): sender %u: param '%s': a "
+                         "per-tensor chunk has 1 scale, not %u", ch->sender,
+                         param != NULL ? param : "?", ch->ncells);
+    return st;
+}
+
+wsync_status_t wsync_exec_amax_wire(const wsync_plan_t *plan, const wsync_chunk_t *chunk,
+                                    const char *param, const void *shard_data, float *amax)
+{
+    const wsync_chunk_t *ch = chunk;
+    float *scratch, m = 0.0f;
+    uint64_t trows;
+    wsync_status_t st = tensor_check(plan, ch, param, shard_data, amax);
+
+    if (st != WSYNC_OK || (st = report_nonfinite(ch, param, shard_data)) != WSYNC_OK ||
+        (st = tensor_tiles(ch, param, &scratch, &trows)) != WSYNC_OK)
+        return st;
+    for (uint64_t r0 = 0; r0 < ch->src.rows; r0 += trows) {
+        tile_t tl = {r0, WSYNC_MIN(trows, ch->src.rows - r0), 0, ch->src.cols, 0, 0};
+        const float *x;
+        uint64_t pitch;
+        tile_input(ch, shard_data, &tl, scratch, &x, &pitch);
+        for (uint64_t r = 0; r < tl.rows; r++) {
+            float a = wsync_amax_f32(x + r * pitch, tl.cols);
+            m = a > m ? a : m;
+        }
+    }
+    free(scratch);
+    *amax = m;
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_exec_pack_wire_amax(const wsync_plan_t *plan, const wsync_chunk_t *chunk,
+                                         const char *param, const void *shard_data, float amax,
+                                         void *bucket)
+{
+    const wsync_chunk_t *ch = chunk;
+    const wsync_wire_rule_t *ru;
+    uint8_t *codes;
+    float *scratch, s;
+    uint64_t trows;
+    wsync_status_t st = tensor_check(plan, ch, param, shard_data, bucket);
+
+    if (st != WSYNC_OK)
+        return st;
+    if (!(amax >= 0.0f) || amax > FLT_MAX)
+        return wsync_err(WSYNC_ERR_INVALID, "pack (FP8 on the wire): sender %u: param '%s': "
+                         "the target's amax %g is not finite", ch->sender,
+                         param != NULL ? param : "?", (double)amax);
+    /* refused before anything is written, as the other rules are */
+    if ((st = report_nonfinite(ch, param, shard_data)) != WSYNC_OK ||
+        (st = tensor_tiles(ch, param, &scratch, &trows)) != WSYNC_OK)
+        return st;
+    ru = &plan->rules[ch->rule - 1];
+    s = wsync_fp8_tensor_scale(amax, ru->fp8_dtype);
+    codes = (uint8_t *)bucket + ch->bucket_off;
+    for (uint64_t r0 = 0; r0 < ch->src.rows && st == WSYNC_OK; r0 += trows) {
+        tile_t tl = {r0, WSYNC_MIN(trows, ch->src.rows - r0), 0, ch->src.cols, 0, 0};
+        const float *x;
+        uint64_t pitch;
+        tile_input(ch, shard_data, &tl, scratch, &x, &pitch);
+        st = wsync_fp8_encode_scaled_f32(x, tl.rows, tl.cols, pitch, s, ru->fp8_dtype,
+                                         ru->no_saturate, codes + r0 * ch->src.cols,
+                                         ch->src.cols);
+    }
+    free(scratch);
+    if (st == WSYNC_OK)
+        memcpy(codes + wsync_wire_scales_off(ch->src.rows, ch->src.cols), &s, 4);
     return st;
 }
 

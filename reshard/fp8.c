@@ -375,6 +375,34 @@ out:
     return st;
 }
 
+float wsync_fp8_tensor_scale(float amax, wsync_dtype_t fp8_dtype)
+{
+    const quant_grid_t g = {0};
+    uint32_t u;
+
+    memcpy(&u, &amax, 4);
+    return cell_scale(u & 0x7fffffffu, &g, wsync_fp8_max(fp8_dtype), 0.0f, 0);
+}
+
+wsync_status_t wsync_fp8_encode_scaled_f32(const float *x, uint64_t rows, uint64_t cols,
+                                           uint64_t x_pitch, float scale,
+                                           wsync_dtype_t fp8_dtype, int no_saturate,
+                                           uint8_t *out, uint64_t out_pitch)
+{
+    int f = fp8_format(fp8_dtype);
+
+    if (f < 0 || (rows > 0 && cols > 0 && (x == NULL || out == NULL)) || x_pitch < cols ||
+        out_pitch < cols || !(scale >= FLT_MIN) || scale > FLT_MAX)
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_fp8_encode_scaled_f32: dtype %s, %" PRIu64
+                         " x %" PRIu64 " at pitches %" PRIu64 " / %" PRIu64 ", scale %g",
+                         wsync_dtype_name(fp8_dtype), rows, cols, x_pitch, out_pitch,
+                         (double)scale);
+    /* as wsync_quantize_f32's per-tensor pass 2: x / s, element for element */
+    for (uint64_t r = 0; r < rows; r++)
+        fp8_spans[f][!no_saturate].div(x + r * x_pitch, (size_t)cols, scale, out + r * out_pitch);
+    return WSYNC_OK;
+}
+
 wsync_status_t wsync_dequantize_f32(const uint8_t *qv, uint64_t rows, uint64_t cols,
                                     uint64_t q_pitch, const wsync_quant_t *q,
                                     wsync_dtype_t fp8_dtype, const float *scales, float *out,

@@ -139,6 +139,21 @@ wsync_status_t wsync_quantize_f32(const char *name, const float *x, uint64_t row
                                   wsync_dtype_t fp8_dtype, uint8_t *out, uint64_t out_pitch,
                                   float *scales);
 
+/* The per-tensor rule's scale for a tensor whose max |x| is amax (as wsync_quantize_f32 makes
+ * it with WSYNC_QUANT_TENSOR): amax / fmax, 1 where that is 0 or below FLT_MIN. amax must be
+ * finite. Thread-safe. */
+float wsync_fp8_tensor_scale(float amax, wsync_dtype_t fp8_dtype);
+
+/* Encode a [rows, cols] float32 matrix with a given per-tensor scale: out = encode(x / scale),
+ * bit for bit what wsync_quantize_f32 writes with WSYNC_QUANT_TENSOR when its own amax gives that
+ * scale (FP8 on the wire: a sender's part of a tensor, the scale from every sender's amax).
+ * Saturating unless no_saturate. WSYNC_ERR_INVALID for a non-FP8 dtype, NULL pointers, pitches
+ * below cols, or a scale that is not finite and >= FLT_MIN. Thread-safe. */
+wsync_status_t wsync_fp8_encode_scaled_f32(const float *x, uint64_t rows, uint64_t cols,
+                                           uint64_t x_pitch, float scale,
+                                           wsync_dtype_t fp8_dtype, int no_saturate,
+                                           uint8_t *out, uint64_t out_pitch);
+
 /* The inverse: out[i][j] = decode(qv[i][j]) * s for the scale s covering (i, j), computed in
  * float32. Same arguments and errors as wsync_quantize_f32 (no NONFINITE). Thread-safe. */
 wsync_status_t wsync_dequantize_f32(const uint8_t *qv, uint64_t rows, uint64_t cols,

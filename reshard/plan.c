@@ -131,6 +131,7 @@ wsync_status_t wsync_plan_compile_opts(const wsync_shard_desc_t *shards, size_t 
     c.nreceivers = nreceivers;
     c.bucket_bytes = bucket_bytes;
     c.fp8_wire = opts != NULL && opts->fp8_wire;
+    c.fp8_tensor = c.fp8_wire && opts->fp8_tensor;
     c.plan = calloc(1, sizeof(*c.plan));
     c.load = calloc(nsenders, sizeof(*c.load));
     if (c.plan == NULL || c.load == NULL || wsync_plan_map_grow(&c) != 0) {

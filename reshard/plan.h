@@ -96,10 +96,13 @@ typedef struct {
  * the knobs of the targets it lands in, which all agree (the plan's rule table). Cells are
  * block_rows x block_cols of the chunk (WSYNC_QUANT_BLOCK) or its rows (WSYNC_QUANT_CHANNEL,
  * block_rows = block_cols = 0); the plan lays every such chunk on whole cells of its targets,
- * so the sender's cells are the receiver's. */
+ * so the sender's cells are the receiver's. WSYNC_QUANT_TENSOR (wsync_wire_rule_needs_amax):
+ * the chunk is one cell whose scale is the whole target's, made from the amax its senders agree
+ * on each version (schemes/wire_amax.c), the same scale in every chunk of the target. */
 typedef struct {
     wsync_dtype_t fp8_dtype;         /* WSYNC_DTYPE_F8E4M3FN or WSYNC_DTYPE_F8E5M2 */
-    wsync_quant_scheme_t scheme;     /* WSYNC_QUANT_BLOCK or WSYNC_QUANT_CHANNEL */
+    wsync_quant_scheme_t scheme;     /* WSYNC_QUANT_BLOCK, WSYNC_QUANT_CHANNEL or
+                                        WSYNC_QUANT_TENSOR */
     int32_t block_rows, block_cols;
     float eps;                       /* blocks: the amax floor, > 0 */
     uint8_t ue8m0, no_saturate;
@@ -124,10 +127,20 @@ static inline void wsync_wire_cells(const wsync_wire_rule_t *r, uint64_t rows, u
     if (r->scheme == WSYNC_QUANT_BLOCK) {
         *cell_rows = (rows + (uint64_t)r->block_rows - 1) / (uint64_t)r->block_rows;
         *cell_cols = (cols + (uint64_t)r->block_cols - 1) / (uint64_t)r->block_cols;
+    } else if (r->scheme == WSYNC_QUANT_TENSOR) {
+        *cell_rows = 1;
+        *cell_cols = 1;
     } else {
         *cell_rows = rows;
         *cell_cols = 1;
     }
+}
+
+/* The rule's scale is the whole target's (per-tensor): its senders agree on the target's amax
+ * each version before they pack (the "needs the tensor amax" flag of a rule). */
+static inline int wsync_wire_rule_needs_amax(const wsync_wire_rule_t *r)
+{
+    return r->scheme == WSYNC_QUANT_TENSOR;
 }
 
 /* Byte offset of an FP8 chunk's scales in its bucket place (after rows x cols codes). */
@@ -201,9 +214,13 @@ void wsync_plan_free(wsync_plan_t *plan);
  * channel scales, all with one rule (dtype and knobs), each fully covered by pieces of float
  * params, and every chunk of each such target lands on whole cells of it (fused pieces or FSDP
  * rows that cut a cell leave the whole target to its receiver); such chunks are split at cell
- * rows only. 0 (and a NULL opts): every chunk travels as it is. */
+ * rows only. 0 (and a NULL opts): every chunk travels as it is. fp8_tensor (with fp8_wire):
+ * per-tensor targets too, every element covered by float params: their chunks travel as codes
+ * and the target's one scale, which needs the senders to agree on the target's amax each version
+ * (schemes/wire_amax.c); only for schemes that do that exchange (ipc with host shards). */
 typedef struct {
     int fp8_wire;
+    int fp8_tensor;
 } wsync_plan_opts_t;
 
 wsync_status_t wsync_plan_compile_opts(const wsync_shard_desc_t *shards, size_t nshards,
@@ -214,7 +231,8 @@ wsync_status_t wsync_plan_compile_opts(const wsync_shard_desc_t *shards, size_t 
 
 /* FP8 on the wire (reshard/plan_quant.c). */
 /* 1 and *rule filled when target t could take chunks quantized by their senders (FP8 dtype,
- * block or channel scales, every element covered by pieces of bf16/f16/f32 params). */
+ * block, channel or per-tensor scales, every element covered by pieces of bf16/f16/f32 params;
+ * per-tensor ones only where the compile allows it: wsync_plan_opts_t.fp8_tensor). */
 int wsync_wire_rule_of(const wsync_target_desc_t *t, wsync_wire_rule_t *rule);
 int wsync_wire_rule_eq(const wsync_wire_rule_t *a, const wsync_wire_rule_t *b);
 /* The quantizer's arguments for a rule (scales and scales_mem left 0). */

@@ -272,7 +272,7 @@ typedef struct {
                                         was split (every part starts at row 0, column 0) */
     size_t cap_chunks, cap_parts;
     size_t nused, cap_used;          /* plan->bucket_used as pass 3 fills it */
-    int fp8_wire;                    /* wsync_plan_opts_t's */
+    int fp8_wire, fp8_tensor;        /* wsync_plan_opts_t's */
     wsync_wire_rule_t *rules;        /* FP8 on the wire: the distinct rules, in order found */
     uint32_t nrules, cap_rules;
     wsync_plan_t *plan;

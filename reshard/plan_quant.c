@@ -27,7 +27,8 @@ int wsync_wire_rule_of(const wsync_target_desc_t *t, wsync_wire_rule_t *rule)
 {
     uint64_t covered = 0, volume = 1;
 
-    if (!fp8_dtype(t->dtype) || (t->quant != WSYNC_QUANT_BLOCK && t->quant != WSYNC_QUANT_CHANNEL))
+    if (!fp8_dtype(t->dtype) || (t->quant != WSYNC_QUANT_BLOCK && t->quant != WSYNC_QUANT_CHANNEL &&
+                                 t->quant != WSYNC_QUANT_TENSOR))
         return 0;
     if (t->quant == WSYNC_QUANT_BLOCK && (t->block_rows <= 0 || t->block_cols <= 0))
         return 0;
@@ -108,6 +109,8 @@ int wsync_wire_region_whole(const wsync_wire_rule_t *rule, const wsync_target_de
     c0 = dst_off % C;
     if (cols > C - c0 || rows > R || r0 > R - rows)   /* as differences: no sum may wrap */
         return 0;
+    if (rule->scheme == WSYNC_QUANT_TENSOR)
+        return 1;                    /* the one cell is the target's: any region of it */
     if (rule->scheme == WSYNC_QUANT_CHANNEL)
         return c0 == 0 && cols == C;
     {
@@ -132,6 +135,10 @@ void wsync_wire_scales_at(const wsync_wire_rule_t *rule, const wsync_target_desc
         *cell_row = r0 / (uint64_t)rule->block_rows;
         *cell_col = c0 / (uint64_t)rule->block_cols;
         *scale_cols = (C + (uint64_t)rule->block_cols - 1) / (uint64_t)rule->block_cols;
+    } else if (rule->scheme == WSYNC_QUANT_TENSOR) {
+        *cell_row = 0;
+        *cell_col = 0;
+        *scale_cols = 1;
     } else {
         *cell_row = r0;
         *cell_col = 0;

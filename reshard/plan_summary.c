@@ -390,7 +390,9 @@ wsync_status_t wsync_plan_summarize_wire(const wsync_shard_t *shards, const int 
             goto out;
     }
     st = wsync_plan_compile_opts(sd, nsd, td, ntd, (uint32_t)nsenders, (uint32_t)nreceivers,
-                                 (uint64_t)bucket_bytes, &(wsync_plan_opts_t){.fp8_wire = fp8_wire},
+                                 (uint64_t)bucket_bytes,
+                                 &(wsync_plan_opts_t){.fp8_wire = fp8_wire,
+                                                      .fp8_tensor = fp8_wire},
                                  &plan);
     if (st != WSYNC_OK)
         goto out;

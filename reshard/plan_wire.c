@@ -576,8 +576,8 @@ static wsync_status_t decode_rules(wsync_rbuf_t *r, wsync_plan_t *p)
             ok = br >= 1 && br <= INT32_MAX && bc >= 1 && bc <= INT32_MAX && ru->eps > 0.0f &&
                  ru->eps < INFINITY;
         else if (ok)
-            ok = ru->scheme == WSYNC_QUANT_CHANNEL && br == 0 && bc == 0 && eb == 0 &&
-                 !ru->ue8m0;
+            ok = (ru->scheme == WSYNC_QUANT_CHANNEL || ru->scheme == WSYNC_QUANT_TENSOR) &&
+                 br == 0 && bc == 0 && eb == 0 && !ru->ue8m0;
         if (!ok)
             return wsync_err(WSYNC_ERR_PROTOCOL, "plan: FP8 rule %u is malformed (dtype %u, "
                              "scheme %u, blocks %" PRIu64 " x %" PRIu64 ", flags %u)", k + 1, dt,

@@ -4,6 +4,7 @@
  * points), then every RELEASE. Apart from ipc.c, which sets the sender up and tears it down: this
  * is the sender's per-version path, read and tuned on its own. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/fault.h"
@@ -14,6 +15,7 @@
 #include "reshard/exec.h"
 #include "schemes/ipc_delta.h"
 #include "schemes/ipc_internal.h"
+#include "schemes/wire_amax.h"
 
 /* The receiver on data connection c (its tag, set when it said DATA_HELLO), -1 if none: one
  * lookup per RELEASE, not a scan of every receiver (quadratic with hundreds of them). */
@@ -159,8 +161,65 @@ static wsync_status_t send_packed(wsync_sender_t *s, ipc_sender_t *st, uint64_t 
     return rc;
 }
 
+/* Per-tensor FP8 on the wire (schemes/wire_amax.h): this sender's partial amax of each
+ * per-tensor target it holds chunks of, then the max its senders agree on (*amax, [nsets]);
+ * nothing when the plan has none. A NaN or Inf refuses the version here, before any READY. */
+static wsync_status_t tensor_amax(wsync_sender_t *s, uint64_t version, wsync_amax_sets_t *sets,
+                                  float **amax)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    int64_t deadline = wsync_deadline_in(s->m.timeout_ms);
+    wsync_status_t rc;
+
+    *amax = NULL;
+    if ((rc = wsync_amax_sets_build(plan, sets)) != WSYNC_OK || sets->nsets == 0)
+        return rc;
+    *amax = calloc(sets->nsets, sizeof(**amax));
+    if (*amax == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "ipc: sender %d: %u FP8 per-tensor amaxes", s->m.rank,
+                         sets->nsets);
+    for (uint32_t c = 0; c < plan->nchunks; c++) {
+        const wsync_chunk_t *ch = &plan->chunks[c];
+        float a = 0.0f;
+        if (sets->set[c] == WSYNC_AMAX_NONE || ch->sender != (uint32_t)s->m.rank)
+            continue;
+        if (s->shards[ch->shard].mem != WSYNC_MEM_HOST)   /* the coordinator keeps them plain */
+            return wsync_err(WSYNC_ERR_UNSUPPORTED, "ipc: sender %d: param '%s': per-tensor FP8 "
+                             "on the wire from a CUDA shard", s->m.rank,
+                             s->shards[ch->shard].param.name);
+        rc = wsync_exec_amax_wire(plan, ch, s->shards[ch->shard].param.name,
+                                  s->shard_data[ch->shard], &a);
+        if (rc != WSYNC_OK)
+            return refused(s, version, rc);
+        (*amax)[sets->set[c]] = a > (*amax)[sets->set[c]] ? a : (*amax)[sets->set[c]];
+    }
+    return wsync_amax_agree(&s->m, s->m.rank, sets, version, deadline, *amax);
+}
+
+static wsync_status_t push_buckets(wsync_sender_t *s, ipc_sender_t *st, uint64_t version,
+                                   const wsync_amax_sets_t *sets, const float *amax);
+
 /* One version, with the sender in its device context when it has CUDA shards. */
 wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t version)
+{
+    wsync_amax_sets_t sets;
+    float *amax = NULL;
+    uint64_t t0 = wsync_now_ns();
+    wsync_status_t rc = tensor_amax(s, version, &sets, &amax);
+
+    if (rc == WSYNC_OK && sets.nsets > 0)
+        WSYNC_LOG_D("ipc: sender %d: version %llu: %u per-tensor amaxes agreed in %.3f ms",
+                    s->m.rank, (unsigned long long)version, sets.nsets,
+                    (double)(wsync_now_ns() - t0) / 1e6);
+    if (rc == WSYNC_OK)
+        rc = push_buckets(s, st, version, &sets, amax);
+    wsync_amax_sets_free(&sets);
+    free(amax);
+    return rc;
+}
+
+static wsync_status_t push_buckets(wsync_sender_t *s, ipc_sender_t *st, uint64_t version,
+                                   const wsync_amax_sets_t *sets, const float *amax)
 {
     const wsync_plan_t *plan = s->m.plan;
     uint32_t nr = plan->nreceivers;
@@ -209,8 +268,13 @@ wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t
                     continue;
                 if (s->shards[ch->shard].mem == WSYNC_MEM_HOST && ch->rule != 0) {
                     /* FP8 on the wire: a NaN or Inf refuses the version before READY */
-                    rc = wsync_exec_pack_wire(plan, ch, s->shards[ch->shard].param.name,
-                                              s->shard_data[ch->shard], base);
+                    if (sets->nsets > 0 && sets->set[c] != WSYNC_AMAX_NONE)
+                        rc = wsync_exec_pack_wire_amax(plan, ch, s->shards[ch->shard].param.name,
+                                                       s->shard_data[ch->shard],
+                                                       amax[sets->set[c]], base);
+                    else
+                        rc = wsync_exec_pack_wire(plan, ch, s->shards[ch->shard].param.name,
+                                                  s->shard_data[ch->shard], base);
                     if (rc != WSYNC_OK)
                         return refused(s, version, rc);
                 } else if (s->shards[ch->shard].mem == WSYNC_MEM_HOST) {

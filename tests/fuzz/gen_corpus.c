@@ -126,7 +126,7 @@ static void group_make(group_t *g, const wsync_model_config_t *cfg, uint32_t nse
         wsync_layout_targets_free(t, n);
     }
     /* fp8 2: FP8 on the wire, as the coordinator compiles for ipc and nccl */
-    const wsync_plan_opts_t opts = {fp8 == 2};
+    const wsync_plan_opts_t opts = {fp8 == 2, 0};
     if (wsync_plan_compile_opts(g->shards, g->nshards, g->targets, g->ntargets, nsenders,
                                 nreceivers, bucket, &opts, &g->plan))
         die("plan compile");

@@ -492,7 +492,8 @@ static void summary_fp8_wire_whole(void)
 
 /* FSDP-3 -> TP-2, 32 x 32 blocks: the FSDP boundaries of q, k, v, o and down (rows 43 and 86 of
  * 128, 22 and 44 of 64) cut blocks, those of gate and up (128 and 256 of 384) do not: gate_up
- * travels FP8, the rest plain for cut cells. Per-tensor scales travel plain, saying so. */
+ * travels FP8, the rest plain for cut cells. Per-tensor scales travel FP8 (their senders agree
+ * on the amax), cut or not. */
 static void summary_fp8_wire_cut(void)
 {
     const wsync_quant_scheme_t q[TP] = {WSYNC_QUANT_BLOCK, WSYNC_QUANT_BLOCK};
@@ -534,10 +535,17 @@ static void summary_fp8_wire_cut(void)
             CHECK_MSG(s->target_form[j] == want, "%s: form %d, expected %d", n,
                       s->target_form[j], want);
         }
-        /* per-tensor: every FP8 target plain, for that reason */
-        CHECK(t->fp8_wire_bytes == 0);
-        CHECK(t->form_bytes[WSYNC_WIRE_PER_TENSOR] == quant * BF16);
-        CHECK(t->total_bytes == t->total_param_bytes);
+        /* per-tensor: every FP8 target FP8 (its senders agree on the amax), whatever the
+         * FSDP rows cut: its codes (a byte per element) and one f32 scale per chunk, each
+         * chunk's codes padded to 4 bytes (at most 7 bytes more per segment) */
+        CHECK(t->form_bytes[WSYNC_WIRE_PER_TENSOR] == 0);
+        CHECK(t->form_param_bytes[WSYNC_WIRE_FP8] == quant * BF16);
+        CHECK_MSG(t->fp8_wire_bytes > quant && t->fp8_wire_bytes <= quant + 8u * t->nsegments,
+                  "per-tensor FP8 bytes %" PRIu64 " for %" PRIu64 " codes", t->fp8_wire_bytes,
+                  quant);
+        for (size_t j = 0; j < gt.ntg; j++)
+            CHECK(t->target_form[j] == (gt.all_targets[j].dtype == WSYNC_DTYPE_F8E4M3FN
+                                            ? WSYNC_WIRE_FP8 : WSYNC_WIRE_PLAIN));
     }
     wsync_plan_summary_free(s);
     wsync_plan_summary_free(t);
