@@ -32,8 +32,10 @@ typedef enum {
                                     not fit a bucket; its receiver quantizes */
     WSYNC_WIRE_SHARED = 3,       /* FP8 target, plain: a chunk of it also feeds a target that
                                     travels plain or under another rule (dtype, scales, knobs) */
-    WSYNC_WIRE_PER_TENSOR = 4,   /* FP8 target, plain: one scale for the whole target needs every
-                                    sender's amax (WSYNC_QUANT_TENSOR) */
+    WSYNC_WIRE_PER_TENSOR = 4,   /* FP8 target with one scale (WSYNC_QUANT_TENSOR), plain: compiled
+                                    without FP8 on the wire, or a chunk of it shared with another
+                                    target or padding; with it such targets travel FP8, their
+                                    senders agreeing on the amax each version (ipc, host memory) */
     WSYNC_WIRE_OFF = 5,          /* FP8 target, plain: compiled without FP8 on the wire */
     WSYNC_WIRE_UNCOVERED = 6,    /* FP8 target, plain: padding no piece covers, or a piece of a
                                     param that is not bf16, f16 or f32 */
@@ -110,10 +112,11 @@ wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shar
                                     wsync_plan_summary_t **summary);
 
 /* wsync_plan_summarize with FP8 on the wire chosen: fp8_wire 1 compiles the plan an ipc or nccl
- * group compiles by default (senders quantize the chunks of FP8 targets with block or channel
- * scales where the plan allows; wsync_sender_params_t.fp8_wire), 0 the plan of the store, of
- * delta versions or of fp8_wire = 0 (everything travels plain). wsync_plan_summarize is this
- * with fp8_wire 0. Other values: WSYNC_ERR_INVALID. The rest as wsync_plan_summarize. */
+ * group compiles by default (senders quantize the chunks of FP8 targets with block, channel or
+ * per-tensor scales where the plan allows; per-tensor ones only on ipc with host memory, where
+ * the senders agree on each target's amax; wsync_sender_params_t.fp8_wire), 0 the plan of the
+ * store, of delta versions or of fp8_wire = 0 (everything travels plain). wsync_plan_summarize
+ * is this with fp8_wire 0. Other values: WSYNC_ERR_INVALID. The rest as wsync_plan_summarize. */
 wsync_status_t wsync_plan_summarize_wire(const wsync_shard_t *shards, const int *shard_sender,
                                          size_t nshards, const wsync_target_t *targets,
                                          const int *target_receiver, size_t ntargets,
