@@ -604,6 +604,7 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
             for (uint32_t k = 0; f->ev != NULL && k < f->nbuckets; k++)
                 wsync_dev_event_destroy(f->ev[k]);
             wsync_dev_stream_destroy(f->stream);
+            wsync_dev_stream_destroy(f->stream2);
             if (f->shm_registered)
                 wsync_dev_host_unregister(f->shm.base);
             for (uint32_t g = 0; g < f->nregions; g++)

@@ -120,6 +120,9 @@ typedef struct {
     void **ev;                       /* [nbuckets] */
     void *stream;                    /* this sender's copies: its own stream, so that local copies
                                       * and peer reads from several senders overlap on the GPU */
+    void *stream2;                   /* WSYNC_IPC_STREAMS=2: a second stream for its odd buckets,
+                                      * so that one bucket's kernels fill the GPU while the last
+                                      * blocks of the one before drain (no delta versions) */
     uint32_t *qrun_start;            /* [nbuckets + 1] ranges of qrun_list: the quantization runs
                                       * launched after bucket k's copies (their last bucket) */
     uint32_t *qrun_list;             /* run indices (r->qruns) */

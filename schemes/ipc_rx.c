@@ -392,16 +392,17 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
         if (f->gpu[k]) {
             /* the segments into CUDA targets: one launch, finished when its event completes */
             wsync_kcopy_batch_t *batch = f->batch[st->cur][k];
+            void *strm = f->stream2 != NULL && f->drx == NULL && (k & 1) ? f->stream2 : f->stream;
             if (f->drx != NULL && (rc = wsync_ipc_delta_batches(r, st, f, k, &batch)) != WSYNC_OK)
                 return rc;
-            if (batch != NULL && (rc = wsync_dev_batch_launch(batch, f->stream)) != WSYNC_OK)
+            if (batch != NULL && (rc = wsync_dev_batch_launch(batch, strm)) != WSYNC_OK)
                 return rc;
             if (f->qrun_start != NULL && f->qrun_start[k + 1] > f->qrun_start[k] &&
                 (rc = wsync_qdirect_launch(r, f->qrun_list + f->qrun_start[k],
                                            f->qrun_start[k + 1] - f->qrun_start[k],
-                                           f->qblocks, f->stream)) != WSYNC_OK)
+                                           f->qblocks, strm)) != WSYNC_OK)
                 return rc;
-            if ((rc = wsync_dev_event_record(f->ev[k], f->stream)) != WSYNC_OK)
+            if ((rc = wsync_dev_event_record(f->ev[k], strm)) != WSYNC_OK)
                 return rc;
             launched++;
         }
