@@ -222,7 +222,8 @@ static void sort_regs(store_ftx_t *f)
 {
     uint32_t n = 0;
 
-    qsort(f->regs, f->nregs, sizeof(*f->regs), freg_cmp);
+    if (f->nregs > 1)   /* qsort of NULL, 0 is undefined (UBSan): no FP8 regions */
+        qsort(f->regs, f->nregs, sizeof(*f->regs), freg_cmp);
     for (uint32_t i = 0; i < f->nregs; i++)
         if (n == 0 || freg_cmp(&f->regs[n - 1], &f->regs[i]) != 0)
             f->regs[n++] = f->regs[i];
@@ -639,7 +640,8 @@ wsync_status_t wsync_store_fp8_table_decode(wsync_rbuf_t *rb, uint32_t sender,
                              "malformed or lies outside its region", sender, i);
         }
     }
-    qsort(t->rows, n, sizeof(*t->rows), row_cmp);
+    if (n > 1)
+        qsort(t->rows, n, sizeof(*t->rows), row_cmp);
     return WSYNC_OK;
 }
 
