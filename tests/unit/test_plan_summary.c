@@ -863,6 +863,45 @@ static void tool_fp8_wire(void)
     free(out);
 }
 
+/* --quant fp8-tensor: every FP8 target travels FP8 (its senders agree on the amax), codes a
+ * byte per element plus a few f32 scales (one per chunk); with --fp8-wire off, every one is
+ * plain for its per-tensor scale. */
+static void tool_fp8_tensor(void)
+{
+    int status = -1;
+    json_error_t err;
+    json_t *j;
+    char *out = run(TOOL " --config '" CONFIG "' --senders 3 --tp 2 --quant fp8-tensor --json",
+                    &status);
+    CHECK(out != NULL && status == 0);
+    CHECK_MSG(out && strstr(out, "fp8 4") != NULL && strstr(out, "per-tensor 4") == NULL,
+              "per-target listing: %s", out ? out : "");
+    j = out ? json_loads(last_line(out), 0, &err) : NULL;
+    CHECK(j != NULL);
+    if (j) {
+        uint64_t param = jint(j, "fp8_targets_param_bytes"), fp8 = jint(j, "fp8_wire_bytes");
+        CHECK(param > 0 && jint(j, "fp8_targets_bytes") == fp8);
+        CHECK(json_integer_value(json_object_get(jget(j, "wire_forms", "per_tensor"), "bytes")) ==
+              0);
+        CHECK_MSG(fp8 > param / 2 && fp8 - param / 2 < param / 1000, "FP8 bytes %" PRIu64
+                  " for %" PRIu64 " bf16 bytes", fp8, param);
+        json_decref(j);
+    }
+    free(out);
+    out = run(TOOL " --config '" CONFIG "' --senders 3 --tp 2 --quant fp8-tensor --fp8-wire off "
+              "--json", &status);
+    CHECK(out != NULL && status == 0);
+    j = out ? json_loads(last_line(out), 0, &err) : NULL;
+    CHECK(j != NULL);
+    if (j) {
+        CHECK(jint(j, "fp8_wire_bytes") == 0);
+        CHECK(json_integer_value(json_object_get(jget(j, "wire_forms", "per_tensor"), "bytes")) ==
+              (json_int_t)jint(j, "fp8_targets_param_bytes"));
+        json_decref(j);
+    }
+    free(out);
+}
+
 static void tool_errors(void)
 {
     int status = 0;
@@ -898,6 +937,7 @@ int main(void)
     RUN(summary_errors);
     RUN(tool_json);
     RUN(tool_fp8_wire);
+    RUN(tool_fp8_tensor);
     RUN(tool_errors);
     return check_summary();
 }
