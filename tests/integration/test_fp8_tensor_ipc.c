@@ -21,12 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include "reshard/fp8.h"
 #include "tests/support/check.h"
+#include "tests/support/fp8_groups.h"
 #include "tests/support/proc.h"
 #include "tests/support/transports.h"
 #include "wsync/wsync.h"
@@ -48,47 +48,26 @@ static const struct {
     {"lm_head.weight", 192, 128},
 };
 
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 /* FSDP rows of sender s: [lo, hi). */
 static void fsdp_rows(int p, int s, int64_t *lo, int64_t *hi)
 {
-    *lo = params[p].rows * s / NSENDERS;
-    *hi = params[p].rows * (s + 1) / NSENDERS;
+    fg_fsdp_rows(params[p].rows, s, NSENDERS, lo, hi);
 }
 
 /* Element (i, j) of param p in version v as bf16 bits: o's second half of rows (sender 1's) and
  * lm's first half (sender 0's) are 8 x larger, so that the senders' amaxes differ either way. */
 static uint16_t value_bf16(int p, int64_t i, int64_t j, uint64_t v)
 {
-    uint64_t h = splitmix64(((uint64_t)p << 56) ^ ((uint64_t)i << 32) ^ ((uint64_t)j << 8) ^ v);
+    uint64_t h = fg_splitmix64(((uint64_t)p << 56) ^ ((uint64_t)i << 32) ^ ((uint64_t)j << 8) ^
+                               v);
     int big = p == P_O ? i >= params[p].rows / 2 : i < params[p].rows / 2;
-    float x = ((float)(h >> 40) / 16777216.0f - 0.5f) * (big ? 8.0f : 1.0f) *
-              (1.0f + 0.25f * (float)v);
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_f32(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return fg_f32_bf16(((float)(h >> 40) / 16777216.0f - 0.5f) * (big ? 8.0f : 1.0f) *
+                       (1.0f + 0.25f * (float)v));
 }
 
 static wsync_param_t to_param(int p)
 {
-    wsync_param_t wp = {params[p].name, WSYNC_DTYPE_BF16, 2, {params[p].rows, params[p].cols}};
-    return wp;
+    return fg_bf16_param(params[p].name, params[p].rows, params[p].cols);
 }
 
 typedef struct {
@@ -113,7 +92,7 @@ static float *target_values(const tspec_t *t, int p, uint64_t v, int64_t r0, int
     float *x = calloc((size_t)(t->rows * t->cols), sizeof(float));
     for (int64_t i = r0; i < r1; i++)
         for (int64_t j = 0; j < t->cols; j++)
-            x[i * t->cols + j] = bf16_f32(value_bf16(p, i, t->piece.src.start[1] + j, v));
+            x[i * t->cols + j] = fg_bf16_f32(value_bf16(p, i, t->piece.src.start[1] + j, v));
     return x;
 }
 
@@ -139,7 +118,7 @@ typedef struct {
 } results_t;
 
 typedef struct {
-    int rank, fp8_wire;
+    int fp8_wire;
     uint64_t last;                   /* versions 1 .. last */
     int nan_version;                 /* sender 1 puts a NaN in o in this version */
     int die_version;                 /* sender 1 exits before pushing this version */
@@ -147,44 +126,28 @@ typedef struct {
     results_t *res;
 } group_t;
 
-static char coord_addr[64];
-
 static int sender_main(void *arg)
 {
-    const group_t *g = arg;
-    int s = g->rank;
+    const fg_member_t *m = arg;
+    const group_t *g = m->group;
+    int s = m->rank;
     wsync_ctx_t *ctx = NULL;
     wsync_sender_t *snd = NULL;
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
     uint16_t *data[NPARAMS] = {0};
 
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
-    sp.coordinator = coord_addr;
-    sp.rank = s;
-    sp.nranks = NSENDERS;
-    sp.nreceivers = NRECV;
-    sp.bucket_bytes = BUCKET;
-    sp.timeout_ms = TIMEOUT_MS;
-    sp.heartbeat_ms = 200;
-    sp.scheme = g->store != NULL ? "store" : "ipc";
+    fg_sender_params(&sp, m, BUCKET, TIMEOUT_MS, g->store, 1);
     sp.fp8_wire = g->fp8_wire;
-    if (g->store != NULL) {
-        setenv("WSYNC_STORE_TRANSPORT", g->store, 1);
-        sp.snapshot = 1;
-        sp.keep_versions = 4;
-        sp.delta = "off";
-    }
     CHECK_OK(wsync_sender_create(ctx, &sp, &snd));
     if (snd == NULL)
         return 1;
     for (int p = 0; p < NPARAMS; p++) {
         int64_t lo, hi;
         fsdp_rows(p, s, &lo, &hi);
-        wsync_shard_t sh = {to_param(p), {{lo, 0}, {hi - lo, params[p].cols}}, NULL,
-                            WSYNC_MEM_HOST, 0};
-        data[p] = malloc((size_t)((hi - lo) * params[p].cols) * 2);
-        sh.data = data[p];
-        CHECK_OK(wsync_sender_add_shard(snd, &sh));
+        data[p] = fg_add_rows(snd, to_param(p), lo, hi);
+        if (data[p] == NULL)
+            return 1;
     }
     for (uint64_t v = 1; v <= g->last; v++) {
         wsync_status_t st;
@@ -235,8 +198,9 @@ static int sender_main(void *arg)
 
 static int receiver_main(void *arg)
 {
-    const group_t *g = arg;
-    int r = g->rank;
+    const fg_member_t *m = arg;
+    const group_t *g = m->group;
+    int r = m->rank;
     wsync_ctx_t *ctx = NULL;
     wsync_receiver_t *rv = NULL;
     wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
@@ -246,11 +210,7 @@ static int receiver_main(void *arg)
 
     make_targets(r % TP, ts);
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
-    rp.coordinator = coord_addr;
-    rp.rank = r;
-    rp.nreceivers = NRECV;
-    rp.timeout_ms = TIMEOUT_MS;
-    rp.heartbeat_ms = 200;
+    fg_receiver_params(&rp, m, TIMEOUT_MS);
     CHECK_OK(wsync_receiver_create(ctx, &rp, &rv));
     if (rv == NULL)
         return 1;
@@ -278,17 +238,12 @@ static int receiver_main(void *arg)
         if (st != WSYNC_OK)
             break;
         for (int i = 0; i < NTARGETS; i++) {
-            size_t n = (size_t)(ts[i].rows * ts[i].cols), bad = 0;
+            size_t n = (size_t)(ts[i].rows * ts[i].cols);
             reference(&ts[i], i == T_O ? P_O : P_LM, v, want[i], &want_scale[i]);
-            while (bad < n && buf[i][bad] == want[i][bad])
-                bad++;
-            CHECK_MSG(bad == n, "receiver %d version %llu target %s: code %zu is %02x, the "
-                      "reference's %02x", r, (unsigned long long)v, ts[i].name, bad,
-                      bad < n ? buf[i][bad] : 0, bad < n ? want[i][bad] : 0);
-            CHECK_MSG(memcmp(&scale[i][0], &want_scale[i], 4) == 0 && scale[i][1] == -1.0f,
-                      "receiver %d version %llu target %s: scale %a, the reference's %a", r,
-                      (unsigned long long)v, ts[i].name, (double)scale[i][0],
-                      (double)want_scale[i]);
+            fg_check_target(r, v, ts[i].name, buf[i], want[i], n, scale[i], &want_scale[i], 1);
+            CHECK_MSG(scale[i][1] == -1.0f, "receiver %d version %llu target %s: a second scale "
+                      "(%a) written past its one", r, (unsigned long long)v, ts[i].name,
+                      (double)scale[i][1]);
             g->res->hash[r][i] = XXH3_64bits(buf[i], n) ^ XXH3_64bits(scale[i], 4);
         }
         __atomic_add_fetch(&g->res->fetched[v], 1, __ATOMIC_RELEASE);
@@ -305,33 +260,13 @@ static int receiver_main(void *arg)
 
 static void run_group(group_t g)
 {
-    pid_t pids[NSENDERS + NRECV];
-    group_t cfg[NSENDERS + NRECV];
-    int codes[NSENDERS + NRECV], n = 0;
-
-    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", proc_free_port());
     memset(g.res, 0, sizeof(*g.res));
-    for (int s = 0; s < NSENDERS; s++, n++) {
-        cfg[n] = g;
-        cfg[n].rank = s;
-        pids[n] = proc_spawn(sender_main, &cfg[n], 60);
-    }
-    for (int r = 0; r < NRECV; r++, n++) {
-        cfg[n] = g;
-        cfg[n].rank = r;
-        pids[n] = proc_spawn(receiver_main, &cfg[n], 60);
-    }
-    proc_wait_all(pids, n, 90000, codes);
-    for (int i = 0; i < n; i++)
-        CHECK_MSG(codes[i] == 0, "%s %d exited with %d", i < NSENDERS ? "sender" : "receiver",
-                  i < NSENDERS ? i : i - NSENDERS, codes[i]);
+    fg_run_group(&g, NSENDERS, sender_main, NRECV, receiver_main);
 }
 
 static results_t *shared_results(void)
 {
-    void *p = mmap(NULL, sizeof(results_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                   -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    return fg_shared(sizeof(results_t));
 }
 
 /* The test can fail: a scale from either sender's rows alone is not the target's. */

@@ -39,6 +39,7 @@
 
 #include "reshard/fp8.h"
 #include "tests/support/check.h"
+#include "tests/support/fp8_groups.h"
 #include "tests/support/proc.h"
 #include "tests/support/transports.h"
 #include "wsync/wsync.h"
@@ -75,33 +76,14 @@ static const pspec_t params[NPARAMS] = {
  * and NaN cases rely on stay as they were without it) */
 enum { T_QKV, T_O, T_GATE_UP, T_EMBED, T_NORM, T_LM, NTARGETS };
 
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 /* Element (i, j) of param p in version v, as bf16 bits: magnitudes that change across cells, so
  * that every cell gets a scale of its own. */
 static uint16_t value_bf16(int p, int64_t i, int64_t j, uint64_t v)
 {
-    uint64_t h = splitmix64(((uint64_t)p << 56) ^ ((uint64_t)i << 32) ^ ((uint64_t)j << 8) ^ v);
+    uint64_t h = fg_splitmix64(((uint64_t)p << 56) ^ ((uint64_t)i << 32) ^ ((uint64_t)j << 8) ^
+                               v);
     int e = (int)((i / 37 + j / 53 + (int64_t)v + p) % 9) - 4;
-    float x = ((float)(h >> 40) / 16777216.0f - 0.5f) * ldexpf(1.0f, e);
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);   /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_f32(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return fg_f32_bf16(((float)(h >> 40) / 16777216.0f - 0.5f) * ldexpf(1.0f, e));
 }
 
 static int64_t prows(int p) { return params[p].rows; }
@@ -115,17 +97,12 @@ static void fsdp_rows(int p, int s, int64_t *lo, int64_t *hi)
         *hi = s == 0 ? params[p].rows : 0;
         return;
     }
-    *lo = prows(p) * s / NSENDERS;
-    *hi = prows(p) * (s + 1) / NSENDERS;
+    fg_fsdp_rows(prows(p), s, NSENDERS, lo, hi);
 }
 
 static wsync_param_t to_param(int p)
 {
-    wsync_param_t wp = {params[p].name, WSYNC_DTYPE_BF16, params[p].cols ? 2 : 1, {0}};
-    wp.shape[0] = params[p].rows;
-    if (params[p].cols)
-        wp.shape[1] = params[p].cols;
-    return wp;
+    return fg_bf16_param(params[p].name, params[p].rows, params[p].cols);
 }
 
 /* ---- targets: described once, for the receivers and for the reference ------------------------ */
@@ -219,7 +196,7 @@ static void reference(const tspec_t *t, uint64_t v, uint8_t *data, float *scales
                 int64_t at = two ? (pc->dst_start[0] + i) * cols + pc->dst_start[1] + j
                                  : pc->dst_start[0] + j;
                 if (is_fp8(t))
-                    x[at] = bf16_f32(h);
+                    x[at] = fg_bf16_f32(h);
                 else
                     b[at] = h;
             }
@@ -248,8 +225,6 @@ typedef struct {
 } results_t;
 
 typedef struct {
-    int port;
-    int rank;                        /* of the child */
     int fp8_wire;                    /* sender param */
     uint64_t first, last;            /* versions pushed */
     int nan_version;                 /* sender 1 puts a NaN in q_proj in this version (0: none) */
@@ -265,8 +240,6 @@ typedef struct {
                                         get of version 2 (0: none) */
 } group_t;
 
-static char coord_addr[64];
-
 static int64_t now_ms(void)
 {
     struct timespec ts;
@@ -277,14 +250,15 @@ static int64_t now_ms(void)
 /* A member's word on version v where the group must refuse it (a flipped bit, or a NaN that
  * another member met): it failed, naming the NaN's param. 1: a refused version, the member
  * stops; 0: a good version. */
-static int refused_version(const group_t *g, uint64_t v, wsync_status_t st, const char *role)
+static int refused_version(const fg_member_t *m, uint64_t v, wsync_status_t st, const char *role)
 {
+    const group_t *g = m->group;
     if (g->corrupt) {
-        CHECK_MSG(st != WSYNC_OK, "%s %d: a corrupted version went through", role, g->rank);
+        CHECK_MSG(st != WSYNC_OK, "%s %d: a corrupted version went through", role, m->rank);
         return 1;
     }
     if (v == (uint64_t)g->nan_version) {
-        CHECK_MSG(st != WSYNC_OK, "%s %d: version %llu went through", role, g->rank,
+        CHECK_MSG(st != WSYNC_OK, "%s %d: version %llu went through", role, m->rank,
                   (unsigned long long)v);
         CHECK_ERR_HAS(params[g->nan_param].name);
         return 1;
@@ -294,8 +268,9 @@ static int refused_version(const group_t *g, uint64_t v, wsync_status_t st, cons
 
 static int sender_main(void *arg)
 {
-    const group_t *g = arg;
-    int s = g->rank;
+    const fg_member_t *m = arg;
+    const group_t *g = m->group;
+    int s = m->rank;
     wsync_ctx_t *ctx = NULL;
     wsync_sender_t *snd = NULL;
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
@@ -307,35 +282,15 @@ static int sender_main(void *arg)
     if (g->corrupt && s == 1)
         setenv("WSYNC_FAULT", "push.bucket:corrupt@2", 1);
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
-    sp.coordinator = coord_addr;
-    sp.rank = s;
-    sp.nranks = NSENDERS;
-    sp.nreceivers = NRECV;
-    sp.bucket_bytes = BUCKET;
-    sp.timeout_ms = TIMEOUT_MS;
-    sp.heartbeat_ms = 200;
-    sp.scheme = g->store != NULL ? "store" : "ipc";
+    fg_sender_params(&sp, m, BUCKET, TIMEOUT_MS, g->store, !g->in_place);
     sp.fp8_wire = g->fp8_wire;
-    if (g->store != NULL) {
-        setenv("WSYNC_STORE_TRANSPORT", g->store, 1);
-        sp.snapshot = !g->in_place;
-        sp.keep_versions = 4;
-        sp.delta = "off";   /* a store resolves delta versions on, which keep FP8 on the wire off */
-    }
     CHECK_OK(wsync_sender_create(ctx, &sp, &snd));
     if (snd == NULL)
         return 1;
     for (int p = 0; p < NPARAMS; p++) {
         int64_t lo, hi;
         fsdp_rows(p, s, &lo, &hi);
-        if (hi <= lo)
-            continue;
-        wsync_shard_t sh = {to_param(p), {{lo, 0}, {hi - lo, pcols(p)}}, NULL, WSYNC_MEM_HOST, 0};
-        if (params[p].cols == 0)
-            sh.box.len[0] = params[p].rows;
-        data[p] = malloc((size_t)((hi - lo) * pcols(p)) * 2);
-        sh.data = data[p];
-        CHECK_OK(wsync_sender_add_shard(snd, &sh));
+        data[p] = fg_add_rows(snd, to_param(p), lo, hi);   /* NULL: sender 1 has no norm */
     }
     for (uint64_t v = g->first; v <= g->last; v++) {
         for (int p = 0; p < NPARAMS; p++) {
@@ -359,7 +314,7 @@ static int sender_main(void *arg)
             break;
         }
         /* the group fails on the other members too, with the first failure's words */
-        if (refused_version(g, v, st, "sender"))
+        if (refused_version(m, v, st, "sender"))
             break;
         CHECK_OK(st);
         if (st != WSYNC_OK)
@@ -405,8 +360,9 @@ static void on_progress(void *arg, uint64_t version, uint64_t done, uint64_t tot
 
 static int receiver_main(void *arg)
 {
-    const group_t *g = arg;
-    int r = g->rank;
+    const fg_member_t *m = arg;
+    const group_t *g = m->group;
+    int r = m->rank;
     wsync_ctx_t *ctx = NULL;
     wsync_receiver_t *rv = NULL;
     wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
@@ -430,11 +386,7 @@ static int receiver_main(void *arg)
     if (g->verify)
         setenv("WSYNC_VERIFY", "1", 1);
     CHECK_OK(wsync_ctx_create(NULL, &ctx));
-    rp.coordinator = coord_addr;
-    rp.rank = r;
-    rp.nreceivers = NRECV;
-    rp.timeout_ms = TIMEOUT_MS;
-    rp.heartbeat_ms = 200;
+    fg_receiver_params(&rp, m, TIMEOUT_MS);
     rp.progress = on_progress;
     rp.progress_arg = g->res->landed[r];
     CHECK_OK(wsync_receiver_create(ctx, &rp, &rv));
@@ -470,7 +422,7 @@ static int receiver_main(void *arg)
             g->res->fail_status[r] = (int)st;
             snprintf(g->res->fail_text[r], sizeof(g->res->fail_text[r]), "%s", wsync_last_error());
         }
-        if (refused_version(g, v, st, "receiver"))
+        if (refused_version(m, v, st, "receiver"))
             break;
         CHECK_OK(st);
         if (st != WSYNC_OK)
@@ -481,16 +433,8 @@ static int receiver_main(void *arg)
             const tspec_t *t = &ts[i];
             size_t ns = scale_count(t);
             reference(t, v, want[i], want_scales[i]);
-            size_t bad = 0;
-            while (bad < target_bytes(t) && buf[i][bad] == want[i][bad])
-                bad++;
-            CHECK_MSG(bad == target_bytes(t), "receiver %d version %llu target %s: byte %zu is "
-                      "%02x, wsync_quantize_f32 of the params gives %02x", r,
-                      (unsigned long long)v, t->name, bad, bad < target_bytes(t) ? buf[i][bad] : 0,
-                      bad < target_bytes(t) ? want[i][bad] : 0);
-            CHECK_MSG(memcmp(scales[i], want_scales[i], ns * sizeof(float)) == 0,
-                      "receiver %d version %llu target %s: scales differ from the reference", r,
-                      (unsigned long long)v, t->name);
+            fg_check_target(r, v, t->name, buf[i], want[i], target_bytes(t), scales[i],
+                            want_scales[i], ns);
             g->res->data_hash[r][i] = XXH3_64bits(buf[i], target_bytes(t));
             g->res->scales_hash[r][i] = XXH3_64bits(scales[i], ns * sizeof(float));
         }
@@ -514,36 +458,13 @@ static int receiver_main(void *arg)
 /* Run a group (both senders and receivers as processes); every one must exit 0. */
 static void run_group(group_t g)
 {
-    pid_t pids[NSENDERS + NRECV];
-    group_t cfg[NSENDERS + NRECV];
-    int codes[NSENDERS + NRECV], n = 0;
-
-    g.port = proc_free_port();
-    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%d", g.port);
     memset(g.res, 0, sizeof(*g.res));
-    for (int s = 0; s < NSENDERS; s++) {
-        cfg[n] = g;
-        cfg[n].rank = s;
-        pids[n] = proc_spawn(sender_main, &cfg[n], 60);
-        n++;
-    }
-    for (int r = 0; r < NRECV; r++) {
-        cfg[n] = g;
-        cfg[n].rank = r;
-        pids[n] = proc_spawn(receiver_main, &cfg[n], 60);
-        n++;
-    }
-    proc_wait_all(pids, n, 90000, codes);
-    for (int i = 0; i < n; i++)
-        CHECK_MSG(codes[i] == 0, "%s %d exited with %d", i < NSENDERS ? "sender" : "receiver",
-                  i < NSENDERS ? i : i - NSENDERS, codes[i]);
+    fg_run_group(&g, NSENDERS, sender_main, NRECV, receiver_main);
 }
 
 static results_t *shared_results(void)
 {
-    void *p = mmap(NULL, sizeof(results_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                   -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    return fg_shared(sizeof(results_t));
 }
 
 /* Bytes sender s stages per version, counted by hand: every row it holds once (the embedding's
@@ -707,7 +628,7 @@ static void case_wire_verified(void)
     CHECK(res != NULL);
     if (res == NULL)
         return;
-    run_group((group_t){0, 0, 1, 1, 2, 0, res, 1, 0, 0, NULL, 0, 0});
+    run_group((group_t){.fp8_wire = 1, .first = 1, .last = 2, .res = res, .verify = 1});
     for (int r = 0; r < NRECV; r++)
         CHECK(res->version[r] == 2);
     CHECK(res->explain_wire);
@@ -728,7 +649,8 @@ static void case_wire_corrupt_refused(void)
     CHECK(res != NULL);
     if (res == NULL)
         return;
-    run_group((group_t){0, 0, 1, 1, 1, 0, res, 1, 1, 0, NULL, 0, 0});
+    run_group((group_t){.fp8_wire = 1, .first = 1, .last = 1, .res = res, .verify = 1,
+                        .corrupt = 1});
     for (int r = 0; r < NRECV; r++) {
         printf("receiver %d: %s: %s\n", r, wsync_status_name((wsync_status_t)res->fail_status[r]),
                res->fail_text[r]);
@@ -757,14 +679,15 @@ static void case_nan_refused(void)
      * it receiver 0 takes: receiver 0 waits for sender 1's PACKED, which never comes */
     static const int where[] = {P_Q, P_UP};
     for (int w = 0; w < 2; w++) {
-        run_group((group_t){0, 0, 1, 1, 3, 2, res, 0, 0, where[w], NULL, 0, 0});
+        run_group((group_t){.fp8_wire = 1, .first = 1, .last = 3, .nan_version = 2, .res = res,
+                            .nan_param = where[w]});
         for (int r = 0; r < NRECV; r++)
             CHECK_MSG(res->version[r] == 1, "NaN in %s: receiver %d holds version %llu, "
                       "expected 1", params[where[w]].name, r,
                       (unsigned long long)res->version[r]);
     }
     /* finite again: a new group takes version 3 right */
-    run_group((group_t){0, 0, 1, 3, 3, 0, res, 0, 0, 0, NULL, 0, 0});
+    run_group((group_t){.fp8_wire = 1, .first = 3, .last = 3, .res = res});
     for (int r = 0; r < NRECV; r++)
         CHECK(res->version[r] == 3);
     CHECK(res->explain_wire);

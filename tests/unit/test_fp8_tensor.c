@@ -15,6 +15,7 @@
 #include "reshard/plan.h"
 #include "schemes/wire_amax.h"
 #include "tests/support/check.h"
+#include "tests/support/fp8_groups.h"
 #include "tests/support/fp8_wire_fixtures.h"
 
 #define BF16 WSYNC_DTYPE_BF16
@@ -23,22 +24,6 @@
 #define R 256
 #define C 192
 #define CUT 100                      /* FSDP-2 rows: no multiple of anything */
-
-static uint16_t f32_bf16(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_f32(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* The param [R, C] in bf16: rows from CUT on (sender 1's) 16 x larger. */
 static void fill(uint16_t *w, uint32_t seed)
@@ -49,7 +34,7 @@ static void fill(uint16_t *w, uint32_t seed)
         h ^= h >> 7;
         h ^= h << 17;
         float x = ((float)(h >> 40) / 16777216.0f - 0.5f) * (i / C >= CUT ? 16.0f : 1.0f);
-        w[i] = f32_bf16(x);
+        w[i] = fg_f32_bf16(x);
     }
 }
 
@@ -232,7 +217,7 @@ static void test_pack_equals_reference(void)
             q.scheme = TENSOR;
             for (int64_t i = 0; i < R; i++)
                 for (int64_t j = 0; j < C / 2; j++)
-                    x[i * (C / 2) + j] = bf16_f32(w[i * C + r * (C / 2) + j]);
+                    x[i * (C / 2) + j] = fg_bf16_f32(w[i * C + r * (C / 2) + j]);
             CHECK_OK(wsync_quantize_f32("w.fp8", x, R, C / 2, C / 2, &q, E4M3, ref, C / 2,
                                         &ref_scale));
             CHECK_MSG(memcmp(codes[r], ref, R * C / 2) == 0, "receiver %u: codes differ from the "
