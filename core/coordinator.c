@@ -320,17 +320,14 @@ static void on_hello(wsync_coord_t *co, wsync_conn_t *c, wsync_msg_t *m)
 /* Bytes the receivers take over the bytes taken from the senders (each chunk counted once). */
 static double plan_replication(const wsync_plan_t *plan)
 {
-    double taken = 0, sent = 0;
+    double sent = 0;
+    uint64_t taken, wire;
     for (uint32_t i = 0; i < plan->nchunks; i++) {
         const wsync_chunk_t *c = &plan->chunks[i];
         sent += (double)c->src.rows * (double)c->src.cols * (double)wsync_dtype_size(c->dtype);
     }
-    for (uint32_t i = 0; i < plan->nsegments; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
-        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
-        taken += (double)sg->dst.rows * (double)sg->dst.cols * (double)wsync_dtype_size(c->dtype);
-    }
-    return sent > 0 ? taken / sent : 1.0;
+    wsync_plan_segment_bytes(plan, &taken, &wire);
+    return sent > 0 ? (double)taken / sent : 1.0;
 }
 
 /* The first plan chooses the scheme from what the group is (peers, memory kinds, GPUs, the
@@ -486,12 +483,8 @@ static int plan_has_wire(const wsync_plan_t *plan)
  * and how many chunks their senders quantize. */
 static void wire_totals(const wsync_plan_t *plan, uint64_t *plain, uint64_t *wire, uint64_t *nwire)
 {
-    *plain = *wire = *nwire = 0;
-    for (uint32_t i = 0; i < plan->nsegments; i++) {
-        const wsync_chunk_t *c = &plan->chunks[plan->segments[i].chunk];
-        *plain += c->src.rows * c->src.cols * wsync_dtype_size(c->dtype);
-        *wire += wsync_chunk_wire_bytes(c);
-    }
+    *nwire = 0;
+    wsync_plan_segment_bytes(plan, plain, wire);
     for (uint32_t i = 0; i < plan->nchunks; i++)
         *nwire += plan->chunks[i].rule != 0;
 }

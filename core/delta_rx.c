@@ -10,7 +10,7 @@
 #include "core/status.h"
 
 struct wsync_delta_rx {
-    uint32_t s0, s1;                 /* our segments: plan->segments[s0, s1) */
+    uint32_t s0, s1;                 /* our segments: r->m.segs[s0, s1), all of them */
     uint8_t *seg_ok;                 /* [s1 - s0] */
     uint8_t *chunk_ok;               /* [plan->nchunks] every segment of ours from it is capable */
 };
@@ -23,11 +23,8 @@ wsync_status_t wsync_delta_rx_create(wsync_receiver_t *r, int host_only, wsync_d
 
     if (rx == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "delta: no memory");
-    while (rx->s0 < plan->nsegments && plan->segments[rx->s0].receiver < me)
-        rx->s0++;
-    rx->s1 = rx->s0;
-    while (rx->s1 < plan->nsegments && plan->segments[rx->s1].receiver == me)
-        rx->s1++;
+    rx->s0 = 0;
+    rx->s1 = r->m.nsegs;
     n = rx->s1 - rx->s0;
     rx->seg_ok = calloc((size_t)n + 1, 1);
     rx->chunk_ok = calloc((size_t)plan->nchunks + 1, 1);
@@ -37,9 +34,9 @@ wsync_status_t wsync_delta_rx_create(wsync_receiver_t *r, int host_only, wsync_d
     }
     /* a chunk is ours as delta only if all its segments are: set, then clear on any that is not */
     for (uint32_t i = rx->s0; i < rx->s1; i++)
-        rx->chunk_ok[plan->segments[i].chunk] = 1;
+        rx->chunk_ok[r->m.segs[i].chunk] = 1;
     for (uint32_t i = rx->s0; i < rx->s1; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_segment_t *sg = &r->m.segs[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         const wsync_target_desc_t *t = &r->targets[sg->target];
         int ok = t->dtype == c->dtype && !wsync_target_quantized(t->dtype, t->quant) &&
@@ -50,7 +47,7 @@ wsync_status_t wsync_delta_rx_create(wsync_receiver_t *r, int host_only, wsync_d
             rx->chunk_ok[sg->chunk] = 0;
     }
     for (uint32_t i = rx->s0; i < rx->s1; i++)
-        capable += rx->chunk_ok[plan->segments[i].chunk];
+        capable += rx->chunk_ok[r->m.segs[i].chunk];
     WSYNC_LOG_I("delta: receiver %u: %u of %u segments can take deltas (the rest: casts, quantized "
                 "FP8 targets%s take full bytes)", me, capable, n,
                 host_only ? ", CUDA targets" : "");
@@ -98,7 +95,7 @@ wsync_status_t wsync_delta_rx_check(const wsync_receiver_t *r, uint32_t chunk, c
 wsync_status_t wsync_delta_rx_hash_error(const wsync_receiver_t *r, uint32_t seg, uint64_t want,
                                          uint64_t got, uint64_t version)
 {
-    const wsync_segment_t *sg = &r->m.plan->segments[seg];
+    const wsync_segment_t *sg = &r->m.segs[seg];
     const wsync_chunk_t *c = &r->m.plan->chunks[sg->chunk];
     const wsync_target_desc_t *t = &r->targets[sg->target];
 
@@ -117,7 +114,7 @@ wsync_status_t wsync_delta_rx_hash_error(const wsync_receiver_t *r, uint32_t seg
 wsync_status_t wsync_delta_rx_apply(wsync_receiver_t *r, uint32_t seg, const void *enc,
                                     uint64_t len, uint64_t hash, uint64_t version)
 {
-    const wsync_segment_t *sg = &r->m.plan->segments[seg];
+    const wsync_segment_t *sg = &r->m.segs[seg];
     const wsync_chunk_t *c = &r->m.plan->chunks[sg->chunk];
     uint64_t got = 0;
     wsync_status_t rc;

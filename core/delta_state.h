@@ -127,7 +127,7 @@ typedef struct wsync_delta_rx wsync_delta_rx_t;
 wsync_status_t wsync_delta_rx_create(wsync_receiver_t *r, int host_only, wsync_delta_rx_t **out);
 void wsync_delta_rx_free(wsync_delta_rx_t *rx);
 
-/* 1 when plan segment `seg` (one of ours) can be applied from an encoded chunk. */
+/* 1 when segment `seg` of ours (r->m.segs[seg]) can be applied from an encoded chunk. */
 int wsync_delta_rx_seg_capable(const wsync_delta_rx_t *rx, uint32_t seg);
 /* 1 when every segment of ours from plan chunk `chunk` is capable (0 for chunks we lack). */
 int wsync_delta_rx_chunk_capable(const wsync_delta_rx_t *rx, uint32_t chunk);
@@ -139,7 +139,7 @@ int wsync_delta_rx_takes(const wsync_receiver_t *r, const wsync_delta_rx_t *rx, 
  * to any segment): WSYNC_ERR_INTEGRITY naming the chunk, its param and the sender. */
 wsync_status_t wsync_delta_rx_check(const wsync_receiver_t *r, uint32_t chunk, const void *enc,
                                     uint64_t len, uint64_t version);
-/* Apply a checked encoded chunk to host segment `seg` (its target region holds the base
+/* Apply a checked encoded chunk to host segment `seg` (r->m.segs[seg]; its target region holds the base
  * version), then compare the region's tree hash with `hash` (the sender's, of the new values):
  * WSYNC_ERR_INTEGRITY naming the param, the target and the sender on a mismatch. */
 wsync_status_t wsync_delta_rx_apply(wsync_receiver_t *r, uint32_t seg, const void *enc,

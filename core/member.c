@@ -204,6 +204,10 @@ wsync_status_t wsync_member_await_plan(wsync_member_t *m, int64_t deadline_ms)
         st = wsync_err(WSYNC_ERR_PROTOCOL, "the plan is for %u senders and %u receivers, this group "
                        "has %d and %d", m->plan->nsenders, m->plan->nreceivers, m->nsenders,
                        m->nreceivers);
+    /* a receiver's own segments, expanded from the plan's lists once, here, before any scheme
+     * thread reads them */
+    if (st == WSYNC_OK && m->role == WSYNC_ROLE_RECEIVER)
+        st = wsync_plan_segments(m->plan, (uint32_t)m->rank, &m->segs, &m->nsegs);
     /* the plan message borrows the payload: keep it */
     m->plan_payload = msg->payload;
     msg->payload = NULL;

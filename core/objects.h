@@ -51,6 +51,9 @@ typedef struct {
     wsync_inbox_t inbox;
     wsync_obj_state_t state;
     wsync_plan_t *plan;
+    const wsync_segment_t *segs;     /* a receiver's own segments, in chunk order (the plan
+                                        keeps them: wsync_plan_segments); NULL for a sender */
+    uint32_t nsegs;
     wsync_plan_msg_t planmsg;        /* scheme, explanation, peers */
     uint8_t *plan_payload;           /* keeps planmsg.plan alive */
     const wsync_scheme_ops_t *scheme;
@@ -187,7 +190,7 @@ static inline int wsync_target_quantized(wsync_dtype_t dtype, wsync_quant_scheme
            quant != WSYNC_QUANT_NONE;
 }
 
-/* core/receiver.c: the scheme's copies of plan->segments[first, end) are complete (for CUDA
+/* core/receiver.c: the scheme's copies of m.segs[first, end) (its own) are complete (for CUDA
  * targets: on the device, as an event the host saw complete proves). Launches the quantization
  * of each staged CUDA FP8 target that this completes, on r->dev_stream; call it on r->device. */
 wsync_status_t wsync_receiver_landed(wsync_receiver_t *r, uint32_t first, uint32_t end);

@@ -174,7 +174,6 @@ static wsync_status_t quant_early_reset(wsync_receiver_t *r)
     if (r->device < 0 || r->m.plan == NULL)
         return WSYNC_OK;
     if (r->q_need == NULL) {
-        const wsync_plan_t *plan = r->m.plan;
         r->q_need = calloc(r->ntargets + 1, sizeof(*r->q_need));
         r->q_got = calloc(r->ntargets + 1, sizeof(*r->q_got));
         r->q_started = calloc(r->ntargets + 1, 1);
@@ -186,9 +185,9 @@ static wsync_status_t quant_early_reset(wsync_receiver_t *r)
             r->q_started = NULL;
             return wsync_err(WSYNC_ERR_NOMEM, "receiver %d: no memory", r->m.rank);
         }
-        for (uint32_t i = 0; i < plan->nsegments; i++) {
-            const wsync_segment_t *sg = &plan->segments[i];
-            if (sg->receiver == (uint32_t)r->m.rank && sg->target < r->ntargets)
+        for (uint32_t i = 0; i < r->m.nsegs; i++) {
+            const wsync_segment_t *sg = &r->m.segs[i];
+            if (sg->target < r->ntargets)
                 r->q_need[sg->target] += sg->dst.rows * sg->dst.cols;
         }
         for (size_t i = 0; i < r->ntargets; i++)
@@ -204,13 +203,12 @@ static wsync_status_t quant_early_reset(wsync_receiver_t *r)
 
 wsync_status_t wsync_receiver_landed(wsync_receiver_t *r, uint32_t first, uint32_t end)
 {
-    const wsync_plan_t *plan = r->m.plan;
     wsync_status_t st = WSYNC_OK;
 
     if (r->q_need == NULL)
         return WSYNC_OK;
-    for (uint32_t i = first; i < end && i < plan->nsegments && st == WSYNC_OK; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
+    for (uint32_t i = first; i < end && i < r->m.nsegs && st == WSYNC_OK; i++) {
+        const wsync_segment_t *sg = &r->m.segs[i];
         uint32_t t = sg->target;
         if (t >= r->ntargets || r->q_need[t] == 0 || r->land[t] == r->target_data[t] ||
             (r->q_direct != NULL && r->q_direct[t]))

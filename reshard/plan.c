@@ -14,9 +14,11 @@
  *     receiver's destination);
  *  3. each sender's logical chunks are laid out in buckets, split by rows (or, for a row larger
  *     than a bucket, by columns) where a bucket ends; segments are split alongside;
- *  4. segments are placed in (receiver, chunk) order. Bucket use and pair bytes are summed
- *     while passes 3 and 4 lay chunks and segments (the decoder derives them from chunks and
- *     segments, plan_derive in plan_wire.c, so they never travel); the fingerprint hashes the
+ *  4. segments are written once per list that targets share (a target laid out like an
+ *     earlier one takes its list), each receiver naming its (target, list) references; a
+ *     receiver's segments are its lists merged by chunk (plan_lists.c). Bucket use is summed
+ *     while pass 3 lays chunks, pair bytes from the lists (the decoder derives both, so they
+ *     never travel); the fingerprint hashes the
  *     encoding (wsync_plan_fingerprint).
  */
 #include "reshard/plan.h"
@@ -175,7 +177,12 @@ void wsync_plan_free(wsync_plan_t *plan)
     if (plan == NULL)
         return;
     free(plan->chunks);
-    free(plan->segments);
+    wsync_plan_cache_free(plan);
+    free(plan->list0);
+    free(plan->lsegs);
+    free(plan->ref0);
+    free(plan->refs);
+    free(plan->rx_nsegs);
     free(plan->nbuckets);
     free(plan->bucket_used);
     free(plan->pair_bytes);

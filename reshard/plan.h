@@ -32,7 +32,11 @@
  * million chunks from 64 FSDP ranks, one per (expert param, rank)) to hundreds of receivers;
  * whether such a plan fits one control frame (WSYNC_FRAME_MAX) is the coordinator's check. */
 #define WSYNC_PLAN_MAX_CHUNKS (1u << 23)
+/* Segment records a plan stores: its shared lists' (below), and one receiver's expansion. */
 #define WSYNC_PLAN_MAX_SEGMENTS (1u << 26)
+/* Segments of all receivers together (the lists times the receivers taking them): 512
+ * receivers of Kimi-K2 are 78 million, held as half a million records. */
+#define WSYNC_PLAN_MAX_LOGICAL_SEGMENTS (1u << 28)
 #define WSYNC_PLAN_MAX_PAIRS (1u << 22)              /* nsenders * nreceivers (2048 x 2048) */
 #define WSYNC_PLAN_MAX_ELEMS (UINT64_C(1) << 56)      /* elements of one param or target */
 #define WSYNC_MAX_PIECES 65536                       /* pieces of one target */
@@ -164,14 +168,37 @@ typedef struct {
     wsync_region_t dst;              /* region of the target; rows, cols equal the chunk's */
 } wsync_segment_t;
 
+/* A segment of a shared list: its receiver and target are those of the reference that takes
+ * the list, its rows and cols its chunk's. */
+typedef struct {
+    uint32_t piece, chunk;
+    uint64_t off, pitch;             /* the segment's dst.off and dst.pitch */
+} wsync_list_seg_t;
+
+/* Receiver r's target `target` takes list `list`: one segment per record, with r and target. */
+typedef struct {
+    uint32_t target, list;
+} wsync_plan_ref_t;
+
+struct wsync_plan_cache;             /* receivers' expanded segments (reshard/plan_lists.c) */
+
+/* Segments are held once per list that receivers share (data-parallel receivers lay out most
+ * targets alike): a receiver's segments are its references' lists, merged in (chunk, target,
+ * piece, dst.off) order. Read them with wsync_plan_segments. */
 typedef struct {
     uint32_t nsenders, nreceivers;
     uint64_t bucket_bytes;
     uint32_t nchunks;
     wsync_chunk_t *chunks;           /* ordered by (sender, bucket, bucket_off); a sender's
                                         buckets are numbered 0, 1, ... and none is empty */
-    uint32_t nsegments;
-    wsync_segment_t *segments;       /* ordered by (receiver, chunk) */
+    uint32_t nsegments;              /* every receiver's segments, in all (logical) */
+    uint32_t nlists;
+    uint32_t *list0;                 /* [nlists + 1] list k is lsegs[list0[k] .. list0[k + 1]) */
+    wsync_list_seg_t *lsegs;         /* each list in (chunk, piece, off) order */
+    uint32_t *ref0;                  /* [nreceivers + 1] receiver r's refs[ref0[r] .. ref0[r+1]) */
+    wsync_plan_ref_t *refs;          /* by target, each target at most once */
+    uint32_t *rx_nsegs;              /* [nreceivers] segments of each receiver */
+    struct wsync_plan_cache *cache;
     uint32_t *nbuckets;              /* [nsenders] buckets in each sender's schedule */
     uint64_t *bucket_used;           /* [sum nbuckets] bytes used in each bucket, sender-major:
                                         the end of its last chunk, so [0, used) holds them all */
@@ -185,6 +212,33 @@ typedef struct {
 } wsync_plan_t;
 /* nbuckets, bucket_used and pair_bytes are derived from chunks and segments (by compile and by
  * decode alike); they do not travel. */
+
+/* Receiver r's segments, in (chunk, target, piece, dst.off) order (chunk order, as the wire
+ * sends them): expanded from its lists the first time it is asked for and kept by the plan
+ * until wsync_plan_free; later calls return the same array. Thread-safe (a lock around the
+ * expansion); expand what a participant uses at its setup, so scheme threads only read.
+ * *segs is never NULL (an empty receiver's points at no element). WSYNC_ERR_NOMEM,
+ * WSYNC_ERR_INVALID for r out of range. */
+wsync_status_t wsync_plan_segments(const wsync_plan_t *plan, uint32_t r,
+                                   const wsync_segment_t **segs, uint32_t *n);
+/* Bytes all receivers' segments move together: their chunks' elements in the chunks' dtype
+ * (plain) and as they travel (wire). */
+void wsync_plan_segment_bytes(const wsync_plan_t *plan, uint64_t *plain, uint64_t *wire);
+/* Every receiver's segments in one array, in (receiver, chunk) order (plan->nsegments of them;
+ * the caller frees it): the whole plan at once, for tests and checks of small plans. */
+wsync_status_t wsync_plan_flatten(const wsync_plan_t *plan, wsync_segment_t **segs);
+/* The records of list l on chunks [c0, c1) are lsegs[*a, *b) (a list is in chunk order): what
+ * a sender, whose chunks are one range, reads of each receiver's lists without expanding them. */
+void wsync_plan_list_range(const wsync_plan_t *plan, uint32_t l, uint32_t c0, uint32_t c1,
+                           uint32_t *a, uint32_t *b);
+/* The distinct chunks in [c0, c1) receiver r takes, ascending, into *buf (grown with realloc,
+ * *cap elements), *n of them: a sender's view of one receiver (its chunks are one range). */
+wsync_status_t wsync_plan_rx_chunks(const wsync_plan_t *plan, uint32_t r, uint32_t c0,
+                                    uint32_t c1, uint32_t **buf, size_t *cap, uint32_t *n);
+/* The same segments written into *buf (grown with realloc; *cap elements), not kept by the
+ * plan: for a reader that walks every receiver once (a sender's view of the group). */
+wsync_status_t wsync_plan_segments_into(const wsync_plan_t *plan, uint32_t r,
+                                        wsync_segment_t **buf, size_t *cap, uint32_t *n);
 
 /* Fault in, in one call, the pages of a large fresh array that is about to be written whole: a
  * plan of millions of chunks writes hundreds of MB of fresh memory, and taking its page faults
@@ -275,9 +329,10 @@ uint64_t wsync_plan_wire_bytes(const wsync_plan_t *plan);
  * segments in (receiver, chunk) order, copies inside their reference, no trailing bytes, and
  * the bytes the canonical encoding of what they decode to: one plan has one encoding).
  * WSYNC_ERR_PROTOCOL on anything malformed; never reads out of bounds. Chunks take at most
- * 56 bytes of memory per byte of len; segments are allocated as the records produce them (a
- * copy makes many from a few bytes), never more than the header's count, itself at most
- * WSYNC_PLAN_MAX_SEGMENTS. *plan owned by the caller. */
+ * 56 bytes of memory per byte of len; receivers are decoded one at a time (a copy makes many
+ * segments from a few bytes, never more than the header's count, itself at most
+ * WSYNC_PLAN_MAX_LOGICAL_SEGMENTS) and kept as lists: a receiver's segments of one target that
+ * equal an earlier list are a reference to it. *plan owned by the caller. */
 wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **plan);
 
 /* Validate a decoded plan against this participant's own descriptions: every chunk of sender

@@ -96,6 +96,9 @@ wsync_status_t wsync_plan_check_receiver(const wsync_plan_t *plan, uint32_t rank
     by_index_t *v;
     size_t n = 0;
     wsync_status_t st = WSYNC_OK;
+    const wsync_segment_t *mine;
+    uint32_t nmine;
+    uint64_t first = 0;
 
     if (plan == NULL || (ntargets > 0 && targets == NULL))
         return wsync_err(WSYNC_ERR_INVALID, "plan check: NULL argument");
@@ -110,22 +113,28 @@ wsync_status_t wsync_plan_check_receiver(const wsync_plan_t *plan, uint32_t rank
             v[n++] = (by_index_t){targets[i].index, &targets[i]};
     qsort(v, n, sizeof(*v), cmp_by_index);
 
-    for (uint32_t i = 0; i < plan->nsegments && st == WSYNC_OK; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
+    /* segments are named by their place in the plan, every receiver's before this one's */
+    for (uint32_t q = 0; q < rank; q++)
+        first += plan->rx_nsegs[q];
+    if ((st = wsync_plan_segments(plan, rank, &mine, &nmine)) != WSYNC_OK) {
+        free(v);
+        return st;
+    }
+    for (uint32_t k = 0; k < nmine && st == WSYNC_OK; k++) {
+        const wsync_segment_t *sg = &mine[k];
         const wsync_target_desc_t *t;
         const wsync_chunk_t *ch;
         uint64_t vol, end;
+        uint64_t i = first + k;
 
-        if (sg->receiver != rank)
-            continue;
         t = lookup(v, n, sg->target);
         if (t == NULL) {
-            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %u writes target %u of receiver %u, "
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %" PRIu64 " writes target %u of receiver %u, "
                            "which it does not have", i, sg->target, rank);
             break;
         }
         if (sg->chunk >= plan->nchunks) {
-            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %u names chunk %u of %u", i,
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %" PRIu64 " names chunk %u of %u", i,
                            sg->chunk, plan->nchunks);
             break;
         }
@@ -133,18 +142,18 @@ wsync_status_t wsync_plan_check_receiver(const wsync_plan_t *plan, uint32_t rank
         vol = t->ndim >= 1 && t->ndim <= WSYNC_MAX_DIMS ? shape_volume(t->ndim, t->shape) : 0;
         end = region_end(&sg->dst);
         if (sg->piece >= t->npieces || t->pieces == NULL) {
-            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %u serves piece %u of target '%s', "
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %" PRIu64 " serves piece %u of target '%s', "
                            "which has %u", i, sg->piece, nm(t->name), t->npieces);
         } else if (ch->dtype != t->pieces[sg->piece].param.dtype ||
                    !dtype_reachable(ch->dtype, t->dtype, t->quant)) {
-            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %u brings %s to target '%s' (%s), "
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %" PRIu64 " brings %s to target '%s' (%s), "
                            "piece %u of param '%s' (%s)", i, wsync_dtype_name(ch->dtype),
                            nm(t->name), wsync_dtype_name(t->dtype), sg->piece,
                            nm(t->pieces[sg->piece].param.name),
                            wsync_dtype_name(t->pieces[sg->piece].param.dtype));
         } else if (sg->dst.rows != ch->src.rows || sg->dst.cols != ch->src.cols ||
                    !region_sane(&sg->dst) || end > vol) {
-            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %u does not fit target '%s' (%" PRIu64
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %" PRIu64 " does not fit target '%s' (%" PRIu64
                            " elements): elements [%" PRIu64 ", %" PRIu64 ")", i, nm(t->name), vol,
                            sg->dst.off, end);
         } else {

@@ -320,6 +320,63 @@ wsync_status_t wsync_plan_split_segments(compile_t *c);
 wsync_status_t wsync_plan_check_limits(uint32_t nsenders, uint32_t nreceivers,
                                        uint64_t bucket_bytes, wsync_status_t code);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Lists (plan_lists.c)                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The plan's segment cache (wsync_plan_segments), made when its receivers are known. */
+wsync_status_t wsync_plan_cache_init(wsync_plan_t *p);
+void wsync_plan_cache_free(wsync_plan_t *p);
+
+/* Scratch for expanding receivers' lists, kept from one receiver to the next. */
+typedef struct {
+    uint32_t chunk, rec, target;
+} wsync_xitem_t;
+
+typedef struct {
+    wsync_xitem_t *a, *tmp;
+    size_t cap;
+} wsync_expander_t;
+
+/* Receiver r's segments into out (room for p->rx_nsegs[r]), in the order wsync_plan_segments
+ * gives them. */
+wsync_status_t wsync_plan_expand(const wsync_plan_t *p, uint32_t r, wsync_expander_t *x,
+                                 wsync_segment_t *out);
+void wsync_expander_free(wsync_expander_t *x);
+
+/* rx_nsegs, nsegments and pair_bytes from the lists and references (the chunks set);
+ * `code` (RANGE compiling, PROTOCOL decoding) past the limits. */
+wsync_status_t wsync_plan_lists_derive(wsync_plan_t *p, wsync_status_t code);
+
+/* Lists built from receivers' segments, receiver after receiver (each receiver's in chunk
+ * order): one target's segments equal to an earlier list become a reference to it. */
+typedef struct {
+    wsync_plan_t *p;
+    wsync_status_t code;
+    uint32_t *slots;                 /* open addressing on the list's hash: list or UINT32_MAX */
+    size_t cap_slots;
+    uint64_t *hash;                  /* [nlists] */
+    size_t cap_hash, cap_lsegs, cap_list0, cap_refs, nrefs;
+    uint32_t *idx, *tmp;
+    size_t cap_idx, cap_tmp;
+} wsync_lists_builder_t;
+
+wsync_status_t wsync_lists_begin(wsync_lists_builder_t *b, wsync_plan_t *p, wsync_status_t code);
+/* Receiver r's n segments (every receiver once, in rank order, none skipped). */
+wsync_status_t wsync_lists_add(wsync_lists_builder_t *b, uint32_t r, const wsync_segment_t *segs,
+                               size_t n);
+wsync_status_t wsync_lists_end(wsync_lists_builder_t *b);
+void wsync_lists_builder_free(wsync_lists_builder_t *b);
+
+/* Replace the plan's lists with ones built from segs[0, n) in (receiver, chunk) order, and
+ * derive its tables again (tests that edit a plan). */
+wsync_status_t wsync_plan_set_segments(wsync_plan_t *p, const wsync_segment_t *segs, size_t n);
+
+/* The wire form of a plan whose segments are segs[0, n) in (receiver, chunk) order rather than
+ * its lists': what a coordinator would send for them, hostile or not (tests). */
+void wsync_plan_encode_flat(const wsync_plan_t *plan, const wsync_segment_t *segs, uint32_t n,
+                            wsync_wbuf_t *out);
+
 /* Set plan->fingerprint: the xxh3-64 of the plan's encoded body, as wsync_plan_encode appends
  * it, hashed block by block without holding the encoding. WSYNC_ERR_NOMEM on allocation failure
  * (plan unchanged). In plan_wire.c. */

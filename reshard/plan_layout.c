@@ -1,7 +1,7 @@
 /* Passes 3 and 4 of the plan compiler (plan.c): each sender's logical chunks laid out in its
- * buckets as the plan's chunks, split where a bucket ends, then the plan's segments written in
- * (receiver, chunk) order. Bucket use and pair bytes are summed as they are laid (plan_derive in
- * plan_wire.c finds the same from a decoded plan's chunks and segments). */
+ * buckets as the plan's chunks, split where a bucket ends, then the plan's shared lists of
+ * segments and each receiver's references to them. Bucket use is summed as chunks are laid
+ * (plan_derive in plan_wire.c finds the same from a decoded plan's chunks). */
 #include "reshard/plan.h"
 #include "reshard/plan_internal.h"
 
@@ -11,10 +11,6 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#include <unistd.h>
-#endif
 
 /* Loops that jump through large arrays in a computed order ask for a record this many steps
  * before they use it, so that several cache misses are in flight instead of one at a time. */
@@ -28,29 +24,6 @@
 static uint64_t align_up(uint64_t v, uint64_t a)
 {
     return (v + a - 1) / a * a;
-}
-
-/* Give the system back the whole pages of bytes [from, to) of the array at base, which is still
- * allocated but whose range will never be read again (a hint: Linux MADV_DONTNEED, after which
- * they would read as zeros). The array's first page is always kept: the allocator's header
- * lies in it or just before it. Pass 4 frees the logical segments it has consumed this way
- * while it writes the plan's segments, so the two arrays are not both whole at the peak. */
-static void release_pages(void *base, size_t from, size_t to)
-{
-#if defined(__linux__) && defined(MADV_DONTNEED)
-    long pg = sysconf(_SC_PAGESIZE);
-    if (base != NULL && pg > 0 && to > from) {
-        uintptr_t m = (uintptr_t)pg - 1, b = (uintptr_t)base;
-        uintptr_t a = WSYNC_MAX((b + from + m) & ~m, ((b + m) & ~m) + (uintptr_t)pg);
-        uintptr_t e = (b + to) & ~m;
-        if (e > a)
-            (void)madvise((void *)a, e - a, MADV_DONTNEED);
-    }
-#else
-    (void)base;
-    (void)from;
-    (void)to;
-#endif
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -276,51 +249,17 @@ out:
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Pass 4: segments                                                                             */
+/* Pass 4: lists                                                                                */
 /* ------------------------------------------------------------------------------------------ */
 
-static int cmp_segment(const void *a, const void *b)
-{
-    const wsync_segment_t *x = a, *y = b;
-    int r = cmp_rank_index(x->receiver, x->chunk, y->receiver, y->chunk);
-    if (!r)
-        r = cmp_rank_index(x->target, x->piece, y->target, y->piece);
-    if (!r)
-        r = cmp_u64(x->dst.off, y->dst.off);
-    return r;
-}
-
-/* Segment `sg`: logical segment `sl` of `receiver`'s target `target` served by chunk q, one part
- * of its logical chunk; the pair's bytes counted as plan_derive counts them. */
-static inline void put_segment(compile_t *c, uint32_t receiver, uint32_t target,
-                               const lseg_t *sl, uint32_t q, wsync_segment_t *sg)
-{
-    wsync_plan_t *pl = c->plan;
-    const wsync_chunk_t *ch = &pl->chunks[q];
-
-    sg->receiver = receiver;
-    sg->target = target;
-    sg->piece = sl->piece;
-    sg->chunk = q;
-    sg->dst.off = sl->dst_off;
-    if (c->parts != NULL)
-        sg->dst.off += c->parts[q].row * sl->dst_pitch + c->parts[q].col;
-    sg->dst.pitch = sl->dst_pitch;
-    sg->dst.rows = ch->src.rows;
-    sg->dst.cols = ch->src.cols;
-    pl->pair_bytes[(size_t)ch->sender * c->nreceivers + receiver] += chunk_bytes(ch);
-}
-
-/* One of a receiver's logical segments in pass 4: its logical chunk (the sort key), which
- * logical segment, for which of the receiver's targets. */
+/* One of a target's logical segments in pass 4: its logical chunk (the sort key) and which. */
 typedef struct {
-    uint32_t lchunk, lseg, target;
+    uint32_t lchunk, lseg;
 } item_t;
 
 #define RADIX_BITS 11
 
-/* Order a receiver's items by logical chunk, stably (LSD radix, RADIX_BITS a pass, `passes`
- * passes; the records move, so the pass that writes the segments reads them in order). a and
+/* Order items by logical chunk, stably (LSD radix, RADIX_BITS a pass, `passes` passes). a and
  * tmp hold m each; returns the array that holds the result. */
 static item_t *radix_by_lchunk(item_t *a, item_t *tmp, size_t m, unsigned passes)
 {
@@ -343,67 +282,41 @@ static item_t *radix_by_lchunk(item_t *a, item_t *tmp, size_t m, unsigned passes
     return a;
 }
 
-/* A receiver in pass 4: its targets c->trefs[a, b), where its segments go, and the receiver
- * whose logical segments it takes most of (itself when it takes more of its own). */
-typedef struct {
-    size_t a, b;
-    uint64_t out;
-    uint32_t like;
-} rcv_t;
-
-/* Give back the pages of a receiver's own logical segments that no later target takes (all of
- * them where no target is laid out like another); those of shared targets stay. A receiver's
- * own logical segments lie side by side, target after target. */
-static void release_own(compile_t *c, const rcv_t *rv)
+/* (piece, off) order of a list's records on one chunk (a target taking a chunk twice). */
+static void sort_ties(wsync_list_seg_t *a, size_t m)
 {
-    size_t from = SIZE_MAX, to = 0, sz = sizeof(*c->lsegs);
-
-    for (size_t j = rv->a; j < rv->b; j++) {
-        const tref_t *t = &c->trefs[j];
-        if (t->src != j)
-            continue;
-        if (t->shared) {
-            if (from != SIZE_MAX)
-                release_pages(c->lsegs, from, to);
-            from = SIZE_MAX;
-        } else {
-            if (from == SIZE_MAX)
-                from = (size_t)t->lseg0 * sz;
-            to = ((size_t)t->lseg0 + t->nlseg) * sz;
+    for (size_t i = 1; i < m; i++) {
+        wsync_list_seg_t v = a[i];
+        size_t j = i;
+        while (j > 0 && (a[j - 1].piece > v.piece ||
+                         (a[j - 1].piece == v.piece && a[j - 1].off > v.off))) {
+            a[j] = a[j - 1];
+            j--;
         }
+        a[j] = v;
     }
-    if (from != SIZE_MAX)
-        release_pages(c->lsegs, from, to);
 }
 
-/* Segments in (receiver, chunk) order without a global sort. Targets come in (receiver, index)
- * order (pass 2 sorted them); each receiver's logical segments, target by target, are put
- * in logical chunk order by a radix sort of their numbers (stable, so a receiver taking one
- * chunk twice keeps logical segment order, as before), and its segments are then written front
- * to back: logical chunks are numbered in bucket order, so their parts are chunks 0, 1, ...
- * Only segments of one receiver that share a chunk are sorted further. The scratch is sized by
- * the largest receiver's logical segments, not by the plan.
- * Receivers are written in an order that keeps those taking the same logical segments together
- * (with TP-8 x EP-128, receivers r, r + 8, r + 16, ... of one TP rank), each at its place in
- * the plan: the logical segments they read jumping (megabytes a TP rank) stay in cache from one
- * to the next, where receiver order would cycle through all the TP ranks' lists. */
+/* The plan's lists and references. A target whose logical segments are its own (tref.src is
+ * itself) becomes a list: its logical segments, each cut into the parts (chunks) of its logical
+ * chunk, in (chunk, piece, off) order; every target, its own or laid out like an earlier one,
+ * is a reference (target, list) of its receiver. Segments of all receivers are never written:
+ * a receiver's are its references' lists merged by chunk (wsync_plan_segments). Segments per
+ * receiver and pair bytes are derived from the lists (wsync_plan_lists_derive). */
 wsync_status_t wsync_plan_split_segments(compile_t *c)
 {
     wsync_plan_t *pl = c->plan;
-    uint64_t n = 0;
+    uint64_t n = 0, nrec = 0;
     item_t *item = NULL, *tmp = NULL;
-    rcv_t *rv = NULL;
-    uint32_t *order = NULL, *cnt = NULL;
-    uint64_t *tally = NULL;
-    size_t most = 0, nt = c->ntargets, nrv = 0;
+    uint32_t *lid = NULL;
+    size_t most = 0, nt = c->ntargets, nrefs = 0;
     unsigned passes = 1;
-    int twice = 0;
     wsync_status_t st = WSYNC_OK;
     const uint32_t *part0 = c->part0;
     tref_t *tr = c->trefs;
 
     /* segments per target: counted once for a target's own logical segments, taken by copies */
-    for (size_t j = 0, run = 0; j < nt; j++) {
+    for (size_t j = 0; j < nt; j++) {
         if (tr[j].src == j) {
             uint64_t m = 0;
             for (uint32_t k = 0; k < tr[j].nlseg; k++) {
@@ -411,124 +324,90 @@ wsync_status_t wsync_plan_split_segments(compile_t *c)
                 m += part0[l + 1] - part0[l];
             }
             tr[j].nseg = m;
+            nrec += m;
+            most = WSYNC_MAX(most, (size_t)tr[j].nlseg);
         } else {
             tr[j].nseg = tr[tr[j].src].nseg;   /* src < j */
         }
         n += tr[j].nseg;
-        run = (j > 0 && tr[j].receiver == tr[j - 1].receiver ? run : 0) + tr[j].nlseg;
-        most = WSYNC_MAX(most, run);
+        nrefs += tr[j].nseg > 0;
     }
-    /* refused here, before any segment is written (counted from the targets' logical
-     * segments, shared ones once) */
-    if (n > WSYNC_PLAN_MAX_SEGMENTS)
+    /* refused here, before any list is written */
+    if (n > WSYNC_PLAN_MAX_LOGICAL_SEGMENTS || nrec > WSYNC_PLAN_MAX_SEGMENTS)
         return wsync_err(WSYNC_ERR_RANGE, "plan: %" PRIu64 " segments (one per chunk and "
-                         "receiver taking it) to %u receivers, more than the %u a plan holds "
-                         "(%zu bytes each); use fewer receivers per group, larger buckets, or "
-                         "sender layouts that split fewer params (e.g. fused experts)", n,
-                         c->nreceivers, WSYNC_PLAN_MAX_SEGMENTS, sizeof(wsync_segment_t));
+                         "receiver taking it) to %u receivers in %" PRIu64 " records, more than "
+                         "the %u segments or %u records a plan may have; use fewer receivers "
+                         "per group, larger buckets, or sender layouts that split fewer params "
+                         "(e.g. fused experts)", n, c->nreceivers, nrec,
+                         WSYNC_PLAN_MAX_LOGICAL_SEGMENTS, WSYNC_PLAN_MAX_SEGMENTS);
     while (passes < 3 && ((uint64_t)c->nlchunks >> (RADIX_BITS * passes)) != 0)
         passes++;
-    pl->segments = malloc((n ? n : 1) * sizeof(*pl->segments));
-    pl->pair_bytes = calloc((size_t)c->nsenders * c->nreceivers, sizeof(*pl->pair_bytes));
+    pl->lsegs = malloc((nrec ? nrec : 1) * sizeof(*pl->lsegs));
+    pl->list0 = malloc((nt + 1) * sizeof(*pl->list0));
+    pl->refs = malloc((nrefs ? nrefs : 1) * sizeof(*pl->refs));
+    pl->ref0 = calloc(c->nreceivers + (size_t)1, sizeof(*pl->ref0));
     tmp = malloc((most ? most : 1) * sizeof(*tmp));
     item = malloc((most ? most : 1) * sizeof(*item));
-    rv = malloc((c->nreceivers + (size_t)1) * sizeof(*rv));
-    order = malloc((c->nreceivers + (size_t)1) * sizeof(*order));
-    cnt = calloc(c->nreceivers + (size_t)1, sizeof(*cnt));
-    tally = calloc(c->nreceivers, sizeof(*tally));
-    if (pl->segments == NULL || pl->pair_bytes == NULL || tmp == NULL ||
-        item == NULL || rv == NULL || order == NULL || cnt == NULL || tally == NULL) {
-        st = wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " segments", n);
+    lid = malloc((nt ? nt : 1) * sizeof(*lid));
+    if (pl->lsegs == NULL || pl->list0 == NULL || pl->refs == NULL || pl->ref0 == NULL ||
+        tmp == NULL || item == NULL || lid == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan: %" PRIu64 " segment records", nrec);
         goto done;
     }
-    /* receivers with targets, where their segments start, and whom each is like: the receiver
-     * it takes the most logical segments from (tally[], zeroed again after each receiver) */
-    for (size_t a = 0, b; a < nt; a = b) {
-        rcv_t *r = &rv[nrv];
-        uint64_t best = 0;
-        r->a = a;
-        r->out = nrv > 0 ? rv[nrv - 1].out : 0;
-        r->like = tr[a].receiver;
-        for (b = a; b < nt && tr[b].receiver == tr[a].receiver; b++) {
-            uint32_t from = tr[tr[b].src].receiver;
-            tally[from] += tr[b].nlseg;
-            if (tally[from] > best) {
-                best = tally[from];
-                r->like = from;
-            }
-            r->out += tr[b].nseg;
-        }
-        for (size_t j = a; j < b; j++)
-            tally[tr[tr[j].src].receiver] = 0;
-        r->b = b;
-        cnt[r->like + 1]++;
-        nrv++;
-    }
-    for (size_t k = nrv; k-- > 0;)      /* out: where each receiver's segments start */
-        rv[k].out = k > 0 ? rv[k - 1].out : 0;
-    for (uint32_t k = 0; k < c->nreceivers; k++)   /* stable counting sort on `like` */
-        cnt[k + 1] += cnt[k];
-    for (size_t k = 0; k < nrv; k++)
-        order[cnt[rv[k].like]++] = (uint32_t)k;
-    for (size_t o = 0; o < nrv; o++) {
-        const rcv_t *r = &rv[order[o]];
+    pl->list0[0] = 0;
+    nrec = 0;
+    for (size_t j = 0; j < nt; j++) {
         const item_t *sorted;
-        uint32_t receiver = tr[r->a].receiver;
-        uint64_t mine = 0, out = r->out;
-        size_t m = 0;
-        for (size_t b = r->a; b < r->b; b++) {
-            mine += tr[b].nseg;
-            if (tr[b].nlseg == 0)
-                continue;   /* (lsegs may be NULL: no pointer arithmetic on it) */
-            const lseg_t *ls = &c->lsegs[tr[b].lseg0];
-            for (uint32_t k = 0; k < tr[b].nlseg; k++, m++) {
-                item[m].lchunk = ls[k].lchunk;
-                item[m].lseg = tr[b].lseg0 + k;
-                item[m].target = tr[b].target;
-            }
+        const lseg_t *ls;
+        if (tr[j].src != j || tr[j].nseg == 0)
+            continue;
+        ls = &c->lsegs[tr[j].lseg0];
+        for (uint32_t k = 0; k < tr[j].nlseg; k++) {
+            item[k].lchunk = ls[k].lchunk;
+            item[k].lseg = tr[j].lseg0 + k;
         }
-        sorted = radix_by_lchunk(item, tmp, m, passes);
-        /* fault in this receiver's segments at once */
-        if (mine > 0)
-            wsync_plan_prefault(&pl->segments[out], mine * sizeof(*pl->segments));
-        for (size_t i = 0, e; i < m; i = e) {
-            /* i .. e: this receiver's logical segments on logical chunk k (usually one) */
+        sorted = radix_by_lchunk(item, tmp, tr[j].nlseg, passes);
+        for (size_t i = 0, e; i < tr[j].nlseg; i = e) {
             uint32_t k = sorted[i].lchunk;
-            /* sorted[] jumps through the logical segments: ask for them early */
-            if (i + PREFETCH_AHEAD < m) {
-                PREFETCH(&c->lsegs[sorted[i + PREFETCH_AHEAD].lseg]);
-                PREFETCH(&pl->chunks[part0[sorted[i + PREFETCH_AHEAD].lchunk]]);
-            }
-            for (e = i + 1; e < m && sorted[e].lchunk == k; e++)
+            for (e = i + 1; e < tr[j].nlseg && sorted[e].lchunk == k; e++)
                 ;
-            twice |= e - i > 1;
-            for (uint32_t q = part0[k]; q < part0[k + 1]; q++)
+            for (uint32_t q = part0[k]; q < part0[k + 1]; q++) {
+                size_t at = nrec;
                 for (size_t g = i; g < e; g++) {
-                    const item_t *it = &sorted[g];
-                    put_segment(c, receiver, it->target, &c->lsegs[it->lseg], q,
-                                &pl->segments[out++]);
+                    const lseg_t *sl = &c->lsegs[sorted[g].lseg];
+                    wsync_list_seg_t *o = &pl->lsegs[nrec++];
+                    o->piece = sl->piece;
+                    o->chunk = q;
+                    o->off = sl->dst_off;
+                    if (c->parts != NULL)
+                        o->off += c->parts[q].row * sl->dst_pitch + c->parts[q].col;
+                    o->pitch = sl->dst_pitch;
                 }
+                if (e - i > 1)
+                    sort_ties(&pl->lsegs[at], e - i);
+            }
         }
-        release_own(c, r);
+        lid[j] = pl->nlists++;
+        pl->list0[pl->nlists] = (uint32_t)nrec;
     }
-    pl->nsegments = (uint32_t)n;
+    nrefs = 0;
+    for (size_t j = 0; j < nt; j++) {
+        if (tr[j].nseg > 0) {
+            pl->refs[nrefs].target = tr[j].target;
+            pl->refs[nrefs].list = lid[tr[j].src];
+            nrefs++;
+        }
+        pl->ref0[tr[j].receiver + 1] = (uint32_t)nrefs;
+    }
+    for (uint32_t r = 0; r < c->nreceivers; r++)   /* receivers without targets */
+        pl->ref0[r + 1] = WSYNC_MAX(pl->ref0[r + 1], pl->ref0[r]);
     free(c->lsegs);
     c->lsegs = NULL;
-    /* a receiver that takes one chunk twice (two targets, or two pieces, of the same bytes) */
-    for (uint64_t i = 0, j; twice && i < n; i = j) {
-        for (j = i + 1; j < n && pl->segments[j].receiver == pl->segments[i].receiver &&
-                        pl->segments[j].chunk == pl->segments[i].chunk;
-             j++)
-            ;
-        if (j - i > 1)
-            qsort(pl->segments + i, j - i, sizeof(*pl->segments), cmp_segment);
-    }
+    if ((st = wsync_plan_lists_derive(pl, WSYNC_ERR_RANGE)) == WSYNC_OK)
+        st = wsync_plan_cache_init(pl);
 done:
     free(tmp);
     free(item);
-    free(rv);
-    free(order);
-    free(cnt);
-    free(tally);
+    free(lid);
     return st;
 }

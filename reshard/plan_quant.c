@@ -174,14 +174,20 @@ wsync_status_t wsync_plan_check_wire_segment(const wsync_plan_t *plan, const wsy
 wsync_status_t wsync_plan_wire_targets(const wsync_plan_t *plan, uint32_t rank, size_t ntargets,
                                        uint8_t *wire)
 {
-    uint32_t *nseg = calloc(ntargets + 1, sizeof(*nseg));
+    uint32_t *nseg = calloc(ntargets + 1, sizeof(*nseg)), n;
+    const wsync_segment_t *mine;
+    wsync_status_t st;
 
     if (nseg == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "plan: %zu targets", ntargets);
+    if ((st = wsync_plan_segments(plan, rank, &mine, &n)) != WSYNC_OK) {
+        free(nseg);
+        return st;
+    }
     memset(wire, 1, ntargets);
-    for (uint32_t i = 0; i < plan->nsegments; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
-        if (sg->receiver != rank || sg->target >= ntargets)
+    for (uint32_t i = 0; i < n; i++) {
+        const wsync_segment_t *sg = &mine[i];
+        if (sg->target >= ntargets)
             continue;
         nseg[sg->target]++;
         if (plan->chunks[sg->chunk].rule == 0)

@@ -128,6 +128,10 @@ static wsync_status_t summarize_forms(const wsync_plan_t *p, const wsync_target_
     uint8_t *ruled = NULL, *cut = NULL;
     wsync_wire_rule_t *rules = NULL;
     run_t *runs = NULL;
+    struct lsum {
+        uint64_t bytes, param_bytes;
+        uint32_t nfp8;
+    } *lsum = NULL;
     size_t nr = p->nreceivers;
     wsync_status_t st = WSYNC_OK;
 
@@ -153,32 +157,51 @@ static wsync_status_t summarize_forms(const wsync_plan_t *p, const wsync_target_
         ruled[j] = fp8_wire && wsync_wire_rule_of(&td[j], &rules[j]);
         runs[j].chunk = UINT32_MAX;
     }
-    for (uint32_t i = 0; i < p->nsegments; i++) {
-        const wsync_segment_t *sg = &p->segments[i];
-        const wsync_chunk_t *ch = &p->chunks[sg->chunk];
-        size_t j = at[base[sg->receiver] + sg->target];
-        run_t *r = &runs[j];
-
-        s->target_bytes[j] += wsync_chunk_wire_bytes(ch);
-        s->target_param_bytes[j] += ch->src.rows * ch->src.cols * wsync_dtype_size(ch->dtype);
-        nseg[j]++;
-        nfp8[j] += ch->rule != 0;
-        if (!ruled[j] || cut[j])
-            continue;
-        if (run_continues(p, r, sg)) {
-            r->chunk = sg->chunk;
-            r->rows += sg->dst.rows;
-            continue;
-        }
-        if (r->chunk != UINT32_MAX && !run_whole(r, &rules[j], &td[j], p->bucket_bytes))
-            cut[j] = 1;
-        r->chunk = sg->chunk;
-        r->piece = sg->piece;
-        r->off = sg->dst.off;
-        r->pitch = sg->dst.pitch;
-        r->rows = sg->dst.rows;
-        r->cols = sg->dst.cols;
+    /* a list's figures are the same for every target taking it: summed once (lsum); only
+     * targets that could take FP8 from their senders walk their segments (runs of cells) */
+    lsum = calloc(p->nlists + (size_t)1, sizeof(*lsum));
+    if (lsum == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan summary: %u lists", p->nlists);
+        goto out;
     }
+    for (uint32_t l = 0; l < p->nlists; l++)
+        for (uint32_t i = p->list0[l]; i < p->list0[l + 1]; i++) {
+            const wsync_chunk_t *ch = &p->chunks[p->lsegs[i].chunk];
+            lsum[l].bytes += wsync_chunk_wire_bytes(ch);
+            lsum[l].param_bytes += ch->src.rows * ch->src.cols * wsync_dtype_size(ch->dtype);
+            lsum[l].nfp8 += ch->rule != 0;
+        }
+    for (uint32_t rc = 0; rc < p->nreceivers; rc++)
+        for (uint32_t k = p->ref0[rc]; k < p->ref0[rc + 1]; k++) {
+            const wsync_plan_ref_t *rf = &p->refs[k];
+            size_t j = at[base[rc] + rf->target];
+            run_t *r = &runs[j];
+            s->target_bytes[j] += lsum[rf->list].bytes;
+            s->target_param_bytes[j] += lsum[rf->list].param_bytes;
+            nseg[j] += p->list0[rf->list + 1] - p->list0[rf->list];
+            nfp8[j] += lsum[rf->list].nfp8;
+            for (uint32_t i = p->list0[rf->list]; ruled[j] && i < p->list0[rf->list + 1]; i++) {
+                const wsync_list_seg_t *l = &p->lsegs[i];
+                const wsync_chunk_t *ch = &p->chunks[l->chunk];
+                wsync_segment_t sg = {rc, rf->target, l->piece, l->chunk,
+                                      {l->off, l->pitch, ch->src.rows, ch->src.cols}};
+                if (cut[j])
+                    break;
+                if (run_continues(p, r, &sg)) {
+                    r->chunk = sg.chunk;
+                    r->rows += sg.dst.rows;
+                    continue;
+                }
+                if (r->chunk != UINT32_MAX && !run_whole(r, &rules[j], &td[j], p->bucket_bytes))
+                    cut[j] = 1;
+                r->chunk = sg.chunk;
+                r->piece = sg.piece;
+                r->off = sg.dst.off;
+                r->pitch = sg.dst.pitch;
+                r->rows = sg.dst.rows;
+                r->cols = sg.dst.cols;
+            }
+        }
     for (size_t j = 0; j < ntd; j++) {
         const wsync_target_desc_t *t = &td[j];
         wsync_wire_form_t f;
@@ -215,6 +238,7 @@ out:
     free(cut);
     free(rules);
     free(runs);
+    free(lsum);
     return st;
 }
 

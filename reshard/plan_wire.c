@@ -34,16 +34,16 @@
 /* Derived tables, encoding, fingerprint                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-/* nbuckets, bucket_used (high-water mark) and pair_bytes from chunks and segments, which must
- * already be ordered by (sender, bucket) with each sender's buckets numbered densely from 0. */
+/* nbuckets and bucket_used (high-water mark) from chunks, which must already be ordered by
+ * (sender, bucket) with each sender's buckets numbered densely from 0; pair_bytes and each
+ * receiver's segment count from the lists. */
 static wsync_status_t plan_derive(wsync_plan_t *p)
 {
     uint64_t total = 0, *base;
 
     p->nbuckets = calloc(p->nsenders, sizeof(*p->nbuckets));
-    p->pair_bytes = calloc((size_t)p->nsenders * p->nreceivers, sizeof(*p->pair_bytes));
     base = calloc(p->nsenders, sizeof(*base));
-    if (!p->nbuckets || !p->pair_bytes || !base) {
+    if (!p->nbuckets || !base) {
         free(base);
         return wsync_err(WSYNC_ERR_NOMEM, "plan: tables for %u senders x %u receivers",
                          p->nsenders, p->nreceivers);
@@ -67,13 +67,8 @@ static wsync_status_t plan_derive(wsync_plan_t *p)
         uint64_t *u = &p->bucket_used[base[ch->sender] + ch->bucket];
         *u = WSYNC_MAX(*u, ch->bucket_off + chunk_bytes(ch));
     }
-    for (uint32_t i = 0; i < p->nsegments; i++) {
-        const wsync_segment_t *sg = &p->segments[i];
-        const wsync_chunk_t *ch = &p->chunks[sg->chunk];
-        p->pair_bytes[(size_t)ch->sender * p->nreceivers + sg->receiver] += chunk_bytes(ch);
-    }
     free(base);
-    return WSYNC_OK;
+    return wsync_plan_lists_derive(p, WSYNC_ERR_PROTOCOL);   /* pair bytes too */
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -369,17 +364,116 @@ static uint32_t encode_receiver(encoder_t *e, const wsync_segment_t *cur, uint32
     return copied;
 }
 
+/* Where the encoder reads receivers' segments: a flat array in (receiver, chunk) order (tests
+ * hand one over), or the plan's lists, each receiver expanded once in rank order. The 8
+ * receivers before the current one stay expanded (replicas 1-8 apart are the usual reference),
+ * and every receiver's first PREFIX segments are kept to choose references among (the choice
+ * reads no more); a reference further back is expanded again. */
+#define RING 9u
+#define PREFIX (4u * REF_TRIES + 64u)
+
+typedef struct {
+    const wsync_plan_t *p;
+    const wsync_segment_t *flat;     /* NULL: the plan's lists */
+    uint64_t *start;                 /* flat: [nreceivers + 1] where each receiver's begin */
+    wsync_expander_t x;
+    wsync_segment_t *ring[RING];
+    size_t ring_cap[RING];
+    uint32_t ring_rcv[RING];
+    wsync_segment_t *far;
+    size_t far_cap;
+    wsync_segment_t *pre;            /* lists: receiver q's first min(n, PREFIX) at pre0[q] */
+    uint64_t *pre0;
+} segsrc_t;
+
+static uint32_t src_count(const segsrc_t *s, uint32_t q)
+{
+    return s->flat != NULL ? (uint32_t)(s->start[q + 1] - s->start[q]) : s->p->rx_nsegs[q];
+}
+
+static const wsync_segment_t *src_prefix(const segsrc_t *s, uint32_t q)
+{
+    return s->flat != NULL ? s->flat + s->start[q] : s->pre + s->pre0[q];
+}
+
+/* Receiver q's segments, whole (NULL when out of memory). */
+static const wsync_segment_t *src_full(segsrc_t *s, uint32_t q)
+{
+    uint32_t n = src_count(s, q), k = q % RING;
+    wsync_segment_t **b = &s->ring[k];
+    size_t *cap = &s->ring_cap[k];
+
+    if (s->flat != NULL)
+        return s->flat + s->start[q];
+    if (s->ring_rcv[k] == q && s->ring[k] != NULL)
+        return s->ring[k];
+    if (s->ring_rcv[k] != UINT32_MAX && s->ring_rcv[k] > q) {   /* evicted: expand aside */
+        b = &s->far;
+        cap = &s->far_cap;
+    }
+    if (plan_grow((void **)b, cap, n ? n : 1, sizeof(**b)) ||
+        wsync_plan_expand(s->p, q, &s->x, *b) != WSYNC_OK)
+        return NULL;
+    if (b == &s->ring[k]) {
+        s->ring_rcv[k] = q;
+        if (s->pre0[q + 1] > s->pre0[q])
+            memcpy(s->pre + s->pre0[q], *b, (size_t)(s->pre0[q + 1] - s->pre0[q]) * sizeof(**b));
+    }
+    return *b;
+}
+
+static int src_init(segsrc_t *s, const wsync_plan_t *p, const wsync_segment_t *flat,
+                    uint64_t nflat)
+{
+    memset(s, 0, sizeof(*s));
+    s->p = p;
+    s->flat = flat;
+    for (uint32_t k = 0; k < RING; k++)
+        s->ring_rcv[k] = UINT32_MAX;
+    if (flat != NULL) {
+        s->start = calloc((size_t)p->nreceivers + 1, sizeof(*s->start));
+        if (s->start == NULL)
+            return -1;
+        /* segments are in receiver order: each receiver's run */
+        for (uint64_t i = 0; i < nflat; i++)
+            if (flat[i].receiver < p->nreceivers)
+                s->start[flat[i].receiver + 1]++;
+        for (uint32_t r = 0; r < p->nreceivers; r++)
+            s->start[r + 1] += s->start[r];
+        return 0;
+    }
+    s->pre0 = calloc((size_t)p->nreceivers + 1, sizeof(*s->pre0));
+    if (s->pre0 == NULL)
+        return -1;
+    for (uint32_t r = 0; r < p->nreceivers; r++)
+        s->pre0[r + 1] = s->pre0[r] + WSYNC_MIN(p->rx_nsegs[r], PREFIX);
+    s->pre = malloc((size_t)(s->pre0[p->nreceivers] ? s->pre0[p->nreceivers] : 1) *
+                    sizeof(*s->pre));
+    return s->pre == NULL ? -1 : 0;
+}
+
+static void src_free(segsrc_t *s)
+{
+    for (uint32_t k = 0; k < RING; k++)
+        free(s->ring[k]);
+    free(s->far);
+    free(s->pre);
+    free(s->pre0);
+    free(s->start);
+    wsync_expander_free(&s->x);
+}
+
 /* The receiver `back` ranks before r whose segments most of r's first REF_TRIES copy (0: none
  * helps). Tried: the 8 receivers just before, then 16, 32, 64 ... before (replicas of an engine
- * of TP or EP size T are T apart). start[r] .. start[r + 1] are r's segments. */
-static uint32_t choose_reference(const wsync_plan_t *p, const uint32_t *start, uint32_t r)
+ * of TP or EP size T are T apart). */
+static uint32_t choose_reference(const segsrc_t *s, const wsync_segment_t *cur, uint32_t ncur,
+                                 uint32_t r)
 {
-    const wsync_segment_t *cur = &p->segments[start[r]];
-    uint32_t n = WSYNC_MIN(start[r + 1] - start[r], REF_TRIES), best = 0, best_copied = 0;
+    uint32_t n = WSYNC_MIN(ncur, REF_TRIES), best = 0, best_copied = 0;
 
     for (uint32_t back = 1; back <= r; back = back < 8 ? back + 1 : back * 2) {
-        uint32_t q = r - back, nref = start[q + 1] - start[q];
-        uint32_t c = nref == 0 ? 0 : encode_receiver(NULL, cur, n, &p->segments[start[q]],
+        uint32_t q = r - back, nref = src_count(s, q);
+        uint32_t c = nref == 0 ? 0 : encode_receiver(NULL, cur, n, src_prefix(s, q),
                                                      WSYNC_MIN(nref, 4 * n + 64), cur);
         if (c > best_copied) {
             best_copied = c;
@@ -390,19 +484,20 @@ static uint32_t choose_reference(const wsync_plan_t *p, const uint32_t *start, u
 }
 
 /* The body (everything but the trailing fingerprint) into b, hashed into h when h is given, or
- * only counted when count_only. Returns the body's bytes (0 with b->err set on failure). */
-static uint64_t encode_body(const wsync_plan_t *p, wsync_wbuf_t *b, XXH3_state_t *h,
-                            int count_only)
+ * only counted when count_only; the segments are the plan's, or flat[0, nflat) when flat is
+ * given. Returns the body's bytes (0 with b->err set on failure). */
+static uint64_t encode_body(const wsync_plan_t *p, const wsync_segment_t *flat, uint64_t nflat,
+                            wsync_wbuf_t *b, XXH3_state_t *h, int count_only)
 {
     encoder_t *e = malloc(sizeof(*e));
-    uint32_t *start = calloc((size_t)p->nreceivers + 1, sizeof(*start));
+    segsrc_t src;
     const wsync_chunk_t zc = {0};
-    const wsync_segment_t zs = {0};
+    wsync_segment_t last = {0};
     uint64_t total;
 
-    if (e == NULL || start == NULL) {
+    if (e == NULL || src_init(&src, p, flat, nflat) != 0) {
         free(e);
-        free(start);
+        src_free(&src);
         b->err = 1;
         return 0;
     }
@@ -418,7 +513,7 @@ static uint64_t encode_body(const wsync_plan_t *p, wsync_wbuf_t *b, XXH3_state_t
     wsync_put_u32(b, p->nreceivers);
     wsync_put_u64(b, p->bucket_bytes);
     wsync_put_u32(b, p->nchunks);
-    wsync_put_u32(b, p->nsegments);
+    wsync_put_u32(b, flat != NULL ? (uint32_t)nflat : p->nsegments);
     if (p->nrules > 0) {
         uint8_t tmp[2 * VARINT_MAX], *q = put_varint(tmp, p->nrules);
         wsync_put_bytes(b, tmp, (size_t)(q - tmp));
@@ -438,31 +533,32 @@ static uint64_t encode_body(const wsync_plan_t *p, wsync_wbuf_t *b, XXH3_state_t
     enc_flush(e);
     for (uint32_t i = 0; i < p->nchunks; i++)
         encode_chunk(e, &p->chunks[i], i > 0 ? &p->chunks[i - 1] : &zc);
-    /* segments are in receiver order: each receiver's run */
-    for (uint32_t i = 0; i < p->nsegments; i++)
-        if (p->segments[i].receiver < p->nreceivers)
-            start[p->segments[i].receiver + 1]++;
-    for (uint32_t r = 0; r < p->nreceivers; r++)
-        start[r + 1] += start[r];
-    for (uint32_t r = 0; r < p->nreceivers; r++) {
-        uint32_t n = start[r + 1] - start[r], back;
-        const wsync_segment_t *prev = start[r] > 0 ? &p->segments[start[r] - 1] : &zs;
+    for (uint32_t r = 0; r < p->nreceivers && !b->err; r++) {
+        uint32_t n = src_count(&src, r), back;
+        const wsync_segment_t *cur, *ref = NULL;
         uint8_t *q0 = enc_room(e), *q = put_varint(q0, n);
         if (n == 0) {
             e->used += (size_t)(q - q0);
             continue;
         }
-        back = choose_reference(p, start, r);
+        if ((cur = src_full(&src, r)) == NULL) {
+            b->err = 1;
+            break;
+        }
+        back = choose_reference(&src, cur, n, r);
         q = put_varint(q, back);
         e->used += (size_t)(q - q0);
-        encode_receiver(e, &p->segments[start[r]], n,
-                        back ? &p->segments[start[r - back]] : NULL,
-                        back ? start[r - back + 1] - start[r - back] : 0, prev);
+        if (back && (ref = src_full(&src, r - back)) == NULL) {
+            b->err = 1;
+            break;
+        }
+        encode_receiver(e, cur, n, ref, back ? src_count(&src, r - back) : 0, &last);
+        last = cur[n - 1];
     }
     enc_flush(e);
     total = e->total;
     free(e);
-    free(start);
+    src_free(&src);
     return b->err ? 0 : total;
 }
 
@@ -474,7 +570,7 @@ uint64_t wsync_plan_wire_bytes(const wsync_plan_t *plan)
     if (plan->wire_bytes != 0)
         return plan->wire_bytes;
     wsync_wbuf_init(&b);
-    n = encode_body(plan, &b, NULL, 1);
+    n = encode_body(plan, NULL, 0, &b, NULL, 1);
     wsync_wbuf_free(&b);
     return n == 0 ? UINT64_MAX : n + 8u;         /* the fingerprint */
 }
@@ -483,8 +579,19 @@ void wsync_plan_encode(const wsync_plan_t *plan, wsync_wbuf_t *out)
 {
     size_t start = out->len;
 
-    encode_body(plan, out, NULL, 0);
+    encode_body(plan, NULL, 0, out, NULL, 0);
     if (!out->err)   /* hash what was written, so the fingerprint always matches the bytes */
+        wsync_put_u64(out, XXH3_64bits(out->data + start, out->len - start));
+}
+
+void wsync_plan_encode_flat(const wsync_plan_t *plan, const wsync_segment_t *segs, uint32_t n,
+                            wsync_wbuf_t *out)
+{
+    size_t start = out->len;
+    static const wsync_segment_t none = {0};
+
+    encode_body(plan, n > 0 ? segs : &none, n, out, NULL, 0);
+    if (!out->err)
         wsync_put_u64(out, XXH3_64bits(out->data + start, out->len - start));
 }
 
@@ -500,7 +607,7 @@ wsync_status_t wsync_plan_fingerprint(wsync_plan_t *plan)
         wsync_wbuf_free(&body);
         return wsync_err(WSYNC_ERR_NOMEM, "plan: hash state");
     }
-    n = encode_body(plan, &body, hs, 0);
+    n = encode_body(plan, NULL, 0, &body, hs, 0);
     if (body.err) {
         XXH3_freeState(hs);
         wsync_wbuf_free(&body);
@@ -671,8 +778,10 @@ static wsync_status_t decode_chunk(wsync_rbuf_t *r, const wsync_plan_t *p, uint3
 }
 
 /* What every segment must satisfy, however it was coded: its chunk exists, its region matches
- * the chunk's shape and is sane, and (receiver, chunk) order holds. sg->receiver is set. */
-static wsync_status_t check_segment(const wsync_plan_t *p, wsync_segment_t *sg, uint64_t i)
+ * the chunk's shape and is sane, and (receiver, chunk) order holds after pv (the segment before
+ * it in the plan, NULL for the first). sg->receiver is set. */
+static wsync_status_t check_segment(const wsync_plan_t *p, wsync_segment_t *sg,
+                                    const wsync_segment_t *pv, uint64_t i)
 {
     const wsync_chunk_t *ch;
 
@@ -687,51 +796,57 @@ static wsync_status_t check_segment(const wsync_plan_t *p, wsync_segment_t *sg, 
                          ", pitch %" PRIu64 ", offset %" PRIu64 ") does not match chunk %u (%"
                          PRIu64 " x %" PRIu64 ")", i, sg->dst.rows, sg->dst.cols, sg->dst.pitch,
                          sg->dst.off, sg->chunk, ch->src.rows, ch->src.cols);
-    if (i > 0) {
-        const wsync_segment_t *pv = sg - 1;
-        if (cmp_rank_index(pv->receiver, pv->chunk, sg->receiver, sg->chunk) > 0)
-            return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %" PRIu64 " out of order "
-                             "(receiver %u, chunk %u after chunk %u)", i, sg->receiver,
-                             sg->chunk, pv->chunk);
-    }
+    if (pv != NULL && cmp_rank_index(pv->receiver, pv->chunk, sg->receiver, sg->chunk) > 0)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: segment %" PRIu64 " out of order "
+                         "(receiver %u, chunk %u after chunk %u)", i, sg->receiver,
+                         sg->chunk, pv->chunk);
     return WSYNC_OK;
 }
 
-/* Segments are produced as they are decoded, the array grown as they come: a copy makes many
- * from a few bytes, so the count in the header is only allocated once the records have earned
- * it (it stays capped by WSYNC_PLAN_MAX_SEGMENTS, as checked). */
+/* Segments are decoded receiver by receiver into one receiver's array (grown as the records
+ * produce them: a copy makes many from a few bytes, so the header's count is never allocated
+ * on trust), then kept as lists. Copies read their reference from the 8 receivers decoded
+ * just before (kept) or from its lists. */
 typedef struct {
     wsync_plan_t *p;
-    uint64_t n, cap;
+    uint64_t n;                      /* segments decoded so far, all receivers */
+    wsync_segment_t *cur;            /* this receiver's */
+    size_t ncur, cap;
+    wsync_segment_t last;            /* the segment before cur[0] in the plan (zero: none) */
+    int have_last;
+    wsync_segment_t *ring[RING];
+    size_t ring_cap[RING], ring_n[RING];
+    uint32_t ring_rcv[RING];
+    wsync_segment_t *far;
+    size_t far_cap;
+    wsync_expander_t x;
+    wsync_lists_builder_t lb;
 } seg_out_t;
 
 static wsync_status_t seg_reserve(seg_out_t *o, uint64_t more)
 {
-    uint64_t want = o->n + more, cap = o->cap;
-    wsync_segment_t *s;
-
-    if (want <= cap)
-        return WSYNC_OK;
-    if (want > o->p->nsegments)
+    if (o->n + more > o->p->nsegments)
         return wsync_err(WSYNC_ERR_PROTOCOL, "plan: more segments than the %u in the header",
                          o->p->nsegments);
-    while (cap < want)
-        cap = cap < 4096 ? 4096 : cap * 2;
-    cap = WSYNC_MIN(cap, (uint64_t)o->p->nsegments);
-    s = realloc(o->p->segments, (size_t)cap * sizeof(*s));
-    if (s == NULL)
-        return wsync_err(WSYNC_ERR_NOMEM, "plan decode: %" PRIu64 " segments", cap);
-    o->p->segments = s;
-    o->cap = cap;
+    if (o->ncur + more > WSYNC_PLAN_MAX_SEGMENTS)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: a receiver of more than %u segments",
+                         WSYNC_PLAN_MAX_SEGMENTS);
+    if (plan_grow((void **)&o->cur, &o->cap, o->ncur + (size_t)more, sizeof(*o->cur)))
+        return wsync_err(WSYNC_ERR_NOMEM, "plan decode: %zu segments", o->ncur + (size_t)more);
     return WSYNC_OK;
+}
+
+static const wsync_segment_t *seg_prev(const seg_out_t *o)
+{
+    return o->ncur > 0 ? &o->cur[o->ncur - 1] : o->have_last ? &o->last : NULL;
 }
 
 static wsync_status_t decode_literal(wsync_rbuf_t *r, seg_out_t *o, uint32_t rcv, uint8_t f)
 {
     static const wsync_segment_t zs = {0};
     wsync_plan_t *p = o->p;
-    const wsync_segment_t *pv = o->n > 0 ? &p->segments[o->n - 1] : &zs;
-    wsync_segment_t *sg = &p->segments[o->n];
+    const wsync_segment_t *pv = seg_prev(o) != NULL ? seg_prev(o) : &zs;
+    wsync_segment_t *sg = &o->cur[o->ncur];
     wsync_status_t st;
 
     if (f & ~SF_LITERAL_ALL)
@@ -745,14 +860,16 @@ static wsync_status_t decode_literal(wsync_rbuf_t *r, seg_out_t *o, uint32_t rcv
     sg->dst.off = region_next(&pv->dst) + (f & SF_OFF ? unzigzag(get_varint(r)) : 0);
     if (r->err)
         return wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated at segment %" PRIu64, o->n);
-    if ((st = check_segment(p, sg, o->n)) != WSYNC_OK)
+    if ((st = check_segment(p, sg, seg_prev(o), o->n)) != WSYNC_OK)
         return st;
     o->n++;
+    o->ncur++;
     return WSYNC_OK;
 }
 
 static wsync_status_t decode_copy(wsync_rbuf_t *r, seg_out_t *o, uint32_t rcv, uint8_t f,
-                                  uint64_t ref, uint64_t nref, uint64_t *j, uint64_t left)
+                                  const wsync_segment_t *ref, uint64_t nref, uint64_t *j,
+                                  uint64_t left)
 {
     wsync_plan_t *p = o->p;
     uint64_t skip, n, tdelta = 0;
@@ -776,57 +893,128 @@ static wsync_status_t decode_copy(wsync_rbuf_t *r, seg_out_t *o, uint32_t rcv, u
         return st;
     *j += skip;
     for (uint64_t k = 0; k < n; k++, (*j)++) {
-        wsync_segment_t *sg = &p->segments[o->n];
-        *sg = p->segments[ref + *j];
+        wsync_segment_t *sg = &o->cur[o->ncur];
+        *sg = ref[*j];
         sg->receiver = rcv;
         sg->target += (uint32_t)tdelta;
-        if ((st = check_segment(p, sg, o->n)) != WSYNC_OK)
+        if ((st = check_segment(p, sg, seg_prev(o), o->n)) != WSYNC_OK)
             return st;
         o->n++;
+        o->ncur++;
     }
     return WSYNC_OK;
 }
 
-/* Every receiver's segments; start[r] is where r's begin (start has nreceivers + 1 entries). */
-static wsync_status_t decode_segments(wsync_rbuf_t *r, wsync_plan_t *p, uint64_t *start)
+/* Receiver q's segments, decoded earlier: kept if among the last RING, else from its lists. */
+static const wsync_segment_t *decoded_ref(seg_out_t *o, uint32_t q, uint64_t *nref,
+                                          wsync_status_t *st)
 {
-    seg_out_t o = {p, 0, 0};
+    uint32_t k = q % RING;
+
+    if (o->ring_rcv[k] == q) {
+        *nref = o->ring_n[k];
+        return o->ring[k];
+    }
+    /* rx_nsegs is not derived yet: count q's lists */
+    {
+        wsync_plan_t *p = o->p;
+        uint64_t m = 0;
+        for (uint32_t i = p->ref0[q]; i < p->ref0[q + 1]; i++)
+            m += p->list0[p->refs[i].list + 1] - p->list0[p->refs[i].list];
+        p->rx_nsegs[q] = (uint32_t)m;
+        if (plan_grow((void **)&o->far, &o->far_cap, m ? m : 1, sizeof(*o->far))) {
+            *st = wsync_err(WSYNC_ERR_NOMEM, "plan decode: %" PRIu64 " segments", m);
+            return NULL;
+        }
+        if ((*st = wsync_plan_expand(p, q, &o->x, o->far)) != WSYNC_OK)
+            return NULL;
+        *nref = m;
+        return o->far;
+    }
+}
+
+/* Every receiver's segments, kept as lists. */
+static wsync_status_t decode_segments(wsync_rbuf_t *r, wsync_plan_t *p)
+{
+    seg_out_t o;
     wsync_status_t st;
 
+    memset(&o, 0, sizeof(o));
+    o.p = p;
+    for (uint32_t k = 0; k < RING; k++)
+        o.ring_rcv[k] = UINT32_MAX;
+    p->rx_nsegs = calloc(p->nreceivers + (size_t)1, sizeof(*p->rx_nsegs));
+    if (p->rx_nsegs == NULL) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "plan decode: %u receivers", p->nreceivers);
+        goto out;
+    }
+    if ((st = wsync_lists_begin(&o.lb, p, WSYNC_ERR_PROTOCOL)) != WSYNC_OK)
+        goto out;
     for (uint32_t rcv = 0; rcv < p->nreceivers; rcv++) {
-        uint64_t n = get_varint(r), back = 0, ref = 0, nref = 0, j = 0, end;
-        start[rcv] = o.n;
+        uint64_t n = get_varint(r), back = 0, nref = 0, j = 0;
+        const wsync_segment_t *ref = NULL;
+        uint32_t k = rcv % RING;
+        wsync_segment_t *t;
+        size_t tc;
+        o.ncur = 0;
         if (!r->err && n > 0)
             back = get_varint(r);
-        if (r->err)
-            return wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated at receiver %u's segments",
-                             rcv);
-        if (n > p->nsegments - o.n || back > rcv)
-            return wsync_err(WSYNC_ERR_PROTOCOL, "plan: receiver %u has %" PRIu64 " segments "
-                             "(%" PRIu64 " of %u left) and reference %" PRIu64 " back", rcv, n,
-                             p->nsegments - o.n, p->nsegments, back);
-        if (back > 0) {
-            ref = start[rcv - back];
-            nref = start[rcv - back + 1] - ref;
+        if (r->err) {
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated at receiver %u's segments", rcv);
+            goto out;
         }
-        end = o.n + n;
-        while (o.n < end) {
+        if (n > p->nsegments - o.n || back > rcv) {
+            st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: receiver %u has %" PRIu64 " segments "
+                           "(%" PRIu64 " of %u left) and reference %" PRIu64 " back", rcv, n,
+                           p->nsegments - o.n, p->nsegments, back);
+            goto out;
+        }
+        if (back > 0 && (ref = decoded_ref(&o, rcv - (uint32_t)back, &nref, &st)) == NULL &&
+            st != WSYNC_OK)
+            goto out;
+        while (o.ncur < n) {
             uint8_t f = wsync_get_u8(r);
-            if (r->err)
-                return wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated at segment %" PRIu64, o.n);
+            if (r->err) {
+                st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: truncated at segment %" PRIu64, o.n);
+                goto out;
+            }
             if (f & SF_COPY)
-                st = decode_copy(r, &o, rcv, f, ref, nref, &j, end - o.n);
+                st = decode_copy(r, &o, rcv, f, ref, nref, &j, n - o.ncur);
             else if ((st = seg_reserve(&o, 1)) == WSYNC_OK)
                 st = decode_literal(r, &o, rcv, f);
             if (st != WSYNC_OK)
-                return st;
+                goto out;
         }
+        if ((st = wsync_lists_add(&o.lb, rcv, o.cur, o.ncur)) != WSYNC_OK)
+            goto out;
+        if (o.ncur > 0) {
+            o.last = o.cur[o.ncur - 1];
+            o.have_last = 1;
+        }
+        /* keep this receiver's segments for the next ones' copies: swap buffers with its slot */
+        t = o.ring[k];
+        tc = o.ring_cap[k];
+        o.ring[k] = o.cur;
+        o.ring_cap[k] = o.cap;
+        o.ring_n[k] = o.ncur;
+        o.ring_rcv[k] = rcv;
+        o.cur = t;
+        o.cap = tc;
     }
-    start[p->nreceivers] = o.n;
-    if (o.n != p->nsegments)
-        return wsync_err(WSYNC_ERR_PROTOCOL, "plan: %" PRIu64 " segments, the header says %u",
-                         o.n, p->nsegments);
-    return WSYNC_OK;
+    if (o.n != p->nsegments) {
+        st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: %" PRIu64 " segments, the header says %u",
+                       o.n, p->nsegments);
+        goto out;
+    }
+    st = wsync_lists_end(&o.lb);
+out:
+    for (uint32_t k = 0; k < RING; k++)
+        free(o.ring[k]);
+    free(o.cur);
+    free(o.far);
+    wsync_expander_free(&o.x);
+    wsync_lists_builder_free(&o.lb);
+    return st;
 }
 
 wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **plan)
@@ -835,7 +1023,6 @@ wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **pl
     wsync_plan_t *p;
     wsync_status_t st;
     uint32_t magic, version, flags;
-    uint64_t *start = NULL;
     size_t body_len;
     uint64_t fp;
 
@@ -886,34 +1073,32 @@ wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **pl
     p->nsegments = wsync_get_u32(&r);
     if ((flags & PLAN_FLAG_RULES) && (st = decode_rules(&r, p)) != WSYNC_OK)
         goto fail;
-    if (p->nchunks > WSYNC_PLAN_MAX_CHUNKS || p->nsegments > WSYNC_PLAN_MAX_SEGMENTS ||
+    if (p->nchunks > WSYNC_PLAN_MAX_CHUNKS || p->nsegments > WSYNC_PLAN_MAX_LOGICAL_SEGMENTS ||
         p->nreceivers > wsync_rbuf_left(&r)) {
         st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: %u chunks (at most %u), %u segments (at most "
                        "%u), %u receivers in a message of %zu bytes", p->nchunks,
-                       WSYNC_PLAN_MAX_CHUNKS, p->nsegments, WSYNC_PLAN_MAX_SEGMENTS,
+                       WSYNC_PLAN_MAX_CHUNKS, p->nsegments, WSYNC_PLAN_MAX_LOGICAL_SEGMENTS,
                        p->nreceivers, len);
         goto fail;
     }
     p->chunks = calloc(p->nchunks ? p->nchunks : 1, sizeof(*p->chunks));
-    start = calloc((size_t)p->nreceivers + 1, sizeof(*start));
-    if (p->chunks == NULL || start == NULL) {
+    if (p->chunks == NULL) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan decode: %u chunks", p->nchunks);
         goto fail;
     }
     for (uint32_t i = 0; i < p->nchunks; i++)
         if ((st = decode_chunk(&r, p, i)) != WSYNC_OK)
             goto fail;
-    if ((st = decode_segments(&r, p, start)) != WSYNC_OK)
+    if ((st = decode_segments(&r, p)) != WSYNC_OK)
         goto fail;
     if (wsync_rbuf_left(&r) != 0) {
         st = wsync_err(WSYNC_ERR_PROTOCOL, "plan: %zu trailing bytes after the segments",
                        wsync_rbuf_left(&r));
         goto fail;
     }
-    if (p->segments == NULL && (p->segments = calloc(1, sizeof(*p->segments))) == NULL) {
-        st = wsync_err(WSYNC_ERR_NOMEM, "plan decode");
+    /* the receivers' counts and pair bytes, which the re-encoding below reads */
+    if ((st = plan_derive(p)) != WSYNC_OK || (st = wsync_plan_cache_init(p)) != WSYNC_OK)
         goto fail;
-    }
     /* one plan, one encoding: the encoder's choices (which fields to predict, copies or
      * literals, which reference) must be the ones made, so that the fingerprint names the
      * plan and what a participant would send on is what it got */
@@ -925,13 +1110,9 @@ wsync_status_t wsync_plan_decode(const void *data, size_t len, wsync_plan_t **pl
                        ")", p->wire_bytes, p->fingerprint, len, fp);
         goto fail;
     }
-    if ((st = plan_derive(p)) != WSYNC_OK)
-        goto fail;
-    free(start);
     *plan = p;
     return WSYNC_OK;
 fail:
-    free(start);
     wsync_plan_free(p);
     return st;
 }

@@ -409,16 +409,21 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
             st->chunk_start[k] = c;
         }
     }
-    for (uint32_t i = 0; i < plan->nsegments; i++) {
-        const wsync_chunk_t *c = &plan->chunks[plan->segments[i].chunk];
-        if (c->sender != me)
-            continue;
-        st->need[(size_t)c->bucket * nr + plan->segments[i].receiver] = 1;
-        if (!st->needs_any[plan->segments[i].receiver]) {
-            st->needs_any[plan->segments[i].receiver] = 1;
-            expected++;
+    /* which receivers take each of our buckets: our chunks' records in their lists */
+    for (uint32_t rv = 0; rv < nr; rv++)
+        for (uint32_t k = plan->ref0[rv]; k < plan->ref0[rv + 1]; k++) {
+            uint32_t a, b;
+            wsync_plan_list_range(plan, plan->refs[k].list, c0, st->chunk_start[st->nbuckets],
+                                  &a, &b);
+            for (; a < b; a++)
+                st->need[(size_t)plan->chunks[plan->lsegs[a].chunk].bucket * nr + rv] = 1;
         }
-    }
+    for (uint32_t rv = 0; rv < nr; rv++)
+        for (uint32_t k = 0; k < st->nbuckets && !st->needs_any[rv]; k++)
+            if (st->need[(size_t)k * nr + rv]) {
+                st->needs_any[rv] = 1;
+                expected++;
+            }
     /* host shards in shareable memory are read in place; the rest is staged */
     st->inplace = calloc(s->nshards + 1, sizeof(*st->inplace));
     st->staged = calloc(st->nbuckets + 1, 1);
@@ -674,10 +679,8 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
     /* segments are ordered by (receiver, chunk) and chunks by (sender, bucket): ours form one
      * run, grouped by sender and bucket */
-    for (lo = 0; lo < plan->nsegments && plan->segments[lo].receiver < me; lo++)
-        ;
-    for (hi = lo; hi < plan->nsegments && plan->segments[hi].receiver == me; hi++)
-        ;
+    lo = 0;
+    hi = r->m.nsegs;
     for (uint32_t s = 0; s < ns; s++) {
         ipc_from_t *f = &st->from[s];
         uint32_t i = lo;
@@ -703,11 +706,11 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
                 f->chunk_start[k] = c;
             }
         }
-        while (i < hi && plan->chunks[plan->segments[i].chunk].sender < s)
+        while (i < hi && plan->chunks[r->m.segs[i].chunk].sender < s)
             i++;
         for (uint32_t k = 0; k <= f->nbuckets; k++) {
-            while (i < hi && plan->chunks[plan->segments[i].chunk].sender == s &&
-                   plan->chunks[plan->segments[i].chunk].bucket < k)
+            while (i < hi && plan->chunks[r->m.segs[i].chunk].sender == s &&
+                   plan->chunks[r->m.segs[i].chunk].bucket < k)
                 i++;
             f->seg_start[k] = i;
             if (k > 0 && f->seg_start[k] > f->seg_start[k - 1])
@@ -744,7 +747,7 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
                 return rc;
     }
     for (uint32_t i = lo; i < hi; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_segment_t *sg = &r->m.segs[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         ipc_from_t *f = &st->from[c->sender];
         /* an FP8 chunk's segment is the whole chunk: its codes and scales */

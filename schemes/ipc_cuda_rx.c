@@ -109,7 +109,7 @@ static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
     wsync_status_t rc = acc != NULL ? WSYNC_OK : wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
 
     if (rc == WSYNC_OK && st->seg_run == NULL &&
-        (st->seg_run = calloc(plan->nsegments + 1, sizeof(*st->seg_run))) == NULL)
+        (st->seg_run = calloc(r->m.nsegs + (size_t)1, sizeof(*st->seg_run))) == NULL)
         rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
     if (rc == WSYNC_OK)
         rc = wsync_qdirect_begin(r, &cand);
@@ -126,7 +126,7 @@ static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
             memset(acc, 0, r->ntargets * sizeof(*acc));
             for (uint32_t k = 0; f->gpu != NULL && k < f->nbuckets && rc == WSYNC_OK; k++) {
                 for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1] && rc == WSYNC_OK; i++) {
-                    const wsync_segment_t *sg = &plan->segments[i];
+                    const wsync_segment_t *sg = &r->m.segs[i];
                     const wsync_chunk_t *ch = &plan->chunks[sg->chunk];
                     const ipc_inplace_t *ip = &f->inplace[ch->shard];
                     uint32_t t = sg->target;
@@ -237,7 +237,7 @@ static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
         WSYNC_LOG_D("ipc: receiver %d: %u FP8 targets quantized straight from the senders' shards "
                     "(%u runs)", r->m.rank, ndirect, r->nqruns);
     if (rc != WSYNC_OK && st->seg_run != NULL)
-        memset(st->seg_run, 0, (plan->nsegments + 1) * sizeof(*st->seg_run));
+        memset(st->seg_run, 0, (r->m.nsegs + (size_t)1) * sizeof(*st->seg_run));
     free(run_s);
     free(cand);
     free(acc);
@@ -287,7 +287,7 @@ static wsync_status_t bucket_descs(wsync_receiver_t *r, ipc_receiver_t *st, ipc_
 
     *n = 0;
     for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_segment_t *sg = &r->m.segs[i];
         const wsync_chunk_t *ch = &plan->chunks[sg->chunk];
         const ipc_inplace_t *ip = &f->inplace[ch->shard];
         const uint8_t *src;
@@ -445,7 +445,7 @@ wsync_status_t wsync_ipc_delta_batches(wsync_receiver_t *r, ipc_receiver_t *st, 
     wsync_status_t rc;
 
     for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1] && !any; i++)
-        any = r->targets[r->m.plan->segments[i].target].mem == WSYNC_MEM_CUDA &&
+        any = r->targets[r->m.segs[i].target].mem == WSYNC_MEM_CUDA &&
               wsync_ipc_drx_seg_delta(r, f->drx, i);
     if (!any)
         return WSYNC_OK;

@@ -157,32 +157,36 @@ wsync_status_t wsync_ipc_dtx_create(wsync_sender_t *s, uint32_t nbuckets,
         if ((rc = wsync_shm_create(label, (size_t)d->nslots * d->slot_bytes, &d->shm)) != WSYNC_OK)
             goto err;
     }
-    /* each receiver's chunks from us, in order (segments are ordered by receiver, then chunk) */
-    uint32_t total = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        uint32_t prev_r = NONE, prev_c = NONE;
-        total = 0;
-        for (uint32_t i = 0; i < plan->nsegments; i++) {
-            const wsync_segment_t *sg = &plan->segments[i];
-            if (sg->chunk < d->c0 || sg->chunk >= d->c1 ||
-                (sg->receiver == prev_r && sg->chunk == prev_c))
-                continue;
-            prev_r = sg->receiver;
-            prev_c = sg->chunk;
-            if (pass == 0)
-                d->rc_start[sg->receiver + 1]++;
-            else
-                d->rc_list[total] = sg->chunk;   /* receiver-major, as counted */
-            total++;
-        }
-        if (pass == 0) {
-            for (uint32_t r = 0; r < d->nr; r++)
-                d->rc_start[r + 1] += d->rc_start[r];
-            d->rc_list = calloc((size_t)total + 1, sizeof(*d->rc_list));
-            if (d->rc_list == NULL) {
-                rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for delta versions");
+    /* each receiver's chunks from us, in order: receiver-major in rc_list, rc_start[r] where
+     * receiver r's begin */
+    {
+        uint32_t *cl = NULL, m = 0;
+        size_t ccap = 0, lcap = 0, total = 0;
+        for (uint32_t r = 0; r < d->nr; r++) {
+            if ((rc = wsync_plan_rx_chunks(plan, r, d->c0, d->c1, &cl, &ccap, &m)) != WSYNC_OK) {
+                free(cl);
                 goto err;
             }
+            if (total + m + 1 > lcap) {
+                size_t nc = WSYNC_MAX(2 * lcap, total + m + 1);
+                uint32_t *l = realloc(d->rc_list, nc * sizeof(*l));
+                if (l == NULL) {
+                    free(cl);
+                    rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for delta versions");
+                    goto err;
+                }
+                d->rc_list = l;
+                lcap = nc;
+            }
+            if (m > 0)
+                memcpy(d->rc_list + total, cl, m * sizeof(*cl));
+            total += m;
+            d->rc_start[r + 1] = (uint32_t)total;
+        }
+        free(cl);
+        if (d->rc_list == NULL && (d->rc_list = calloc(1, sizeof(*d->rc_list))) == NULL) {
+            rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for delta versions");
+            goto err;
         }
     }
     WSYNC_LOG_I("ipc: sender %u: delta versions: %u of %u chunks delta-capable, %u delta slots of "
@@ -616,7 +620,6 @@ struct ipc_drx {
 wsync_status_t wsync_ipc_drx_create(wsync_receiver_t *r, uint32_t sender, uint32_t seg_first,
                                     uint32_t seg_end, ipc_drx_t **out)
 {
-    const wsync_plan_t *plan = r->m.plan;
     ipc_drx_t *d = calloc(1, sizeof(*d));
 
     if (d == NULL)
@@ -630,7 +633,7 @@ wsync_status_t wsync_ipc_drx_create(wsync_receiver_t *r, uint32_t sender, uint32
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for delta versions");
     }
     for (uint32_t i = seg_first; i < seg_end; i++) {
-        uint32_t c = plan->segments[i].chunk;
+        uint32_t c = r->m.segs[i].chunk;
         if (wsync_delta_rx_chunk_capable(r->delta_rx, c) ||
             (d->nplain > 0 && d->plain[d->nplain - 1] == c))
             continue;
@@ -738,7 +741,7 @@ int wsync_ipc_drx_segment(wsync_receiver_t *r, ipc_drx_t *d, uint32_t seg, uint6
                           wsync_status_t *rc)
 {
     const wsync_plan_t *plan = r->m.plan;
-    uint32_t c = plan->segments[seg].chunk, i = c - d->c0;
+    uint32_t c = r->m.segs[seg].chunk, i = c - d->c0;
 
     if (d->n == 0 || i >= d->n || d->len[i] == 0 || !wsync_delta_rx_takes(r, r->delta_rx, d->base, c))
         return 0;
@@ -798,7 +801,7 @@ void wsync_ipc_drx_cuda_free(ipc_drx_t *d)
 
 int wsync_ipc_drx_seg_delta(const wsync_receiver_t *r, const ipc_drx_t *d, uint32_t seg)
 {
-    uint32_t c = r->m.plan->segments[seg].chunk, i = c - d->c0;
+    uint32_t c = r->m.segs[seg].chunk, i = c - d->c0;
     return d->n > 0 && c >= d->c0 && i < d->n && d->len[i] > 0 &&
            wsync_delta_rx_takes(r, r->delta_rx, d->base, c);
 }
@@ -819,7 +822,7 @@ wsync_status_t wsync_ipc_drx_gpu_launch(wsync_receiver_t *r, ipc_drx_t *d, uint3
                          "its set-up (bucket %u of sender %u)", r->m.rank, k, d->sender);
     a = &d->ab[k];
     for (uint32_t i = seg0; i < seg1; i++)
-        n += r->targets[plan->segments[i].target].mem == WSYNC_MEM_CUDA &&
+        n += r->targets[r->m.segs[i].target].mem == WSYNC_MEM_CUDA &&
              wsync_ipc_drx_seg_delta(r, d, i);
     const uint8_t *slots = (d->slot & DEV_DELTA) ? d->dev_base : d->shm_dev;
     if (n > 0 && slots == NULL)
@@ -828,7 +831,7 @@ wsync_status_t wsync_ipc_drx_gpu_launch(wsync_receiver_t *r, ipc_drx_t *d, uint3
                          (d->slot & DEV_DELTA) ? "device" : "host");
     same = a->batch != NULL && a->gen == r->land_gen && a->n == n;
     for (uint32_t i = seg0, j = 0; i < seg1 && same; i++)
-        if (r->targets[plan->segments[i].target].mem == WSYNC_MEM_CUDA &&
+        if (r->targets[r->m.segs[i].target].mem == WSYNC_MEM_CUDA &&
             wsync_ipc_drx_seg_delta(r, d, i))
             same = a->seg[j++] == i;
     if (!same) {
@@ -855,7 +858,7 @@ wsync_status_t wsync_ipc_drx_gpu_launch(wsync_receiver_t *r, ipc_drx_t *d, uint3
         if (app == NULL)
             return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for %u delta applies", n);
         for (uint32_t i = seg0, j = 0; i < seg1; i++) {
-            const wsync_segment_t *sg = &plan->segments[i];
+            const wsync_segment_t *sg = &r->m.segs[i];
             const wsync_chunk_t *c = &plan->chunks[sg->chunk];
             if (r->targets[sg->target].mem != WSYNC_MEM_CUDA || !wsync_ipc_drx_seg_delta(r, d, i))
                 continue;
@@ -877,7 +880,7 @@ wsync_status_t wsync_ipc_drx_gpu_launch(wsync_receiver_t *r, ipc_drx_t *d, uint3
     if (n == 0)
         return WSYNC_OK;
     for (uint32_t j = 0; j < n; j++) {
-        uint32_t i = plan->segments[a->seg[j]].chunk - d->c0;
+        uint32_t i = r->m.segs[a->seg[j]].chunk - d->c0;
         a->lens[j] = d->len[i];
         a->want[j] = d->hash[i];
     }
@@ -891,7 +894,6 @@ wsync_status_t wsync_ipc_drx_gpu_launch(wsync_receiver_t *r, ipc_drx_t *d, uint3
 wsync_status_t wsync_ipc_drx_gpu_check(wsync_receiver_t *r, ipc_drx_t *d, uint32_t k,
                                        uint64_t version)
 {
-    const wsync_plan_t *plan = r->m.plan;
     const wsync_kdelta_result_t *res;
 
     if (!d->cuda || k >= d->nbuckets || !d->ab[k].live)
@@ -901,7 +903,7 @@ wsync_status_t wsync_ipc_drx_gpu_check(wsync_receiver_t *r, ipc_drx_t *d, uint32
         return wsync_err(WSYNC_ERR_INTERNAL, "ipc: receiver %d: no apply results", r->m.rank);
     for (uint32_t j = 0; j < d->ab[k].n; j++) {
         uint32_t seg = d->ab[k].seg[j];
-        const wsync_segment_t *sg = &plan->segments[seg];
+        const wsync_segment_t *sg = &r->m.segs[seg];
         const wsync_target_desc_t *t = &r->targets[sg->target];
         char what[WSYNC_NAME_MAX * 2 + 160];
         wsync_status_t rc;

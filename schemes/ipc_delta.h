@@ -79,7 +79,7 @@ wsync_status_t wsync_ipc_dtx_finish(wsync_sender_t *s, ipc_dtx_t *d, uint64_t ve
 typedef struct ipc_drx ipc_drx_t;
 
 /* ipc receiver_setup, when the group's mode is on, once per sender it reads from: our segments
- * from that sender are plan->segments[seg_first, seg_end). r->delta_rx must exist. */
+ * from that sender are r->m.segs[seg_first, seg_end). r->delta_rx must exist. */
 wsync_status_t wsync_ipc_drx_create(wsync_receiver_t *r, uint32_t sender, uint32_t seg_first,
                                     uint32_t seg_end, ipc_drx_t **out);
 void wsync_ipc_drx_free(ipc_drx_t *d);

@@ -97,7 +97,7 @@ typedef struct {
     ipc_inplace_t *inplace;          /* [ninplace_slots] by the sender's shard index */
     uint32_t ninplace_slots;
     uint32_t nbuckets;               /* the sender's schedule length */
-    uint32_t *seg_start;             /* [nbuckets + 1] ranges of plan->segments per bucket */
+    uint32_t *seg_start;             /* [nbuckets + 1] ranges of r->m.segs per bucket */
     uint32_t *chunk_start;           /* [nbuckets + 1] ranges of plan->chunks per bucket */
     uint8_t *done;                   /* [nbuckets] landed in this version */
     uint32_t needed;                 /* buckets with segments of ours */
@@ -151,7 +151,7 @@ typedef struct {
     int cur;                         /* the batch set in use */
     int qruns_planned;               /* plan_qruns ran (the runs do not depend on the batch set) */
     int peer_reads;                  /* the last batch set read some source on another GPU */
-    uint32_t *seg_run;               /* [plan->nsegments] 1 + the run a segment is part of, or 0 */
+    uint32_t *seg_run;               /* [m.nsegs] 1 + the run a segment is part of, or 0 */
     uint32_t *qrun_last;             /* [r->nqruns] the bucket after whose copies a run launches */
     uint64_t seen_gen, stamp;
     struct ipc_pend {

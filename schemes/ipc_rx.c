@@ -65,7 +65,7 @@ static wsync_status_t verify_bucket(wsync_receiver_t *r, ipc_receiver_t *st, con
     const uint8_t *base = from_slot(f, slot, &slot_dev);
 
     for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_segment_t *sg = &r->m.segs[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         const ipc_inplace_t *ip = &f->inplace[c->shard];
         uint64_t got = 0;
@@ -127,7 +127,6 @@ static wsync_status_t finish_bucket(wsync_receiver_t *r, ipc_receiver_t *st, uin
                                     uint64_t *bytes_done)
 {
     ipc_from_t *f = &st->from[s];
-    const wsync_plan_t *plan = r->m.plan;
     wsync_status_t rc;
 
     switch (WSYNC_FAULT(WSYNC_FAULT_RECV_UNPACK)) {
@@ -150,7 +149,7 @@ static wsync_status_t finish_bucket(wsync_receiver_t *r, ipc_receiver_t *st, uin
                         k, s);
             break;
         }
-        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_segment_t *sg = &r->m.segs[i];
         size_t esz = run ? 1 : wsync_dtype_size(r->land_dtype[sg->target]);
         void *at = run ? r->target_data[sg->target] : r->land[sg->target];
         rc = wsync_ipc_flip_any((uint8_t *)at + sg->dst.off * esz,
@@ -408,7 +407,7 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
         }
         uint64_t tc = wsync_now_ns();
         for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
-            const wsync_segment_t *sg = &plan->segments[i];
+            const wsync_segment_t *sg = &r->m.segs[i];
             const wsync_chunk_t *c = &plan->chunks[sg->chunk];
             const ipc_inplace_t *ip = &f->inplace[c->shard];
             void *dst = r->land[sg->target];

@@ -49,16 +49,20 @@ static wsync_status_t plan_cuda_shards(wsync_sender_t *s, ipc_sender_t *st, uint
 
     if (noreach == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
-    for (uint32_t i = 0; i < plan->nsegments; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
-        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
-        if (c->sender != me)
-            continue;
-        if (st->rflags[sg->receiver] & HELLO_HOST)
-            stage_host[c->shard] = 1;
-        if (!(st->rflags[sg->receiver] & HELLO_GPU) || !st->rreach[sg->receiver])
-            noreach[c->shard] = 1;
-    }
+    /* our chunks are one range: each receiver's records of them in its lists */
+    for (uint32_t rv = 0; rv < plan->nreceivers; rv++)
+        for (uint32_t k = plan->ref0[rv]; k < plan->ref0[rv + 1]; k++) {
+            uint32_t a, b;
+            wsync_plan_list_range(plan, plan->refs[k].list, st->chunk_start[0],
+                                  st->chunk_start[st->nbuckets], &a, &b);
+            for (; a < b; a++) {
+                const wsync_chunk_t *c = &plan->chunks[plan->lsegs[a].chunk];
+                if (st->rflags[rv] & HELLO_HOST)
+                    stage_host[c->shard] = 1;
+                if (!(st->rflags[rv] & HELLO_GPU) || !st->rreach[rv])
+                    noreach[c->shard] = 1;
+            }
+        }
     for (size_t i = 0; i < s->nshards && rc == WSYNC_OK; i++) {
         const wsync_shard_desc_t *d = &s->shards[i];
         uint64_t bytes = shard_bytes(d);
@@ -482,7 +486,7 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
     const char *why = rb.err ? "truncated host regions or host in-place shard count" : NULL;
     uint32_t maxshard = 0;
     for (uint32_t i = f->seg_start[0]; i < f->seg_start[f->nbuckets]; i++)
-        maxshard = WSYNC_MAX(maxshard, plan->chunks[plan->segments[i].chunk].shard + 1);
+        maxshard = WSYNC_MAX(maxshard, plan->chunks[r->m.segs[i].chunk].shard + 1);
     f->ninplace_slots = maxshard;
     f->inplace = calloc(maxshard + 1, sizeof(*f->inplace));
     f->slot_of = calloc(f->nbuckets + 1, sizeof(*f->slot_of));
@@ -594,7 +598,7 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
     }
     /* every read must stay inside the slot or region it comes from */
     for (uint32_t i = f->seg_start[0]; i < f->seg_start[f->nbuckets]; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_segment_t *sg = &r->m.segs[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         const ipc_inplace_t *ip = &f->inplace[c->shard];
         uint64_t esz = wsync_dtype_size(c->dtype), limit = 0;

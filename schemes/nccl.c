@@ -217,17 +217,21 @@ wsync_status_t wsync_nccl_sched_build(const wsync_plan_t *plan, uint64_t direct_
     uint32_t *rlist = NULL, *multi = NULL, *cstart = NULL, *sbase = NULL, *list = NULL;
     uint32_t *small = NULL, *cand = NULL;
     pair_t *pairs = NULL;
+    uint32_t *rch = NULL;            /* one receiver's chunks */
+    size_t rch_cap = 0;
     builder_t b = {s, 0, 0, 0};
     wsync_status_t st = WSYNC_OK;
 
     if (s == NULL || rstart == NULL || chunk_group == NULL)
         goto nomem;
-    /* distinct receivers of each chunk: segments come by (receiver, chunk), so each chunk's
+    /* distinct receivers of each chunk: receivers are visited in rank order, so each chunk's
      * receivers come out ascending */
-    for (uint32_t i = 0; i < plan->nsegments; i++) {
-        const wsync_segment_t *g = &plan->segments[i];
-        if (i == 0 || g[-1].receiver != g->receiver || g[-1].chunk != g->chunk)
-            rstart[g->chunk + 1]++;
+    for (uint32_t r = 0; r < plan->nreceivers; r++) {
+        uint32_t m;
+        if (wsync_plan_rx_chunks(plan, r, 0, nc, &rch, &rch_cap, &m) != WSYNC_OK)
+            goto nomem;
+        for (uint32_t k = 0; k < m; k++)
+            rstart[rch[k] + 1]++;
     }
     for (uint32_t c = 0; c < nc; c++)
         rstart[c + 1] += rstart[c];
@@ -235,11 +239,15 @@ wsync_status_t wsync_nccl_sched_build(const wsync_plan_t *plan, uint64_t direct_
     list = calloc((size_t)nc + 1, sizeof(uint32_t));   /* fill cursor, then a scratch list */
     if (rlist == NULL || list == NULL)
         goto nomem;
-    for (uint32_t i = 0; i < plan->nsegments; i++) {
-        const wsync_segment_t *g = &plan->segments[i];
-        if (i == 0 || g[-1].receiver != g->receiver || g[-1].chunk != g->chunk)
-            rlist[rstart[g->chunk] + list[g->chunk]++] = g->receiver;
+    for (uint32_t r = 0; r < plan->nreceivers; r++) {
+        uint32_t m;
+        if (wsync_plan_rx_chunks(plan, r, 0, nc, &rch, &rch_cap, &m) != WSYNC_OK)
+            goto nomem;
+        for (uint32_t k = 0; k < m; k++)
+            rlist[rstart[rch[k]] + list[rch[k]]++] = r;
     }
+    free(rch);
+    rch = NULL;
     /* receiver sets shared by several receivers: the broadcast groups */
     sched_ctx_t x = {plan, rstart, rlist};
     multi = malloc(((size_t)nc + 1) * sizeof(uint32_t));
@@ -373,6 +381,7 @@ out:
     free(small);
     free(cand);
     free(pairs);
+    free(rch);
     return st;
 }
 
@@ -1282,13 +1291,28 @@ static wsync_status_t nccl_sender_setup(wsync_sender_t *s)
     return rc;
 }
 
+/* Sender me's chunks: [*c0, *c1) (chunks are ordered by sender). */
+static void my_chunks(const wsync_plan_t *plan, uint32_t me, uint32_t *c0, uint32_t *c1)
+{
+    uint32_t a = 0, b;
+
+    while (a < plan->nchunks && plan->chunks[a].sender < me)
+        a++;
+    for (b = a; b < plan->nchunks && plan->chunks[b].sender == me; b++)
+        ;
+    *c0 = a;
+    *c1 = b;
+}
+
 /* WSYNC_VERIFY, at version start: room for the version's checksums, and those of the chunks of
  * ours someone takes that travel as they are (hashed from the shards); an FP8 chunk's exist once
  * its step packed it (wsync_nccl_wire_sender_check). */
 static wsync_status_t sender_sums_begin(wsync_sender_t *s, nc_state_t *st)
 {
     const wsync_plan_t *plan = s->m.plan;
-    uint32_t me = (uint32_t)s->m.rank;
+    uint32_t me = (uint32_t)s->m.rank, c0, c1, m;
+    uint32_t *cl = NULL;
+    size_t cap = 0;
     wsync_status_t rc = WSYNC_OK;
 
     free(st->tx_sum);
@@ -1297,14 +1321,20 @@ static wsync_status_t sender_sums_begin(wsync_sender_t *s, nc_state_t *st)
     st->tx_have = calloc(plan->nchunks + 1, 1);
     if (st->tx_sum == NULL || st->tx_have == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for checksums");
-    for (uint32_t i = 0; i < plan->nsegments && rc == WSYNC_OK; i++) {
-        uint32_t c = plan->segments[i].chunk;
-        const wsync_chunk_t *ch = &plan->chunks[c];
-        if (ch->sender != me || st->tx_have[c] || ch->rule != 0)
-            continue;
-        rc = hash_device(st, s->shard_data[ch->shard], ch->dtype, &ch->src, &st->tx_sum[c]);
-        st->tx_have[c] = 1;
+    my_chunks(plan, me, &c0, &c1);
+    for (uint32_t r = 0; r < plan->nreceivers && rc == WSYNC_OK; r++) {
+        if ((rc = wsync_plan_rx_chunks(plan, r, c0, c1, &cl, &cap, &m)) != WSYNC_OK)
+            break;
+        for (uint32_t k = 0; k < m && rc == WSYNC_OK; k++) {
+            uint32_t c = cl[k];
+            const wsync_chunk_t *ch = &plan->chunks[c];
+            if (st->tx_have[c] || ch->rule != 0)
+                continue;
+            rc = hash_device(st, s->shard_data[ch->shard], ch->dtype, &ch->src, &st->tx_sum[c]);
+            st->tx_have[c] = 1;
+        }
     }
+    free(cl);
     return rc;
 }
 
@@ -1313,18 +1343,25 @@ static wsync_status_t sender_sums_begin(wsync_sender_t *s, nc_state_t *st)
 static wsync_status_t sender_sums_send(wsync_sender_t *s, nc_state_t *st, uint64_t version)
 {
     const wsync_plan_t *plan = s->m.plan;
-    uint32_t me = (uint32_t)s->m.rank, nr = plan->nreceivers;
+    uint32_t me = (uint32_t)s->m.rank, nr = plan->nreceivers, c0, c1, m;
+    uint32_t *cl = NULL;
+    size_t cap = 0;
     wsync_status_t rc = WSYNC_OK;
 
-    for (uint32_t r = 0, i = 0; r < nr && rc == WSYNC_OK; r++) {
+    my_chunks(plan, me, &c0, &c1);
+    for (uint32_t r = 0; r < nr && rc == WSYNC_OK; r++) {
         wsync_wbuf_t b;
         uint32_t n = 0, prev = UINT32_MAX;
         wsync_wbuf_init(&b);
         wsync_put_u64(&b, version);
         wsync_put_u32(&b, 0);                       /* count, patched below */
-        for (; i < plan->nsegments && plan->segments[i].receiver == r; i++) {
-            uint32_t c = plan->segments[i].chunk;
-            if (plan->chunks[c].sender != me || c == prev)
+        if ((rc = wsync_plan_rx_chunks(plan, r, c0, c1, &cl, &cap, &m)) != WSYNC_OK) {
+            wsync_wbuf_free(&b);
+            break;
+        }
+        for (uint32_t k = 0; k < m; k++) {
+            uint32_t c = cl[k];
+            if (c == prev)
                 continue;
             if (!st->tx_have[c]) {
                 rc = wsync_err(WSYNC_ERR_INTERNAL, "nccl: sender %u: no checksum of chunk %u "
@@ -1348,6 +1385,7 @@ static wsync_status_t sender_sums_send(wsync_sender_t *s, nc_state_t *st, uint64
         }
         wsync_wbuf_free(&b);
     }
+    free(cl);
     return rc;
 }
 
@@ -1518,20 +1556,21 @@ static void nccl_receiver_teardown(wsync_receiver_t *r)
     r->m.scheme_state = NULL;
 }
 
-/* Our segments of chunk c: [*lo, *hi) in plan->segments. */
+/* Our segments of chunk c: [*lo, *hi) in st->m->segs. */
 static void my_segments(const wsync_plan_t *plan, const nc_state_t *st, uint32_t c, uint32_t *lo,
                         uint32_t *hi)
 {
     uint32_t a = st->seg_lo, b = st->seg_hi;
+    (void)plan;
     while (a < b) {
         uint32_t mid = a + (b - a) / 2;
-        if (plan->segments[mid].chunk < c)
+        if (st->m->segs[mid].chunk < c)
             a = mid + 1;
         else
             b = mid;
     }
     *lo = a;
-    while (a < st->seg_hi && plan->segments[a].chunk == c)
+    while (a < st->seg_hi && st->m->segs[a].chunk == c)
         a++;
     *hi = a;
 }
@@ -1581,7 +1620,7 @@ static wsync_status_t receiver_bind(wsync_receiver_t *r, nc_state_t *st)
                 my_segments(plan, st, st->sched->items[op->item0].chunk, &lo, &hi);
                 /* an FP8 chunk's codes and scales go two ways: always staged */
                 if (hi == lo + 1 && c->rule == 0) {
-                    const wsync_segment_t *sg = &plan->segments[lo];
+                    const wsync_segment_t *sg = &st->m->segs[lo];
                     if (r->land_dtype[sg->target] == c->dtype &&
                         wsync_nccl_region_contiguous(&sg->dst)) {
                         o->staged = 0;
@@ -1601,7 +1640,7 @@ static wsync_status_t receiver_bind(wsync_receiver_t *r, nc_state_t *st)
                 const wsync_nccl_item_t *it = &st->sched->items[op->item0 + j];
                 my_segments(plan, st, it->chunk, &lo, &hi);
                 for (uint32_t g = lo; g < hi && rc == WSYNC_OK; g++) {
-                    const wsync_segment_t *sg = &plan->segments[g];
+                    const wsync_segment_t *sg = &st->m->segs[g];
                     const wsync_chunk_t *c = &plan->chunks[it->chunk];
                     rc = add_rseg(st, g, 1, o->soff + it->off);
                     if (c->rule != 0) {      /* codes, then scales */
@@ -1631,7 +1670,7 @@ static wsync_status_t receiver_bind(wsync_receiver_t *r, nc_state_t *st)
             break;
         for (uint32_t i = 0; i < step->nrseg; i++) {
             const nc_rseg_t *e = &st->rsegs[step->rseg0 + i];
-            const wsync_segment_t *sg = &plan->segments[e->seg];
+            const wsync_segment_t *sg = &st->m->segs[e->seg];
             const wsync_chunk_t *c = &plan->chunks[sg->chunk];
             if (!e->staged)
                 continue;
@@ -1683,12 +1722,8 @@ static wsync_status_t nccl_receiver_setup(wsync_receiver_t *r)
     st->role = WSYNC_ROLE_RECEIVER;
     st->rank = (uint32_t)r->m.rank;
     st->device = -1;
-    for (st->seg_lo = 0; st->seg_lo < plan->nsegments &&
-                         plan->segments[st->seg_lo].receiver < st->rank; st->seg_lo++)
-        ;
-    for (st->seg_hi = st->seg_lo; st->seg_hi < plan->nsegments &&
-                                  plan->segments[st->seg_hi].receiver == st->rank; st->seg_hi++)
-        ;
+    st->seg_lo = 0;                  /* our segments: r->m.segs, all of them */
+    st->seg_hi = r->m.nsegs;
     rc = WSYNC_OK;
     for (size_t i = 0; i < r->ntargets && rc == WSYNC_OK; i++)
         rc = device_item(st, r->targets[i].mem, r->targets[i].device, r->targets[i].name, &first);
@@ -1701,10 +1736,10 @@ static wsync_status_t nccl_receiver_setup(wsync_receiver_t *r)
         rc = common_setup(st, &r->m, WSYNC_ROLE_RECEIVER, (uint32_t)r->m.rank);
     if (rc == WSYNC_OK && r->m.planmsg.delta == WSYNC_DELTA_MODE_ON) {
         for (uint32_t g = st->seg_lo; g < st->seg_hi && rc == WSYNC_OK; g++)
-            if (plan->chunks[plan->segments[g].chunk].rule != 0)
+            if (plan->chunks[st->m->segs[g].chunk].rule != 0)
                 rc = wsync_err(WSYNC_ERR_INTERNAL, "nccl: receiver %d: chunk %u travels as FP8 "
                                "codes in a group with delta versions (delta groups get plain "
-                               "plans)", r->m.rank, plan->segments[g].chunk);
+                               "plans)", r->m.rank, st->m->segs[g].chunk);
         if (rc == WSYNC_OK)
             rc = wsync_nccl_delta_receiver_setup(r, st);
     }
@@ -1735,7 +1770,7 @@ static wsync_status_t receiver_step_done(wsync_receiver_t *r, nc_state_t *st, ui
     }
     case WSYNC_FAULT_CORRUPT:   /* in the target, in the first row the step filled */
         if (step->nrseg > 0) {
-            const wsync_segment_t *sg = &plan->segments[st->rsegs[step->rseg0].seg];
+            const wsync_segment_t *sg = &st->m->segs[st->rsegs[step->rseg0].seg];
             size_t esz = wsync_dtype_size(r->land_dtype[sg->target]);
             if ((rc = wsync_nccl_flip_device(st, (uint8_t *)r->land[sg->target] + sg->dst.off * esz,
                                   (size_t)sg->dst.cols * esz)) != WSYNC_OK)
@@ -1747,7 +1782,7 @@ static wsync_status_t receiver_step_done(wsync_receiver_t *r, nc_state_t *st, ui
     }
     for (uint32_t i = 0; st->verify && i < step->nrseg; i++) {
         const nc_rseg_t *e = &st->rsegs[step->rseg0 + i];
-        const wsync_segment_t *sg = &plan->segments[e->seg];
+        const wsync_segment_t *sg = &st->m->segs[e->seg];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         if (c->rule != 0) {
             /* FP8 on the wire: the codes and scales as they landed, as the sender hashed them */
@@ -1767,7 +1802,7 @@ static wsync_status_t receiver_step_done(wsync_receiver_t *r, nc_state_t *st, ui
     }
     for (uint32_t i = 0; i < step->nrseg; i++) {   /* FP8 targets now whole start quantizing */
         uint32_t g = st->rsegs[step->rseg0 + i].seg;
-        if (plan->chunks[plan->segments[g].chunk].rule != 0)
+        if (plan->chunks[st->m->segs[g].chunk].rule != 0)
             continue;                /* came quantized: nothing to quantize here */
         if ((rc = wsync_receiver_landed(r, g, g + 1)) != WSYNC_OK)
             return rc;
@@ -1797,7 +1832,7 @@ static wsync_status_t receiver_verify(wsync_receiver_t *r, nc_state_t *st, uint6
     for (uint32_t i = 0; i < st->nrsegs; i++)
         landed[st->rsegs[i].seg - st->seg_lo] = st->sums[i];
     for (uint32_t g = st->seg_lo; g < st->seg_hi; g++) {
-        uint32_t s = plan->chunks[plan->segments[g].chunk].sender;
+        uint32_t s = plan->chunks[st->m->segs[g].chunk].sender;
         expect += !need[s];
         need[s] = 1;
     }
@@ -1834,7 +1869,7 @@ static wsync_status_t receiver_verify(wsync_receiver_t *r, nc_state_t *st, uint6
         got++;
     }
     for (uint32_t g = st->seg_lo, prev = UINT32_MAX; g < st->seg_hi; g++) {
-        const wsync_segment_t *sg = &plan->segments[g];
+        const wsync_segment_t *sg = &st->m->segs[g];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         uint32_t s = c->sender;
         if (sg->chunk != prev)

@@ -661,20 +661,21 @@ void wsync_nccl_delta_item_buf(const nc_state_t *st, const wsync_plan_t *plan, u
     }
 }
 
-/* Our segments of chunk c: [*lo, *hi) in plan->segments. */
+/* Our segments of chunk c: [*lo, *hi) in st->m->segs. */
 static void my_segs(const wsync_plan_t *plan, const nc_state_t *st, uint32_t c, uint32_t *lo,
                     uint32_t *hi)
 {
     uint32_t a = st->seg_lo, b = st->seg_hi;
+    (void)plan;
     while (a < b) {
         uint32_t mid = a + (b - a) / 2;
-        if (plan->segments[mid].chunk < c)
+        if (st->m->segs[mid].chunk < c)
             a = mid + 1;
         else
             b = mid;
     }
     *lo = a;
-    while (a < st->seg_hi && plan->segments[a].chunk == c)
+    while (a < st->seg_hi && st->m->segs[a].chunk == c)
         a++;
     *hi = a;
 }
@@ -714,7 +715,7 @@ static wsync_status_t build_unpack(wsync_receiver_t *r, nc_state_t *st, uint32_t
         if ((rc = wsync_kcopy_reserve(&descs, &cap, n + (hi - lo))) != WSYNC_OK)
             break;
         for (uint32_t g = lo; g < hi; g++) {
-            const wsync_segment_t *sg = &plan->segments[g];
+            const wsync_segment_t *sg = &st->m->segs[g];
             descs[n++] = (wsync_kcopy_t){
                 .src = st->slot[k % NC_SLOTS], .dst = r->land[sg->target],
                 .src_off = (o->soff + it->off) / wsync_dtype_size(c->dtype),
@@ -769,7 +770,7 @@ static wsync_status_t build_op(wsync_receiver_t *r, nc_state_t *st, uint32_t k, 
             continue;
         my_segs(plan, st, c, &lo, &hi);
         for (uint32_t g = lo; g < hi; g++) {
-            const wsync_segment_t *sg = &plan->segments[g];
+            const wsync_segment_t *sg = &st->m->segs[g];
             o->aitem[o->napply] = j;
             o->aseg[o->napply] = g;
             a[o->napply++] = (wsync_kdelta_app_t){
@@ -866,7 +867,7 @@ wsync_status_t wsync_nccl_delta_check(wsync_receiver_t *r, nc_state_t *st, uint3
         if (res == NULL)
             return wsync_err(WSYNC_ERR_INTERNAL, "nccl: receiver %u: no apply results", st->rank);
         for (uint32_t e = 0; e < o->napply; e++) {
-            const wsync_segment_t *sg = &plan->segments[o->aseg[e]];
+            const wsync_segment_t *sg = &st->m->segs[o->aseg[e]];
             const wsync_chunk_t *c = &plan->chunks[sg->chunk];
             uint64_t want = d->hash[o->ditem0 + o->aitem[e]];
             if (res[e].fault != WSYNC_KDELTA_NO_FAULT) {

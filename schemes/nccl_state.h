@@ -41,7 +41,7 @@ typedef struct {
 } nc_myop_t;
 
 typedef struct {
-    uint32_t seg;                    /* in plan->segments */
+    uint32_t seg;                    /* in m->segs (the receiver's own) */
     int staged;
     uint64_t soff;                   /* staged: the chunk's dense bytes in the slot */
 } nc_rseg_t;
@@ -89,7 +89,7 @@ typedef struct {
     uint32_t nmyops, myops_cap;
     nc_rseg_t *rsegs;
     uint32_t nrsegs, rsegs_cap;
-    uint32_t seg_lo, seg_hi;         /* receiver: its run of plan->segments */
+    uint32_t seg_lo, seg_hi;         /* receiver: its run of m->segs (all of them) */
     void **bound_land;               /* receiver: the land pointers the steps were built for */
     uint64_t *sums;                  /* receiver: [nrsegs] what landed, hashed */
     uint8_t *host;                   /* verify and faults: host copies */

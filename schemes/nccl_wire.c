@@ -49,11 +49,19 @@ wsync_status_t wsync_nccl_wire_packed_pairs(nc_state_t *st, const wsync_plan_t *
             goto out;
         for (uint32_t r = 0; r < nr; r++)
             last[r] = -1;
-        for (uint32_t i = 0; i < plan->nsegments; i++) {
-            const wsync_chunk_t *c = &plan->chunks[plan->segments[i].chunk];
-            uint32_t r = plan->segments[i].receiver;
-            if (c->sender == st->rank && (int64_t)c->bucket > last[r])
-                last[r] = c->bucket;
+        {
+            uint32_t c0 = 0, c1;         /* our chunks, by bucket: a list's last one of them */
+            while (c0 < plan->nchunks && plan->chunks[c0].sender < st->rank)
+                c0++;
+            for (c1 = c0; c1 < plan->nchunks && plan->chunks[c1].sender == st->rank; c1++)
+                ;
+            for (uint32_t r = 0; r < nr; r++)
+                for (uint32_t k = plan->ref0[r]; k < plan->ref0[r + 1]; k++) {
+                    uint32_t a, b;
+                    wsync_plan_list_range(plan, plan->refs[k].list, c0, c1, &a, &b);
+                    if (b > a && (int64_t)plan->chunks[plan->lsegs[b - 1].chunk].bucket > last[r])
+                        last[r] = plan->chunks[plan->lsegs[b - 1].chunk].bucket;
+                }
         }
         st->packed_to = calloc((size_t)nr + 1, 1);
         if (st->packed_to == NULL) {
@@ -66,7 +74,7 @@ wsync_status_t wsync_nccl_wire_packed_pairs(nc_state_t *st, const wsync_plan_t *
         for (uint32_t s = 0; s < ns; s++)
             last[s] = -1;
         for (uint32_t g = st->seg_lo; g < st->seg_hi; g++) {
-            const wsync_chunk_t *c = &plan->chunks[plan->segments[g].chunk];
+            const wsync_chunk_t *c = &plan->chunks[st->m->segs[g].chunk];
             if ((int64_t)c->bucket > last[c->sender])
                 last[c->sender] = c->bucket;
         }

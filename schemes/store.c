@@ -855,7 +855,6 @@ static wsync_status_t store_receiver_setup(wsync_receiver_t *r)
 {
     const wsync_plan_t *plan = r->m.plan;
     store_receiver_t *st = calloc(1, sizeof(*st));
-    uint32_t me = (uint32_t)r->m.rank;
 
     if (st == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
@@ -864,10 +863,8 @@ static wsync_status_t store_receiver_setup(wsync_receiver_t *r)
     st->from = calloc(plan->nsenders, sizeof(*st->from));
     if (st->from == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
-    for (st->lo = 0; st->lo < plan->nsegments && plan->segments[st->lo].receiver < me; st->lo++)
-        ;
-    for (st->hi = st->lo; st->hi < plan->nsegments && plan->segments[st->hi].receiver == me; st->hi++)
-        ;
+    st->lo = 0;                      /* our segments: r->m.segs, all of them */
+    st->hi = r->m.nsegs;
     const char *force = getenv("WSYNC_STORE_STAGE");
     st->stage_all = force != NULL && atoi(force) > 0;
     const char *gap = getenv("WSYNC_STORE_GAP_KB");
@@ -1149,7 +1146,7 @@ static wsync_status_t read_staged(wsync_receiver_t *r, store_receiver_t *st, wsy
                                   uint32_t i, wsync_rma_rkey_t *key, uint64_t shard_addr,
                                   size_t gap_max, uint64_t v, store_landing_t *ld)
 {
-    const wsync_segment_t *sg = &r->m.plan->segments[i];
+    const wsync_segment_t *sg = &r->m.segs[i];
     const wsync_chunk_t *c = &r->m.plan->chunks[sg->chunk];
     size_t esz = wsync_dtype_size(c->dtype);
     store_getter_t g = {r, st, c->sender, key, v, ld};
@@ -1170,7 +1167,7 @@ static wsync_status_t read_verified(wsync_receiver_t *r, store_receiver_t *st, u
                                     const store_sums_t *x, uint64_t v, store_landing_t *ld,
                                     uint8_t *dense)
 {
-    const wsync_segment_t *sg = &r->m.plan->segments[i];
+    const wsync_segment_t *sg = &r->m.segs[i];
     const wsync_chunk_t *c = &r->m.plan->chunks[sg->chunk];
     const wsync_target_desc_t *t = &r->targets[sg->target];
     size_t esz = wsync_dtype_size(c->dtype);
@@ -1328,7 +1325,7 @@ static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
     for (uint32_t i = st->lo; i < st->hi; i++) {
         if (wsync_store_drx_done(st->drx, i) || plan->chunks[plan->segments[i].chunk].rule != 0)
             continue;
-        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_segment_t *sg = &r->m.segs[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         const wsync_dir_entry_t *en = &e[c->sender];
         size_t esz = wsync_dtype_size(c->dtype);

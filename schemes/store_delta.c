@@ -878,7 +878,7 @@ wsync_status_t wsync_store_drx_create(wsync_receiver_t *r, uint32_t lo, uint32_t
     }
     /* segments come by receiver, then chunk: a chunk's segments of ours are consecutive */
     for (uint32_t i = lo; i < hi; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_segment_t *sg = &r->m.segs[i];
         mine_t *m = d->nmine > 0 ? &d->mine[d->nmine - 1] : NULL;
         if (m == NULL || m->chunk != sg->chunk || m->seg1 != i) {
             m = &d->mine[d->nmine++];
@@ -895,7 +895,7 @@ wsync_status_t wsync_store_drx_create(wsync_receiver_t *r, uint32_t lo, uint32_t
     for (uint32_t j = 0; j < d->nmine; j++) {
         mine_t *m = &d->mine[j];
         for (uint32_t i = m->seg0; i < m->seg1 && m->capable && m->cuda; i++)
-            if (r->targets[plan->segments[i].target].mem != WSYNC_MEM_CUDA)
+            if (r->targets[r->m.segs[i].target].mem != WSYNC_MEM_CUDA)
                 m->capable = 0;
     }
     /* threads only where the CPU applies: host targets (the variable is checked either way) */
@@ -965,7 +965,7 @@ static wsync_status_t grow(uint8_t **p, size_t *cap, size_t need)
 /* A stream that failed its check, said again with the param it was for. */
 static wsync_status_t named(const wsync_receiver_t *r, uint32_t seg, wsync_status_t rc)
 {
-    const wsync_segment_t *sg = &r->m.plan->segments[seg];
+    const wsync_segment_t *sg = &r->m.segs[seg];
     const wsync_target_desc_t *t = &r->targets[sg->target];
     char text[1024];
 
@@ -1004,7 +1004,7 @@ static wsync_status_t dev_apply(wsync_receiver_t *r, store_drx_t *d, uint64_t v)
         if (!m->take || !m->cuda)
             continue;
         for (uint32_t i = m->seg0; i < m->seg1; i++, k++) {
-            const wsync_segment_t *sg = &plan->segments[i];
+            const wsync_segment_t *sg = &r->m.segs[i];
             seg[k] = i;
             a[k] = (wsync_kdelta_app_t){
                 .enc = (const uint8_t *)encd + m->at,

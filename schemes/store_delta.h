@@ -74,7 +74,7 @@ typedef struct {
     void *arg;
 } wsync_store_io_t;
 
-/* store receiver_setup, when the group's mode is on: our segments are plan->segments[lo, hi).
+/* store receiver_setup, when the group's mode is on: our segments are r->m.segs[lo, hi).
  * Creates r->delta_rx (CUDA targets count as capable only in a build with CUDA), and sends each
  * sender we read from the regions we could take as deltas. */
 wsync_status_t wsync_store_drx_create(wsync_receiver_t *r, uint32_t lo, uint32_t hi,

@@ -74,9 +74,15 @@ static wsync_plan_t *decode_plan(const uint8_t *p, size_t n)
         FUZZ_ASSERT(base + c->bucket < nb && plan->bucket_used[base + c->bucket] <=
                     plan->bucket_bytes, "chunk %u: bucket used past its size", i);
     }
-    for (uint32_t i = 0; i < plan->nsegments; i++)
-        FUZZ_ASSERT(plan->segments[i].chunk < plan->nchunks &&
-                    plan->segments[i].receiver < plan->nreceivers, "segment %u", i);
+    for (uint32_t r = 0; r < plan->nreceivers; r++) {
+        const wsync_segment_t *sg;
+        uint32_t n;
+        FUZZ_ASSERT(wsync_plan_segments(plan, r, &sg, &n) == WSYNC_OK, "receiver %u's segments: "
+                    "%s", r, wsync_last_error());
+        for (uint32_t i = 0; i < n; i++)
+            FUZZ_ASSERT(sg[i].chunk < plan->nchunks && sg[i].receiver == r,
+                        "receiver %u segment %u", r, i);
+    }
     return plan;
 }
 
@@ -208,8 +214,8 @@ static void run_sender(const wsync_plan_t *plan, uint32_t rank, const wsync_shar
 
 /* A segment of an FP8 chunk (FP8 on the wire) unpacked into a target buffer and a scale matrix
  * of exactly their sizes: a checked plan must never make it write outside them. */
-static void run_wire_segment(const wsync_plan_t *plan, uint32_t seg, const void *bucket,
-                             const wsync_target_desc_t *t)
+static void run_wire_segment(const wsync_plan_t *plan, const wsync_segment_t *sg, uint32_t seg,
+                             const void *bucket, const wsync_target_desc_t *t)
 {
     wsync_quant_t q;
     int64_t sr = 0, sc = 0;
@@ -229,8 +235,7 @@ static void run_wire_segment(const wsync_plan_t *plan, uint32_t seg, const void 
     size_t nscales = (size_t)sr * (size_t)sc;
     float *scales = malloc((nscales > 0 ? nscales : 1) * sizeof(float));
     FUZZ_ASSERT(data != NULL && scales != NULL, "no memory");
-    wsync_status_t st = wsync_exec_unpack_wire(plan, &plan->segments[seg],
-                                               &plan->chunks[plan->segments[seg].chunk], bucket,
+    wsync_status_t st = wsync_exec_unpack_wire(plan, sg, &plan->chunks[sg->chunk], bucket,
                                                t, data, scales);
     FUZZ_ASSERT(st == WSYNC_OK || st == WSYNC_ERR_PROTOCOL, "FP8 unpack of segment %u: %s", seg,
                 wsync_last_error());
@@ -251,19 +256,21 @@ static void run_receiver(const wsync_plan_t *plan, uint32_t rank, const wsync_ta
     bucket = malloc(plan->bucket_bytes);
     FUZZ_ASSERT(bucket != NULL, "no memory");
     memset(bucket, 0x3c, plan->bucket_bytes);
-    for (uint32_t i = 0; i < plan->nsegments; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
+    const wsync_segment_t *mine;
+    uint32_t nmine = 0;
+    FUZZ_ASSERT(wsync_plan_segments(plan, rank, &mine, &nmine) == WSYNC_OK, "receiver %u: %s",
+                rank, wsync_last_error());
+    for (uint32_t i = 0; i < nmine; i++) {
+        const wsync_segment_t *sg = &mine[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         const wsync_target_desc_t *t;
         uint64_t bytes;
         uint8_t *data;
-        if (sg->receiver != rank)
-            continue;
         t = find_target(td, nt, rank, sg->target);
         FUZZ_ASSERT(t != NULL, "checked plan writes target %u that receiver %u lacks",
                     sg->target, rank);
         if (c->rule != 0) {
-            run_wire_segment(plan, i, bucket, t);
+            run_wire_segment(plan, sg, i, bucket, t);
             continue;
         }
         if (dtype_is_fp8(t->dtype) && t->dtype != c->dtype)

@@ -137,6 +137,7 @@ static void kernel_case(const kcase_t *k)
     wsync_kquant_t *qa = NULL;
     void **ws = NULL;
     wsync_kcopy_t *cp = NULL;
+    wsync_segment_t *flat = NULL;   /* every receiver's segments */
     int sd_made = 0, td_made = 0;
 
     memset(&sd, 0, sizeof(sd));
@@ -244,8 +245,9 @@ static void kernel_case(const kcase_t *k)
     /* unpack: two copies a segment, one batch */
     cp = calloc(2 * (size_t)plan->nsegments + 1, sizeof(*cp));
     CHECK(cp != NULL);
-    for (uint32_t i = 0; cp && i < plan->nsegments; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
+    CHECK_OK(wsync_plan_flatten(plan, &flat));
+    for (uint32_t i = 0; cp && flat && i < plan->nsegments; i++) {
+        const wsync_segment_t *sg = &flat[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         CHECK_OK(wsync_kernels_unpack_wire_desc(plan, sg, c,
                                                 d_bucket + (size_t)c->bucket * k->bucket, &td,
@@ -287,6 +289,7 @@ out:
     free(qa);
     free(ws);
     free(cp);
+    free(flat);
     wsync_plan_free(plan);
     if (sd_made)
         wsync_shard_desc_clear(&sd);

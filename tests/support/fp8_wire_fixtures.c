@@ -109,12 +109,17 @@ void fw_check_wire_desc_refusals(const wsync_plan_t *plan, const wsync_target_de
                                  const void *shard, uint8_t *bucket, uint8_t *target,
                                  float *scales)
 {
-    const wsync_segment_t *sg = &plan->segments[0];
+    const wsync_segment_t *sg = NULL;   /* the plan's first segment */
+    uint32_t nsg = 0;
     wsync_kquant_t a;
     wsync_kcopy_t two[2];
     wsync_chunk_t c = plan->chunks[0];
     wsync_target_desc_t other = *td;
 
+    for (uint32_t r = 0; r < plan->nreceivers && nsg == 0; r++)
+        CHECK_OK(wsync_plan_segments(plan, r, &sg, &nsg));
+    if (nsg == 0)
+        return;
     c.rule = 0;
     CHECK_ST(wsync_kernels_pack_wire_desc(plan, &c, shard, bucket, &a), WSYNC_ERR_INVALID);
     CHECK_ERR_HAS("travels plain");

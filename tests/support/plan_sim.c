@@ -300,6 +300,7 @@ static wsync_status_t execute(plan_sim_t *sim, plan_sim_stats_t *out)
 {
     const wsync_plan_t *p = sim->plan;
     uint32_t *sbase = NULL, *tbase = NULL, *spos, *tpos, *first = NULL, *order = NULL;
+    wsync_segment_t *segs = NULL;    /* every receiver's, in plan order */
     uint8_t *bucket = NULL;
     uint64_t maxused = 1, nb = 0;
     wsync_status_t st = WSYNC_OK;
@@ -315,7 +316,9 @@ static wsync_status_t execute(plan_sim_t *sim, plan_sim_stats_t *out)
     for (uint64_t b = 0; b < nb; b++)
         maxused = p->bucket_used[b] > maxused ? p->bucket_used[b] : maxused;
     bucket = malloc(maxused);
-    if (!spos || !tpos || !first || !order || !bucket) {
+    if (wsync_plan_flatten(p, &segs) != WSYNC_OK)
+        segs = NULL;
+    if (!spos || !tpos || !first || !order || !bucket || !segs) {
         st = wsync_err(WSYNC_ERR_NOMEM, "plan_sim");
         goto out;
     }
@@ -336,7 +339,7 @@ static wsync_status_t execute(plan_sim_t *sim, plan_sim_stats_t *out)
 
     /* segments grouped by chunk (counting sort) */
     for (uint32_t i = 0; i < p->nsegments; i++)
-        first[p->segments[i].chunk + 1]++;
+        first[segs[i].chunk + 1]++;
     for (uint32_t c = 0; c < p->nchunks; c++)
         first[c + 1] += first[c];
     {
@@ -346,7 +349,7 @@ static wsync_status_t execute(plan_sim_t *sim, plan_sim_stats_t *out)
             goto out;
         }
         for (uint32_t i = 0; i < p->nsegments; i++) {
-            uint32_t c = p->segments[i].chunk;
+            uint32_t c = segs[i].chunk;
             order[first[c] + fill[c]++] = i;
         }
         free(fill);
@@ -369,7 +372,7 @@ static wsync_status_t execute(plan_sim_t *sim, plan_sim_stats_t *out)
         for (uint32_t c = c0; c < c1 && st == WSYNC_OK; c++) {
             const wsync_chunk_t *ch = &p->chunks[c];
             for (uint32_t k = first[c]; k < first[c + 1] && st == WSYNC_OK; k++) {
-                const wsync_segment_t *sg = &p->segments[order[k]];
+                const wsync_segment_t *sg = &segs[order[k]];
                 sim_target_t *t = &sim->targets[tpos[tbase[sg->receiver] + sg->target]];
                 st = wsync_exec_unpack(sg, ch, bucket, t->desc.dtype, t->data);
                 mark(t->hits, &sg->dst);
@@ -389,6 +392,7 @@ static wsync_status_t execute(plan_sim_t *sim, plan_sim_stats_t *out)
     if (st == WSYNC_OK && out != NULL)
         *out = stats;
 out:
+    free(segs);
     free(sbase);
     free(tbase);
     free(spos);

@@ -245,8 +245,10 @@ static void unpack_all(group_t *g, const wsync_plan_t *p, uint8_t *all)
         memset(g->codes[i], 0xEE, n);
         memset(g->scales[i], 0xEE, (size_t)(sr * sc) * sizeof(float));
     }
-    for (uint32_t i = 0; i < p->nsegments; i++) {
-        const wsync_segment_t *sg = &p->segments[i];
+    wsync_segment_t *S = NULL;
+    CHECK_OK(wsync_plan_flatten(p, &S));
+    for (uint32_t i = 0; S != NULL && i < p->nsegments; i++) {
+        const wsync_segment_t *sg = &S[i];
         const wsync_chunk_t *ch = &p->chunks[sg->chunk];
         size_t t = target_of(g, sg);
         CHECK(t != SIZE_MAX);
@@ -255,6 +257,7 @@ static void unpack_all(group_t *g, const wsync_plan_t *p, uint8_t *all)
         CHECK_OK(wsync_exec_unpack_wire(p, sg, ch, bucket_at(all, p, ch), &g->d.t[t], g->codes[t],
                                         g->scales[t]));
     }
+    free(S);
 }
 
 /* The whole target as f32 from its pieces' params, quantized by the reference; compared. */
@@ -630,7 +633,10 @@ static void test_unpack_off_cells(void)
     add_fsdp(&g, &w, cuts, 2);
     add_whole(&g, 0, "w.cut.fp8", &w, E4M3, BLOCK, 128, 128, 0, 0);
     CHECK_OK(wsync_plan_compile_opts(g.d.s, g.d.ns, g.d.t, g.d.nt, 2, 1, 1 * MiB, &o, &p));
-    if (p != NULL && p->nsegments == 2 && p->chunks[p->segments[0].chunk].rule != 0) {
+    wsync_segment_t *S = NULL;   /* every receiver's segments, flat */
+    if (p != NULL)
+        CHECK_OK(wsync_plan_flatten(p, &S));
+    if (p != NULL && S != NULL && p->nsegments == 2 && p->chunks[S[0].chunk].rule != 0) {
         uint8_t *all = malloc((size_t)(total_buckets(p) * p->bucket_bytes));
         /* room past the target's end: an unchecked write lands here, not on the heap */
         uint8_t *codes = malloc(4 * 256 * 256), *before = malloc(4 * 256 * 256);
@@ -644,7 +650,7 @@ static void test_unpack_off_cells(void)
         memset(all, POISON, (size_t)(total_buckets(p) * p->bucket_bytes));
         pack_all(&g, p, all);
         for (int k = 0; k < 3; k++) {
-            wsync_segment_t sg = p->segments[0];
+            wsync_segment_t sg = S[0];
             const wsync_chunk_t *ch = &p->chunks[sg.chunk];
             sg.dst.off += shift[k];
             CHECK_ST(wsync_exec_unpack_wire(p, &sg, ch, bucket_at(all, p, ch), &g.d.t[0], codes,
@@ -658,7 +664,7 @@ static void test_unpack_off_cells(void)
         /* a target of 256-row blocks (one row of scales) fed the 128-row rule's second cell row */
         {
             wsync_target_desc_t other = g.d.t[0];
-            const wsync_segment_t *sg = &p->segments[1];
+            const wsync_segment_t *sg = &S[1];
             other.block_rows = 256;
             CHECK_ST(wsync_exec_unpack_wire(p, sg, &p->chunks[sg->chunk],
                                             bucket_at(all, p, &p->chunks[sg->chunk]), &other,
@@ -670,7 +676,7 @@ static void test_unpack_off_cells(void)
         /* a [1, 1] channel target (C = 1): an offset whose rows would wrap past 2^64 */
         {
             wsync_target_desc_t one = g.d.t[0];
-            wsync_segment_t sg = p->segments[0];
+            wsync_segment_t sg = S[0];
             wsync_chunk_t ch = p->chunks[sg.chunk];
             wsync_wire_rule_t *ru = &p->rules[ch.rule - 1], keep = *ru;
             one.quant = CHANNEL;
@@ -698,6 +704,7 @@ static void test_unpack_off_cells(void)
     } else {
         CHECK_MSG(0, "the plan is not two FP8 segments");
     }
+    free(S);
     wsync_plan_free(p);
     group_free(&g);
     free(w.full);

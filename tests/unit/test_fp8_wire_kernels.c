@@ -178,16 +178,22 @@ static void one_case(const wcase_t *k)
             goto out;
         CHECK_OK(run_quant(&a));
     }
-    for (uint32_t i = 0; i < plan->nsegments; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
-        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
-        wsync_kcopy_t two[2];
-        CHECK_OK(wsync_kernels_unpack_wire_desc(plan, sg, c, BUCKET(c), &td, have, have_s, two));
-        if (check_failures)
-            goto out;
-        CHECK(two[0].src_dtype == k->fp8 && two[1].src_dtype == WSYNC_DTYPE_F32);
-        run_copy(&two[0]);
-        run_copy(&two[1]);
+    for (uint32_t r = 0; r < plan->nreceivers; r++) {
+        const wsync_segment_t *mine = NULL;
+        uint32_t nmine = 0;
+        CHECK_OK(wsync_plan_segments(plan, r, &mine, &nmine));
+        for (uint32_t i = 0; i < nmine; i++) {
+            const wsync_segment_t *sg = &mine[i];
+            const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+            wsync_kcopy_t two[2];
+            CHECK_OK(wsync_kernels_unpack_wire_desc(plan, sg, c, BUCKET(c), &td, have, have_s,
+                                                    two));
+            if (check_failures)
+                goto out;
+            CHECK(two[0].src_dtype == k->fp8 && two[1].src_dtype == WSYNC_DTYPE_F32);
+            run_copy(&two[0]);
+            run_copy(&two[1]);
+        }
     }
     fw_check_codes(k->name, have, want, R, TC, have_s, want_s, (uint64_t)(sr * sc));
 

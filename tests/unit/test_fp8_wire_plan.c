@@ -260,8 +260,10 @@ static void test_rules_distinct(void)
     for (uint32_t a = 0; a < p->nrules; a++)
         for (uint32_t b = a + 1; b < p->nrules; b++)
             CHECK(!wsync_wire_rule_eq(&p->rules[a], &p->rules[b]));
-    for (uint32_t i = 0; i < p->nsegments; i++) {
-        const wsync_segment_t *sg = &p->segments[i];
+    wsync_segment_t *S = NULL;
+    CHECK_OK(wsync_plan_flatten(p, &S));
+    for (uint32_t i = 0; S != NULL && i < p->nsegments; i++) {
+        const wsync_segment_t *sg = &S[i];
         const wsync_chunk_t *c = &p->chunks[sg->chunk];
         uint32_t t = sg->target;
         CHECK(t < 3 && c->rule >= 1 && c->rule <= p->nrules);
@@ -271,6 +273,7 @@ static void test_rules_distinct(void)
                   p->rules[c->rule - 1].ue8m0 == ue[t], "target %u: rule %u", t, c->rule);
         seen[t] = 1;
     }
+    free(S);
     CHECK(seen[0] && seen[1] && seen[2]);
     wsync_plan_free(p);
 }

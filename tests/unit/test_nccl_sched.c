@@ -128,15 +128,18 @@ static void check_sched(const wsync_plan_t *p, const wsync_nccl_sched_t *s, uint
         }
     }
     /* exactly the (chunk, receiver) pairs the segments need, each once */
-    for (uint32_t c = 0; c < p->nchunks; c++)
+    wsync_segment_t *S = NULL;
+    CHECK_OK(wsync_plan_flatten(p, &S));
+    for (uint32_t c = 0; S != NULL && c < p->nchunks; c++)
         for (uint32_t r = 0; r < p->nreceivers; r++) {
             int needed = 0;
             for (uint32_t i = 0; i < p->nsegments; i++)
-                needed |= p->segments[i].chunk == c && p->segments[i].receiver == r;
+                needed |= S[i].chunk == c && S[i].receiver == r;
             CHECK_MSG(carried[(size_t)c * p->nreceivers + r] == (uint32_t)needed,
                       "chunk %u receiver %u carried %u times, needed %d", c, r,
                       carried[(size_t)c * p->nreceivers + r], needed);
         }
+    free(S);
     free(carried);
 }
 
@@ -198,13 +201,16 @@ static void test_fsdp_to_tp(void)
     CHECK(s->ngroups == 0 && s->bytes_bcast == 0);
     CHECK(s->bytes_p2p >= 2u * 2048 * 512 * 2);
     int contiguous_both = 0, strided_src = 0;
-    for (uint32_t i = 0; i < p->nsegments; i++) {
-        const wsync_chunk_t *c = &p->chunks[p->segments[i].chunk];
+    wsync_segment_t *S = NULL;
+    CHECK_OK(wsync_plan_flatten(p, &S));
+    for (uint32_t i = 0; S != NULL && i < p->nsegments; i++) {
+        const wsync_chunk_t *c = &p->chunks[S[i].chunk];
         int src = wsync_nccl_region_contiguous(&c->src);
-        int dst = wsync_nccl_region_contiguous(&p->segments[i].dst);
+        int dst = wsync_nccl_region_contiguous(&S[i].dst);
         contiguous_both += src && dst;
         strided_src += !src;
     }
+    free(S);
     CHECK(contiguous_both > 0);   /* colpar: straight from shard to target */
     CHECK(strided_src > 0);       /* rowpar: the sender packs, the receiver casts */
     wsync_nccl_sched_free(s);
@@ -357,13 +363,16 @@ static void model_group(const wsync_model_config_t *cfg, uint32_t ns, uint32_t t
     }
     CHECK_OK(wsync_plan_compile(sd, nsd, td, ntd, ns, nr, bucket, &p));
     if (p != NULL) {
-        for (uint32_t i = 1; i < p->nsegments; i++) {
-            const wsync_segment_t *a = &p->segments[i - 1], *b = &p->segments[i];
+        wsync_segment_t *S = NULL;
+        CHECK_OK(wsync_plan_flatten(p, &S));
+        for (uint32_t i = 1; S != NULL && i < p->nsegments; i++) {
+            const wsync_segment_t *a = &S[i - 1], *b = &S[i];
             CHECK_MSG(a->receiver < b->receiver ||
                       (a->receiver == b->receiver && a->chunk <= b->chunk),
                       "S=%u T=%u x%u: segment %u (receiver %u chunk %u) after (%u, %u)", ns, tp,
                       reps, i, b->receiver, b->chunk, a->receiver, a->chunk);
         }
+        free(S);
         for (uint32_t i = 1; i < p->nchunks; i++) {
             const wsync_chunk_t *a = &p->chunks[i - 1], *b = &p->chunks[i];
             CHECK(a->sender < b->sender || (a->sender == b->sender && a->bucket <= b->bucket));

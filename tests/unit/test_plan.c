@@ -6,6 +6,7 @@
 #include "reshard/convert.h"
 #include "reshard/exec.h"
 #include "reshard/plan.h"
+#include "reshard/plan_internal.h"
 #include "tests/support/check.h"
 #include "tests/support/plan_sim.h"
 
@@ -286,17 +287,20 @@ static void check_plan_shape(const wsync_plan_t *p)
             CHECK(p->bucket_used[base + b] > 0 && p->bucket_used[base + b] <= p->bucket_bytes);
         base += p->nbuckets[s];
     }
-    for (uint32_t i = 0; i < p->nsegments; i++) {
-        const wsync_segment_t *g = &p->segments[i];
+    wsync_segment_t *segs = NULL;
+    CHECK_OK(wsync_plan_flatten(p, &segs));
+    for (uint32_t i = 0; segs != NULL && i < p->nsegments; i++) {
+        const wsync_segment_t *g = &segs[i];
         CHECK(g->chunk < p->nchunks);
         CHECK(g->dst.rows == p->chunks[g->chunk].src.rows);
         CHECK(g->dst.cols == p->chunks[g->chunk].src.cols);
         if (i > 0) {
-            const wsync_segment_t *f = &p->segments[i - 1];
+            const wsync_segment_t *f = &segs[i - 1];
             CHECK(f->receiver < g->receiver ||
                   (f->receiver == g->receiver && f->chunk <= g->chunk));
         }
     }
+    free(segs);
 }
 
 static wsync_status_t run(const wsync_shard_t *shards, const uint32_t *ss, size_t ns,
@@ -448,12 +452,15 @@ static void test_replica_targets_share_chunks(void)
     CHECK(three.nchunks == one.nchunks);
     CHECK(three.nsegments == 3 * one.nsegments);
     if (plan != NULL) {
-        for (uint32_t c = 0; c < plan->nchunks; c++) {
+        wsync_segment_t *segs = NULL;
+        CHECK_OK(wsync_plan_flatten(plan, &segs));
+        for (uint32_t c = 0; segs != NULL && c < plan->nchunks; c++) {
             int users = 0;
             for (uint32_t i = 0; i < plan->nsegments; i++)
-                users += plan->segments[i].chunk == c;
+                users += segs[i].chunk == c;
             CHECK_MSG(users == 3, "chunk %u has %d segments", c, users);
         }
+        free(segs);
     }
     wsync_plan_free(plan);
     arena_free();
@@ -1105,13 +1112,18 @@ static void test_plan_round_trip(void)
                   a->src.off == b->src.off && a->src.pitch == b->src.pitch &&
                   a->src.rows == b->src.rows && a->src.cols == b->src.cols);
         }
-        for (uint32_t i = 0; i < p->nsegments && i < q->nsegments; i++) {
-            const wsync_segment_t *a = &p->segments[i], *b = &q->segments[i];
+        wsync_segment_t *ps = NULL, *qs = NULL;
+        CHECK_OK(wsync_plan_flatten(p, &ps));
+        CHECK_OK(wsync_plan_flatten(q, &qs));
+        for (uint32_t i = 0; ps && qs && i < p->nsegments && i < q->nsegments; i++) {
+            const wsync_segment_t *a = &ps[i], *b = &qs[i];
             CHECK(a->receiver == b->receiver && a->target == b->target && a->piece == b->piece &&
                   a->chunk == b->chunk && a->dst.off == b->dst.off &&
                   a->dst.pitch == b->dst.pitch && a->dst.rows == b->dst.rows &&
                   a->dst.cols == b->dst.cols);
         }
+        free(ps);
+        free(qs);
         for (uint32_t s = 0; s < p->nsenders; s++) {
             CHECK(q->nbuckets[s] == p->nbuckets[s]);
             nb += p->nbuckets[s];
@@ -1197,9 +1209,13 @@ static void test_plan_decode_hostile(void)
         wsync_wbuf_init(&eb);                                                                 \
         CHECK_OK(wsync_plan_decode(wb.data, wb.len, &e));                                     \
         if (e != NULL) {                                                                      \
+            wsync_segment_t *S = NULL;                                                        \
+            CHECK_OK(wsync_plan_flatten(e, &S));                                              \
             e->wire_bytes = 0;                                                                \
             edit;                                                                             \
-            wsync_plan_encode(e, &eb);                                                        \
+            if (S != NULL)                                                                    \
+                wsync_plan_encode_flat(e, S, e->nsegments, &eb);                              \
+            free(S);                                                                          \
             CHECK(!eb.err);                                                                   \
             expect_protocol(eb.data, eb.len, needle);                                         \
         }                                                                                     \
@@ -1217,11 +1233,16 @@ static void test_plan_decode_hostile(void)
     EDITED(e->chunks[0].bucket_off = 1ull << 40, "does not fit");
     EDITED(e->chunks[0].bucket = 5, "out of order");
     EDITED(e->chunks[1].bucket = e->chunks[0].bucket + 7, "out of order");
-    EDITED(e->segments[0].chunk = 1u << 20, "chunk 1048576");
-    EDITED(e->segments[0].dst.off = ~0ull - 3, "does not match chunk");
-    EDITED(e->segments[0].chunk = e->segments[1].chunk + 1, "out of order");
+    EDITED(S[0].chunk = 1u << 20, "chunk 1048576");
+    EDITED(S[0].dst.off = ~0ull - 3, "does not match chunk");
+    EDITED(S[0].chunk = S[1].chunk + 1, "out of order");
 #undef EDITED
-    CHECK(p->segments[0].receiver == p->segments[1].receiver);  /* so the last edit tests order */
+    {
+        const wsync_segment_t *r0;
+        uint32_t n0 = 0;
+        CHECK_OK(wsync_plan_segments(p, 0, &r0, &n0));
+        CHECK(n0 >= 2);   /* receiver 0 has segments 0 and 1: so the last edit tests order */
+    }
 
     /* garbage after a valid magic, of many lengths */
     for (int i = 0; i < 2000; i++) {
@@ -1286,10 +1307,14 @@ static void test_plan_wire_v2_by_hand(void)
         CHECK(q->chunks[0].dtype == WSYNC_DTYPE_F32 && q->chunks[0].src.rows == 1 &&
               q->chunks[0].src.cols == 4 && q->chunks[0].src.pitch == 4 &&
               q->chunks[0].src.off == 0 && q->chunks[0].bucket_off == 0);
-        for (int i = 0; i < 2; i++)
-            CHECK(q->segments[i].receiver == (uint32_t)i && q->segments[i].chunk == 0 &&
-                  q->segments[i].target == 0 && q->segments[i].dst.pitch == 4 &&
-                  q->segments[i].dst.rows == 1 && q->segments[i].dst.cols == 4);
+        for (uint32_t i = 0; i < 2; i++) {
+            const wsync_segment_t *g = NULL;
+            uint32_t ng = 0;
+            CHECK_OK(wsync_plan_segments(q, i, &g, &ng));
+            CHECK(ng == 1 && g[0].receiver == i && g[0].chunk == 0 && g[0].target == 0 &&
+                  g[0].dst.pitch == 4 && g[0].dst.rows == 1 && g[0].dst.cols == 4);
+        }
+        CHECK(q->nlists == 1);    /* receiver 1's copy is receiver 0's list */
         CHECK(q->pair_bytes[0] == 16 && q->pair_bytes[1] == 16);
         {   /* and the encoder writes exactly these bytes */
             wsync_wbuf_t b;
@@ -1305,7 +1330,13 @@ static void test_plan_wire_v2_by_hand(void)
         q = NULL;
         n = hand_plan(buf, tdelta, sizeof(tdelta), 2);
         CHECK_OK(wsync_plan_decode(buf, n, &q));
-        CHECK(q != NULL && q->segments[1].target == 3);
+        {
+            const wsync_segment_t *g = NULL;
+            uint32_t ng = 0;
+            if (q != NULL)
+                CHECK_OK(wsync_plan_segments(q, 1, &g, &ng));
+            CHECK(q != NULL && ng == 1 && g[0].target == 3);
+        }
         wsync_plan_free(q);
     }
 #define HAND(bytes, nsegs, needle)                                                            \
@@ -1373,24 +1404,36 @@ static void test_check_sender_receiver(void)
         p->chunks[0] = saved;
     }
     /* segments: past the target, an unknown piece or target */
-    {
-        wsync_segment_t saved = p->segments[0];
-        uint32_t r = saved.receiver;
-        p->segments[0].dst.off = 8 * 8;
+    {   /* edited in a flat copy, the plan's lists rebuilt from it */
+        wsync_segment_t *S = NULL, saved;
+        uint32_t r, n = p->nsegments;
+        CHECK_OK(wsync_plan_flatten(p, &S));
+        if (S == NULL)
+            goto done;
+        saved = S[0];
+        r = saved.receiver;
+        S[0].dst.off = 8 * 8;
+        CHECK_OK(wsync_plan_set_segments(p, S, n));
         CHECK_ST(wsync_plan_check_receiver(p, r, d.targets, d.nt), WSYNC_ERR_PROTOCOL);
         CHECK_ERR_HAS("target 'w'");
-        p->segments[0] = saved;
-        p->segments[0].piece = 3;
+        S[0] = saved;
+        S[0].piece = 3;
+        CHECK_OK(wsync_plan_set_segments(p, S, n));
         CHECK_ST(wsync_plan_check_receiver(p, r, d.targets, d.nt), WSYNC_ERR_PROTOCOL);
         CHECK_ERR_HAS("piece 3");
-        p->segments[0] = saved;
-        p->segments[0].target = 9;
+        S[0] = saved;
+        S[0].target = 9;
+        CHECK_OK(wsync_plan_set_segments(p, S, n));
         CHECK_ST(wsync_plan_check_receiver(p, r, d.targets, d.nt), WSYNC_ERR_PROTOCOL);
-        p->segments[0] = saved;
+        S[0] = saved;
+        CHECK_OK(wsync_plan_set_segments(p, S, n));
+        CHECK_OK(wsync_plan_check_receiver(p, r, d.targets, d.nt));
         d.targets[r].dtype = WSYNC_DTYPE_U8;
         CHECK_ST(wsync_plan_check_receiver(p, r, d.targets, d.nt), WSYNC_ERR_PROTOCOL);
         d.targets[r].dtype = BF16;
+        free(S);
     }
+done:
     wsync_plan_free(p);
     descs_free(&d);
     arena_free();

@@ -358,6 +358,56 @@ static void order_independent(void)
     group_free(&g);
 }
 
+static int cmp_seg_ref(const void *a, const void *b)
+{
+    const wsync_segment_t *x = a, *y = b;
+    if (x->chunk != y->chunk)
+        return x->chunk < y->chunk ? -1 : 1;
+    if (x->target != y->target)
+        return x->target < y->target ? -1 : 1;
+    if (x->piece != y->piece)
+        return x->piece < y->piece ? -1 : 1;
+    return x->dst.off < y->dst.off ? -1 : x->dst.off > y->dst.off;
+}
+
+/* Each receiver's segments from wsync_plan_segments against a reference expansion made another
+ * way: every record of every list its references take, with the reference's target, sorted
+ * by (chunk, target, piece, offset) with qsort. Returns the receivers checked. */
+static uint32_t check_expansion(const wsync_plan_t *p)
+{
+    uint32_t ok = 0;
+    for (uint32_t r = 0; r < p->nreceivers; r++) {
+        const wsync_segment_t *got = NULL;
+        uint32_t n = 0, m = 0;
+        wsync_segment_t *want;
+        CHECK_OK(wsync_plan_segments(p, r, &got, &n));
+        want = calloc((size_t)n + 1, sizeof(*want));
+        CHECK(want != NULL);
+        if (want == NULL)
+            return ok;
+        for (uint32_t k = p->ref0[r]; k < p->ref0[r + 1]; k++)
+            for (uint32_t i = p->list0[p->refs[k].list];
+                 i < p->list0[p->refs[k].list + 1] && m < n; i++, m++) {
+                const wsync_list_seg_t *l = &p->lsegs[i];
+                want[m].receiver = r;
+                want[m].target = p->refs[k].target;
+                want[m].piece = l->piece;
+                want[m].chunk = l->chunk;
+                want[m].dst.off = l->off;
+                want[m].dst.pitch = l->pitch;
+                want[m].dst.rows = p->chunks[l->chunk].src.rows;
+                want[m].dst.cols = p->chunks[l->chunk].src.cols;
+            }
+        CHECK_MSG(m == n, "receiver %u: %u segments, its lists hold %u", r, n, m);
+        qsort(want, m, sizeof(*want), cmp_seg_ref);
+        CHECK_MSG(m == n && memcmp(want, got, (size_t)n * sizeof(*want)) == 0,
+                  "receiver %u: segments differ from the reference expansion", r);
+        ok += m == n && memcmp(want, got, (size_t)n * sizeof(*want)) == 0;
+        free(want);
+    }
+    return ok;
+}
+
 /* Receivers that are replicas of one another (data-parallel ranks holding the same weights):
  * the compiler copies the first one's segments for the others. Against the plan to that one
  * receiver alone, where nothing is copied: the same chunks, and each replica's segments are
@@ -406,20 +456,29 @@ static void replicated_receivers(void)
                       memcmp(&x->src, &y->src, sizeof(x->src)) == 0, "chunk %u differs", i);
         }
         CHECK(b->nsegments == (uint64_t)R * a->nsegments);
+        /* the plan holds the one receiver's lists once: R references to each */
+        CHECK(b->nlists == a->nlists && b->list0[b->nlists] == a->list0[a->nlists]);
+        CHECK(b->ref0[R] == (uint64_t)R * a->ref0[1]);
+        CHECK(check_expansion(a) == 1 && check_expansion(b) == R);
         /* on the wire each replica after the first is one copy of the first's segments: a few
          * bytes, not another receiver's worth (wire version 2) */
         CHECK_MSG(b->wire_bytes > a->wire_bytes && b->wire_bytes <= a->wire_bytes + 16 * (R - 1),
                   "%u replicas: %" PRIu64 " bytes on the wire, one receiver %" PRIu64, R,
                   b->wire_bytes, a->wire_bytes);
-        for (uint32_t i = 0; b->nsegments == (uint64_t)R * a->nsegments && i < b->nsegments;
-             i++) {
-            const wsync_segment_t *x = &a->segments[i % a->nsegments], *y = &b->segments[i];
+        wsync_segment_t *as = NULL, *bs = NULL;
+        CHECK_OK(wsync_plan_flatten(a, &as));
+        CHECK_OK(wsync_plan_flatten(b, &bs));
+        for (uint32_t i = 0; as && bs && b->nsegments == (uint64_t)R * a->nsegments &&
+                             i < b->nsegments; i++) {
+            const wsync_segment_t *x = &as[i % a->nsegments], *y = &bs[i];
             CHECK_MSG(y->receiver == i / a->nsegments && x->target == y->target &&
                       x->piece == y->piece && x->chunk == y->chunk &&
                       memcmp(&x->dst, &y->dst, sizeof(x->dst)) == 0, "segment %u differs", i);
             if (y->receiver != i / a->nsegments || x->chunk != y->chunk)
                 break;
         }
+        free(as);
+        free(bs);
     }
     wsync_plan_free(a);
     wsync_plan_free(b);
@@ -449,8 +508,11 @@ static void same_chunk_twice(void)
     CHECK_ST(wsync_plan_compile(&sd, 1, td, 2, 1, 1, 1 << 20, &pl), WSYNC_OK);
     if (pl) {
         CHECK(pl->nchunks == 1 && pl->nsegments == 2);
-        CHECK(pl->nsegments == 2 && pl->segments[0].target == 0 && pl->segments[1].target == 1 &&
-              pl->segments[0].chunk == 0 && pl->segments[1].chunk == 0);
+        const wsync_segment_t *g = NULL;
+        uint32_t n = 0;
+        CHECK_OK(wsync_plan_segments(pl, 0, &g, &n));
+        CHECK(n == 2 && g[0].target == 0 && g[1].target == 1 && g[0].chunk == 0 &&
+              g[1].chunk == 0);
     }
     wsync_plan_free(pl);
     wsync_shard_desc_clear(&sd);
@@ -458,19 +520,22 @@ static void same_chunk_twice(void)
     wsync_target_desc_clear(&td[1]);
 }
 
-/* A plan past WSYNC_PLAN_MAX_SEGMENTS is refused with the count, the receivers and the limit,
- * and before its segments are written: 4,096 senders each hold a row of one param, and 1,024
- * receivers each take it whole as 17 targets laid out alike, 71,303,168 segments (3.4 GB of
- * them) from 4,096 logical ones. */
+/* Receivers laid out alike share the plan's lists, so a plan of more segments than one array
+ * could hold (WSYNC_PLAN_MAX_SEGMENTS, 2^26, the limit on logical segments before lists) is
+ * records only once per list: 4,096 senders each hold a row of one param, and 1,024 receivers
+ * each take it whole as K targets laid out alike. K = 17: 71,303,168 segments (3.4 GB as one
+ * array) from one list of 4,096 records, each receiver's segments those of the list, target by
+ * target on each chunk. K = 65: 272,629,760 segments, past WSYNC_PLAN_MAX_LOGICAL_SEGMENTS:
+ * refused with the count, the receivers and the limits before any list is written. */
 static void segment_limit(void)
 {
-    enum { S = 4096, R = 1024, K = 17 };
+    enum { S = 4096, R = 1024, KMAX = 65 };
     static char data;
     wsync_param_t p = {"w", WSYNC_DTYPE_F32, 2, {S, 2}};
     wsync_piece_t pc = {p, {{0, 0}, {S, 2}}, {0, 0}};
     wsync_target_t t = {"t", WSYNC_DTYPE_F32, 2, {S, 2}, &data, WSYNC_MEM_HOST, 0, &pc, 1, {0}};
     wsync_shard_desc_t *sd = calloc(S, sizeof(*sd));
-    wsync_target_desc_t *td = calloc((size_t)R * K, sizeof(*td));
+    wsync_target_desc_t *td = calloc((size_t)R * KMAX, sizeof(*td));
     wsync_plan_t *pl = NULL;
     char name[16];
 
@@ -484,19 +549,50 @@ static void segment_limit(void)
         wsync_shard_t sh = {p, {{s, 0}, {1, 2}}, &data, WSYNC_MEM_HOST, 0};
         CHECK_ST(wsync_shard_desc_from(&sh, (uint32_t)s, 0, &sd[s]), WSYNC_OK);
     }
-    for (int r = 0; r < R; r++)
-        for (int k = 0; k < K; k++) {
-            snprintf(name, sizeof(name), "t%d", k);
-            t.name = name;
-            CHECK_ST(wsync_target_desc_from(&t, (uint32_t)r, (uint32_t)k, &td[r * K + k]),
-                     WSYNC_OK);
+    for (int K = 17; K <= KMAX; K += KMAX - 17) {
+        for (int r = 0; r < R; r++)
+            for (int k = 0; k < K; k++) {
+                snprintf(name, sizeof(name), "t%d", k);
+                t.name = name;
+                CHECK_ST(wsync_target_desc_from(&t, (uint32_t)r, (uint32_t)k, &td[r * K + k]),
+                         WSYNC_OK);
+            }
+        if (K == KMAX) {
+            CHECK_ST(wsync_plan_compile(sd, S, td, (size_t)R * K, S, R, 1 << 20, &pl),
+                     WSYNC_ERR_RANGE);
+            CHECK(pl == NULL);
+            CHECK_ERR_HAS("plan: 272629760 segments (one per chunk and receiver taking it) to "
+                          "1024 receivers in 4096 records, more than the 268435456 segments");
+        } else {
+            CHECK_ST(wsync_plan_compile(sd, S, td, (size_t)R * K, S, R, 1 << 20, &pl), WSYNC_OK);
         }
-    CHECK_ST(wsync_plan_compile(sd, S, td, (size_t)R * K, S, R, 1 << 20, &pl), WSYNC_ERR_RANGE);
-    CHECK(pl == NULL);
-    CHECK_ERR_HAS("plan: 71303168 segments (one per chunk and receiver taking it) to 1024 "
-                  "receivers, more than the 67108864 a plan holds (48 bytes each)");
+        if (pl != NULL) {
+            const wsync_segment_t *g = NULL;
+            uint32_t n = 0, bad = 0;
+            CHECK(pl->nsegments == 71303168u && pl->nsegments > WSYNC_PLAN_MAX_SEGMENTS);
+            CHECK(pl->nlists == 1 && pl->list0[1] == S && pl->ref0[R] == (uint32_t)R * K);
+            /* the last receiver's: chunk c (sender c's row) into each target in turn */
+            CHECK_OK(wsync_plan_segments(pl, R - 1, &g, &n));
+            CHECK(n == (uint32_t)S * K);
+            for (uint32_t i = 0; g != NULL && i < n; i++) {
+                const wsync_segment_t *e = &g[i];
+                uint32_t c = i / K;
+                bad += e->receiver != R - 1 || e->chunk != c || e->target != i % K ||
+                       e->piece != 0 || e->dst.off != 2 * (uint64_t)pl->chunks[c].sender ||
+                       e->dst.rows != 1 || e->dst.cols != 2 || pl->chunks[c].sender != c;
+            }
+            CHECK_MSG(bad == 0, "%u of receiver %u's segments are not its list's", bad, R - 1);
+            CHECK(pl->pair_bytes[(size_t)(S - 1) * R + 7] == 8u * K);   /* 2 floats, K times */
+        }
+        wsync_plan_free(pl);
+        pl = NULL;
+        wsync_target_descs_free(td, (size_t)R * K);
+        td = calloc((size_t)R * KMAX, sizeof(*td));
+        if (td == NULL)
+            break;
+    }
     wsync_shard_descs_free(sd, S);
-    wsync_target_descs_free(td, (size_t)R * K);
+    free(td);
 }
 
 /* Many params (as a MoE has), FSDP over 4 senders, two receivers taking alternate params whole:
