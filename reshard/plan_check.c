@@ -96,7 +96,9 @@ wsync_status_t wsync_plan_check_receiver(const wsync_plan_t *plan, uint32_t rank
     by_index_t *v;
     size_t n = 0;
     wsync_status_t st = WSYNC_OK;
-    const wsync_segment_t *mine;
+    wsync_segment_t *mine = NULL;    /* expanded here, not kept: a check of every receiver
+                                        (WSYNC_PLAN_WIRE_CHECK) holds one at a time */
+    size_t cap = 0;
     uint32_t nmine;
     uint64_t first = 0;
 
@@ -116,7 +118,7 @@ wsync_status_t wsync_plan_check_receiver(const wsync_plan_t *plan, uint32_t rank
     /* segments are named by their place in the plan, every receiver's before this one's */
     for (uint32_t q = 0; q < rank; q++)
         first += plan->rx_nsegs[q];
-    if ((st = wsync_plan_segments(plan, rank, &mine, &nmine)) != WSYNC_OK) {
+    if ((st = wsync_plan_segments_into(plan, rank, &mine, &cap, &nmine)) != WSYNC_OK) {
         free(v);
         return st;
     }
@@ -161,5 +163,6 @@ wsync_status_t wsync_plan_check_receiver(const wsync_plan_t *plan, uint32_t rank
         }
     }
     free(v);
+    free(mine);
     return st;
 }

@@ -125,6 +125,12 @@ wsync_status_t wsync_plan_expand(const wsync_plan_t *p, uint32_t r, wsync_expand
     }
     for (size_t i = 0; i < m; i++) {
         const wsync_list_seg_t *l = &p->lsegs[s[i].rec];
+#if defined(__GNUC__)
+        if (!sorted && i + 16 < m) {   /* sorted, the records are read jumping: ask early */
+            __builtin_prefetch(&p->lsegs[s[i + 16].rec]);
+            __builtin_prefetch(&p->chunks[s[i + 16].chunk]);
+        }
+#endif
         const wsync_chunk_t *ch = &p->chunks[l->chunk];
         wsync_segment_t *sg = &out[i];
         sg->receiver = r;

@@ -200,6 +200,21 @@ static inline uint8_t *enc_room(encoder_t *e)
     return e->blk + e->used;
 }
 
+/* Bytes already coded (a receiver's records kept from an earlier receiver), through the block. */
+static void enc_bytes(encoder_t *e, const uint8_t *d, size_t n)
+{
+    while (n > 0) {
+        size_t k;
+        if (e->used == ENCODE_BLOCK)
+            enc_flush(e);
+        k = WSYNC_MIN(n, ENCODE_BLOCK - e->used);
+        memcpy(e->blk + e->used, d, k);
+        e->used += k;
+        d += k;
+        n -= k;
+    }
+}
+
 static inline uint8_t *put_varint(uint8_t *q, uint64_t v)
 {
     while (v >= 0x80) {
@@ -384,6 +399,16 @@ typedef struct {
     size_t far_cap;
     wsync_segment_t *pre;            /* lists: receiver q's first min(n, PREFIX) at pre0[q] */
     uint64_t *pre0;
+    /* lists: receivers with the same references (replicas of a whole engine) have the same
+     * segments but for the receiver, so the same records whenever their references and the
+     * segment before them agree too: coded once, copied after */
+    uint32_t *cls;                   /* [nreceivers] the first receiver with r's references */
+    uint32_t *back;                  /* [nreceivers] the reference chosen */
+    wsync_segment_t *last;           /* [nreceivers] the segment before r's first (coded) */
+    wsync_segment_t *tail;           /* [nreceivers] r's last segment */
+    uint64_t *rec0;                  /* [nreceivers + 1] r's records at recs.data[rec0[r] ..) */
+    wsync_wbuf_t recs;
+    encoder_t *side;                 /* codes one receiver's records into recs */
 } segsrc_t;
 
 static uint32_t src_count(const segsrc_t *s, uint32_t q)
@@ -422,6 +447,38 @@ static const wsync_segment_t *src_full(segsrc_t *s, uint32_t q)
     return *b;
 }
 
+/* cls[r]: the first receiver whose references equal r's (open addressing on their hash). */
+static int find_classes(const wsync_plan_t *p, uint32_t *cls)
+{
+    size_t cap = 64, nr = p->nreceivers;
+    uint32_t *slot;
+
+    while (cap < 2 * nr)
+        cap *= 2;
+    slot = malloc(cap * sizeof(*slot));
+    if (slot == NULL)
+        return -1;
+    memset(slot, 0xff, cap * sizeof(*slot));
+    for (uint32_t r = 0; r < nr; r++) {
+        size_t n = p->ref0[r + 1] - p->ref0[r];
+        const wsync_plan_ref_t *a = &p->refs[p->ref0[r]];
+        size_t h = (size_t)XXH3_64bits(a, n * sizeof(*a)) & (cap - 1);
+        cls[r] = r;
+        for (; slot[h] != UINT32_MAX; h = (h + 1) & (cap - 1)) {
+            uint32_t q = slot[h];
+            if (p->ref0[q + 1] - p->ref0[q] == n &&
+                memcmp(&p->refs[p->ref0[q]], a, n * sizeof(*a)) == 0) {
+                cls[r] = q;
+                break;
+            }
+        }
+        if (cls[r] == r)
+            slot[h] = r;
+    }
+    free(slot);
+    return 0;
+}
+
 static int src_init(segsrc_t *s, const wsync_plan_t *p, const wsync_segment_t *flat,
                     uint64_t nflat)
 {
@@ -443,8 +500,21 @@ static int src_init(segsrc_t *s, const wsync_plan_t *p, const wsync_segment_t *f
         return 0;
     }
     s->pre0 = calloc((size_t)p->nreceivers + 1, sizeof(*s->pre0));
-    if (s->pre0 == NULL)
+    s->cls = malloc(((size_t)p->nreceivers + 1) * sizeof(*s->cls));
+    s->back = calloc((size_t)p->nreceivers + 1, sizeof(*s->back));
+    s->last = calloc((size_t)p->nreceivers + 1, sizeof(*s->last));
+    s->tail = calloc((size_t)p->nreceivers + 1, sizeof(*s->tail));
+    s->rec0 = calloc((size_t)p->nreceivers + 1, sizeof(*s->rec0));
+    s->side = malloc(sizeof(*s->side));
+    wsync_wbuf_init(&s->recs);
+    if (s->pre0 == NULL || s->cls == NULL || s->back == NULL || s->last == NULL || !s->tail ||
+        s->rec0 == NULL || s->side == NULL || find_classes(p, s->cls) != 0)
         return -1;
+    s->side->b = &s->recs;
+    s->side->h = NULL;
+    s->side->count_only = 0;
+    s->side->total = 0;
+    s->side->used = 0;
     for (uint32_t r = 0; r < p->nreceivers; r++)
         s->pre0[r + 1] = s->pre0[r] + WSYNC_MIN(p->rx_nsegs[r], PREFIX);
     s->pre = malloc((size_t)(s->pre0[p->nreceivers] ? s->pre0[p->nreceivers] : 1) *
@@ -454,6 +524,13 @@ static int src_init(segsrc_t *s, const wsync_plan_t *p, const wsync_segment_t *f
 
 static void src_free(segsrc_t *s)
 {
+    free(s->cls);
+    free(s->back);
+    free(s->last);
+    free(s->tail);
+    free(s->rec0);
+    free(s->side);
+    wsync_wbuf_free(&s->recs);
     for (uint32_t k = 0; k < RING; k++)
         free(s->ring[k]);
     free(s->far);
@@ -534,25 +611,69 @@ static uint64_t encode_body(const wsync_plan_t *p, const wsync_segment_t *flat, 
     for (uint32_t i = 0; i < p->nchunks; i++)
         encode_chunk(e, &p->chunks[i], i > 0 ? &p->chunks[i - 1] : &zc);
     for (uint32_t r = 0; r < p->nreceivers && !b->err; r++) {
-        uint32_t n = src_count(&src, r), back;
+        uint32_t n = src_count(&src, r), back, t = flat == NULL ? src.cls[r] : r;
         const wsync_segment_t *cur, *ref = NULL;
         uint8_t *q0 = enc_room(e), *q = put_varint(q0, n);
         if (n == 0) {
             e->used += (size_t)(q - q0);
+            if (flat == NULL)
+                src.rec0[r + 1] = src.rec0[r];
             continue;
         }
-        if ((cur = src_full(&src, r)) == NULL) {
+        if (t != r) {
+            /* r's segments are t's: its first ones (to choose a reference) copied from t's */
+            memcpy(src.pre + src.pre0[r], src.pre + src.pre0[t],
+                   (size_t)(src.pre0[r + 1] - src.pre0[r]) * sizeof(*src.pre));
+            cur = src.pre + src.pre0[r];
+        } else if ((cur = src_full(&src, r)) == NULL) {
             b->err = 1;
             break;
         }
         back = choose_reference(&src, cur, n, r);
         q = put_varint(q, back);
         e->used += (size_t)(q - q0);
+        if (t != r && back == src.back[t] &&
+            (back == 0 || src.cls[r - back] == src.cls[t - back]) &&
+            copies(&last, &src.last[t], 0)) {
+            /* the same records as t's: its references alike and the segment before alike */
+            uint64_t at = src.recs.len, len = src.rec0[t + 1] - src.rec0[t];
+            src.back[r] = back;
+            src.last[r] = last;
+            wsync_put_bytes(&src.recs, src.recs.data + src.rec0[t], (size_t)len);
+            if (src.recs.err) {
+                b->err = 1;
+                break;
+            }
+            enc_bytes(e, src.recs.data + at, (size_t)len);
+            src.rec0[r + 1] = src.recs.len;
+            src.tail[r] = src.tail[t];
+            last = src.tail[t];
+            continue;
+        }
+        if (t != r && (cur = src_full(&src, r)) == NULL) {
+            b->err = 1;
+            break;
+        }
         if (back && (ref = src_full(&src, r - back)) == NULL) {
             b->err = 1;
             break;
         }
-        encode_receiver(e, cur, n, ref, back ? src_count(&src, r - back) : 0, &last);
+        if (flat == NULL) {
+            /* coded aside and kept, for a later receiver with the same references */
+            src.back[r] = back;
+            src.last[r] = last;
+            encode_receiver(src.side, cur, n, ref, back ? src_count(&src, r - back) : 0, &last);
+            enc_flush(src.side);
+            if (src.recs.err) {
+                b->err = 1;
+                break;
+            }
+            src.rec0[r + 1] = src.recs.len;
+            enc_bytes(e, src.recs.data + src.rec0[r], (size_t)(src.rec0[r + 1] - src.rec0[r]));
+            src.tail[r] = cur[n - 1];
+        } else {
+            encode_receiver(e, cur, n, ref, back ? src_count(&src, r - back) : 0, &last);
+        }
         last = cur[n - 1];
     }
     enc_flush(e);
