@@ -320,6 +320,11 @@ wsync_status_t wsync_plan_wire_targets(const wsync_plan_t *plan, uint32_t rank, 
  * xxh3-64 of all that (the fingerprint), checked on decode. Deterministic: the same plan gives
  * the same bytes. Appends to out; out->err set on allocation failure. */
 void wsync_plan_encode(const wsync_plan_t *plan, wsync_wbuf_t *out);
+/* The wire form of a plan whose segments are segs[0, n) in (receiver, chunk) order rather than
+ * its lists': each receiver coded from the array as given, none from another's records; what
+ * a coordinator would send for them, hostile or not (tests). */
+void wsync_plan_encode_flat(const wsync_plan_t *plan, const wsync_segment_t *segs, uint32_t n,
+                            wsync_wbuf_t *out);
 /* Bytes wsync_plan_encode appends for this plan: plan->wire_bytes when the compile or decode
  * set it, else counted by coding the plan without keeping the bytes (one pass); what a sender
  * of the plan checks against its frame limit before encoding. UINT64_MAX when out of memory. */

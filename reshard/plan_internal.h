@@ -372,11 +372,6 @@ void wsync_lists_builder_free(wsync_lists_builder_t *b);
  * derive its tables again (tests that edit a plan). */
 wsync_status_t wsync_plan_set_segments(wsync_plan_t *p, const wsync_segment_t *segs, size_t n);
 
-/* The wire form of a plan whose segments are segs[0, n) in (receiver, chunk) order rather than
- * its lists': what a coordinator would send for them, hostile or not (tests). */
-void wsync_plan_encode_flat(const wsync_plan_t *plan, const wsync_segment_t *segs, uint32_t n,
-                            wsync_wbuf_t *out);
-
 /* Set plan->fingerprint: the xxh3-64 of the plan's encoded body, as wsync_plan_encode appends
  * it, hashed block by block without holding the encoding. WSYNC_ERR_NOMEM on allocation failure
  * (plan unchanged). In plan_wire.c. */

@@ -403,6 +403,7 @@ typedef struct {
      * segments but for the receiver, so the same records whenever their references and the
      * segment before them agree too: coded once, copied after */
     uint32_t *cls;                   /* [nreceivers] the first receiver with r's references */
+    uint32_t *twin;                  /* [nreceivers] the last one before r (r: none) */
     uint32_t *back;                  /* [nreceivers] the reference chosen */
     wsync_segment_t *last;           /* [nreceivers] the segment before r's first (coded) */
     wsync_segment_t *tail;           /* [nreceivers] r's last segment */
@@ -447,8 +448,9 @@ static const wsync_segment_t *src_full(segsrc_t *s, uint32_t q)
     return *b;
 }
 
-/* cls[r]: the first receiver whose references equal r's (open addressing on their hash). */
-static int find_classes(const wsync_plan_t *p, uint32_t *cls)
+/* cls[r]: the first receiver whose references equal r's (open addressing on their hash);
+ * twin[r]: the last one before r (r itself when none). */
+static int find_classes(const wsync_plan_t *p, uint32_t *cls, uint32_t *twin)
 {
     size_t cap = 64, nr = p->nreceivers;
     uint32_t *slot;
@@ -464,11 +466,14 @@ static int find_classes(const wsync_plan_t *p, uint32_t *cls)
         const wsync_plan_ref_t *a = &p->refs[p->ref0[r]];
         size_t h = (size_t)XXH3_64bits(a, n * sizeof(*a)) & (cap - 1);
         cls[r] = r;
+        twin[r] = r;
         for (; slot[h] != UINT32_MAX; h = (h + 1) & (cap - 1)) {
             uint32_t q = slot[h];
             if (p->ref0[q + 1] - p->ref0[q] == n &&
                 memcmp(&p->refs[p->ref0[q]], a, n * sizeof(*a)) == 0) {
-                cls[r] = q;
+                cls[r] = cls[q];
+                twin[r] = q;
+                slot[h] = r;         /* the class's latest */
                 break;
             }
         }
@@ -501,6 +506,7 @@ static int src_init(segsrc_t *s, const wsync_plan_t *p, const wsync_segment_t *f
     }
     s->pre0 = calloc((size_t)p->nreceivers + 1, sizeof(*s->pre0));
     s->cls = malloc(((size_t)p->nreceivers + 1) * sizeof(*s->cls));
+    s->twin = malloc(((size_t)p->nreceivers + 1) * sizeof(*s->twin));
     s->back = calloc((size_t)p->nreceivers + 1, sizeof(*s->back));
     s->last = calloc((size_t)p->nreceivers + 1, sizeof(*s->last));
     s->tail = calloc((size_t)p->nreceivers + 1, sizeof(*s->tail));
@@ -508,7 +514,8 @@ static int src_init(segsrc_t *s, const wsync_plan_t *p, const wsync_segment_t *f
     s->side = malloc(sizeof(*s->side));
     wsync_wbuf_init(&s->recs);
     if (s->pre0 == NULL || s->cls == NULL || s->back == NULL || s->last == NULL || !s->tail ||
-        s->rec0 == NULL || s->side == NULL || find_classes(p, s->cls) != 0)
+        s->rec0 == NULL || s->side == NULL || s->twin == NULL ||
+        find_classes(p, s->cls, s->twin) != 0)
         return -1;
     s->side->b = &s->recs;
     s->side->h = NULL;
@@ -525,6 +532,7 @@ static int src_init(segsrc_t *s, const wsync_plan_t *p, const wsync_segment_t *f
 static void src_free(segsrc_t *s)
 {
     free(s->cls);
+    free(s->twin);
     free(s->back);
     free(s->last);
     free(s->tail);
@@ -611,7 +619,7 @@ static uint64_t encode_body(const wsync_plan_t *p, const wsync_segment_t *flat, 
     for (uint32_t i = 0; i < p->nchunks; i++)
         encode_chunk(e, &p->chunks[i], i > 0 ? &p->chunks[i - 1] : &zc);
     for (uint32_t r = 0; r < p->nreceivers && !b->err; r++) {
-        uint32_t n = src_count(&src, r), back, t = flat == NULL ? src.cls[r] : r;
+        uint32_t n = src_count(&src, r), back, t = flat == NULL ? src.twin[r] : r;
         const wsync_segment_t *cur, *ref = NULL;
         uint8_t *q0 = enc_room(e), *q = put_varint(q0, n);
         if (n == 0) {

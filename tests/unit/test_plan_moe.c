@@ -487,6 +487,84 @@ static void replicated_receivers(void)
     group_free(&g);
 }
 
+/* Whole engines replicated (TP-2 x EP-4, three times: 12 receivers, each engine's 4 laid out
+ * alike): the plan holds one engine's lists; every receiver's segments equal the reference
+ * expansion; its encoding, which codes a replica's records once and copies them for the next
+ * replica alike, is byte for byte the encoding of the flattened plan coded receiver by
+ * receiver, and decodes to the same segments. */
+static void engine_replicas(void)
+{
+    enum { S = 4, T = 2, E = 4, K = 3 };
+    group_t g;
+    if (group_make(&g, QWEN, S, SEND_FSDP, T, E) != 0) {
+        group_free(&g);
+        return;
+    }
+    size_t nsh = 0, ntd = 0, k = 0;
+    for (int s = 0; s < g.S; s++)
+        nsh += g.nsh[s];
+    for (int r = 0; r < g.nr; r++)
+        ntd += g.ntg[r];
+    wsync_shard_desc_t *sd = calloc(nsh, sizeof(*sd));
+    wsync_target_desc_t *td = calloc(ntd * K, sizeof(*td));
+    static char data;
+    CHECK(sd != NULL && td != NULL);
+    for (int s = 0; sd && s < g.S; s++)
+        for (size_t i = 0; i < g.nsh[s]; i++, k++) {
+            wsync_shard_t one = g.sh[s][i];
+            one.data = &data;
+            CHECK_ST(wsync_shard_desc_from(&one, (uint32_t)s, (uint32_t)i, &sd[k]), WSYNC_OK);
+        }
+    k = 0;
+    for (int c = 0; td && c < K; c++)
+        for (int r = 0; r < g.nr; r++)
+            for (size_t j = 0; j < g.ntg[r]; j++, k++) {
+                wsync_target_t one = g.tg[r][j];
+                one.data = &data;
+                CHECK_ST(wsync_target_desc_from(&one, (uint32_t)(c * g.nr + r), (uint32_t)j,
+                                                &td[k]), WSYNC_OK);
+            }
+    wsync_plan_t *one = NULL, *pl = NULL, *q = NULL;
+    CHECK_ST(wsync_plan_compile(sd, nsh, td, ntd, S, (uint32_t)g.nr, 1 << 16, &one), WSYNC_OK);
+    CHECK_ST(wsync_plan_compile(sd, nsh, td, ntd * K, S, (uint32_t)(g.nr * K), 1 << 16, &pl),
+             WSYNC_OK);
+    if (one != NULL && pl != NULL) {
+        wsync_wbuf_t a, b;
+        wsync_segment_t *flat = NULL;
+        wsync_wbuf_init(&a);
+        wsync_wbuf_init(&b);
+        CHECK(pl->nsegments == K * one->nsegments && pl->nlists == one->nlists);
+        CHECK(check_expansion(pl) == pl->nreceivers);
+        wsync_plan_encode(pl, &a);
+        CHECK_OK(wsync_plan_flatten(pl, &flat));
+        if (flat != NULL)
+            wsync_plan_encode_flat(pl, flat, pl->nsegments, &b);
+        CHECK_MSG(!a.err && !b.err && a.len == b.len && memcmp(a.data, b.data, a.len) == 0,
+                  "the plan's encoding (%zu bytes) differs from its flattened segments' (%zu)",
+                  a.len, b.len);
+        CHECK(a.len == pl->wire_bytes);
+        CHECK_OK(wsync_plan_decode(a.data, a.len, &q));
+        if (q != NULL && flat != NULL) {
+            wsync_segment_t *qf = NULL;
+            CHECK(q->fingerprint == pl->fingerprint && q->nlists == pl->nlists);
+            CHECK_OK(wsync_plan_flatten(q, &qf));
+            CHECK(qf != NULL && memcmp(qf, flat, (size_t)pl->nsegments * sizeof(*qf)) == 0);
+            CHECK(memcmp(q->pair_bytes, pl->pair_bytes,
+                         (size_t)S * pl->nreceivers * sizeof(*q->pair_bytes)) == 0);
+            free(qf);
+        }
+        free(flat);
+        wsync_wbuf_free(&a);
+        wsync_wbuf_free(&b);
+    }
+    wsync_plan_free(one);
+    wsync_plan_free(pl);
+    wsync_plan_free(q);
+    wsync_shard_descs_free(sd, nsh);
+    wsync_target_descs_free(td, ntd * K);
+    group_free(&g);
+}
+
 /* One receiver taking the same bytes twice (two targets fed from one region, e.g. a tied weight
  * kept in two places): one chunk, two segments on it, in target order. */
 static void same_chunk_twice(void)
@@ -659,6 +737,7 @@ int main(void)
     RUN(deepseek_v3_plans);
     RUN(order_independent);
     RUN(replicated_receivers);
+    RUN(engine_replicas);
     RUN(same_chunk_twice);
     RUN(segment_limit);
     RUN(many_params);
