@@ -65,21 +65,22 @@ void wsync_expander_free(wsync_expander_t *x)
     memset(x, 0, sizeof(*x));
 }
 
-/* Stable LSD radix sort of m items by chunk, `passes` passes; returns the sorted array. */
-static wsync_xitem_t *xradix(wsync_xitem_t *a, wsync_xitem_t *tmp, size_t m, unsigned passes)
+/* Stable LSD radix sort of m items by chunk, `passes` passes of XRADIX_BITS, the digits'
+ * counts given (cnt[d][v + 1]: items whose digit d is v, counted as the items were made);
+ * returns the sorted array (a or tmp). */
+static wsync_xitem_t *xradix(wsync_xitem_t *a, wsync_xitem_t *tmp, size_t m, unsigned passes,
+                             uint32_t (*cnt)[(1u << XRADIX_BITS) + 1])
 {
+    const uint32_t mask = (1u << XRADIX_BITS) - 1;
+
     for (unsigned p = 0; p < passes; p++) {
-        uint32_t cnt[(1u << XRADIX_BITS) + 1];
         unsigned shift = XRADIX_BITS * p;
-        uint32_t mask = (1u << XRADIX_BITS) - 1;
+        uint32_t *c = cnt[p];
         wsync_xitem_t *t;
-        memset(cnt, 0, sizeof(cnt));
-        for (size_t i = 0; i < m; i++)
-            cnt[((a[i].chunk >> shift) & mask) + 1]++;
         for (uint32_t d = 0; d < mask + 1; d++)
-            cnt[d + 1] += cnt[d];
+            c[d + 1] += c[d];
         for (size_t i = 0; i < m; i++)
-            tmp[cnt[(a[i].chunk >> shift) & mask]++] = a[i];
+            tmp[c[(a[i].chunk >> shift) & mask]++] = a[i];
         t = a;
         a = tmp;
         tmp = t;
@@ -94,6 +95,8 @@ wsync_status_t wsync_plan_expand(const wsync_plan_t *p, uint32_t r, wsync_expand
     int sorted = 1;
     const wsync_xitem_t *s;
     unsigned passes = 1;
+    uint32_t cnt[3][(1u << XRADIX_BITS) + 1];
+    const uint32_t mask = (1u << XRADIX_BITS) - 1;
 
     if (n > x->cap) {
         wsync_xitem_t *a = realloc(x->a, n * sizeof(*a)), *t;
@@ -106,23 +109,26 @@ wsync_status_t wsync_plan_expand(const wsync_plan_t *p, uint32_t r, wsync_expand
         x->tmp = t;
         x->cap = n;
     }
+    while (passes < 3 && ((uint64_t)p->nchunks >> (XRADIX_BITS * passes)) != 0)
+        passes++;
+    memset(cnt, 0, sizeof(cnt));
     /* references are in target order and each list in (chunk, piece, off) order, so a stable
-     * sort by chunk gives (chunk, target, piece, off) */
+     * sort by chunk gives (chunk, target, piece, off); the sort's digits counted here */
     for (uint32_t k = p->ref0[r]; k < p->ref0[r + 1]; k++) {
         const wsync_plan_ref_t *rf = &p->refs[k];
         for (uint32_t i = p->list0[rf->list]; i < p->list0[rf->list + 1]; i++, m++) {
-            x->a[m].chunk = p->lsegs[i].chunk;
+            uint32_t c = p->lsegs[i].chunk;
+            x->a[m].chunk = c;
             x->a[m].rec = i;
             x->a[m].target = rf->target;
-            sorted &= m == 0 || x->a[m - 1].chunk <= x->a[m].chunk;
+            for (unsigned d = 0; d < passes; d++)
+                cnt[d][((c >> (XRADIX_BITS * d)) & mask) + 1]++;
+            sorted &= m == 0 || x->a[m - 1].chunk <= c;
         }
     }
     s = x->a;
-    if (!sorted) {
-        while (passes < 3 && ((uint64_t)p->nchunks >> (XRADIX_BITS * passes)) != 0)
-            passes++;
-        s = xradix(x->a, x->tmp, m, passes);
-    }
+    if (!sorted)
+        s = xradix(x->a, x->tmp, m, passes, cnt);
     for (size_t i = 0; i < m; i++) {
         const wsync_list_seg_t *l = &p->lsegs[s[i].rec];
 #if defined(__GNUC__)
