@@ -1323,7 +1323,7 @@ static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
             return rc;
     }
     for (uint32_t i = st->lo; i < st->hi; i++) {
-        if (wsync_store_drx_done(st->drx, i) || plan->chunks[plan->segments[i].chunk].rule != 0)
+        if (wsync_store_drx_done(st->drx, i) || plan->chunks[r->m.segs[i].chunk].rule != 0)
             continue;
         const wsync_segment_t *sg = &r->m.segs[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];

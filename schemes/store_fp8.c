@@ -725,7 +725,7 @@ wsync_status_t wsync_store_frx_create(wsync_receiver_t *r, uint32_t lo, uint32_t
 
     *out = NULL;
     for (uint32_t i = lo; i < hi; i++)
-        n += plan->chunks[plan->segments[i].chunk].rule != 0;
+        n += plan->chunks[r->m.segs[i].chunk].rule != 0;
     if (n == 0)
         return WSYNC_OK;
     store_frx_t *f = calloc(1, sizeof(*f));
@@ -746,7 +746,7 @@ wsync_status_t wsync_store_frx_create(wsync_receiver_t *r, uint32_t lo, uint32_t
             wsync_wbuf_init(&b);
             wsync_put_u32(&b, 0);   /* the count, set below */
             for (; i < hi && k < per; i++) {
-                const wsync_segment_t *sg = &plan->segments[i];
+                const wsync_segment_t *sg = &r->m.segs[i];
                 const wsync_chunk_t *c = &plan->chunks[sg->chunk];
                 if (c->sender != s || c->rule == 0 || sg->chunk == prev)
                     continue;
@@ -834,7 +834,7 @@ static wsync_status_t finish_batch(wsync_receiver_t *r, store_frx_t *f, const ws
 
     for (uint32_t k = 0; k < f->nitems && rc == WSYNC_OK; k++) {
         const fitem_t *it = &f->items[k];
-        const wsync_segment_t *sg = &plan->segments[it->seg];
+        const wsync_segment_t *sg = &r->m.segs[it->seg];
         const wsync_target_desc_t *t = &r->targets[sg->target];
         wsync_chunk_t c = plan->chunks[sg->chunk];
         if (it->hash != 0) {
@@ -890,7 +890,7 @@ wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const w
     f->nsent = f->nlocal = 0;
     f->v = v;
     for (uint32_t i = f->lo; i < f->hi && rc == WSYNC_OK; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
+        const wsync_segment_t *sg = &r->m.segs[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
         if (c->rule == 0)
             continue;

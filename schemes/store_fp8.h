@@ -80,7 +80,7 @@ const store_fp8_row_t *wsync_store_fp8_find(const store_fp8_table_t *t, uint32_t
                                             const wsync_region_t *src, const wsync_wire_rule_t *rule,
                                             uint64_t *dr);
 
-/* Receiver setup: our segments are plan->segments[lo, hi). *out NULL when none of them is FP8;
+/* Receiver setup: our segments are r->m.segs[lo, hi). *out NULL when none of them is FP8;
  * else each sender we read FP8 chunks from is told their regions. */
 wsync_status_t wsync_store_frx_create(wsync_receiver_t *r, uint32_t lo, uint32_t hi,
                                       store_frx_t **out);
