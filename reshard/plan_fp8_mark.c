@@ -150,6 +150,13 @@ wsync_status_t wsync_plan_mark_wire(compile_t *c)
             return wsync_err(WSYNC_ERR_NOMEM, "plan: FP8 rules");
         }
     }
+    if (c->nrules == 0) {            /* no target may take FP8: every chunk travels plain,
+                                        without walking every target's segments again */
+        for (size_t j = 0; j < c->nlchunks; j++)
+            c->lchunks[j].rule = 0;
+        free(trule);
+        return WSYNC_OK;
+    }
     while (changed) {
         int dropped = tensor_closed(c, trule);
         if (dropped < 0) {
