@@ -336,7 +336,13 @@ typedef struct {
 typedef struct {
     wsync_xitem_t *a, *tmp;
     size_t cap;
+    uint32_t *lc;                    /* NULL, or every list record's chunk, side by side (what
+                                        the sort reads of each record; wsync_expander_index) */
 } wsync_expander_t;
+
+/* Copy every list record's chunk into x->lc: for an expander of many receivers, whose sort then
+ * reads 4 bytes a record instead of a 24-byte record's. -1 when out of memory. */
+int wsync_expander_index(wsync_expander_t *x, const wsync_plan_t *p);
 
 /* Receiver r's segments into out (room for p->rx_nsegs[r]), in the order wsync_plan_segments
  * gives them. */

@@ -58,10 +58,24 @@ void wsync_plan_cache_free(wsync_plan_t *p)
 
 #define XRADIX_BITS 11
 
+int wsync_expander_index(wsync_expander_t *x, const wsync_plan_t *p)
+{
+    size_t n = p->list0 != NULL ? p->list0[p->nlists] : 0;
+
+    free(x->lc);
+    x->lc = malloc((n ? n : 1) * sizeof(*x->lc));
+    if (x->lc == NULL)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        x->lc[i] = p->lsegs[i].chunk;
+    return 0;
+}
+
 void wsync_expander_free(wsync_expander_t *x)
 {
     free(x->a);
     free(x->tmp);
+    free(x->lc);
     memset(x, 0, sizeof(*x));
 }
 
@@ -117,7 +131,7 @@ wsync_status_t wsync_plan_expand(const wsync_plan_t *p, uint32_t r, wsync_expand
     for (uint32_t k = p->ref0[r]; k < p->ref0[r + 1]; k++) {
         const wsync_plan_ref_t *rf = &p->refs[k];
         for (uint32_t i = p->list0[rf->list]; i < p->list0[rf->list + 1]; i++, m++) {
-            uint32_t c = p->lsegs[i].chunk;
+            uint32_t c = x->lc != NULL ? x->lc[i] : p->lsegs[i].chunk;
             x->a[m].chunk = c;
             x->a[m].rec = i;
             x->a[m].target = rf->target;

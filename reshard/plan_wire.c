@@ -517,6 +517,8 @@ static int src_init(segsrc_t *s, const wsync_plan_t *p, const wsync_segment_t *f
         s->rec0 == NULL || s->side == NULL || s->twin == NULL ||
         find_classes(p, s->cls, s->twin) != 0)
         return -1;
+    if (wsync_expander_index(&s->x, p) != 0)
+        return -1;
     s->side->b = &s->recs;
     s->side->h = NULL;
     s->side->count_only = 0;
