@@ -1273,7 +1273,7 @@ typedef struct {
 static wsync_status_t plain_verified(void *arg, uint32_t i, uint8_t *dst)
 {
     store_vio_t *io = arg;
-    const wsync_chunk_t *c = &io->r->m.plan->chunks[io->r->m.plan->segments[i].chunk];
+    const wsync_chunk_t *c = &io->r->m.plan->chunks[io->r->m.segs[i].chunk];
     const wsync_dir_entry_t *en = &io->e[c->sender];
     const store_sums_t *x = &io->sums[c->sender];
     wsync_rma_rkey_t *key = NULL;

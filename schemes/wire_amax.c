@@ -42,7 +42,8 @@ void wsync_amax_sets_free(wsync_amax_sets_t *sets)
 wsync_status_t wsync_amax_sets_build(const wsync_plan_t *plan, wsync_amax_sets_t *out)
 {
     uint32_t nc = plan->nchunks, nr = plan->nreceivers, *up = NULL, *tmax = NULL, *first = NULL;
-    size_t *base = NULL, nslots = 0;
+    size_t *base = NULL, nslots = 0, cap = 0;
+    wsync_segment_t *segs = NULL;    /* one receiver's */
     wsync_amax_sets_t s = {0};
     wsync_status_t st = WSYNC_OK;
     int any = 0;
@@ -63,10 +64,16 @@ wsync_status_t wsync_amax_sets_build(const wsync_plan_t *plan, wsync_amax_sets_t
      * of each such target's first chunk (targets numbered per receiver) */
     for (uint32_t c = 0; c < nc; c++)
         up[c] = c;
-    for (uint32_t i = 0; i < plan->nsegments; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
-        if (tensor_chunk(plan, sg->chunk) && sg->receiver < nr && sg->target + 1 > tmax[sg->receiver])
-            tmax[sg->receiver] = sg->target + 1;
+    /* every receiver's segments, one receiver at a time (the plan holds them as lists) */
+    for (uint32_t r = 0; r < nr; r++) {
+        uint32_t n = 0;
+        if (wsync_plan_segments_into(plan, r, &segs, &cap, &n) != WSYNC_OK)
+            goto nomem;
+        for (uint32_t i = 0; i < n; i++) {
+            const wsync_segment_t *sg = &segs[i];
+            if (tensor_chunk(plan, sg->chunk) && sg->target + 1 > tmax[r])
+                tmax[r] = sg->target + 1;
+        }
     }
     for (uint32_t r = 0; r < nr; r++) {
         base[r] = nslots;
@@ -77,18 +84,23 @@ wsync_status_t wsync_amax_sets_build(const wsync_plan_t *plan, wsync_amax_sets_t
         goto nomem;
     for (size_t k = 0; k < nslots; k++)
         first[k] = WSYNC_AMAX_NONE;
-    for (uint32_t i = 0; i < plan->nsegments; i++) {
-        const wsync_segment_t *sg = &plan->segments[i];
-        uint32_t *f;
-        if (!tensor_chunk(plan, sg->chunk) || sg->receiver >= nr)
-            continue;
-        f = &first[base[sg->receiver] + sg->target];
-        if (*f == WSYNC_AMAX_NONE) {
-            *f = sg->chunk;
-        } else {
-            uint32_t a = uf_find(up, *f), b = uf_find(up, sg->chunk);
-            if (a != b)
-                up[b] = a;
+    for (uint32_t r = 0; r < nr; r++) {
+        uint32_t n = 0;
+        if (wsync_plan_segments_into(plan, r, &segs, &cap, &n) != WSYNC_OK)
+            goto nomem;
+        for (uint32_t i = 0; i < n; i++) {
+            const wsync_segment_t *sg = &segs[i];
+            uint32_t *f;
+            if (!tensor_chunk(plan, sg->chunk))
+                continue;
+            f = &first[base[r] + sg->target];
+            if (*f == WSYNC_AMAX_NONE) {
+                *f = sg->chunk;
+            } else {
+                uint32_t a = uf_find(up, *f), b = uf_find(up, sg->chunk);
+                if (a != b)
+                    up[b] = a;
+            }
         }
     }
     /* sets numbered in order of their first chunk (the root's entry is its set's number from
@@ -111,10 +123,17 @@ wsync_status_t wsync_amax_sets_build(const wsync_plan_t *plan, wsync_amax_sets_t
         goto nomem;
     for (uint32_t k = 0; k < s.nsets; k++)
         s.first_seg[k] = UINT32_MAX;
-    for (uint32_t i = 0; i < plan->nsegments; i++) {
-        uint32_t k = s.set[plan->segments[i].chunk];
-        if (k != WSYNC_AMAX_NONE && s.first_seg[k] == UINT32_MAX)
-            s.first_seg[k] = i;
+    /* numbered in the plan's order: every receiver's segments before the next one's */
+    for (uint32_t r = 0, at = 0; r < nr; r++) {
+        uint32_t n = 0;
+        if (wsync_plan_segments_into(plan, r, &segs, &cap, &n) != WSYNC_OK)
+            goto nomem;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t k = s.set[segs[i].chunk];
+            if (k != WSYNC_AMAX_NONE && s.first_seg[k] == UINT32_MAX)
+                s.first_seg[k] = at + i;
+        }
+        at += n;
     }
     *out = s;
     goto out;
@@ -126,6 +145,7 @@ out:
     free(tmax);
     free(base);
     free(first);
+    free(segs);
     return st;
 }
 

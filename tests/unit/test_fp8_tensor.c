@@ -85,10 +85,13 @@ static void test_marking(void)
         CHECK(sets.nsets == 2 && sets.holds[0] && sets.holds[1]);
         /* a set is one receiver's target here: two segments share a set exactly when they
          * go to one receiver */
-        for (uint32_t i = 0; i < p->nsegments && sets.set != NULL; i++)
+        wsync_segment_t *S = NULL;   /* every receiver's segments, flat */
+        CHECK_OK(wsync_plan_flatten(p, &S));
+        for (uint32_t i = 0; S != NULL && i < p->nsegments && sets.set != NULL; i++)
             for (uint32_t k = 0; k < p->nsegments; k++)
-                CHECK((sets.set[p->segments[i].chunk] == sets.set[p->segments[k].chunk]) ==
-                      (p->segments[i].receiver == p->segments[k].receiver));
+                CHECK((sets.set[S[i].chunk] == sets.set[S[k].chunk]) ==
+                      (S[i].receiver == S[k].receiver));
+        free(S);
         wsync_amax_sets_free(&sets);
         for (uint32_t r = 0; r < 2; r++)
             CHECK_OK(wsync_plan_check_receiver(p, r, &d.t[r], 1));
@@ -175,6 +178,8 @@ static void test_pack_equals_reference(void)
         CHECK(tensor_chunks(p) == p->nchunks);
         CHECK(small ? p->nchunks > 8 : p->nchunks == 4);
         CHECK_OK(wsync_amax_sets_build(p, &sets));
+        wsync_segment_t *S = NULL;   /* every receiver's segments, flat */
+        CHECK_OK(wsync_plan_flatten(p, &S));
         float agreed[2] = {0, 0}, own[2][2] = {{0, 0}, {0, 0}};
         for (uint32_t i = 0; i < p->nchunks; i++) {
             const wsync_chunk_t *ch = &p->chunks[i];
@@ -203,8 +208,8 @@ static void test_pack_equals_reference(void)
             const uint16_t *shard = w + (ch->sender ? CUT * C : 0);
             memset(bucket, 0xCD, p->bucket_bytes);
             CHECK_OK(wsync_exec_pack_wire_amax(p, ch, "w", shard, agreed[sets.set[i]], bucket));
-            for (uint32_t k = 0; k < p->nsegments; k++) {
-                const wsync_segment_t *sg = &p->segments[k];
+            for (uint32_t k = 0; S != NULL && k < p->nsegments; k++) {
+                const wsync_segment_t *sg = &S[k];
                 if (sg->chunk == i)
                     CHECK_OK(wsync_exec_unpack_wire(p, sg, ch, bucket, &d.t[sg->receiver],
                                                     codes[sg->receiver], scales[sg->receiver]));
@@ -232,6 +237,7 @@ static void test_pack_equals_reference(void)
             free(codes[r]);
         }
         free(bucket);
+        free(S);
         wsync_amax_sets_free(&sets);
         wsync_plan_free(p);
     }
