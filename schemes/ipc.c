@@ -572,6 +572,20 @@ static wsync_status_t ipc_sender_push(wsync_sender_t *s, uint64_t version)
 
 /* ---- receiver ---------------------------------------------------------------------------------- */
 
+/* Wait (each with the deadline) for every sender's streams, the second one included: nothing
+ * of ours may run on them once a failed version returns or the imports close. */
+static void sync_sender_streams(wsync_receiver_t *r, ipc_receiver_t *st, const char *what)
+{
+    for (uint32_t s = 0; s < st->nsenders; s++) {
+        void *streams[2] = {st->from[s].stream, st->from[s].stream2};
+        for (int i = 0; i < 2; i++)
+            if (streams[i] != NULL &&
+                wsync_dev_stream_sync(streams[i], wsync_deadline_in(r->m.timeout_ms), what) !=
+                    WSYNC_OK)
+                WSYNC_LOG_W("ipc: receiver %d: %s", r->m.rank, wsync_last_error());
+    }
+}
+
 static void ipc_receiver_teardown(wsync_receiver_t *r)
 {
     ipc_receiver_t *st = r->m.scheme_state;
@@ -592,11 +606,7 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
             wsync_dev_stream_sync(st->stream, wsync_deadline_in(r->m.timeout_ms),
                                   "ipc receiver teardown") != WSYNC_OK)
             WSYNC_LOG_W("ipc: receiver %d: %s", r->m.rank, wsync_last_error());
-        for (uint32_t s = 0; s < st->nsenders; s++)
-            if (st->from[s].stream != NULL &&
-                wsync_dev_stream_sync(st->from[s].stream, wsync_deadline_in(r->m.timeout_ms),
-                                      "ipc receiver teardown") != WSYNC_OK)
-                WSYNC_LOG_W("ipc: receiver %d: %s", r->m.rank, wsync_last_error());
+        sync_sender_streams(r, st, "ipc receiver teardown");
     }
     for (uint32_t s = 0; s < st->nsenders; s++) {
         ipc_from_t *f = &st->from[s];
@@ -941,11 +951,7 @@ static wsync_status_t ipc_receiver_recv(wsync_receiver_t *r, uint64_t version)
         if (wsync_dev_stream_sync(st->stream, wsync_deadline_in(r->m.timeout_ms),
                                   "ipc: copies after a failed version") != WSYNC_OK)
             WSYNC_LOG_W("ipc: receiver %d: %s", r->m.rank, wsync_last_error());
-        for (uint32_t s = 0; s < st->nsenders; s++)
-            if (st->from[s].stream != NULL &&
-                wsync_dev_stream_sync(st->from[s].stream, wsync_deadline_in(r->m.timeout_ms),
-                                      "ipc: copies after a failed version") != WSYNC_OK)
-                WSYNC_LOG_W("ipc: receiver %d: %s", r->m.rank, wsync_last_error());
+        sync_sender_streams(r, st, "ipc: copies after a failed version");
         wsync_err_set_text(rc, text);
     }
     wsync_dev_leave(r->device, saved);

@@ -138,15 +138,17 @@ static wsync_status_t finish_bucket(wsync_receiver_t *r, ipc_receiver_t *st, uin
     }
     case WSYNC_FAULT_CORRUPT: {   /* in the target, in the first row the bucket filled */
         /* a segment of a quantization run holds its FP8 codes in the target once the run has
-         * launched (its last bucket is this one or earlier); before that, nothing to corrupt */
+         * finished: surely so when its last bucket is this one (launched before this bucket's
+         * event, on its stream); a run launched after an earlier bucket may still run on the
+         * other stream (WSYNC_IPC_STREAMS), and a later one has not started: skip those */
         uint32_t i = f->seg_start[k], run = 0;
         while (i < f->seg_start[k + 1] && st->seg_run != NULL && (run = st->seg_run[i]) != 0 &&
-               st->qrun_last[run - 1] > k)
+               st->qrun_last[run - 1] != k)
             i++;
         if (i == f->seg_start[k + 1]) {
             WSYNC_LOG_W("ipc: receiver %d: fault recv.unpack:corrupt injected nothing: bucket %u "
-                        "of sender %u only feeds quantization runs not launched yet", r->m.rank,
-                        k, s);
+                        "of sender %u only feeds quantization runs that end in other buckets",
+                        r->m.rank, k, s);
             break;
         }
         const wsync_segment_t *sg = &r->m.segs[i];
