@@ -1,6 +1,7 @@
 #include "core/wire.h"
 
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 void wsync_wbuf_init(wsync_wbuf_t *b)
@@ -19,6 +20,10 @@ void wsync_put_bytes(wsync_wbuf_t *b, const void *p, size_t n)
     if (b->err || n == 0)
         return;
     if (b->len + n > b->cap) {
+        /* p may point into the buffer itself (a copy of bytes written earlier, as the plan's
+         * encoder makes of a replica's records): keep its offset across the realloc */
+        uintptr_t at = (uintptr_t)p, base = (uintptr_t)b->data;
+        int inside = b->data != NULL && at >= base && at < base + b->len;
         size_t cap = b->cap ? b->cap : 256;
         uint8_t *d;
 
@@ -31,6 +36,8 @@ void wsync_put_bytes(wsync_wbuf_t *b, const void *p, size_t n)
         }
         b->data = d;
         b->cap = cap;
+        if (inside)
+            p = d + (at - base);
     }
     memcpy(b->data + b->len, p, n);
     b->len += n;
