@@ -337,6 +337,11 @@ static int sender_main(void *arg)
                 break;
             usleep(2000);
         }
+        /* the readers sent their FP8 chunks at setup, through the coordinator's relay: on a
+         * loaded machine a reader may have fetched version 1 before its relay reached us, and
+         * version 2 would then go plain (CI saw it once); give the relays time to land */
+        if (g->store != NULL && g->fp8_wire && v == g->first)
+            usleep(500000);
     }
     if (s == 0 && wsync_sender_explain(snd) != NULL)
         g->res->explain_wire = strstr(wsync_sender_explain(snd), "FP8 on the wire:") != NULL;
