@@ -73,8 +73,9 @@ static void entry(wsync_dir_entry_t *e, struct wsync_dir_region *rg, struct wsyn
     e->shards = sh;
 }
 
-static wsync_status_t decode(const trow_t *rows, uint32_t n, uint32_t row_bytes,
-                             store_fp8_table_t *t)
+/* The table of rows[0, n) as sender 3's entry() holds it, decoded; its count said as `said`. */
+static wsync_status_t decode_said(const trow_t *rows, uint32_t n, uint32_t said,
+                                  uint32_t row_bytes, store_fp8_table_t *t)
 {
     wsync_dir_entry_t e;
     struct wsync_dir_region rg;
@@ -85,10 +86,18 @@ static wsync_status_t decode(const trow_t *rows, uint32_t n, uint32_t row_bytes,
     entry(&e, &rg, sh);
     wsync_wbuf_init(&b);
     put_table(&b, rows, n, row_bytes);
+    for (int i = 0; i < 4 && !b.err; i++)   /* the count in place, little-endian */
+        b.data[i] = (uint8_t)(said >> (8 * i));
     wsync_rbuf_init(&rb, b.data, b.len);
     wsync_status_t st = wsync_store_fp8_table_decode(&rb, 3, &e, t);
     wsync_wbuf_free(&b);
     return st;
+}
+
+static wsync_status_t decode(const trow_t *rows, uint32_t n, uint32_t row_bytes,
+                             store_fp8_table_t *t)
+{
+    return decode_said(rows, n, n, row_bytes, t);
 }
 
 /* shard 0 [256, 512] bf16: a 128 x 128 region of its left half's 256 rows, and two channel
@@ -204,18 +213,8 @@ static void case_malformed(void)
     refused(&r, STORE_FP8_ROW, "a shard the entry does not have");
 
     /* more rows said than the bytes hold */
-    wsync_dir_entry_t e;
-    struct wsync_dir_region rg;
-    struct wsync_dir_shard sh[2];
-    wsync_wbuf_t b;
-    wsync_rbuf_t rb;
-    entry(&e, &rg, sh);
-    wsync_wbuf_init(&b);
-    put_table(&b, rows5, 2, STORE_FP8_ROW);
-    b.data[0] = 3;   /* n = 3 */
-    wsync_rbuf_init(&rb, b.data, b.len);
-    CHECK_ST(wsync_store_fp8_table_decode(&rb, 3, &e, &t), WSYNC_ERR_PROTOCOL);
-    wsync_wbuf_free(&b);
+    CHECK_ST(decode_said(rows5, 2, 3, STORE_FP8_ROW, &t), WSYNC_ERR_PROTOCOL);
+    CHECK_ERR_HAS("sender 3");
 }
 
 int main(void)
