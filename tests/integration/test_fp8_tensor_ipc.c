@@ -40,19 +40,10 @@
 enum { P_O, P_LM, NPARAMS };
 enum { T_O, T_LM, NTARGETS };
 
-static const struct {
-    const char *name;
-    int64_t rows, cols;
-} params[NPARAMS] = {
+static const fg_pspec_t params[NPARAMS] = {
     {"model.layers.0.self_attn.o_proj.weight", 256, 256},
     {"lm_head.weight", 192, 128},
 };
-
-/* FSDP rows of sender s: [lo, hi). */
-static void fsdp_rows(int p, int s, int64_t *lo, int64_t *hi)
-{
-    fg_fsdp_rows(params[p].rows, s, NSENDERS, lo, hi);
-}
 
 /* Element (i, j) of param p in version v as bf16 bits: o's second half of rows (sender 1's) and
  * lm's first half (sender 0's) are 8 x larger, so that the senders' amaxes differ either way. */
@@ -131,24 +122,13 @@ static int sender_main(void *arg)
     const fg_member_t *m = arg;
     const group_t *g = m->group;
     int s = m->rank;
-    wsync_ctx_t *ctx = NULL;
-    wsync_sender_t *snd = NULL;
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
-    uint16_t *data[NPARAMS] = {0};
+    fg_sender_t fs;
 
-    CHECK_OK(wsync_ctx_create(NULL, &ctx));
     fg_sender_params(&sp, m, BUCKET, TIMEOUT_MS, g->store, 1);
     sp.fp8_wire = g->fp8_wire;
-    CHECK_OK(wsync_sender_create(ctx, &sp, &snd));
-    if (snd == NULL)
+    if (fg_sender_open(&fs, m, &sp, params, NPARAMS, value_bf16) != 0)
         return 1;
-    for (int p = 0; p < NPARAMS; p++) {
-        int64_t lo, hi;
-        fsdp_rows(p, s, &lo, &hi);
-        data[p] = fg_add_rows(snd, to_param(p), lo, hi);
-        if (data[p] == NULL)
-            return 1;
-    }
     for (uint64_t v = 1; v <= g->last; v++) {
         wsync_status_t st;
         long long t0;
@@ -156,17 +136,11 @@ static int sender_main(void *arg)
             usleep(300000);   /* sender 0 is waiting for our amax by now */
             _exit(0);
         }
-        for (int p = 0; p < NPARAMS; p++) {
-            int64_t lo, hi;
-            fsdp_rows(p, s, &lo, &hi);
-            for (int64_t i = lo; i < hi; i++)
-                for (int64_t j = 0; j < params[p].cols; j++)
-                    data[p][(i - lo) * params[p].cols + j] = value_bf16(p, i, j, v);
-        }
+        fg_sender_fill(&fs, v);
         if (s == 1 && v == (uint64_t)g->nan_version)   /* o's row 130 (its row 2), column 7 */
-            data[P_O][2 * params[P_O].cols + 7] = 0x7fc0;
+            fs.data[P_O][2 * params[P_O].cols + 7] = 0x7fc0;
         t0 = proc_now_ms();
-        st = wsync_sender_push(snd, v);
+        st = wsync_sender_push(fs.snd, v);
         if (st != WSYNC_OK) {
             g->res->status[s] = (int)st;
             snprintf(g->res->text[s], sizeof(g->res->text[s]), "%s", wsync_last_error());
@@ -175,25 +149,16 @@ static int sender_main(void *arg)
             break;
         }
         wsync_push_stats_t stats;
-        CHECK_OK(wsync_sender_stats(snd, &stats));
+        CHECK_OK(wsync_sender_stats(fs.snd, &stats));
         g->res->delivered[s] = stats.bytes_delivered;
-        for (long long until = proc_now_ms() + TIMEOUT_MS;
-             g->store != NULL && __atomic_load_n(&g->res->fetched[v], __ATOMIC_ACQUIRE) < NRECV &&
-             proc_now_ms() < until;)
-            usleep(2000);
+        CHECK_MSG(g->store == NULL || fg_wait_count(&g->res->fetched[v], NRECV, TIMEOUT_MS),
+                  "sender %d: the readers did not fetch version %llu", s, (unsigned long long)v);
     }
-    if (s == 0 && wsync_sender_explain(snd) != NULL) {
-        const char *e = wsync_sender_explain(snd);
-        g->res->explain_tensor = strstr(e, "per-tensor targets too") != NULL;
-        g->res->explain_plain = strstr(e, "per-tensor targets plain") != NULL;
+    if (s == 0) {
+        g->res->explain_tensor = fg_explains(fs.snd, "per-tensor targets too");
+        g->res->explain_plain = fg_explains(fs.snd, "per-tensor targets plain");
     }
-    if (s == 0 && (g->nan_version || g->die_version))
-        usleep(1000000);   /* the coordinator stays while the others hear why */
-    wsync_sender_free(snd);
-    for (int p = 0; p < NPARAMS; p++)
-        free(data[p]);
-    wsync_ctx_free(ctx);
-    return check_failures ? 1 : 0;
+    return fg_sender_close(&fs, g->nan_version || g->die_version);
 }
 
 static int receiver_main(void *arg)
@@ -202,28 +167,20 @@ static int receiver_main(void *arg)
     const group_t *g = m->group;
     int r = m->rank;
     wsync_ctx_t *ctx = NULL;
-    wsync_receiver_t *rv = NULL;
+    wsync_receiver_t *rv;
     wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
     tspec_t ts[NTARGETS];
-    uint8_t *buf[NTARGETS], *want[NTARGETS];
-    float scale[NTARGETS][2], want_scale[NTARGETS];
+    fg_target_t ft[NTARGETS];
 
     make_targets(r % TP, ts);
-    CHECK_OK(wsync_ctx_create(NULL, &ctx));
     fg_receiver_params(&rp, m, TIMEOUT_MS);
-    CHECK_OK(wsync_receiver_create(ctx, &rp, &rv));
-    if (rv == NULL)
+    if ((rv = fg_receiver_open(&rp, &ctx)) == NULL)
         return 1;
     for (int i = 0; i < NTARGETS; i++) {
-        size_t n = (size_t)(ts[i].rows * ts[i].cols);
-        buf[i] = malloc(n);
-        want[i] = malloc(n);
-        memset(buf[i], 0xAB, n);   /* poison: stale bytes cannot pass */
-        scale[i][0] = scale[i][1] = -1.0f;
-        wsync_target_t wt = {ts[i].name, WSYNC_DTYPE_F8E4M3FN, 2, {ts[i].rows, ts[i].cols},
-                             buf[i], WSYNC_MEM_HOST, 0, &ts[i].piece, 1, tensor_q};
-        wt.quant.scales = scale[i];
-        CHECK_OK(wsync_receiver_add_target(rv, &wt));
+        wsync_target_t wt = {ts[i].name, WSYNC_DTYPE_F8E4M3FN, 2, {ts[i].rows, ts[i].cols}, NULL,
+                             WSYNC_MEM_HOST, 0, &ts[i].piece, 1, tensor_q};
+        if (fg_target_add(&ft[i], rv, wt) != 0)
+            return fg_receiver_close(rv, ctx, ft, i + 1, NULL);
     }
     for (uint64_t v = 1; v <= g->last; v++) {
         uint64_t got = 0;
@@ -238,35 +195,20 @@ static int receiver_main(void *arg)
         if (st != WSYNC_OK)
             break;
         for (int i = 0; i < NTARGETS; i++) {
-            size_t n = (size_t)(ts[i].rows * ts[i].cols);
-            reference(&ts[i], i == T_O ? P_O : P_LM, v, want[i], &want_scale[i]);
-            fg_check_target(r, v, ts[i].name, buf[i], want[i], n, scale[i], &want_scale[i], 1);
-            CHECK_MSG(scale[i][1] == -1.0f, "receiver %d version %llu target %s: a second scale "
-                      "(%a) written past its one", r, (unsigned long long)v, ts[i].name,
-                      (double)scale[i][1]);
-            g->res->hash[r][i] = XXH3_64bits(buf[i], n) ^ XXH3_64bits(scale[i], 4);
+            reference(&ts[i], i == T_O ? P_O : P_LM, v, ft[i].want, ft[i].want_scales);
+            fg_target_check(&ft[i], r, v);
+            g->res->hash[r][i] = XXH3_64bits(ft[i].buf, ft[i].bytes) ^
+                                 XXH3_64bits(ft[i].scales, sizeof(float));
         }
         __atomic_add_fetch(&g->res->fetched[v], 1, __ATOMIC_RELEASE);
     }
-    g->res->version[r] = wsync_receiver_version(rv);
-    wsync_receiver_free(rv);
-    wsync_ctx_free(ctx);
-    for (int i = 0; i < NTARGETS; i++) {
-        free(buf[i]);
-        free(want[i]);
-    }
-    return check_failures ? 1 : 0;
+    return fg_receiver_close(rv, ctx, ft, NTARGETS, &g->res->version[r]);
 }
 
 static void run_group(group_t g)
 {
     memset(g.res, 0, sizeof(*g.res));
     fg_run_group(&g, NSENDERS, sender_main, NRECV, receiver_main);
-}
-
-static results_t *shared_results(void)
-{
-    return fg_shared(sizeof(results_t));
 }
 
 /* The test can fail: a scale from either sender's rows alone is not the target's. */
@@ -304,7 +246,7 @@ static uint64_t expected_delivered(int wire)
 
 static void case_ipc_on_equals_off(void)
 {
-    results_t *res = shared_results();
+    results_t *res = fg_shared(sizeof(results_t));
     uint64_t on[NRECV][NTARGETS];
 
     if (res == NULL)
@@ -335,41 +277,48 @@ static void case_ipc_on_equals_off(void)
     munmap(res, sizeof(*res));
 }
 
+/* A group that fails at version 2 (g's nan_version or die_version): sender 0's push fails and
+ * every receiver keeps version 1. The results, for the case's own checks (munmap them); NULL if
+ * there is no shared memory. */
+static results_t *run_failing(group_t g)
+{
+    g.res = fg_shared(sizeof(results_t));
+    if (g.res == NULL)
+        return NULL;
+    run_group(g);
+    CHECK(g.res->status[0] != WSYNC_OK);
+    for (int r = 0; r < NRECV; r++)
+        CHECK_MSG(g.res->version[r] == 1, "receiver %d holds version %llu", r,
+                  (unsigned long long)g.res->version[r]);
+    return g.res;
+}
+
 static void case_nan_refused(void)
 {
-    results_t *res = shared_results();
+    results_t *res = run_failing((group_t){.fp8_wire = 1, .last = 2, .nan_version = 2});
 
     if (res == NULL)
         return;
-    run_group((group_t){.fp8_wire = 1, .last = 2, .nan_version = 2, .res = res});
     printf("sender 1: %s: %s\n", wsync_status_name((wsync_status_t)res->status[1]), res->text[1]);
     printf("sender 0: %s: %s\n", wsync_status_name((wsync_status_t)res->status[0]), res->text[0]);
     CHECK(res->status[1] == WSYNC_ERR_NONFINITE);
     CHECK(strstr(res->text[1], params[P_O].name) != NULL);
     CHECK(strstr(res->text[1], "sender 1") != NULL);
     CHECK(strstr(res->text[1], "NaN at row 2, column 7") != NULL);
-    CHECK(res->status[0] != WSYNC_OK);
-    for (int r = 0; r < NRECV; r++)
-        CHECK_MSG(res->version[r] == 1, "receiver %d holds version %llu", r,
-                  (unsigned long long)res->version[r]);
     munmap(res, sizeof(*res));
 }
 
 static void case_sender_lost(void)
 {
-    results_t *res = shared_results();
+    results_t *res = run_failing((group_t){.fp8_wire = 1, .last = 2, .die_version = 2});
 
     if (res == NULL)
         return;
-    run_group((group_t){.fp8_wire = 1, .last = 2, .die_version = 2, .res = res});
     fflush(stdout);
     printf("sender 0 after %lld ms: %s: %s\n", res->fail_ms,
            wsync_status_name((wsync_status_t)res->status[0]), res->text[0]);
-    CHECK(res->status[0] != WSYNC_OK);
     CHECK(strstr(res->text[0], "sender 1") != NULL);
     CHECK_MSG(res->fail_ms < TIMEOUT_MS, "sender 0 failed after %lld ms", res->fail_ms);
-    for (int r = 0; r < NRECV; r++)
-        CHECK(res->version[r] == 1);
     munmap(res, sizeof(*res));
 }
 
@@ -377,7 +326,7 @@ static void case_sender_lost(void)
 static void case_store_plain(void)
 {
     const char *t = test_have_transport("ucx") ? "ucx" : test_have_transport("ofi") ? "ofi" : NULL;
-    results_t *res = t != NULL ? shared_results() : NULL;
+    results_t *res = t != NULL ? fg_shared(sizeof(results_t)) : NULL;
 
     if (res == NULL)
         return;

@@ -28,15 +28,18 @@
  *  - a NaN in sender 1's q_proj in version 2: refused by sender 1 (NONFINITE naming the param,
  *    itself and the element), every reader keeps version 1. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "core/loop.h"
+#include "core/objects.h"
+#include "core/proto.h"
 #include "reshard/fp8.h"
 #include "tests/support/check.h"
 #include "tests/support/fp8_groups.h"
@@ -50,16 +53,11 @@
 #define NRECV 3      /* TP ranks 0, 1 and a replica of rank 0: one slot read by two */
 #define BUCKET (96 * 1024)   /* several buckets: chunks split at cell rows */
 
-typedef struct {
-    const char *name;
-    int64_t rows, cols;              /* cols 0: 1-D of `rows` elements */
-} pspec_t;
-
 /* the embedding first: sender 1's chunks for receiver 0 (embedding, lm_head, o_proj) all come
  * before its last FP8 one (up_proj, receiver 1's) */
 enum { P_EMBED, P_NORM, P_LM, P_Q, P_K, P_V, P_O, P_GATE, P_UP, NPARAMS };
 
-static const pspec_t params[NPARAMS] = {
+static const fg_pspec_t params[NPARAMS] = {   /* cols 0: 1-D */
     {"model.embed_tokens.weight", 300, 256},   /* FSDP-2 splits it at row 150: inside a cell */
     {"model.norm.weight", 256, 0},
     {"lm_head.weight", 256, 256},              /* a per-tensor scale: plain, quantized by its
@@ -86,18 +84,12 @@ static uint16_t value_bf16(int p, int64_t i, int64_t j, uint64_t v)
     return fg_f32_bf16(((float)(h >> 40) / 16777216.0f - 0.5f) * ldexpf(1.0f, e));
 }
 
-static int64_t prows(int p) { return params[p].rows; }
 static int64_t pcols(int p) { return params[p].cols ? params[p].cols : 1; }
 
 /* FSDP rows of sender s: [lo, hi); 1-D params whole on sender 0. */
 static void fsdp_rows(int p, int s, int64_t *lo, int64_t *hi)
 {
-    if (params[p].cols == 0) {
-        *lo = 0;
-        *hi = s == 0 ? params[p].rows : 0;
-        return;
-    }
-    fg_fsdp_rows(prows(p), s, NSENDERS, lo, hi);
+    fg_param_rows(&params[p], s, NSENDERS, lo, hi);
 }
 
 static wsync_param_t to_param(int p)
@@ -160,19 +152,6 @@ static void make_targets(int r, tspec_t t[NTARGETS])
 
 static int is_fp8(const tspec_t *t) { return t->dtype == WSYNC_DTYPE_F8E4M3FN; }
 static int64_t tcols(const tspec_t *t) { return t->cols ? t->cols : 1; }
-
-static size_t target_bytes(const tspec_t *t)
-{
-    return (size_t)(t->rows * tcols(t)) * wsync_dtype_size(t->dtype);
-}
-
-static size_t scale_count(const tspec_t *t)
-{
-    int64_t sr = 0, sc = 0;
-    if (!is_fp8(t) || wsync_quant_scales_shape(&t->quant, t->rows, tcols(t), &sr, &sc) != WSYNC_OK)
-        return 0;
-    return (size_t)(sr * sc);
-}
 
 /* What target t must hold after version v, computed here: its bf16 bytes, or the codes and
  * scales wsync_quantize_f32 makes of the whole target assembled from the full params. */
@@ -240,13 +219,6 @@ typedef struct {
                                         get of version 2 (0: none) */
 } group_t;
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* A member's word on version v where the group must refuse it (a flipped bit, or a NaN that
  * another member met): it failed, naming the NaN's param. 1: a refused version, the member
  * stops; 0: a good version. */
@@ -266,45 +238,51 @@ static int refused_version(const fg_member_t *m, uint64_t v, wsync_status_t st, 
     return 0;
 }
 
+/* The readers whose FP8 chunks sender snd has heard of: their relays through the coordinator
+ * (SCHEME_RELAY from a receiver: with delta versions off, a store reader sends its senders
+ * nothing else), queued in its inbox, where its next publish takes them all
+ * (schemes/store_fp8.c). */
+static int readers_heard(wsync_sender_t *snd)
+{
+    wsync_inbox_t *in = &snd->m.inbox;
+    uint64_t seen = 0;
+
+    pthread_mutex_lock(&in->mu);
+    for (const wsync_msg_t *x = in->head; x != NULL; x = x->next) {
+        wsync_relay_t rl;
+        if (x->type == WSYNC_MSG_SCHEME_RELAY &&
+            wsync_relay_decode(x->payload, x->len, x->type, &rl) == WSYNC_OK &&
+            rl.role == WSYNC_ROLE_RECEIVER && rl.rank < 64)
+            seen |= 1ull << rl.rank;
+    }
+    pthread_mutex_unlock(&in->mu);
+    return __builtin_popcountll(seen);
+}
+
 static int sender_main(void *arg)
 {
     const fg_member_t *m = arg;
     const group_t *g = m->group;
     int s = m->rank;
-    wsync_ctx_t *ctx = NULL;
-    wsync_sender_t *snd = NULL;
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
-    uint16_t *data[NPARAMS] = {0};
+    fg_sender_t fs;
     wsync_status_t st = WSYNC_OK;
 
     if (g->verify)
         setenv("WSYNC_VERIFY", "1", 1);
     if (g->corrupt && s == 1)
         setenv("WSYNC_FAULT", "push.bucket:corrupt@2", 1);
-    CHECK_OK(wsync_ctx_create(NULL, &ctx));
     fg_sender_params(&sp, m, BUCKET, TIMEOUT_MS, g->store, !g->in_place);
     sp.fp8_wire = g->fp8_wire;
-    CHECK_OK(wsync_sender_create(ctx, &sp, &snd));
-    if (snd == NULL)
+    /* data[P_NORM] NULL on sender 1: no rows of it */
+    if (fg_sender_open(&fs, m, &sp, params, NPARAMS, value_bf16) != 0)
         return 1;
-    for (int p = 0; p < NPARAMS; p++) {
-        int64_t lo, hi;
-        fsdp_rows(p, s, &lo, &hi);
-        data[p] = fg_add_rows(snd, to_param(p), lo, hi);   /* NULL: sender 1 has no norm */
-    }
     for (uint64_t v = g->first; v <= g->last; v++) {
-        for (int p = 0; p < NPARAMS; p++) {
-            int64_t lo, hi;
-            fsdp_rows(p, s, &lo, &hi);
-            for (int64_t i = lo; i < hi && data[p] != NULL; i++)
-                for (int64_t j = 0; j < pcols(p); j++)
-                    data[p][(i - lo) * pcols(p) + j] =
-                        params[p].cols ? value_bf16(p, i, j, v) : value_bf16(p, 0, i, v);
-        }
+        fg_sender_fill(&fs, v);
         int nan_here = v == (uint64_t)g->nan_version && s == 1;
         if (nan_here)   /* e.g. q_proj row 259 (its row 3), column 5 */
-            data[g->nan_param][3 * pcols(g->nan_param) + 5] = 0x7fc0;
-        st = wsync_sender_push(snd, v);
+            fs.data[g->nan_param][3 * pcols(g->nan_param) + 5] = 0x7fc0;
+        st = wsync_sender_push(fs.snd, v);
         if (nan_here) {
             CHECK_MSG(st == WSYNC_ERR_NONFINITE, "push of version %llu returned %s: %s",
                       (unsigned long long)v, wsync_status_name(st), wsync_last_error());
@@ -320,38 +298,33 @@ static int sender_main(void *arg)
         if (st != WSYNC_OK)
             break;
         wsync_push_stats_t stats;
-        CHECK_OK(wsync_sender_stats(snd, &stats));
+        CHECK_OK(wsync_sender_stats(fs.snd, &stats));
         g->res->packed[s] = stats.bytes_packed;
         g->res->delivered[s] = stats.bytes_delivered;
         if (s == 0 && v == g->first)
             __atomic_store_n(&g->res->published, 1, __ATOMIC_RELEASE);
         /* the store: every reader has version v before the next is made (in place, its shards
-         * are read as they are; and the senders have heard every reader's FP8 chunks by then),
-         * and before a sender leaves with its memory */
-        for (int64_t until = now_ms() + TIMEOUT_MS;
-             g->store != NULL &&
-             __atomic_load_n(&g->res->fetched[v], __ATOMIC_ACQUIRE) < NRECV;) {
-            CHECK_MSG(now_ms() < until, "sender %d: the readers did not fetch version %llu",
-                      s, (unsigned long long)v);
-            if (now_ms() >= until)
-                break;
-            usleep(2000);
+         * are read as they are), and before a sender leaves with its memory */
+        if (g->store != NULL && !fg_wait_count(&g->res->fetched[v], NRECV, TIMEOUT_MS)) {
+            CHECK_MSG(0, "sender %d: the readers did not fetch version %llu", s,
+                      (unsigned long long)v);
+            break;
         }
-        /* the readers sent their FP8 chunks at setup, through the coordinator's relay: on a
-         * loaded machine a reader may have fetched version 1 before its relay reached us, and
-         * version 2 would then go plain (CI saw it once); give the relays time to land */
-        if (g->store != NULL && g->fp8_wire && v == g->first)
-            usleep(500000);
+        /* and we heard of every reader's FP8 chunks (sent at its setup, through the
+         * coordinator's relay, which on a loaded machine may land after its fetch): the next
+         * version packs them all */
+        if (g->store != NULL && g->fp8_wire && v == g->first && v < g->last) {
+            int heard = 0;
+            for (long long until = proc_now_ms() + TIMEOUT_MS;
+                 (heard = readers_heard(fs.snd)) < NRECV && proc_now_ms() < until;)
+                usleep(2000);
+            CHECK_MSG(heard == NRECV, "sender %d: heard of %d readers' FP8 chunks of %d in %d ms",
+                      s, heard, NRECV, TIMEOUT_MS);
+        }
     }
-    if (s == 0 && wsync_sender_explain(snd) != NULL)
-        g->res->explain_wire = strstr(wsync_sender_explain(snd), "FP8 on the wire:") != NULL;
-    if (s == 0 && (g->nan_version || g->corrupt))
-        usleep(1000000);   /* the coordinator stays while the others hear why */
-    wsync_sender_free(snd);
-    for (int p = 0; p < NPARAMS; p++)
-        free(data[p]);
-    wsync_ctx_free(ctx);
-    return check_failures ? 1 : 0;
+    if (s == 0)
+        g->res->explain_wire = fg_explains(fs.snd, "FP8 on the wire:");
+    return fg_sender_close(&fs, g->nan_version || g->corrupt);
 }
 
 /* The receiver's progress: bytes landed in this version so far, of its total. */
@@ -369,11 +342,10 @@ static int receiver_main(void *arg)
     const group_t *g = m->group;
     int r = m->rank;
     wsync_ctx_t *ctx = NULL;
-    wsync_receiver_t *rv = NULL;
+    wsync_receiver_t *rv;
     wsync_receiver_params_t rp = WSYNC_RECEIVER_PARAMS_INIT;
     tspec_t ts[NTARGETS];
-    uint8_t *buf[NTARGETS], *want[NTARGETS];
-    float *scales[NTARGETS], *want_scales[NTARGETS];
+    fg_target_t ft[NTARGETS];
     wsync_status_t st;
 
     make_targets(r % TP, ts);   /* receiver 2 is a replica of TP rank 0 */
@@ -383,34 +355,23 @@ static int receiver_main(void *arg)
         setenv("WSYNC_FAULT", "store.get:corrupt@18", 1);
     /* the store: readers come once the first version is in it, so that its senders made it
      * without their FP8 chunks, which the readers read plain and quantize themselves */
-    for (int64_t until = now_ms() + TIMEOUT_MS;
-         g->store != NULL && !__atomic_load_n(&g->res->published, __ATOMIC_ACQUIRE) &&
-         now_ms() < until;)
-        usleep(2000);
+    CHECK_MSG(g->store == NULL || fg_wait_count(&g->res->published, 1, TIMEOUT_MS),
+              "receiver %d: sender 0 did not publish version %llu", r,
+              (unsigned long long)g->first);
     const int nt = g->store != NULL ? NTARGETS : T_LM;
     if (g->verify)
         setenv("WSYNC_VERIFY", "1", 1);
-    CHECK_OK(wsync_ctx_create(NULL, &ctx));
     fg_receiver_params(&rp, m, TIMEOUT_MS);
     rp.progress = on_progress;
     rp.progress_arg = g->res->landed[r];
-    CHECK_OK(wsync_receiver_create(ctx, &rp, &rv));
-    if (rv == NULL)
+    if ((rv = fg_receiver_open(&rp, &ctx)) == NULL)
         return 1;
     for (int i = 0; i < nt; i++) {
         const tspec_t *t = &ts[i];
-        size_t ns = scale_count(t);
-        buf[i] = malloc(target_bytes(t));
-        want[i] = malloc(target_bytes(t));
-        scales[i] = malloc((ns + 1) * sizeof(float));
-        want_scales[i] = malloc((ns + 1) * sizeof(float));
-        memset(buf[i], 0xAB, target_bytes(t));   /* poison: stale bytes cannot pass */
-        memset(scales[i], 0xAB, (ns + 1) * sizeof(float));
-        wsync_target_t wt = {t->name, t->dtype, t->cols ? 2 : 1, {t->rows, t->cols}, buf[i],
+        wsync_target_t wt = {t->name, t->dtype, t->cols ? 2 : 1, {t->rows, t->cols}, NULL,
                              WSYNC_MEM_HOST, 0, t->pieces, t->npieces, t->quant};
-        if (is_fp8(t))
-            wt.quant.scales = scales[i];
-        CHECK_OK(wsync_receiver_add_target(rv, &wt));
+        if (fg_target_add(&ft[i], rv, wt) != 0)
+            return fg_receiver_close(rv, ctx, ft, i + 1, NULL);
     }
     for (uint64_t v = g->first; v <= g->last; v++) {
         uint64_t got = 0;
@@ -435,29 +396,17 @@ static int receiver_main(void *arg)
         CHECK_MSG(got == v, "receiver %d got version %llu, expected %llu", r,
                   (unsigned long long)got, (unsigned long long)v);
         for (int i = 0; i < nt; i++) {
-            const tspec_t *t = &ts[i];
-            size_t ns = scale_count(t);
-            reference(t, v, want[i], want_scales[i]);
-            fg_check_target(r, v, t->name, buf[i], want[i], target_bytes(t), scales[i],
-                            want_scales[i], ns);
-            g->res->data_hash[r][i] = XXH3_64bits(buf[i], target_bytes(t));
-            g->res->scales_hash[r][i] = XXH3_64bits(scales[i], ns * sizeof(float));
+            reference(&ts[i], v, ft[i].want, ft[i].want_scales);
+            fg_target_check(&ft[i], r, v);
+            g->res->data_hash[r][i] = XXH3_64bits(ft[i].buf, ft[i].bytes);
+            g->res->scales_hash[r][i] = XXH3_64bits(ft[i].scales, ft[i].ns * sizeof(float));
         }
         if (v == g->first)
             g->res->landed_first[r] = g->res->landed[r][1];
         if (v < 8)
             __atomic_add_fetch(&g->res->fetched[v], 1, __ATOMIC_RELEASE);
     }
-    g->res->version[r] = wsync_receiver_version(rv);
-    wsync_receiver_free(rv);
-    wsync_ctx_free(ctx);
-    for (int i = 0; i < nt; i++) {
-        free(buf[i]);
-        free(want[i]);
-        free(scales[i]);
-        free(want_scales[i]);
-    }
-    return check_failures ? 1 : 0;
+    return fg_receiver_close(rv, ctx, ft, nt, &g->res->version[r]);
 }
 
 /* Run a group (both senders and receivers as processes); every one must exit 0. */
@@ -465,11 +414,6 @@ static void run_group(group_t g)
 {
     memset(g.res, 0, sizeof(*g.res));
     fg_run_group(&g, NSENDERS, sender_main, NRECV, receiver_main);
-}
-
-static results_t *shared_results(void)
-{
-    return fg_shared(sizeof(results_t));
 }
 
 /* Bytes sender s stages per version, counted by hand: every row it holds once (the embedding's
@@ -530,7 +474,7 @@ static uint64_t snapshot_bytes(int s)
  * codes and scales at every receiver, and the bytes counted by hand. */
 static void wire_on_equals_off(const char *store, int in_place)
 {
-    results_t *on = shared_results(), *off = shared_results();
+    results_t *on = fg_shared(sizeof(results_t)), *off = fg_shared(sizeof(results_t));
     CHECK(on != NULL && off != NULL);
     if (on == NULL || off == NULL)
         return;
@@ -629,7 +573,7 @@ static void case_wire_on_equals_off(void)
  * senders packed, and the receivers' hashes of what they read from the slots agree. */
 static void case_wire_verified(void)
 {
-    results_t *res = shared_results();
+    results_t *res = fg_shared(sizeof(results_t));
     CHECK(res != NULL);
     if (res == NULL)
         return;
@@ -649,7 +593,7 @@ static void case_wire_verified(void)
 static void case_wire_corrupt_refused(void)
 {
 #if defined(WSYNC_FAULTS) && WSYNC_FAULTS
-    results_t *res = shared_results();
+    results_t *res = fg_shared(sizeof(results_t));
     int found = 0;
     CHECK(res != NULL);
     if (res == NULL)
@@ -676,7 +620,7 @@ static void case_wire_corrupt_refused(void)
 
 static void case_nan_refused(void)
 {
-    results_t *res = shared_results();
+    results_t *res = fg_shared(sizeof(results_t));
     CHECK(res != NULL);
     if (res == NULL)
         return;
@@ -718,7 +662,7 @@ static void case_store_on_equals_off(void)
 static void case_store_verified(void)
 {
     const char *t = test_have_transport("ucx") ? "ucx" : test_have_transport("ofi") ? "ofi" : NULL;
-    results_t *res = t != NULL ? shared_results() : NULL;
+    results_t *res = t != NULL ? fg_shared(sizeof(results_t)) : NULL;
     if (res == NULL)
         return;
     run_group((group_t){.fp8_wire = 1, .first = 1, .last = 2, .res = res, .verify = 1,
@@ -749,7 +693,7 @@ static void case_store_verified(void)
 static void case_store_nan_refused(void)
 {
     const char *t = test_have_transport("ofi") ? "ofi" : test_have_transport("ucx") ? "ucx" : NULL;
-    results_t *res = t != NULL ? shared_results() : NULL;
+    results_t *res = t != NULL ? fg_shared(sizeof(results_t)) : NULL;
     if (res == NULL)
         return;
     run_group((group_t){.fp8_wire = 1, .first = 1, .last = 3, .nan_version = 2, .res = res,

@@ -5,8 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "tests/support/check.h"
+#include "wsync/wsync_fp8.h"
 
 uint64_t fg_splitmix64(uint64_t x)
 {
@@ -41,10 +43,15 @@ wsync_param_t fg_bf16_param(const char *name, int64_t rows, int64_t cols)
     return p;
 }
 
-void fg_fsdp_rows(int64_t rows, int s, int n, int64_t *lo, int64_t *hi)
+void fg_param_rows(const fg_pspec_t *p, int s, int n, int64_t *lo, int64_t *hi)
 {
-    *lo = rows * s / n;
-    *hi = rows * (s + 1) / n;
+    if (p->cols == 0) {
+        *lo = 0;
+        *hi = s == 0 ? p->rows : 0;
+        return;
+    }
+    *lo = p->rows * s / n;
+    *hi = p->rows * (s + 1) / n;
 }
 
 void fg_run_group(const void *group, int nsenders, proc_fn sender, int nreceivers,
@@ -112,7 +119,9 @@ void fg_receiver_params(wsync_receiver_params_t *rp, const fg_member_t *m, int t
     rp->heartbeat_ms = 200;
 }
 
-uint16_t *fg_add_rows(wsync_sender_t *snd, wsync_param_t param, int64_t lo, int64_t hi)
+/* Adds to snd the host shard of rows [lo, hi) of bf16 param `param` (1-D: elements) and returns
+ * its buffer (malloc'd, uninitialized); NULL if the range is empty or on failure (CHECKed). */
+static uint16_t *add_rows(wsync_sender_t *snd, wsync_param_t param, int64_t lo, int64_t hi)
 {
     int64_t cols = param.ndim == 2 ? param.shape[1] : 1;
     wsync_shard_t sh = {param, {{lo, 0}, {hi - lo, cols}}, NULL, WSYNC_MEM_HOST, 0};
@@ -129,7 +138,9 @@ uint16_t *fg_add_rows(wsync_sender_t *snd, wsync_param_t param, int64_t lo, int6
     return data;
 }
 
-void fg_check_target(int r, uint64_t v, const char *name, const uint8_t *have,
+/* CHECKs that receiver r's target `name` holds after version v the n bytes `want` and the ns
+ * scales `want_s`, naming the first byte or scale that differs. */
+static void check_target(int r, uint64_t v, const char *name, const uint8_t *have,
                      const uint8_t *want, size_t n, const float *have_s, const float *want_s,
                      size_t ns)
 {
@@ -146,4 +157,147 @@ void fg_check_target(int r, uint64_t v, const char *name, const uint8_t *have,
     CHECK_MSG(bad_s == ns, "receiver %d version %llu target %s: scale %zu is %a, the "
               "reference's %a", r, (unsigned long long)v, name, bad_s,
               bad_s < ns ? (double)have_s[bad_s] : 0.0, bad_s < ns ? (double)want_s[bad_s] : 0.0);
+}
+
+int fg_sender_open(fg_sender_t *fs, const fg_member_t *m, const wsync_sender_params_t *sp,
+                   const fg_pspec_t *params, int nparams, fg_value_fn value)
+{
+    int failures = check_failures;
+
+    memset(fs, 0, sizeof(*fs));
+    fs->rank = m->rank;
+    fs->nsenders = m->nsenders;
+    fs->params = params;
+    fs->nparams = nparams;
+    fs->value = value;
+    CHECK(nparams <= FG_MAX_PARAMS);
+    if (nparams > FG_MAX_PARAMS)
+        return -1;
+    CHECK_OK(wsync_ctx_create(NULL, &fs->ctx));
+    if (fs->ctx != NULL)
+        CHECK_OK(wsync_sender_create(fs->ctx, sp, &fs->snd));
+    for (int p = 0; p < nparams && fs->snd != NULL; p++) {
+        int64_t lo, hi;
+        fg_param_rows(&params[p], fs->rank, fs->nsenders, &lo, &hi);
+        fs->data[p] = add_rows(fs->snd, fg_bf16_param(params[p].name, params[p].rows,
+                                                      params[p].cols), lo, hi);
+        if (fs->data[p] == NULL && hi > lo)
+            break;
+    }
+    if (check_failures == failures)
+        return 0;
+    fg_sender_close(fs, 0);
+    return -1;
+}
+
+void fg_sender_fill(fg_sender_t *fs, uint64_t v)
+{
+    for (int p = 0; p < fs->nparams; p++) {
+        const fg_pspec_t *ps = &fs->params[p];
+        int64_t lo, hi, cols = ps->cols ? ps->cols : 1;
+        fg_param_rows(ps, fs->rank, fs->nsenders, &lo, &hi);
+        for (int64_t i = lo; i < hi && fs->data[p] != NULL; i++)
+            for (int64_t j = 0; j < cols; j++)
+                fs->data[p][(i - lo) * cols + j] =
+                    ps->cols ? fs->value(p, i, j, v) : fs->value(p, 0, i, v);
+    }
+}
+
+int fg_sender_close(fg_sender_t *fs, int linger)
+{
+    if (linger && fs->rank == 0)
+        usleep(1000000);
+    wsync_sender_free(fs->snd);
+    for (int p = 0; p < fs->nparams && p < FG_MAX_PARAMS; p++)
+        free(fs->data[p]);
+    wsync_ctx_free(fs->ctx);
+    memset(fs, 0, sizeof(*fs));
+    return check_failures ? 1 : 0;
+}
+
+int fg_explains(wsync_sender_t *snd, const char *text)
+{
+    const char *e = wsync_sender_explain(snd);
+    return e != NULL && strstr(e, text) != NULL;
+}
+
+wsync_receiver_t *fg_receiver_open(const wsync_receiver_params_t *rp, wsync_ctx_t **ctx)
+{
+    wsync_receiver_t *rv = NULL;
+
+    *ctx = NULL;
+    CHECK_OK(wsync_ctx_create(NULL, ctx));
+    if (*ctx != NULL)
+        CHECK_OK(wsync_receiver_create(*ctx, rp, &rv));
+    if (rv == NULL) {
+        wsync_ctx_free(*ctx);
+        *ctx = NULL;
+    }
+    return rv;
+}
+
+int fg_target_add(fg_target_t *ft, wsync_receiver_t *rv, wsync_target_t wt)
+{
+    int64_t rows = wt.shape[0], cols = wt.ndim == 2 ? wt.shape[1] : 1, sr = 0, sc = 0;
+    int fp8 = wt.dtype == WSYNC_DTYPE_F8E4M3FN || wt.dtype == WSYNC_DTYPE_F8E5M2;
+
+    memset(ft, 0, sizeof(*ft));
+    ft->name = wt.name;
+    ft->bytes = (size_t)(rows * cols) * wsync_dtype_size(wt.dtype);
+    if (fp8) {
+        CHECK_OK(wsync_quant_scales_shape(&wt.quant, rows, cols, &sr, &sc));
+        ft->ns = (size_t)(sr * sc);
+    }
+    ft->buf = malloc(ft->bytes);
+    ft->want = malloc(ft->bytes);
+    ft->scales = malloc((ft->ns + 1) * sizeof(float));
+    ft->want_scales = malloc((ft->ns + 1) * sizeof(float));
+    CHECK(ft->buf != NULL && ft->want != NULL && ft->scales != NULL && ft->want_scales != NULL);
+    if (ft->buf == NULL || ft->want == NULL || ft->scales == NULL || ft->want_scales == NULL)
+        return -1;
+    memset(ft->buf, 0xAB, ft->bytes);
+    memset(ft->scales, 0xAB, (ft->ns + 1) * sizeof(float));
+    wt.data = ft->buf;
+    wt.quant.scales = fp8 ? ft->scales : NULL;
+    CHECK_OK(wsync_receiver_add_target(rv, &wt));
+    return 0;
+}
+
+void fg_target_check(const fg_target_t *ft, int r, uint64_t v)
+{
+    static const uint8_t poison[sizeof(float)] = {0xAB, 0xAB, 0xAB, 0xAB};
+
+    check_target(r, v, ft->name, ft->buf, ft->want, ft->bytes, ft->scales, ft->want_scales,
+                 ft->ns);
+    CHECK_MSG(memcmp(&ft->scales[ft->ns], poison, sizeof(float)) == 0, "receiver %d version %llu "
+              "target %s: a scale (%a) written past its %zu", r, (unsigned long long)v, ft->name,
+              (double)ft->scales[ft->ns], ft->ns);
+}
+
+int fg_receiver_close(wsync_receiver_t *rv, wsync_ctx_t *ctx, fg_target_t *ft, int nt,
+                      uint64_t *version)
+{
+    if (version != NULL)
+        *version = wsync_receiver_version(rv);
+    wsync_receiver_free(rv);
+    wsync_ctx_free(ctx);
+    for (int i = 0; i < nt; i++) {
+        free(ft[i].buf);
+        free(ft[i].want);
+        free(ft[i].scales);
+        free(ft[i].want_scales);
+    }
+    return check_failures ? 1 : 0;
+}
+
+int fg_wait_count(const int *count, int want, int timeout_ms)
+{
+    long long until = proc_now_ms() + timeout_ms;
+
+    while (__atomic_load_n(count, __ATOMIC_ACQUIRE) < want) {
+        if (proc_now_ms() >= until)
+            return 0;
+        usleep(2000);
+    }
+    return 1;
 }
