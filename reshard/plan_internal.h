@@ -328,21 +328,24 @@ wsync_status_t wsync_plan_check_limits(uint32_t nsenders, uint32_t nreceivers,
 wsync_status_t wsync_plan_cache_init(wsync_plan_t *p);
 void wsync_plan_cache_free(wsync_plan_t *p);
 
-/* Scratch for expanding receivers' lists, kept from one receiver to the next. */
+/* A receiver's segment as the expander sorts it: its list record with the reference's target
+ * (its receiver is the one expanded; its rows and cols are its chunk's). */
 typedef struct {
-    uint32_t chunk, rec, target;
+    uint32_t chunk, target, piece, pad;
+    uint64_t off, pitch;
 } wsync_xitem_t;
 
+/* Scratch for expanding receivers' lists, kept from one receiver to the next. */
 typedef struct {
     wsync_xitem_t *a, *tmp;
     size_t cap;
-    uint32_t *lc;                    /* NULL, or every list record's chunk, side by side (what
-                                        the sort reads of each record; wsync_expander_index) */
 } wsync_expander_t;
 
-/* Copy every list record's chunk into x->lc: for an expander of many receivers, whose sort then
- * reads 4 bytes a record instead of a 24-byte record's. -1 when out of memory. */
-int wsync_expander_index(wsync_expander_t *x, const wsync_plan_t *p);
+/* Receiver r's p->rx_nsegs[r] segments as items, in the order wsync_plan_segments gives them:
+ * written into `into` when given (room for them), else into the expander's scratch (valid until
+ * its next use); *items points at them. */
+wsync_status_t wsync_plan_expand_items(const wsync_plan_t *p, uint32_t r, wsync_expander_t *x,
+                                       wsync_xitem_t *into, const wsync_xitem_t **items);
 
 /* Receiver r's segments into out (room for p->rx_nsegs[r]), in the order wsync_plan_segments
  * gives them. */

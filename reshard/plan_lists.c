@@ -58,56 +58,40 @@ void wsync_plan_cache_free(wsync_plan_t *p)
 
 #define XRADIX_BITS 11
 
-int wsync_expander_index(wsync_expander_t *x, const wsync_plan_t *p)
-{
-    size_t n = p->list0 != NULL ? p->list0[p->nlists] : 0;
-
-    free(x->lc);
-    x->lc = malloc((n ? n : 1) * sizeof(*x->lc));
-    if (x->lc == NULL)
-        return -1;
-    for (size_t i = 0; i < n; i++)
-        x->lc[i] = p->lsegs[i].chunk;
-    return 0;
-}
-
 void wsync_expander_free(wsync_expander_t *x)
 {
     free(x->a);
     free(x->tmp);
-    free(x->lc);
     memset(x, 0, sizeof(*x));
 }
 
 /* Stable LSD radix sort of m items by chunk, `passes` passes of XRADIX_BITS, the digits'
- * counts given (cnt[d][v + 1]: items whose digit d is v, counted as the items were made);
- * returns the sorted array (a or tmp). */
-static wsync_xitem_t *xradix(wsync_xitem_t *a, wsync_xitem_t *tmp, size_t m, unsigned passes,
-                             uint32_t (*cnt)[(1u << XRADIX_BITS) + 1])
+ * counts given (cnt[d][v + 1]: items whose digit d is v, counted as the items were made); the
+ * last pass writes into `into` when given. Returns the sorted array (a, tmp or into). */
+static wsync_xitem_t *xradix(wsync_xitem_t *a, wsync_xitem_t *tmp, wsync_xitem_t *into,
+                             size_t m, unsigned passes, uint32_t (*cnt)[(1u << XRADIX_BITS) + 1])
 {
     const uint32_t mask = (1u << XRADIX_BITS) - 1;
 
     for (unsigned p = 0; p < passes; p++) {
         unsigned shift = XRADIX_BITS * p;
         uint32_t *c = cnt[p];
-        wsync_xitem_t *t;
+        wsync_xitem_t *dst = p + 1 == passes && into != NULL ? into : tmp;
         for (uint32_t d = 0; d < mask + 1; d++)
             c[d + 1] += c[d];
         for (size_t i = 0; i < m; i++)
-            tmp[c[(a[i].chunk >> shift) & mask]++] = a[i];
-        t = a;
-        a = tmp;
-        tmp = t;
+            dst[c[(a[i].chunk >> shift) & mask]++] = a[i];
+        tmp = a;
+        a = dst;
     }
     return a;
 }
 
-wsync_status_t wsync_plan_expand(const wsync_plan_t *p, uint32_t r, wsync_expander_t *x,
-                                 wsync_segment_t *out)
+wsync_status_t wsync_plan_expand_items(const wsync_plan_t *p, uint32_t r, wsync_expander_t *x,
+                                       wsync_xitem_t *into, const wsync_xitem_t **items)
 {
     size_t m = 0, n = p->rx_nsegs[r];
     int sorted = 1;
-    const wsync_xitem_t *s;
     unsigned passes = 1;
     uint32_t cnt[3][(1u << XRADIX_BITS) + 1];
     const uint32_t mask = (1u << XRADIX_BITS) - 1;
@@ -127,38 +111,55 @@ wsync_status_t wsync_plan_expand(const wsync_plan_t *p, uint32_t r, wsync_expand
         passes++;
     memset(cnt, 0, sizeof(cnt));
     /* references are in target order and each list in (chunk, piece, off) order, so a stable
-     * sort by chunk gives (chunk, target, piece, off); the sort's digits counted here */
+     * sort by chunk gives (chunk, target, piece, off); the sort's digits counted here. The
+     * items carry their records: read in sorted order, the records would be read jumping
+     * between hundreds of lists, a cache miss a segment. */
     for (uint32_t k = p->ref0[r]; k < p->ref0[r + 1]; k++) {
         const wsync_plan_ref_t *rf = &p->refs[k];
         for (uint32_t i = p->list0[rf->list]; i < p->list0[rf->list + 1]; i++, m++) {
-            uint32_t c = x->lc != NULL ? x->lc[i] : p->lsegs[i].chunk;
-            x->a[m].chunk = c;
-            x->a[m].rec = i;
-            x->a[m].target = rf->target;
+            const wsync_list_seg_t *l = &p->lsegs[i];
+            uint32_t c = l->chunk;
+            wsync_xitem_t *it = &x->a[m];
+            it->chunk = c;
+            it->target = rf->target;
+            it->piece = l->piece;
+            it->pad = 0;
+            it->off = l->off;
+            it->pitch = l->pitch;
             for (unsigned d = 0; d < passes; d++)
                 cnt[d][((c >> (XRADIX_BITS * d)) & mask) + 1]++;
             sorted &= m == 0 || x->a[m - 1].chunk <= c;
         }
     }
-    s = x->a;
-    if (!sorted)
-        s = xradix(x->a, x->tmp, m, passes, cnt);
+    if (!sorted) {
+        *items = xradix(x->a, x->tmp, into, m, passes, cnt);
+    } else if (into != NULL) {
+        memcpy(into, x->a, m * sizeof(*into));
+        *items = into;
+    } else {
+        *items = x->a;
+    }
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_plan_expand(const wsync_plan_t *p, uint32_t r, wsync_expander_t *x,
+                                 wsync_segment_t *out)
+{
+    const wsync_xitem_t *s;
+    size_t m = p->rx_nsegs[r];
+    wsync_status_t st = wsync_plan_expand_items(p, r, x, NULL, &s);
+
+    if (st != WSYNC_OK)
+        return st;
     for (size_t i = 0; i < m; i++) {
-        const wsync_list_seg_t *l = &p->lsegs[s[i].rec];
-#if defined(__GNUC__)
-        if (!sorted && i + 16 < m) {   /* sorted, the records are read jumping: ask early */
-            __builtin_prefetch(&p->lsegs[s[i + 16].rec]);
-            __builtin_prefetch(&p->chunks[s[i + 16].chunk]);
-        }
-#endif
-        const wsync_chunk_t *ch = &p->chunks[l->chunk];
+        const wsync_chunk_t *ch = &p->chunks[s[i].chunk];
         wsync_segment_t *sg = &out[i];
         sg->receiver = r;
         sg->target = s[i].target;
-        sg->piece = l->piece;
-        sg->chunk = l->chunk;
-        sg->dst.off = l->off;
-        sg->dst.pitch = l->pitch;
+        sg->piece = s[i].piece;
+        sg->chunk = s[i].chunk;
+        sg->dst.off = s[i].off;
+        sg->dst.pitch = s[i].pitch;
         sg->dst.rows = ch->src.rows;
         sg->dst.cols = ch->src.cols;
     }

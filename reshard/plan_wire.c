@@ -169,9 +169,23 @@ typedef struct {
     XXH3_state_t *h;                 /* non-NULL: hash the bytes instead of keeping them */
     int count_only;                  /* count the bytes instead of keeping them */
     uint64_t total;                  /* bytes handed on */
+    const wsync_plan_t *p;           /* the chunks (a segment's rows are its chunk's) */
     uint8_t blk[ENCODE_BLOCK];
     size_t used;
 } encoder_t;
+
+/* The encoder reads receivers' segments as the expander sorts them (32 bytes, no rows or cols:
+ * those are the chunk's) and never needs them as wsync_segment_t. */
+typedef wsync_xitem_t eseg_t;
+
+/* Where the segment after pv is predicted to land: right after pv's rows (a chunk past the
+ * plan's, as a test hands the encoder to see the decoder refuse it, has none). */
+static inline uint64_t eseg_next(const wsync_plan_t *p, const eseg_t *pv)
+{
+    if (pv->pitch == 0 || pv->chunk >= p->nchunks)
+        return pv->off;
+    return pv->off + p->chunks[pv->chunk].src.rows * pv->pitch;
+}
 
 /* Hand on what the wire buffer and the block hold, in that order (the byte order of the wire). */
 static void enc_flush(encoder_t *e)
@@ -279,11 +293,11 @@ static void encode_chunk(encoder_t *e, const wsync_chunk_t *ch, const wsync_chun
     e->used += (size_t)(q - q0);
 }
 
-static void encode_literal(encoder_t *e, const wsync_segment_t *sg, const wsync_segment_t *pv)
+static void encode_literal(encoder_t *e, const eseg_t *sg, const eseg_t *pv)
 {
     uint8_t *q0 = enc_room(e), *q = q0 + 1;
     uint8_t f = 0;
-    uint64_t off_pred = region_next(&pv->dst);
+    uint64_t off_pred = eseg_next(e->p, pv);
 
     if (sg->target != pv->target) {
         f |= SF_TARGET;
@@ -297,13 +311,13 @@ static void encode_literal(encoder_t *e, const wsync_segment_t *sg, const wsync_
         f |= SF_CHUNK;
         q = put_varint(q, zigzag((uint64_t)sg->chunk - pv->chunk - 1u));
     }
-    if (sg->dst.pitch != pv->dst.pitch) {
+    if (sg->pitch != pv->pitch) {
         f |= SF_PITCH;
-        q = put_varint(q, zigzag(sg->dst.pitch - pv->dst.pitch));
+        q = put_varint(q, zigzag(sg->pitch - pv->pitch));
     }
-    if (sg->dst.off != off_pred) {
+    if (sg->off != off_pred) {
         f |= SF_OFF;
-        q = put_varint(q, zigzag(sg->dst.off - off_pred));
+        q = put_varint(q, zigzag(sg->off - off_pred));
     }
     *q0 = f;
     e->used += (size_t)(q - q0);
@@ -328,24 +342,24 @@ static void encode_copy(encoder_t *e, uint32_t skip, uint32_t n, uint32_t tdelta
 }
 
 /* A copy from the reference gives `sg` when all but the receiver and target agree. */
-static inline int copies(const wsync_segment_t *sg, const wsync_segment_t *rf, uint32_t tdelta)
+static inline int copies(const eseg_t *sg, const eseg_t *rf, uint32_t tdelta)
 {
     return sg->chunk == rf->chunk && sg->piece == rf->piece && sg->target == rf->target + tdelta &&
-           sg->dst.off == rf->dst.off && sg->dst.pitch == rf->dst.pitch;
+           sg->off == rf->off && sg->pitch == rf->pitch;
 }
 
 /* One receiver's segments cur[0, n) against the reference ref[0, nref) (nref 0: none), both in
  * chunk order: runs that agree are copies, the rest literals. With e NULL nothing is written and
  * only the segments copied are counted (how a reference is chosen). prev: the segment before
  * cur[0] in the plan (a zero segment before the first). Greedy, one pass over both. */
-static uint32_t encode_receiver(encoder_t *e, const wsync_segment_t *cur, uint32_t n,
-                                const wsync_segment_t *ref, uint32_t nref,
-                                const wsync_segment_t *prev)
+static uint32_t encode_receiver(encoder_t *e, const eseg_t *cur, uint32_t n,
+                                const eseg_t *ref, uint32_t nref,
+                                const eseg_t *prev)
 {
     uint32_t j = 0, skip = 0, run = 0, tdelta = 0, copied = 0;
 
     for (uint32_t i = 0; i < n; i++) {
-        const wsync_segment_t *sg = &cur[i];
+        const eseg_t *sg = &cur[i];
         uint32_t k;
         if (run > 0 && j < nref && copies(sg, &ref[j], tdelta)) {
             run++;
@@ -389,15 +403,16 @@ static uint32_t encode_receiver(encoder_t *e, const wsync_segment_t *cur, uint32
 
 typedef struct {
     const wsync_plan_t *p;
-    const wsync_segment_t *flat;     /* NULL: the plan's lists */
+    const eseg_t *flat;              /* NULL: the plan's lists */
+    eseg_t *flat_own;                /* flat, as given, converted */
     uint64_t *start;                 /* flat: [nreceivers + 1] where each receiver's begin */
     wsync_expander_t x;
-    wsync_segment_t *ring[RING];
+    eseg_t *ring[RING];
     size_t ring_cap[RING];
     uint32_t ring_rcv[RING];
-    wsync_segment_t *far;
+    eseg_t *far;
     size_t far_cap;
-    wsync_segment_t *pre;            /* lists: receiver q's first min(n, PREFIX) at pre0[q] */
+    eseg_t *pre;            /* lists: receiver q's first min(n, PREFIX) at pre0[q] */
     uint64_t *pre0;
     /* lists: receivers with the same references (replicas of a whole engine) have the same
      * segments but for the receiver, so the same records whenever their references and the
@@ -405,8 +420,8 @@ typedef struct {
     uint32_t *cls;                   /* [nreceivers] the first receiver with r's references */
     uint32_t *twin;                  /* [nreceivers] the last one before r (r: none) */
     uint32_t *back;                  /* [nreceivers] the reference chosen */
-    wsync_segment_t *last;           /* [nreceivers] the segment before r's first (coded) */
-    wsync_segment_t *tail;           /* [nreceivers] r's last segment */
+    eseg_t *last;           /* [nreceivers] the segment before r's first (coded) */
+    eseg_t *tail;           /* [nreceivers] r's last segment */
     uint64_t *rec0;                  /* [nreceivers + 1] r's records at recs.data[rec0[r] ..) */
     wsync_wbuf_t recs;
     encoder_t *side;                 /* codes one receiver's records into recs */
@@ -417,16 +432,17 @@ static uint32_t src_count(const segsrc_t *s, uint32_t q)
     return s->flat != NULL ? (uint32_t)(s->start[q + 1] - s->start[q]) : s->p->rx_nsegs[q];
 }
 
-static const wsync_segment_t *src_prefix(const segsrc_t *s, uint32_t q)
+static const eseg_t *src_prefix(const segsrc_t *s, uint32_t q)
 {
     return s->flat != NULL ? s->flat + s->start[q] : s->pre + s->pre0[q];
 }
 
 /* Receiver q's segments, whole (NULL when out of memory). */
-static const wsync_segment_t *src_full(segsrc_t *s, uint32_t q)
+static const eseg_t *src_full(segsrc_t *s, uint32_t q)
 {
     uint32_t n = src_count(s, q), k = q % RING;
-    wsync_segment_t **b = &s->ring[k];
+    const eseg_t *items;
+    eseg_t **b = &s->ring[k];
     size_t *cap = &s->ring_cap[k];
 
     if (s->flat != NULL)
@@ -438,7 +454,7 @@ static const wsync_segment_t *src_full(segsrc_t *s, uint32_t q)
         cap = &s->far_cap;
     }
     if (plan_grow((void **)b, cap, n ? n : 1, sizeof(**b)) ||
-        wsync_plan_expand(s->p, q, &s->x, *b) != WSYNC_OK)
+        wsync_plan_expand_items(s->p, q, &s->x, *b, &items) != WSYNC_OK)
         return NULL;
     if (b == &s->ring[k]) {
         s->ring_rcv[k] = q;
@@ -489,13 +505,23 @@ static int src_init(segsrc_t *s, const wsync_plan_t *p, const wsync_segment_t *f
 {
     memset(s, 0, sizeof(*s));
     s->p = p;
-    s->flat = flat;
     for (uint32_t k = 0; k < RING; k++)
         s->ring_rcv[k] = UINT32_MAX;
     if (flat != NULL) {
         s->start = calloc((size_t)p->nreceivers + 1, sizeof(*s->start));
-        if (s->start == NULL)
+        s->flat_own = malloc((size_t)(nflat ? nflat : 1) * sizeof(*s->flat_own));
+        if (s->start == NULL || s->flat_own == NULL)
             return -1;
+        for (uint64_t i = 0; i < nflat; i++) {
+            eseg_t *x = &s->flat_own[i];
+            x->chunk = flat[i].chunk;
+            x->target = flat[i].target;
+            x->piece = flat[i].piece;
+            x->pad = 0;
+            x->off = flat[i].dst.off;
+            x->pitch = flat[i].dst.pitch;
+        }
+        s->flat = s->flat_own;
         /* segments are in receiver order: each receiver's run */
         for (uint64_t i = 0; i < nflat; i++)
             if (flat[i].receiver < p->nreceivers)
@@ -517,9 +543,8 @@ static int src_init(segsrc_t *s, const wsync_plan_t *p, const wsync_segment_t *f
         s->rec0 == NULL || s->side == NULL || s->twin == NULL ||
         find_classes(p, s->cls, s->twin) != 0)
         return -1;
-    if (wsync_expander_index(&s->x, p) != 0)
-        return -1;
     s->side->b = &s->recs;
+    s->side->p = p;
     s->side->h = NULL;
     s->side->count_only = 0;
     s->side->total = 0;
@@ -547,13 +572,14 @@ static void src_free(segsrc_t *s)
     free(s->pre);
     free(s->pre0);
     free(s->start);
+    free(s->flat_own);
     wsync_expander_free(&s->x);
 }
 
 /* The receiver `back` ranks before r whose segments most of r's first REF_TRIES copy (0: none
  * helps). Tried: the 8 receivers just before, then 16, 32, 64 ... before (replicas of an engine
  * of TP or EP size T are T apart). */
-static uint32_t choose_reference(const segsrc_t *s, const wsync_segment_t *cur, uint32_t ncur,
+static uint32_t choose_reference(const segsrc_t *s, const eseg_t *cur, uint32_t ncur,
                                  uint32_t r)
 {
     uint32_t n = WSYNC_MIN(ncur, REF_TRIES), best = 0, best_copied = 0;
@@ -577,9 +603,9 @@ static uint64_t encode_body(const wsync_plan_t *p, const wsync_segment_t *flat, 
                             wsync_wbuf_t *b, XXH3_state_t *h, int count_only)
 {
     encoder_t *e = malloc(sizeof(*e));
-    segsrc_t src;
+    segsrc_t src = {0};
     const wsync_chunk_t zc = {0};
-    wsync_segment_t last = {0};
+    eseg_t last = {0};
     uint64_t total;
 
     if (e == NULL || src_init(&src, p, flat, nflat) != 0) {
@@ -589,6 +615,7 @@ static uint64_t encode_body(const wsync_plan_t *p, const wsync_segment_t *flat, 
         return 0;
     }
     e->b = b;
+    e->p = p;
     e->h = h;
     e->count_only = count_only;
     e->total = 0;
@@ -622,7 +649,7 @@ static uint64_t encode_body(const wsync_plan_t *p, const wsync_segment_t *flat, 
         encode_chunk(e, &p->chunks[i], i > 0 ? &p->chunks[i - 1] : &zc);
     for (uint32_t r = 0; r < p->nreceivers && !b->err; r++) {
         uint32_t n = src_count(&src, r), back, t = flat == NULL ? src.twin[r] : r;
-        const wsync_segment_t *cur, *ref = NULL;
+        const eseg_t *cur, *ref = NULL;
         uint8_t *q0 = enc_room(e), *q = put_varint(q0, n);
         if (n == 0) {
             e->used += (size_t)(q - q0);
