@@ -4,7 +4,7 @@
 # (Qwen3-8B shape by default), every result byte-checked by wsync-bench itself.
 #
 #   bash tests/gpu/tune.sh BUILD [SCENARIO ...]     (scenarios: colocated fp8 disagg-ipc disagg-nccl
-#                                                      colocated1 colocated1-fp8)
+#                                                      colocated1 colocated1-fp8 streams4)
 #
 # Knobs (see schemes/ipc_cuda_rx.c, sender_stream): WSYNC_IPC_BLOCKS_LOCAL / WSYNC_IPC_BLOCKS_PEER
 # (blocks per SM of a sender's batch kernels when it is on our GPU / another one; 0: no cap) and
@@ -59,6 +59,21 @@ for s in $SCEN; do
             done
         done
         ;;
+    streams4)   # 4 GPUs: a second stream for peer senders too, beside the peer caps; bf16, then
+        # FP8 block quantized in place by the receivers (peers' runs on a fraction of the grid);
+        # rounds alternate so the machine's drift falls on every setting alike
+        for round in 1 2; do
+            for set in "default:" "S2:WSYNC_IPC_STREAMS=2" "S2-P2:WSYNC_IPC_STREAMS=2 WSYNC_IPC_BLOCKS_PEER=2" \
+                       "P2:WSYNC_IPC_BLOCKS_PEER=2" "S2-P0.5:WSYNC_IPC_STREAMS=2 WSYNC_IPC_BLOCKS_PEER=0.5"; do
+                one "$s-bf16-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 --colocated
+            done
+            for set in "default:" "S2:WSYNC_IPC_STREAMS=2" "S2-Q1:WSYNC_IPC_STREAMS=2 WSYNC_IPC_QUANT_BLOCKS_PEER=1" \
+                       "Q1:WSYNC_IPC_QUANT_BLOCKS_PEER=1" "S2-Q0.25:WSYNC_IPC_STREAMS=2 WSYNC_IPC_QUANT_BLOCKS_PEER=0.25"; do
+                one "$s-fp8-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 --colocated \
+                    --quant fp8-block
+            done
+        done
+        ;;
     disagg-ipc)
         for p in 0 1 2 3; do
             one "disagg-ipc-P$p" "WSYNC_IPC_BLOCKS_PEER=$p" --scheme ipc --senders 2 --tp 2
@@ -72,7 +87,7 @@ for s in $SCEN; do
             --scheme nccl --senders 2 --tp 2
         ;;
     *)
-        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8)" >&2
+        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, streams4)" >&2
         exit 2
         ;;
     esac
