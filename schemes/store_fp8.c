@@ -14,6 +14,8 @@
 #include "kernels/device.h"
 #include "kernels/kernels.h"
 #include "reshard/exec.h"
+#include "schemes/store_amax.h"
+#include "schemes/wire_amax.h"
 
 /* relay tag: a reader's FP8 chunks, to each sender it reads them from (store_delta.c has 1) */
 #define STORE_FP8_TAG 2u
@@ -79,11 +81,14 @@ static int row_cmp(const void *x, const void *y)
     return 0;
 }
 
-/* A rule as it came from a peer: a known FP8 dtype and scheme, blocks of sane sizes. */
+/* A rule as it came from a peer: a known FP8 dtype and scheme, blocks of sane sizes (a
+ * per-tensor rule's block fields carry its set's key: schemes/store_amax.h). */
 static int rule_sane(const wsync_wire_rule_t *r)
 {
     if (r->fp8_dtype != WSYNC_DTYPE_F8E4M3FN && r->fp8_dtype != WSYNC_DTYPE_F8E5M2)
         return 0;
+    if (r->scheme == WSYNC_QUANT_TENSOR)
+        return 1;
     if (r->scheme == WSYNC_QUANT_CHANNEL)
         return r->block_rows == 0 && r->block_cols == 0;
     return r->scheme == WSYNC_QUANT_BLOCK && r->block_rows > 0 && r->block_cols > 0 &&
@@ -132,6 +137,7 @@ typedef struct {
     uint32_t ncells;
     uint64_t off;                    /* its place in a wire slot */
     uint64_t hash;                   /* of this version's packed bytes (0: not hashed) */
+    int skip;                        /* per-tensor, its set not agreed this version: not packed */
 } freg_t;
 
 typedef struct {
@@ -166,6 +172,15 @@ struct store_ftx {
     void **kws;                      /* [nkq] its workspace in dws */
     uint32_t nkq;
     void *dwire, *dws;               /* device: the slot's image, the workspaces (kept zeroed) */
+    /* per-tensor targets: the readers' sets and the senders' amax exchange (store_amax.h) */
+    store_amax_t *amax;
+    float *part;                     /* [cap_part] this sender's partials */
+    uint32_t cap_part;
+    struct fdefer {                  /* relays that came during an exchange, for the next version */
+        wsync_msg_t *msg;
+        wsync_relay_t rl;
+    } *deferred;
+    uint32_t ndeferred, cap_deferred;
 };
 
 static int freg_cmp(const void *x, const void *y)
@@ -253,9 +268,13 @@ wsync_status_t wsync_store_ftx_create(wsync_sender_t *s, const wsync_rma_ops_t *
         f->cuda |= s->shards[i].mem == WSYNC_MEM_CUDA;
     for (uint32_t i = 0; plan != NULL && i < plan->nchunks && rc == WSYNC_OK; i++) {
         const wsync_chunk_t *c = &plan->chunks[i];
-        if (c->sender == (uint32_t)s->m.rank && c->rule != 0 && c->rule <= plan->nrules)
+        /* per-tensor chunks come from their readers, with their sets' keys */
+        if (c->sender == (uint32_t)s->m.rank && c->rule != 0 && c->rule <= plan->nrules &&
+            !wsync_wire_rule_needs_amax(&plan->rules[c->rule - 1]))
             rc = add_reg(s, f, c->shard, &c->src, &plan->rules[c->rule - 1], c->ncells, -1);
     }
+    if (rc == WSYNC_OK)
+        rc = wsync_store_amax_create(s->m.rank, (uint32_t)s->m.nsenders, &f->amax);
     if (rc != WSYNC_OK) {
         wsync_store_ftx_free(f);
         return rc;
@@ -284,6 +303,11 @@ void wsync_store_ftx_free(store_ftx_t *f)
     free(f->kq);
     free(f->kreg);
     free(f->kws);
+    wsync_store_amax_free(f->amax);
+    free(f->part);
+    for (uint32_t i = 0; i < f->ndeferred; i++)
+        wsync_msg_free(f->deferred[i].msg);
+    free(f->deferred);
     free(f);
 }
 
@@ -410,7 +434,8 @@ static wsync_status_t dev_bind(wsync_sender_t *s, store_ftx_t *f, void *stream)
     uint32_t n = 0;
 
     for (uint32_t k = 0; k < f->nregs; k++)
-        n += s->shards[f->regs[k].shard].mem == WSYNC_MEM_CUDA;
+        n += s->shards[f->regs[k].shard].mem == WSYNC_MEM_CUDA &&
+             !wsync_wire_rule_needs_amax(&f->regs[k].rule);
     wsync_dev_free(f->dwire);
     wsync_dev_free(f->dws);
     f->dwire = f->dws = NULL;
@@ -436,7 +461,8 @@ static wsync_status_t dev_bind(wsync_sender_t *s, store_ftx_t *f, void *stream)
         return rc;
     for (uint32_t k = 0; k < f->nregs && rc == WSYNC_OK; k++) {
         freg_t *x = &f->regs[k];
-        if (s->shards[x->shard].mem != WSYNC_MEM_CUDA)
+        /* per-tensor regions: packed on the CPU with the agreed amax (from a host copy) */
+        if (s->shards[x->shard].mem != WSYNC_MEM_CUDA || wsync_wire_rule_needs_amax(&x->rule))
             continue;
         wsync_plan_t one;
         wsync_chunk_t c;
@@ -481,6 +507,112 @@ static wsync_status_t dev_pack(wsync_sender_t *s, store_ftx_t *f, void *stream, 
                           : rc;
 }
 
+/* A relay that came during an exchange: kept for the next version's drain. */
+static void defer_relay(void *arg, wsync_msg_t *msg, const wsync_relay_t *rl)
+{
+    store_ftx_t *f = arg;
+
+    if (f->ndeferred == f->cap_deferred) {
+        uint32_t nc = f->cap_deferred ? f->cap_deferred * 2 : 8;
+        struct fdefer *n = realloc(f->deferred, (size_t)nc * sizeof(*n));
+        if (n == NULL) {   /* a reader's regions lost: that reader quantizes them itself */
+            WSYNC_LOG_W("store: no memory to keep a relay of tag %u from %d", rl->tag, rl->rank);
+            wsync_msg_free(msg);
+            return;
+        }
+        f->deferred = n;
+        f->cap_deferred = nc;
+    }
+    f->deferred[f->ndeferred++] = (struct fdefer){msg, *rl};
+}
+
+/* A relay to this sender: a reader's regions, a reader's per-tensor sets (sender 0), sender 0's
+ * sets (the others). */
+static wsync_status_t take_any(wsync_sender_t *s, store_ftx_t *f, const wsync_relay_t *rl)
+{
+    /* a reader's malformed regions cost that reader only: it quantizes what we do not */
+    if (rl->tag == STORE_FP8_TAG && rl->role == WSYNC_ROLE_RECEIVER &&
+        take_relay(s, f, rl) != WSYNC_OK)
+        WSYNC_LOG_W("%s (the rest of that reader's regions left out)", wsync_last_error());
+    if (rl->tag == STORE_AMAX_SETS_TAG)
+        return wsync_store_amax_take(f->amax, rl);
+    return WSYNC_OK;
+}
+
+/* Region g of shard `shard` lies in it, and the shard is of a float dtype. */
+static int region_fits(const wsync_sender_t *s, uint32_t shard, const wsync_region_t *g)
+{
+    if (shard >= s->nshards || g->rows == 0 || g->cols == 0 || g->pitch < g->cols)
+        return 0;
+    uint64_t elems = 1;
+    for (int d = 0; d < s->shards[shard].param.ndim; d++)
+        elems *= (uint64_t)s->shards[shard].box.len[d];
+    wsync_dtype_t dt = s->shards[shard].param.dtype;
+    return g->off <= elems && (g->rows - 1) <= (elems - g->off) / g->pitch &&
+           g->off + (g->rows - 1) * g->pitch + g->cols <= elems &&
+           (dt == WSYNC_DTYPE_BF16 || dt == WSYNC_DTYPE_F16 || dt == WSYNC_DTYPE_F32);
+}
+
+/* This sender's partial amax of every set of its list: the max over its members' regions of this
+ * version's bytes. A member that does not fit its shard poisons its set (-1: left to its
+ * readers). NONFINITE naming the param and the element on a NaN or Inf. */
+static wsync_status_t partials(wsync_sender_t *s, store_ftx_t *f, const void *const *src,
+                               void *stream, uint32_t n)
+{
+    if (n > f->cap_part) {
+        float *p = realloc(f->part, (size_t)n * sizeof(*p));
+        if (p == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for %u per-tensor amaxes", n);
+        f->part = p;
+        f->cap_part = n;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t nm;
+        const store_amax_member_t *mem = wsync_store_amax_members(f->amax, k, &nm);
+        f->part[k] = 0.0f;
+        for (uint32_t i = 0; i < nm; i++) {
+            if (!region_fits(s, mem[i].shard, &mem[i].g)) {
+                f->part[k] = -1.0f;
+                break;
+            }
+            freg_t x = {.shard = mem[i].shard, .g = mem[i].g,
+                        .rule = *wsync_store_amax_rule(f->amax, k), .ncells = 1};
+            wsync_plan_t one;
+            wsync_chunk_t c;
+            const uint8_t *base = src[x.shard];
+            float a = 0.0f;
+            wsync_status_t rc = WSYNC_OK;
+            region_chunk(s, &x, &one, &c);
+            if (s->shards[x.shard].mem == WSYNC_MEM_CUDA)
+                rc = device_span(s, f, &x, stream, &base);
+            if (rc == WSYNC_OK)
+                rc = wsync_exec_amax_wire(&one, &c, s->shards[x.shard].param.name, base, &a);
+            if (rc != WSYNC_OK)
+                return rc;
+            f->part[k] = WSYNC_MAX(f->part[k], a);
+        }
+    }
+    return WSYNC_OK;
+}
+
+/* Every sender, each version once sender 0 forwarded sets: the partials, then their agreement. */
+static wsync_status_t tensor_amax(wsync_sender_t *s, store_ftx_t *f, uint64_t version,
+                                  const void *const *src, void *stream)
+{
+    uint32_t n = wsync_store_amax_nsets(f->amax);
+    int64_t deadline = wsync_deadline_in(s->m.timeout_ms);
+    uint64_t t0 = wsync_now_ns();
+    wsync_status_t rc = partials(s, f, src, stream, n), ag;
+
+    /* a refusal is told to sender 0 (which tells the others) before it is returned */
+    ag = wsync_store_amax_agree(f->amax, &s->m, version, f->part, n, rc != WSYNC_OK, deadline,
+                                defer_relay, f);
+    if (rc == WSYNC_OK && ag == WSYNC_OK)
+        WSYNC_LOG_D("store: sender %d: version %llu: %u per-tensor amaxes agreed in %.3f ms",
+                    s->m.rank, (unsigned long long)version, n, (double)(wsync_now_ns() - t0) / 1e6);
+    return rc != WSYNC_OK ? rc : ag;
+}
+
 wsync_status_t wsync_store_ftx_publish(wsync_sender_t *s, store_ftx_t *f, uint64_t version,
                                        const void *const *src, void *stream, int hash,
                                        wsync_dir_entry_t *e, uint64_t *packed)
@@ -488,24 +620,39 @@ wsync_status_t wsync_store_ftx_publish(wsync_sender_t *s, store_ftx_t *f, uint64
     wsync_status_t rc = WSYNC_OK;
     wsync_msg_t *msg;
     wsync_relay_t rl;
-    uint32_t had = f->nregs;
+    uint32_t had = f->nregs, npub = 0;
 
     *packed = 0;
     f->published = 0;
-    /* readers that came since the last version: their regions */
-    while (wsync_member_relay_recv(&s->m, 0, &msg, &rl) == WSYNC_OK) {
-        /* a reader's malformed regions cost that reader only: it quantizes what we do not */
-        if (rl.tag == STORE_FP8_TAG && rl.role == WSYNC_ROLE_RECEIVER &&
-            take_relay(s, f, &rl) != WSYNC_OK)
-            WSYNC_LOG_W("%s (the rest of that reader's regions left out)", wsync_last_error());
+    /* relays kept from the last exchange, then those of readers that came since */
+    for (uint32_t i = 0; i < f->ndeferred; i++) {
+        if (rc == WSYNC_OK)
+            rc = take_any(s, f, &f->deferred[i].rl);
+        wsync_msg_free(f->deferred[i].msg);
+    }
+    f->ndeferred = 0;
+    while (rc == WSYNC_OK && wsync_member_relay_recv(&s->m, 0, &msg, &rl) == WSYNC_OK) {
+        if (rl.tag == STORE_AMAX_PART_TAG) {   /* a sender ahead of us: for our exchange */
+            wsync_store_amax_keep(f->amax, msg, &rl);
+            continue;
+        }
+        rc = take_any(s, f, &rl);
         wsync_msg_free(msg);
     }
+    /* sender 0: readers' new sets to the others, before this version's PUBLISH */
+    if (rc == WSYNC_OK)
+        rc = wsync_store_amax_forward(f->amax, &s->m, version);
+    if (rc != WSYNC_OK)
+        goto refused;
     if (f->nregs != had) {
         sort_regs(f);
         f->stale = 1;
         WSYNC_LOG_D("store: sender %d: %u FP8 regions (%" PRIu64 " bytes of codes and scales) "
                     "from version %llu", s->m.rank, f->nregs, f->used, (unsigned long long)version);
     }
+    if (wsync_store_amax_due(f->amax, version) &&
+        (rc = tensor_amax(s, f, version, src, stream)) != WSYNC_OK)
+        goto refused;
     if (f->nregs == 0)
         return WSYNC_OK;
     if ((rc = take_slot(s, f)) != WSYNC_OK)
@@ -519,17 +666,33 @@ wsync_status_t wsync_store_ftx_publish(wsync_sender_t *s, store_ftx_t *f, uint64
         freg_t *x = &f->regs[k];
         wsync_plan_t one;
         wsync_chunk_t c;
+        int tensor = wsync_wire_rule_needs_amax(&x->rule);
+        float amax = 0.0f;
+        /* per-tensor: only with its set's agreed amax (else its readers quantize it) */
+        x->skip = tensor && !wsync_store_amax_agreed(f->amax, wsync_store_amax_rule_key(&x->rule),
+                                                     &amax);
+        x->hash = 0;
+        if (x->skip)
+            continue;
+        npub++;
         region_chunk(s, x, &one, &c);
         uint64_t nb = wsync_chunk_wire_bytes(&c);
         *packed += nb;
-        if (s->shards[x->shard].mem != WSYNC_MEM_CUDA || k == bad) {
+        if (s->shards[x->shard].mem != WSYNC_MEM_CUDA || k == bad || tensor) {
             /* on the CPU; a region whose GPU quantization met a NaN or Inf again, from a host
              * copy, for the error naming the element */
             const uint8_t *base = s->shards[x->shard].mem == WSYNC_MEM_CUDA ? NULL : src[x->shard];
             if (base == NULL)
                 rc = device_span(s, f, x, stream, &base);
-            if (rc == WSYNC_OK)
+            if (rc == WSYNC_OK && tensor) {
+                wsync_wire_rule_t plain = x->rule;
+                wsync_store_amax_rule_plain(&plain);
+                one.rules = &plain;
+                rc = wsync_exec_pack_wire_amax(&one, &c, s->shards[x->shard].param.name, base,
+                                               amax, sl->mem);
+            } else if (rc == WSYNC_OK) {
                 rc = wsync_exec_pack_wire(&one, &c, s->shards[x->shard].param.name, base, sl->mem);
+            }
             if (rc == WSYNC_OK && k == bad)
                 rc = wsync_err(WSYNC_ERR_INTERNAL, "store: sender %d: the GPU's quantization of "
                                "param '%s' met a non-finite value its region does not hold",
@@ -537,13 +700,8 @@ wsync_status_t wsync_store_ftx_publish(wsync_sender_t *s, store_ftx_t *f, uint64
         }
         x->hash = rc == WSYNC_OK && hash ? XXH3_64bits(sl->mem + x->off, (size_t)nb) : 0;
     }
-    if (rc != WSYNC_OK) {
-        char text[1024];
-        snprintf(text, sizeof(text), "store sender %d: version %llu refused: %s", s->m.rank,
-                 (unsigned long long)version, wsync_last_error());
-        wsync_store_ftx_abandon(f);
-        return wsync_err_set_text(rc, text);
-    }
+    if (rc != WSYNC_OK)
+        goto refused;
     struct wsync_dir_region *g = &e->regions[e->nregions];
     g->base = (uint64_t)(uintptr_t)sl->mem;
     g->len = sl->cap;
@@ -551,8 +709,14 @@ wsync_status_t wsync_store_ftx_publish(wsync_sender_t *s, store_ftx_t *f, uint64
     g->rkey_len = (uint32_t)sl->rkey_len;
     f->region = e->nregions++;
     sl->version = version;
-    f->published = f->nregs;
+    f->published = npub;
     return WSYNC_OK;
+refused:;
+    char text[1024];
+    snprintf(text, sizeof(text), "store sender %d: version %llu refused: %s", s->m.rank,
+             (unsigned long long)version, wsync_last_error());
+    wsync_store_ftx_abandon(f);
+    return wsync_err_set_text(rc, text);
 }
 
 void wsync_store_ftx_table(const store_ftx_t *f, wsync_wbuf_t *b)
@@ -564,8 +728,10 @@ void wsync_store_ftx_table(const store_ftx_t *f, wsync_wbuf_t *b)
     if (n == 0)
         return;
     const fslot_t *sl = &f->slots[f->cur];
-    for (uint32_t k = 0; k < n; k++) {
+    for (uint32_t k = 0; k < f->nregs; k++) {
         const freg_t *x = &f->regs[k];
+        if (x->skip)
+            continue;
         wsync_put_u32(b, x->shard);
         wsync_put_u32(b, f->region);
         wsync_put_u64(b, (uint64_t)(uintptr_t)sl->mem + x->off);
@@ -699,6 +865,7 @@ typedef struct {
                                         quantized here */
     uint64_t hash;                   /* WSYNC_VERIFY: the sender's xxh3 of what arrived whole;
                                         0: none to check */
+    float amax;                      /* per-tensor, quantized here: its whole target's */
 } fitem_t;
 
 struct store_frx {
@@ -709,11 +876,100 @@ struct store_frx {
     uint32_t nitems, cap_items;
     uint32_t nsent, nlocal;          /* segments of the last version: packed by senders, here */
     uint64_t v;                      /* the version being read */
+    /* per-tensor targets: each one's set (schemes/store_amax.h), by the plan's chunks */
+    uint64_t *ckey;                  /* [plan->nchunks] its set's key; 0: not per-tensor */
+    uint32_t *cset;                  /* [plan->nchunks] its set */
+    uint32_t nsets;
+    uint8_t *set_plain;              /* [nsets] this version: some chunk of it not in a table */
 };
 
 static uint64_t align_up(uint64_t x)
 {
     return (x + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+/* A count written in place, little-endian. */
+static void put_count(uint8_t *p, uint32_t n)
+{
+    for (int j = 0; j < 4; j++, n >>= 8)
+        p[j] = (uint8_t)n;
+}
+
+/* Our per-tensor targets' sets (their chunks, keyed: schemes/store_amax.h), told to sender 0,
+ * which has every sender agree on their amaxes from a version on. */
+static wsync_status_t reader_sets(wsync_receiver_t *r, store_frx_t *f)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    wsync_amax_sets_t sets;
+    store_amax_member_t *mem = NULL;
+    uint8_t *seen = NULL;
+    uint32_t nmem = 0;
+    wsync_wbuf_t b;
+    wsync_status_t rc = wsync_amax_sets_build(plan, &sets);
+
+    if (rc != WSYNC_OK || sets.nsets == 0)
+        return rc;
+    f->nsets = sets.nsets;
+    f->ckey = calloc(plan->nchunks, sizeof(*f->ckey));
+    f->cset = malloc((size_t)plan->nchunks * sizeof(*f->cset));
+    f->set_plain = calloc(sets.nsets, 1);
+    mem = malloc((size_t)(f->hi - f->lo + 1) * sizeof(*mem));
+    seen = calloc(plan->nchunks, 1);
+    wsync_wbuf_init(&b);
+    if (f->ckey == NULL || f->cset == NULL || f->set_plain == NULL || mem == NULL || seen == NULL) {
+        rc = wsync_err(WSYNC_ERR_NOMEM, "store: no memory for %u per-tensor sets", sets.nsets);
+        goto out;
+    }
+    memcpy(f->cset, sets.set, (size_t)plan->nchunks * sizeof(*f->cset));
+    uint32_t nput = 0;
+    wsync_put_u32(&b, 0);   /* the count, set below */
+    for (uint32_t k = 0; k < sets.nsets && rc == WSYNC_OK; k++) {
+        const wsync_wire_rule_t *rule = NULL;
+        nmem = 0;
+        for (uint32_t i = f->lo; i < f->hi; i++) {
+            uint32_t ch = r->m.segs[i].chunk;
+            const wsync_chunk_t *c = &plan->chunks[ch];
+            if (sets.set[ch] != k || seen[ch])
+                continue;
+            seen[ch] = 1;
+            rule = &plan->rules[c->rule - 1];
+            mem[nmem++] = (store_amax_member_t){c->sender, c->shard, c->src};
+        }
+        if (nmem == 0)
+            continue;   /* another receiver's (a plan of the whole group) */
+        uint64_t key = wsync_store_amax_key(rule, mem, nmem);
+        for (uint32_t i = f->lo; i < f->hi; i++)
+            if (sets.set[r->m.segs[i].chunk] == k)
+                f->ckey[r->m.segs[i].chunk] = key;
+        if (b.len + 36u + (size_t)nmem * 40u > WSYNC_RELAY_MAX) {
+            if (nput == 0) {
+                rc = wsync_err(WSYNC_ERR_RANGE, "store: receiver %d: a per-tensor target of %u "
+                               "chunks exceeds one relay", r->m.rank, nmem);
+                break;
+            }
+            put_count(b.data, nput);
+            rc = wsync_member_relay_send(&r->m, WSYNC_ROLE_SENDER, 0, STORE_AMAX_SETS_TAG, b.data,
+                                         (uint32_t)b.len);
+            b.len = 0;
+            nput = 0;
+            wsync_put_u32(&b, 0);
+        }
+        wsync_store_amax_put_set(&b, key, rule, mem, nmem);
+        nput++;
+    }
+    if (rc == WSYNC_OK && b.err)
+        rc = wsync_err(WSYNC_ERR_NOMEM, "store: no memory for per-tensor sets");
+    if (rc == WSYNC_OK && nput > 0) {
+        put_count(b.data, nput);
+        rc = wsync_member_relay_send(&r->m, WSYNC_ROLE_SENDER, 0, STORE_AMAX_SETS_TAG, b.data,
+                                     (uint32_t)b.len);
+    }
+out:
+    wsync_wbuf_free(&b);
+    wsync_amax_sets_free(&sets);
+    free(mem);
+    free(seen);
+    return rc;
 }
 
 wsync_status_t wsync_store_frx_create(wsync_receiver_t *r, uint32_t lo, uint32_t hi,
@@ -736,6 +992,10 @@ wsync_status_t wsync_store_frx_create(wsync_receiver_t *r, uint32_t lo, uint32_t
     f->lo = lo;
     f->hi = hi;
     f->cap_items = n;
+    if ((rc = reader_sets(r, f)) != WSYNC_OK) {
+        wsync_store_frx_free(f);
+        return rc;
+    }
     /* our FP8 chunks of each sender, to that sender: it packs them from then on */
     const uint32_t per = (WSYNC_RELAY_MAX - 8u) / RELAY_ROW;
     for (uint32_t s = 0; s < plan->nsenders && rc == WSYNC_OK; s++) {
@@ -757,7 +1017,10 @@ wsync_status_t wsync_store_frx_create(wsync_receiver_t *r, uint32_t lo, uint32_t
                 wsync_put_u64(&b, c->src.cols);
                 wsync_put_u64(&b, c->src.pitch);
                 wsync_put_u32(&b, c->ncells);
-                put_rule(&b, &plan->rules[c->rule - 1]);
+                wsync_wire_rule_t rule = plan->rules[c->rule - 1];
+                if (f->ckey != NULL && f->ckey[sg->chunk] != 0)
+                    wsync_store_amax_rule_keyed(&rule, f->ckey[sg->chunk]);
+                put_rule(&b, &rule);
                 k++;
             }
             if (!b.err && k > 0) {
@@ -789,6 +1052,9 @@ void wsync_store_frx_free(store_frx_t *f)
         return;
     free(f->buf);
     free(f->items);
+    free(f->ckey);
+    free(f->cset);
+    free(f->set_plain);
     free(f);
 }
 
@@ -853,8 +1119,11 @@ static wsync_status_t finish_batch(wsync_receiver_t *r, store_frx_t *f, const ws
             wsync_chunk_t pc = c;
             pc.src = (wsync_region_t){0, c.src.cols, c.src.rows, c.src.cols};
             pc.bucket_off = it->wire;
-            rc = wsync_exec_pack_wire(plan, &pc, t->pieces[sg->piece].param.name,
-                                      f->buf + it->plain, f->buf);
+            rc = wsync_wire_rule_needs_amax(&plan->rules[c.rule - 1])
+                     ? wsync_exec_pack_wire_amax(plan, &pc, t->pieces[sg->piece].param.name,
+                                                 f->buf + it->plain, it->amax, f->buf)
+                     : wsync_exec_pack_wire(plan, &pc, t->pieces[sg->piece].param.name,
+                                            f->buf + it->plain, f->buf);
             if (rc != WSYNC_OK)
                 break;
         }
@@ -877,6 +1146,128 @@ static wsync_status_t finish_batch(wsync_receiver_t *r, store_frx_t *f, const ws
     return rc;
 }
 
+/* Segment i's chunk's plain values from its sender's shard, dense [rows, cols] into `to` (through
+ * the checksums under WSYNC_VERIFY). */
+static wsync_status_t get_plain(wsync_receiver_t *r, const wsync_store_io_t *io,
+                                wsync_store_verified_fn verified, void *varg,
+                                const wsync_dir_entry_t *en, uint64_t v, uint32_t i,
+                                const wsync_chunk_t *c, uint8_t *to)
+{
+    size_t esz = wsync_dtype_size(c->dtype);
+    wsync_status_t rc = WSYNC_OK;
+
+    if (c->shard >= en->nshards)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's directory entry for version %llu "
+                         "has %u shards; the plan reads shard %u", c->sender,
+                         (unsigned long long)v, en->nshards, c->shard);
+    const struct wsync_dir_shard *sh = &en->shards[c->shard];
+    const struct wsync_dir_region *g = &en->regions[sh->region];
+    uint64_t first = sh->addr + c->src.off * esz;
+    uint64_t last = first + ((c->src.rows - 1) * c->src.pitch + c->src.cols) * esz;
+    if (first < g->base || last > g->base + g->len || last < first)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "store: version %llu: sender %u shard %u: the plan "
+                         "reads [%llu, %llu) outside its registered region",
+                         (unsigned long long)v, c->sender, c->shard, (unsigned long long)first,
+                         (unsigned long long)last);
+    if (r->m.ctx->verify)
+        return verified(varg, i, to);
+    if (c->src.pitch == c->src.cols)
+        return io->get(io->arg, c->sender, g->rkey, g->rkey_len, first, to,
+                       c->src.rows * c->src.cols * esz);
+    for (uint64_t k = 0; k < c->src.rows && rc == WSYNC_OK; k++)
+        rc = io->get(io->arg, c->sender, g->rkey, g->rkey_len, first + k * c->src.pitch * esz,
+                     to + k * c->src.cols * esz, c->src.cols * esz);
+    return rc;
+}
+
+/* The table row holding segment i's chunk as its sender packed it, or NULL: a per-tensor chunk
+ * only whole, in a row of its set (the rule's key). */
+static const store_fp8_row_t *find_packed(const wsync_receiver_t *r, const store_frx_t *f,
+                                          const store_fp8_table_t *tabs, const wsync_chunk_t *c,
+                                          uint32_t chunk, uint64_t *dr)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    wsync_wire_rule_t rule = plan->rules[c->rule - 1];
+    int tensor = wsync_wire_rule_needs_amax(&rule);
+
+    if (tensor)
+        wsync_store_amax_rule_keyed(&rule, f->ckey != NULL ? f->ckey[chunk] : 0);
+    const store_fp8_row_t *x = wsync_store_fp8_find(&tabs[c->sender], c->shard, &c->src, &rule, dr);
+    /* verified: only what can be checked whole against its sender's xxh3 */
+    if (x != NULL && (r->m.ctx->verify || tensor) &&
+        (*dr != 0 || c->src.rows != x->g.rows || (r->m.ctx->verify && x->hash == 0)))
+        x = NULL;
+    return x;
+}
+
+/* Room for `need` bytes in the batch buffer (nothing in flight: it may move). */
+static wsync_status_t batch_room(wsync_receiver_t *r, store_frx_t *f, uint64_t need)
+{
+    if (need <= f->cap)
+        return WSYNC_OK;
+    size_t want = (size_t)WSYNC_MAX(need, BATCH_BYTES);
+    uint8_t *p = realloc(f->buf, want);
+    if (p == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: receiver %d: no memory for %zu bytes of FP8 "
+                         "chunks", r->m.rank, want);
+    f->buf = p;
+    f->cap = want;
+    return WSYNC_OK;
+}
+
+/* Per-tensor set k, some chunk of which no table holds: every chunk of it read plain, the
+ * target's amax over them all, each quantized with it (the bytes its senders would have sent). */
+static wsync_status_t tensor_plain(wsync_receiver_t *r, store_frx_t *f, const wsync_store_io_t *io,
+                                   wsync_store_verified_fn verified, void *varg,
+                                   const wsync_dir_entry_t *e, uint64_t v, uint32_t k,
+                                   void *stream, uint64_t *bytes)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    uint64_t need = 0, used = 0;
+    float amax = 0.0f;
+    wsync_status_t rc;
+
+    for (uint32_t i = f->lo; i < f->hi; i++) {
+        const wsync_chunk_t *c = &plan->chunks[r->m.segs[i].chunk];
+        if (c->rule != 0 && f->cset[r->m.segs[i].chunk] == k)
+            need += align_up(wsync_chunk_wire_bytes(c)) +
+                    align_up(c->src.rows * c->src.cols * wsync_dtype_size(c->dtype));
+    }
+    if ((rc = batch_room(r, f, need)) != WSYNC_OK)
+        return rc;
+    f->nitems = 0;
+    for (uint32_t i = f->lo; i < f->hi && rc == WSYNC_OK; i++) {
+        const wsync_chunk_t *c = &plan->chunks[r->m.segs[i].chunk];
+        if (c->rule == 0 || f->cset[r->m.segs[i].chunk] != k)
+            continue;
+        uint64_t plain = c->src.rows * c->src.cols * wsync_dtype_size(c->dtype);
+        fitem_t *it = &f->items[f->nitems++];
+        *it = (fitem_t){i, used, used + align_up(wsync_chunk_wire_bytes(c)), 0, 0.0f};
+        rc = get_plain(r, io, verified, varg, &e[c->sender], v, i, c, f->buf + it->plain);
+        used += align_up(wsync_chunk_wire_bytes(c)) + align_up(plain);
+        *bytes += plain;
+        f->nlocal++;
+    }
+    if (rc == WSYNC_OK)
+        rc = io->flush(io->arg);
+    for (uint32_t j = 0; j < f->nitems && rc == WSYNC_OK; j++) {
+        const wsync_segment_t *sg = &r->m.segs[f->items[j].seg];
+        wsync_chunk_t pc = plan->chunks[sg->chunk];
+        float a = 0.0f;
+        pc.src = (wsync_region_t){0, pc.src.cols, pc.src.rows, pc.src.cols};
+        rc = wsync_exec_amax_wire(plan, &pc, r->targets[sg->target].pieces[sg->piece].param.name,
+                                  f->buf + f->items[j].plain, &a);
+        amax = WSYNC_MAX(amax, a);
+    }
+    for (uint32_t j = 0; j < f->nitems; j++)
+        f->items[j].amax = amax;
+    if (rc != WSYNC_OK) {
+        f->nitems = 0;
+        return rc;
+    }
+    return finish_batch(r, f, io, stream);
+}
+
 wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const wsync_store_io_t *io,
                                     wsync_store_verified_fn verified, void *varg,
                                     const wsync_dir_entry_t *e, const store_fp8_table_t *tabs,
@@ -889,6 +1280,17 @@ wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const w
     f->nitems = 0;
     f->nsent = f->nlocal = 0;
     f->v = v;
+    /* a per-tensor target comes packed only if every chunk of it does (one amax) */
+    if (f->nsets > 0)
+        memset(f->set_plain, 0, f->nsets);
+    for (uint32_t i = f->lo; i < f->hi && f->nsets > 0; i++) {
+        uint32_t ch = r->m.segs[i].chunk;
+        const wsync_chunk_t *c = &plan->chunks[ch];
+        uint64_t dr = 0;
+        if (c->rule != 0 && c->rule <= plan->nrules && f->cset[ch] < f->nsets &&
+            find_packed(r, f, tabs, c, ch, &dr) == NULL)
+            f->set_plain[f->cset[ch]] = 1;
+    }
     for (uint32_t i = f->lo; i < f->hi && rc == WSYNC_OK; i++) {
         const wsync_segment_t *sg = &r->m.segs[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
@@ -899,36 +1301,27 @@ wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const w
             return wsync_err(WSYNC_ERR_PROTOCOL, "store: receiver %d: FP8 chunk %u of sender %u "
                              "for target '%s', which is not set up for FP8 on the wire",
                              r->m.rank, sg->chunk, c->sender, t->name);
+        if (f->nsets > 0 && f->cset[sg->chunk] < f->nsets && f->set_plain[f->cset[sg->chunk]])
+            continue;   /* below, whole */
         const wsync_wire_rule_t *rule = &plan->rules[c->rule - 1];
         const wsync_dir_entry_t *en = &e[c->sender];
         size_t esz = wsync_dtype_size(c->dtype);
         uint64_t nb = wsync_chunk_wire_bytes(c), dr = 0, plain = c->src.rows * c->src.cols * esz;
-        const store_fp8_row_t *x = wsync_store_fp8_find(&tabs[c->sender], c->shard, &c->src, rule,
-                                                        &dr);
-        /* verified: only what can be checked whole against its sender's xxh3 */
-        if (x != NULL && r->m.ctx->verify &&
-            (dr != 0 || c->src.rows != x->g.rows || x->hash == 0))
-            x = NULL;
+        const store_fp8_row_t *x = find_packed(r, f, tabs, c, sg->chunk, &dr);
         uint64_t need = align_up(nb) + (x == NULL ? align_up(plain) : 0);
         if (f->nitems > 0 && used + need > f->cap) {
             if ((rc = finish_batch(r, f, io, stream)) != WSYNC_OK)
                 return rc;
             used = 0;
         }
-        if (used + need > f->cap) {   /* nothing in flight: the buffer may move */
-            size_t want = (size_t)WSYNC_MAX(need, BATCH_BYTES);
-            uint8_t *p = realloc(f->buf, want);
-            if (p == NULL)
-                return wsync_err(WSYNC_ERR_NOMEM, "store: receiver %d: no memory for %zu bytes "
-                                 "of FP8 chunks", r->m.rank, want);
-            f->buf = p;
-            f->cap = want;
-        }
+        if (used + need > f->cap && (rc = batch_room(r, f, need)) != WSYNC_OK)
+            return rc;
         fitem_t *it = &f->items[f->nitems++];
         it->seg = i;
         it->wire = used;
         it->plain = x == NULL ? used + align_up(nb) : UINT64_MAX;
         it->hash = 0;
+        it->amax = 0.0f;
         if (x != NULL) {   /* its sender's codes and scales: one get, or codes and scales apart */
             const struct wsync_dir_region *g = &en->regions[x->region];
             uint64_t step = rule->scheme == WSYNC_QUANT_BLOCK ? (uint64_t)rule->block_rows : 1u;
@@ -950,30 +1343,7 @@ wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const w
             *bytes += nb;
             f->nsent++;
         } else {           /* not in its table (yet): its values, quantized here */
-            if (c->shard >= en->nshards)
-                return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's directory entry for "
-                                 "version %llu has %u shards; the plan reads shard %u", c->sender,
-                                 (unsigned long long)v, en->nshards, c->shard);
-            const struct wsync_dir_shard *sh = &en->shards[c->shard];
-            const struct wsync_dir_region *g = &en->regions[sh->region];
-            uint64_t first = sh->addr + c->src.off * esz;
-            uint64_t last = first + ((c->src.rows - 1) * c->src.pitch + c->src.cols) * esz;
-            if (first < g->base || last > g->base + g->len || last < first)
-                return wsync_err(WSYNC_ERR_PROTOCOL, "store: version %llu: sender %u shard %u: "
-                                 "the plan reads [%llu, %llu) outside its registered region",
-                                 (unsigned long long)v, c->sender, c->shard,
-                                 (unsigned long long)first, (unsigned long long)last);
-            uint8_t *to = f->buf + it->plain;
-            if (r->m.ctx->verify)
-                rc = verified(varg, i, to);
-            else if (c->src.pitch == c->src.cols)
-                rc = io->get(io->arg, c->sender, g->rkey, g->rkey_len, first, to, plain);
-            for (uint64_t k = 0; !r->m.ctx->verify && c->src.pitch != c->src.cols &&
-                                 k < c->src.rows && rc == WSYNC_OK;
-                 k++)
-                rc = io->get(io->arg, c->sender, g->rkey, g->rkey_len,
-                             first + k * c->src.pitch * esz, to + k * c->src.cols * esz,
-                             c->src.cols * esz);
+            rc = get_plain(r, io, verified, varg, en, v, i, c, f->buf + it->plain);
             *bytes += plain;
             f->nlocal++;
         }
@@ -981,6 +1351,9 @@ wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const w
     }
     if (rc == WSYNC_OK)
         rc = finish_batch(r, f, io, stream);
+    for (uint32_t k = 0; k < f->nsets && rc == WSYNC_OK; k++)
+        if (f->set_plain[k])
+            rc = tensor_plain(r, f, io, verified, varg, e, v, k, stream, bytes);
     if (rc == WSYNC_OK)
         WSYNC_LOG_D("store: receiver %d: version %llu: %u FP8 segments as their senders packed "
                     "them, %u read plain and quantized here", r->m.rank, (unsigned long long)v,
