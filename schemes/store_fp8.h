@@ -16,7 +16,13 @@
  * u64 address of the packed region (codes, then its scales at wsync_wire_scales_off), u64 off,
  * rows, cols, pitch (elements of the shard), u32 ncells, u32 fp8 dtype, u32 scheme, i32 block
  * rows, i32 block cols, u32 eps (f32 bits), u32 flags (1 ue8m0, 2 no_saturate), u64 xxh3 of the
- * packed bytes (0: none). Little-endian. */
+ * packed bytes (0: none). Little-endian.
+ *
+ * Per-tensor targets (one scale for the whole target: schemes/store_amax.h): a region's rule is
+ * WSYNC_QUANT_TENSOR with its set's key in the block fields (the same region may be packed for
+ * two sets with two amaxes); a sender packs it only in versions whose amax its senders agreed
+ * on, and a reader takes a set packed only if every chunk of it is in a table, whole, else reads
+ * all of them plain and quantizes the whole target here. */
 #ifndef WSYNC_SCHEMES_STORE_FP8_H
 #define WSYNC_SCHEMES_STORE_FP8_H
 
