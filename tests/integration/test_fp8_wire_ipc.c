@@ -238,10 +238,12 @@ static int refused_version(const fg_member_t *m, uint64_t v, wsync_status_t st, 
     return 0;
 }
 
-/* The readers whose FP8 chunks sender snd has heard of: their relays through the coordinator
- * (SCHEME_RELAY from a receiver: with delta versions off, a store reader sends its senders
- * nothing else), queued in its inbox, where its next publish takes them all
- * (schemes/store_fp8.c). */
+/* schemes/store_fp8.c's STORE_FP8_TAG (not in its header): a reader's FP8 regions. Were it
+ * renumbered, readers_heard would find none and the wait below fails, naming the count. */
+#define FP8_REGIONS_TAG 2u
+
+/* The readers whose FP8 chunks sender snd has heard of: their relays through the coordinator,
+ * queued in its inbox, where its next publish takes them all (schemes/store_fp8.c). */
 static int readers_heard(wsync_sender_t *snd)
 {
     wsync_inbox_t *in = &snd->m.inbox;
@@ -252,7 +254,7 @@ static int readers_heard(wsync_sender_t *snd)
         wsync_relay_t rl;
         if (x->type == WSYNC_MSG_SCHEME_RELAY &&
             wsync_relay_decode(x->payload, x->len, x->type, &rl) == WSYNC_OK &&
-            rl.role == WSYNC_ROLE_RECEIVER && rl.rank < 64)
+            rl.role == WSYNC_ROLE_RECEIVER && rl.tag == FP8_REGIONS_TAG && rl.rank < 64)
             seen |= 1ull << rl.rank;
     }
     pthread_mutex_unlock(&in->mu);
