@@ -1,52 +1,48 @@
 /* The delta codec of core/delta.h on the GPU: batched encode and apply, and XXH3_64bits on the
  * device (kernels/delta.h says what and why).
  *
- * Two sets of kernels. v1 (wk_delta_encode, wk_delta_apply): one CUDA block of WK_THREADS threads
- * per codec block of WK_DBLK elements, any region (strided, unaligned); each finds its chunk in
- * a block map (one load). v2 (wk2_*): for chunks that are dense with 16-byte aligned starts
- * (what buckets hold): a grid of resident CTAs loops over the blocks, the values in registers
- * (16-byte loads), the next block's loading while the current one is worked on. v1 measured
- * faster for every kind (wk_use_v2 has the numbers), so it is the default; WSYNC_KDELTA_V2=1
- * runs v2 wherever it can (kept, tested, for the next round of tuning).
+ * Encode, two kernels. wkw_delta_encode (the default for full blocks of chunks that are dense
+ * with new and old 16-byte aligned: what buckets hold): a warp per codec block of WK_DBLK
+ * elements, no CTA barrier; it reads new and old once in 16-byte vectors, compares them into
+ * mask words (shuffles), sums XXH3's stripe terms from registers (keys fixed per lane) and runs
+ * the scrambles on every lane, scans the 128 mask words four per lane (k, e, ranks, escapes),
+ * and writes the payload straight to the output from each lane's set bits. wk_delta_encode (the
+ * rest: strided or unaligned chunks, tail blocks): one CTA of WK_THREADS threads per codec block,
+ * the values staged in shared memory; it runs after the warp encoder in the same stream, over a
+ * list of its blocks (glist). Both find a block's payload offset by a decoupled look-back over
+ * the blocks before it in its chunk (block numbers drawn in order from a counter, so a block
+ * only waits for blocks that running warps or CTAs hold; a tail block's predecessors were
+ * finished by the warp encoder), so that new and old are read once. WSYNC_KDELTA_OLD=1 runs
+ * wk_delta_encode for every block (the kernels before the warp encoder, to compare in one run).
  *
- * Encode: per block, changed flags -> 32-bit mask words (ballots in v1, shuffles in v2); the
- * words' prefix counts give each changed element its rank in the payload; SPARSE's byte-gap
- * index (format 2) needs, per element, the escapes before it: a gap of 255 or more never lies
- * inside a mask word, so only a word's first element has escapes, and a scan over the words
- * (last changed position: max; escapes: sum) places every index byte. The block's payload
- * offset inside its chunk is the sum of the sizes of the blocks before it: each block publishes
- * its size as soon as it knows it, then warp 0 looks back over its predecessors (decoupled
- * look-back; block numbers drawn in order from a counter, so a block only waits for blocks that
- * running CTAs hold), so that new and old are read once. The leaf XXH3 (v2, full blocks): XXH3's
- * long loop adds per-stripe terms that depend only on data and secret, so each thread makes the
- * terms of its 16 bytes, warp shuffles sum them per accumulator and half segment, and 8 lanes run
- * the 1 KiB segments' scrambles (v1 does the same from the block's values in shared memory).
- * Apply: v2 checks every block's table entry first (wk2_entries), then per block decodes an
- * index stream with a block-wide scan of (position advance, is-element) over its bytes, checks
- * the payload before any write, writes the changed values, and hashes the block from registers
- * (a SAME block) or shared memory (patched values).
+ * Mask words and escapes: SPARSE's byte-gap index (format 2) needs, per element, the escapes
+ * before it: a gap of 255 or more never lies inside a mask word, so only a word's first element
+ * has escapes, and a scan over the words (last changed position: max; escapes: sum) places
+ * every index byte. The leaf XXH3 of a full block: XXH3's long loop adds per-stripe terms that
+ * depend only on data and secret, so they are summed per accumulator and 1 KiB segment by
+ * shuffles, and only the scrambles run in order.
+ *
+ * Apply (wk_delta_apply): one CTA per block; thread 0 checks the header and the block's table
+ * entry, the block decodes an index stream with a block-wide scan of (position advance,
+ * is-element) over its bytes, checks the payload before any write, writes the changed values,
+ * and (with the hash) hashes the block's values. 64 registers by default (no spills); 32 with
+ * WSYNC_KDELTA_OLD=1 (as before: spills).
  *
  * Traffic, 1 GiB of bf16 in 64 chunks at 1 % changed (the bench of test_delta_kernels): encode
  * reads new and old once (2 GiB) and writes the stream (table 1 MiB, payloads ~1.7 % of 1 GiB:
  * a SPARSE block of k ~ 41 is al8(k + e) + al8(2k) ~ 136 bytes), the leaves and look-back words
- * (1 MiB each); apply with the hash reads the target once (1 GiB), the stream (~18 MiB) and the
- * entry words (2 MiB), and writes the ~41 changed values of each block (each a partial 32-byte
- * sector: ~16 % of the target's sectors touched, merged in L2). The target (issue 17): encode +
- * apply <= 1.5 x reading both versions once (an amax over both, or a D2D copy of one: 0.70 ms on
- * an H100), counting the apply without the receiver's hash (that is the separate check of item
- * 2, one more read of the new values; test_delta_kernels prints both ratios). Floors: encode
- * reads 2 GiB (1.0 x); apply without the hash reads the ~18 MiB stream and writes the changes
- * (~0.05-0.2 x, the writes being partial sectors the L2 must fill); with the hash it reads the
- * target once more (+0.5 x). What limits the kernels: every block needs several CTA barriers
- * (mask words, scan, hash sums, payload), serial stretches (the word scan on one warp, the 4E
- * segment scrambles on 8 lanes, the look-back's wait for the block before), and dependent loads
- * before a block's data can load (v1: the block counter, the block map, the descriptor; apply:
- * the stream length, the table entries, the payload). Measured on an H100 (ncu --set full,
- * 1 GiB bf16 at 1 %): v1 encode 1.55 ms under ncu (1.30 in the bench), 1.40 TB/s, issue-bound
- * (3.1 instructions a cycle, 78 % of issue slots, ALU 60 %): the next gain is fewer
- * instructions per element (compare, mask words, the word scan, hash terms); v1 apply without
- * the hash 0.63 ms, 32 registers with spills (17.8 M local requests) and partial-sector stores;
- * v2 encode 61 % of warp time stalled at barriers with 4 CTAs per SM (540 GB/s).
+ * (1 MiB each); apply with the hash reads the target once (1 GiB), the stream (~18 MiB), and
+ * writes the ~41 changed values of each block (partial 32-byte sectors, merged in L2). The
+ * target (issue 17): encode + apply <= 1.5 x reading both versions once (an amax over both, or a
+ * D2D copy of one: 0.70 ms on an H100), counting the apply without the receiver's hash (the
+ * separate check, one more read of the new values; test_delta_kernels prints both ratios).
+ * Instructions of the warp encoder per 16 bytes of each version (bf16, ptxas: 63 registers, no
+ * spills): two 16-byte loads, the compare into 8 bits (wk_vdiff) and two shuffles, two 32 x 32
+ * multiplies and four 64-bit adds of hash terms; per 1 KiB segment 12 shuffles and two
+ * scrambles; per block the scan (about 40 shuffles) and about one set bit per lane at 1 %. The
+ * old encoder (Nsight on an H100: 1.55 ms, 1.40 TB/s, 78 % of issue slots busy) spent tens of
+ * instructions per element in flags, ballots, a one-warp word scan, 8-lane scrambles and eight
+ * CTA barriers a block.
  */
 #include "kernels/common.cuh"
 #include "kernels/delta.h"
@@ -60,7 +56,6 @@ extern "C" {
 #include <string.h>
 
 #define WK_DBLK 4096u                  /* elements per codec block: WSYNC_DELTA_BLOCK */
-#define WK_EPT (WK_DBLK / WK_THREADS)  /* elements per thread */
 #define WK_MWORDS (WK_DBLK / 32)       /* mask words per block */
 #define WK_FULL 0xffffffffu
 /* Codec blocks resident per SM that the register budget must allow (<= 32 registers): a block's
@@ -87,7 +82,8 @@ typedef struct {
     uint32_t nb;                       /* its blocks */
     uint32_t idx;                      /* its place in the caller's order (results, lengths) */
     uint32_t dense;                    /* rows == 1 or pitch == cols: element e at e * esize */
-    uint32_t fast;                     /* the v2 kernels take it: dense, 16-byte aligned */
+    uint32_t fast;                     /* encode: the warp encoder takes its full blocks (dense,
+                                          new and old 16-byte aligned) */
 } wk_dchunk_t;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -369,21 +365,6 @@ __device__ __forceinline__ uint64_t wk_eoff(const wk_dchunk_t &d, uint64_t e, ui
     return (r * d.pitch + c) * esize;
 }
 
-/* The chunk holding batch block g, among chunks [c0, c1) ordered by block0. */
-__device__ __forceinline__ uint32_t wk_find_chunk(const wk_dchunk_t *ch, uint32_t c0, uint32_t c1,
-                                                  uint64_t g)
-{
-    uint32_t lo = c0, hi = c1;
-    while (hi - lo > 1) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (ch[mid].block0 <= g)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 /* The mask words' scan, by warp 0 (4 words a lane): wpre[q] = changed elements before word q;
  * wesc[q] = (escape bytes of the SPARSE index up to and including word q's) << 8 | word q's
  * own; wprev[q] = the last changed position before word q (-1: none). A gap of 255 or more
@@ -534,17 +515,6 @@ __device__ __forceinline__ void wk_store_block(const wk_dchunk_t &d, unsigned ch
 /* Vectors in registers, the register XXH3 of a full block (both kernel sets)                   */
 /* ------------------------------------------------------------------------------------------ */
 
-/* CTAs a v2 kernel keeps per SM (its register budget: 64 a thread). Each CTA loops over codec
- * blocks: the chunk lookups are amortized, and the next block's values are loaded into
- * registers while the current one is scanned, hashed and written (bf16 and bytes; wider
- * elements load at the top of each iteration). */
-#define WK2_MIN_BLOCKS 4
-/* v2 encode: 4 CTAs per SM with the register prefetch (3.36 ms on the 1 GiB bench, 61 % of warp
- * time stalled at barriers); 6 CTAs per SM without it measured worse (5.93 ms: 40 registers,
- * spills, and each block's loads exposed). */
-#define WK2E_MIN_BLOCKS 4
-#define WK2E_PREFETCH 1
-
 /* Element e of a 16-byte vector of E-byte elements. */
 template <int E>
 __device__ __forceinline__ unsigned long long wk_vget(const uint4 &x, int e)
@@ -584,40 +554,6 @@ __device__ __forceinline__ void wk_put_bits(uint32_t bits, uint32_t v, uint32_t 
         x |= __shfl_xor_sync(WK_FULL, x, o);
     if (v % G == 0)
         mask[v / G] = x;
-}
-
-/* Vector v of a block of len elements starting at p (16-byte aligned): elements at or past len
- * read as 0 (so old and new agree there, and a tail's padding is zero). */
-template <int E>
-__device__ __forceinline__ uint4 wk_vload(const unsigned char *p, uint32_t v, uint32_t len)
-{
-    typedef typename wk_elem<E>::t el;
-    constexpr uint32_t VE = 16 / E;
-    if ((v + 1) * VE <= len)
-        return reinterpret_cast<const uint4 *>(p)[v];
-    uint32_t w[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (uint32_t e = 0; e < VE; e++) {
-        if (v * VE + e < len) {
-            const unsigned long long x = reinterpret_cast<const el *>(p)[v * VE + e];
-            if constexpr (E == 8) {
-                w[2 * e] = (uint32_t)x;
-                w[2 * e + 1] = (uint32_t)(x >> 32);
-            } else {
-                w[(e * E) / 4] |= (uint32_t)x << (((e * E) % 4) * 8);
-            }
-        }
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-/* The block's values in registers: vector tid + WK_THREADS * it in x[it]. */
-template <int E>
-__device__ __forceinline__ void wk_vload_block(const unsigned char *p, uint32_t len, uint4 (&x)[E])
-{
-#pragma unroll
-    for (int it = 0; it < E; it++)
-        x[it] = wk_vload<E>(p, threadIdx.x + WK_THREADS * it, len);
 }
 
 /* XXH3 of a full block (WK_DBLK * E bytes, a multiple of 1024) from the values in registers,
@@ -690,14 +626,15 @@ __device__ __forceinline__ uint64_t wk_hash_finish(const uint64_t *hx, const uin
 /* Encode                                                                                       */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Blocks [g0, g0 + gridDim.x) of chunks [c0, c1), all of element size E. Shared memory
- * (dynamic): the new values [WK_DBLK * E], then the payload being built [WK_DBLK * E] (the
- * changed flags before it). */
+/* One CTA per block: blocks [g0, g0 + gridDim.x), or g0 + glist[0 .. gridDim.x) (ascending:
+ * what the warp encoder leaves, tail blocks and chunks it cannot take), all of element size E.
+ * Shared memory (dynamic): the new values [WK_DBLK * E], then the payload being built
+ * [WK_DBLK * E] (the changed flags before it). */
 template <int E>
 __global__ void __launch_bounds__(WK_THREADS, WK_DMIN_BLOCKS)
 wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap, uint64_t g0,
-                unsigned long long *status, unsigned int *counter, uint64_t *leaves,
-                wsync_kdelta_result_t *res, int update_old)
+                const uint32_t *__restrict__ glist, unsigned long long *status,
+                unsigned int *counter, uint64_t *leaves, wsync_kdelta_result_t *res, int update_old)
 {
     extern __shared__ uint4 wk_dyn[];
     unsigned char *snew = reinterpret_cast<unsigned char *>(wk_dyn);
@@ -712,7 +649,8 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
     wk_secret_load(sec);
     if (tid == 0) {
         /* blocks numbered in the order they start: the look-back waits only for running ones */
-        uint64_t g = g0 + atomicAdd(counter, 1u);
+        const uint32_t i = atomicAdd(counter, 1u);
+        const uint64_t g = g0 + (glist != NULL ? glist[i] : i);
         sh_g = g;
         sh_c = bmap[g];
     }
@@ -888,6 +826,268 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Encode, a warp per block: full blocks of dense chunks with 16-byte aligned starts (default)  */
+/* ------------------------------------------------------------------------------------------ */
+
+/* CTAs per SM the warp encoder's register budget must allow (64 registers a thread): a warp keeps
+ * one 1 KiB segment of new and old in flight, so bandwidth comes from many warps per SM. */
+#define WKW_MIN_BLOCKS 4
+#define WKW_WARPS (WK_THREADS / 32)   /* codec blocks per CTA */
+
+/* XXH3's stripe terms of one 16-byte vector (bytes 8 i0 .. 8 i0 + 15 of a stripe) with the keys
+ * of those bytes: *a gets accumulator i0's term, *b accumulator i0 + 1's. */
+__device__ __forceinline__ void wkw_terms(const uint4 &x, uint64_t k0, uint64_t k1, uint64_t *a,
+                                          uint64_t *b)
+{
+    const uint64_t d0 = (uint64_t)x.y << 32 | x.x, d1 = (uint64_t)x.w << 32 | x.z;
+    const uint64_t y0 = d0 ^ k0, y1 = d1 ^ k1;
+    *a += (y0 & 0xffffffffu) * (y0 >> 32) + d1;
+    *b += (y1 & 0xffffffffu) * (y1 >> 32) + d0;
+}
+
+/* Blocks [g0, g0 + nblk) of chunks that are dense with new and old 16-byte aligned, element size
+ * E; each warp of the grid claims one from *counter (in order, for the look-back) and leaves
+ * tail blocks (fewer than WK_DBLK elements) to wk_delta_encode. No CTA barrier after the secret's
+ * load: a warp reads its block once in 16-byte vectors, one 1 KiB segment of new and old per
+ * step, and keeps everything else in registers but the mask words (512 bytes a warp):
+ *  - compare: the changed bits of each vector (wk_vdiff), joined into mask words by shuffles;
+ *  - the leaf XXH3: lane l's vector of a 512-byte round is bytes 16 (l & 3) .. of stripe l >> 2
+ *    (plus 8 in odd rounds), so its keys are fixed per lane; a segment's terms are summed over
+ *    the lanes of the same l & 3 by shuffles, and every lane runs the scramble of the two
+ *    accumulators it holds (replicated 8 times: no serial stretch);
+ *  - the scan: lane l takes mask words 4l .. 4l + 3 (k, its rank and escape prefix, the last
+ *    changed position before it), then publishes the size and looks back as wk_delta_encode;
+ *  - the payload: each lane walks the set bits of its words (at 1 % about one per lane), writing
+ *    index bytes and values straight to the output (bytes no other lane writes, the padding bytes
+ *    included), the values read again from the new version (L2); PLAIN blocks are copied in
+ *    8-byte words, a BITMAP's bitmap is the mask words. */
+template <int E>
+__global__ void __launch_bounds__(WK_THREADS, WKW_MIN_BLOCKS)
+wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
+                 uint64_t g0, uint64_t nblk, unsigned long long *status, unsigned int *counter,
+                 uint64_t *leaves, wsync_kdelta_result_t *res, int update_old)
+{
+    typedef typename wk_elem<E>::t el;
+    constexpr uint32_t NSEG = WK_DBLK * E / 1024;   /* 1 KiB segments: two rounds of 512 bytes */
+    __shared__ uint64_t sec[24];
+    __shared__ __align__(16) uint32_t smask[WKW_WARPS][WK_MWORDS];
+    const uint32_t lane = threadIdx.x & 31;
+    uint32_t *mask = smask[threadIdx.x >> 5];
+
+    wk_secret_load(sec);
+    __syncthreads();
+    uint32_t bi = 0;
+    if (lane == 0)
+        bi = atomicAdd(counter, 1u);
+    bi = __shfl_sync(WK_FULL, bi, 0);
+    if (bi >= nblk)
+        return;
+    const uint64_t g = g0 + bi;
+    const wk_dchunk_t d = ch[bmap[g]];
+    const uint32_t j = (uint32_t)(g - d.block0);
+    const uint64_t first = (uint64_t)j * WK_DBLK;
+    if (d.n - first < WK_DBLK)
+        return;   /* a tail block: wk_delta_encode's */
+    const uint4 *pa = reinterpret_cast<const uint4 *>(d.a + first * E);
+    const uint4 *pb = reinterpret_cast<const uint4 *>(d.b + first * E);
+
+    /* 1. compare and hash, a segment per step */
+    const uint32_t c = lane & 3, i0 = 2 * c, sn = lane >> 2;
+    const uint64_t ke0 = sec[sn + i0], ke1 = sec[sn + i0 + 1];          /* even rounds */
+    const uint64_t ko0 = sec[8 + sn + i0], ko1 = sec[9 + sn + i0];      /* odd rounds */
+    uint64_t acc0 = c == 0 ? WK_P32_3 : c == 1 ? WK_P64_2 : c == 2 ? WK_P64_4 : WK_P64_5;
+    uint64_t acc1 = c == 0 ? WK_P64_1 : c == 1 ? WK_P64_3 : c == 2 ? WK_P32_2 : WK_P32_1;
+#pragma unroll 2
+    for (uint32_t s = 0; s < NSEG; s++) {
+        const uint32_t v0 = 64 * s + lane, v1 = v0 + 32;
+        const uint4 x0 = pa[v0], y0 = pb[v0], x1 = pa[v1], y1 = pb[v1];
+        wk_put_bits<E>(wk_vdiff<E>(x0, y0), v0, mask);
+        wk_put_bits<E>(wk_vdiff<E>(x1, y1), v1, mask);
+        uint64_t a = 0, b = 0, k10 = ko0, k11 = ko1;
+        if (s == NSEG - 1 && lane >= 28) {   /* the input's last stripe: keys from byte 121 */
+            k10 = (sec[15 + i0] >> 8) | (sec[16 + i0] << 56);
+            k11 = (sec[16 + i0] >> 8) | (sec[17 + i0] << 56);
+        }
+        wkw_terms(x0, ke0, ke1, &a, &b);
+        wkw_terms(x1, k10, k11, &a, &b);
+#pragma unroll
+        for (int o = 4; o < 32; o *= 2) {
+            a += __shfl_xor_sync(WK_FULL, a, o);
+            b += __shfl_xor_sync(WK_FULL, b, o);
+        }
+        acc0 += a;
+        acc1 += b;
+        if (s + 1 < NSEG) {   /* the scramble after every 1 KiB but the last */
+            acc0 = (acc0 ^ (acc0 >> 47) ^ sec[16 + i0]) * WK_P32_1;
+            acc1 = (acc1 ^ (acc1 >> 47) ^ sec[17 + i0]) * WK_P32_1;
+        }
+    }
+    __syncwarp();
+
+    /* 2. the mask words' scan: lane l's words 4l .. 4l + 3 */
+    const uint4 mv = reinterpret_cast<const uint4 *>(mask)[lane];
+    const uint32_t m[4] = {mv.x, mv.y, mv.z, mv.w};
+    uint32_t cnt = 0;
+    int last = -1;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        cnt += (uint32_t)__popc(m[w]);
+        if (m[w] != 0)
+            last = (int)(4 * lane + w) * 32 + 31 - __clz((int)m[w]);
+    }
+    uint32_t inc = cnt;
+    int lmax = last;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+        const uint32_t t = __shfl_up_sync(WK_FULL, inc, o);
+        const int tl = __shfl_up_sync(WK_FULL, lmax, o);
+        if (lane >= (uint32_t)o) {
+            inc += t;
+            lmax = tl > lmax ? tl : lmax;
+        }
+    }
+    int prev0 = __shfl_up_sync(WK_FULL, lmax, 1);   /* the last change before lane's words */
+    if (lane == 0)
+        prev0 = -1;
+    uint32_t es = 0;   /* escapes of lane's words: only a word's first change can have them */
+    {
+        int p = prev0;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            if (m[w] != 0) {
+                const int q = (int)(4 * lane + w) * 32;
+                es += (uint32_t)(q + __ffs((int)m[w]) - 1 - p - 1) / 255u;
+                p = q + 31 - __clz((int)m[w]);
+            }
+        }
+    }
+    uint32_t einc = es;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+        const uint32_t t = __shfl_up_sync(WK_FULL, einc, o);
+        if (lane >= (uint32_t)o)
+            einc += t;
+    }
+    const uint32_t k = __shfl_sync(WK_FULL, inc, 31), etot = __shfl_sync(WK_FULL, einc, 31);
+    uint32_t mode;
+    const uint64_t size = wk_bbytes(WK_DBLK, k, etot, E, &mode);
+    const uint32_t e = mode == WSYNC_DELTA_SPARSE ? etot : 0;   /* the table's e */
+
+    /* 3. publish the size, finish the hash, find the offset (as wk_delta_encode) */
+    if (lane == 0)
+        atomicExch(&status[g], (unsigned long long)((j == 0 ? WK_LB_INC : WK_LB_AGG) | size));
+    uint64_t leaf;
+    {   /* XXH3's merge: lane c of each four folds accumulators 2c and 2c + 1 (keys at 11 + 16 c) */
+        const uint64_t mk0 = (sec[1 + 2 * c] >> 24) | (sec[2 + 2 * c] << 40);
+        const uint64_t mk1 = (sec[2 + 2 * c] >> 24) | (sec[3 + 2 * c] << 40);
+        uint64_t f = wk_fold64(acc0 ^ mk0, acc1 ^ mk1);
+        f += __shfl_xor_sync(WK_FULL, f, 1);
+        f += __shfl_xor_sync(WK_FULL, f, 2);
+        leaf = wk_avalanche3((uint64_t)WK_DBLK * E * WK_P64_1 + f);
+    }
+    uint64_t off = 0;
+    if (j > 0) {
+        int64_t p = (int64_t)j - 1;   /* the nearest predecessor not yet summed */
+        for (;;) {
+            const int64_t q = p - lane;
+            const uint64_t w = q >= 0 ? *(volatile unsigned long long *)&status[d.block0 + (uint64_t)q]
+                                      : WK_LB_INC;   /* before the chunk: nothing */
+            const uint32_t st = (uint32_t)(w >> 62);
+            const uint32_t xm = __ballot_sync(WK_FULL, st == 0), im = __ballot_sync(WK_FULL, st == 2);
+            const uint32_t lowi = im ? (uint32_t)__ffs((int)im) - 1 : 32;
+            const uint32_t lowx = xm ? (uint32_t)__ffs((int)xm) - 1 : 32;
+            if (lowx < lowi) {   /* a nearer block has not published yet */
+                __nanosleep(64);
+                continue;
+            }
+            uint64_t v = lane <= lowi ? (w & WK_LB_VAL) : 0;
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2)
+                v += __shfl_xor_sync(WK_FULL, v, o);
+            off += v;
+            if (lowi < 32)
+                break;
+            p -= 32;
+        }
+        if (lane == 0)
+            atomicExch(&status[g], (unsigned long long)(WK_LB_INC | (off + size)));
+    }
+    const uint64_t pos = 16 + 8 * (uint64_t)d.nb + off;
+
+    /* 4. table entry, header, results */
+    if (lane == 0) {
+        if (16 + 8 * ((uint64_t)j + 1) <= d.cap)
+            reinterpret_cast<uint64_t *>(d.out + 16)[j] =
+                off | ((uint64_t)((mode << 30) | (e << 16) | k) << 32);
+        if (j == 0 && d.cap >= 16) {
+            reinterpret_cast<uint64_t *>(d.out)[0] =
+                WSYNC_DELTA_MAGIC | ((uint64_t)WSYNC_DELTA_FORMAT << 32) | ((uint64_t)E << 40);
+            reinterpret_cast<uint64_t *>(d.out)[1] = d.n;
+        }
+        leaves[g] = leaf;
+        if (k > 0)
+            atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
+                      (unsigned long long)k);
+        if (j == d.nb - 1)
+            res[d.idx].len = pos + size;
+    }
+
+    /* 5. the payload, straight to the output; the baseline's changed values */
+    const bool fits = size > 0 && pos + size <= d.cap;
+    unsigned char *to = d.out + pos;   /* 8-byte aligned */
+    if (fits && mode == WSYNC_DELTA_PLAIN) {
+        const uint64_t *src = reinterpret_cast<const uint64_t *>(d.a + first * E);
+        for (uint32_t w = lane; w < WK_DBLK * E / 8; w += 32)
+            reinterpret_cast<uint64_t *>(to)[w] = src[w];
+    }
+    const bool idx = fits && mode != WSYNC_DELTA_PLAIN;   /* SPARSE or BITMAP */
+    const uint64_t hdr = mode == WSYNC_DELTA_SPARSE ? wk_al8((uint64_t)k + etot) : WK_DBLK / 8;
+    if (idx) {
+        if (mode == WSYNC_DELTA_BITMAP) {   /* the bitmap is the mask words, 512 bytes */
+            reinterpret_cast<uint64_t *>(to)[2 * lane] = (uint64_t)m[1] << 32 | m[0];
+            reinterpret_cast<uint64_t *>(to)[2 * lane + 1] = (uint64_t)m[3] << 32 | m[2];
+        }
+        /* the padding bytes after the index stream and after the values */
+        if (lane < 8) {
+            if (mode == WSYNC_DELTA_SPARSE && (uint64_t)k + etot + lane < hdr)
+                to[k + etot + lane] = 0;
+            if (hdr + (uint64_t)k * E + lane < size)
+                to[hdr + (uint64_t)k * E + lane] = 0;
+        }
+    }
+    if (idx || (update_old && k > 0)) {
+        const el *nv = reinterpret_cast<const el *>(d.a + first * E);
+        el *ov = reinterpret_cast<el *>(d.b + first * E);
+        uint32_t r = inc - cnt, ex = einc - es;   /* rank and escapes before lane's first change */
+        int p = prev0;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            uint32_t mm = m[w];
+            while (mm != 0) {
+                const uint32_t i = (4 * lane + w) * 32 + (uint32_t)__ffs((int)mm) - 1;
+                mm &= mm - 1;
+                const el val = nv[i];
+                if (idx) {
+                    if (mode == WSYNC_DELTA_SPARSE) {
+                        /* the gap: floor(gap / 255) escape bytes, then gap mod 255 */
+                        const uint32_t gap = (uint32_t)((int)i - p - 1), ne = gap / 255u;
+                        for (uint32_t x = 0; x < ne; x++)
+                            to[r + ex + x] = 0xff;
+                        ex += ne;
+                        to[r + ex] = (unsigned char)(gap - 255u * ne);
+                    }
+                    *reinterpret_cast<el *>(to + hdr + (uint64_t)r * E) = val;
+                }
+                if (update_old)
+                    ov[i] = val;
+                p = (int)i;
+                r++;
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Apply                                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -974,10 +1174,15 @@ __device__ __forceinline__ void wk_block_scan2(uint32_t a, uint32_t b, uint32_t 
     *tb = sb;
 }
 
-/* Blocks [g0, g0 + gridDim.x) of chunks [c0, c1), element size E: check, apply, hash. Shared
- * memory (dynamic): the block's values [WK_DBLK * E] (with hash). */
-template <int E>
-__global__ void __launch_bounds__(WK_THREADS, WK_DMIN_BLOCKS)
+/* CTAs per SM the apply kernel's registers must allow: 4 (64 registers a thread; ptxas: no
+ * spills) by default; 8 (32 registers, WSYNC_KDELTA_OLD=1) spills 108-260 bytes a thread
+ * (Nsight: 17.8 M local requests on the bench), and 5 or 6 still spill. */
+#define WK_AMIN_BLOCKS 4
+
+/* Blocks [g0, g0 + gridDim.x) of chunks [c0, c1), element size E: check, apply, hash; at least
+ * MINB CTAs per SM. Shared memory (dynamic): the block's values [WK_DBLK * E] (with hash). */
+template <int E, int MINB>
+__global__ void __launch_bounds__(WK_THREADS, MINB)
 wk_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap, uint64_t g0,
                const uint64_t *lens, uint64_t *leaves, wsync_kdelta_result_t *res, int hash)
 {
@@ -1166,581 +1371,6 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ 
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Persistent kernels (v2): chunks that are dense with 16-byte aligned starts                   */
-/* ------------------------------------------------------------------------------------------ */
-
-/* The chunk of batch block g, at or after chunk c (a CTA's blocks only grow). */
-__device__ __forceinline__ uint32_t wk_chunk_from(const wk_dchunk_t *ch, uint32_t c, uint32_t c1,
-                                                  uint64_t g)
-{
-    if (ch[c].block0 + ch[c].nb > g)
-        return c;
-    return wk_find_chunk(ch, c + 1, c1, g);
-}
-
-/* Elements in block g of chunk d, and the block's first element. */
-__device__ __forceinline__ uint32_t wk_blen(const wk_dchunk_t &d, uint64_t g, uint64_t *first)
-{
-    *first = (g - d.block0) * WK_DBLK;
-    return (uint32_t)(d.n - *first < WK_DBLK ? d.n - *first : WK_DBLK);
-}
-
-/* Encode, v2: blocks [g0, g0 + nblk) of chunks [c0, c1) (dense, new and old 16-byte aligned),
- * claimed in order from *counter by a grid of resident CTAs. Per block: compare in registers
- * (16-byte loads), mask words by shuffles, the words' scan (k, e, ranks) and the hash terms at
- * once, publish the size, hash and look back, then the payload (PLAIN from registers; SPARSE and
- * BITMAP staged in shared memory and written in 8-byte words). Shared memory (dynamic):
- * WK_DBLK * E bytes (the staged payload; a tail block's values for its hash). */
-template <int E>
-__global__ void __launch_bounds__(WK_THREADS, WK2E_MIN_BLOCKS)
-wk2_delta_encode(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
-                 uint64_t nblk, unsigned long long *status, unsigned int *counter,
-                 uint64_t *leaves, wsync_kdelta_result_t *res, int update_old)
-{
-    typedef typename wk_elem<E>::t el;
-    constexpr uint32_t VE = 16 / E;
-    constexpr bool PF = WK2E_PREFETCH && E <= 2;   /* prefetch the next block into registers */
-    extern __shared__ uint4 wk_dyn[];
-    unsigned char *buf = reinterpret_cast<unsigned char *>(wk_dyn);
-    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS], wesc[WK_MWORDS];
-    __shared__ int16_t wprev[WK_MWORDS];
-    __shared__ uint64_t sec[24], hx[64 * E > WK_THREADS ? 64 * E : WK_THREADS];
-    __shared__ uint64_t sh_off, sh_leaf;
-    __shared__ uint32_t sh_k, sh_e, sh_next, sh_next2;
-    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
-
-    /* claims run two blocks ahead: the current one, the next (its values loading), and the one
-     * after, whose atomic's latency is hidden behind a whole block (a CTA processes its claims in
-     * increasing order, so the lowest unfinished block is always some CTA's current one) */
-    wk_secret_load(sec);
-    if (tid == 0) {
-        sh_next = atomicAdd(counter, 1u);
-        sh_next2 = atomicAdd(counter, 1u);
-    }
-    __syncthreads();
-    uint64_t gr = sh_next, grq = sh_next2;
-    uint32_t claim = 0;
-    uint32_t c = c0;
-    uint4 nw[E], od[E];
-    if (gr < nblk) {
-        c = wk_chunk_from(ch, c, c1, g0 + gr);
-        uint64_t f;
-        const uint32_t l = wk_blen(ch[c], g0 + gr, &f);
-        wk_vload_block<E>(ch[c].a + f * E, l, nw);
-        wk_vload_block<E>(ch[c].b + f * E, l, od);
-    }
-    while (gr < nblk) {
-        const uint64_t g = g0 + gr;
-        const wk_dchunk_t &d = ch[c];
-        uint64_t first;
-        const uint32_t len = wk_blen(d, g, &first);
-        const uint32_t j = (uint32_t)(g - d.block0);
-        const bool full = len == WK_DBLK;
-
-        /* 1. changed bits, mask words; a tail block's values to shared memory for its hash */
-        uint32_t cb[E];
-#pragma unroll
-        for (int it = 0; it < E; it++) {
-            const uint32_t v = tid + WK_THREADS * it;
-            cb[it] = wk_vdiff<E>(nw[it], od[it]);
-            wk_put_bits<E>(cb[it], v, mask);
-            if (!full)
-                reinterpret_cast<uint4 *>(buf)[v] = nw[it];
-        }
-        __syncthreads();
-        /* 2. the words' scan (warp 0), the next block's claim, the hash terms */
-        if (warp == 0)
-            wk_mask_scan(mask, wpre, wesc, wprev, &sh_k, &sh_e);
-        else if (tid == 32)
-            claim = atomicAdd(counter, 1u);   /* used at the end of the block */
-        if (full)
-            wk_hash_terms<E>(nw, sec, hx);
-        __syncthreads();
-        const uint32_t k = sh_k;
-        const uint64_t grn = grq;
-        uint32_t mode;
-        const uint64_t size = wk_bbytes(len, k, sh_e, E, &mode);
-        const uint32_t e = mode == WSYNC_DELTA_SPARSE ? sh_e : 0;
-        if (tid == 0)
-            atomicExch(&status[g], (unsigned long long)((j == 0 ? WK_LB_INC : WK_LB_AGG) | size));
-
-        /* 3. the next block's values start loading */
-        uint32_t cn = c;
-        uint4 pn[PF ? E : 1], po[PF ? E : 1];
-        if (PF && grn < nblk) {
-            cn = wk_chunk_from(ch, c, c1, g0 + grn);
-            uint64_t f;
-            const uint32_t l = wk_blen(ch[cn], g0 + grn, &f);
-#pragma unroll
-            for (int it = 0; it < (PF ? E : 1); it++) {
-                pn[it] = wk_vload<E>(ch[cn].a + f * E, tid + WK_THREADS * it, l);
-                po[it] = wk_vload<E>(ch[cn].b + f * E, tid + WK_THREADS * it, l);
-            }
-        }
-
-        /* 4. the leaf hash; the payload offset by look-back (warp 0) */
-        if (full) {
-            if (warp == 1) {
-                const uint64_t h = wk_hash_finish<E>(hx, sec);
-                if (lane == 0)
-                    sh_leaf = h;
-            }
-        } else {
-            const uint64_t h = wk_xxh3(buf, (uint64_t)len * E, secret, hx);
-            if (tid == 0)
-                sh_leaf = h;
-        }
-        if (warp == 0 && j > 0) {
-            uint64_t excl = 0;
-            int64_t p = (int64_t)j - 1;
-            for (;;) {
-                int64_t q = p - lane;
-                uint64_t w = q >= 0 ? *(volatile unsigned long long *)&status[d.block0 + (uint64_t)q]
-                                    : WK_LB_INC;
-                uint32_t st = (uint32_t)(w >> 62);
-                uint32_t xm = __ballot_sync(WK_FULL, st == 0), im = __ballot_sync(WK_FULL, st == 2);
-                uint32_t lowi = im ? (uint32_t)__ffs((int)im) - 1 : 32;
-                uint32_t lowx = xm ? (uint32_t)__ffs((int)xm) - 1 : 32;
-                if (lowx < lowi) {
-                    __nanosleep(32);
-                    continue;
-                }
-                uint64_t val = (uint32_t)lane <= lowi ? (w & WK_LB_VAL) : 0;
-                for (int o = 16; o > 0; o /= 2)
-                    val += __shfl_xor_sync(WK_FULL, val, o);
-                excl += val;
-                if (lowi < 32)
-                    break;
-                p -= 32;
-            }
-            if (lane == 0) {
-                atomicExch(&status[g], (unsigned long long)(WK_LB_INC | (excl + size)));
-                sh_off = excl;
-            }
-        } else if (tid == 0) {
-            sh_off = 0;
-        }
-        __syncthreads();
-        const uint64_t off = sh_off, pos = 16 + 8 * (uint64_t)d.nb + off;
-
-        /* 5. table entry, header, results */
-        if (tid == 0) {
-            if (16 + 8 * ((uint64_t)j + 1) <= d.cap)
-                reinterpret_cast<uint64_t *>(d.out + 16)[j] =
-                    off | ((uint64_t)((mode << 30) | (e << 16) | k) << 32);
-            if (j == 0 && d.cap >= 16) {
-                reinterpret_cast<uint64_t *>(d.out)[0] =
-                    WSYNC_DELTA_MAGIC | ((uint64_t)WSYNC_DELTA_FORMAT << 32) | ((uint64_t)E << 40);
-                reinterpret_cast<uint64_t *>(d.out)[1] = d.n;
-            }
-            leaves[g] = sh_leaf;
-            if (k > 0)
-                atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
-                          (unsigned long long)k);
-            if (j == d.nb - 1)
-                res[d.idx].len = pos + size;
-        }
-
-        /* 6. the payload */
-        if (size > 0 && pos + size <= d.cap) {
-            uint64_t *to = reinterpret_cast<uint64_t *>(d.out + pos);
-            if (mode == WSYNC_DELTA_PLAIN) {   /* from registers; a tail's padding is zero */
-#pragma unroll
-                for (int it = 0; it < E; it++) {
-                    const uint64_t w0 = 2 * (uint64_t)(tid + WK_THREADS * it);
-                    if (8 * w0 < size)
-                        to[w0] = (uint64_t)nw[it].y << 32 | nw[it].x;
-                    if (8 * (w0 + 1) < size)
-                        to[w0 + 1] = (uint64_t)nw[it].w << 32 | nw[it].z;
-                }
-            } else {
-                const bool sp = mode == WSYNC_DELTA_SPARSE;
-                const uint64_t nh = sp ? (uint64_t)k + e : (len + 7) / 8, hdr = wk_al8(nh);
-#pragma unroll
-                for (int it = 0; it < E; it++) {
-                    const uint32_t v = tid + WK_THREADS * it;
-#pragma unroll
-                    for (uint32_t x = 0; x < VE; x++) {
-                        if (!((cb[it] >> x) & 1u))
-                            continue;
-                        const uint32_t i = v * VE + x, q = i >> 5;
-                        const uint32_t below = mask[q] & ((1u << (i & 31)) - 1u);
-                        const uint32_t r = wpre[q] + (uint32_t)__popc(below);
-                        *reinterpret_cast<el *>(buf + hdr + (uint64_t)r * E) = (el)wk_vget<E>(nw[it], x);
-                        if (sp) {   /* as in wk_delta_encode */
-                            const uint32_t at = r + (wesc[q] >> 8);
-                            uint32_t gap;
-                            if (below != 0) {
-                                gap = (i & 31) - (32 - (uint32_t)__clz((int)below));
-                            } else {
-                                const uint32_t ew = wesc[q] & 0xff;
-                                gap = (uint32_t)((int)i - wprev[q] - 1);
-                                for (uint32_t y = 1; y <= ew; y++)
-                                    buf[at - y] = 0xff;
-                            }
-                            buf[at] = (unsigned char)(gap % 255u);
-                        }
-                    }
-                }
-                __syncthreads();
-                /* 8-byte words, the bytes past the index (or bitmap) and past the values zero:
-                 * the staging area holds earlier blocks' bytes there */
-                const uint64_t vend = hdr + (uint64_t)k * E;
-                for (uint64_t w = tid; w < size / 8; w += WK_THREADS) {
-                    const uint64_t b = 8 * w;
-                    uint64_t x, valid;
-                    if (b < hdr) {
-                        x = sp ? reinterpret_cast<const uint64_t *>(buf)[w]
-                               : (uint64_t)mask[2 * w + 1] << 32 | mask[2 * w];
-                        valid = nh > b ? nh - b : 0;
-                    } else {
-                        x = reinterpret_cast<const uint64_t *>(buf)[w];
-                        valid = vend > b ? vend - b : 0;
-                    }
-                    if (valid < 8)
-                        x &= valid == 0 ? 0 : ~UINT64_C(0) >> (64 - 8 * valid);
-                    to[w] = x;
-                }
-            }
-        }
-
-        /* 7. the sender's baseline takes the changed values */
-        if (update_old && k > 0) {
-            unsigned char *ob = d.b + first * E;
-#pragma unroll
-            for (int it = 0; it < E; it++) {
-                const uint32_t v = tid + WK_THREADS * it;
-#pragma unroll
-                for (uint32_t x = 0; x < VE; x++)
-                    if ((cb[it] >> x) & 1u)
-                        reinterpret_cast<el *>(ob)[v * VE + x] = (el)wk_vget<E>(nw[it], x);
-            }
-        }
-        if (tid == 32)
-            sh_next = claim;
-        __syncthreads();   /* buf, mask and hx are the next block's */
-        grq = sh_next;
-
-        if constexpr (PF) {
-#pragma unroll
-            for (int it = 0; it < E; it++) {
-                nw[it] = pn[it];
-                od[it] = po[it];
-            }
-        } else if (grn < nblk) {
-            cn = wk_chunk_from(ch, c, c1, g0 + grn);
-            uint64_t f;
-            const uint32_t l = wk_blen(ch[cn], g0 + grn, &f);
-            wk_vload_block<E>(ch[cn].a + f * E, l, nw);
-            wk_vload_block<E>(ch[cn].b + f * E, l, od);
-        }
-        gr = grn;
-        c = cn;
-    }
-}
-
-/* Store vector v of a block of len elements at p (16-byte aligned): only elements below len. */
-template <int E>
-__device__ __forceinline__ void wk_vstore(unsigned char *p, uint32_t v, uint32_t len, const uint4 &x)
-{
-    typedef typename wk_elem<E>::t el;
-    constexpr uint32_t VE = 16 / E;
-    if ((v + 1) * VE <= len) {
-        reinterpret_cast<uint4 *>(p)[v] = x;
-        return;
-    }
-#pragma unroll
-    for (uint32_t e = 0; e < VE; e++)
-        if (v * VE + e < len)
-            reinterpret_cast<el *>(p)[v * VE + e] = (el)wk_vget<E>(x, e);
-}
-
-/* Every block's table entry checked, before the apply (v2): blocks [g0, g0 + nblk) of chunks
- * [c0, c1), a thread each; ents[g] = {offset, payload bytes, (mode << 30) | (e << 16) | k, fault}.
- * The apply then reads one 16-byte word per block, two blocks ahead. */
-__global__ void __launch_bounds__(WK_THREADS)
-wk2_entries(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap, uint64_t g0,
-            uint64_t nblk, const uint64_t *lens, uint32_t E, uint4 *ents)
-{
-    for (uint64_t gr = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; gr < nblk;
-         gr += (uint64_t)gridDim.x * blockDim.x) {
-        const uint64_t g = g0 + gr;
-        const wk_dchunk_t &d = ch[bmap[g]];
-        uint64_t first, off = 0, size = 0;
-        const uint32_t len = wk_blen(d, g, &first);
-        uint32_t mode = 0, k = 0, e = 0;
-        const uint32_t fault = wk_check_entry(d.a, lens[d.idx], d, (uint32_t)(g - d.block0), len, E,
-                                              &mode, &k, &e, &off, &size);
-        ents[g] = fault != 0 ? make_uint4(0, 0, 0, fault)
-                             : make_uint4((uint32_t)off, (uint32_t)size, mode << 30 | e << 16 | k, 0);
-    }
-}
-
-/* A SPARSE block's payload in registers (v2 apply, loaded a block ahead): this thread's bytes
- * of the index area [0, al8(k + e)) (at most 2: k + e <= 512), its values of rank tid and tid +
- * WK_THREADS, and (thread 0) the payload's last 8 bytes, for the values' padding. */
-typedef struct {
-    uint32_t ib;
-    unsigned long long v0, v1, tail;
-} wk_sparse_regs_t;
-
-template <int E>
-__device__ __forceinline__ void wk_sparse_load(const unsigned char *P, uint4 en, wk_sparse_regs_t *r)
-{
-    typedef typename wk_elem<E>::t el;
-    const uint32_t k = en.z & 0xffffu, e = (en.z >> 16) & 0x3fffu;
-    const uint32_t hdr = (uint32_t)wk_al8(k + e), per = (hdr + WK_THREADS - 1) / WK_THREADS;
-    const uint32_t tid = threadIdx.x;
-    r->ib = 0;
-    for (uint32_t b = tid * per; b < tid * per + per && b < hdr; b++)
-        r->ib |= (uint32_t)P[b] << (8 * (b - tid * per));
-    const el *vals = reinterpret_cast<const el *>(P + hdr);
-    r->v0 = tid < k ? (unsigned long long)vals[tid] : 0;
-    r->v1 = tid + WK_THREADS < k ? (unsigned long long)vals[tid + WK_THREADS] : 0;
-    r->tail = tid == 0 ? *reinterpret_cast<const unsigned long long *>(P + en.y - 8) : 0;
-}
-
-/* Apply, v2: blocks [g0, g0 + nblk) of chunks [c0, c1) (dense, the target 16-byte aligned),
- * grid-stride over a grid of resident CTAs, after wk2_entries. While a block is applied and
- * hashed, the next block's entry word, target values (with hash) and, when SPARSE, its payload
- * are loading into registers, and the entry word of the block after it: a SPARSE block is
- * decoded, checked, applied and hashed without waiting for memory. A SAME block is hashed from
- * registers; other blocks go through shared memory. Shared memory (dynamic, with hash):
- * WK_DBLK * E bytes. */
-template <int E>
-__global__ void __launch_bounds__(WK_THREADS, WK2_MIN_BLOCKS)
-wk2_delta_apply(const wk_dchunk_t *__restrict__ ch, uint32_t c0, uint32_t c1, uint64_t g0,
-                uint64_t nblk, const uint4 *ents, uint64_t *leaves, wsync_kdelta_result_t *res,
-                int hash)
-{
-    typedef typename wk_elem<E>::t el;
-    constexpr bool PF = E <= 2;
-    extern __shared__ uint4 wk_dyn[];
-    unsigned char *buf = reinterpret_cast<unsigned char *>(wk_dyn);
-    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS], wesc[WK_MWORDS], red[16];
-    __shared__ int16_t wprev[WK_MWORDS];
-    __shared__ uint16_t posv[512];   /* SPARSE: k <= 512 (its index beats a bitmap of <= 512) */
-    __shared__ uint64_t sec[24], hx[64 * E > WK_THREADS ? 64 * E : WK_THREADS];
-    __shared__ uint32_t sh_total, sh_etrue;
-    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const uint64_t S = gridDim.x;
-    const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
-
-    wk_secret_load(sec);
-    uint64_t gr = blockIdx.x;
-    uint32_t c = c0;
-    uint4 tv[E], en = make_uint4(0, 0, 0, 0), en1 = make_uint4(0, 0, 0, 0);
-    wk_sparse_regs_t sp = {0, 0, 0, 0};
-    if (gr < nblk) {
-        c = wk_chunk_from(ch, c, c1, g0 + gr);
-        en = ents[g0 + gr];
-        if (gr + S < nblk)
-            en1 = ents[g0 + gr + S];
-        uint64_t f;
-        const uint32_t l = wk_blen(ch[c], g0 + gr, &f);
-        if (hash)
-            wk_vload_block<E>(ch[c].b + f * E, l, tv);
-        if (en.w == 0 && (en.z >> 30) == WSYNC_DELTA_SPARSE)
-            wk_sparse_load<E>(ch[c].a + 16 + 8 * (uint64_t)ch[c].nb + en.x, en, &sp);
-    }
-    __syncthreads();
-    while (gr < nblk) {
-        const uint64_t g = g0 + gr, grn = gr + S;
-        const wk_dchunk_t &d = ch[c];
-        uint64_t first;
-        const uint32_t len = wk_blen(d, g, &first);
-        const uint32_t j = (uint32_t)(g - d.block0);
-        const bool full = len == WK_DBLK;
-        const uint32_t fault = en.w, mode = en.z >> 30, k = en.z & 0xffffu, ee = (en.z >> 16) & 0x3fffu;
-        const uint64_t size = en.y;
-        const unsigned char *P = d.a + 16 + 8 * (uint64_t)d.nb + en.x;   /* 8-byte aligned */
-
-        /* the blocks ahead: the entry after next; the next one's target values and payload */
-        uint32_t cn = c;
-        uint4 en2 = make_uint4(0, 0, 0, 0), pv[PF ? E : 1];
-        wk_sparse_regs_t sp1 = {0, 0, 0, 0};
-        if (grn + S < nblk)
-            en2 = ents[g0 + grn + S];
-        if (grn < nblk) {
-            cn = wk_chunk_from(ch, c, c1, g0 + grn);
-            uint64_t f;
-            const uint32_t l = wk_blen(ch[cn], g0 + grn, &f);
-            if (PF && hash) {
-#pragma unroll
-                for (int it = 0; it < (PF ? E : 1); it++)
-                    pv[it] = wk_vload<E>(ch[cn].b + f * E, tid + WK_THREADS * it, l);
-            }
-            if (en1.w == 0 && (en1.z >> 30) == WSYNC_DELTA_SPARSE)
-                wk_sparse_load<E>(ch[cn].a + 16 + 8 * (uint64_t)ch[cn].nb + en1.x, en1, &sp1);
-        }
-
-        /* 1. the payload's content, before anything is written (as wk_delta_apply) */
-        const bool buffered = hash && fault == 0 && (mode != WSYNC_DELTA_SAME || !full);
-        if (buffered) {
-#pragma unroll
-            for (int it = 0; it < E; it++)
-                reinterpret_cast<uint4 *>(buf)[tid + WK_THREADS * it] = tv[it];
-        }
-        int lbad = 0;
-        uint64_t hdr = 0;
-        if (fault == 0 && mode == WSYNC_DELTA_SPARSE) {
-            /* from registers: this thread's run of the index area, padding bytes zero, no
-             * trailing escape; then as wk_delta_apply */
-            const uint32_t nbytes = k + ee;
-            hdr = wk_al8(nbytes);
-            const uint32_t per = ((uint32_t)hdr + WK_THREADS - 1) / WK_THREADS, b0 = tid * per;
-            uint32_t adv = 0, cnt = 0;
-            for (uint32_t b = b0; b < b0 + per && b < hdr; b++) {
-                const uint32_t x = (sp.ib >> (8 * (b - b0))) & 0xffu;
-                if (b < nbytes) {
-                    adv += x == 0xff ? 255u : x + 1;
-                    cnt += x != 0xff;
-                    if (b == nbytes - 1 && x == 0xff)
-                        lbad = 1;
-                } else if (x != 0) {
-                    lbad = 1;
-                }
-            }
-            uint32_t adv0, cnt0, advt, cntt;
-            wk_block_scan2(adv, cnt, red, &adv0, &cnt0, &advt, &cntt);
-            if (cntt != k) {
-                lbad = 1;
-            } else {
-                for (uint32_t b = b0; b < b0 + per && b < nbytes; b++) {
-                    const uint32_t x = (sp.ib >> (8 * (b - b0))) & 0xffu;
-                    adv0 += x == 0xff ? 255u : x + 1;
-                    if (x != 0xff) {
-                        if (adv0 - 1 >= len)
-                            lbad = 1;
-                        else
-                            posv[cnt0] = (uint16_t)(adv0 - 1);
-                        cnt0++;
-                    }
-                }
-            }
-            const uint64_t pad = size - hdr - (uint64_t)k * E;   /* 0..7 bytes after the values */
-            if (tid == 0 && pad > 0 && (sp.tail >> (64 - 8 * pad)) != 0)
-                lbad = 1;
-        } else if (fault == 0 && mode == WSYNC_DELTA_BITMAP) {
-            hdr = wk_al8((len + 7) / 8);
-            for (uint32_t w = tid; w < WK_MWORDS; w += WK_THREADS) {
-                uint32_t m = w < hdr / 4 ? reinterpret_cast<const uint32_t *>(P)[w] : 0;
-                uint32_t lo = w * 32;
-                uint32_t past = lo >= len ? WK_FULL : len - lo >= 32 ? 0u : ~((1u << (len - lo)) - 1u);
-                if (m & past)
-                    lbad = 1;
-                mask[w] = m;
-            }
-        }
-        if (fault == 0 && (mode == WSYNC_DELTA_BITMAP || mode == WSYNC_DELTA_PLAIN)) {
-            const uint64_t vend = mode == WSYNC_DELTA_PLAIN ? (uint64_t)len * E : hdr + (uint64_t)k * E;
-            for (uint64_t b = vend + tid; b < size; b += WK_THREADS)
-                if (P[b] != 0)
-                    lbad = 1;
-        }
-        int bad = __syncthreads_or(lbad);
-        if (fault == 0 && !bad && mode == WSYNC_DELTA_BITMAP) {
-            wk_mask_scan(mask, wpre, wesc, wprev, &sh_total, &sh_etrue);
-            __syncthreads();
-            int lb = 0;
-            if (tid == 0) {
-                uint32_t want;
-                wk_bbytes(len, k, sh_etrue, E, &want);
-                lb = sh_total != k || want != WSYNC_DELTA_BITMAP;
-            }
-            bad = __syncthreads_or(lb);
-        }
-
-        if (fault != 0 || bad) {
-            if (tid == 0)
-                atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
-                          (unsigned long long)(((uint64_t)j << 8) |
-                                               (fault != 0 ? fault : WSYNC_KDELTA_FAULT_PAYLOAD)));
-        } else {
-            /* 2. apply */
-            const el *vals = reinterpret_cast<const el *>(P + hdr);
-            unsigned char *tb = d.b + first * E;
-            if (mode == WSYNC_DELTA_SPARSE) {   /* only the changed values are written */
-                if (tid < k) {
-                    reinterpret_cast<el *>(tb)[posv[tid]] = (el)sp.v0;
-                    if (hash)
-                        reinterpret_cast<el *>(buf)[posv[tid]] = (el)sp.v0;
-                }
-                if (tid + WK_THREADS < k) {
-                    reinterpret_cast<el *>(tb)[posv[tid + WK_THREADS]] = (el)sp.v1;
-                    if (hash)
-                        reinterpret_cast<el *>(buf)[posv[tid + WK_THREADS]] = (el)sp.v1;
-                }
-            } else if (!hash) {
-                if (mode != WSYNC_DELTA_SAME) {
-                    for (uint32_t i = tid; i < len; i += WK_THREADS) {
-                        if (mode == WSYNC_DELTA_BITMAP && !((mask[i >> 5] >> (i & 31)) & 1u))
-                            continue;
-                        reinterpret_cast<el *>(tb)[i] =
-                            mode == WSYNC_DELTA_BITMAP ? vals[wk_rank(mask, wpre, i)] : vals[i];
-                    }
-                }
-            } else if (mode != WSYNC_DELTA_SAME) {   /* BITMAP, PLAIN: the block whole */
-                for (uint32_t i = tid; i < len; i += WK_THREADS) {
-                    if (mode == WSYNC_DELTA_BITMAP && !((mask[i >> 5] >> (i & 31)) & 1u))
-                        continue;
-                    reinterpret_cast<el *>(buf)[i] =
-                        mode == WSYNC_DELTA_BITMAP ? vals[wk_rank(mask, wpre, i)] : vals[i];
-                }
-            }
-            /* 3. the hash of the block's values after applying */
-            if (hash) {
-                if (buffered) {
-                    __syncthreads();
-#pragma unroll
-                    for (int it = 0; it < E; it++) {
-                        const uint32_t v = tid + WK_THREADS * it;
-                        tv[it] = reinterpret_cast<const uint4 *>(buf)[v];
-                        if (mode == WSYNC_DELTA_BITMAP || mode == WSYNC_DELTA_PLAIN)
-                            wk_vstore<E>(tb, v, len, tv[it]);
-                    }
-                }
-                if (full) {
-                    wk_hash_terms<E>(tv, sec, hx);
-                    __syncthreads();
-                    if (warp == 1) {
-                        const uint64_t h = wk_hash_finish<E>(hx, sec);
-                        if (lane == 0)
-                            leaves[g] = h;
-                    }
-                } else {
-                    const uint64_t h = wk_xxh3(buf, (uint64_t)len * E, secret, hx);
-                    if (tid == 0)
-                        leaves[g] = h;
-                }
-            }
-            if (tid == 0 && k > 0)
-                atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
-                          (unsigned long long)k);
-        }
-        __syncthreads();   /* buf, hx, posv and mask are the next block's */
-
-        if constexpr (PF) {
-            if (hash) {
-#pragma unroll
-                for (int it = 0; it < E; it++)
-                    tv[it] = pv[it];
-            }
-        } else if (hash && grn < nblk) {
-            uint64_t f;
-            const uint32_t l = wk_blen(ch[cn], g0 + grn, &f);
-            wk_vload_block<E>(ch[cn].b + f * E, l, tv);
-        }
-        en = en1;
-        en1 = en2;
-        sp = sp1;
-        gr = grn;
-        c = cn;
-    }
-}
-
-/* ------------------------------------------------------------------------------------------ */
 /* Chunk hashes, results, XXH3 of ranges                                                       */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -1809,17 +1439,19 @@ struct wsync_kdelta_batch {
     unsigned long long *status;        /*   [nblocks + 4] encode: look-back words, counters */
     uint64_t *leaves;                  /*   [nblocks] */
     wsync_kdelta_result_t *res;        /*   [n] */
-    uint4 *ents;                       /*   [nblocks] apply: the checked table entries (v2) */
+    uint32_t *glist;                   /*   [nblocks] encode: wk_delta_encode's blocks */
     uint32_t *bmap;                    /*   [nblocks] each block's chunk (its place in chunks) */
     uint64_t dev_bytes;
     wsync_kdelta_result_t *host;       /* pinned [n] */
     uint64_t *lens_host;               /* pinned [n] apply: the lengths of the next launch */
     uint64_t *lens_default;            /* malloc [n] apply: those given at create */
     int lens_changed;                  /* a launch gave other lengths than the default */
+    int old;                           /* WSYNC_KDELTA_OLD: the kernels before the warp encoder */
     struct {
-        uint32_t c0, cf, c1;           /* chunks: [c0, cf) for the v2 kernels, [cf, c1) v1 */
+        uint32_t c0, cf, c1;           /* chunks: [c0, cf) the warp encoder's, [cf, c1) not */
         uint64_t g0, gf, g1;           /* their blocks */
-        unsigned grid2;                /* the v2 kernel's CTAs (resident at once) */
+        uint64_t l0, nl;               /* encode: glist[l0, l0 + nl), wk_delta_encode's blocks
+                                          (relative to g0): [cf, c1)'s and [c0, cf)'s tails */
     } grp[4];
 };
 
@@ -1834,18 +1466,12 @@ static int wk_env_on(const char *name)
     return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0;
 }
 
-/* Whether a batch's dense 16-byte aligned chunks take the v2 kernels: not by default. Measured
- * on an H100 (test_delta_kernels, 1 GiB bf16 in 64 chunks at 1 %, commit 5c201c0): v1 encode
- * 1.30 ms against v2's 5.93, v1 apply 0.55 ms against 0.75, with the hash 1.00 against 1.40 (v2
- * stalls at its barriers with 4-6 CTAs per SM; v1 keeps 8). WSYNC_KDELTA_V2=1: v2 wherever it
- * can run, to compare; WSYNC_KDELTA_V1=1: v1 (the default) whatever else is set. */
-static int wk_use_v2(int apply, int hash)
+/* WSYNC_KDELTA_OLD=1: the kernels as they were before the warp encoder (commit 5c201c0's v1:
+ * one CTA per block for every encode, apply at 32 registers), to compare in one run. Measured on
+ * an H100 (test_delta_kernels, 1 GiB bf16 in 64 chunks at 1 %): docs/delta.md. */
+static int wk_use_old(void)
 {
-    (void)apply;
-    (void)hash;
-    if (wk_env_on("WSYNC_KDELTA_V1"))
-        return 0;
-    return wk_env_on("WSYNC_KDELTA_V2");
+    return wk_env_on("WSYNC_KDELTA_OLD");
 }
 
 /* The checks both kinds of chunk share. */
@@ -1895,37 +1521,6 @@ static void wk_batch_release(wsync_kdelta_batch_t *b)
     free(b);
 }
 
-template <int E>
-static cudaError_t wk_occupancy(int apply, int *per_sm)
-{
-    if (apply)
-        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, wk2_delta_apply<E>, WK_THREADS,
-                                                             WK_DBLK * E);
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, wk2_delta_encode<E>, WK_THREADS,
-                                                         WK_DBLK * E);
-}
-
-/* The v2 kernels' grids: as many CTAs as the device keeps resident (they loop over the blocks),
- * at most one per block. */
-static wsync_status_t wk_grid2(wsync_kdelta_batch_t *b)
-{
-    int dev = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    for (int grp = 0; grp < 4 && e == cudaSuccess; grp++) {
-        const uint64_t nb = b->grp[grp].gf - b->grp[grp].g0;
-        int per_sm = 0;
-        if (nb == 0)
-            continue;
-        e = grp == 0 ? wk_occupancy<1>(b->apply, &per_sm) : grp == 1 ? wk_occupancy<2>(b->apply, &per_sm)
-          : grp == 2 ? wk_occupancy<4>(b->apply, &per_sm) : wk_occupancy<8>(b->apply, &per_sm);
-        uint64_t grid = (uint64_t)(per_sm > 0 ? per_sm : 1) * (uint64_t)(sms > 0 ? sms : 1);
-        b->grp[grp].grid2 = (unsigned)(grid < nb ? grid : nb);
-    }
-    return e == cudaSuccess ? WSYNC_OK : wk_cuda(e, "wsync_kdelta: occupancy of the codec kernels");
-}
-
 /* Group the chunks by element size, number their blocks, allocate and upload. d[i] describes
  * chunk i (caller's order) with block0 unset; esz[i] its element size. */
 static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dchunk_t *d,
@@ -1944,13 +1539,14 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
     }
     b->apply = apply;
     b->flag = flag;
+    b->old = wk_use_old();
     b->n = n;
     uint32_t m = 0;
     uint64_t g = 0;
     for (int grp = 0; grp < 4; grp++) {
         b->grp[grp].c0 = m;
         b->grp[grp].g0 = g;
-        for (int slow = 0; slow < 2; slow++) {   /* the v2 kernels' chunks first */
+        for (int slow = 0; slow < 2; slow++) {   /* the warp encoder's chunks first */
             if (slow) {
                 b->grp[grp].cf = m;
                 b->grp[grp].gf = g;
@@ -1977,8 +1573,8 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
     {   /* one device allocation: chunks, lens, status + counters, leaves, results */
         uint64_t o_ch = 0, o_lens = o_ch + wk_al8((uint64_t)n * sizeof(wk_dchunk_t));
         uint64_t o_st = o_lens + 8 * (uint64_t)n, o_lv = o_st + 8 * (apply ? 0 : g + 4);
-        uint64_t o_res = o_lv + 8 * g, o_en = (o_res + (uint64_t)n * sizeof(wsync_kdelta_result_t) + 15) & ~UINT64_C(15);
-        uint64_t o_bm = o_en + (apply ? 16 * g : 0), total = o_bm + 4 * g;
+        uint64_t o_res = o_lv + 8 * g, o_gl = o_res + (uint64_t)n * sizeof(wsync_kdelta_result_t);
+        uint64_t o_bm = o_gl + (apply ? 0 : 4 * g), total = o_bm + 4 * g;
         e = cudaMalloc(&b->dev, total ? total : 8);
         if (e != cudaSuccess) {
             st = wk_cuda(e, "wsync_kdelta: cudaMalloc");
@@ -1990,7 +1586,7 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
         b->status = (unsigned long long *)(base + o_st);
         b->leaves = (uint64_t *)(base + o_lv);
         b->res = (wsync_kdelta_result_t *)(base + o_res);
-        b->ents = (uint4 *)(base + o_en);
+        b->glist = (uint32_t *)(base + o_gl);
         b->bmap = (uint32_t *)(base + o_bm);
         b->dev_bytes = total;
     }
@@ -2024,6 +1620,22 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
             for (uint64_t x = 0; x < sorted[i].nb; x++)
                 bm[sorted[i].block0 + x] = i;
         e = cudaMemcpy(b->bmap, bm, (size_t)g * 4, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess && !apply) {
+            /* wk_delta_encode's blocks, ascending per group (the look-back's order): the tail
+             * blocks of the warp encoder's chunks, then every block of the others */
+            uint64_t nl = 0;
+            for (int grp = 0; grp < 4; grp++) {
+                b->grp[grp].l0 = nl;
+                for (uint32_t i = b->grp[grp].c0; i < b->grp[grp].cf; i++)
+                    if (sorted[i].n % WK_DBLK != 0)
+                        bm[nl++] = (uint32_t)(sorted[i].block0 + sorted[i].nb - 1 - b->grp[grp].g0);
+                for (uint64_t x = b->grp[grp].gf; x < b->grp[grp].g1; x++)
+                    bm[nl++] = (uint32_t)(x - b->grp[grp].g0);
+                b->grp[grp].nl = nl - b->grp[grp].l0;
+            }
+            if (nl > 0)
+                e = cudaMemcpy(b->glist, bm, (size_t)nl * 4, cudaMemcpyHostToDevice);
+        }
         free(bm);
         if (e != cudaSuccess) {
             st = wk_cuda(e, "wsync_kdelta: cudaMemcpy (block map)");
@@ -2047,9 +1659,6 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
             goto fail;
         }
     }
-    st = wk_grid2(b);
-    if (st != WSYNC_OK)
-        goto fail;
     free(sorted);
     *out = b;
     return WSYNC_OK;
@@ -2062,30 +1671,27 @@ fail:
 template <int E>
 static void wk_launch_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t s)
 {
-    const uint32_t c0 = b->grp[grp].cf, cv = b->grp[grp].c0;
-    const uint64_t g0 = b->grp[grp].gf, nb = b->grp[grp].g1 - g0, gv = b->grp[grp].g0;
-    const uint64_t nbv = g0 - gv;
-    if (nbv > 0) {
-        if (b->apply) {
-            const uint64_t units = (nbv + WK_THREADS - 1) / WK_THREADS;
-            wk2_entries<<<(unsigned)(units < 65536 ? units : 65536), WK_THREADS, 0, s>>>(
-                b->chunks, b->bmap, gv, nbv, b->lens, (uint32_t)E, b->ents);
-            wk2_delta_apply<E><<<b->grp[grp].grid2, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
-                b->chunks, cv, c0, gv, nbv, b->ents, b->leaves, b->res, b->flag);
-        } else
-            wk2_delta_encode<E><<<b->grp[grp].grid2, WK_THREADS, WK_DBLK * E, s>>>(
-                b->chunks, cv, c0, gv, nbv, b->status,
-                (unsigned int *)(b->status + b->nblocks) + 4 + grp, b->leaves, b->res, b->flag);
-    }
+    const uint64_t g0 = b->grp[grp].g0, nb = b->grp[grp].g1 - g0;
     if (nb == 0)
         return;
-    if (b->apply)
-        wk_delta_apply<E><<<(unsigned)nb, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
-            b->chunks, b->bmap, g0, b->lens, b->leaves, b->res, b->flag);
-    else
-        wk_delta_encode<E><<<(unsigned)nb, WK_THREADS, 2 * WK_DBLK * E, s>>>(
-            b->chunks, b->bmap, g0, b->status, (unsigned int *)(b->status + b->nblocks) + grp,
-            b->leaves, b->res, b->flag);
+    if (b->apply) {
+        if (b->old)
+            wk_delta_apply<E, WK_DMIN_BLOCKS><<<(unsigned)nb, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
+                b->chunks, b->bmap, g0, b->lens, b->leaves, b->res, b->flag);
+        else
+            wk_delta_apply<E, WK_AMIN_BLOCKS><<<(unsigned)nb, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
+                b->chunks, b->bmap, g0, b->lens, b->leaves, b->res, b->flag);
+        return;
+    }
+    unsigned int *counters = (unsigned int *)(b->status + b->nblocks);
+    const uint64_t nw = b->grp[grp].gf - g0, nl = b->grp[grp].nl;
+    if (nw > 0)   /* first: the tail blocks after it look back over its blocks */
+        wkw_delta_encode<E><<<(unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS), WK_THREADS, 0, s>>>(
+            b->chunks, b->bmap, g0, nw, b->status, counters + 4 + grp, b->leaves, b->res, b->flag);
+    if (nl > 0)
+        wk_delta_encode<E><<<(unsigned)nl, WK_THREADS, 2 * WK_DBLK * E, s>>>(
+            b->chunks, b->bmap, g0, nl == nb ? NULL : b->glist + b->grp[grp].l0, b->status,
+            counters + grp, b->leaves, b->res, b->flag);
 }
 
 extern "C" {
@@ -2094,7 +1700,7 @@ wsync_status_t wsync_kdelta_encode_create(const wsync_kdelta_enc_t *chunks, uint
                                           int update_old, wsync_kdelta_batch_t **batch)
 {
     static const char fn[] = "wsync_kdelta_encode_create";
-    const int v2 = wk_use_v2(0, 0);
+    const int old = wk_use_old();
     if (batch == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "%s: batch is NULL", fn);
     if (n > 0 && chunks == NULL)
@@ -2128,7 +1734,7 @@ wsync_status_t wsync_kdelta_encode_create(const wsync_kdelta_enc_t *chunks, uint
         d[i].nb = (uint32_t)wsync_delta_nblocks(d[i].n);
         d[i].idx = i;
         d[i].dense = r->rows == 1 || r->pitch == r->cols;
-        d[i].fast = v2 && d[i].dense && (((uintptr_t)d[i].a | (uintptr_t)d[i].b) & 15) == 0;
+        d[i].fast = !old && d[i].dense && (((uintptr_t)d[i].a | (uintptr_t)d[i].b) & 15) == 0;
         esz[i] = c->esize;
     }
     if (st == WSYNC_OK)
@@ -2142,7 +1748,6 @@ wsync_status_t wsync_kdelta_apply_create(const wsync_kdelta_app_t *chunks, uint3
                                          wsync_kdelta_batch_t **batch)
 {
     static const char fn[] = "wsync_kdelta_apply_create";
-    const int v2 = wk_use_v2(1, hash != 0);
     if (batch == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "%s: batch is NULL", fn);
     if (n > 0 && chunks == NULL)
@@ -2174,7 +1779,6 @@ wsync_status_t wsync_kdelta_apply_create(const wsync_kdelta_app_t *chunks, uint3
         d[i].nb = (uint32_t)wsync_delta_nblocks(d[i].n);
         d[i].idx = i;
         d[i].dense = r->rows == 1 || r->pitch == r->cols;
-        d[i].fast = v2 && d[i].dense && ((uintptr_t)d[i].b & 15) == 0;
         esz[i] = c->esize;
         lens[i] = c->len;
     }

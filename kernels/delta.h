@@ -6,10 +6,10 @@
  * wsync_delta_encode writes, and the apply kernel takes what either encoder wrote; the tree hash
  * equals wsync_delta_hash. tests/gpu/test_delta_kernels.c holds them to it.
  *
- * Work: per codec block (WSYNC_DELTA_BLOCK elements), one CUDA block each (WSYNC_KDELTA_V2=1:
- * persistent CTAs for the chunks that are dense with 16-byte aligned starts, measured slower;
- * kernels/delta.cu says how, what each measured and what limits the speed). Encode reads each block of new and old
- * values once: it counts the changes, hashes the new values (leaf), finds the block's payload
+ * Work: per codec block (WSYNC_DELTA_BLOCK elements), one warp (full blocks of chunks that are
+ * dense with new and old 16-byte aligned) or one CUDA block (the rest; WSYNC_KDELTA_OLD=1: every
+ * block, the kernels before the warp encoder, to compare); kernels/delta.cu says how, what each
+ * measured and what limits the speed. Encode reads each block of new and old values once: it counts the changes, hashes the new values (leaf), finds the block's payload
  * offset by a decoupled look-back over the blocks before it in its chunk (so no second pass over
  * the values), and writes its table entry and payload. A second, small kernel hashes each
  * chunk's leaves. Apply validates the header, the block's table entry and its payload before

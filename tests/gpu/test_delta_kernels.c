@@ -7,19 +7,21 @@
  * decided by e; GPU apply of CPU streams and CPU apply of GPU streams equal to the new values;
  * corrupted streams refused exactly when wsync_delta_check refuses them (targeted: a format-1
  * header, a trailing 0xFF, a wrong e, e in a BITMAP or PLAIN entry, a position past the block,
- * ...), nothing written outside the chunk. The encode, apply and corrupt cases run three times:
- * every chunk through the v1 kernels (WSYNC_KDELTA_V1=1: one CTA per block), v2 wherever it can
- * (WSYNC_KDELTA_V2=1: persistent CTAs for dense 16-byte aligned chunks, v1 for the rest, in the
- * same batches), and the default (v1 everywhere, as measured fastest). Then, unless --no-bench,
- * 1 GiB of bf16 at 1 %, 5 % and 30 % changed: encode and apply times (the default, v1 and v2
- * everywhere beside it) against reading both versions once (JSON lines on stdout). The ratio
- * that counts (issue 17: encode + apply kernels against reading both versions once) is
- * (encode + apply without the receiver's hash) / read both; with the hash is printed beside it.
+ * ...), changes sharing one mask word, full blocks with no tail), nothing written outside the
+ * chunk. The encode, apply and corrupt cases run twice: with WSYNC_KDELTA_OLD=1 (the kernels
+ * before the warp encoder: one CTA per block everywhere, apply at 32 registers) and with the
+ * default (a warp per full block of dense 16-byte aligned chunks, wk_delta_encode for the rest
+ * in the same batches; apply at 64 registers). Then, unless --no-bench, 1 GiB of bf16 at 1 %, 5 %
+ * and 30 % changed: encode and apply times (the default, and WSYNC_KDELTA_OLD=1 beside it in the
+ * same run) against reading both versions once (JSON lines on stdout; "kernel" names the
+ * default's, the old_ fields the old kernels'). The ratio that counts (issue 17: encode + apply
+ * kernels against reading both versions once) is (encode + apply without the receiver's hash) /
+ * read both; with the hash is printed beside it.
  *
  * usage: test_delta_kernels [--seed S] [--no-bench] [--profile] [--json PATH]
  * --profile: only the bench at 1 %, one launch of each batch (encode, apply with and without the
- * hash: kernels wk2_entries, wk2_delta_encode, wk2_delta_apply, wk_delta_chunk_hash), for
- * `ncu --set full -k regex:wk2_ test_delta_kernels --profile`.
+ * hash: kernels wkw_delta_encode, wk_delta_encode for tails, wk_delta_apply, wk_delta_chunk_hash),
+ * for `ncu --set full -k regex:wk test_delta_kernels --profile`.
  * Exit 0 when every case passed, 1 otherwise, 77 when there is no CUDA device. Not a ctest:
  * tests/gpu/run.sh runs it on a GPU machine. */
 #include "core/delta.h"
@@ -105,7 +107,7 @@ typedef struct {
     double density, changed_fraction;
     uint64_t elements, changed, wire_bytes;
     double t_enc, t_app, t_app_nohash, t_amax, t_d2d, t_read;
-    double vx_enc[2], vx_app[2], vx_app_nohash[2];   /* with WSYNC_KDELTA_V1=1, WSYNC_KDELTA_V2=1 */
+    double old_enc, old_app, old_app_nohash;   /* with WSYNC_KDELTA_OLD=1 */
     const char *read_ref;
     int correct;
 } bench_row_t;
@@ -295,6 +297,26 @@ static uint32_t gap_positions(uint32_t *p, uint32_t max)
     return n;
 }
 
+/* Changed positions of a chunk of 4 blocks and a tail of 20 (the warp encoder's mask words):
+ * block 0 three changes in one word (224, 229, 255: gaps 224, 4, 25); block 1 all 32 elements of
+ * its last word (gap 4064: 15 escapes, then 31 gaps of 0); block 2 its first element only; block
+ * 3 nothing; the tail its elements 3 and 19 (its last, in a partial word). The first np3 of them
+ * lie in the first 3 blocks (a chunk of exactly 3 full blocks: no tail). */
+static uint32_t word_positions(uint32_t *p, uint32_t *np3)
+{
+    uint32_t n = 0;
+    p[n++] = 224;
+    p[n++] = 229;
+    p[n++] = 255;
+    for (uint32_t i = 0; i < 32; i++)
+        p[n++] = 2 * BLK - 32 + i;
+    p[n++] = 2 * BLK;
+    *np3 = n;
+    p[n++] = 4 * BLK + 3;
+    p[n++] = 4 * BLK + 19;
+    return n;
+}
+
 /* The test chunks: every element size, densities 0..1, dense and strided, tails, unaligned. */
 #define MAX_TC 160
 static tcase_t tcs[MAX_TC];
@@ -344,6 +366,17 @@ static void make_all_cases(void)
                        "gaps 254..256, 509..511, 4094, 4095, e 12 | 13 at k 500");
     tcase_make_pos(&tcs[ntc++], 2, 8, (7 * BLK + 1000) / 8, 3800, 0, gp, ng,
                    "gaps 254..256, 509..511, 4094, 4095, e 12 | 13 at k 500");
+    /* the same at offset 0, 16-byte aligned (the warp encoder's full blocks), every size; then
+     * changes sharing one mask word, with a tail and with exactly 3 full blocks */
+    uint32_t wp[64], nw3, nw = word_positions(wp, &nw3);
+    for (int si = 0; si < 4; si++) {
+        tcase_make_pos(&tcs[ntc++], sizes[si], 1, 7 * BLK + 1000, 7 * BLK + 1000, 0, gp, ng,
+                       "gaps 254..256, 509..511, 4094, 4095, e 12 | 13 at k 500");
+        tcase_make_pos(&tcs[ntc++], sizes[si], 1, 4 * BLK + 20, 4 * BLK + 20, 0, wp, nw,
+                       "changes in one word, tail");
+        tcase_make_pos(&tcs[ntc++], sizes[si], 1, 3 * BLK, 3 * BLK, 0, wp, nw3,
+                       "changes in one word, 3 full blocks");
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -489,19 +522,20 @@ static void test_encode(void)
 
     /* update_old: each old region holds the new values afterwards, the rest of old untouched */
     {
-        wsync_kdelta_enc_t e[4];
-        void *o[4];
-        int pick[4] = {1, 12, 20, 40};
-        for (int i = 0; i < 4; i++) {
+        /* strided; one full block, two full blocks and a tail at 5 % and 97 % (PLAIN); unaligned */
+        wsync_kdelta_enc_t e[5];
+        void *o[5];
+        int pick[5] = {1, 12, 20, 23, 40};
+        for (int i = 0; i < 5; i++) {
             tcase_t *t = &tcs[pick[i]];
             CU(cudaMalloc(&o[i], t->cap));
             e[i] = (wsync_kdelta_enc_t){t->d_new, t->d_old, t->r, t->es, o[i], t->cap};
         }
-        CHECK_OK(wsync_kdelta_encode_create(e, 4, 1, &b));
+        CHECK_OK(wsync_kdelta_encode_create(e, 5, 1, &b));
         CHECK_OK(wsync_kdelta_launch(b, NULL, NULL));
         CU(cudaDeviceSynchronize());
         res = wsync_kdelta_results(b);
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 5; i++) {
             tcase_t *t = &tcs[pick[i]];
             size_t bytes = t->buf_elems * t->es;
             uint8_t *want = malloc(bytes), *got = malloc(bytes);
@@ -706,8 +740,8 @@ static void test_corrupt(void)
         pos[np++] = 4 * BLK + b4[i];
     np = rand_positions(pos, np, 5 * BLK, 77, 30);
     tcase_t tc;
-    /* at offset 0, each mutant's target 16-byte aligned: the v2 kernels take them (v1 in the
-     * "v1 only" run) */
+    /* at offset 0: the warp encoder writes the stream of the full blocks (the old kernels in
+     * the "old" run); the apply kernel is the same for every target */
     tcase_make_pos(&tc, 2, 1, 5 * BLK + 77, 5 * BLK + 77, 0, pos, np, "corrupt case");
     free(pos);
     const tcase_t *t = &tc;
@@ -1139,28 +1173,27 @@ static void run_bench(void)
             free(cpu);
             free(gpu);
         }
-        /* every chunk through v1 (one CTA per block), then through v2 (persistent CTAs), for
-         * comparison: same bytes, their times (the default picks per batch kind) */
-        for (int vx = 0; vx < 2 && !profile_mode; vx++) {
-            static const char *const var[2] = {"WSYNC_KDELTA_V1", "WSYNC_KDELTA_V2"};
+        /* the old kernels (WSYNC_KDELTA_OLD=1: one CTA per block, apply at 32 registers) in
+         * the same run, for comparison: same bytes, their times */
+        if (!profile_mode) {
             wsync_kdelta_batch_t *eb1 = NULL, *ab1 = NULL, *ab01 = NULL;
-            setenv(var[vx], "1", 1);
+            setenv("WSYNC_KDELTA_OLD", "1", 1);
             CHECK_OK(wsync_kdelta_encode_create(e, NCH, 0, &eb1));
             CHECK_OK(wsync_kdelta_apply_create(a, NCH, 1, &ab1));
             CHECK_OK(wsync_kdelta_apply_create(a, NCH, 0, &ab01));
-            unsetenv(var[vx]);
+            unsetenv("WSYNC_KDELTA_OLD");
             if (eb1 != NULL && ab1 != NULL && ab01 != NULL) {
-                row->vx_enc[vx] = time_it(batch_launch, eb1);
-                row->vx_app[vx] = time_it(batch_launch, ab1);
-                row->vx_app_nohash[vx] = time_it(batch_launch, ab01);
+                row->old_enc = time_it(batch_launch, eb1);
+                row->old_app = time_it(batch_launch, ab1);
+                row->old_app_nohash = time_it(batch_launch, ab01);
                 CU(cudaDeviceSynchronize());
                 const wsync_kdelta_result_t *e1 = wsync_kdelta_results(eb1), *a1 = wsync_kdelta_results(ab1);
                 int same1 = 1;
                 for (uint32_t c = 0; c < NCH; c++)
                     same1 &= e1[c].len == er[c].len && e1[c].hash == er[c].hash &&
                              a1[c].fault == WSYNC_KDELTA_NO_FAULT && a1[c].hash == er[c].hash;
-                CHECK_MSG(same1, "benchmark at density %.2f: %s=1: lengths or hashes differ from "
-                          "the default's", dens[di], var[vx]);
+                CHECK_MSG(same1, "benchmark at density %.2f: WSYNC_KDELTA_OLD=1: lengths or "
+                          "hashes differ from the default's", dens[di]);
             }
             wsync_kdelta_free(eb1);
             wsync_kdelta_free(ab1);
@@ -1177,12 +1210,11 @@ static void run_bench(void)
                 row->t_enc * 1e6, row->t_app_nohash * 1e6, row->t_app * 1e6, row->t_read * 1e6,
                 row->t_amax * 1e6, row->t_d2d * 1e6, (row->t_enc + row->t_app_nohash) / row->t_read,
                 (row->t_enc + row->t_app) / row->t_read);
-        for (int vx = 0; vx < 2; vx++)
-            fprintf(stderr, "      %s kernels everywhere: encode %.1f us, apply %.1f us (with the hash "
-                    "%.1f us): %.2f x (%.2f x)\n", vx ? "v2" : "v1", row->vx_enc[vx] * 1e6,
-                    row->vx_app_nohash[vx] * 1e6, row->vx_app[vx] * 1e6,
-                    (row->vx_enc[vx] + row->vx_app_nohash[vx]) / row->t_read,
-                    (row->vx_enc[vx] + row->vx_app[vx]) / row->t_read);
+        fprintf(stderr, "      old kernels (WSYNC_KDELTA_OLD=1): encode %.1f us, apply %.1f us (with "
+                "the hash %.1f us): %.2f x (%.2f x)\n", row->old_enc * 1e6,
+                row->old_app_nohash * 1e6, row->old_app * 1e6,
+                (row->old_enc + row->old_app_nohash) / row->t_read,
+                (row->old_enc + row->old_app) / row->t_read);
         free(lens);
         wsync_kdelta_free(eb);
         wsync_kdelta_free(ab);
@@ -1209,18 +1241,17 @@ static void bench_json(FILE *f, const bench_row_t *r, const char *device)
             "\"d2d_us\": %.1f, \"ratio\": %.3f, \"ratio_def\": \"(encode_us + apply_nohash_us) / "
             "read_both_us: the codec kernels; the receiver's hash is the separate check\", "
             "\"ratio_with_hash\": %.3f, \"target\": 1.5, \"met\": %s, \"correct\": %s, "
-            "\"kernels\": \"default: v1 (a CTA per block); v1_ and v2_ fields: WSYNC_KDELTA_V1=1, "
-            "WSYNC_KDELTA_V2=1 (persistent CTAs for dense 16-byte aligned chunks)\", \"v1_encode_us\": %.1f, \"v1_apply_us\": %.1f, "
-            "\"v1_apply_nohash_us\": %.1f, \"v2_encode_us\": %.1f, \"v2_apply_us\": %.1f, "
-            "\"v2_apply_nohash_us\": %.1f}",
+            "\"kernel\": \"warp encoder (wkw_delta_encode: a warp per full block of dense 16-byte "
+            "aligned chunks), apply at 64 registers\", \"old_kernel\": \"WSYNC_KDELTA_OLD=1: a CTA "
+            "per block, apply at 32 registers\", \"old_encode_us\": %.1f, \"old_apply_us\": %.1f, "
+            "\"old_apply_nohash_us\": %.1f, \"old_ratio\": %.3f}",
             device, r->elements, r->density, r->changed, r->changed_fraction, r->wire_bytes,
             r->elements * 2, r->t_enc * 1e6, r->t_app * 1e6, r->t_app_nohash * 1e6,
             r->t_read * 1e6, r->read_ref, r->t_amax * 1e6, r->t_d2d * 1e6,
             (r->t_enc + r->t_app_nohash) / r->t_read, (r->t_enc + r->t_app) / r->t_read,
             (r->t_enc + r->t_app_nohash) / r->t_read <= 1.5 ? "true" : "false",
-            r->correct ? "true" : "false", r->vx_enc[0] * 1e6, r->vx_app[0] * 1e6,
-            r->vx_app_nohash[0] * 1e6, r->vx_enc[1] * 1e6, r->vx_app[1] * 1e6,
-            r->vx_app_nohash[1] * 1e6);
+            r->correct ? "true" : "false", r->old_enc * 1e6, r->old_app * 1e6,
+            r->old_app_nohash * 1e6, (r->old_enc + r->old_app_nohash) / r->t_read);
 }
 
 static void write_json(const char *path, const char *device, uint64_t seed)
@@ -1278,19 +1309,13 @@ int main(int argc, char **argv)
     if (!profile_mode) {
         run_case("cases (CPU encoder)", make_all_cases);
         run_case("xxh3", test_xxh3);
-        /* every chunk through the v1 kernels (one CTA per block); v2 wherever it can (persistent
-         * CTAs for the dense 16-byte aligned chunks, v1 for the others, in the same batches);
-         * then the default (v1 everywhere: the env variables unset) */
-        setenv("WSYNC_KDELTA_V1", "1", 1);
-        run_case("encode (v1 only)", test_encode);
-        run_case("apply (v1 only)", test_apply);
-        run_case("corrupt (v1 only)", test_corrupt);
-        unsetenv("WSYNC_KDELTA_V1");
-        setenv("WSYNC_KDELTA_V2", "1", 1);
-        run_case("encode (v2)", test_encode);
-        run_case("apply (v2)", test_apply);
-        run_case("corrupt (v2)", test_corrupt);
-        unsetenv("WSYNC_KDELTA_V2");
+        /* the old kernels (one CTA per block everywhere); then the default (a warp per full
+         * block of the dense 16-byte aligned chunks, one CTA per block for the rest) */
+        setenv("WSYNC_KDELTA_OLD", "1", 1);
+        run_case("encode (old)", test_encode);
+        run_case("apply (old)", test_apply);
+        run_case("corrupt (old)", test_corrupt);
+        unsetenv("WSYNC_KDELTA_OLD");
         run_case("encode", test_encode);
         run_case("apply", test_apply);
         run_case("corrupt", test_corrupt);
