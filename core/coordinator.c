@@ -438,27 +438,24 @@ static int wire_candidate(const wsync_coord_t *co, const wsync_target_desc_t *ta
 }
 
 /* Per-tensor FP8 targets may travel FP8 too: their senders agree on each one's amax every
- * version (schemes/wire_amax.c), which only ipc does, with host shards and host targets (CUDA
- * shards, nccl and the store keep them plain: docs/fp8_wire.md section 5). Some such target
- * exists, and the scheme, if already chosen, is ipc. */
+ * version (schemes/wire_amax.c), which ipc and nccl do, from host or CUDA shards (the store keeps
+ * them plain: docs/fp8_wire.md section 5). Some such target exists, and the scheme, if already
+ * chosen, is ipc or nccl. */
 static int tensor_candidate(const wsync_coord_t *co, const wsync_shard_desc_t *shards,
                             size_t nsh, const wsync_target_desc_t *targets, size_t ntg)
 {
     int any = 0;
 
-    if (!co->fp8_wire || (co->scheme != NULL && strcmp(co->scheme->name, "ipc") != 0))
+    /* ipc and nccl senders exchange amaxes (host shards on the CPU, CUDA shards with the amax
+     * kernels); the store's pack before any reader's plan exists */
+    (void)shards;
+    (void)nsh;
+    if (!co->fp8_wire || (co->scheme != NULL && strcmp(co->scheme->name, "ipc") != 0 &&
+                          strcmp(co->scheme->name, "nccl") != 0))
         return 0;
-    for (size_t i = 0; i < nsh; i++)
-        if (shards[i].mem != WSYNC_MEM_HOST)
-            return 0;
-    for (size_t i = 0; i < ntg; i++) {
-        if (!wsync_target_quantized(targets[i].dtype, targets[i].quant) ||
-            targets[i].quant != WSYNC_QUANT_TENSOR)
-            continue;
-        if (targets[i].mem != WSYNC_MEM_HOST)
-            return 0;
-        any = 1;
-    }
+    for (size_t i = 0; i < ntg && !any; i++)
+        any = wsync_target_quantized(targets[i].dtype, targets[i].quant) &&
+              targets[i].quant == WSYNC_QUANT_TENSOR;
     return any;
 }
 
@@ -558,7 +555,8 @@ static void wire_explain(wsync_coord_t *co, const wsync_plan_t *wired)
     explain_line(co, line);
     if (plan_has_tensor(wired))
         explain_line(co, "FP8 on the wire: per-tensor targets too: their senders agree on each "
-                         "one's amax every version (one control round trip through sender 0)");
+                         "one's amax every version (ipc or nccl, from host or CUDA shards: one "
+                         "control round trip through sender 0)");
 }
 
 /* Per-tensor FP8 targets left plain while rank 0 allows FP8 on the wire: said once. */
@@ -575,8 +573,8 @@ static void tensor_plain_said(wsync_coord_t *co, const wsync_plan_t *plan,
         strstr(co->explain, "FP8 on the wire: off"))
         return;
     snprintf(line, sizeof(line), "FP8 on the wire: per-tensor targets plain, quantized by their "
-             "receivers: only ipc with host shards and host targets has its senders agree on "
-             "the amax (scheme %s)", co->scheme != NULL ? co->scheme->name : "?");
+             "receivers: only ipc and nccl have their senders agree on the amax (scheme %s)",
+             co->scheme != NULL ? co->scheme->name : "?");
     explain_line(co, line);
 }
 

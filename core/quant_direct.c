@@ -113,7 +113,7 @@ static wsync_kquant_t run_args(const wsync_receiver_t *r, const wsync_qrun_t *q)
     float *scales = r->dev_scales[q->target] != NULL ? r->dev_scales[q->target] : qu->scales;
     wsync_kquant_t a = {t->name, q->src, q->src_dtype, q->rows, cols, q->src_pitch, *qu, t->dtype,
                         (uint8_t *)r->target_data[q->target] + q->row0 * cols, cols,
-                        scales + q->row0 / cell_rows(qu) * (uint64_t)sc, q->row0};
+                        scales + q->row0 / cell_rows(qu) * (uint64_t)sc, q->row0, NULL};
     return a;
 }
 

@@ -156,7 +156,7 @@ static wsync_kquant_t quant_args(const wsync_receiver_t *r, size_t i)
     wsync_shape_matrix(t->ndim, t->shape, &rows, &cols);
     wsync_kquant_t a = {t->name, r->land[i], r->land_dtype[i], rows, cols, cols, r->quant[i],
                         t->dtype, r->target_data[i], cols,
-                        r->dev_scales[i] != NULL ? r->dev_scales[i] : r->quant[i].scales, 0};
+                        r->dev_scales[i] != NULL ? r->dev_scales[i] : r->quant[i].scales, 0, NULL};
     return a;
 }
 

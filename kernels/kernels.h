@@ -123,7 +123,30 @@ typedef struct {
     float *scales;                     /* device: shape from wsync_quant_scales_shape, row-major */
     uint64_t row_base;                 /* rows of a larger matrix above x's first (x one slice of
                                           it): added to the row _finish names */
+    const float *amax;                 /* per-tensor only, may be NULL: device, an amax agreed
+                                          elsewhere (the whole target's, x one part of it: FP8 on
+                                          the wire), whose scale wsync_fp8_tensor_scale gives is
+                                          used instead of x's own amax (x read once); a
+                                          non-finite one raises the workspace's flag. NULL: x's */
 } wsync_kquant_t;
+
+/* Many amaxes at once, for per-tensor FP8 on the wire (schemes/wire_amax.h): item i is a
+ * [rows, cols] matrix as wsync_kernels_amax takes it, part of set `set`. */
+typedef struct {
+    const void *x;                     /* device: row i at x + i * x_pitch elements of x_dtype */
+    wsync_dtype_t x_dtype;             /* bf16, f16 or f32 */
+    uint64_t rows, cols, x_pitch;
+    uint32_t set;                      /* < nsets */
+} wsync_kamax_t;
+
+/* Enqueue amax[k] = max |x| over every item of set k, for k < nsets (device floats, zeroed
+ * first: a set without items gets 0), as wsync_kernels_amax finds it (on the bit patterns: +inf
+ * or NaN where an item holds one). One amax kernel per non-empty item, each folding into its
+ * set's word with atomic maxima. Every item is checked before anything is enqueued:
+ * WSYNC_ERR_INVALID names the first bad one (NULL, dtype, pitch, set out of range);
+ * WSYNC_ERR_DEVICE. n may be 0 (only the zeroing). */
+wsync_status_t wsync_kernels_amax_many(const wsync_kamax_t *a, uint32_t n, float *amax,
+                                       uint32_t nsets, void *stream);
 
 /* Device workspace one quantization needs between launch and finish (the caller allocates it with
  * cudaMalloc; one per quantization in flight). */
@@ -153,6 +176,13 @@ wsync_status_t wsync_kernels_quantize_finish(const wsync_kquant_t *a, void *ws, 
  * caller keeps it zeroed (cleared once, it stays so while nothing non-finite is seen). */
 wsync_status_t wsync_kernels_quantize_many(const wsync_kquant_t *a, uint32_t n, void *const *ws,
                                            uint32_t max_blocks, void *stream);
+
+/* Search a's input for its first NaN or Inf (row-major), whatever the workspace's flag says,
+ * and wait for it: WSYNC_OK when there is none, else WSYNC_ERR_NONFINITE with _finish's message
+ * ("<name>: NaN at row R, column C", row_base added). ws: a workspace (its bytes 8..15 are used;
+ * clear it before it serves a quantization again). For a per-tensor pack with an agreed amax,
+ * whose flag cannot tell which part held the value. */
+wsync_status_t wsync_kernels_find_nonfinite(const wsync_kquant_t *a, void *ws, void *stream);
 
 /* Launch, then finish. ws may be NULL here: a workspace is then allocated and freed on the
  * stream. */

@@ -61,6 +61,8 @@ typedef struct {
     uint64_t op;                       /* out row pitch, bytes */
     float *scales;
     uint32_t *ws;                      /* [0] amax bits (per-tensor), [1] non-finite seen */
+    const float *amax_in;              /* per-tensor: an agreed amax, copied into ws[0] instead
+                                          of the amax kernel's; NULL: x's own */
     uint64_t rows, cols;
     uint64_t br, bc, nbr, nbc;         /* cells: size, and how many down and across */
     float fmax, eps;
@@ -964,7 +966,9 @@ static wsync_status_t wk_tensor_launch(const wk_quant_params_t &p, const wk_walk
     void (*k)(const wk_quant_params_t, const wk_walk_t) =
         w.rows <= 1 ? wk_tensor_encode_kernel<XK, V, true> : wk_tensor_encode_kernel<XK, V, false>;
     unsigned grid = 1;
-    wsync_status_t st = wk_amax_launch<XK, V>(p.x, p.xp, w, p.ws, sms, s);
+    wsync_status_t st = WSYNC_OK;
+    if (p.amax_in == NULL)
+        st = wk_amax_launch<XK, V>(p.x, p.xp, w, p.ws, sms, s);
     if (st == WSYNC_OK)
         st = wk_tensor_grid(k, w, sms, &grid);
     if (st != WSYNC_OK)
@@ -1211,6 +1215,9 @@ static wsync_status_t wk_quant_prepare(const wsync_kquant_t *a, const void *ws,
         return wsync_err(WSYNC_ERR_INVALID, "%s: scales is NULL", wk_qfn);
     if (ws == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "%s: workspace is NULL", wk_qfn);
+    if (a->amax != NULL && q->scheme != WSYNC_QUANT_TENSOR)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: an agreed amax applies to per-tensor scales only",
+                         wk_qfn);
 
     int e4m3 = a->fp8_dtype == WSYNC_DTYPE_F8E4M3FN;
     uint32_t man_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
@@ -1230,10 +1237,60 @@ static wsync_status_t wk_quant_prepare(const wsync_kquant_t *a, const void *ws,
     p->op = a->out_pitch;
     p->scales = a->scales;
     p->ws = (uint32_t *)ws;
+    p->amax_in = a->amax;
     p->rows = a->rows;
     p->cols = a->cols;
     p->name = a->name != NULL ? a->name : "(unnamed)";
     return WSYNC_OK;
+}
+
+/* The first NaN or Inf of a's input in row-major order, named as the CPU names it; none: OK,
+ * or INTERNAL when `must` (the flag said there was one). Waits for the stream. */
+static wsync_status_t wk_search(const wsync_kquant_t *a, void *ws, cudaStream_t s, int must)
+{
+    const char *name = a->name != NULL ? a->name : "(unnamed)";
+    int xk = wk_kind(a->x_dtype);
+    cudaError_t e;
+    unsigned long long first;
+    unsigned long long *d_first = (unsigned long long *)((char *)ws + 8);
+    uint64_t xs = (uint64_t)wk_size(xk);
+    e = cudaMemsetAsync(d_first, 0xff, sizeof(*d_first), s);
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kernels_quantize: cudaMemsetAsync");
+    const unsigned char *x = (const unsigned char *)a->x;
+    uint64_t xp = a->x_pitch * xs;
+    switch (xk) {
+    case WK_BF16: wk_find_kernel<WK_BF16><<<1024, WK_THREADS, 0, s>>>(x, xp, a->rows, a->cols, d_first); break;
+    case WK_F16: wk_find_kernel<WK_F16><<<1024, WK_THREADS, 0, s>>>(x, xp, a->rows, a->cols, d_first); break;
+    default: wk_find_kernel<WK_F32><<<1024, WK_THREADS, 0, s>>>(x, xp, a->rows, a->cols, d_first); break;
+    }
+    wsync_status_t st = wk_launched("wsync_kernels_quantize: search kernel launch");
+    if (st != WSYNC_OK)
+        return st;
+    e = cudaMemcpyAsync(&first, d_first, sizeof(first), cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kernels_quantize: search");
+    if (first == ~0ull || a->cols == 0)
+        return must ? wsync_err(WSYNC_ERR_INTERNAL, "%s: non-finite value vanished", name)
+                    : WSYNC_OK;
+    uint64_t r = first / a->cols, c = first % a->cols;
+    uint32_t raw = 0, u;
+    e = cudaMemcpy(&raw, x + r * xp + c * xs, xs, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kernels_quantize: cudaMemcpy");
+    if (xk == WK_BF16) {
+        float f = wsync_bf16_to_f32((uint16_t)raw);
+        memcpy(&u, &f, 4);
+    } else if (xk == WK_F16) {
+        float f = wsync_f16_to_f32((uint16_t)raw);
+        memcpy(&u, &f, 4);
+    } else {
+        u = raw;
+    }
+    return wsync_err(WSYNC_ERR_NONFINITE, "%s: %s at row %" PRIu64 ", column %" PRIu64, name,
+                     (u & 0x7fffffu) ? "NaN" : (u >> 31) ? "-Inf" : "Inf", a->row_base + r, c);
 }
 
 extern "C" {
@@ -1271,6 +1328,12 @@ wsync_status_t wsync_kernels_quantize_launch(const wsync_kquant_t *a, void *ws, 
     cudaError_t e = cudaMemsetAsync(ws, 0, 2 * sizeof(uint32_t), s);
     if (e != cudaSuccess)
         return wk_cuda(e, "wsync_kernels_quantize: cudaMemsetAsync");
+    if (a->amax != NULL) {
+        /* the agreed amax's bits take the amax kernel's place: the encoder forms the scale */
+        e = cudaMemcpyAsync(ws, a->amax, sizeof(float), cudaMemcpyDeviceToDevice, s);
+        if (e != cudaSuccess)
+            return wk_cuda(e, "wsync_kernels_quantize: cudaMemcpyAsync (agreed amax)");
+    }
     if (a->quant.scheme == WSYNC_QUANT_TENSOR) {
         switch (xk) {
         case WK_BF16: return wk_tensor_run<WK_BF16>(p, s);
@@ -1289,13 +1352,10 @@ wsync_status_t wsync_kernels_quantize_finish(const wsync_kquant_t *a, void *ws, 
 {
     cudaStream_t s = (cudaStream_t)stream;
     uint32_t h[2];
-    unsigned long long first;
     cudaError_t e;
-    int xk;
 
     if (a == NULL || ws == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "%s: %s is NULL", wk_qfn, a == NULL ? "arguments" : "workspace");
-    xk = wk_kind(a->x_dtype);
     e = cudaMemcpyAsync(h, ws, sizeof(h), cudaMemcpyDeviceToHost, s);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(s);
@@ -1303,47 +1363,57 @@ wsync_status_t wsync_kernels_quantize_finish(const wsync_kquant_t *a, void *ws, 
         return wk_cuda(e, "wsync_kernels_quantize: kernels");
     if (h[1] == 0)
         return WSYNC_OK;
+    /* non-finite input: the first bad element in row-major order, as the CPU names it */
+    return wk_search(a, ws, s, 1);
+}
 
-    /* Non-finite input: find the first bad element in row-major order, as the CPU names it. */
-    const char *name = a->name != NULL ? a->name : "(unnamed)";
-    unsigned long long *d_first = (unsigned long long *)((char *)ws + 8);
-    uint64_t xs = (uint64_t)wk_size(xk);
-    e = cudaMemsetAsync(d_first, 0xff, sizeof(*d_first), s);
-    if (e != cudaSuccess)
-        return wk_cuda(e, "wsync_kernels_quantize: cudaMemsetAsync");
-    const unsigned char *x = (const unsigned char *)a->x;
-    uint64_t xp = a->x_pitch * xs;
-    switch (xk) {
-    case WK_BF16: wk_find_kernel<WK_BF16><<<1024, WK_THREADS, 0, s>>>(x, xp, a->rows, a->cols, d_first); break;
-    case WK_F16: wk_find_kernel<WK_F16><<<1024, WK_THREADS, 0, s>>>(x, xp, a->rows, a->cols, d_first); break;
-    default: wk_find_kernel<WK_F32><<<1024, WK_THREADS, 0, s>>>(x, xp, a->rows, a->cols, d_first); break;
+wsync_status_t wsync_kernels_find_nonfinite(const wsync_kquant_t *a, void *ws, void *stream)
+{
+    if (a == NULL || ws == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_kernels_find_nonfinite: %s is NULL",
+                         a == NULL ? "arguments" : "workspace");
+    if (wk_kind(a->x_dtype) < 0 || (a->rows > 0 && a->cols > 0 && a->x == NULL))
+        return wsync_err(WSYNC_ERR_INVALID, "wsync_kernels_find_nonfinite: input %s",
+                         a->x == NULL ? "is NULL" : "is not bf16, f16 or f32");
+    if (a->rows == 0 || a->cols == 0)
+        return WSYNC_OK;
+    return wk_search(a, ws, (cudaStream_t)stream, 0);
+}
+
+wsync_status_t wsync_kernels_amax_many(const wsync_kamax_t *a, uint32_t n, float *amax,
+                                       uint32_t nsets, void *stream)
+{
+    static const char fn[] = "wsync_kernels_amax_many";
+    cudaStream_t s = (cudaStream_t)stream;
+    wsync_status_t st = WSYNC_OK;
+    cudaError_t e;
+
+    if ((n > 0 && a == NULL) || (nsets > 0 && amax == NULL))
+        return wsync_err(WSYNC_ERR_INVALID, "%s: NULL argument", fn);
+    /* every item checked before anything is enqueued */
+    for (uint32_t i = 0; i < n; i++) {
+        if (wk_kind(a[i].x_dtype) < 0)
+            return wsync_err(WSYNC_ERR_INVALID, "%s: item %u: dtype %s (%d) is not bf16, f16 or "
+                             "f32", fn, i, wsync_dtype_name(a[i].x_dtype), (int)a[i].x_dtype);
+        if (a[i].set >= nsets)
+            return wsync_err(WSYNC_ERR_INVALID, "%s: item %u: set %u of %u", fn, i, a[i].set,
+                             nsets);
+        if (a[i].rows > 0 && a[i].cols > 0 && a[i].x == NULL)
+            return wsync_err(WSYNC_ERR_INVALID, "%s: item %u: x is NULL", fn, i);
+        if (a[i].rows > 1 && a[i].x_pitch < a[i].cols)
+            return wsync_err(WSYNC_ERR_INVALID, "%s: item %u: pitch %" PRIu64 " is below cols %"
+                             PRIu64, fn, i, a[i].x_pitch, a[i].cols);
     }
-    wsync_status_t st = wk_launched("wsync_kernels_quantize: search kernel launch");
-    if (st != WSYNC_OK)
-        return st;
-    e = cudaMemcpyAsync(&first, d_first, sizeof(first), cudaMemcpyDeviceToHost, s);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(s);
+    if (nsets == 0)
+        return WSYNC_OK;
+    e = cudaMemsetAsync(amax, 0, (size_t)nsets * sizeof(float), s);
     if (e != cudaSuccess)
-        return wk_cuda(e, "wsync_kernels_quantize: search");
-    if (first == ~0ull || a->cols == 0)
-        return wsync_err(WSYNC_ERR_INTERNAL, "%s: non-finite value vanished", name);
-    uint64_t r = first / a->cols, c = first % a->cols;
-    uint32_t raw = 0, u;
-    e = cudaMemcpy(&raw, x + r * xp + c * xs, xs, cudaMemcpyDeviceToHost);
-    if (e != cudaSuccess)
-        return wk_cuda(e, "wsync_kernels_quantize: cudaMemcpy");
-    if (xk == WK_BF16) {
-        float f = wsync_bf16_to_f32((uint16_t)raw);
-        memcpy(&u, &f, 4);
-    } else if (xk == WK_F16) {
-        float f = wsync_f16_to_f32((uint16_t)raw);
-        memcpy(&u, &f, 4);
-    } else {
-        u = raw;
-    }
-    return wsync_err(WSYNC_ERR_NONFINITE, "%s: %s at row %" PRIu64 ", column %" PRIu64, name,
-                     (u & 0x7fffffu) ? "NaN" : (u >> 31) ? "-Inf" : "Inf", a->row_base + r, c);
+        return wk_cuda(e, "wsync_kernels_amax_many: cudaMemsetAsync");
+    for (uint32_t i = 0; i < n && st == WSYNC_OK; i++)
+        if (a[i].rows > 0 && a[i].cols > 0)
+            st = wk_amax_dispatch(wk_kind(a[i].x_dtype), a[i].x, a[i].rows, a[i].cols,
+                                  a[i].x_pitch, (uint32_t *)(amax + a[i].set), s);
+    return st;
 }
 
 /* Launch group [first, end) of the register-kernel runs in order[] (one input kind and one

@@ -288,6 +288,7 @@ static void ipc_sender_teardown(wsync_sender_t *s)
             wsync_dev_batch_free(st->pack[k]);
         wsync_ipc_dtx_cuda_free(st->dtx);
         wsync_dev_free(st->wq_mem);
+        wsync_amax_tx_free(&st->amax_tx);
         wsync_dev_event_destroy(st->ev);
         wsync_dev_stream_destroy(st->stream);
         if (st->shm_registered)
@@ -298,6 +299,7 @@ static void ipc_sender_teardown(wsync_sender_t *s)
     }
     wsync_shm_release(&st->shm);
     wsync_ipc_dtx_free(st->dtx);
+    wsync_amax_tx_free(&st->amax_tx);   /* host senders' (a CUDA one's went above) */
     free(st->inplace);
     free(st->staged);
     free(st->slot_of);

@@ -10,6 +10,7 @@
 #include "core/objects.h"
 #include "kernels/device.h"
 #include "schemes/ipc_delta.h"
+#include "schemes/wire_amax.h"
 #include "transports/cuda_ipc.h"
 #include "transports/shm.h"
 
@@ -85,6 +86,9 @@ typedef struct {
     int64_t wire_last;               /* our last bucket with an FP8 chunk, -1: none */
     uint8_t *notify;                 /* [nreceivers] gets PACKED once wire_last passed its check:
                                       * it needs none of our buckets from wire_last on */
+    /* per-tensor FP8 on the wire (schemes/wire_amax.h): the sets, built at the first version and
+     * kept; the wq entries of their CUDA chunks read the agreed amaxes from amax_tx.dev */
+    wsync_amax_tx_t amax_tx;
 } ipc_sender_t;
 
 typedef struct {

@@ -161,39 +161,59 @@ static wsync_status_t send_packed(wsync_sender_t *s, ipc_sender_t *st, uint64_t 
     return rc;
 }
 
-/* Per-tensor FP8 on the wire (schemes/wire_amax.h): this sender's partial amax of each
- * per-tensor target it holds chunks of, then the max its senders agree on (*amax, [nsets]);
- * nothing when the plan has none. A NaN or Inf refuses the version here, before any READY. */
-static wsync_status_t tensor_amax(wsync_sender_t *s, uint64_t version, wsync_amax_sets_t *sets,
-                                  float **amax)
+/* The sets, once (wsync_amax_tx_build), and the CUDA packs of their chunks pointed at the
+ * agreed amaxes on the device (wq in plan_wire_packs' order: bucket by bucket, chunks of rule != 0
+ * from CUDA shards). */
+static wsync_status_t tensor_setup(wsync_sender_t *s, ipc_sender_t *st)
 {
     const wsync_plan_t *plan = s->m.plan;
+    wsync_amax_tx_t *tx = &st->amax_tx;
+    wsync_status_t rc;
+    uint32_t q = 0;
+
+    if (tx->built)
+        return WSYNC_OK;
+    if ((rc = wsync_amax_tx_build(tx, s)) != WSYNC_OK || tx->sets.nsets == 0 ||
+        st->wq_start == NULL)
+        return rc;
+    for (uint32_t k = 0; k < st->nbuckets; k++)
+        for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
+            const wsync_chunk_t *ch = &plan->chunks[c];
+            if (ch->rule == 0 || s->shards[ch->shard].mem != WSYNC_MEM_CUDA)
+                continue;
+            if (q >= st->nwq)
+                return wsync_err(WSYNC_ERR_INTERNAL, "ipc: sender %d: %u FP8 packs, more chunks",
+                                 s->m.rank, st->nwq);
+            if (tx->sets.set[c] != WSYNC_AMAX_NONE)
+                st->wq[q].amax = tx->dev + tx->sets.set[c];
+            q++;
+        }
+    return WSYNC_OK;
+}
+
+/* Per-tensor FP8 on the wire (schemes/wire_amax.h): this sender's partial amax of each
+ * per-tensor target it holds chunks of (host shards on the CPU, CUDA shards by the amax kernels),
+ * then the max its senders agree on (st->amax_tx.amax, and on the device for the CUDA packs);
+ * nothing when the plan has none. A NaN or Inf refuses the version here, before its amax is sent
+ * and before any READY. */
+static wsync_status_t tensor_amax(wsync_sender_t *s, ipc_sender_t *st, uint64_t version)
+{
     int64_t deadline = wsync_deadline_in(s->m.timeout_ms);
+    wsync_amax_tx_t *tx = &st->amax_tx;
     wsync_status_t rc;
 
-    *amax = NULL;
-    if ((rc = wsync_amax_sets_build(plan, sets)) != WSYNC_OK || sets->nsets == 0)
+    if ((rc = tensor_setup(s, st)) != WSYNC_OK || tx->sets.nsets == 0)
         return rc;
-    *amax = calloc(sets->nsets, sizeof(**amax));
-    if (*amax == NULL)
-        return wsync_err(WSYNC_ERR_NOMEM, "ipc: sender %d: %u FP8 per-tensor amaxes", s->m.rank,
-                         sets->nsets);
-    for (uint32_t c = 0; c < plan->nchunks; c++) {
-        const wsync_chunk_t *ch = &plan->chunks[c];
-        float a = 0.0f;
-        if (sets->set[c] == WSYNC_AMAX_NONE || ch->sender != (uint32_t)s->m.rank)
-            continue;
-        if (s->shards[ch->shard].mem != WSYNC_MEM_HOST)   /* the coordinator keeps them plain */
-            return wsync_err(WSYNC_ERR_UNSUPPORTED, "ipc: sender %d: param '%s': per-tensor FP8 "
-                             "on the wire from a CUDA shard", s->m.rank,
-                             s->shards[ch->shard].param.name);
-        rc = wsync_exec_amax_wire(plan, ch, s->shards[ch->shard].param.name,
-                                  s->shard_data[ch->shard], &a);
-        if (rc != WSYNC_OK)
-            return refused(s, version, rc);
-        (*amax)[sets->set[c]] = a > (*amax)[sets->set[c]] ? a : (*amax)[sets->set[c]];
-    }
-    return wsync_amax_agree(&s->m, s->m.rank, sets, version, deadline, *amax);
+    if (!tx->sets.holds[s->m.rank] && s->m.rank != 0)
+        return WSYNC_OK;             /* nothing to send, nothing to pack */
+    rc = wsync_amax_tx_partials(tx, s, version, st->stream, deadline);
+    if (rc == WSYNC_ERR_NONFINITE)
+        return refused(s, version, rc);
+    if (rc == WSYNC_OK)
+        rc = wsync_amax_agree(&s->m, s->m.rank, &tx->sets, version, deadline, tx->amax);
+    if (rc == WSYNC_OK)
+        rc = wsync_amax_tx_upload(tx, st->stream);   /* before the packs on the same stream */
+    return rc;
 }
 
 static wsync_status_t push_buckets(wsync_sender_t *s, ipc_sender_t *st, uint64_t version,
@@ -202,19 +222,15 @@ static wsync_status_t push_buckets(wsync_sender_t *s, ipc_sender_t *st, uint64_t
 /* One version, with the sender in its device context when it has CUDA shards. */
 wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t version)
 {
-    wsync_amax_sets_t sets;
-    float *amax = NULL;
     uint64_t t0 = wsync_now_ns();
-    wsync_status_t rc = tensor_amax(s, version, &sets, &amax);
+    wsync_status_t rc = tensor_amax(s, st, version);
 
-    if (rc == WSYNC_OK && sets.nsets > 0)
+    if (rc == WSYNC_OK && st->amax_tx.sets.nsets > 0)
         WSYNC_LOG_D("ipc: sender %d: version %llu: %u per-tensor amaxes agreed in %.3f ms",
-                    s->m.rank, (unsigned long long)version, sets.nsets,
+                    s->m.rank, (unsigned long long)version, st->amax_tx.sets.nsets,
                     (double)(wsync_now_ns() - t0) / 1e6);
     if (rc == WSYNC_OK)
-        rc = push_buckets(s, st, version, &sets, amax);
-    wsync_amax_sets_free(&sets);
-    free(amax);
+        rc = push_buckets(s, st, version, &st->amax_tx.sets, st->amax_tx.amax);
     return rc;
 }
 

@@ -972,6 +972,7 @@ static void state_free(nc_state_t *st)
             if (st->d != NULL)
                 wsync_nccl_delta_free_batches(st);
             wsync_dev_free(st->qws_dev);
+            wsync_amax_tx_free(&st->amax_tx);
             for (int i = 0; i < NC_SLOTS; i++) {
                 wsync_dev_free(st->slot[i]);
                 wsync_dev_event_destroy(st->ev_copy[i]);
@@ -1406,6 +1407,14 @@ static wsync_status_t sender_push_steps(wsync_sender_t *s, nc_state_t *st, uint6
         return rc;
     for (int i = 0; i < NC_SLOTS; i++)
         st->slot_step[i] = -1;
+    /* per-tensor FP8 targets: their amaxes agreed before any pack (a NaN or Inf refuses the
+     * version once every step went out, as below) */
+    if ((rc = wsync_nccl_wire_tensor_amax(s, st, version)) != WSYNC_OK) {
+        if (rc != WSYNC_ERR_NONFINITE)
+            return rc;
+        refused = rc;
+        snprintf(refused_text, sizeof(refused_text), "%s", wsync_last_error());
+    }
     for (uint32_t k = 0; k < nsteps; k++) {
         nc_step_t *step = &st->steps[k];
         uint32_t slot = k % NC_SLOTS;

@@ -8,6 +8,7 @@
 #include "core/objects.h"
 #include "kernels/device.h"
 #include "schemes/nccl.h"
+#include "schemes/wire_amax.h"
 #include "transports/nccl.h"
 
 #define NC_SLOTS 2
@@ -103,6 +104,8 @@ typedef struct {
     void *qws_dev;                   /* nquant * WSYNC_KQUANT_WS_BYTES of device memory, zeroed */
     uint32_t *qchunk;                /* [nquant] plan chunk of each */
     uint64_t *qoff;                  /* [nquant] its place in the slot */
+    wsync_amax_tx_t amax_tx;         /* sender: per-tensor FP8 sets (schemes/wire_amax.h), built
+                                        at bind; their quant entries read amax_tx.dev */
     uint64_t *tx_sum;                /* sender, verify: [nchunks] this version's checksums */
     uint8_t *tx_have;                /* [nchunks] 1: tx_sum set */
     /* FP8 on the wire: no receiver may finish a version before the NaN/Inf check of every FP8
@@ -162,6 +165,11 @@ wsync_status_t wsync_nccl_wire_sender_bind(wsync_sender_t *s, nc_state_t *st);
  * FP8 quantizations met a NaN or Inf; with verify, the checksums of its FP8 chunks. */
 wsync_status_t wsync_nccl_wire_sender_check(wsync_sender_t *s, nc_state_t *st, uint32_t k,
                                             uint64_t version);
+/* Sender, before its first step: per-tensor FP8 targets' amaxes agreed with the other senders
+ * (schemes/wire_amax.h) and put where the packs read them. WSYNC_ERR_NONFINITE (param, element,
+ * this sender) when a part of ours holds a NaN or Inf: the exchange still went through (that set
+ * counting 0 from us), and the caller issues every step before it refuses the version. */
+wsync_status_t wsync_nccl_wire_tensor_amax(wsync_sender_t *s, nc_state_t *st, uint64_t version);
 /* Sender: relay PACKED (the version) to every receiver in st->packed_to. */
 wsync_status_t wsync_nccl_wire_send_packed(wsync_sender_t *s, nc_state_t *st, uint64_t version);
 /* Receiver: the two copies (codes into the target, scales where it keeps them) of FP8 segment

@@ -151,7 +151,43 @@ wsync_status_t wsync_nccl_wire_sender_bind(wsync_sender_t *s, nc_state_t *st)
     if (q != st->nquant)
         return wsync_err(WSYNC_ERR_INTERNAL, "nccl: sender %d: %u of %u FP8 chunks laid out",
                          s->m.rank, q, st->nquant);
+    /* per-tensor chunks: the sets, once; their packs take the amax agreed each version */
+    if ((rc = wsync_amax_tx_build(&st->amax_tx, s)) != WSYNC_OK)
+        return rc;
+    for (uint32_t i = 0; i < st->nquant && st->amax_tx.sets.nsets > 0; i++) {
+        uint32_t k = st->amax_tx.sets.set[st->qchunk[i]];
+        if (k != WSYNC_AMAX_NONE)
+            st->quant[i].amax = st->amax_tx.dev + k;
+    }
     return WSYNC_OK;
+}
+
+wsync_status_t wsync_nccl_wire_tensor_amax(wsync_sender_t *s, nc_state_t *st, uint64_t version)
+{
+    wsync_amax_tx_t *tx = &st->amax_tx;
+    int64_t deadline = wsync_deadline_in(s->m.timeout_ms);
+    uint64_t t0 = wsync_now_ns();
+    wsync_status_t rc, bad;
+    char text[1024] = "";
+
+    if (tx->sets.nsets == 0 || (s->m.rank != 0 && !tx->sets.holds[s->m.rank]))
+        return WSYNC_OK;
+    /* a NaN or Inf: still in the exchange (so that the other senders pack and every step goes
+     * out, as for the other rules), refused once the steps are done */
+    bad = wsync_amax_tx_partials(tx, s, version, st->xstream, deadline);
+    if (bad == WSYNC_ERR_NONFINITE)
+        snprintf(text, sizeof(text), "nccl: sender %d: version %llu refused: %s (FP8 on the wire, "
+                 "per-tensor)", s->m.rank, (unsigned long long)version, wsync_last_error());
+    else if (bad != WSYNC_OK)
+        return bad;
+    if ((rc = wsync_amax_agree(&s->m, s->m.rank, &tx->sets, version, deadline, tx->amax)) !=
+            WSYNC_OK ||
+        (rc = wsync_amax_tx_upload(tx, st->xstream)) != WSYNC_OK)
+        return rc;
+    WSYNC_LOG_D("nccl: sender %d: version %llu: %u per-tensor amaxes agreed in %.3f ms",
+                s->m.rank, (unsigned long long)version, tx->sets.nsets,
+                (double)(wsync_now_ns() - t0) / 1e6);
+    return bad == WSYNC_OK ? WSYNC_OK : wsync_err_set_text(bad, text);
 }
 
 /* xxh3 of an FP8 chunk's wire bytes at `place` (device): its codes, then its scales, without the

@@ -10,6 +10,9 @@
 #include "core/relay.h"
 #include "core/status.h"
 #include "core/util.h"
+#include "kernels/device.h"
+#include "reshard/exec.h"
+#include "wsync_build_config.h"
 
 #define AMAX_TAG 0x414d5831u         /* relay tag "AMX1": partial amaxes, or the agreed ones */
 #define AMAX_HDR 12u                 /* u64 version, u32 set count */
@@ -39,12 +42,85 @@ void wsync_amax_sets_free(wsync_amax_sets_t *sets)
     memset(sets, 0, sizeof(*sets));
 }
 
+/* What wsync_amax_sets_build's passes over every receiver's segments share. */
+typedef struct {
+    const wsync_plan_t *plan;
+    uint32_t *up, *tmax, *first;     /* union-find; each receiver's per-tensor targets; each
+                                        (receiver, target)'s first chunk */
+    size_t *base;                    /* [nr] a receiver's first slot in first */
+    wsync_amax_sets_t *s;
+} sets_ctx_t;
+
+typedef void (*seg_visit_t)(sets_ctx_t *x, uint32_t r, uint32_t at, const wsync_segment_t *segs,
+                            uint32_t n);
+
+/* visit(r, at, its segments) for every receiver in plan order, `at` the plan-order number of its
+ * first segment (the plan holds lists: each receiver's are expanded into one buffer in turn). */
+static wsync_status_t each_receiver(sets_ctx_t *x, seg_visit_t visit)
+{
+    wsync_segment_t *segs = NULL;
+    size_t cap = 0;
+    wsync_status_t st = WSYNC_OK;
+
+    for (uint32_t r = 0, at = 0; r < x->plan->nreceivers && st == WSYNC_OK; r++) {
+        uint32_t n = 0;
+        st = wsync_plan_segments_into(x->plan, r, &segs, &cap, &n);
+        if (st == WSYNC_OK)
+            visit(x, r, at, segs, n);
+        at += n;
+    }
+    free(segs);
+    return st;
+}
+
+/* pass 1: how many targets each receiver numbers among its per-tensor segments */
+static void count_targets(sets_ctx_t *x, uint32_t r, uint32_t at, const wsync_segment_t *segs,
+                          uint32_t n)
+{
+    (void)at;
+    for (uint32_t i = 0; i < n; i++)
+        if (tensor_chunk(x->plan, segs[i].chunk) && segs[i].target + 1 > x->tmax[r])
+            x->tmax[r] = segs[i].target + 1;
+}
+
+/* pass 2: the chunks of one (receiver, target) joined */
+static void join_chunks(sets_ctx_t *x, uint32_t r, uint32_t at, const wsync_segment_t *segs,
+                        uint32_t n)
+{
+    (void)at;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t *f;
+        if (!tensor_chunk(x->plan, segs[i].chunk))
+            continue;
+        f = &x->first[x->base[r] + segs[i].target];
+        if (*f == WSYNC_AMAX_NONE) {
+            *f = segs[i].chunk;
+        } else {
+            uint32_t a = uf_find(x->up, *f), b = uf_find(x->up, segs[i].chunk);
+            if (a != b)
+                x->up[b] = a;
+        }
+    }
+}
+
+/* pass 3: each set's first segment in plan order */
+static void first_segments(sets_ctx_t *x, uint32_t r, uint32_t at, const wsync_segment_t *segs,
+                           uint32_t n)
+{
+    (void)r;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t k = x->s->set[segs[i].chunk];
+        if (k != WSYNC_AMAX_NONE && x->s->first_seg[k] == UINT32_MAX)
+            x->s->first_seg[k] = at + i;
+    }
+}
+
 wsync_status_t wsync_amax_sets_build(const wsync_plan_t *plan, wsync_amax_sets_t *out)
 {
-    uint32_t nc = plan->nchunks, nr = plan->nreceivers, *up = NULL, *tmax = NULL, *first = NULL;
-    size_t *base = NULL, nslots = 0, cap = 0;
-    wsync_segment_t *segs = NULL;    /* one receiver's */
+    uint32_t nc = plan->nchunks, nr = plan->nreceivers;
+    size_t nslots = 0;
     wsync_amax_sets_t s = {0};
+    sets_ctx_t x = {.plan = plan, .s = &s};
     wsync_status_t st = WSYNC_OK;
     int any = 0;
 
@@ -53,56 +129,30 @@ wsync_status_t wsync_amax_sets_build(const wsync_plan_t *plan, wsync_amax_sets_t
         any = tensor_chunk(plan, c);
     if (!any)
         return WSYNC_OK;
-    up = malloc((size_t)nc * sizeof(*up));
-    tmax = calloc((size_t)nr + 1, sizeof(*tmax));
-    base = calloc((size_t)nr + 1, sizeof(*base));
+    x.up = malloc((size_t)nc * sizeof(*x.up));
+    x.tmax = calloc((size_t)nr + 1, sizeof(*x.tmax));
+    x.base = calloc((size_t)nr + 1, sizeof(*x.base));
     s.set = malloc((size_t)nc * sizeof(*s.set));
     s.holds = calloc(plan->nsenders, 1);
-    if (up == NULL || tmax == NULL || base == NULL || s.set == NULL || s.holds == NULL)
+    if (x.up == NULL || x.tmax == NULL || x.base == NULL || s.set == NULL || s.holds == NULL)
         goto nomem;
     /* the chunks of one (receiver, target) are one set: union-find over them, through a table
      * of each such target's first chunk (targets numbered per receiver) */
     for (uint32_t c = 0; c < nc; c++)
-        up[c] = c;
-    /* every receiver's segments, one receiver at a time (the plan holds them as lists) */
+        x.up[c] = c;
+    if (each_receiver(&x, count_targets) != WSYNC_OK)
+        goto nomem;
     for (uint32_t r = 0; r < nr; r++) {
-        uint32_t n = 0;
-        if (wsync_plan_segments_into(plan, r, &segs, &cap, &n) != WSYNC_OK)
-            goto nomem;
-        for (uint32_t i = 0; i < n; i++) {
-            const wsync_segment_t *sg = &segs[i];
-            if (tensor_chunk(plan, sg->chunk) && sg->target + 1 > tmax[r])
-                tmax[r] = sg->target + 1;
-        }
+        x.base[r] = nslots;
+        nslots += x.tmax[r];
     }
-    for (uint32_t r = 0; r < nr; r++) {
-        base[r] = nslots;
-        nslots += tmax[r];
-    }
-    first = malloc((nslots ? nslots : 1) * sizeof(*first));
-    if (first == NULL)
+    x.first = malloc((nslots ? nslots : 1) * sizeof(*x.first));
+    if (x.first == NULL)
         goto nomem;
     for (size_t k = 0; k < nslots; k++)
-        first[k] = WSYNC_AMAX_NONE;
-    for (uint32_t r = 0; r < nr; r++) {
-        uint32_t n = 0;
-        if (wsync_plan_segments_into(plan, r, &segs, &cap, &n) != WSYNC_OK)
-            goto nomem;
-        for (uint32_t i = 0; i < n; i++) {
-            const wsync_segment_t *sg = &segs[i];
-            uint32_t *f;
-            if (!tensor_chunk(plan, sg->chunk))
-                continue;
-            f = &first[base[r] + sg->target];
-            if (*f == WSYNC_AMAX_NONE) {
-                *f = sg->chunk;
-            } else {
-                uint32_t a = uf_find(up, *f), b = uf_find(up, sg->chunk);
-                if (a != b)
-                    up[b] = a;
-            }
-        }
-    }
+        x.first[k] = WSYNC_AMAX_NONE;
+    if (each_receiver(&x, join_chunks) != WSYNC_OK)
+        goto nomem;
     /* sets numbered in order of their first chunk (the root's entry is its set's number from
      * the first chunk of the set on) */
     for (uint32_t c = 0; c < nc; c++)
@@ -111,7 +161,7 @@ wsync_status_t wsync_amax_sets_build(const wsync_plan_t *plan, wsync_amax_sets_t
         uint32_t root;
         if (!tensor_chunk(plan, c))
             continue;
-        root = uf_find(up, c);
+        root = uf_find(x.up, c);
         if (s.set[root] == WSYNC_AMAX_NONE)
             s.set[root] = s.nsets++;
         s.set[c] = s.set[root];
@@ -124,29 +174,208 @@ wsync_status_t wsync_amax_sets_build(const wsync_plan_t *plan, wsync_amax_sets_t
     for (uint32_t k = 0; k < s.nsets; k++)
         s.first_seg[k] = UINT32_MAX;
     /* numbered in the plan's order: every receiver's segments before the next one's */
-    for (uint32_t r = 0, at = 0; r < nr; r++) {
-        uint32_t n = 0;
-        if (wsync_plan_segments_into(plan, r, &segs, &cap, &n) != WSYNC_OK)
-            goto nomem;
-        for (uint32_t i = 0; i < n; i++) {
-            uint32_t k = s.set[segs[i].chunk];
-            if (k != WSYNC_AMAX_NONE && s.first_seg[k] == UINT32_MAX)
-                s.first_seg[k] = at + i;
-        }
-        at += n;
-    }
+    if (each_receiver(&x, first_segments) != WSYNC_OK)
+        goto nomem;
     *out = s;
     goto out;
 nomem:
     st = wsync_err(WSYNC_ERR_NOMEM, "FP8 per-tensor sets of %u chunks", nc);
     wsync_amax_sets_free(&s);
 out:
-    free(up);
-    free(tmax);
-    free(base);
-    free(first);
-    free(segs);
+    free(x.up);
+    free(x.tmax);
+    free(x.base);
+    free(x.first);
     return st;
+}
+
+void wsync_amax_tx_free(wsync_amax_tx_t *tx)
+{
+    if (tx == NULL)
+        return;
+    wsync_amax_sets_free(&tx->sets);
+    free(tx->amax);
+    free(tx->k);
+    free(tx->kchunk);
+    wsync_dev_free(tx->dev);
+    wsync_dev_free(tx->dws);
+    memset(tx, 0, sizeof(*tx));
+}
+
+wsync_status_t wsync_amax_tx_build(wsync_amax_tx_t *tx, const wsync_sender_t *s)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    wsync_amax_tx_t t = {0};
+    wsync_status_t st;
+
+    if (tx->built)
+        return WSYNC_OK;
+    if ((st = wsync_amax_sets_build(plan, &t.sets)) != WSYNC_OK)
+        return st;
+    if (t.sets.nsets == 0) {
+        t.built = 1;
+        *tx = t;
+        return WSYNC_OK;
+    }
+    t.amax = calloc(t.sets.nsets, sizeof(*t.amax));
+    if (t.amax == NULL)
+        goto nomem;
+    for (uint32_t c = 0; c < plan->nchunks; c++)
+        t.nk += t.sets.set[c] != WSYNC_AMAX_NONE && plan->chunks[c].sender == (uint32_t)s->m.rank &&
+                s->shards[plan->chunks[c].shard].mem == WSYNC_MEM_CUDA;
+    if (t.nk > 0) {
+        uint32_t i = 0;
+        t.k = calloc(t.nk, sizeof(*t.k));
+        t.kchunk = calloc(t.nk, sizeof(*t.kchunk));
+        if (t.k == NULL || t.kchunk == NULL)
+            goto nomem;
+        for (uint32_t c = 0; c < plan->nchunks; c++) {
+            const wsync_chunk_t *ch = &plan->chunks[c];
+            if (t.sets.set[c] == WSYNC_AMAX_NONE || ch->sender != (uint32_t)s->m.rank ||
+                s->shards[ch->shard].mem != WSYNC_MEM_CUDA)
+                continue;
+            t.k[i] = (wsync_kamax_t){
+                .x = (const uint8_t *)s->shard_data[ch->shard] +
+                     ch->src.off * wsync_dtype_size(ch->dtype),
+                .x_dtype = ch->dtype, .rows = ch->src.rows, .cols = ch->src.cols,
+                .x_pitch = ch->src.pitch, .set = t.sets.set[c]};
+            t.kchunk[i++] = c;
+        }
+        if ((st = wsync_dev_malloc((size_t)t.sets.nsets * sizeof(float), (void **)&t.dev)) !=
+                WSYNC_OK ||
+            (st = wsync_dev_malloc(WSYNC_KQUANT_WS_BYTES, &t.dws)) != WSYNC_OK) {
+            wsync_amax_tx_free(&t);
+            return st;
+        }
+    }
+    t.built = 1;
+    *tx = t;
+    return WSYNC_OK;
+nomem:
+    wsync_amax_tx_free(&t);
+    return wsync_err(WSYNC_ERR_NOMEM, "sender %d: FP8 per-tensor amaxes of %u targets",
+                     s->m.rank, t.sets.nsets);
+}
+
+/* A NaN or Inf in the CUDA part of set k: the first chunk of ours in it that holds one, named as
+ * the host path names it (param, element, sender). */
+static wsync_status_t cuda_nonfinite(wsync_amax_tx_t *tx, const wsync_sender_t *s, uint32_t k,
+                                     void *stream)
+{
+#if WSYNC_HAVE_CUDA
+    const wsync_plan_t *plan = s->m.plan;
+    for (uint32_t i = 0; i < tx->nk; i++) {
+        const wsync_chunk_t *ch = &plan->chunks[tx->kchunk[i]];
+        const wsync_shard_desc_t *d = &s->shards[ch->shard];
+        wsync_kquant_t q;
+        wsync_status_t st;
+        if (tx->k[i].set != k)
+            continue;
+        memset(&q, 0, sizeof(q));
+        q.name = d->param.name;
+        q.x = tx->k[i].x;
+        q.x_dtype = ch->dtype;
+        q.rows = ch->src.rows;
+        q.cols = ch->src.cols;
+        q.x_pitch = ch->src.pitch;
+        /* rows of the param's matrix above the chunk's first (a 2-D param's) */
+        if (d->param.ndim == 2 && ch->src.pitch > 0)
+            q.row_base = (uint64_t)d->box.start[0] + ch->src.off / ch->src.pitch;
+        st = wsync_kernels_find_nonfinite(&q, tx->dws, stream);
+        if (st == WSYNC_ERR_NONFINITE) {
+            char text[1024];
+            snprintf(text, sizeof(text), "sender %d: param '%s' (its chunk from column %llu): %s",
+                     s->m.rank, d->param.name,
+                     ch->src.pitch > 0 ? (unsigned long long)(ch->src.off % ch->src.pitch) : 0ull,
+                     wsync_last_error());
+            return wsync_err_set_text(st, text);
+        }
+        if (st != WSYNC_OK)
+            return st;
+    }
+#else
+    (void)tx;
+    (void)stream;
+#endif
+    return wsync_err(WSYNC_ERR_NONFINITE, "sender %d: a NaN or Inf in the FP8 per-tensor set %u "
+                     "(its amax on the GPU), found in none of its chunks again", s->m.rank, k);
+}
+
+/* The first NONFINITE of a version's partials: its message kept, the others only counted. */
+static void keep_first(wsync_status_t st, wsync_status_t *first, char *text, size_t len)
+{
+    if (*first == WSYNC_OK) {
+        *first = st;
+        snprintf(text, len, "%s", wsync_last_error());
+    }
+}
+
+wsync_status_t wsync_amax_tx_partials(wsync_amax_tx_t *tx, const wsync_sender_t *s,
+                                      uint64_t version, void *stream, int64_t deadline_ms)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    uint32_t nsets = tx->sets.nsets;
+    wsync_status_t st, bad = WSYNC_OK;
+    char text[1024] = "";
+
+    (void)version;
+    if (nsets == 0)
+        return WSYNC_OK;
+    memset(tx->amax, 0, (size_t)nsets * sizeof(*tx->amax));
+#if WSYNC_HAVE_CUDA
+    /* the GPU's parts first, so that they run while the CPU reads the host shards */
+    if (tx->nk > 0 &&
+        (st = wsync_kernels_amax_many(tx->k, tx->nk, tx->dev, nsets, stream)) != WSYNC_OK)
+        return st;
+#endif
+    for (uint32_t c = 0; c < plan->nchunks; c++) {
+        const wsync_chunk_t *ch = &plan->chunks[c];
+        uint32_t k = tx->sets.set[c];
+        float a = 0.0f;
+        if (k == WSYNC_AMAX_NONE || ch->sender != (uint32_t)s->m.rank ||
+            s->shards[ch->shard].mem != WSYNC_MEM_HOST)
+            continue;
+        st = wsync_exec_amax_wire(plan, ch, s->shards[ch->shard].param.name,
+                                  s->shard_data[ch->shard], &a);
+        if (st == WSYNC_ERR_NONFINITE)
+            keep_first(st, &bad, text, sizeof(text));
+        else if (st != WSYNC_OK)
+            return st;
+        else
+            tx->amax[k] = a > tx->amax[k] ? a : tx->amax[k];
+    }
+    if (tx->nk > 0) {
+        float *g = malloc((size_t)nsets * sizeof(*g));
+        if (g == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "sender %d: %u FP8 per-tensor amaxes", s->m.rank,
+                             nsets);
+        st = wsync_dev_copy_to_host(g, tx->dev, (size_t)nsets * sizeof(*g), stream, deadline_ms);
+        for (uint32_t k = 0; k < nsets && st == WSYNC_OK; k++) {
+            uint32_t u;
+            memcpy(&u, &g[k], 4);
+            if (u < 0x7f800000u) {   /* bits of |x|: not Inf, not NaN */
+                tx->amax[k] = g[k] > tx->amax[k] ? g[k] : tx->amax[k];
+            } else if (bad == WSYNC_OK) {
+                st = cuda_nonfinite(tx, s, k, stream);
+                if (st == WSYNC_ERR_NONFINITE) {
+                    keep_first(st, &bad, text, sizeof(text));
+                    st = WSYNC_OK;
+                }
+            }
+        }
+        free(g);
+        if (st != WSYNC_OK)
+            return st;
+    }
+    return bad == WSYNC_OK ? WSYNC_OK : wsync_err_set_text(bad, text);
+}
+
+wsync_status_t wsync_amax_tx_upload(wsync_amax_tx_t *tx, void *stream)
+{
+    if (tx->nk == 0 || tx->sets.nsets == 0)
+        return WSYNC_OK;
+    return wsync_dev_memcpy_async(tx->dev, tx->amax, (size_t)tx->sets.nsets * sizeof(float),
+                                  stream);
 }
 
 uint32_t wsync_amax_msg_bytes(uint32_t nsets)

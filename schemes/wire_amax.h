@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "core/objects.h"
+#include "kernels/kernels.h"
 #include "reshard/plan.h"
 
 #define WSYNC_AMAX_NONE UINT32_MAX
@@ -26,7 +27,9 @@ typedef struct {
                                         some set */
 } wsync_amax_sets_t;
 
-/* The plan's per-tensor sets (all zero when it has none; no allocation then). */
+/* The plan's per-tensor sets (all zero when it has none; no allocation then). One pass over
+ * the plan's chunks and every receiver's segments: a sender builds them once and keeps them
+ * (wsync_amax_tx_t). */
 wsync_status_t wsync_amax_sets_build(const wsync_plan_t *plan, wsync_amax_sets_t *out);
 void wsync_amax_sets_free(wsync_amax_sets_t *sets);
 
@@ -45,5 +48,39 @@ wsync_status_t wsync_amax_msg_reduce(const uint8_t *buf, uint32_t len, uint64_t 
  * sender's report is TIMEOUT naming the senders not heard from. */
 wsync_status_t wsync_amax_agree(wsync_member_t *m, int rank, const wsync_amax_sets_t *sets,
                                 uint64_t version, int64_t deadline_ms, float *amax);
+
+/* A sender's side of it, built at its first version and kept: the sets, its partial amaxes
+ * and, for chunks of CUDA shards, their regions for the amax kernels and the agreed amaxes on
+ * the device, where the pack kernels read them (wsync_kquant_t.amax = dev + set). */
+typedef struct {
+    int built;
+    wsync_amax_sets_t sets;
+    float *amax;                     /* [nsets] host: partials, then the agreed maxima */
+    uint32_t nk;                     /* our chunks of some set in CUDA shards */
+    wsync_kamax_t *k;                /* [nk] their regions */
+    uint32_t *kchunk;                /* [nk] their plan chunks */
+    float *dev;                      /* [nsets] device (the CUDA shards' device): the partials
+                                        of the CUDA chunks, then the agreed amaxes; NULL if nk 0 */
+    void *dws;                       /* device workspace naming a NaN or Inf (WSYNC_KQUANT_WS_BYTES) */
+} wsync_amax_tx_t;
+
+/* Build tx for sender s (its plan, shards and their data) unless built; allocates device memory
+ * on the current device when s has chunks of some set in CUDA shards. No sets: tx->sets.nsets 0,
+ * nothing allocated. Not thread-safe (the sender's push thread). */
+wsync_status_t wsync_amax_tx_build(wsync_amax_tx_t *tx, const wsync_sender_t *s);
+void wsync_amax_tx_free(wsync_amax_tx_t *tx);
+
+/* One version: s's partial amax of every set into tx->amax (0 where s holds none): host shards
+ * on the CPU (wsync_exec_amax_wire), CUDA shards by wsync_kernels_amax_many on `stream`, copied
+ * back (waiting up to deadline_ms). A NaN or Inf is WSYNC_ERR_NONFINITE naming the param, the
+ * element and sender s (the version is then refused; nothing sent); tx->amax is complete even
+ * then (a set holding one counts 0 there), for a scheme that must still take part in the
+ * exchange and its transfers before it refuses (nccl). */
+wsync_status_t wsync_amax_tx_partials(wsync_amax_tx_t *tx, const wsync_sender_t *s,
+                                      uint64_t version, void *stream, int64_t deadline_ms);
+
+/* The agreed amaxes (tx->amax, from wsync_amax_agree) to tx->dev on `stream`, before the packs
+ * that read them are enqueued on it. No-op without CUDA chunks. */
+wsync_status_t wsync_amax_tx_upload(wsync_amax_tx_t *tx, void *stream);
 
 #endif

@@ -20,6 +20,13 @@
  * 3. A NaN in sender N-1's shard of 'w.block' in version 2, FP8 on the wire: the version fails
  *    with WSYNC_ERR_NONFINITE naming the param and element (nccl: and the sender), every receiver
  *    fails it and keeps version 1.
+ * 4. Per-tensor targets (g_tensor_params: 't.row' from every sender's rows, 't.col' from one
+ *    sender's, beside a block target and the norm): the senders agree on each target's amax
+ *    every version (CUDA shards: the amax kernels, then the pack kernels with the agreed amax),
+ *    and every receiver's codes and its one scale must equal wsync_quantize_f32 of the whole
+ *    bf16 target, FP8 on the wire on and off alike, bytes as counted (one scale a chunk); nccl
+ *    and ipc (colocated and disaggregated). A NaN in sender N-1's part of 't.row' in version 2:
+ *    NONFINITE naming 't.row', its element (and for nccl the sender), version 1 kept.
  *
  * usage: test_fp8_wire_gpu [--json PATH] [--no-bench] [--only ipc|nccl] [--case SUBSTRING]
  * Exit 0 when every case passed (cases that need more GPUs than are visible are skipped and
@@ -360,7 +367,23 @@ static const gparam_t g_params[] = {
     {"norm", REPL, 1, 512, WSYNC_QUANT_NONE, 0, 0, 0, 0},
     {"w.late", COLPAR, 4096, 512, WSYNC_QUANT_BLOCK, 128, 128, 0, 0},
 };
+/* 4. Per-tensor targets (one scale for the whole target: the senders agree on its amax every
+ * version): 't.row' takes a column slice of every sender's rows (n chunks, one from each
+ * sender, one set), 't.col' a sender's rows (one chunk), beside a block one and the norm; each
+ * sender's shards fit one bucket, so no chunk is cut at a bucket's end. */
+static const gparam_t g_tensor_params[] = {
+    {"t.row", ROWPAR, 256, 512, WSYNC_QUANT_TENSOR, 0, 0, 0, 0},
+    {"w.small", ROWPAR, 256, 256, WSYNC_QUANT_BLOCK, 128, 128, 0, 0},
+    {"t.col", COLPAR, 512, 256, WSYNC_QUANT_TENSOR, 0, 0, 0, 0},
+    {"norm", REPL, 1, 512, WSYNC_QUANT_NONE, 0, 0, 0, 0},
+};
 #define NPARAMS (sizeof(g_params) / sizeof(g_params[0]))
+
+/* The table the next group runs (set before its children are forked) and a label for its
+ * cases' names. */
+static const gparam_t *g_tab = g_params;
+static size_t g_np = NPARAMS;   /* at most NPARAMS: the children's arrays hold that many */
+static const char *g_label = "";
 
 typedef struct {
     const char *name;
@@ -482,7 +505,7 @@ static int travels_fp8(const gparam_t *p, int n)
 {
     if (p->kind == REPL)
         return 0;
-    if (p->scheme == WSYNC_QUANT_CHANNEL)
+    if (p->scheme == WSYNC_QUANT_CHANNEL || p->scheme == WSYNC_QUANT_TENSOR)
         return 1;
     return (p->rows / n) % p->br == 0;   /* COLPAR: the target's rows are a sender's */
 }
@@ -493,8 +516,8 @@ static uint64_t expected_bytes(int n, int wire)
 {
     uint64_t total = 0;
     for (int j = 0; j < n; j++)
-        for (size_t i = 0; i < NPARAMS; i++) {
-            const gparam_t *p = &g_params[i];
+        for (size_t i = 0; i < g_np; i++) {
+            const gparam_t *p = &g_tab[i];
             wsync_piece_t pc;
             wsync_target_t t;
             target_of(p, j, n, &pc, &t);
@@ -503,7 +526,9 @@ static uint64_t expected_bytes(int n, int wire)
                 total += e * 2;
                 continue;
             }
-            uint64_t cells = p->scheme == WSYNC_QUANT_CHANNEL
+            /* per-tensor: one cell a chunk, a chunk from each sender holding rows of it */
+            uint64_t cells = p->scheme == WSYNC_QUANT_TENSOR ? (p->kind == ROWPAR ? (uint64_t)n : 1)
+                             : p->scheme == WSYNC_QUANT_CHANNEL
                                  ? (uint64_t)t.shape[0]
                                  : (uint64_t)((t.shape[0] + p->br - 1) / p->br) *
                                        (uint64_t)((t.shape[1] + p->bc - 1) / p->bc);
@@ -557,8 +582,8 @@ static int sender_main(void *arg)
     setenv("WSYNC_FP8_WIRE", g->wire ? "2" : "0", 1);
     setenv("WSYNC_VERIFY", g->wire ? "1" : "0", 1);
     CU_OK(cudaSetDevice(dev));
-    for (size_t i = 0; i < NPARAMS; i++) {
-        shard_box(&g_params[i], rank, g->n, &prm[i], &box[i]);
+    for (size_t i = 0; i < g_np; i++) {
+        shard_box(&g_tab[i], rank, g->n, &prm[i], &box[i]);
         off[i] = bytes;
         uint64_t e = (uint64_t)box[i].len[0] * (prm[i].ndim == 2 ? (uint64_t)box[i].len[1] : 1);
         bytes += (e * 2 + 255) & ~(size_t)255;
@@ -579,14 +604,14 @@ static int sender_main(void *arg)
     CHECK_OK(wsync_sender_create(ctx, &sp, &s));
     if (check_failures)
         goto out;
-    for (size_t i = 0; i < NPARAMS; i++) {
+    for (size_t i = 0; i < g_np; i++) {
         wsync_shard_t sh = {prm[i], box[i], block + off[i], WSYNC_MEM_CUDA, dev};
         CHECK_OK(wsync_sender_add_shard(s, &sh));
     }
     if (check_failures)
         goto out;
     for (int v = 1; v <= VERSIONS && !failed_at; v++) {
-        for (size_t i = 0; i < NPARAMS; i++) {
+        for (size_t i = 0; i < g_np; i++) {
             uint64_t rowe = prm[i].ndim == 2 ? (uint64_t)prm[i].shape[1] : 1;
             uint64_t e = (uint64_t)box[i].len[0] * rowe, first = (uint64_t)box[i].start[0] * rowe;
             for (uint64_t k = 0; k < e; k++) {
@@ -594,8 +619,10 @@ static int sender_main(void *arg)
                 memcpy(host + off[i] + 2 * k, &h, 2);
             }
             if (g->nan_v2 && v == 2 && rank == g->n - 1 &&
-                strcmp(prm[i].name, g->nan_v2 == 1 ? "w.block" : "w.late") == 0) {
-                uint64_t row = g->nan_v2 == 1 ? 3 : (uint64_t)box[i].len[0] - 1;
+                strcmp(prm[i].name, g->nan_v2 == 1   ? "w.block"
+                                    : g->nan_v2 == 2 ? "w.late"
+                                                     : "t.row") == 0) {
+                uint64_t row = g->nan_v2 != 2 ? 3 : (uint64_t)box[i].len[0] - 1;
                 uint16_t nan = 0x7fc0;
                 memcpy(host + off[i] + 2 * (row * rowe + 5), &nan, 2);
             }
@@ -659,8 +686,8 @@ static int receiver_main(void *arg)
     CHECK_OK(st);
     if (check_failures)
         goto out;
-    for (size_t i = 0; i < NPARAMS; i++) {
-        const gparam_t *p = &g_params[i];
+    for (size_t i = 0; i < g_np; i++) {
+        const gparam_t *p = &g_tab[i];
         target_of(p, rank, g->n, &pcs[i], &tg[i]);
         size_t bytes = elems_of_target(&tg[i]) * wsync_dtype_size(tg[i].dtype);
         CU_OK(cudaMalloc((void **)&data[i], bytes));
@@ -686,10 +713,10 @@ static int receiver_main(void *arg)
         goto out;
     for (int v = 1; v <= VERSIONS && !failed; v++) {
         /* poison: a byte this version does not write cannot pass for data */
-        for (size_t i = 0; i < NPARAMS; i++) {
+        for (size_t i = 0; i < g_np; i++) {
             CU_OK(cudaMemset(data[i], 0xFF,
                              elems_of_target(&tg[i]) * wsync_dtype_size(tg[i].dtype)));
-            if (scales[i] && g_params[i].host_scales)
+            if (scales[i] && g_tab[i].host_scales)
                 memset(scales[i], 0xFF, nscales[i] * sizeof(float));
             else if (scales[i])
                 CU_OK(cudaMemset(scales[i], 0xFF, nscales[i] * sizeof(float)));
@@ -707,14 +734,14 @@ static int receiver_main(void *arg)
         XXH3_state_t *h = XXH3_createState();
         XXH3_64bits_reset(h);
         int wrong = 0;
-        for (size_t i = 0; i < NPARAMS; i++) {
+        for (size_t i = 0; i < g_np; i++) {
             size_t bytes = elems_of_target(&tg[i]) * wsync_dtype_size(tg[i].dtype);
             uint8_t *want = malloc(bytes), *have = malloc(bytes);
             float *want_s = malloc((nscales[i] + 1) * 4), *have_s = malloc((nscales[i] + 1) * 4);
-            CHECK(reference(&g_params[i], &tg[i], (uint64_t)v, want, want_s) == 0);
+            CHECK(reference(&g_tab[i], &tg[i], (uint64_t)v, want, want_s) == 0);
             if (cudaMemcpy(have, data[i], bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
                 check_failures++;
-            if (nscales[i] && g_params[i].host_scales)
+            if (nscales[i] && g_tab[i].host_scales)
                 memcpy(have_s, scales[i], nscales[i] * 4);
             else if (nscales[i] &&
                      cudaMemcpy(have_s, scales[i], nscales[i] * 4, cudaMemcpyDeviceToHost) !=
@@ -753,9 +780,9 @@ static int receiver_main(void *arg)
 out:
     wsync_receiver_free(rv);
     wsync_ctx_free(ctx);
-    for (size_t i = 0; i < NPARAMS; i++) {
+    for (size_t i = 0; i < g_np; i++) {
         cudaFree(data[i]);
-        if (scales[i] && g_params[i].host_scales)
+        if (scales[i] && g_tab[i].host_scales)
             free(scales[i]);
         else if (scales[i])
             cudaFree(scales[i]);
@@ -838,8 +865,8 @@ static void case_equal(const char *scheme, int n, int colocated)
 {
     gpu_case_t *row = gpu_cases_add(&g_cases);
     group_t g = {.scheme = scheme, .n = n, .colocated = colocated};
-    snprintf(row->name, sizeof(row->name), "%s %s FSDP-%d -> TP-%d: FP8 on the wire = off, "
-             "bytes halved", scheme, colocated ? "colocated" : "disaggregated", n, n);
+    snprintf(row->name, sizeof(row->name), "%s%s %s FSDP-%d -> TP-%d: FP8 on the wire = off, "
+             "bytes halved", g_label, scheme, colocated ? "colocated" : "disaggregated", n, n);
     if (!case_open(row, &g))
         return;
     long long t0 = proc_now_ms();
@@ -880,9 +907,10 @@ static void case_nan(const char *scheme, int n, int colocated, int where)
     gpu_case_t *row = gpu_cases_add(&g_cases);
     group_t g = {.scheme = scheme, .n = n, .colocated = colocated, .wire = 1, .nan_v2 = where};
     char has[128];
-    snprintf(row->name, sizeof(row->name), "%s %s FSDP-%d -> TP-%d: NaN in version 2 (%s "
-             "bucket): NONFINITE, version 1 kept", scheme, colocated ? "colocated" :
-             "disaggregated", n, n, where == 1 ? "first" : "last");
+    snprintf(row->name, sizeof(row->name), "%s%s %s FSDP-%d -> TP-%d: NaN in version 2 (%s): "
+             "NONFINITE, version 1 kept", g_label, scheme, colocated ? "colocated" :
+             "disaggregated", n, n, where == 1 ? "first bucket" : where == 2 ? "last bucket" :
+             "t.row, before the amaxes are agreed");
     if (!case_open(row, &g))
         return;
     long long t0 = proc_now_ms();
@@ -892,6 +920,8 @@ static void case_nan(const char *scheme, int n, int colocated, int where)
      * column 5; w.late: the last row of the param, receiver n-1's (rows are the targets') */
     if (where == 1)
         snprintf(has, sizeof(has), "w.block: NaN at row %d, column 5", (n - 1) * 1024 / n + 3);
+    else if (where == 3)   /* t.row: sender n-1's chunk for receiver 0 (columns from 0) */
+        snprintf(has, sizeof(has), "t.row: NaN at row %d, column 5", (n - 1) * 256 / n + 3);
     else
         snprintf(has, sizeof(has), "w.late: NaN at row 4095, column 5");
     for (int i = 0; i < 2 * n; i++) {
@@ -971,5 +1001,15 @@ int main(int argc, char **argv)
     case_nan("nccl", d, 0, 2);
     case_nan("ipc", 2, 1, 1);
     case_nan("ipc", 2, 1, 2);
+    /* 4. per-tensor targets: codes and the one scale equal to the CPU's quantization of the
+     * whole bf16 target, FP8 on the wire on and off alike, and a NaN refused before any pack */
+    g_tab = g_tensor_params;
+    g_np = sizeof(g_tensor_params) / sizeof(g_tensor_params[0]);
+    g_label = "per-tensor: ";
+    case_equal("nccl", d, 0);
+    case_equal("ipc", 2, 1);
+    case_equal("ipc", d, 0);
+    case_nan("nccl", d, 0, 3);
+    case_nan("ipc", 2, 1, 3);
     return gpu_cases_finish(&g_cases, 72);
 }

@@ -506,6 +506,131 @@ static void test_amax(void)
     }
 }
 
+/* Per-tensor FP8 on the wire's kernels (schemes/wire_amax.c): a matrix cut into row parts held
+ * by different senders. wsync_kernels_amax_many folds every part's amax into its set (two
+ * matrices, and a set with no part: 0) = the CPU's amax of the whole; each part quantized with
+ * the agreed amax (wsync_kquant_t.amax, through quantize_many) gives exactly the codes and the
+ * one scale wsync_quantize_f32 gives for the whole matrix; then a NaN or Inf in one part shows in
+ * its set's amax, wsync_kernels_find_nonfinite names it in that part (its row in the whole) and
+ * finds nothing in another. */
+static void test_amax_parts(void)
+{
+    for (int trial = 0; trial < 12; trial++) {
+        wsync_dtype_t dt = float_types[trial % 3];
+        wsync_dtype_t fp8 = trial % 2 ? WSYNC_DTYPE_F8E5M2 : WSYNC_DTYPE_F8E4M3FN;
+        size_t esz = wsync_dtype_size(dt);
+        uint64_t rows[2] = {range(3, 300), range(2, 90)}, cols[2] = {range(1, 700), range(1, 300)};
+        mat_t m[2];
+        uint8_t *d[2];
+        wsync_kamax_t it[5];
+        uint64_t r0[5];
+        uint32_t n = 0;
+        float *d_amax, got[3];
+        for (int k = 0; k < 2; k++) {
+            mat_make(&m[k], dt, rows[k], cols[k], cols[k], trial % 4 == 3 ? MAT_EXTREMES : 0);
+            CU(cudaMalloc((void **)&d[k], rows[k] * cols[k] * esz));
+            CU(cudaMemcpy(d[k], m[k].x, rows[k] * cols[k] * esz, cudaMemcpyHostToDevice));
+            /* set k: 3 row parts of matrix 0, 2 of matrix 1 (one may be empty) */
+            uint64_t nparts = k == 0 ? 3 : 2, at = 0;
+            for (uint64_t j = 0; j < nparts; j++) {
+                uint64_t len = j + 1 == nparts ? rows[k] - at : below(rows[k] - at + 1);
+                it[n] = (wsync_kamax_t){d[k] + at * cols[k] * esz, dt, len, cols[k], cols[k],
+                                        (uint32_t)k};
+                r0[n++] = at;
+                at += len;
+            }
+        }
+        CU(cudaMalloc((void **)&d_amax, 3 * sizeof(float)));
+        CU(cudaMemset(d_amax, 0x7b, 3 * sizeof(float)));
+        CHECK_OK(wsync_kernels_amax_many(it, n, d_amax, 3, NULL));
+        CU(cudaMemcpy(got, d_amax, sizeof(got), cudaMemcpyDeviceToHost));
+        for (int k = 0; k < 2; k++) {
+            uint32_t want = bits_of(wsync_amax_f32(m[k].f, rows[k] * cols[k]));
+            CHECK_MSG(bits_of(got[k]) == want, "trial %d: %s set %d (%" PRIu64 "x%" PRIu64 "): "
+                      "amax bits %08x, want %08x", trial, dtn(dt), k, rows[k], cols[k],
+                      bits_of(got[k]), want);
+        }
+        CHECK_MSG(bits_of(got[2]) == 0, "trial %d: the set without parts: %08x", trial,
+                  bits_of(got[2]));
+
+        /* the parts of matrix 0 packed with the agreed amax: the whole's codes and scale */
+        uint64_t e = rows[0] * cols[0];
+        uint8_t *want = malloc(e), *have = malloc(e), *d_out, *d_ws;
+        float want_s = 0, have_s[3], *d_s;
+        wsync_quant_t q = {WSYNC_QUANT_TENSOR, 0, 0, 0.0f, 0, trial % 3 == 2, NULL,
+                           WSYNC_MEM_CUDA};
+        wsync_kquant_t qa[3];
+        void *ws[3];
+        CHECK_OK(wsync_quantize_f32("t", m[0].f, rows[0], cols[0], cols[0], &q, fp8, want,
+                                    cols[0], &want_s));
+        CU(cudaMalloc((void **)&d_out, e));
+        CU(cudaMalloc((void **)&d_s, 3 * sizeof(float)));
+        CU(cudaMalloc((void **)&d_ws, 3 * WSYNC_KQUANT_WS_BYTES));
+        CU(cudaMemset(d_out, 0xA5, e));
+        CU(cudaMemset(d_s, 0xA5, 3 * sizeof(float)));
+        CU(cudaMemset(d_ws, 0, 3 * WSYNC_KQUANT_WS_BYTES));
+        for (int j = 0; j < 3; j++) {
+            qa[j] = (wsync_kquant_t){"t", it[j].x, dt, it[j].rows, cols[0], cols[0], q, fp8,
+                                     d_out + r0[j] * cols[0], cols[0], d_s + j, r0[j], d_amax};
+            ws[j] = d_ws + j * WSYNC_KQUANT_WS_BYTES;
+        }
+        CHECK_OK(wsync_kernels_quantize_many(qa, 3, ws, 0, NULL));
+        for (int j = 0; j < 3; j++)
+            CHECK_OK(wsync_kernels_quantize_finish(&qa[j], ws[j], NULL));
+        CU(cudaMemcpy(have, d_out, e, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(have_s, d_s, sizeof(have_s), cudaMemcpyDeviceToHost));
+        size_t k = first_diff(want, have, e);
+        CHECK_MSG(k == e, "trial %d: %s -> %s %" PRIu64 "x%" PRIu64 " in 3 parts: code %zu is "
+                  "0x%02x, the whole's 0x%02x", trial, dtn(dt), dtn(fp8), rows[0], cols[0], k,
+                  k < e ? have[k] : 0, k < e ? want[k] : 0);
+        for (int j = 0; j < 3; j++)
+            CHECK_MSG(it[j].rows == 0 || bits_of(have_s[j]) == bits_of(want_s), "trial %d: part "
+                      "%d's scale %08x, the whole's %08x", trial, j, bits_of(have_s[j]),
+                      bits_of(want_s));
+
+        /* a NaN or Inf in part 1 (rows permitting): its set's amax shows it, the search names it */
+        if (it[1].rows > 0) {
+            uint64_t r = below(it[1].rows), c = below(cols[0]);
+            float bad = trial % 2 ? INFINITY : NAN;
+            uint32_t u = dt == WSYNC_DTYPE_F32 ? bits_of(bad) : dt == WSYNC_DTYPE_BF16
+                ? bits_of(bad) >> 16 : wsync_f32_to_f16(bad);
+            char msg[128];
+            CU(cudaMemcpy((uint8_t *)it[1].x + (r * cols[0] + c) * esz, &u, esz,
+                          cudaMemcpyHostToDevice));
+            CHECK_OK(wsync_kernels_amax_many(it, n, d_amax, 3, NULL));
+            CU(cudaMemcpy(got, d_amax, sizeof(got), cudaMemcpyDeviceToHost));
+            CHECK_MSG(bits_of(got[0]) >= 0x7f800000u, "trial %d: set 0's amax %08x with a %s",
+                      trial, bits_of(got[0]), trial % 2 ? "Inf" : "NaN");
+            CHECK_ST(wsync_kernels_find_nonfinite(&qa[1], ws[1], NULL), WSYNC_ERR_NONFINITE);
+            snprintf(msg, sizeof(msg), "t: %s at row %" PRIu64 ", column %" PRIu64,
+                     trial % 2 ? "Inf" : "NaN", r0[1] + r, c);
+            CHECK_MSG(strcmp(wsync_last_error(), msg) == 0, "trial %d: \"%s\", want \"%s\"",
+                      trial, wsync_last_error(), msg);
+            CHECK_OK(wsync_kernels_find_nonfinite(&qa[0], ws[0], NULL));
+        }
+        CU(cudaFree(d_out));
+        CU(cudaFree(d_s));
+        CU(cudaFree(d_ws));
+        CU(cudaFree(d_amax));
+        free(want);
+        free(have);
+        for (int j = 0; j < 2; j++) {
+            CU(cudaFree(d[j]));
+            mat_free(&m[j]);
+        }
+    }
+    /* refused before anything is enqueued */
+    wsync_kamax_t bad = {NULL, WSYNC_DTYPE_BF16, 2, 2, 2, 0};
+    float *d_a;
+    CU(cudaMalloc((void **)&d_a, sizeof(float)));
+    CHECK_ST(wsync_kernels_amax_many(&bad, 1, d_a, 1, NULL), WSYNC_ERR_INVALID);
+    bad.x = d_a;
+    bad.set = 1;
+    CHECK_ST(wsync_kernels_amax_many(&bad, 1, d_a, 1, NULL), WSYNC_ERR_INVALID);
+    CHECK_MSG(strstr(wsync_last_error(), "set 1 of 1") != NULL, "\"%s\"", wsync_last_error());
+    CU(cudaFree(d_a));
+}
+
 typedef struct {
     const char *label;
     wsync_quant_scheme_t scheme;
@@ -558,7 +683,7 @@ static int quant_case(const mat_t *m, const wsync_quant_t *q, wsync_dtype_t fp8,
     CU(cudaMemcpy(dsc, gs, nsc * 4, cudaMemcpyHostToDevice));
 
     wsync_kquant_t a = {"t", dx + x_shift, m->dt, m->rows, m->cols, m->pitch, *q, fp8, dout,
-                        out_pitch, dsc, 0};
+                        out_pitch, dsc, 0, NULL};
     if (use_two_phase) {
         CHECK_OK(wsync_kernels_quantize_launch(&a, ws, NULL));
         CHECK_OK(wsync_kernels_quantize_finish(&a, ws, NULL));
@@ -691,7 +816,7 @@ static void test_quant_many(void)
             CU(cudaMalloc((void **)&dsc[i], nsc[i] * 4 + 4));
             CU(cudaMemset(dout[i], 0xA5, ob[i]));
             CU(cudaMemset(dsc[i], 0xA5, nsc[i] * 4));
-            a[i] = (wsync_kquant_t){"t", dx, dt, rows, cols, cols, q, fp8, dout[i], cols, dsc[i], 0};
+            a[i] = (wsync_kquant_t){"t", dx, dt, rows, cols, cols, q, fp8, dout[i], cols, dsc[i], 0, NULL};
             ws[i] = dws + i * WSYNC_KQUANT_WS_BYTES;
         }
         CHECK_OK(wsync_kernels_quantize_many(a, n, ws, round == 2 ? 7 : 0, NULL));
@@ -837,7 +962,7 @@ static void test_quant_errors(void)
         CU(cudaMemset(dout, 0x33, rows * cols));
         CU(cudaMemset(dsc, 0x33, nsc * 4));
         wsync_kquant_t a = {"model.layers.0.mlp.down_proj.weight", dx, m.dt, rows, cols, cols, q,
-                            WSYNC_DTYPE_F8E4M3FN, dout, cols, dsc, 0};
+                            WSYNC_DTYPE_F8E4M3FN, dout, cols, dsc, 0, NULL};
         CHECK_ST(wsync_kernels_quantize(&a, NULL, NULL), WSYNC_ERR_NONFINITE);
         CHECK_MSG(strcmp(wsync_last_error(), want) == 0, "message \"%s\", CPU's \"%s\"",
                   wsync_last_error(), want);
@@ -873,7 +998,7 @@ static void test_quant_errors(void)
     wsync_quant_t q = {0};
     q.scheme = WSYNC_QUANT_TENSOR;
     q.ue8m0 = 1;
-    wsync_kquant_t a = {"t", dummy, WSYNC_DTYPE_F32, 2, 2, 2, q, WSYNC_DTYPE_F8E4M3FN, dout, 2, dummy, 0};
+    wsync_kquant_t a = {"t", dummy, WSYNC_DTYPE_F32, 2, 2, 2, q, WSYNC_DTYPE_F8E4M3FN, dout, 2, dummy, 0, NULL};
     void *ws;
     CU(cudaMalloc(&ws, WSYNC_KQUANT_WS_BYTES));
     CHECK_ST(wsync_kernels_quantize_launch(&a, ws, NULL), WSYNC_ERR_INVALID);
@@ -1204,6 +1329,7 @@ int main(int argc, char **argv)
     run_case("pack_unpack_plan", test_pack_unpack_plan);
     run_case("copy_errors", test_copy_errors);
     run_case("amax", test_amax);
+    run_case("amax_parts", test_amax_parts);
     run_case("quant_random", test_quant_random);
     run_case("quant_many", test_quant_many);
     run_case("quant_edges", test_quant_edges);
