@@ -105,6 +105,10 @@ wsync_status_t wsync_nccl_wire_sender_bind(wsync_sender_t *s, nc_state_t *st)
     wsync_status_t rc;
     uint32_t q = 0;
 
+    /* per-tensor sets, once: sender 0 takes part in every exchange, FP8 chunks of its own or
+     * not; a sender's packs of them take the amax agreed each version */
+    if ((rc = wsync_amax_tx_build(&st->amax_tx, s)) != WSYNC_OK)
+        return rc;
     if (st->nquant == 0)
         return WSYNC_OK;
     st->quant = calloc(st->nquant, sizeof(*st->quant));
@@ -151,9 +155,6 @@ wsync_status_t wsync_nccl_wire_sender_bind(wsync_sender_t *s, nc_state_t *st)
     if (q != st->nquant)
         return wsync_err(WSYNC_ERR_INTERNAL, "nccl: sender %d: %u of %u FP8 chunks laid out",
                          s->m.rank, q, st->nquant);
-    /* per-tensor chunks: the sets, once; their packs take the amax agreed each version */
-    if ((rc = wsync_amax_tx_build(&st->amax_tx, s)) != WSYNC_OK)
-        return rc;
     for (uint32_t i = 0; i < st->nquant && st->amax_tx.sets.nsets > 0; i++) {
         uint32_t k = st->amax_tx.sets.set[st->qchunk[i]];
         if (k != WSYNC_AMAX_NONE)
