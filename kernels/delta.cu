@@ -82,8 +82,8 @@ typedef struct {
     uint32_t nb;                       /* its blocks */
     uint32_t idx;                      /* its place in the caller's order (results, lengths) */
     uint32_t dense;                    /* rows == 1 or pitch == cols: element e at e * esize */
-    uint32_t fast;                     /* encode: the warp encoder takes its full blocks (dense,
-                                          new and old 16-byte aligned) */
+    uint32_t fast;                     /* the warp kernels take its full blocks: dense, new and
+                                          old (encode) or the target (apply) 16-byte aligned */
 } wk_dchunk_t;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1174,17 +1174,16 @@ __device__ __forceinline__ void wk_block_scan2(uint32_t a, uint32_t b, uint32_t 
     *tb = sb;
 }
 
-/* CTAs per SM the apply kernel's registers must allow: 4 (64 registers a thread; ptxas: no
- * spills) by default; 8 (32 registers, WSYNC_KDELTA_OLD=1) spills 108-260 bytes a thread
- * (Nsight: 17.8 M local requests on the bench), and 5 or 6 still spill. */
-#define WK_AMIN_BLOCKS 4
-
-/* Blocks [g0, g0 + gridDim.x) of chunks [c0, c1), element size E: check, apply, hash; at least
- * MINB CTAs per SM. Shared memory (dynamic): the block's values [WK_DBLK * E] (with hash). */
-template <int E, int MINB>
-__global__ void __launch_bounds__(WK_THREADS, MINB)
+/* One CTA per block: blocks [g0, g0 + gridDim.x), or g0 + glist[0 .. gridDim.x) (what the warp
+ * apply leaves: tail blocks and chunks it cannot take), element size E: check, apply, hash.
+ * Shared memory (dynamic): the block's values [WK_DBLK * E] (with hash). At 32 registers it
+ * spills 108-260 bytes a thread (Nsight: 17.8 M local requests on the bench); at 64 (4 CTAs per
+ * SM) it does not, but keeps half the blocks in flight. */
+template <int E>
+__global__ void __launch_bounds__(WK_THREADS, WK_DMIN_BLOCKS)
 wk_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap, uint64_t g0,
-               const uint64_t *lens, uint64_t *leaves, wsync_kdelta_result_t *res, int hash)
+               const uint32_t *__restrict__ glist, const uint64_t *lens, uint64_t *leaves,
+               wsync_kdelta_result_t *res, int hash)
 {
     typedef typename wk_elem<E>::t el;
     extern __shared__ uint4 wk_dyn[];
@@ -1197,7 +1196,7 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ 
     __shared__ uint64_t sh_off, sh_size;
     __shared__ uint32_t sh_mode, sh_k, sh_e, sh_fault, sh_bad, sh_total, sh_etrue;
     const int tid = threadIdx.x;
-    const uint64_t g = g0 + blockIdx.x;
+    const uint64_t g = g0 + (glist != NULL ? glist[blockIdx.x] : blockIdx.x);
 
     wk_secret_load(sec);
     const wk_dchunk_t d = ch[bmap[g]];
@@ -1370,6 +1369,247 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ 
                   (unsigned long long)k);
 }
 
+/* Exclusive warp-wide prefix sums of two counts: *ea, *eb over the lanes before this one, *ta,
+ * *tb the totals. */
+__device__ __forceinline__ void wkw_scan2(uint32_t a, uint32_t b, uint32_t *ea, uint32_t *eb,
+                                          uint32_t *ta, uint32_t *tb)
+{
+    const uint32_t lane = threadIdx.x & 31;
+    uint32_t ia = a, ib = b;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+        const uint32_t oa = __shfl_up_sync(WK_FULL, ia, o), ob = __shfl_up_sync(WK_FULL, ib, o);
+        if (lane >= (uint32_t)o) {
+            ia += oa;
+            ib += ob;
+        }
+    }
+    *ea = ia - a;
+    *eb = ib - b;
+    *ta = __shfl_sync(WK_FULL, ia, 31);
+    *tb = __shfl_sync(WK_FULL, ib, 31);
+}
+
+/* XXH3_64bits of a full block at p (WK_DBLK * E bytes, 16-byte aligned) by one warp, every lane
+ * getting it: the warp encoder's hash without the compare. */
+template <int E>
+__device__ __forceinline__ uint64_t wkw_leaf(const uint4 *p, const uint64_t *sec)
+{
+    constexpr uint32_t NSEG = WK_DBLK * E / 1024;
+    const uint32_t lane = threadIdx.x & 31, c = lane & 3, i0 = 2 * c, sn = lane >> 2;
+    const uint64_t ke0 = sec[sn + i0], ke1 = sec[sn + i0 + 1];
+    const uint64_t ko0 = sec[8 + sn + i0], ko1 = sec[9 + sn + i0];
+    uint64_t acc0 = c == 0 ? WK_P32_3 : c == 1 ? WK_P64_2 : c == 2 ? WK_P64_4 : WK_P64_5;
+    uint64_t acc1 = c == 0 ? WK_P64_1 : c == 1 ? WK_P64_3 : c == 2 ? WK_P32_2 : WK_P32_1;
+#pragma unroll 2
+    for (uint32_t s = 0; s < NSEG; s++) {
+        const uint4 x0 = p[64 * s + lane], x1 = p[64 * s + lane + 32];
+        uint64_t a = 0, b = 0, k10 = ko0, k11 = ko1;
+        if (s == NSEG - 1 && lane >= 28) {
+            k10 = (sec[15 + i0] >> 8) | (sec[16 + i0] << 56);
+            k11 = (sec[16 + i0] >> 8) | (sec[17 + i0] << 56);
+        }
+        wkw_terms(x0, ke0, ke1, &a, &b);
+        wkw_terms(x1, k10, k11, &a, &b);
+#pragma unroll
+        for (int o = 4; o < 32; o *= 2) {
+            a += __shfl_xor_sync(WK_FULL, a, o);
+            b += __shfl_xor_sync(WK_FULL, b, o);
+        }
+        acc0 += a;
+        acc1 += b;
+        if (s + 1 < NSEG) {
+            acc0 = (acc0 ^ (acc0 >> 47) ^ sec[16 + i0]) * WK_P32_1;
+            acc1 = (acc1 ^ (acc1 >> 47) ^ sec[17 + i0]) * WK_P32_1;
+        }
+    }
+    const uint64_t mk0 = (sec[1 + 2 * c] >> 24) | (sec[2 + 2 * c] << 40);
+    const uint64_t mk1 = (sec[2 + 2 * c] >> 24) | (sec[3 + 2 * c] << 40);
+    uint64_t f = wk_fold64(acc0 ^ mk0, acc1 ^ mk1);
+    f += __shfl_xor_sync(WK_FULL, f, 1);
+    f += __shfl_xor_sync(WK_FULL, f, 2);
+    return wk_avalanche3((uint64_t)WK_DBLK * E * WK_P64_1 + f);
+}
+
+/* Apply, a warp per block: blocks [g0, g0 + nblk) of chunks whose target is dense and 16-byte
+ * aligned (tail blocks left to wk_delta_apply, which runs after it over its list). The same
+ * checks and faults as wk_delta_apply, every one before any write: lane 0 checks the header and
+ * the entry (wk_check_entry); a SPARSE index stream is cut into 32 runs, a warp scan of
+ * (position advance, is-element) gives each run its start, each lane checks its positions, and
+ * only then re-reads its run to write its values; a BITMAP's words are scanned four a lane
+ * (popcount = k, and the escapes its positions would need as SPARSE), then each lane writes the
+ * values of its set bits; PLAIN is copied in 8-byte words. Only changed values are written; with
+ * the hash the warp then reads its block once (after __syncwarp: its lanes' stores are visible)
+ * and hashes it from registers. No shared memory but the secret, no CTA barrier after it. */
+template <int E>
+__global__ void __launch_bounds__(WK_THREADS, WKW_MIN_BLOCKS)
+wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
+                uint64_t g0, uint64_t nblk, const uint64_t *lens, uint64_t *leaves,
+                wsync_kdelta_result_t *res, int hash)
+{
+    typedef typename wk_elem<E>::t el;
+    __shared__ uint64_t sec[24];
+    const uint32_t lane = threadIdx.x & 31;
+
+    wk_secret_load(sec);
+    __syncthreads();
+    const uint64_t bi = (uint64_t)blockIdx.x * WKW_WARPS + (threadIdx.x >> 5);
+    if (bi >= nblk)
+        return;
+    const uint64_t g = g0 + bi;
+    const wk_dchunk_t d = ch[bmap[g]];
+    const uint32_t j = (uint32_t)(g - d.block0);
+    const uint64_t first = (uint64_t)j * WK_DBLK;
+    if (d.n - first < WK_DBLK)
+        return;   /* a tail block: wk_delta_apply's */
+    const uint32_t len = WK_DBLK;
+    uint32_t mode = 0, k = 0, esc = 0, fault = 0;
+    uint64_t off = 0, size = 0;
+    if (lane == 0)
+        fault = wk_check_entry(d.a, lens[d.idx], d, j, len, E, &mode, &k, &esc, &off, &size);
+    fault = __shfl_sync(WK_FULL, fault, 0);
+    if (fault != 0) {
+        if (lane == 0)
+            atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
+                      (unsigned long long)(((uint64_t)j << 8) | fault));
+        return;
+    }
+    mode = __shfl_sync(WK_FULL, mode, 0);
+    k = __shfl_sync(WK_FULL, k, 0);
+    esc = __shfl_sync(WK_FULL, esc, 0);
+    off = __shfl_sync(WK_FULL, off, 0);
+    size = __shfl_sync(WK_FULL, size, 0);
+    if (mode == WSYNC_DELTA_SAME && !hash)
+        return;
+    const unsigned char *P = d.a + 16 + 8 * (uint64_t)d.nb + off;   /* 8-byte aligned */
+    el *tv = reinterpret_cast<el *>(d.b + first * E);
+
+    /* 1. the payload's content, before anything is written */
+    bool bad = false;
+    uint64_t hdr = 0;
+    uint32_t b0 = 0, b1 = 0, adv0 = 0, cnt0 = 0;   /* SPARSE: lane's bytes, their start */
+    uint32_t m[4] = {0, 0, 0, 0}, rank0 = 0;        /* BITMAP: lane's words, its first rank */
+    if (mode == WSYNC_DELTA_SPARSE) {
+        const uint32_t nbytes = k + esc, per = (nbytes + 31) / 32;
+        b0 = lane * per < nbytes ? lane * per : nbytes;
+        b1 = b0 + per < nbytes ? b0 + per : nbytes;
+        hdr = wk_al8(nbytes);
+        uint32_t adv = 0, cnt = 0;
+        for (uint32_t b = b0; b < b1; b++) {
+            const uint32_t x = P[b];
+            adv += x == 0xff ? 255u : x + 1;
+            cnt += x != 0xff;
+        }
+        uint32_t advt, cntt;
+        wkw_scan2(adv, cnt, &adv0, &cnt0, &advt, &cntt);
+        /* exactly k elements (so e escapes), no trailing escape: the same on every lane */
+        if (cntt != k || P[nbytes - 1] == 0xff) {
+            bad = true;
+        } else {
+            uint32_t a = adv0;
+            for (uint32_t b = b0; b < b1; b++) {
+                const uint32_t x = P[b];
+                a += x == 0xff ? 255u : x + 1;
+                if (x != 0xff && a - 1 >= len)
+                    bad = true;
+            }
+        }
+        for (uint64_t b = nbytes + lane; b < hdr; b += 32)
+            if (P[b] != 0)
+                bad = true;
+    } else if (mode == WSYNC_DELTA_BITMAP) {
+        hdr = WK_DBLK / 8;   /* a full block: 128 words, no bits past it */
+        const uint2 w0 = reinterpret_cast<const uint2 *>(P)[2 * lane];
+        const uint2 w1 = reinterpret_cast<const uint2 *>(P)[2 * lane + 1];
+        m[0] = w0.x;
+        m[1] = w0.y;
+        m[2] = w1.x;
+        m[3] = w1.y;
+        /* the words' scan (as the warp encoder's): k bits, and BITMAP the format's pick with
+         * the escapes these positions need */
+        uint32_t cnt = 0;
+        int last = -1;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            cnt += (uint32_t)__popc(m[w]);
+            if (m[w] != 0)
+                last = (int)(4 * lane + w) * 32 + 31 - __clz((int)m[w]);
+        }
+        int lmax = last;
+#pragma unroll
+        for (int o = 1; o < 32; o *= 2) {
+            const int tl = __shfl_up_sync(WK_FULL, lmax, o);
+            if (lane >= (uint32_t)o)
+                lmax = tl > lmax ? tl : lmax;
+        }
+        int p = __shfl_up_sync(WK_FULL, lmax, 1);
+        if (lane == 0)
+            p = -1;
+        uint32_t es = 0;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            if (m[w] != 0) {
+                const int q = (int)(4 * lane + w) * 32;
+                es += (uint32_t)(q + __ffs((int)m[w]) - 1 - p - 1) / 255u;
+                p = q + 31 - __clz((int)m[w]);
+            }
+        }
+        uint32_t eex, total, etrue;
+        wkw_scan2(cnt, es, &rank0, &eex, &total, &etrue);
+        uint32_t want;
+        wk_bbytes(len, k, etrue, E, &want);
+        if (total != k || want != WSYNC_DELTA_BITMAP)
+            bad = true;
+    }
+    {   /* padding after the values (PLAIN: after the len values) */
+        const uint64_t vend = mode == WSYNC_DELTA_PLAIN ? (uint64_t)len * E : hdr + (uint64_t)k * E;
+        for (uint64_t b = vend + lane; b < size; b += 32)
+            if (P[b] != 0)
+                bad = true;
+    }
+    if (__any_sync(WK_FULL, bad)) {
+        if (lane == 0)
+            atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
+                      (unsigned long long)(((uint64_t)j << 8) | WSYNC_KDELTA_FAULT_PAYLOAD));
+        return;
+    }
+
+    /* 2. apply: the changed values only */
+    const el *vals = reinterpret_cast<const el *>(P + hdr);
+    if (mode == WSYNC_DELTA_SPARSE) {
+        uint32_t a = adv0, r = cnt0;
+        for (uint32_t b = b0; b < b1; b++) {
+            const uint32_t x = P[b];
+            a += x == 0xff ? 255u : x + 1;
+            if (x != 0xff)
+                tv[a - 1] = vals[r++];
+        }
+    } else if (mode == WSYNC_DELTA_BITMAP) {
+        uint32_t r = rank0;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            uint32_t mm = m[w];
+            while (mm != 0) {
+                tv[(4 * lane + w) * 32 + (uint32_t)__ffs((int)mm) - 1] = vals[r++];
+                mm &= mm - 1;
+            }
+        }
+    } else if (mode == WSYNC_DELTA_PLAIN) {
+        const uint64_t *src = reinterpret_cast<const uint64_t *>(P);
+        for (uint32_t w = lane; w < WK_DBLK * E / 8; w += 32)
+            reinterpret_cast<uint64_t *>(tv)[w] = src[w];
+    }
+    if (hash) {
+        __syncwarp();   /* every lane's stores visible to the warp's loads */
+        const uint64_t leaf = wkw_leaf<E>(reinterpret_cast<const uint4 *>(tv), sec);
+        if (lane == 0)
+            leaves[g] = leaf;
+    }
+    if (lane == 0 && k > 0)
+        atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
+                  (unsigned long long)k);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Chunk hashes, results, XXH3 of ranges                                                       */
 /* ------------------------------------------------------------------------------------------ */
@@ -1439,18 +1679,17 @@ struct wsync_kdelta_batch {
     unsigned long long *status;        /*   [nblocks + 4] encode: look-back words, counters */
     uint64_t *leaves;                  /*   [nblocks] */
     wsync_kdelta_result_t *res;        /*   [n] */
-    uint32_t *glist;                   /*   [nblocks] encode: wk_delta_encode's blocks */
+    uint32_t *glist;                   /*   [nblocks] the CTA kernels' blocks */
     uint32_t *bmap;                    /*   [nblocks] each block's chunk (its place in chunks) */
     uint64_t dev_bytes;
     wsync_kdelta_result_t *host;       /* pinned [n] */
     uint64_t *lens_host;               /* pinned [n] apply: the lengths of the next launch */
     uint64_t *lens_default;            /* malloc [n] apply: those given at create */
     int lens_changed;                  /* a launch gave other lengths than the default */
-    int old;                           /* WSYNC_KDELTA_OLD: the kernels before the warp encoder */
     struct {
         uint32_t c0, cf, c1;           /* chunks: [c0, cf) the warp encoder's, [cf, c1) not */
         uint64_t g0, gf, g1;           /* their blocks */
-        uint64_t l0, nl;               /* encode: glist[l0, l0 + nl), wk_delta_encode's blocks
+        uint64_t l0, nl;               /* glist[l0, l0 + nl): the CTA kernels' blocks
                                           (relative to g0): [cf, c1)'s and [c0, cf)'s tails */
     } grp[4];
 };
@@ -1539,7 +1778,6 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
     }
     b->apply = apply;
     b->flag = flag;
-    b->old = wk_use_old();
     b->n = n;
     uint32_t m = 0;
     uint64_t g = 0;
@@ -1574,7 +1812,7 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
         uint64_t o_ch = 0, o_lens = o_ch + wk_al8((uint64_t)n * sizeof(wk_dchunk_t));
         uint64_t o_st = o_lens + 8 * (uint64_t)n, o_lv = o_st + 8 * (apply ? 0 : g + 4);
         uint64_t o_res = o_lv + 8 * g, o_gl = o_res + (uint64_t)n * sizeof(wsync_kdelta_result_t);
-        uint64_t o_bm = o_gl + (apply ? 0 : 4 * g), total = o_bm + 4 * g;
+        uint64_t o_bm = o_gl + 4 * g, total = o_bm + 4 * g;
         e = cudaMalloc(&b->dev, total ? total : 8);
         if (e != cudaSuccess) {
             st = wk_cuda(e, "wsync_kdelta: cudaMalloc");
@@ -1620,9 +1858,9 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
             for (uint64_t x = 0; x < sorted[i].nb; x++)
                 bm[sorted[i].block0 + x] = i;
         e = cudaMemcpy(b->bmap, bm, (size_t)g * 4, cudaMemcpyHostToDevice);
-        if (e == cudaSuccess && !apply) {
-            /* wk_delta_encode's blocks, ascending per group (the look-back's order): the tail
-             * blocks of the warp encoder's chunks, then every block of the others */
+        if (e == cudaSuccess) {
+            /* the CTA kernels' blocks, ascending per group (the encoder's look-back order): the
+             * tail blocks of the warp kernels' chunks, then every block of the others */
             uint64_t nl = 0;
             for (int grp = 0; grp < 4; grp++) {
                 b->grp[grp].l0 = nl;
@@ -1674,24 +1912,24 @@ static void wk_launch_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t
     const uint64_t g0 = b->grp[grp].g0, nb = b->grp[grp].g1 - g0;
     if (nb == 0)
         return;
+    const uint64_t nw = b->grp[grp].gf - g0, nl = b->grp[grp].nl;
+    const uint32_t *gl = nl == nb ? NULL : b->glist + b->grp[grp].l0;   /* NULL: all, in order */
     if (b->apply) {
-        if (b->old)
-            wk_delta_apply<E, WK_DMIN_BLOCKS><<<(unsigned)nb, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
-                b->chunks, b->bmap, g0, b->lens, b->leaves, b->res, b->flag);
-        else
-            wk_delta_apply<E, WK_AMIN_BLOCKS><<<(unsigned)nb, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
-                b->chunks, b->bmap, g0, b->lens, b->leaves, b->res, b->flag);
+        if (nw > 0)
+            wkw_delta_apply<E><<<(unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS), WK_THREADS, 0, s>>>(
+                b->chunks, b->bmap, g0, nw, b->lens, b->leaves, b->res, b->flag);
+        if (nl > 0)
+            wk_delta_apply<E><<<(unsigned)nl, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
+                b->chunks, b->bmap, g0, gl, b->lens, b->leaves, b->res, b->flag);
         return;
     }
     unsigned int *counters = (unsigned int *)(b->status + b->nblocks);
-    const uint64_t nw = b->grp[grp].gf - g0, nl = b->grp[grp].nl;
     if (nw > 0)   /* first: the tail blocks after it look back over its blocks */
         wkw_delta_encode<E><<<(unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS), WK_THREADS, 0, s>>>(
             b->chunks, b->bmap, g0, nw, b->status, counters + 4 + grp, b->leaves, b->res, b->flag);
     if (nl > 0)
         wk_delta_encode<E><<<(unsigned)nl, WK_THREADS, 2 * WK_DBLK * E, s>>>(
-            b->chunks, b->bmap, g0, nl == nb ? NULL : b->glist + b->grp[grp].l0, b->status,
-            counters + grp, b->leaves, b->res, b->flag);
+            b->chunks, b->bmap, g0, gl, b->status, counters + grp, b->leaves, b->res, b->flag);
 }
 
 extern "C" {
@@ -1748,6 +1986,7 @@ wsync_status_t wsync_kdelta_apply_create(const wsync_kdelta_app_t *chunks, uint3
                                          wsync_kdelta_batch_t **batch)
 {
     static const char fn[] = "wsync_kdelta_apply_create";
+    const int old = wk_use_old();
     if (batch == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "%s: batch is NULL", fn);
     if (n > 0 && chunks == NULL)
@@ -1779,6 +2018,7 @@ wsync_status_t wsync_kdelta_apply_create(const wsync_kdelta_app_t *chunks, uint3
         d[i].nb = (uint32_t)wsync_delta_nblocks(d[i].n);
         d[i].idx = i;
         d[i].dense = r->rows == 1 || r->pitch == r->cols;
+        d[i].fast = !old && d[i].dense && ((uintptr_t)d[i].b & 15) == 0;
         esz[i] = c->esize;
         lens[i] = c->len;
     }

@@ -9,9 +9,9 @@
  * header, a trailing 0xFF, a wrong e, e in a BITMAP or PLAIN entry, a position past the block,
  * ...), changes sharing one mask word, full blocks with no tail), nothing written outside the
  * chunk. The encode, apply and corrupt cases run twice: with WSYNC_KDELTA_OLD=1 (the kernels
- * before the warp encoder: one CTA per block everywhere, apply at 32 registers) and with the
- * default (a warp per full block of dense 16-byte aligned chunks, wk_delta_encode for the rest
- * in the same batches; apply at 64 registers). Then, unless --no-bench, 1 GiB of bf16 at 1 %, 5 %
+ * before the warp kernels: one CTA per block everywhere) and with the default (a warp per full
+ * block of dense 16-byte aligned chunks, encode and apply, one CTA per block for the rest in the
+ * same batches). Then, unless --no-bench, 1 GiB of bf16 at 1 %, 5 %
  * and 30 % changed: encode and apply times (the default, and WSYNC_KDELTA_OLD=1 beside it in the
  * same run) against reading both versions once (JSON lines on stdout; "kernel" names the
  * default's, the old_ fields the old kernels'). The ratio that counts (issue 17: encode + apply
@@ -20,7 +20,8 @@
  *
  * usage: test_delta_kernels [--seed S] [--no-bench] [--profile] [--json PATH]
  * --profile: only the bench at 1 %, one launch of each batch (encode, apply with and without the
- * hash: kernels wkw_delta_encode, wk_delta_encode for tails, wk_delta_apply, wk_delta_chunk_hash),
+ * hash: kernels wkw_delta_encode, wkw_delta_apply, wk_delta_encode and wk_delta_apply for tails,
+ * wk_delta_chunk_hash),
  * for `ncu --set full -k regex:wk test_delta_kernels --profile`.
  * Exit 0 when every case passed, 1 otherwise, 77 when there is no CUDA device. Not a ctest:
  * tests/gpu/run.sh runs it on a GPU machine. */
@@ -1173,8 +1174,8 @@ static void run_bench(void)
             free(cpu);
             free(gpu);
         }
-        /* the old kernels (WSYNC_KDELTA_OLD=1: one CTA per block, apply at 32 registers) in
-         * the same run, for comparison: same bytes, their times */
+        /* the old kernels (WSYNC_KDELTA_OLD=1: one CTA per block) in the same run, for
+         * comparison: same bytes, their times */
         if (!profile_mode) {
             wsync_kdelta_batch_t *eb1 = NULL, *ab1 = NULL, *ab01 = NULL;
             setenv("WSYNC_KDELTA_OLD", "1", 1);
@@ -1241,9 +1242,9 @@ static void bench_json(FILE *f, const bench_row_t *r, const char *device)
             "\"d2d_us\": %.1f, \"ratio\": %.3f, \"ratio_def\": \"(encode_us + apply_nohash_us) / "
             "read_both_us: the codec kernels; the receiver's hash is the separate check\", "
             "\"ratio_with_hash\": %.3f, \"target\": 1.5, \"met\": %s, \"correct\": %s, "
-            "\"kernel\": \"warp encoder (wkw_delta_encode: a warp per full block of dense 16-byte "
-            "aligned chunks), apply at 64 registers\", \"old_kernel\": \"WSYNC_KDELTA_OLD=1: a CTA "
-            "per block, apply at 32 registers\", \"old_encode_us\": %.1f, \"old_apply_us\": %.1f, "
+            "\"kernel\": \"warp kernels (wkw_delta_encode, wkw_delta_apply: a warp per full block "
+            "of dense 16-byte aligned chunks)\", \"old_kernel\": \"WSYNC_KDELTA_OLD=1: a CTA per "
+            "block (wk_delta_encode, wk_delta_apply)\", \"old_encode_us\": %.1f, \"old_apply_us\": %.1f, "
             "\"old_apply_nohash_us\": %.1f, \"old_ratio\": %.3f}",
             device, r->elements, r->density, r->changed, r->changed_fraction, r->wire_bytes,
             r->elements * 2, r->t_enc * 1e6, r->t_app * 1e6, r->t_app_nohash * 1e6,
@@ -1310,7 +1311,8 @@ int main(int argc, char **argv)
         run_case("cases (CPU encoder)", make_all_cases);
         run_case("xxh3", test_xxh3);
         /* the old kernels (one CTA per block everywhere); then the default (a warp per full
-         * block of the dense 16-byte aligned chunks, one CTA per block for the rest) */
+         * block of the dense 16-byte aligned chunks, encode and apply; one CTA per block for the
+         * rest) */
         setenv("WSYNC_KDELTA_OLD", "1", 1);
         run_case("encode (old)", test_encode);
         run_case("apply (old)", test_apply);
