@@ -22,11 +22,15 @@
  * depend only on data and secret, so they are summed per accumulator and 1 KiB segment by
  * shuffles, and only the scrambles run in order.
  *
- * Apply (wk_delta_apply): one CTA per block; thread 0 checks the header and the block's table
- * entry, the block decodes an index stream with a block-wide scan of (position advance,
- * is-element) over its bytes, checks the payload before any write, writes the changed values,
- * and (with the hash) hashes the block's values. 64 registers by default (no spills); 32 with
- * WSYNC_KDELTA_OLD=1 (as before: spills).
+ * Apply, two kernels with the same checks and faults, every check before any write.
+ * wkw_delta_apply (full blocks of dense 16-byte aligned targets): a warp per block; lane 0 checks
+ * the header and the entry, a SPARSE index stream is cut into 32 runs placed by a warp scan of
+ * (position advance, is-element), a BITMAP's words are scanned four a lane; only changed values
+ * are written, and with the hash the warp reads its block back once and hashes it from
+ * registers. wk_delta_apply (the rest, and every block with WSYNC_KDELTA_OLD=1): one CTA per
+ * block, thread 0 checks, a block-wide scan decodes, the values staged in shared memory for the
+ * hash. A CTA per block kept 8 blocks per SM in flight, each waiting on a chain of dependent
+ * loads (block map, descriptor, length, header and entry, payload): apply was latency-bound.
  *
  * Traffic, 1 GiB of bf16 in 64 chunks at 1 % changed (the bench of test_delta_kernels): encode
  * reads new and old once (2 GiB) and writes the stream (table 1 MiB, payloads ~1.7 % of 1 GiB:
