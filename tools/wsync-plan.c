@@ -64,7 +64,7 @@ static void usage(FILE *out)
             "  --fp8-wire W      on (default): the plan an ipc or nccl group compiles, where the\n"
             "                    senders quantize the chunks of FP8 block, channel and\n"
             "                    per-tensor targets (the per-tensor ones from the amax they\n"
-            "                    agree on each version: ipc with host memory, and the store\n"
+            "                    agree on each version: ipc and nccl, and the store\n"
             "                    with WSYNC_FP8_WIRE=2 and host memory)\n"
             "                    and send FP8 codes and fp32 scales (FP8 on the wire); off: the\n"
             "                    plan of the store, of delta versions or of WSYNC_FP8_WIRE=0,\n"

@@ -113,8 +113,8 @@ wsync_status_t wsync_plan_summarize(const wsync_shard_t *shards, const int *shar
 
 /* wsync_plan_summarize with FP8 on the wire chosen: fp8_wire 1 compiles the plan an ipc or nccl
  * group compiles by default (senders quantize the chunks of FP8 targets with block, channel or
- * per-tensor scales where the plan allows; per-tensor ones only on ipc with host memory, where
- * the senders agree on each target's amax; wsync_sender_params_t.fp8_wire), 0 the plan of the
+ * per-tensor scales where the plan allows; per-tensor ones on ipc and nccl, where the senders
+ * agree on each target's amax; wsync_sender_params_t.fp8_wire), 0 the plan of the
  * store, of delta versions or of fp8_wire = 0 (everything travels plain). wsync_plan_summarize
  * is this with fp8_wire 0. Other values: WSYNC_ERR_INVALID. The rest as wsync_plan_summarize. */
 wsync_status_t wsync_plan_summarize_wire(const wsync_shard_t *shards, const int *shard_sender,
