@@ -438,21 +438,34 @@ static int wire_candidate(const wsync_coord_t *co, const wsync_target_desc_t *ta
 }
 
 /* Per-tensor FP8 targets may travel FP8 too: their senders agree on each one's amax every
- * version (schemes/wire_amax.c), which ipc and nccl do, from host or CUDA shards (the store keeps
- * them plain: docs/fp8_wire.md section 5). Some such target exists, and the scheme, if already
- * chosen, is ipc or nccl. */
+ * version (schemes/wire_amax.c), which ipc and nccl do, from host or CUDA shards, and the store
+ * with fp8_wire 2 from host shards into host targets (schemes/store_amax.c; docs/fp8_wire.md
+ * section 5). Some such target exists, and the scheme, if already chosen, is one of those. */
 static int tensor_candidate(const wsync_coord_t *co, const wsync_shard_desc_t *shards,
                             size_t nsh, const wsync_target_desc_t *targets, size_t ntg)
 {
     int any = 0;
 
     /* ipc and nccl senders exchange amaxes (host shards on the CPU, CUDA shards with the amax
-     * kernels); the store's pack before any reader's plan exists */
-    (void)shards;
-    (void)nsh;
+     * kernels); the store's agree on the amaxes of sets their readers name
+     * (schemes/store_amax.c) */
     if (!co->fp8_wire || (co->scheme != NULL && strcmp(co->scheme->name, "ipc") != 0 &&
-                          strcmp(co->scheme->name, "nccl") != 0))
+                          strcmp(co->scheme->name, "nccl") != 0 &&
+                          strcmp(co->scheme->name, "store") != 0))
         return 0;
+    /* the store: with fp8_wire 2 only (its senders' exchange costs a round trip every version,
+     * and a reader's new targets come plain for two versions), without delta versions, from
+     * host shards into host targets (its senders pack them on the CPU) */
+    if (co->scheme != NULL && strcmp(co->scheme->name, "store") == 0) {
+        if (co->fp8_wire != 2 || co->delta != WSYNC_DELTA_MODE_OFF)
+            return 0;
+        for (size_t i = 0; i < nsh; i++)
+            if (shards[i].mem != WSYNC_MEM_HOST)
+                return 0;
+        for (size_t i = 0; i < ntg; i++)
+            if (targets[i].quant == WSYNC_QUANT_TENSOR && targets[i].mem != WSYNC_MEM_HOST)
+                return 0;
+    }
     for (size_t i = 0; i < ntg && !any; i++)
         any = wsync_target_quantized(targets[i].dtype, targets[i].quant) &&
               targets[i].quant == WSYNC_QUANT_TENSOR;
@@ -757,11 +770,19 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
         if (co->delta != WSYNC_DELTA_MODE_OFF)
             wire_off_delta(co, targets, ntg);
         else
-            explain_line(co, "FP8 on the wire: the store's senders quantize the FP8 chunks "
-                             "(block or channel scales, whole cells) their readers ask for, from "
-                             "the version after a reader came; a reader quantizes what they did "
-                             "not, to the same bytes; per-tensor targets plain, quantized by "
-                             "their readers (the store's senders do not agree on amaxes)");
+            explain_line(co, co->fp8_wire == 2
+                                 ? "FP8 on the wire: the store's senders quantize the FP8 chunks "
+                                   "their readers ask for, from the version after a reader "
+                                   "came; a reader quantizes what they did not, to the same "
+                                   "bytes; per-tensor targets too (host shards and targets): "
+                                   "their senders agree on each one's amax every version, from "
+                                   "the second after its reader came"
+                                 : "FP8 on the wire: the store's senders quantize the FP8 chunks "
+                                   "(block or channel scales, whole cells) their readers ask "
+                                   "for, from the version after a reader came; a reader "
+                                   "quantizes what they did not, to the same bytes; per-tensor "
+                                   "targets plain, quantized by their readers (fp8_wire 2 has "
+                                   "the store's senders agree on amaxes)");
     } else {
         wire_off_delta(co, targets, ntg);
     }

@@ -278,9 +278,14 @@ wsync_status_t wsync_store_amax_take(store_amax_t *a, const wsync_relay_t *rl)
     int reader = rl->role == WSYNC_ROLE_RECEIVER, ok = 1;
     wsync_status_t rc = WSYNC_OK;
 
-    if ((reader && a->rank != 0) || (!reader && (a->rank == 0 || rl->rank != 0)))
-        return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %d: per-tensor sets from %s %d",
-                         a->rank, reader ? "reader" : "sender", rl->rank);
+    if (reader && a->rank != 0) {   /* a reader's mistake costs that reader only */
+        WSYNC_LOG_W("store: sender %d: per-tensor sets from reader %d, which go to sender 0: "
+                    "left out", a->rank, rl->rank);
+        return WSYNC_OK;
+    }
+    if (!reader && (a->rank == 0 || rl->rank != 0))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %d: per-tensor sets from sender %d",
+                         a->rank, rl->rank);
     wsync_rbuf_init(&rb, rl->data, rl->len);
     if (!reader) {
         uint64_t from = wsync_get_u64(&rb);
