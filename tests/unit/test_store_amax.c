@@ -1,0 +1,165 @@
+/* The store's per-tensor sets (schemes/store_amax.c): a set's key is the same whatever the order
+ * of its members and differs with its rule or any member; a per-tensor rule carries the key in
+ * its block fields; sender 0 takes a reader's sets once each (replicas name one set), leaves out
+ * one whose key does not match it and a malformed relay; another sender keeps only its own
+ * members of sender 0's sets, and exchanges from the version sender 0 says; nothing is agreed
+ * before an exchange. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/proto.h"
+#include "core/status.h"
+#include "core/wire.h"
+#include "schemes/store_amax.h"
+#include "tests/support/check.h"
+#include "wsync/wsync.h"
+
+static const wsync_wire_rule_t tensor = {WSYNC_DTYPE_F8E4M3FN, WSYNC_QUANT_TENSOR, 0, 0, 0.0f, 0,
+                                         0};
+
+/* o_proj's column slice of TP rank 0 over FSDP-2 senders: 128 rows each, columns [0, 128). */
+static void o_members(store_amax_member_t m[2])
+{
+    m[0] = (store_amax_member_t){0, 0, {0, 128, 128, 256}};
+    m[1] = (store_amax_member_t){1, 0, {0, 128, 128, 256}};
+}
+
+static void case_key(void)
+{
+    store_amax_member_t a[2], b[2];
+    o_members(a);
+    b[0] = a[1];
+    b[1] = a[0];
+    uint64_t ka = wsync_store_amax_key(&tensor, a, 2), kb = wsync_store_amax_key(&tensor, b, 2);
+    CHECK(ka != 0 && ka == kb);
+    CHECK(b[0].sender == 0 && b[1].sender == 1);   /* sorted in place */
+    wsync_wire_rule_t e5 = tensor;
+    e5.fp8_dtype = WSYNC_DTYPE_F8E5M2;
+    CHECK(wsync_store_amax_key(&e5, a, 2) != ka);
+    b[1].g.off = 128;   /* the other TP rank's columns */
+    CHECK(wsync_store_amax_key(&tensor, b, 2) != ka);
+    CHECK(wsync_store_amax_key(&tensor, a, 1) != ka);
+    /* the key rides in the block fields, which the key itself ignores */
+    wsync_wire_rule_t r = tensor;
+    wsync_store_amax_rule_keyed(&r, ka);
+    CHECK(wsync_store_amax_rule_key(&r) == ka);
+    CHECK(wsync_store_amax_key(&r, a, 2) == ka);
+    wsync_store_amax_rule_plain(&r);
+    CHECK(r.block_rows == 0 && r.block_cols == 0);
+}
+
+/* A relay of `tag` from (role, rank) over b's bytes. */
+static wsync_relay_t relay(wsync_role_t role, int rank, const wsync_wbuf_t *b)
+{
+    return (wsync_relay_t){(uint32_t)role, rank, STORE_AMAX_SETS_TAG, (uint32_t)b->len, b->data};
+}
+
+static void case_sender0_takes_readers(void)
+{
+    store_amax_t *a = NULL;
+    store_amax_member_t o[2], q[1] = {{0, 2, {0, 128, 128, 128}}};
+    wsync_wbuf_t b;
+    CHECK_OK(wsync_store_amax_create(0, 2, &a));
+    if (a == NULL)
+        return;
+    o_members(o);
+    uint64_t ko = wsync_store_amax_key(&tensor, o, 2), kq = wsync_store_amax_key(&tensor, q, 1);
+    /* reader 0: o and q; reader 2 (a replica): o again */
+    wsync_wbuf_init(&b);
+    wsync_put_u32(&b, 2);
+    wsync_store_amax_put_set(&b, ko, &tensor, o, 2);
+    wsync_store_amax_put_set(&b, kq, &tensor, q, 1);
+    wsync_relay_t rl = relay(WSYNC_ROLE_RECEIVER, 0, &b);
+    CHECK_OK(wsync_store_amax_take(a, &rl));
+    wsync_wbuf_free(&b);
+    wsync_wbuf_init(&b);
+    wsync_put_u32(&b, 1);
+    wsync_store_amax_put_set(&b, ko, &tensor, o, 2);
+    rl = relay(WSYNC_ROLE_RECEIVER, 2, &b);
+    CHECK_OK(wsync_store_amax_take(a, &rl));
+    wsync_wbuf_free(&b);
+    CHECK_MSG(wsync_store_amax_nsets(a) == 2, "%u sets", wsync_store_amax_nsets(a));
+    /* sender 0's own members: one of o, q's */
+    uint32_t n0 = 0, n1 = 0;
+    const store_amax_member_t *m0 = wsync_store_amax_members(a, 0, &n0);
+    wsync_store_amax_members(a, 1, &n1);
+    CHECK(n0 == 1 && n1 == 1 && m0[0].sender == 0 && m0[0].g.rows == 128);
+    /* a key that is not its set's: left out; a truncated relay: the rest left out, no failure */
+    wsync_wbuf_init(&b);
+    wsync_put_u32(&b, 1);
+    wsync_store_amax_put_set(&b, ko ^ 1, &tensor, q, 1);
+    rl = relay(WSYNC_ROLE_RECEIVER, 1, &b);
+    CHECK_OK(wsync_store_amax_take(a, &rl));
+    rl.len -= 8;
+    CHECK_OK(wsync_store_amax_take(a, &rl));
+    wsync_wbuf_free(&b);
+    CHECK(wsync_store_amax_nsets(a) == 2);
+    /* a member of a sender the group lacks: left out */
+    store_amax_member_t far[1] = {{5, 0, {0, 1, 1, 1}}};
+    wsync_wbuf_init(&b);
+    wsync_put_u32(&b, 1);
+    wsync_store_amax_put_set(&b, wsync_store_amax_key(&tensor, far, 1), &tensor, far, 1);
+    rl = relay(WSYNC_ROLE_RECEIVER, 1, &b);
+    CHECK_OK(wsync_store_amax_take(a, &rl));
+    wsync_wbuf_free(&b);
+    CHECK(wsync_store_amax_nsets(a) == 2);
+    /* sets from a sender to sender 0: refused */
+    wsync_wbuf_init(&b);
+    wsync_put_u64(&b, 3);
+    wsync_put_u32(&b, 0);
+    rl = relay(WSYNC_ROLE_SENDER, 1, &b);
+    CHECK_ST(wsync_store_amax_take(a, &rl), WSYNC_ERR_PROTOCOL);
+    CHECK_ERR_HAS("per-tensor sets from sender 1");
+    wsync_wbuf_free(&b);
+    float amax = -1.0f;
+    CHECK(!wsync_store_amax_agreed(a, ko, &amax) && amax == -1.0f);
+    CHECK(!wsync_store_amax_due(a, 1));
+    wsync_store_amax_free(a);
+}
+
+static void case_other_sender(void)
+{
+    store_amax_t *a = NULL;
+    store_amax_member_t o[2];
+    wsync_wbuf_t b;
+    CHECK_OK(wsync_store_amax_create(1, 2, &a));
+    if (a == NULL)
+        return;
+    o_members(o);
+    uint64_t ko = wsync_store_amax_key(&tensor, o, 2);
+    /* a reader's sets reach sender 0 only: left out here */
+    wsync_wbuf_init(&b);
+    wsync_put_u32(&b, 1);
+    wsync_store_amax_put_set(&b, ko, &tensor, o, 2);
+    wsync_relay_t rl = relay(WSYNC_ROLE_RECEIVER, 0, &b);
+    CHECK_OK(wsync_store_amax_take(a, &rl));
+    wsync_wbuf_free(&b);
+    CHECK(wsync_store_amax_nsets(a) == 0 && !wsync_store_amax_due(a, 9));
+    /* sender 0's forward: exchanged from version 3 */
+    wsync_wbuf_init(&b);
+    wsync_put_u64(&b, 3);
+    wsync_put_u32(&b, 1);
+    wsync_store_amax_put_set(&b, ko, &tensor, o, 2);
+    rl = relay(WSYNC_ROLE_SENDER, 0, &b);
+    CHECK_OK(wsync_store_amax_take(a, &rl));
+    CHECK(wsync_store_amax_nsets(a) == 1);
+    CHECK(!wsync_store_amax_due(a, 2) && wsync_store_amax_due(a, 3) && wsync_store_amax_due(a, 4));
+    uint32_t n = 0;
+    const store_amax_member_t *m = wsync_store_amax_members(a, 0, &n);
+    CHECK(n == 1 && m[0].sender == 1);
+    /* a malformed forward would part the lists: refused */
+    rl.len -= 4;
+    CHECK_ST(wsync_store_amax_take(a, &rl), WSYNC_ERR_PROTOCOL);
+    CHECK_ERR_HAS("sender 0's per-tensor sets are malformed");
+    wsync_wbuf_free(&b);
+    wsync_store_amax_free(a);
+}
+
+int main(void)
+{
+    RUN(case_key);
+    RUN(case_sender0_takes_readers);
+    RUN(case_other_sender);
+    return check_summary();
+}
