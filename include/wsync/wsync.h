@@ -305,8 +305,9 @@ typedef struct {
                                   1, NaN) are refused */
     int fp8_wire;              /* FP8 on the wire (docs/fp8_wire.md): 1 lets senders quantize the
                                   chunks of FP8 targets with block or channel scales (and
-                                  per-tensor ones on ipc and nccl: the senders agree on
-                                  each target's amax every version) and send
+                                  per-tensor ones on ipc and nccl, and through the store
+                                  with 2 and host memory: the senders agree on each
+                                  target's amax every version) and send
                                   codes and scales (about half the bytes; the receivers' codes
                                   and scales are the same bit for bit), where the plan allows it
                                   (whole cells), the scheme does (ipc, nccl and the store;
