@@ -393,7 +393,11 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
         if (f->gpu[k]) {
             /* the segments into CUDA targets: one launch, finished when its event completes */
             wsync_kcopy_batch_t *batch = f->batch[st->cur][k];
-            void *strm = f->stream2 != NULL && f->drx == NULL && (k & 1) ? f->stream2 : f->stream;
+            /* odd buckets on the second stream only where it pays (sender_stream's numbers):
+             * alone on the GPU, or with FP8 runs; beside peer reads it slowed bf16 copies */
+            int two = f->stream2 != NULL && f->drx == NULL && (k & 1) &&
+                      (!st->peer_reads || r->nqruns > 0);
+            void *strm = two ? f->stream2 : f->stream;
             if (f->drx != NULL && (rc = wsync_ipc_delta_batches(r, st, f, k, &batch)) != WSYNC_OK)
                 return rc;
             if (batch != NULL && (rc = wsync_dev_batch_launch(batch, strm)) != WSYNC_OK)
