@@ -454,14 +454,14 @@ static int tensor_candidate(const wsync_coord_t *co, const wsync_shard_desc_t *s
                           strcmp(co->scheme->name, "store") != 0))
         return 0;
     /* the store: with fp8_wire 2 only (its senders' exchange costs a round trip every version,
-     * and a reader's new targets come plain for two versions), without delta versions, from
-     * host shards into host targets (its senders pack them on the CPU) */
+     * and a reader's new targets come plain for two versions), without delta versions, into
+     * host targets; its senders pack them on the CPU (a CUDA shard's from its snapshot, or in
+     * place from a host copy of each region) */
+    (void)shards;
+    (void)nsh;
     if (co->scheme != NULL && strcmp(co->scheme->name, "store") == 0) {
         if (co->fp8_wire != 2 || co->delta != WSYNC_DELTA_MODE_OFF)
             return 0;
-        for (size_t i = 0; i < nsh; i++)
-            if (shards[i].mem != WSYNC_MEM_HOST)
-                return 0;
         for (size_t i = 0; i < ntg; i++)
             if (targets[i].quant == WSYNC_QUANT_TENSOR && targets[i].mem != WSYNC_MEM_HOST)
                 return 0;
@@ -774,7 +774,7 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
                                  ? "FP8 on the wire: the store's senders quantize the FP8 chunks "
                                    "their readers ask for, from the version after a reader "
                                    "came; a reader quantizes what they did not, to the same "
-                                   "bytes; per-tensor targets too (host shards and targets): "
+                                   "bytes; per-tensor targets too (into host targets): "
                                    "their senders agree on each one's amax every version, from "
                                    "the second after its reader came"
                                  : "FP8 on the wire: the store's senders quantize the FP8 chunks "

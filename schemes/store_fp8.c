@@ -579,11 +579,12 @@ static wsync_status_t partials(wsync_sender_t *s, store_ftx_t *f, const void *co
                         .rule = *wsync_store_amax_rule(f->amax, k), .ncells = 1};
             wsync_plan_t one;
             wsync_chunk_t c;
+            /* a CUDA shard's snapshot is on the host already; in place, its region is copied */
             const uint8_t *base = src[x.shard];
             float a = 0.0f;
             wsync_status_t rc = WSYNC_OK;
             region_chunk(s, &x, &one, &c);
-            if (s->shards[x.shard].mem == WSYNC_MEM_CUDA)
+            if (base == NULL)
                 rc = device_span(s, f, &x, stream, &base);
             if (rc == WSYNC_OK)
                 rc = wsync_exec_amax_wire(&one, &c, s->shards[x.shard].param.name, base, &a);
@@ -681,7 +682,8 @@ wsync_status_t wsync_store_ftx_publish(wsync_sender_t *s, store_ftx_t *f, uint64
         if (s->shards[x->shard].mem != WSYNC_MEM_CUDA || k == bad || tensor) {
             /* on the CPU; a region whose GPU quantization met a NaN or Inf again, from a host
              * copy, for the error naming the element */
-            const uint8_t *base = s->shards[x->shard].mem == WSYNC_MEM_CUDA ? NULL : src[x->shard];
+            const uint8_t *base =
+                s->shards[x->shard].mem == WSYNC_MEM_CUDA && !tensor ? NULL : src[x->shard];
             if (base == NULL)
                 rc = device_span(s, f, x, stream, &base);
             if (rc == WSYNC_OK && tensor) {

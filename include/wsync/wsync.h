@@ -306,7 +306,7 @@ typedef struct {
     int fp8_wire;              /* FP8 on the wire (docs/fp8_wire.md): 1 lets senders quantize the
                                   chunks of FP8 targets with block or channel scales (and
                                   per-tensor ones on ipc and nccl, and through the store
-                                  with 2 and host memory: the senders agree on each
+                                  with 2 into host targets: the senders agree on each
                                   target's amax every version) and send
                                   codes and scales (about half the bytes; the receivers' codes
                                   and scales are the same bit for bit), where the plan allows it

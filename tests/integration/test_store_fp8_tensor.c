@@ -18,7 +18,10 @@
  *  - A NaN in sender 1's part of o_proj in version 4: sender 1 refuses it with NONFINITE naming
  *    the param, the element and itself; sender 0 fails it naming sender 1; no reader gets it.
  *  - Sender 1 dies before version 4: sender 0's push fails naming sender 1 well within its
- *    deadline; no reader gets version 4. */
+ *    deadline; no reader gets version 4.
+ * STORE_FP8T_CUDA=1 (a CUDA build on a GPU machine): the senders' shards in CUDA memory on
+ * device 0 (snapshots; STORE_FP8T_SNAPSHOT=0: in place where the transport registers CUDA
+ * memory), the same cases and assertions. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,6 +30,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "kernels/device.h"
 #include "reshard/fp8.h"
 #include "tests/support/check.h"
 #include "tests/support/fp8_groups.h"
@@ -120,19 +124,74 @@ static int readers_of(const group_t *g, uint64_t v)
     return g->nrecv == 3 && v >= LATE_FROM ? 3 : 2;
 }
 
+/* Snapshots (default), or STORE_FP8T_SNAPSHOT=0: in place. */
+static int snapshots(void)
+{
+    const char *e = getenv("STORE_FP8T_SNAPSHOT");
+    return e == NULL || atoi(e) != 0;
+}
+
+static int use_cuda(void)
+{
+    const char *e = getenv("STORE_FP8T_CUDA");
+    return e != NULL && atoi(e) == 1;
+}
+
+/* STORE_FP8T_CUDA=1: fs as fg_sender_open makes it, its rows of each param in CUDA memory on
+ * device 0 (dev[p]; fs->data[p] their host image, filled per version and uploaded). */
+static int open_cuda(fg_sender_t *fs, const fg_member_t *m, const wsync_sender_params_t *sp,
+                     void *dev[NPARAMS])
+{
+    memset(fs, 0, sizeof(*fs));
+    fs->rank = m->rank;
+    fs->nsenders = m->nsenders;
+    fs->params = params;
+    fs->nparams = NPARAMS;
+    fs->value = value_bf16;
+    CHECK_OK(wsync_dev_set(0));
+    CHECK_OK(wsync_ctx_create(NULL, &fs->ctx));
+    if (fs->ctx != NULL)
+        CHECK_OK(wsync_sender_create(fs->ctx, sp, &fs->snd));
+    for (int p = 0; p < NPARAMS && fs->snd != NULL; p++) {
+        int64_t lo, hi;
+        fg_param_rows(&params[p], fs->rank, fs->nsenders, &lo, &hi);
+        size_t bytes = (size_t)((hi - lo) * params[p].cols) * 2;
+        fs->data[p] = malloc(bytes);
+        CHECK(fs->data[p] != NULL);
+        CHECK_OK(wsync_dev_malloc(bytes, &dev[p]));
+        wsync_shard_t sh = {fg_bf16_param(params[p].name, params[p].rows, params[p].cols),
+                            {{lo, 0}, {hi - lo, params[p].cols}}, dev[p], WSYNC_MEM_CUDA, 0};
+        CHECK_OK(wsync_sender_add_shard(fs->snd, &sh));
+    }
+    return check_failures ? -1 : 0;
+}
+
+static void upload(const fg_sender_t *fs, void *dev[NPARAMS])
+{
+    for (int p = 0; p < NPARAMS; p++) {
+        int64_t lo, hi;
+        fg_param_rows(&params[p], fs->rank, fs->nsenders, &lo, &hi);
+        CHECK_OK(wsync_dev_memcpy_async(dev[p], fs->data[p],
+                                        (size_t)((hi - lo) * params[p].cols) * 2, NULL));
+    }
+    CHECK_OK(wsync_dev_stream_sync(NULL, proc_now_ms() + TIMEOUT_MS, "the test's shards"));
+}
+
 static int sender_main(void *arg)
 {
     const fg_member_t *m = arg;
     const group_t *g = m->group;
     wsync_sender_params_t sp = WSYNC_SENDER_PARAMS_INIT;
     fg_sender_t fs;
-    int s = m->rank;
+    void *dev[NPARAMS] = {0};
+    int s = m->rank, cuda = use_cuda();
 
     if (g->verify)
         setenv("WSYNC_VERIFY", "1", 1);
-    fg_sender_params(&sp, m, 64 * 1024, TIMEOUT_MS, g->transport, 1);
+    fg_sender_params(&sp, m, 64 * 1024, TIMEOUT_MS, g->transport, snapshots());
     sp.fp8_wire = g->fp8_wire;
-    if (fg_sender_open(&fs, m, &sp, params, NPARAMS, value_bf16) != 0)
+    if (cuda ? open_cuda(&fs, m, &sp, dev) != 0
+             : fg_sender_open(&fs, m, &sp, params, NPARAMS, value_bf16) != 0)
         return 1;
     for (uint64_t v = 1; v <= g->last; v++) {
         if (s == 1 && v == (uint64_t)g->die_version) {
@@ -142,6 +201,8 @@ static int sender_main(void *arg)
         fg_sender_fill(&fs, v);
         if (s == 1 && v == (uint64_t)g->nan_version)   /* o's row 130 (our row 2), column 7 */
             fs.data[P_O][2 * params[P_O].cols + 7] = 0x7fc0;
+        if (cuda)
+            upload(&fs, dev);
         long long t0 = proc_now_ms();
         wsync_status_t st = wsync_sender_push(fs.snd, v);
         if (st != WSYNC_OK) {
@@ -164,7 +225,10 @@ static int sender_main(void *arg)
     }
     if (s == 0)
         g->res->explain_tensor = fg_explains(fs.snd, "per-tensor targets too");
-    return fg_sender_close(&fs, g->nan_version || g->die_version);
+    int rc = fg_sender_close(&fs, g->nan_version || g->die_version);
+    for (int p = 0; p < NPARAMS; p++)
+        wsync_dev_free(dev[p]);
+    return rc;
 }
 
 static void on_progress(void *arg, uint64_t version, uint64_t done, uint64_t total)
@@ -298,9 +362,10 @@ static void run_late(int verify)
     CHECK_MSG(res->landed[2][LAST] == whole, "the late reader read %llu bytes of version %d, %llu "
               "by hand", (unsigned long long)res->landed[2][LAST], LAST,
               (unsigned long long)whole);
-    /* each sender: its snapshot (o 128 x 256, lm 96 x 128, q 128 x 128 bf16) and its regions:
-     * o for TP ranks 0 and 1 and whole, lm (one set), q for its TP rank and whole */
-    uint64_t snap = 2 * (128 * 256 + 96 * 128 + 128 * 128);
+    /* each sender: its snapshot (o 128 x 256, lm 96 x 128, q 128 x 128 bf16; none in place)
+     * and its regions: o for TP ranks 0 and 1 and whole, lm (one set), q for its TP rank and
+     * whole */
+    uint64_t snap = snapshots() ? 2 * (128 * 256 + 96 * 128 + 128 * 128) : 0;
     uint64_t regions = 2 * fp8_chunk(128, 128) + fp8_chunk(128, 256) + fp8_chunk(96, 128) +
                        2 * fp8_chunk(128, 128);
     for (int s = 0; s < NSENDERS; s++)
@@ -375,6 +440,10 @@ int main(void)
     if (transport() == NULL) {
         printf("no RMA transport (ucx, ofi): skipped\n");
         return 0;
+    }
+    if (use_cuda() && !wsync_dev_compiled()) {
+        printf("STORE_FP8T_CUDA=1 in a build without CUDA: skipped\n");
+        return 77;
     }
     RUN(case_parts_differ);
     RUN(case_fsdp2_tp2_late);
