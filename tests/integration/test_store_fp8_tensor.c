@@ -441,8 +441,9 @@ int main(void)
         printf("no RMA transport (ucx, ofi): skipped\n");
         return 0;
     }
-    if (use_cuda() && !wsync_dev_compiled()) {
-        printf("STORE_FP8T_CUDA=1 in a build without CUDA: skipped\n");
+    int ndev = 0;
+    if (use_cuda() && (!wsync_dev_compiled() || wsync_dev_count(&ndev) != WSYNC_OK || ndev < 1)) {
+        printf("STORE_FP8T_CUDA=1 without CUDA or a GPU: skipped\n");
         return 77;
     }
     RUN(case_parts_differ);
