@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kernels/device.h"
@@ -135,6 +136,24 @@ static int use_cuda(void)
 {
     const char *e = getenv("STORE_FP8T_CUDA");
     return e != NULL && atoi(e) == 1;
+}
+
+/* A GPU is there: asked in a child, since CUDA once started in this process fails in the
+ * processes it forks (cudaErrorInitializationError) */
+static int gpu_seen(void)
+{
+    int status = 0;
+    pid_t pid;
+
+    if (!wsync_dev_compiled())
+        return 0;
+    pid = fork();
+    if (pid == 0) {
+        int n = 0;
+        _exit(wsync_dev_count(&n) == WSYNC_OK && n >= 1 ? 0 : 1);
+    }
+    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0;
 }
 
 /* STORE_FP8T_CUDA=1: fs as fg_sender_open makes it, its rows of each param in CUDA memory on
@@ -441,8 +460,7 @@ int main(void)
         printf("no RMA transport (ucx, ofi): skipped\n");
         return 0;
     }
-    int ndev = 0;
-    if (use_cuda() && (!wsync_dev_compiled() || wsync_dev_count(&ndev) != WSYNC_OK || ndev < 1)) {
+    if (use_cuda() && !gpu_seen()) {
         printf("STORE_FP8T_CUDA=1 without CUDA or a GPU: skipped\n");
         return 77;
     }
