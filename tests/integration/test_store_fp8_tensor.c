@@ -318,9 +318,22 @@ static int receiver_main(void *arg)
     return fg_receiver_close(rv, ctx, ft, NTARGETS, &g->res->version[r]);
 }
 
+/* Probed once, in a child: a context made here may start CUDA (a transport with CUDA support
+ * does), and CUDA started in this process fails in the senders it forks */
 static const char *transport(void)
 {
-    return test_have_transport("ucx") ? "ucx" : test_have_transport("ofi") ? "ofi" : NULL;
+    static int known = -1;   /* 0: none, 1: ucx, 2: ofi */
+    int status = 0;
+    pid_t pid;
+
+    if (known < 0) {
+        pid = fork();
+        if (pid == 0)
+            _exit(test_have_transport("ucx") ? 1 : test_have_transport("ofi") ? 2 : 0);
+        known = pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status)
+                    ? WEXITSTATUS(status) : 0;
+    }
+    return known == 1 ? "ucx" : known == 2 ? "ofi" : NULL;
 }
 
 /* The test can fail: a scale from one sender's part alone is not the target's (o and lm). */
@@ -381,10 +394,10 @@ static void run_late(int verify)
     CHECK_MSG(res->landed[2][LAST] == whole, "the late reader read %llu bytes of version %d, %llu "
               "by hand", (unsigned long long)res->landed[2][LAST], LAST,
               (unsigned long long)whole);
-    /* each sender: its snapshot (o 128 x 256, lm 96 x 128, q 128 x 128 bf16; none in place)
-     * and its regions: o for TP ranks 0 and 1 and whole, lm (one set), q for its TP rank and
-     * whole */
-    uint64_t snap = snapshots() ? 2 * (128 * 256 + 96 * 128 + 128 * 128) : 0;
+    /* each sender: its snapshot (o 128 x 256, lm 96 x 128, q 128 x 128 bf16; none in place from
+     * host shards: CUDA shards are staged into host memory whole either way) and its regions:
+     * o for TP ranks 0 and 1 and whole, lm (one set), q for its TP rank and whole */
+    uint64_t snap = snapshots() || use_cuda() ? 2 * (128 * 256 + 96 * 128 + 128 * 128) : 0;
     uint64_t regions = 2 * fp8_chunk(128, 128) + fp8_chunk(128, 256) + fp8_chunk(96, 128) +
                        2 * fp8_chunk(128, 128);
     for (int s = 0; s < NSENDERS; s++)
