@@ -1691,7 +1691,9 @@ struct wsync_kdelta_batch {
     uint64_t *lens_default;            /* malloc [n] apply: those given at create */
     int lens_changed;                  /* a launch gave other lengths than the default */
     uint64_t elems, plain_bytes;       /* the chunks' elements and their bytes */
-    int launched;                      /* encode: host[] holds a launch's results */
+    int launched;                      /* a launch's results were copied (res_ev recorded) */
+    int warp_enc;                      /* encode: the warp kernels for the next launch */
+    cudaEvent_t res_ev;                /* after the last launch's copy of the results */
     struct {
         uint32_t c0, cf, c1;           /* chunks: [c0, cf) the warp encoder's, [cf, c1) not */
         uint64_t g0, gf, g1;           /* their blocks */
@@ -1760,6 +1762,8 @@ static void wk_batch_release(wsync_kdelta_batch_t *b)
         cudaFree(b->dev);
     if (b->host != NULL)
         cudaFreeHost(b->host);
+    if (b->res_ev != NULL)
+        cudaEventDestroy(b->res_ev);
     if (b->lens_host != NULL)
         cudaFreeHost(b->lens_host);
     free(b->lens_default);
@@ -1785,6 +1789,7 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
     b->apply = apply;
     b->flag = flag;
     b->n = n;
+    b->warp_enc = 1;
     for (uint32_t i = 0; i < n; i++) {
         b->elems += d[i].n;
         b->plain_bytes += d[i].n * esz[i];
@@ -1839,6 +1844,8 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
         b->dev_bytes = total;
     }
     e = cudaMallocHost((void **)&b->host, (size_t)(n ? n : 1) * sizeof(wsync_kdelta_result_t));
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&b->res_ev, cudaEventDisableTiming);
     if (e == cudaSuccess && apply)
         e = cudaMallocHost((void **)&b->lens_host, (size_t)(n ? n : 1) * 8);
     if (e != cudaSuccess) {
@@ -2069,19 +2076,20 @@ wsync_status_t wsync_kdelta_launch(wsync_kdelta_batch_t *b, const uint64_t *lens
      * 1 GiB bf16, (CTA -> warp) ms at 1 %, 5 %, 30 % changed: encode 1.30 -> 0.91, 1.68 -> 1.18,
      * 1.33 -> 2.89; apply 0.56 -> 0.30, 0.70 -> 1.60, 1.59 -> 5.30): an apply takes them when
      * its streams are under 3 % of the plain bytes (1 % changed is 1.7 %, 5 % is 7.7 %), an
-     * encode while its previous launch found under 15 % changed */
-    int warp = 1;
+     * encode while the last launch whose results had landed (its event done: read no sooner)
+     * found under 15 % changed */
+    int warp = b->warp_enc;
     if (b->apply) {
         const uint64_t *l = lens != NULL ? lens : b->lens_default;
         uint64_t wire = 0;
         for (uint32_t i = 0; i < b->n; i++)
             wire += l[i];
         warp = (double)wire < 0.03 * (double)b->plain_bytes;
-    } else if (b->launched) {
+    } else if (b->launched && cudaEventQuery(b->res_ev) == cudaSuccess) {
         uint64_t changed = 0;
         for (uint32_t i = 0; i < b->n; i++)
             changed += b->host[i].changed;
-        warp = (double)changed < 0.15 * (double)b->elems;
+        warp = b->warp_enc = (double)changed < 0.15 * (double)b->elems;
     }
     wk_launch_group<1>(b, 0, s, warp);
     wk_launch_group<2>(b, 1, s, warp);
@@ -2096,6 +2104,9 @@ wsync_status_t wsync_kdelta_launch(wsync_kdelta_batch_t *b, const uint64_t *lens
                         cudaMemcpyDeviceToHost, s);
     if (e != cudaSuccess)
         return wk_cuda(e, "wsync_kdelta_launch: cudaMemcpyAsync (results)");
+    e = cudaEventRecord(b->res_ev, s);
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kdelta_launch: cudaEventRecord (results)");
     b->launched = 1;
     return WSYNC_OK;
 }
