@@ -567,9 +567,13 @@ static void wire_explain(wsync_coord_t *co, const wsync_plan_t *wired)
              (double)before / 1e9, before ? (double)after / (double)before : 1.0);
     explain_line(co, line);
     if (plan_has_tensor(wired))
-        explain_line(co, "FP8 on the wire: per-tensor targets too: their senders agree on each "
-                         "one's amax every version (ipc or nccl, from host or CUDA shards: one "
-                         "control round trip through sender 0)");
+        explain_line(co, strcmp(co->scheme->name, "store") == 0
+                             ? "FP8 on the wire: per-tensor targets too (into host targets): "
+                               "the store's senders agree on each one's amax every version "
+                               "(fp8_wire 2), from the second after its reader came"
+                             : "FP8 on the wire: per-tensor targets too: their senders agree on "
+                               "each one's amax every version (ipc or nccl, from host or CUDA "
+                               "shards: one control round trip through sender 0)");
 }
 
 /* Per-tensor FP8 targets left plain while rank 0 allows FP8 on the wire: said once. */
@@ -585,9 +589,16 @@ static void tensor_plain_said(wsync_coord_t *co, const wsync_plan_t *plan,
     if (!any || !co->fp8_wire || plan_has_tensor(plan) || strstr(co->explain, "per-tensor") ||
         strstr(co->explain, "FP8 on the wire: off"))
         return;
-    snprintf(line, sizeof(line), "FP8 on the wire: per-tensor targets plain, quantized by their "
-             "receivers: only ipc and nccl have their senders agree on the amax (scheme %s)",
-             co->scheme != NULL ? co->scheme->name : "?");
+    /* the store's senders agree on amaxes too, with fp8_wire 2 into host targets */
+    if (co->scheme != NULL && strcmp(co->scheme->name, "store") == 0)
+        snprintf(line, sizeof(line), "FP8 on the wire: per-tensor targets plain, quantized by "
+                 "their readers: the store's senders agree on the amax only with fp8_wire 2 "
+                 "(WSYNC_FP8_WIRE=2; fp8_wire %d), into host targets, without delta versions",
+                 co->fp8_wire);
+    else
+        snprintf(line, sizeof(line), "FP8 on the wire: per-tensor targets plain, quantized by "
+                 "their receivers: only ipc, nccl and the store (fp8_wire 2) have their senders "
+                 "agree on the amax (scheme %s)", co->scheme != NULL ? co->scheme->name : "?");
     explain_line(co, line);
 }
 

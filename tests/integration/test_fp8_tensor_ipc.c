@@ -101,7 +101,7 @@ typedef struct {
     uint64_t hash[NRECV][NTARGETS];
     uint64_t version[NRECV];
     uint64_t delivered[NSENDERS];
-    int explain_tensor, explain_plain;
+    int explain_tensor, explain_plain, explain_wire2;
     int status[NSENDERS];
     char text[NSENDERS][1024];
     long long fail_ms;               /* sender 0: how long its failed push took */
@@ -157,6 +157,7 @@ static int sender_main(void *arg)
     if (s == 0) {
         g->res->explain_tensor = fg_explains(fs.snd, "per-tensor targets too");
         g->res->explain_plain = fg_explains(fs.snd, "per-tensor targets plain");
+        g->res->explain_wire2 = fg_explains(fs.snd, "fp8_wire 2");
     }
     return fg_sender_close(&fs, g->nan_version || g->die_version);
 }
@@ -333,6 +334,8 @@ static void case_store_plain(void)
     run_group((group_t){.fp8_wire = 1, .last = 2, .store = t, .res = res});
     CHECK_MSG(res->explain_plain && !res->explain_tensor, "the store's explanation does not say "
               "per-tensor targets travel plain");
+    /* ... and points to what makes its senders agree on the amaxes */
+    CHECK_MSG(res->explain_wire2, "the store's explanation does not point to fp8_wire 2");
     for (int r = 0; r < NRECV; r++)
         CHECK(res->version[r] == 2);
     munmap(res, sizeof(*res));

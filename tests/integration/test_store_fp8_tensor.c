@@ -104,7 +104,7 @@ typedef struct {
     int status[NSENDERS];
     char text[NSENDERS][1024];
     long long fail_ms;
-    int explain_tensor;
+    int explain_tensor, explain_ipc;
     int published;
     int fetched[LAST + 1];
 } results_t;
@@ -242,8 +242,10 @@ static int sender_main(void *arg)
                   g->res->fetched[v]);
         usleep(300000);
     }
-    if (s == 0)
-        g->res->explain_tensor = fg_explains(fs.snd, "per-tensor targets too");
+    if (s == 0) {
+        g->res->explain_tensor = fg_explains(fs.snd, "per-tensor targets too (into host targets)");
+        g->res->explain_ipc = fg_explains(fs.snd, "ipc or nccl");
+    }
     int rc = fg_sender_close(&fs, g->nan_version || g->die_version);
     for (int p = 0; p < NPARAMS; p++)
         wsync_dev_free(dev[p]);
@@ -375,6 +377,7 @@ static void run_late(int verify)
     fg_run_group(&g, NSENDERS, sender_main, 3, receiver_main);
     CHECK_MSG(res->explain_tensor, "rank 0's explanation does not say per-tensor targets travel "
               "FP8");
+    CHECK_MSG(!res->explain_ipc, "rank 0's explanation of a store group names ipc or nccl");
     for (int r = 0; r < 3; r++)
         CHECK_MSG(res->version[r] == LAST, "reader %d holds version %llu", r,
                   (unsigned long long)res->version[r]);
