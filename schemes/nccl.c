@@ -987,6 +987,9 @@ static void state_free(nc_state_t *st)
                         st->device);
         }
     }
+    /* its device parts were freed above unless the device is wedged (or never used): the host
+     * arrays in every case */
+    wsync_amax_tx_free_host(&st->amax_tx);
     if (st->d != NULL)
         wsync_nccl_delta_free(st);   /* device parts only when not wedged (it checks) */
     wsync_nccl_sched_free(st->sched);

@@ -202,6 +202,16 @@ void wsync_amax_tx_free(wsync_amax_tx_t *tx)
     memset(tx, 0, sizeof(*tx));
 }
 
+void wsync_amax_tx_free_host(wsync_amax_tx_t *tx)
+{
+    if (tx == NULL)
+        return;
+    /* forgotten, not freed: nothing here touches the device */
+    tx->dev = NULL;
+    tx->dws = NULL;
+    wsync_amax_tx_free(tx);
+}
+
 wsync_status_t wsync_amax_tx_build(wsync_amax_tx_t *tx, const wsync_sender_t *s)
 {
     const wsync_plan_t *plan = s->m.plan;

@@ -69,6 +69,9 @@ typedef struct {
  * nothing allocated. Not thread-safe (the sender's push thread). */
 wsync_status_t wsync_amax_tx_build(wsync_amax_tx_t *tx, const wsync_sender_t *s);
 void wsync_amax_tx_free(wsync_amax_tx_t *tx);
+/* Only tx's host arrays (no CUDA call): for a teardown that leaks the device memory on purpose
+ * (a wedged device) or never freed it; no-op after wsync_amax_tx_free. */
+void wsync_amax_tx_free_host(wsync_amax_tx_t *tx);
 
 /* One version: s's partial amax of every set into tx->amax (0 where s holds none): host shards
  * on the CPU (wsync_exec_amax_wire), CUDA shards by wsync_kernels_amax_many on `stream`, copied
