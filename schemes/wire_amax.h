@@ -77,8 +77,10 @@ void wsync_amax_tx_free_host(wsync_amax_tx_t *tx);
  * on the CPU (wsync_exec_amax_wire), CUDA shards by wsync_kernels_amax_many on `stream`, copied
  * back (waiting up to deadline_ms). A NaN or Inf is WSYNC_ERR_NONFINITE naming the param, the
  * element and sender s (the version is then refused; nothing sent); tx->amax is complete even
- * then (a set holding one counts 0 there), for a scheme that must still take part in the
- * exchange and its transfers before it refuses (nccl). */
+ * then, for a scheme that must still take part in the exchange and its transfers before it
+ * refuses (nccl): a set holding one keeps the max of its other host chunks (a host chunk's NaN
+ * is skipped; a CUDA one drops the GPU's partial of the set, all its CUDA chunks). Harmless:
+ * the version is refused, so that amax packs nothing kept. */
 wsync_status_t wsync_amax_tx_partials(wsync_amax_tx_t *tx, const wsync_sender_t *s,
                                       uint64_t version, void *stream, int64_t deadline_ms);
 
