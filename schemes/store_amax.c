@@ -17,7 +17,7 @@
 #define MEMBER_BYTES 40u             /* u32 sender, u32 shard, u64 off, rows, cols, pitch */
 #define SET_MIN_BYTES (8u + 24u + 4u + MEMBER_BYTES)
 #define PART_HDR 20u                 /* u64 version, u32 flags, u32 who, u32 count */
-#define PART_REFUSED 1u
+#define PART_REFUSED 1u              /* bits 8-15: the refusing sender's -wsync_status_t */
 #define POISON (-1.0f)               /* a set some sender cannot make: left to its readers */
 
 typedef struct {
@@ -409,6 +409,32 @@ static void part_encode(wsync_wbuf_t *b, uint64_t version, uint32_t flags, uint3
         wsync_put_u32(b, f32_bits(v[k]));
 }
 
+uint32_t wsync_store_amax_refused_flags(wsync_status_t why)
+{
+    if (why == WSYNC_OK)
+        return 0;
+    uint32_t code = why < 0 && why >= -255 ? (uint32_t)-why : (uint32_t)-WSYNC_ERR_INTERNAL;
+    return PART_REFUSED | code << 8;
+}
+
+wsync_status_t wsync_store_amax_flags_status(uint32_t flags)
+{
+    if (!(flags & PART_REFUSED))
+        return WSYNC_OK;
+    uint32_t code = (flags >> 8) & 0xffu;
+    return code ? (wsync_status_t)-(int)code : WSYNC_ERR_INTERNAL;
+}
+
+wsync_status_t wsync_store_amax_refusal(uint32_t who, wsync_status_t why)
+{
+    /* only a NaN or Inf is about the weights: a timeout or a device error is not */
+    if (why == WSYNC_ERR_NONFINITE)
+        return wsync_err(WSYNC_ERR_NONFINITE, "sender %u found a NaN or Inf in its part of a "
+                         "per-tensor target", who);
+    return wsync_err(WSYNC_ERR_ABORTED, "sender %u failed its part of the per-tensor amaxes: %s "
+                     "(%s)", who, wsync_status_name(why), wsync_status_str(why));
+}
+
 /* A partial or agreed message of `version` from `from`: its flags, who, count and values. */
 static wsync_status_t part_decode(const wsync_relay_t *rl, uint64_t version, const char *from,
                                   uint32_t *flags, uint32_t *who, uint32_t *n, const uint8_t **v)
@@ -510,8 +536,8 @@ static wsync_status_t keep_agreed(store_amax_t *a, uint64_t version, const float
 
 /* Sender 0: every other sender's partials, their max over the prefix all reported, sent back. */
 static wsync_status_t agree_root(store_amax_t *a, wsync_member_t *m, uint64_t version,
-                                 float *acc, uint32_t count, int refused, int64_t deadline_ms,
-                                 wsync_store_amax_defer_fn defer, void *arg)
+                                 float *acc, uint32_t count, wsync_status_t refused,
+                                 int64_t deadline_ms, wsync_store_amax_defer_fn defer, void *arg)
 {
     uint8_t *heard = calloc(a->nsenders, 1);
     uint32_t due = a->nsenders - 1, who = 0;
@@ -520,7 +546,7 @@ static wsync_status_t agree_root(store_amax_t *a, wsync_member_t *m, uint64_t ve
 
     if (heard == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
-    while (!refused && due > 0 && st == WSYNC_OK) {
+    while (refused == WSYNC_OK && due > 0 && st == WSYNC_OK) {
         wsync_msg_t *msg = NULL;
         wsync_relay_t rl;
         uint32_t flags, w, n;
@@ -546,7 +572,7 @@ static wsync_status_t agree_root(store_amax_t *a, wsync_member_t *m, uint64_t ve
         else
             st = part_decode(&rl, version, from, &flags, &w, &n, &v);
         if (st == WSYNC_OK && (flags & PART_REFUSED)) {
-            refused = 1;
+            refused = wsync_store_amax_flags_status(flags);
             who = (uint32_t)rl.rank;
         } else if (st == WSYNC_OK) {
             heard[rl.rank] = 1;
@@ -564,19 +590,19 @@ static wsync_status_t agree_root(store_amax_t *a, wsync_member_t *m, uint64_t ve
     if (st != WSYNC_OK)
         return st;
     wsync_wbuf_init(&b);
-    part_encode(&b, version, refused ? PART_REFUSED : 0, who, acc, refused ? 0 : count);
-    st = send_all(a, m, refused && who != 0 ? who : UINT32_MAX, &b);
+    part_encode(&b, version, wsync_store_amax_refused_flags(refused), who, acc,
+                refused != WSYNC_OK ? 0 : count);
+    st = send_all(a, m, refused != WSYNC_OK && who != 0 ? who : UINT32_MAX, &b);
     wsync_wbuf_free(&b);
-    if (st == WSYNC_OK && refused && who != 0)
-        st = wsync_err(WSYNC_ERR_NONFINITE, "sender %u found a NaN or Inf in its part of a "
-                       "per-tensor target", who);
-    if (st == WSYNC_OK && !refused)
+    if (st == WSYNC_OK && refused != WSYNC_OK && who != 0)
+        st = wsync_store_amax_refusal(who, refused);
+    if (st == WSYNC_OK && refused == WSYNC_OK)
         st = keep_agreed(a, version, acc, count);
     return st;
 }
 
 wsync_status_t wsync_store_amax_agree(store_amax_t *a, wsync_member_t *m, uint64_t version,
-                                      const float *part, uint32_t nsets, int refused,
+                                      const float *part, uint32_t nsets, wsync_status_t refused,
                                       int64_t deadline_ms, wsync_store_amax_defer_fn defer,
                                       void *arg)
 {
@@ -597,13 +623,13 @@ wsync_status_t wsync_store_amax_agree(store_amax_t *a, wsync_member_t *m, uint64
         return st;
     }
     wsync_wbuf_init(&b);
-    part_encode(&b, version, refused ? PART_REFUSED : 0, (uint32_t)a->rank, part,
-                refused ? 0 : nsets);
+    part_encode(&b, version, wsync_store_amax_refused_flags(refused), (uint32_t)a->rank, part,
+                refused != WSYNC_OK ? 0 : nsets);
     st = b.err ? wsync_err(WSYNC_ERR_NOMEM, "store: no memory")
                : wsync_member_relay_send(m, WSYNC_ROLE_SENDER, 0, STORE_AMAX_PART_TAG, b.data,
                                          (uint32_t)b.len);
     wsync_wbuf_free(&b);
-    if (st != WSYNC_OK || refused)
+    if (st != WSYNC_OK || refused != WSYNC_OK)
         return st;
     wsync_msg_t *msg = NULL;
     wsync_relay_t rl;
@@ -616,8 +642,7 @@ wsync_status_t wsync_store_amax_agree(store_amax_t *a, wsync_member_t *m, uint64
         return st;
     st = part_decode(&rl, version, "sender 0", &flags, &who, &n, &v);
     if (st == WSYNC_OK && (flags & PART_REFUSED))
-        st = wsync_err(WSYNC_ERR_NONFINITE, "sender %u found a NaN or Inf in its part of a "
-                       "per-tensor target", who);
+        st = wsync_store_amax_refusal(who, wsync_store_amax_flags_status(flags));
     else if (st == WSYNC_OK && n > nsets)
         st = wsync_err(WSYNC_ERR_PROTOCOL, "sender 0 agreed on %u per-tensor sets; we reported "
                        "%u", n, nsets);

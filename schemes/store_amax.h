@@ -73,16 +73,26 @@ const wsync_wire_rule_t *wsync_store_amax_rule(const store_amax_t *a, uint32_t k
 int wsync_store_amax_due(const store_amax_t *a, uint64_t version);
 /* One version's exchange: part[nsets] holds this sender's partials on entry (nsets: its list's
  * length when it computed them). On success the agreed amaxes are kept for
- * wsync_store_amax_agreed until the next exchange. `refused` (this sender met a NaN or Inf): tell
- * sender 0 and return at once. Relays of other tags that arrive meanwhile go to defer(arg, msg,
- * rl), which owns msg. A sender that refused fails the others (NONFINITE naming it); a sender
- * silent by deadline_ms is TIMEOUT naming it; a lost one fails the group (the coordinator's
- * ABORT names it). */
+ * wsync_store_amax_agreed until the next exchange. `refused` (not WSYNC_OK: this sender could not
+ * compute its partials, e.g. NONFINITE, NOMEM, DEVICE, TIMEOUT): tell sender 0 that status and
+ * return at once. Relays of other tags that arrive meanwhile go to defer(arg, msg, rl), which owns
+ * msg. A sender that refused fails the others as wsync_store_amax_refusal says; a sender silent
+ * by deadline_ms is TIMEOUT naming it; a lost one fails the group (the coordinator's ABORT names
+ * it). */
 typedef void (*wsync_store_amax_defer_fn)(void *arg, wsync_msg_t *msg, const wsync_relay_t *rl);
 wsync_status_t wsync_store_amax_agree(store_amax_t *a, wsync_member_t *m, uint64_t version,
-                                      const float *part, uint32_t nsets, int refused,
+                                      const float *part, uint32_t nsets, wsync_status_t refused,
                                       int64_t deadline_ms, wsync_store_amax_defer_fn defer,
                                       void *arg);
+/* The flags word of a partials message that carries refusal `why` (0 for WSYNC_OK), and back
+ * (WSYNC_OK when the flags say no refusal). */
+uint32_t wsync_store_amax_refused_flags(wsync_status_t why);
+wsync_status_t wsync_store_amax_flags_status(uint32_t flags);
+/* What another sender returns when sender `who` refused with `why`: NONFINITE "sender N found a
+ * NaN or Inf in its part of a per-tensor target" for NONFINITE only; any other status is ABORTED
+ * naming the sender and that status (a timeout or a device error says nothing of the weights).
+ * Sets the last error; returns the status. */
+wsync_status_t wsync_store_amax_refusal(uint32_t who, wsync_status_t why);
 /* The agreed amax of the set keyed `key` for the version just agreed; 0 when it is not agreed. */
 int wsync_store_amax_agreed(const store_amax_t *a, uint64_t key, float *amax);
 

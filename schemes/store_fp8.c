@@ -606,8 +606,8 @@ static wsync_status_t tensor_amax(wsync_sender_t *s, store_ftx_t *f, uint64_t ve
     wsync_status_t rc = partials(s, f, src, stream, n), ag;
 
     /* a refusal is told to sender 0 (which tells the others) before it is returned */
-    ag = wsync_store_amax_agree(f->amax, &s->m, version, f->part, n, rc != WSYNC_OK, deadline,
-                                defer_relay, f);
+    ag = wsync_store_amax_agree(f->amax, &s->m, version, f->part, n, rc, deadline, defer_relay,
+                                f);
     if (rc == WSYNC_OK && ag == WSYNC_OK)
         WSYNC_LOG_D("store: sender %d: version %llu: %u per-tensor amaxes agreed in %.3f ms",
                     s->m.rank, (unsigned long long)version, n, (double)(wsync_now_ns() - t0) / 1e6);

@@ -156,10 +156,41 @@ static void case_other_sender(void)
     wsync_store_amax_free(a);
 }
 
+/* A sender that could not make its partials tells sender 0 its status (the flags word), and the
+ * others' error says NaN or Inf only when that status is NONFINITE; otherwise it names the status
+ * and the sender: a timeout is not corrupt weights. */
+static void case_refusal(void)
+{
+    static const wsync_status_t kinds[] = {WSYNC_ERR_NONFINITE, WSYNC_ERR_TIMEOUT,
+                                           WSYNC_ERR_DEVICE, WSYNC_ERR_NOMEM};
+    CHECK(wsync_store_amax_refused_flags(WSYNC_OK) == 0);
+    CHECK(wsync_store_amax_flags_status(0) == WSYNC_OK);
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+        uint32_t flags = wsync_store_amax_refused_flags(kinds[i]);
+        CHECK_MSG(flags != 0 && wsync_store_amax_flags_status(flags) == kinds[i], "%s: flags %x",
+                  wsync_status_name(kinds[i]), flags);
+    }
+    CHECK_ST(wsync_store_amax_refusal(1, WSYNC_ERR_NONFINITE), WSYNC_ERR_NONFINITE);
+    CHECK_ERR_HAS("sender 1 found a NaN or Inf in its part of a per-tensor target");
+    CHECK_ST(wsync_store_amax_refusal(2, WSYNC_ERR_TIMEOUT), WSYNC_ERR_ABORTED);
+    CHECK_ERR_HAS("sender 2 failed its part of the per-tensor amaxes: WSYNC_ERR_TIMEOUT "
+                  "(deadline passed)");
+    CHECK(strstr(wsync_last_error(), "NaN") == NULL);
+    CHECK_ST(wsync_store_amax_refusal(0, WSYNC_ERR_DEVICE), WSYNC_ERR_ABORTED);
+    CHECK_ERR_HAS("sender 0 failed its part of the per-tensor amaxes: WSYNC_ERR_DEVICE "
+                  "(device (CUDA) error)");
+    CHECK(strstr(wsync_last_error(), "NaN") == NULL);
+    CHECK_ST(wsync_store_amax_refusal(3, WSYNC_ERR_NOMEM), WSYNC_ERR_ABORTED);
+    CHECK_ERR_HAS("sender 3 failed its part of the per-tensor amaxes: WSYNC_ERR_NOMEM "
+                  "(out of memory)");
+    CHECK(strstr(wsync_last_error(), "NaN") == NULL);
+}
+
 int main(void)
 {
     RUN(case_key);
     RUN(case_sender0_takes_readers);
     RUN(case_other_sender);
+    RUN(case_refusal);
     return check_summary();
 }
