@@ -85,16 +85,28 @@ static void case_sender0_takes_readers(void)
     const store_amax_member_t *m0 = wsync_store_amax_members(a, 0, &n0);
     wsync_store_amax_members(a, 1, &n1);
     CHECK(n0 == 1 && n1 == 1 && m0[0].sender == 0 && m0[0].g.rows == 128);
-    /* a key that is not its set's: left out; a truncated relay: the rest left out, no failure */
+    /* a key that is not its set's: left out */
     wsync_wbuf_init(&b);
     wsync_put_u32(&b, 1);
     wsync_store_amax_put_set(&b, ko ^ 1, &tensor, q, 1);
     rl = relay(WSYNC_ROLE_RECEIVER, 1, &b);
     CHECK_OK(wsync_store_amax_take(a, &rl));
-    rl.len -= 8;
-    CHECK_OK(wsync_store_amax_take(a, &rl));
     wsync_wbuf_free(&b);
     CHECK(wsync_store_amax_nsets(a) == 2);
+    /* a truncated relay of a new set with its right key: left out, no failure; whole, it is
+     * taken (so the truncation is what left it out) */
+    store_amax_member_t k1[1] = {{1, 1, {0, 64, 128, 128}}};
+    wsync_wbuf_init(&b);
+    wsync_put_u32(&b, 1);
+    wsync_store_amax_put_set(&b, wsync_store_amax_key(&tensor, k1, 1), &tensor, k1, 1);
+    rl = relay(WSYNC_ROLE_RECEIVER, 1, &b);
+    rl.len -= 8;
+    CHECK_OK(wsync_store_amax_take(a, &rl));
+    CHECK_MSG(wsync_store_amax_nsets(a) == 2, "%u sets", wsync_store_amax_nsets(a));
+    rl.len += 8;
+    CHECK_OK(wsync_store_amax_take(a, &rl));
+    CHECK_MSG(wsync_store_amax_nsets(a) == 3, "%u sets", wsync_store_amax_nsets(a));
+    wsync_wbuf_free(&b);
     /* a member of a sender the group lacks: left out */
     store_amax_member_t far[1] = {{5, 0, {0, 1, 1, 1}}};
     wsync_wbuf_init(&b);
@@ -103,7 +115,7 @@ static void case_sender0_takes_readers(void)
     rl = relay(WSYNC_ROLE_RECEIVER, 1, &b);
     CHECK_OK(wsync_store_amax_take(a, &rl));
     wsync_wbuf_free(&b);
-    CHECK(wsync_store_amax_nsets(a) == 2);
+    CHECK(wsync_store_amax_nsets(a) == 3);
     /* sets from a sender to sender 0: refused */
     wsync_wbuf_init(&b);
     wsync_put_u64(&b, 3);
