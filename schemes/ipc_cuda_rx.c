@@ -61,10 +61,14 @@ static wsync_status_t sender_stream(wsync_receiver_t *r, ipc_from_t *f, const vo
     /* a second stream for a local sender (WSYNC_IPC_STREAMS: 1 or 2 for every sender): one H100,
      * Qwen3-8B shape colocated, FSDP-1 -> TP-1 bf16 12.39 -> 11.92 ms (1.13 -> 1.09 x the
      * floor), fp8-block 11.40 -> 10.90, FSDP-2 -> TP-2 bf16 15.32 -> 14.87, fp8-block 14.65 ->
-     * 13.58 (2 rounds each). Peer reads keep one. Where peer reads share the GPU the local
-     * sender's odd buckets go on its second stream only with FP8 runs (ipc_rx.c): 4 x H200,
-     * FSDP-4 -> TP-4, 3 rounds, bf16 4.90-4.92 ms with one stream, 5.48-5.68 with two;
-     * fp8-block in place 5.66-5.84 with one, 5.45-5.65 with two */
+     * 13.58 (2 rounds each). Peer reads keep one. Beside other GPUs' senders two streams
+     * slowed bf16 copies and sped FP8 runs: 4 x H200, FSDP-4 -> TP-4, 3 rounds, bf16 4.90-4.92
+     * ms with one stream, 5.48-5.68 with two, fp8-block in place 5.66-5.84 and 5.45-5.65; 2 x
+     * H100, FSDP-2 -> TP-2, 2 rounds, bf16 7.43-7.45 and 8.09-8.11, fp8-block 7.67-7.69 and
+     * 7.12-7.20. The receiver cannot tell one GPU from several (wsync_dev_ptr_info reports an
+     * imported pointer on the importing GPU: st->peer_reads is 0 there too, checked on 2 x
+     * H100), so the odd buckets take the second stream only with FP8 runs (ipc_rx.c), bf16 on
+     * one GPU included (its 4 %, above, given up for the 9-12 % on several) */
     const char *sv = getenv("WSYNC_IPC_STREAMS");
     int streams = sv != NULL && *sv ? (int)env_double("WSYNC_IPC_STREAMS", 1) : local ? 2 : 1;
     if (rc == WSYNC_OK && f->stream2 == NULL && streams >= 2)
