@@ -44,11 +44,7 @@ struct store_amax {
     uint64_t agreed_version;
     float *agreed;                   /* [nagreed] of agreed_version; POISON: not agreed */
     uint32_t nagreed;
-    struct akept {                   /* amax relays taken before their exchange began */
-        wsync_msg_t *msg;
-        wsync_relay_t rl;
-    } *kept;
-    uint32_t nkept, cap_kept;
+    store_relayq_t kept;             /* amax relays taken before their exchange began */
 };
 
 static uint32_t f32_bits(float x)
@@ -138,6 +134,50 @@ void wsync_store_amax_put_set(wsync_wbuf_t *b, uint64_t key, const wsync_wire_ru
         put_member(b, &mem[i]);
 }
 
+void wsync_store_relayq_push(store_relayq_t *q, wsync_msg_t *msg, const wsync_relay_t *rl,
+                             const char *lost)
+{
+    if (q->n == q->cap) {
+        uint32_t nc = q->cap ? q->cap * 2 : 8;
+        struct store_relayq_item *it = realloc(q->items, (size_t)nc * sizeof(*it));
+        if (it == NULL) {
+            WSYNC_LOG_W("store: no memory to keep a relay of tag %u from %s %d (%s lost)",
+                        rl->tag, rl->role == WSYNC_ROLE_RECEIVER ? "reader" : "sender", rl->rank,
+                        lost);
+            wsync_msg_free(msg);
+            return;
+        }
+        q->items = it;
+        q->cap = nc;
+    }
+    q->items[q->n++] = (struct store_relayq_item){msg, *rl};
+}
+
+int wsync_store_relayq_pop(store_relayq_t *q, wsync_msg_t **msg, wsync_relay_t *rl)
+{
+    if (q->n == 0)
+        return 0;
+    *msg = q->items[0].msg;
+    *rl = q->items[0].rl;
+    memmove(&q->items[0], &q->items[1], (size_t)(--q->n) * sizeof(*q->items));
+    return 1;
+}
+
+void wsync_store_relayq_clear(store_relayq_t *q)
+{
+    for (uint32_t i = 0; i < q->n; i++)
+        wsync_msg_free(q->items[i].msg);
+    q->n = 0;
+}
+
+void wsync_store_relayq_free(store_relayq_t *q)
+{
+    wsync_store_relayq_clear(q);
+    free(q->items);
+    q->items = NULL;
+    q->cap = 0;
+}
+
 wsync_status_t wsync_store_amax_create(int rank, uint32_t nsenders, store_amax_t **out)
 {
     store_amax_t *a = calloc(1, sizeof(*a));
@@ -160,9 +200,7 @@ void wsync_store_amax_free(store_amax_t *a)
     free(a->sets);
     free(a->index);
     free(a->agreed);
-    for (uint32_t i = 0; i < a->nkept; i++)
-        wsync_msg_free(a->kept[i].msg);
-    free(a->kept);
+    wsync_store_relayq_free(&a->kept);
     wsync_wbuf_free(&a->fwd);
     free(a);
 }
@@ -309,18 +347,8 @@ wsync_status_t wsync_store_amax_take(store_amax_t *a, const wsync_relay_t *rl)
 
 void wsync_store_amax_keep(store_amax_t *a, wsync_msg_t *msg, const wsync_relay_t *rl)
 {
-    if (a->nkept == a->cap_kept) {
-        uint32_t nc = a->cap_kept ? a->cap_kept * 2 : 8;
-        struct akept *k = realloc(a->kept, (size_t)nc * sizeof(*k));
-        if (k == NULL) {   /* its exchange then names the sender it did not hear from */
-            WSYNC_LOG_W("store: no memory to keep per-tensor amaxes from sender %d", rl->rank);
-            wsync_msg_free(msg);
-            return;
-        }
-        a->kept = k;
-        a->cap_kept = nc;
-    }
-    a->kept[a->nkept++] = (struct akept){msg, *rl};
+    /* lost: its exchange then names the sender it did not hear from */
+    wsync_store_relayq_push(&a->kept, msg, rl, "per-tensor amaxes");
 }
 
 wsync_status_t wsync_store_amax_forward(store_amax_t *a, wsync_member_t *m, uint64_t version)
@@ -476,13 +504,9 @@ static wsync_status_t recv_part(store_amax_t *a, wsync_member_t *m, uint64_t ver
 {
     for (;;) {
         wsync_status_t st = WSYNC_OK;
-        if (a->nkept > 0) {   /* those that came first, in their order */
-            *msg = a->kept[0].msg;
-            *rl = a->kept[0].rl;
-            memmove(&a->kept[0], &a->kept[1], (size_t)(--a->nkept) * sizeof(*a->kept));
-        } else {
+        /* those that came first, in their order */
+        if (!wsync_store_relayq_pop(&a->kept, msg, rl))
             st = wsync_member_relay_recv(m, deadline_ms, msg, rl);
-        }
         if (st != WSYNC_OK)
             return st;
         if (rl->tag == STORE_AMAX_SETS_TAG) {

@@ -47,6 +47,26 @@ void wsync_store_amax_rule_plain(wsync_wire_rule_t *r);
 void wsync_store_amax_put_set(wsync_wbuf_t *b, uint64_t key, const wsync_wire_rule_t *rule,
                               const store_amax_member_t *mem, uint32_t n);
 
+/* ---- relays kept for later (a sender's amaxes before their exchange, a reader's regions during
+ * one) ---- */
+typedef struct {
+    struct store_relayq_item {
+        wsync_msg_t *msg;            /* owned */
+        wsync_relay_t rl;            /* points into msg */
+    } *items;                        /* [n] in the order they came */
+    uint32_t n, cap;
+} store_relayq_t;
+
+/* Append (msg, rl); q owns msg. Out of memory: msg is freed and a warning logged, naming the
+ * relay and `lost` (what its loss costs). Zeroed q: empty. */
+void wsync_store_relayq_push(store_relayq_t *q, wsync_msg_t *msg, const wsync_relay_t *rl,
+                             const char *lost);
+/* Take the first one (the caller owns *msg): 0 when q is empty. */
+int wsync_store_relayq_pop(store_relayq_t *q, wsync_msg_t **msg, wsync_relay_t *rl);
+/* Free every message kept (the storage stays for reuse); _free also the storage. */
+void wsync_store_relayq_clear(store_relayq_t *q);
+void wsync_store_relayq_free(store_relayq_t *q);
+
 /* ---- a sender's list ---- */
 typedef struct store_amax store_amax_t;
 

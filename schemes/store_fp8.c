@@ -176,11 +176,7 @@ struct store_ftx {
     store_amax_t *amax;
     float *part;                     /* [cap_part] this sender's partials */
     uint32_t cap_part;
-    struct fdefer {                  /* relays that came during an exchange, for the next version */
-        wsync_msg_t *msg;
-        wsync_relay_t rl;
-    } *deferred;
-    uint32_t ndeferred, cap_deferred;
+    store_relayq_t deferred;         /* relays that came during an exchange, for the next version */
 };
 
 static int freg_cmp(const void *x, const void *y)
@@ -305,9 +301,7 @@ void wsync_store_ftx_free(store_ftx_t *f)
     free(f->kws);
     wsync_store_amax_free(f->amax);
     free(f->part);
-    for (uint32_t i = 0; i < f->ndeferred; i++)
-        wsync_msg_free(f->deferred[i].msg);
-    free(f->deferred);
+    wsync_store_relayq_free(&f->deferred);
     free(f);
 }
 
@@ -512,18 +506,8 @@ static void defer_relay(void *arg, wsync_msg_t *msg, const wsync_relay_t *rl)
 {
     store_ftx_t *f = arg;
 
-    if (f->ndeferred == f->cap_deferred) {
-        uint32_t nc = f->cap_deferred ? f->cap_deferred * 2 : 8;
-        struct fdefer *n = realloc(f->deferred, (size_t)nc * sizeof(*n));
-        if (n == NULL) {   /* a reader's regions lost: that reader quantizes them itself */
-            WSYNC_LOG_W("store: no memory to keep a relay of tag %u from %d", rl->tag, rl->rank);
-            wsync_msg_free(msg);
-            return;
-        }
-        f->deferred = n;
-        f->cap_deferred = nc;
-    }
-    f->deferred[f->ndeferred++] = (struct fdefer){msg, *rl};
+    /* lost: a reader's regions, which that reader then quantizes itself */
+    wsync_store_relayq_push(&f->deferred, msg, rl, "its regions or sets");
 }
 
 /* A relay to this sender: a reader's regions, a reader's per-tensor sets (sender 0), sender 0's
@@ -626,12 +610,9 @@ wsync_status_t wsync_store_ftx_publish(wsync_sender_t *s, store_ftx_t *f, uint64
     *packed = 0;
     f->published = 0;
     /* relays kept from the last exchange, then those of readers that came since */
-    for (uint32_t i = 0; i < f->ndeferred; i++) {
-        if (rc == WSYNC_OK)
-            rc = take_any(s, f, &f->deferred[i].rl);
-        wsync_msg_free(f->deferred[i].msg);
-    }
-    f->ndeferred = 0;
+    for (uint32_t i = 0; i < f->deferred.n && rc == WSYNC_OK; i++)
+        rc = take_any(s, f, &f->deferred.items[i].rl);
+    wsync_store_relayq_clear(&f->deferred);
     while (rc == WSYNC_OK && wsync_member_relay_recv(&s->m, 0, &msg, &rl) == WSYNC_OK) {
         if (rl.tag == STORE_AMAX_PART_TAG) {   /* a sender ahead of us: for our exchange */
             wsync_store_amax_keep(f->amax, msg, &rl);

@@ -198,11 +198,38 @@ static void case_refusal(void)
     CHECK(strstr(wsync_last_error(), "NaN") == NULL);
 }
 
+/* The queue of kept relays gives them back in the order they came, past its first growth, and
+ * is empty after a clear (ASan: the messages it owned freed). */
+static void case_relayq(void)
+{
+    store_relayq_t q = {0};
+    wsync_msg_t *msg = (wsync_msg_t *)&q;
+    wsync_relay_t rl;
+    for (int i = 0; i < 20; i++) {
+        wsync_relay_t r = {WSYNC_ROLE_SENDER, i, STORE_AMAX_PART_TAG, 0, NULL};
+        wsync_store_relayq_push(&q, NULL, &r, "test");
+    }
+    CHECK(q.n == 20);
+    for (int i = 0; i < 12; i++) {
+        CHECK(wsync_store_relayq_pop(&q, &msg, &rl));
+        CHECK_MSG(msg == NULL && rl.rank == i && rl.tag == STORE_AMAX_PART_TAG, "pop %d: rank %d",
+                  i, rl.rank);
+    }
+    wsync_store_relayq_clear(&q);
+    CHECK(q.n == 0 && !wsync_store_relayq_pop(&q, &msg, &rl));
+    wsync_relay_t r = {WSYNC_ROLE_RECEIVER, 7, STORE_AMAX_SETS_TAG, 0, NULL};
+    wsync_store_relayq_push(&q, NULL, &r, "test");
+    CHECK(wsync_store_relayq_pop(&q, &msg, &rl) && rl.rank == 7 && rl.role == WSYNC_ROLE_RECEIVER);
+    wsync_store_relayq_free(&q);
+    CHECK(q.items == NULL && q.n == 0);
+}
+
 int main(void)
 {
     RUN(case_key);
     RUN(case_sender0_takes_readers);
     RUN(case_other_sender);
     RUN(case_refusal);
+    RUN(case_relayq);
     return check_summary();
 }
