@@ -29,7 +29,7 @@ typedef struct {
 
 typedef struct {
     uint64_t key;
-    uint32_t k;
+    uint32_t k1;                     /* the set's index + 1; 0: an empty slot */
 } akey_t;
 
 struct store_amax {
@@ -37,7 +37,8 @@ struct store_amax {
     uint32_t nsenders;
     aset_t *sets;
     uint32_t n, cap;
-    akey_t *index;                   /* [n] sorted by key */
+    akey_t *index;                   /* [nindex] open addressing by key (a power of 2, > 2n) */
+    uint32_t nindex;
     wsync_wbuf_t fwd;                /* sender 0: sets appended since the last forward */
     uint32_t nfwd;
     uint64_t on_from;                /* the first version that exchanges (0: none yet) */
@@ -205,18 +206,44 @@ void wsync_store_amax_free(store_amax_t *a)
     free(a);
 }
 
-/* The index entry of `key`, or where it would go. */
+/* Where `key` is in the index, or the empty slot where it would go (nindex > 0). Linear probing
+ * over a hash of the key: a set's lookup costs O(1) whatever the number of sets (tens of
+ * thousands of MoE experts' targets), where a sorted index moved O(n) per append. */
+static uint32_t index_slot(const store_amax_t *a, uint64_t key)
+{
+    uint32_t mask = a->nindex - 1;
+    uint32_t at = (uint32_t)((key ^ key >> 31) * 0x9e3779b97f4a7c15ull >> 32) & mask;
+    while (a->index[at].k1 != 0 && a->index[at].key != key)
+        at = (at + 1) & mask;
+    return at;
+}
+
+/* The set keyed `key` (the last appended of that key), or UINT32_MAX. */
 static uint32_t index_find(const store_amax_t *a, uint64_t key)
 {
-    uint32_t lo = 0, hi = a->n;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (a->index[mid].key < key)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    if (a->nindex == 0)
+        return UINT32_MAX;
+    const akey_t *x = &a->index[index_slot(a, key)];
+    return x->k1 != 0 ? x->k1 - 1 : UINT32_MAX;
+}
+
+/* Room in the index for one more set (kept under half full). */
+static wsync_status_t index_room(store_amax_t *a)
+{
+    if ((uint64_t)(a->n + 1) * 2 < a->nindex)
+        return WSYNC_OK;
+    uint32_t nc = a->nindex ? a->nindex * 2 : 64;
+    akey_t *old = a->index, *ix = calloc(nc, sizeof(*ix));
+    uint32_t nold = a->nindex;
+    if (ix == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for per-tensor sets");
+    a->index = ix;
+    a->nindex = nc;
+    for (uint32_t i = 0; i < nold; i++)
+        if (old[i].k1 != 0)
+            a->index[index_slot(a, old[i].key)] = old[i];
+    free(old);
+    return WSYNC_OK;
 }
 
 /* Append a set to the list (its members: this sender's only). */
@@ -229,12 +256,11 @@ static wsync_status_t append(store_amax_t *a, uint64_t key, const wsync_wire_rul
         if (s == NULL)
             return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for per-tensor sets");
         a->sets = s;
-        akey_t *ix = realloc(a->index, (size_t)nc * sizeof(*ix));
-        if (ix == NULL)
-            return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for per-tensor sets");
-        a->index = ix;
         a->cap = nc;
     }
+    wsync_status_t rc = index_room(a);
+    if (rc != WSYNC_OK)
+        return rc;
     aset_t *s = &a->sets[a->n];
     memset(s, 0, sizeof(*s));
     s->key = key;
@@ -246,9 +272,8 @@ static wsync_status_t append(store_amax_t *a, uint64_t key, const wsync_wire_rul
     for (uint32_t i = 0, j = 0; i < n; i++)
         if (mem[i].sender == (uint32_t)a->rank)
             s->mine[j++] = mem[i];
-    uint32_t at = index_find(a, key);
-    memmove(&a->index[at + 1], &a->index[at], (size_t)(a->n - at) * sizeof(*a->index));
-    a->index[at] = (akey_t){key, a->n};
+    /* a key appended again (only sender 0's forward could): the last one wins, as before */
+    a->index[index_slot(a, key)] = (akey_t){key, a->n + 1};
     a->n++;
     return WSYNC_OK;
 }
@@ -292,11 +317,10 @@ static wsync_status_t take_set(store_amax_t *a, wsync_rbuf_t *rb, int from_reade
     *ok &= !rb->err;
     if (*ok && from_reader) {
         /* sender 0 keeps what the key says (a reader computes it the same way), once */
-        uint32_t at;
         if (wsync_store_amax_key(&rule, mem, n) != key) {
             WSYNC_LOG_W("store: sender 0: a reader's per-tensor set %016llx does not match its "
                         "key: left to its readers", (unsigned long long)key);
-        } else if ((at = index_find(a, key)) >= a->n || a->index[at].key != key) {
+        } else if (index_find(a, key) == UINT32_MAX) {
             rc = append(a, key, &rule, mem, n);
             if (rc == WSYNC_OK) {
                 wsync_store_amax_put_set(&a->fwd, key, &rule, mem, n);
@@ -685,12 +709,10 @@ wsync_status_t wsync_store_amax_agree(store_amax_t *a, wsync_member_t *m, uint64
 
 int wsync_store_amax_agreed(const store_amax_t *a, uint64_t key, float *amax)
 {
-    uint32_t at;
+    uint32_t k;
 
-    if (a == NULL || a->nagreed == 0 || (at = index_find(a, key)) >= a->n ||
-        a->index[at].key != key)
+    if (a == NULL || a->nagreed == 0 || (k = index_find(a, key)) == UINT32_MAX)
         return 0;
-    uint32_t k = a->index[at].k;
     if (k >= a->nagreed || a->agreed[k] == POISON)
         return 0;
     *amax = a->agreed[k];

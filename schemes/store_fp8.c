@@ -864,6 +864,8 @@ struct store_frx {
     uint32_t *cset;                  /* [plan->nchunks] its set */
     uint32_t nsets;
     uint8_t *set_plain;              /* [nsets] this version: some chunk of it not in a table */
+    uint32_t *set_off;               /* [nsets + 1] set k's segments: set_seg[set_off[k], [k + 1]) */
+    uint32_t *set_seg;               /* our segments of a set, each set's ascending */
 };
 
 static uint64_t align_up(uint64_t x)
@@ -904,15 +906,36 @@ static wsync_status_t reader_sets(wsync_receiver_t *r, store_frx_t *f)
         goto out;
     }
     memcpy(f->cset, sets.set, (size_t)plan->nchunks * sizeof(*f->cset));
+    /* each set's segments, by a counting sort on the set: a set's reads and its description walk
+     * only its own, not all of ours per set (44k MoE sets x 200k segments otherwise) */
+    f->set_off = calloc((size_t)sets.nsets + 1u, sizeof(*f->set_off));
+    f->set_seg = malloc((size_t)(f->hi - f->lo + 1) * sizeof(*f->set_seg));
+    if (f->set_off == NULL || f->set_seg == NULL) {
+        rc = wsync_err(WSYNC_ERR_NOMEM, "store: no memory for %u per-tensor sets", sets.nsets);
+        goto out;
+    }
+    for (uint32_t i = f->lo; i < f->hi; i++)
+        if (sets.set[r->m.segs[i].chunk] < sets.nsets)
+            f->set_off[sets.set[r->m.segs[i].chunk] + 1]++;
+    for (uint32_t k = 0; k < sets.nsets; k++)
+        f->set_off[k + 1] += f->set_off[k];
+    for (uint32_t i = f->lo; i < f->hi; i++) {
+        uint32_t k = sets.set[r->m.segs[i].chunk];
+        if (k < sets.nsets)   /* set_off[k] ends at set k + 1's start: moved back below */
+            f->set_seg[f->set_off[k]++] = i;
+    }
+    for (uint32_t k = sets.nsets; k > 0; k--)
+        f->set_off[k] = f->set_off[k - 1];
+    f->set_off[0] = 0;
     uint32_t nput = 0;
     wsync_put_u32(&b, 0);   /* the count, set below */
     for (uint32_t k = 0; k < sets.nsets && rc == WSYNC_OK; k++) {
         const wsync_wire_rule_t *rule = NULL;
         nmem = 0;
-        for (uint32_t i = f->lo; i < f->hi; i++) {
-            uint32_t ch = r->m.segs[i].chunk;
+        for (uint32_t j = f->set_off[k]; j < f->set_off[k + 1]; j++) {
+            uint32_t ch = r->m.segs[f->set_seg[j]].chunk;
             const wsync_chunk_t *c = &plan->chunks[ch];
-            if (sets.set[ch] != k || seen[ch])
+            if (seen[ch])
                 continue;
             seen[ch] = 1;
             rule = &plan->rules[c->rule - 1];
@@ -921,9 +944,8 @@ static wsync_status_t reader_sets(wsync_receiver_t *r, store_frx_t *f)
         if (nmem == 0)
             continue;   /* another receiver's (a plan of the whole group) */
         uint64_t key = wsync_store_amax_key(rule, mem, nmem);
-        for (uint32_t i = f->lo; i < f->hi; i++)
-            if (sets.set[r->m.segs[i].chunk] == k)
-                f->ckey[r->m.segs[i].chunk] = key;
+        for (uint32_t j = f->set_off[k]; j < f->set_off[k + 1]; j++)
+            f->ckey[r->m.segs[f->set_seg[j]].chunk] = key;
         if (b.len + 36u + (size_t)nmem * 40u > WSYNC_RELAY_MAX) {
             if (nput == 0) {
                 rc = wsync_err(WSYNC_ERR_RANGE, "store: receiver %d: a per-tensor target of %u "
@@ -1038,6 +1060,8 @@ void wsync_store_frx_free(store_frx_t *f)
     free(f->ckey);
     free(f->cset);
     free(f->set_plain);
+    free(f->set_off);
+    free(f->set_seg);
     free(f);
 }
 
@@ -1210,18 +1234,20 @@ static wsync_status_t tensor_plain(wsync_receiver_t *r, store_frx_t *f, const ws
     float amax = 0.0f;
     wsync_status_t rc;
 
-    for (uint32_t i = f->lo; i < f->hi; i++) {
-        const wsync_chunk_t *c = &plan->chunks[r->m.segs[i].chunk];
-        if (c->rule != 0 && f->cset[r->m.segs[i].chunk] == k)
+    /* set k's segments only (set_seg, ascending as before) */
+    for (uint32_t j = f->set_off[k]; j < f->set_off[k + 1]; j++) {
+        const wsync_chunk_t *c = &plan->chunks[r->m.segs[f->set_seg[j]].chunk];
+        if (c->rule != 0)
             need += align_up(wsync_chunk_wire_bytes(c)) +
                     align_up(c->src.rows * c->src.cols * wsync_dtype_size(c->dtype));
     }
     if ((rc = batch_room(r, f, need)) != WSYNC_OK)
         return rc;
     f->nitems = 0;
-    for (uint32_t i = f->lo; i < f->hi && rc == WSYNC_OK; i++) {
+    for (uint32_t j = f->set_off[k]; j < f->set_off[k + 1] && rc == WSYNC_OK; j++) {
+        uint32_t i = f->set_seg[j];
         const wsync_chunk_t *c = &plan->chunks[r->m.segs[i].chunk];
-        if (c->rule == 0 || f->cset[r->m.segs[i].chunk] != k)
+        if (c->rule == 0)
             continue;
         uint64_t plain = c->src.rows * c->src.cols * wsync_dtype_size(c->dtype);
         fitem_t *it = &f->items[f->nitems++];

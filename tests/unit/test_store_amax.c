@@ -224,6 +224,39 @@ static void case_relayq(void)
     CHECK(q.items == NULL && q.n == 0);
 }
 
+/* Many sets (MoE experts' targets): sender 0 takes 5,000 from one reader, none again from a
+ * replica, each set k keeps its own members (the index finds every key), in the order they came. */
+static void case_many_sets(void)
+{
+    enum { N = 5000 };
+    store_amax_t *a = NULL;
+    wsync_wbuf_t b;
+    CHECK_OK(wsync_store_amax_create(0, 2, &a));
+    if (a == NULL)
+        return;
+    wsync_wbuf_init(&b);
+    wsync_put_u32(&b, N);
+    for (uint32_t k = 0; k < N; k++) {
+        store_amax_member_t e[1] = {{0, k, {0, 8, 16, 16}}};
+        wsync_store_amax_put_set(&b, wsync_store_amax_key(&tensor, e, 1), &tensor, e, 1);
+    }
+    CHECK(!b.err);
+    wsync_relay_t rl = relay(WSYNC_ROLE_RECEIVER, 0, &b);
+    CHECK_OK(wsync_store_amax_take(a, &rl));
+    rl.rank = 1;
+    CHECK_OK(wsync_store_amax_take(a, &rl));
+    wsync_wbuf_free(&b);
+    CHECK_MSG(wsync_store_amax_nsets(a) == N, "%u sets", wsync_store_amax_nsets(a));
+    uint32_t bad = 0;
+    for (uint32_t k = 0; k < wsync_store_amax_nsets(a); k++) {
+        uint32_t n = 0;
+        const store_amax_member_t *m = wsync_store_amax_members(a, k, &n);
+        bad += n != 1 || m[0].shard != k;
+    }
+    CHECK_MSG(bad == 0, "%u sets out of place", bad);
+    wsync_store_amax_free(a);
+}
+
 int main(void)
 {
     RUN(case_key);
@@ -231,5 +264,6 @@ int main(void)
     RUN(case_other_sender);
     RUN(case_refusal);
     RUN(case_relayq);
+    RUN(case_many_sets);
     return check_summary();
 }
