@@ -178,11 +178,13 @@ wsync_status_t wsync_kernels_quantize_many(const wsync_kquant_t *a, uint32_t n, 
                                            uint32_t max_blocks, void *stream);
 
 /* Search a's input for its first NaN or Inf (row-major), whatever the workspace's flag says,
- * and wait for it: WSYNC_OK when there is none, else WSYNC_ERR_NONFINITE with _finish's message
+ * and wait for it until deadline_ms (absolute, wsync_deadline_in; past it WSYNC_ERR_TIMEOUT):
+ * WSYNC_OK when there is none, else WSYNC_ERR_NONFINITE with _finish's message
  * ("<name>: NaN at row R, column C", row_base added). ws: a workspace (its bytes 8..15 are used;
  * clear it before it serves a quantization again). For a per-tensor pack with an agreed amax,
  * whose flag cannot tell which part held the value. */
-wsync_status_t wsync_kernels_find_nonfinite(const wsync_kquant_t *a, void *ws, void *stream);
+wsync_status_t wsync_kernels_find_nonfinite(const wsync_kquant_t *a, void *ws, void *stream,
+                                            int64_t deadline_ms);
 
 /* Launch, then finish. ws may be NULL here: a workspace is then allocated and freed on the
  * stream. */

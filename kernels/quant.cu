@@ -40,6 +40,7 @@
 #include <type_traits>
 
 extern "C" {
+#include "kernels/device.h"
 #include "reshard/convert.h"
 #include "reshard/fp8.h"
 }
@@ -1244,9 +1245,23 @@ static wsync_status_t wk_quant_prepare(const wsync_kquant_t *a, const void *ws,
     return WSYNC_OK;
 }
 
+/* Wait for everything on s so far: until deadline_ms (absolute) by polling an event, so that a
+ * stream stuck behind other work fails in time; deadline_ms < 0: no deadline (quantize's
+ * finish, whose own wait has none). */
+static wsync_status_t wk_wait(cudaStream_t s, int64_t deadline_ms, const char *what)
+{
+    if (deadline_ms >= 0)
+        return wsync_dev_stream_sync(s, deadline_ms, what);
+    cudaError_t e = cudaStreamSynchronize(s);
+    return e == cudaSuccess ? WSYNC_OK : wk_cuda(e, what);
+}
+
 /* The first NaN or Inf of a's input in row-major order, named as the CPU names it; none: OK,
- * or INTERNAL when `must` (the flag said there was one). Waits for the stream. */
-static wsync_status_t wk_search(const wsync_kquant_t *a, void *ws, cudaStream_t s, int must)
+ * or INTERNAL when `must` (the flag said there was one). Waits for the stream (see wk_wait);
+ * its copies go on the stream once it is idle (pageable, so they return when done: never behind
+ * other work, nor on the legacy stream, which would wait for every blocking stream). */
+static wsync_status_t wk_search(const wsync_kquant_t *a, void *ws, cudaStream_t s, int must,
+                                int64_t deadline_ms)
 {
     const char *name = a->name != NULL ? a->name : "(unnamed)";
     int xk = wk_kind(a->x_dtype);
@@ -1267,19 +1282,23 @@ static wsync_status_t wk_search(const wsync_kquant_t *a, void *ws, cudaStream_t 
     wsync_status_t st = wk_launched("wsync_kernels_quantize: search kernel launch");
     if (st != WSYNC_OK)
         return st;
+    if ((st = wk_wait(s, deadline_ms, "the search for a NaN or Inf")) != WSYNC_OK)
+        return st;
     e = cudaMemcpyAsync(&first, d_first, sizeof(first), cudaMemcpyDeviceToHost, s);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(s);
     if (e != cudaSuccess)
         return wk_cuda(e, "wsync_kernels_quantize: search");
+    if ((st = wk_wait(s, deadline_ms, "the search's result to the host")) != WSYNC_OK)
+        return st;
     if (first == ~0ull || a->cols == 0)
         return must ? wsync_err(WSYNC_ERR_INTERNAL, "%s: non-finite value vanished", name)
                     : WSYNC_OK;
     uint64_t r = first / a->cols, c = first % a->cols;
     uint32_t raw = 0, u;
-    e = cudaMemcpy(&raw, x + r * xp + c * xs, xs, cudaMemcpyDeviceToHost);
+    e = cudaMemcpyAsync(&raw, x + r * xp + c * xs, xs, cudaMemcpyDeviceToHost, s);
     if (e != cudaSuccess)
-        return wk_cuda(e, "wsync_kernels_quantize: cudaMemcpy");
+        return wk_cuda(e, "wsync_kernels_quantize: cudaMemcpyAsync");
+    if ((st = wk_wait(s, deadline_ms, "the non-finite value to the host")) != WSYNC_OK)
+        return st;
     if (xk == WK_BF16) {
         float f = wsync_bf16_to_f32((uint16_t)raw);
         memcpy(&u, &f, 4);
@@ -1364,10 +1383,11 @@ wsync_status_t wsync_kernels_quantize_finish(const wsync_kquant_t *a, void *ws, 
     if (h[1] == 0)
         return WSYNC_OK;
     /* non-finite input: the first bad element in row-major order, as the CPU names it */
-    return wk_search(a, ws, s, 1);
+    return wk_search(a, ws, s, 1, -1);
 }
 
-wsync_status_t wsync_kernels_find_nonfinite(const wsync_kquant_t *a, void *ws, void *stream)
+wsync_status_t wsync_kernels_find_nonfinite(const wsync_kquant_t *a, void *ws, void *stream,
+                                            int64_t deadline_ms)
 {
     if (a == NULL || ws == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "wsync_kernels_find_nonfinite: %s is NULL",
@@ -1377,7 +1397,7 @@ wsync_status_t wsync_kernels_find_nonfinite(const wsync_kquant_t *a, void *ws, v
                          a->x == NULL ? "is NULL" : "is not bf16, f16 or f32");
     if (a->rows == 0 || a->cols == 0)
         return WSYNC_OK;
-    return wk_search(a, ws, (cudaStream_t)stream, 0);
+    return wk_search(a, ws, (cudaStream_t)stream, 0, deadline_ms < 0 ? 0 : deadline_ms);
 }
 
 wsync_status_t wsync_kernels_amax_many(const wsync_kamax_t *a, uint32_t n, float *amax,

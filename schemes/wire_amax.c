@@ -270,7 +270,7 @@ nomem:
 /* A NaN or Inf in the CUDA part of set k: the first chunk of ours in it that holds one, named as
  * the host path names it (param, element, sender). */
 static wsync_status_t cuda_nonfinite(wsync_amax_tx_t *tx, const wsync_sender_t *s, uint32_t k,
-                                     void *stream)
+                                     void *stream, int64_t deadline_ms)
 {
 #if WSYNC_HAVE_CUDA
     const wsync_plan_t *plan = s->m.plan;
@@ -291,7 +291,7 @@ static wsync_status_t cuda_nonfinite(wsync_amax_tx_t *tx, const wsync_sender_t *
         /* rows of the param's matrix above the chunk's first (a 2-D param's) */
         if (d->param.ndim == 2 && ch->src.pitch > 0)
             q.row_base = (uint64_t)d->box.start[0] + ch->src.off / ch->src.pitch;
-        st = wsync_kernels_find_nonfinite(&q, tx->dws, stream);
+        st = wsync_kernels_find_nonfinite(&q, tx->dws, stream, deadline_ms);
         if (st == WSYNC_ERR_NONFINITE) {
             char text[1024];
             snprintf(text, sizeof(text), "sender %d: param '%s' (its chunk from column %llu): %s",
@@ -306,6 +306,7 @@ static wsync_status_t cuda_nonfinite(wsync_amax_tx_t *tx, const wsync_sender_t *
 #else
     (void)tx;
     (void)stream;
+    (void)deadline_ms;
 #endif
     return wsync_err(WSYNC_ERR_NONFINITE, "sender %d: a NaN or Inf in the FP8 per-tensor set %u "
                      "(its amax on the GPU), found in none of its chunks again", s->m.rank, k);
@@ -366,7 +367,7 @@ wsync_status_t wsync_amax_tx_partials(wsync_amax_tx_t *tx, const wsync_sender_t 
             if (u < 0x7f800000u) {   /* bits of |x|: not Inf, not NaN */
                 tx->amax[k] = g[k] > tx->amax[k] ? g[k] : tx->amax[k];
             } else if (bad == WSYNC_OK) {
-                st = cuda_nonfinite(tx, s, k, stream);
+                st = cuda_nonfinite(tx, s, k, stream, deadline_ms);
                 if (st == WSYNC_ERR_NONFINITE) {
                     keep_first(st, &bad, text, sizeof(text));
                     st = WSYNC_OK;

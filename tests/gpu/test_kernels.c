@@ -6,6 +6,7 @@
  * usage: test_kernels [--seed S] [--no-bench] [--json PATH]
  * Exit 0 when every case passed, 1 otherwise, 77 when there is no CUDA device. Not a ctest:
  * tests/gpu/run.sh runs it on a GPU machine. */
+#include "core/util.h"
 #include "kernels/kernels.h"
 #include "reshard/convert.h"
 #include "reshard/exec.h"
@@ -601,12 +602,13 @@ static void test_amax_parts(void)
             CU(cudaMemcpy(got, d_amax, sizeof(got), cudaMemcpyDeviceToHost));
             CHECK_MSG(bits_of(got[0]) >= 0x7f800000u, "trial %d: set 0's amax %08x with a %s",
                       trial, bits_of(got[0]), trial % 2 ? "Inf" : "NaN");
-            CHECK_ST(wsync_kernels_find_nonfinite(&qa[1], ws[1], NULL), WSYNC_ERR_NONFINITE);
+            CHECK_ST(wsync_kernels_find_nonfinite(&qa[1], ws[1], NULL, wsync_deadline_in(10000)),
+                     WSYNC_ERR_NONFINITE);
             snprintf(msg, sizeof(msg), "t: %s at row %" PRIu64 ", column %" PRIu64,
                      trial % 2 ? "Inf" : "NaN", r0[1] + r, c);
             CHECK_MSG(strcmp(wsync_last_error(), msg) == 0, "trial %d: \"%s\", want \"%s\"",
                       trial, wsync_last_error(), msg);
-            CHECK_OK(wsync_kernels_find_nonfinite(&qa[0], ws[0], NULL));
+            CHECK_OK(wsync_kernels_find_nonfinite(&qa[0], ws[0], NULL, wsync_deadline_in(10000)));
         }
         CU(cudaFree(d_out));
         CU(cudaFree(d_s));
