@@ -15,6 +15,7 @@
 #include "kernels/kernels.h"
 #include "reshard/exec.h"
 #include "schemes/store_amax.h"
+#include "schemes/store_fp8_tensor.h"
 #include "schemes/wire_amax.h"
 
 /* relay tag: a reader's FP8 chunks, to each sender it reads them from (store_delta.c has 1) */
@@ -24,7 +25,7 @@
 /* a reader's FP8 reads go in batches of at most this many bytes of host buffer (one larger
  * chunk gets a batch of its own) */
 #define BATCH_BYTES (64ull << 20)
-#define ALIGN 64u
+#define ALIGN STORE_FRX_ALIGN
 
 /* ---- a region and its rule: one sort key for senders' sets and readers' lookups ---------------- */
 
@@ -841,142 +842,6 @@ const store_fp8_row_t *wsync_store_fp8_find(const store_fp8_table_t *t, uint32_t
     return NULL;
 }
 
-typedef struct {
-    uint32_t seg;
-    uint64_t wire;                   /* its codes and scales in the batch buffer */
-    uint64_t plain;                  /* UINT64_MAX: packed by its sender; else its values there,
-                                        quantized here */
-    uint64_t hash;                   /* WSYNC_VERIFY: the sender's xxh3 of what arrived whole;
-                                        0: none to check */
-    float amax;                      /* per-tensor, quantized here: its whole target's */
-} fitem_t;
-
-struct store_frx {
-    uint32_t lo, hi;
-    uint8_t *buf;
-    size_t cap;
-    fitem_t *items;                  /* the batch on its way */
-    uint32_t nitems, cap_items;
-    uint32_t nsent, nlocal;          /* segments of the last version: packed by senders, here */
-    uint64_t v;                      /* the version being read */
-    /* per-tensor targets: each one's set (schemes/store_amax.h), by the plan's chunks */
-    uint64_t *ckey;                  /* [plan->nchunks] its set's key; 0: not per-tensor */
-    uint32_t *cset;                  /* [plan->nchunks] its set */
-    uint32_t nsets;
-    uint8_t *set_plain;              /* [nsets] this version: some chunk of it not in a table */
-    uint32_t *set_off;               /* [nsets + 1] set k's segments: set_seg[set_off[k], [k + 1]) */
-    uint32_t *set_seg;               /* our segments of a set, each set's ascending */
-};
-
-static uint64_t align_up(uint64_t x)
-{
-    return (x + ALIGN - 1) / ALIGN * ALIGN;
-}
-
-/* A count written in place, little-endian. */
-static void put_count(uint8_t *p, uint32_t n)
-{
-    for (int j = 0; j < 4; j++, n >>= 8)
-        p[j] = (uint8_t)n;
-}
-
-/* Our per-tensor targets' sets (their chunks, keyed: schemes/store_amax.h), told to sender 0,
- * which has every sender agree on their amaxes from a version on. */
-static wsync_status_t reader_sets(wsync_receiver_t *r, store_frx_t *f)
-{
-    const wsync_plan_t *plan = r->m.plan;
-    wsync_amax_sets_t sets;
-    store_amax_member_t *mem = NULL;
-    uint8_t *seen = NULL;
-    uint32_t nmem = 0;
-    wsync_wbuf_t b;
-    wsync_status_t rc = wsync_amax_sets_build(plan, &sets);
-
-    if (rc != WSYNC_OK || sets.nsets == 0)
-        return rc;
-    f->nsets = sets.nsets;
-    f->ckey = calloc(plan->nchunks, sizeof(*f->ckey));
-    f->cset = malloc((size_t)plan->nchunks * sizeof(*f->cset));
-    f->set_plain = calloc(sets.nsets, 1);
-    mem = malloc((size_t)(f->hi - f->lo + 1) * sizeof(*mem));
-    seen = calloc(plan->nchunks, 1);
-    wsync_wbuf_init(&b);
-    if (f->ckey == NULL || f->cset == NULL || f->set_plain == NULL || mem == NULL || seen == NULL) {
-        rc = wsync_err(WSYNC_ERR_NOMEM, "store: no memory for %u per-tensor sets", sets.nsets);
-        goto out;
-    }
-    memcpy(f->cset, sets.set, (size_t)plan->nchunks * sizeof(*f->cset));
-    /* each set's segments, by a counting sort on the set: a set's reads and its description walk
-     * only its own, not all of ours per set (44k MoE sets x 200k segments otherwise) */
-    f->set_off = calloc((size_t)sets.nsets + 1u, sizeof(*f->set_off));
-    f->set_seg = malloc((size_t)(f->hi - f->lo + 1) * sizeof(*f->set_seg));
-    if (f->set_off == NULL || f->set_seg == NULL) {
-        rc = wsync_err(WSYNC_ERR_NOMEM, "store: no memory for %u per-tensor sets", sets.nsets);
-        goto out;
-    }
-    for (uint32_t i = f->lo; i < f->hi; i++)
-        if (sets.set[r->m.segs[i].chunk] < sets.nsets)
-            f->set_off[sets.set[r->m.segs[i].chunk] + 1]++;
-    for (uint32_t k = 0; k < sets.nsets; k++)
-        f->set_off[k + 1] += f->set_off[k];
-    for (uint32_t i = f->lo; i < f->hi; i++) {
-        uint32_t k = sets.set[r->m.segs[i].chunk];
-        if (k < sets.nsets)   /* set_off[k] ends at set k + 1's start: moved back below */
-            f->set_seg[f->set_off[k]++] = i;
-    }
-    for (uint32_t k = sets.nsets; k > 0; k--)
-        f->set_off[k] = f->set_off[k - 1];
-    f->set_off[0] = 0;
-    uint32_t nput = 0;
-    wsync_put_u32(&b, 0);   /* the count, set below */
-    for (uint32_t k = 0; k < sets.nsets && rc == WSYNC_OK; k++) {
-        const wsync_wire_rule_t *rule = NULL;
-        nmem = 0;
-        for (uint32_t j = f->set_off[k]; j < f->set_off[k + 1]; j++) {
-            uint32_t ch = r->m.segs[f->set_seg[j]].chunk;
-            const wsync_chunk_t *c = &plan->chunks[ch];
-            if (seen[ch])
-                continue;
-            seen[ch] = 1;
-            rule = &plan->rules[c->rule - 1];
-            mem[nmem++] = (store_amax_member_t){c->sender, c->shard, c->src};
-        }
-        if (nmem == 0)
-            continue;   /* another receiver's (a plan of the whole group) */
-        uint64_t key = wsync_store_amax_key(rule, mem, nmem);
-        for (uint32_t j = f->set_off[k]; j < f->set_off[k + 1]; j++)
-            f->ckey[r->m.segs[f->set_seg[j]].chunk] = key;
-        if (b.len + 36u + (size_t)nmem * 40u > WSYNC_RELAY_MAX) {
-            if (nput == 0) {
-                rc = wsync_err(WSYNC_ERR_RANGE, "store: receiver %d: a per-tensor target of %u "
-                               "chunks exceeds one relay", r->m.rank, nmem);
-                break;
-            }
-            put_count(b.data, nput);
-            rc = wsync_member_relay_send(&r->m, WSYNC_ROLE_SENDER, 0, STORE_AMAX_SETS_TAG, b.data,
-                                         (uint32_t)b.len);
-            b.len = 0;
-            nput = 0;
-            wsync_put_u32(&b, 0);
-        }
-        wsync_store_amax_put_set(&b, key, rule, mem, nmem);
-        nput++;
-    }
-    if (rc == WSYNC_OK && b.err)
-        rc = wsync_err(WSYNC_ERR_NOMEM, "store: no memory for per-tensor sets");
-    if (rc == WSYNC_OK && nput > 0) {
-        put_count(b.data, nput);
-        rc = wsync_member_relay_send(&r->m, WSYNC_ROLE_SENDER, 0, STORE_AMAX_SETS_TAG, b.data,
-                                     (uint32_t)b.len);
-    }
-out:
-    wsync_wbuf_free(&b);
-    wsync_amax_sets_free(&sets);
-    free(mem);
-    free(seen);
-    return rc;
-}
-
 wsync_status_t wsync_store_frx_create(wsync_receiver_t *r, uint32_t lo, uint32_t hi,
                                       store_frx_t **out)
 {
@@ -997,7 +862,7 @@ wsync_status_t wsync_store_frx_create(wsync_receiver_t *r, uint32_t lo, uint32_t
     f->lo = lo;
     f->hi = hi;
     f->cap_items = n;
-    if ((rc = reader_sets(r, f)) != WSYNC_OK) {
+    if ((rc = wsync_store_frx_sets(r, f)) != WSYNC_OK) {
         wsync_store_frx_free(f);
         return rc;
     }
@@ -1098,7 +963,8 @@ static wsync_status_t unpack_cuda(wsync_receiver_t *r, const wsync_segment_t *sg
 }
 
 /* The batch's gets landed: quantize what came plain, then every segment into its target. */
-static wsync_status_t finish_batch(wsync_receiver_t *r, store_frx_t *f, const wsync_store_io_t *io,
+wsync_status_t wsync_store_frx_finish_batch(wsync_receiver_t *r, store_frx_t *f,
+                                            const wsync_store_io_t *io,
                                    void *stream)
 {
     const wsync_plan_t *plan = r->m.plan;
@@ -1106,7 +972,7 @@ static wsync_status_t finish_batch(wsync_receiver_t *r, store_frx_t *f, const ws
     int cuda = 0;
 
     for (uint32_t k = 0; k < f->nitems && rc == WSYNC_OK; k++) {
-        const fitem_t *it = &f->items[k];
+        const store_frx_item_t *it = &f->items[k];
         const wsync_segment_t *sg = &r->m.segs[it->seg];
         const wsync_target_desc_t *t = &r->targets[sg->target];
         wsync_chunk_t c = plan->chunks[sg->chunk];
@@ -1155,7 +1021,7 @@ static wsync_status_t finish_batch(wsync_receiver_t *r, store_frx_t *f, const ws
 
 /* Segment i's chunk's plain values from its sender's shard, dense [rows, cols] into `to` (through
  * the checksums under WSYNC_VERIFY). */
-static wsync_status_t get_plain(wsync_receiver_t *r, const wsync_store_io_t *io,
+wsync_status_t wsync_store_frx_get_plain(wsync_receiver_t *r, const wsync_store_io_t *io,
                                 wsync_store_verified_fn verified, void *varg,
                                 const wsync_dir_entry_t *en, uint64_t v, uint32_t i,
                                 const wsync_chunk_t *c, uint8_t *to)
@@ -1208,7 +1074,7 @@ static const store_fp8_row_t *find_packed(const wsync_receiver_t *r, const store
 }
 
 /* Room for `need` bytes in the batch buffer (nothing in flight: it may move). */
-static wsync_status_t batch_room(wsync_receiver_t *r, store_frx_t *f, uint64_t need)
+wsync_status_t wsync_store_frx_batch_room(wsync_receiver_t *r, store_frx_t *f, uint64_t need)
 {
     if (need <= f->cap)
         return WSYNC_OK;
@@ -1220,61 +1086,6 @@ static wsync_status_t batch_room(wsync_receiver_t *r, store_frx_t *f, uint64_t n
     f->buf = p;
     f->cap = want;
     return WSYNC_OK;
-}
-
-/* Per-tensor set k, some chunk of which no table holds: every chunk of it read plain, the
- * target's amax over them all, each quantized with it (the bytes its senders would have sent). */
-static wsync_status_t tensor_plain(wsync_receiver_t *r, store_frx_t *f, const wsync_store_io_t *io,
-                                   wsync_store_verified_fn verified, void *varg,
-                                   const wsync_dir_entry_t *e, uint64_t v, uint32_t k,
-                                   void *stream, uint64_t *bytes)
-{
-    const wsync_plan_t *plan = r->m.plan;
-    uint64_t need = 0, used = 0;
-    float amax = 0.0f;
-    wsync_status_t rc;
-
-    /* set k's segments only (set_seg, ascending as before) */
-    for (uint32_t j = f->set_off[k]; j < f->set_off[k + 1]; j++) {
-        const wsync_chunk_t *c = &plan->chunks[r->m.segs[f->set_seg[j]].chunk];
-        if (c->rule != 0)
-            need += align_up(wsync_chunk_wire_bytes(c)) +
-                    align_up(c->src.rows * c->src.cols * wsync_dtype_size(c->dtype));
-    }
-    if ((rc = batch_room(r, f, need)) != WSYNC_OK)
-        return rc;
-    f->nitems = 0;
-    for (uint32_t j = f->set_off[k]; j < f->set_off[k + 1] && rc == WSYNC_OK; j++) {
-        uint32_t i = f->set_seg[j];
-        const wsync_chunk_t *c = &plan->chunks[r->m.segs[i].chunk];
-        if (c->rule == 0)
-            continue;
-        uint64_t plain = c->src.rows * c->src.cols * wsync_dtype_size(c->dtype);
-        fitem_t *it = &f->items[f->nitems++];
-        *it = (fitem_t){i, used, used + align_up(wsync_chunk_wire_bytes(c)), 0, 0.0f};
-        rc = get_plain(r, io, verified, varg, &e[c->sender], v, i, c, f->buf + it->plain);
-        used += align_up(wsync_chunk_wire_bytes(c)) + align_up(plain);
-        *bytes += plain;
-        f->nlocal++;
-    }
-    if (rc == WSYNC_OK)
-        rc = io->flush(io->arg);
-    for (uint32_t j = 0; j < f->nitems && rc == WSYNC_OK; j++) {
-        const wsync_segment_t *sg = &r->m.segs[f->items[j].seg];
-        wsync_chunk_t pc = plan->chunks[sg->chunk];
-        float a = 0.0f;
-        pc.src = (wsync_region_t){0, pc.src.cols, pc.src.rows, pc.src.cols};
-        rc = wsync_exec_amax_wire(plan, &pc, r->targets[sg->target].pieces[sg->piece].param.name,
-                                  f->buf + f->items[j].plain, &a);
-        amax = WSYNC_MAX(amax, a);
-    }
-    for (uint32_t j = 0; j < f->nitems; j++)
-        f->items[j].amax = amax;
-    if (rc != WSYNC_OK) {
-        f->nitems = 0;
-        return rc;
-    }
-    return finish_batch(r, f, io, stream);
 }
 
 wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const wsync_store_io_t *io,
@@ -1317,18 +1128,18 @@ wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const w
         size_t esz = wsync_dtype_size(c->dtype);
         uint64_t nb = wsync_chunk_wire_bytes(c), dr = 0, plain = c->src.rows * c->src.cols * esz;
         const store_fp8_row_t *x = find_packed(r, f, tabs, c, sg->chunk, &dr);
-        uint64_t need = align_up(nb) + (x == NULL ? align_up(plain) : 0);
+        uint64_t need = wsync_store_frx_align(nb) + (x == NULL ? wsync_store_frx_align(plain) : 0);
         if (f->nitems > 0 && used + need > f->cap) {
-            if ((rc = finish_batch(r, f, io, stream)) != WSYNC_OK)
+            if ((rc = wsync_store_frx_finish_batch(r, f, io, stream)) != WSYNC_OK)
                 return rc;
             used = 0;
         }
-        if (used + need > f->cap && (rc = batch_room(r, f, need)) != WSYNC_OK)
+        if (used + need > f->cap && (rc = wsync_store_frx_batch_room(r, f, need)) != WSYNC_OK)
             return rc;
-        fitem_t *it = &f->items[f->nitems++];
+        store_frx_item_t *it = &f->items[f->nitems++];
         it->seg = i;
         it->wire = used;
-        it->plain = x == NULL ? used + align_up(nb) : UINT64_MAX;
+        it->plain = x == NULL ? used + wsync_store_frx_align(nb) : UINT64_MAX;
         it->hash = 0;
         it->amax = 0.0f;
         if (x != NULL) {   /* its sender's codes and scales: one get, or codes and scales apart */
@@ -1352,17 +1163,17 @@ wsync_status_t wsync_store_frx_read(wsync_receiver_t *r, store_frx_t *f, const w
             *bytes += nb;
             f->nsent++;
         } else {           /* not in its table (yet): its values, quantized here */
-            rc = get_plain(r, io, verified, varg, en, v, i, c, f->buf + it->plain);
+            rc = wsync_store_frx_get_plain(r, io, verified, varg, en, v, i, c, f->buf + it->plain);
             *bytes += plain;
             f->nlocal++;
         }
         used += need;
     }
     if (rc == WSYNC_OK)
-        rc = finish_batch(r, f, io, stream);
+        rc = wsync_store_frx_finish_batch(r, f, io, stream);
     for (uint32_t k = 0; k < f->nsets && rc == WSYNC_OK; k++)
         if (f->set_plain[k])
-            rc = tensor_plain(r, f, io, verified, varg, e, v, k, stream, bytes);
+            rc = wsync_store_frx_tensor_plain(r, f, io, verified, varg, e, v, k, stream, bytes);
     if (rc == WSYNC_OK)
         WSYNC_LOG_D("store: receiver %d: version %llu: %u FP8 segments as their senders packed "
                     "them, %u read plain and quantized here", r->m.rank, (unsigned long long)v,
