@@ -634,6 +634,31 @@ __device__ __forceinline__ uint64_t wk_hash_finish(const uint64_t *hx, const uin
  * what the warp encoder leaves, tail blocks and chunks it cannot take), all of element size E.
  * Shared memory (dynamic): the new values [WK_DBLK * E], then the payload being built
  * [WK_DBLK * E] (the changed flags before it). */
+/* An encoded block's table entry (and the chunk's header from its first block), its hash leaf
+ * and its share of the chunk's results: one thread of the block's encoder. */
+template <int E>
+__device__ __forceinline__ void wk_block_entry(const wk_dchunk_t &d, uint32_t j, uint64_t g,
+                                               uint64_t off, uint64_t pos, uint64_t size,
+                                               uint32_t mode, uint32_t e, uint32_t k,
+                                               uint64_t leaf, uint64_t *leaves,
+                                               wsync_kdelta_result_t *res)
+{
+    if (16 + 8 * ((uint64_t)j + 1) <= d.cap)
+        reinterpret_cast<uint64_t *>(d.out + 16)[j] =
+            off | ((uint64_t)((mode << 30) | (e << 16) | k) << 32);
+    if (j == 0 && d.cap >= 16) {
+        reinterpret_cast<uint64_t *>(d.out)[0] =
+            WSYNC_DELTA_MAGIC | ((uint64_t)WSYNC_DELTA_FORMAT << 32) | ((uint64_t)E << 40);
+        reinterpret_cast<uint64_t *>(d.out)[1] = d.n;
+    }
+    leaves[g] = leaf;
+    if (k > 0)
+        atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
+                  (unsigned long long)k);
+    if (j == d.nb - 1)
+        res[d.idx].len = pos + size;
+}
+
 template <int E>
 __global__ void __launch_bounds__(WK_THREADS, WK_DMIN_BLOCKS)
 wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap, uint64_t g0,
@@ -761,22 +786,8 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
     const uint64_t tbl = 16 + 8 * (uint64_t)d.nb, pos = tbl + off;
 
     /* 4. table entry, header, results */
-    if (tid == 0) {
-        if (16 + 8 * ((uint64_t)j + 1) <= d.cap)
-            reinterpret_cast<uint64_t *>(d.out + 16)[j] =
-                off | ((uint64_t)((mode << 30) | (e << 16) | k) << 32);
-        if (j == 0 && d.cap >= 16) {
-            reinterpret_cast<uint64_t *>(d.out)[0] =
-                WSYNC_DELTA_MAGIC | ((uint64_t)WSYNC_DELTA_FORMAT << 32) | ((uint64_t)E << 40);
-            reinterpret_cast<uint64_t *>(d.out)[1] = d.n;
-        }
-        leaves[g] = sh_leaf;
-        if (k > 0)
-            atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
-                      (unsigned long long)k);
-        if (j == d.nb - 1)
-            res[d.idx].len = pos + size;
-    }
+    if (tid == 0)
+        wk_block_entry<E>(d, j, g, off, pos, size, mode, e, k, sh_leaf, leaves, res);
 
     /* 5. the payload, built in shared memory and copied out in 8-byte words */
     if (size > 0 && pos + size <= d.cap) {
@@ -1019,22 +1030,8 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     const uint64_t pos = 16 + 8 * (uint64_t)d.nb + off;
 
     /* 4. table entry, header, results */
-    if (lane == 0) {
-        if (16 + 8 * ((uint64_t)j + 1) <= d.cap)
-            reinterpret_cast<uint64_t *>(d.out + 16)[j] =
-                off | ((uint64_t)((mode << 30) | (e << 16) | k) << 32);
-        if (j == 0 && d.cap >= 16) {
-            reinterpret_cast<uint64_t *>(d.out)[0] =
-                WSYNC_DELTA_MAGIC | ((uint64_t)WSYNC_DELTA_FORMAT << 32) | ((uint64_t)E << 40);
-            reinterpret_cast<uint64_t *>(d.out)[1] = d.n;
-        }
-        leaves[g] = leaf;
-        if (k > 0)
-            atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
-                      (unsigned long long)k);
-        if (j == d.nb - 1)
-            res[d.idx].len = pos + size;
-    }
+    if (lane == 0)
+        wk_block_entry<E>(d, j, g, off, pos, size, mode, e, k, leaf, leaves, res);
 
     /* 5. the payload, straight to the output; the baseline's changed values */
     const bool fits = size > 0 && pos + size <= d.cap;
