@@ -272,6 +272,31 @@ static uint8_t *get_blob(wsync_rbuf_t *in, uint32_t *len)
     return b;
 }
 
+wsync_status_t wsync_dir_chunk_span(const wsync_dir_entry_t *en, const wsync_chunk_t *c,
+                                    uint64_t v, const struct wsync_dir_region **rg,
+                                    uint64_t *first)
+{
+    size_t esz = wsync_dtype_size(c->dtype);
+
+    if (c->shard >= en->nshards)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's directory entry for version "
+                         "%llu has %u shards; the plan reads shard %u", c->sender,
+                         (unsigned long long)v, en->nshards, c->shard);
+    const struct wsync_dir_shard *sh = &en->shards[c->shard];
+    const struct wsync_dir_region *g = &en->regions[sh->region];
+    uint64_t lo = sh->addr + c->src.off * esz;
+    uint64_t hi = sh->addr + (c->src.off + (c->src.rows - 1) * c->src.pitch + c->src.cols) * esz;
+    if (c->src.rows == 0 || lo < g->base || hi > g->base + g->len || hi < lo)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "store: version %llu: sender %u shard %u: the plan "
+                         "reads [%llu, %llu) outside its registered region [%llu, +%llu)",
+                         (unsigned long long)v, c->sender, c->shard, (unsigned long long)lo,
+                         (unsigned long long)hi, (unsigned long long)g->base,
+                         (unsigned long long)g->len);
+    *rg = g;
+    *first = lo;
+    return WSYNC_OK;
+}
+
 wsync_status_t wsync_dir_entry_decode(wsync_rbuf_t *in, wsync_dir_entry_t *e)
 {
     memset(e, 0, sizeof(*e));

@@ -53,6 +53,7 @@
 #include <stdint.h>
 
 #include "core/wire.h"
+#include "reshard/plan.h"
 #include "wsync/wsync.h"
 
 enum {
@@ -182,6 +183,13 @@ void wsync_dir_entry_encode(const wsync_dir_entry_t *e, wsync_wbuf_t *out);
 /* Strict: sizes bounded, shard addresses inside their region, a delta table inside its
  * region. */
 wsync_status_t wsync_dir_entry_decode(wsync_rbuf_t *in, wsync_dir_entry_t *e);
+/* Where chunk c of version v lies in its sender's directory entry en: the registered region
+ * holding its rows (*rg) and its first byte in the sender's address space (*first). A chunk of
+ * no rows, a shard the entry lacks or rows outside the region is PROTOCOL naming the sender,
+ * shard and bytes: a wrong address never reaches the wire. */
+wsync_status_t wsync_dir_chunk_span(const wsync_dir_entry_t *en, const wsync_chunk_t *c,
+                                    uint64_t v, const struct wsync_dir_region **rg,
+                                    uint64_t *first);
 void wsync_dir_entry_clear(wsync_dir_entry_t *e);
 
 /* SCHEME_SETUP and SCHEME_RELAY: bytes a scheme sends to one member or to all the others through

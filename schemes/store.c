@@ -1334,21 +1334,11 @@ static wsync_status_t read_version_in(wsync_receiver_t *r, store_receiver_t *st,
         int direct = land_dtype == c->dtype;
         wsync_rma_rkey_t *key = NULL;
 
-        if (c->shard >= en->nshards)
-            return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's directory entry for version "
-                             "%llu has %u shards; the plan reads shard %u", c->sender,
-                             (unsigned long long)v, en->nshards, c->shard);
+        const struct wsync_dir_region *rg = NULL;
+        uint64_t first = 0;
+        if ((rc = wsync_dir_chunk_span(en, c, v, &rg, &first)) != WSYNC_OK)
+            return rc;
         const struct wsync_dir_shard *sh = &en->shards[c->shard];
-        const struct wsync_dir_region *rg = &en->regions[sh->region];
-        /* refuse reads the directory does not cover: a wrong address never reaches the wire */
-        uint64_t first = sh->addr + c->src.off * esz;
-        uint64_t last = sh->addr + (c->src.off + (c->src.rows - 1) * c->src.pitch + c->src.cols) * esz;
-        if (c->src.rows == 0 || first < rg->base || last > rg->base + rg->len || last < first)
-            return wsync_err(WSYNC_ERR_PROTOCOL, "store: version %llu: sender %u shard %u: the plan "
-                             "reads [%llu, %llu) outside its registered region [%llu, +%llu)",
-                             (unsigned long long)v, c->sender, c->shard,
-                             (unsigned long long)first, (unsigned long long)last,
-                             (unsigned long long)rg->base, (unsigned long long)rg->len);
         rc = rkey_for(st, c->sender, rg->rkey, rg->rkey_len, &key);
         if (rc != WSYNC_OK)
             return from_sender(r, rc, (int)c->sender, v);

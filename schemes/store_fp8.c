@@ -1027,21 +1027,12 @@ wsync_status_t wsync_store_frx_get_plain(wsync_receiver_t *r, const wsync_store_
                                 const wsync_chunk_t *c, uint8_t *to)
 {
     size_t esz = wsync_dtype_size(c->dtype);
-    wsync_status_t rc = WSYNC_OK;
+    const struct wsync_dir_region *g = NULL;
+    uint64_t first = 0;
+    wsync_status_t rc = wsync_dir_chunk_span(en, c, v, &g, &first);
 
-    if (c->shard >= en->nshards)
-        return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %u's directory entry for version %llu "
-                         "has %u shards; the plan reads shard %u", c->sender,
-                         (unsigned long long)v, en->nshards, c->shard);
-    const struct wsync_dir_shard *sh = &en->shards[c->shard];
-    const struct wsync_dir_region *g = &en->regions[sh->region];
-    uint64_t first = sh->addr + c->src.off * esz;
-    uint64_t last = first + ((c->src.rows - 1) * c->src.pitch + c->src.cols) * esz;
-    if (first < g->base || last > g->base + g->len || last < first)
-        return wsync_err(WSYNC_ERR_PROTOCOL, "store: version %llu: sender %u shard %u: the plan "
-                         "reads [%llu, %llu) outside its registered region",
-                         (unsigned long long)v, c->sender, c->shard, (unsigned long long)first,
-                         (unsigned long long)last);
+    if (rc != WSYNC_OK)
+        return rc;
     if (r->m.ctx->verify)
         return verified(varg, i, to);
     if (c->src.pitch == c->src.cols)
