@@ -130,8 +130,6 @@ static int sender_main(void *arg)
     if (fg_sender_open(&fs, m, &sp, params, NPARAMS, value_bf16) != 0)
         return 1;
     for (uint64_t v = 1; v <= g->last; v++) {
-        wsync_status_t st;
-        long long t0;
         if (s == 1 && v == (uint64_t)g->die_version) {
             usleep(300000);   /* sender 0 is waiting for our amax by now */
             _exit(0);
@@ -139,15 +137,9 @@ static int sender_main(void *arg)
         fg_sender_fill(&fs, v);
         if (s == 1 && v == (uint64_t)g->nan_version)   /* o's row 130 (its row 2), column 7 */
             fs.data[P_O][2 * params[P_O].cols + 7] = 0x7fc0;
-        t0 = proc_now_ms();
-        st = wsync_sender_push(fs.snd, v);
-        if (st != WSYNC_OK) {
-            g->res->status[s] = (int)st;
-            snprintf(g->res->text[s], sizeof(g->res->text[s]), "%s", wsync_last_error());
-            if (s == 0)
-                g->res->fail_ms = proc_now_ms() - t0;
+        if (fg_push_noted(&fs, v, &g->res->status[s], g->res->text[s], sizeof(g->res->text[s]),
+                          s == 0 ? &g->res->fail_ms : NULL) != WSYNC_OK)
             break;
-        }
         wsync_push_stats_t stats;
         CHECK_OK(wsync_sender_stats(fs.snd, &stats));
         g->res->delivered[s] = stats.bytes_delivered;

@@ -222,15 +222,9 @@ static int sender_main(void *arg)
             fs.data[P_O][2 * params[P_O].cols + 7] = 0x7fc0;
         if (cuda)
             upload(&fs, dev);
-        long long t0 = proc_now_ms();
-        wsync_status_t st = wsync_sender_push(fs.snd, v);
-        if (st != WSYNC_OK) {
-            g->res->status[s] = (int)st;
-            snprintf(g->res->text[s], sizeof(g->res->text[s]), "%s", wsync_last_error());
-            if (s == 0)
-                g->res->fail_ms = proc_now_ms() - t0;
+        if (fg_push_noted(&fs, v, &g->res->status[s], g->res->text[s], sizeof(g->res->text[s]),
+                          s == 0 ? &g->res->fail_ms : NULL) != WSYNC_OK)
             break;
-        }
         wsync_push_stats_t stats;
         CHECK_OK(wsync_sender_stats(fs.snd, &stats));
         g->res->packed[s][v] = stats.bytes_packed;

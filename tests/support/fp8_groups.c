@@ -203,6 +203,21 @@ void fg_sender_fill(fg_sender_t *fs, uint64_t v)
     }
 }
 
+wsync_status_t fg_push_noted(fg_sender_t *fs, uint64_t v, int *status, char *text, size_t len,
+                             long long *fail_ms)
+{
+    long long t0 = proc_now_ms();
+    wsync_status_t st = wsync_sender_push(fs->snd, v);
+
+    if (st != WSYNC_OK) {
+        *status = (int)st;
+        snprintf(text, len, "%s", wsync_last_error());
+        if (fail_ms != NULL)
+            *fail_ms = proc_now_ms() - t0;
+    }
+    return st;
+}
+
 int fg_sender_close(fg_sender_t *fs, int linger)
 {
     if (linger && fs->rank == 0)

@@ -102,6 +102,10 @@ int fg_sender_open(fg_sender_t *fs, const fg_member_t *m, const wsync_sender_par
                    const fg_pspec_t *params, int nparams, fg_value_fn value);
 /* Writes version v's values into every shard. */
 void fg_sender_fill(fg_sender_t *fs, uint64_t v);
+/* Push version v; a failure is noted: its status and text into *status and text[len], and, with
+ * fail_ms given, how long the failed push took. Returns the push's status. */
+wsync_status_t fg_push_noted(fg_sender_t *fs, uint64_t v, int *status, char *text, size_t len,
+                             long long *fail_ms);
 /* With `linger`, sender 0 (the coordinator's host) waits 1 s first, while the others hear why
  * the group failed. Frees the sender, its shards and context; returns the process's exit code
  * (1 if any CHECK failed in it). */
