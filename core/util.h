@@ -9,6 +9,12 @@
 #define WSYNC_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define WSYNC_MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* v rounded up to a multiple of a (a > 0). */
+static inline uint64_t wsync_align_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
 /* Monotonic clock in nanoseconds / milliseconds. */
 uint64_t wsync_now_ns(void);
 static inline int64_t wsync_now_ms(void) { return (int64_t)(wsync_now_ns() / 1000000u); }
