@@ -461,33 +461,27 @@ static wsync_status_t publish_fp8(wsync_sender_t *s, store_sender_t *st, const s
     return rc;
 }
 
-static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
+/* This version's directory entry: the snapshot slot (taken and filled) or the shards in place,
+ * one region each; *slp the slot (NULL in place). On failure nothing is left allocated. */
+static wsync_status_t entry_fill(wsync_sender_t *s, store_sender_t *st, uint64_t version,
+                                 wsync_dir_entry_t *e, store_slot_t **slp)
 {
-    store_sender_t *st = s->m.scheme_state;
-    const uint16_t types[] = {WSYNC_MSG_PUBLISHED, WSYNC_MSG_FREE};
-    wsync_dir_entry_t e;
-    wsync_wbuf_t b;
-    wsync_status_t rc;
-    wsync_msg_t *msg;
     store_slot_t *sl = NULL;
+    wsync_status_t rc;
 
-    /* versions the coordinator evicted since the last push free their snapshots first */
-    while (wsync_inbox_pop(&s->m.inbox, types + 1, 1, 0, &msg) == WSYNC_OK) {
-        handle_free(st, msg);
-        wsync_msg_free(msg);
-    }
-    memset(&e, 0, sizeof(e));
-    e.sender = (uint32_t)s->m.rank;
-    e.transport = (char *)st->rma->name;
-    e.addr = st->addr;
-    e.addr_len = (uint32_t)st->addr_len;
-    e.nshards = (uint32_t)s->nshards;
-    e.shards = calloc(s->nshards + 1, sizeof(*e.shards));
+    memset(e, 0, sizeof(*e));
+    *slp = NULL;
+    e->sender = (uint32_t)s->m.rank;
+    e->transport = (char *)st->rma->name;
+    e->addr = st->addr;
+    e->addr_len = (uint32_t)st->addr_len;
+    e->nshards = (uint32_t)s->nshards;
+    e->shards = calloc(s->nshards + 1, sizeof(*e->shards));
     /* regions beside the shards': the delta buffer, or the FP8 wire slot */
-    e.regions = calloc(st->snap ? 3 : s->nshards + 2, sizeof(*e.regions));
-    if (e.shards == NULL || e.regions == NULL) {
-        free(e.shards);
-        free(e.regions);
+    e->regions = calloc(st->snap ? 3 : s->nshards + 2, sizeof(*e->regions));
+    if (e->shards == NULL || e->regions == NULL) {
+        free(e->shards);
+        free(e->regions);
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
     }
     if (st->snap) {
@@ -495,105 +489,77 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
         if (rc == WSYNC_OK)
             rc = snapshot_copy(s, st, sl);
         if (rc != WSYNC_OK) {
-            free(e.shards);
-            free(e.regions);
+            free(e->shards);
+            free(e->regions);
             return rc;
         }
         for (size_t i = 0; i < s->nshards; i++) {
-            e.shards[i].region = 0;
-            e.shards[i].addr = (uint64_t)(uintptr_t)sl->base + st->shard_off[i];
+            e->shards[i].region = 0;
+            e->shards[i].addr = (uint64_t)(uintptr_t)sl->base + st->shard_off[i];
         }
         sl->version = version;
         s->stats.bytes_delivered = st->total;   /* published: readers take what they need later */
-        e.nregions = 1;
-        e.regions[0].base = (uint64_t)(uintptr_t)sl->base;
-        e.regions[0].len = sl->bytes;
-        e.regions[0].rkey = sl->rkey;
-        e.regions[0].rkey_len = (uint32_t)sl->rkey_len;
+        e->nregions = 1;
+        e->regions[0].base = (uint64_t)(uintptr_t)sl->base;
+        e->regions[0].len = sl->bytes;
+        e->regions[0].rkey = sl->rkey;
+        e->regions[0].rkey_len = (uint32_t)sl->rkey_len;
         s->stats.bytes_packed += st->total;
     } else {
         s->stats.bytes_delivered = st->total;
-        e.nregions = (uint32_t)s->nshards;
+        e->nregions = (uint32_t)s->nshards;
         for (size_t i = 0; i < s->nshards; i++) {
-            e.regions[i].base = (uint64_t)(uintptr_t)st->slots[i].base;
-            e.regions[i].len = st->slots[i].bytes;
-            e.regions[i].rkey = st->slots[i].rkey;
-            e.regions[i].rkey_len = (uint32_t)st->slots[i].rkey_len;
-            e.shards[i].region = (uint32_t)i;
-            e.shards[i].addr = (uint64_t)(uintptr_t)st->slots[i].base;
+            e->regions[i].base = (uint64_t)(uintptr_t)st->slots[i].base;
+            e->regions[i].len = st->slots[i].bytes;
+            e->regions[i].rkey = st->slots[i].rkey;
+            e->regions[i].rkey_len = (uint32_t)st->slots[i].rkey_len;
+            e->shards[i].region = (uint32_t)i;
+            e->shards[i].addr = (uint64_t)(uintptr_t)st->slots[i].base;
         }
     }
-    if (st->ftx != NULL && (rc = publish_fp8(s, st, sl, version, &e)) != WSYNC_OK) {
-        if (sl != NULL)
-            sl->version = 0;
-        free(e.shards);
-        free(e.regions);
-        return rc;
-    }
-    if (st->dtx != NULL && (rc = wsync_store_dtx_publish(s, st->dtx, version, st->stream, &e)) !=
-                               WSYNC_OK) {
-        if (sl != NULL)
-            sl->version = 0;
-        free(e.shards);
-        free(e.regions);
-        return rc;
-    }
-    wsync_wbuf_init(&b);
-    wsync_put_u64(&b, version);
-    wsync_dir_entry_encode(&e, &b);
-    /* then the checksums: u64 block bytes (0: none), u32 nshards, and per shard u64 bytes and
-     * one u64 xxh3 per block, of the bytes as published */
-    wsync_put_u64(&b, st->verify ? VERIFY_BLOCK : 0);
-    rc = WSYNC_OK;
-    if (st->verify) {
-        wsync_put_u32(&b, (uint32_t)s->nshards);
-        for (size_t i = 0; i < s->nshards && rc == WSYNC_OK; i++) {
-            const uint8_t *p = (const uint8_t *)(uintptr_t)e.shards[i].addr;
-            int on_dev = !st->snap && s->shards[i].mem == WSYNC_MEM_CUDA;
-            wsync_put_u64(&b, st->shard_bytes[i]);
-            for (size_t o = 0; o < st->shard_bytes[i] && rc == WSYNC_OK; o += VERIFY_BLOCK) {
-                size_t n = WSYNC_MIN(VERIFY_BLOCK, st->shard_bytes[i] - o);
-                const uint8_t *q = p + o;
-                if (on_dev) {   /* in place on the GPU: hashed from a host copy of the block */
-                    rc = device_block(s, st, q, n);
-                    q = st->hashbuf;
-                }
-                if (rc == WSYNC_OK)
-                    wsync_put_u64(&b, XXH3_64bits(q, n));
+    *slp = sl;
+    return WSYNC_OK;
+}
+
+/* The checksums after the entry: u64 block bytes (0: none), u32 nshards, and per shard u64 bytes
+ * and one u64 xxh3 per block, of the bytes as published. */
+static wsync_status_t put_checksums(wsync_sender_t *s, store_sender_t *st,
+                                    const wsync_dir_entry_t *e, wsync_wbuf_t *b)
+{
+    wsync_status_t rc = WSYNC_OK;
+
+    wsync_put_u64(b, st->verify ? VERIFY_BLOCK : 0);
+    if (!st->verify)
+        return WSYNC_OK;
+    wsync_put_u32(b, (uint32_t)s->nshards);
+    for (size_t i = 0; i < s->nshards && rc == WSYNC_OK; i++) {
+        const uint8_t *p = (const uint8_t *)(uintptr_t)e->shards[i].addr;
+        int on_dev = !st->snap && s->shards[i].mem == WSYNC_MEM_CUDA;
+        wsync_put_u64(b, st->shard_bytes[i]);
+        for (size_t o = 0; o < st->shard_bytes[i] && rc == WSYNC_OK; o += VERIFY_BLOCK) {
+            size_t n = WSYNC_MIN(VERIFY_BLOCK, st->shard_bytes[i] - o);
+            const uint8_t *q = p + o;
+            if (on_dev) {   /* in place on the GPU: hashed from a host copy of the block */
+                rc = device_block(s, st, q, n);
+                q = st->hashbuf;
             }
+            if (rc == WSYNC_OK)
+                wsync_put_u64(b, XXH3_64bits(q, n));
         }
     }
-    wsync_store_ftx_table(st->ftx, &b);
-    if (rc != WSYNC_OK) {
-        free(e.shards);
-        free(e.regions);
-        wsync_wbuf_free(&b);
-        wsync_store_ftx_abandon(st->ftx);
-        wsync_store_dtx_abandon(st->dtx);
-        wsync_store_dtx_release(st->dtx, version);
-        return rc;
-    }
-    free(e.shards);
-    free(e.regions);
-    if (WSYNC_FAULT(WSYNC_FAULT_STORE_PUBLISH) == WSYNC_FAULT_FAIL) {
-        char where[96];
-        snprintf(where, sizeof(where), "store sender %d publishing version %llu", s->m.rank,
-                 (unsigned long long)version);
-        wsync_wbuf_free(&b);
-        wsync_store_ftx_abandon(st->ftx);
-        wsync_store_dtx_abandon(st->dtx);
-        wsync_store_dtx_release(st->dtx, version);
-        return wsync_fault_err(WSYNC_FAULT_STORE_PUBLISH, where);
-    }
-    rc = b.err ? wsync_err(WSYNC_ERR_NOMEM, "store: no memory")
-               : wsync_conn_send(s->m.ctrl, WSYNC_MSG_PUBLISH, b.data, (uint32_t)b.len, NULL, 0,
-                                 s->m.timeout_ms);
-    wsync_wbuf_free(&b);
-    if (rc != WSYNC_OK)
-        return rc;
-    /* the version is in the store once every sender published it */
+    return rc;
+}
+
+/* The version is in the store once every sender published it: PUBLISHED, freeing evicted
+ * versions' snapshots meanwhile. */
+static wsync_status_t await_published(wsync_sender_t *s, store_sender_t *st, uint64_t version)
+{
+    const uint16_t types[] = {WSYNC_MSG_PUBLISHED, WSYNC_MSG_FREE};
+    wsync_msg_t *msg;
+
     for (;;) {
-        rc = wsync_inbox_pop(&s->m.inbox, types, 2, wsync_deadline_in(s->m.timeout_ms), &msg);
+        wsync_status_t rc = wsync_inbox_pop(&s->m.inbox, types, 2,
+                                            wsync_deadline_in(s->m.timeout_ms), &msg);
         if (rc == WSYNC_ERR_TIMEOUT)
             return wsync_err(rc, "store: sender %d: version %llu was not published by every sender "
                              "within %d ms", s->m.rank, (unsigned long long)version,
@@ -618,6 +584,60 @@ static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
     }
 }
 
+static wsync_status_t store_sender_push(wsync_sender_t *s, uint64_t version)
+{
+    store_sender_t *st = s->m.scheme_state;
+    const uint16_t free_type = WSYNC_MSG_FREE;
+    wsync_dir_entry_t e;
+    wsync_wbuf_t b;
+    wsync_status_t rc;
+    wsync_msg_t *msg;
+    store_slot_t *sl = NULL;
+
+    /* versions the coordinator evicted since the last push free their snapshots first */
+    while (wsync_inbox_pop(&s->m.inbox, &free_type, 1, 0, &msg) == WSYNC_OK) {
+        handle_free(st, msg);
+        wsync_msg_free(msg);
+    }
+    if ((rc = entry_fill(s, st, version, &e, &sl)) != WSYNC_OK)
+        return rc;
+    if ((st->ftx != NULL && (rc = publish_fp8(s, st, sl, version, &e)) != WSYNC_OK) ||
+        (st->dtx != NULL &&
+         (rc = wsync_store_dtx_publish(s, st->dtx, version, st->stream, &e)) != WSYNC_OK)) {
+        if (sl != NULL)
+            sl->version = 0;
+        free(e.shards);
+        free(e.regions);
+        return rc;
+    }
+    wsync_wbuf_init(&b);
+    wsync_put_u64(&b, version);
+    wsync_dir_entry_encode(&e, &b);
+    rc = put_checksums(s, st, &e, &b);
+    wsync_store_ftx_table(st->ftx, &b);
+    free(e.shards);
+    free(e.regions);
+    if (rc == WSYNC_OK && WSYNC_FAULT(WSYNC_FAULT_STORE_PUBLISH) == WSYNC_FAULT_FAIL) {
+        char where[96];
+        snprintf(where, sizeof(where), "store sender %d publishing version %llu", s->m.rank,
+                 (unsigned long long)version);
+        rc = wsync_fault_err(WSYNC_FAULT_STORE_PUBLISH, where);
+    }
+    if (rc != WSYNC_OK) {
+        wsync_wbuf_free(&b);
+        wsync_store_ftx_abandon(st->ftx);
+        wsync_store_dtx_abandon(st->dtx);
+        wsync_store_dtx_release(st->dtx, version);
+        return rc;
+    }
+    rc = b.err ? wsync_err(WSYNC_ERR_NOMEM, "store: no memory")
+               : wsync_conn_send(s->m.ctrl, WSYNC_MSG_PUBLISH, b.data, (uint32_t)b.len, NULL, 0,
+                                 s->m.timeout_ms);
+    wsync_wbuf_free(&b);
+    if (rc != WSYNC_OK)
+        return rc;
+    return await_published(s, st, version);
+}
 
 /* ---- receiver ---------------------------------------------------------------------------------- */
 
