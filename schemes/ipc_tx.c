@@ -234,6 +234,98 @@ wsync_status_t wsync_ipc_push_body(wsync_sender_t *s, ipc_sender_t *st, uint64_t
     return rc;
 }
 
+/* Bucket k into its staging slot, once the slot's previous bucket was released by all who
+ * needed it: CUDA chunks by the pack kernels (FP8 ones quantized), host chunks by the CPU meanwhile
+ * (per-tensor FP8 ones with the agreed amax), then the GPU's packs waited for. */
+static wsync_status_t stage_bucket(wsync_sender_t *s, ipc_sender_t *st, uint64_t version,
+                                   uint32_t k, uint32_t slot, const wsync_amax_sets_t *sets,
+                                   const float *amax)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    wsync_status_t rc;
+
+    if (st->last_in_slot[slot] >= 0 &&
+        (rc = await_release(s, st, version, (uint32_t)st->last_in_slot[slot])) != WSYNC_OK)
+        return rc;
+    st->last_in_slot[slot] = k;
+    uint8_t *base = slot_base(st, slot);
+    uint32_t nwq = st->wq_start != NULL ? st->wq_start[k + 1] - st->wq_start[k] : 0;
+    int gpu = (st->pack != NULL && st->pack[k] != NULL) || nwq > 0;
+    if (gpu) {
+        /* CUDA chunks first, so that the CPU packs below overlap them */
+        if ((st->pack != NULL && st->pack[k] != NULL &&
+             (rc = wsync_dev_batch_launch(st->pack[k], st->stream)) != WSYNC_OK) ||
+            (nwq > 0 && (rc = wire_pack_launch(st, k, nwq)) != WSYNC_OK) ||
+            (rc = wsync_dev_event_record(st->ev, st->stream)) != WSYNC_OK)
+            return rc;
+    }
+    for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
+        const wsync_chunk_t *ch = &plan->chunks[c];
+        if (in_place(&st->inplace[ch->shard]) || wsync_ipc_dtx_skip_plain(st->dtx, c))
+            continue;
+        if (s->shards[ch->shard].mem == WSYNC_MEM_HOST && ch->rule != 0) {
+            /* FP8 on the wire: a NaN or Inf refuses the version before READY */
+            if (sets->nsets > 0 && sets->set[c] != WSYNC_AMAX_NONE)
+                rc = wsync_exec_pack_wire_amax(plan, ch, s->shards[ch->shard].param.name,
+                                               s->shard_data[ch->shard],
+                                               amax[sets->set[c]], base);
+            else
+                rc = wsync_exec_pack_wire(plan, ch, s->shards[ch->shard].param.name,
+                                          s->shard_data[ch->shard], base);
+            if (rc != WSYNC_OK)
+                return refused(s, version, rc);
+        } else if (s->shards[ch->shard].mem == WSYNC_MEM_HOST) {
+            wsync_exec_pack(ch, s->shard_data[ch->shard], base);
+        }
+        s->stats.bytes_packed += chunk_bytes(ch);
+    }
+    if (gpu) {
+        char what[96];
+        uint64_t t0 = wsync_now_ns();
+        snprintf(what, sizeof(what), "ipc sender %d: packing bucket %u of version %llu",
+                 s->m.rank, k, (unsigned long long)version);
+        rc = wsync_dev_event_wait(st->ev, wsync_deadline_in(s->m.timeout_ms), what);
+        if (rc == WSYNC_OK && nwq > 0)
+            rc = wire_pack_check(s, st, version, k, nwq);
+        if (rc != WSYNC_OK)
+            return rc;
+        st->gpu_pack_ns += wsync_now_ns() - t0;
+    }
+    s->stats.buckets++;
+    return WSYNC_OK;
+}
+
+/* WSYNC_VERIFY: bucket k's checksums into its READY, one per chunk: of the shard itself (whatever
+ * happens to the bytes after this, the receiver sees), or for FP8 on the wire of the codes and
+ * scales the pack wrote, as the receiver reads them from the slot. */
+static wsync_status_t put_bucket_sums(wsync_sender_t *s, ipc_sender_t *st, uint32_t k,
+                                      uint32_t slot, wsync_wbuf_t *b)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    wsync_status_t rc;
+
+    wsync_put_u32(b, st->chunk_start[k + 1] - st->chunk_start[k]);
+    for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
+        const wsync_chunk_t *ch = &plan->chunks[c];
+        uint64_t h = 0;
+        if (ch->rule != 0) {
+            wsync_region_t g = wire_region(ch);
+            rc = wsync_ipc_hash_any(slot_base(st, slot) + ch->bucket_off,
+                                    slot >= DEV_SLOT0, WSYNC_DTYPE_U8, &g, &st->scratch,
+                                    &st->scratch_cap, st->stream, s->m.timeout_ms, &h);
+        } else {
+            rc = wsync_ipc_hash_any(s->shard_data[ch->shard],
+                                    s->shards[ch->shard].mem == WSYNC_MEM_CUDA, ch->dtype,
+                                    &ch->src, &st->scratch, &st->scratch_cap,
+                                    st->stream, s->m.timeout_ms, &h);
+        }
+        if (rc != WSYNC_OK)
+            return rc;
+        wsync_put_u64(b, h);
+    }
+    return WSYNC_OK;
+}
+
 static wsync_status_t push_buckets(wsync_sender_t *s, ipc_sender_t *st, uint64_t version,
                                    const wsync_amax_sets_t *sets, const float *amax)
 {
@@ -261,88 +353,17 @@ static wsync_status_t push_buckets(wsync_sender_t *s, ipc_sender_t *st, uint64_t
                 (rc = wsync_ipc_dtx_bucket(s, st->dtx, k, version, st->stream)) != WSYNC_OK)
                 return rc;
         }
-        if (slot != NO_SLOT) {
-            /* refill a slot only once its previous bucket was released by all who needed it */
-            if (st->last_in_slot[slot] >= 0 &&
-                (rc = await_release(s, st, version, (uint32_t)st->last_in_slot[slot])) != WSYNC_OK)
-                return rc;
-            st->last_in_slot[slot] = k;
-            uint8_t *base = slot_base(st, slot);
-            uint32_t nwq = st->wq_start != NULL ? st->wq_start[k + 1] - st->wq_start[k] : 0;
-            int gpu = (st->pack != NULL && st->pack[k] != NULL) || nwq > 0;
-            if (gpu) {
-                /* CUDA chunks first, so that the CPU packs below overlap them */
-                if ((st->pack != NULL && st->pack[k] != NULL &&
-                     (rc = wsync_dev_batch_launch(st->pack[k], st->stream)) != WSYNC_OK) ||
-                    (nwq > 0 && (rc = wire_pack_launch(st, k, nwq)) != WSYNC_OK) ||
-                    (rc = wsync_dev_event_record(st->ev, st->stream)) != WSYNC_OK)
-                    return rc;
-            }
-            for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
-                const wsync_chunk_t *ch = &plan->chunks[c];
-                if (in_place(&st->inplace[ch->shard]) || wsync_ipc_dtx_skip_plain(st->dtx, c))
-                    continue;
-                if (s->shards[ch->shard].mem == WSYNC_MEM_HOST && ch->rule != 0) {
-                    /* FP8 on the wire: a NaN or Inf refuses the version before READY */
-                    if (sets->nsets > 0 && sets->set[c] != WSYNC_AMAX_NONE)
-                        rc = wsync_exec_pack_wire_amax(plan, ch, s->shards[ch->shard].param.name,
-                                                       s->shard_data[ch->shard],
-                                                       amax[sets->set[c]], base);
-                    else
-                        rc = wsync_exec_pack_wire(plan, ch, s->shards[ch->shard].param.name,
-                                                  s->shard_data[ch->shard], base);
-                    if (rc != WSYNC_OK)
-                        return refused(s, version, rc);
-                } else if (s->shards[ch->shard].mem == WSYNC_MEM_HOST) {
-                    wsync_exec_pack(ch, s->shard_data[ch->shard], base);
-                }
-                s->stats.bytes_packed += chunk_bytes(ch);
-            }
-            if (gpu) {
-                char what[96];
-                uint64_t t0 = wsync_now_ns();
-                snprintf(what, sizeof(what), "ipc sender %d: packing bucket %u of version %llu",
-                         s->m.rank, k, (unsigned long long)version);
-                rc = wsync_dev_event_wait(st->ev, wsync_deadline_in(s->m.timeout_ms), what);
-                if (rc == WSYNC_OK && nwq > 0)
-                    rc = wire_pack_check(s, st, version, k, nwq);
-                if (rc != WSYNC_OK)
-                    return rc;
-                st->gpu_pack_ns += wsync_now_ns() - t0;
-            }
-            s->stats.buckets++;
-        }
+        if (slot != NO_SLOT && (rc = stage_bucket(s, st, version, k, slot, sets, amax)) != WSYNC_OK)
+            return rc;
         wsync_wbuf_init(&b);
         wsync_put_u64(&b, version);
         wsync_put_u32(&b, k);
         wsync_put_u32(&b, slot);
         if (st->dtx != NULL)
             wsync_ipc_dtx_put_ready(st->dtx, k, &b);
-        if (st->verify) {
-            /* from the shard itself: whatever happens to the bytes after this, the receiver sees */
-            wsync_put_u32(&b, st->chunk_start[k + 1] - st->chunk_start[k]);
-            for (uint32_t c = st->chunk_start[k]; c < st->chunk_start[k + 1]; c++) {
-                const wsync_chunk_t *ch = &plan->chunks[c];
-                uint64_t h = 0;
-                if (ch->rule != 0) {
-                    /* FP8 on the wire: the codes and scales the pack wrote, as the receiver
-                     * reads them from the slot */
-                    wsync_region_t g = wire_region(ch);
-                    rc = wsync_ipc_hash_any(slot_base(st, slot) + ch->bucket_off,
-                                            slot >= DEV_SLOT0, WSYNC_DTYPE_U8, &g, &st->scratch,
-                                            &st->scratch_cap, st->stream, s->m.timeout_ms, &h);
-                } else {
-                    rc = wsync_ipc_hash_any(s->shard_data[ch->shard],
-                                            s->shards[ch->shard].mem == WSYNC_MEM_CUDA, ch->dtype,
-                                            &ch->src, &st->scratch, &st->scratch_cap,
-                                            st->stream, s->m.timeout_ms, &h);
-                }
-                if (rc != WSYNC_OK) {
-                    wsync_wbuf_free(&b);
-                    return rc;
-                }
-                wsync_put_u64(&b, h);
-            }
+        if (st->verify && (rc = put_bucket_sums(s, st, k, slot, &b)) != WSYNC_OK) {
+            wsync_wbuf_free(&b);
+            return rc;
         }
         switch (WSYNC_FAULT(WSYNC_FAULT_PUSH_BUCKET)) {
         case WSYNC_FAULT_FAIL: {
