@@ -19,7 +19,6 @@
 #include "schemes/wire_amax.h"
 
 /* relay tag: a reader's FP8 chunks, to each sender it reads them from (store_delta.c has 1) */
-#define STORE_FP8_TAG 2u
 /* bytes of one region in a reader's relay */
 #define RELAY_ROW 64u
 /* a reader's FP8 reads go in batches of at most this many bytes of host buffer (one larger

@@ -31,6 +31,8 @@
 #include "schemes/store_delta.h"
 #include "transports/rma.h"
 
+/* The relay tag of a reader's FP8 regions to a sender (tests wait on it). */
+#define STORE_FP8_TAG 2u
 #define STORE_FP8_ROW 84u
 
 /* One row of a sender's table. */

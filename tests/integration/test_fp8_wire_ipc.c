@@ -38,6 +38,7 @@
 #include <xxhash.h>
 
 #include "core/loop.h"
+#include "schemes/store_fp8.h"
 #include "core/objects.h"
 #include "core/proto.h"
 #include "reshard/fp8.h"
@@ -238,10 +239,6 @@ static int refused_version(const fg_member_t *m, uint64_t v, wsync_status_t st, 
     return 0;
 }
 
-/* schemes/store_fp8.c's STORE_FP8_TAG (not in its header): a reader's FP8 regions. Were it
- * renumbered, readers_heard would find none and the wait below fails, naming the count. */
-#define FP8_REGIONS_TAG 2u
-
 /* The readers whose FP8 chunks sender snd has heard of: their relays through the coordinator,
  * queued in its inbox, where its next publish takes them all (schemes/store_fp8.c). */
 static int readers_heard(wsync_sender_t *snd)
@@ -254,7 +251,7 @@ static int readers_heard(wsync_sender_t *snd)
         wsync_relay_t rl;
         if (x->type == WSYNC_MSG_SCHEME_RELAY &&
             wsync_relay_decode(x->payload, x->len, x->type, &rl) == WSYNC_OK &&
-            rl.role == WSYNC_ROLE_RECEIVER && rl.tag == FP8_REGIONS_TAG && rl.rank < 64)
+            rl.role == WSYNC_ROLE_RECEIVER && rl.tag == STORE_FP8_TAG && rl.rank < 64)
             seen |= 1ull << rl.rank;
     }
     pthread_mutex_unlock(&in->mu);
