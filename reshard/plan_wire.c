@@ -403,8 +403,7 @@ static uint32_t encode_receiver(encoder_t *e, const eseg_t *cur, uint32_t n,
 
 typedef struct {
     const wsync_plan_t *p;
-    const eseg_t *flat;              /* NULL: the plan's lists */
-    eseg_t *flat_own;                /* flat, as given, converted */
+    eseg_t *flat;                    /* NULL: the plan's lists; else the given segments as items */
     uint64_t *start;                 /* flat: [nreceivers + 1] where each receiver's begin */
     wsync_expander_t x;
     eseg_t *ring[RING];
@@ -509,11 +508,11 @@ static int src_init(segsrc_t *s, const wsync_plan_t *p, const wsync_segment_t *f
         s->ring_rcv[k] = UINT32_MAX;
     if (flat != NULL) {
         s->start = calloc((size_t)p->nreceivers + 1, sizeof(*s->start));
-        s->flat_own = malloc((size_t)(nflat ? nflat : 1) * sizeof(*s->flat_own));
-        if (s->start == NULL || s->flat_own == NULL)
+        s->flat = malloc((size_t)(nflat ? nflat : 1) * sizeof(*s->flat));
+        if (s->start == NULL || s->flat == NULL)
             return -1;
         for (uint64_t i = 0; i < nflat; i++) {
-            eseg_t *x = &s->flat_own[i];
+            eseg_t *x = &s->flat[i];
             x->chunk = flat[i].chunk;
             x->target = flat[i].target;
             x->piece = flat[i].piece;
@@ -521,7 +520,6 @@ static int src_init(segsrc_t *s, const wsync_plan_t *p, const wsync_segment_t *f
             x->off = flat[i].dst.off;
             x->pitch = flat[i].dst.pitch;
         }
-        s->flat = s->flat_own;
         /* segments are in receiver order: each receiver's run */
         for (uint64_t i = 0; i < nflat; i++)
             if (flat[i].receiver < p->nreceivers)
@@ -572,7 +570,7 @@ static void src_free(segsrc_t *s)
     free(s->pre);
     free(s->pre0);
     free(s->start);
-    free(s->flat_own);
+    free(s->flat);
     wsync_expander_free(&s->x);
 }
 
