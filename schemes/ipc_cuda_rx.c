@@ -39,18 +39,30 @@ static double env_double(const char *name, double dflt)
  * FSDP-2 -> TP-2 1.54, 1.40, 1.43, 1.43 x. */
 #define IPC_BLOCKS_LOCAL_ALONE 2.0
 
+/* Whether src, read by our kernels, is in our GPU's memory: device memory the sender shared from
+ * our GPU. cudaPointerGetAttributes reports every pointer opened from another process on the
+ * importing GPU, so where the sender's memory lives comes from its UUID (transports/cuda_ipc.h). */
+static wsync_status_t src_local(const wsync_receiver_t *r, const ipc_from_t *f, const void *src,
+                                int *local)
+{
+    wsync_dev_ptr_t pi = {WSYNC_DEV_PTR_HOST, -1};
+    wsync_status_t rc = src != NULL ? wsync_dev_ptr_info(src, &pi) : WSYNC_OK;
+
+    *local = rc == WSYNC_OK && pi.kind == WSYNC_DEV_PTR_DEVICE && pi.device == r->device &&
+             (f->cim == NULL || wsync_cuda_import_on_device(f->cim));
+    return rc;
+}
+
 static wsync_status_t sender_stream(wsync_receiver_t *r, ipc_from_t *f, const void *src,
                                     uint32_t *max_blocks, int *peer)
 {
-    wsync_dev_ptr_t pi = {WSYNC_DEV_PTR_HOST, -1};
-    int sms = 0, local;
-    wsync_status_t rc = src != NULL ? wsync_dev_ptr_info(src, &pi) : WSYNC_OK;
+    int sms = 0, local = 0;
+    wsync_status_t rc = src_local(r, f, src, &local);
 
     if (rc == WSYNC_OK)
         rc = wsync_dev_sm_count(r->device, &sms);
     if (rc != WSYNC_OK)
         return rc;
-    local = pi.kind == WSYNC_DEV_PTR_DEVICE && pi.device == r->device;
     if (peer != NULL && src != NULL)
         *peer |= !local;
     *max_blocks = (uint32_t)(sms * env_double(local ? "WSYNC_IPC_BLOCKS_LOCAL" : "WSYNC_IPC_BLOCKS_PEER",
@@ -65,10 +77,8 @@ static wsync_status_t sender_stream(wsync_receiver_t *r, ipc_from_t *f, const vo
      * slowed bf16 copies and sped FP8 runs: 4 x H200, FSDP-4 -> TP-4, 3 rounds, bf16 4.90-4.92
      * ms with one stream, 5.48-5.68 with two, fp8-block in place 5.66-5.84 and 5.45-5.65; 2 x
      * H100, FSDP-2 -> TP-2, 2 rounds, bf16 7.43-7.45 and 8.09-8.11, fp8-block 7.67-7.69 and
-     * 7.12-7.20. The receiver cannot tell one GPU from several (wsync_dev_ptr_info reports an
-     * imported pointer on the importing GPU: st->peer_reads is 0 there too, checked on 2 x
-     * H100), so the odd buckets take the second stream only with FP8 runs (ipc_rx.c), bf16 on
-     * one GPU included (its 4 %, above, given up for the 9-12 % on several) */
+     * 7.12-7.20. So the odd buckets take the second stream (ipc_rx.c) alone on the GPU (no
+     * peer reads: st->peer_reads, from the senders' UUIDs) or with FP8 runs */
     const char *sv = getenv("WSYNC_IPC_STREAMS");
     int streams = sv != NULL && *sv ? (int)env_double("WSYNC_IPC_STREAMS", 1) : local ? 2 : 1;
     if (rc == WSYNC_OK && f->stream2 == NULL && streams >= 2)
@@ -193,11 +203,10 @@ static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
         ipc_from_t *f = &st->from[s];
         for (uint32_t j = 0; j < r->nqruns && rc == WSYNC_OK; j++)
             if (run_s[j] == s) {   /* the grid cap for a local or a peer source, and the stream */
-                wsync_dev_ptr_t pi = {WSYNC_DEV_PTR_HOST, -1};
+                int local = 0;
                 rc = sender_stream(r, f, r->qruns[j].src, &f->qblocks, NULL);
                 if (rc == WSYNC_OK)
-                    rc = wsync_dev_ptr_info(r->qruns[j].src, &pi);
-                int local = pi.kind == WSYNC_DEV_PTR_DEVICE && pi.device == r->device;
+                    rc = src_local(r, f, r->qruns[j].src, &local);
                 /* peer reads quantized on half the copies' grid left more of the GPU to the
                  * local runs: 3% faster on 4 H200 (FSDP-4 -> TP-4 colocated, Qwen3-8B shape) */
                 double q = local ? env_double("WSYNC_IPC_QUANT_BLOCKS_LOCAL", 1.0)

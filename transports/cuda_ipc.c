@@ -508,6 +508,7 @@ typedef struct {
 
 struct wsync_cuda_import {
     int device;
+    int on_device;                     /* every region lives on the importing GPU (its UUID) */
     uint32_t nregions;
     iregion_t *regions;
 };
@@ -685,11 +686,19 @@ wsync_status_t wsync_cuda_import_open(wsync_rbuf_t *in, int *fds, uint32_t nfds,
     if ((st = dev_enter(device, &saved)) != WSYNC_OK)
         goto fail;
     entered = 1;
+    /* where the exporter's memory lives, by UUID: a pointer opened here reports the importing
+     * GPU to cudaPointerGetAttributes whichever GPU holds it, so this is the only way to know */
+    uint8_t here[WSYNC_DEV_UUID_BYTES];
+    if ((st = wsync_dev_uuid(device, here)) != WSYNC_OK)
+        goto fail;
+    im->on_device = n > 0;
     for (uint32_t i = 0; i < n; i++) {
         iregion_t *g = &im->regions[i];
         uint32_t kind = wsync_get_u32(in);
         uint64_t base = wsync_get_u64(in), bytes = wsync_get_u64(in);
-        (void)wsync_get_bytes(in, WSYNC_DEV_UUID_BYTES);
+        const void *uuid = wsync_get_bytes(in, WSYNC_DEV_UUID_BYTES);
+        if (uuid == NULL || memcmp(uuid, here, WSYNC_DEV_UUID_BYTES) != 0)
+            im->on_device = 0;
         g->kind = (int)kind;
         g->bytes = bytes;
         g->local = pid == (uint32_t)getpid();
@@ -774,6 +783,11 @@ fail:
 uint32_t wsync_cuda_import_count(const wsync_cuda_import_t *im)
 {
     return im != NULL ? im->nregions : 0;
+}
+
+int wsync_cuda_import_on_device(const wsync_cuda_import_t *im)
+{
+    return im != NULL && im->on_device;
 }
 
 void *wsync_cuda_import_base(const wsync_cuda_import_t *im, uint32_t i, uint64_t *bytes)
@@ -911,6 +925,12 @@ void *wsync_cuda_import_base(const wsync_cuda_import_t *im, uint32_t i, uint64_t
     (void)i;
     (void)bytes;
     return NULL;
+}
+
+int wsync_cuda_import_on_device(const wsync_cuda_import_t *im)
+{
+    (void)im;
+    return 0;
 }
 
 void wsync_cuda_import_free(wsync_cuda_import_t *im) { (void)im; }

@@ -75,6 +75,10 @@ uint32_t wsync_cuda_import_nfds(const wsync_rbuf_t *in);
 wsync_status_t wsync_cuda_import_open(wsync_rbuf_t *in, int *fds, uint32_t nfds, int device,
                                       const char *who, wsync_cuda_import_t **im);
 uint32_t wsync_cuda_import_count(const wsync_cuda_import_t *im);
+/* 1 when every region opened lives on the importing GPU (the exporter's UUID is that GPU's),
+ * 0 when some region is on another GPU (its reads are peer reads), or for NULL or no region.
+ * cudaPointerGetAttributes cannot tell: it reports an imported pointer on the importing GPU. */
+int wsync_cuda_import_on_device(const wsync_cuda_import_t *im);
 /* Base address (in this process, on `device`) and size of region i; NULL for a bad index. */
 void *wsync_cuda_import_base(const wsync_cuda_import_t *im, uint32_t i, uint64_t *bytes);
 /* Unmap and release everything opened. NULL: no-op. */

@@ -12,6 +12,7 @@
 #include "reshard/exec.h"
 #include "reshard/fp8.h"
 #include "tests/support/check.h"
+#include "transports/cuda_ipc.h"
 
 #include <cuda_runtime_api.h>
 #include <inttypes.h>
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define CU(call)                                                                              \
     do {                                                                                      \
@@ -1303,6 +1305,55 @@ static void write_json(const char *path, const char *device, uint64_t seed)
     fclose(f);
 }
 
+
+/* ------------------------------------------------------------------------------------------ */
+/* Where shared memory lives                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* wsync_cuda_import_on_device: memory exported from GPU e and opened for GPU i is on the
+ * importing GPU exactly when e == i (the ipc receiver's peer-read caps depend on it, and
+ * cudaPointerGetAttributes reports every opened pointer on the importing GPU). Every pair of the
+ * first two GPUs; one GPU: the same-GPU case only. */
+static void test_import_on_device(void)
+{
+    int count = 0;
+    CU(cudaGetDeviceCount(&count));
+    int n = count < 2 ? count : 2;
+    for (int e = 0; e < n; e++)
+        for (int i = 0; i < n; i++) {
+            void *buf = NULL;
+            wsync_cuda_exporter_t *ex = NULL;
+            wsync_cuda_import_t *im = NULL;
+            wsync_wbuf_t b;
+            const int *efds = NULL;
+            uint32_t nfds = 0;
+            CU(cudaSetDevice(e));
+            CU(cudaMalloc(&buf, 1 << 20));
+            CHECK_OK(wsync_cuda_exporter_create(e, &ex));
+            CHECK_OK(wsync_cuda_export_add(ex, buf, 1 << 20, "buffer"));
+            CHECK_OK(wsync_cuda_export_finish(ex));
+            wsync_wbuf_init(&b);
+            wsync_cuda_export_encode(ex, &b, &efds, &nfds);
+            int fds[8];
+            for (uint32_t k = 0; k < nfds && k < 8; k++)
+                fds[k] = dup(efds[k]);
+            wsync_rbuf_t rb;
+            wsync_rbuf_init(&rb, b.data, b.len);
+            CHECK(nfds <= 8);
+            CHECK_OK(wsync_cuda_import_open(&rb, fds, nfds, i, "this process", &im));
+            CHECK_MSG(wsync_cuda_import_on_device(im) == (e == i), "exported on GPU %d, opened "
+                      "for GPU %d: on_device %d", e, i, wsync_cuda_import_on_device(im));
+            uint64_t have = 0;
+            CHECK(wsync_cuda_import_base(im, 0, &have) == buf && have >= (1u << 20));
+            wsync_cuda_import_free(im);
+            wsync_wbuf_free(&b);
+            wsync_cuda_exporter_free(ex);
+            CU(cudaFree(buf));
+        }
+    CHECK(wsync_cuda_import_on_device(NULL) == 0);
+    CU(cudaSetDevice(0));
+}
+
 int main(int argc, char **argv)
 {
     const char *json = NULL;
@@ -1341,6 +1392,7 @@ int main(int argc, char **argv)
     run_case("quant_many", test_quant_many);
     run_case("quant_edges", test_quant_edges);
     run_case("quant_errors", test_quant_errors);
+    run_case("import_on_device", test_import_on_device);
     if (do_bench)
         run_case("bench", run_bench);
 
