@@ -375,6 +375,9 @@ static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int
             rc = sender_stream(r, f, NULL, &max_blocks, NULL);
     }
     st->peer_reads = peer;
+    st->streams_set = getenv("WSYNC_IPC_STREAMS") != NULL && *getenv("WSYNC_IPC_STREAMS") != '\0';
+    WSYNC_LOG_D("ipc: receiver %d: %s", r->m.rank, peer ? "some senders' memory is on another "
+                "GPU (peer reads)" : "every sender's memory is on this GPU");
     /* every source on our GPU: the local copies get the cap for a GPU they do not share with peer
      * reads (unless WSYNC_IPC_BLOCKS_LOCAL says otherwise) */
     const char *lv = getenv("WSYNC_IPC_BLOCKS_LOCAL");

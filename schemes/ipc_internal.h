@@ -155,6 +155,7 @@ typedef struct {
     int cur;                         /* the batch set in use */
     int qruns_planned;               /* plan_qruns ran (the runs do not depend on the batch set) */
     int peer_reads;                  /* the last batch set read some source on another GPU */
+    int streams_set;                 /* WSYNC_IPC_STREAMS was given: its choice, every bucket */
     uint32_t *seg_run;               /* [m.nsegs] 1 + the run a segment is part of, or 0 */
     uint32_t *qrun_last;             /* [r->nqruns] the bucket after whose copies a run launches */
     uint64_t seen_gen, stamp;

@@ -396,7 +396,7 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
             /* odd buckets on the second stream alone on the GPU or with FP8 runs (sender_stream's
              * numbers: beside peer reads it slowed bf16 copies on 2 and 4 GPUs) */
             int two = f->stream2 != NULL && f->drx == NULL && (k & 1) &&
-                      (r->nqruns > 0 || !st->peer_reads);
+                      (st->streams_set || r->nqruns > 0 || !st->peer_reads);
             void *strm = two ? f->stream2 : f->stream;
             if (f->drx != NULL && (rc = wsync_ipc_delta_batches(r, st, f, k, &batch)) != WSYNC_OK)
                 return rc;

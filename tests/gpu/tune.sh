@@ -4,7 +4,7 @@
 # (Qwen3-8B shape by default), every result byte-checked by wsync-bench itself.
 #
 #   bash tests/gpu/tune.sh BUILD [SCENARIO ...]     (scenarios: colocated fp8 disagg-ipc disagg-nccl
-#                                                      colocated1 colocated1-fp8 streams4)
+#                                                      colocated1 colocated1-fp8 colocated2 streams4)
 #
 # Knobs (see schemes/ipc_cuda_rx.c, sender_stream): WSYNC_IPC_BLOCKS_LOCAL / WSYNC_IPC_BLOCKS_PEER
 # (blocks per SM of a sender's batch kernels when it is on our GPU / another one; 0: no cap) and
@@ -79,6 +79,23 @@ for s in $SCEN; do
             one "disagg-ipc-P$p" "WSYNC_IPC_BLOCKS_PEER=$p" --scheme ipc --senders 2 --tp 2
         done
         ;;
+    colocated2)   # 2 GPUs: FSDP-2 -> TP-2 colocated (sender i and receiver i on GPU i), bf16 and
+        # FP8 block; the defaults beside the caps the receivers applied before they told peer
+        # reads apart (every sender capped as alone, 2 blocks per SM, no priority), rounds
+        # alternating so the machine's drift falls on every setting alike
+        for round in 1 2; do
+            for q in bf16 fp8; do
+                qa=""
+                [ $q = fp8 ] && qa="--quant fp8-block"
+                for set in "default:" "alone:WSYNC_IPC_BLOCKS_LOCAL=2 WSYNC_IPC_BLOCKS_PEER=2 WSYNC_IPC_PEER_PRIORITY=0 WSYNC_IPC_QUANT_BLOCKS_PEER=1" \
+                           "L2:WSYNC_IPC_BLOCKS_LOCAL=2" "P2:WSYNC_IPC_BLOCKS_PEER=2" \
+                           "pri0:WSYNC_IPC_PEER_PRIORITY=0" "S2:WSYNC_IPC_STREAMS=2" "S1:WSYNC_IPC_STREAMS=1"; do
+                    one "$s-$q-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 2 --tp 2 \
+                        --colocated $qa
+                done
+            done
+        done
+        ;;
     disagg-nccl)
         one disagg-nccl-default "" --scheme nccl --senders 2 --tp 2
         one disagg-nccl-chunk2m "NCCL_P2P_NVL_CHUNKSIZE=2097152" --scheme nccl --senders 2 --tp 2
@@ -87,7 +104,7 @@ for s in $SCEN; do
             --scheme nccl --senders 2 --tp 2
         ;;
     *)
-        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, streams4)" >&2
+        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4)" >&2
         exit 2
         ;;
     esac
