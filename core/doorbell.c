@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +149,15 @@ void wsync_bells_kick(wsync_bells_t *b)
     wsync_bell_ring(&b->hdr->done_seq);
 }
 
+/* Polls of the word before a waiter sleeps: a ring already on its way (the peer running on the
+ * other core) is seen without a sleep and a wake. Few, and without sched_yield(): while other
+ * tasks are runnable on its core, a yield puts the waiter behind them (EEVDF pushes the yielder's
+ * deadline a slice further) and nothing wakes it when the peer rings, since it sleeps on no
+ * futex: it runs again only at a tick, 4 ms at HZ=250. A futex sleeper is woken by the ring and
+ * preempts the busy task at once, as a socket's reader does. Spinning longer only takes the core
+ * from whoever is to ring (measured in docs/scale.md). */
+#define WSYNC_BELL_POLLS 8
+
 wsync_status_t wsync_bell_wait(_Atomic uint32_t *word, uint32_t target, int64_t deadline_ms,
                                wsync_inbox_t *inbox)
 {
@@ -157,13 +165,8 @@ wsync_status_t wsync_bell_wait(_Atomic uint32_t *word, uint32_t target, int64_t 
         uint32_t cur = atomic_load(word);
         if ((int32_t)(cur - target) >= 0)
             return WSYNC_OK;
-        /* a few polls first: the other side is often a few microseconds from ringing, and a
-         * futex sleep and wake cost more than that */
-        if (spin < 32) {
-            if (spin >= 8)
-                sched_yield();
+        if (spin < WSYNC_BELL_POLLS)
             continue;
-        }
         wsync_status_t st = wsync_inbox_failed(inbox);
         if (st != WSYNC_OK)
             return st;

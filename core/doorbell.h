@@ -22,7 +22,8 @@
  * turns the page on (mode 1) only when every participant attached, the scheme is synchronous
  * (not the store), and fault injection is off (the faults suite drives the messages); otherwise
  * the messages go as before. WSYNC_DOORBELL=0 on any side turns doorbells off. A wait polls a
- * few times, then sleeps on the futex in slices: the member's progress thread kicks the page
+ * few times, never sched_yield()s (on a busy core that costs a scheduler tick, see doorbell.c),
+ * then sleeps on the futex in slices: the member's progress thread kicks the page
  * when a failure arrives; the slice bounds the one race (a kick between the waiter's look at
  * its inbox and its sleep), and costs an idle receiver ten wakeups a second. */
 #ifndef WSYNC_CORE_DOORBELL_H
