@@ -70,17 +70,16 @@ static wsync_status_t sender_stream(wsync_receiver_t *r, ipc_from_t *f, const vo
     int prio = !local && env_double("WSYNC_IPC_PEER_PRIORITY", 1) > 0;
     if (f->stream == NULL)
         rc = prio ? wsync_dev_stream_create_prio(&f->stream, 1) : wsync_dev_stream_create(&f->stream);
-    /* a second stream for a local sender (WSYNC_IPC_STREAMS: 1 or 2 for every sender): one H100,
-     * Qwen3-8B shape colocated, FSDP-1 -> TP-1 bf16 12.39 -> 11.92 ms (1.13 -> 1.09 x the
-     * floor), fp8-block 11.40 -> 10.90, FSDP-2 -> TP-2 bf16 15.32 -> 14.87, fp8-block 14.65 ->
-     * 13.58 (2 rounds each). Peer reads keep one. Beside other GPUs' senders two streams
-     * slowed bf16 copies and sped FP8 runs: 4 x H200, FSDP-4 -> TP-4, 3 rounds, bf16 4.90-4.92
-     * ms with one stream, 5.48-5.68 with two, fp8-block in place 5.66-5.84 and 5.45-5.65; 2 x
-     * H100, FSDP-2 -> TP-2, 2 rounds, bf16 7.43-7.45 and 8.09-8.11, fp8-block 7.67-7.69 and
-     * 7.12-7.20. So the odd buckets take the second stream (ipc_rx.c) alone on the GPU (no
-     * peer reads: st->peer_reads, from the senders' UUIDs) or with FP8 runs */
+    /* a second stream for every sender, its odd buckets (ipc_rx.c; WSYNC_IPC_STREAMS=1: one),
+     * so that one bucket's kernels fill the GPU while the last blocks of the one before drain.
+     * Qwen3-8B shape colocated, 2 x H100, 2 rounds each, ms (x floor), one stream -> two: on
+     * one GPU FSDP-1 -> TP-1 bf16 12.37-12.40 (1.13) -> 11.86-11.90 (1.09), fp8-block
+     * 11.46 -> 10.82-10.87; FSDP-2 -> TP-2 on 2 GPUs bf16 7.83-7.85 -> 6.96-6.99 (0.90),
+     * fp8-block 7.70-7.83 -> 6.81-6.88. (Before peer reads were told apart, every sender here
+     * had the alone cap of 2 blocks per SM, and two streams slowed bf16: 2 x H100 7.43 -> 8.09
+     * ms, 4 x H200 FSDP-4 -> TP-4 4.90 -> 5.48-5.68: not measured again on 4 GPUs.) */
     const char *sv = getenv("WSYNC_IPC_STREAMS");
-    int streams = sv != NULL && *sv ? (int)env_double("WSYNC_IPC_STREAMS", 1) : local ? 2 : 1;
+    int streams = sv != NULL && *sv ? (int)env_double("WSYNC_IPC_STREAMS", 2) : 2;
     if (rc == WSYNC_OK && f->stream2 == NULL && streams >= 2)
         rc = prio ? wsync_dev_stream_create_prio(&f->stream2, 1) : wsync_dev_stream_create(&f->stream2);
     return rc;
@@ -375,7 +374,6 @@ static wsync_status_t build_batches(wsync_receiver_t *r, ipc_receiver_t *st, int
             rc = sender_stream(r, f, NULL, &max_blocks, NULL);
     }
     st->peer_reads = peer;
-    st->streams_set = getenv("WSYNC_IPC_STREAMS") != NULL && *getenv("WSYNC_IPC_STREAMS") != '\0';
     WSYNC_LOG_D("ipc: receiver %d: %s", r->m.rank, peer ? "some senders' memory is on another "
                 "GPU (peer reads)" : "every sender's memory is on this GPU");
     /* every source on our GPU: the local copies get the cap for a GPU they do not share with peer

@@ -124,7 +124,7 @@ typedef struct {
     void **ev;                       /* [nbuckets] */
     void *stream;                    /* this sender's copies: its own stream, so that local copies
                                       * and peer reads from several senders overlap on the GPU */
-    void *stream2;                   /* WSYNC_IPC_STREAMS=2: a second stream for its odd buckets,
+    void *stream2;                   /* a second stream for its odd buckets (WSYNC_IPC_STREAMS=1: none),
                                       * so that one bucket's kernels fill the GPU while the last
                                       * blocks of the one before drain (no delta versions) */
     uint32_t *qrun_start;            /* [nbuckets + 1] ranges of qrun_list: the quantization runs
@@ -155,7 +155,6 @@ typedef struct {
     int cur;                         /* the batch set in use */
     int qruns_planned;               /* plan_qruns ran (the runs do not depend on the batch set) */
     int peer_reads;                  /* the last batch set read some source on another GPU */
-    int streams_set;                 /* WSYNC_IPC_STREAMS was given: its choice, every bucket */
     uint32_t *seg_run;               /* [m.nsegs] 1 + the run a segment is part of, or 0 */
     uint32_t *qrun_last;             /* [r->nqruns] the bucket after whose copies a run launches */
     uint64_t seen_gen, stamp;

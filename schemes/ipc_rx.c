@@ -393,10 +393,8 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
         if (f->gpu[k]) {
             /* the segments into CUDA targets: one launch, finished when its event completes */
             wsync_kcopy_batch_t *batch = f->batch[st->cur][k];
-            /* odd buckets on the second stream alone on the GPU or with FP8 runs (sender_stream's
-             * numbers: beside peer reads it slowed bf16 copies on 2 and 4 GPUs) */
-            int two = f->stream2 != NULL && f->drx == NULL && (k & 1) &&
-                      (st->streams_set || r->nqruns > 0 || !st->peer_reads);
+            /* odd buckets on the second stream (sender_stream says why) */
+            int two = f->stream2 != NULL && f->drx == NULL && (k & 1);
             void *strm = two ? f->stream2 : f->stream;
             if (f->drx != NULL && (rc = wsync_ipc_delta_batches(r, st, f, k, &batch)) != WSYNC_OK)
                 return rc;
