@@ -846,7 +846,9 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
 
 /* CTAs per SM the warp encoder's register budget must allow (64 registers a thread): a warp keeps
  * one 1 KiB segment of new and old in flight, so bandwidth comes from many warps per SM. */
+#ifndef WKW_MIN_BLOCKS   /* -DWKW_MIN_BLOCKS=N builds a variant to measure */
 #define WKW_MIN_BLOCKS 4
+#endif
 #define WKW_WARPS (WK_THREADS / 32)   /* codec blocks per CTA */
 
 /* XXH3's stripe terms of one 16-byte vector (bytes 8 i0 .. 8 i0 + 15 of a stripe) with the keys
