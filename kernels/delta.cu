@@ -862,16 +862,75 @@ __device__ __forceinline__ void wkw_terms(const uint4 &x, uint64_t k0, uint64_t 
     *b += (y1 & 0xffffffffu) * (y1 >> 32) + d0;
 }
 
+/* One warp's XXH3 of a full block, a 1 KiB segment (two 16-byte vectors a lane) a step: lane
+ * l's vector of a 512-byte round is bytes 16 (l & 3) .. of stripe l >> 2 (plus 8 in odd rounds),
+ * so its keys are fixed; a segment's terms are summed over the lanes of the same l & 3 by
+ * shuffles, and every lane runs the scramble of the two accumulators it holds (replicated 8
+ * times: no serial stretch). The warp encoder and wkw_leaf share it. */
+typedef struct {
+    uint64_t acc0, acc1;               /* accumulators 2 (l & 3) and 2 (l & 3) + 1 */
+    uint64_t ke0, ke1, ko0, ko1;       /* the lane's keys in even and odd rounds */
+} wkw_hash_t;
+
+__device__ __forceinline__ void wkw_hash_init(wkw_hash_t &h, const uint64_t *sec)
+{
+    const uint32_t lane = threadIdx.x & 31, c = lane & 3, i0 = 2 * c, sn = lane >> 2;
+    h.ke0 = sec[sn + i0];
+    h.ke1 = sec[sn + i0 + 1];
+    h.ko0 = sec[8 + sn + i0];
+    h.ko1 = sec[9 + sn + i0];
+    h.acc0 = c == 0 ? WK_P32_3 : c == 1 ? WK_P64_2 : c == 2 ? WK_P64_4 : WK_P64_5;
+    h.acc1 = c == 0 ? WK_P64_1 : c == 1 ? WK_P64_3 : c == 2 ? WK_P32_2 : WK_P32_1;
+}
+
+/* Segment s of the block: x0 = the lane's vector 64 s + lane, x1 = 64 s + lane + 32. */
+template <int E>
+__device__ __forceinline__ void wkw_hash_segment(wkw_hash_t &h, const uint4 &x0, const uint4 &x1,
+                                                 uint32_t s, const uint64_t *sec)
+{
+    constexpr uint32_t NSEG = WK_DBLK * E / 1024;
+    const uint32_t lane = threadIdx.x & 31, i0 = 2 * (lane & 3);
+    uint64_t a = 0, b = 0, k10 = h.ko0, k11 = h.ko1;
+    if (s == NSEG - 1 && lane >= 28) {   /* the input's last stripe: keys from byte 121 */
+        k10 = (sec[15 + i0] >> 8) | (sec[16 + i0] << 56);
+        k11 = (sec[16 + i0] >> 8) | (sec[17 + i0] << 56);
+    }
+    wkw_terms(x0, h.ke0, h.ke1, &a, &b);
+    wkw_terms(x1, k10, k11, &a, &b);
+#pragma unroll
+    for (int o = 4; o < 32; o *= 2) {
+        a += __shfl_xor_sync(WK_FULL, a, o);
+        b += __shfl_xor_sync(WK_FULL, b, o);
+    }
+    h.acc0 += a;
+    h.acc1 += b;
+    if (s + 1 < NSEG) {   /* the scramble after every 1 KiB but the last */
+        h.acc0 = (h.acc0 ^ (h.acc0 >> 47) ^ sec[16 + i0]) * WK_P32_1;
+        h.acc1 = (h.acc1 ^ (h.acc1 >> 47) ^ sec[17 + i0]) * WK_P32_1;
+    }
+}
+
+/* XXH3's merge and avalanche, every lane getting the hash: lane c of each four folds
+ * accumulators 2c and 2c + 1 (keys at 11 + 16 c). */
+template <int E>
+__device__ __forceinline__ uint64_t wkw_hash_final(const wkw_hash_t &h, const uint64_t *sec)
+{
+    const uint32_t c = threadIdx.x & 3;
+    const uint64_t mk0 = (sec[1 + 2 * c] >> 24) | (sec[2 + 2 * c] << 40);
+    const uint64_t mk1 = (sec[2 + 2 * c] >> 24) | (sec[3 + 2 * c] << 40);
+    uint64_t f = wk_fold64(h.acc0 ^ mk0, h.acc1 ^ mk1);
+    f += __shfl_xor_sync(WK_FULL, f, 1);
+    f += __shfl_xor_sync(WK_FULL, f, 2);
+    return wk_avalanche3((uint64_t)WK_DBLK * E * WK_P64_1 + f);
+}
+
 /* Blocks [g0, g0 + nblk) of chunks that are dense with new and old 16-byte aligned, element size
  * E; each warp of the grid claims one from *counter (in order, for the look-back) and leaves
  * tail blocks (fewer than WK_DBLK elements) to wk_delta_encode. No CTA barrier after the secret's
  * load: a warp reads its block once in 16-byte vectors, one 1 KiB segment of new and old per
  * step, and keeps everything else in registers but the mask words (512 bytes a warp):
  *  - compare: the changed bits of each vector (wk_vdiff), joined into mask words by shuffles;
- *  - the leaf XXH3: lane l's vector of a 512-byte round is bytes 16 (l & 3) .. of stripe l >> 2
- *    (plus 8 in odd rounds), so its keys are fixed per lane; a segment's terms are summed over
- *    the lanes of the same l & 3 by shuffles, and every lane runs the scramble of the two
- *    accumulators it holds (replicated 8 times: no serial stretch);
+ *  - the leaf XXH3 as it goes (wkw_hash_t);
  *  - the scan: lane l takes mask words 4l .. 4l + 3 (k, its rank and escape prefix, the last
  *    changed position before it), then publishes the size and looks back as wk_delta_encode;
  *  - the payload: each lane walks the set bits of its words (at 1 % about one per lane), writing
@@ -909,35 +968,15 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     const uint4 *pb = reinterpret_cast<const uint4 *>(d.b + first * E);
 
     /* 1. compare and hash, a segment per step */
-    const uint32_t c = lane & 3, i0 = 2 * c, sn = lane >> 2;
-    const uint64_t ke0 = sec[sn + i0], ke1 = sec[sn + i0 + 1];          /* even rounds */
-    const uint64_t ko0 = sec[8 + sn + i0], ko1 = sec[9 + sn + i0];      /* odd rounds */
-    uint64_t acc0 = c == 0 ? WK_P32_3 : c == 1 ? WK_P64_2 : c == 2 ? WK_P64_4 : WK_P64_5;
-    uint64_t acc1 = c == 0 ? WK_P64_1 : c == 1 ? WK_P64_3 : c == 2 ? WK_P32_2 : WK_P32_1;
+    wkw_hash_t h;
+    wkw_hash_init(h, sec);
 #pragma unroll 2
     for (uint32_t s = 0; s < NSEG; s++) {
         const uint32_t v0 = 64 * s + lane, v1 = v0 + 32;
         const uint4 x0 = pa[v0], y0 = pb[v0], x1 = pa[v1], y1 = pb[v1];
         wk_put_bits<E>(wk_vdiff<E>(x0, y0), v0, mask);
         wk_put_bits<E>(wk_vdiff<E>(x1, y1), v1, mask);
-        uint64_t a = 0, b = 0, k10 = ko0, k11 = ko1;
-        if (s == NSEG - 1 && lane >= 28) {   /* the input's last stripe: keys from byte 121 */
-            k10 = (sec[15 + i0] >> 8) | (sec[16 + i0] << 56);
-            k11 = (sec[16 + i0] >> 8) | (sec[17 + i0] << 56);
-        }
-        wkw_terms(x0, ke0, ke1, &a, &b);
-        wkw_terms(x1, k10, k11, &a, &b);
-#pragma unroll
-        for (int o = 4; o < 32; o *= 2) {
-            a += __shfl_xor_sync(WK_FULL, a, o);
-            b += __shfl_xor_sync(WK_FULL, b, o);
-        }
-        acc0 += a;
-        acc1 += b;
-        if (s + 1 < NSEG) {   /* the scramble after every 1 KiB but the last */
-            acc0 = (acc0 ^ (acc0 >> 47) ^ sec[16 + i0]) * WK_P32_1;
-            acc1 = (acc1 ^ (acc1 >> 47) ^ sec[17 + i0]) * WK_P32_1;
-        }
+        wkw_hash_segment<E>(h, x0, x1, s, sec);
     }
     __syncwarp();
 
@@ -993,15 +1032,7 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     /* 3. publish the size, finish the hash, find the offset (as wk_delta_encode) */
     if (lane == 0)
         atomicExch(&status[g], (unsigned long long)((j == 0 ? WK_LB_INC : WK_LB_AGG) | size));
-    uint64_t leaf;
-    {   /* XXH3's merge: lane c of each four folds accumulators 2c and 2c + 1 (keys at 11 + 16 c) */
-        const uint64_t mk0 = (sec[1 + 2 * c] >> 24) | (sec[2 + 2 * c] << 40);
-        const uint64_t mk1 = (sec[2 + 2 * c] >> 24) | (sec[3 + 2 * c] << 40);
-        uint64_t f = wk_fold64(acc0 ^ mk0, acc1 ^ mk1);
-        f += __shfl_xor_sync(WK_FULL, f, 1);
-        f += __shfl_xor_sync(WK_FULL, f, 2);
-        leaf = wk_avalanche3((uint64_t)WK_DBLK * E * WK_P64_1 + f);
-    }
+    const uint64_t leaf = wkw_hash_final<E>(h, sec);
     uint64_t off = 0;
     if (j > 0) {
         int64_t p = (int64_t)j - 1;   /* the nearest predecessor not yet summed */
@@ -1399,39 +1430,13 @@ template <int E>
 __device__ __forceinline__ uint64_t wkw_leaf(const uint4 *p, const uint64_t *sec)
 {
     constexpr uint32_t NSEG = WK_DBLK * E / 1024;
-    const uint32_t lane = threadIdx.x & 31, c = lane & 3, i0 = 2 * c, sn = lane >> 2;
-    const uint64_t ke0 = sec[sn + i0], ke1 = sec[sn + i0 + 1];
-    const uint64_t ko0 = sec[8 + sn + i0], ko1 = sec[9 + sn + i0];
-    uint64_t acc0 = c == 0 ? WK_P32_3 : c == 1 ? WK_P64_2 : c == 2 ? WK_P64_4 : WK_P64_5;
-    uint64_t acc1 = c == 0 ? WK_P64_1 : c == 1 ? WK_P64_3 : c == 2 ? WK_P32_2 : WK_P32_1;
+    const uint32_t lane = threadIdx.x & 31;
+    wkw_hash_t h;
+    wkw_hash_init(h, sec);
 #pragma unroll 2
-    for (uint32_t s = 0; s < NSEG; s++) {
-        const uint4 x0 = p[64 * s + lane], x1 = p[64 * s + lane + 32];
-        uint64_t a = 0, b = 0, k10 = ko0, k11 = ko1;
-        if (s == NSEG - 1 && lane >= 28) {
-            k10 = (sec[15 + i0] >> 8) | (sec[16 + i0] << 56);
-            k11 = (sec[16 + i0] >> 8) | (sec[17 + i0] << 56);
-        }
-        wkw_terms(x0, ke0, ke1, &a, &b);
-        wkw_terms(x1, k10, k11, &a, &b);
-#pragma unroll
-        for (int o = 4; o < 32; o *= 2) {
-            a += __shfl_xor_sync(WK_FULL, a, o);
-            b += __shfl_xor_sync(WK_FULL, b, o);
-        }
-        acc0 += a;
-        acc1 += b;
-        if (s + 1 < NSEG) {
-            acc0 = (acc0 ^ (acc0 >> 47) ^ sec[16 + i0]) * WK_P32_1;
-            acc1 = (acc1 ^ (acc1 >> 47) ^ sec[17 + i0]) * WK_P32_1;
-        }
-    }
-    const uint64_t mk0 = (sec[1 + 2 * c] >> 24) | (sec[2 + 2 * c] << 40);
-    const uint64_t mk1 = (sec[2 + 2 * c] >> 24) | (sec[3 + 2 * c] << 40);
-    uint64_t f = wk_fold64(acc0 ^ mk0, acc1 ^ mk1);
-    f += __shfl_xor_sync(WK_FULL, f, 1);
-    f += __shfl_xor_sync(WK_FULL, f, 2);
-    return wk_avalanche3((uint64_t)WK_DBLK * E * WK_P64_1 + f);
+    for (uint32_t s = 0; s < NSEG; s++)
+        wkw_hash_segment<E>(h, p[64 * s + lane], p[64 * s + lane + 32], s, sec);
+    return wkw_hash_final<E>(h, sec);
 }
 
 /* Apply, a warp per block: blocks [g0, g0 + nblk) of chunks whose target is dense and 16-byte
