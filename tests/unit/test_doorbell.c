@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -116,6 +117,7 @@ static void test_ring_wakes_a_waiter_on_busy_cores(void)
     for (int i = 0; i < ncpu; i++) {
         busy[i] = fork();
         if (busy[i] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);   /* never outlive a test killed mid-way */
             pin_to(cpus[i]);
             for (;;)   /* killed below */
                 __asm__ volatile("" ::: "memory");
@@ -126,6 +128,7 @@ static void test_ring_wakes_a_waiter_on_busy_cores(void)
         /* the peer answers every begin with a done, 200 us later: the waiter's polls are over
          * by then, and it waits as it does for a peer that has work to do */
         wsync_inbox_t in;
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         wsync_inbox_init(&in);
         pin_to(cpus[1 % ncpu]);
         for (uint32_t k = 1; k <= PINGS; k++) {
