@@ -427,171 +427,192 @@ void wsync_receiver_free(wsync_receiver_t *r)
     free(r);
 }
 
+/* A target's memory: a known kind, and for CUDA memory a device this process sees, the one of
+ * the receiver's earlier targets, holding the buffer (and a CUDA scales buffer likewise). */
+static wsync_status_t check_target_memory(wsync_receiver_t *r, const wsync_target_t *t,
+                                          const char *nm)
+{
+    wsync_status_t st;
+
+    if (t->mem == WSYNC_MEM_CUDA) {
+        if (!wsync_dev_compiled())
+            return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: target '%s' is in CUDA memory, but "
+                             "this libwsync was built without CUDA", r->m.rank, nm);
+        int ndev = 0;
+        if (wsync_dev_count(&ndev) != WSYNC_OK)
+            return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: target '%s' is in CUDA memory, "
+                             "but this process can use no CUDA device (%s)", r->m.rank, nm,
+                             wsync_last_error());
+        if (t->device < 0 || t->device >= ndev)
+            return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s' is on CUDA device %d, but "
+                             "this process sees devices 0 to %d", r->m.rank, nm, t->device,
+                             ndev - 1);
+        if (r->device >= 0 && t->device != r->device)
+            return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: target '%s' is on CUDA device %d, "
+                             "but its earlier targets are on device %d: a receiver uses one CUDA "
+                             "device (make one receiver per GPU)", r->m.rank, nm, t->device,
+                             r->device);
+        if ((st = check_cuda_ptr(r, nm, "data", t->data, t->device)) != WSYNC_OK)
+            return st;
+    } else if (t->mem != WSYNC_MEM_HOST) {
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s' has an unknown memory kind %d",
+                         r->m.rank, nm, (int)t->mem);
+    }
+    if (wsync_target_quantized(t->dtype, t->quant.scheme) && t->quant.scales == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "receiver %d: FP8 target '%s' has no scales buffer "
+                         "(quant.scales is NULL)", r->m.rank, nm);
+    if (wsync_target_quantized(t->dtype, t->quant.scheme) && t->quant.scales_mem != WSYNC_MEM_HOST) {
+        if (t->mem != WSYNC_MEM_CUDA)
+            return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: FP8 target '%s' is in host memory "
+                             "but has its scales in CUDA memory: put both on the GPU, or both on "
+                             "the host", r->m.rank, nm);
+        if ((st = check_cuda_ptr(r, nm, "quant.scales", t->quant.scales, t->device)) != WSYNC_OK)
+            return st;
+    }
+    return WSYNC_OK;
+}
+
+/* Room for one more target in every per-target array. */
+static wsync_status_t grow_targets(wsync_receiver_t *r)
+{
+    if (r->ntargets < r->cap)
+        return WSYNC_OK;
+    size_t cap = r->cap ? r->cap * 2 : 64;
+    wsync_target_desc_t *d = realloc(r->targets, cap * sizeof(*d));
+    if (d == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
+    r->targets = d;
+    void **p = realloc(r->target_data, cap * sizeof(*p));
+    if (p == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
+    r->target_data = p;
+    p = realloc(r->land, cap * sizeof(*p));
+    if (p == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
+    r->land = p;
+    wsync_dtype_t *ld = realloc(r->land_dtype, cap * sizeof(*ld));
+    if (ld == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
+    r->land_dtype = ld;
+    wsync_quant_t *q = realloc(r->quant, cap * sizeof(*q));
+    if (q == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
+    r->quant = q;
+    float **ds = realloc(r->dev_scales, cap * sizeof(*ds));
+    if (ds == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
+    r->dev_scales = ds;
+    r->cap = cap;
+    return WSYNC_OK;
+}
+
+/* Where CUDA target i lands: in place, or (FP8) in a zeroed staging buffer on its device, and
+ * its scales on the device when the user's are in host memory; the receiver's stream. */
+static wsync_status_t cuda_landing(wsync_receiver_t *r, const wsync_target_t *t, size_t i)
+{
+    int saved = -1;
+    wsync_status_t st;
+
+    if ((st = wsync_dev_enter(t->device, &saved)) != WSYNC_OK)
+        return st;
+    /* above the ipc scheme's peer reads (boost 1): quantizations started while buckets
+     * still land get SMs at once, instead of waiting for the copy kernels to drain */
+    if (r->dev_stream == NULL)
+        st = wsync_dev_stream_create_prio(&r->dev_stream, 2);
+    if (st == WSYNC_OK && wsync_target_quantized(t->dtype, t->quant.scheme)) {
+        /* whole-group scales need every value first: land here, quantize at commit */
+        uint64_t n = target_elems(t);
+        wsync_dtype_t ld = cuda_land_dtype(t);
+        void *land = NULL;
+        st = wsync_dev_malloc((size_t)(n ? n : 1) * wsync_dtype_size(ld), &land);
+        /* zeroed whole: what no piece covers stays 0, the rest is written every version */
+        if (st == WSYNC_OK &&
+            (st = wsync_dev_memset_async(land, 0, (size_t)(n ? n : 1) * wsync_dtype_size(ld),
+                                         r->dev_stream)) == WSYNC_OK)
+            st = wsync_dev_stream_sync(r->dev_stream, wsync_deadline_in(r->m.timeout_ms),
+                                       "zeroing an FP8 target's staging buffer");
+        if (st == WSYNC_OK && t->quant.scales_mem == WSYNC_MEM_HOST) {
+            uint64_t rows, cols;
+            int64_t sr = 0, sc = 0;
+            wsync_shape_matrix(t->ndim, t->shape, &rows, &cols);
+            st = wsync_quant_scales_shape(&t->quant, (int64_t)rows, (int64_t)cols, &sr, &sc);
+            if (st == WSYNC_OK)
+                st = wsync_dev_malloc((size_t)(sr * sc) * sizeof(float),
+                                      (void **)&r->dev_scales[i]);
+        }
+        if (st == WSYNC_OK) {
+            r->land[i] = land;
+            r->land_dtype[i] = ld;
+        } else {
+            wsync_dev_free(land);
+        }
+    }
+    wsync_dev_leave(t->device, saved);
+    if (st != WSYNC_OK) {
+        char text[1024];
+        snprintf(text, sizeof(text), "receiver %d: target '%s': %s", r->m.rank, t->name,
+                 wsync_last_error());
+        return wsync_err_set_text(st, text);
+    }
+    return WSYNC_OK;
+}
+
+/* Where host target i lands: in place, or (FP8) in an f32 staging buffer. */
+static wsync_status_t host_landing(wsync_receiver_t *r, const wsync_target_t *t, size_t i)
+{
+    if (!wsync_target_quantized(t->dtype, t->quant.scheme))
+        return WSYNC_OK;
+    /* whole-group scales need every value first: land f32 here, quantize at commit */
+    uint64_t n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        n *= (uint64_t)t->shape[d];
+    r->land[i] = calloc(n ? n : 1, sizeof(float));
+    r->land_dtype[i] = WSYNC_DTYPE_F32;
+    if (r->land[i] == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "receiver %d: no memory to stage FP8 target '%s' (%llu "
+                         "values)", r->m.rank, t->name, (unsigned long long)n);
+    return WSYNC_OK;
+}
+
 wsync_status_t wsync_receiver_add_target(wsync_receiver_t *r, const wsync_target_t *t)
 {
     wsync_status_t st;
 
     if (r == NULL || t == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "wsync_receiver_add_target: NULL argument");
+    const char *nm = t->name ? t->name : "?";
     if (r->m.state != WSYNC_STATE_CONNECTED)
         return wsync_err(WSYNC_ERR_STATE, "receiver %d: targets must be added before the first "
-                         "wait (target '%s')", r->m.rank, t->name ? t->name : "?");
+                         "wait (target '%s')", r->m.rank, nm);
     if (t->data == NULL)
         return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s' has no buffer (data is NULL)",
-                         r->m.rank, t->name ? t->name : "?");
-    if (t->mem == WSYNC_MEM_CUDA) {
-        if (!wsync_dev_compiled())
-            return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: target '%s' is in CUDA memory, but "
-                             "this libwsync was built without CUDA", r->m.rank,
-                             t->name ? t->name : "?");
-        int ndev = 0;
-        if (wsync_dev_count(&ndev) != WSYNC_OK)
-            return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: target '%s' is in CUDA memory, "
-                             "but this process can use no CUDA device (%s)", r->m.rank,
-                             t->name ? t->name : "?", wsync_last_error());
-        if (t->device < 0 || t->device >= ndev)
-            return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s' is on CUDA device %d, but "
-                             "this process sees devices 0 to %d", r->m.rank,
-                             t->name ? t->name : "?", t->device, ndev - 1);
-        if (r->device >= 0 && t->device != r->device)
-            return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: target '%s' is on CUDA device %d, "
-                             "but its earlier targets are on device %d: a receiver uses one CUDA "
-                             "device (make one receiver per GPU)", r->m.rank,
-                             t->name ? t->name : "?", t->device, r->device);
-        if ((st = check_cuda_ptr(r, t->name ? t->name : "?", "data", t->data, t->device)) != WSYNC_OK)
-            return st;
-    } else if (t->mem != WSYNC_MEM_HOST) {
-        return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s' has an unknown memory kind %d",
-                         r->m.rank, t->name ? t->name : "?", (int)t->mem);
-    }
-    if (r->ntargets == r->cap) {
-        size_t cap = r->cap ? r->cap * 2 : 64;
-        wsync_target_desc_t *d = realloc(r->targets, cap * sizeof(*d));
-        if (d == NULL)
-            return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
-        r->targets = d;
-        void **p = realloc(r->target_data, cap * sizeof(*p));
-        if (p == NULL)
-            return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
-        r->target_data = p;
-        p = realloc(r->land, cap * sizeof(*p));
-        if (p == NULL)
-            return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
-        r->land = p;
-        wsync_dtype_t *ld = realloc(r->land_dtype, cap * sizeof(*ld));
-        if (ld == NULL)
-            return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
-        r->land_dtype = ld;
-        wsync_quant_t *q = realloc(r->quant, cap * sizeof(*q));
-        if (q == NULL)
-            return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
-        r->quant = q;
-        float **ds = realloc(r->dev_scales, cap * sizeof(*ds));
-        if (ds == NULL)
-            return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
-        r->dev_scales = ds;
-        r->cap = cap;
-    }
-    if (wsync_target_quantized(t->dtype, t->quant.scheme) && t->quant.scales == NULL)
-        return wsync_err(WSYNC_ERR_INVALID, "receiver %d: FP8 target '%s' has no scales buffer "
-                         "(quant.scales is NULL)", r->m.rank, t->name ? t->name : "?");
-    if (wsync_target_quantized(t->dtype, t->quant.scheme) && t->quant.scales_mem != WSYNC_MEM_HOST) {
-        if (t->mem != WSYNC_MEM_CUDA)
-            return wsync_err(WSYNC_ERR_UNSUPPORTED, "receiver %d: FP8 target '%s' is in host memory "
-                             "but has its scales in CUDA memory: put both on the GPU, or both on "
-                             "the host", r->m.rank, t->name);
-        if ((st = check_cuda_ptr(r, t->name, "quant.scales", t->quant.scales, t->device)) != WSYNC_OK)
-            return st;
-    }
-    st = wsync_target_desc_from(t, (uint32_t)r->m.rank, (uint32_t)r->ntargets,
-                                &r->targets[r->ntargets]);
+                         r->m.rank, nm);
+    if ((st = check_target_memory(r, t, nm)) != WSYNC_OK || (st = grow_targets(r)) != WSYNC_OK)
+        return st;
+    size_t i = r->ntargets;
+    st = wsync_target_desc_from(t, (uint32_t)r->m.rank, (uint32_t)i, &r->targets[i]);
     if (st != WSYNC_OK)
         return st;
-    for (size_t i = 0; i < r->ntargets; i++) {
-        if (strcmp(r->targets[i].name, t->name) == 0) {
-            wsync_target_desc_clear(&r->targets[r->ntargets]);
+    for (size_t k = 0; k < i; k++) {
+        if (strcmp(r->targets[k].name, t->name) == 0) {
+            wsync_target_desc_clear(&r->targets[i]);
             return wsync_err(WSYNC_ERR_INVALID, "receiver %d: target '%s' added twice", r->m.rank,
                              t->name);
         }
     }
-    if (t->mem == WSYNC_MEM_CUDA) {
-        size_t i = r->ntargets;
-        int saved = -1;
-        r->target_data[i] = t->data;
-        r->land[i] = t->data;
-        r->land_dtype[i] = t->dtype;
-        r->quant[i] = t->quant;
-        r->dev_scales[i] = NULL;
-        if ((st = wsync_dev_enter(t->device, &saved)) != WSYNC_OK) {
-            wsync_target_desc_clear(&r->targets[i]);
-            return st;
-        }
-        /* above the ipc scheme's peer reads (boost 1): quantizations started while buckets
-         * still land get SMs at once, instead of waiting for the copy kernels to drain */
-        if (r->dev_stream == NULL)
-            st = wsync_dev_stream_create_prio(&r->dev_stream, 2);
-        if (st == WSYNC_OK && wsync_target_quantized(t->dtype, t->quant.scheme)) {
-            /* whole-group scales need every value first: land here, quantize at commit */
-            uint64_t n = target_elems(t);
-            wsync_dtype_t ld = cuda_land_dtype(t);
-            void *land = NULL;
-            st = wsync_dev_malloc((size_t)(n ? n : 1) * wsync_dtype_size(ld), &land);
-            /* zeroed whole: what no piece covers stays 0, the rest is written every version */
-            if (st == WSYNC_OK &&
-                (st = wsync_dev_memset_async(land, 0, (size_t)(n ? n : 1) * wsync_dtype_size(ld),
-                                             r->dev_stream)) == WSYNC_OK)
-                st = wsync_dev_stream_sync(r->dev_stream, wsync_deadline_in(r->m.timeout_ms),
-                                           "zeroing an FP8 target's staging buffer");
-            if (st == WSYNC_OK && t->quant.scales_mem == WSYNC_MEM_HOST) {
-                uint64_t rows, cols;
-                int64_t sr = 0, sc = 0;
-                wsync_shape_matrix(t->ndim, t->shape, &rows, &cols);
-                st = wsync_quant_scales_shape(&t->quant, (int64_t)rows, (int64_t)cols, &sr, &sc);
-                if (st == WSYNC_OK)
-                    st = wsync_dev_malloc((size_t)(sr * sc) * sizeof(float),
-                                          (void **)&r->dev_scales[i]);
-            }
-            if (st == WSYNC_OK) {
-                r->land[i] = land;
-                r->land_dtype[i] = ld;
-            } else {
-                wsync_dev_free(land);
-            }
-        }
-        wsync_dev_leave(t->device, saved);
-        if (st != WSYNC_OK) {
-            char text[1024];
-            snprintf(text, sizeof(text), "receiver %d: target '%s': %s", r->m.rank, t->name,
-                     wsync_last_error());
-            wsync_target_desc_clear(&r->targets[i]);
-            return wsync_err_set_text(st, text);
-        }
+    r->target_data[i] = t->data;
+    r->land[i] = t->data;
+    r->land_dtype[i] = t->dtype;
+    r->quant[i] = t->quant;
+    r->dev_scales[i] = NULL;
+    st = t->mem == WSYNC_MEM_CUDA ? cuda_landing(r, t, i) : host_landing(r, t, i);
+    if (st != WSYNC_OK) {
+        wsync_target_desc_clear(&r->targets[i]);
+        return st;
+    }
+    if (t->mem == WSYNC_MEM_CUDA)
         r->device = t->device;
-        r->ntargets++;
-        return WSYNC_OK;
-    }
-    {
-        size_t i = r->ntargets;
-        r->target_data[i] = t->data;
-        r->land[i] = t->data;
-        r->land_dtype[i] = t->dtype;
-        r->quant[i] = t->quant;
-        r->dev_scales[i] = NULL;
-        if (wsync_target_quantized(t->dtype, t->quant.scheme)) {
-            /* whole-group scales need every value first: land f32 here, quantize at commit */
-            uint64_t n = 1;
-            for (int d = 0; d < t->ndim; d++)
-                n *= (uint64_t)t->shape[d];
-            r->land[i] = calloc(n ? n : 1, sizeof(float));
-            r->land_dtype[i] = WSYNC_DTYPE_F32;
-            if (r->land[i] == NULL) {
-                wsync_target_desc_clear(&r->targets[i]);
-                return wsync_err(WSYNC_ERR_NOMEM, "receiver %d: no memory to stage FP8 target "
-                                 "'%s' (%llu values)", r->m.rank, t->name, (unsigned long long)n);
-            }
-        }
-        r->ntargets++;
-    }
+    r->ntargets++;
     return WSYNC_OK;
 }
 
