@@ -15,6 +15,7 @@ extern "C" {
 #define WK_IPT 4                       /* items a thread takes per unit */
 #define WK_UNIT (WK_THREADS * WK_IPT)  /* items of one unit of work */
 #define WK_MAX_GRID (1u << 30)
+#define WK_FULL 0xffffffffu            /* every lane of a warp (the *_sync masks) */
 
 /* Element kinds (element sizes in bytes: 2, 2, 4, 1). */
 enum { WK_BF16 = 0, WK_F16 = 1, WK_F32 = 2, WK_BYTE = 3 };

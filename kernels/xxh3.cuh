@@ -1,0 +1,228 @@
+/* Internal to kernels/delta.cu: XXH3_64bits (seed 0, default secret) on the device, every length
+ * class, bit-exact with xxhash.h (tests/gpu/test_delta_kernels "xxh3"): the codec's leaf and tree
+ * hashes. Its secret is a __constant__ definition, so one translation unit includes this. */
+#ifndef WSYNC_KERNELS_XXH3_CUH
+#define WSYNC_KERNELS_XXH3_CUH
+
+#include <stdint.h>
+
+#include "kernels/common.cuh"
+
+#ifndef WK_XXH_FN
+#define WK_XXH_FN __device__ __forceinline__
+#endif
+
+/* The default secret of XXH3 (xxhash.h's XXH3_kSecret, the specification's constant). Kernels
+ * copy it to shared memory: lanes read it at different offsets. */
+__constant__ unsigned char wk_xxh_secret[192] = {
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
+    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
+    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+};
+
+#define WK_P32_1 UINT64_C(0x9E3779B1)
+#define WK_P32_2 UINT64_C(0x85EBCA77)
+#define WK_P32_3 UINT64_C(0xC2B2AE3D)
+#define WK_P64_1 UINT64_C(0x9E3779B185EBCA87)
+#define WK_P64_2 UINT64_C(0xC2B2AE3D27D4EB4F)
+#define WK_P64_3 UINT64_C(0x165667B19E3779F9)
+#define WK_P64_4 UINT64_C(0x85EBCA77C2B2AE63)
+#define WK_P64_5 UINT64_C(0x27D4EB2F165667C5)
+#define WK_PMX_1 UINT64_C(0x165667919E3779F9)
+#define WK_PMX_2 UINT64_C(0x9FB21C651E98DF25)
+
+/* Little-endian loads at any alignment (the device is little-endian). */
+WK_XXH_FN uint64_t wk_rd64(const unsigned char *p)
+{
+    if (((uintptr_t)p & 7) == 0)
+        return *(const uint64_t *)p;
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+WK_XXH_FN uint32_t wk_rd32(const unsigned char *p)
+{
+    if (((uintptr_t)p & 3) == 0)
+        return *(const uint32_t *)p;
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+WK_XXH_FN uint64_t wk_rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+WK_XXH_FN uint64_t wk_swap64(uint64_t x)
+{
+    uint64_t r = 0;
+    for (int i = 0; i < 8; i++)
+        r = (r << 8) | ((x >> (8 * i)) & 0xff);
+    return r;
+}
+
+WK_XXH_FN uint64_t wk_fold64(uint64_t a, uint64_t b)
+{
+#ifdef __CUDA_ARCH__
+    return (a * b) ^ __umul64hi(a, b);
+#else
+    unsigned __int128 p = (unsigned __int128)a * b;
+    return (uint64_t)p ^ (uint64_t)(p >> 64);
+#endif
+}
+
+WK_XXH_FN uint64_t wk_avalanche3(uint64_t h)
+{
+    h ^= h >> 37;
+    h *= WK_PMX_1;
+    return h ^ (h >> 32);
+}
+
+WK_XXH_FN uint64_t wk_avalanche64(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= WK_P64_2;
+    h ^= h >> 29;
+    h *= WK_P64_3;
+    return h ^ (h >> 32);
+}
+
+WK_XXH_FN uint64_t wk_mix16(const unsigned char *p, const unsigned char *s)
+{
+    return wk_fold64(wk_rd64(p) ^ wk_rd64(s), wk_rd64(p + 8) ^ wk_rd64(s + 8));
+}
+
+/* Inputs of 0..240 bytes, by one thread; s: the secret. */
+WK_XXH_FN uint64_t wk_xxh3_short(const unsigned char *p, uint64_t len, const unsigned char *s)
+{
+    if (len == 0)
+        return wk_avalanche64(wk_rd64(s + 56) ^ wk_rd64(s + 64));
+    if (len <= 3) {
+        uint32_t comb = (uint32_t)p[0] << 16 | (uint32_t)p[len >> 1] << 24 | (uint32_t)p[len - 1] |
+                        (uint32_t)len << 8;
+        return wk_avalanche64((uint64_t)comb ^ (uint64_t)(wk_rd32(s) ^ wk_rd32(s + 4)));
+    }
+    if (len <= 8) {
+        uint64_t in = (uint64_t)wk_rd32(p + len - 4) + ((uint64_t)wk_rd32(p) << 32);
+        uint64_t h = in ^ (wk_rd64(s + 8) ^ wk_rd64(s + 16));
+        h ^= wk_rotl64(h, 49) ^ wk_rotl64(h, 24);
+        h *= WK_PMX_2;
+        h ^= (h >> 35) + len;
+        h *= WK_PMX_2;
+        return h ^ (h >> 28);
+    }
+    if (len <= 16) {
+        uint64_t lo = wk_rd64(p) ^ (wk_rd64(s + 24) ^ wk_rd64(s + 32));
+        uint64_t hi = wk_rd64(p + len - 8) ^ (wk_rd64(s + 40) ^ wk_rd64(s + 48));
+        return wk_avalanche3(len + wk_swap64(lo) + hi + wk_fold64(lo, hi));
+    }
+    uint64_t acc = len * WK_P64_1;
+    if (len <= 128) {
+        /* pairs of 16-byte lanes from both ends, as many as the length holds */
+        uint32_t pairs = len > 96 ? 4 : len > 64 ? 3 : len > 32 ? 2 : 1;
+        for (uint32_t i = 0; i < pairs; i++) {
+            acc += wk_mix16(p + 16 * i, s + 32 * i);
+            acc += wk_mix16(p + len - 16 * (i + 1), s + 32 * i + 16);
+        }
+        return wk_avalanche3(acc);
+    }
+    /* 129..240: eight rounds, an avalanche, the rest at secret offset 3, the last 16 bytes */
+    for (uint32_t i = 0; i < 8; i++)
+        acc += wk_mix16(p + 16 * i, s + 16 * i);
+    acc = wk_avalanche3(acc);
+    uint32_t rounds = (uint32_t)(len / 16);
+    for (uint32_t i = 8; i < rounds; i++)
+        acc += wk_mix16(p + 16 * i, s + 16 * (i - 8) + 3);
+    acc += wk_mix16(p + len - 16, s + 136 - 17);
+    return wk_avalanche3(acc);
+}
+
+/* Inputs of more than 240 bytes, by the whole block (every thread calls it; the result is thread
+ * 0's). XXH3's long loop adds, per 64-byte stripe, terms that do not depend on the accumulators;
+ * only the scramble after every 1024 bytes (16 stripes) is not linear. So thread (segment, lane)
+ * sums its lane's terms over the 16 stripes of its segment, 32 segments at a time, and eight
+ * threads (one per accumulator) then run the scrambles in order. hsum: 256 words of shared
+ * memory. */
+__device__ uint64_t wk_xxh3_long(const unsigned char *p, uint64_t len, const unsigned char *s,
+                                 uint64_t *hsum)
+{
+    const uint64_t nfull = (len - 1) / 1024;   /* segments followed by a scramble */
+    const uint32_t nlast = (uint32_t)(((len - 1) - nfull * 1024) / 64);
+    const uint64_t nseg = nfull + 1;
+    const int t = threadIdx.x, lane = t & 7;
+    /* the accumulators' starting values, without a local array */
+    uint64_t acc = lane == 0 ? WK_P32_3 : lane == 1 ? WK_P64_1 : lane == 2 ? WK_P64_2
+                 : lane == 3 ? WK_P64_3 : lane == 4 ? WK_P64_4 : lane == 5 ? WK_P32_2
+                 : lane == 6 ? WK_P64_5 : WK_P32_1;
+
+    for (uint64_t base = 0; base < nseg; base += WK_THREADS / 8) {
+        uint64_t seg = base + (uint64_t)(t >> 3), sv = 0, sp = 0;
+        if (seg < nseg) {
+            uint32_t ns = seg < nfull ? 16 : nlast;
+            const unsigned char *q = p + seg * 1024 + 8 * lane;
+            for (uint32_t n = 0; n < ns; n++) {
+                uint64_t v = wk_rd64(q + 64 * n), key = v ^ wk_rd64(s + 8 * n + 8 * lane);
+                sv += v;
+                sp += (key & 0xffffffffu) * (key >> 32);
+            }
+            if (seg == nseg - 1) {   /* the last stripe: the input's last 64 bytes */
+                uint64_t v = wk_rd64(p + len - 64 + 8 * lane), key = v ^ wk_rd64(s + 121 + 8 * lane);
+                sv += v;
+                sp += (key & 0xffffffffu) * (key >> 32);
+            }
+        }
+        /* accumulator i takes its own products and the values of lane i ^ 1 */
+        hsum[t] = sp + __shfl_xor_sync(WK_FULL, sv, 1);
+        __syncthreads();
+        if (t < 8) {
+            uint64_t end = nseg < base + WK_THREADS / 8 ? nseg : base + WK_THREADS / 8;
+            for (uint64_t g = base; g < end; g++) {
+                acc += hsum[(g - base) * 8 + t];
+                if (g < nfull) {
+                    acc ^= acc >> 47;
+                    acc ^= wk_rd64(s + 128 + 8 * t);
+                    acc *= WK_P32_1;
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (t < 8)
+        hsum[t] = acc;
+    __syncthreads();
+    uint64_t h = 0;
+    if (t == 0) {
+        h = len * WK_P64_1;
+        for (int i = 0; i < 4; i++)
+            h += wk_fold64(hsum[2 * i] ^ wk_rd64(s + 11 + 16 * i),
+                           hsum[2 * i + 1] ^ wk_rd64(s + 11 + 16 * i + 8));
+        h = wk_avalanche3(h);
+    }
+    __syncthreads();   /* hsum is free again */
+    return h;
+}
+
+/* XXH3_64bits(p, len) by the whole block; thread 0 gets it. */
+__device__ uint64_t wk_xxh3(const unsigned char *p, uint64_t len, const unsigned char *s,
+                            uint64_t *hsum)
+{
+    if (len > 240)
+        return wk_xxh3_long(p, len, s, hsum);
+    return threadIdx.x == 0 ? wk_xxh3_short(p, len, s) : 0;
+}
+
+/* The secret into shared memory (before the first __syncthreads of a kernel). */
+__device__ __forceinline__ void wk_secret_load(uint64_t *sec)
+{
+    if (threadIdx.x < 24)
+        sec[threadIdx.x] = wk_rd64(wk_xxh_secret + 8 * threadIdx.x);
+}
+
+#endif
