@@ -202,10 +202,9 @@ static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
         ipc_from_t *f = &st->from[s];
         for (uint32_t j = 0; j < r->nqruns && rc == WSYNC_OK; j++)
             if (run_s[j] == s) {   /* the grid cap for a local or a peer source, and the stream */
-                int local = 0;
-                rc = sender_stream(r, f, r->qruns[j].src, &f->qblocks, NULL);
-                if (rc == WSYNC_OK)
-                    rc = src_local(r, f, r->qruns[j].src, &local);
+                int peer = 0;
+                rc = sender_stream(r, f, r->qruns[j].src, &f->qblocks, &peer);
+                int local = !peer;
                 /* peer reads quantized on half the copies' grid left more of the GPU to the
                  * local runs: 3% faster on 4 H200 (FSDP-4 -> TP-4 colocated, Qwen3-8B shape) */
                 double q = local ? env_double("WSYNC_IPC_QUANT_BLOCKS_LOCAL", 1.0)
