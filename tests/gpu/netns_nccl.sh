@@ -3,11 +3,14 @@
 # namespace of its own, the namespaces joined by one bridge (veth pairs), and NCCL held to its
 # socket transport as between nodes without NVLink or InfiniBand (NCCL_P2P_DISABLE=1
 # NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1, NCCL_SOCKET_IFNAME=wsnet0: each namespace's one device).
-# Runs, by GPU count (each process one GPU, CUDA_VISIBLE_DEVICES):
-#   2-3 GPUs: FSDP-1 -> TP-1 (GPU 0 -> GPU 1); with 3, fan-out 1 -> 2 replicas;
-#   4+ GPUs:  FSDP-1 -> TP-1, FSDP-2 -> TP-2 (GPUs 0,1 -> 2,3), fan-out 1 -> 3 replicas;
-# and, in the same namespaces and with the same environment, raw ncclSend (GPU 0 -> GPU 1) and
-# ncclBroadcast (over the fan-out's GPUs) of the same bytes. Every receiver checks every element
+# Runs FSDP-1 -> TP-1, FSDP-2 -> TP-2 and fan-out 1 -> 3 replicas, each process in the namespace
+# of its own simulated host and on one GPU (CUDA_VISIBLE_DEVICES): host i takes GPU i mod G, so
+# with fewer than 4 GPUs two hosts share one (a sender and a receiver, or two raw ranks). Each
+# namespace is one machine to both libraries: WSYNC_HOST_ID and NCCL_HOSTID name it, as the boot
+# ids of separate machines would, so neither refuses two "hosts" on one GPU, and NCCL takes its
+# network transport between them as it does between nodes. In the same namespaces and with the
+# same environment, raw ncclSend (host 0 -> host 1) and ncclBroadcast (over the 4 hosts) move the
+# same bytes. Every receiver checks every element
 # of the first and last versions (tests/gpu/netns_member.c). The NCCL log says which transport
 # each channel took: a channel "via P2P" or "via SHM" fails the run.
 #
@@ -16,7 +19,7 @@
 # --mem host: the same namespaces and processes with host memory and the store scheme (no GPU:
 # this checks the namespace set-up, the launches and the byte checks on a CPU machine; --gpus
 # then only picks the scenarios). --dry-run prints what would run. Needs root and iproute2's `ip`
-# (tests/gpu/run.sh puts the carried one on PATH); without them, or without 2 GPUs, exit 77.
+# (tests/gpu/run.sh puts the carried one on PATH); without them, or without a GPU, exit 77.
 # Output: $OUT (default /tmp/wsync-netns-out)/netns.jsonl, one JSON line per run (kind wsync or
 # raw), the logs beside it, and a table after the line "== netns results". Exit 0 when every run
 # passed.
@@ -52,14 +55,14 @@ esac
 
 if [ -z "$GPUS" ]; then
     GPUS=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
-    [ "$MEM" = host ] && [ "$GPUS" -lt 2 ] && GPUS=4   # host runs: the 4-GPU scenarios
+    [ "$MEM" = host ] && [ "$GPUS" -lt 1 ] && GPUS=4   # host runs: no GPU is used
 fi
 if [ "$DRY" = 0 ]; then
     if [ "$(id -u)" != 0 ]; then echo "skipped: network namespaces need root"; exit 77; fi
     if ! command -v ip > /dev/null 2>&1; then echo "skipped: iproute2's ip is not on PATH"; exit 77; fi
     if [ ! -x "$MEMBER" ]; then echo "no $MEMBER: build the tests and carry the build"; exit 1; fi
 fi
-if [ "$GPUS" -lt 2 ]; then echo "skipped: $GPUS GPU(s); the nccl runs need 2"; exit 77; fi
+if [ "$GPUS" -lt 1 ]; then echo "skipped: no GPU; the nccl runs need one"; exit 77; fi
 mkdir -p "$OUT"
 : > "$OUT/netns.jsonl"
 
@@ -131,6 +134,7 @@ launch() {   # log name, host, GPU, then netns_member arguments
     shift 3
     # XENV: one more VAR=value for this run's processes (the delta run's WSYNC_DELTA=on)
     local cmd=(ip netns exec "${TAG}h$host" env "${ENVS[@]}" ${XENV:-} CUDA_VISIBLE_DEVICES=$gpu
+               WSYNC_HOST_ID="${TAG}-host$host" NCCL_HOSTID="${TAG}-host$host"
                timeout -k 5 "$LIMIT" "$MEMBER" "$@")
     if [ "$DRY" = 1 ]; then echo "+ ${cmd[*]} > $WORK/$name.log &"; return; fi
     "${cmd[@]}" > "$WORK/$name.log" 2>&1 &
@@ -173,12 +177,9 @@ record() {   # run name, rc
     [ -n "$line" ] && echo "$line" >> "$OUT/netns.jsonl"
 }
 
-# one wsync run: name, layout, senders' GPUs (comma-separated), receivers' GPUs
+# one wsync run: name, layout, senders, receivers (host i, GPU i mod $GPUS; senders first)
 wsync_run() {
-    local name=$1 layout=$2
-    IFS=, read -r -a sg <<< "$3"
-    IFS=, read -r -a rg <<< "$4"
-    local ns=${#sg[@]} nr=${#rg[@]} port=$((29000 + RANDOM % 2000))
+    local name=$1 layout=$2 ns=$3 nr=$4 port=$((29000 + RANDOM % 2000))
     echo "== $name: $ns sender(s) -> $nr receiver(s), $layout, $MEM memory, scheme $SCHEME"
     do_cmd rm -rf "$WORK/$name.d"
     do_cmd mkdir -p "$WORK/$name.d"
@@ -186,10 +187,11 @@ wsync_run() {
                   --scheme "$SCHEME" --layout "$layout" --bytes "$BYTES" --dir "$WORK/$name.d"
                   --name "$name" --device 0)
     for ((i = 0; i < ns; i++)); do
-        launch "$name.s$i" "$i" "${sg[$i]}" --role sender --rank "$i" "${common[@]}"
+        launch "$name.s$i" "$i" "$((i % GPUS))" --role sender --rank "$i" "${common[@]}"
     done
     for ((i = 0; i < nr; i++)); do
-        launch "$name.r$i" "$((ns + i))" "${rg[$i]}" --role receiver --rank "$i" "${common[@]}"
+        launch "$name.r$i" "$((ns + i))" "$(((ns + i) % GPUS))" --role receiver --rank "$i" \
+            "${common[@]}"
     done
     reap "$name"
     local rc=$?
@@ -197,16 +199,14 @@ wsync_run() {
     [ "$DRY" = 1 ] || grep -h 'elements differ' "$WORK/$name".r*.log | sed 's/^/   /'
 }
 
-# raw NCCL: name, op (send or bcast), GPUs (rank i on host i)
+# raw NCCL: name, op (send or bcast), ranks (rank i on host i, GPU i mod $GPUS)
 raw_run() {
-    local name=$1 op=$2
-    IFS=, read -r -a g <<< "$3"
-    local n=${#g[@]}
+    local name=$1 op=$2 n=$3
     echo "== $name: raw $op over $n namespaces"
     do_cmd rm -rf "$WORK/$name.d"
     do_cmd mkdir -p "$WORK/$name.d"
     for ((i = 0; i < n; i++)); do
-        launch "$name.k$i" "$i" "${g[$i]}" --role raw --op "$op" --rank "$i" --nranks "$n" \
+        launch "$name.k$i" "$i" "$((i % GPUS))" --role raw --op "$op" --rank "$i" --nranks "$n" \
             --bytes "$BYTES" --dir "$WORK/$name.d" --name "$name" --device 0
     done
     reap "$name"
@@ -215,31 +215,22 @@ raw_run() {
 
 WORK=$OUT/logs
 do_cmd mkdir -p "$WORK"
-if [ "$GPUS" -ge 4 ]; then HOSTS=4; else HOSTS=$GPUS; fi
-if ! lan_up "$HOSTS"; then
+if ! lan_up 4; then
     echo "skipped: could not make the network namespaces"
     exit 77
 fi
 
-wsync_run fsdp1-tp1 tp 0 1
+wsync_run fsdp1-tp1 tp 1 1
 # delta versions asked for explicitly (issue 17: nccl carries them; auto also turns them on for
 # a group that spans namespaces)
-[ "$MEM" = cuda ] && XENV=WSYNC_DELTA=on wsync_run fsdp1-tp1-delta tp 0 1
-[ "$MEM" = cuda ] && raw_run raw-send send 0,1
-if [ "$GPUS" -ge 4 ]; then
-    wsync_run fsdp2-tp2 tp 0,1 2,3
-    wsync_run fanout-1-3 fanout 0 1,2,3
-    [ "$MEM" = cuda ] && raw_run raw-bcast-4 bcast 0,1,2,3
-elif [ "$GPUS" -ge 3 ]; then
-    wsync_run fanout-1-2 fanout 0 1,2
-    [ "$MEM" = cuda ] && raw_run raw-bcast-3 bcast 0,1,2
-else
-    echo "== 2 GPUs: fan-out beyond 1 -> 1 (which is FSDP-1 -> TP-1) needs 3; broadcast over the 2"
-    [ "$MEM" = cuda ] && raw_run raw-bcast-2 bcast 0,1
-fi
+[ "$MEM" = cuda ] && XENV=WSYNC_DELTA=on wsync_run fsdp1-tp1-delta tp 1 1
+[ "$MEM" = cuda ] && raw_run raw-send send 2
+wsync_run fsdp2-tp2 tp 2 2
+wsync_run fanout-1-3 fanout 1 3
+[ "$MEM" = cuda ] && raw_run raw-bcast-4 bcast 4
 [ "$DRY" = 1 ] && exit 0
 
-echo "== netns results ($MEM memory, $BYTES bytes, $GPUS GPU(s), NCCL sockets on $DEV)"
+echo "== netns results ($MEM memory, $BYTES bytes, 4 hosts on $GPUS GPU(s), NCCL sockets on $DEV)"
 python3 - "$OUT/netns.jsonl" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]

@@ -21,9 +21,10 @@
 #      (GPUs 0, 1) push 3 trained versions into wsync-engine TP-2; tokens equal HF's;
 #   2d. tests/gpu/netns_nccl.sh (issue 19, step "netns", about 1 minute): the nccl scheme with
 #      every sender and receiver in a network namespace of its own, joined by veth to a bridge,
-#      NCCL held to its socket transport (P2P, SHM, IB off): FSDP-1 -> TP-1, and on 4 GPUs
-#      FSDP-2 -> TP-2 and fan-out 1 -> 3 (1 -> 2 on 3), byte-checked, next to raw ncclSend and
-#      ncclBroadcast over the same namespaces in the same run; its table is in the summary;
+#      NCCL held to its socket transport (P2P, SHM, IB off): FSDP-1 -> TP-1, FSDP-2 -> TP-2 and
+#      fan-out 1 -> 3 on 4 simulated hosts (host i on GPU i mod the GPU count), byte-checked, next
+#      to raw ncclSend and ncclBroadcast over the same namespaces in the same run; its table is in
+#      the summary;
 #   3. wsync-bench model runs of the issue's targets (Qwen3-8B shape): on 4 GPUs fan-out 1 -> 3
 #      replicas (nccl, ipc), colocated FSDP-4 -> TP-4 (ipc, nccl; bf16 and fp8-block),
 #      disaggregated FSDP-2 (GPUs 0,1) -> TP-2 (GPUs 2,3) (nccl, ipc); fewer, named, on 1 or 2;
