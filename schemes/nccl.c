@@ -83,12 +83,20 @@ static int nccl_score(const wsync_group_info_t *g, char *reason, size_t len)
             return 0;
         }
     }
-    /* NCCL allows one rank per GPU: colocated senders and receivers are the ipc scheme's */
+    /* NCCL allows one rank per GPU: colocated senders and receivers are the ipc scheme's. One
+     * GPU is one UUID on one host: the same UUID under two host ids is one machine that the
+     * user named as two (WSYNC_HOST_ID, with NCCL_HOSTID for NCCL: tests/gpu/netns_nccl.sh),
+     * as exchange_hello judges it too */
     for (uint32_t i = 0; i < g->nsenders + g->nreceivers; i++) {
         const uint8_t *a = group_gpu(g, i);
+        const wsync_hello_t *hi = i < g->nsenders ? &g->senders[i] : &g->receivers[i - g->nsenders];
         for (uint32_t j = i + 1; a != NULL && j < g->nsenders + g->nreceivers; j++) {
             const uint8_t *b = group_gpu(g, j);
-            if (b != NULL && memcmp(a, b, 16) == 0) {
+            const wsync_hello_t *hj = j < g->nsenders ? &g->senders[j]
+                                                      : &g->receivers[j - g->nsenders];
+            if (b != NULL && memcmp(a, b, 16) == 0 &&
+                (hi->host_id == NULL || hj->host_id == NULL ||
+                 wsync_host_same(hi->host_id, hj->host_id))) {
                 char u[48];
                 wsync_dev_uuid_str(a, u, sizeof(u));
                 snprintf(reason, len, "%s %u and %s %u share GPU %s: NCCL allows one rank per GPU",

@@ -476,9 +476,12 @@ static void test_score(void)
     CHECK_MSG(strstr(reason, "sender 1 and receiver 1 share GPU") != NULL, "%s", reason);
     rg[1] = NULL;   /* unknown: no refusal */
     CHECK(wsync_scheme_nccl.score(&g, reason, sizeof(reason)) > 0);
-    rg[1] = gpu_a;
+    rg[1] = gpu_a;   /* sender 0's GPU, but receiver 1 is on host b: named apart, not refused */
+    CHECK_MSG(wsync_scheme_nccl.score(&g, reason, sizeof(reason)) > 0, "%s", reason);
+    h[3].host_id = (char *)"a";   /* on host a too: one GPU */
     CHECK(wsync_scheme_nccl.score(&g, reason, sizeof(reason)) == 0);
     CHECK_MSG(strstr(reason, "sender 0 and receiver 1 share GPU") != NULL, "%s", reason);
+    h[3].host_id = (char *)"b";
     g.sender_gpu = g.receiver_gpu = NULL;
 
     /* one host, CUDA memory, replicas: ipc still serves but ranks below nccl's broadcast */
