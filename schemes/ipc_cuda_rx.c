@@ -22,7 +22,8 @@
  * stream so their blocks start first and the local copies fill in around them. On 4x H200,
  * colocated FSDP-4 -> TP-4 (Qwen3-8B shape) took 6.44 ms with neither, 5.03 ms with both
  * (tests/gpu/tune.sh sweeps them). Tunable from the environment: WSYNC_IPC_BLOCKS_LOCAL and
- * WSYNC_IPC_BLOCKS_PEER (blocks per SM, 0: no cap), WSYNC_IPC_PEER_PRIORITY (0 or 1),
+ * WSYNC_IPC_BLOCKS_PEER (blocks per SM, 0: no cap; the peer default is shared, below),
+ * WSYNC_IPC_PEER_PRIORITY (0 or 1),
  * WSYNC_IPC_STREAMS (1 or 2 streams per sender: see sender_stream). */
 static double env_double(const char *name, double dflt)
 {
@@ -53,6 +54,29 @@ static wsync_status_t src_local(const wsync_receiver_t *r, const ipc_from_t *f, 
     return rc;
 }
 
+/* The peer reads of all senders share this many blocks per SM (unless WSYNC_IPC_BLOCKS_PEER sets
+ * each one's): each peer sender's cap is min(1, IPC_PEER_BLOCKS_TOTAL / peer senders). NVLink,
+ * not SMs, bounds peer reads, so more of their blocks only take SMs from the local copies.
+ * Measured on 4 x H200 (Qwen3-8B shape, ipc, byte-checked, rounds alternating, ms (x floor)):
+ * colocated FSDP-4 -> TP-4 (3 peer senders) bf16 at 1 block per SM each 5.41-5.57 (1.42-1.47),
+ * at 0.5 4.18-4.44 (1.10-1.17), fp8-block at 0.5 4.27-4.65 (0.98-1.08 x bf16's); FSDP-2 -> TP-2
+ * colocated (1 peer) 5.96-5.99 at 1, 6.05-6.13 at 0.5; disaggregated FSDP-2 -> TP-2 (2 peers)
+ * 22.81-23.02 at 1, 23.04-23.12 at 0.5 (tests/gpu/tune.sh sweep4; docs/benchmarks.md). */
+#define IPC_PEER_BLOCKS_TOTAL 1.5
+
+/* Senders whose CUDA memory is on another GPU than ours. */
+static uint32_t peer_senders(const wsync_receiver_t *r)
+{
+    const ipc_receiver_t *st = r->m.scheme_state;
+    uint32_t n = 0;
+
+    for (uint32_t s = 0; st != NULL && s < st->nsenders; s++) {
+        const ipc_from_t *f = &st->from[s];
+        n += (f->flags & HELLO_GPU) && f->cim != NULL && !wsync_cuda_import_on_device(f->cim);
+    }
+    return n;
+}
+
 static wsync_status_t sender_stream(wsync_receiver_t *r, ipc_from_t *f, const void *src,
                                     uint32_t *max_blocks, int *peer)
 {
@@ -65,8 +89,10 @@ static wsync_status_t sender_stream(wsync_receiver_t *r, ipc_from_t *f, const vo
         return rc;
     if (peer != NULL && src != NULL)
         *peer |= !local;
+    const uint32_t np = local ? 0 : peer_senders(r);
+    const double share = np > IPC_PEER_BLOCKS_TOTAL ? IPC_PEER_BLOCKS_TOTAL / np : 1.0;
     *max_blocks = (uint32_t)(sms * env_double(local ? "WSYNC_IPC_BLOCKS_LOCAL" : "WSYNC_IPC_BLOCKS_PEER",
-                                              1.0) + 0.5);
+                                              local ? 1.0 : share) + 0.5);
     int prio = !local && env_double("WSYNC_IPC_PEER_PRIORITY", 1) > 0;
     if (f->stream == NULL)
         rc = prio ? wsync_dev_stream_create_prio(&f->stream, 1) : wsync_dev_stream_create(&f->stream);

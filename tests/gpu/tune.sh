@@ -4,7 +4,8 @@
 # (Qwen3-8B shape by default), every result byte-checked by wsync-bench itself.
 #
 #   bash tests/gpu/tune.sh BUILD [SCENARIO ...]     (scenarios: colocated fp8 disagg-ipc disagg-nccl
-#                                                      colocated1 colocated1-fp8 colocated2 streams4)
+#                                                      colocated1 colocated1-fp8 colocated2 streams4
+#                                                      target4 sweep4)
 #
 # Knobs (see schemes/ipc_cuda_rx.c, sender_stream): WSYNC_IPC_BLOCKS_LOCAL / WSYNC_IPC_BLOCKS_PEER
 # (blocks per SM of a sender's batch kernels when it is on our GPU / another one; 0: no cap) and
@@ -74,6 +75,27 @@ for s in $SCEN; do
             done
         done
         ;;
+    target4)   # 4 GPUs: issue 18's colocated targets with the defaults only, FSDP-4 -> TP-4 bf16
+        # and FP8 block, 3 rounds alternating (x floor <= 1.15; fp8 / bf16 <= 1.0)
+        for round in 1 2 3; do
+            one "$s-bf16-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated
+            one "$s-fp8-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated --quant fp8-block
+        done
+        ;;
+    sweep4)   # 4 GPUs, FSDP-4 -> TP-4 colocated: the caps around the defaults (two streams a
+        # sender, peer reads told apart), bf16 in 2 rounds alternating, fp8-block in the first;
+        # then one debug run (bf16)
+        for round in 1 2; do
+            for set in "default:" "S1:WSYNC_IPC_STREAMS=1" "L2:WSYNC_IPC_BLOCKS_LOCAL=2" \
+                       "P2:WSYNC_IPC_BLOCKS_PEER=2" "P0.5:WSYNC_IPC_BLOCKS_PEER=0.5" \
+                       "nocap:WSYNC_IPC_BLOCKS_LOCAL=0 WSYNC_IPC_BLOCKS_PEER=0" "pri0:WSYNC_IPC_PEER_PRIORITY=0"; do
+                one "$s-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 --colocated
+                [ $round = 1 ] && one "$s-${set%%:*}-fp8-r$round" "${set#*:}" --scheme ipc \
+                    --senders 4 --tp 4 --colocated --quant fp8-block
+            done
+        done
+        one "$s-debug" "WSYNC_LOG_LEVEL=debug" --scheme ipc --senders 4 --tp 4 --colocated
+        ;;
     disagg-ipc)
         for p in 0 1 2 3; do
             one "disagg-ipc-P$p" "WSYNC_IPC_BLOCKS_PEER=$p" --scheme ipc --senders 2 --tp 2
@@ -104,7 +126,7 @@ for s in $SCEN; do
             --scheme nccl --senders 2 --tp 2
         ;;
     *)
-        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4)" >&2
+        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4, target4, sweep4)" >&2
         exit 2
         ;;
     esac
