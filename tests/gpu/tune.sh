@@ -5,7 +5,7 @@
 #
 #   bash tests/gpu/tune.sh BUILD [SCENARIO ...]     (scenarios: colocated fp8 disagg-ipc disagg-nccl
 #                                                      colocated1 colocated1-fp8 colocated2 streams4
-#                                                      target4 sweep4)
+#                                                      target4 sweep4 fp8caps4)
 #
 # Knobs (see schemes/ipc_cuda_rx.c, sender_stream): WSYNC_IPC_BLOCKS_LOCAL / WSYNC_IPC_BLOCKS_PEER
 # (blocks per SM of a sender's batch kernels when it is on our GPU / another one; 0: no cap) and
@@ -96,6 +96,17 @@ for s in $SCEN; do
         done
         one "$s-debug" "WSYNC_LOG_LEVEL=debug" --scheme ipc --senders 4 --tp 4 --colocated
         ;;
+    fp8caps4)   # 4 GPUs, FSDP-4 -> TP-4 colocated: fp8-block beside bf16 with the defaults (peer
+        # senders sharing 1.5 blocks per SM), and the FP8 runs' own caps, 2 rounds alternating
+        for round in 1 2; do
+            one "$s-bf16-default-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated
+            for set in "default:" "Q1:WSYNC_IPC_QUANT_BLOCKS_PEER=1" "L2:WSYNC_IPC_BLOCKS_LOCAL=2" \
+                       "QL0.5:WSYNC_IPC_QUANT_BLOCKS_LOCAL=0.5" "S1:WSYNC_IPC_STREAMS=1"; do
+                one "$s-fp8-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 \
+                    --colocated --quant fp8-block
+            done
+        done
+        ;;
     disagg-ipc)
         for p in 0 1 2 3; do
             one "disagg-ipc-P$p" "WSYNC_IPC_BLOCKS_PEER=$p" --scheme ipc --senders 2 --tp 2
@@ -126,7 +137,7 @@ for s in $SCEN; do
             --scheme nccl --senders 2 --tp 2
         ;;
     *)
-        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4, target4, sweep4)" >&2
+        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4, target4, sweep4, fp8caps4)" >&2
         exit 2
         ;;
     esac
