@@ -50,6 +50,7 @@
  */
 #include "kernels/common.cuh"
 #include "kernels/delta.h"
+#include "kernels/vdiff.h"
 #include "kernels/xxh3.cuh"
 
 extern "C" {
@@ -314,15 +315,23 @@ __device__ __forceinline__ unsigned long long wk_vget(const uint4 &x, int e)
     }
 }
 
-/* Bit e set when element e of a and b differ. */
+/* Bit e set when element e of a and b differ: 2- and 1-byte elements in word operations
+ * (kernels/vdiff.h: about 6 per word where the loop below compiled to about 10 per element
+ * pair), 4- and 8-byte ones by the loop. */
 template <int E>
 __device__ __forceinline__ uint32_t wk_vdiff(const uint4 &a, const uint4 &b)
 {
-    uint32_t bits = 0;
+    if constexpr (E == 2) {
+        return wk_vdiff2(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w);
+    } else if constexpr (E == 1) {
+        return wk_vdiff1(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w);
+    } else {
+        uint32_t bits = 0;
 #pragma unroll
-    for (int e = 0; e < 16 / E; e++)
-        bits |= (uint32_t)(wk_vget<E>(a, e) != wk_vget<E>(b, e)) << e;
-    return bits;
+        for (int e = 0; e < 16 / E; e++)
+            bits |= (uint32_t)(wk_vget<E>(a, e) != wk_vget<E>(b, e)) << e;
+        return bits;
+    }
 }
 
 /* Vector v's bits into the mask words (every lane of the warp calls it, with v = threadIdx.x +
