@@ -472,36 +472,33 @@ static wsync_status_t check_target_memory(wsync_receiver_t *r, const wsync_targe
     return WSYNC_OK;
 }
 
+/* p grown to cap elements of elem bytes, or p itself (and *bad set) when that fails or an earlier
+ * array failed: the caller checks once. */
+static void *grow_array(void *p, size_t cap, size_t elem, int *bad)
+{
+    void *q = *bad ? NULL : realloc(p, cap * elem);
+    if (q == NULL) {
+        *bad = 1;
+        return p;
+    }
+    return q;
+}
+
 /* Room for one more target in every per-target array. */
 static wsync_status_t grow_targets(wsync_receiver_t *r)
 {
     if (r->ntargets < r->cap)
         return WSYNC_OK;
     size_t cap = r->cap ? r->cap * 2 : 64;
-    wsync_target_desc_t *d = realloc(r->targets, cap * sizeof(*d));
-    if (d == NULL)
+    int bad = 0;
+    r->targets = grow_array(r->targets, cap, sizeof(*r->targets), &bad);
+    r->target_data = grow_array(r->target_data, cap, sizeof(*r->target_data), &bad);
+    r->land = grow_array(r->land, cap, sizeof(*r->land), &bad);
+    r->land_dtype = grow_array(r->land_dtype, cap, sizeof(*r->land_dtype), &bad);
+    r->quant = grow_array(r->quant, cap, sizeof(*r->quant), &bad);
+    r->dev_scales = grow_array(r->dev_scales, cap, sizeof(*r->dev_scales), &bad);
+    if (bad)   /* the arrays grown so far keep their room; r->cap stays */
         return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
-    r->targets = d;
-    void **p = realloc(r->target_data, cap * sizeof(*p));
-    if (p == NULL)
-        return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
-    r->target_data = p;
-    p = realloc(r->land, cap * sizeof(*p));
-    if (p == NULL)
-        return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
-    r->land = p;
-    wsync_dtype_t *ld = realloc(r->land_dtype, cap * sizeof(*ld));
-    if (ld == NULL)
-        return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
-    r->land_dtype = ld;
-    wsync_quant_t *q = realloc(r->quant, cap * sizeof(*q));
-    if (q == NULL)
-        return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
-    r->quant = q;
-    float **ds = realloc(r->dev_scales, cap * sizeof(*ds));
-    if (ds == NULL)
-        return wsync_err(WSYNC_ERR_NOMEM, "no memory for target descriptions");
-    r->dev_scales = ds;
     r->cap = cap;
     return WSYNC_OK;
 }
