@@ -335,17 +335,26 @@ __device__ __forceinline__ uint32_t wk_vdiff(const uint4 &a, const uint4 &b)
 }
 
 /* Vector v's bits into the mask words (every lane of the warp calls it, with v = threadIdx.x +
- * WK_THREADS * it: the lanes of a mask word are neighbours). */
+ * WK_THREADS * it: the lanes of a mask word are neighbours). A vector of 2- or 1-byte elements
+ * fills a whole byte or half-word of its mask word (little-endian: vector v's bits are byte v,
+ * or half-word v, of the words), so it is stored alone; 4- and 8-byte elements fill 4 or 2 bits,
+ * joined by shuffles. */
 template <int E>
 __device__ __forceinline__ void wk_put_bits(uint32_t bits, uint32_t v, uint32_t *mask)
 {
-    constexpr uint32_t VE = 16 / E, G = 32 / VE;
-    uint32_t x = bits << ((v % G) * VE);
+    if constexpr (E == 2) {
+        reinterpret_cast<uint8_t *>(mask)[v] = (uint8_t)bits;
+    } else if constexpr (E == 1) {
+        reinterpret_cast<uint16_t *>(mask)[v] = (uint16_t)bits;
+    } else {
+        constexpr uint32_t VE = 16 / E, G = 32 / VE;
+        uint32_t x = bits << ((v % G) * VE);
 #pragma unroll
-    for (uint32_t o = 1; o < G; o *= 2)
-        x |= __shfl_xor_sync(WK_FULL, x, o);
-    if (v % G == 0)
-        mask[v / G] = x;
+        for (uint32_t o = 1; o < G; o *= 2)
+            x |= __shfl_xor_sync(WK_FULL, x, o);
+        if (v % G == 0)
+            mask[v / G] = x;
+    }
 }
 
 /* XXH3 of a full block (WK_DBLK * E bytes, a multiple of 1024) from the values in registers,
@@ -652,23 +661,29 @@ __device__ __forceinline__ void wkw_terms(const uint4 &x, uint64_t k0, uint64_t 
 
 /* One warp's XXH3 of a full block, a 1 KiB segment (two 16-byte vectors a lane) a step: lane
  * l's vector of a 512-byte round is bytes 16 (l & 3) .. of stripe l >> 2 (plus 8 in odd rounds),
- * so its keys are fixed; a segment's terms are summed over the lanes of the same l & 3 by
- * shuffles, and every lane runs the scramble of the two accumulators it holds (replicated 8
- * times: no serial stretch). The warp encoder and wkw_leaf share it. */
+ * so its keys are fixed and its terms go to accumulators 2 (l & 3) and 2 (l & 3) + 1. Each lane
+ * keeps one of the two (the second when lane bit 2 is set): a segment's terms are summed over
+ * the eight lanes of the same l & 3 by a shuffle that trades the other accumulator's term with
+ * the partner lane (l ^ 4), then two that sum one value, and each lane runs one scramble. The
+ * warp encoder and wkw_leaf share it. */
 typedef struct {
-    uint64_t acc0, acc1;               /* accumulators 2 (l & 3) and 2 (l & 3) + 1 */
+    uint64_t acc;                      /* accumulator 2 (l & 3) + ((l >> 2) & 1) */
     uint64_t ke0, ke1, ko0, ko1;       /* the lane's keys in even and odd rounds */
+    uint64_t ks;                       /* its accumulator's scramble key */
 } wkw_hash_t;
 
 __device__ __forceinline__ void wkw_hash_init(wkw_hash_t &h, const uint64_t *sec)
 {
     const uint32_t lane = threadIdx.x & 31, c = lane & 3, i0 = 2 * c, sn = lane >> 2;
+    const uint32_t hi = (lane >> 2) & 1;
     h.ke0 = sec[sn + i0];
     h.ke1 = sec[sn + i0 + 1];
     h.ko0 = sec[8 + sn + i0];
     h.ko1 = sec[9 + sn + i0];
-    h.acc0 = c == 0 ? WK_P32_3 : c == 1 ? WK_P64_2 : c == 2 ? WK_P64_4 : WK_P64_5;
-    h.acc1 = c == 0 ? WK_P64_1 : c == 1 ? WK_P64_3 : c == 2 ? WK_P32_2 : WK_P32_1;
+    h.ks = sec[16 + i0 + hi];
+    const uint64_t a0 = c == 0 ? WK_P32_3 : c == 1 ? WK_P64_2 : c == 2 ? WK_P64_4 : WK_P64_5;
+    const uint64_t a1 = c == 0 ? WK_P64_1 : c == 1 ? WK_P64_3 : c == 2 ? WK_P32_2 : WK_P32_1;
+    h.acc = hi ? a1 : a0;
 }
 
 /* Segment s of the block: x0 = the lane's vector 64 s + lane, x1 = 64 s + lane + 32. */
@@ -685,28 +700,28 @@ __device__ __forceinline__ void wkw_hash_segment(wkw_hash_t &h, const uint4 &x0,
     }
     wkw_terms(x0, h.ke0, h.ke1, &a, &b);
     wkw_terms(x1, k10, k11, &a, &b);
-#pragma unroll
-    for (int o = 4; o < 32; o *= 2) {
-        a += __shfl_xor_sync(WK_FULL, a, o);
-        b += __shfl_xor_sync(WK_FULL, b, o);
-    }
-    h.acc0 += a;
-    h.acc1 += b;
-    if (s + 1 < NSEG) {   /* the scramble after every 1 KiB but the last */
-        h.acc0 = (h.acc0 ^ (h.acc0 >> 47) ^ sec[16 + i0]) * WK_P32_1;
-        h.acc1 = (h.acc1 ^ (h.acc1 >> 47) ^ sec[17 + i0]) * WK_P32_1;
-    }
+    const bool hi = (lane & 4) != 0;
+    uint64_t t = hi ? b : a;
+    t += __shfl_xor_sync(WK_FULL, hi ? a : b, 4);
+    t += __shfl_xor_sync(WK_FULL, t, 8);
+    t += __shfl_xor_sync(WK_FULL, t, 16);
+    h.acc += t;
+    if (s + 1 < NSEG)   /* the scramble after every 1 KiB but the last */
+        h.acc = (h.acc ^ (h.acc >> 47) ^ h.ks) * WK_P32_1;
 }
 
 /* XXH3's merge and avalanche, every lane getting the hash: lane c of each four folds
- * accumulators 2c and 2c + 1 (keys at 11 + 16 c). */
+ * accumulators 2c and 2c + 1 (keys at 11 + 16 c), the second from its partner lane. */
 template <int E>
 __device__ __forceinline__ uint64_t wkw_hash_final(const wkw_hash_t &h, const uint64_t *sec)
 {
     const uint32_t c = threadIdx.x & 3;
+    const bool hi = (threadIdx.x & 4) != 0;
+    const uint64_t other = __shfl_xor_sync(WK_FULL, h.acc, 4);
+    const uint64_t acc0 = hi ? other : h.acc, acc1 = hi ? h.acc : other;
     const uint64_t mk0 = (sec[1 + 2 * c] >> 24) | (sec[2 + 2 * c] << 40);
     const uint64_t mk1 = (sec[2 + 2 * c] >> 24) | (sec[3 + 2 * c] << 40);
-    uint64_t f = wk_fold64(h.acc0 ^ mk0, h.acc1 ^ mk1);
+    uint64_t f = wk_fold64(acc0 ^ mk0, acc1 ^ mk1);
     f += __shfl_xor_sync(WK_FULL, f, 1);
     f += __shfl_xor_sync(WK_FULL, f, 2);
     return wk_avalanche3((uint64_t)WK_DBLK * E * WK_P64_1 + f);
@@ -1227,102 +1242,85 @@ __device__ __forceinline__ uint64_t wkw_leaf(const uint4 *p, const uint64_t *sec
     return wkw_hash_final<E>(h, sec);
 }
 
-/* Apply, a warp per block: blocks [g0, g0 + nblk) of chunks whose target is dense and 16-byte
- * aligned (tail blocks left to wk_delta_apply, which runs after it over its list). The same
- * checks and faults as wk_delta_apply, every one before any write: lane 0 checks the header and
- * the entry (wk_check_entry); a SPARSE index stream is cut into 32 runs, a warp scan of
- * (position advance, is-element) gives each run its start, each lane checks its positions, and
- * only then re-reads its run to write its values; a BITMAP's words are scanned four a lane
- * (popcount = k, and the escapes its positions would need as SPARSE), then each lane writes the
- * values of its set bits; PLAIN is copied in 8-byte words. Only changed values are written; with
- * the hash the warp then reads its block once (after __syncwarp: its lanes' stores are visible)
- * and hashes it from registers. No shared memory but the secret, no CTA barrier after it. */
-template <int E>
-__global__ void __launch_bounds__(WK_THREADS, WKW_MIN_BLOCKS)
-wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
-                uint64_t g0, uint64_t nblk, const uint64_t *lens, uint64_t *leaves,
-                wsync_kdelta_result_t *res, int hash)
+/* A block the warp apply takes, as the lane that checked its entry holds it. */
+typedef struct {
+    const unsigned char *P;            /* its payload (8-byte aligned) */
+    unsigned char *tv;                 /* its first target value (16-byte aligned) */
+    uint64_t size;                     /* payload bytes */
+    uint32_t mode, k, esc;             /* the table entry */
+    uint32_t idx, j;                   /* chunk (caller's order) and block in it */
+} wkw_ablk_t;
+
+/* Lane `src`'s block to every lane. */
+__device__ __forceinline__ wkw_ablk_t wkw_ablk_shfl(const wkw_ablk_t &x, uint32_t src)
 {
-    typedef typename wk_elem<E>::t el;
-    __shared__ uint64_t sec[24];
-    const uint32_t lane = threadIdx.x & 31;
+    wkw_ablk_t y;
+    y.P = reinterpret_cast<const unsigned char *>(
+        __shfl_sync(WK_FULL, reinterpret_cast<unsigned long long>(x.P), src));
+    y.tv = reinterpret_cast<unsigned char *>(
+        __shfl_sync(WK_FULL, reinterpret_cast<unsigned long long>(x.tv), src));
+    y.size = __shfl_sync(WK_FULL, (unsigned long long)x.size, src);
+    /* mode (2 bits), k (<= 4096: 13 bits) and esc (14 bits) in one word */
+    const uint32_t mke = __shfl_sync(WK_FULL, x.mode | x.k << 2 | x.esc << 15, src);
+    y.mode = mke & 3;
+    y.k = (mke >> 2) & 0x1fffu;
+    y.esc = mke >> 15;
+    y.idx = __shfl_sync(WK_FULL, x.idx, src);
+    y.j = __shfl_sync(WK_FULL, x.j, src);
+    return y;
+}
 
-    wk_secret_load(sec);
-    __syncthreads();
-    const uint64_t bi = (uint64_t)blockIdx.x * WKW_WARPS + (threadIdx.x >> 5);
-    if (bi >= nblk)
-        return;
-    const uint64_t g = g0 + bi;
-    const wk_dchunk_t d = ch[bmap[g]];
-    const uint32_t j = (uint32_t)(g - d.block0);
-    const uint64_t first = (uint64_t)j * WK_DBLK;
-    if (d.n - first < WK_DBLK)
-        return;   /* a tail block: wk_delta_apply's */
-    const uint32_t len = WK_DBLK;
-    uint32_t mode = 0, k = 0, esc = 0, fault = 0;
-    uint64_t off = 0, size = 0;
-    if (lane == 0)
-        fault = wk_check_entry(d.a, lens[d.idx], d, j, len, E, &mode, &k, &esc, &off, &size);
-    fault = __shfl_sync(WK_FULL, fault, 0);
-    if (fault != 0) {
-        if (lane == 0)
-            atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
-                      (unsigned long long)(((uint64_t)j << 8) | fault));
-        return;
-    }
-    mode = __shfl_sync(WK_FULL, mode, 0);
-    k = __shfl_sync(WK_FULL, k, 0);
-    esc = __shfl_sync(WK_FULL, esc, 0);
-    off = __shfl_sync(WK_FULL, off, 0);
-    size = __shfl_sync(WK_FULL, size, 0);
-    if (mode == WSYNC_DELTA_SAME && !hash)
-        return;
-    const unsigned char *P = d.a + 16 + 8 * (uint64_t)d.nb + off;   /* 8-byte aligned */
-    el *tv = reinterpret_cast<el *>(d.b + first * E);
-
-    /* 1. the payload's content, before anything is written */
+/* Step 1 of the warp apply, before anything is written: does the payload hold what its entry
+ * says? A SPARSE index stream is cut into 32 runs, a warp scan of (position advance,
+ * is-element) gives each run its start (*adv0, *cnt0) and each lane checks its positions; a
+ * BITMAP's words are scanned four a lane (popcount = k, and the escapes its positions would need
+ * as SPARSE: BITMAP must be the format's pick), *rank0 the lane's first rank; the padding after
+ * the index and the values must be zero. True (on every lane) when it is bad. */
+template <int E>
+__device__ __forceinline__ bool wkw_apply_check(const wkw_ablk_t &x, uint64_t *hdr, uint32_t *b0,
+                                                uint32_t *b1, uint32_t *adv0, uint32_t *cnt0,
+                                                uint32_t (&m)[4], uint32_t *rank0)
+{
+    const uint32_t lane = threadIdx.x & 31, len = WK_DBLK;
+    const unsigned char *P = x.P;
     bool bad = false;
-    uint64_t hdr = 0;
-    uint32_t b0 = 0, b1 = 0, adv0 = 0, cnt0 = 0;   /* SPARSE: lane's bytes, their start */
-    uint32_t m[4] = {0, 0, 0, 0}, rank0 = 0;        /* BITMAP: lane's words, its first rank */
-    if (mode == WSYNC_DELTA_SPARSE) {
-        const uint32_t nbytes = k + esc, per = (nbytes + 31) / 32;
-        b0 = lane * per < nbytes ? lane * per : nbytes;
-        b1 = b0 + per < nbytes ? b0 + per : nbytes;
-        hdr = wk_al8(nbytes);
+    *hdr = 0;
+    if (x.mode == WSYNC_DELTA_SPARSE) {
+        const uint32_t nbytes = x.k + x.esc, per = (nbytes + 31) / 32;
+        *b0 = lane * per < nbytes ? lane * per : nbytes;
+        *b1 = *b0 + per < nbytes ? *b0 + per : nbytes;
+        *hdr = wk_al8(nbytes);
         uint32_t adv = 0, cnt = 0;
-        for (uint32_t b = b0; b < b1; b++) {
-            const uint32_t x = P[b];
-            adv += x == 0xff ? 255u : x + 1;
-            cnt += x != 0xff;
+        for (uint32_t b = *b0; b < *b1; b++) {
+            const uint32_t v = P[b];
+            adv += v == 0xff ? 255u : v + 1;
+            cnt += v != 0xff;
         }
         uint32_t advt, cntt;
-        wkw_scan2(adv, cnt, &adv0, &cnt0, &advt, &cntt);
+        wkw_scan2(adv, cnt, adv0, cnt0, &advt, &cntt);
         /* exactly k elements (so e escapes), no trailing escape: the same on every lane */
-        if (cntt != k || P[nbytes - 1] == 0xff) {
+        if (cntt != x.k || P[nbytes - 1] == 0xff) {
             bad = true;
         } else {
-            uint32_t a = adv0;
-            for (uint32_t b = b0; b < b1; b++) {
-                const uint32_t x = P[b];
-                a += x == 0xff ? 255u : x + 1;
-                if (x != 0xff && a - 1 >= len)
+            uint32_t a = *adv0;
+            for (uint32_t b = *b0; b < *b1; b++) {
+                const uint32_t v = P[b];
+                a += v == 0xff ? 255u : v + 1;
+                if (v != 0xff && a - 1 >= len)
                     bad = true;
             }
         }
-        for (uint64_t b = nbytes + lane; b < hdr; b += 32)
+        for (uint64_t b = nbytes + lane; b < *hdr; b += 32)
             if (P[b] != 0)
                 bad = true;
-    } else if (mode == WSYNC_DELTA_BITMAP) {
-        hdr = WK_DBLK / 8;   /* a full block: 128 words, no bits past it */
+    } else if (x.mode == WSYNC_DELTA_BITMAP) {
+        *hdr = WK_DBLK / 8;   /* a full block: 128 words, no bits past it */
         const uint2 w0 = reinterpret_cast<const uint2 *>(P)[2 * lane];
         const uint2 w1 = reinterpret_cast<const uint2 *>(P)[2 * lane + 1];
         m[0] = w0.x;
         m[1] = w0.y;
         m[2] = w1.x;
         m[3] = w1.y;
-        /* the words' scan (as the warp encoder's): k bits, and BITMAP the format's pick with
-         * the escapes these positions need */
         uint32_t cnt = 0;
         int last = -1;
 #pragma unroll
@@ -1350,37 +1348,94 @@ wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
                 p = q + 31 - __clz((int)m[w]);
             }
         }
-        uint32_t eex, total, etrue;
-        wkw_scan2(cnt, es, &rank0, &eex, &total, &etrue);
-        uint32_t want;
-        wk_bbytes(len, k, etrue, E, &want);
-        if (total != k || want != WSYNC_DELTA_BITMAP)
+        uint32_t eex, total, etrue, want;
+        wkw_scan2(cnt, es, rank0, &eex, &total, &etrue);
+        wk_bbytes(len, x.k, etrue, E, &want);
+        if (total != x.k || want != WSYNC_DELTA_BITMAP)
             bad = true;
     }
     {   /* padding after the values (PLAIN: after the len values) */
-        const uint64_t vend = mode == WSYNC_DELTA_PLAIN ? (uint64_t)len * E : hdr + (uint64_t)k * E;
-        for (uint64_t b = vend + lane; b < size; b += 32)
+        const uint64_t vend = x.mode == WSYNC_DELTA_PLAIN ? (uint64_t)len * E
+                                                          : *hdr + (uint64_t)x.k * E;
+        for (uint64_t b = vend + lane; b < x.size; b += 32)
             if (P[b] != 0)
                 bad = true;
     }
-    if (__any_sync(WK_FULL, bad)) {
+    return __any_sync(WK_FULL, bad);
+}
+
+/* Apply, a warp per block: blocks [g0, g0 + nblk) of chunks whose target is dense and 16-byte
+ * aligned (tail blocks left to wk_delta_apply, which runs after it over its list). The same
+ * checks and faults as wk_delta_apply, every one before any write: lane 0 checks the header and
+ * the entry (wk_check_entry), the warp the payload (wkw_apply_check); then only the changed
+ * values are written (a SPARSE lane its run, a BITMAP lane the set bits of its words; PLAIN is
+ * copied in 8-byte words); with the hash the warp reads its block once (after __syncwarp: its
+ * lanes' stores are visible) and hashes it from registers. No shared memory but the secret, no
+ * CTA barrier after it. A warp that checked 32 blocks' entries at once (a lane each) and then
+ * applied them in turn measured slower (docs/delta.md): the latency it waits on is the
+ * payload's, not the entries'. */
+template <int E>
+__global__ void __launch_bounds__(WK_THREADS, WKW_MIN_BLOCKS)
+wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
+                uint64_t g0, uint64_t nblk, const uint64_t *lens, uint64_t *leaves,
+                wsync_kdelta_result_t *res, int hash)
+{
+    typedef typename wk_elem<E>::t el;
+    __shared__ uint64_t sec[24];
+    const uint32_t lane = threadIdx.x & 31;
+
+    wk_secret_load(sec);
+    __syncthreads();
+    const uint64_t bi = (uint64_t)blockIdx.x * WKW_WARPS + (threadIdx.x >> 5);
+    if (bi >= nblk)
+        return;
+    const uint64_t g = g0 + bi;
+    const wk_dchunk_t d = ch[bmap[g]];
+    const uint32_t j = (uint32_t)(g - d.block0);
+    const uint64_t first = (uint64_t)j * WK_DBLK;
+    if (d.n - first < WK_DBLK)
+        return;   /* a tail block: wk_delta_apply's */
+    wkw_ablk_t mine = {};
+    uint32_t fault = 0;
+    if (lane == 0) {
+        uint64_t off = 0;
+        fault = wk_check_entry(d.a, lens[d.idx], d, j, WK_DBLK, E, &mine.mode, &mine.k, &mine.esc,
+                               &off, &mine.size);
+        mine.P = d.a + 16 + 8 * (uint64_t)d.nb + off;
+        mine.tv = d.b + first * E;
+        mine.idx = d.idx;
+        mine.j = j;
+    }
+    fault = __shfl_sync(WK_FULL, fault, 0);
+    if (fault != 0) {
         if (lane == 0)
             atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
-                      (unsigned long long)(((uint64_t)j << 8) | WSYNC_KDELTA_FAULT_PAYLOAD));
+                      (unsigned long long)(((uint64_t)j << 8) | fault));
         return;
     }
+    const wkw_ablk_t x = wkw_ablk_shfl(mine, 0);
+    if (x.mode == WSYNC_DELTA_SAME && !hash)
+        return;
 
-    /* 2. apply: the changed values only */
-    const el *vals = reinterpret_cast<const el *>(P + hdr);
-    if (mode == WSYNC_DELTA_SPARSE) {
+    uint64_t hdr;
+    uint32_t b0 = 0, b1 = 0, adv0 = 0, cnt0 = 0, m[4] = {0, 0, 0, 0}, rank0 = 0;
+    if (wkw_apply_check<E>(x, &hdr, &b0, &b1, &adv0, &cnt0, m, &rank0)) {
+        if (lane == 0)
+            atomicMin(reinterpret_cast<unsigned long long *>(&res[x.idx].fault),
+                      (unsigned long long)(((uint64_t)x.j << 8) | WSYNC_KDELTA_FAULT_PAYLOAD));
+        return;
+    }
+    el *tv = reinterpret_cast<el *>(x.tv);
+    const el *vals = reinterpret_cast<const el *>(x.P + hdr);
+    if (x.mode == WSYNC_DELTA_SPARSE) {
         uint32_t a = adv0, r = cnt0;
         for (uint32_t b = b0; b < b1; b++) {
-            const uint32_t x = P[b];
-            a += x == 0xff ? 255u : x + 1;
-            if (x != 0xff)
+            const uint32_t v = x.P[b];
+            a += v == 0xff ? 255u : v + 1;
+            if (v != 0xff)
                 tv[a - 1] = vals[r++];
         }
-    } else if (mode == WSYNC_DELTA_BITMAP) {
+    } else if (x.mode == WSYNC_DELTA_BITMAP) {
         uint32_t r = rank0;
 #pragma unroll
         for (int w = 0; w < 4; w++) {
@@ -1390,8 +1445,8 @@ wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
                 mm &= mm - 1;
             }
         }
-    } else if (mode == WSYNC_DELTA_PLAIN) {
-        const uint64_t *src = reinterpret_cast<const uint64_t *>(P);
+    } else if (x.mode == WSYNC_DELTA_PLAIN) {
+        const uint64_t *src = reinterpret_cast<const uint64_t *>(x.P);
         for (uint32_t w = lane; w < WK_DBLK * E / 8; w += 32)
             reinterpret_cast<uint64_t *>(tv)[w] = src[w];
     }
@@ -1401,9 +1456,9 @@ wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
         if (lane == 0)
             leaves[g] = leaf;
     }
-    if (lane == 0 && k > 0)
-        atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
-                  (unsigned long long)k);
+    if (lane == 0 && x.k > 0)
+        atomicAdd(reinterpret_cast<unsigned long long *>(&res[x.idx].changed),
+                  (unsigned long long)x.k);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -32,12 +32,24 @@ WK_VDIFF_FN uint32_t wk_nz8(uint32_t a, uint32_t b)
 
 /* Eight 2-byte elements (words a0..a3 against b0..b3, element 2w in the low half of word w):
  * word w's two flags (bits 15 and 31) shifted to bits 2w and 2w + 16, then the upper ones folded
- * down onto 2w + 1. */
+ * down onto 2w + 1. On sm_90 the flags come from min.u16x2 instead (same bits; the GPU run of
+ * test_delta_kernels checks that path's streams against the CPU codec). */
 WK_VDIFF_FN uint32_t wk_vdiff2(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                uint32_t b1, uint32_t b2, uint32_t b3)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    /* Hopper's min.u16x2 (one instruction): each half of a ^ b capped at 1, so word w's flags
+     * are bits 0 and 16, placed at 2w and 2w + 16 */
+    uint32_t f0, f1, f2, f3;
+    asm("min.u16x2 %0, %1, %2;" : "=r"(f0) : "r"(a0 ^ b0), "r"(0x00010001u));
+    asm("min.u16x2 %0, %1, %2;" : "=r"(f1) : "r"(a1 ^ b1), "r"(0x00010001u));
+    asm("min.u16x2 %0, %1, %2;" : "=r"(f2) : "r"(a2 ^ b2), "r"(0x00010001u));
+    asm("min.u16x2 %0, %1, %2;" : "=r"(f3) : "r"(a3 ^ b3), "r"(0x00010001u));
+    const uint32_t t = f0 | f1 << 2 | f2 << 4 | f3 << 6;
+#else
     const uint32_t t = wk_nz16(a0, b0) >> 15 | wk_nz16(a1, b1) >> 13 | wk_nz16(a2, b2) >> 11 |
                        wk_nz16(a3, b3) >> 9;
+#endif
     return (t | t >> 15) & 0xffu;
 }
 
