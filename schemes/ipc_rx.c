@@ -464,12 +464,15 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
     }
     uint64_t t_end = wsync_now_ns();
     double secs = (double)(t_end - t0) / 1e9;
+    uint32_t nstreams = 0;   /* the senders' streams (two each by default: sender_stream) */
+    for (uint32_t i = 0; i < st->nsenders; i++)
+        nstreams += (st->from[i].stream != NULL) + (st->from[i].stream2 != NULL);
     WSYNC_LOG_D("ipc: receiver %d: version %llu: %llu bytes landed in %.4f s (%.2f GB/s; %u GPU "
                 "batches on %u streams, %u buckets); stages: first READY after %.3f ms, last "
                 "READY at %.3f ms, CPU copies %.3f ms, last RELEASE at %.3f ms (GPU tail after "
                 "last READY %.3f ms)", r->m.rank, (unsigned long long)version,
                 (unsigned long long)bytes_done, secs,
-                secs > 0 ? (double)bytes_done / secs / 1e9 : 0.0, launched, st->nsenders, total,
+                secs > 0 ? (double)bytes_done / secs / 1e9 : 0.0, launched, nstreams, total,
                 t_first ? (double)(t_first - t0) / 1e6 : 0.0,
                 t_last_ready ? (double)(t_last_ready - t0) / 1e6 : 0.0, (double)t_cpu / 1e6,
                 (double)(t_end - t0) / 1e6,
