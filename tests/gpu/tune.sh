@@ -5,7 +5,7 @@
 #
 #   bash tests/gpu/tune.sh BUILD [SCENARIO ...]     (scenarios: colocated fp8 disagg-ipc disagg-nccl
 #                                                      colocated1 colocated1-fp8 colocated2 streams4
-#                                                      target4 sweep4 fp8caps4)
+#                                                      target4 sweep4 fp8caps4 fp8wire4)
 #
 # Knobs (see schemes/ipc_cuda_rx.c, sender_stream): WSYNC_IPC_BLOCKS_LOCAL / WSYNC_IPC_BLOCKS_PEER
 # (blocks per SM of a sender's batch kernels when it is on our GPU / another one; 0: no cap) and
@@ -107,6 +107,21 @@ for s in $SCEN; do
             done
         done
         ;;
+    fp8wire4)   # 4 GPUs, FSDP-4 -> TP-4 colocated: fp8-block in place (the default) against FP8
+        # on the wire (--fp8-wire always: senders quantize into their buckets, receivers copy
+        # half the bytes over NVLink), each beside bf16, 2 rounds alternating
+        for round in 1 2; do
+            one "$s-bf16-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated
+            for set in "inplace:" "inplace-L2:WSYNC_IPC_BLOCKS_LOCAL=2"; do
+                one "$s-fp8-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 \
+                    --colocated --quant fp8-block
+            done
+            for set in "wire:" "wire-L2:WSYNC_IPC_BLOCKS_LOCAL=2"; do
+                one "$s-fp8-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 \
+                    --colocated --quant fp8-block --fp8-wire always
+            done
+        done
+        ;;
     disagg-ipc)
         for p in 0 1 2 3; do
             one "disagg-ipc-P$p" "WSYNC_IPC_BLOCKS_PEER=$p" --scheme ipc --senders 2 --tp 2
@@ -137,7 +152,7 @@ for s in $SCEN; do
             --scheme nccl --senders 2 --tp 2
         ;;
     *)
-        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4, target4, sweep4, fp8caps4)" >&2
+        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4, target4, sweep4, fp8caps4, fp8wire4)" >&2
         exit 2
         ;;
     esac
