@@ -12,7 +12,9 @@ extern "C" {
 #include "kernels/kernels.h"
 
 #define WK_THREADS 256                 /* threads of every block */
+#ifndef WK_IPT                         /* -DWK_IPT=N builds a variant to measure */
 #define WK_IPT 4                       /* items a thread takes per unit */
+#endif
 #define WK_UNIT (WK_THREADS * WK_IPT)  /* items of one unit of work */
 #define WK_MAX_GRID (1u << 30)
 #define WK_FULL 0xffffffffu            /* every lane of a warp (the *_sync masks) */

@@ -734,7 +734,8 @@ __device__ __forceinline__ uint64_t wkw_hash_final(const wkw_hash_t &h, const ui
  * tail blocks (fewer than WK_DBLK elements) to wk_delta_encode. No CTA barrier after the secret's
  * load: a warp reads its block once in 16-byte vectors, one 1 KiB segment of new and old per
  * step, and keeps everything else in registers but the mask words (512 bytes a warp):
- *  - compare: the changed bits of each vector (wk_vdiff), joined into mask words by shuffles;
+ *  - compare: the changed bits of each vector (wk_vdiff) into the mask words (wk_put_bits), and
+ *    with update_old the new values of every 32-byte sector with a change into the baseline;
  *  - the leaf XXH3 as it goes (wkw_hash_t);
  *  - the scan: lane l takes mask words 4l .. 4l + 3 (k, its rank and escape prefix, the last
  *    changed position before it), then publishes the size and looks back as wk_delta_encode;
@@ -771,6 +772,7 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
         return;   /* a tail block: wk_delta_encode's */
     const uint4 *pa = reinterpret_cast<const uint4 *>(d.a + first * E);
     const uint4 *pb = reinterpret_cast<const uint4 *>(d.b + first * E);
+    uint4 *pw = reinterpret_cast<uint4 *>(d.b + first * E);   /* the baseline's update */
 
     /* 1. compare and hash, a segment per step */
     wkw_hash_t h;
@@ -779,8 +781,18 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     for (uint32_t s = 0; s < NSEG; s++) {
         const uint32_t v0 = 64 * s + lane, v1 = v0 + 32;
         const uint4 x0 = pa[v0], y0 = pb[v0], x1 = pa[v1], y1 = pb[v1];
-        wk_put_bits<E>(wk_vdiff<E>(x0, y0), v0, mask);
-        wk_put_bits<E>(wk_vdiff<E>(x1, y1), v1, mask);
+        const uint32_t c0 = wk_vdiff<E>(x0, y0), c1 = wk_vdiff<E>(x1, y1);
+        wk_put_bits<E>(c0, v0, mask);
+        wk_put_bits<E>(c1, v1, mask);
+        if (update_old) {
+            /* the baseline takes the new values of each 32-byte sector with a change, the
+             * whole sector (the two lanes' vectors: unchanged elements rewrite their own
+             * bytes): a write of a few bytes is a read-modify-write in the memory system */
+            if ((c0 | __shfl_xor_sync(WK_FULL, c0, 1)) != 0)
+                pw[v0] = x0;
+            if ((c1 | __shfl_xor_sync(WK_FULL, c1, 1)) != 0)
+                pw[v1] = x1;
+        }
         wkw_hash_segment<E>(h, x0, x1, s, sec);
     }
     __syncwarp();
@@ -871,7 +883,7 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     if (lane == 0)
         wk_block_entry<E>(d, j, g, off, pos, size, mode, e, k, leaf, leaves, res);
 
-    /* 5. the payload, straight to the output; the baseline's changed values */
+    /* 5. the payload, straight to the output */
     const bool fits = size > 0 && pos + size <= d.cap;
     unsigned char *to = d.out + pos;   /* 8-byte aligned */
     if (fits && mode == WSYNC_DELTA_PLAIN) {
@@ -894,9 +906,8 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
                 to[hdr + (uint64_t)k * E + lane] = 0;
         }
     }
-    if (idx || (update_old && k > 0)) {
+    if (idx) {
         const el *nv = reinterpret_cast<const el *>(d.a + first * E);
-        el *ov = reinterpret_cast<el *>(d.b + first * E);
         uint32_t r = inc - cnt, ex = einc - es;   /* rank and escapes before lane's first change */
         int p = prev0;
 #pragma unroll
@@ -905,20 +916,15 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
             while (mm != 0) {
                 const uint32_t i = (4 * lane + w) * 32 + (uint32_t)__ffs((int)mm) - 1;
                 mm &= mm - 1;
-                const el val = nv[i];
-                if (idx) {
-                    if (mode == WSYNC_DELTA_SPARSE) {
-                        /* the gap: floor(gap / 255) escape bytes, then gap mod 255 */
-                        const uint32_t gap = (uint32_t)((int)i - p - 1), ne = gap / 255u;
-                        for (uint32_t x = 0; x < ne; x++)
-                            to[r + ex + x] = 0xff;
-                        ex += ne;
-                        to[r + ex] = (unsigned char)(gap - 255u * ne);
-                    }
-                    *reinterpret_cast<el *>(to + hdr + (uint64_t)r * E) = val;
+                if (mode == WSYNC_DELTA_SPARSE) {
+                    /* the gap: floor(gap / 255) escape bytes, then gap mod 255 */
+                    const uint32_t gap = (uint32_t)((int)i - p - 1), ne = gap / 255u;
+                    for (uint32_t x = 0; x < ne; x++)
+                        to[r + ex + x] = 0xff;
+                    ex += ne;
+                    to[r + ex] = (unsigned char)(gap - 255u * ne);
                 }
-                if (update_old)
-                    ov[i] = val;
+                *reinterpret_cast<el *>(to + hdr + (uint64_t)r * E) = nv[i];
                 p = (int)i;
                 r++;
             }
