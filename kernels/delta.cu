@@ -771,8 +771,7 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     if (d.n - first < WK_DBLK)
         return;   /* a tail block: wk_delta_encode's */
     const uint4 *pa = reinterpret_cast<const uint4 *>(d.a + first * E);
-    const uint4 *pb = reinterpret_cast<const uint4 *>(d.b + first * E);
-    uint4 *pw = reinterpret_cast<uint4 *>(d.b + first * E);   /* the baseline's update */
+    uint4 *pb = reinterpret_cast<uint4 *>(d.b + first * E);   /* read, and updated */
 
     /* 1. compare and hash, a segment per step */
     wkw_hash_t h;
@@ -789,9 +788,9 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
              * whole sector (the two lanes' vectors: unchanged elements rewrite their own
              * bytes): a write of a few bytes is a read-modify-write in the memory system */
             if ((c0 | __shfl_xor_sync(WK_FULL, c0, 1)) != 0)
-                pw[v0] = x0;
+                pb[v0] = x0;
             if ((c1 | __shfl_xor_sync(WK_FULL, c1, 1)) != 0)
-                pw[v1] = x1;
+                pb[v1] = x1;
         }
         wkw_hash_segment<E>(h, x0, x1, s, sec);
     }
