@@ -650,85 +650,6 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
 #endif
 #define WKW_WARPS (WK_THREADS / 32)   /* codec blocks per CTA */
 
-/* XXH3's stripe terms of one 16-byte vector (bytes 8 i0 .. 8 i0 + 15 of a stripe) with the keys
- * of those bytes: *a gets accumulator i0's term, *b accumulator i0 + 1's. */
-__device__ __forceinline__ void wkw_terms(const uint4 &x, uint64_t k0, uint64_t k1, uint64_t *a,
-                                          uint64_t *b)
-{
-    const uint64_t d0 = (uint64_t)x.y << 32 | x.x, d1 = (uint64_t)x.w << 32 | x.z;
-    const uint64_t y0 = d0 ^ k0, y1 = d1 ^ k1;
-    *a += (y0 & 0xffffffffu) * (y0 >> 32) + d1;
-    *b += (y1 & 0xffffffffu) * (y1 >> 32) + d0;
-}
-
-/* One warp's XXH3 of a full block, a 1 KiB segment (two 16-byte vectors a lane) a step: lane
- * l's vector of a 512-byte round is bytes 16 (l & 3) .. of stripe l >> 2 (plus 8 in odd rounds),
- * so its keys are fixed and its terms go to accumulators 2 (l & 3) and 2 (l & 3) + 1. Each lane
- * keeps one of the two (the second when lane bit 2 is set): a segment's terms are summed over
- * the eight lanes of the same l & 3 by a shuffle that trades the other accumulator's term with
- * the partner lane (l ^ 4), then two that sum one value, and each lane runs one scramble. The
- * warp encoder and wkw_leaf share it. */
-typedef struct {
-    uint64_t acc;                      /* accumulator 2 (l & 3) + ((l >> 2) & 1) */
-    uint64_t ke0, ke1, ko0, ko1;       /* the lane's keys in even and odd rounds */
-    uint64_t ks;                       /* its accumulator's scramble key */
-} wkw_hash_t;
-
-__device__ __forceinline__ void wkw_hash_init(wkw_hash_t &h, const uint64_t *sec)
-{
-    const uint32_t lane = threadIdx.x & 31, c = lane & 3, i0 = 2 * c, sn = lane >> 2;
-    const uint32_t hi = (lane >> 2) & 1;
-    h.ke0 = sec[sn + i0];
-    h.ke1 = sec[sn + i0 + 1];
-    h.ko0 = sec[8 + sn + i0];
-    h.ko1 = sec[9 + sn + i0];
-    h.ks = sec[16 + i0 + hi];
-    const uint64_t a0 = c == 0 ? WK_P32_3 : c == 1 ? WK_P64_2 : c == 2 ? WK_P64_4 : WK_P64_5;
-    const uint64_t a1 = c == 0 ? WK_P64_1 : c == 1 ? WK_P64_3 : c == 2 ? WK_P32_2 : WK_P32_1;
-    h.acc = hi ? a1 : a0;
-}
-
-/* Segment s of the block: x0 = the lane's vector 64 s + lane, x1 = 64 s + lane + 32. */
-template <int E>
-__device__ __forceinline__ void wkw_hash_segment(wkw_hash_t &h, const uint4 &x0, const uint4 &x1,
-                                                 uint32_t s, const uint64_t *sec)
-{
-    constexpr uint32_t NSEG = WK_DBLK * E / 1024;
-    const uint32_t lane = threadIdx.x & 31, i0 = 2 * (lane & 3);
-    uint64_t a = 0, b = 0, k10 = h.ko0, k11 = h.ko1;
-    if (s == NSEG - 1 && lane >= 28) {   /* the input's last stripe: keys from byte 121 */
-        k10 = (sec[15 + i0] >> 8) | (sec[16 + i0] << 56);
-        k11 = (sec[16 + i0] >> 8) | (sec[17 + i0] << 56);
-    }
-    wkw_terms(x0, h.ke0, h.ke1, &a, &b);
-    wkw_terms(x1, k10, k11, &a, &b);
-    const bool hi = (lane & 4) != 0;
-    uint64_t t = hi ? b : a;
-    t += __shfl_xor_sync(WK_FULL, hi ? a : b, 4);
-    t += __shfl_xor_sync(WK_FULL, t, 8);
-    t += __shfl_xor_sync(WK_FULL, t, 16);
-    h.acc += t;
-    if (s + 1 < NSEG)   /* the scramble after every 1 KiB but the last */
-        h.acc = (h.acc ^ (h.acc >> 47) ^ h.ks) * WK_P32_1;
-}
-
-/* XXH3's merge and avalanche, every lane getting the hash: lane c of each four folds
- * accumulators 2c and 2c + 1 (keys at 11 + 16 c), the second from its partner lane. */
-template <int E>
-__device__ __forceinline__ uint64_t wkw_hash_final(const wkw_hash_t &h, const uint64_t *sec)
-{
-    const uint32_t c = threadIdx.x & 3;
-    const bool hi = (threadIdx.x & 4) != 0;
-    const uint64_t other = __shfl_xor_sync(WK_FULL, h.acc, 4);
-    const uint64_t acc0 = hi ? other : h.acc, acc1 = hi ? h.acc : other;
-    const uint64_t mk0 = (sec[1 + 2 * c] >> 24) | (sec[2 + 2 * c] << 40);
-    const uint64_t mk1 = (sec[2 + 2 * c] >> 24) | (sec[3 + 2 * c] << 40);
-    uint64_t f = wk_fold64(acc0 ^ mk0, acc1 ^ mk1);
-    f += __shfl_xor_sync(WK_FULL, f, 1);
-    f += __shfl_xor_sync(WK_FULL, f, 2);
-    return wk_avalanche3((uint64_t)WK_DBLK * E * WK_P64_1 + f);
-}
-
 /* Blocks [g0, g0 + nblk) of chunks that are dense with new and old 16-byte aligned, element size
  * E; each warp of the grid claims one from *counter (in order, for the look-back) and leaves
  * tail blocks (fewer than WK_DBLK elements) to wk_delta_encode. No CTA barrier after the secret's
@@ -792,7 +713,7 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
             if ((c1 | __shfl_xor_sync(WK_FULL, c1, 1)) != 0)
                 pb[v1] = x1;
         }
-        wkw_hash_segment<E>(h, x0, x1, s, sec);
+        wkw_hash_segment<WK_DBLK * E>(h, x0, x1, s, sec);
     }
     __syncwarp();
 
@@ -848,7 +769,7 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     /* 3. publish the size, finish the hash, find the offset (as wk_delta_encode) */
     if (lane == 0)
         atomicExch(&status[g], (unsigned long long)((j == 0 ? WK_LB_INC : WK_LB_AGG) | size));
-    const uint64_t leaf = wkw_hash_final<E>(h, sec);
+    const uint64_t leaf = wkw_hash_final<WK_DBLK * E>(h, sec);
     uint64_t off = 0;
     if (j > 0) {
         int64_t p = (int64_t)j - 1;   /* the nearest predecessor not yet summed */
@@ -1234,21 +1155,6 @@ __device__ __forceinline__ void wkw_scan2(uint32_t a, uint32_t b, uint32_t *ea, 
     *tb = __shfl_sync(WK_FULL, ib, 31);
 }
 
-/* XXH3_64bits of a full block at p (WK_DBLK * E bytes, 16-byte aligned) by one warp, every lane
- * getting it: the warp encoder's hash without the compare. */
-template <int E>
-__device__ __forceinline__ uint64_t wkw_leaf(const uint4 *p, const uint64_t *sec)
-{
-    constexpr uint32_t NSEG = WK_DBLK * E / 1024;
-    const uint32_t lane = threadIdx.x & 31;
-    wkw_hash_t h;
-    wkw_hash_init(h, sec);
-#pragma unroll 2
-    for (uint32_t s = 0; s < NSEG; s++)
-        wkw_hash_segment<E>(h, p[64 * s + lane], p[64 * s + lane + 32], s, sec);
-    return wkw_hash_final<E>(h, sec);
-}
-
 /* A block the warp apply takes, as the lane that checked its entry holds it. */
 typedef struct {
     const unsigned char *P;            /* its payload (8-byte aligned) */
@@ -1459,7 +1365,7 @@ wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
     }
     if (hash) {
         __syncwarp();   /* every lane's stores visible to the warp's loads */
-        const uint64_t leaf = wkw_leaf<E>(reinterpret_cast<const uint4 *>(tv), sec);
+        const uint64_t leaf = wkw_leaf<WK_DBLK * E>(reinterpret_cast<const uint4 *>(tv), sec);
         if (lane == 0)
             leaves[g] = leaf;
     }
