@@ -60,6 +60,11 @@ static const uint8_t *group_gpu(const wsync_group_info_t *g, uint32_t i)
     return g->receiver_gpu != NULL ? g->receiver_gpu[i - g->nsenders] : NULL;
 }
 
+static const wsync_hello_t *group_hello(const wsync_group_info_t *g, uint32_t i)
+{
+    return i < g->nsenders ? &g->senders[i] : &g->receivers[i - g->nsenders];
+}
+
 static int nccl_score(const wsync_group_info_t *g, char *reason, size_t len)
 {
     int ti = wsync_transport_index("nccl");
@@ -89,11 +94,10 @@ static int nccl_score(const wsync_group_info_t *g, char *reason, size_t len)
      * as exchange_hello judges it too */
     for (uint32_t i = 0; i < g->nsenders + g->nreceivers; i++) {
         const uint8_t *a = group_gpu(g, i);
-        const wsync_hello_t *hi = i < g->nsenders ? &g->senders[i] : &g->receivers[i - g->nsenders];
+        const wsync_hello_t *hi = group_hello(g, i);
         for (uint32_t j = i + 1; a != NULL && j < g->nsenders + g->nreceivers; j++) {
             const uint8_t *b = group_gpu(g, j);
-            const wsync_hello_t *hj = j < g->nsenders ? &g->senders[j]
-                                                      : &g->receivers[j - g->nsenders];
+            const wsync_hello_t *hj = group_hello(g, j);
             if (b != NULL && memcmp(a, b, 16) == 0 &&
                 (hi->host_id == NULL || hj->host_id == NULL ||
                  wsync_host_same(hi->host_id, hj->host_id))) {
