@@ -620,6 +620,8 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
                 wsync_dev_batch_free(f->dcopy[k]);
             for (uint32_t k = 0; f->ev != NULL && k < f->nbuckets; k++)
                 wsync_dev_event_destroy(f->ev[k]);
+            for (uint32_t k = 0; f->tev != NULL && k < 2 * f->nbuckets; k++)
+                wsync_dev_event_destroy(f->tev[k]);
             wsync_dev_stream_destroy(f->stream);
             wsync_dev_stream_destroy(f->stream2);
             if (f->shm_registered)
@@ -649,6 +651,7 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
         free(f->batch[1]);
         free(f->dcopy);
         free(f->ev);
+        free(f->tev);
         free(f->qrun_start);
         free(f->qrun_list);
     }

@@ -122,6 +122,8 @@ typedef struct {
     uint8_t *gpu;                    /* [nbuckets] bucket has segments into CUDA targets */
     wsync_kcopy_batch_t **batch[2];  /* [nbuckets] per cached set of target pointers */
     void **ev;                       /* [nbuckets] */
+    void **tev;                      /* WSYNC_IPC_GPU_TIMES=1: [2 * nbuckets] timing events
+                                      * around each bucket's GPU work, made at first use */
     void *stream;                    /* this sender's copies: its own stream, so that local copies
                                       * and peer reads from several senders overlap on the GPU */
     void *stream2;                   /* a second stream for its odd buckets (WSYNC_IPC_STREAMS=1: none),
@@ -220,6 +222,15 @@ static inline void wire_last_buckets(const wsync_plan_t *plan, uint32_t c0, uint
 /* The copy batch set for the targets' current pointers (one of the two kept, or a rebuilt one);
  * plans the FP8 runs quantized straight from the shards the first time. */
 wsync_status_t wsync_ipc_select_batches(wsync_receiver_t *r, ipc_receiver_t *st);
+/* WSYNC_IPC_GPU_TIMES=1 (read once): time every bucket's GPU work with events and log, after
+ * each version, its span and the batches' times (what the debug log's "GPU tail" cannot tell
+ * apart: slow kernels or gaps between them). */
+int wsync_ipc_gpu_times_on(void);
+/* Record the start (end 0) or end (end 1) of bucket k's GPU work of sender f on stream strm. */
+wsync_status_t wsync_ipc_gpu_times_mark(ipc_from_t *f, uint32_t k, int end, void *strm);
+/* After a version whose GPU work has all finished: the log line. */
+void wsync_ipc_gpu_times_report(const wsync_receiver_t *r, const ipc_receiver_t *st,
+                                uint64_t version);
 /* Bucket k of sender f, delta versions: launch the apply of its segments that come as deltas and
  * point *batch at the copies of the others (*batch unchanged when none does). */
 wsync_status_t wsync_ipc_delta_batches(wsync_receiver_t *r, ipc_receiver_t *st, ipc_from_t *f,

@@ -263,6 +263,7 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
     const wsync_plan_t *plan = r->m.plan;
     const uint16_t types[] = {WSYNC_MSG_READY};
     uint32_t remaining = 0, total, launched = 0, idle = 0;
+    const int gpu_times = wsync_ipc_gpu_times_on();
     uint64_t bytes_done = 0, t_first = 0, t_last_ready = 0, t_cpu = 0;
     /* a quarter longer than a sender's wait for a RELEASE: a sender held up by another
      * receiver names that receiver before this wait blames the sender */
@@ -398,12 +399,16 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
             void *strm = two ? f->stream2 : f->stream;
             if (f->drx != NULL && (rc = wsync_ipc_delta_batches(r, st, f, k, &batch)) != WSYNC_OK)
                 return rc;
+            if (gpu_times && (rc = wsync_ipc_gpu_times_mark(f, k, 0, strm)) != WSYNC_OK)
+                return rc;
             if (batch != NULL && (rc = wsync_dev_batch_launch(batch, strm)) != WSYNC_OK)
                 return rc;
             if (f->qrun_start != NULL && f->qrun_start[k + 1] > f->qrun_start[k] &&
                 (rc = wsync_qdirect_launch(r, f->qrun_list + f->qrun_start[k],
                                            f->qrun_start[k + 1] - f->qrun_start[k],
                                            f->qblocks, strm)) != WSYNC_OK)
+                return rc;
+            if (gpu_times && (rc = wsync_ipc_gpu_times_mark(f, k, 1, strm)) != WSYNC_OK)
                 return rc;
             if ((rc = wsync_dev_event_record(f->ev[k], strm)) != WSYNC_OK)
                 return rc;
@@ -463,6 +468,8 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
             return rc;
     }
     uint64_t t_end = wsync_now_ns();
+    if (gpu_times)
+        wsync_ipc_gpu_times_report(r, st, version);
     double secs = (double)(t_end - t0) / 1e9;
     uint32_t nstreams = 0;   /* the senders' streams (two each by default: sender_stream) */
     for (uint32_t i = 0; i < st->nsenders; i++)
