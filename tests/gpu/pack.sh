@@ -31,7 +31,7 @@ wanted() {   # file name (wsync-bench, test_schemes, libwsync.so ...)
     local step need
     for step in $STEPS; do
         case $step in
-        kernels) need="test_kernels" ;;
+        kernels) need="test_kernels copy_model" ;;
         schemes) need="test_delta_kernels test_engine_cuda test_schemes wsync-engine wsync-demo" ;;
         fp8wire) need="test_fp8_wire_gpu" ;;
         faults) need="test_faults_cuda" ;;
@@ -58,7 +58,7 @@ for t in wsync-bench wsync-engine wsync-demo wsync-plan; do
     f=$BUILD/bin/$t
     [ -x "$f" ] && wanted "$t" && strip --strip-unneeded -o "$DEST/bin/$t" "$f"
 done
-for f in "$BUILD"/tests/gpu/test_* "$BUILD"/tests/gpu/netns_member; do
+for f in "$BUILD"/tests/gpu/test_* "$BUILD"/tests/gpu/netns_member "$BUILD"/tests/gpu/copy_model; do
     [ -x "$f" ] && wanted "$(basename "$f")" && strip --strip-unneeded -o "$DEST/tests/gpu/$(basename "$f")" "$f"
 done
 # the shared library, for the Python bindings (tests/gpu/test_python_torch.py): one plain file
