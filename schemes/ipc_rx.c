@@ -397,9 +397,9 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
             /* odd buckets on the second stream (sender_stream says why) */
             int two = f->stream2 != NULL && f->drx == NULL && (k & 1);
             void *strm = two ? f->stream2 : f->stream;
-            if (f->drx != NULL && (rc = wsync_ipc_delta_batches(r, st, f, k, &batch)) != WSYNC_OK)
-                return rc;
             if (gpu_times && (rc = wsync_ipc_gpu_times_mark(f, k, 0, strm)) != WSYNC_OK)
+                return rc;
+            if (f->drx != NULL && (rc = wsync_ipc_delta_batches(r, st, f, k, &batch)) != WSYNC_OK)
                 return rc;
             if (batch != NULL && (rc = wsync_dev_batch_launch(batch, strm)) != WSYNC_OK)
                 return rc;
