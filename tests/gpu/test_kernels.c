@@ -245,8 +245,10 @@ static void test_copy_random(void)
                 CHECK_OK(wsync_kernels_copy(cd, n, NULL));
             } else {
                 CHECK_OK(wsync_kernels_batch_create(cd, n, &b));
-                if (way == 2)
+                if (way == 2) {   /* a capped grid, after the sources' translations are made */
                     wsync_kernels_batch_limit(b, 3);
+                    CHECK_OK(wsync_kernels_batch_touch(b, NULL));
+                }
                 CHECK_OK(wsync_kernels_batch_launch(b, NULL));
             }
             CU(cudaDeviceSynchronize());
@@ -394,9 +396,12 @@ static void test_copy_errors(void)
     c.dst_pitch = 4;
     CHECK_ST(wsync_kernels_copy(&c, 1, NULL), WSYNC_ERR_INVALID);
     CHECK(b == NULL);
-    /* an empty batch launches nothing */
+    /* an empty batch launches nothing; a NULL one is refused */
     CHECK_OK(wsync_kernels_batch_create(NULL, 0, &b));
+    CHECK_OK(wsync_kernels_batch_touch(b, NULL));
     CHECK_OK(wsync_kernels_batch_launch(b, NULL));
+    CHECK_ST(wsync_kernels_batch_touch(NULL, NULL), WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("batch is NULL");
     wsync_kernels_batch_free(b);
     CU(cudaDeviceSynchronize());
 }
