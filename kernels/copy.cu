@@ -133,6 +133,21 @@ __device__ __forceinline__ void wk_cast_unit(const wk_copy_desc_t *__restrict__ 
     case op * 8 + 2: wk_cast_unit<SK, DK, 2>(dp, first); break;                                \
     case op * 8 + 3: wk_cast_unit<SK, DK, 1>(dp, first); break;
 
+/* The copy holding unit u: unit_begin[lo] <= u < unit_begin[lo + 1]. */
+__device__ __forceinline__ uint32_t wk_unit_copy(const uint64_t *__restrict__ unit_begin,
+                                                 uint32_t n, uint64_t u)
+{
+    uint32_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (unit_begin[mid] <= u)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* CASTS: the batch holds casts (the general kernel); else only byte copies: a smaller kernel that
  * keeps all its state in registers. */
 template <bool CASTS>
@@ -141,15 +156,7 @@ wk_copy_kernel(const wk_copy_desc_t *__restrict__ descs, const uint64_t *__restr
                uint32_t n, uint64_t units)
 {
     for (uint64_t u = blockIdx.x; u < units; u += gridDim.x) {
-        /* the copy holding unit u: unit_begin[lo] <= u < unit_begin[lo + 1] */
-        uint32_t lo = 0, hi = n;
-        while (hi - lo > 1) {
-            uint32_t mid = lo + (hi - lo) / 2;
-            if (unit_begin[mid] <= u)
-                lo = mid;
-            else
-                hi = mid;
-        }
+        const uint32_t lo = wk_unit_copy(unit_begin, n, u);
         const wk_copy_desc_t *dp = &descs[lo];
         const uint64_t first = (u - unit_begin[lo]) * WK_UNIT;
         switch (dp->kind) {
@@ -190,14 +197,7 @@ wk_touch_kernel(const wk_copy_desc_t *__restrict__ descs, const uint64_t *__rest
     const uint64_t u = (uint64_t)blockIdx.x * WK_THREADS + threadIdx.x;
     if (u >= units)
         return;
-    uint32_t lo = 0, hi = n;
-    while (hi - lo > 1) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (unit_begin[mid] <= u)
-            lo = mid;
-        else
-            hi = mid;
-    }
+    const uint32_t lo = wk_unit_copy(unit_begin, n, u);
     const wk_copy_desc_t d = descs[lo];
     const uint64_t ipr = d.full + (d.rem != 0), it = (u - unit_begin[lo]) * WK_UNIT;
     const uint64_t g = d.kind < 8 ? (uint64_t)16 >> d.kind : 0;   /* a cast's: its row's start */
