@@ -263,9 +263,7 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
     const wsync_plan_t *plan = r->m.plan;
     const uint16_t types[] = {WSYNC_MSG_READY};
     uint32_t remaining = 0, total, launched = 0, idle = 0;
-    const int gpu_times = wsync_ipc_gpu_times_on();
-    const char *tv = getenv("WSYNC_IPC_TOUCH");
-    const int touch = tv != NULL && strcmp(tv, "1") == 0;
+    const int gpu_times = wsync_ipc_gpu_times_on(), touch = wsync_ipc_touch_on();
     uint64_t bytes_done = 0, t_first = 0, t_last_ready = 0, t_cpu = 0;
     /* a quarter longer than a sender's wait for a RELEASE: a sender held up by another
      * receiver names that receiver before this wait blames the sender */

@@ -245,6 +245,30 @@ static void verify(const shape_t *t, int nt, unsigned char **srcs, unsigned char
     free(b);
 }
 
+/* The targets poisoned, every batch once as the receiver runs them (2 streams, 2 blocks per SM),
+ * and the targets compared with `want` (the bytes the sources hold). */
+static void copy_checked(batches_t *m, const shape_t *t, int nt, unsigned char **want,
+                         unsigned char **dsts, int sms)
+{
+    for (int i = 0; i < nt; i++)
+        CU(cudaMemset(dsts[i], 0, t[i].rows * t[i].cols * 2));
+    m->streams = 2;
+    m->cap = (uint32_t)(2 * sms);
+    launch_all(m);
+    CU(cudaDeviceSynchronize());
+    verify(t, nt, want, dsts);
+}
+
+/* One launch of batch b at 2 blocks per SM and uncapped, against the reference copy. */
+static void report_one(wsync_kcopy_batch_t *b, const char *what, double t_d2d, int sms)
+{
+    wsync_kernels_batch_limit(b, (uint32_t)(2 * sms));
+    const double t2 = time_it(launch_one, b);
+    wsync_kernels_batch_limit(b, 0);
+    const double t0 = time_it(launch_one, b);
+    printf("  %s: 2 blocks/SM %.3f x d2d, uncapped %.3f x d2d\n", what, t2 / t_d2d, t0 / t_d2d);
+}
+
 static void report(batches_t *m, const char *what, double t_d2d, int sms)
 {
     static const struct {
@@ -467,13 +491,7 @@ static void run(void)
         CU(cudaFree(d2d.a));
         CU(cudaFree(d2d.b));
     }
-    for (int i = 0; i < nt; i++)
-        CU(cudaMemset(dsts[i], 0, t[i].rows * t[i].cols * 2));
-    m.streams = 2;
-    m.cap = (uint32_t)(2 * sms);
-    launch_all(&m);
-    CU(cudaDeviceSynchronize());
-    verify(t, nt, srcs, dsts);
+    copy_checked(&m, t, nt, srcs, dsts, sms);
     printf("model copies: %.2f GB in %d batches (%s)  d2d %.3f ms (%.0f GB/s)\n", total / 1e9,
            m.nb, opt.separate ? "a cudaMalloc each" : "one cudaMalloc", t_d2d * 1e3,
            total / t_d2d / 1e9);
@@ -483,20 +501,10 @@ static void run(void)
                              WSYNC_DTYPE_BF16, WSYNC_DTYPE_BF16};
         wsync_kcopy_batch_t *b1;
         CHECK_OK(wsync_kernels_batch_create(&one, 1, &b1));
-        wsync_kernels_batch_limit(b1, (uint32_t)(2 * sms));
-        double t2 = time_it(launch_one, b1);
-        wsync_kernels_batch_limit(b1, 0);
-        double t0 = time_it(launch_one, b1);
-        printf("  one dense copy: 2 blocks/SM %.3f x d2d, uncapped %.3f x d2d\n", t2 / t_d2d,
-               t0 / t_d2d);
+        report_one(b1, "one dense copy", t_d2d, sms);
         wsync_kernels_batch_free(b1);
     }
-    wsync_kernels_batch_limit(all, (uint32_t)(2 * sms));
-    double t2 = time_it(launch_one, all);
-    wsync_kernels_batch_limit(all, 0);
-    double t0 = time_it(launch_one, all);
-    printf("  every copy in one launch: 2 blocks/SM %.3f x d2d, uncapped %.3f x d2d\n",
-           t2 / t_d2d, t0 / t_d2d);
+    report_one(all, "every copy in one launch", t_d2d, sms);
     wsync_kernels_batch_free(all);
 
     if (opt.ipc != IPC_NONE && !opt.separate) {
@@ -516,13 +524,7 @@ static void run(void)
             batches_t mi = m;
             make_batches(t, nt, isrcs, dsts, total, &mi, &all);
             wsync_kernels_batch_free(all);
-            for (int i = 0; i < nt; i++)
-                CU(cudaMemset(dsts[i], 0, t[i].rows * t[i].cols * 2));
-            mi.streams = 2;
-            mi.cap = (uint32_t)(2 * sms);
-            launch_all(&mi);
-            CU(cudaDeviceSynchronize());
-            verify(t, nt, srcs, dsts);   /* the other process's bytes are ours */
+            copy_checked(&mi, t, nt, srcs, dsts, sms);   /* the other process's bytes are ours */
             report(&mi, "opened source: ", t_d2d, sms);
             for (int i = 0; i < mi.nb; i++)
                 wsync_kernels_batch_free(mi.b[i]);
