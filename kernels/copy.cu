@@ -182,33 +182,6 @@ wk_copy_kernel(const wk_copy_desc_t *__restrict__ descs, const uint64_t *__restr
     }
 }
 
-/* One load a unit, of its first item: the address translations of the batch's sources made
- * before its copy runs. A copy from another process's memory (a colocated sender's shards,
- * opened by IPC handle) took 164 us for a 256 MiB batch on one H200 where the same batch again,
- * right after, took 130-135 (docs/benchmarks.md): the first pass pays for something the second
- * finds made, the translations being the likely part (the data is 5 x the L2). Here every unit's
- * load is in flight at once, so that the walks overlap. Whether that recovers the time is not
- * yet measured (the ipc receiver runs it only with WSYNC_IPC_TOUCH=1). The value feeds a store
- * that never happens, so that the load stays. */
-__global__ void __launch_bounds__(WK_THREADS)
-wk_touch_kernel(const wk_copy_desc_t *__restrict__ descs, const uint64_t *__restrict__ unit_begin,
-                uint32_t n, uint64_t units, unsigned *never)
-{
-    const uint64_t u = (uint64_t)blockIdx.x * WK_THREADS + threadIdx.x;
-    if (u >= units)
-        return;
-    const uint32_t lo = wk_unit_copy(unit_begin, n, u);
-    const wk_copy_desc_t d = descs[lo];
-    const uint64_t ipr = d.full + (d.rem != 0), it = (u - unit_begin[lo]) * WK_UNIT;
-    const uint64_t g = d.kind < 8 ? (uint64_t)16 >> d.kind : 0;   /* a cast's: its row's start */
-    uint64_t r, c;
-    wk_divmod(it, ipr, d.rows, r, c);
-    unsigned v;
-    asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(v) : "l"(d.src + r * d.sp + c * g));
-    if (v == 0x100u)   /* a byte is never 256 */
-        *never = v;
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* Host side                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
@@ -477,18 +450,6 @@ wsync_status_t wsync_kernels_batch_launch(const wsync_kcopy_batch_t *batch, void
         return wsync_err(WSYNC_ERR_INVALID, "wsync_kernels_batch_launch: batch is NULL");
     return wk_batch_run(batch->descs, batch->unit_begin, batch->n, batch->units, batch->casts,
                         batch->max_blocks, (cudaStream_t)stream);
-}
-
-wsync_status_t wsync_kernels_batch_touch(const wsync_kcopy_batch_t *batch, void *stream)
-{
-    if (batch == NULL)
-        return wsync_err(WSYNC_ERR_INVALID, "wsync_kernels_batch_touch: batch is NULL");
-    if (batch->units == 0)
-        return WSYNC_OK;
-    const uint64_t blocks = (batch->units + WK_THREADS - 1) / WK_THREADS;
-    wk_touch_kernel<<<wk_grid(blocks), WK_THREADS, 0, (cudaStream_t)stream>>>(
-        batch->descs, batch->unit_begin, batch->n, batch->units, NULL);
-    return wk_launched("touch kernel launch");
 }
 
 void wsync_kernels_batch_limit(wsync_kcopy_batch_t *batch, uint32_t max_blocks)

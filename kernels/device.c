@@ -585,12 +585,6 @@ void wsync_dev_batch_free(wsync_kcopy_batch_t *batch)
     wsync_kernels_batch_free(batch);
 }
 
-wsync_status_t wsync_dev_batch_touch(const wsync_kcopy_batch_t *batch, void *stream)
-{
-    REFUSE_IF_WEDGED();
-    return wsync_kernels_batch_touch(batch, stream);
-}
-
 void wsync_dev_batch_limit(wsync_kcopy_batch_t *batch, uint32_t max_blocks)
 {
     wsync_kernels_batch_limit(batch, max_blocks);
@@ -886,13 +880,6 @@ void wsync_dev_batch_info(const wsync_kcopy_batch_t *batch, uint64_t *bytes_read
 }
 
 void wsync_dev_batch_free(wsync_kcopy_batch_t *batch) { (void)batch; }
-
-wsync_status_t wsync_dev_batch_touch(const wsync_kcopy_batch_t *batch, void *stream)
-{
-    (void)batch;
-    (void)stream;
-    return NO_CUDA("wsync_dev_batch_touch");
-}
 
 void wsync_dev_batch_limit(wsync_kcopy_batch_t *batch, uint32_t max_blocks)
 {

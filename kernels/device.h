@@ -152,7 +152,6 @@ wsync_status_t wsync_dev_batch_launch(const wsync_kcopy_batch_t *batch, void *st
 void wsync_dev_batch_info(const wsync_kcopy_batch_t *batch, uint64_t *bytes_read,
                           uint64_t *bytes_written, uint32_t *ncopies);
 void wsync_dev_batch_free(wsync_kcopy_batch_t *batch);
-wsync_status_t wsync_dev_batch_touch(const wsync_kcopy_batch_t *batch, void *stream);
 void wsync_dev_batch_limit(wsync_kcopy_batch_t *batch, uint32_t max_blocks);
 /* wsync_kernels_quantize_launch / _finish / quantize (finish waits for the stream). */
 wsync_status_t wsync_dev_quantize_launch(const wsync_kquant_t *a, void *ws, void *stream);

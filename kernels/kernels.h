@@ -79,12 +79,6 @@ wsync_status_t wsync_kernels_batch_create(const wsync_kcopy_t *descs, uint32_t n
  * WSYNC_ERR_DEVICE if the launch fails. */
 wsync_status_t wsync_kernels_batch_launch(const wsync_kcopy_batch_t *batch, void *stream);
 
-/* Enqueue one load per unit of work of the batch's sources on `stream` (a small kernel), so that
- * their address translations are made, all at once, before the copy that follows on the same
- * stream (meant for sources in another process's memory: copy.cu says why). WSYNC_ERR_INVALID
- * for a NULL batch. */
-wsync_status_t wsync_kernels_batch_touch(const wsync_kcopy_batch_t *batch, void *stream);
-
 /* Cap the batch's grid at max_blocks blocks (0: no cap, one block per unit of work; the kernel
  * loops over the rest). Copies on several streams at once (peer reads beside local copies) then
  * share the GPU instead of the first launch filling every SM until it drains. */

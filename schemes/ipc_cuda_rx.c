@@ -523,16 +523,6 @@ int wsync_ipc_gpu_times_on(void)
     return on;
 }
 
-int wsync_ipc_touch_on(void)
-{
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("WSYNC_IPC_TOUCH");
-        on = v != NULL && strcmp(v, "1") == 0;
-    }
-    return on;
-}
-
 wsync_status_t wsync_ipc_gpu_times_mark(ipc_from_t *f, uint32_t k, int end, void *strm)
 {
     wsync_status_t rc = WSYNC_OK;

@@ -226,9 +226,6 @@ wsync_status_t wsync_ipc_select_batches(wsync_receiver_t *r, ipc_receiver_t *st)
  * each version, its span and the batches' times (what the debug log's "GPU tail" cannot tell
  * apart: slow kernels or gaps between them). */
 int wsync_ipc_gpu_times_on(void);
-/* WSYNC_IPC_TOUCH=1 (read once): before each batch that reads a sender's CUDA memory, make its
- * sources' address translations (wsync_dev_batch_touch; off by default: not yet measured). */
-int wsync_ipc_touch_on(void);
 /* Record the start (end 0) or end (end 1) of bucket k's GPU work of sender f on stream strm. */
 wsync_status_t wsync_ipc_gpu_times_mark(ipc_from_t *f, uint32_t k, int end, void *strm);
 /* After a version whose GPU work has all finished: the log line. */

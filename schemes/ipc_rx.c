@@ -263,7 +263,7 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
     const wsync_plan_t *plan = r->m.plan;
     const uint16_t types[] = {WSYNC_MSG_READY};
     uint32_t remaining = 0, total, launched = 0, idle = 0;
-    const int gpu_times = wsync_ipc_gpu_times_on(), touch = wsync_ipc_touch_on();
+    const int gpu_times = wsync_ipc_gpu_times_on();
     uint64_t bytes_done = 0, t_first = 0, t_last_ready = 0, t_cpu = 0;
     /* a quarter longer than a sender's wait for a RELEASE: a sender held up by another
      * receiver names that receiver before this wait blames the sender */
@@ -400,12 +400,6 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
             if (gpu_times && (rc = wsync_ipc_gpu_times_mark(f, k, 0, strm)) != WSYNC_OK)
                 return rc;
             if (f->drx != NULL && (rc = wsync_ipc_delta_batches(r, st, f, k, &batch)) != WSYNC_OK)
-                return rc;
-            /* the sender's CUDA memory, opened here: with WSYNC_IPC_TOUCH=1 its address
-             * translations first, all at once (wsync_kernels_batch_touch; not yet measured on
-             * a GPU, so off by default: docs/benchmarks.md, "One GPU: where the time goes") */
-            if (batch != NULL && f->cim != NULL && touch &&
-                (rc = wsync_dev_batch_touch(batch, strm)) != WSYNC_OK)
                 return rc;
             if (batch != NULL && (rc = wsync_dev_batch_launch(batch, strm)) != WSYNC_OK)
                 return rc;

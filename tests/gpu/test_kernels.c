@@ -245,10 +245,8 @@ static void test_copy_random(void)
                 CHECK_OK(wsync_kernels_copy(cd, n, NULL));
             } else {
                 CHECK_OK(wsync_kernels_batch_create(cd, n, &b));
-                if (way == 2) {   /* a capped grid, after the sources' translations are made */
+                if (way == 2)
                     wsync_kernels_batch_limit(b, 3);
-                    CHECK_OK(wsync_kernels_batch_touch(b, NULL));
-                }
                 CHECK_OK(wsync_kernels_batch_launch(b, NULL));
             }
             CU(cudaDeviceSynchronize());
@@ -398,9 +396,8 @@ static void test_copy_errors(void)
     CHECK(b == NULL);
     /* an empty batch launches nothing; a NULL one is refused */
     CHECK_OK(wsync_kernels_batch_create(NULL, 0, &b));
-    CHECK_OK(wsync_kernels_batch_touch(b, NULL));
     CHECK_OK(wsync_kernels_batch_launch(b, NULL));
-    CHECK_ST(wsync_kernels_batch_touch(NULL, NULL), WSYNC_ERR_INVALID);
+    CHECK_ST(wsync_kernels_batch_launch(NULL, NULL), WSYNC_ERR_INVALID);
     CHECK_ERR_HAS("batch is NULL");
     wsync_kernels_batch_free(b);
     CU(cudaDeviceSynchronize());
