@@ -878,7 +878,12 @@ static int run_sender(model_t *m, int rank)
         goto out;
     }
     if (o->mem_cuda) {
-        if (bcuda_malloc((void **)&block, bytes) != 0)
+        /* rounded up to 2 MiB as a caching allocator's segments are (PyTorch's): a colocated
+         * receiver reads an odd-sized allocation up to a quarter slower (transports/cuda_ipc.c
+         * warn_odd_size); WSYNC_BENCH_ALLOC_ROUND=N rounds to N bytes instead, 1 not at all */
+        const char *ar = getenv("WSYNC_BENCH_ALLOC_ROUND");
+        size_t round = ar != NULL ? (size_t)strtoull(ar, NULL, 10) : (size_t)2 << 20;
+        if (bcuda_malloc((void **)&block, round > 1 ? (bytes + round - 1) / round * round : bytes) != 0)
             goto out;
     } else if (wsync_mem_alloc(ctx, bytes ? bytes : ALIGN, (void **)&block) != WSYNC_OK) {
         fprintf(stderr, PROG ": %s: wsync_mem_alloc(%zu) failed: %s\n", who, bytes,

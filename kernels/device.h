@@ -107,7 +107,7 @@ wsync_status_t wsync_dev_stream_sync(void *stream, int64_t deadline_ms, const ch
 
 /* ---- memory -------------------------------------------------------------------------------- */
 
-/* cudaMalloc on the current device. */
+/* cudaMalloc on the current device (past 2 MiB, rounded up to a multiple of 2 MiB). */
 wsync_status_t wsync_dev_malloc(size_t bytes, void **ptr);
 void wsync_dev_free(void *ptr);
 /* A device on which kernels may never finish (NCCL's, waiting on a dead peer, after an abort

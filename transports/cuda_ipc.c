@@ -232,6 +232,23 @@ void wsync_cuda_exporter_free(wsync_cuda_exporter_t *ex)
     "and requestedHandleTypes including CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (PyTorch's "      \
     "expandable segments)"
 
+/* A cudaMalloc allocation whose size is not a multiple of 2 MiB (the GPU's large page) is read
+ * slower by the processes that open it: 165 us a 256 MiB batch of copies against 133 us once
+ * the same allocation was rounded up to 2 MiB, on one H200 (docs/benchmarks.md, "One GPU: where
+ * the time goes"). Its owner is the one who can fix it, so say so, once a process. */
+static void warn_odd_size(uintptr_t base, size_t size, const char *what)
+{
+    static int told;
+    const size_t big_page = (size_t)2 << 20;
+    if (size <= big_page || size % big_page == 0 || told)
+        return;
+    told = 1;
+    WSYNC_LOG_W("cuda_ipc: %s lies in a cudaMalloc allocation (%#lx) of %zu bytes, not a multiple "
+                "of 2 MiB: processes that open it read it up to a quarter slower; allocate in "
+                "multiples of 2 MiB (PyTorch's caching allocator does) (said once)", what,
+                (unsigned long)base, size);
+}
+
 /* Is the cuMemCreate allocation mapped at `base` exportable as a POSIX fd? */
 static wsync_status_t vmm_piece_check(uintptr_t base, const char *what)
 {
@@ -375,6 +392,7 @@ wsync_status_t wsync_cuda_export_add(wsync_cuda_exporter_t *ex, const void *ptr,
             ex->legacy_cap = cap;
         }
         ex->legacy[ex->nlegacy++] = (xregion_t){(uintptr_t)b, s, REG_LEGACY, h, 0, 0};
+        warn_odd_size((uintptr_t)b, s, what);
     }
 out:
     dev_leave(info.device, saved);

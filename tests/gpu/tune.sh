@@ -5,7 +5,7 @@
 #
 #   bash tests/gpu/tune.sh BUILD [SCENARIO ...]     (scenarios: colocated fp8 disagg-ipc disagg-nccl
 #                                                      colocated1 colocated1-fp8 colocated2 streams4
-#                                                      target4 sweep4 fp8caps4 fp8wire4)
+#                                                      target4 sweep4 fp8caps4 fp8wire4 sender1 alloc4)
 #
 # Knobs (see schemes/ipc_cuda_rx.c, sender_stream): WSYNC_IPC_BLOCKS_LOCAL / WSYNC_IPC_BLOCKS_PEER
 # (blocks per SM of a sender's batch kernels when it is on our GPU / another one; 0: no cap) and
@@ -122,6 +122,31 @@ for s in $SCEN; do
             done
         done
         ;;
+    sender1)   # one GPU, FSDP-1 -> TP-1 bf16: the sender's block rounded up to 2 MiB (wsync-bench's
+        # default) against its exact size (WSYNC_BENCH_ALLOC_ROUND=1, read up to a quarter slower
+        # by the receiver: docs/bench/sections/18_colocated_copies.md); one stream uncapped with
+        # each batch's GPU time logged, 2 rounds, then the defaults
+        for round in 1 2 3; do
+            for set in "round2m:" "exact:WSYNC_BENCH_ALLOC_ROUND=1"; do
+                if [ $round = 3 ]; then
+                    one "$s-${set%%:*}-default" "${set#*:}" --scheme ipc --senders 1 --tp 1 --colocated
+                else
+                    one "$s-${set%%:*}-S1-r$round" "${set#*:} WSYNC_IPC_STREAMS=1 WSYNC_IPC_BLOCKS_LOCAL=0 WSYNC_IPC_GPU_TIMES=1 WSYNC_LOG_LEVEL=info" \
+                        --scheme ipc --senders 1 --tp 1 --colocated
+                fi
+            done
+        done
+        ;;
+    alloc4)   # 4 GPUs, FSDP-4 -> TP-4 colocated: the senders' blocks rounded up to 2 MiB (the
+        # default) against their exact sizes, bf16 and fp8-block, 3 rounds alternating
+        for round in 1 2 3; do
+            for set in "round2m:" "exact:WSYNC_BENCH_ALLOC_ROUND=1"; do
+                one "$s-bf16-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 --colocated
+                one "$s-fp8-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 \
+                    --colocated --quant fp8-block
+            done
+        done
+        ;;
     disagg-ipc)
         for p in 0 1 2 3; do
             one "disagg-ipc-P$p" "WSYNC_IPC_BLOCKS_PEER=$p" --scheme ipc --senders 2 --tp 2
@@ -152,7 +177,7 @@ for s in $SCEN; do
             --scheme nccl --senders 2 --tp 2
         ;;
     *)
-        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4, target4, sweep4, fp8caps4, fp8wire4)" >&2
+        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4, target4, sweep4, fp8caps4, fp8wire4, sender1, alloc4)" >&2
         exit 2
         ;;
     esac
