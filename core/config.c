@@ -10,10 +10,11 @@
 #include "core/objects.h"
 #include "core/status.h"
 #include "core/util.h"
+#include "core/wire_policy.h"
 
 #define DEFAULT_TIMEOUT_MS 60000
 #define DEFAULT_HEARTBEAT_MS 1000
-#define DEFAULT_BUCKET_BYTES (256ull << 20)
+#define DEFAULT_BUCKET_BYTES WSYNC_DEFAULT_BUCKET_BYTES   /* core/wire_policy.h */
 #define MIN_BUCKET_BYTES 4096ull
 
 /* Read an int variable: 1 if set and valid, 0 if unset, a status < 0 if malformed. */

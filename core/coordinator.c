@@ -551,6 +551,32 @@ static int wire_wanted(wsync_coord_t *co, const wsync_target_desc_t *targets, si
     return 1;
 }
 
+/* FP8 on the wire for a colocated ipc group whose senders kept the default bucket: compiled
+ * again with the larger bucket of core/wire_policy.c (*bucket set to it). *plan replaced on
+ * success; on failure the group is failed. */
+static wsync_status_t wire_bucket_again(wsync_coord_t *co, const wsync_shard_desc_t *shards,
+                                        size_t nsh, const wsync_target_desc_t *targets,
+                                        size_t ntg, uint64_t *bucket,
+                                        const wsync_plan_opts_t *opts, wsync_plan_t **plan)
+{
+    uint64_t want = wsync_ipc_wire_bucket(group_colocated(co), *bucket);
+    wsync_plan_t *again = NULL;
+    wsync_status_t st;
+
+    if (strcmp(co->scheme->name, "ipc") != 0 || want == *bucket)
+        return WSYNC_OK;
+    st = wsync_plan_compile_opts(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
+                                 (uint32_t)co->nreceivers, want, opts, &again);
+    if (st != WSYNC_OK) {
+        group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
+        return st;
+    }
+    wsync_plan_free(*plan);
+    *plan = again;
+    *bucket = want;
+    return WSYNC_OK;
+}
+
 /* One line in the explanation: what FP8 on the wire saves (every segment's bytes as they travel
  * against those of its values in their dtype). */
 static void wire_explain(wsync_coord_t *co, const wsync_plan_t *wired)
@@ -775,7 +801,19 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
         wsync_plan_free(plan);
         plan = plain;
     } else if (plan_has_wire(plan)) {
+        uint64_t wb = bucket;
+        if (wire_bucket_again(co, shards, nsh, targets, ntg, &wb, &opts, &plan) != WSYNC_OK)
+            goto out;
+        int said = wire_said(co);
         wire_explain(co, plan);
+        if (wb != bucket && !said) {
+            char line[300];
+            snprintf(line, sizeof(line), "FP8 on the wire: ipc colocated on %d GPUs: buckets of "
+                     "%llu MiB instead of the default %llu, so that a sender's two device slots "
+                     "are seldom reused within a version (set bucket_bytes to choose)",
+                     gpus_of(co), (unsigned long long)(wb >> 20), (unsigned long long)(bucket >> 20));
+            explain_line(co, line);
+        }
     } else if (co->scheme->async && only == -2 && co->fp8_wire && !wire_said(co)) {
         /* a store's senders plan before any reader: say what they will do */
         if (co->delta != WSYNC_DELTA_MODE_OFF)

@@ -1,25 +1,33 @@
 /* When colocated ipc stages FP8 chunks (docs/fp8_wire.md, "When"). fp8-block targets, Qwen3-8B
- * shape unless named (docs/bench/sections/18_fp8_wire.md):
+ * shape unless named (docs/bench/sections/18_fp8_wire.md, 18_colocated_copies.md):
  *   - disaggregated FSDP-2 -> TP-2 (4 x H200): 0.58 x the bytes, 0.57-0.60 x the time: every
  *     byte crosses NVLink, so it always pays there;
- *   - colocated, the receivers quantizing from the shards in place (one pass: bf16 read once,
- *     FP8 written once) against FP8 chunks staged by the senders (a pack, then a copy):
- *     FSDP-4 -> TP-4 on 4 x H100, 6.04 ms against 6.62 (2026-11-26, 3 rounds; bf16 5.24); on
- *     one H200 15.4 ms staged against 13.9 (FSDP-1 -> TP-1), on two 9.5 against 8.8. (The 4 x
- *     H200 rows of 11-26 that favoured staging, 5.6 against 6.5 ms, and Qwen3-30B-A3B EP-4, 54.7
- *     against 47.5, ran while the in-place path was broken and every FP8 target was landed in
- *     staging and quantized from there: schemes/ipc_cuda_rx.c, plan_qruns.)
- * So colocated groups leave FP8 targets to their receivers; fp8_wire 2 forces staging. */
+ *   - colocated on 4 GPUs (4 x H200, 2026-11-27, once wsync-bench's senders allocated as a
+ *     caching allocator does): three quarters of the bytes cross NVLink, which the bf16 copies
+ *     then saturate (0.98-1.03 x the floor). In place, the receivers quantizing from the shards
+ *     read the same bf16 over NVLink: 1.05-1.13 x bf16. Staged by the senders with 2 GiB buckets
+ *     (no device slot reused within a version): 0.87-0.95 x bf16; with the 256 MiB default,
+ *     whose two slots the four receivers hold in lockstep, 1.3-1.4 x;
+ *   - colocated on one GPU: in place 0.79 x bf16 (one H200); on two, in place measured faster
+ *     than staged (8.8 against 9.5 ms, with 256 MiB buckets). Three GPUs: not measured.
+ * So colocated groups on 4 GPUs or more stage FP8 chunks, in 2 GiB buckets unless the senders
+ * chose a bucket size; fewer leave FP8 targets to their receivers; fp8_wire 2 forces staging. */
 #include "core/wire_policy.h"
 
 #include <stdio.h>
 
 int wsync_ipc_wire_pays(int colocated, int ngpus, char *why, size_t whylen)
 {
-    if (!colocated)
+    if (!colocated || ngpus >= WSYNC_IPC_WIRE_MIN_GPUS)
         return 1;
     if (why != NULL && whylen > 0)
         snprintf(why, whylen, "ipc colocated on %d GPU(s): the receivers quantize from the "
-                 "shards in place, cheaper than staging FP8 chunks", ngpus);
+                 "shards in place, cheaper than staging FP8 chunks below %d GPUs", ngpus,
+                 WSYNC_IPC_WIRE_MIN_GPUS);
     return 0;
+}
+
+uint64_t wsync_ipc_wire_bucket(int colocated, uint64_t asked)
+{
+    return colocated && asked == WSYNC_DEFAULT_BUCKET_BYTES ? WSYNC_IPC_WIRE_BUCKET_BYTES : asked;
 }

@@ -5,7 +5,8 @@
 #
 #   bash tests/gpu/tune.sh BUILD [SCENARIO ...]     (scenarios: colocated fp8 disagg-ipc disagg-nccl
 #                                                      colocated1 colocated1-fp8 colocated2 streams4
-#                                                      target4 sweep4 fp8caps4 fp8wire4 sender1 alloc4)
+#                                                      target4 sweep4 fp8caps4 fp8wire4 sender1 alloc4
+#                                                      fp8after4 fp8bucket4)
 #
 # Knobs (see schemes/ipc_cuda_rx.c, sender_stream): WSYNC_IPC_BLOCKS_LOCAL / WSYNC_IPC_BLOCKS_PEER
 # (blocks per SM of a sender's batch kernels when it is on our GPU / another one; 0: no cap) and
@@ -147,6 +148,38 @@ for s in $SCEN; do
             done
         done
         ;;
+    fp8after4)   # 4 GPUs, FSDP-4 -> TP-4 colocated, once the senders' blocks were rounded up to
+        # 2 MiB: fp8-block beside bf16, in place with the quantize kernels' peer caps around the
+        # default and FP8 on the wire, 2 rounds alternating; then one fp8 debug run (GPU tail)
+        for round in 1 2; do
+            one "$s-bf16-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated
+            for set in "inplace:" "QP1:WSYNC_IPC_QUANT_BLOCKS_PEER=1" "QP0.25:WSYNC_IPC_QUANT_BLOCKS_PEER=0.25" \
+                       "L2:WSYNC_IPC_BLOCKS_LOCAL=2"; do
+                one "$s-fp8-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 \
+                    --colocated --quant fp8-block
+            done
+            for set in "wire:" "wire-L2:WSYNC_IPC_BLOCKS_LOCAL=2"; do
+                one "$s-fp8-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 \
+                    --colocated --quant fp8-block --fp8-wire always
+            done
+        done
+        one "$s-fp8-debug" "WSYNC_LOG_LEVEL=debug" --scheme ipc --senders 4 --tp 4 --colocated \
+            --quant fp8-block
+        ;;
+    fp8bucket4)   # 4 GPUs, FSDP-4 -> TP-4 colocated: FP8 on the wire (senders quantize into
+        # their device buckets, receivers copy half the bytes) with larger buckets, so that a
+        # sender's two slots are reused less often or not at all within a version, beside bf16
+        # and fp8-block in place, 2 rounds alternating
+        for round in 1 2; do
+            one "$s-bf16-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated
+            one "$s-fp8-inplace-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated --quant fp8-block
+            for mb in 1024 2048 4096; do
+                one "$s-fp8-wire-b$mb-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated \
+                    --quant fp8-block --fp8-wire always --bucket-mb $mb
+            done
+        done
+        one "$s-bf16-b1024" "" --scheme ipc --senders 4 --tp 4 --colocated --bucket-mb 1024
+        ;;
     disagg-ipc)
         for p in 0 1 2 3; do
             one "disagg-ipc-P$p" "WSYNC_IPC_BLOCKS_PEER=$p" --scheme ipc --senders 2 --tp 2
@@ -177,7 +210,7 @@ for s in $SCEN; do
             --scheme nccl --senders 2 --tp 2
         ;;
     *)
-        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4, target4, sweep4, fp8caps4, fp8wire4, sender1, alloc4)" >&2
+        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4, target4, sweep4, fp8caps4, fp8wire4, sender1, alloc4, fp8after4, fp8bucket4)" >&2
         exit 2
         ;;
     esac
