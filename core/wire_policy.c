@@ -5,7 +5,7 @@
  *   - colocated on 4 GPUs (4 x H200, 2026-11-27, once wsync-bench's senders allocated as a
  *     caching allocator does): three quarters of the bytes cross NVLink, which the bf16 copies
  *     then saturate (0.98-1.03 x the floor). In place, the receivers quantizing from the shards
- *     read the same bf16 over NVLink: 1.05-1.13 x bf16. Staged by the senders with 2 GiB buckets
+ *     read the same bf16 over NVLink: 1.04-1.12 x bf16. Staged by the senders with 2 GiB buckets
  *     (no device slot reused within a version): 0.87-0.95 x bf16; with the 256 MiB default,
  *     whose two slots the four receivers hold in lockstep, 1.3-1.4 x;
  *   - colocated on one GPU: in place 0.79 x bf16 (one H200); on two, in place measured faster

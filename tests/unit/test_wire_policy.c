@@ -37,7 +37,7 @@ static void case_colocated_many_gpus(void)
 {
     char why[300] = "";
     /* 4 x H200, Qwen3-8B FSDP-4 -> TP-4: staged in 2 GiB buckets 0.87-0.95 x bf16, in place
-     * 1.05-1.13 x */
+     * 1.04-1.12 x */
     CHECK(wsync_ipc_wire_pays(1, 4, why, sizeof(why)) == 1);
     CHECK(wsync_ipc_wire_pays(1, 8, why, sizeof(why)) == 1);
     CHECK_MSG(why[0] == '\0', "no reason when taken: %s", why);
