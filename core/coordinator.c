@@ -534,16 +534,19 @@ static void wire_off_delta(wsync_coord_t *co, const wsync_target_desc_t *targets
  * when rank 0 allows it and some target is FP8 with block or channel scales: delta versions diff
  * the values as they are. With fp8_wire 1, ipc takes it only where it pays
  * (core/wire_policy.c: not where sender and receiver share a GPU). */
-static int wire_wanted(wsync_coord_t *co, const wsync_target_desc_t *targets, size_t ntg)
+static int wire_wanted(wsync_coord_t *co, const wsync_target_desc_t *targets, size_t ntg,
+                       const wsync_plan_t *wired)
 {
     char why[300], line[400];
+    uint64_t plain, wire, nwire;
 
     if (co->scheme == NULL || !wire_candidate(co, targets, ntg)) {
         wire_off_delta(co, targets, ntg);
         return 0;
     }
+    wire_totals(wired, &plain, &wire, &nwire);
     if (co->fp8_wire == 1 && strcmp(co->scheme->name, "ipc") == 0 &&
-        !wsync_ipc_wire_pays(group_colocated(co), gpus_of(co), why, sizeof(why))) {
+        !wsync_ipc_wire_pays(group_colocated(co), gpus_of(co), plain, wire, why, sizeof(why))) {
         snprintf(line, sizeof(line), "FP8 on the wire: off: %s (fp8_wire 2 forces it)", why);
         explain_line(co, line);
         return 0;
@@ -790,7 +793,7 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
         wsync_plan_free(plan);
         plan = again;
     }
-    if (plan_has_wire(plan) && !wire_wanted(co, targets, ntg)) {
+    if (plan_has_wire(plan) && !wire_wanted(co, targets, ntg, plan)) {
         wsync_plan_t *plain = NULL;
         st = wsync_plan_compile(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
                                 (uint32_t)co->nreceivers, bucket, &plain);

@@ -8,23 +8,41 @@
  *     read the same bf16 over NVLink: 1.04-1.12 x bf16. Staged by the senders with 2 GiB buckets
  *     (no device slot reused within a version): 0.87-0.95 x bf16; with the 256 MiB default,
  *     whose two slots the four receivers hold in lockstep, 1.3-1.4 x;
+ *     That plan moves 0.58 x the bytes. Qwen3-30B-A3B FSDP-4 -> EP-4, whose gate and up experts
+ *     have cells cut between senders and travel plain, would move 0.83 x: staging it was slower
+ *     than in place when last measured on this path (54.7 against 47.5 ms, 256 MiB buckets,
+ *     before the fixes above), and is not measured since;
  *   - colocated on one GPU: in place 0.79 x bf16 (one H200); on two, in place measured faster
  *     than staged (8.8 against 9.5 ms, with 256 MiB buckets). Three GPUs: not measured.
- * So colocated groups on 4 GPUs or more stage FP8 chunks, in 2 GiB buckets unless the senders
- * chose a bucket size; fewer leave FP8 targets to their receivers; fp8_wire 2 forces staging. */
+ * So colocated groups on 4 GPUs or more stage FP8 chunks when that moves at most 0.7 x the
+ * bytes (between the measured 0.58 and the 0.83 that did not pay), in 2 GiB buckets unless the
+ * senders chose a bucket size; others leave FP8 targets to their receivers; fp8_wire 2 forces
+ * staging. */
 #include "core/wire_policy.h"
 
 #include <stdio.h>
 
-int wsync_ipc_wire_pays(int colocated, int ngpus, char *why, size_t whylen)
+int wsync_ipc_wire_pays(int colocated, int ngpus, uint64_t plain, uint64_t wire, char *why,
+                        size_t whylen)
 {
-    if (!colocated || ngpus >= WSYNC_IPC_WIRE_MIN_GPUS)
+    if (!colocated)
         return 1;
-    if (why != NULL && whylen > 0)
-        snprintf(why, whylen, "ipc colocated on %d GPU(s): the receivers quantize from the "
-                 "shards in place, cheaper than staging FP8 chunks below %d GPUs", ngpus,
-                 WSYNC_IPC_WIRE_MIN_GPUS);
-    return 0;
+    if (ngpus < WSYNC_IPC_WIRE_MIN_GPUS) {
+        if (why != NULL && whylen > 0)
+            snprintf(why, whylen, "ipc colocated on %d GPU(s): the receivers quantize from the "
+                     "shards in place, cheaper than staging FP8 chunks below %d GPUs", ngpus,
+                     WSYNC_IPC_WIRE_MIN_GPUS);
+        return 0;
+    }
+    if ((double)wire > WSYNC_IPC_WIRE_MAX_SHARE * (double)plain) {
+        if (why != NULL && whylen > 0)
+            snprintf(why, whylen, "ipc colocated on %d GPUs: FP8 on the wire would move %.2f x "
+                     "the bytes (staging pays from %.2f x down), so the receivers quantize from "
+                     "the shards in place", ngpus, plain ? (double)wire / (double)plain : 1.0,
+                     WSYNC_IPC_WIRE_MAX_SHARE);
+        return 0;
+    }
+    return 1;
 }
 
 uint64_t wsync_ipc_wire_bucket(int colocated, uint64_t asked)

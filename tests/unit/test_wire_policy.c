@@ -1,7 +1,7 @@
 /* When ipc takes FP8 on the wire with fp8_wire 1 (core/wire_policy.c): disaggregated groups
- * always, colocated ones from 4 GPUs on (below, their receivers quantize from the shards in
- * place), with the reason the explanation prints; and the bucket a colocated wired plan is
- * compiled with. */
+ * always, colocated ones from 4 GPUs on when the wired plan moves at most 0.7 x the bytes
+ * (otherwise their receivers quantize from the shards in place), with the reason the
+ * explanation prints; and the bucket a colocated wired plan is compiled with. */
 #include <stdio.h>
 #include <string.h>
 
@@ -11,9 +11,9 @@
 static void case_disaggregated_always(void)
 {
     char why[300] = "";
-    CHECK(wsync_ipc_wire_pays(0, 4, why, sizeof(why)) == 1);
-    CHECK(wsync_ipc_wire_pays(0, 2, why, sizeof(why)) == 1);
-    CHECK(wsync_ipc_wire_pays(0, 0, why, sizeof(why)) == 1);
+    CHECK(wsync_ipc_wire_pays(0, 4, 100, 100, why, sizeof(why)) == 1);
+    CHECK(wsync_ipc_wire_pays(0, 2, 100, 58, why, sizeof(why)) == 1);
+    CHECK(wsync_ipc_wire_pays(0, 0, 0, 0, why, sizeof(why)) == 1);
     CHECK_MSG(why[0] == '\0', "no reason when taken: %s", why);
 }
 
@@ -24,13 +24,13 @@ static void case_colocated_few_gpus(void)
     for (int g = 1; g <= 3; g++) {
         char want[64];
         snprintf(want, sizeof(want), "ipc colocated on %d GPU(s)", g);
-        CHECK(wsync_ipc_wire_pays(1, g, why, sizeof(why)) == 0);
+        CHECK(wsync_ipc_wire_pays(1, g, 100, 58, why, sizeof(why)) == 0);
         CHECK_MSG(strstr(why, want) != NULL && strstr(why, "quantize from the shards in place") &&
                   strstr(why, "below 4 GPUs"), "%s", why);
     }
     /* no room for the reason is not an error */
-    CHECK(wsync_ipc_wire_pays(1, 2, NULL, 0) == 0);
-    CHECK(wsync_ipc_wire_pays(1, 1, why, 0) == 0);
+    CHECK(wsync_ipc_wire_pays(1, 2, 100, 58, NULL, 0) == 0);
+    CHECK(wsync_ipc_wire_pays(1, 1, 100, 58, why, 0) == 0);
 }
 
 static void case_colocated_many_gpus(void)
@@ -38,9 +38,18 @@ static void case_colocated_many_gpus(void)
     char why[300] = "";
     /* 4 x H200, Qwen3-8B FSDP-4 -> TP-4: staged in 2 GiB buckets 0.87-0.95 x bf16, in place
      * 1.04-1.12 x */
-    CHECK(wsync_ipc_wire_pays(1, 4, why, sizeof(why)) == 1);
-    CHECK(wsync_ipc_wire_pays(1, 8, why, sizeof(why)) == 1);
+    CHECK(wsync_ipc_wire_pays(1, 4, 16383, 9439, why, sizeof(why)) == 1);
+    CHECK(wsync_ipc_wire_pays(1, 8, 100, 70, why, sizeof(why)) == 1);
     CHECK_MSG(why[0] == '\0', "no reason when taken: %s", why);
+    /* a plan that saves too little stays in place (Qwen3-30B-A3B EP-4: 0.83 x), said with the
+     * share */
+    CHECK(wsync_ipc_wire_pays(1, 4, 100, 83, why, sizeof(why)) == 0);
+    CHECK_MSG(strstr(why, "ipc colocated on 4 GPUs") && strstr(why, "0.83 x the bytes") &&
+              strstr(why, "from 0.70 x down") && strstr(why, "quantize from the shards in place"),
+              "%s", why);
+    CHECK(wsync_ipc_wire_pays(1, 4, 100, 71, NULL, 0) == 0);
+    /* disaggregated groups take it whatever it saves */
+    CHECK(wsync_ipc_wire_pays(0, 4, 100, 95, why, sizeof(why)) == 1);
 }
 
 static void case_bucket(void)
