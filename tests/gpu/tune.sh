@@ -5,8 +5,7 @@
 #
 #   bash tests/gpu/tune.sh BUILD [SCENARIO ...]     (scenarios: colocated fp8 disagg-ipc disagg-nccl
 #                                                      colocated1 colocated1-fp8 colocated2 streams4
-#                                                      target4 sweep4 fp8caps4 fp8wire4 sender1 alloc4
-#                                                      fp8after4 fp8bucket4)
+#                                                      target4 sweep4 fp8caps4 fp8wire4 sender1 alloc4)
 #
 # Knobs (see schemes/ipc_cuda_rx.c, sender_stream): WSYNC_IPC_BLOCKS_LOCAL / WSYNC_IPC_BLOCKS_PEER
 # (blocks per SM of a sender's batch kernels when it is on our GPU / another one; 0: no cap) and
@@ -62,7 +61,8 @@ for s in $SCEN; do
         done
         ;;
     streams4)   # 4 GPUs: a second stream for peer senders too, beside the peer caps; bf16, then
-        # FP8 block quantized in place by the receivers (peers' runs on a fraction of the grid);
+        # FP8 block quantized in place by the receivers (--fp8-wire off; peers' runs on a
+        # fraction of the grid);
         # rounds alternate so the machine's drift falls on every setting alike
         for round in 1 2; do
             for set in "default:" "S2:WSYNC_IPC_STREAMS=2" "S2-P2:WSYNC_IPC_STREAMS=2 WSYNC_IPC_BLOCKS_PEER=2" \
@@ -72,7 +72,7 @@ for s in $SCEN; do
             for set in "default:" "S2:WSYNC_IPC_STREAMS=2" "S2-Q1:WSYNC_IPC_STREAMS=2 WSYNC_IPC_QUANT_BLOCKS_PEER=1" \
                        "Q1:WSYNC_IPC_QUANT_BLOCKS_PEER=1" "S2-Q0.25:WSYNC_IPC_STREAMS=2 WSYNC_IPC_QUANT_BLOCKS_PEER=0.25"; do
                 one "$s-fp8-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 --colocated \
-                    --quant fp8-block
+                    --quant fp8-block --fp8-wire off
             done
         done
         ;;
@@ -97,29 +97,35 @@ for s in $SCEN; do
         done
         one "$s-debug" "WSYNC_LOG_LEVEL=debug" --scheme ipc --senders 4 --tp 4 --colocated
         ;;
-    fp8caps4)   # 4 GPUs, FSDP-4 -> TP-4 colocated: fp8-block beside bf16 with the defaults (peer
-        # senders sharing 1.5 blocks per SM), and the FP8 runs' own caps, 2 rounds alternating
+    fp8caps4)   # 4 GPUs, FSDP-4 -> TP-4 colocated: fp8-block quantized in place (--fp8-wire off)
+        # beside bf16 with the defaults (peer senders sharing 1.5 blocks per SM), and the
+        # in-place kernels' own caps, 2 rounds alternating
         for round in 1 2; do
             one "$s-bf16-default-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated
             for set in "default:" "Q1:WSYNC_IPC_QUANT_BLOCKS_PEER=1" "L2:WSYNC_IPC_BLOCKS_LOCAL=2" \
                        "QL0.5:WSYNC_IPC_QUANT_BLOCKS_LOCAL=0.5" "S1:WSYNC_IPC_STREAMS=1"; do
                 one "$s-fp8-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 \
-                    --colocated --quant fp8-block
+                    --colocated --quant fp8-block --fp8-wire off
             done
         done
         ;;
-    fp8wire4)   # 4 GPUs, FSDP-4 -> TP-4 colocated: fp8-block in place (the default) against FP8
-        # on the wire (--fp8-wire always: senders quantize into their buckets, receivers copy
-        # half the bytes over NVLink), each beside bf16, 2 rounds alternating
+    fp8wire4)   # 4 GPUs, FSDP-4 -> TP-4 colocated, fp8-block beside bf16, 2 rounds alternating:
+        # quantized in place by the receivers (--fp8-wire off; and with the local cap of 2), FP8
+        # on the wire (senders quantize into their device buckets, receivers copy half the
+        # bytes over NVLink) as the default takes it (2 GiB buckets) and in buckets of 256 MiB
+        # (the senders' default: two slots reused in lockstep), 1 GiB and 4 GiB. (Session 34's
+        # rows came from its two forerunners, fp8after4 and fp8bucket4.)
         for round in 1 2; do
             one "$s-bf16-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated
             for set in "inplace:" "inplace-L2:WSYNC_IPC_BLOCKS_LOCAL=2"; do
                 one "$s-fp8-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 \
-                    --colocated --quant fp8-block
+                    --colocated --quant fp8-block --fp8-wire off
             done
-            for set in "wire:" "wire-L2:WSYNC_IPC_BLOCKS_LOCAL=2"; do
-                one "$s-fp8-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 \
-                    --colocated --quant fp8-block --fp8-wire always
+            one "$s-fp8-wire-default-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated \
+                --quant fp8-block
+            for mb in 256 1024 4096; do
+                one "$s-fp8-wire-b$mb-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated \
+                    --quant fp8-block --fp8-wire always --bucket-mb $mb
             done
         done
         ;;
@@ -147,38 +153,6 @@ for s in $SCEN; do
                     --colocated --quant fp8-block
             done
         done
-        ;;
-    fp8after4)   # 4 GPUs, FSDP-4 -> TP-4 colocated, once the senders' blocks were rounded up to
-        # 2 MiB: fp8-block beside bf16, in place with the quantize kernels' peer caps around the
-        # default and FP8 on the wire, 2 rounds alternating; then one fp8 debug run (GPU tail)
-        for round in 1 2; do
-            one "$s-bf16-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated
-            for set in "inplace:" "QP1:WSYNC_IPC_QUANT_BLOCKS_PEER=1" "QP0.25:WSYNC_IPC_QUANT_BLOCKS_PEER=0.25" \
-                       "L2:WSYNC_IPC_BLOCKS_LOCAL=2"; do
-                one "$s-fp8-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 \
-                    --colocated --quant fp8-block
-            done
-            for set in "wire:" "wire-L2:WSYNC_IPC_BLOCKS_LOCAL=2"; do
-                one "$s-fp8-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 4 --tp 4 \
-                    --colocated --quant fp8-block --fp8-wire always
-            done
-        done
-        one "$s-fp8-debug" "WSYNC_LOG_LEVEL=debug" --scheme ipc --senders 4 --tp 4 --colocated \
-            --quant fp8-block
-        ;;
-    fp8bucket4)   # 4 GPUs, FSDP-4 -> TP-4 colocated: FP8 on the wire (senders quantize into
-        # their device buckets, receivers copy half the bytes) with larger buckets, so that a
-        # sender's two slots are reused less often or not at all within a version, beside bf16
-        # and fp8-block in place, 2 rounds alternating
-        for round in 1 2; do
-            one "$s-bf16-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated
-            one "$s-fp8-inplace-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated --quant fp8-block
-            for mb in 1024 2048 4096; do
-                one "$s-fp8-wire-b$mb-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated \
-                    --quant fp8-block --fp8-wire always --bucket-mb $mb
-            done
-        done
-        one "$s-bf16-b1024" "" --scheme ipc --senders 4 --tp 4 --colocated --bucket-mb 1024
         ;;
     disagg-ipc)
         for p in 0 1 2 3; do
@@ -210,7 +184,7 @@ for s in $SCEN; do
             --scheme nccl --senders 2 --tp 2
         ;;
     *)
-        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4, target4, sweep4, fp8caps4, fp8wire4, sender1, alloc4, fp8after4, fp8bucket4)" >&2
+        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4, target4, sweep4, fp8caps4, fp8wire4, sender1, alloc4)" >&2
         exit 2
         ;;
     esac
