@@ -620,7 +620,13 @@ static int gpus_fit(const model_t *m)
             }
         if (procs == 0)
             continue;
-        uint64_t extra = (uint64_t)procs * (CUDA_CONTEXT_BYTES + 2 * m->o->bucket_bytes);
+        /* a group colocated on 4 GPUs or more may take FP8 on the wire, in 2 GiB buckets when
+         * the senders keep the default size (core/wire_policy.h) */
+        uint64_t bucket = m->o->bucket_bytes;
+        if (m->o->colocated && m->o->quant_fp8 && m->ngpu >= 4 && !m->o->have_bucket &&
+            bucket < ((uint64_t)2 << 30))
+            bucket = (uint64_t)2 << 30;
+        uint64_t extra = (uint64_t)procs * (CUDA_CONTEXT_BYTES + 2 * bucket);
         size_t fr = 0, tot = 0;
         if (bcuda_mem_info(g, &fr, &tot) != 0)
             return -1;
