@@ -575,8 +575,8 @@ static void model_free(model_t *m)
 }
 
 /* The plan the group moved: FP8 on the wire where it was asked for and the scheme the group
- * chose sends it (ipc, nccl; ipc not where most bytes stay on their GPU: the explanation says
- * so), else every chunk plain. */
+ * chose sends it (ipc, nccl; ipc not when colocated on fewer than 4 GPUs or saving too little:
+ * the explanation says so), else every chunk plain. */
 const wsync_plan_summary_t *bench_model_moved(const model_t *m)
 {
     if (m->sum_wire != NULL && m->sh != NULL && !m->sh->wire_off &&
@@ -623,8 +623,8 @@ static int gpus_fit(const model_t *m)
         /* a group colocated on 4 GPUs or more may take FP8 on the wire, in 2 GiB buckets when
          * the senders keep the default size (core/wire_policy.h) */
         uint64_t bucket = m->o->bucket_bytes;
-        if (m->o->colocated && m->o->quant_fp8 && m->ngpu >= 4 && !m->o->have_bucket &&
-            bucket < ((uint64_t)2 << 30))
+        if (m->o->colocated && m->o->quant_fp8 && m->o->fp8_wire != 0 && m->ngpu >= 4 &&
+            (!m->o->have_bucket || bucket == ((uint64_t)256 << 20)) && bucket < ((uint64_t)2 << 30))
             bucket = (uint64_t)2 << 30;
         uint64_t extra = (uint64_t)procs * (CUDA_CONTEXT_BYTES + 2 * bucket);
         size_t fr = 0, tot = 0;
@@ -888,8 +888,20 @@ static int run_sender(model_t *m, int rank)
          * receiver reads an odd-sized allocation up to a quarter slower (transports/cuda_ipc.c
          * warn_odd_size); WSYNC_BENCH_ALLOC_ROUND=N rounds to N bytes instead, 1 not at all */
         const char *ar = getenv("WSYNC_BENCH_ALLOC_ROUND");
-        size_t round = ar != NULL ? (size_t)strtoull(ar, NULL, 10) : (size_t)2 << 20;
-        if (bcuda_malloc((void **)&block, round > 1 ? (bytes + round - 1) / round * round : bytes) != 0)
+        char *end = NULL;
+        unsigned long long round = (unsigned long long)2 << 20;
+        if (ar != NULL) {
+            errno = 0;
+            round = strtoull(ar, &end, 10);
+            if (errno != 0 || end == ar || *end != '\0' || ar[0] == '-' || round == 0 ||
+                round > ((unsigned long long)1 << 40)) {
+                fprintf(stderr, PROG ": %s: WSYNC_BENCH_ALLOC_ROUND='%s': expected a number of "
+                        "bytes in [1, 2^40] to round the shards' allocation up to (1: exact)\n",
+                        who, ar);
+                goto out;
+            }
+        }
+        if (bcuda_malloc((void **)&block, (bytes + round - 1) / round * round) != 0)
             goto out;
     } else if (wsync_mem_alloc(ctx, bytes ? bytes : ALIGN, (void **)&block) != WSYNC_OK) {
         fprintf(stderr, PROG ": %s: wsync_mem_alloc(%zu) failed: %s\n", who, bytes,

@@ -533,7 +533,8 @@ static void wire_off_delta(wsync_coord_t *co, const wsync_target_desc_t *targets
 /* FP8 on the wire (docs/fp8_wire.md) is for ipc, nccl and store groups without delta versions,
  * when rank 0 allows it and some target is FP8 with block or channel scales: delta versions diff
  * the values as they are. With fp8_wire 1, ipc takes it only where it pays
- * (core/wire_policy.c: not where sender and receiver share a GPU). */
+ * (core/wire_policy.c: not where sender and receiver share a GPU, unless the group spans 4 GPUs
+ * or more and the wired plan moves at most 0.7 x the bytes). */
 static int wire_wanted(wsync_coord_t *co, const wsync_target_desc_t *targets, size_t ntg,
                        const wsync_plan_t *wired)
 {
@@ -554,30 +555,31 @@ static int wire_wanted(wsync_coord_t *co, const wsync_target_desc_t *targets, si
     return 1;
 }
 
-/* FP8 on the wire for a colocated ipc group whose senders kept the default bucket: compiled
- * again with the larger bucket of core/wire_policy.c (*bucket set to it). *plan replaced on
- * success; on failure the group is failed. */
-static wsync_status_t wire_bucket_again(wsync_coord_t *co, const wsync_shard_desc_t *shards,
-                                        size_t nsh, const wsync_target_desc_t *targets,
-                                        size_t ntg, uint64_t *bucket,
-                                        const wsync_plan_opts_t *opts, wsync_plan_t **plan)
+/* FP8 on the wire for an ipc group colocated on many GPUs whose senders kept the default bucket:
+ * compiled again with the larger bucket of core/wire_policy.c (*bucket set to it, *plan
+ * replaced). The larger bucket only saves time: a plan that does not compile with it is kept
+ * as it was, logged. */
+static void wire_bucket_again(wsync_coord_t *co, const wsync_shard_desc_t *shards, size_t nsh,
+                              const wsync_target_desc_t *targets, size_t ntg, uint64_t *bucket,
+                              const wsync_plan_opts_t *opts, wsync_plan_t **plan)
 {
-    uint64_t want = wsync_ipc_wire_bucket(group_colocated(co), *bucket);
+    uint64_t want = wsync_ipc_wire_bucket(group_colocated(co), gpus_of(co), *bucket);
     wsync_plan_t *again = NULL;
     wsync_status_t st;
 
     if (strcmp(co->scheme->name, "ipc") != 0 || want == *bucket)
-        return WSYNC_OK;
+        return;
     st = wsync_plan_compile_opts(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
                                  (uint32_t)co->nreceivers, want, opts, &again);
     if (st != WSYNC_OK) {
-        group_fail(co, WSYNC_MSG_ABORT, st, wsync_last_error(), NULL);
-        return st;
+        WSYNC_LOG_W("coordinator: FP8 on the wire: the plan with %llu MiB buckets did not compile "
+                    "(%s); keeping %llu MiB", (unsigned long long)(want >> 20), wsync_last_error(),
+                    (unsigned long long)(*bucket >> 20));
+        return;
     }
     wsync_plan_free(*plan);
     *plan = again;
     *bucket = want;
-    return WSYNC_OK;
 }
 
 /* One line in the explanation: what FP8 on the wire saves (every segment's bytes as they travel
@@ -757,7 +759,8 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
     }
     /* FP8 on the wire compiled in from the start where it may be taken: the scheme is chosen on
      * that plan (which pairs carry bytes does not change), and only a group that turns out not
-     * to take it (the store, delta versions, ipc colocated on few GPUs) compiles again */
+     * to take it (the store, delta versions, ipc colocated on few GPUs or saving too little)
+     * compiles again */
     co->wire_tensor = tensor_candidate(co, shards, nsh, targets, ntg);
     wsync_plan_opts_t opts = {wire_candidate(co, targets, ntg), co->wire_tensor};
     st = wsync_plan_compile_opts(shards, nsh, targets, ntg, (uint32_t)co->nsenders,
@@ -805,8 +808,7 @@ static void compile_and_send_plan(wsync_coord_t *co, int only, coord_peer_t *to)
         plan = plain;
     } else if (plan_has_wire(plan)) {
         uint64_t wb = bucket;
-        if (wire_bucket_again(co, shards, nsh, targets, ntg, &wb, &opts, &plan) != WSYNC_OK)
-            goto out;
+        wire_bucket_again(co, shards, nsh, targets, ntg, &wb, &opts, &plan);
         int said = wire_said(co);
         wire_explain(co, plan);
         if (wb != bucket && !said) {

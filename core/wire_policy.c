@@ -34,18 +34,20 @@ int wsync_ipc_wire_pays(int colocated, int ngpus, uint64_t plain, uint64_t wire,
                      WSYNC_IPC_WIRE_MIN_GPUS);
         return 0;
     }
-    if ((double)wire > WSYNC_IPC_WIRE_MAX_SHARE * (double)plain) {
+    if (wire * 10 > plain * WSYNC_IPC_WIRE_MAX_TENTHS) {
         if (why != NULL && whylen > 0)
             snprintf(why, whylen, "ipc colocated on %d GPUs: FP8 on the wire would move %.2f x "
                      "the bytes (staging pays from %.2f x down), so the receivers quantize from "
                      "the shards in place", ngpus, plain ? (double)wire / (double)plain : 1.0,
-                     WSYNC_IPC_WIRE_MAX_SHARE);
+                     WSYNC_IPC_WIRE_MAX_TENTHS / 10.0);
         return 0;
     }
     return 1;
 }
 
-uint64_t wsync_ipc_wire_bucket(int colocated, uint64_t asked)
+uint64_t wsync_ipc_wire_bucket(int colocated, int ngpus, uint64_t asked)
 {
-    return colocated && asked == WSYNC_DEFAULT_BUCKET_BYTES ? WSYNC_IPC_WIRE_BUCKET_BYTES : asked;
+    return colocated && ngpus >= WSYNC_IPC_WIRE_MIN_GPUS && asked == WSYNC_DEFAULT_BUCKET_BYTES
+               ? WSYNC_IPC_WIRE_BUCKET_BYTES
+               : asked;
 }

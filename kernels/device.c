@@ -461,8 +461,11 @@ wsync_status_t wsync_dev_malloc(size_t bytes, void **ptr)
     /* past 2 MiB, a multiple of 2 MiB (what the GPU backs it with anyway): other processes read
      * the buffers the ipc scheme shares up to a quarter slower otherwise (transports/cuda_ipc.c
      * warn_odd_size) */
-    if (bytes > ((size_t)2 << 20))
-        bytes = (bytes + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+    const size_t page = (size_t)2 << 20;
+    if (bytes > SIZE_MAX - page)
+        return wsync_err(WSYNC_ERR_RANGE, "wsync_dev_malloc: %zu bytes is no size to allocate", bytes);
+    if (bytes > page)
+        bytes = (bytes + page - 1) & ~(page - 1);
     e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess)
         return cu_err(e, "cudaMalloc(%zu bytes) on device %d", bytes, cur_dev());

@@ -1,6 +1,7 @@
 /* cuda_ipc transport: GPU memory shared between processes of one node (see cuda_ipc.h). */
 #include "transports/cuda_ipc.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,15 +235,15 @@ void wsync_cuda_exporter_free(wsync_cuda_exporter_t *ex)
 
 /* A cudaMalloc allocation whose size is not a multiple of 2 MiB (the GPU's large page) is read
  * slower by the processes that open it: 165 us a 256 MiB batch of copies against 133 us once
- * the same allocation was rounded up to 2 MiB, on one H200 (docs/benchmarks.md, "One GPU: where
- * the time goes"). Its owner is the one who can fix it, so say so, once a process. */
+ * the same allocation was rounded up to 2 MiB, on one H200 (docs/benchmarks.md, "The cause: an
+ * allocation whose size is no multiple of 2 MiB"). Its owner is the one who can fix it, so say
+ * so, once a process. */
 static void warn_odd_size(uintptr_t base, size_t size, const char *what)
 {
-    static int told;
+    static atomic_int told;
     const size_t big_page = (size_t)2 << 20;
-    if (size <= big_page || size % big_page == 0 || told)
+    if (size <= big_page || size % big_page == 0 || atomic_exchange(&told, 1) != 0)
         return;
-    told = 1;
     WSYNC_LOG_W("cuda_ipc: %s lies in a cudaMalloc allocation (%#lx) of %zu bytes, not a multiple "
                 "of 2 MiB: processes that open it read it up to a quarter slower; allocate in "
                 "multiples of 2 MiB (PyTorch's caching allocator does) (said once)", what,

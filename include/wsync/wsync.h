@@ -312,8 +312,10 @@ typedef struct {
                                   and scales are the same bit for bit), where the plan allows it
                                   (whole cells), the scheme does (ipc, nccl and the store;
                                   groups with delta versions send plain values, quantized by the
-                                  receivers) and it pays (ipc: not when colocated on one or two
-                                  GPUs);
+                                  receivers) and it pays (ipc: not when colocated on fewer than
+                                  4 GPUs, nor when its plan would move more than 0.7 x the
+                                  bytes; colocated, in 2 GiB buckets unless bucket_bytes is
+                                  other than the default);
                                   2: wherever the plan and scheme allow it; 0: always plain.
                                   Rank 0's value counts. WSYNC_FP8_WIRE=0|1|2; -1 = unset (1) */
 } wsync_sender_params_t;

@@ -48,19 +48,26 @@ static void case_colocated_many_gpus(void)
               strstr(why, "from 0.70 x down") && strstr(why, "quantize from the shards in place"),
               "%s", why);
     CHECK(wsync_ipc_wire_pays(1, 4, 100, 71, NULL, 0) == 0);
+    /* exactly 0.7 pays, at byte counts whose products outgrow 32 bits */
+    CHECK(wsync_ipc_wire_pays(1, 4, 10000000000ull, 7000000000ull, NULL, 0) == 1);
+    CHECK(wsync_ipc_wire_pays(1, 4, 10000000000ull, 7000000001ull, NULL, 0) == 0);
     /* disaggregated groups take it whatever it saves */
     CHECK(wsync_ipc_wire_pays(0, 4, 100, 95, why, sizeof(why)) == 1);
 }
 
 static void case_bucket(void)
 {
-    /* colocated with the default bucket: 2 GiB; a bucket the senders chose stays */
-    CHECK(wsync_ipc_wire_bucket(1, 256ull << 20) == 2048ull << 20);
-    CHECK(wsync_ipc_wire_bucket(1, 64ull << 20) == 64ull << 20);
-    CHECK(wsync_ipc_wire_bucket(1, 4096ull << 20) == 4096ull << 20);
-    /* disaggregated: what was asked, default or not */
-    CHECK(wsync_ipc_wire_bucket(0, 256ull << 20) == 256ull << 20);
-    CHECK(wsync_ipc_wire_bucket(0, 1ull << 30) == 1ull << 30);
+    /* colocated on 4 GPUs or more with the default bucket: 2 GiB; a bucket the senders chose
+     * stays */
+    CHECK(wsync_ipc_wire_bucket(1, 4, 256ull << 20) == 2048ull << 20);
+    CHECK(wsync_ipc_wire_bucket(1, 8, 256ull << 20) == 2048ull << 20);
+    CHECK(wsync_ipc_wire_bucket(1, 4, 64ull << 20) == 64ull << 20);
+    CHECK(wsync_ipc_wire_bucket(1, 4, 4096ull << 20) == 4096ull << 20);
+    /* fewer GPUs (fp8_wire 2 forcing it there) and disaggregated groups: what was asked */
+    CHECK(wsync_ipc_wire_bucket(1, 3, 256ull << 20) == 256ull << 20);
+    CHECK(wsync_ipc_wire_bucket(1, 1, 256ull << 20) == 256ull << 20);
+    CHECK(wsync_ipc_wire_bucket(0, 4, 256ull << 20) == 256ull << 20);
+    CHECK(wsync_ipc_wire_bucket(0, 2, 1ull << 30) == 1ull << 30);
 }
 
 int main(void)
