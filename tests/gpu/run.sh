@@ -473,13 +473,17 @@ for r in rows:
         ok = j["ratio_bcast"] >= 0.95
         target = "bcast ratio >= 0.95: %s" % ("met" if ok else "MISSED by %.1f%%" % (100 * (0.95 - j["ratio_bcast"]) / 0.95))
     elif name.endswith("-fp8"):
+        # issue 18: colocated FP8 no slower than bf16 (FSDP-4 -> TP-4); elsewhere issue 4's 1.2
         base = res(name[:-4])
+        lim = 1.0 if name.startswith("colocated") and j["senders"] == 4 else 1.2
         if base:
             q = j["seconds"] / base["seconds"]
-            target = "fp8/bf16 %.3f <= 1.2: %s" % (q, "met" if q <= 1.2 else "MISSED by %.0f%%" % (100 * (q - 1.2) / 1.2))
-    elif name.startswith("colocated") and j["senders"] == 4:
-        ok = j["ratio_floor"] <= 1.5
-        target = "x floor <= 1.5: %s" % ("met" if ok else "MISSED by %.0f%%" % (100 * (j["ratio_floor"] - 1.5) / 1.5))
+            target = "fp8/bf16 %.3f <= %.1f: %s" % (q, lim, "met" if q <= lim else "MISSED by %.0f%%" % (100 * (q - lim) / lim))
+    elif name.startswith("colocated") and j["senders"] in (1, 4) and j.get("replicas", 1) <= 1:
+        # issue 18: <= 1.15 x the floor for FSDP-4 -> TP-4, <= 1.1 x for FSDP-1 -> TP-1 (8B shape)
+        lim = 1.15 if j["senders"] == 4 else 1.1
+        ok = j["ratio_floor"] <= lim
+        target = "x floor <= %.2f: %s" % (lim, "met" if ok else "MISSED by %.0f%%" % (100 * (j["ratio_floor"] - lim) / lim))
     elif name.startswith("disagg") and "-sock" not in name:   # the floor is NVLink's
         ok = j["ratio_floor"] <= 1.25
         target = "x floor <= 1.25: %s" % ("met" if ok else "MISSED by %.0f%%" % (100 * (j["ratio_floor"] - 1.25) / 1.25))
