@@ -222,9 +222,9 @@ static inline void wire_last_buckets(const wsync_plan_t *plan, uint32_t c0, uint
 /* The copy batch set for the targets' current pointers (one of the two kept, or a rebuilt one);
  * plans the FP8 runs quantized straight from the shards the first time. */
 wsync_status_t wsync_ipc_select_batches(wsync_receiver_t *r, ipc_receiver_t *st);
-/* WSYNC_IPC_GPU_TIMES=1 (read once): time every bucket's GPU work with events and log, after
- * each version, its span and the batches' times (what the debug log's "GPU tail" cannot tell
- * apart: slow kernels or gaps between them). */
+/* schemes/ipc_gpu_times.c. WSYNC_IPC_GPU_TIMES=1 (read once): time every bucket's GPU work with
+ * events and log, after each version, its span and the batches' times (what the debug log's
+ * "GPU tail" cannot tell apart: slow kernels or gaps between them). */
 int wsync_ipc_gpu_times_on(void);
 /* Record the start (end 0) or end (end 1) of bucket k's GPU work of sender f on stream strm. */
 wsync_status_t wsync_ipc_gpu_times_mark(ipc_from_t *f, uint32_t k, int end, void *strm);

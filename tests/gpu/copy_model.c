@@ -18,6 +18,7 @@
 #include "transports/cuda_ipc.h"
 #include "core/util.h"
 #include "kernels/kernels.h"
+#include "tests/gpu/cuda_check.h"
 
 #include <cuda_runtime_api.h>
 #include <getopt.h>
@@ -29,15 +30,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define CU(call)                                                                              \
-    do {                                                                                      \
-        cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
-                    cudaGetErrorString(e_));                                                  \
-            exit(2);                                                                          \
-        }                                                                                     \
-    } while (0)
 
 #define ITERS 20
 #define NBATCH 62
@@ -66,12 +58,6 @@ typedef struct {
 
 typedef void (*launch_fn)(void *ctx);
 
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Median seconds of one launch: back to back, or each after the GPU idled --gap-ms. */
 static double time_it(launch_fn fn, void *ctx)
 {
@@ -93,8 +79,7 @@ static double time_it(launch_fn fn, void *ctx)
     }
     CU(cudaEventDestroy(a));
     CU(cudaEventDestroy(b));
-    qsort(ms, ITERS, sizeof(float), cmp_float);
-    return 0.5e-3 * (ms[ITERS / 2 - 1] + ms[ITERS / 2]);
+    return cu_median_seconds(ms, ITERS);
 }
 
 static struct {

@@ -29,6 +29,7 @@
 #include "kernels/delta.h"
 #include "kernels/kernels.h"
 #include "tests/support/check.h"
+#include "tests/gpu/cuda_check.h"
 
 #include <cuda_runtime_api.h>
 #include <inttypes.h>
@@ -39,15 +40,6 @@
 #include <time.h>
 #include <xxhash.h>
 
-#define CU(call)                                                                              \
-    do {                                                                                      \
-        cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
-                    cudaGetErrorString(e_));                                                  \
-            exit(2);                                                                          \
-        }                                                                                     \
-    } while (0)
 
 #define BLK WSYNC_DELTA_BLOCK
 
@@ -999,12 +991,6 @@ static void test_copy_plain(void)
 /* Benchmark: 1 GiB of bf16                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
 typedef void (*launch_fn)(void *ctx);
 #define BENCH_ITERS 10
 
@@ -1035,8 +1021,7 @@ static double time_it(launch_fn fn, void *ctx)
         CU(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
     for (int i = 0; i <= BENCH_ITERS; i++)
         CU(cudaEventDestroy(ev[i]));
-    qsort(ms, BENCH_ITERS, sizeof(float), cmp_float);
-    return 0.5e-3 * (ms[BENCH_ITERS / 2 - 1] + ms[BENCH_ITERS / 2]);
+    return cu_median_seconds(ms, BENCH_ITERS);
 }
 
 static void batch_launch(void *ctx)

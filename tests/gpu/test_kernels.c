@@ -13,6 +13,7 @@
 #include "reshard/fp8.h"
 #include "tests/support/check.h"
 #include "transports/cuda_ipc.h"
+#include "tests/gpu/cuda_check.h"
 
 #include <cuda_runtime_api.h>
 #include <inttypes.h>
@@ -23,15 +24,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CU(call)                                                                              \
-    do {                                                                                      \
-        cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
-                    cudaGetErrorString(e_));                                                  \
-            exit(2);                                                                          \
-        }                                                                                     \
-    } while (0)
 
 /* ------------------------------------------------------------------------------------------ */
 /* Random numbers and data                                                                      */
@@ -1043,12 +1035,6 @@ static void test_quant_errors(void)
 /* Bandwidth                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
 typedef void (*launch_fn)(void *ctx);
 
 #define BENCH_ITERS 20
@@ -1072,8 +1058,7 @@ static double time_it(launch_fn fn, void *ctx)
         CU(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
     for (int i = 0; i <= BENCH_ITERS; i++)
         CU(cudaEventDestroy(ev[i]));
-    qsort(ms, BENCH_ITERS, sizeof(float), cmp_float);
-    return 0.5e-3 * (ms[BENCH_ITERS / 2 - 1] + ms[BENCH_ITERS / 2]);
+    return cu_median_seconds(ms, BENCH_ITERS);
 }
 
 static struct {
