@@ -5,11 +5,13 @@
 #
 #   bash tests/gpu/tune.sh BUILD [SCENARIO ...]     (scenarios: colocated fp8 disagg-ipc disagg-nccl
 #                                                      colocated1 colocated1-fp8 colocated2 streams4
-#                                                      target4 sweep4 fp8caps4 fp8wire4 sender1 alloc4)
+#                                                      target4 sweep4 fp8caps4 fp8wire4 sender1 alloc4
+#                                                      coloc1ab alone1 final4 moe4ab)
 #
 # Knobs (see schemes/ipc_cuda_rx.c, sender_stream): WSYNC_IPC_BLOCKS_LOCAL / WSYNC_IPC_BLOCKS_PEER
 # (blocks per SM of a sender's batch kernels when it is on our GPU / another one; 0: no cap) and
 # WSYNC_IPC_PEER_PRIORITY; for nccl, NCCL's own P2P channel and chunk settings.
+# $TUNE_LIMIT: seconds a run may take (default 90).
 # Writes $OUT/tune.jsonl (one line per run: the setting and wsync-bench's JSON), each run's stderr
 # under $OUT/logs/, and prints one line per run.
 set -uo pipefail
@@ -26,7 +28,7 @@ one() {   # label, env assignments (space separated, may be empty), then wsync-b
     local label=$1 envs=$2
     shift 2
     local line
-    line=$(env $envs timeout -k 5 90 "$BUILD/bin/wsync-bench" --model-shape "$SHAPE" --mem cuda \
+    line=$(env $envs timeout -k 5 "${TUNE_LIMIT:-90}" "$BUILD/bin/wsync-bench" --model-shape "$SHAPE" --mem cuda \
         --iters 5 --warmup 1 --timeout 60 --json "$@" 2> "$OUT/logs/$label.err" | grep '^{' | tail -n 1)
     [ -n "$line" ] || line=null
     echo "{\"label\": \"$label\", \"env\": \"$envs\", \"result\": $line}" >> "$OUT/tune.jsonl"
@@ -129,6 +131,61 @@ for s in $SCEN; do
             done
         done
         ;;
+    coloc1ab)   # one GPU, FSDP-1 -> TP-1 bf16, the senders' blocks rounded to 2 MiB: the lone
+        # GPU's default (2 streams, 2 blocks per SM) beside no cap, 4 per SM and one stream
+        # uncapped, 3 rounds alternating; then FSDP-2 -> TP-2 and fp8-block (in place) with
+        # the default and no cap
+        for round in 1 2 3; do
+            for set in "default:" "L0:WSYNC_IPC_BLOCKS_LOCAL=0" "L4:WSYNC_IPC_BLOCKS_LOCAL=4" \
+                       "S1-L0:WSYNC_IPC_STREAMS=1 WSYNC_IPC_BLOCKS_LOCAL=0"; do
+                one "$s-g1-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 1 --tp 1 --colocated
+            done
+        done
+        for set in "default:" "L0:WSYNC_IPC_BLOCKS_LOCAL=0"; do
+            one "$s-g2-${set%%:*}" "${set#*:}" --scheme ipc --senders 2 --tp 2 --colocated
+            one "$s-g1-fp8-${set%%:*}" "${set#*:}" --scheme ipc --senders 1 --tp 1 --colocated \
+                --quant fp8-block
+        done
+        ;;
+    alone1)   # one GPU with the defaults (no cap on the local copies since session 35) beside
+        # the cap of 2 blocks per SM they had before: FSDP-1 -> TP-1 bf16, 3 rounds alternating,
+        # then FSDP-2 -> TP-2 bf16 and FSDP-1 -> TP-1 fp8-block (in place) one round
+        for round in 1 2 3; do
+            for set in "default:" "L2:WSYNC_IPC_BLOCKS_LOCAL=2"; do
+                one "$s-g1-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 1 --tp 1 --colocated
+            done
+        done
+        for set in "default:" "L2:WSYNC_IPC_BLOCKS_LOCAL=2"; do
+            one "$s-g2-${set%%:*}" "${set#*:}" --scheme ipc --senders 2 --tp 2 --colocated
+            one "$s-g1-fp8-${set%%:*}" "${set#*:}" --scheme ipc --senders 1 --tp 1 --colocated \
+                --quant fp8-block
+        done
+        ;;
+    final4)   # 4 GPUs with the defaults: issue 18's colocated targets, FSDP-4 -> TP-4 bf16 and
+        # fp8-block (FP8 on the wire in 2 GiB buckets), 3 rounds alternating; then Qwen3-30B-A3B
+        # FSDP-4 -> EP-4 bf16, fp8-block as the default plans it (FP8 on the wire since
+        # session 35: its wired plan moves 0.83 x the bytes) and with FP8 on the wire forced
+        for round in 1 2 3; do
+            one "$s-bf16-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated
+            one "$s-fp8-r$round" "" --scheme ipc --senders 4 --tp 4 --colocated --quant fp8-block
+        done
+        for q in "bf16:" "fp8:--quant fp8-block" "fp8-wire:--quant fp8-block --fp8-wire always"; do
+            TUNE_LIMIT=150 one "$s-moe-ep4-${q%%:*}" "" --timeout 120 --model-shape qwen3-30b-a3b \
+                --scheme ipc --senders 4 --ep 4 --colocated ${q#*:}
+        done
+        ;;
+    moe4ab)   # 4 GPUs, Qwen3-30B-A3B FSDP-4 -> EP-4 colocated: bf16, fp8-block quantized in
+        # place by the receivers (--fp8-wire off) and FP8 on the wire (--fp8-wire always: the
+        # gate and up experts, whose cells the senders' rows cut, still travel plain), 2 rounds
+        # alternating
+        for round in 1 2; do
+            for q in "bf16:" "fp8-inplace:--quant fp8-block --fp8-wire off" \
+                     "fp8-wire:--quant fp8-block --fp8-wire always"; do
+                TUNE_LIMIT=150 one "$s-${q%%:*}-r$round" "" --timeout 120 \
+                    --model-shape qwen3-30b-a3b --scheme ipc --senders 4 --ep 4 --colocated ${q#*:}
+            done
+        done
+        ;;
     sender1)   # one GPU, FSDP-1 -> TP-1 bf16: the sender's block rounded up to 2 MiB (wsync-bench's
         # default) against its exact size (WSYNC_BENCH_ALLOC_ROUND=1, read up to a quarter slower
         # by the receiver: docs/bench/sections/18_colocated_copies.md); one stream uncapped with
@@ -184,7 +241,7 @@ for s in $SCEN; do
             --scheme nccl --senders 2 --tp 2
         ;;
     *)
-        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4, target4, sweep4, fp8caps4, fp8wire4, sender1, alloc4)" >&2
+        echo "tune.sh: unknown scenario '$s' (colocated, fp8, disagg-ipc, disagg-nccl, colocated1, colocated1-fp8, colocated2, streams4, target4, sweep4, fp8caps4, fp8wire4, sender1, alloc4, coloc1ab, alone1, final4, moe4ab)" >&2
         exit 2
         ;;
     esac
