@@ -534,7 +534,7 @@ static void wire_off_delta(wsync_coord_t *co, const wsync_target_desc_t *targets
  * when rank 0 allows it and some target is FP8 with block or channel scales: delta versions diff
  * the values as they are. With fp8_wire 1, ipc takes it only where it pays
  * (core/wire_policy.c: not where sender and receiver share a GPU, unless the group spans 4 GPUs
- * or more and the wired plan moves at most 0.7 x the bytes). */
+ * or more and the wired plan moves at most 0.9 x the bytes). */
 static int wire_wanted(wsync_coord_t *co, const wsync_target_desc_t *targets, size_t ntg,
                        const wsync_plan_t *wired)
 {

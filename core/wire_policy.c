@@ -7,17 +7,16 @@
  *     then saturate (0.98-1.03 x the floor). In place, the receivers quantizing from the shards
  *     read the same bf16 over NVLink: 1.04-1.12 x bf16. Staged by the senders with 2 GiB buckets
  *     (no device slot reused within a version): 0.87-0.95 x bf16; with the 256 MiB default,
- *     whose two slots the four receivers hold in lockstep, 1.3-1.4 x;
+ *     whose two slots the four receivers hold in lockstep, 1.3-1.4 x.
  *     That plan moves 0.58 x the bytes. Qwen3-30B-A3B FSDP-4 -> EP-4, whose gate and up experts
- *     have cells cut between senders and travel plain, would move 0.83 x: staging it was slower
- *     than in place when last measured on this path (54.7 against 47.5 ms, 256 MiB buckets,
- *     before the fixes above), and is not measured since;
- *   - colocated on one GPU: in place 0.79 x bf16 (one H200); on two, in place measured faster
- *     than staged (8.8 against 9.5 ms, with 256 MiB buckets). Three GPUs: not measured.
- * So colocated groups on 4 GPUs or more stage FP8 chunks when that moves at most 0.7 x the
- * bytes (between the measured 0.58 and the 0.83 that did not pay), in 2 GiB buckets unless the
- * senders chose a bucket size; others leave FP8 targets to their receivers; fp8_wire 2 forces
- * staging. */
+ *     have cells cut between senders and travel plain, moves 0.83 x: staged 39.5-39.6 ms, in
+ *     place 43.5-43.8, bf16 39.2-39.7 (4 x H200, 2026-11-27, 2 rounds alternating);
+ *   - colocated on one GPU: in place 0.79-0.85 x bf16 (one H200); on two, in place measured
+ *     faster than staged (8.8 against 9.5 ms, with 256 MiB buckets). Three GPUs: not measured.
+ * So colocated groups on 4 GPUs or more stage FP8 chunks when that moves at most 0.9 x the
+ * bytes (0.83 paid by a tenth; a plan that saves less leaves little to gain for the senders'
+ * extra pass), in 2 GiB buckets unless the senders chose a bucket size; others leave FP8
+ * targets to their receivers; fp8_wire 2 forces staging. */
 #include "core/wire_policy.h"
 
 #include <stdio.h>

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #define WSYNC_IPC_WIRE_MIN_GPUS 4                       /* colocated groups stage from here on */
-#define WSYNC_IPC_WIRE_MAX_TENTHS 7ull                  /* ... when moving at most 0.7 x the bytes */
+#define WSYNC_IPC_WIRE_MAX_TENTHS 9ull                  /* ... when moving at most 0.9 x the bytes */
 #define WSYNC_DEFAULT_BUCKET_BYTES (256ull << 20)         /* the senders' default bucket */
 #define WSYNC_IPC_WIRE_BUCKET_BYTES (2048ull << 20)       /* colocated staging's, by default */
 

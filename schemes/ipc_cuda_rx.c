@@ -34,11 +34,15 @@ static double env_double(const char *name, double dflt)
 }
 
 /* The local copies' cap when no peer read shares the GPU: the one-block-per-SM cap is for sharing
- * with peer reads; alone, one block of 256 threads per SM keeps too few bytes in flight to fill
- * HBM. Measured on one H100 (tests/gpu/tune.sh colocated1, Qwen3-8B shape, colocated ipc):
- * FSDP-1 -> TP-1 1.27 x its floor at 1 block per SM, 1.14 x at 2, 1.18 x at 4, 1.17 x uncapped;
- * FSDP-2 -> TP-2 1.54, 1.40, 1.43, 1.43 x. */
-#define IPC_BLOCKS_LOCAL_ALONE 2.0
+ * with peer reads; alone, nothing to share with, so no cap (0). Measured on one H200 of a
+ * 4 x H200 machine (2026-11-27, tests/gpu/tune.sh coloc1ab, Qwen3-8B shape, colocated ipc,
+ * FSDP-1 -> TP-1, 3 rounds alternating, the senders' blocks in multiples of 2 MiB): uncapped
+ * 1.039-1.051 x the floor, 2 blocks per SM 1.108-1.118, 4 1.113-1.122, one stream uncapped
+ * 1.061-1.078; fp8-block in place 0.848 x the floor uncapped against 0.881 at 2; FSDP-2 -> TP-2
+ * (two receivers on the GPU) 1.282 against 1.258, one run each. (Before wsync-bench's senders
+ * allocated in multiples of 2 MiB the receivers read their memory a quarter slower, and 2 per SM
+ * won: one H100 1.14 x against 1.17 uncapped.) */
+#define IPC_BLOCKS_LOCAL_ALONE 0.0
 
 /* Whether src, read by our kernels, is in our GPU's memory: device memory the sender shared from
  * our GPU. cudaPointerGetAttributes reports every pointer opened from another process on the
@@ -236,9 +240,8 @@ static wsync_status_t plan_qruns(wsync_receiver_t *r, ipc_receiver_t *st)
                 double q = local ? env_double("WSYNC_IPC_QUANT_BLOCKS_LOCAL", 1.0)
                                  : env_double("WSYNC_IPC_QUANT_BLOCKS_PEER", 0.5);
                 /* alone on the GPU (no peer reads; the batch set built at setup tells), the
-                 * runs get the copies' cap for that case: on one H200 (Qwen3-8B shape, FP8
-                 * block) FSDP-1 -> TP-1 took 11.6 ms at 1 block per SM, 9.7 at 2, 9.9
-                 * uncapped (bf16: 9.9) */
+                 * runs get the copies' cap for that case (none: one H200, Qwen3-8B shape, FP8
+                 * block, FSDP-1 -> TP-1 0.848 x the floor uncapped, 0.881 at 2 per SM) */
                 const char *lv = getenv("WSYNC_IPC_BLOCKS_LOCAL");
                 int sms = 0;
                 if (local && !st->peer_reads && (lv == NULL || *lv == '\0') &&

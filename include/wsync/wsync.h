@@ -313,7 +313,7 @@ typedef struct {
                                   (whole cells), the scheme does (ipc, nccl and the store;
                                   groups with delta versions send plain values, quantized by the
                                   receivers) and it pays (ipc: not when colocated on fewer than
-                                  4 GPUs, nor when its plan would move more than 0.7 x the
+                                  4 GPUs, nor when its plan would move more than 0.9 x the
                                   bytes; colocated, in 2 GiB buckets unless bucket_bytes is
                                   other than the default);
                                   2: wherever the plan and scheme allow it; 0: always plain.

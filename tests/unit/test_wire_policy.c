@@ -1,5 +1,5 @@
 /* When ipc takes FP8 on the wire with fp8_wire 1 (core/wire_policy.c): disaggregated groups
- * always, colocated ones from 4 GPUs on when the wired plan moves at most 0.7 x the bytes
+ * always, colocated ones from 4 GPUs on when the wired plan moves at most 0.9 x the bytes
  * (otherwise their receivers quantize from the shards in place), with the reason the
  * explanation prints; and the bucket a colocated wired plan is compiled with. */
 #include <stdio.h>
@@ -40,17 +40,19 @@ static void case_colocated_many_gpus(void)
      * 1.04-1.12 x */
     CHECK(wsync_ipc_wire_pays(1, 4, 16383, 9439, why, sizeof(why)) == 1);
     CHECK(wsync_ipc_wire_pays(1, 8, 100, 70, why, sizeof(why)) == 1);
+    /* Qwen3-30B-A3B FSDP-4 -> EP-4 (0.83 x: its gate and up experts travel plain): staged
+     * 39.5-39.6 ms, in place 43.5-43.8 */
+    CHECK(wsync_ipc_wire_pays(1, 4, 61141, 50574, why, sizeof(why)) == 1);
     CHECK_MSG(why[0] == '\0', "no reason when taken: %s", why);
-    /* a plan that saves too little stays in place (Qwen3-30B-A3B EP-4: 0.83 x), said with the
-     * share */
-    CHECK(wsync_ipc_wire_pays(1, 4, 100, 83, why, sizeof(why)) == 0);
-    CHECK_MSG(strstr(why, "ipc colocated on 4 GPUs") && strstr(why, "0.83 x the bytes") &&
-              strstr(why, "from 0.70 x down") && strstr(why, "quantize from the shards in place"),
+    /* a plan that saves too little stays in place, said with the share */
+    CHECK(wsync_ipc_wire_pays(1, 4, 100, 95, why, sizeof(why)) == 0);
+    CHECK_MSG(strstr(why, "ipc colocated on 4 GPUs") && strstr(why, "0.95 x the bytes") &&
+              strstr(why, "from 0.90 x down") && strstr(why, "quantize from the shards in place"),
               "%s", why);
-    CHECK(wsync_ipc_wire_pays(1, 4, 100, 71, NULL, 0) == 0);
-    /* exactly 0.7 pays, at byte counts whose products outgrow 32 bits */
-    CHECK(wsync_ipc_wire_pays(1, 4, 10000000000ull, 7000000000ull, NULL, 0) == 1);
-    CHECK(wsync_ipc_wire_pays(1, 4, 10000000000ull, 7000000001ull, NULL, 0) == 0);
+    CHECK(wsync_ipc_wire_pays(1, 4, 100, 91, NULL, 0) == 0);
+    /* exactly 0.9 pays, at byte counts whose products outgrow 32 bits */
+    CHECK(wsync_ipc_wire_pays(1, 4, 10000000000ull, 9000000000ull, NULL, 0) == 1);
+    CHECK(wsync_ipc_wire_pays(1, 4, 10000000000ull, 9000000001ull, NULL, 0) == 0);
     /* disaggregated groups take it whatever it saves */
     CHECK(wsync_ipc_wire_pays(0, 4, 100, 95, why, sizeof(why)) == 1);
 }
