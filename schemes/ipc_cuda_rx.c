@@ -39,7 +39,8 @@ static double env_double(const char *name, double dflt)
  * FSDP-1 -> TP-1, 3 rounds alternating, the senders' blocks in multiples of 2 MiB): uncapped
  * 1.039-1.051 x the floor, 2 blocks per SM 1.108-1.118, 4 1.113-1.122, one stream uncapped
  * 1.061-1.078; fp8-block in place 0.848 x the floor uncapped against 0.881 at 2; FSDP-2 -> TP-2
- * (two receivers on the GPU) 1.282 against 1.258, one run each. (Before wsync-bench's senders
+ * (two receivers on the GPU) 1.282 against 1.258, one run each; one H100 1.012-1.021 against
+ * 1.054-1.064 (FSDP-2 -> TP-2 1.171 against 1.170). (Before wsync-bench's senders
  * allocated in multiples of 2 MiB the receivers read their memory a quarter slower, and 2 per SM
  * won: one H100 1.14 x against 1.17 uncapped.) */
 #define IPC_BLOCKS_LOCAL_ALONE 0.0
