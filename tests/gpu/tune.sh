@@ -37,6 +37,16 @@ r = json.load(sys.stdin)
 print("failed" if not r else "%.3f ms  x floor %.3f  correct %s" % (r["seconds"] * 1e3, r.get("ratio_floor", 0), r.get("correct")))')"
 }
 
+one_gpu_tail() {   # one GPU, each "label:env" setting once: FSDP-2 -> TP-2 bf16 (two receivers
+    # on the GPU) and FSDP-1 -> TP-1 fp8-block (quantized in place); $s: the scenario
+    local set
+    for set in "$@"; do
+        one "$s-g2-${set%%:*}" "${set#*:}" --scheme ipc --senders 2 --tp 2 --colocated
+        one "$s-g1-fp8-${set%%:*}" "${set#*:}" --scheme ipc --senders 1 --tp 1 --colocated \
+            --quant fp8-block
+    done
+}
+
 for s in $SCEN; do
     case $s in
     fp8)   # the defaults, the second run with the stage timings in its log
@@ -131,35 +141,26 @@ for s in $SCEN; do
             done
         done
         ;;
-    coloc1ab)   # one GPU, FSDP-1 -> TP-1 bf16, the senders' blocks rounded to 2 MiB: the lone
-        # GPU's default (2 streams, 2 blocks per SM) beside no cap, 4 per SM and one stream
-        # uncapped, 3 rounds alternating; then FSDP-2 -> TP-2 and fp8-block (in place) with
-        # the default and no cap
+    coloc1ab)   # one GPU, FSDP-1 -> TP-1 bf16, the senders' blocks rounded to 2 MiB: the default
+        # (uncapped since 41f781b; 2 blocks per SM before) beside no cap (L0), 4 per SM and one
+        # stream uncapped, 3 rounds alternating; then one_gpu_tail with the default and no cap
         for round in 1 2 3; do
             for set in "default:" "L0:WSYNC_IPC_BLOCKS_LOCAL=0" "L4:WSYNC_IPC_BLOCKS_LOCAL=4" \
                        "S1-L0:WSYNC_IPC_STREAMS=1 WSYNC_IPC_BLOCKS_LOCAL=0"; do
                 one "$s-g1-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 1 --tp 1 --colocated
             done
         done
-        for set in "default:" "L0:WSYNC_IPC_BLOCKS_LOCAL=0"; do
-            one "$s-g2-${set%%:*}" "${set#*:}" --scheme ipc --senders 2 --tp 2 --colocated
-            one "$s-g1-fp8-${set%%:*}" "${set#*:}" --scheme ipc --senders 1 --tp 1 --colocated \
-                --quant fp8-block
-        done
+        one_gpu_tail "default:" "L0:WSYNC_IPC_BLOCKS_LOCAL=0"
         ;;
-    alone1)   # one GPU with the defaults (no cap on the local copies since session 35) beside
-        # the cap of 2 blocks per SM they had before: FSDP-1 -> TP-1 bf16, 3 rounds alternating,
-        # then FSDP-2 -> TP-2 bf16 and FSDP-1 -> TP-1 fp8-block (in place) one round
+    alone1)   # one GPU with the defaults (no cap on the local copies since 41f781b) beside the
+        # cap of 2 blocks per SM they had before: FSDP-1 -> TP-1 bf16, 3 rounds alternating,
+        # then one_gpu_tail with both
         for round in 1 2 3; do
             for set in "default:" "L2:WSYNC_IPC_BLOCKS_LOCAL=2"; do
                 one "$s-g1-${set%%:*}-r$round" "${set#*:}" --scheme ipc --senders 1 --tp 1 --colocated
             done
         done
-        for set in "default:" "L2:WSYNC_IPC_BLOCKS_LOCAL=2"; do
-            one "$s-g2-${set%%:*}" "${set#*:}" --scheme ipc --senders 2 --tp 2 --colocated
-            one "$s-g1-fp8-${set%%:*}" "${set#*:}" --scheme ipc --senders 1 --tp 1 --colocated \
-                --quant fp8-block
-        done
+        one_gpu_tail "default:" "L2:WSYNC_IPC_BLOCKS_LOCAL=2"
         ;;
     final4)   # 4 GPUs with the defaults: issue 18's colocated targets, FSDP-4 -> TP-4 bf16 and
         # fp8-block (FP8 on the wire in 2 GiB buckets), 3 rounds alternating; then Qwen3-30B-A3B
