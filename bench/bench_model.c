@@ -15,6 +15,7 @@
 #include "bench/bench_model.h"
 #include "bench/bench.h"
 #include "bench/bench_cuda.h"
+#include "core/wire_policy.h"
 /* The CPU quantizer is the reference an FP8 receiver's bytes must equal (bit for bit: the CUDA
  * kernels are checked against it); it has no public entry point of its own. */
 #include "reshard/fp8.h"
@@ -620,12 +621,11 @@ static int gpus_fit(const model_t *m)
             }
         if (procs == 0)
             continue;
-        /* a group colocated on 4 GPUs or more may take FP8 on the wire, in 2 GiB buckets when
-         * the senders keep the default size (core/wire_policy.h) */
+        /* a colocated group may take FP8 on the wire, in the coordinator's larger buckets
+         * (core/wire_policy.h) */
         uint64_t bucket = m->o->bucket_bytes;
-        if (m->o->colocated && m->o->quant_fp8 && m->o->fp8_wire != 0 && m->ngpu >= 4 &&
-            (!m->o->have_bucket || bucket == ((uint64_t)256 << 20)) && bucket < ((uint64_t)2 << 30))
-            bucket = (uint64_t)2 << 30;
+        if (m->o->colocated && m->o->quant_fp8 && m->o->fp8_wire != 0)
+            bucket = wsync_ipc_wire_bucket(1, m->ngpu, bucket);
         uint64_t extra = (uint64_t)procs * (CUDA_CONTEXT_BYTES + 2 * bucket);
         size_t fr = 0, tot = 0;
         if (bcuda_mem_info(g, &fr, &tot) != 0)

@@ -1,5 +1,6 @@
 /* What the GPU test programs and tools (tests/gpu/) share for calling the CUDA runtime directly:
- * a call that must succeed, and the median of a run of event timings. Header only. */
+ * a call that must succeed (a tool's CU, a test's CU_OK), and the median of a run of event
+ * timings. Header only. */
 #ifndef WSYNC_TEST_GPU_CUDA_CHECK_H
 #define WSYNC_TEST_GPU_CUDA_CHECK_H
 
@@ -15,6 +16,19 @@
             fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
                     cudaGetErrorString(e_));                                                  \
             exit(2);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+/* In a test built on tests/support/check.h: a CUDA runtime call that must succeed, else where
+ * and why on stderr, one failure counted and `goto out` (the test's cleanup). */
+#define CU_OK(call)                                                                           \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess) {                                                              \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
+                    cudaGetErrorString(e_));                                                  \
+            check_failures++;                                                                 \
+            goto out;                                                                         \
         }                                                                                     \
     } while (0)
 

@@ -40,6 +40,7 @@
 #include "tests/support/check.h"
 #include "tests/support/fp8_wire_fixtures.h"
 #include "tests/gpu/gpu_cases.h"
+#include "tests/gpu/cuda_check.h"
 #include "tests/support/proc.h"
 #include "wsync/wsync.h"
 
@@ -60,16 +61,6 @@
 #define GROUP_LIMIT_MS 80000
 #define BUCKET_BYTES (1u << 20)
 
-#define CU_OK(call)                                                                           \
-    do {                                                                                      \
-        cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
-                    cudaGetErrorString(e_));                                                  \
-            check_failures++;                                                                 \
-            goto out;                                                                         \
-        }                                                                                     \
-    } while (0)
 
 /* ------------------------------------------------------------------------------------------ */
 /* Values                                                                                       */

@@ -29,6 +29,7 @@
 #include "reshard/fp8.h"
 #include "tests/support/check.h"
 #include "tests/gpu/gpu_cases.h"
+#include "tests/gpu/cuda_check.h"
 #include "tests/support/proc.h"
 #include "wsync/wsync.h"
 
@@ -325,16 +326,6 @@ static int expected(const wsync_target_t *t, uint64_t v, uint8_t *out, float *sc
 /* CUDA helpers                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
-#define CU_OK(call)                                                                           \
-    do {                                                                                      \
-        cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
-                    cudaGetErrorString(e_));                                                  \
-            check_failures++;                                                                 \
-            goto out;                                                                         \
-        }                                                                                     \
-    } while (0)
 
 /* Device memory from cuMemCreate with POSIX fd handles, mapped read-write on `dev`. */
 typedef struct {
