@@ -8,25 +8,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* 1 (said on stderr: where, the call, CUDA's reason) when a CUDA runtime call failed. */
+static inline int cu_failed(cudaError_t e, const char *file, int line, const char *call)
+{
+    if (e == cudaSuccess)
+        return 0;
+    fprintf(stderr, "%s:%d: %s: %s\n", file, line, call, cudaGetErrorString(e));
+    return 1;
+}
+
 /* A CUDA runtime call that must succeed: else where and why on stderr, and exit status 2. */
 #define CU(call)                                                                              \
     do {                                                                                      \
-        cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
-                    cudaGetErrorString(e_));                                                  \
+        if (cu_failed((call), __FILE__, __LINE__, #call))                                     \
             exit(2);                                                                          \
-        }                                                                                     \
     } while (0)
 
 /* In a test built on tests/support/check.h: a CUDA runtime call that must succeed, else where
  * and why on stderr, one failure counted and `goto out` (the test's cleanup). */
 #define CU_OK(call)                                                                           \
     do {                                                                                      \
-        cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
-                    cudaGetErrorString(e_));                                                  \
+        if (cu_failed((call), __FILE__, __LINE__, #call)) {                                   \
             check_failures++;                                                                 \
             goto out;                                                                         \
         }                                                                                     \
