@@ -643,29 +643,42 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
 /* Encode, a warp per block: full blocks of dense chunks with 16-byte aligned starts (default)  */
 /* ------------------------------------------------------------------------------------------ */
 
-/* CTAs per SM the warp encoder's register budget must allow (64 registers a thread): a warp keeps
- * one 1 KiB segment of new and old in flight, so bandwidth comes from many warps per SM. */
+/* CTAs per SM the warp kernels' register budget must allow (64 registers a thread): a warp keeps
+ * one 1 KiB segment of new and old in flight (the next one's loads issued before the work on
+ * this one), so bandwidth comes from many warps per SM. */
 #ifndef WKW_MIN_BLOCKS   /* -DWKW_MIN_BLOCKS=N builds a variant to measure */
-#define WKW_MIN_BLOCKS 4
+#define WKW_MIN_BLOCKS 8   /* 32 warps an SM */
 #endif
-#define WKW_WARPS (WK_THREADS / 32)   /* codec blocks per CTA */
+#ifndef WKW_THREADS   /* -DWKW_THREADS=N (with WKW_MIN_BLOCKS) builds a variant to measure */
+#define WKW_THREADS 128   /* 4 warps: a CTA's slot frees sooner (encode at 5 %: 4 % faster) */
+#endif
+#define WKW_WARPS (WKW_THREADS / 32)   /* codec blocks per CTA */
+/* Changed 16-byte vectors the warp encoder keeps in shared memory for the payload (2 KiB a warp):
+ * a block of 2-byte elements at 1 % changed has about 40, at 5 % about 170 (those past 128 are
+ * read again from the new version). */
+#define WKW_STASH 128
 
 /* Blocks [g0, g0 + nblk) of chunks that are dense with new and old 16-byte aligned, element size
  * E; each warp of the grid claims one from *counter (in order, for the look-back) and leaves
  * tail blocks (fewer than WK_DBLK elements) to wk_delta_encode. No CTA barrier after the secret's
  * load: a warp reads its block once in 16-byte vectors, one 1 KiB segment of new and old per
  * step, and keeps everything else in registers but the mask words (512 bytes a warp):
- *  - compare: the changed bits of each vector (wk_vdiff) into the mask words (wk_put_bits), and
- *    with update_old the new values of every 32-byte sector with a change into the baseline;
+ *  - compare, the loads of the next segment issued before the work on this one (the stores to
+ *    the baseline would keep the compiler from moving them up): the changed bits of each vector
+ *    (wk_vdiff) into the mask words (wk_put_bits), each changed vector (elements of at most 4
+ *    bytes) into the warp's stash, in order, and with update_old the new values of every
+ *    32-byte sector with a change into the baseline;
  *  - the leaf XXH3 as it goes (wkw_hash_t);
  *  - the scan: lane l takes mask words 4l .. 4l + 3 (k, its rank and escape prefix, the last
  *    changed position before it), then publishes the size and looks back as wk_delta_encode;
  *  - the payload: each lane walks the set bits of its words (at 1 % about one per lane), writing
  *    index bytes and values straight to the output (bytes no other lane writes, the padding bytes
- *    included), the values read again from the new version (L2); PLAIN blocks are copied in
- *    8-byte words, a BITMAP's bitmap is the mask words. */
+ *    included), the values from the stash (a vector's slot: the ballot words' prefix counts),
+ *    read again from the new version only past WKW_STASH vectors; PLAIN blocks are copied in
+ *    8-byte words, a BITMAP's bitmap is the mask words. Reading the values again from L2 had
+ *    kept each warp waiting on loads after its compare (docs/delta.md). */
 template <int E>
-__global__ void __launch_bounds__(WK_THREADS, WKW_MIN_BLOCKS)
+__global__ void __launch_bounds__(WKW_THREADS, WKW_MIN_BLOCKS)
 wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
                  uint64_t g0, uint64_t nblk, unsigned long long *status, unsigned int *counter,
                  uint64_t *leaves, wsync_kdelta_result_t *res, int update_old)
@@ -676,6 +689,15 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     __shared__ __align__(16) uint32_t smask[WKW_WARPS][WK_MWORDS];
     const uint32_t lane = threadIdx.x & 31;
     uint32_t *mask = smask[threadIdx.x >> 5];
+    /* the changed vectors, in order, as the compare read them; which vectors (a ballot word per
+     * 32 vectors: 2 * NSEG words) and the slots before each word */
+    constexpr bool ST = E <= 4;   /* 8-byte elements: 64 ballot words, values read again */
+    __shared__ uint4 sstash[WKW_WARPS][WKW_STASH];
+    __shared__ uint32_t svb[WKW_WARPS][32], svpre[WKW_WARPS][32];
+    uint4 *stash = sstash[threadIdx.x >> 5];
+    uint32_t *vb = svb[threadIdx.x >> 5], *vpre = svpre[threadIdx.x >> 5];
+    uint32_t nst = 0;
+    const uint32_t ltm = (1u << lane) - 1u;
 
     wk_secret_load(sec);
     __syncthreads();
@@ -697,13 +719,33 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     /* 1. compare and hash, a segment per step */
     wkw_hash_t h;
     wkw_hash_init(h, sec);
-#pragma unroll 2
+    uint4 nx0 = pa[lane], ny0 = pb[lane], nx1 = pa[lane + 32], ny1 = pb[lane + 32];
+#pragma unroll
     for (uint32_t s = 0; s < NSEG; s++) {
         const uint32_t v0 = 64 * s + lane, v1 = v0 + 32;
-        const uint4 x0 = pa[v0], y0 = pb[v0], x1 = pa[v1], y1 = pb[v1];
+        const uint4 x0 = nx0, y0 = ny0, x1 = nx1, y1 = ny1;
+        if (s + 1 < NSEG) {
+            nx0 = pa[v0 + 64];
+            ny0 = pb[v0 + 64];
+            nx1 = pa[v1 + 64];
+            ny1 = pb[v1 + 64];
+        }
         const uint32_t c0 = wk_vdiff<E>(x0, y0), c1 = wk_vdiff<E>(x1, y1);
         wk_put_bits<E>(c0, v0, mask);
         wk_put_bits<E>(c1, v1, mask);
+        if constexpr (ST) {
+            const uint32_t bb0 = __ballot_sync(WK_FULL, c0 != 0), bb1 = __ballot_sync(WK_FULL, c1 != 0);
+            const uint32_t s0 = nst + __popc(bb0 & ltm), s1 = nst + __popc(bb0) + __popc(bb1 & ltm);
+            if (c0 != 0 && s0 < WKW_STASH)
+                stash[s0] = x0;
+            if (c1 != 0 && s1 < WKW_STASH)
+                stash[s1] = x1;
+            if (lane == 0) {
+                vb[2 * s] = bb0;
+                vb[2 * s + 1] = bb1;
+            }
+            nst += __popc(bb0) + __popc(bb1);
+        }
         if (update_old) {
             /* the baseline takes the new values of each 32-byte sector with a change, the
              * whole sector (the two lanes' vectors: unchanged elements rewrite their own
@@ -717,6 +759,18 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     }
     __syncwarp();
 
+    if constexpr (ST) {   /* the slots before each ballot word */
+        const uint32_t c = lane < 2 * NSEG ? (uint32_t)__popc(vb[lane]) : 0;
+        uint32_t inc = c;
+#pragma unroll
+        for (int o = 1; o < 32; o *= 2) {
+            const uint32_t t = __shfl_up_sync(WK_FULL, inc, o);
+            if (lane >= (uint32_t)o)
+                inc += t;
+        }
+        vpre[lane] = inc - c;
+        __syncwarp();
+    }
     /* 2. the mask words' scan: lane l's words 4l .. 4l + 3 */
     const uint4 mv = reinterpret_cast<const uint4 *>(mask)[lane];
     const uint32_t m[4] = {mv.x, mv.y, mv.z, mv.w};
@@ -844,7 +898,12 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
                     ex += ne;
                     to[r + ex] = (unsigned char)(gap - 255u * ne);
                 }
-                *reinterpret_cast<el *>(to + hdr + (uint64_t)r * E) = nv[i];
+                const uint32_t vi = i * E / 16;   /* its vector, and that vector's slot */
+                const uint32_t sl = ST ? vpre[vi >> 5] + __popc(vb[vi >> 5] & ((1u << (vi & 31)) - 1u))
+                                       : WKW_STASH;
+                *reinterpret_cast<el *>(to + hdr + (uint64_t)r * E) =
+                    sl < WKW_STASH ? reinterpret_cast<const el *>(stash)[sl * (16 / E) + i % (16 / E)]
+                                   : nv[i];
                 p = (int)i;
                 r++;
             }
@@ -1277,37 +1336,235 @@ __device__ __forceinline__ bool wkw_apply_check(const wkw_ablk_t &x, uint64_t *h
     return __any_sync(WK_FULL, bad);
 }
 
-/* Apply, a warp per block: blocks [g0, g0 + nblk) of chunks whose target is dense and 16-byte
- * aligned (tail blocks left to wk_delta_apply, which runs after it over its list). The same
- * checks and faults as wk_delta_apply, every one before any write: lane 0 checks the header and
- * the entry (wk_check_entry), the warp the payload (wkw_apply_check); then only the changed
- * values are written (a SPARSE lane its run, a BITMAP lane the set bits of its words; PLAIN is
- * copied in 8-byte words); with the hash the warp reads its block once (after __syncwarp: its
- * lanes' stores are visible) and hashes it from registers. No shared memory but the secret, no
- * CTA barrier after it. A warp that checked 32 blocks' entries at once (a lane each) and then
- * applied them in turn measured slower (docs/delta.md): the latency it waits on is the
- * payload's, not the entries'. */
+/* Vector v of a block (16 bytes, in x) takes its changed values: the bits of its elements in the
+ * block's change bitmap, their ranks from the words' prefix counts, the values in rank order.
+ * Returns the bits. */
 template <int E>
-__global__ void __launch_bounds__(WK_THREADS, WKW_MIN_BLOCKS)
-wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
-                uint64_t g0, uint64_t nblk, const uint64_t *lens, uint64_t *leaves,
-                wsync_kdelta_result_t *res, int hash)
+__device__ __forceinline__ uint32_t wkw_merge(uint4 &x, uint32_t v, const uint32_t *bits,
+                                              const uint32_t *wpre, const typename wk_elem<E>::t *vals)
 {
     typedef typename wk_elem<E>::t el;
-    __shared__ uint64_t sec[24];
-    const uint32_t lane = threadIdx.x & 31;
+    constexpr uint32_t VE = 16 / E;   /* elements a vector */
+    const uint32_t e0 = v * VE, w = e0 >> 5, sh = e0 & 31;
+    const uint32_t word = bits[w];
+    const uint32_t b = (word >> sh) & ((1u << VE) - 1u);
+    if (b != 0) {
+        uint32_t r = wpre[w] + __popc(word & ((1u << sh) - 1u));
+        union {
+            uint4 v;
+            el e[VE];
+        } u;
+        u.v = x;
+#pragma unroll
+        for (uint32_t e = 0; e < VE; e++)
+            if ((b >> e) & 1u)
+                u.e[e] = vals[r++];
+        x = u.v;
+    }
+    return b;
+}
 
-    wk_secret_load(sec);
-    __syncthreads();
-    const uint64_t bi = (uint64_t)blockIdx.x * WKW_WARPS + (threadIdx.x >> 5);
+/* Index byte t (0..7) of a lane's run, from the two words it loaded. */
+__device__ __forceinline__ uint32_t wkw_ibyte(uint32_t w0, uint32_t w1, uint32_t t)
+{
+    return ((t < 4 ? w0 : w1) >> (8 * (t & 3))) & 0xffu;
+}
+
+/* The warp apply of a SPARSE block of at most WKW_SMALL index bytes (each lane's run at most 8
+ * bytes: every block at a few percent changed), its loads issued together: a lane's run as two
+ * words with the padding bytes, and after the scan its values (at most 8). Every check of
+ * wkw_apply_check before any write; true (on every lane) when the block is bad, nothing written.
+ * Without the hash each lane writes its changed values. With it the warp builds the block's
+ * change bitmap and values in shared memory (sbits, swpre: the words' prefix counts, svals) and
+ * makes one pass over the block as the encoder does (the next segment's loads issued first):
+ * each vector takes its values, the 32-byte sectors with a change are written whole, and *leaf
+ * is hashed from the registers; where applying first and reading the block back for the hash
+ * had waited on the stores' round trip and read each changed sector twice. */
+#define WKW_SMALL 256u
+template <int E>
+__device__ __forceinline__ bool wkw_sparse_small(const wkw_ablk_t &x, int hash, uint32_t *sbits,
+                                                 uint32_t *swpre, typename wk_elem<E>::t *svals,
+                                                 const uint64_t *sec, uint64_t *leaf)
+{
+    typedef typename wk_elem<E>::t el;
+    const uint32_t lane = threadIdx.x & 31;
+    const unsigned char *P = x.P;
+    const uint32_t nbytes = x.k + x.esc;                     /* 1 .. WKW_SMALL */
+    const uint32_t per = (((nbytes + 31) / 32) + 3) & ~3u;   /* 4 or 8: word loads */
+    const uint32_t b0 = lane * per < nbytes ? lane * per : nbytes;
+    const uint32_t b1 = b0 + per < nbytes ? b0 + per : nbytes;
+    const uint64_t hdr = wk_al8(nbytes), vend = hdr + (uint64_t)x.k * E;
+    uint32_t w0 = 0, w1 = 0, pad = 0;
+    if (b0 < b1)   /* words inside [0, hdr): b0 and hdr are multiples of 4 */
+        w0 = *reinterpret_cast<const uint32_t *>(P + b0);
+    if (b0 + 4 < b1)
+        w1 = *reinterpret_cast<const uint32_t *>(P + b0 + 4);
+    const uint32_t lastb = P[nbytes - 1];
+    if (nbytes + lane < hdr)
+        pad |= P[nbytes + lane];
+    for (uint64_t b = vend + lane; b < x.size; b += 32)
+        pad |= P[b];
+    uint32_t adv = 0, cnt = 0;
+#pragma unroll
+    for (uint32_t t = 0; t < 8; t++) {
+        const uint32_t v = wkw_ibyte(w0, w1, t);
+        if (b0 + t < b1) {
+            adv += v == 0xff ? 255u : v + 1;
+            cnt += v != 0xff;
+        }
+    }
+    uint32_t adv0, cnt0, advt, cntt;
+    wkw_scan2(adv, cnt, &adv0, &cnt0, &advt, &cntt);
+    const el *vals = reinterpret_cast<const el *>(P + hdr);
+    el vv[8];   /* the lane's values; never read past the block's k */
+#pragma unroll
+    for (uint32_t t = 0; t < 8; t++)
+        vv[t] = t < cnt && cnt0 + t < x.k ? vals[cnt0 + t] : (el)0;
+    /* exactly k elements, no trailing escape, zero padding, every position inside the block */
+    bool bad = cntt != x.k || lastb == 0xff || pad != 0;
+    uint32_t a = adv0;
+#pragma unroll
+    for (uint32_t t = 0; t < 8; t++) {
+        const uint32_t v = wkw_ibyte(w0, w1, t);
+        if (b0 + t < b1) {
+            a += v == 0xff ? 255u : v + 1;
+            if (v != 0xff && a - 1 >= WK_DBLK)
+                bad = true;
+        }
+    }
+    if (__any_sync(WK_FULL, bad))
+        return true;
+    el *tv = reinterpret_cast<el *>(x.tv);
+    if (!hash) {
+        a = adv0;
+#pragma unroll
+        for (uint32_t t = 0; t < 8; t++) {
+            const uint32_t v = wkw_ibyte(w0, w1, t);
+            if (b0 + t < b1) {
+                a += v == 0xff ? 255u : v + 1;
+                if (v != 0xff) {
+                    tv[a - 1] = vv[0];
+#pragma unroll
+                    for (int q = 0; q < 7; q++)   /* registers: no indexed array */
+                        vv[q] = vv[q + 1];
+                }
+            }
+        }
+        return false;
+    }
+    reinterpret_cast<uint4 *>(sbits)[lane] = make_uint4(0, 0, 0, 0);
+    __syncwarp();
+    a = adv0;
+    uint32_t q = cnt0;
+#pragma unroll
+    for (uint32_t t = 0; t < 8; t++) {
+        const uint32_t v = wkw_ibyte(w0, w1, t);
+        if (b0 + t < b1) {
+            a += v == 0xff ? 255u : v + 1;
+            if (v != 0xff) {
+                atomicOr(&sbits[(a - 1) >> 5], 1u << ((a - 1) & 31));   /* runs share words */
+                svals[q++] = vv[0];
+#pragma unroll
+                for (int z = 0; z < 7; z++)
+                    vv[z] = vv[z + 1];
+            }
+        }
+    }
+    __syncwarp();
+    {   /* the words' prefix counts: lane l's words 4l .. 4l + 3 */
+        const uint4 wv = reinterpret_cast<const uint4 *>(sbits)[lane];
+        const uint32_t c0 = __popc(wv.x), c1 = __popc(wv.y), c2 = __popc(wv.z);
+        const uint32_t c = c0 + c1 + c2 + __popc(wv.w);
+        uint32_t inc = c;
+#pragma unroll
+        for (int o = 1; o < 32; o *= 2) {
+            const uint32_t t = __shfl_up_sync(WK_FULL, inc, o);
+            if (lane >= (uint32_t)o)
+                inc += t;
+        }
+        const uint32_t e = inc - c;
+        reinterpret_cast<uint4 *>(swpre)[lane] = make_uint4(e, e + c0, e + c0 + c1, e + c0 + c1 + c2);
+    }
+    __syncwarp();
+    constexpr uint32_t NSEG = WK_DBLK * E / 1024;
+    uint4 *p4 = reinterpret_cast<uint4 *>(x.tv);
+    wkw_hash_t h;
+    wkw_hash_init(h, sec);
+    uint4 n0 = p4[lane], n1 = p4[lane + 32];
+#pragma unroll
+    for (uint32_t s = 0; s < NSEG; s++) {
+        const uint32_t v0 = 64 * s + lane, v1 = v0 + 32;
+        uint4 x0 = n0, x1 = n1;
+        if (s + 1 < NSEG) {
+            n0 = p4[v0 + 64];
+            n1 = p4[v1 + 64];
+        }
+        const uint32_t m0 = wkw_merge<E>(x0, v0, sbits, swpre, svals);
+        const uint32_t m1 = wkw_merge<E>(x1, v1, sbits, swpre, svals);
+        if ((m0 | __shfl_xor_sync(WK_FULL, m0, 1)) != 0)   /* the two lanes' vectors: a sector */
+            p4[v0] = x0;
+        if ((m1 | __shfl_xor_sync(WK_FULL, m1, 1)) != 0)
+            p4[v1] = x1;
+        wkw_hash_segment<WK_DBLK * E>(h, x0, x1, s, sec);
+    }
+    *leaf = wkw_hash_final<WK_DBLK * E>(h, sec);
+    return false;
+}
+
+/* The warp apply's records (batches with the hash): each block's table entry checked by a
+ * thread of its own before the apply, all at once, so that a warp waits on one load for its
+ * block's entry instead of the chain block map, descriptor, length, header and entry.
+ * rec[2g] = payload and target addresses, rec[2g + 1] = mode | k << 2 | esc << 15, the chunk,
+ * the block in it, and fault | payload size << 8 (fault WKW_TAIL: a tail block). */
+#define WKW_TAIL 0xffu
+template <int E>
+__global__ void __launch_bounds__(WK_THREADS)
+wkw_apply_entries(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
+                  uint64_t g0, uint64_t nblk, const uint64_t *lens, uint4 *rec)
+{
+    const uint64_t bi = (uint64_t)blockIdx.x * WK_THREADS + threadIdx.x;
     if (bi >= nblk)
         return;
     const uint64_t g = g0 + bi;
     const wk_dchunk_t d = ch[bmap[g]];
     const uint32_t j = (uint32_t)(g - d.block0);
     const uint64_t first = (uint64_t)j * WK_DBLK;
+    uint32_t mode = 0, k = 0, esc = 0, fault = WKW_TAIL;
+    uint64_t off = 0, size = 0;
+    if (d.n - first >= WK_DBLK)
+        fault = wk_check_entry(d.a, lens[d.idx], d, j, WK_DBLK, E, &mode, &k, &esc, &off, &size);
+    const uint64_t P = reinterpret_cast<uint64_t>(d.a + 16 + 8 * (uint64_t)d.nb + off);
+    const uint64_t tv = reinterpret_cast<uint64_t>(d.b + first * E);
+    rec[2 * g] = make_uint4((uint32_t)P, (uint32_t)(P >> 32), (uint32_t)tv, (uint32_t)(tv >> 32));
+    rec[2 * g + 1] = make_uint4(mode | k << 2 | esc << 15, d.idx, j, fault | (uint32_t)size << 8);
+}
+
+/* Block g's entry for the warp apply, on every lane: from its record when there are records,
+ * else checked here by lane 0 (wk_check_entry). 0 when x holds it, WKW_TAIL for a tail block,
+ * else the fault (x.idx and x.j say where). */
+template <int E>
+__device__ __forceinline__ uint32_t wkw_entry(const wk_dchunk_t *__restrict__ ch,
+                                              const uint32_t *__restrict__ bmap, uint64_t g,
+                                              const uint64_t *lens, const uint4 *rec, wkw_ablk_t *x)
+{
+    const uint32_t lane = threadIdx.x & 31;
+    if (rec != NULL) {
+        const uint4 r0 = rec[2 * g], r1 = rec[2 * g + 1];
+        x->P = reinterpret_cast<const unsigned char *>((uint64_t)r0.y << 32 | r0.x);
+        x->tv = reinterpret_cast<unsigned char *>((uint64_t)r0.w << 32 | r0.z);
+        x->mode = r1.x & 3;
+        x->k = (r1.x >> 2) & 0x1fffu;
+        x->esc = r1.x >> 15;
+        x->idx = r1.y;
+        x->j = r1.z;
+        x->size = r1.w >> 8;
+        return r1.w & 0xffu;
+    }
+    const wk_dchunk_t d = ch[bmap[g]];
+    const uint32_t j = (uint32_t)(g - d.block0);
+    const uint64_t first = (uint64_t)j * WK_DBLK;
     if (d.n - first < WK_DBLK)
-        return;   /* a tail block: wk_delta_apply's */
+        return WKW_TAIL;
     wkw_ablk_t mine = {};
     uint32_t fault = 0;
     if (lane == 0) {
@@ -1316,62 +1573,113 @@ wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
                                &off, &mine.size);
         mine.P = d.a + 16 + 8 * (uint64_t)d.nb + off;
         mine.tv = d.b + first * E;
-        mine.idx = d.idx;
-        mine.j = j;
     }
-    fault = __shfl_sync(WK_FULL, fault, 0);
+    mine.idx = d.idx;
+    mine.j = j;
+    *x = wkw_ablk_shfl(mine, 0);
+    return __shfl_sync(WK_FULL, fault, 0);
+}
+
+/* Apply, a warp per block: blocks [g0, g0 + nblk) of chunks whose target is dense and 16-byte
+ * aligned (tail blocks left to wk_delta_apply, which runs after it over its list). The same
+ * checks and faults as wk_delta_apply, every one before any write: the block's entry
+ * (wkw_entry), then its payload: a SPARSE block of at most WKW_SMALL index bytes by
+ * wkw_sparse_small (with the hash: applied and hashed in one pass), any other by
+ * wkw_apply_check and then only the changed values written (a SPARSE lane its run, a BITMAP
+ * lane the set bits of its words; PLAIN is copied in 8-byte words), and with the hash the warp
+ * reads its block once (after __syncwarp: its lanes' stores are visible) and hashes it from
+ * registers. Shared memory: the secret, and per warp the change bitmap, prefix counts and values
+ * of wkw_sparse_small; no CTA barrier after the secret's load. rec: wkw_apply_entries' records
+ * (batches with the hash), or NULL. A warp that checked 32 blocks' entries at once (a lane each)
+ * and then applied them in turn measured slower (docs/delta.md): the latency it waits on is the
+ * payload's. */
+template <int E>
+__global__ void __launch_bounds__(WKW_THREADS, WKW_MIN_BLOCKS)
+wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
+                uint64_t g0, uint64_t nblk, const uint64_t *lens, uint64_t *leaves,
+                wsync_kdelta_result_t *res, int hash, const uint4 *rec)
+{
+    typedef typename wk_elem<E>::t el;
+    __shared__ uint64_t sec[24];
+    __shared__ __align__(16) uint32_t sbits_w[WKW_WARPS][WK_MWORDS], swpre_w[WKW_WARPS][WK_MWORDS];
+    __shared__ __align__(16) el svals_w[WKW_WARPS][WKW_SMALL];
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+
+    wk_secret_load(sec);
+    __syncthreads();
+    const uint64_t bi = (uint64_t)blockIdx.x * WKW_WARPS + w;
+    if (bi >= nblk)
+        return;
+    const uint64_t g = g0 + bi;
+    wkw_ablk_t x;
+    const uint32_t fault = wkw_entry<E>(ch, bmap, g, lens, rec, &x);
+    if (fault == WKW_TAIL)
+        return;   /* wk_delta_apply's */
     if (fault != 0) {
         if (lane == 0)
-            atomicMin(reinterpret_cast<unsigned long long *>(&res[d.idx].fault),
-                      (unsigned long long)(((uint64_t)j << 8) | fault));
+            atomicMin(reinterpret_cast<unsigned long long *>(&res[x.idx].fault),
+                      (unsigned long long)(((uint64_t)x.j << 8) | fault));
         return;
     }
-    const wkw_ablk_t x = wkw_ablk_shfl(mine, 0);
     if (x.mode == WSYNC_DELTA_SAME && !hash)
         return;
 
-    uint64_t hdr;
-    uint32_t b0 = 0, b1 = 0, adv0 = 0, cnt0 = 0, m[4] = {0, 0, 0, 0}, rank0 = 0;
-    if (wkw_apply_check<E>(x, &hdr, &b0, &b1, &adv0, &cnt0, m, &rank0)) {
-        if (lane == 0)
-            atomicMin(reinterpret_cast<unsigned long long *>(&res[x.idx].fault),
-                      (unsigned long long)(((uint64_t)x.j << 8) | WSYNC_KDELTA_FAULT_PAYLOAD));
-        return;
-    }
-    el *tv = reinterpret_cast<el *>(x.tv);
-    const el *vals = reinterpret_cast<const el *>(x.P + hdr);
-    if (x.mode == WSYNC_DELTA_SPARSE) {
-        uint32_t a = adv0, r = cnt0;
-        for (uint32_t b = b0; b < b1; b++) {
-            const uint32_t v = x.P[b];
-            a += v == 0xff ? 255u : v + 1;
-            if (v != 0xff)
-                tv[a - 1] = vals[r++];
+    bool hashed = false;
+    uint64_t leaf = 0;
+    if (x.mode == WSYNC_DELTA_SPARSE && x.k + x.esc <= WKW_SMALL) {
+        if (wkw_sparse_small<E>(x, hash, sbits_w[w], swpre_w[w], svals_w[w], sec, &leaf)) {
+            if (lane == 0)
+                atomicMin(reinterpret_cast<unsigned long long *>(&res[x.idx].fault),
+                          (unsigned long long)(((uint64_t)x.j << 8) | WSYNC_KDELTA_FAULT_PAYLOAD));
+            return;
         }
-    } else if (x.mode == WSYNC_DELTA_BITMAP) {
-        uint32_t r = rank0;
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            uint32_t mm = m[w];
-            while (mm != 0) {
-                tv[(4 * lane + w) * 32 + (uint32_t)__ffs((int)mm) - 1] = vals[r++];
-                mm &= mm - 1;
+        hashed = hash != 0;
+    } else {
+        uint64_t hdr;
+        uint32_t b0 = 0, b1 = 0, adv0 = 0, cnt0 = 0, m[4] = {0, 0, 0, 0}, rank0 = 0;
+        if (wkw_apply_check<E>(x, &hdr, &b0, &b1, &adv0, &cnt0, m, &rank0)) {
+            if (lane == 0)
+                atomicMin(reinterpret_cast<unsigned long long *>(&res[x.idx].fault),
+                          (unsigned long long)(((uint64_t)x.j << 8) | WSYNC_KDELTA_FAULT_PAYLOAD));
+            return;
+        }
+        el *tv = reinterpret_cast<el *>(x.tv);
+        const el *vals = reinterpret_cast<const el *>(x.P + hdr);
+        if (x.mode == WSYNC_DELTA_SPARSE) {
+            uint32_t a = adv0, r = cnt0;
+            for (uint32_t b = b0; b < b1; b++) {
+                const uint32_t v = x.P[b];
+                a += v == 0xff ? 255u : v + 1;
+                if (v != 0xff)
+                    tv[a - 1] = vals[r++];
             }
+        } else if (x.mode == WSYNC_DELTA_BITMAP) {
+            uint32_t r = rank0;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                uint32_t mm = m[q];
+                while (mm != 0) {
+                    tv[(4 * lane + q) * 32 + (uint32_t)__ffs((int)mm) - 1] = vals[r++];
+                    mm &= mm - 1;
+                }
+            }
+        } else if (x.mode == WSYNC_DELTA_PLAIN) {
+            const uint64_t *src = reinterpret_cast<const uint64_t *>(x.P);
+            for (uint32_t q = lane; q < WK_DBLK * E / 8; q += 32)
+                reinterpret_cast<uint64_t *>(tv)[q] = src[q];
         }
-    } else if (x.mode == WSYNC_DELTA_PLAIN) {
-        const uint64_t *src = reinterpret_cast<const uint64_t *>(x.P);
-        for (uint32_t w = lane; w < WK_DBLK * E / 8; w += 32)
-            reinterpret_cast<uint64_t *>(tv)[w] = src[w];
     }
-    if (hash) {
+    if (hash && !hashed) {
         __syncwarp();   /* every lane's stores visible to the warp's loads */
-        const uint64_t leaf = wkw_leaf<WK_DBLK * E>(reinterpret_cast<const uint4 *>(tv), sec);
-        if (lane == 0)
-            leaves[g] = leaf;
+        leaf = wkw_leaf<WK_DBLK * E>(reinterpret_cast<const uint4 *>(x.tv), sec);
     }
-    if (lane == 0 && x.k > 0)
-        atomicAdd(reinterpret_cast<unsigned long long *>(&res[x.idx].changed),
-                  (unsigned long long)x.k);
+    if (lane == 0) {
+        if (hash)
+            leaves[g] = leaf;
+        if (x.k > 0)
+            atomicAdd(reinterpret_cast<unsigned long long *>(&res[x.idx].changed),
+                      (unsigned long long)x.k);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1440,7 +1748,9 @@ struct wsync_kdelta_batch {
     void *dev;                         /* one allocation: */
     wk_dchunk_t *chunks;               /*   [n], grouped by element size */
     uint64_t *lens;                    /*   [n] apply: lengths, caller's order */
-    unsigned long long *status;        /*   [nblocks + 4] encode: look-back words, counters */
+    unsigned long long *status;        /*   [nblocks + 4] encode: look-back words, counters;
+                                          [4 * nblocks] apply with the hash: the warp apply's
+                                          records (wkw_apply_entries) */
     uint64_t *leaves;                  /*   [nblocks] */
     wsync_kdelta_result_t *res;        /*   [n] */
     uint32_t *glist;                   /*   [nblocks] the CTA kernels' blocks */
@@ -1585,7 +1895,7 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
 
     {   /* one device allocation: chunks, lens, status + counters, leaves, results */
         uint64_t o_ch = 0, o_lens = o_ch + wk_al8((uint64_t)n * sizeof(wk_dchunk_t));
-        uint64_t o_st = o_lens + 8 * (uint64_t)n, o_lv = o_st + 8 * (apply ? 0 : g + 4);
+        uint64_t o_st = o_lens + 8 * (uint64_t)n, o_lv = o_st + 8 * (apply ? (flag ? 4 * g : 0) : g + 4);
         uint64_t o_res = o_lv + 8 * g, o_gl = o_res + (uint64_t)n * sizeof(wsync_kdelta_result_t);
         uint64_t o_bm = o_gl + 4 * g, total = o_bm + 4 * g;
         e = cudaMalloc(&b->dev, total ? total : 8);
@@ -1692,9 +2002,15 @@ static void wk_launch_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t
     const uint64_t nw = warp ? b->grp[grp].gf - g0 : 0, nl = warp ? b->grp[grp].nl : nb;
     const uint32_t *gl = nl == nb ? NULL : b->glist + b->grp[grp].l0;   /* NULL: all, in order */
     if (b->apply) {
+        /* with the hash, the entries first (measured: 5 % faster with the hash, 7 % slower
+         * without it, where the apply writes only the changed values) */
+        uint4 *rec = b->flag ? reinterpret_cast<uint4 *>(b->status) : NULL;
+        if (nw > 0 && rec != NULL)
+            wkw_apply_entries<E><<<(unsigned)((nw + WK_THREADS - 1) / WK_THREADS), WK_THREADS, 0, s>>>(
+                b->chunks, b->bmap, g0, nw, b->lens, rec);
         if (nw > 0)
-            wkw_delta_apply<E><<<(unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS), WK_THREADS, 0, s>>>(
-                b->chunks, b->bmap, g0, nw, b->lens, b->leaves, b->res, b->flag);
+            wkw_delta_apply<E><<<(unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS), WKW_THREADS, 0, s>>>(
+                b->chunks, b->bmap, g0, nw, b->lens, b->leaves, b->res, b->flag, rec);
         if (nl > 0)
             wk_delta_apply<E><<<(unsigned)nl, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
                 b->chunks, b->bmap, g0, gl, b->lens, b->leaves, b->res, b->flag);
@@ -1702,7 +2018,7 @@ static void wk_launch_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t
     }
     unsigned int *counters = (unsigned int *)(b->status + b->nblocks);
     if (nw > 0)   /* first: the tail blocks after it look back over its blocks */
-        wkw_delta_encode<E><<<(unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS), WK_THREADS, 0, s>>>(
+        wkw_delta_encode<E><<<(unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS), WKW_THREADS, 0, s>>>(
             b->chunks, b->bmap, g0, nw, b->status, counters + 4 + grp, b->leaves, b->res, b->flag);
     if (nl > 0)
         wk_delta_encode<E><<<(unsigned)nl, WK_THREADS, 2 * WK_DBLK * E, s>>>(

@@ -16,9 +16,14 @@
  * same run) against reading both versions once (JSON lines on stdout; "kernel" names the
  * default's, the old_ fields the old kernels'). The ratio that counts (issue 17: encode + apply
  * kernels against reading both versions once) is (encode + apply without the receiver's hash) /
- * read both; with the hash is printed beside it.
+ * read both; with the hash is printed beside it. Beside them, the least an apply can take: the
+ * changed values written at their positions from a list and nothing else (tests/gpu/delta_floor.cu,
+ * "scatter_us"; "floor_ratio" = (read both + scatter) / read both, what an encoder reading only
+ * the two versions and such an apply would give), and the changed 32-byte sectors read and
+ * written whole ("sectors_us": writing whole sectors instead of the values alone).
  *
- * usage: test_delta_kernels [--seed S] [--no-bench] [--profile] [--json PATH]
+ * usage: test_delta_kernels [--seed S] [--no-bench | --bench-only] [--profile] [--json PATH]
+ * --bench-only: the benchmark without the cases.
  * --profile: only the bench at 1 %, one launch of each batch (encode, apply with and without the
  * hash: kernels wkw_delta_encode, wkw_delta_apply, wk_delta_encode and wk_delta_apply for tails,
  * wk_delta_chunk_hash),
@@ -30,6 +35,7 @@
 #include "kernels/kernels.h"
 #include "tests/support/check.h"
 #include "tests/gpu/cuda_check.h"
+#include "tests/gpu/delta_floor.h"
 
 #include <cuda_runtime_api.h>
 #include <inttypes.h>
@@ -101,6 +107,8 @@ typedef struct {
     uint64_t elements, changed, wire_bytes;
     double t_enc, t_app, t_app_nohash, t_amax, t_d2d, t_read;
     double old_enc, old_app, old_app_nohash;   /* with WSYNC_KDELTA_OLD=1 */
+    double t_scatter;   /* the changed values written at their positions, nothing else */
+    double t_sectors;   /* the changed 32-byte sectors read and written whole */
     const char *read_ref;
     int correct;
 } bench_row_t;
@@ -1050,6 +1058,27 @@ static void read_both(void *ctx)
     }
 }
 
+/* The changed values at their positions (delta_floor_scatter): what an apply cannot do without. */
+static struct {
+    uint16_t *dst, *val;
+    uint32_t *pos;
+    uint64_t n;
+} sc;
+
+static void scatter_changes(void *ctx)
+{
+    (void)ctx;
+    if (delta_floor_scatter(sc.dst, sc.pos, sc.val, sc.n) != 0)
+        exit(2);
+}
+
+static void sectors_rmw(void *ctx)
+{
+    (void)ctx;
+    if (delta_floor_sectors(sc.dst, sc.pos, sc.n) != 0)
+        exit(2);
+}
+
 /* The same bytes through the copy engine: a D2D copy of one version moves both versions' bytes. */
 static void d2d_one(void *ctx)
 {
@@ -1108,10 +1137,20 @@ static void run_bench(void)
         /* an update: each element moves one ulp with probability p (the gaps between changed
          * elements drawn from the geometric distribution: one draw per change) */
         const double lq = log(1.0 - dens[di]);
+        const uint64_t cappos = (uint64_t)((double)N * dens[di] * 1.2) + 4096;
+        uint32_t *h_pos = malloc(cappos * 4);
+        uint16_t *h_val = malloc(cappos * 2);
+        uint64_t npos = 0;
         memcpy(h_new, h_old, N * 2);
         for (uint64_t i = (uint64_t)(log(1.0 - unit()) / lq); i < N;
-             i += 1 + (uint64_t)(log(1.0 - unit()) / lq))
+             i += 1 + (uint64_t)(log(1.0 - unit()) / lq)) {
             h_new[i] ^= 1;
+            if (h_pos != NULL && h_val != NULL && npos < cappos) {
+                h_pos[npos] = (uint32_t)i;
+                h_val[npos] = h_new[i];
+            }
+            npos++;
+        }
         CU(cudaMemcpy(d_new, h_new, N * 2, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(d_dst, d_old, N * 2, cudaMemcpyDeviceToDevice));
 
@@ -1192,6 +1231,28 @@ static void run_bench(void)
         row->t_amax = time_it(read_both, NULL);
         row->t_d2d = time_it(d2d_one, NULL);
         row->t_read = row->t_amax < row->t_d2d ? row->t_amax : row->t_d2d;
+        if (h_pos != NULL && h_val != NULL && npos <= cappos) {   /* after the byte check */
+            CU(cudaMalloc((void **)&sc.pos, npos * 4));
+            CU(cudaMalloc((void **)&sc.val, npos * 2));
+            CU(cudaMemcpy(sc.pos, h_pos, npos * 4, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(sc.val, h_val, npos * 2, cudaMemcpyHostToDevice));
+            sc.dst = (uint16_t *)d_dst;
+            sc.n = npos;
+            row->t_scatter = time_it(scatter_changes, NULL);
+            {   /* the changed 32-byte sectors, read and written whole (in place of h_pos) */
+                uint64_t ns = 0;
+                for (uint64_t i = 0; i < npos; i++)
+                    if (ns == 0 || h_pos[ns - 1] != h_pos[i] / 16)
+                        h_pos[ns++] = h_pos[i] / 16;
+                CU(cudaMemcpy(sc.pos, h_pos, ns * 4, cudaMemcpyHostToDevice));
+                sc.n = ns;
+                row->t_sectors = time_it(sectors_rmw, NULL);
+            }
+            CU(cudaFree(sc.pos));
+            CU(cudaFree(sc.val));
+        }
+        free(h_pos);
+        free(h_val);
         row->read_ref = row->t_amax < row->t_d2d ? "amax over new and old" : "cudaMemcpy D2D of one version";
         fprintf(stderr, "   density %.2f: changed %.4f, wire %.1f%%, encode %.1f us, apply %.1f us "
                 "(with the receiver's hash %.1f us), read both %.1f us (amax %.1f, D2D %.1f): "
@@ -1200,6 +1261,10 @@ static void run_bench(void)
                 row->t_enc * 1e6, row->t_app_nohash * 1e6, row->t_app * 1e6, row->t_read * 1e6,
                 row->t_amax * 1e6, row->t_d2d * 1e6, (row->t_enc + row->t_app_nohash) / row->t_read,
                 (row->t_enc + row->t_app) / row->t_read);
+        fprintf(stderr, "      the changed values' bare scatter %.1f us: (read both + scatter) / read both "
+                "= %.2f x, the least the ratio can be (the changed sectors read and written whole: "
+                "%.1f us)\n", row->t_scatter * 1e6, (row->t_read + row->t_scatter) / row->t_read,
+                row->t_sectors * 1e6);
         fprintf(stderr, "      old kernels (WSYNC_KDELTA_OLD=1): encode %.1f us, apply %.1f us (with "
                 "the hash %.1f us): %.2f x (%.2f x)\n", row->old_enc * 1e6,
                 row->old_app_nohash * 1e6, row->old_app * 1e6,
@@ -1234,14 +1299,18 @@ static void bench_json(FILE *f, const bench_row_t *r, const char *device)
             "\"kernel\": \"warp kernels (wkw_delta_encode, wkw_delta_apply: a warp per full block "
             "of dense 16-byte aligned chunks)\", \"old_kernel\": \"WSYNC_KDELTA_OLD=1: a CTA per "
             "block (wk_delta_encode, wk_delta_apply)\", \"old_encode_us\": %.1f, \"old_apply_us\": %.1f, "
-            "\"old_apply_nohash_us\": %.1f, \"old_ratio\": %.3f}",
+            "\"old_apply_nohash_us\": %.1f, \"old_ratio\": %.3f, \"scatter_us\": %.1f, "
+            "\"floor_ratio\": %.3f, \"floor_def\": \"(read_both_us + scatter_us) / read_both_us: an "
+            "encode that only reads both versions and an apply that only writes the changed values "
+            "at their positions (a bare scatter from a list)\", \"sectors_us\": %.1f}",
             device, r->elements, r->density, r->changed, r->changed_fraction, r->wire_bytes,
             r->elements * 2, r->t_enc * 1e6, r->t_app * 1e6, r->t_app_nohash * 1e6,
             r->t_read * 1e6, r->read_ref, r->t_amax * 1e6, r->t_d2d * 1e6,
             (r->t_enc + r->t_app_nohash) / r->t_read, (r->t_enc + r->t_app) / r->t_read,
             (r->t_enc + r->t_app_nohash) / r->t_read <= 1.5 ? "true" : "false",
             r->correct ? "true" : "false", r->old_enc * 1e6, r->old_app * 1e6,
-            r->old_app_nohash * 1e6, (r->old_enc + r->old_app_nohash) / r->t_read);
+            r->old_app_nohash * 1e6, (r->old_enc + r->old_app_nohash) / r->t_read,
+            r->t_scatter * 1e6, (r->t_read + r->t_scatter) / r->t_read, r->t_sectors * 1e6);
 }
 
 static void write_json(const char *path, const char *device, uint64_t seed)
@@ -1268,7 +1337,7 @@ static void write_json(const char *path, const char *device, uint64_t seed)
 int main(int argc, char **argv)
 {
     const char *json = NULL;
-    int do_bench = 1;
+    int do_bench = 1, bench_only = 0;
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
     int count = 0;
     struct cudaDeviceProp prop;
@@ -1280,10 +1349,13 @@ int main(int argc, char **argv)
             json = argv[++i];
         else if (strcmp(argv[i], "--no-bench") == 0)
             do_bench = 0;
+        else if (strcmp(argv[i], "--bench-only") == 0)
+            bench_only = 1;
         else if (strcmp(argv[i], "--profile") == 0)
             profile_mode = 1;
         else {
-            fprintf(stderr, "usage: %s [--seed S] [--no-bench] [--profile] [--json PATH]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--seed S] [--no-bench | --bench-only] [--profile] [--json PATH]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -1296,7 +1368,7 @@ int main(int argc, char **argv)
     printf("device: %s (%d SMs), seed %" PRIu64 "\n", prop.name, prop.multiProcessorCount, seed);
     fflush(stdout);
 
-    if (!profile_mode) {
+    if (!profile_mode && !bench_only) {
         run_case("cases (CPU encoder)", make_all_cases);
         run_case("xxh3", test_xxh3);
         /* the old kernels (one CTA per block everywhere); then the default (a warp per full

@@ -1,0 +1,77 @@
+/* The bare scatter of tests/gpu/delta_floor.h. */
+#include "tests/gpu/delta_floor.h"
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+
+/* A thread per changed element, four of them a thread's loads in flight: the positions and
+ * values read in order (coalesced), the writes where the elements are. */
+__global__ void delta_floor_scatter_kernel(uint16_t *dst, const uint32_t *__restrict__ pos,
+                                           const uint16_t *__restrict__ val, uint64_t n)
+{
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        const uint32_t p0 = pos[i], p1 = pos[i + stride], p2 = pos[i + 2 * stride],
+                       p3 = pos[i + 3 * stride];
+        const uint16_t v0 = val[i], v1 = val[i + stride], v2 = val[i + 2 * stride],
+                       v3 = val[i + 3 * stride];
+        dst[p0] = v0;
+        dst[p1] = v1;
+        dst[p2] = v2;
+        dst[p3] = v3;
+    }
+    for (; i < n; i += stride)
+        dst[pos[i]] = val[i];
+}
+
+extern "C" int delta_floor_scatter(uint16_t *dst, const uint32_t *pos, const uint16_t *val, uint64_t n)
+{
+    int sms = 0, dev = 0;
+    if (n == 0)
+        return 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    uint64_t blocks = (n + 4 * 256 - 1) / (4 * 256);
+    if (blocks > (uint64_t)sms * 16)
+        blocks = (uint64_t)sms * 16;
+    delta_floor_scatter_kernel<<<(unsigned)blocks, 256>>>(dst, pos, val, n);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        fprintf(stderr, "delta_floor_scatter: %s\n", cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+/* Two threads a sector: each reads its 16 bytes of a changed 32-byte sector and writes them
+ * back, so that each changed sector is read and written whole (no partial write). */
+__global__ void delta_floor_sectors_kernel(uint4 *dst, const uint32_t *__restrict__ sec, uint64_t n)
+{
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; t < 2 * n; t += stride) {
+        const uint64_t v = 2 * (uint64_t)sec[t >> 1] + (t & 1);
+        uint4 x = dst[v];
+        asm volatile("" : "+r"(x.x));   /* a write of what was read, not folded away */
+        dst[v] = x;
+    }
+}
+
+extern "C" int delta_floor_sectors(uint16_t *dst, const uint32_t *sec, uint64_t n)
+{
+    int sms = 0, dev = 0;
+    if (n == 0)
+        return 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    uint64_t blocks = (2 * n + 255) / 256;
+    if (blocks > (uint64_t)sms * 16)
+        blocks = (uint64_t)sms * 16;
+    delta_floor_sectors_kernel<<<(unsigned)blocks, 256>>>(reinterpret_cast<uint4 *>(dst), sec, n);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        fprintf(stderr, "delta_floor_sectors: %s\n", cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
