@@ -297,6 +297,19 @@ __device__ __forceinline__ void wk_store_block(const wk_dchunk_t &d, unsigned ch
     }
 }
 
+/* The sum of x over this lane and the lanes before it (the whole warp calls it). */
+__device__ __forceinline__ uint32_t wkw_incl(uint32_t x)
+{
+    const uint32_t lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+        const uint32_t t = __shfl_up_sync(WK_FULL, x, o);
+        if (lane >= (uint32_t)o)
+            x += t;
+    }
+    return x;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Vectors in registers, the register XXH3 of a full block (both kernel sets)                   */
 /* ------------------------------------------------------------------------------------------ */
@@ -761,14 +774,7 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
 
     if constexpr (ST) {   /* the slots before each ballot word */
         const uint32_t c = lane < 2 * NSEG ? (uint32_t)__popc(vb[lane]) : 0;
-        uint32_t inc = c;
-#pragma unroll
-        for (int o = 1; o < 32; o *= 2) {
-            const uint32_t t = __shfl_up_sync(WK_FULL, inc, o);
-            if (lane >= (uint32_t)o)
-                inc += t;
-        }
-        vpre[lane] = inc - c;
+        vpre[lane] = wkw_incl(c) - c;
         __syncwarp();
     }
     /* 2. the mask words' scan: lane l's words 4l .. 4l + 3 */
@@ -808,13 +814,7 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
             }
         }
     }
-    uint32_t einc = es;
-#pragma unroll
-    for (int o = 1; o < 32; o *= 2) {
-        const uint32_t t = __shfl_up_sync(WK_FULL, einc, o);
-        if (lane >= (uint32_t)o)
-            einc += t;
-    }
+    const uint32_t einc = wkw_incl(es);
     const uint32_t k = __shfl_sync(WK_FULL, inc, 31), etot = __shfl_sync(WK_FULL, einc, 31);
     uint32_t mode;
     const uint64_t size = wk_bbytes(WK_DBLK, k, etot, E, &mode);
@@ -1435,25 +1435,11 @@ __device__ __forceinline__ bool wkw_sparse_small(const wkw_ablk_t &x, int hash, 
     if (__any_sync(WK_FULL, bad))
         return true;
     el *tv = reinterpret_cast<el *>(x.tv);
-    if (!hash) {
-        a = adv0;
-#pragma unroll
-        for (uint32_t t = 0; t < 8; t++) {
-            const uint32_t v = wkw_ibyte(w0, w1, t);
-            if (b0 + t < b1) {
-                a += v == 0xff ? 255u : v + 1;
-                if (v != 0xff) {
-                    tv[a - 1] = vv[0];
-#pragma unroll
-                    for (int q = 0; q < 7; q++)   /* registers: no indexed array */
-                        vv[q] = vv[q + 1];
-                }
-            }
-        }
-        return false;
+    if (hash) {
+        reinterpret_cast<uint4 *>(sbits)[lane] = make_uint4(0, 0, 0, 0);
+        __syncwarp();
     }
-    reinterpret_cast<uint4 *>(sbits)[lane] = make_uint4(0, 0, 0, 0);
-    __syncwarp();
+    /* each change written in place, or with the hash into the block's bitmap and values */
     a = adv0;
     uint32_t q = cnt0;
 #pragma unroll
@@ -1462,27 +1448,26 @@ __device__ __forceinline__ bool wkw_sparse_small(const wkw_ablk_t &x, int hash, 
         if (b0 + t < b1) {
             a += v == 0xff ? 255u : v + 1;
             if (v != 0xff) {
-                atomicOr(&sbits[(a - 1) >> 5], 1u << ((a - 1) & 31));   /* runs share words */
-                svals[q++] = vv[0];
+                if (hash) {
+                    atomicOr(&sbits[(a - 1) >> 5], 1u << ((a - 1) & 31));   /* runs share words */
+                    svals[q++] = vv[0];
+                } else {
+                    tv[a - 1] = vv[0];
+                }
 #pragma unroll
-                for (int z = 0; z < 7; z++)
+                for (int z = 0; z < 7; z++)   /* registers: no indexed array */
                     vv[z] = vv[z + 1];
             }
         }
     }
+    if (!hash)
+        return false;
     __syncwarp();
     {   /* the words' prefix counts: lane l's words 4l .. 4l + 3 */
         const uint4 wv = reinterpret_cast<const uint4 *>(sbits)[lane];
         const uint32_t c0 = __popc(wv.x), c1 = __popc(wv.y), c2 = __popc(wv.z);
         const uint32_t c = c0 + c1 + c2 + __popc(wv.w);
-        uint32_t inc = c;
-#pragma unroll
-        for (int o = 1; o < 32; o *= 2) {
-            const uint32_t t = __shfl_up_sync(WK_FULL, inc, o);
-            if (lane >= (uint32_t)o)
-                inc += t;
-        }
-        const uint32_t e = inc - c;
+        const uint32_t e = wkw_incl(c) - c;
         reinterpret_cast<uint4 *>(swpre)[lane] = make_uint4(e, e + c0, e + c0 + c1, e + c0 + c1 + c2);
     }
     __syncwarp();
