@@ -4,9 +4,11 @@
  * Encode, two kernels. wkw_delta_encode (the default for full blocks of chunks that are dense
  * with new and old 16-byte aligned: what buckets hold): a warp per codec block of WK_DBLK
  * elements, no CTA barrier; it reads new and old once in 16-byte vectors, compares them into
- * mask words (shuffles), sums XXH3's stripe terms from registers (keys fixed per lane) and runs
- * the scrambles on every lane, scans the 128 mask words four per lane (k, e, ranks, escapes),
- * and writes the payload straight to the output from each lane's set bits. wk_delta_encode (the
+ * mask words, the next segment's loads issued before the work on this one, keeps the changed
+ * vectors in a shared-memory stash, sums XXH3's stripe terms from registers (keys fixed per
+ * lane) and runs the scrambles on every lane, scans the 128 mask words four per lane (k, e,
+ * ranks, escapes), and writes the payload straight to the output from each lane's set bits, the
+ * values from the stash. wk_delta_encode (the
  * rest: strided or unaligned chunks, tail blocks): one CTA of WK_THREADS threads per codec block,
  * the values staged in shared memory; it runs after the warp encoder in the same stream, over a
  * list of its blocks (glist). Both find a block's payload offset by a decoupled look-back over
@@ -24,10 +26,12 @@
  *
  * Apply, two kernels with the same checks and faults, every check before any write.
  * wkw_delta_apply (full blocks of dense 16-byte aligned targets): a warp per block; lane 0 checks
- * the header and the entry, a SPARSE index stream is cut into 32 runs placed by a warp scan of
- * (position advance, is-element), a BITMAP's words are scanned four a lane; only changed values
- * are written, and with the hash the warp reads its block back once and hashes it from
- * registers. wk_delta_apply (the rest, and every block with WSYNC_KDELTA_OLD=1): one CTA per
+ * the header and the entry (with the hash: a thread per block checked them all first), a SPARSE
+ * index stream is cut into 32 runs placed by a warp scan of (position advance, is-element), a
+ * BITMAP's words are scanned four a lane; without the hash only changed values are written; with
+ * it a small SPARSE block (every block at a few percent changed) is merged, written in whole
+ * sectors and hashed in one pass over the block, and any other block is applied, then read back
+ * once and hashed from registers. wk_delta_apply (the rest, and every block with WSYNC_KDELTA_OLD=1): one CTA per
  * block, thread 0 checks, a block-wide scan decodes, the values staged in shared memory for the
  * hash. A CTA per block kept 8 blocks per SM in flight, each waiting on a chain of dependent
  * loads (block map, descriptor, length, header and entry, payload): apply was latency-bound.
@@ -36,16 +40,21 @@
  * reads new and old once (2 GiB) and writes the stream (table 1 MiB, payloads ~1.7 % of 1 GiB:
  * a SPARSE block of k ~ 41 is al8(k + e) + al8(2k) ~ 136 bytes), the leaves and look-back words
  * (1 MiB each); apply with the hash reads the target once (1 GiB), the stream (~18 MiB), and
- * writes the ~41 changed values of each block (partial 32-byte sectors, merged in L2). The
+ * writes the ~38 sectors with a change of each block whole; without the hash the ~41 changed
+ * values (partial 32-byte sectors: a read-modify-write in the memory system). The
  * target (issue 17): encode + apply <= 1.5 x reading both versions once (an amax over both, or a
  * D2D copy of one: 0.70 ms on an H100), counting the apply without the receiver's hash (the
- * separate check, one more read of the new values; test_delta_kernels prints both ratios).
- * Instructions of the warp encoder per 16 bytes of each version (bf16, ptxas: 64 registers, no
- * spills): two 16-byte loads, the compare into 8 bits (wk_vdiff: four min.u16x2 on sm_90) stored
+ * separate check, one more read of the new values; test_delta_kernels prints both ratios). The
+ * scatter of the changed values alone takes 0.40 (H100) to 0.48 (H200) of reading both, so no
+ * codec of this format gets under 1.40-1.48.
+ * Instructions of the warp encoder per 16 bytes of each version (bf16, ptxas: 64 registers, 4
+ * bytes of spills): two 16-byte loads, the compare into 8 bits (wk_vdiff: four min.u16x2 on sm_90) stored
  * as one mask byte, two 32 x 32 multiplies and four 64-bit adds of hash terms; per 1 KiB segment
  * 6 shuffles and one scramble; per block the scan (about 40 shuffles) and about one set bit per
  * lane at 1 %. Cutting the loop from 406 to 230 PTX instructions per two segments gained 2 % on
- * an H200: the encoder waits on L2 (Nsight: 90 % of its throughput, DRAM 72 %; docs/delta.md). The
+ * an H200: the encoder waits on memory. Since session 36 it reads both versions at 0.77 (H200)
+ * to 0.88 (H100) times the speed of reading them alone, and the apply without the hash takes
+ * 1.12 times a bare scatter of the changed values (docs/delta.md, "The GPU codec"). The
  * old encoder (Nsight on an H100: 1.55 ms, 1.40 TB/s, 78 % of issue slots busy) spent tens of
  * instructions per element in flags, ballots, a one-warp word scan, 8-lane scrambles and eight
  * CTA barriers a block.
