@@ -20,7 +20,10 @@
  * changed values written at their positions from a list and nothing else (tests/gpu/delta_floor.cu,
  * "scatter_us"; "floor_ratio" = (read both + scatter) / read both, what an encoder reading only
  * the two versions and such an apply would give), and the changed 32-byte sectors read and
- * written whole ("sectors_us": writing whole sectors instead of the values alone).
+ * written whole ("sectors_us": writing whole sectors instead of the values alone). The encode is
+ * timed without update_old (new and old only read; every launch the same work) and, as the
+ * schemes' senders run it, with update_old on a fresh copy of the old version each launch
+ * ("encode_update_us": the copy's time subtracted; the stream and the updated baseline checked).
  *
  * usage: test_delta_kernels [--seed S] [--no-bench | --bench-only] [--profile] [--json PATH]
  * --bench-only: the benchmark without the cases.
@@ -109,6 +112,7 @@ typedef struct {
     double old_enc, old_app, old_app_nohash;   /* with WSYNC_KDELTA_OLD=1 */
     double t_scatter;   /* the changed values written at their positions, nothing else */
     double t_sectors;   /* the changed 32-byte sectors read and written whole */
+    double t_enc_upd;   /* the encode as a sender runs it: with update_old */
     const char *read_ref;
     int correct;
 } bench_row_t;
@@ -1079,6 +1083,27 @@ static void sectors_rmw(void *ctx)
         exit(2);
 }
 
+/* The encode as a sender runs it (update_old: the baseline brought to the new values), each launch
+ * on a fresh copy of the old version: the time of the copy and the encode less the copy's. */
+static struct {
+    wsync_kdelta_batch_t *b;
+    void *base;
+    const void *old;
+    uint64_t bytes;
+} up;
+
+static void restore_base(void *ctx)
+{
+    (void)ctx;
+    CU(cudaMemcpyAsync(up.base, up.old, up.bytes, cudaMemcpyDeviceToDevice, NULL));
+}
+
+static void restore_and_encode(void *ctx)
+{
+    restore_base(ctx);
+    batch_launch(up.b);
+}
+
 /* The same bytes through the copy engine: a D2D copy of one version moves both versions' bytes. */
 static void d2d_one(void *ctx)
 {
@@ -1093,7 +1118,7 @@ static void run_bench(void)
     const uint64_t per = N / NCH;
     const double dens[3] = {0.01, 0.05, 0.30};
     uint16_t *h_old = malloc(N * 2), *h_new = malloc(N * 2);
-    uint8_t *d_old, *d_new, *d_dst, *d_out;
+    uint8_t *d_old, *d_new, *d_dst, *d_out, *d_base;
     const uint64_t cap = (wsync_delta_max_bytes(per, 2) + 7) & ~(uint64_t)7;
 
     if (h_old == NULL || h_new == NULL) {
@@ -1103,6 +1128,7 @@ static void run_bench(void)
     CU(cudaMalloc((void **)&d_old, N * 2));
     CU(cudaMalloc((void **)&d_new, N * 2));
     CU(cudaMalloc((void **)&d_dst, N * 2));
+    CU(cudaMalloc((void **)&d_base, N * 2));
     CU(cudaMalloc((void **)&d_out, cap * NCH));
     CU(cudaMalloc((void **)&rd.amax, 8));
     /* bf16 weights of unit scale: sign, exponent 120..127, random mantissa */
@@ -1121,11 +1147,12 @@ static void run_bench(void)
     rd.cols = N / 16384;
     rd.bytes = N * 2;
 
-    wsync_kdelta_enc_t *e = calloc(NCH, sizeof(*e));
+    wsync_kdelta_enc_t *e = calloc(NCH, sizeof(*e)), *eu = calloc(NCH, sizeof(*eu));
     wsync_kdelta_app_t *a = calloc(NCH, sizeof(*a));
     for (uint32_t c = 0; c < NCH; c++) {
         wsync_region_t r = {c * per, per, 1, per};
         e[c] = (wsync_kdelta_enc_t){d_new, d_old, r, 2, d_out + c * cap, cap};
+        eu[c] = (wsync_kdelta_enc_t){d_new, d_base, r, 2, d_out + c * cap, cap};
         a[c] = (wsync_kdelta_app_t){d_out + c * cap, 0, d_dst, r, 2};
     }
     fprintf(stderr, "-- 1 GiB bf16 in %u chunks, medians of %d\n", NCH, BENCH_ITERS);
@@ -1202,6 +1229,34 @@ static void run_bench(void)
             free(cpu);
             free(gpu);
         }
+        /* the encode with update_old, as the schemes' senders run it: the same stream, and the
+         * baseline equal to the new values after it */
+        if (!profile_mode) {
+            wsync_kdelta_batch_t *ebu = NULL;
+            CHECK_OK(wsync_kdelta_encode_create(eu, NCH, 1, &ebu));
+            if (ebu != NULL) {
+                up.b = ebu;
+                up.base = d_base;
+                up.old = d_old;
+                up.bytes = N * 2;
+                const double tc = time_it(restore_base, NULL), tcu = time_it(restore_and_encode, NULL);
+                row->t_enc_upd = tcu - tc;
+                CU(cudaDeviceSynchronize());
+                const wsync_kdelta_result_t *ur = wsync_kdelta_results(ebu);
+                int same = 1;
+                for (uint32_t c = 0; c < NCH; c++)
+                    same &= ur[c].len == er[c].len && ur[c].hash == er[c].hash;
+                uint16_t *got = malloc(N * 2);
+                if (got != NULL) {
+                    CU(cudaMemcpy(got, d_base, N * 2, cudaMemcpyDeviceToHost));
+                    same &= memcmp(got, h_new, N * 2) == 0;
+                    free(got);
+                }
+                CHECK_MSG(same, "benchmark at density %.2f: the encode with update_old: streams or "
+                          "baseline not as the plain encode's", dens[di]);
+            }
+            wsync_kdelta_free(ebu);
+        }
         /* the old kernels (WSYNC_KDELTA_OLD=1: one CTA per block) in the same run, for
          * comparison: same bytes, their times */
         if (!profile_mode) {
@@ -1261,6 +1316,8 @@ static void run_bench(void)
                 row->t_enc * 1e6, row->t_app_nohash * 1e6, row->t_app * 1e6, row->t_read * 1e6,
                 row->t_amax * 1e6, row->t_d2d * 1e6, (row->t_enc + row->t_app_nohash) / row->t_read,
                 (row->t_enc + row->t_app) / row->t_read);
+        fprintf(stderr, "      encode with the baseline update (update_old, as senders run it) %.1f us\n",
+                row->t_enc_upd * 1e6);
         fprintf(stderr, "      the changed values' bare scatter %.1f us: (read both + scatter) / read both "
                 "= %.2f x, the least the ratio can be (the changed sectors read and written whole: "
                 "%.1f us)\n", row->t_scatter * 1e6, (row->t_read + row->t_scatter) / row->t_read,
@@ -1276,12 +1333,14 @@ static void run_bench(void)
         wsync_kdelta_free(ab0);
     }
     free(e);
+    free(eu);
     free(a);
     free(h_old);
     free(h_new);
     CU(cudaFree(d_old));
     CU(cudaFree(d_new));
     CU(cudaFree(d_dst));
+    CU(cudaFree(d_base));
     CU(cudaFree(d_out));
     CU(cudaFree(rd.amax));
 }
@@ -1302,7 +1361,8 @@ static void bench_json(FILE *f, const bench_row_t *r, const char *device)
             "\"old_apply_nohash_us\": %.1f, \"old_ratio\": %.3f, \"scatter_us\": %.1f, "
             "\"floor_ratio\": %.3f, \"floor_def\": \"(read_both_us + scatter_us) / read_both_us: an "
             "encode that only reads both versions and an apply that only writes the changed values "
-            "at their positions (a bare scatter from a list)\", \"sectors_us\": %.1f}",
+            "at their positions (a bare scatter from a list)\", \"sectors_us\": %.1f, "
+            "\"encode_update_us\": %.1f}",
             device, r->elements, r->density, r->changed, r->changed_fraction, r->wire_bytes,
             r->elements * 2, r->t_enc * 1e6, r->t_app * 1e6, r->t_app_nohash * 1e6,
             r->t_read * 1e6, r->read_ref, r->t_amax * 1e6, r->t_d2d * 1e6,
@@ -1310,7 +1370,8 @@ static void bench_json(FILE *f, const bench_row_t *r, const char *device)
             (r->t_enc + r->t_app_nohash) / r->t_read <= 1.5 ? "true" : "false",
             r->correct ? "true" : "false", r->old_enc * 1e6, r->old_app * 1e6,
             r->old_app_nohash * 1e6, (r->old_enc + r->old_app_nohash) / r->t_read,
-            r->t_scatter * 1e6, (r->t_read + r->t_scatter) / r->t_read, r->t_sectors * 1e6);
+            r->t_scatter * 1e6, (r->t_read + r->t_scatter) / r->t_read, r->t_sectors * 1e6,
+            r->t_enc_upd * 1e6);
 }
 
 static void write_json(const char *path, const char *device, uint64_t seed)
