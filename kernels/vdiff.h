@@ -1,6 +1,6 @@
 /* Which elements of two 16-byte vectors differ, as bits (bit e: element e), for 2- and 1-byte
  * elements, in a few word operations instead of an element-by-element loop: the delta encoders'
- * compare (kernels/delta.cu wk_vdiff), which runs for every 16 bytes of both versions. Plain C,
+ * compare (kernels/delta_dev.cuh wk_vdiff), which runs for every 16 bytes of both versions. Plain C,
  * so that tests/unit/test_vdiff.c checks it on the CPU against the loop. Elements compare as bit
  * patterns: a lane of a ^ b is not zero exactly when the elements differ. */
 #ifndef WSYNC_KERNELS_VDIFF_H

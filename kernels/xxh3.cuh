@@ -1,6 +1,8 @@
-/* Internal to kernels/delta.cu: XXH3_64bits (seed 0, default secret) on the device, every length
- * class, bit-exact with xxhash.h (tests/gpu/test_delta_kernels "xxh3"): the codec's leaf and tree
- * hashes, by a block, and by one warp (wkw_*) for its full blocks. Its secret is a __constant__ definition, so one translation unit includes this. */
+/* Internal to the delta codec's kernels (kernels/delta*.cu, through kernels/delta_dev.cuh):
+ * XXH3_64bits (seed 0, default secret) on the device, every length class, bit-exact with xxhash.h
+ * (tests/gpu/test_delta_kernels "xxh3"): the codec's leaf and tree hashes, by a block, and by one
+ * warp (wkw_*) for its full blocks. Its secret is a static __constant__ definition: each
+ * translation unit that includes this has its own copy (no separate device linking). */
 #ifndef WSYNC_KERNELS_XXH3_CUH
 #define WSYNC_KERNELS_XXH3_CUH
 
@@ -14,7 +16,7 @@
 
 /* The default secret of XXH3 (xxhash.h's XXH3_kSecret, the specification's constant). Kernels
  * copy it to shared memory: lanes read it at different offsets. */
-__constant__ unsigned char wk_xxh_secret[192] = {
+static __constant__ unsigned char wk_xxh_secret[192] = {
     0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
     0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
     0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
@@ -150,8 +152,8 @@ WK_XXH_FN uint64_t wk_xxh3_short(const unsigned char *p, uint64_t len, const uns
  * sums its lane's terms over the 16 stripes of its segment, 32 segments at a time, and eight
  * threads (one per accumulator) then run the scrambles in order. hsum: 256 words of shared
  * memory. */
-__device__ uint64_t wk_xxh3_long(const unsigned char *p, uint64_t len, const unsigned char *s,
-                                 uint64_t *hsum)
+static __device__ uint64_t wk_xxh3_long(const unsigned char *p, uint64_t len, const unsigned char *s,
+                                        uint64_t *hsum)
 {
     const uint64_t nfull = (len - 1) / 1024;   /* segments followed by a scramble */
     const uint32_t nlast = (uint32_t)(((len - 1) - nfull * 1024) / 64);
@@ -210,8 +212,8 @@ __device__ uint64_t wk_xxh3_long(const unsigned char *p, uint64_t len, const uns
 }
 
 /* XXH3_64bits(p, len) by the whole block; thread 0 gets it. */
-__device__ uint64_t wk_xxh3(const unsigned char *p, uint64_t len, const unsigned char *s,
-                            uint64_t *hsum)
+static __device__ uint64_t wk_xxh3(const unsigned char *p, uint64_t len, const unsigned char *s,
+                                   uint64_t *hsum)
 {
     if (len > 240)
         return wk_xxh3_long(p, len, s, hsum);
@@ -227,7 +229,7 @@ __device__ __forceinline__ void wk_secret_load(uint64_t *sec)
 
 /* ------------------------------------------------------------------------------------------ */
 /* One warp's XXH3_64bits of an input of L bytes (a multiple of 1024, the delta codec's full     */
-/* block) held as 16-byte vectors: the warp kernels of kernels/delta.cu                          */
+/* block) held as 16-byte vectors: the warp kernels of kernels/delta_*.cu                        */
 /* ------------------------------------------------------------------------------------------ */
 
 /* XXH3's stripe terms of one 16-byte vector (bytes 8 i0 .. 8 i0 + 15 of a stripe) with the keys

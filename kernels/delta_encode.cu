@@ -1,0 +1,500 @@
+/* The delta codec's encode kernels (kernels/delta.cu's opening comment says how they work):
+ * wk_delta_encode, a CTA per block, and wkw_delta_encode, a warp per full block; and their
+ * launcher. */
+#include "kernels/delta_dev.cuh"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Encode                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One CTA per block: blocks [g0, g0 + gridDim.x), or g0 + glist[0 .. gridDim.x) (ascending:
+ * what the warp encoder leaves, tail blocks and chunks it cannot take), all of element size E.
+ * Shared memory (dynamic): the new values [WK_DBLK * E], then the payload being built
+ * [WK_DBLK * E] (the changed flags before it). */
+/* An encoded block's table entry (and the chunk's header from its first block), its hash leaf
+ * and its share of the chunk's results: one thread of the block's encoder. */
+template <int E>
+__device__ __forceinline__ void wk_block_entry(const wk_dchunk_t &d, uint32_t j, uint64_t g,
+                                               uint64_t off, uint64_t pos, uint64_t size,
+                                               uint32_t mode, uint32_t e, uint32_t k,
+                                               uint64_t leaf, uint64_t *leaves,
+                                               wsync_kdelta_result_t *res)
+{
+    if (16 + 8 * ((uint64_t)j + 1) <= d.cap)
+        reinterpret_cast<uint64_t *>(d.out + 16)[j] =
+            off | ((uint64_t)((mode << 30) | (e << 16) | k) << 32);
+    if (j == 0 && d.cap >= 16) {
+        reinterpret_cast<uint64_t *>(d.out)[0] =
+            WSYNC_DELTA_MAGIC | ((uint64_t)WSYNC_DELTA_FORMAT << 32) | ((uint64_t)E << 40);
+        reinterpret_cast<uint64_t *>(d.out)[1] = d.n;
+    }
+    leaves[g] = leaf;
+    if (k > 0)
+        atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
+                  (unsigned long long)k);
+    if (j == d.nb - 1)
+        res[d.idx].len = pos + size;
+}
+
+template <int E>
+__global__ void __launch_bounds__(WK_THREADS, WK_DMIN_BLOCKS)
+wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap, uint64_t g0,
+                const uint32_t *__restrict__ glist, unsigned long long *status,
+                unsigned int *counter, uint64_t *leaves, wsync_kdelta_result_t *res, int update_old)
+{
+    extern __shared__ uint4 wk_dyn[];
+    unsigned char *snew = reinterpret_cast<unsigned char *>(wk_dyn);
+    unsigned char *stage = snew + WK_DBLK * E;
+    __shared__ uint32_t mask[WK_MWORDS], wpre[WK_MWORDS], wesc[WK_MWORDS];
+    __shared__ int16_t wprev[WK_MWORDS];
+    __shared__ uint64_t sec[24], hsum[64 * E > WK_THREADS ? 64 * E : WK_THREADS];
+    __shared__ uint64_t sh_g, sh_off, sh_leaf;
+    __shared__ uint32_t sh_c, sh_k, sh_e;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    wk_secret_load(sec);
+    if (tid == 0) {
+        /* blocks numbered in the order they start: the look-back waits only for running ones */
+        const uint32_t i = atomicAdd(counter, 1u);
+        const uint64_t g = g0 + (glist != NULL ? glist[i] : i);
+        sh_g = g;
+        sh_c = bmap[g];
+    }
+    __syncthreads();
+    const uint64_t g = sh_g;
+    const wk_dchunk_t d = ch[sh_c];
+    const uint32_t j = (uint32_t)(g - d.block0);
+    const uint64_t first = (uint64_t)j * WK_DBLK;
+    const uint32_t len = (uint32_t)(d.n - first < WK_DBLK ? d.n - first : WK_DBLK);
+    const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
+
+    /* 1. new values into shared memory; a full block of a dense chunk with 16-byte aligned
+     * starts: 16-byte loads, compared in registers, straight to mask words (shuffles); other
+     * blocks: a changed flag per element, then ballots */
+    const bool vec = d.dense && len == WK_DBLK &&
+                     ((((uintptr_t)d.a | (uintptr_t)d.b) + first * E) & 15) == 0;
+    if (vec) {
+#pragma unroll
+        for (int it = 0; it < E; it++) {
+            const uint32_t v = tid + WK_THREADS * it;
+            const uint4 x = reinterpret_cast<const uint4 *>(d.a + first * E)[v];
+            const uint4 y = reinterpret_cast<const uint4 *>(d.b + first * E)[v];
+            reinterpret_cast<uint4 *>(snew)[v] = x;
+            wk_put_bits<E>(wk_vdiff<E>(x, y), v, mask);
+        }
+    } else {
+        wk_load_block<E, true>(d, d.a, d.b, first, len, snew, stage);
+    }
+    if (tid == 0)
+        for (uint64_t b = (uint64_t)len * E; b < wk_al8((uint64_t)len * E); b++)
+            snew[b] = 0;   /* a PLAIN tail block's padding */
+    __syncthreads();
+
+    /* 2. flags -> mask words (ballots), their prefix counts and escapes, k and e */
+    if (!vec) {
+        for (uint32_t q = warp; q < WK_MWORDS; q += WK_THREADS / 32) {
+            uint32_t i = q * 32 + lane;
+            uint32_t m = __ballot_sync(WK_FULL, i < len && stage[i] != 0);
+            if (lane == 0)
+                mask[q] = m;
+        }
+        __syncthreads();
+    }
+    wk_mask_scan(mask, wpre, wesc, wprev, &sh_k, &sh_e);
+    __syncthreads();
+    const uint32_t k = sh_k;
+    uint32_t mode;
+    const uint64_t size = wk_bbytes(len, k, sh_e, E, &mode);
+    const uint32_t e = mode == WSYNC_DELTA_SPARSE ? sh_e : 0;   /* the table's e */
+
+    /* 3. publish the size at once (the blocks after this one are waiting for it), hash the block
+     * meanwhile, then find the offset: the sizes of the blocks before this one in its chunk */
+    if (tid == 0)
+        atomicExch(&status[g], (unsigned long long)((j == 0 ? WK_LB_INC : WK_LB_AGG) | size));
+    if (len == WK_DBLK) {   /* the stripe terms by every thread, one warp's scrambles */
+        uint4 x[E];
+#pragma unroll
+        for (int it = 0; it < E; it++)
+            x[it] = reinterpret_cast<const uint4 *>(snew)[tid + WK_THREADS * it];
+        wk_hash_terms<E>(x, sec, hsum);
+        __syncthreads();
+        if (warp == 1) {
+            const uint64_t h = wk_hash_finish<E>(hsum, sec);
+            if (lane == 0)
+                sh_leaf = h;
+        }
+    } else {
+        const uint64_t h = wk_xxh3(snew, (uint64_t)len * E, secret, hsum);
+        if (tid == 0)
+            sh_leaf = h;
+    }
+    if (warp == 0 && j > 0) {
+        uint64_t excl = 0;
+        int64_t p = (int64_t)j - 1;   /* the nearest predecessor not yet summed */
+        for (;;) {
+            int64_t q = p - lane;
+            uint64_t w = q >= 0 ? *(volatile unsigned long long *)&status[d.block0 + (uint64_t)q]
+                                : WK_LB_INC;   /* before the chunk: nothing */
+            uint32_t st = (uint32_t)(w >> 62);
+            uint32_t xm = __ballot_sync(WK_FULL, st == 0), im = __ballot_sync(WK_FULL, st == 2);
+            uint32_t lowi = im ? (uint32_t)__ffs((int)im) - 1 : 32;
+            uint32_t lowx = xm ? (uint32_t)__ffs((int)xm) - 1 : 32;
+            if (lowx < lowi) {   /* a nearer block has not published yet */
+                __nanosleep(64);
+                continue;
+            }
+            uint64_t v = (uint32_t)lane <= lowi ? (w & WK_LB_VAL) : 0;
+            for (int o = 16; o > 0; o /= 2)
+                v += __shfl_xor_sync(WK_FULL, v, o);
+            excl += v;
+            if (lowi < 32)
+                break;
+            p -= 32;
+        }
+        if (lane == 0) {
+            atomicExch(&status[g], (unsigned long long)(WK_LB_INC | (excl + size)));
+            sh_off = excl;
+        }
+    } else if (tid == 0) {
+        sh_off = 0;
+    }
+    __syncthreads();
+    const uint64_t off = sh_off;
+    const uint64_t tbl = 16 + 8 * (uint64_t)d.nb, pos = tbl + off;
+
+    /* 4. table entry, header, results */
+    if (tid == 0)
+        wk_block_entry<E>(d, j, g, off, pos, size, mode, e, k, sh_leaf, leaves, res);
+
+    /* 5. the payload, built in shared memory and copied out in 8-byte words */
+    if (size > 0 && pos + size <= d.cap) {
+        const unsigned char *src = snew;
+        if (mode != WSYNC_DELTA_PLAIN) {
+            const uint64_t hdr = mode == WSYNC_DELTA_SPARSE ? wk_al8((uint64_t)k + e)
+                                                            : wk_al8((len + 7) / 8);
+            if (tid == 0) {   /* padding words; the values overwrite their first bytes */
+                reinterpret_cast<uint64_t *>(stage)[hdr / 8 - 1] = 0;
+                reinterpret_cast<uint64_t *>(stage)[(size - 8) / 8] = 0;
+            }
+            __syncthreads();
+            if (mode == WSYNC_DELTA_BITMAP)   /* bits past len are 0 in the mask */
+                for (uint32_t w = tid; w < hdr / 4; w += WK_THREADS)
+                    reinterpret_cast<uint32_t *>(stage)[w] = mask[w];
+            for (uint32_t i = tid; i < len; i += WK_THREADS) {
+                if (!((mask[i >> 5] >> (i & 31)) & 1u))
+                    continue;
+                const uint32_t q = i >> 5, below = mask[q] & ((1u << (i & 31)) - 1u);
+                const uint32_t r = wpre[q] + (uint32_t)__popc(below);
+                if (mode == WSYNC_DELTA_SPARSE) {
+                    /* the gap byte of the element of rank r sits after r bytes of the elements
+                     * before it and the escapes up to its own */
+                    const uint32_t at = r + (wesc[q] >> 8);
+                    uint32_t gap;
+                    if (below != 0) {
+                        gap = (i & 31) - (32 - (uint32_t)__clz((int)below));
+                    } else {
+                        const uint32_t ew = wesc[q] & 0xff;
+                        gap = (uint32_t)((int)i - wprev[q] - 1);
+                        for (uint32_t x = 1; x <= ew; x++)
+                            stage[at - x] = 0xff;
+                    }
+                    stage[at] = (unsigned char)(gap % 255u);
+                }
+                typedef typename wk_elem<E>::t el;
+                *reinterpret_cast<el *>(stage + hdr + (uint64_t)r * E) =
+                    reinterpret_cast<const el *>(snew)[i];
+            }
+            __syncthreads();
+            src = stage;
+        }
+        uint64_t *to = reinterpret_cast<uint64_t *>(d.out + pos);
+        for (uint32_t w = tid; w < size / 8; w += WK_THREADS)
+            to[w] = reinterpret_cast<const uint64_t *>(src)[w];
+    }
+
+    /* 6. the sender's baseline takes the new values */
+    if (update_old && k > 0)
+        wk_store_block<E>(d, d.b, first, len, snew, mask, false);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Encode, a warp per block: full blocks of dense chunks with 16-byte aligned starts (default)  */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Changed 16-byte vectors the warp encoder keeps in shared memory for the payload (2 KiB a warp):
+ * a block of 2-byte elements at 1 % changed has about 40, at 5 % about 170 (those past 128 are
+ * read again from the new version). */
+#define WKW_STASH 128
+
+/* Blocks [g0, g0 + nblk) of chunks that are dense with new and old 16-byte aligned, element size
+ * E; each warp of the grid claims one from *counter (in order, for the look-back) and leaves
+ * tail blocks (fewer than WK_DBLK elements) to wk_delta_encode. No CTA barrier after the secret's
+ * load: a warp reads its block once in 16-byte vectors, one 1 KiB segment of new and old per
+ * step, and keeps everything else in registers but the mask words (512 bytes a warp):
+ *  - compare, the loads of the next segment issued before the work on this one (the stores to
+ *    the baseline would keep the compiler from moving them up): the changed bits of each vector
+ *    (wk_vdiff) into the mask words (wk_put_bits), each changed vector (elements of at most 4
+ *    bytes) into the warp's stash, in order, and with update_old the new values of every
+ *    32-byte sector with a change into the baseline;
+ *  - the leaf XXH3 as it goes (wkw_hash_t);
+ *  - the scan: lane l takes mask words 4l .. 4l + 3 (k, its rank and escape prefix, the last
+ *    changed position before it), then publishes the size and looks back as wk_delta_encode;
+ *  - the payload: each lane walks the set bits of its words (at 1 % about one per lane), writing
+ *    index bytes and values straight to the output (bytes no other lane writes, the padding bytes
+ *    included), the values from the stash (a vector's slot: the ballot words' prefix counts),
+ *    read again from the new version only past WKW_STASH vectors; PLAIN blocks are copied in
+ *    8-byte words, a BITMAP's bitmap is the mask words. Reading the values again from L2 had
+ *    kept each warp waiting on loads after its compare (docs/delta.md). */
+template <int E>
+__global__ void __launch_bounds__(WKW_THREADS, WKW_MIN_BLOCKS)
+wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
+                 uint64_t g0, uint64_t nblk, unsigned long long *status, unsigned int *counter,
+                 uint64_t *leaves, wsync_kdelta_result_t *res, int update_old)
+{
+    typedef typename wk_elem<E>::t el;
+    constexpr uint32_t NSEG = WK_DBLK * E / 1024;   /* 1 KiB segments: two rounds of 512 bytes */
+    __shared__ uint64_t sec[24];
+    __shared__ __align__(16) uint32_t smask[WKW_WARPS][WK_MWORDS];
+    const uint32_t lane = threadIdx.x & 31;
+    uint32_t *mask = smask[threadIdx.x >> 5];
+    /* the changed vectors, in order, as the compare read them; which vectors (a ballot word per
+     * 32 vectors: 2 * NSEG words) and the slots before each word */
+    constexpr bool ST = E <= 4;   /* 8-byte elements: 64 ballot words, values read again */
+    __shared__ uint4 sstash[WKW_WARPS][WKW_STASH];
+    __shared__ uint32_t svb[WKW_WARPS][32], svpre[WKW_WARPS][32];
+    uint4 *stash = sstash[threadIdx.x >> 5];
+    uint32_t *vb = svb[threadIdx.x >> 5], *vpre = svpre[threadIdx.x >> 5];
+    uint32_t nst = 0;
+    const uint32_t ltm = (1u << lane) - 1u;
+
+    wk_secret_load(sec);
+    __syncthreads();
+    uint32_t bi = 0;
+    if (lane == 0)
+        bi = atomicAdd(counter, 1u);
+    bi = __shfl_sync(WK_FULL, bi, 0);
+    if (bi >= nblk)
+        return;
+    const uint64_t g = g0 + bi;
+    const wk_dchunk_t d = ch[bmap[g]];
+    const uint32_t j = (uint32_t)(g - d.block0);
+    const uint64_t first = (uint64_t)j * WK_DBLK;
+    if (d.n - first < WK_DBLK)
+        return;   /* a tail block: wk_delta_encode's */
+    const uint4 *pa = reinterpret_cast<const uint4 *>(d.a + first * E);
+    uint4 *pb = reinterpret_cast<uint4 *>(d.b + first * E);   /* read, and updated */
+
+    /* 1. compare and hash, a segment per step */
+    wkw_hash_t h;
+    wkw_hash_init(h, sec);
+    uint4 nx0 = pa[lane], ny0 = pb[lane], nx1 = pa[lane + 32], ny1 = pb[lane + 32];
+#pragma unroll
+    for (uint32_t s = 0; s < NSEG; s++) {
+        const uint32_t v0 = 64 * s + lane, v1 = v0 + 32;
+        const uint4 x0 = nx0, y0 = ny0, x1 = nx1, y1 = ny1;
+        if (s + 1 < NSEG) {
+            nx0 = pa[v0 + 64];
+            ny0 = pb[v0 + 64];
+            nx1 = pa[v1 + 64];
+            ny1 = pb[v1 + 64];
+        }
+        const uint32_t c0 = wk_vdiff<E>(x0, y0), c1 = wk_vdiff<E>(x1, y1);
+        wk_put_bits<E>(c0, v0, mask);
+        wk_put_bits<E>(c1, v1, mask);
+        if constexpr (ST) {
+            const uint32_t bb0 = __ballot_sync(WK_FULL, c0 != 0), bb1 = __ballot_sync(WK_FULL, c1 != 0);
+            const uint32_t s0 = nst + __popc(bb0 & ltm), s1 = nst + __popc(bb0) + __popc(bb1 & ltm);
+            if (c0 != 0 && s0 < WKW_STASH)
+                stash[s0] = x0;
+            if (c1 != 0 && s1 < WKW_STASH)
+                stash[s1] = x1;
+            if (lane == 0) {
+                vb[2 * s] = bb0;
+                vb[2 * s + 1] = bb1;
+            }
+            nst += __popc(bb0) + __popc(bb1);
+        }
+        if (update_old) {
+            /* the baseline takes the new values of each 32-byte sector with a change, the
+             * whole sector (the two lanes' vectors: unchanged elements rewrite their own
+             * bytes): a write of a few bytes is a read-modify-write in the memory system */
+            if ((c0 | __shfl_xor_sync(WK_FULL, c0, 1)) != 0)
+                pb[v0] = x0;
+            if ((c1 | __shfl_xor_sync(WK_FULL, c1, 1)) != 0)
+                pb[v1] = x1;
+        }
+        wkw_hash_segment<WK_DBLK * E>(h, x0, x1, s, sec);
+    }
+    __syncwarp();
+
+    if constexpr (ST) {   /* the slots before each ballot word */
+        const uint32_t c = lane < 2 * NSEG ? (uint32_t)__popc(vb[lane]) : 0;
+        vpre[lane] = wkw_incl(c) - c;
+        __syncwarp();
+    }
+    /* 2. the mask words' scan: lane l's words 4l .. 4l + 3 */
+    const uint4 mv = reinterpret_cast<const uint4 *>(mask)[lane];
+    const uint32_t m[4] = {mv.x, mv.y, mv.z, mv.w};
+    uint32_t cnt = 0;
+    int last = -1;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        cnt += (uint32_t)__popc(m[w]);
+        if (m[w] != 0)
+            last = (int)(4 * lane + w) * 32 + 31 - __clz((int)m[w]);
+    }
+    uint32_t inc = cnt;
+    int lmax = last;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+        const uint32_t t = __shfl_up_sync(WK_FULL, inc, o);
+        const int tl = __shfl_up_sync(WK_FULL, lmax, o);
+        if (lane >= (uint32_t)o) {
+            inc += t;
+            lmax = tl > lmax ? tl : lmax;
+        }
+    }
+    int prev0 = __shfl_up_sync(WK_FULL, lmax, 1);   /* the last change before lane's words */
+    if (lane == 0)
+        prev0 = -1;
+    uint32_t es = 0;   /* escapes of lane's words: only a word's first change can have them */
+    {
+        int p = prev0;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            if (m[w] != 0) {
+                const int q = (int)(4 * lane + w) * 32;
+                es += (uint32_t)(q + __ffs((int)m[w]) - 1 - p - 1) / 255u;
+                p = q + 31 - __clz((int)m[w]);
+            }
+        }
+    }
+    const uint32_t einc = wkw_incl(es);
+    const uint32_t k = __shfl_sync(WK_FULL, inc, 31), etot = __shfl_sync(WK_FULL, einc, 31);
+    uint32_t mode;
+    const uint64_t size = wk_bbytes(WK_DBLK, k, etot, E, &mode);
+    const uint32_t e = mode == WSYNC_DELTA_SPARSE ? etot : 0;   /* the table's e */
+
+    /* 3. publish the size, finish the hash, find the offset (as wk_delta_encode) */
+    if (lane == 0)
+        atomicExch(&status[g], (unsigned long long)((j == 0 ? WK_LB_INC : WK_LB_AGG) | size));
+    const uint64_t leaf = wkw_hash_final<WK_DBLK * E>(h, sec);
+    uint64_t off = 0;
+    if (j > 0) {
+        int64_t p = (int64_t)j - 1;   /* the nearest predecessor not yet summed */
+        for (;;) {
+            const int64_t q = p - lane;
+            const uint64_t w = q >= 0 ? *(volatile unsigned long long *)&status[d.block0 + (uint64_t)q]
+                                      : WK_LB_INC;   /* before the chunk: nothing */
+            const uint32_t st = (uint32_t)(w >> 62);
+            const uint32_t xm = __ballot_sync(WK_FULL, st == 0), im = __ballot_sync(WK_FULL, st == 2);
+            const uint32_t lowi = im ? (uint32_t)__ffs((int)im) - 1 : 32;
+            const uint32_t lowx = xm ? (uint32_t)__ffs((int)xm) - 1 : 32;
+            if (lowx < lowi) {   /* a nearer block has not published yet */
+                __nanosleep(64);
+                continue;
+            }
+            uint64_t v = lane <= lowi ? (w & WK_LB_VAL) : 0;
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2)
+                v += __shfl_xor_sync(WK_FULL, v, o);
+            off += v;
+            if (lowi < 32)
+                break;
+            p -= 32;
+        }
+        if (lane == 0)
+            atomicExch(&status[g], (unsigned long long)(WK_LB_INC | (off + size)));
+    }
+    const uint64_t pos = 16 + 8 * (uint64_t)d.nb + off;
+
+    /* 4. table entry, header, results */
+    if (lane == 0)
+        wk_block_entry<E>(d, j, g, off, pos, size, mode, e, k, leaf, leaves, res);
+
+    /* 5. the payload, straight to the output */
+    const bool fits = size > 0 && pos + size <= d.cap;
+    unsigned char *to = d.out + pos;   /* 8-byte aligned */
+    if (fits && mode == WSYNC_DELTA_PLAIN) {
+        const uint64_t *src = reinterpret_cast<const uint64_t *>(d.a + first * E);
+        for (uint32_t w = lane; w < WK_DBLK * E / 8; w += 32)
+            reinterpret_cast<uint64_t *>(to)[w] = src[w];
+    }
+    const bool idx = fits && mode != WSYNC_DELTA_PLAIN;   /* SPARSE or BITMAP */
+    const uint64_t hdr = mode == WSYNC_DELTA_SPARSE ? wk_al8((uint64_t)k + etot) : WK_DBLK / 8;
+    if (idx) {
+        if (mode == WSYNC_DELTA_BITMAP) {   /* the bitmap is the mask words, 512 bytes */
+            reinterpret_cast<uint64_t *>(to)[2 * lane] = (uint64_t)m[1] << 32 | m[0];
+            reinterpret_cast<uint64_t *>(to)[2 * lane + 1] = (uint64_t)m[3] << 32 | m[2];
+        }
+        /* the padding bytes after the index stream and after the values */
+        if (lane < 8) {
+            if (mode == WSYNC_DELTA_SPARSE && (uint64_t)k + etot + lane < hdr)
+                to[k + etot + lane] = 0;
+            if (hdr + (uint64_t)k * E + lane < size)
+                to[hdr + (uint64_t)k * E + lane] = 0;
+        }
+    }
+    if (idx) {
+        const el *nv = reinterpret_cast<const el *>(d.a + first * E);
+        uint32_t r = inc - cnt, ex = einc - es;   /* rank and escapes before lane's first change */
+        int p = prev0;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            uint32_t mm = m[w];
+            while (mm != 0) {
+                const uint32_t i = (4 * lane + w) * 32 + (uint32_t)__ffs((int)mm) - 1;
+                mm &= mm - 1;
+                if (mode == WSYNC_DELTA_SPARSE) {
+                    /* the gap: floor(gap / 255) escape bytes, then gap mod 255 */
+                    const uint32_t gap = (uint32_t)((int)i - p - 1), ne = gap / 255u;
+                    for (uint32_t x = 0; x < ne; x++)
+                        to[r + ex + x] = 0xff;
+                    ex += ne;
+                    to[r + ex] = (unsigned char)(gap - 255u * ne);
+                }
+                const uint32_t vi = i * E / 16;   /* its vector, and that vector's slot */
+                const uint32_t sl = ST ? vpre[vi >> 5] + __popc(vb[vi >> 5] & ((1u << (vi & 31)) - 1u))
+                                       : WKW_STASH;
+                *reinterpret_cast<el *>(to + hdr + (uint64_t)r * E) =
+                    sl < WKW_STASH ? reinterpret_cast<const el *>(stash)[sl * (16 / E) + i % (16 / E)]
+                                   : nv[i];
+                p = (int)i;
+                r++;
+            }
+        }
+    }
+}
+
+/* Group grp's encode kernels (element size E = 1 << grp) on stream s: the warp kernel for the
+ * full blocks of its fast chunks when warp, then the CTA kernel for the rest. */
+template <int E>
+static void wk_encode_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t s, int warp)
+{
+    const uint64_t g0 = b->grp[grp].g0, nb = b->grp[grp].g1 - g0;
+    if (nb == 0)
+        return;
+    const uint64_t nw = warp ? b->grp[grp].gf - g0 : 0, nl = warp ? b->grp[grp].nl : nb;
+    const uint32_t *gl = nl == nb ? NULL : b->glist + b->grp[grp].l0;   /* NULL: all, in order */
+    unsigned int *counters = (unsigned int *)(b->status + b->nblocks);
+    if (nw > 0)   /* first: the tail blocks after it look back over its blocks */
+        wkw_delta_encode<E><<<(unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS), WKW_THREADS, 0, s>>>(
+            b->chunks, b->bmap, g0, nw, b->status, counters + 4 + grp, b->leaves, b->res, b->flag);
+    if (nl > 0)
+        wk_delta_encode<E><<<(unsigned)nl, WK_THREADS, 2 * WK_DBLK * E, s>>>(
+            b->chunks, b->bmap, g0, gl, b->status, counters + grp, b->leaves, b->res, b->flag);
+}
+
+void wk_delta_launch_encode(const wsync_kdelta_batch_t *b, cudaStream_t s, int warp)
+{
+    wk_encode_group<1>(b, 0, s, warp);
+    wk_encode_group<2>(b, 1, s, warp);
+    wk_encode_group<4>(b, 2, s, warp);
+    wk_encode_group<8>(b, 3, s, warp);
+}
+
+cudaError_t wk_delta_encode_smem8(void)
+{
+    return cudaFuncSetAttribute(wk_delta_encode<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(2 * WK_DBLK * 8));
+}
