@@ -227,8 +227,11 @@ __device__ __forceinline__ void wk_load_block(const wk_dchunk_t &d, const unsign
     }
 }
 
-/* Store the block's values from shared `sv` to the region at `base`: all len of them (all), or
- * those whose mask bit is set. */
+/* Store the block's values from shared `sv` (all len of them) to the region at `base`: all of
+ * them (all), or those whose mask bit is set. On a dense 16-byte aligned region the latter
+ * writes each 32-byte sector with a set bit whole, in 16-byte vectors (its unchanged elements
+ * take their own values again): a write of a few bytes is a read-modify-write in the memory
+ * system, and past a few percent changed most sectors have a change. */
 template <int E>
 __device__ __forceinline__ void wk_store_block(const wk_dchunk_t &d, unsigned char *base,
                                                uint64_t first, uint32_t len,
@@ -236,13 +239,18 @@ __device__ __forceinline__ void wk_store_block(const wk_dchunk_t &d, unsigned ch
                                                bool all)
 {
     typedef typename wk_elem<E>::t el;
+    constexpr uint32_t VE = 16 / E;                        /* elements a vector */
+    constexpr uint32_t SB = 2 * VE >= 32 ? 0xffffffffu : (1u << (2 * VE)) - 1u;   /* a sector's */
     unsigned char *a = base + (d.dense ? first * E : 0);
     uint32_t done = 0;
-    if (all && d.dense && ((uintptr_t)a & 15) == 0) {
-        const uint32_t nvec = len / (16 / E);
-        for (uint32_t v = threadIdx.x; v < nvec; v += WK_THREADS)
-            reinterpret_cast<uint4 *>(a)[v] = reinterpret_cast<const uint4 *>(sv)[v];
-        done = nvec * (16 / E);
+    if (d.dense && ((uintptr_t)a & 15) == 0) {
+        const uint32_t nvec = len / VE;
+        for (uint32_t v = threadIdx.x; v < nvec; v += WK_THREADS) {
+            const uint32_t e0 = (v & ~1u) * VE;   /* the first element of v's sector */
+            if (all || ((mask[e0 >> 5] >> (e0 & 31)) & SB) != 0)
+                reinterpret_cast<uint4 *>(a)[v] = reinterpret_cast<const uint4 *>(sv)[v];
+        }
+        done = nvec * VE;
     }
     for (uint32_t i = done + threadIdx.x; i < len; i += WK_THREADS) {
         if (!all && !((mask[i >> 5] >> (i & 31)) & 1u))
