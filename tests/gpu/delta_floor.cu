@@ -75,3 +75,48 @@ extern "C" int delta_floor_sectors(uint16_t *dst, const uint32_t *sec, uint64_t 
     }
     return 0;
 }
+
+/* Both versions read once in one grid-stride pass and compared, nothing written: *out gets the
+ * 16-byte vectors that differ. Each thread has four vectors of each version in flight. */
+__global__ void __launch_bounds__(256) delta_floor_compare_kernel(const uint4 *__restrict__ a,
+                                                                  const uint4 *__restrict__ b,
+                                                                  uint64_t nv, unsigned long long *out)
+{
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned n = 0;
+    for (; i + 3 * stride < nv; i += 4 * stride) {
+        uint4 x[4], y[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            x[k] = a[i + k * stride];
+            y[k] = b[i + k * stride];
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            n += ((x[k].x ^ y[k].x) | (x[k].y ^ y[k].y) | (x[k].z ^ y[k].z) | (x[k].w ^ y[k].w)) != 0;
+    }
+    for (; i < nv; i += stride)
+        n += ((a[i].x ^ b[i].x) | (a[i].y ^ b[i].y) | (a[i].z ^ b[i].z) | (a[i].w ^ b[i].w)) != 0;
+    n = __reduce_add_sync(0xffffffffu, n);
+    if ((threadIdx.x & 31) == 0 && n != 0)
+        atomicAdd(out, (unsigned long long)n);
+}
+
+extern "C" int delta_floor_compare(const void *a, const void *b, uint64_t bytes,
+                                   unsigned long long *out)
+{
+    int sms = 0, dev = 0, per = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, delta_floor_compare_kernel, 256, 0);
+    cudaMemsetAsync(out, 0, sizeof(*out));
+    delta_floor_compare_kernel<<<(unsigned)(sms * (per > 0 ? per : 1)), 256>>>(
+        reinterpret_cast<const uint4 *>(a), reinterpret_cast<const uint4 *>(b), bytes / 16, out);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        fprintf(stderr, "delta_floor_compare: %s\n", cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}

@@ -20,7 +20,9 @@
  * changed values written at their positions from a list and nothing else (tests/gpu/delta_floor.cu,
  * "scatter_us"; "floor_ratio" = (read both + scatter) / read both, what an encoder reading only
  * the two versions and such an apply would give), and the changed 32-byte sectors read and
- * written whole ("sectors_us": writing whole sectors instead of the values alone). The encode is
+ * written whole ("sectors_us": writing whole sectors instead of the values alone); and the least
+ * an encode can take, both versions read and compared in one grid-stride pass with nothing
+ * written ("compare_us", its count of changed vectors checked). The encode is
  * timed without update_old (new and old only read; every launch the same work) and, as the
  * schemes' senders run it, with update_old on a fresh copy of the old version each launch
  * ("encode_update_us": the copy's time subtracted; the stream and the updated baseline checked).
@@ -113,6 +115,7 @@ typedef struct {
     double t_scatter;   /* the changed values written at their positions, nothing else */
     double t_sectors;   /* the changed 32-byte sectors read and written whole */
     double t_enc_upd;   /* the encode as a sender runs it: with update_old */
+    double t_cmp;       /* both versions read and compared in one pass, nothing else */
     const char *read_ref;
     int correct;
 } bench_row_t;
@@ -1076,6 +1079,16 @@ static void scatter_changes(void *ctx)
         exit(2);
 }
 
+/* Both versions read and compared in one pass, nothing written (delta_floor_compare). */
+static unsigned long long *cmp_count;
+
+static void compare_both(void *ctx)
+{
+    (void)ctx;
+    if (delta_floor_compare(rd.a, rd.b, rd.bytes, cmp_count) != 0)
+        exit(2);
+}
+
 static void sectors_rmw(void *ctx)
 {
     (void)ctx;
@@ -1287,6 +1300,18 @@ static void run_bench(void)
         }
         row->t_amax = time_it(read_both, NULL);
         row->t_d2d = time_it(d2d_one, NULL);
+        if (h_pos != NULL && npos <= cappos) {
+            /* the 16-byte vectors with a change, counted here and by the compare */
+            unsigned long long nv = 0, got = 0;
+            for (uint64_t i = 0; i < npos; i++)
+                nv += i == 0 || h_pos[i - 1] / 8 != h_pos[i] / 8;
+            CU(cudaMalloc((void **)&cmp_count, sizeof(*cmp_count)));
+            row->t_cmp = time_it(compare_both, NULL);
+            CU(cudaMemcpy(&got, cmp_count, sizeof(got), cudaMemcpyDeviceToHost));
+            CU(cudaFree(cmp_count));
+            CHECK_MSG(got == nv, "benchmark at density %.2f: the one-pass compare counted %llu changed "
+                      "vectors, the update has %llu", dens[di], got, nv);
+        }
         row->t_read = row->t_amax < row->t_d2d ? row->t_amax : row->t_d2d;
         if (h_pos != NULL && h_val != NULL && npos <= cappos) {   /* after the byte check */
             CU(cudaMalloc((void **)&sc.pos, npos * 4));
@@ -1318,8 +1343,9 @@ static void run_bench(void)
                 row->t_enc * 1e6, row->t_app_nohash * 1e6, row->t_app * 1e6, row->t_read * 1e6,
                 row->t_amax * 1e6, row->t_d2d * 1e6, (row->t_enc + row->t_app_nohash) / row->t_read,
                 (row->t_enc + row->t_app) / row->t_read);
-        fprintf(stderr, "      encode with the baseline update (update_old, as senders run it) %.1f us\n",
-                row->t_enc_upd * 1e6);
+        fprintf(stderr, "      encode with the baseline update (update_old, as senders run it) %.1f us; "
+                "both versions read and compared in one pass, nothing else %.1f us (%.3f x read both)\n",
+                row->t_enc_upd * 1e6, row->t_cmp * 1e6, row->t_cmp / row->t_read);
         fprintf(stderr, "      the changed values' bare scatter %.1f us: (read both + scatter) / read both "
                 "= %.2f x, the least the ratio can be (the changed sectors read and written whole: "
                 "%.1f us)\n", row->t_scatter * 1e6, (row->t_read + row->t_scatter) / row->t_read,
@@ -1364,7 +1390,9 @@ static void bench_json(FILE *f, const bench_row_t *r, const char *device)
             "\"floor_ratio\": %.3f, \"floor_def\": \"(read_both_us + scatter_us) / read_both_us: an "
             "encode that only reads both versions and an apply that only writes the changed values "
             "at their positions (a bare scatter from a list)\", \"sectors_us\": %.1f, "
-            "\"encode_update_us\": %.1f}",
+            "\"encode_update_us\": %.1f, \"compare_us\": %.1f, \"compare_def\": \"both versions "
+            "read once in one grid-stride pass and compared, nothing written: an encoder's reads "
+            "alone\"}",
             device, r->elements, r->density, r->changed, r->changed_fraction, r->wire_bytes,
             r->elements * 2, r->t_enc * 1e6, r->t_app * 1e6, r->t_app_nohash * 1e6,
             r->t_read * 1e6, r->read_ref, r->t_amax * 1e6, r->t_d2d * 1e6,
@@ -1373,7 +1401,7 @@ static void bench_json(FILE *f, const bench_row_t *r, const char *device)
             r->correct ? "true" : "false", r->old_enc * 1e6, r->old_app * 1e6,
             r->old_app_nohash * 1e6, (r->old_enc + r->old_app_nohash) / r->t_read,
             r->t_scatter * 1e6, (r->t_read + r->t_scatter) / r->t_read, r->t_sectors * 1e6,
-            r->t_enc_upd * 1e6);
+            r->t_enc_upd * 1e6, r->t_cmp * 1e6);
 }
 
 static void write_json(const char *path, const char *device, uint64_t seed)
