@@ -212,7 +212,7 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
             to[w] = reinterpret_cast<const uint64_t *>(src)[w];
     }
 
-    /* 6. the sender's baseline takes the new values */
+    /* 6. the sender's baseline takes the new values (each changed 32-byte sector whole) */
     if (update_old && k > 0)
         wk_store_block<E>(d, d.b, first, len, snew, mask, false);
 }
