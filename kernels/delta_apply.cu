@@ -261,24 +261,7 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ 
              * hold a change: the whole block in 16-byte stores, not a 2-byte store per change */
             wk_store_block<E>(d, d.b, first, len, sv, mask, true);
         }
-        const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
-        if (len == WK_DBLK) {
-            uint4 x[E];
-#pragma unroll
-            for (int it = 0; it < E; it++)
-                x[it] = reinterpret_cast<const uint4 *>(sv)[tid + WK_THREADS * it];
-            wk_hash_terms<E>(x, sec, hsum);
-            __syncthreads();
-            if (tid >> 5 == 1) {
-                const uint64_t h = wk_hash_finish<E>(hsum, sec);
-                if ((tid & 31) == 0)
-                    leaves[g] = h;
-            }
-        } else {
-            const uint64_t leaf = wk_xxh3(sv, (uint64_t)len * E, secret, hsum);
-            if (tid == 0)
-                leaves[g] = leaf;
-        }
+        wk_block_leaf<E>(sv, len, sec, hsum, &leaves[g]);
     }
     if (tid == 0 && k > 0)
         atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
@@ -385,33 +368,8 @@ __device__ __forceinline__ bool wkw_apply_check(const wkw_ablk_t &x, uint64_t *h
         m[1] = w0.y;
         m[2] = w1.x;
         m[3] = w1.y;
-        uint32_t cnt = 0;
-        int last = -1;
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            cnt += (uint32_t)__popc(m[w]);
-            if (m[w] != 0)
-                last = (int)(4 * lane + w) * 32 + 31 - __clz((int)m[w]);
-        }
-        int lmax = last;
-#pragma unroll
-        for (int o = 1; o < 32; o *= 2) {
-            const int tl = __shfl_up_sync(WK_FULL, lmax, o);
-            if (lane >= (uint32_t)o)
-                lmax = tl > lmax ? tl : lmax;
-        }
-        int p = __shfl_up_sync(WK_FULL, lmax, 1);
-        if (lane == 0)
-            p = -1;
-        uint32_t es = 0;
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            if (m[w] != 0) {
-                const int q = (int)(4 * lane + w) * 32;
-                es += (uint32_t)(q + __ffs((int)m[w]) - 1 - p - 1) / 255u;
-                p = q + 31 - __clz((int)m[w]);
-            }
-        }
+        const wkw_words_t ws = wkw_words<false>(m, lane);
+        const uint32_t cnt = ws.cnt, es = ws.es;
         uint32_t eex, total, etrue, want;
         wkw_scan2(cnt, es, rank0, &eex, &total, &etrue);
         wk_bbytes(len, x.k, etrue, E, &want);

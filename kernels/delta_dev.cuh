@@ -260,6 +260,95 @@ __device__ __forceinline__ void wk_store_block(const wk_dchunk_t &d, unsigned ch
     }
 }
 
+/* The payload bytes of the blocks before block j (> 0) of a chunk whose first block's look-back
+ * word is status[block0]: the decoupled look-back, by one whole warp (every lane gets the sum).
+ * Lane l reads the word of the block l places before the nearest one not yet summed; the sizes
+ * are summed back to the nearest inclusive word, waiting while a nearer block has published
+ * nothing yet (blocks are drawn in order, so the blocks waited for are running). */
+__device__ __forceinline__ uint64_t wk_lookback(unsigned long long *status, uint64_t block0,
+                                                uint32_t j, uint32_t lane)
+{
+    uint64_t off = 0;
+    int64_t p = (int64_t)j - 1;   /* the nearest predecessor not yet summed */
+    for (;;) {
+        const int64_t q = p - lane;
+        const uint64_t w = q >= 0 ? *(volatile unsigned long long *)&status[block0 + (uint64_t)q]
+                                  : WK_LB_INC;   /* before the chunk: nothing */
+        const uint32_t st = (uint32_t)(w >> 62);
+        const uint32_t xm = __ballot_sync(WK_FULL, st == 0), im = __ballot_sync(WK_FULL, st == 2);
+        const uint32_t lowi = im ? (uint32_t)__ffs((int)im) - 1 : 32;
+        const uint32_t lowx = xm ? (uint32_t)__ffs((int)xm) - 1 : 32;
+        if (lowx < lowi) {   /* a nearer block has not published yet */
+            __nanosleep(64);
+            continue;
+        }
+        uint64_t v = lane <= lowi ? (w & WK_LB_VAL) : 0;
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2)
+            v += __shfl_xor_sync(WK_FULL, v, o);
+        off += v;
+        if (lowi < 32)
+            return off;
+        p -= 32;
+    }
+}
+
+/* A lane's share of a full block's mask words, the whole warp calling: m holds words 4 lane ..
+ * 4 lane + 3. cnt: their changed elements; inc (with INC; else cnt): the changed elements up to
+ * and including them (scanned beside the last position, in the same shuffles); prev: the last
+ * changed position before them (-1: none); es: the escape bytes their positions take in a
+ * SPARSE index (a gap of 255 or more never lies inside a word, so only a word's first change
+ * can have escapes, its gap counted from the change before it). */
+typedef struct {
+    uint32_t cnt, inc, es;
+    int prev;
+} wkw_words_t;
+
+template <bool INC>
+__device__ __forceinline__ wkw_words_t wkw_words(const uint32_t m[4], uint32_t lane)
+{
+    wkw_words_t r;
+    uint32_t cnt = 0;
+    int last = -1;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        cnt += (uint32_t)__popc(m[w]);
+        if (m[w] != 0)
+            last = (int)(4 * lane + w) * 32 + 31 - __clz((int)m[w]);
+    }
+    uint32_t inc = cnt;
+    int lmax = last;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+        uint32_t t = 0;
+        if constexpr (INC)
+            t = __shfl_up_sync(WK_FULL, inc, o);
+        const int tl = __shfl_up_sync(WK_FULL, lmax, o);
+        if (lane >= (uint32_t)o) {
+            if constexpr (INC)
+                inc += t;
+            lmax = tl > lmax ? tl : lmax;
+        }
+    }
+    int p = __shfl_up_sync(WK_FULL, lmax, 1);
+    if (lane == 0)
+        p = -1;
+    r.prev = p;
+    uint32_t es = 0;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        if (m[w] != 0) {
+            const int q = (int)(4 * lane + w) * 32;
+            es += (uint32_t)(q + __ffs((int)m[w]) - 1 - p - 1) / 255u;
+            p = q + 31 - __clz((int)m[w]);
+        }
+    }
+    r.cnt = cnt;
+    r.inc = inc;
+    r.es = es;
+    return r;
+}
+
 /* The sum of x over this lane and the lanes before it (the whole warp calls it). */
 __device__ __forceinline__ uint32_t wkw_incl(uint32_t x)
 {
@@ -401,6 +490,34 @@ __device__ __forceinline__ uint64_t wk_hash_finish(const uint64_t *hx, const uin
     return wk_avalanche3(h);
 }
 
+/* The XXH3 leaf of a block's len values in shared sv, by the whole CTA (WK_THREADS threads):
+ * a full block's stripe terms by every thread and the scrambles by warp 1, a tail block by
+ * wk_xxh3; one thread writes it to *leaf. hsum is the CTA's scratch; the caller's barrier comes
+ * before anything reads *leaf. */
+template <int E>
+__device__ __forceinline__ void wk_block_leaf(const unsigned char *sv, uint32_t len,
+                                              const uint64_t *sec, uint64_t *hsum, uint64_t *leaf)
+{
+    const int tid = threadIdx.x;
+    if (len == WK_DBLK) {
+        uint4 x[E];
+#pragma unroll
+        for (int it = 0; it < E; it++)
+            x[it] = reinterpret_cast<const uint4 *>(sv)[tid + WK_THREADS * it];
+        wk_hash_terms<E>(x, sec, hsum);
+        __syncthreads();
+        if (tid >> 5 == 1) {
+            const uint64_t h = wk_hash_finish<E>(hsum, sec);
+            if ((tid & 31) == 0)
+                *leaf = h;
+        }
+    } else {
+        const uint64_t h = wk_xxh3(sv, (uint64_t)len * E,
+                                   reinterpret_cast<const unsigned char *>(sec), hsum);
+        if (tid == 0)
+            *leaf = h;
+    }
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* The warp kernels' CTAs, a batch, the launchers                                               */

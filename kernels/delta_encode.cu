@@ -66,7 +66,6 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
     const uint32_t j = (uint32_t)(g - d.block0);
     const uint64_t first = (uint64_t)j * WK_DBLK;
     const uint32_t len = (uint32_t)(d.n - first < WK_DBLK ? d.n - first : WK_DBLK);
-    const unsigned char *secret = reinterpret_cast<const unsigned char *>(sec);
 
     /* 1. new values into shared memory; a full block of a dense chunk with 16-byte aligned
      * starts: 16-byte loads, compared in registers, straight to mask words (shuffles); other
@@ -111,46 +110,9 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
      * meanwhile, then find the offset: the sizes of the blocks before this one in its chunk */
     if (tid == 0)
         atomicExch(&status[g], (unsigned long long)((j == 0 ? WK_LB_INC : WK_LB_AGG) | size));
-    if (len == WK_DBLK) {   /* the stripe terms by every thread, one warp's scrambles */
-        uint4 x[E];
-#pragma unroll
-        for (int it = 0; it < E; it++)
-            x[it] = reinterpret_cast<const uint4 *>(snew)[tid + WK_THREADS * it];
-        wk_hash_terms<E>(x, sec, hsum);
-        __syncthreads();
-        if (warp == 1) {
-            const uint64_t h = wk_hash_finish<E>(hsum, sec);
-            if (lane == 0)
-                sh_leaf = h;
-        }
-    } else {
-        const uint64_t h = wk_xxh3(snew, (uint64_t)len * E, secret, hsum);
-        if (tid == 0)
-            sh_leaf = h;
-    }
+    wk_block_leaf<E>(snew, len, sec, hsum, &sh_leaf);
     if (warp == 0 && j > 0) {
-        uint64_t excl = 0;
-        int64_t p = (int64_t)j - 1;   /* the nearest predecessor not yet summed */
-        for (;;) {
-            int64_t q = p - lane;
-            uint64_t w = q >= 0 ? *(volatile unsigned long long *)&status[d.block0 + (uint64_t)q]
-                                : WK_LB_INC;   /* before the chunk: nothing */
-            uint32_t st = (uint32_t)(w >> 62);
-            uint32_t xm = __ballot_sync(WK_FULL, st == 0), im = __ballot_sync(WK_FULL, st == 2);
-            uint32_t lowi = im ? (uint32_t)__ffs((int)im) - 1 : 32;
-            uint32_t lowx = xm ? (uint32_t)__ffs((int)xm) - 1 : 32;
-            if (lowx < lowi) {   /* a nearer block has not published yet */
-                __nanosleep(64);
-                continue;
-            }
-            uint64_t v = (uint32_t)lane <= lowi ? (w & WK_LB_VAL) : 0;
-            for (int o = 16; o > 0; o /= 2)
-                v += __shfl_xor_sync(WK_FULL, v, o);
-            excl += v;
-            if (lowi < 32)
-                break;
-            p -= 32;
-        }
+        const uint64_t excl = wk_lookback(status, d.block0, j, (uint32_t)lane);
         if (lane == 0) {
             atomicExch(&status[g], (unsigned long long)(WK_LB_INC | (excl + size)));
             sh_off = excl;
@@ -335,40 +297,9 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     /* 2. the mask words' scan: lane l's words 4l .. 4l + 3 */
     const uint4 mv = reinterpret_cast<const uint4 *>(mask)[lane];
     const uint32_t m[4] = {mv.x, mv.y, mv.z, mv.w};
-    uint32_t cnt = 0;
-    int last = -1;
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-        cnt += (uint32_t)__popc(m[w]);
-        if (m[w] != 0)
-            last = (int)(4 * lane + w) * 32 + 31 - __clz((int)m[w]);
-    }
-    uint32_t inc = cnt;
-    int lmax = last;
-#pragma unroll
-    for (int o = 1; o < 32; o *= 2) {
-        const uint32_t t = __shfl_up_sync(WK_FULL, inc, o);
-        const int tl = __shfl_up_sync(WK_FULL, lmax, o);
-        if (lane >= (uint32_t)o) {
-            inc += t;
-            lmax = tl > lmax ? tl : lmax;
-        }
-    }
-    int prev0 = __shfl_up_sync(WK_FULL, lmax, 1);   /* the last change before lane's words */
-    if (lane == 0)
-        prev0 = -1;
-    uint32_t es = 0;   /* escapes of lane's words: only a word's first change can have them */
-    {
-        int p = prev0;
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            if (m[w] != 0) {
-                const int q = (int)(4 * lane + w) * 32;
-                es += (uint32_t)(q + __ffs((int)m[w]) - 1 - p - 1) / 255u;
-                p = q + 31 - __clz((int)m[w]);
-            }
-        }
-    }
+    const wkw_words_t ws = wkw_words<true>(m, lane);
+    const uint32_t cnt = ws.cnt, inc = ws.inc, es = ws.es;
+    const int prev0 = ws.prev;   /* the last change before lane's words */
     const uint32_t einc = wkw_incl(es);
     const uint32_t k = __shfl_sync(WK_FULL, inc, 31), etot = __shfl_sync(WK_FULL, einc, 31);
     uint32_t mode;
@@ -381,28 +312,7 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     const uint64_t leaf = wkw_hash_final<WK_DBLK * E>(h, sec);
     uint64_t off = 0;
     if (j > 0) {
-        int64_t p = (int64_t)j - 1;   /* the nearest predecessor not yet summed */
-        for (;;) {
-            const int64_t q = p - lane;
-            const uint64_t w = q >= 0 ? *(volatile unsigned long long *)&status[d.block0 + (uint64_t)q]
-                                      : WK_LB_INC;   /* before the chunk: nothing */
-            const uint32_t st = (uint32_t)(w >> 62);
-            const uint32_t xm = __ballot_sync(WK_FULL, st == 0), im = __ballot_sync(WK_FULL, st == 2);
-            const uint32_t lowi = im ? (uint32_t)__ffs((int)im) - 1 : 32;
-            const uint32_t lowx = xm ? (uint32_t)__ffs((int)xm) - 1 : 32;
-            if (lowx < lowi) {   /* a nearer block has not published yet */
-                __nanosleep(64);
-                continue;
-            }
-            uint64_t v = lane <= lowi ? (w & WK_LB_VAL) : 0;
-#pragma unroll
-            for (int o = 16; o > 0; o /= 2)
-                v += __shfl_xor_sync(WK_FULL, v, o);
-            off += v;
-            if (lowi < 32)
-                break;
-            p -= 32;
-        }
+        off = wk_lookback(status, d.block0, j, lane);
         if (lane == 0)
             atomicExch(&status[g], (unsigned long long)(WK_LB_INC | (off + size)));
     }
