@@ -1124,6 +1124,139 @@ static void d2d_one(void *ctx)
     CU(cudaMemcpyAsync(rd.dst, rd.a, rd.bytes, cudaMemcpyDeviceToDevice, NULL));
 }
 
+/* The encode with update_old, as the schemes' senders run it, timed on a fresh copy of the old
+ * version each launch (the copy's time subtracted): the same streams as the plain encode's
+ * (er), and the baseline equal to the new values after it. */
+static void bench_update(bench_row_t *row, const wsync_kdelta_enc_t *eu, uint32_t nch,
+                         const wsync_kdelta_result_t *er, uint8_t *d_base, const uint8_t *d_old,
+                         const uint16_t *h_new, uint64_t n)
+{
+    wsync_kdelta_batch_t *ebu = NULL;
+    CHECK_OK(wsync_kdelta_encode_create(eu, nch, 1, &ebu));
+    if (ebu != NULL) {
+        up.b = ebu;
+        up.base = d_base;
+        up.old = d_old;
+        up.bytes = n * 2;
+        restore_and_encode(NULL);   /* results landed: the kernels a sender's next version runs */
+        CU(cudaDeviceSynchronize());
+        const double tc = time_it(restore_base, NULL), tcu = time_it(restore_and_encode, NULL);
+        row->t_enc_upd = tcu - tc;
+        CU(cudaDeviceSynchronize());
+        const wsync_kdelta_result_t *ur = wsync_kdelta_results(ebu);
+        int same = 1;
+        for (uint32_t c = 0; c < nch; c++)
+            same &= ur[c].len == er[c].len && ur[c].hash == er[c].hash;
+        uint16_t *got = malloc(n * 2);
+        if (got != NULL) {
+            CU(cudaMemcpy(got, d_base, n * 2, cudaMemcpyDeviceToHost));
+            same &= memcmp(got, h_new, n * 2) == 0;
+            free(got);
+        }
+        CHECK_MSG(same, "benchmark at density %.2f: the encode with update_old: streams or "
+                  "baseline not as the plain encode's", row->density);
+    }
+    wsync_kdelta_free(ebu);
+}
+
+/* The old kernels (WSYNC_KDELTA_OLD=1: one CTA per block) in the same run, for comparison: the
+ * same lengths and hashes as the default's (er), their times. */
+static void bench_old_kernels(bench_row_t *row, const wsync_kdelta_enc_t *e,
+                              const wsync_kdelta_app_t *a, uint32_t nch,
+                              const wsync_kdelta_result_t *er)
+{
+    wsync_kdelta_batch_t *eb1 = NULL, *ab1 = NULL, *ab01 = NULL;
+    setenv("WSYNC_KDELTA_OLD", "1", 1);
+    CHECK_OK(wsync_kdelta_encode_create(e, nch, 0, &eb1));
+    CHECK_OK(wsync_kdelta_apply_create(a, nch, 1, &ab1));
+    CHECK_OK(wsync_kdelta_apply_create(a, nch, 0, &ab01));
+    unsetenv("WSYNC_KDELTA_OLD");
+    if (eb1 != NULL && ab1 != NULL && ab01 != NULL) {
+        row->old_enc = time_it(batch_launch, eb1);
+        row->old_app = time_it(batch_launch, ab1);
+        row->old_app_nohash = time_it(batch_launch, ab01);
+        CU(cudaDeviceSynchronize());
+        const wsync_kdelta_result_t *e1 = wsync_kdelta_results(eb1), *a1 = wsync_kdelta_results(ab1);
+        int same1 = 1;
+        for (uint32_t c = 0; c < nch; c++)
+            same1 &= e1[c].len == er[c].len && e1[c].hash == er[c].hash &&
+                     a1[c].fault == WSYNC_KDELTA_NO_FAULT && a1[c].hash == er[c].hash;
+        CHECK_MSG(same1, "benchmark at density %.2f: WSYNC_KDELTA_OLD=1: lengths or "
+                  "hashes differ from the default's", row->density);
+    }
+    wsync_kdelta_free(eb1);
+    wsync_kdelta_free(ab1);
+    wsync_kdelta_free(ab01);
+}
+
+/* What the codec is measured against, after the byte check: reading both versions (an amax over
+ * each, a D2D copy of one), both read and compared in one pass (its count of changed vectors
+ * checked against the update's positions h_pos), the bare scatter of the changed values into
+ * d_dst, and the changed sectors read and written whole (h_pos is overwritten with them). */
+static void bench_references(bench_row_t *row, uint32_t *h_pos, const uint16_t *h_val,
+                             uint64_t npos, uint64_t cappos, uint8_t *d_dst)
+{
+    row->t_amax = time_it(read_both, NULL);
+    row->t_d2d = time_it(d2d_one, NULL);
+    if (h_pos != NULL && npos <= cappos) {
+        /* the 16-byte vectors with a change, counted here and by the compare */
+        unsigned long long nv = 0, got = 0;
+        for (uint64_t i = 0; i < npos; i++)
+            nv += i == 0 || h_pos[i - 1] / 8 != h_pos[i] / 8;
+        CU(cudaMalloc((void **)&cmp_count, sizeof(*cmp_count)));
+        row->t_cmp = time_it(compare_both, NULL);
+        CU(cudaMemcpy(&got, cmp_count, sizeof(got), cudaMemcpyDeviceToHost));
+        CU(cudaFree(cmp_count));
+        CHECK_MSG(got == nv, "benchmark at density %.2f: the one-pass compare counted %llu changed "
+                  "vectors, the update has %llu", row->density, got, nv);
+    }
+    row->t_read = row->t_amax < row->t_d2d ? row->t_amax : row->t_d2d;
+    if (h_pos != NULL && h_val != NULL && npos <= cappos) {   /* after the byte check */
+        CU(cudaMalloc((void **)&sc.pos, npos * 4));
+        CU(cudaMalloc((void **)&sc.val, npos * 2));
+        CU(cudaMemcpy(sc.pos, h_pos, npos * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(sc.val, h_val, npos * 2, cudaMemcpyHostToDevice));
+        sc.dst = (uint16_t *)d_dst;
+        sc.n = npos;
+        row->t_scatter = time_it(scatter_changes, NULL);
+        {   /* the changed 32-byte sectors, read and written whole (in place of h_pos) */
+            uint64_t ns = 0;
+            for (uint64_t i = 0; i < npos; i++)
+                if (ns == 0 || h_pos[ns - 1] != h_pos[i] / 16)
+                    h_pos[ns++] = h_pos[i] / 16;
+            CU(cudaMemcpy(sc.pos, h_pos, ns * 4, cudaMemcpyHostToDevice));
+            sc.n = ns;
+            row->t_sectors = time_it(sectors_rmw, NULL);
+        }
+        CU(cudaFree(sc.pos));
+        CU(cudaFree(sc.val));
+    }
+    row->read_ref = row->t_amax < row->t_d2d ? "amax over new and old" : "cudaMemcpy D2D of one version";
+}
+
+static void bench_print(const bench_row_t *row, uint64_t n)
+{
+    fprintf(stderr, "   density %.2f: changed %.4f, wire %.1f%%, encode %.1f us, apply %.1f us "
+            "(with the receiver's hash %.1f us), read both %.1f us (amax %.1f, D2D %.1f): "
+            "encode + apply %.2f x (with the hash %.2f x)\n",
+            row->density, row->changed_fraction, 100.0 * (double)row->wire_bytes / (double)(n * 2),
+            row->t_enc * 1e6, row->t_app_nohash * 1e6, row->t_app * 1e6, row->t_read * 1e6,
+            row->t_amax * 1e6, row->t_d2d * 1e6, (row->t_enc + row->t_app_nohash) / row->t_read,
+            (row->t_enc + row->t_app) / row->t_read);
+    fprintf(stderr, "      encode with the baseline update (update_old, as senders run it) %.1f us; "
+            "both versions read and compared in one pass, nothing else %.1f us (%.3f x read both)\n",
+            row->t_enc_upd * 1e6, row->t_cmp * 1e6, row->t_cmp / row->t_read);
+    fprintf(stderr, "      the changed values' bare scatter %.1f us: (read both + scatter) / read both "
+            "= %.2f x, the least the ratio can be (the changed sectors read and written whole: "
+            "%.1f us)\n", row->t_scatter * 1e6, (row->t_read + row->t_scatter) / row->t_read,
+            row->t_sectors * 1e6);
+    fprintf(stderr, "      old kernels (WSYNC_KDELTA_OLD=1): encode %.1f us, apply %.1f us (with "
+            "the hash %.1f us): %.2f x (%.2f x)\n", row->old_enc * 1e6,
+            row->old_app_nohash * 1e6, row->old_app * 1e6,
+            (row->old_enc + row->old_app_nohash) / row->t_read,
+            (row->old_enc + row->old_app) / row->t_read);
+}
+
 static void run_bench(void)
 {
     const uint64_t N = UINT64_C(1) << 29;      /* bf16 elements: 1 GiB */
@@ -1205,9 +1338,8 @@ static void run_bench(void)
         row->t_enc = time_it(batch_launch, eb);
         CU(cudaDeviceSynchronize());
         const wsync_kdelta_result_t *er = wsync_kdelta_results(eb);
-        uint64_t *lens = malloc(NCH * 8), hash_ok = 1;
+        uint64_t hash_ok = 1;
         for (uint32_t c = 0; c < NCH; c++) {
-            lens[c] = er[c].len;
             a[c].len = er[c].len;
             row->wire_bytes += er[c].len;
             row->changed += er[c].changed;
@@ -1242,120 +1374,14 @@ static void run_bench(void)
             free(cpu);
             free(gpu);
         }
-        /* the encode with update_old, as the schemes' senders run it: the same stream, and the
-         * baseline equal to the new values after it */
         if (!profile_mode) {
-            wsync_kdelta_batch_t *ebu = NULL;
-            CHECK_OK(wsync_kdelta_encode_create(eu, NCH, 1, &ebu));
-            if (ebu != NULL) {
-                up.b = ebu;
-                up.base = d_base;
-                up.old = d_old;
-                up.bytes = N * 2;
-                restore_and_encode(NULL);   /* results landed: the kernels a sender's next version runs */
-                CU(cudaDeviceSynchronize());
-                const double tc = time_it(restore_base, NULL), tcu = time_it(restore_and_encode, NULL);
-                row->t_enc_upd = tcu - tc;
-                CU(cudaDeviceSynchronize());
-                const wsync_kdelta_result_t *ur = wsync_kdelta_results(ebu);
-                int same = 1;
-                for (uint32_t c = 0; c < NCH; c++)
-                    same &= ur[c].len == er[c].len && ur[c].hash == er[c].hash;
-                uint16_t *got = malloc(N * 2);
-                if (got != NULL) {
-                    CU(cudaMemcpy(got, d_base, N * 2, cudaMemcpyDeviceToHost));
-                    same &= memcmp(got, h_new, N * 2) == 0;
-                    free(got);
-                }
-                CHECK_MSG(same, "benchmark at density %.2f: the encode with update_old: streams or "
-                          "baseline not as the plain encode's", dens[di]);
-            }
-            wsync_kdelta_free(ebu);
+            bench_update(row, eu, NCH, er, d_base, d_old, h_new, N);
+            bench_old_kernels(row, e, a, NCH, er);
         }
-        /* the old kernels (WSYNC_KDELTA_OLD=1: one CTA per block) in the same run, for
-         * comparison: same bytes, their times */
-        if (!profile_mode) {
-            wsync_kdelta_batch_t *eb1 = NULL, *ab1 = NULL, *ab01 = NULL;
-            setenv("WSYNC_KDELTA_OLD", "1", 1);
-            CHECK_OK(wsync_kdelta_encode_create(e, NCH, 0, &eb1));
-            CHECK_OK(wsync_kdelta_apply_create(a, NCH, 1, &ab1));
-            CHECK_OK(wsync_kdelta_apply_create(a, NCH, 0, &ab01));
-            unsetenv("WSYNC_KDELTA_OLD");
-            if (eb1 != NULL && ab1 != NULL && ab01 != NULL) {
-                row->old_enc = time_it(batch_launch, eb1);
-                row->old_app = time_it(batch_launch, ab1);
-                row->old_app_nohash = time_it(batch_launch, ab01);
-                CU(cudaDeviceSynchronize());
-                const wsync_kdelta_result_t *e1 = wsync_kdelta_results(eb1), *a1 = wsync_kdelta_results(ab1);
-                int same1 = 1;
-                for (uint32_t c = 0; c < NCH; c++)
-                    same1 &= e1[c].len == er[c].len && e1[c].hash == er[c].hash &&
-                             a1[c].fault == WSYNC_KDELTA_NO_FAULT && a1[c].hash == er[c].hash;
-                CHECK_MSG(same1, "benchmark at density %.2f: WSYNC_KDELTA_OLD=1: lengths or "
-                          "hashes differ from the default's", dens[di]);
-            }
-            wsync_kdelta_free(eb1);
-            wsync_kdelta_free(ab1);
-            wsync_kdelta_free(ab01);
-        }
-        row->t_amax = time_it(read_both, NULL);
-        row->t_d2d = time_it(d2d_one, NULL);
-        if (h_pos != NULL && npos <= cappos) {
-            /* the 16-byte vectors with a change, counted here and by the compare */
-            unsigned long long nv = 0, got = 0;
-            for (uint64_t i = 0; i < npos; i++)
-                nv += i == 0 || h_pos[i - 1] / 8 != h_pos[i] / 8;
-            CU(cudaMalloc((void **)&cmp_count, sizeof(*cmp_count)));
-            row->t_cmp = time_it(compare_both, NULL);
-            CU(cudaMemcpy(&got, cmp_count, sizeof(got), cudaMemcpyDeviceToHost));
-            CU(cudaFree(cmp_count));
-            CHECK_MSG(got == nv, "benchmark at density %.2f: the one-pass compare counted %llu changed "
-                      "vectors, the update has %llu", dens[di], got, nv);
-        }
-        row->t_read = row->t_amax < row->t_d2d ? row->t_amax : row->t_d2d;
-        if (h_pos != NULL && h_val != NULL && npos <= cappos) {   /* after the byte check */
-            CU(cudaMalloc((void **)&sc.pos, npos * 4));
-            CU(cudaMalloc((void **)&sc.val, npos * 2));
-            CU(cudaMemcpy(sc.pos, h_pos, npos * 4, cudaMemcpyHostToDevice));
-            CU(cudaMemcpy(sc.val, h_val, npos * 2, cudaMemcpyHostToDevice));
-            sc.dst = (uint16_t *)d_dst;
-            sc.n = npos;
-            row->t_scatter = time_it(scatter_changes, NULL);
-            {   /* the changed 32-byte sectors, read and written whole (in place of h_pos) */
-                uint64_t ns = 0;
-                for (uint64_t i = 0; i < npos; i++)
-                    if (ns == 0 || h_pos[ns - 1] != h_pos[i] / 16)
-                        h_pos[ns++] = h_pos[i] / 16;
-                CU(cudaMemcpy(sc.pos, h_pos, ns * 4, cudaMemcpyHostToDevice));
-                sc.n = ns;
-                row->t_sectors = time_it(sectors_rmw, NULL);
-            }
-            CU(cudaFree(sc.pos));
-            CU(cudaFree(sc.val));
-        }
+        bench_references(row, h_pos, h_val, npos, cappos, d_dst);
         free(h_pos);
         free(h_val);
-        row->read_ref = row->t_amax < row->t_d2d ? "amax over new and old" : "cudaMemcpy D2D of one version";
-        fprintf(stderr, "   density %.2f: changed %.4f, wire %.1f%%, encode %.1f us, apply %.1f us "
-                "(with the receiver's hash %.1f us), read both %.1f us (amax %.1f, D2D %.1f): "
-                "encode + apply %.2f x (with the hash %.2f x)\n",
-                dens[di], row->changed_fraction, 100.0 * (double)row->wire_bytes / (double)(N * 2),
-                row->t_enc * 1e6, row->t_app_nohash * 1e6, row->t_app * 1e6, row->t_read * 1e6,
-                row->t_amax * 1e6, row->t_d2d * 1e6, (row->t_enc + row->t_app_nohash) / row->t_read,
-                (row->t_enc + row->t_app) / row->t_read);
-        fprintf(stderr, "      encode with the baseline update (update_old, as senders run it) %.1f us; "
-                "both versions read and compared in one pass, nothing else %.1f us (%.3f x read both)\n",
-                row->t_enc_upd * 1e6, row->t_cmp * 1e6, row->t_cmp / row->t_read);
-        fprintf(stderr, "      the changed values' bare scatter %.1f us: (read both + scatter) / read both "
-                "= %.2f x, the least the ratio can be (the changed sectors read and written whole: "
-                "%.1f us)\n", row->t_scatter * 1e6, (row->t_read + row->t_scatter) / row->t_read,
-                row->t_sectors * 1e6);
-        fprintf(stderr, "      old kernels (WSYNC_KDELTA_OLD=1): encode %.1f us, apply %.1f us (with "
-                "the hash %.1f us): %.2f x (%.2f x)\n", row->old_enc * 1e6,
-                row->old_app_nohash * 1e6, row->old_app * 1e6,
-                (row->old_enc + row->old_app_nohash) / row->t_read,
-                (row->old_enc + row->old_app) / row->t_read);
-        free(lens);
+        bench_print(row, N);
         wsync_kdelta_free(eb);
         wsync_kdelta_free(ab);
         wsync_kdelta_free(ab0);
