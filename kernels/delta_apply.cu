@@ -722,11 +722,11 @@ wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
 template <int E>
 static void wk_apply_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t s, int warp)
 {
-    const uint64_t g0 = b->grp[grp].g0, nb = b->grp[grp].g1 - g0;
-    if (nb == 0)
+    const wk_group_span_t sp = wk_group_span(b, grp, warp);
+    const uint64_t g0 = sp.g0, nw = sp.nw, nl = sp.nl;
+    const uint32_t *gl = sp.gl;
+    if (sp.nb == 0)
         return;
-    const uint64_t nw = warp ? b->grp[grp].gf - g0 : 0, nl = warp ? b->grp[grp].nl : nb;
-    const uint32_t *gl = nl == nb ? NULL : b->glist + b->grp[grp].l0;   /* NULL: all, in order */
     /* with the hash, the entries first (measured: 5 % faster with the hash, 7 % slower
      * without it, where the apply writes only the changed values) */
     uint4 *rec = b->flag ? reinterpret_cast<uint4 *>(b->status) : NULL;

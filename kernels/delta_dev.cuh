@@ -565,6 +565,24 @@ struct wsync_kdelta_batch {
     } grp[4];
 };
 
+/* Group grp's blocks as a launcher runs them: [g0, g0 + nb); the first nw for the warp kernel
+ * (when warp, else none); nl left to the CTA kernel, listed in gl (NULL: all nb, in order). */
+typedef struct {
+    uint64_t g0, nb, nw, nl;
+    const uint32_t *gl;
+} wk_group_span_t;
+
+static inline wk_group_span_t wk_group_span(const wsync_kdelta_batch_t *b, int grp, int warp)
+{
+    wk_group_span_t sp;
+    sp.g0 = b->grp[grp].g0;
+    sp.nb = b->grp[grp].g1 - sp.g0;
+    sp.nw = warp ? b->grp[grp].gf - sp.g0 : 0;
+    sp.nl = warp ? b->grp[grp].nl : sp.nb;
+    sp.gl = sp.nl == sp.nb ? NULL : b->glist + b->grp[grp].l0;
+    return sp;
+}
+
 /* Every encode (kernels/delta_encode.cu) or apply (kernels/delta_apply.cu) kernel of a launch of
  * b on stream s, group by group; warp: the warp kernels take the full blocks of fast chunks. */
 void wk_delta_launch_encode(const wsync_kdelta_batch_t *b, cudaStream_t s, int warp);

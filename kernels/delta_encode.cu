@@ -381,11 +381,11 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
 template <int E>
 static void wk_encode_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t s, int warp)
 {
-    const uint64_t g0 = b->grp[grp].g0, nb = b->grp[grp].g1 - g0;
-    if (nb == 0)
+    const wk_group_span_t sp = wk_group_span(b, grp, warp);
+    const uint64_t g0 = sp.g0, nw = sp.nw, nl = sp.nl;
+    const uint32_t *gl = sp.gl;
+    if (sp.nb == 0)
         return;
-    const uint64_t nw = warp ? b->grp[grp].gf - g0 : 0, nl = warp ? b->grp[grp].nl : nb;
-    const uint32_t *gl = nl == nb ? NULL : b->glist + b->grp[grp].l0;   /* NULL: all, in order */
     unsigned int *counters = (unsigned int *)(b->status + b->nblocks);
     if (nw > 0)   /* first: the tail blocks after it look back over its blocks */
         wkw_delta_encode<E><<<(unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS), WKW_THREADS, 0, s>>>(
