@@ -188,6 +188,23 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
  * read again from the new version). */
 #define WKW_STASH 128
 
+/* A 16-byte vector of either version. RO (no update_old, as the store scheme's senders
+ * encode: the kernel writes neither version): through the read-only path (ld.global.nc; the
+ * descriptor's pointers otherwise make generic loads), on an H100 774-778 us against 792-799 at
+ * 1 % changed, no change at 5 % or on an H200. With update_old the warp writes the old version's
+ * changed sectors, so both stay ordinary loads: ld.global.cg for the old one, or either form
+ * picked at run time, measured 1.5-2.5 % slower on an H200 (docs/delta.md, session 38). The
+ * kernel is built for each case (update_old a constant): that alone made the encode with
+ * update_old 1-2 % faster on both GPUs. */
+template <bool RO>
+__device__ __forceinline__ uint4 wkw_ld(const uint4 *p)
+{
+    if constexpr (RO)
+        return __ldg(p);
+    else
+        return *p;
+}
+
 /* Blocks [g0, g0 + nblk) of chunks that are dense with new and old 16-byte aligned, element size
  * E; each warp of the grid claims one from *counter (in order, for the look-back) and leaves
  * tail blocks (fewer than WK_DBLK elements) to wk_delta_encode. No CTA barrier after the secret's
@@ -207,12 +224,13 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
  *    read again from the new version only past WKW_STASH vectors; PLAIN blocks are copied in
  *    8-byte words, a BITMAP's bitmap is the mask words. Reading the values again from L2 had
  *    kept each warp waiting on loads after its compare (docs/delta.md). */
-template <int E>
+template <int E, bool RO>
 __global__ void __launch_bounds__(WKW_THREADS, WKW_MIN_BLOCKS)
 wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
                  uint64_t g0, uint64_t nblk, unsigned long long *status, unsigned int *counter,
-                 uint64_t *leaves, wsync_kdelta_result_t *res, int update_old)
+                 uint64_t *leaves, wsync_kdelta_result_t *res)
 {
+    constexpr bool update_old = !RO;
     typedef typename wk_elem<E>::t el;
     constexpr uint32_t NSEG = WK_DBLK * E / 1024;   /* 1 KiB segments: two rounds of 512 bytes */
     __shared__ uint64_t sec[24];
@@ -249,16 +267,17 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     /* 1. compare and hash, a segment per step */
     wkw_hash_t h;
     wkw_hash_init(h, sec);
-    uint4 nx0 = pa[lane], ny0 = pb[lane], nx1 = pa[lane + 32], ny1 = pb[lane + 32];
+    uint4 nx0 = wkw_ld<RO>(pa + lane), ny0 = wkw_ld<RO>(pb + lane);
+    uint4 nx1 = wkw_ld<RO>(pa + lane + 32), ny1 = wkw_ld<RO>(pb + lane + 32);
 #pragma unroll
     for (uint32_t s = 0; s < NSEG; s++) {
         const uint32_t v0 = 64 * s + lane, v1 = v0 + 32;
         const uint4 x0 = nx0, y0 = ny0, x1 = nx1, y1 = ny1;
         if (s + 1 < NSEG) {
-            nx0 = pa[v0 + 64];
-            ny0 = pb[v0 + 64];
-            nx1 = pa[v1 + 64];
-            ny1 = pb[v1 + 64];
+            nx0 = wkw_ld<RO>(pa + v0 + 64);
+            ny0 = wkw_ld<RO>(pb + v0 + 64);
+            nx1 = wkw_ld<RO>(pa + v1 + 64);
+            ny1 = wkw_ld<RO>(pb + v1 + 64);
         }
         const uint32_t c0 = wk_vdiff<E>(x0, y0), c1 = wk_vdiff<E>(x1, y1);
         wk_put_bits<E>(c0, v0, mask);
@@ -387,9 +406,13 @@ static void wk_encode_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t
     if (sp.nb == 0)
         return;
     unsigned int *counters = (unsigned int *)(b->status + b->nblocks);
-    if (nw > 0)   /* first: the tail blocks after it look back over its blocks */
-        wkw_delta_encode<E><<<(unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS), WKW_THREADS, 0, s>>>(
-            b->chunks, b->bmap, g0, nw, b->status, counters + 4 + grp, b->leaves, b->res, b->flag);
+    const unsigned nc = (unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS);
+    if (nw > 0 && b->flag)   /* first: the tail blocks after it look back over its blocks */
+        wkw_delta_encode<E, false><<<nc, WKW_THREADS, 0, s>>>(
+            b->chunks, b->bmap, g0, nw, b->status, counters + 4 + grp, b->leaves, b->res);
+    else if (nw > 0)
+        wkw_delta_encode<E, true><<<nc, WKW_THREADS, 0, s>>>(
+            b->chunks, b->bmap, g0, nw, b->status, counters + 4 + grp, b->leaves, b->res);
     if (nl > 0)
         wk_delta_encode<E><<<(unsigned)nl, WK_THREADS, 2 * WK_DBLK * E, s>>>(
             b->chunks, b->bmap, g0, gl, b->status, counters + grp, b->leaves, b->res, b->flag);

@@ -27,8 +27,11 @@
  * schemes' senders run it, with update_old on a fresh copy of the old version each launch
  * ("encode_update_us": the copy's time subtracted; the stream and the updated baseline checked).
  *
- * usage: test_delta_kernels [--seed S] [--no-bench | --bench-only] [--profile] [--json PATH]
+ * usage: test_delta_kernels [--seed S] [--no-bench | --bench-only] [--profile] [--density P ...]
+ *                           [--json PATH]
  * --bench-only: the benchmark without the cases.
+ * --density P: bench this fraction of changed elements (repeat for several) instead of 0.01,
+ * 0.05 and 0.30; --profile takes the first.
  * --profile: only the bench at 1 %, one launch of each batch (encode, apply with and without the
  * hash: kernels wkw_delta_encode, wkw_delta_apply, wk_delta_encode and wk_delta_apply for tails,
  * wk_delta_chunk_hash),
@@ -1012,6 +1015,9 @@ typedef void (*launch_fn)(void *ctx);
 /* Median seconds of one call. */
 /* --profile: the bench at 1 % only, each launch once (for a profiler), no v1, no reference */
 static int profile_mode;
+/* the bench's fractions of changed elements (--density P, repeated: these instead) */
+static double bench_dens[MAX_BENCH] = {0.01, 0.05, 0.30};
+static int nbench_dens = 3, dens_given;
 
 static double time_it(launch_fn fn, void *ctx)
 {
@@ -1262,7 +1268,7 @@ static void run_bench(void)
     const uint64_t N = UINT64_C(1) << 29;      /* bf16 elements: 1 GiB */
     const uint32_t NCH = 64;                   /* chunks of 16 MiB, as buckets carry them */
     const uint64_t per = N / NCH;
-    const double dens[3] = {0.01, 0.05, 0.30};
+    const double *dens = bench_dens;
     uint16_t *h_old = malloc(N * 2), *h_new = malloc(N * 2);
     uint8_t *d_old, *d_new, *d_dst, *d_out, *d_base;
     const uint64_t cap = (wsync_delta_max_bytes(per, 2) + 7) & ~(uint64_t)7;
@@ -1302,7 +1308,7 @@ static void run_bench(void)
         a[c] = (wsync_kdelta_app_t){d_out + c * cap, 0, d_dst, r, 2};
     }
     fprintf(stderr, "-- 1 GiB bf16 in %u chunks, medians of %d\n", NCH, BENCH_ITERS);
-    for (int di = 0; di < (profile_mode ? 1 : 3) && nbench < MAX_BENCH; di++) {
+    for (int di = 0; di < (profile_mode ? 1 : nbench_dens) && nbench < MAX_BENCH; di++) {
         bench_row_t *row = &bench[nbench++];
         memset(row, 0, sizeof(*row));
         row->density = dens[di];
@@ -1470,9 +1476,20 @@ int main(int argc, char **argv)
             bench_only = 1;
         else if (strcmp(argv[i], "--profile") == 0)
             profile_mode = 1;
-        else {
-            fprintf(stderr, "usage: %s [--seed S] [--no-bench | --bench-only] [--profile] [--json PATH]\n",
-                    argv[0]);
+        else if (strcmp(argv[i], "--density") == 0 && i + 1 < argc) {
+            const double p = strtod(argv[++i], NULL);
+            if (!(p > 0 && p < 1) || (dens_given && nbench_dens == MAX_BENCH)) {
+                fprintf(stderr, "--density: %s is not a fraction in (0, 1), or more than %d\n",
+                        argv[i], MAX_BENCH);
+                return 2;
+            }
+            if (!dens_given)
+                nbench_dens = 0;
+            dens_given = 1;
+            bench_dens[nbench_dens++] = p;
+        } else {
+            fprintf(stderr, "usage: %s [--seed S] [--no-bench | --bench-only] [--profile] "
+                    "[--density P ...] [--json PATH]\n", argv[0]);
             return 2;
         }
     }
