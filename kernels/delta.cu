@@ -146,6 +146,13 @@ static int wk_use_old(void)
     return wk_env_on("WSYNC_KDELTA_OLD");
 }
 
+/* WSYNC_KDELTA_WARP=1: the warp kernels for every launch, whatever the density (where a chunk
+ * allows them), so that a test covers them on any data; the default picks by density (below). */
+static int wk_force_warp(void)
+{
+    return wk_env_on("WSYNC_KDELTA_WARP");
+}
+
 /* The checks both kinds of chunk share. */
 static wsync_status_t wk_check_region(const char *fn, uint32_t i, const void *base,
                                       const char *base_name, const wsync_region_t *r,
@@ -192,6 +199,7 @@ static void wk_batch_release(wsync_kdelta_batch_t *b)
     if (b->lens_host != NULL)
         cudaFreeHost(b->lens_host);
     free(b->lens_default);
+    free(b->esz);
     free(b);
 }
 
@@ -250,7 +258,10 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
 
     {   /* one device allocation: chunks, lens, status + counters, leaves, results */
         uint64_t o_ch = 0, o_lens = o_ch + wk_al8((uint64_t)n * sizeof(wk_dchunk_t));
-        uint64_t o_st = o_lens + 8 * (uint64_t)n, o_lv = o_st + 8 * (apply ? (flag ? 4 * g : 0) : g + 4);
+        /* status at a multiple of 16: the warp apply's records are read as uint4 (with an odd
+         * count of chunks it had been 8 bytes off: a misaligned address, session 38) */
+        uint64_t o_st = (o_lens + 8 * (uint64_t)n + 15) & ~UINT64_C(15);
+        uint64_t o_lv = o_st + 8 * (apply ? (flag ? 4 * g : 0) : g + 4);
         uint64_t o_res = o_lv + 8 * g, o_gl = o_res + (uint64_t)n * sizeof(wsync_kdelta_result_t);
         uint64_t o_bm = o_gl + 4 * g, total = o_bm + 4 * g;
         e = cudaMalloc(&b->dev, total ? total : 8);
@@ -330,6 +341,13 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
         }
         if (n > 0)
             memcpy(b->lens_default, lens, (size_t)n * 8);
+        b->esz = (uint8_t *)malloc((size_t)(n ? n : 1));
+        if (b->esz == NULL) {
+            st = wsync_err(WSYNC_ERR_NOMEM, "%s: %" PRIu32 " element sizes", fn, n);
+            goto fail;
+        }
+        for (uint32_t i = 0; i < n; i++)
+            b->esz[i] = (uint8_t)esz[i];
     } else if (b->grp[3].g1 > b->grp[3].g0) {
         /* 8-byte elements: 64 KiB of shared memory a block, past the default 48 */
         e = wk_delta_encode_smem8();
@@ -470,25 +488,33 @@ wsync_status_t wsync_kdelta_launch(wsync_kdelta_batch_t *b, const uint64_t *lens
         unsigned grid = (unsigned)(most / WK_THREADS + 1 < 1024 ? most / WK_THREADS + 1 : 1024);
         wk_delta_init<<<grid, WK_THREADS, 0, s>>>(b->res, b->n, b->status, nst);
     }
-    /* The warp kernels win only where few elements change (tests/gpu/test_delta_kernels, H100,
-     * 1 GiB bf16, (CTA -> warp) ms at 1 %, 5 %, 30 % changed: encode 1.30 -> 0.91, 1.68 -> 1.18,
-     * 1.33 -> 2.89; apply 0.56 -> 0.30, 0.70 -> 1.60, 1.59 -> 5.30): an apply takes them when
-     * its streams are under 3 % of the plain bytes (1 % changed is 1.7 %, 5 % is 7.7 %), an
-     * encode while the last launch whose results had landed (its event done: read no sooner)
-     * found under 15 % changed */
+    /* The warp kernels win only where few elements change. An encode takes them while the last
+     * launch whose results had landed (its event done: read no sooner) found under 15 % changed
+     * (tests/gpu/test_delta_kernels, H100, 1 GiB bf16, (CTA -> warp) ms at 2 %, 5 %, 10 %, 20 %
+     * changed: 1.38 -> 0.80, 1.62 -> 0.97, 1.77 -> 1.41, 1.26 -> 1.79). An apply estimates its
+     * changed elements from its streams (a SPARSE change costs an index byte and its value):
+     * with the hash (every scheme's default) the warp kernel's one pass over the block (merge,
+     * whole sectors, hash) wins while blocks fit wkw_sparse_small, under WKW_SMALL / WK_DBLK
+     * (6.25 %) changed: (CTA -> warp) ms at 2 %, 3 %, 5 %, 6 %, 7 %: 1.08 -> 0.63, 1.10 -> 0.67,
+     * 1.16 -> 0.70, 1.19 -> 0.88, 1.22 -> 1.92; without the hash, where the warp kernel writes
+     * each change on its own, under 2 %: at 1 % 0.56 -> 0.31, at 2 % 0.61 -> 0.64 (session 38,
+     * docs/delta.md). */
     int warp = b->warp_enc;
     if (b->apply) {
         const uint64_t *l = lens != NULL ? lens : b->lens_default;
-        uint64_t wire = 0;
+        double changed = 0;
         for (uint32_t i = 0; i < b->n; i++)
-            wire += l[i];
-        warp = (double)wire < 0.03 * (double)b->plain_bytes;
+            changed += (double)l[i] / (1.0 + b->esz[i]);
+        const double cut = b->flag ? (double)WKW_SMALL / WK_DBLK : 0.02;
+        warp = changed < cut * (double)b->elems;
     } else if (b->launched && cudaEventQuery(b->res_ev) == cudaSuccess) {
         uint64_t changed = 0;
         for (uint32_t i = 0; i < b->n; i++)
             changed += b->host[i].changed;
         warp = b->warp_enc = (double)changed < 0.15 * (double)b->elems;
     }
+    if (wk_force_warp())
+        warp = 1;
     if (b->apply)
         wk_delta_launch_apply(b, s, warp);
     else

@@ -430,7 +430,6 @@ __device__ __forceinline__ uint32_t wkw_ibyte(uint32_t w0, uint32_t w1, uint32_t
  * each vector takes its values, the 32-byte sectors with a change are written whole, and *leaf
  * is hashed from the registers; where applying first and reading the block back for the hash
  * had waited on the stores' round trip and read each changed sector twice. */
-#define WKW_SMALL 256u
 template <int E>
 __device__ __forceinline__ bool wkw_sparse_small(const wkw_ablk_t &x, int hash, uint32_t *sbits,
                                                  uint32_t *swpre, typename wk_elem<E>::t *svals,

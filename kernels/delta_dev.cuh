@@ -533,6 +533,10 @@ __device__ __forceinline__ void wk_block_leaf(const unsigned char *sv, uint32_t 
 #define WKW_THREADS 128   /* 4 warps: a CTA's slot frees sooner (encode at 5 %: 4 % faster) */
 #endif
 #define WKW_WARPS (WKW_THREADS / 32)   /* codec blocks per CTA */
+/* The index bytes of the SPARSE blocks the warp apply takes in one pass (wkw_sparse_small in
+ * kernels/delta_apply.cu); its launcher's choice of kernel follows from it (kernels/delta.cu). */
+#define WKW_SMALL 256u
+
 struct wsync_kdelta_batch {
     int apply;                         /* apply batch, else encode */
     int flag;                          /* encode: update_old; apply: hash */
@@ -552,6 +556,7 @@ struct wsync_kdelta_batch {
     wsync_kdelta_result_t *host;       /* pinned [n] */
     uint64_t *lens_host;               /* pinned [n] apply: the lengths of the next launch */
     uint64_t *lens_default;            /* malloc [n] apply: those given at create */
+    uint8_t *esz;                      /* malloc [n] apply: element sizes, caller's order */
     int lens_changed;                  /* a launch gave other lengths than the default */
     uint64_t elems, plain_bytes;       /* the chunks' elements and their bytes */
     int launched;                      /* a launch's results were copied (res_ev recorded) */

@@ -8,10 +8,11 @@
  * corrupted streams refused exactly when wsync_delta_check refuses them (targeted: a format-1
  * header, a trailing 0xFF, a wrong e, e in a BITMAP or PLAIN entry, a position past the block,
  * ...), changes sharing one mask word, full blocks with no tail), nothing written outside the
- * chunk. The encode, apply and corrupt cases run twice: with WSYNC_KDELTA_OLD=1 (the kernels
- * before the warp kernels: one CTA per block everywhere) and with the default (a warp per full
- * block of dense 16-byte aligned chunks, encode and apply, one CTA per block for the rest in the
- * same batches). Then, unless --no-bench, 1 GiB of bf16 at 1 %, 5 %
+ * chunk. The encode, apply and corrupt cases run three times: with WSYNC_KDELTA_OLD=1 (the
+ * kernels before the warp kernels: one CTA per block everywhere), with the default (a warp per
+ * full block of dense 16-byte aligned chunks, encode and apply, one CTA per block for the rest in
+ * the same batches, picked by the batch's density) and with WSYNC_KDELTA_WARP=1 (the warp kernels
+ * whatever the density, over an odd count of chunks). Then, unless --no-bench, 1 GiB of bf16 at 1 %, 5 %
  * and 30 % changed: encode and apply times (the default, and WSYNC_KDELTA_OLD=1 beside it in the
  * same run) against reading both versions once (JSON lines on stdout; "kernel" names the
  * default's, the old_ fields the old kernels'). The ratio that counts (issue 17: encode + apply
@@ -1516,6 +1517,18 @@ int main(int argc, char **argv)
         run_case("encode", test_encode);
         run_case("apply", test_apply);
         run_case("corrupt", test_corrupt);
+        /* the warp kernels on every case (the default picks by the batch's density, and these
+         * batches are dense), over an odd count of chunks (the device arrays after the lengths
+         * start 8 bytes past a multiple of 16 unless aligned: the warp apply's records are read
+         * as uint4) */
+        setenv("WSYNC_KDELTA_WARP", "1", 1);
+        const int nall = ntc;
+        ntc = nall - 1 + (nall & 1);
+        run_case("encode (warp)", test_encode);
+        run_case("apply (warp)", test_apply);
+        run_case("corrupt (warp)", test_corrupt);
+        ntc = nall;
+        unsetenv("WSYNC_KDELTA_WARP");
         run_case("errors", test_errors);
         run_case("copy_plain", test_copy_plain);
         for (int i = 0; i < ntc; i++)
