@@ -1,32 +1,32 @@
-/* The delta codec's CUDA kernels (kernels/delta.h) against the CPU codec (core/delta.h) and
- * xxHash, on fresh random inputs (the seed is printed; --seed S repeats a run): XXH3_64bits on the
- * device equal to the library's for every length 0..2048 and large ones; GPU encode bytes equal
- * to wsync_delta_encode's (format 2) for element sizes 1, 2, 4, 8, dense and strided regions,
+/* The delta codec's CUDA kernels (kernels/delta.h) against the CPU codec (core/delta.h) and xxHash,
+ * on fresh random inputs (the seed is printed; --seed S repeats a run): XXH3_64bits on the device
+ * equal to the library's for every length 0..2048 and large ones; GPU encode bytes equal to
+ * wsync_delta_encode's (format 2) for element sizes 1, 2, 4, 8, dense and strided regions,
  * densities 0..100 % (0.2 and 0.4 %: escapes in most SPARSE blocks), every mode boundary, SPARSE
- * gaps at the escapes' edges (254..256, 509..511, 4094, 4095) and the SPARSE/BITMAP choice
- * decided by e; GPU apply of CPU streams and CPU apply of GPU streams equal to the new values;
- * corrupted streams refused exactly when wsync_delta_check refuses them (targeted: a format-1
- * header, a trailing 0xFF, a wrong e, e in a BITMAP or PLAIN entry, a position past the block,
- * ...), changes sharing one mask word, full blocks with no tail), nothing written outside the
- * chunk. The encode, apply and corrupt cases run three times: with WSYNC_KDELTA_OLD=1 (the
- * kernels before the warp kernels: one CTA per block everywhere), with the default (a warp per
- * full block of dense 16-byte aligned chunks, encode and apply, one CTA per block for the rest in
- * the same batches, picked by the batch's density) and with WSYNC_KDELTA_WARP=1 (the warp kernels
- * whatever the density, over an odd count of chunks). Then, unless --no-bench, 1 GiB of bf16 at 1 %, 5 %
- * and 30 % changed: encode and apply times (the default, and WSYNC_KDELTA_OLD=1 beside it in the
- * same run) against reading both versions once (JSON lines on stdout; "kernel" names the
- * default's, the old_ fields the old kernels'). The ratio that counts (issue 17: encode + apply
- * kernels against reading both versions once) is (encode + apply without the receiver's hash) /
- * read both; with the hash is printed beside it. Beside them, the least an apply can take: the
- * changed values written at their positions from a list and nothing else (tests/gpu/delta_floor.cu,
- * "scatter_us"; "floor_ratio" = (read both + scatter) / read both, what an encoder reading only
- * the two versions and such an apply would give), and the changed 32-byte sectors read and
- * written whole ("sectors_us": writing whole sectors instead of the values alone); and the least
- * an encode can take, both versions read and compared in one grid-stride pass with nothing
- * written ("compare_us", its count of changed vectors checked). The encode is
- * timed without update_old (new and old only read; every launch the same work) and, as the
- * schemes' senders run it, with update_old on a fresh copy of the old version each launch
- * ("encode_update_us": the copy's time subtracted; the stream and the updated baseline checked).
+ * gaps at the escapes' edges (254..256, 509..511, 4094, 4095) and the SPARSE/BITMAP choice decided
+ * by e; GPU apply of CPU streams and CPU apply of GPU streams equal to the new values; corrupted
+ * streams refused exactly when wsync_delta_check refuses them (targeted: a format-1 header, a
+ * trailing 0xFF, a wrong e, e in a BITMAP or PLAIN entry, a position past the block, ...), changes
+ * sharing one mask word, full blocks with no tail), nothing written outside the chunk. The encode,
+ * apply and corrupt cases run three times: with WSYNC_KDELTA_OLD=1 (the kernels before the warp
+ * kernels: one CTA per block everywhere), with the default (a warp per full block of dense 16-byte
+ * aligned chunks, encode and apply, one CTA per block for the rest in the same batches, picked by
+ * the batch's density) and with WSYNC_KDELTA_WARP=1 (the warp kernels whatever the density, over an
+ * odd count of chunks). Then, unless --no-bench, 1 GiB of bf16 at 1 %, 5 % and 30 % changed (or
+ * --density): encode and apply times (the default, and WSYNC_KDELTA_OLD=1 beside it in the same
+ * run) against reading both versions once (JSON lines on stdout; "kernel" names the default's, the
+ * old_ fields the old kernels'). The ratio that counts (issue 17: encode + apply kernels against
+ * reading both versions once) is (encode + apply without the receiver's hash) / read both; with the
+ * hash is printed beside it. Beside them, the least an apply can take: the changed values written
+ * at their positions from a list and nothing else (tests/gpu/delta_floor.cu, "scatter_us";
+ * "floor_ratio" = (read both + scatter) / read both, what an encoder reading only the two versions
+ * and such an apply would give), and the changed 32-byte sectors read and written whole
+ * ("sectors_us": writing whole sectors instead of the values alone); and the least an encode can
+ * take, both versions read and compared in one grid-stride pass with nothing written ("compare_us",
+ * its count of changed vectors checked). The encode is timed without update_old (new and old only
+ * read; every launch the same work) and, as the schemes' senders run it, with update_old on a fresh
+ * copy of the old version each launch ("encode_update_us": the copy's time subtracted; the stream
+ * and the updated baseline checked).
  *
  * usage: test_delta_kernels [--seed S] [--no-bench | --bench-only] [--profile] [--density P ...]
  *                           [--json PATH]
