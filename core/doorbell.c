@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/fault.h"
 #include "core/status.h"
 #include "core/util.h"
 
@@ -167,9 +168,16 @@ wsync_status_t wsync_bell_wait(_Atomic uint32_t *word, uint32_t target, int64_t 
             return WSYNC_OK;
         if (spin < WSYNC_BELL_POLLS)
             continue;
+        (void)WSYNC_FAULT(WSYNC_FAULT_BELL_WAIT);
         wsync_status_t st = wsync_inbox_failed(inbox);
-        if (st != WSYNC_OK)
+        if (st != WSYNC_OK) {
+            /* the word may have moved after the load above and before the failure came (the
+             * coordinator rings DONE, its sender returns and closes the group): what was rung
+             * first happened; only a wait the failure cut short fails */
+            if ((int32_t)(atomic_load(word) - target) >= 0)
+                return WSYNC_OK;
             return st;
+        }
         int64_t left = deadline_ms - wsync_now_ms();
         if (left <= 0)
             return WSYNC_ERR_TIMEOUT;

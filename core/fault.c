@@ -30,6 +30,7 @@ static const char *const point_names[WSYNC_FAULT_NPOINTS] = {
     [WSYNC_FAULT_CTRL_SEND] = "ctrl.send",       [WSYNC_FAULT_CTRL_RECV] = "ctrl.recv",
     [WSYNC_FAULT_STORE_PUBLISH] = "store.publish", [WSYNC_FAULT_STORE_GET] = "store.get",
     [WSYNC_FAULT_COMMIT] = "commit",             [WSYNC_FAULT_DELTA_CORRUPT] = "delta.encoded",
+    [WSYNC_FAULT_BELL_WAIT] = "bell.wait",
 };
 
 typedef enum { ACT_KILL, ACT_STOP, ACT_DELAY, ACT_DROP, ACT_CORRUPT, ACT_FAIL } act_t;
@@ -88,7 +89,8 @@ static int parse_token(const char *tok, size_t len, rule_t *r, char *why, size_t
             break;
     if (p == WSYNC_FAULT_NPOINTS) {
         snprintf(why, why_len, "unknown point '%.*s' (push.bucket, recv.unpack, ctrl.send, "
-                 "ctrl.recv, store.publish, store.get, commit, delta.encoded)", (int)plen, tok);
+                 "ctrl.recv, store.publish, store.get, commit, delta.encoded, bell.wait)",
+                 (int)plen, tok);
         return -1;
     }
     r->point = (wsync_fault_point_t)p;

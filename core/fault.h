@@ -16,6 +16,9 @@
  *   delta.encoded   sender (any scheme in delta mode): one chunk encoded as a delta, before it
  *                   is sent or published (WSYNC_FAULT_DELTA_CORRUPT); corrupt flips one bit of
  *                   the encoded bytes (the receiver must refuse the version: INTEGRITY)
+ *   bell.wait       a doorbell wait (core/doorbell.c): its word found short past the polls,
+ *                   before it looks for the group's failure (delay: a ring and a failure then
+ *                   both land in between)
  * Actions, each optionally "@N" (only the Nth hit of that rule; without it, every hit):
  *   kill            SIGKILL this process          stop       SIGSTOP this process
  *   delay=200ms     sleep (also "5s")             fail       the point returns WSYNC_ERR_IO
@@ -43,6 +46,7 @@ typedef enum {
     WSYNC_FAULT_STORE_GET,
     WSYNC_FAULT_COMMIT,
     WSYNC_FAULT_DELTA_CORRUPT,
+    WSYNC_FAULT_BELL_WAIT,
     WSYNC_FAULT_NPOINTS
 } wsync_fault_point_t;
 

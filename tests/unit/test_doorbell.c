@@ -2,6 +2,7 @@
  * when another process rings, also while every core is busy with other work, keeps its deadline
  * when nobody does, and returns the group's failure recorded in the inbox; an offer that does not
  * match the group is refused by name. */
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/doorbell.h"
+#include "core/fault.h"
 #include "core/util.h"
 #include "tests/support/check.h"
 #include "wsync/wsync.h"
@@ -207,6 +209,62 @@ static void test_wait_keeps_its_deadline_and_sees_failure(void)
     wsync_bells_free(b);
 }
 
+/* A version rung done, then the group ended at once (the coordinator's own sender returns from
+ * its push and closes the group): a waiter on the other side reports the version done, whichever
+ * of the two it sees first. The fault point bell.wait holds the waiter between a load of its word
+ * that came up short and its look at the group's failure, and both land in that window; before
+ * the fix the wait returned ABORTED there (CI, test_moe_fused_sender under load). Needs a build
+ * with WSYNC_FAULTS=ON. */
+typedef struct {
+    _Atomic uint32_t *word;
+    wsync_inbox_t *inbox;
+    wsync_status_t st;
+} waiter_t;
+
+static void *waiter_main(void *arg)
+{
+    waiter_t *w = arg;
+    w->st = wsync_bell_wait(w->word, 1, wsync_now_ms() + 10000, w->inbox);
+    return NULL;
+}
+
+static void test_done_before_failure_is_done(void)
+{
+#if defined(WSYNC_FAULTS) && WSYNC_FAULTS
+    wsync_bells_t *b = NULL;
+    wsync_inbox_t inbox;
+
+    setenv("WSYNC_FAULT", "bell.wait:delay=400ms@1", 1);
+    CHECK_OK(wsync_fault_init());
+    CHECK_OK(wsync_bells_create(1, 1, &b));
+    if (b == NULL)
+        return;
+    wsync_inbox_init(&inbox);
+    waiter_t w = {&b->hdr->done_seq, &inbox, WSYNC_ERR_INTERNAL};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, waiter_main, &w) == 0);
+    usleep(100 * 1000);   /* the waiter's polls are over: it sits in the fault's delay */
+    atomic_store(&b->hdr->done_seq, 1);
+    wsync_bell_ring(&b->hdr->done_seq);
+    wsync_inbox_fail(&inbox, WSYNC_ERR_ABORTED, "the group ended: its coordinator closed");
+    wsync_bells_kick(b);
+    pthread_join(t, NULL);
+    CHECK_MSG(w.st == WSYNC_OK, "the wait returned %s after the version was rung done",
+              wsync_status_name(w.st));
+    /* the same failure with the word short: the wait fails, naming it */
+    waiter_t w2 = {&b->hdr->begin_seq, &inbox, WSYNC_ERR_INTERNAL};
+    CHECK(pthread_create(&t, NULL, waiter_main, &w2) == 0);
+    pthread_join(t, NULL);
+    CHECK_MSG(w2.st == WSYNC_ERR_ABORTED, "a failed group's wait returned %s",
+              wsync_status_name(w2.st));
+    wsync_inbox_destroy(&inbox);
+    wsync_bells_free(b);
+    unsetenv("WSYNC_FAULT");
+#else
+    printf("   (skipped: needs WSYNC_FAULTS=ON)\n");
+#endif
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -214,5 +272,6 @@ int main(void)
     RUN(test_ring_wakes_another_process);
     RUN(test_ring_wakes_a_waiter_on_busy_cores);
     RUN(test_wait_keeps_its_deadline_and_sees_failure);
+    RUN(test_done_before_failure_is_done);
     return check_summary();
 }
