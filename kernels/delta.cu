@@ -203,6 +203,33 @@ static void wk_batch_release(wsync_kdelta_batch_t *b)
     free(b);
 }
 
+/* b's one device allocation (its chunks, lens, status + counters, leaves, results, CTA block
+ * list and block map) for b->n chunks of b->nblocks blocks, and the pointers into it. */
+static cudaError_t wk_batch_alloc(wsync_kdelta_batch_t *b)
+{
+    const uint64_t n = b->n, g = b->nblocks;
+    const uint64_t o_ch = 0, o_lens = o_ch + wk_al8(n * sizeof(wk_dchunk_t));
+    /* status at a multiple of 16: the warp apply's records are read as uint4 (with an odd count
+     * of chunks it had been 8 bytes off: a misaligned address, session 38) */
+    const uint64_t o_st = (o_lens + 8 * n + 15) & ~UINT64_C(15);
+    const uint64_t o_lv = o_st + 8 * (b->apply ? (b->flag ? 4 * g : 0) : g + 4);
+    const uint64_t o_res = o_lv + 8 * g, o_gl = o_res + n * sizeof(wsync_kdelta_result_t);
+    const uint64_t o_bm = o_gl + 4 * g, total = o_bm + 4 * g;
+    const cudaError_t e = cudaMalloc(&b->dev, total ? total : 8);
+    if (e != cudaSuccess)
+        return e;
+    unsigned char *base = (unsigned char *)b->dev;
+    b->chunks = (wk_dchunk_t *)(base + o_ch);
+    b->lens = (uint64_t *)(base + o_lens);
+    b->status = (unsigned long long *)(base + o_st);
+    b->leaves = (uint64_t *)(base + o_lv);
+    b->res = (wsync_kdelta_result_t *)(base + o_res);
+    b->glist = (uint32_t *)(base + o_gl);
+    b->bmap = (uint32_t *)(base + o_bm);
+    b->dev_bytes = total;
+    return cudaSuccess;
+}
+
 /* Group the chunks by element size, number their blocks, allocate and upload. d[i] describes
  * chunk i (caller's order) with block0 unset; esz[i] its element size. */
 static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dchunk_t *d,
@@ -256,28 +283,9 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
     }
     b->nblocks = g;
 
-    {   /* one device allocation: chunks, lens, status + counters, leaves, results */
-        uint64_t o_ch = 0, o_lens = o_ch + wk_al8((uint64_t)n * sizeof(wk_dchunk_t));
-        /* status at a multiple of 16: the warp apply's records are read as uint4 (with an odd
-         * count of chunks it had been 8 bytes off: a misaligned address, session 38) */
-        uint64_t o_st = (o_lens + 8 * (uint64_t)n + 15) & ~UINT64_C(15);
-        uint64_t o_lv = o_st + 8 * (apply ? (flag ? 4 * g : 0) : g + 4);
-        uint64_t o_res = o_lv + 8 * g, o_gl = o_res + (uint64_t)n * sizeof(wsync_kdelta_result_t);
-        uint64_t o_bm = o_gl + 4 * g, total = o_bm + 4 * g;
-        e = cudaMalloc(&b->dev, total ? total : 8);
-        if (e != cudaSuccess) {
-            st = wk_cuda(e, "wsync_kdelta: cudaMalloc");
-            goto fail;
-        }
-        unsigned char *base = (unsigned char *)b->dev;
-        b->chunks = (wk_dchunk_t *)(base + o_ch);
-        b->lens = (uint64_t *)(base + o_lens);
-        b->status = (unsigned long long *)(base + o_st);
-        b->leaves = (uint64_t *)(base + o_lv);
-        b->res = (wsync_kdelta_result_t *)(base + o_res);
-        b->glist = (uint32_t *)(base + o_gl);
-        b->bmap = (uint32_t *)(base + o_bm);
-        b->dev_bytes = total;
+    if ((e = wk_batch_alloc(b)) != cudaSuccess) {
+        st = wk_cuda(e, "wsync_kdelta: cudaMalloc");
+        goto fail;
     }
     e = cudaMallocHost((void **)&b->host, (size_t)(n ? n : 1) * sizeof(wsync_kdelta_result_t));
     if (e == cudaSuccess)

@@ -188,6 +188,47 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
  * read again from the new version). */
 #define WKW_STASH 128
 
+/* The warp encoder's writes of a SPARSE or BITMAP block's changes (lane's set bits of mask
+ * words m, words 4 lane .. 4 lane + 3) to the payload at `to`: with sparse each change's gap
+ * bytes (floor(gap / 255) escapes, then gap mod 255) at its rank r plus the escapes before it
+ * (r0, ex0: lane's first; prev: the change before lane's words), and each value at hdr + r E,
+ * from the warp's stash (a vector's slot: the ballot words vb and their prefix counts vpre) or,
+ * past WKW_STASH vectors or without a stash (ST false), from the new version nv. */
+template <int E, bool ST>
+__device__ __forceinline__ void wkw_write_changes(unsigned char *to, uint64_t hdr, bool sparse,
+                                                  const uint32_t m[4], uint32_t lane, uint32_t r0,
+                                                  uint32_t ex0, int prev, const uint4 *stash,
+                                                  const uint32_t *vb, const uint32_t *vpre,
+                                                  const typename wk_elem<E>::t *nv)
+{
+    typedef typename wk_elem<E>::t el;
+    uint32_t r = r0, ex = ex0;
+    int p = prev;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        uint32_t mm = m[w];
+        while (mm != 0) {
+            const uint32_t i = (4 * lane + w) * 32 + (uint32_t)__ffs((int)mm) - 1;
+            mm &= mm - 1;
+            if (sparse) {
+                const uint32_t gap = (uint32_t)((int)i - p - 1), ne = gap / 255u;
+                for (uint32_t x = 0; x < ne; x++)
+                    to[r + ex + x] = 0xff;
+                ex += ne;
+                to[r + ex] = (unsigned char)(gap - 255u * ne);
+            }
+            const uint32_t vi = i * E / 16;   /* its vector, and that vector's slot */
+            const uint32_t sl = ST ? vpre[vi >> 5] + __popc(vb[vi >> 5] & ((1u << (vi & 31)) - 1u))
+                                   : WKW_STASH;
+            *reinterpret_cast<el *>(to + hdr + (uint64_t)r * E) =
+                sl < WKW_STASH ? reinterpret_cast<const el *>(stash)[sl * (16 / E) + i % (16 / E)]
+                               : nv[i];
+            p = (int)i;
+            r++;
+        }
+    }
+}
+
 /* A 16-byte vector of either version. RO (no update_old, as the store scheme's senders
  * encode: the kernel writes neither version): through the read-only path (ld.global.nc; the
  * descriptor's pointers otherwise make generic loads), on an H100 774-778 us against 792-799 at
@@ -224,14 +265,13 @@ __device__ __forceinline__ uint4 wkw_ld(const uint4 *p)
  *    read again from the new version only past WKW_STASH vectors; PLAIN blocks are copied in
  *    8-byte words, a BITMAP's bitmap is the mask words. Reading the values again from L2 had
  *    kept each warp waiting on loads after its compare (docs/delta.md). */
-template <int E, bool RO>
+template <int E, bool UPDATE_OLD>
 __global__ void __launch_bounds__(WKW_THREADS, WKW_MIN_BLOCKS)
 wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
                  uint64_t g0, uint64_t nblk, unsigned long long *status, unsigned int *counter,
                  uint64_t *leaves, wsync_kdelta_result_t *res)
 {
-    constexpr bool update_old = !RO;
-    typedef typename wk_elem<E>::t el;
+    constexpr bool RO = !UPDATE_OLD;   /* the kernel writes neither version */
     constexpr uint32_t NSEG = WK_DBLK * E / 1024;   /* 1 KiB segments: two rounds of 512 bytes */
     __shared__ uint64_t sec[24];
     __shared__ __align__(16) uint32_t smask[WKW_WARPS][WK_MWORDS];
@@ -295,7 +335,7 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
             }
             nst += __popc(bb0) + __popc(bb1);
         }
-        if (update_old) {
+        if (UPDATE_OLD) {
             /* the baseline takes the new values of each 32-byte sector with a change, the
              * whole sector (the two lanes' vectors: unchanged elements rewrite their own
              * bytes): a write of a few bytes is a read-modify-write in the memory system */
@@ -364,35 +404,10 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
                 to[hdr + (uint64_t)k * E + lane] = 0;
         }
     }
-    if (idx) {
-        const el *nv = reinterpret_cast<const el *>(d.a + first * E);
-        uint32_t r = inc - cnt, ex = einc - es;   /* rank and escapes before lane's first change */
-        int p = prev0;
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            uint32_t mm = m[w];
-            while (mm != 0) {
-                const uint32_t i = (4 * lane + w) * 32 + (uint32_t)__ffs((int)mm) - 1;
-                mm &= mm - 1;
-                if (mode == WSYNC_DELTA_SPARSE) {
-                    /* the gap: floor(gap / 255) escape bytes, then gap mod 255 */
-                    const uint32_t gap = (uint32_t)((int)i - p - 1), ne = gap / 255u;
-                    for (uint32_t x = 0; x < ne; x++)
-                        to[r + ex + x] = 0xff;
-                    ex += ne;
-                    to[r + ex] = (unsigned char)(gap - 255u * ne);
-                }
-                const uint32_t vi = i * E / 16;   /* its vector, and that vector's slot */
-                const uint32_t sl = ST ? vpre[vi >> 5] + __popc(vb[vi >> 5] & ((1u << (vi & 31)) - 1u))
-                                       : WKW_STASH;
-                *reinterpret_cast<el *>(to + hdr + (uint64_t)r * E) =
-                    sl < WKW_STASH ? reinterpret_cast<const el *>(stash)[sl * (16 / E) + i % (16 / E)]
-                                   : nv[i];
-                p = (int)i;
-                r++;
-            }
-        }
-    }
+    if (idx)
+        wkw_write_changes<E, ST>(to, hdr, mode == WSYNC_DELTA_SPARSE, m, lane, inc - cnt, einc - es,
+                                 prev0, stash, vb, vpre,
+                                 reinterpret_cast<const typename wk_elem<E>::t *>(d.a + first * E));
 }
 
 /* Group grp's encode kernels (element size E = 1 << grp) on stream s: the warp kernel for the
@@ -408,10 +423,10 @@ static void wk_encode_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t
     unsigned int *counters = (unsigned int *)(b->status + b->nblocks);
     const unsigned nc = (unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS);
     if (nw > 0 && b->flag)   /* first: the tail blocks after it look back over its blocks */
-        wkw_delta_encode<E, false><<<nc, WKW_THREADS, 0, s>>>(
+        wkw_delta_encode<E, true><<<nc, WKW_THREADS, 0, s>>>(
             b->chunks, b->bmap, g0, nw, b->status, counters + 4 + grp, b->leaves, b->res);
     else if (nw > 0)
-        wkw_delta_encode<E, true><<<nc, WKW_THREADS, 0, s>>>(
+        wkw_delta_encode<E, false><<<nc, WKW_THREADS, 0, s>>>(
             b->chunks, b->bmap, g0, nw, b->status, counters + 4 + grp, b->leaves, b->res);
     if (nl > 0)
         wk_delta_encode<E><<<(unsigned)nl, WK_THREADS, 2 * WK_DBLK * E, s>>>(
