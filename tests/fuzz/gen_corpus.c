@@ -857,7 +857,13 @@ int main(int argc, char **argv)
     wsync_model_config_t tiny, micro;
     group_t g;
 
-    if (argc != 2) {
+    if (argc == 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+        printf("usage: fuzz_gen_corpus DIR   (e.g. tests/fuzz/corpus)\n"
+               "Writes the fuzzers' seed corpora under DIR/<fuzzer>/ from the library's own "
+               "encoders.\n");
+        return 0;
+    }
+    if (argc != 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: fuzz_gen_corpus DIR   (e.g. tests/fuzz/corpus)\n");
         return 2;
     }
