@@ -666,7 +666,7 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
                                  const char *what)
 {
     const uint8_t *p = enc;
-    uint64_t nb, table_end, area, pos = 0;
+    uint64_t nb, table_end, area, sum = 0;
     uint32_t magic;
 
     if (what == NULL)
@@ -718,10 +718,6 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
             return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": payload offset "
                              "%" PRIu32 " out of range (payload area %" PRIu64 " bytes)",
                              what, j, off, area);
-        if (off != pos)
-            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": payload offset "
-                             "%" PRIu32 ", expected %" PRIu64 " (payloads are contiguous, in "
-                             "block order)", what, j, off, pos);
         if (k > blen)
             return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": k %" PRIu32
                              " > the block's %" PRIu32 " elements", what, j, k, blen);
@@ -743,19 +739,19 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
                              mode_name(mode), k, blen, mode_name(want));
         }
         bytes = mode_bytes(mode, blen, k, e, esize);
-        if (bytes > area - pos)
+        if (bytes > area - off)
             return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta truncated: block %" PRIu64 "'s %s "
-                             "payload of %" PRIu64 " bytes at offset %" PRIu64 " passes the "
+                             "payload of %" PRIu64 " bytes at offset %" PRIu32 " passes the "
                              "end (payload area %" PRIu64 " bytes)", what, j, mode_name(mode),
-                             bytes, pos, area);
-        st = check_payload(p + table_end + pos, bytes, mode, blen, k, e, esize, j, what);
+                             bytes, off, area);
+        st = check_payload(p + table_end + off, bytes, mode, blen, k, e, esize, j, what);
         if (st != WSYNC_OK)
             return st;
-        pos += bytes;
+        sum += bytes;
     }
-    if (pos != area)
-        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta has %" PRIu64 " trailing bytes after "
-                         "the last payload", what, area - pos);
+    if (sum != area)   /* bytes beside the payloads, or payloads overlapping */
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta payloads of %" PRIu64 " bytes in all, "
+                         "the payload area holds %" PRIu64, what, sum, area);
     return WSYNC_OK;
 }
 

@@ -7,9 +7,11 @@
  * bucket); elements compare as raw bit patterns of their size (so 0.0 vs -0.0 and NaN payloads
  * count as changes: a delta version is bit-exact, never "numerically equal").
  *
- * Wire form of one encoded chunk, format 2 (all integers little-endian), for n elements of esize
- * bytes (esize 1, 2, 4 or 8). Format 1 (u16 SPARSE indices, k in bits 0..29) is gone: the check
- * refuses it. Format 2 codes SPARSE positions as byte gaps, ~1 byte per change instead of 2.
+ * Wire form of one encoded chunk, format 3 (all integers little-endian), for n elements of esize
+ * bytes (esize 1, 2, 4 or 8). The check refuses the others: format 1 (u16 SPARSE indices) and
+ * format 2 (the same bytes as 3, but payloads contiguous in block order: the GPU encoder then had
+ * to find each block's offset from its predecessors', a look-back that cost it 10 % of its time
+ * at 5 % changed on an H100, docs/delta.md, session 39).
  *
  *   header   16 bytes   u32 magic WSYNC_DELTA_MAGIC, u8 format WSYNC_DELTA_FORMAT, u8 esize,
  *                       u16 zero, u64 n
@@ -20,13 +22,16 @@
  *                       k (bits 0..15) = elements that changed (<= len_j <= 4096),
  *                       e (bits 16..29) = escape bytes of a SPARSE block's index stream (below;
  *                       0 in every other mode), mode (bits 30..31)
- *   payloads            from byte 16 + 8 * nb, each block's at its offset, in block order, each
+ *   payloads            from byte 16 + 8 * nb, each block's at its offset, in any order, each
  *                       starting 8-byte aligned, with zero bytes as padding
  *
- * Exactly one byte string per (old, new), so that encoders agree and the check can demand it:
- *  - payloads are contiguous: block 0's offset is 0 and block j + 1's is block j's plus block j's
- *    payload bytes (a SAME block's offset is where the next payload starts: the running offset);
- *    the stream ends right after the last payload (len = 16 + 8 * nb + the sum of payloads).
+ * Each block's bytes (its entry word and its payload) are a function of (old, new) alone, so that
+ * encoders agree on them and the check can demand them; where the payloads lie is the encoder's
+ * choice (the CPU encoder lays them in block order, the GPU encoder in the order its blocks finish):
+ *  - each payload lies inside the payload area, and the payloads' sizes add up to the area's
+ *    length (len = 16 + 8 * nb + the sum of payloads; a SAME block's offset is any multiple of 8
+ *    up to the area's end). That payloads do not overlap is not checked: it would take the
+ *    offsets sorted, and a block decodes from its own offset whatever lies beside it.
  *  - a block's mode is the one wsync_delta_block_bytes picks for (len_j, k, e, esize), where e is
  *    the escape count of the block's changed positions (defined below) WHATEVER the mode: the
  *    encoder computes e from the positions of every changed block, though only a SPARSE block
@@ -66,8 +71,8 @@
  * advance (b == 0xFF ? 255 : b + 1) and an element count (b != 0xFF); inclusive scans of both give,
  * for each byte b < 0xFF, its element's position (advance sum - 1) and its value slot (count - 1).
  *
- * The encoding is a function of (old, new) alone: the CPU encoder here and the CUDA encoder
- * (kernels/delta.h) write the same bytes, and either decoder applies what either wrote. When the
+ * The CPU encoder here and the CUDA encoder (kernels/delta.h) write the same header, table words
+ * and payloads (the offsets aside), and either decoder applies what either wrote. When the
  * encoded chunk is not smaller than the plain bytes (n * esize), the chunk travels plain: callers
  * compare wsync_delta_encode's *len with the plain size (the break-even point at chunk level;
  * blocks already take PLAIN past theirs).
@@ -88,7 +93,7 @@
 #include "wsync/wsync.h"
 
 #define WSYNC_DELTA_MAGIC 0x4c445357u   /* "WSDL" */
-#define WSYNC_DELTA_FORMAT 2u
+#define WSYNC_DELTA_FORMAT 3u
 #define WSYNC_DELTA_BLOCK 4096u         /* elements per block */
 #define WSYNC_DELTA_HEADER 16u
 
@@ -138,13 +143,14 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
                                   const wsync_region_t *src, uint32_t esize, void *out,
                                   uint64_t cap, uint64_t *len, uint64_t *hash, uint64_t *changed);
 
-/* Check an encoded chunk's structure before applying it: magic, format (a format-1 stream is
- * refused), esize, n equal to the region's elements, offsets in order, aligned and inside len,
+/* Check an encoded chunk's structure before applying it: magic, format (formats 1 and 2 are
+ * refused), esize, n equal to the region's elements, offsets aligned and inside len,
  * k <= len_j, e = 0 outside SPARSE, each block's payload size that of its mode and its mode the
  * one wsync_delta_block_bytes picks for (len_j, k, e) (SPARSE: the table's e; BITMAP: the e of
  * the bitmap's positions, which the check computes; PLAIN: any e, see above), a SPARSE index
  * stream with exactly e bytes 0xFF and k bytes < 0xFF, a last byte < 0xFF and every decoded
- * position < len_j, a BITMAP's popcount equal to k, padding zero, nothing after the last payload.
+ * position < len_j, a BITMAP's popcount equal to k, padding zero, the payloads' sizes adding up to
+ * the payload area (no bytes beside them).
  * WSYNC_ERR_INTEGRITY naming `what` (e.g. "chunk 12 from sender 1") and the first fault found.
  * Never reads outside enc[0, len). */
 wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint32_t esize,

@@ -9,9 +9,9 @@
  * Work: per codec block (WSYNC_DELTA_BLOCK elements), one warp (full blocks of chunks that are
  * dense with new and old 16-byte aligned) or one CUDA block (the rest; WSYNC_KDELTA_OLD=1: every
  * block, the kernels before the warp encoder, to compare); kernels/delta.cu says how, what each
- * measured and what limits the speed. Encode reads each block of new and old values once: it counts the changes, hashes the new values (leaf), finds the block's payload
- * offset by a decoupled look-back over the blocks before it in its chunk (so no second pass over
- * the values), and writes its table entry and payload. A second, small kernel hashes each
+ * measured and what limits the speed. Encode reads each block of new and old values once: it counts the changes, hashes the new values (leaf), takes the block's payload
+ * offset from its chunk's cursor (format 3: payloads in any order, so no block waits for another
+ * and no second pass), and writes its table entry and payload. A second, small kernel hashes each
  * chunk's leaves. Apply validates the header, the block's table entry and its payload before
  * touching the destination, writes the changed values in place and hashes the block's values
  * after it.
@@ -63,8 +63,9 @@ typedef struct {
 enum {
     WSYNC_KDELTA_FAULT_HEADER = 1,     /* len below header + table, magic, format, esize or n */
     WSYNC_KDELTA_FAULT_TABLE = 2,      /* a block's entry: mode vs (k, e), k above the block,
-                                          e outside SPARSE, offset unaligned / out of order /
-                                          past len, bytes after the last payload */
+                                          e outside SPARSE, offset unaligned or a payload
+                                          past len; at the last block: the payloads' bytes
+                                          not those of the stream's payload area */
     WSYNC_KDELTA_FAULT_PAYLOAD = 3,    /* SPARSE index stream: not k bytes < 0xFF and e bytes
                                           0xFF, a trailing 0xFF, a position past the block;
                                           BITMAP count differs from k, bits past the block, or
@@ -75,7 +76,9 @@ enum {
 
 /* One chunk's outcome, valid once the launch has completed on its stream. */
 typedef struct {
-    uint64_t len;       /* encode: the encoded bytes (> cap: it did not fit); apply: 0 */
+    uint64_t len;       /* encode: the encoded bytes (> cap: it did not fit); apply: the payload
+                           bytes of the blocks applied (wsync_kdelta_results faults the chunk
+                           when they do not fill its payload area) */
     uint64_t hash;      /* encode: tree hash of the new values; apply (with hash): tree hash of
                            the region after applying (meaningless when fault is set) */
     uint64_t changed;   /* elements that differ (encode) / that the stream changed (apply: the
@@ -116,9 +119,10 @@ wsync_status_t wsync_kdelta_launch(wsync_kdelta_batch_t *batch, const uint64_t *
                                    void *stream);
 
 /* The results of the last launch: n entries of pinned host memory owned by the batch, in the
- * order of the chunks given at create. Read them after the launch's stream has passed it (an
- * event recorded after wsync_kdelta_launch). */
-const wsync_kdelta_result_t *wsync_kdelta_results(const wsync_kdelta_batch_t *batch);
+ * order of the chunks given at create. Call it after the launch's stream has passed it (an
+ * event recorded after wsync_kdelta_launch): for an apply it makes the last check there, that
+ * the payloads fill each stream's payload area (a fault in the chunk's last block otherwise). */
+const wsync_kdelta_result_t *wsync_kdelta_results(wsync_kdelta_batch_t *batch);
 
 /* An apply result as a status: WSYNC_OK, or WSYNC_ERR_INTEGRITY naming `what`, the block and the
  * fault ("chunk 12 from sender 1: block 3: bad block table entry"). */

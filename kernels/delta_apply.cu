@@ -13,15 +13,15 @@
  * bitmap tells (the caller checks that). */
 __device__ uint32_t wk_check_entry(const unsigned char *enc, uint64_t elen, const wk_dchunk_t &d,
                                    uint32_t j, uint32_t len, uint32_t E, uint32_t *mode,
-                                   uint32_t *k, uint32_t *e, uint64_t *off, uint64_t *size)
+                                   uint32_t *k, uint32_t *e, uint64_t *off, uint64_t *size,
+                                   wsync_kdelta_result_t *res)
 {
     const uint64_t tbl = 16 + 8 * (uint64_t)d.nb;
     if (elen < tbl)
         return WSYNC_KDELTA_FAULT_HEADER;
-    /* header, entry and the entry before it all lie before tbl: loaded together */
+    /* header and entry lie before tbl: loaded together */
     const uint64_t h = wk_rd64(enc), hn = wk_rd64(enc + 8);
     const uint64_t w = wk_rd64(enc + 16 + 8 * (uint64_t)j);
-    const uint64_t pw = j > 0 ? wk_rd64(enc + 16 + 8 * ((uint64_t)j - 1)) : 0;
     if ((uint32_t)h != WSYNC_DELTA_MAGIC || ((h >> 32) & 0xff) != WSYNC_DELTA_FORMAT ||
         ((h >> 40) & 0xff) != E || (h >> 48) != 0 || hn != d.n)
         return WSYNC_KDELTA_FAULT_HEADER;
@@ -36,18 +36,8 @@ __device__ uint32_t wk_check_entry(const unsigned char *enc, uint64_t elen, cons
     if (m != want && !(m == WSYNC_DELTA_BITMAP && want == WSYNC_DELTA_SPARSE))
         return WSYNC_KDELTA_FAULT_TABLE;
     const uint64_t sz = wk_msize(m, len, kk, ee, E);
-    if ((o & 7) != 0 || o + sz > area)
+    if ((o & 7) != 0 || o > area || sz > area - o)
         return WSYNC_KDELTA_FAULT_TABLE;
-    if (j == 0) {
-        if (o != 0)
-            return WSYNC_KDELTA_FAULT_TABLE;
-    } else {   /* right after the block before it (which checks its own entry) */
-        const uint32_t pk = (uint32_t)(pw >> 32) & 0xffffu, pe = (uint32_t)(pw >> 48) & 0x3fffu;
-        if ((uint64_t)(uint32_t)pw + wk_msize((uint32_t)(pw >> 62), WK_DBLK, pk, pe, E) != o)
-            return WSYNC_KDELTA_FAULT_TABLE;
-    }
-    if (j == d.nb - 1 && o + sz != area)
-        return WSYNC_KDELTA_FAULT_TABLE;   /* bytes after the last payload */
     *mode = m;
     *k = kk;
     *e = ee;
@@ -125,7 +115,7 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ 
         wk_load_block<E, false>(d, d.b, NULL, first, len, sv, NULL);
     if (tid == 0) {
         sh_fault = wk_check_entry(d.a, lens[d.idx], d, j, len, E, &sh_mode, &sh_k, &sh_e,
-                                  &sh_off, &sh_size);
+                                  &sh_off, &sh_size, res);
         sh_bad = 0;
     }
     __syncthreads();
@@ -264,8 +254,7 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ 
         wk_block_leaf<E>(sv, len, sec, hsum, &leaves[g]);
     }
     if (tid == 0 && k > 0)
-        atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
-                  (unsigned long long)k);
+        wk_app_count(res, d.idx, k, size);
 }
 
 /* Exclusive warp-wide prefix sums of two counts: *ea, *eb over the lanes before this one, *ta,
@@ -554,7 +543,8 @@ __device__ __forceinline__ bool wkw_sparse_small(const wkw_ablk_t &x, int hash, 
 template <int E>
 __global__ void __launch_bounds__(WK_THREADS)
 wkw_apply_entries(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
-                  uint64_t g0, uint64_t nblk, const uint64_t *lens, uint4 *rec)
+                  uint64_t g0, uint64_t nblk, const uint64_t *lens, uint4 *rec,
+                  wsync_kdelta_result_t *res)
 {
     const uint64_t bi = (uint64_t)blockIdx.x * WK_THREADS + threadIdx.x;
     if (bi >= nblk)
@@ -566,7 +556,8 @@ wkw_apply_entries(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict
     uint32_t mode = 0, k = 0, esc = 0, fault = WKW_TAIL;
     uint64_t off = 0, size = 0;
     if (d.n - first >= WK_DBLK)
-        fault = wk_check_entry(d.a, lens[d.idx], d, j, WK_DBLK, E, &mode, &k, &esc, &off, &size);
+        fault = wk_check_entry(d.a, lens[d.idx], d, j, WK_DBLK, E, &mode, &k, &esc, &off, &size,
+                               res);
     const uint64_t P = reinterpret_cast<uint64_t>(d.a + 16 + 8 * (uint64_t)d.nb + off);
     const uint64_t tv = reinterpret_cast<uint64_t>(d.b + first * E);
     rec[2 * g] = make_uint4((uint32_t)P, (uint32_t)(P >> 32), (uint32_t)tv, (uint32_t)(tv >> 32));
@@ -579,7 +570,8 @@ wkw_apply_entries(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict
 template <int E>
 __device__ __forceinline__ uint32_t wkw_entry(const wk_dchunk_t *__restrict__ ch,
                                               const uint32_t *__restrict__ bmap, uint64_t g,
-                                              const uint64_t *lens, const uint4 *rec, wkw_ablk_t *x)
+                                              const uint64_t *lens, const uint4 *rec, wkw_ablk_t *x,
+                                              wsync_kdelta_result_t *res)
 {
     const uint32_t lane = threadIdx.x & 31;
     if (rec != NULL) {
@@ -604,7 +596,7 @@ __device__ __forceinline__ uint32_t wkw_entry(const wk_dchunk_t *__restrict__ ch
     if (lane == 0) {
         uint64_t off = 0;
         fault = wk_check_entry(d.a, lens[d.idx], d, j, WK_DBLK, E, &mine.mode, &mine.k, &mine.esc,
-                               &off, &mine.size);
+                               &off, &mine.size, res);
         mine.P = d.a + 16 + 8 * (uint64_t)d.nb + off;
         mine.tv = d.b + first * E;
     }
@@ -646,7 +638,7 @@ wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
         return;
     const uint64_t g = g0 + bi;
     wkw_ablk_t x;
-    const uint32_t fault = wkw_entry<E>(ch, bmap, g, lens, rec, &x);
+    const uint32_t fault = wkw_entry<E>(ch, bmap, g, lens, rec, &x, res);
     if (fault == WKW_TAIL)
         return;   /* wk_delta_apply's */
     if (fault != 0) {
@@ -711,8 +703,7 @@ wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
         if (hash)
             leaves[g] = leaf;
         if (x.k > 0)
-            atomicAdd(reinterpret_cast<unsigned long long *>(&res[x.idx].changed),
-                      (unsigned long long)x.k);
+            wk_app_count(res, x.idx, x.k, x.size);
     }
 }
 
@@ -731,7 +722,7 @@ static void wk_apply_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t 
     uint4 *rec = b->flag ? reinterpret_cast<uint4 *>(b->status) : NULL;
     if (nw > 0 && rec != NULL)
         wkw_apply_entries<E><<<(unsigned)((nw + WK_THREADS - 1) / WK_THREADS), WK_THREADS, 0, s>>>(
-            b->chunks, b->bmap, g0, nw, b->lens, rec);
+            b->chunks, b->bmap, g0, nw, b->lens, rec, b->res);
     if (nw > 0)
         wkw_delta_apply<E><<<(unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS), WKW_THREADS, 0, s>>>(
             b->chunks, b->bmap, g0, nw, b->lens, b->leaves, b->res, b->flag, rec);

@@ -1,6 +1,6 @@
 /* The delta codec's device pieces that kernels/delta_encode.cu, kernels/delta_apply.cu and
  * kernels/delta.cu share (internal: included by those three only): the codec block and
- * look-back words, a chunk and a batch as the kernels see them, the block sizes of the format,
+ * chunk cursors, a chunk and a batch as the kernels see them, the block sizes of the format,
  * the CTA kernels' block loads and stores and mask scans, the warp kernels' vectors and register
  * XXH3, and the two launchers. kernels/delta.cu's opening comment says how the kernels work. */
 #ifndef WSYNC_KERNELS_DELTA_DEV_CUH
@@ -21,17 +21,38 @@ extern "C" {
 #define WK_DBLK 4096u                  /* elements per codec block: WSYNC_DELTA_BLOCK */
 #define WK_MWORDS (WK_DBLK / 32)       /* mask words per block */
 /* Codec blocks resident per SM that the register budget must allow (<= 32 registers): a block's
- * life has stretches without loads in flight (ballots, hash, look-back), so bandwidth comes from
+ * life has stretches without loads in flight (ballots, hash, the cursor's round trip), so bandwidth comes from
  * many blocks per SM (with bf16, shared memory allows 8 too). */
 #define WK_DMIN_BLOCKS 8
 
 static_assert(WK_DBLK == WSYNC_DELTA_BLOCK, "the kernels' block is the format's");
 static_assert(WK_THREADS == 256, "the hash and the prefix counts assume 256 threads");
 
-/* Look-back words: status in the top 2 bits, a byte count below. */
-#define WK_LB_AGG (UINT64_C(1) << 62)  /* the block's own payload size */
-#define WK_LB_INC (UINT64_C(2) << 62)  /* payload bytes up to and including the block */
-#define WK_LB_VAL ((UINT64_C(1) << 62) - 1)
+/* A chunk's cursor in the encode (status[block0], its first block's word): the changed elements
+ * of the blocks that took an offset << WK_CUR_KSHIFT | their payloads' 8-byte words. Format 3
+ * lets payloads lie in any order, so a block takes its offset and adds its k with one atomicAdd
+ * (no block waits for another), and wk_delta_chunk_hash reads the chunk's length and changed
+ * count from it. n * esize < 2^32: the words stay below 2^30, k's sum below 2^32. */
+#define WK_CUR_KSHIFT 30
+#define WK_CUR_WORDS ((UINT64_C(1) << WK_CUR_KSHIFT) - 1)
+__device__ __forceinline__ unsigned long long wk_cur_add(uint32_t k, uint64_t size)
+{
+    return (unsigned long long)k << WK_CUR_KSHIFT | (unsigned long long)(size / 8);
+}
+
+/* An applied block's share of its chunk's result, one atomicAdd: k into `changed`'s low
+ * WK_APP_SHIFT bits, its payload's 8-byte words above (n * esize < 2^32: both fit);
+ * wsync_kdelta_results splits them and checks that the payloads fill the stream's payload area
+ * (format 3 lets them lie anywhere in it). That one fault is found after the blocks were applied
+ * (the version fails all the same). A second atomicAdd a block for the bytes made the apply
+ * 7 % slower on an H100 (every block's atomics go to the chunk's one result). */
+#define WK_APP_SHIFT 33
+__device__ __forceinline__ void wk_app_count(wsync_kdelta_result_t *res, uint32_t idx, uint32_t k,
+                                             uint64_t size)
+{
+    atomicAdd(reinterpret_cast<unsigned long long *>(&res[idx].changed),
+              (unsigned long long)k | (unsigned long long)(size / 8) << WK_APP_SHIFT);
+}
 
 /* A chunk as the kernels see it; [nchunks] on the device, grouped by element size. */
 typedef struct {
@@ -257,39 +278,6 @@ __device__ __forceinline__ void wk_store_block(const wk_dchunk_t &d, unsigned ch
             continue;
         uint64_t off = d.dense ? (uint64_t)i * E : wk_eoff(d, first + i, E);
         *reinterpret_cast<el *>((d.dense ? a : base) + off) = reinterpret_cast<const el *>(sv)[i];
-    }
-}
-
-/* The payload bytes of the blocks before block j (> 0) of a chunk whose first block's look-back
- * word is status[block0]: the decoupled look-back, by one whole warp (every lane gets the sum).
- * Lane l reads the word of the block l places before the nearest one not yet summed; the sizes
- * are summed back to the nearest inclusive word, waiting while a nearer block has published
- * nothing yet (blocks are drawn in order, so the blocks waited for are running). */
-__device__ __forceinline__ uint64_t wk_lookback(unsigned long long *status, uint64_t block0,
-                                                uint32_t j, uint32_t lane)
-{
-    uint64_t off = 0;
-    int64_t p = (int64_t)j - 1;   /* the nearest predecessor not yet summed */
-    for (;;) {
-        const int64_t q = p - lane;
-        const uint64_t w = q >= 0 ? *(volatile unsigned long long *)&status[block0 + (uint64_t)q]
-                                  : WK_LB_INC;   /* before the chunk: nothing */
-        const uint32_t st = (uint32_t)(w >> 62);
-        const uint32_t xm = __ballot_sync(WK_FULL, st == 0), im = __ballot_sync(WK_FULL, st == 2);
-        const uint32_t lowi = im ? (uint32_t)__ffs((int)im) - 1 : 32;
-        const uint32_t lowx = xm ? (uint32_t)__ffs((int)xm) - 1 : 32;
-        if (lowx < lowi) {   /* a nearer block has not published yet */
-            __nanosleep(64);
-            continue;
-        }
-        uint64_t v = lane <= lowi ? (w & WK_LB_VAL) : 0;
-#pragma unroll
-        for (int o = 16; o > 0; o /= 2)
-            v += __shfl_xor_sync(WK_FULL, v, o);
-        off += v;
-        if (lowi < 32)
-            return off;
-        p -= 32;
     }
 }
 
@@ -545,7 +533,8 @@ struct wsync_kdelta_batch {
     void *dev;                         /* one allocation: */
     wk_dchunk_t *chunks;               /*   [n], grouped by element size */
     uint64_t *lens;                    /*   [n] apply: lengths, caller's order */
-    unsigned long long *status;        /*   [nblocks + 4] encode: look-back words, counters;
+    unsigned long long *status;        /*   [nblocks + 4] encode: a chunk's cursor at its first
+                                          block's word, the block counters;
                                           [4 * nblocks] apply with the hash: the warp apply's
                                           records (wkw_apply_entries) */
     uint64_t *leaves;                  /*   [nblocks] */
@@ -557,9 +546,12 @@ struct wsync_kdelta_batch {
     uint64_t *lens_host;               /* pinned [n] apply: the lengths of the next launch */
     uint64_t *lens_default;            /* malloc [n] apply: those given at create */
     uint8_t *esz;                      /* malloc [n] apply: element sizes, caller's order */
+    uint64_t *nbl;                     /* malloc [n] apply: blocks of each chunk, caller's order */
     int lens_changed;                  /* a launch gave other lengths than the default */
     uint64_t elems, plain_bytes;       /* the chunks' elements and their bytes */
     int launched;                      /* a launch's results were copied (res_ev recorded) */
+    int split;                         /* apply: wsync_kdelta_results split the last launch's
+                                          counts (wk_app_count) */
     int warp_enc;                      /* encode: the warp kernels for the next launch */
     cudaEvent_t res_ev;                /* after the last launch's copy of the results */
     struct {

@@ -11,14 +11,12 @@
  * what the warp encoder leaves, tail blocks and chunks it cannot take), all of element size E.
  * Shared memory (dynamic): the new values [WK_DBLK * E], then the payload being built
  * [WK_DBLK * E] (the changed flags before it). */
-/* An encoded block's table entry (and the chunk's header from its first block), its hash leaf
- * and its share of the chunk's results: one thread of the block's encoder. */
+/* An encoded block's table entry (and the chunk's header from its first block) and its hash
+ * leaf: one thread of the block's encoder (its k and size went into the chunk's cursor). */
 template <int E>
 __device__ __forceinline__ void wk_block_entry(const wk_dchunk_t &d, uint32_t j, uint64_t g,
-                                               uint64_t off, uint64_t pos, uint64_t size,
-                                               uint32_t mode, uint32_t e, uint32_t k,
-                                               uint64_t leaf, uint64_t *leaves,
-                                               wsync_kdelta_result_t *res)
+                                               uint64_t off, uint32_t mode, uint32_t e, uint32_t k,
+                                               uint64_t leaf, uint64_t *leaves)
 {
     if (16 + 8 * ((uint64_t)j + 1) <= d.cap)
         reinterpret_cast<uint64_t *>(d.out + 16)[j] =
@@ -29,18 +27,13 @@ __device__ __forceinline__ void wk_block_entry(const wk_dchunk_t &d, uint32_t j,
         reinterpret_cast<uint64_t *>(d.out)[1] = d.n;
     }
     leaves[g] = leaf;
-    if (k > 0)
-        atomicAdd(reinterpret_cast<unsigned long long *>(&res[d.idx].changed),
-                  (unsigned long long)k);
-    if (j == d.nb - 1)
-        res[d.idx].len = pos + size;
 }
 
 template <int E>
 __global__ void __launch_bounds__(WK_THREADS, WK_DMIN_BLOCKS)
 wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap, uint64_t g0,
                 const uint32_t *__restrict__ glist, unsigned long long *status,
-                unsigned int *counter, uint64_t *leaves, wsync_kdelta_result_t *res, int update_old)
+                unsigned int *counter, uint64_t *leaves, int update_old)
 {
     extern __shared__ uint4 wk_dyn[];
     unsigned char *snew = reinterpret_cast<unsigned char *>(wk_dyn);
@@ -54,7 +47,7 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
 
     wk_secret_load(sec);
     if (tid == 0) {
-        /* blocks numbered in the order they start: the look-back waits only for running ones */
+        /* blocks numbered in the order they start (reads sweep both versions in order) */
         const uint32_t i = atomicAdd(counter, 1u);
         const uint64_t g = g0 + (glist != NULL ? glist[i] : i);
         sh_g = g;
@@ -106,27 +99,17 @@ wk_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
     const uint64_t size = wk_bbytes(len, k, sh_e, E, &mode);
     const uint32_t e = mode == WSYNC_DELTA_SPARSE ? sh_e : 0;   /* the table's e */
 
-    /* 3. publish the size at once (the blocks after this one are waiting for it), hash the block
-     * meanwhile, then find the offset: the sizes of the blocks before this one in its chunk */
+    /* 3. the offset from the chunk's cursor (its round trip under the hash) */
     if (tid == 0)
-        atomicExch(&status[g], (unsigned long long)((j == 0 ? WK_LB_INC : WK_LB_AGG) | size));
+        sh_off = (atomicAdd(&status[d.block0], wk_cur_add(k, size)) & WK_CUR_WORDS) * 8;
     wk_block_leaf<E>(snew, len, sec, hsum, &sh_leaf);
-    if (warp == 0 && j > 0) {
-        const uint64_t excl = wk_lookback(status, d.block0, j, (uint32_t)lane);
-        if (lane == 0) {
-            atomicExch(&status[g], (unsigned long long)(WK_LB_INC | (excl + size)));
-            sh_off = excl;
-        }
-    } else if (tid == 0) {
-        sh_off = 0;
-    }
     __syncthreads();
     const uint64_t off = sh_off;
     const uint64_t tbl = 16 + 8 * (uint64_t)d.nb, pos = tbl + off;
 
-    /* 4. table entry, header, results */
+    /* 4. table entry, header, leaf */
     if (tid == 0)
-        wk_block_entry<E>(d, j, g, off, pos, size, mode, e, k, sh_leaf, leaves, res);
+        wk_block_entry<E>(d, j, g, off, mode, e, k, sh_leaf, leaves);
 
     /* 5. the payload, built in shared memory and copied out in 8-byte words */
     if (size > 0 && pos + size <= d.cap) {
@@ -247,8 +230,9 @@ __device__ __forceinline__ uint4 wkw_ld(const uint4 *p)
 }
 
 /* Blocks [g0, g0 + nblk) of chunks that are dense with new and old 16-byte aligned, element size
- * E; each warp of the grid claims one from *counter (in order, for the look-back) and leaves
- * tail blocks (fewer than WK_DBLK elements) to wk_delta_encode. No CTA barrier after the secret's
+ * E; each warp of the grid claims one from *counter (in order: by CTA index measured 10 %
+ * slower, docs/delta.md) and leaves tail blocks (fewer than WK_DBLK elements) to
+ * wk_delta_encode. No CTA barrier after the secret's
  * load: a warp reads its block once in 16-byte vectors, one 1 KiB segment of new and old per
  * step, and keeps everything else in registers but the mask words (512 bytes a warp):
  *  - compare, the loads of the next segment issued before the work on this one (the stores to
@@ -258,7 +242,7 @@ __device__ __forceinline__ uint4 wkw_ld(const uint4 *p)
  *    32-byte sector with a change into the baseline;
  *  - the leaf XXH3 as it goes (wkw_hash_t);
  *  - the scan: lane l takes mask words 4l .. 4l + 3 (k, its rank and escape prefix, the last
- *    changed position before it), then publishes the size and looks back as wk_delta_encode;
+ *    changed position before it), then takes the block's offset from the chunk's cursor;
  *  - the payload: each lane walks the set bits of its words (at 1 % about one per lane), writing
  *    index bytes and values straight to the output (bytes no other lane writes, the padding bytes
  *    included), the values from the stash (a vector's slot: the ballot words' prefix counts),
@@ -269,7 +253,7 @@ template <int E, bool UPDATE_OLD>
 __global__ void __launch_bounds__(WKW_THREADS, WKW_MIN_BLOCKS)
 wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
                  uint64_t g0, uint64_t nblk, unsigned long long *status, unsigned int *counter,
-                 uint64_t *leaves, wsync_kdelta_result_t *res)
+                 uint64_t *leaves)
 {
     constexpr bool RO = !UPDATE_OLD;   /* the kernel writes neither version */
     constexpr uint32_t NSEG = WK_DBLK * E / 1024;   /* 1 KiB segments: two rounds of 512 bytes */
@@ -365,21 +349,18 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
     const uint64_t size = wk_bbytes(WK_DBLK, k, etot, E, &mode);
     const uint32_t e = mode == WSYNC_DELTA_SPARSE ? etot : 0;   /* the table's e */
 
-    /* 3. publish the size, finish the hash, find the offset (as wk_delta_encode) */
+    /* 3. the offset from the chunk's cursor, the hash finished during its round trip */
+    unsigned long long c = 0;
     if (lane == 0)
-        atomicExch(&status[g], (unsigned long long)((j == 0 ? WK_LB_INC : WK_LB_AGG) | size));
+        c = atomicAdd(&status[d.block0], wk_cur_add(k, size));
     const uint64_t leaf = wkw_hash_final<WK_DBLK * E>(h, sec);
-    uint64_t off = 0;
-    if (j > 0) {
-        off = wk_lookback(status, d.block0, j, lane);
-        if (lane == 0)
-            atomicExch(&status[g], (unsigned long long)(WK_LB_INC | (off + size)));
-    }
+    c = __shfl_sync(WK_FULL, c, 0);
+    const uint64_t off = (c & WK_CUR_WORDS) * 8;
     const uint64_t pos = 16 + 8 * (uint64_t)d.nb + off;
 
-    /* 4. table entry, header, results */
+    /* 4. table entry, header, leaf */
     if (lane == 0)
-        wk_block_entry<E>(d, j, g, off, pos, size, mode, e, k, leaf, leaves, res);
+        wk_block_entry<E>(d, j, g, off, mode, e, k, leaf, leaves);
 
     /* 5. the payload, straight to the output */
     const bool fits = size > 0 && pos + size <= d.cap;
@@ -422,15 +403,15 @@ static void wk_encode_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t
         return;
     unsigned int *counters = (unsigned int *)(b->status + b->nblocks);
     const unsigned nc = (unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS);
-    if (nw > 0 && b->flag)   /* first: the tail blocks after it look back over its blocks */
+    if (nw > 0 && b->flag)
         wkw_delta_encode<E, true><<<nc, WKW_THREADS, 0, s>>>(
-            b->chunks, b->bmap, g0, nw, b->status, counters + 4 + grp, b->leaves, b->res);
+            b->chunks, b->bmap, g0, nw, b->status, counters + 4 + grp, b->leaves);
     else if (nw > 0)
         wkw_delta_encode<E, false><<<nc, WKW_THREADS, 0, s>>>(
-            b->chunks, b->bmap, g0, nw, b->status, counters + 4 + grp, b->leaves, b->res);
+            b->chunks, b->bmap, g0, nw, b->status, counters + 4 + grp, b->leaves);
     if (nl > 0)
         wk_delta_encode<E><<<(unsigned)nl, WK_THREADS, 2 * WK_DBLK * E, s>>>(
-            b->chunks, b->bmap, g0, gl, b->status, counters + grp, b->leaves, b->res, b->flag);
+            b->chunks, b->bmap, g0, gl, b->status, counters + grp, b->leaves, b->flag);
 }
 
 void wk_delta_launch_encode(const wsync_kdelta_batch_t *b, cudaStream_t s, int warp)

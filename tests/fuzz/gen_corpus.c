@@ -797,7 +797,7 @@ static void safetensors_seeds(const wsync_model_config_t *micro)
     }
 }
 
-/* fuzz_delta: op 0, an encoded chunk (format 2) of each element size with every block mode
+/* fuzz_delta: op 0, an encoded chunk (format 3) of each element size with every block mode
  * (block 0 SPARSE with escapes in its index stream: gaps of 299, then one of 4095 - 3900 - 1; 1
  * BITMAP, 2 PLAIN, 3 SAME), in a strided layout; op 1, a list of 40 changes. */
 static void delta_seeds(void)

@@ -1,8 +1,8 @@
 /* The delta codec's CUDA kernels (kernels/delta.h) against the CPU codec (core/delta.h) and xxHash,
  * on fresh random inputs (the seed is printed; --seed S repeats a run): XXH3_64bits on the device
- * equal to the library's for every length 0..2048 and large ones; GPU encode bytes equal to
- * wsync_delta_encode's (format 2) for element sizes 1, 2, 4, 8, dense and strided regions,
- * densities 0..100 % (0.2 and 0.4 %: escapes in most SPARSE blocks), every mode boundary, SPARSE
+ * equal to the library's for every length 0..2048 and large ones; GPU encode blocks (header,
+ * table words, each payload wherever it lies) equal to wsync_delta_encode's (format 3) for
+ * element sizes 1, 2, 4, 8, dense and strided regions, densities 0..100 % (0.2 and 0.4 %: escapes in most SPARSE blocks), every mode boundary, SPARSE
  * gaps at the escapes' edges (254..256, 509..511, 4094, 4095) and the SPARSE/BITMAP choice decided
  * by e; GPU apply of CPU streams and CPU apply of GPU streams equal to the new values; corrupted
  * streams refused exactly when wsync_delta_check refuses them (targeted: a format-1 header, a
@@ -454,6 +454,46 @@ static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n)
     return n;
 }
 
+/* Do a GPU stream and the CPU's (len bytes each, n elements) hold the same blocks: header, table
+ * words and each block's payload bytes, wherever the payload lies (format 3: the CPU lays them in
+ * block order, the GPU in the order its blocks finished)? 1 and where (why) when they differ. */
+static int stream_diff(const uint8_t *gpu, const uint8_t *cpu, uint64_t len, uint64_t n, char *why,
+                       size_t wn)
+{
+    const uint64_t nb = wsync_delta_nblocks(n), tbl = 16 + 8 * nb;
+    if (len < tbl || memcmp(gpu, cpu, 16) != 0) {
+        snprintf(why, wn, "header");
+        return 1;
+    }
+    for (uint64_t j = 0; j < nb; j++) {
+        uint32_t go, gw, co, cw, cn = 0;
+        memcpy(&go, gpu + 16 + 8 * j, 4);
+        memcpy(&gw, gpu + 20 + 8 * j, 4);
+        memcpy(&co, cpu + 16 + 8 * j, 4);
+        memcpy(&cw, cpu + 20 + 8 * j, 4);
+        if (j + 1 < nb)
+            memcpy(&cn, cpu + 16 + 8 * (j + 1), 4);
+        const uint64_t sz = (j + 1 < nb ? cn : len - tbl) - co;
+        if (gw != cw) {
+            snprintf(why, wn, "block %" PRIu64 "'s table word: GPU 0x%08" PRIx32 ", CPU 0x%08"
+                     PRIx32, j, gw, cw);
+            return 1;
+        }
+        if (go % 8 != 0 || tbl + go + sz > len) {
+            snprintf(why, wn, "block %" PRIu64 ": GPU offset %" PRIu32 " (payload %" PRIu64
+                     " bytes, stream %" PRIu64 ")", j, go, sz, len);
+            return 1;
+        }
+        const size_t at = first_diff(gpu + tbl + go, cpu + tbl + co, sz);
+        if (at < sz) {
+            snprintf(why, wn, "block %" PRIu64 "'s payload, byte %zu of %" PRIu64 " (GPU 0x%02x, "
+                     "CPU 0x%02x)", j, at, sz, gpu[tbl + go + at], cpu[tbl + co + at]);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Encode every test chunk in one batch (poisoned outputs); *outs gets the device outputs. */
 static void gpu_encode_all(void **outs, const wsync_kdelta_result_t **res, wsync_kdelta_batch_t **b)
 {
@@ -494,10 +534,10 @@ static void test_encode(void)
             continue;
         uint8_t *got = malloc(t->cpu_len);
         CU(cudaMemcpy(got, outs[i], t->cpu_len, cudaMemcpyDeviceToHost));
-        size_t at = first_diff(got, t->cpu_enc, t->cpu_len);
-        CHECK_MSG(at == t->cpu_len, "%s: encoded bytes differ from the CPU's at byte %zu of %"
-                  PRIu64 " (GPU 0x%02x, CPU 0x%02x)", t->label, at, t->cpu_len,
-                  at < t->cpu_len ? got[at] : 0, at < t->cpu_len ? t->cpu_enc[at] : 0);
+        char why[160];
+        CHECK_OK(wsync_delta_check(got, t->cpu_len, t->n, t->es, t->label));
+        CHECK_MSG(!stream_diff(got, t->cpu_enc, t->cpu_len, t->n, why, sizeof(why)),
+                  "%s: encoded blocks differ from the CPU's: %s", t->label, why);
         free(got);
     }
     wsync_kdelta_free(b);
@@ -696,6 +736,7 @@ static void test_apply(void)
         CHECK_ERR_HAS("chunk 7 from sender 1: block 0: bad header");
         CHECK_OK(wsync_kdelta_launch(b, &t->cpu_len, NULL));
         CU(cudaDeviceSynchronize());
+        res = wsync_kdelta_results(b);
         CHECK_MSG(res[0].fault == WSYNC_KDELTA_NO_FAULT && res[0].hash == t->cpu_hash,
                   "the length given at launch was not used");
         CHECK_OK(wsync_kdelta_fault_status(&res[0], "x"));
@@ -710,6 +751,11 @@ static void test_apply(void)
 /* ------------------------------------------------------------------------------------------ */
 
 #define NMUT 400
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);   /* little-endian hosts, as the format */
+}
 
 /* Set block j's escape count e in a stream's table (its mode and k kept). */
 static void set_e(uint8_t *s, uint32_t j, uint32_t e)
@@ -793,6 +839,7 @@ static void test_corrupt(void)
         switch (m) {
         case 0: s[0] ^= 1; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;     /* magic */
         case 1: s[4] = 1; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;      /* format 1 */
+        case 28: s[4] = 2; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;     /* format 2 */
         case 2: s[5] = 4; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;      /* esize */
         case 3: s[6] = 1; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;      /* padding */
         case 4: s[8] ^= 1; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;     /* n */
@@ -801,7 +848,10 @@ static void test_corrupt(void)
         case 7: lens[m] = t->cpu_len + 8; memset(s + t->cpu_len, 0, 8); break;  /* trailing */
         case 8: s[16 + 8 * 1 + 7] ^= 0x40; break;                               /* mode of block 1 */
         case 9: s[16 + 8 * 0 + 4] ^= 1; break;                                  /* k of block 0 */
-        case 10: s[16 + 8 * 3] ^= 8; break;                                     /* offset of block 3 */
+        case 10:   /* block 3 (SAME) placed past the payload area */
+            put32(s + 16 + 8 * 3, (uint32_t)(t->cpu_len - tbl + 8));
+            want_code[m] = WSYNC_KDELTA_FAULT_TABLE;
+            break;
         case 11: s[16 + 8 * 4 + 6] ^= 0x20; break;                              /* e + 32 */
         /* payloads: block 0 SPARSE (index stream at pay[0], values at + 16), 1 BITMAP, 4 SPARSE
          * (index at pay[4], values at + 24), 5 tail BITMAP */
@@ -846,6 +896,18 @@ static void test_corrupt(void)
             s[pay[4] + 17] = 0xff;
             want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD;
             break;
+        case 29: {   /* payloads of blocks 0 and 1 swapped (format 3: any order): valid */
+            const uint64_t s0 = pay[1] - pay[0], s1 = pay[2] - pay[1];
+            memcpy(s + pay[0], t->cpu_enc + pay[1], s1);
+            memcpy(s + pay[0] + s1, t->cpu_enc + pay[0], s0);
+            put32(s + 16 + 8 * 1, (uint32_t)(pay[0] - tbl));
+            put32(s + 16 + 8 * 0, (uint32_t)(pay[0] - tbl + s1));
+            break;
+        }
+        case 30:   /* block 2 (PLAIN) over block 1: passes both checks (overlaps are not looked
+                    * for), its values wrong; the hash tells */
+            put32(s + 16 + 8 * 2, (uint32_t)(pay[1] - tbl));
+            break;
         default: {
             uint64_t at = m < 200 ? below(tbl) : below(t->cpu_len);   /* header/table, anywhere */
             s[at] ^= (uint8_t)(1u << below(8));
@@ -886,8 +948,8 @@ static void test_corrupt(void)
             CHECK_MSG(res[m].fault != WSYNC_KDELTA_NO_FAULT &&
                       (int)(res[m].fault & 0xff) == want_code[m],
                       "mutant %d: fault %" PRIx64 ", want code %d", m, res[m].fault, want_code[m]);
-        if (m < 28) {
-            int valid = m == 17 || m == 21 || m == 23;
+        if (m <= 30) {
+            int valid = m == 17 || m == 21 || m == 23 || m == 29 || m == 30;
             CHECK_MSG(cpu_ok[m] == valid && gpu_ok == valid, "targeted mutant %d: CPU %s, GPU %s, "
                       "expected %s", m, cpu_ok[m] ? "valid" : "invalid", gpu_ok ? "valid" : "invalid",
                       valid ? "valid" : "invalid");
@@ -913,6 +975,11 @@ static void test_corrupt(void)
             CHECK_OK(wsync_delta_apply(streams + m * stride, lens[m], cpu, &t->r, t->es, &h));
             CHECK_MSG(memcmp(cpu, got, bytes) == 0 && h == res[m].hash,
                       "mutant %d: GPU and CPU apply the valid stream differently", m);
+            if (m == 29)
+                CHECK_MSG(h == t->cpu_hash, "mutant 29: payloads swapped, the values wrong");
+            if (m == 30)
+                CHECK_MSG(h != t->cpu_hash, "mutant 30: a payload over another, yet the hash "
+                          "of the new values");
         }
     }
     CHECK_MSG(disagree == 0, "%d of %d mutants judged differently by the GPU and the CPU check",
@@ -1373,7 +1440,9 @@ static void run_bench(void)
             wsync_region_t r0 = {0, per, 1, per};
             CHECK_OK(wsync_delta_encode(h_new, h_old, &r0, 2, cpu, cap, &cl, &ch, NULL));
             CU(cudaMemcpy(gpu, d_out, er[0].len, cudaMemcpyDeviceToHost));
-            same &= cl == er[0].len && memcmp(cpu, gpu, cl) == 0 && ch == er[0].hash;
+            char why[160];
+            same &= cl == er[0].len && ch == er[0].hash &&
+                     !stream_diff(gpu, cpu, cl, per, why, sizeof(why));
             row->correct = same && hash_ok;
             CHECK_MSG(row->correct, "benchmark at density %.2f: result not byte-equal (target %d, "
                       "hashes %d)", dens[di], same, (int)hash_ok);

@@ -133,7 +133,7 @@ static uint8_t *ref_encode(const uint8_t *nd, const uint8_t *od, uint64_t n, uin
     uint64_t *at = xmalloc(B * sizeof(uint64_t));
 
     put_le(out, WSYNC_DELTA_MAGIC, 4);
-    out[4] = 2;
+    out[4] = 3;   /* format 3, payloads in block order as the CPU encoder lays them */
     out[5] = (uint8_t)es;
     put_le(out + 8, n, 8);
     for (uint64_t j = 0; j < nb; j++) {
@@ -726,8 +726,9 @@ static void test_check_rejects(void)
           WSYNC_DELTA_BITMAP);
 
     MUT(m[0] ^= 1, "bad magic", "magic");
-    MUT(m[4] = 1, "format 1, expected 2", "a format-1 header");
-    MUT(m[4] = 3, "format 3, expected 2", "format 3");
+    MUT(m[4] = 1, "format 1, expected 3", "a format-1 header");
+    MUT(m[4] = 2, "format 2, expected 3", "a format-2 header");
+    MUT(m[4] = 4, "format 4, expected 3", "format 4");
     MUT(m[5] = 4, "esize 4, expected 2", "esize byte");
     MUT(m[6] = 1, "header: non-zero padding", "header padding");
     MUT(put_le(m + 8, CN + 1, 8), "header says 12389 elements, the region holds 12388", "n");
@@ -737,9 +738,42 @@ static void test_check_rejects(void)
         "offset out of range");
     MUT(put_le(m + 16 + 8 * 1, get_le(v + 24, 4) + 4, 4), "block 1: misaligned payload offset",
         "misaligned offset");
-    MUT(put_le(m + 16 + 8 * 1, get_le(v + 24, 4) + 8, 4), "block 1: payload offset",
-        "gap between payloads");
-    MUT(put_le(m + 16 + 8 * 3, 0, 4), "block 3: payload offset 0, expected", "offsets out of order");
+    /* payloads in any order: blocks 0 and 1 (SPARSE, PLAIN) swapped, block 2 (SAME) anywhere
+     * in the area; applied as the stream in block order */
+    {
+        const uint64_t s0 = off[1] - off[0], s1 = off[2] - off[1];
+        const wsync_region_t r = {0, CN, 1, CN};
+        uint8_t *a = xmalloc(CN * 2), *b = xmalloc(CN * 2);
+        uint64_t ha, hb;
+        memcpy(m, v, len);
+        memcpy(m + off[0], v + off[1], s1);
+        memcpy(m + off[0] + s1, v + off[0], s0);
+        put_le(m + 16, s1, 4);
+        put_le(m + 24, 0, 4);
+        put_le(m + 32, len - t, 4);
+        CHECK_OK(wsync_delta_check(m, len, CN, 2, "payloads swapped"));
+        memset(a, 0x5a, CN * 2);
+        memset(b, 0x5a, CN * 2);
+        CHECK_OK(wsync_delta_apply(v, len, a, &r, 2, &ha));
+        CHECK_OK(wsync_delta_apply(m, len, b, &r, 2, &hb));
+        CHECK(memcmp(a, b, CN * 2) == 0 && ha == hb);
+        /* a payload moved onto another passes the check (overlaps are not looked for): what it
+         * decodes is wrong, and the hash says so */
+        memcpy(m, v, len);
+        put_le(m + 16 + 8 * 1, 0, 4);   /* PLAIN: any bytes are values */
+        CHECK_OK(wsync_delta_check(m, len, CN, 2, "block 1 over block 0"));
+        memset(b, 0x5a, CN * 2);
+        CHECK_OK(wsync_delta_apply(m, len, b, &r, 2, &hb));
+        CHECK(hb != ha);
+        free(a);
+        free(b);
+    }
+    {
+        char want[128];
+        snprintf(want, sizeof(want), "block 2: payload offset %" PRIu64 " out of range",
+                 len - t + 8);
+        MUT(put_le(m + 16 + 8 * 2, len - t + 8, 4), want, "SAME offset past the area");
+    }
     MUT(put_le(m + 20, (1u << 30) | (9u << 16) | (B + 1), 4), "block 0: k 4097 > the block's "
         "4096", "k > len");
     MUT(put_le(m + 20, (2u << 30) | 10, 4), "block 0: mode BITMAP, but k 10 of 4096 elements "
@@ -821,7 +855,12 @@ static void test_check_rejects(void)
     /* trailing bytes */
     memcpy(m, v, len);
     memset(m + len, 0, 8);
-    expect_refused(m, len + 8, CN, 2, "8 trailing bytes", "trailing");
+    {
+        char want[128];
+        snprintf(want, sizeof(want), "payloads of %" PRIu64 " bytes in all, the payload area "
+                 "holds %" PRIu64, len - t, len - t + 8);
+        expect_refused(m, len + 8, CN, 2, want, "trailing");
+    }
     /* every truncation */
     for (uint64_t l = 0; l < len; l++) {
         uint8_t *exact = xmalloc(l);
