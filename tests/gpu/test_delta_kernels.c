@@ -781,6 +781,95 @@ static uint32_t rand_positions(uint32_t *p, uint32_t n, uint32_t base, uint32_t 
     return n;
 }
 
+/* Mutant m of the corrupt case's stream s (a copy of t's CPU stream, *len its length; pay[j]:
+ * block j's payload, tbl: the table's end): m < 31 a targeted fault (or a valid change), then
+ * random bit flips in the header and table (m < 200) or anywhere. Returns the fault code the
+ * apply must report, or -1 where only the CPU check's verdict is compared. */
+static int make_mutant(int m, uint8_t *s, uint64_t *len, const tcase_t *t, const uint64_t *pay,
+                       uint64_t tbl)
+{
+    int want = -1;
+    switch (m) {
+    case 0: s[0] ^= 1; want = WSYNC_KDELTA_FAULT_HEADER; break;     /* magic */
+    case 1: s[4] = 1; want = WSYNC_KDELTA_FAULT_HEADER; break;      /* format 1 */
+    case 28: s[4] = 2; want = WSYNC_KDELTA_FAULT_HEADER; break;     /* format 2 */
+    case 2: s[5] = 4; want = WSYNC_KDELTA_FAULT_HEADER; break;      /* esize */
+    case 3: s[6] = 1; want = WSYNC_KDELTA_FAULT_HEADER; break;      /* padding */
+    case 4: s[8] ^= 1; want = WSYNC_KDELTA_FAULT_HEADER; break;     /* n */
+    case 5: *len = tbl - 8; want = WSYNC_KDELTA_FAULT_HEADER; break;
+    case 6: *len = t->cpu_len - 8; break;                                /* truncated */
+    case 7: *len = t->cpu_len + 8; memset(s + t->cpu_len, 0, 8); break;  /* trailing */
+    case 8: s[16 + 8 * 1 + 7] ^= 0x40; break;                               /* mode of block 1 */
+    case 9: s[16 + 8 * 0 + 4] ^= 1; break;                                  /* k of block 0 */
+    case 10:   /* block 3 (SAME) placed past the payload area */
+        put32(s + 16 + 8 * 3, (uint32_t)(t->cpu_len - tbl + 8));
+        want = WSYNC_KDELTA_FAULT_TABLE;
+        break;
+    case 11: s[16 + 8 * 4 + 6] ^= 0x20; break;                              /* e + 32 */
+    /* payloads: block 0 SPARSE (index stream at pay[0], values at + 16), 1 BITMAP, 4 SPARSE
+     * (index at pay[4], values at + 24), 5 tail BITMAP */
+    case 12:   /* a trailing escape: counts right (e 11, k 5), last byte 0xFF */
+        s[pay[0] + 15] = 0xff;
+        set_e(s, 0, 11);
+        want = WSYNC_KDELTA_FAULT_PAYLOAD;
+        break;
+    case 13: set_e(s, 0, 9); want = WSYNC_KDELTA_FAULT_PAYLOAD; break;   /* wrong e */
+    case 14: set_e(s, 0, 11); want = WSYNC_KDELTA_FAULT_PAYLOAD; break;  /* wrong e */
+    case 15: s[pay[0] + 15] = 1; want = WSYNC_KDELTA_FAULT_PAYLOAD; break;   /* index pad */
+    case 16: s[pay[1]] ^= 1; want = WSYNC_KDELTA_FAULT_PAYLOAD; break;       /* popcount */
+    case 17:   /* a bit moved: as valid as before, the values land elsewhere */
+    case 19: { /* a bit moved past the tail block's 77 elements */
+        uint8_t *map = s + pay[m == 17 ? 1 : 5];
+        uint32_t set = 0, clr = 0;
+        while (!((map[set / 8] >> (set % 8)) & 1))
+            set++;
+        while (m == 17 && ((map[clr / 8] >> (clr % 8)) & 1))
+            clr++;
+        if (m == 19)
+            clr = 79;
+        map[set / 8] &= (uint8_t)~(1u << (set % 8));
+        map[clr / 8] |= (uint8_t)(1u << (clr % 8));
+        if (m == 19)
+            want = WSYNC_KDELTA_FAULT_PAYLOAD;
+        break;
+    }
+    case 18: s[pay[0] + 16 + 10] = 1; want = WSYNC_KDELTA_FAULT_PAYLOAD; break; /* value pad */
+    case 20: s[pay[5] + 10] = 1; want = WSYNC_KDELTA_FAULT_PAYLOAD; break;      /* map pad */
+    case 21: s[16 + 8 * 2 + 4] ^= 1; break;   /* PLAIN k 4000 -> 4001: still PLAIN, valid */
+    case 22:   /* block 4's last gap 73 -> 254: position 4276, past the block */
+        s[pay[4] + 17] = 254;
+        want = WSYNC_KDELTA_FAULT_PAYLOAD;
+        break;
+    case 23: s[pay[4] + 17] = 72; break;      /* last position 4094: valid, lands elsewhere */
+    case 24: set_e(s, 1, 1); want = WSYNC_KDELTA_FAULT_TABLE; break;   /* BITMAP e 1 */
+    case 25: set_e(s, 2, 2); want = WSYNC_KDELTA_FAULT_TABLE; break;   /* PLAIN e 2 */
+    case 26: s[16 + 8 * 4 + 5] ^= 0x10; want = WSYNC_KDELTA_FAULT_TABLE; break; /* k + 4096 */
+    case 27:   /* block 4's last escape after its last element: counts right, last 0xFF */
+        s[pay[4] + 16] = 73;
+        s[pay[4] + 17] = 0xff;
+        want = WSYNC_KDELTA_FAULT_PAYLOAD;
+        break;
+    case 29: {   /* payloads of blocks 0 and 1 swapped (format 3: any order): valid */
+        const uint64_t s0 = pay[1] - pay[0], s1 = pay[2] - pay[1];
+        memcpy(s + pay[0], t->cpu_enc + pay[1], s1);
+        memcpy(s + pay[0] + s1, t->cpu_enc + pay[0], s0);
+        put32(s + 16 + 8 * 1, (uint32_t)(pay[0] - tbl));
+        put32(s + 16 + 8 * 0, (uint32_t)(pay[0] - tbl + s1));
+        break;
+    }
+    case 30:   /* block 2 (PLAIN) over block 1: passes both checks (overlaps are not looked
+                * for), its values wrong; the hash tells */
+        put32(s + 16 + 8 * 2, (uint32_t)(pay[1] - tbl));
+        break;
+    default: {
+        uint64_t at = m < 200 ? below(tbl) : below(t->cpu_len);   /* header/table, anywhere */
+        s[at] ^= (uint8_t)(1u << below(8));
+        break;
+    }
+    }
+    return want;
+}
+
 static void test_corrupt(void)
 {
     /* bf16 blocks: SPARSE k 5 at 300, 301, 900, 1500, 3000 (gaps 300, 0, 598, 599, 1499: e 10,
@@ -835,85 +924,7 @@ static void test_corrupt(void)
         uint8_t *s = streams + m * stride;
         memcpy(s, t->cpu_enc, t->cpu_len);
         lens[m] = t->cpu_len;
-        want_code[m] = -1;
-        switch (m) {
-        case 0: s[0] ^= 1; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;     /* magic */
-        case 1: s[4] = 1; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;      /* format 1 */
-        case 28: s[4] = 2; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;     /* format 2 */
-        case 2: s[5] = 4; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;      /* esize */
-        case 3: s[6] = 1; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;      /* padding */
-        case 4: s[8] ^= 1; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;     /* n */
-        case 5: lens[m] = tbl - 8; want_code[m] = WSYNC_KDELTA_FAULT_HEADER; break;
-        case 6: lens[m] = t->cpu_len - 8; break;                                /* truncated */
-        case 7: lens[m] = t->cpu_len + 8; memset(s + t->cpu_len, 0, 8); break;  /* trailing */
-        case 8: s[16 + 8 * 1 + 7] ^= 0x40; break;                               /* mode of block 1 */
-        case 9: s[16 + 8 * 0 + 4] ^= 1; break;                                  /* k of block 0 */
-        case 10:   /* block 3 (SAME) placed past the payload area */
-            put32(s + 16 + 8 * 3, (uint32_t)(t->cpu_len - tbl + 8));
-            want_code[m] = WSYNC_KDELTA_FAULT_TABLE;
-            break;
-        case 11: s[16 + 8 * 4 + 6] ^= 0x20; break;                              /* e + 32 */
-        /* payloads: block 0 SPARSE (index stream at pay[0], values at + 16), 1 BITMAP, 4 SPARSE
-         * (index at pay[4], values at + 24), 5 tail BITMAP */
-        case 12:   /* a trailing escape: counts right (e 11, k 5), last byte 0xFF */
-            s[pay[0] + 15] = 0xff;
-            set_e(s, 0, 11);
-            want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD;
-            break;
-        case 13: set_e(s, 0, 9); want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;   /* wrong e */
-        case 14: set_e(s, 0, 11); want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;  /* wrong e */
-        case 15: s[pay[0] + 15] = 1; want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;   /* index pad */
-        case 16: s[pay[1]] ^= 1; want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;       /* popcount */
-        case 17:   /* a bit moved: as valid as before, the values land elsewhere */
-        case 19: { /* a bit moved past the tail block's 77 elements */
-            uint8_t *map = s + pay[m == 17 ? 1 : 5];
-            uint32_t set = 0, clr = 0;
-            while (!((map[set / 8] >> (set % 8)) & 1))
-                set++;
-            while (m == 17 && ((map[clr / 8] >> (clr % 8)) & 1))
-                clr++;
-            if (m == 19)
-                clr = 79;
-            map[set / 8] &= (uint8_t)~(1u << (set % 8));
-            map[clr / 8] |= (uint8_t)(1u << (clr % 8));
-            if (m == 19)
-                want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD;
-            break;
-        }
-        case 18: s[pay[0] + 16 + 10] = 1; want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break; /* value pad */
-        case 20: s[pay[5] + 10] = 1; want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD; break;      /* map pad */
-        case 21: s[16 + 8 * 2 + 4] ^= 1; break;   /* PLAIN k 4000 -> 4001: still PLAIN, valid */
-        case 22:   /* block 4's last gap 73 -> 254: position 4276, past the block */
-            s[pay[4] + 17] = 254;
-            want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD;
-            break;
-        case 23: s[pay[4] + 17] = 72; break;      /* last position 4094: valid, lands elsewhere */
-        case 24: set_e(s, 1, 1); want_code[m] = WSYNC_KDELTA_FAULT_TABLE; break;   /* BITMAP e 1 */
-        case 25: set_e(s, 2, 2); want_code[m] = WSYNC_KDELTA_FAULT_TABLE; break;   /* PLAIN e 2 */
-        case 26: s[16 + 8 * 4 + 5] ^= 0x10; want_code[m] = WSYNC_KDELTA_FAULT_TABLE; break; /* k + 4096 */
-        case 27:   /* block 4's last escape after its last element: counts right, last 0xFF */
-            s[pay[4] + 16] = 73;
-            s[pay[4] + 17] = 0xff;
-            want_code[m] = WSYNC_KDELTA_FAULT_PAYLOAD;
-            break;
-        case 29: {   /* payloads of blocks 0 and 1 swapped (format 3: any order): valid */
-            const uint64_t s0 = pay[1] - pay[0], s1 = pay[2] - pay[1];
-            memcpy(s + pay[0], t->cpu_enc + pay[1], s1);
-            memcpy(s + pay[0] + s1, t->cpu_enc + pay[0], s0);
-            put32(s + 16 + 8 * 1, (uint32_t)(pay[0] - tbl));
-            put32(s + 16 + 8 * 0, (uint32_t)(pay[0] - tbl + s1));
-            break;
-        }
-        case 30:   /* block 2 (PLAIN) over block 1: passes both checks (overlaps are not looked
-                    * for), its values wrong; the hash tells */
-            put32(s + 16 + 8 * 2, (uint32_t)(pay[1] - tbl));
-            break;
-        default: {
-            uint64_t at = m < 200 ? below(tbl) : below(t->cpu_len);   /* header/table, anywhere */
-            s[at] ^= (uint8_t)(1u << below(8));
-            break;
-        }
-        }
+        want_code[m] = make_mutant(m, s, &lens[m], t, pay, tbl);
         cpu_ok[m] = wsync_delta_check(s, lens[m], t->n, t->es, "mutant") == WSYNC_OK;
     }
     /* every mutant applied by the GPU at once, each onto its own target */

@@ -705,6 +705,41 @@ static void expect_refused(const uint8_t *p, uint64_t len, uint64_t n, uint32_t 
     free(exact);
 }
 
+/* Format 3 lets payloads lie anywhere in the area: valid stream v (len bytes, table end t, its
+ * payloads at off[0..3]) with blocks 0 and 1 (SPARSE, PLAIN) swapped and block 2 (SAME) at the
+ * area's end passes the check and applies as v does; a payload laid over another passes the
+ * check (overlaps are not looked for) and the hash tells. m: scratch of len bytes. */
+static void test_check_any_order(const uint8_t *v, uint64_t len, const uint64_t *off, uint64_t t,
+                                 uint8_t *m)
+{
+    const uint64_t s0 = off[1] - off[0], s1 = off[2] - off[1];
+    const wsync_region_t r = {0, CN, 1, CN};
+    uint8_t *a = xmalloc(CN * 2), *b = xmalloc(CN * 2);
+    uint64_t ha, hb;
+    memcpy(m, v, len);
+    memcpy(m + off[0], v + off[1], s1);
+    memcpy(m + off[0] + s1, v + off[0], s0);
+    put_le(m + 16, s1, 4);
+    put_le(m + 24, 0, 4);
+    put_le(m + 32, len - t, 4);
+    CHECK_OK(wsync_delta_check(m, len, CN, 2, "payloads swapped"));
+    memset(a, 0x5a, CN * 2);
+    memset(b, 0x5a, CN * 2);
+    CHECK_OK(wsync_delta_apply(v, len, a, &r, 2, &ha));
+    CHECK_OK(wsync_delta_apply(m, len, b, &r, 2, &hb));
+    CHECK(memcmp(a, b, CN * 2) == 0 && ha == hb);
+    /* a payload moved onto another passes the check (overlaps are not looked for): what it
+     * decodes is wrong, and the hash says so */
+    memcpy(m, v, len);
+    put_le(m + 16 + 8 * 1, 0, 4);   /* PLAIN: any bytes are values */
+    CHECK_OK(wsync_delta_check(m, len, CN, 2, "block 1 over block 0"));
+    memset(b, 0x5a, CN * 2);
+    CHECK_OK(wsync_delta_apply(m, len, b, &r, 2, &hb));
+    CHECK(hb != ha);
+    free(a);
+    free(b);
+}
+
 static void test_check_rejects(void)
 {
     uint64_t len, nb = 4, t = 16 + 8 * nb;
@@ -738,36 +773,7 @@ static void test_check_rejects(void)
         "offset out of range");
     MUT(put_le(m + 16 + 8 * 1, get_le(v + 24, 4) + 4, 4), "block 1: misaligned payload offset",
         "misaligned offset");
-    /* payloads in any order: blocks 0 and 1 (SPARSE, PLAIN) swapped, block 2 (SAME) anywhere
-     * in the area; applied as the stream in block order */
-    {
-        const uint64_t s0 = off[1] - off[0], s1 = off[2] - off[1];
-        const wsync_region_t r = {0, CN, 1, CN};
-        uint8_t *a = xmalloc(CN * 2), *b = xmalloc(CN * 2);
-        uint64_t ha, hb;
-        memcpy(m, v, len);
-        memcpy(m + off[0], v + off[1], s1);
-        memcpy(m + off[0] + s1, v + off[0], s0);
-        put_le(m + 16, s1, 4);
-        put_le(m + 24, 0, 4);
-        put_le(m + 32, len - t, 4);
-        CHECK_OK(wsync_delta_check(m, len, CN, 2, "payloads swapped"));
-        memset(a, 0x5a, CN * 2);
-        memset(b, 0x5a, CN * 2);
-        CHECK_OK(wsync_delta_apply(v, len, a, &r, 2, &ha));
-        CHECK_OK(wsync_delta_apply(m, len, b, &r, 2, &hb));
-        CHECK(memcmp(a, b, CN * 2) == 0 && ha == hb);
-        /* a payload moved onto another passes the check (overlaps are not looked for): what it
-         * decodes is wrong, and the hash says so */
-        memcpy(m, v, len);
-        put_le(m + 16 + 8 * 1, 0, 4);   /* PLAIN: any bytes are values */
-        CHECK_OK(wsync_delta_check(m, len, CN, 2, "block 1 over block 0"));
-        memset(b, 0x5a, CN * 2);
-        CHECK_OK(wsync_delta_apply(m, len, b, &r, 2, &hb));
-        CHECK(hb != ha);
-        free(a);
-        free(b);
-    }
+    test_check_any_order(v, len, off, t, m);
     {
         char want[128];
         snprintf(want, sizeof(want), "block 2: payload offset %" PRIu64 " out of range",
