@@ -108,13 +108,16 @@ wsync_status_t wsync_kdelta_encode_create(const wsync_kdelta_enc_t *chunks, uint
 wsync_status_t wsync_kdelta_apply_create(const wsync_kdelta_app_t *chunks, uint32_t n, int hash,
                                          wsync_kdelta_batch_t **batch);
 
-/* Enqueue the batch on `stream`: a few memsets, one kernel per element size present, one hash
- * kernel, and the copy of the results to pinned host memory (wsync_kdelta_results). lens (apply
- * batches only; may be NULL: the lengths given at create) gives each chunk's encoded length for
- * this launch; it is read before the call returns. WSYNC_ERR_INVALID for lens with an encode
- * batch; WSYNC_ERR_DEVICE. An apply never writes outside a chunk's region nor reads outside
- * enc[0, len): a chunk whose stream is malformed reports its first faulty block; blocks of it found
- * valid may have been applied (the region then mixes old and new values: send it full). */
+/* Enqueue the batch on `stream`: one or two kernels per element size present, then (encode, or
+ * apply with the hash) the chunks' hash kernel, which writes an encode's results straight into
+ * pinned host memory (wsync_kdelta_results); an apply starts with a kernel that zeroes its
+ * counts and ends with the results' copy. Launches of one batch must not overlap (one stream, or
+ * the last launch complete). lens (apply batches only; may be NULL: the lengths given at create)
+ * gives each chunk's encoded length for this launch; it is read before the call returns.
+ * WSYNC_ERR_INVALID for lens with an encode batch; WSYNC_ERR_DEVICE. An apply never writes
+ * outside a chunk's region nor reads outside enc[0, len): a chunk whose stream is malformed
+ * reports its first faulty block; blocks of it found valid may have been applied (the region
+ * then mixes old and new values: send it full). */
 wsync_status_t wsync_kdelta_launch(wsync_kdelta_batch_t *batch, const uint64_t *lens,
                                    void *stream);
 

@@ -543,6 +543,8 @@ struct wsync_kdelta_batch {
     uint32_t *bmap;                    /*   [nblocks] each block's chunk (its place in chunks) */
     uint64_t dev_bytes;
     wsync_kdelta_result_t *host;       /* pinned [n] */
+    wsync_kdelta_result_t *host_dev;   /* encode: host as the chunk hash kernel writes it */
+    int clean;                         /* encode: cursors and counters 0 (no init kernel) */
     uint64_t *lens_host;               /* pinned [n] apply: the lengths of the next launch */
     uint64_t *lens_default;            /* malloc [n] apply: those given at create */
     uint8_t *esz;                      /* malloc [n] apply: element sizes, caller's order */
