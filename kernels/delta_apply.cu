@@ -13,8 +13,7 @@
  * bitmap tells (the caller checks that). */
 __device__ uint32_t wk_check_entry(const unsigned char *enc, uint64_t elen, const wk_dchunk_t &d,
                                    uint32_t j, uint32_t len, uint32_t E, uint32_t *mode,
-                                   uint32_t *k, uint32_t *e, uint64_t *off, uint64_t *size,
-                                   wsync_kdelta_result_t *res)
+                                   uint32_t *k, uint32_t *e, uint64_t *off, uint64_t *size)
 {
     const uint64_t tbl = 16 + 8 * (uint64_t)d.nb;
     if (elen < tbl)
@@ -115,7 +114,7 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ 
         wk_load_block<E, false>(d, d.b, NULL, first, len, sv, NULL);
     if (tid == 0) {
         sh_fault = wk_check_entry(d.a, lens[d.idx], d, j, len, E, &sh_mode, &sh_k, &sh_e,
-                                  &sh_off, &sh_size, res);
+                                  &sh_off, &sh_size);
         sh_bad = 0;
     }
     __syncthreads();
@@ -543,8 +542,7 @@ __device__ __forceinline__ bool wkw_sparse_small(const wkw_ablk_t &x, int hash, 
 template <int E>
 __global__ void __launch_bounds__(WK_THREADS)
 wkw_apply_entries(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
-                  uint64_t g0, uint64_t nblk, const uint64_t *lens, uint4 *rec,
-                  wsync_kdelta_result_t *res)
+                  uint64_t g0, uint64_t nblk, const uint64_t *lens, uint4 *rec)
 {
     const uint64_t bi = (uint64_t)blockIdx.x * WK_THREADS + threadIdx.x;
     if (bi >= nblk)
@@ -556,8 +554,7 @@ wkw_apply_entries(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict
     uint32_t mode = 0, k = 0, esc = 0, fault = WKW_TAIL;
     uint64_t off = 0, size = 0;
     if (d.n - first >= WK_DBLK)
-        fault = wk_check_entry(d.a, lens[d.idx], d, j, WK_DBLK, E, &mode, &k, &esc, &off, &size,
-                               res);
+        fault = wk_check_entry(d.a, lens[d.idx], d, j, WK_DBLK, E, &mode, &k, &esc, &off, &size);
     const uint64_t P = reinterpret_cast<uint64_t>(d.a + 16 + 8 * (uint64_t)d.nb + off);
     const uint64_t tv = reinterpret_cast<uint64_t>(d.b + first * E);
     rec[2 * g] = make_uint4((uint32_t)P, (uint32_t)(P >> 32), (uint32_t)tv, (uint32_t)(tv >> 32));
@@ -570,8 +567,7 @@ wkw_apply_entries(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict
 template <int E>
 __device__ __forceinline__ uint32_t wkw_entry(const wk_dchunk_t *__restrict__ ch,
                                               const uint32_t *__restrict__ bmap, uint64_t g,
-                                              const uint64_t *lens, const uint4 *rec, wkw_ablk_t *x,
-                                              wsync_kdelta_result_t *res)
+                                              const uint64_t *lens, const uint4 *rec, wkw_ablk_t *x)
 {
     const uint32_t lane = threadIdx.x & 31;
     if (rec != NULL) {
@@ -596,7 +592,7 @@ __device__ __forceinline__ uint32_t wkw_entry(const wk_dchunk_t *__restrict__ ch
     if (lane == 0) {
         uint64_t off = 0;
         fault = wk_check_entry(d.a, lens[d.idx], d, j, WK_DBLK, E, &mine.mode, &mine.k, &mine.esc,
-                               &off, &mine.size, res);
+                               &off, &mine.size);
         mine.P = d.a + 16 + 8 * (uint64_t)d.nb + off;
         mine.tv = d.b + first * E;
     }
@@ -638,7 +634,7 @@ wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
         return;
     const uint64_t g = g0 + bi;
     wkw_ablk_t x;
-    const uint32_t fault = wkw_entry<E>(ch, bmap, g, lens, rec, &x, res);
+    const uint32_t fault = wkw_entry<E>(ch, bmap, g, lens, rec, &x);
     if (fault == WKW_TAIL)
         return;   /* wk_delta_apply's */
     if (fault != 0) {
@@ -722,7 +718,7 @@ static void wk_apply_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t 
     uint4 *rec = b->flag ? reinterpret_cast<uint4 *>(b->status) : NULL;
     if (nw > 0 && rec != NULL)
         wkw_apply_entries<E><<<(unsigned)((nw + WK_THREADS - 1) / WK_THREADS), WK_THREADS, 0, s>>>(
-            b->chunks, b->bmap, g0, nw, b->lens, rec, b->res);
+            b->chunks, b->bmap, g0, nw, b->lens, rec);
     if (nw > 0)
         wkw_delta_apply<E><<<(unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS), WKW_THREADS, 0, s>>>(
             b->chunks, b->bmap, g0, nw, b->lens, b->leaves, b->res, b->flag, rec);
