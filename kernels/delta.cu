@@ -229,7 +229,8 @@ static cudaError_t wk_batch_alloc(wsync_kdelta_batch_t *b)
      * of chunks it had been 8 bytes off: a misaligned address, session 38) */
     const uint64_t o_st = (o_lens + 8 * n + 15) & ~UINT64_C(15);
     const uint64_t o_lv = o_st + 8 * (b->apply ? (b->flag ? 4 * g : 0) : g + 4);
-    const uint64_t o_res = o_lv + 8 * g, o_gl = o_res + n * sizeof(wsync_kdelta_result_t);
+    const uint64_t o_res = o_lv + 8 * g;
+    const uint64_t o_gl = o_res + (b->apply ? 2 : 1) * n * sizeof(wsync_kdelta_result_t);
     const uint64_t o_bm = o_gl + 4 * g, total = o_bm + 4 * g;
     const cudaError_t e = cudaMalloc(&b->dev, total ? total : 8);
     if (e != cudaSuccess)
@@ -321,12 +322,16 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
         e = cudaMemset(b->status, 0, (size_t)(g + 4) * 8);
         if (e == cudaSuccess)
             e = cudaHostGetDevicePointer((void **)&b->host_dev, b->host, 0);
-        if (e != cudaSuccess) {
-            st = wk_cuda(e, "wsync_kdelta: the encode's cursors and results");
-            goto fail;
-        }
-        b->clean = 1;
+    } else {        /* both halves of the results at their starting values */
+        for (int h = 0; h < 2 && e == cudaSuccess; h++)
+            e = cudaMemcpy(b->res + h * n, b->host, (size_t)n * sizeof(wsync_kdelta_result_t),
+                           cudaMemcpyHostToDevice);
     }
+    if (e != cudaSuccess) {
+        st = wk_cuda(e, "wsync_kdelta: the batch's cursors and results");
+        goto fail;
+    }
+    b->clean = 1;
     if (n > 0) {
         e = cudaMemcpy(b->chunks, sorted, (size_t)n * sizeof(*sorted), cudaMemcpyHostToDevice);
         if (e == cudaSuccess && apply)
@@ -525,12 +530,18 @@ wsync_status_t wsync_kdelta_launch(wsync_kdelta_batch_t *b, const uint64_t *lens
         if (e != cudaSuccess)
             return wk_cuda(e, "wsync_kdelta_launch: cudaMemcpyAsync (lengths)");
     }
-    /* An encode finds its cursors and block counters clean (its chunk hash kernel leaves them
-     * so, and create did): no kernel before its own. An apply's results start from zero. */
-    if (b->apply || !b->clean) {
+    /* No kernel before the launch's own: an encode finds its cursors and block counters clean
+     * (its chunk hash kernel leaves them so, and create did), an apply its half of the results
+     * (the last launch's first kernel reset it, or create did). After a launch that failed
+     * part-way, the init kernel does it. */
+    wsync_kdelta_result_t *res = b->res + (b->apply && b->half ? b->n : 0);
+    wk_reset_t z = {NULL, b->n};
+    if (b->apply)
+        z.r = b->res + (b->half ? 0 : b->n);
+    if (!b->clean) {
         uint64_t nst = b->apply ? 0 : b->nblocks + 4, most = nst > b->n ? nst : b->n;
         unsigned grid = (unsigned)(most / WK_THREADS + 1 < 1024 ? most / WK_THREADS + 1 : 1024);
-        wk_delta_init<<<grid, WK_THREADS, 0, s>>>(b->res, b->n, b->status, nst);
+        wk_delta_init<<<grid, WK_THREADS, 0, s>>>(res, b->n, b->status, nst);
     }
     b->clean = 0;   /* until every kernel of this launch is enqueued */
     /* The warp kernels win only where few elements change. An encode takes them while the last
@@ -561,11 +572,11 @@ wsync_status_t wsync_kdelta_launch(wsync_kdelta_batch_t *b, const uint64_t *lens
     if (wk_force_warp())
         warp = 1;
     if (b->apply)
-        wk_delta_launch_apply(b, s, warp);
+        wk_delta_launch_apply(b, s, warp, res, z);
     else
         wk_delta_launch_encode(b, s, warp);
     if (b->apply && b->flag)
-        wk_delta_chunk_hash<<<b->n, WK_THREADS, 0, s>>>(b->chunks, b->leaves, NULL, 0, b->res);
+        wk_delta_chunk_hash<<<b->n, WK_THREADS, 0, s>>>(b->chunks, b->leaves, NULL, 0, res);
     else if (!b->apply)
         wk_delta_chunk_hash<<<b->n, WK_THREADS, 0, s>>>(b->chunks, b->leaves, b->status,
                                                         b->nblocks, b->host_dev);
@@ -573,7 +584,7 @@ wsync_status_t wsync_kdelta_launch(wsync_kdelta_batch_t *b, const uint64_t *lens
     if (st != WSYNC_OK)
         return st;
     if (b->apply) {
-        e = cudaMemcpyAsync(b->host, b->res, (size_t)b->n * sizeof(wsync_kdelta_result_t),
+        e = cudaMemcpyAsync(b->host, res, (size_t)b->n * sizeof(wsync_kdelta_result_t),
                             cudaMemcpyDeviceToHost, s);
         if (e != cudaSuccess)
             return wk_cuda(e, "wsync_kdelta_launch: cudaMemcpyAsync (results)");
@@ -583,7 +594,8 @@ wsync_status_t wsync_kdelta_launch(wsync_kdelta_batch_t *b, const uint64_t *lens
         return wk_cuda(e, "wsync_kdelta_launch: cudaEventRecord (results)");
     b->launched = 1;
     b->split = 0;
-    b->clean = !b->apply;
+    b->clean = 1;
+    b->half ^= b->apply;
     return WSYNC_OK;
 }
 

@@ -88,7 +88,7 @@ template <int E>
 __global__ void __launch_bounds__(WK_THREADS, WK_DMIN_BLOCKS)
 wk_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap, uint64_t g0,
                const uint32_t *__restrict__ glist, const uint64_t *lens, uint64_t *leaves,
-               wsync_kdelta_result_t *res, int hash)
+               wsync_kdelta_result_t *res, int hash, wk_reset_t z)
 {
     typedef typename wk_elem<E>::t el;
     extern __shared__ uint4 wk_dyn[];
@@ -103,6 +103,7 @@ wk_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ 
     const int tid = threadIdx.x;
     const uint64_t g = g0 + (glist != NULL ? glist[blockIdx.x] : blockIdx.x);
 
+    wk_reset(z);
     wk_secret_load(sec);
     const wk_dchunk_t d = ch[bmap[g]];
     const uint32_t j = (uint32_t)(g - d.block0);
@@ -542,8 +543,9 @@ __device__ __forceinline__ bool wkw_sparse_small(const wkw_ablk_t &x, int hash, 
 template <int E>
 __global__ void __launch_bounds__(WK_THREADS)
 wkw_apply_entries(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
-                  uint64_t g0, uint64_t nblk, const uint64_t *lens, uint4 *rec)
+                  uint64_t g0, uint64_t nblk, const uint64_t *lens, uint4 *rec, wk_reset_t z)
 {
+    wk_reset(z);
     const uint64_t bi = (uint64_t)blockIdx.x * WK_THREADS + threadIdx.x;
     if (bi >= nblk)
         return;
@@ -619,7 +621,7 @@ template <int E>
 __global__ void __launch_bounds__(WKW_THREADS, WKW_MIN_BLOCKS)
 wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__ bmap,
                 uint64_t g0, uint64_t nblk, const uint64_t *lens, uint64_t *leaves,
-                wsync_kdelta_result_t *res, int hash, const uint4 *rec)
+                wsync_kdelta_result_t *res, int hash, const uint4 *rec, wk_reset_t z)
 {
     typedef typename wk_elem<E>::t el;
     __shared__ uint64_t sec[24];
@@ -627,6 +629,7 @@ wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
     __shared__ __align__(16) el svals_w[WKW_WARPS][WKW_SMALL];
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 
+    wk_reset(z);
     wk_secret_load(sec);
     __syncthreads();
     const uint64_t bi = (uint64_t)blockIdx.x * WKW_WARPS + w;
@@ -703,10 +706,12 @@ wkw_delta_apply(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict__
     }
 }
 
-/* Group grp's apply kernels (element size E = 1 << grp) on stream s: the warp kernels for the
- * full blocks of its fast chunks when warp, then the CTA kernel for the rest. */
+/* Group grp's apply kernels (element size E = 1 << grp) on stream s, into res: the warp kernels
+ * for the full blocks of its fast chunks when warp, then the CTA kernel for the rest; the first
+ * kernel launched resets *z (then NULL). */
 template <int E>
-static void wk_apply_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t s, int warp)
+static void wk_apply_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t s, int warp,
+                           wsync_kdelta_result_t *res, wk_reset_t *z)
 {
     const wk_group_span_t sp = wk_group_span(b, grp, warp);
     const uint64_t g0 = sp.g0, nw = sp.nw, nl = sp.nl;
@@ -716,21 +721,28 @@ static void wk_apply_group(const wsync_kdelta_batch_t *b, int grp, cudaStream_t 
     /* with the hash, the entries first (measured: 5 % faster with the hash, 7 % slower
      * without it, where the apply writes only the changed values) */
     uint4 *rec = b->flag ? reinterpret_cast<uint4 *>(b->status) : NULL;
-    if (nw > 0 && rec != NULL)
+    if (nw > 0 && rec != NULL) {
         wkw_apply_entries<E><<<(unsigned)((nw + WK_THREADS - 1) / WK_THREADS), WK_THREADS, 0, s>>>(
-            b->chunks, b->bmap, g0, nw, b->lens, rec);
-    if (nw > 0)
+            b->chunks, b->bmap, g0, nw, b->lens, rec, *z);
+        z->r = NULL;
+    }
+    if (nw > 0) {
         wkw_delta_apply<E><<<(unsigned)((nw + WKW_WARPS - 1) / WKW_WARPS), WKW_THREADS, 0, s>>>(
-            b->chunks, b->bmap, g0, nw, b->lens, b->leaves, b->res, b->flag, rec);
-    if (nl > 0)
+            b->chunks, b->bmap, g0, nw, b->lens, b->leaves, res, b->flag, rec, *z);
+        z->r = NULL;
+    }
+    if (nl > 0) {
         wk_delta_apply<E><<<(unsigned)nl, WK_THREADS, b->flag ? WK_DBLK * E : 0, s>>>(
-            b->chunks, b->bmap, g0, gl, b->lens, b->leaves, b->res, b->flag);
+            b->chunks, b->bmap, g0, gl, b->lens, b->leaves, res, b->flag, *z);
+        z->r = NULL;
+    }
 }
 
-void wk_delta_launch_apply(const wsync_kdelta_batch_t *b, cudaStream_t s, int warp)
+void wk_delta_launch_apply(const wsync_kdelta_batch_t *b, cudaStream_t s, int warp,
+                           wsync_kdelta_result_t *res, wk_reset_t z)
 {
-    wk_apply_group<1>(b, 0, s, warp);
-    wk_apply_group<2>(b, 1, s, warp);
-    wk_apply_group<4>(b, 2, s, warp);
-    wk_apply_group<8>(b, 3, s, warp);
+    wk_apply_group<1>(b, 0, s, warp, res, &z);
+    wk_apply_group<2>(b, 1, s, warp, res, &z);
+    wk_apply_group<4>(b, 2, s, warp, res, &z);
+    wk_apply_group<8>(b, 3, s, warp, res, &z);
 }

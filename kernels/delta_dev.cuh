@@ -54,6 +54,25 @@ __device__ __forceinline__ void wk_app_count(wsync_kdelta_result_t *res, uint32_
               (unsigned long long)k | (unsigned long long)(size / 8) << WK_APP_SHIFT);
 }
 
+/* The results an apply launch leaves for the next one, the other half of its double buffer
+ * (r NULL: none): CTA 0 of the launch's first kernel sets them to their starting values, so
+ * that no init kernel stands before an apply's own (it had cost 2-3 us a launch). */
+typedef struct {
+    wsync_kdelta_result_t *r;
+    uint32_t n;
+} wk_reset_t;
+
+__device__ __forceinline__ void wk_reset(const wk_reset_t &z)
+{
+    if (z.r != NULL && blockIdx.x == 0)
+        for (uint32_t i = threadIdx.x; i < z.n; i += blockDim.x) {
+            z.r[i].len = 0;
+            z.r[i].hash = 0;
+            z.r[i].changed = 0;
+            z.r[i].fault = WSYNC_KDELTA_NO_FAULT;
+        }
+}
+
 /* A chunk as the kernels see it; [nchunks] on the device, grouped by element size. */
 typedef struct {
     const unsigned char *a;            /* encode: first new value; apply: the stream */
@@ -538,13 +557,15 @@ struct wsync_kdelta_batch {
                                           [4 * nblocks] apply with the hash: the warp apply's
                                           records (wkw_apply_entries) */
     uint64_t *leaves;                  /*   [nblocks] */
-    wsync_kdelta_result_t *res;        /*   [n] */
+    wsync_kdelta_result_t *res;        /*   [n] encode, [2n] apply: a half a launch, by turns */
     uint32_t *glist;                   /*   [nblocks] the CTA kernels' blocks */
     uint32_t *bmap;                    /*   [nblocks] each block's chunk (its place in chunks) */
     uint64_t dev_bytes;
     wsync_kdelta_result_t *host;       /* pinned [n] */
     wsync_kdelta_result_t *host_dev;   /* encode: host as the chunk hash kernel writes it */
-    int clean;                         /* encode: cursors and counters 0 (no init kernel) */
+    int clean;                         /* encode: cursors and counters 0; apply: the half of res
+                                          for the next launch reset (no init kernel) */
+    int half;                          /* apply: res's half for the next launch */
     uint64_t *lens_host;               /* pinned [n] apply: the lengths of the next launch */
     uint64_t *lens_default;            /* malloc [n] apply: those given at create */
     uint8_t *esz;                      /* malloc [n] apply: element sizes, caller's order */
@@ -585,7 +606,8 @@ static inline wk_group_span_t wk_group_span(const wsync_kdelta_batch_t *b, int g
 /* Every encode (kernels/delta_encode.cu) or apply (kernels/delta_apply.cu) kernel of a launch of
  * b on stream s, group by group; warp: the warp kernels take the full blocks of fast chunks. */
 void wk_delta_launch_encode(const wsync_kdelta_batch_t *b, cudaStream_t s, int warp);
-void wk_delta_launch_apply(const wsync_kdelta_batch_t *b, cudaStream_t s, int warp);
+void wk_delta_launch_apply(const wsync_kdelta_batch_t *b, cudaStream_t s, int warp,
+                           wsync_kdelta_result_t *res, wk_reset_t z);
 
 /* The CTA encoder of 8-byte elements may take 64 KiB of dynamic shared memory a block (past the
  * default 48). */
