@@ -27,7 +27,8 @@
  *
  * Each block's bytes (its entry word and its payload) are a function of (old, new) alone, so that
  * encoders agree on them and the check can demand them; where the payloads lie is the encoder's
- * choice (the CPU encoder lays them in block order, the GPU encoder in the order its blocks finish):
+ * choice (the CPU encoder lays them in block order, the GPU encoder in the order its blocks
+ * finish):
  *  - each payload lies inside the payload area, and the payloads' sizes add up to the area's
  *    length (len = 16 + 8 * nb + the sum of payloads; a SAME block's offset is any multiple of 8
  *    up to the area's end). That payloads do not overlap is not checked: it would take the

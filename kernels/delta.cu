@@ -42,9 +42,10 @@
  * loads (block map, descriptor, length, header and entry, payload): apply was latency-bound.
  *
  * Traffic, 1 GiB of bf16 in 64 chunks at 1 % changed (the bench of test_delta_kernels): encode
- * reads new and old once (2 GiB) and writes the stream (table 1 MiB, payloads ~1.7 % of 1 GiB:
- * a SPARSE block of k ~ 41 is al8(k + e) + al8(2k) ~ 136 bytes), the leaves (1 MiB); apply with the hash reads the target once (1 GiB), the stream (~18 MiB), and
- * writes the ~38 sectors with a change of each block whole; without the hash the ~41 changed
+ * reads new and old once (2 GiB) and writes the stream (table 1 MiB, payloads ~1.7 % of 1 GiB: a
+ * SPARSE block of k ~ 41 is al8(k + e) + al8(2k) ~ 136 bytes), the leaves (1 MiB); apply with the
+ * hash reads the target once (1 GiB), the stream (~18 MiB), and writes the ~38 sectors with a
+ * change of each block whole; without the hash the ~41 changed
  * values (partial 32-byte sectors: a read-modify-write in the memory system). The
  * target (issue 17): encode + apply <= 1.5 x reading both versions once (an amax over both, or a
  * D2D copy of one: 0.70 ms on an H100), counting the apply without the receiver's hash (the

@@ -9,12 +9,12 @@
  * Work: per codec block (WSYNC_DELTA_BLOCK elements), one warp (full blocks of chunks that are
  * dense with new and old 16-byte aligned) or one CUDA block (the rest; WSYNC_KDELTA_OLD=1: every
  * block, the kernels before the warp encoder, to compare); kernels/delta.cu says how, what each
- * measured and what limits the speed. Encode reads each block of new and old values once: it counts the changes, hashes the new values (leaf), takes the block's payload
- * offset from its chunk's cursor (format 3: payloads in any order, so no block waits for another
- * and no second pass), and writes its table entry and payload. A second, small kernel hashes each
- * chunk's leaves. Apply validates the header, the block's table entry and its payload before
- * touching the destination, writes the changed values in place and hashes the block's values
- * after it.
+ * measured and what limits the speed. Encode reads each block of new and old values once: it counts
+ * the changes, hashes the new values (leaf), takes the block's payload offset from its chunk's
+ * cursor (format 3: payloads in any order, so no block waits for another and no second pass), and
+ * writes its table entry and payload. A second, small kernel hashes each chunk's leaves. Apply
+ * validates the header, the block's table entry and its payload before touching the destination,
+ * writes the changed values in place and hashes the block's values after it.
  *
  * Conventions are those of kernels/kernels.h (device pointers of the current device, streams as
  * void *, WSYNC_ERR_INVALID / WSYNC_ERR_DEVICE with wsync_last_error()). A batch holds device

@@ -21,8 +21,8 @@ extern "C" {
 #define WK_DBLK 4096u                  /* elements per codec block: WSYNC_DELTA_BLOCK */
 #define WK_MWORDS (WK_DBLK / 32)       /* mask words per block */
 /* Codec blocks resident per SM that the register budget must allow (<= 32 registers): a block's
- * life has stretches without loads in flight (ballots, hash, the cursor's round trip), so bandwidth comes from
- * many blocks per SM (with bf16, shared memory allows 8 too). */
+ * life has stretches without loads in flight (ballots, hash, the cursor's round trip), so
+ * bandwidth comes from many blocks per SM (with bf16, shared memory allows 8 too). */
 #define WK_DMIN_BLOCKS 8
 
 static_assert(WK_DBLK == WSYNC_DELTA_BLOCK, "the kernels' block is the format's");

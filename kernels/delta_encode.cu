@@ -365,7 +365,8 @@ wkw_delta_encode(const wk_dchunk_t *__restrict__ ch, const uint32_t *__restrict_
         c = atomicAdd(&status[d.block0], wk_cur_add(k, size));
     const uint64_t leaf = wkw_hash_final<WK_DBLK * E>(h, sec);
     const uint64_t hdr = mode == WSYNC_DELTA_SPARSE ? wk_al8((uint64_t)k + etot) : WK_DBLK / 8;
-    const typename wk_elem<E>::t *nv = reinterpret_cast<const typename wk_elem<E>::t *>(d.a + first * E);
+    typedef typename wk_elem<E>::t el;
+    const el *nv = reinterpret_cast<const el *>(d.a + first * E);   /* the new values */
     const bool staged = mode == WSYNC_DELTA_SPARSE && size <= WKW_PBUF;
     if (staged) {
         for (uint32_t w = lane; w < size / 8; w += 32)

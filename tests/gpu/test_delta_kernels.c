@@ -1,10 +1,11 @@
 /* The delta codec's CUDA kernels (kernels/delta.h) against the CPU codec (core/delta.h) and xxHash,
  * on fresh random inputs (the seed is printed; --seed S repeats a run): XXH3_64bits on the device
- * equal to the library's for every length 0..2048 and large ones; GPU encode blocks (header,
- * table words, each payload wherever it lies) equal to wsync_delta_encode's (format 3) for
- * element sizes 1, 2, 4, 8, dense and strided regions, densities 0..100 % (0.2 and 0.4 %: escapes in most SPARSE blocks), every mode boundary, SPARSE
- * gaps at the escapes' edges (254..256, 509..511, 4094, 4095) and the SPARSE/BITMAP choice decided
- * by e; GPU apply of CPU streams and CPU apply of GPU streams equal to the new values; corrupted
+ * equal to the library's for every length 0..2048 and large ones; GPU encode blocks (header, table
+ * words, each payload wherever it lies) equal to wsync_delta_encode's (format 3) for element sizes
+ * 1, 2, 4, 8, dense and strided regions, densities 0..100 % (0.2 and 0.4 %: escapes in most SPARSE
+ * blocks), every mode boundary, SPARSE gaps at the escapes' edges (254..256, 509..511, 4094, 4095)
+ * and the SPARSE/BITMAP choice decided by e; GPU apply of CPU streams and CPU apply of GPU streams
+ * equal to the new values; corrupted
  * streams refused exactly when wsync_delta_check refuses them (targeted: a format-1 header, a
  * trailing 0xFF, a wrong e, e in a BITMAP or PLAIN entry, a position past the block, ...), changes
  * sharing one mask word, full blocks with no tail), nothing written outside the chunk. The encode,
