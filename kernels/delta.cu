@@ -248,6 +248,40 @@ static cudaError_t wk_batch_alloc(wsync_kdelta_batch_t *b)
     return cudaSuccess;
 }
 
+/* b's results: the pinned host copy (mapped: an encode's chunk hash kernel writes it), their
+ * event, an apply's pinned lengths, and the starting state of the first launch (an encode's
+ * cursors and block counters 0, an apply's two halves of results reset): no init kernel. */
+static wsync_status_t wk_batch_results(wsync_kdelta_batch_t *b)
+{
+    const uint32_t n = b->n;
+    cudaError_t e = cudaHostAlloc((void **)&b->host,
+                                  (size_t)(n ? n : 1) * sizeof(wsync_kdelta_result_t),
+                                  cudaHostAllocMapped);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&b->res_ev, cudaEventDisableTiming);
+    if (e == cudaSuccess && b->apply)
+        e = cudaMallocHost((void **)&b->lens_host, (size_t)(n ? n : 1) * 8);
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kdelta: cudaMallocHost");
+    for (uint32_t i = 0; i < n; i++) {
+        b->host[i].len = b->host[i].hash = b->host[i].changed = 0;
+        b->host[i].fault = WSYNC_KDELTA_NO_FAULT;
+    }
+    if (!b->apply) {   /* cursors and counters clean for the first launch; results straight home */
+        e = cudaMemset(b->status, 0, (size_t)(b->nblocks + 4) * 8);
+        if (e == cudaSuccess)
+            e = cudaHostGetDevicePointer((void **)&b->host_dev, b->host, 0);
+    } else {        /* both halves of the results at their starting values */
+        for (int h = 0; h < 2 && e == cudaSuccess; h++)
+            e = cudaMemcpy(b->res + h * n, b->host, (size_t)n * sizeof(wsync_kdelta_result_t),
+                           cudaMemcpyHostToDevice);
+    }
+    if (e != cudaSuccess)
+        return wk_cuda(e, "wsync_kdelta: the batch's cursors and results");
+    b->clean = 1;
+    return WSYNC_OK;
+}
+
 /* Group the chunks by element size, number their blocks, allocate and upload. d[i] describes
  * chunk i (caller's order) with block0 unset; esz[i] its element size. */
 static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dchunk_t *d,
@@ -305,34 +339,8 @@ static wsync_status_t wk_batch_build(const char *fn, int apply, int flag, wk_dch
         st = wk_cuda(e, "wsync_kdelta: cudaMalloc");
         goto fail;
     }
-    e = cudaHostAlloc((void **)&b->host, (size_t)(n ? n : 1) * sizeof(wsync_kdelta_result_t),
-                      cudaHostAllocMapped);
-    if (e == cudaSuccess)
-        e = cudaEventCreateWithFlags(&b->res_ev, cudaEventDisableTiming);
-    if (e == cudaSuccess && apply)
-        e = cudaMallocHost((void **)&b->lens_host, (size_t)(n ? n : 1) * 8);
-    if (e != cudaSuccess) {
-        st = wk_cuda(e, "wsync_kdelta: cudaMallocHost");
+    if ((st = wk_batch_results(b)) != WSYNC_OK)
         goto fail;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        b->host[i].len = b->host[i].hash = b->host[i].changed = 0;
-        b->host[i].fault = WSYNC_KDELTA_NO_FAULT;
-    }
-    if (!apply) {   /* cursors and counters clean for the first launch; results straight home */
-        e = cudaMemset(b->status, 0, (size_t)(g + 4) * 8);
-        if (e == cudaSuccess)
-            e = cudaHostGetDevicePointer((void **)&b->host_dev, b->host, 0);
-    } else {        /* both halves of the results at their starting values */
-        for (int h = 0; h < 2 && e == cudaSuccess; h++)
-            e = cudaMemcpy(b->res + h * n, b->host, (size_t)n * sizeof(wsync_kdelta_result_t),
-                           cudaMemcpyHostToDevice);
-    }
-    if (e != cudaSuccess) {
-        st = wk_cuda(e, "wsync_kdelta: the batch's cursors and results");
-        goto fail;
-    }
-    b->clean = 1;
     if (n > 0) {
         e = cudaMemcpy(b->chunks, sorted, (size_t)n * sizeof(*sorted), cudaMemcpyHostToDevice);
         if (e == cudaSuccess && apply)
