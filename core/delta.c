@@ -809,37 +809,45 @@ static void copy_in(const view_t *v, cursor_t at, uint64_t len, const uint8_t *s
     }
 }
 
-wsync_status_t wsync_delta_apply(const void *enc, uint64_t len, void *dst_base,
-                                 const wsync_region_t *dst, uint32_t esize, uint64_t *hash)
+/* The arguments of an apply checked, the stream's element count n, block count nb and the end
+ * of its table into *n, *nb, *table_end. fn and out_name (the output's parameter): for the
+ * errors. */
+static wsync_status_t apply_args(const char *fn, const uint8_t *e, uint64_t len,
+                                 const void *dst_base, const wsync_region_t *dst, uint32_t esize,
+                                 const void *out, const char *out_name, uint64_t *n, uint64_t *nb,
+                                 uint64_t *table_end)
 {
-    const uint8_t *e = enc;
-    uint64_t n, nb, table_end;
-    view_t v;
-    cursor_t at = {0, 0};
-    tree_t tree;
-
-    if (enc == NULL || dst_base == NULL || hash == NULL)
-        return wsync_err(WSYNC_ERR_INVALID, "delta apply: %s is NULL",
-                         enc == NULL ? "enc" : dst_base == NULL ? "dst_base" : "hash");
+    if (e == NULL || dst_base == NULL || out == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: %s is NULL", fn,
+                         e == NULL ? "enc" : dst_base == NULL ? "dst_base" : out_name);
     if (!esize_ok(esize))
-        return wsync_err(WSYNC_ERR_INVALID, "delta apply: esize %" PRIu32
-                         " (1, 2, 4 or 8 bytes)", esize);
-    if (!region_ok(dst, &n))
-        return wsync_err(WSYNC_ERR_INVALID, "delta apply: dst region %s",
+        return wsync_err(WSYNC_ERR_INVALID, "%s: esize %" PRIu32 " (1, 2, 4 or 8 bytes)", fn,
+                         esize);
+    if (!region_ok(dst, n))
+        return wsync_err(WSYNC_ERR_INVALID, "%s: dst region %s", fn,
                          dst == NULL ? "is NULL" : "is empty, pitch < cols or overflows");
     /* cheap guards against applying a stream meant for another region; the rest is the check's */
-    if (len < WSYNC_DELTA_HEADER || ld64(e + 8) != n || e[5] != esize)
-        return wsync_err(WSYNC_ERR_INVALID, "delta apply: the stream (%" PRIu64 " bytes) is not "
-                         "a checked delta of %" PRIu64 " elements of %" PRIu32 " bytes",
-                         len, n, esize);
-    nb = wsync_delta_nblocks(n);
-    table_end = WSYNC_DELTA_HEADER + 8 * nb;
-    if (len < table_end)
-        return wsync_err(WSYNC_ERR_INVALID, "delta apply: %" PRIu64 " bytes hold no table of "
-                         "%" PRIu64 " blocks (run wsync_delta_check first)", len, nb);
-    v = make_view(dst_base, dst, esize);
-    tree_init(&tree);
-    for (uint64_t j = 0; j < nb; j++) {
+    if (len < WSYNC_DELTA_HEADER || ld64(e + 8) != *n || e[5] != esize)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: the stream (%" PRIu64 " bytes) is not a checked "
+                         "delta of %" PRIu64 " elements of %" PRIu32 " bytes", fn, len, *n, esize);
+    *nb = wsync_delta_nblocks(*n);
+    *table_end = WSYNC_DELTA_HEADER + 8 * *nb;
+    if (len < *table_end)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: %" PRIu64 " bytes hold no table of %" PRIu64
+                         " blocks (run wsync_delta_check first)", fn, len, *nb);
+    return WSYNC_OK;
+}
+
+/* Apply blocks [b0, b1) of a stream of n elements (nb blocks) to the view, each block's leaf
+ * hash to the tree (tree != NULL) or to leaves[j - b0]. */
+static void apply_range(const uint8_t *e, uint64_t table_end, uint64_t n, uint64_t nb,
+                        const view_t *v, uint64_t b0, uint64_t b1, tree_t *tree,
+                        uint64_t *leaves)
+{
+    cursor_t at = {0, 0};
+
+    cursor_add(v, &at, b0 * WSYNC_DELTA_BLOCK);
+    for (uint64_t j = b0; j < b1; j++) {
         const uint8_t *t = e + WSYNC_DELTA_HEADER + 8 * j;
         uint32_t off = ld32(t), w = ld32(t + 4), mode = wsync_delta_word_mode(w);
         uint64_t sl = (uint64_t)wsync_delta_word_k(w) + wsync_delta_word_e(w);
@@ -848,22 +856,69 @@ wsync_status_t wsync_delta_apply(const void *enc, uint64_t len, void *dst_base,
 
         switch (mode) {
         case WSYNC_DELTA_SPARSE:
-            scatter_sparse(&v, at, p, sl, p + align8(sl));
+            scatter_sparse(v, at, p, sl, p + align8(sl));
             break;
         case WSYNC_DELTA_BITMAP:
-            scatter_bitmap(&v, at, p, blen, p + align8(((uint64_t)blen + 7) / 8));
+            scatter_bitmap(v, at, p, blen, p + align8(((uint64_t)blen + 7) / 8));
             break;
         case WSYNC_DELTA_PLAIN:
-            copy_in(&v, at, blen, p);
+            copy_in(v, at, blen, p);
             break;
         default:
             break;
         }
-        tree_add(&tree, hash_block(&v, at, blen));
-        cursor_add(&v, &at, blen);
+        uint64_t leaf = hash_block(v, at, blen);
+        if (tree != NULL)
+            tree_add(tree, leaf);
+        else
+            leaves[j - b0] = leaf;
+        cursor_add(v, &at, blen);
     }
+}
+
+wsync_status_t wsync_delta_apply(const void *enc, uint64_t len, void *dst_base,
+                                 const wsync_region_t *dst, uint32_t esize, uint64_t *hash)
+{
+    uint64_t n, nb, table_end;
+    wsync_status_t rc = apply_args("delta apply", enc, len, dst_base, dst, esize, hash, "hash",
+                                   &n, &nb, &table_end);
+    tree_t tree;
+
+    if (rc != WSYNC_OK)
+        return rc;
+    view_t v = make_view(dst_base, dst, esize);
+    tree_init(&tree);
+    apply_range(enc, table_end, n, nb, &v, 0, nb, &tree, NULL);
     *hash = tree_digest(&tree);
     return WSYNC_OK;
+}
+
+wsync_status_t wsync_delta_apply_blocks(const void *enc, uint64_t len, void *dst_base,
+                                        const wsync_region_t *dst, uint32_t esize, uint64_t b0,
+                                        uint64_t b1, uint64_t *leaves)
+{
+    uint64_t n, nb, table_end;
+    wsync_status_t rc = apply_args("delta apply_blocks", enc, len, dst_base, dst, esize, leaves,
+                                   "leaves", &n, &nb, &table_end);
+
+    if (rc != WSYNC_OK)
+        return rc;
+    if (b0 > b1 || b1 > nb)
+        return wsync_err(WSYNC_ERR_INVALID, "delta apply_blocks: blocks [%" PRIu64 ", %" PRIu64
+                         ") of a stream of %" PRIu64 " blocks", b0, b1, nb);
+    view_t v = make_view(dst_base, dst, esize);
+    apply_range(enc, table_end, n, nb, &v, b0, b1, NULL, leaves);
+    return WSYNC_OK;
+}
+
+uint64_t wsync_delta_tree_hash(const uint64_t *leaves, uint64_t nb)
+{
+    tree_t tree;
+
+    tree_init(&tree);
+    for (uint64_t j = 0; j < nb; j++)
+        tree_add(&tree, leaves[j]);
+    return tree_digest(&tree);
 }
 
 uint64_t wsync_delta_hash(const void *base, const wsync_region_t *src, uint32_t esize)

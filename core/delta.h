@@ -167,6 +167,19 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
 wsync_status_t wsync_delta_apply(const void *enc, uint64_t len, void *dst_base,
                                  const wsync_region_t *dst, uint32_t esize, uint64_t *hash);
 
+/* Apply blocks [b0, b1) of a checked encoded chunk to region `dst` of dst_base, as
+ * wsync_delta_apply does for all of them, and write their leaf hashes (above) to
+ * leaves[0 .. b1 - b0). Threads may apply disjoint block ranges of one stream at once; the tree
+ * hash of the region is then wsync_delta_tree_hash of its nb leaves in block order. The same
+ * errors as wsync_delta_apply, and WSYNC_ERR_INVALID for a range that is not inside the
+ * stream's blocks. */
+wsync_status_t wsync_delta_apply_blocks(const void *enc, uint64_t len, void *dst_base,
+                                        const wsync_region_t *dst, uint32_t esize, uint64_t b0,
+                                        uint64_t b1, uint64_t *leaves);
+
+/* The chunk hash of nb leaf hashes, in block order: XXH3_64bits of them as u64 little-endian. */
+uint64_t wsync_delta_tree_hash(const uint64_t *leaves, uint64_t nb);
+
 /* The tree hash of region `src` of base (esize-byte elements), as defined above: what a receiver
  * of a plain chunk may compare, and what a test computes independently of the codec. */
 uint64_t wsync_delta_hash(const void *base, const wsync_region_t *src, uint32_t esize);

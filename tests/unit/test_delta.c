@@ -1,7 +1,8 @@
 /* The delta codec (core/delta.c) against a reference written here from core/delta.h's text:
  * element by element, byte by byte, on dense copies of the regions. Encoded streams must equal
  * the reference's bytes, applying them must leave exactly the new values (and nothing outside
- * the region touched), hashes must equal an XXH3 tree computed here, and the check must refuse
+ * the region touched; also applied in block ranges, whose leaves give the same tree hash), hashes
+ * must equal an XXH3 tree computed here, and the check must refuse
  * every malformed stream with an error naming the chunk and the fault. Ends with a speed report
  * (printed, not asserted). */
 #include <inttypes.h>
@@ -262,6 +263,30 @@ static unsigned round_trip(const pair_t *p, const char *label)
     CHECK_MSG(memcmp(dst, expect, p->bytes) == 0, "%s: applied buffer differs from the new "
               "values (or bytes outside the region changed)", label);
     CHECK_MSG(ahash == hash, "%s: apply's hash differs from encode's", label);
+    /* the same in block ranges of 1, 2, 3, ... blocks, applied last range first: the same bytes,
+     * and the leaves give the same tree hash */
+    uint64_t *leaves = xmalloc((size_t)(nb + 1) * 8), bounds[64], nr = 0;
+    for (uint64_t b = 0, w = 1; b < nb && nr < 63; b += w++)
+        bounds[nr++] = b;
+    bounds[nr] = nb;
+    memcpy(dst, p->old, p->bytes);
+    for (uint64_t i = nr; i-- > 0;)
+        CHECK_OK(wsync_delta_apply_blocks(exact, len, dst, &p->r, p->es, bounds[i],
+                                          bounds[i + 1], leaves + bounds[i]));
+    CHECK_MSG(memcmp(dst, expect, p->bytes) == 0, "%s: applied in %" PRIu64 " block ranges, the "
+              "buffer differs from the new values", label, nr);
+    CHECK_MSG(wsync_delta_tree_hash(leaves, nb) == hash, "%s: the tree hash of the ranges' "
+              "leaves differs from encode's", label);
+    CHECK_ST(wsync_delta_apply_blocks(exact, len, dst, &p->r, p->es, 0, nb + 1, leaves),
+             WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("delta apply_blocks: blocks [0, ");
+    CHECK_ST(wsync_delta_apply_blocks(exact, len, dst, &p->r, p->es, 1, 0, leaves),
+             WSYNC_ERR_INVALID);
+    CHECK_ST(wsync_delta_apply_blocks(exact, len, dst, &p->r, p->es, 0, nb, NULL),
+             WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("delta apply_blocks: leaves is NULL");
+    CHECK_MSG(memcmp(dst, expect, p->bytes) == 0, "%s: a refused range wrote", label);
+    free(leaves);
     free(exact);
     free(ref);
     free(nd);
