@@ -839,6 +839,26 @@ typedef struct {
 } mine_t;
 
 
+/* A reader applies a version's streams to its host targets in block ranges, so that a large
+ * chunk (the embedding: a quarter of Qwen3-0.6B's bytes) is applied by every thread, not one. */
+typedef struct {
+    uint64_t bytes;                  /* plain bytes of the range (runs take the largest first) */
+    uint32_t j, seg;                 /* the chunk (in mine) and our segment of it */
+    uint64_t b0, b1;                 /* blocks [b0, b1) of the stream */
+    uint64_t leaf;                   /* where block b0's leaf hash goes in `leaves` */
+} piece_t;
+
+/* Ranges of at most 1 / RX_PIECES_PER_THREAD of a thread's share of the version's blocks. */
+#define RX_PIECES_PER_THREAD 4u
+
+static int piece_cmp(const void *x, const void *y)
+{
+    const piece_t *a = x, *b = y;
+    if (a->bytes != b->bytes)
+        return a->bytes > b->bytes ? -1 : 1;
+    return (a->leaf > b->leaf) - (a->leaf < b->leaf);
+}
+
 struct store_drx {
     uint32_t lo, hi;
     mine_t *mine;                    /* our distinct chunks, in plan order */
@@ -855,9 +875,13 @@ struct store_drx {
     /* the streams' check, apply and hash run over a pool made at set-up (chunks write disjoint
      * target regions: a plan carries each byte of a receiver once) */
     wsync_workpool_t *pool;
-    work_t *work;                    /* [nmine] this version's chunks to check and apply (j: in
-                                        mine, bytes: plain bytes over our segments) */
+    work_t *work;                    /* [nmine] this version's chunks to check (j: in mine,
+                                        bytes: plain bytes over our segments) */
     uint32_t nwork;
+    piece_t *piece;                  /* this version's block ranges to apply, host segments */
+    uint32_t npiece, piece_cap;
+    uint64_t *leaves;                /* their leaf hashes: each host segment's, in block order */
+    size_t leaves_cap;               /* in leaves */
 };
 
 void wsync_store_drx_free(store_drx_t *d)
@@ -869,6 +893,8 @@ void wsync_store_drx_free(store_drx_t *d)
         wsync_dev_host_unregister(d->enc);
     free(d->enc);
     free(d->work);
+    free(d->piece);
+    free(d->leaves);
     free(d->table);
     free(d->mine);
     free(d->of_seg);
@@ -1085,25 +1111,109 @@ typedef struct {
     atomic_uint_fast64_t check_ns, apply_ns;   /* the items' times summed (the log) */
 } rx_job_t;
 
-/* One chunk: check its stream, apply it to each of our host segments of it, compare each
- * region's tree hash with the sender's (errors name the param, the target and the chunk). */
-static wsync_status_t rx_item(void *arg, uint32_t item, uint32_t worker)
+/* One chunk's stream checked (errors name the param, the target and the chunk). */
+static wsync_status_t rx_check_item(void *arg, uint32_t item, uint32_t worker)
 {
     rx_job_t *job = arg;
     store_drx_t *d = job->d;
     const mine_t *m = &d->mine[d->work[item].j];
-    uint64_t t0 = wsync_now_ns(), t1;
+    uint64_t t0 = wsync_now_ns();
     wsync_status_t rc;
 
     (void)worker;
     rc = wsync_delta_rx_check(job->r, m->chunk, d->enc + m->at, m->len, job->v);
-    t1 = wsync_now_ns();
-    atomic_fetch_add(&job->check_ns, t1 - t0);
-    if (rc != WSYNC_OK)
-        return named(job->r, m->seg0, rc);
-    for (uint32_t i = m->seg0; i < m->seg1 && rc == WSYNC_OK && !m->cuda; i++)
-        rc = wsync_delta_rx_apply(job->r, i, d->enc + m->at, m->len, m->hash, job->v);
-    atomic_fetch_add(&job->apply_ns, wsync_now_ns() - t1);
+    atomic_fetch_add(&job->check_ns, wsync_now_ns() - t0);
+    return rc == WSYNC_OK ? rc : named(job->r, m->seg0, rc);
+}
+
+/* One block range of a checked stream applied to our host segment, its leaves kept. */
+static wsync_status_t rx_apply_item(void *arg, uint32_t item, uint32_t worker)
+{
+    rx_job_t *job = arg;
+    store_drx_t *d = job->d;
+    const piece_t *p = &d->piece[item];
+    const mine_t *m = &d->mine[p->j];
+    const wsync_segment_t *sg = &job->r->m.segs[p->seg];
+    uint32_t es = (uint32_t)wsync_dtype_size(job->r->m.plan->chunks[m->chunk].dtype);
+    uint64_t t0 = wsync_now_ns();
+    wsync_status_t rc;
+
+    (void)worker;
+    rc = wsync_delta_apply_blocks(d->enc + m->at, m->len, job->r->land[sg->target], &sg->dst, es,
+                                  p->b0, p->b1, d->leaves + p->leaf);
+    atomic_fetch_add(&job->apply_ns, wsync_now_ns() - t0);
+    return rc == WSYNC_OK ? rc : named(job->r, p->seg, rc);
+}
+
+/* This version's block ranges of the checked streams over our host segments, and room for
+ * their leaves. */
+static wsync_status_t make_pieces(wsync_receiver_t *r, store_drx_t *d)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    uint64_t blocks = 0, nleaf = 0, per;
+    uint32_t n = 0;
+
+    for (uint32_t w = 0; w < d->nwork; w++) {
+        const mine_t *m = &d->mine[d->work[w].j];
+        if (!m->cuda)
+            blocks += wsync_delta_nblocks(plain_bytes(&plan->chunks[m->chunk]) /
+                                          wsync_dtype_size(plan->chunks[m->chunk].dtype)) *
+                      (m->seg1 - m->seg0);
+    }
+    per = WSYNC_MAX(1, blocks / ((uint64_t)wsync_workpool_size(d->pool) * RX_PIECES_PER_THREAD));
+    uint64_t most = blocks / per + (uint64_t)(d->hi - d->lo) + 1;
+    if (most > d->piece_cap) {
+        piece_t *np = most < UINT32_MAX ? realloc(d->piece, (size_t)most * sizeof(*np)) : NULL;
+        if (np == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta versions");
+        d->piece = np;
+        d->piece_cap = (uint32_t)most;
+    }
+    for (uint32_t w = 0; w < d->nwork; w++) {
+        const mine_t *m = &d->mine[d->work[w].j];
+        const wsync_chunk_t *c = &plan->chunks[m->chunk];
+        uint64_t es = wsync_dtype_size(c->dtype), elems = plain_bytes(c) / es;
+        uint64_t nb = wsync_delta_nblocks(elems);
+        for (uint32_t i = m->seg0; i < m->seg1 && !m->cuda; i++) {
+            for (uint64_t b = 0; b < nb; b += per) {
+                uint64_t b1 = WSYNC_MIN(nb, b + per);
+                uint64_t e1 = WSYNC_MIN(elems, b1 * WSYNC_DELTA_BLOCK);
+                d->piece[n++] = (piece_t){(e1 - b * WSYNC_DELTA_BLOCK) * es, d->work[w].j, i, b,
+                                          b1, nleaf + b};
+            }
+            nleaf += nb;
+        }
+    }
+    d->npiece = n;
+    if (nleaf + 1 > d->leaves_cap) {
+        uint64_t *nl = realloc(d->leaves, (size_t)(nleaf + 1) * sizeof(*nl));
+        if (nl == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta versions");
+        d->leaves = nl;
+        d->leaves_cap = (size_t)(nleaf + 1);
+    }
+    qsort(d->piece, n, sizeof(*d->piece), piece_cmp);
+    return WSYNC_OK;
+}
+
+/* Each host segment's tree hash, from its leaves, against its sender's: chunks in the order of
+ * d->work (largest first), the first mismatch returned. */
+static wsync_status_t compare_hashes(wsync_receiver_t *r, store_drx_t *d, uint64_t v)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    uint64_t at = 0;
+    wsync_status_t rc = WSYNC_OK;
+
+    for (uint32_t w = 0; w < d->nwork && rc == WSYNC_OK; w++) {
+        const mine_t *m = &d->mine[d->work[w].j];
+        const wsync_chunk_t *c = &plan->chunks[m->chunk];
+        uint64_t nb = wsync_delta_nblocks(plain_bytes(c) / wsync_dtype_size(c->dtype));
+        for (uint32_t i = m->seg0; i < m->seg1 && !m->cuda && rc == WSYNC_OK; i++) {
+            rc = wsync_delta_rx_hash_error(r, i, m->hash, wsync_delta_tree_hash(d->leaves + at, nb),
+                                           v);
+            at += nb;
+        }
+    }
     return rc;
 }
 
@@ -1231,8 +1341,9 @@ wsync_status_t wsync_store_drx_read(wsync_receiver_t *r, store_drx_t *d, const w
     if (rc != WSYNC_OK)
         return rc;
     uint64_t t_streams = wsync_now_ns();
-    /* check each stream once, apply it to each of our segments of its chunk, compare hashes:
-     * chunk by chunk over the pool, largest first */
+    /* check each stream once (chunk by chunk over the pool, largest first), apply it to each of
+     * our host segments of its chunk (block ranges over the pool, largest first), then compare
+     * each segment's tree hash, made from its ranges' leaves, with the sender's */
     d->nwork = 0;
     for (uint32_t j = 0; j < d->nmine; j++) {
         mine_t *m = &d->mine[j];
@@ -1244,18 +1355,27 @@ wsync_status_t wsync_store_drx_read(wsync_receiver_t *r, store_drx_t *d, const w
     }
     qsort(d->work, d->nwork, sizeof(*d->work), work_cmp);
     rx_job_t job = {r, d, v, 0, 0};
+    int64_t deadline = wsync_deadline_in(r->m.timeout_ms);
     char what[96];
+    snprintf(what, sizeof(what), "store: receiver %d: checking version %llu's deltas", r->m.rank,
+             (unsigned long long)v);
+    rc = wsync_workpool_run(d->pool, d->nwork, rx_check_item, &job, deadline, what);
+    if (rc == WSYNC_OK)
+        rc = make_pieces(r, d);
     snprintf(what, sizeof(what), "store: receiver %d: applying version %llu's deltas", r->m.rank,
              (unsigned long long)v);
-    rc = wsync_workpool_run(d->pool, d->nwork, rx_item, &job, wsync_deadline_in(r->m.timeout_ms),
-                            what);
+    if (rc == WSYNC_OK)
+        rc = wsync_workpool_run(d->pool, d->npiece, rx_apply_item, &job, deadline, what);
+    if (rc == WSYNC_OK)
+        rc = compare_hashes(r, d, v);
     uint64_t t_apply = wsync_now_ns();
     WSYNC_LOG_D("store: receiver %d: version %llu's deltas: table %.2f ms, streams %.2f ms (%zu "
-                "bytes), check %.2f + apply and hash %.2f ms summed over the chunks, %u threads, "
-                "in %.2f ms (%u chunks)", r->m.rank, (unsigned long long)v,
+                "bytes), check %.2f + apply and hash %.2f ms summed, %u threads, in %.2f ms (%u "
+                "chunks, %u block ranges)", r->m.rank, (unsigned long long)v,
                 (double)(t_table - t0) / 1e6, (double)(t_streams - t_table) / 1e6, total,
                 (double)atomic_load(&job.check_ns) / 1e6, (double)atomic_load(&job.apply_ns) / 1e6,
-                wsync_workpool_size(d->pool), (double)(t_apply - t_streams) / 1e6, d->nwork);
+                wsync_workpool_size(d->pool), (double)(t_apply - t_streams) / 1e6, d->nwork,
+                d->npiece);
 #if WSYNC_HAVE_CUDA
     if (rc == WSYNC_OK && d->cuda)
         rc = dev_apply(r, d, v);

@@ -22,8 +22,9 @@
  *    fetch (3) is full and right, the one after (4) a delta and right; the other reader's
  *    versions are all right.
  *  - WSYNC_DELTA_THREADS=4 in every process (the senders encode and the readers check, apply
- *    and hash over pools of 4 threads): the bf16 case again, and a corrupted stream in the 12th
- *    region sender 0 encodes, which its reader refuses naming that region's param.
+ *    and hash over pools of 4 threads; a reader applies in block ranges, so the larger chunks
+ *    are split between threads): the bf16 case again, and a corrupted stream in the 12th region
+ *    sender 0 encodes, which its reader refuses naming that region's param.
  */
 #include <signal.h>
 #include <stdint.h>
