@@ -851,6 +851,12 @@ typedef struct {
 /* Ranges of at most 1 / RX_PIECES_PER_THREAD of a thread's share of the version's blocks. */
 #define RX_PIECES_PER_THREAD 4u
 
+/* The blocks of a chunk's stream. */
+static uint64_t chunk_blocks(const wsync_chunk_t *c)
+{
+    return wsync_delta_nblocks(c->src.rows * c->src.cols);
+}
+
 static int piece_cmp(const void *x, const void *y)
 {
     const piece_t *a = x, *b = y;
@@ -1156,9 +1162,7 @@ static wsync_status_t make_pieces(wsync_receiver_t *r, store_drx_t *d)
     for (uint32_t w = 0; w < d->nwork; w++) {
         const mine_t *m = &d->mine[d->work[w].j];
         if (!m->cuda)
-            blocks += wsync_delta_nblocks(plain_bytes(&plan->chunks[m->chunk]) /
-                                          wsync_dtype_size(plan->chunks[m->chunk].dtype)) *
-                      (m->seg1 - m->seg0);
+            blocks += chunk_blocks(&plan->chunks[m->chunk]) * (m->seg1 - m->seg0);
     }
     per = WSYNC_MAX(1, blocks / ((uint64_t)wsync_workpool_size(d->pool) * RX_PIECES_PER_THREAD));
     uint64_t most = blocks / per + (uint64_t)(d->hi - d->lo) + 1;
@@ -1172,9 +1176,11 @@ static wsync_status_t make_pieces(wsync_receiver_t *r, store_drx_t *d)
     for (uint32_t w = 0; w < d->nwork; w++) {
         const mine_t *m = &d->mine[d->work[w].j];
         const wsync_chunk_t *c = &plan->chunks[m->chunk];
-        uint64_t es = wsync_dtype_size(c->dtype), elems = plain_bytes(c) / es;
-        uint64_t nb = wsync_delta_nblocks(elems);
-        for (uint32_t i = m->seg0; i < m->seg1 && !m->cuda; i++) {
+        uint64_t es = wsync_dtype_size(c->dtype), elems = c->src.rows * c->src.cols;
+        uint64_t nb = chunk_blocks(c);
+        if (m->cuda)
+            continue;   /* the device applies it */
+        for (uint32_t i = m->seg0; i < m->seg1; i++) {
             for (uint64_t b = 0; b < nb; b += per) {
                 uint64_t b1 = WSYNC_MIN(nb, b + per);
                 uint64_t e1 = WSYNC_MIN(elems, b1 * WSYNC_DELTA_BLOCK);
@@ -1206,9 +1212,10 @@ static wsync_status_t compare_hashes(wsync_receiver_t *r, store_drx_t *d, uint64
 
     for (uint32_t w = 0; w < d->nwork && rc == WSYNC_OK; w++) {
         const mine_t *m = &d->mine[d->work[w].j];
-        const wsync_chunk_t *c = &plan->chunks[m->chunk];
-        uint64_t nb = wsync_delta_nblocks(plain_bytes(c) / wsync_dtype_size(c->dtype));
-        for (uint32_t i = m->seg0; i < m->seg1 && !m->cuda && rc == WSYNC_OK; i++) {
+        uint64_t nb = chunk_blocks(&plan->chunks[m->chunk]);
+        if (m->cuda)
+            continue;
+        for (uint32_t i = m->seg0; i < m->seg1 && rc == WSYNC_OK; i++) {
             rc = wsync_delta_rx_hash_error(r, i, m->hash, wsync_delta_tree_hash(d->leaves + at, nb),
                                            v);
             at += nb;
