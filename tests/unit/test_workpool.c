@@ -84,7 +84,7 @@ static void case_threads_env(void)
         CHECK(n == 77);   /* untouched */
     }
     unsetenv(VAR);
-    /* unset: the CPUs this process may run on, capped at 8 */
+    /* unset: the CPUs this process may run on, capped at WSYNC_WORKPOOL_CAP (16) */
     CHECK(sched_getaffinity(0, sizeof(all), &all) == 0);
     CPU_ZERO(&one);
     for (int c = 0; c < CPU_SETSIZE; c++) {
@@ -99,8 +99,10 @@ static void case_threads_env(void)
     CHECK(sched_setaffinity(0, sizeof(all), &all) == 0);
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     CHECK_OK(wsync_workpool_threads(VAR, &n));
-    CHECK_MSG(n >= 1 && n <= 8 && n <= (uint32_t)online, "%u threads, %ld CPUs online", n, online);
-    CHECK(n == (uint32_t)(CPU_COUNT(&all) < 8 ? CPU_COUNT(&all) : 8));
+    CHECK(WSYNC_WORKPOOL_CAP == 16);
+    CHECK_MSG(n >= 1 && n <= 16 && n <= (uint32_t)online, "%u threads, %ld CPUs online", n,
+              online);
+    CHECK(n == (uint32_t)(CPU_COUNT(&all) < 16 ? CPU_COUNT(&all) : 16));
 }
 
 static void case_every_item_once(void)
