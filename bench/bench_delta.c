@@ -4,6 +4,8 @@
 #include "bench/bench_cuda.h"
 /* the CPU codec, measured on each version's shards (the schemes expose no codec times) */
 #include "core/delta.h"
+/* the reader's pool, for the floor of its pass (bench_delta_read_floor) */
+#include "core/workpool.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -392,6 +394,59 @@ int bench_delta_tx_codec(bench_delta_tx_t *tx, const char *block, int rank, uint
     return 0;
 }
 
+#define FLOOR_PIECE ((size_t)4 << 20)
+
+typedef struct {
+    const uint8_t *block;
+    size_t bytes;
+    uint64_t *sink;                  /* [pieces]: the hashes, so that no read is left out */
+} floor_job_t;
+
+static wsync_status_t floor_item(void *arg, uint32_t item, uint32_t worker)
+{
+    floor_job_t *j = arg;
+    size_t at = (size_t)item * FLOOR_PIECE, len = j->bytes - at < FLOOR_PIECE ? j->bytes - at
+                                                                               : FLOOR_PIECE;
+    (void)worker;
+    j->sink[item] = XXH3_64bits(j->block + at, len);
+    return WSYNC_OK;
+}
+
+int bench_delta_read_floor(const void *block, size_t bytes, int rank, bench_delta_page_t *page)
+{
+    uint32_t nth = 1, pieces = (uint32_t)((bytes + FLOOR_PIECE - 1) / FLOOR_PIECE);
+    wsync_workpool_t *pool = NULL;
+    floor_job_t job = {block, bytes, calloc(pieces ? pieces : 1, sizeof(uint64_t))};
+    double best = 0;
+    wsync_status_t st;
+
+    if (job.sink == NULL) {
+        fprintf(stderr, PROG ": receiver %d: out of host memory\n", rank);
+        return -1;
+    }
+    if ((st = wsync_workpool_threads("WSYNC_DELTA_THREADS", &nth)) != WSYNC_OK ||
+        (st = wsync_workpool_create(nth, &pool)) != WSYNC_OK) {
+        fprintf(stderr, PROG ": receiver %d: the floor's threads: %s\n", rank, wsync_last_error());
+        free(job.sink);
+        return -1;
+    }
+    for (int k = 0; k < 3 && st == WSYNC_OK; k++) {
+        double t0 = bench_now_s();
+        st = wsync_workpool_run(pool, pieces, floor_item, &job, INT64_MAX, "the read floor");
+        double t = bench_now_s() - t0;
+        best = k == 0 || t < best ? t : best;
+    }
+    wsync_workpool_free(pool);
+    free(job.sink);
+    if (st != WSYNC_OK) {
+        fprintf(stderr, PROG ": receiver %d: the read floor: %s\n", rank, wsync_last_error());
+        return -1;
+    }
+    page->read_floor_s[rank] = best;
+    page->read_floor_threads[rank] = nth;
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* The report                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
@@ -526,6 +581,15 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
     double u = bench_stats_of(upd, K).median;
     codec_fig_t cf;
     codec_figures(run, d, &cf);
+    /* the read floor of the slowest receiver (host memory; 0 where not measured) */
+    double rf = 0;
+    uint32_t rft = 0;
+    for (int j = 0; j < run->NR; j++) {
+        if (d->read_floor_s[j] > rf) {
+            rf = d->read_floor_s[j];
+            rft = d->read_floor_threads[j];
+        }
+    }
     int right_d = g[0].right, right_f = g[1].right;
     int right = right_d && right_f;
     const char *first_wrong = g[0].first_wrong[0] ? g[0].first_wrong : g[1].first_wrong;
@@ -547,6 +611,10 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
            "(median of per-version ratios; %s)\n",
            sd.median, sd.min, sd.max, sf.median, sf.min, sf.max, sr.median,
            o->store ? "slowest receiver's fetch" : "slowest sender's push");
+    if (rf > 0)
+        printf("  read floor        %.6f s: a receiver's targets read once on %u threads, %.3f x "
+               "full (the least its check of the new values' hash can take here)\n",
+               rf, rft, sf.median > 0 ? rf / sf.median : 0);
     if (o->store)
         printf("  publish           delta %.6f   full %.6f   (the slowest sender's push, "
                "median; not in the fetch times above)\n",
@@ -613,6 +681,10 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
         json_object_set_new(j, "full_seconds_max", json_real(sf.max));
         json_object_set_new(j, "full_times", bench_json_reals(tf, K));
         json_object_set_new(j, "time_ratio", json_real(sr.median));
+        json_object_set_new(j, "read_floor_seconds", rf > 0 ? json_real(rf) : json_null());
+        json_object_set_new(j, "read_floor_threads", json_integer(rft));
+        json_object_set_new(j, "read_floor_ratio",
+                            rf > 0 && sf.median > 0 ? json_real(rf / sf.median) : json_null());
         json_object_set_new(j, "push_seconds", json_real(bench_stats_of(pd, K).median));
         json_object_set_new(j, "full_push_seconds", json_real(bench_stats_of(pf, K).median));
         json_object_set_new(j, "encode_seconds", cf.measured ? json_real(cf.enc) : json_null());

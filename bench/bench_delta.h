@@ -48,11 +48,22 @@ typedef struct {
     int wrong_versions[MODEL_MAX_RANKS];         /* versions a receiver found wrong */
     int checked_versions[MODEL_MAX_RANKS];
     char delta_line[1024];                       /* sender 0's explanation line "delta: ..." */
+    /* the store on host memory: each receiver's targets read once after the run
+     * (bench_delta_read_floor) */
+    double read_floor_s[MODEL_MAX_RANKS];
+    uint32_t read_floor_threads[MODEL_MAX_RANKS];
 } bench_delta_page_t;
 
 /* Sender 0's explanation line about delta versions ("delta: on (...)") of wsync_sender_explain's
  * text, into out ("" when there is none). */
 void bench_delta_line_of(const char *explain, char *out, size_t len);
+
+/* The store on host memory, on a receiver after its versions: the least its reader's pass over
+ * these targets can take on this machine, the tree hash's reading of every byte once (XXH3 over
+ * pieces of 4 MiB, handed out as the reader's pool hands out block ranges, on as many threads as
+ * that pool has: WSYNC_DELTA_THREADS, or the CPUs up to its cap), best of 3, into page's entries
+ * for `rank`. The pass also writes the changed lines back, so it takes more. 0, or -1 told. */
+int bench_delta_read_floor(const void *block, size_t bytes, int rank, bench_delta_page_t *page);
 
 /* ---- a sender's masters ------------------------------------------------------------------ */
 

@@ -1625,6 +1625,11 @@ static int run_receiver(model_t *m, int j)
     rv = NULL;
     if (o->store)
         bench_count_up(&shp->receivers_done);
+    /* --delta through the store on host memory: the floor of the reader's pass (its pool's
+     * threads), on the delta group's targets */
+    if (o->delta && o->store && !o->mem_cuda && strcmp(rp.delta, "off") != 0 &&
+        bench_delta_read_floor(block, bytes, j, &shp->d) != 0)
+        goto out;
     if (o->delta) { /* every version was checked as it came */
         shp->verdict[j] = shp->d.wrong_versions[j] == 0 ? 1 : 2;
         fprintf(stderr, PROG ": %s: %d versions checked, %d wrong\n", who,

@@ -157,7 +157,8 @@ static void case_bench_model_host(void)
 /* Delta versions (wsync-bench --delta): FSDP-2 -> TP-2 of the tiny shape, the same versions with
  * delta on and then off, every version checked on every receiver against its own fp32 masters;
  * the encoded bytes are at least the changed elements' values and less than the full version's.
- * With --delta-mode auto a one-host ipc group resolves off and sends every version whole. Bad
+ * Over the store it reports the floor of the reader's pass, on its pool's threads. With
+ * --delta-mode auto a one-host ipc group resolves off and sends every version whole. Bad
  * combinations are refused, named. */
 static void case_bench_delta_host(void)
 {
@@ -203,7 +204,28 @@ static void case_bench_delta_host(void)
     double cb = (double)json_integer_value(json_object_get(j, "codec_bytes"));
     CHECK_MSG(cb >= changed * params && cb < full, "codec bytes %g, changed %g of %g bytes", cb,
               changed, params);
+    /* the read floor is the store's (its reader's pool): none over ipc */
+    CHECK(json_is_null(json_object_get(j, "read_floor_seconds")));
     json_decref(j);
+
+    /* the store on host memory: the floor of the reader's pass on as many threads as its pool,
+     * and its ratio to the full version's seconds */
+    rc = proc_run("WSYNC_DELTA_THREADS=3 " WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem "
+                  "host --scheme store --transport ofi --delta --iters 1 --json 2>/dev/null", out,
+                  sizeof(out));
+    CHECK_MSG(rc == 0, "wsync-bench --delta over the store exited %d: %s", rc, out);
+    j = (json_t *)proc_last_json_line(out);
+    CHECK_MSG(j != NULL, "wsync-bench --delta over the store printed no JSON: %s", out);
+    if (j != NULL) {
+        double rf = json_number_value(json_object_get(j, "read_floor_seconds"));
+        double rr = json_number_value(json_object_get(j, "read_floor_ratio"));
+        double fs = json_number_value(json_object_get(j, "full_seconds"));
+        CHECK(json_is_true(json_object_get(j, "correct")));
+        CHECK(json_integer_value(json_object_get(j, "read_floor_threads")) == 3);
+        CHECK_MSG(rf > 0 && fs > 0 && rr > 0.999 * rf / fs && rr < 1.001 * rf / fs,
+                  "read floor %g s, ratio %g, full %g s", rf, rr, fs);
+        json_decref(j);
+    }
 
     rc = proc_run(WSYNC_BIN_DIR "/wsync-bench --model-shape tiny --mem host --scheme ipc --delta "
                            "--delta-mode auto --iters 1 --json 2>/dev/null", out, sizeof(out));
