@@ -733,6 +733,13 @@ def codec_cell(j):
     return "%.2f%s" % (j["codec_ratio"], "" if j.get("codec_correct") else " (applied bytes WRONG)")
 
 
+def delta_ratio_cell(j):
+    """delta ÷ full, and the read floor ÷ full where the run measured it (the store on host memory)"""
+    if j.get("read_floor_ratio") is None:
+        return "%.3f" % j["time_ratio"]
+    return "%.3f (floor %.3f)" % (j["time_ratio"], j["read_floor_ratio"])
+
+
 def delta_summary(rows):
     """rows: (file's title, run name, rc, result or None) of every --delta run"""
     out = ["| run | lr | scheme | transport | mem | shape | changed | wire ÷ full | time, delta ÷ "
@@ -743,11 +750,11 @@ def delta_summary(rows):
             out.append("| %s (%s) | | | | | | | | no result (exit status %s) | | |"
                        % (name, title if title[0].isdigit() else title.lower(), rc))
             continue
-        out.append("| %s (%s) | %s | %s | %s | %s | %s | %.2f %% | %.2f %% | %.3f | %s | %s |" % (
+        out.append("| %s (%s) | %s | %s | %s | %s | %s | %.2f %% | %.2f %% | %s | %s | %s |" % (
             name, title if title[0].isdigit() else title.lower(), lr_text(j["lr"]), j["scheme"] + (" colocated" if j.get("colocated")
                                                                  else ""),
             delta_transport(name, j), j["mem"], j["model_shape"], 100 * j["changed_fraction"],
-            100 * j["wire_ratio"], j["time_ratio"], codec_cell(j), "yes" if j["correct"] else "NO"))
+            100 * j["wire_ratio"], delta_ratio_cell(j), codec_cell(j), "yes" if j["correct"] else "NO"))
     return out
 
 
@@ -767,10 +774,10 @@ def delta_table(rows):
         pub = j["scheme"] == "store" and j.get("push_seconds") is not None
         sd = secs(j["seconds"]) + (" (publish %s)" % secs(j["push_seconds"]) if pub else "")
         sf = secs(j["full_seconds"]) + (" (publish %s)" % secs(j["full_push_seconds"]) if pub else "")
-        out.append("| %s | %s | %s | %s | %.2f %% | %.1f MB of %.1f MB (%.2f %%) | %s | %s | %.3f | %s | %d + %d | %s |" % (
+        out.append("| %s | %s | %s | %s | %.2f %% | %.1f MB of %.1f MB (%.2f %%) | %s | %s | %s | %s | %d + %d | %s |" % (
             delta_label(j), j["model_shape"], lr_text(j["lr"]), j["delta_resolved"],
             100 * j["changed_fraction"], j["wire_bytes"] / 1e6, j["full_wire_bytes"] / 1e6,
-            100 * j["wire_ratio"], sd, sf, j["time_ratio"], codec, j["warmup"], j["iters"], "yes" if j["correct"] else "NO"))
+            100 * j["wire_ratio"], sd, sf, delta_ratio_cell(j), codec, j["warmup"], j["iters"], "yes" if j["correct"] else "NO"))
     return out
 
 
@@ -792,7 +799,9 @@ def delta_section(host_path, *gpu_paths, plots=True, plot_dir=None, rel_dir="ben
            "holds a base, everything plain). Seconds: median of the timed versions (the slowest "
            "sender's push; the store: the slowest receiver's fetch, with the slowest sender's "
            "publish beside it where the run reported it); delta ÷ full: median of the "
-           "per-version ratios. Codec: the codec timed apart from the sync on the senders' own "
+           "per-version ratios, with the floor of the store reader's pass on host memory where "
+           "the run measured it (its targets read once on its pool's threads, ÷ full: the least "
+           "the check of the new values' hash can take). Codec: the codec timed apart from the sync on the senders' own "
            "version pairs (the schemes report no codec times): on host memory the CPU codec "
            "(core/delta.h, one thread; encode, then check and apply as a receiver) on every "
            "version, reading both versions once = a memcpy of one; on CUDA memory the batched "
