@@ -524,6 +524,21 @@ static void codec_figures(const bench_delta_run_t *run, const bench_delta_page_t
 }
 
 /* g[0]: the group with delta = --delta-mode, g[1]: the same versions with delta = off. */
+/* The read floor of the slowest receiver, its threads into *threads (0 s where none was
+ * measured: not the store, or not host memory). */
+static double slowest_read_floor(const bench_delta_run_t *run, const bench_delta_page_t *d,
+                                 uint32_t *threads)
+{
+    double rf = 0;
+    for (int j = 0; j < run->NR; j++) {
+        if (d->read_floor_s[j] > rf) {
+            rf = d->read_floor_s[j];
+            *threads = d->read_floor_threads[j];
+        }
+    }
+    return rf;
+}
+
 int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *g)
 {
     const bench_opts_t *o = run->o;
@@ -581,15 +596,8 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
     double u = bench_stats_of(upd, K).median;
     codec_fig_t cf;
     codec_figures(run, d, &cf);
-    /* the read floor of the slowest receiver (host memory; 0 where not measured) */
-    double rf = 0;
     uint32_t rft = 0;
-    for (int j = 0; j < run->NR; j++) {
-        if (d->read_floor_s[j] > rf) {
-            rf = d->read_floor_s[j];
-            rft = d->read_floor_threads[j];
-        }
-    }
+    double rf = slowest_read_floor(run, d, &rft);
     int right_d = g[0].right, right_f = g[1].right;
     int right = right_d && right_f;
     const char *first_wrong = g[0].first_wrong[0] ? g[0].first_wrong : g[1].first_wrong;
