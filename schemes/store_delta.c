@@ -19,8 +19,6 @@
 #include "wsync_build_config.h"
 
 #define ROW WSYNC_DIR_DELTA_ROW
-/* relay tag: a reader's regions, to each sender it reads from */
-#define STORE_DELTA_TAG 1u
 /* a delta buffer's first size, grown geometrically */
 #define DBUF_MIN (1ull << 20)
 
@@ -294,8 +292,23 @@ wsync_status_t wsync_store_dtx_create(wsync_sender_t *s, const wsync_rma_ops_t *
     return WSYNC_OK;
 }
 
+/* Region g of shard x.shard lies in it (off, rows, pitch bounded before they are multiplied, so
+ * that no sum wraps) and its bytes fit the codec's u32 offsets. */
+static int region_in_shard(const wsync_sender_t *s, uint32_t shard, const wsync_region_t *g)
+{
+    if (shard >= s->nshards || g->rows == 0 || g->cols == 0 || g->cols > g->pitch)
+        return 0;
+    uint64_t esz = wsync_dtype_size(s->shards[shard].param.dtype);
+    uint64_t elems = shard_bytes(&s->shards[shard]) / esz;
+    return g->off <= elems && g->rows - 1 <= (elems - g->off) / g->pitch &&
+           g->off + (g->rows - 1) * g->pitch + g->cols <= elems &&
+           g->rows * g->cols * esz <= UINT32_MAX;
+}
+
 /* A reader's regions (relay STORE_DELTA_TAG): u32 n, n x (u32 shard, u64 off, rows, cols,
- * pitch). Regions outside their shard are refused; new ones join the sorted set. */
+ * pitch); new ones join the sorted set. A region outside its shard, or a malformed message, is
+ * refused whole (the set as it was; WSYNC_ERR_PROTOCOL naming the reader and the region): that
+ * reader then reads those chunks plain, as it does any chunk the table has no row for. */
 static wsync_status_t add_regions(wsync_sender_t *s, store_dtx_t *d, const wsync_relay_t *m)
 {
     wsync_rbuf_t rb;
@@ -324,21 +337,22 @@ static wsync_status_t add_regions(wsync_sender_t *s, store_dtx_t *d, const wsync
         x.g.pitch = wsync_get_u64(&rb);
         if (rb.err)
             break;
-        int ok = x.shard < s->nshards && x.g.rows > 0 && x.g.cols > 0 && x.g.cols <= x.g.pitch &&
-                 x.g.rows <= (1ull << 40) && x.g.pitch <= (1ull << 40);
-        uint64_t esz = ok ? wsync_dtype_size(s->shards[x.shard].param.dtype) : 1;
-        ok = ok && x.g.off + (x.g.rows - 1) * x.g.pitch + x.g.cols <=
-                       shard_bytes(&s->shards[x.shard]) / esz &&
-             x.g.rows * x.g.cols * esz <= UINT32_MAX;
-        if (!ok)
+        if (!region_in_shard(s, x.shard, &x.g)) {
+            d->nregs = had;
             return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %d: receiver %d asked for deltas "
-                             "of a region outside shard %u", s->m.rank, m->rank, x.shard);
+                             "of region %u (off %llu, %llu x %llu, pitch %llu), outside shard %u",
+                             s->m.rank, m->rank, i, (unsigned long long)x.g.off,
+                             (unsigned long long)x.g.rows, (unsigned long long)x.g.cols,
+                             (unsigned long long)x.g.pitch, x.shard);
+        }
         if (bsearch(&x, d->regs, had, sizeof(x), reg_cmp) == NULL)
             d->regs[d->nregs++] = x;
     }
-    if (rb.err || wsync_rbuf_left(&rb) != 0)
+    if (rb.err || wsync_rbuf_left(&rb) != 0) {
+        d->nregs = had;
         return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %d: malformed delta regions from "
                          "receiver %d", s->m.rank, m->rank);
+    }
     qsort(d->regs, d->nregs, sizeof(*d->regs), reg_cmp);
     uint32_t k = 0;
     for (uint32_t i = 0; i < d->nregs; i++)
@@ -687,8 +701,11 @@ wsync_status_t wsync_store_dtx_publish(wsync_sender_t *s, store_dtx_t *d, uint64
     e->delta_base = 0;
     /* readers that came since the last version: their regions */
     while (rc == WSYNC_OK && wsync_member_relay_recv(&s->m, 0, &msg, &rl) == WSYNC_OK) {
-        if (rl.tag == STORE_DELTA_TAG && rl.role == WSYNC_ROLE_RECEIVER)
-            rc = add_regions(s, d, &rl);
+        /* a reader's bad regions cost that reader only: it reads those chunks plain */
+        if (rl.tag == STORE_DELTA_TAG && rl.role == WSYNC_ROLE_RECEIVER &&
+            add_regions(s, d, &rl) != WSYNC_OK)
+            WSYNC_LOG_W("%s (that reader's regions left out: it reads them plain)",
+                        wsync_last_error());
         wsync_msg_free(msg);
     }
     if (rc == WSYNC_OK)

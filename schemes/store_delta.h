@@ -28,6 +28,11 @@
 
 #include "core/objects.h"
 #include "core/proto.h"
+
+/* Relay tag: a reader's regions, to each sender it reads from (u32 n, n x (u32 shard, u64 off,
+ * rows, cols, pitch)). A sender refuses a message naming a region outside its shard, or a
+ * malformed one, whole, with a warning naming the reader: that reader reads those chunks plain. */
+#define STORE_DELTA_TAG 1u
 #include "transports/rma.h"
 
 /* ---- sender ---- */

@@ -25,6 +25,10 @@
  *    and hash over pools of 4 threads; a reader applies in block ranges, so the larger chunks
  *    are split between threads): the bf16 case again, and a corrupted stream in the 12th region
  *    sender 0 encodes, which its reader refuses naming that region's param.
+ *  - forged region messages from reader 1 to sender 0 after its first version (regions whose
+ *    bounds wrap past 2^64, a message with a byte too many): the sender refuses each whole with
+ *    a warning naming the reader and goes on; every version of both readers is right, reader
+ *    1's still deltas (its own regions, sent at set-up, stay).
  */
 #include <signal.h>
 #include <stdint.h>
@@ -34,6 +38,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* internals: reader 1's forged region messages (the relay, its wire format and tag) */
+#include "core/objects.h"
+#include "core/relay.h"
+#include "core/wire.h"
+#include "schemes/store_delta.h"
 #include "tests/support/check.h"
 #include "tests/support/proc.h"
 #include "tests/support/transports.h"
@@ -74,6 +83,7 @@ typedef struct {
     int in_place;                 /* publish the shards themselves (snapshot = 0) */
     const char *threads;          /* WSYNC_DELTA_THREADS of every process; NULL: unset */
     const char *fault_log;        /* sender 0's stderr goes here (what its fault point hit) */
+    int forge_regions;            /* reader 1 sends sender 0 bad region messages after v1 */
     int rank;
     results_t *res;
 } group_t;
@@ -260,6 +270,29 @@ static int run_sender(void *arg)
 
 /* ---- reader ---------------------------------------------------------------------------------- */
 
+/* Reader 1's forged region messages to sender 0 (the format of a reader's regions: u32 n, then
+ * n x (u32 shard, u64 off, rows, cols, pitch)): a region whose last row lies 2^64 elements on
+ * (rows - 1 = 2^24, pitch 2^40: the sum wraps to a small number), one whose offset wraps, and a
+ * good-looking one with a byte too many. */
+static void forge_regions(wsync_receiver_t *rv)
+{
+    static const uint64_t bad[2][4] = {{0, (1ull << 24) + 1, 1, 1ull << 40},
+                                       {UINT64_MAX, 1, 2, 2}};
+    for (int k = 0; k < 3; k++) {
+        wsync_wbuf_t b;
+        wsync_wbuf_init(&b);
+        wsync_put_u32(&b, 1);
+        wsync_put_u32(&b, 0);
+        for (int f = 0; f < 4; f++)
+            wsync_put_u64(&b, k < 2 ? bad[k][f] : f == 1 ? 1 : f == 0 ? 0 : 4);
+        if (k == 2)
+            wsync_put_u8(&b, 0);
+        CHECK_OK(wsync_member_relay_send(&rv->m, WSYNC_ROLE_SENDER, 0, STORE_DELTA_TAG, b.data,
+                                         (uint32_t)b.len));
+        wsync_wbuf_free(&b);
+    }
+}
+
 static void on_progress(void *arg, uint64_t v, uint64_t done, uint64_t total)
 {
     const group_t *g = arg;
@@ -336,6 +369,8 @@ static int run_receiver(void *arg)
         }
         CHECK_MSG(got == v, "reader %d: fetched %llu, asked for %llu", g->rank,
                   (unsigned long long)got, (unsigned long long)v);
+        if (g->forge_regions && g->rank == 1 && v == 1)
+            forge_regions(rv);
         for (size_t i = 0; i < n; i++) {
             XXH3_state_t *x = XXH3_createState();
             XXH3_64bits_reset(x);
@@ -568,6 +603,47 @@ static void case_corrupt_threads(void)
     munmap(got, sizeof(*got));
 }
 
+static void case_forged_regions(void)
+{
+    char log[64], text[8192] = "";
+    snprintf(log, sizeof(log), "/tmp/wsync-test-delta-store-forged.%d.log", (int)getpid());
+    group_t full = {.delta = "off"};
+    group_t delta = {.delta = "on", .forge_regions = 1, .fault_log = log};
+    results_t *ref = run_group(&full), *got = run_group(&delta);
+    FILE *f = fopen(log, "r");
+
+    if (f != NULL) {
+        size_t n = fread(text, 1, sizeof(text) - 1, f);
+        text[n] = '\0';
+        fclose(f);
+    }
+    unlink(log);
+    if (ref == NULL || got == NULL || check_failures > 0)
+        return;
+    static const char *const said[] = {
+        "receiver 1 asked for deltas of region 0 (off 0, 16777217 x 1, pitch 1099511627776), "
+        "outside shard 0 (that reader's regions left out: it reads them plain)",
+        "receiver 1 asked for deltas of region 0 (off 18446744073709551615, 1 x 2, pitch 2), "
+        "outside shard 0",
+        "malformed delta regions from receiver 1"};
+    for (int k = 0; k < 3; k++)
+        CHECK_MSG(strstr(text, said[k]) != NULL, "%s: sender 0 did not say \"%s\": %s", transport,
+                  said[k], text);
+    for (int r = 0; r < TP; r++) {
+        uint64_t full_bytes = ref->bytes[1][r];
+        for (int v = 1; v <= NV; v++) {
+            CHECK_MSG(got->fetch_st[v][r] == WSYNC_OK, "%s: reader %d, version %d: %s", transport,
+                      r, v, got->fetch_text[v][r]);
+            same(ref, got, r, v);
+            CHECK_MSG(v == 1 || got->bytes[v][r] * 4 < full_bytes, "%s: reader %d, version %d: "
+                      "%llu bytes, a full fetch reads %llu", transport, r, v,
+                      (unsigned long long)got->bytes[v][r], (unsigned long long)full_bytes);
+        }
+    }
+    munmap(ref, sizeof(*ref));
+    munmap(got, sizeof(*got));
+}
+
 static void run_all(const char *t)
 {
     transport = t;
@@ -581,6 +657,7 @@ static void run_all(const char *t)
      * readers' check, apply and hash, chunk by chunk): the same bytes as full fetches */
     case_delta(0, "4");
     case_corrupt_threads();
+    case_forged_regions();
 }
 
 static void case_store_ucx(void) { run_all("ucx"); }
