@@ -16,6 +16,7 @@
 #ifndef WSYNC_RESHARD_PLAN_H
 #define WSYNC_RESHARD_PLAN_H
 
+#include "core/util.h"
 #include "core/wire.h"
 #include "wsync/wsync.h"
 
@@ -93,6 +94,18 @@ typedef struct {
     uint64_t pitch;                  /* elements from one row of the region to the next */
     uint64_t rows, cols;             /* cols elements are contiguous */
 } wsync_region_t;
+
+/* Last element of region r plus one; 0 when that does not fit 64 bits (rows, cols >= 1). What a
+ * region that comes from a peer is checked with: no sum of its fields may wrap. */
+static inline uint64_t wsync_region_end(const wsync_region_t *r)
+{
+    uint64_t v;
+
+    if (wsync_mul_u64(r->rows - 1, r->pitch, &v) != 0 || wsync_add_u64(v, r->off, &v) != 0 ||
+        wsync_add_u64(v, r->cols, &v) != 0)
+        return 0;
+    return v;
+}
 
 #define WSYNC_BUCKET_NONE UINT32_MAX
 

@@ -74,7 +74,7 @@ wsync_status_t wsync_plan_check_sender(const wsync_plan_t *plan, uint32_t rank,
             break;
         }
         vol = box_volume(s->param.ndim, &s->box);
-        end = region_end(&ch->src);
+        end = wsync_region_end(&ch->src);
         if (ch->rule != 0 && (ch->rule > plan->nrules || !dtype_is_float(ch->dtype)))
             st = wsync_err(WSYNC_ERR_PROTOCOL, "plan chunk %u of shard %u (param '%s', %s) is to "
                            "travel quantized with FP8 rule %u of %u", i, ch->shard,
@@ -142,7 +142,7 @@ wsync_status_t wsync_plan_check_receiver(const wsync_plan_t *plan, uint32_t rank
         }
         ch = &plan->chunks[sg->chunk];
         vol = t->ndim >= 1 && t->ndim <= WSYNC_MAX_DIMS ? shape_volume(t->ndim, t->shape) : 0;
-        end = region_end(&sg->dst);
+        end = wsync_region_end(&sg->dst);
         if (sg->piece >= t->npieces || t->pieces == NULL) {
             st = wsync_err(WSYNC_ERR_PROTOCOL, "plan segment %" PRIu64 " serves piece %u of target '%s', "
                            "which has %u", i, sg->piece, nm(t->name), t->npieces);

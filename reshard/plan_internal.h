@@ -24,22 +24,11 @@ static inline int cmp_rank_index(uint32_t ra, uint32_t ia, uint32_t rb, uint32_t
     return 0;
 }
 
-/* Last element of a region plus one; 0 on overflow (a region always has rows, cols >= 1). */
-static inline uint64_t region_end(const wsync_region_t *r)
-{
-    uint64_t v;
-
-    if (wsync_mul_u64(r->rows - 1, r->pitch, &v) != 0 || wsync_add_u64(v, r->off, &v) != 0 ||
-        wsync_add_u64(v, r->cols, &v) != 0)
-        return 0;
-    return v;
-}
-
 /* rows, cols >= 1, pitch >= cols (rows > 1), and the end fits in 64 bits. */
 static inline int region_sane(const wsync_region_t *g)
 {
     return g->rows >= 1 && g->cols >= 1 && (g->rows == 1 || g->pitch >= g->cols) &&
-           region_end(g) != 0;
+           wsync_region_end(g) != 0;
 }
 
 /* Bytes of a chunk in its bucket (rows x cols elements of its dtype, or its FP8 form). */

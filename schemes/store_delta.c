@@ -292,16 +292,15 @@ wsync_status_t wsync_store_dtx_create(wsync_sender_t *s, const wsync_rma_ops_t *
     return WSYNC_OK;
 }
 
-/* Region g of shard x.shard lies in it (off, rows, pitch bounded before they are multiplied, so
- * that no sum wraps) and its bytes fit the codec's u32 offsets. */
+/* Region g lies in shard `shard` (its end computed without wrapping) and its bytes fit the
+ * codec's u32 offsets (rows x cols <= its end: no overflow). */
 static int region_in_shard(const wsync_sender_t *s, uint32_t shard, const wsync_region_t *g)
 {
     if (shard >= s->nshards || g->rows == 0 || g->cols == 0 || g->cols > g->pitch)
         return 0;
     uint64_t esz = wsync_dtype_size(s->shards[shard].param.dtype);
-    uint64_t elems = shard_bytes(&s->shards[shard]) / esz;
-    return g->off <= elems && g->rows - 1 <= (elems - g->off) / g->pitch &&
-           g->off + (g->rows - 1) * g->pitch + g->cols <= elems &&
+    uint64_t end = wsync_region_end(g);
+    return end != 0 && end <= shard_bytes(&s->shards[shard]) / esz &&
            g->rows * g->cols * esz <= UINT32_MAX;
 }
 

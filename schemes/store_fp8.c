@@ -532,8 +532,8 @@ static int region_fits(const wsync_sender_t *s, uint32_t shard, const wsync_regi
     for (int d = 0; d < s->shards[shard].param.ndim; d++)
         elems *= (uint64_t)s->shards[shard].box.len[d];
     wsync_dtype_t dt = s->shards[shard].param.dtype;
-    return g->off <= elems && (g->rows - 1) <= (elems - g->off) / g->pitch &&
-           g->off + (g->rows - 1) * g->pitch + g->cols <= elems &&
+    uint64_t end = wsync_region_end(g);
+    return end != 0 && end <= elems &&
            (dt == WSYNC_DTYPE_BF16 || dt == WSYNC_DTYPE_F16 || dt == WSYNC_DTYPE_F32);
 }
 

@@ -553,6 +553,21 @@ static void case_corrupt(void)
     munmap(got, sizeof(*got));
 }
 
+/* Sender 0's stderr (group_t.fault_log) into text (cap bytes, "" when it has none), the file
+ * removed. */
+static void take_log(const char *path, char *text, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = 0;
+
+    if (f != NULL) {
+        n = fread(text, 1, cap - 1, f);
+        fclose(f);
+    }
+    text[n] = '\0';
+    unlink(path);
+}
+
 /* A corrupted stream in a later region (the 12th encoded by sender 0: not the first item of any
  * thread), readers applying over 4 threads each: the reader of that region refuses version 2
  * with INTEGRITY naming that region's param (the one sender 0's fault point says it flipped),
@@ -565,15 +580,9 @@ static void case_corrupt_threads(void)
     group_t delta = {.delta = "on", .fault = "delta.encoded:corrupt@12", .in_place = 1,
                      .threads = "4", .fault_log = log};
     results_t *ref = run_group(&full), *got = run_group(&delta);
-    char text[4096] = "", param[256] = "";
-    FILE *f = fopen(log, "r");
+    char text[4096], param[256] = "";
 
-    if (f != NULL) {
-        size_t n = fread(text, 1, sizeof(text) - 1, f);
-        text[n] = '\0';
-        fclose(f);
-    }
-    unlink(log);
+    take_log(log, text, sizeof(text));
     const char *at = strstr(text, "flipped a bit of a region of param '");
     if (at != NULL) {
         at += strlen("flipped a bit of a region of param '");
@@ -605,19 +614,13 @@ static void case_corrupt_threads(void)
 
 static void case_forged_regions(void)
 {
-    char log[64], text[8192] = "";
+    char log[64], text[8192];
     snprintf(log, sizeof(log), "/tmp/wsync-test-delta-store-forged.%d.log", (int)getpid());
     group_t full = {.delta = "off"};
     group_t delta = {.delta = "on", .forge_regions = 1, .fault_log = log};
     results_t *ref = run_group(&full), *got = run_group(&delta);
-    FILE *f = fopen(log, "r");
 
-    if (f != NULL) {
-        size_t n = fread(text, 1, sizeof(text) - 1, f);
-        text[n] = '\0';
-        fclose(f);
-    }
-    unlink(log);
+    take_log(log, text, sizeof(text));
     if (ref == NULL || got == NULL || check_failures > 0)
         return;
     static const char *const said[] = {
