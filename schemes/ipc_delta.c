@@ -599,6 +599,10 @@ struct ipc_drx {
     uint64_t *len, *hash;
     uint32_t cap;
     uint32_t checked;                /* the chunk whose stream was checked last, NONE */
+    uint8_t *own;                    /* that stream, copied out of the shared slot: the sender
+                                        could still write there, and an apply trusts what the
+                                        check saw (a rewritten table could send it anywhere) */
+    size_t own_cap;
     /* CUDA targets (wsync_ipc_drx_cuda): per bucket, one batched device apply (hash on) of the
      * segments whose chunk comes as a delta, reading the pinned delta slot; cached by the set of
      * segments and the targets' pointers */
@@ -659,6 +663,7 @@ void wsync_ipc_drx_free(ipc_drx_t *d)
     free(d->plain);
     free(d->len);
     free(d->hash);
+    free(d->own);
     free(d);
 }
 
@@ -754,12 +759,25 @@ int wsync_ipc_drx_segment(wsync_receiver_t *r, ipc_drx_t *d, uint32_t seg, uint6
     const uint8_t *enc = (const uint8_t *)d->shm.base + (size_t)d->slot * d->slot_bytes +
                          plan->chunks[c].bucket_off;
     if (d->checked != c) {
-        *rc = wsync_delta_rx_check(r, c, enc, d->len[i], version);
+        /* checked and applied from our own copy (below the chunk's plain bytes: READY said) */
+        if (d->len[i] > d->own_cap) {
+            uint8_t *p = realloc(d->own, (size_t)d->len[i]);
+            if (p == NULL) {
+                *rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: receiver %d: no memory for chunk %u's "
+                                "delta stream (%llu bytes)", r->m.rank, c,
+                                (unsigned long long)d->len[i]);
+                return 1;
+            }
+            d->own = p;
+            d->own_cap = (size_t)d->len[i];
+        }
+        memcpy(d->own, enc, (size_t)d->len[i]);
+        *rc = wsync_delta_rx_check(r, c, d->own, d->len[i], version);
         if (*rc != WSYNC_OK)
             return 1;
         d->checked = c;
     }
-    *rc = wsync_delta_rx_apply(r, seg, enc, d->len[i], d->hash[i], version);
+    *rc = wsync_delta_rx_apply(r, seg, d->own, d->len[i], d->hash[i], version);
     return 1;
 }
 
