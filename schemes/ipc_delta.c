@@ -617,6 +617,7 @@ struct ipc_drx {
         uint32_t *seg;               /* [n] the segments, in batch order */
         uint64_t *lens, *want;       /* [n] this version's encoded lengths, the sender's hashes */
         uint64_t gen;                /* r->land_gen the batch was built for */
+        uint32_t slot;               /* the delta slot (READY's) its addresses are in */
         int live;                    /* launched in this version, not checked yet */
     } *ab;                           /* [nbuckets] */
 };
@@ -847,7 +848,7 @@ wsync_status_t wsync_ipc_drx_gpu_launch(wsync_receiver_t *r, ipc_drx_t *d, uint3
         return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u put bucket %u's deltas "
                          "in %s delta slots this receiver cannot read", r->m.rank, d->sender, k,
                          (d->slot & DEV_DELTA) ? "device" : "host");
-    same = a->batch != NULL && a->gen == r->land_gen && a->n == n;
+    same = a->batch != NULL && a->gen == r->land_gen && a->n == n && a->slot == d->slot;
     for (uint32_t i = seg0, j = 0; i < seg1 && same; i++)
         if (r->targets[r->m.segs[i].target].mem == WSYNC_MEM_CUDA &&
             wsync_ipc_drx_seg_delta(r, d, i))
@@ -893,6 +894,7 @@ wsync_status_t wsync_ipc_drx_gpu_launch(wsync_receiver_t *r, ipc_drx_t *d, uint3
             return rc;
         a->n = n;
         a->gen = r->land_gen;
+        a->slot = d->slot;
         *rebuilt = 1;
     }
     if (n == 0)
@@ -902,7 +904,8 @@ wsync_status_t wsync_ipc_drx_gpu_launch(wsync_receiver_t *r, ipc_drx_t *d, uint3
         a->lens[j] = d->len[i];
         a->want[j] = d->hash[i];
     }
-    /* the stream's slot (d->slot) is the bucket's every version: the batch's addresses hold */
+    /* a bucket's slot is the same every version (the sender's); a READY naming another one
+     * rebuilds the batch above, so its addresses are the slot READY names */
     rc = KD_OR(wsync_kdelta_launch(a->batch, a->lens, stream), no_cuda());
     if (rc == WSYNC_OK)
         a->live = 1;
