@@ -524,6 +524,58 @@ static void codec_figures(const bench_delta_run_t *run, const bench_delta_page_t
 }
 
 /* g[0]: the group with delta = --delta-mode, g[1]: the same versions with delta = off. */
+/* The run's description in the JSON line: what was asked and what ran. */
+static void run_json(json_t *j, const bench_delta_run_t *run, const bench_delta_group_t *g, int on)
+{
+    const bench_opts_t *o = run->o;
+    const bench_delta_page_t *d = g[0].page;
+
+    json_object_set_new(j, "mode", json_string("model"));
+    json_object_set_new(j, "delta", json_true());
+    json_object_set_new(j, "lr", json_real(o->lr));
+    json_object_set_new(j, "direction", json_string("uniform |d| in [0,1), random sign"));
+    json_object_set_new(j, "delta_mode", json_string(o->delta_mode));
+    json_object_set_new(j, "delta_resolved", json_string(on ? "on" : "off"));
+    json_object_set_new(j, "delta_explain", json_string(d->delta_line));
+    json_object_set_new(j, "model_shape", json_string(run->shape));
+    json_object_set_new(j, "param_elems", json_integer((json_int_t)run->param_elems));
+    json_object_set_new(j, "param_bytes", json_integer((json_int_t)run->param_bytes));
+    json_object_set_new(j, "senders", json_integer(run->N));
+    json_object_set_new(j, "tp", json_integer(run->T));
+    json_object_set_new(j, "replicas", json_integer(run->R));
+    json_object_set_new(j, "receivers", json_integer(run->NR));
+    json_object_set_new(j, "colocated", json_boolean(o->colocated));
+    json_object_set_new(j, "mem", json_string(o->mem_cuda ? "cuda" : "host"));
+    json_object_set_new(j, "scheme_asked", json_string(o->scheme));
+    json_object_set_new(j, "scheme", json_string(g[0].scheme));
+    json_object_set_new(j, "transport", json_string(o->store ? o->transport : ""));
+    /* the store's transport hint (WSYNC_STORE_PROVIDER: "tcp" forces TCP), "" for its
+     * default choice */
+    const char *hint = o->store ? getenv("WSYNC_STORE_PROVIDER") : NULL;
+    json_object_set_new(j, "store_provider", json_string(hint ? hint : ""));
+    json_object_set_new(j, "gpu", json_string(g[0].gpu));
+    json_object_set_new(j, "iters", json_integer(o->iters));
+    json_object_set_new(j, "warmup", json_integer(o->warmup));
+}
+
+/* The codec's figures in the JSON line (null where not measured). */
+static void codec_json(json_t *j, const codec_fig_t *cf, int mem_cuda)
+{
+    json_object_set_new(j, "encode_seconds", cf->measured ? json_real(cf->enc) : json_null());
+    json_object_set_new(j, "apply_seconds", cf->measured ? json_real(cf->app) : json_null());
+    json_object_set_new(j, "read_both_seconds", cf->measured ? json_real(cf->read) : json_null());
+    json_object_set_new(j, "read_both", json_string(cf->measured ? cf->read_how : ""));
+    json_object_set_new(j, "copy_seconds", cf->measured ? json_real(cf->copy) : json_null());
+    json_object_set_new(j, "amax_seconds",
+                        cf->measured && mem_cuda ? json_real(cf->amax) : json_null());
+    json_object_set_new(j, "codec_ratio", cf->measured ? json_real(cf->ratio) : json_null());
+    json_object_set_new(j, "codec_correct", cf->measured ? json_boolean(cf->correct) : json_null());
+    if (cf->measured && !cf->correct)
+        json_object_set_new(j, "codec_wrong", json_string(cf->wrong));
+    json_object_set_new(j, "codec_bytes", json_integer((json_int_t)cf->bytes));
+    json_object_set_new(j, "codec", json_string(cf->how));
+}
+
 /* The read floor of the slowest receiver, its threads into *threads (0 s where none was
  * measured: not the store, or not host memory). */
 static double slowest_read_floor(const bench_delta_run_t *run, const bench_delta_page_t *d,
@@ -644,32 +696,7 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
                right_f ? "right" : "WRONG", first_wrong[0] ? first_wrong : "a version missing");
     if (o->json) {
         json_t *j = json_object();
-        json_object_set_new(j, "mode", json_string("model"));
-        json_object_set_new(j, "delta", json_true());
-        json_object_set_new(j, "lr", json_real(o->lr));
-        json_object_set_new(j, "direction", json_string("uniform |d| in [0,1), random sign"));
-        json_object_set_new(j, "delta_mode", json_string(o->delta_mode));
-        json_object_set_new(j, "delta_resolved", json_string(on ? "on" : "off"));
-        json_object_set_new(j, "delta_explain", json_string(d->delta_line));
-        json_object_set_new(j, "model_shape", json_string(run->shape));
-        json_object_set_new(j, "param_elems", json_integer((json_int_t)run->param_elems));
-        json_object_set_new(j, "param_bytes", json_integer((json_int_t)run->param_bytes));
-        json_object_set_new(j, "senders", json_integer(run->N));
-        json_object_set_new(j, "tp", json_integer(run->T));
-        json_object_set_new(j, "replicas", json_integer(run->R));
-        json_object_set_new(j, "receivers", json_integer(run->NR));
-        json_object_set_new(j, "colocated", json_boolean(o->colocated));
-        json_object_set_new(j, "mem", json_string(o->mem_cuda ? "cuda" : "host"));
-        json_object_set_new(j, "scheme_asked", json_string(o->scheme));
-        json_object_set_new(j, "scheme", json_string(g[0].scheme));
-        json_object_set_new(j, "transport", json_string(o->store ? o->transport : ""));
-        /* the store's transport hint (WSYNC_STORE_PROVIDER: "tcp" forces TCP), "" for its
-         * default choice */
-        const char *hint = o->store ? getenv("WSYNC_STORE_PROVIDER") : NULL;
-        json_object_set_new(j, "store_provider", json_string(hint ? hint : ""));
-        json_object_set_new(j, "gpu", json_string(g[0].gpu));
-        json_object_set_new(j, "iters", json_integer(K));
-        json_object_set_new(j, "warmup", json_integer(W));
+        run_json(j, run, g, on);
         json_object_set_new(j, "changed_fraction", json_real(sfrac.median));
         json_object_set_new(j, "changed_fractions", bench_json_reals(frac, K));
         json_object_set_new(j, "wire_bytes", json_integer((json_int_t)swire.median));
@@ -695,19 +722,7 @@ int bench_delta_report(const bench_delta_run_t *run, const bench_delta_group_t *
                             rf > 0 && sf.median > 0 ? json_real(rf / sf.median) : json_null());
         json_object_set_new(j, "push_seconds", json_real(bench_stats_of(pd, K).median));
         json_object_set_new(j, "full_push_seconds", json_real(bench_stats_of(pf, K).median));
-        json_object_set_new(j, "encode_seconds", cf.measured ? json_real(cf.enc) : json_null());
-        json_object_set_new(j, "apply_seconds", cf.measured ? json_real(cf.app) : json_null());
-        json_object_set_new(j, "read_both_seconds", cf.measured ? json_real(cf.read) : json_null());
-        json_object_set_new(j, "read_both", json_string(cf.measured ? cf.read_how : ""));
-        json_object_set_new(j, "copy_seconds", cf.measured ? json_real(cf.copy) : json_null());
-        json_object_set_new(j, "amax_seconds",
-                            cf.measured && o->mem_cuda ? json_real(cf.amax) : json_null());
-        json_object_set_new(j, "codec_ratio", cf.measured ? json_real(cf.ratio) : json_null());
-        json_object_set_new(j, "codec_correct", cf.measured ? json_boolean(cf.correct) : json_null());
-        if (cf.measured && !cf.correct)
-            json_object_set_new(j, "codec_wrong", json_string(cf.wrong));
-        json_object_set_new(j, "codec_bytes", json_integer((json_int_t)cf.bytes));
-        json_object_set_new(j, "codec", json_string(cf.how));
+        codec_json(j, &cf, o->mem_cuda);
         json_object_set_new(j, "update_seconds", json_real(u));
         json_object_set_new(j, "correct", json_boolean(right));
         json_object_set_new(j, "correct_delta", json_boolean(right_d));
