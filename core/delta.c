@@ -427,11 +427,64 @@ static uint32_t make_stream(const uint16_t *idx, uint32_t k, uint8_t *q)
     return n;
 }
 
+/* The element's bits at d as an unsigned integer (es bytes, the host little-endian). */
+static inline uint64_t elem_bits(const uint8_t *d, uint32_t es)
+{
+    uint64_t v = 0;
+    switch (es) {
+    case 1: v = *d; break;
+    case 2: memcpy(&v, d, 2); break;
+    case 4: memcpy(&v, d, 4); break;
+    default: memcpy(&v, d, 8); break;
+    }
+    return v;
+}
+
+/* Format 4: the element at d moved one step (code 0: +1, else -1), modulo 2^(8 es). */
+static inline void step_elem(uint8_t *d, uint32_t es, uint32_t code)
+{
+    uint64_t v = elem_bits(d, es) + (code == 0 ? 1u : UINT64_MAX);
+    switch (es) {
+    case 1: *d = (uint8_t)v; break;
+    case 2: memcpy(d, &v, 2); break;
+    case 4: memcpy(d, &v, 4); break;
+    default: memcpy(d, &v, 8); break;
+    }
+}
+
+/* Format 4: the step values of the k changed elements idx (ascending) of the block at `at` (new
+ * values in nv, old in ov) into out (room for align8(ceil(k / 4)) + align8(k * es)): the codes,
+ * zero-padded to 8, then the literals, zero-padded to 8. Returns its bytes. */
+static uint64_t make_steps(const view_t *nv, const view_t *ov, cursor_t at, const uint16_t *idx,
+                           uint32_t k, uint8_t *out)
+{
+    const uint32_t es = nv->es;
+    const uint64_t mask = es == 8 ? UINT64_MAX : ((uint64_t)1 << (8 * es)) - 1;
+    uint64_t cb = align8(((uint64_t)k + 3) / 4), nl = 0;
+    uint8_t *lit = out + cb;
+    uint32_t prev = 0;
+
+    memset(out, 0, cb);
+    for (uint32_t j = 0; j < k; j++) {
+        cursor_add(nv, &at, idx[j] - prev);
+        prev = idx[j];
+        const uint8_t *np = view_at(nv, at), *op = view_at(ov, at);
+        uint64_t d = (elem_bits(np, es) - elem_bits(op, es)) & mask;
+        uint32_t code = d == 1 ? 0u : d == mask ? 1u : 2u;
+        if (code == 2)
+            copy_elem(lit + nl++ * es, np, es);
+        out[j >> 2] |= (uint8_t)(code << (2 * (j & 3)));
+    }
+    memset(lit + nl * es, 0, align8(nl * es) - nl * es);
+    return cb + align8(nl * es);
+}
+
 /* Write block payload (mode, k of len changed, their bitmap bm, and for SPARSE their indices
- * idx, escape count e and index stream) at p, bytes long. */
+ * idx, escape count e and index stream) at p, bytes long. steps (format 4, NULL: plain values):
+ * the block's step values, which follow its index stream or bitmap in place of its values. */
 static void write_payload(uint8_t *p, uint64_t bytes, uint32_t mode, const view_t *nv,
                           cursor_t at, uint32_t len, const uint64_t *bm, const uint16_t *idx,
-                          uint32_t k, uint32_t e, const uint8_t *stream)
+                          uint32_t k, uint32_t e, const uint8_t *stream, const uint8_t *steps)
 {
     uint64_t head;
 
@@ -441,13 +494,19 @@ static void write_payload(uint8_t *p, uint64_t bytes, uint32_t mode, const view_
         head = align8((uint64_t)k + e);
         memset(p + head - 8, 0, 8);
         memcpy(p, stream, (size_t)k + e);
-        gather(nv, at, idx, k, p + head);
+        if (steps != NULL)
+            memcpy(p + head, steps, bytes - head);
+        else
+            gather(nv, at, idx, k, p + head);
         break;
     case WSYNC_DELTA_BITMAP:
         head = align8(((uint64_t)len + 7) / 8);
         memset(p + head - 8, 0, 8);
         memcpy(p, bm, ((uint64_t)len + 7) / 8);         /* u64 words little-endian, as the host */
-        gather_bits(nv, at, bm, len, p + head);
+        if (steps != NULL)
+            memcpy(p + head, steps, bytes - head);
+        else
+            gather_bits(nv, at, bm, len, p + head);
         break;
     case WSYNC_DELTA_PLAIN:
         copy_out(nv, at, len, p);
@@ -461,9 +520,20 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
                                   const wsync_region_t *src, uint32_t esize, void *out,
                                   uint64_t cap, uint64_t *len, uint64_t *hash, uint64_t *changed)
 {
+    return wsync_delta_encode_format(WSYNC_DELTA_FORMAT, new_base, old_base, src, esize, out, cap,
+                                     len, hash, changed);
+}
+
+wsync_status_t wsync_delta_encode_format(uint32_t format, const void *new_base,
+                                         const void *old_base, const wsync_region_t *src,
+                                         uint32_t esize, void *out, uint64_t cap, uint64_t *len,
+                                         uint64_t *hash, uint64_t *changed)
+{
     uint64_t bm[WSYNC_DELTA_BLOCK / 64];    /* the block's changed elements, bit per element */
     uint16_t idx[WSYNC_DELTA_BLOCK];        /* or as indices */
     uint8_t stream[WSYNC_DELTA_BLOCK + 16]; /* a SPARSE block's index stream: k + e bytes */
+    /* format 4: a block's step values, codes then literals (8-byte words: es 8 stores align) */
+    uint64_t steps[(WSYNC_DELTA_BLOCK / 4 + WSYNC_DELTA_BLOCK * 8) / 8];
     int dense = 0;                          /* diff into bm (else into idx) */
     uint64_t n, nb, table_end, pos = 0, nchanged = 0;
     view_t nv, ov;
@@ -478,6 +548,9 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
     if (!esize_ok(esize))
         return wsync_err(WSYNC_ERR_INVALID, "delta encode: esize %" PRIu32
                          " (1, 2, 4 or 8 bytes)", esize);
+    if (format != WSYNC_DELTA_FORMAT && format != WSYNC_DELTA_FORMAT_STEPS)
+        return wsync_err(WSYNC_ERR_INVALID, "delta encode: format %" PRIu32 " (%u or %u)",
+                         format, WSYNC_DELTA_FORMAT, WSYNC_DELTA_FORMAT_STEPS);
     if (!region_ok(src, &n))
         return wsync_err(WSYNC_ERR_INVALID, "delta encode: src region %s",
                          src == NULL ? "is NULL" : "is empty, pitch < cols or overflows");
@@ -492,7 +565,7 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
                          " bytes of header and block table", cap, table_end);
 
     st32(o, WSYNC_DELTA_MAGIC);
-    o[4] = (uint8_t)WSYNC_DELTA_FORMAT;
+    o[4] = (uint8_t)format;
     o[5] = (uint8_t)esize;
     o[6] = o[7] = 0;
     st64(o + 8, n);
@@ -501,7 +574,7 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
     tree_init(&tree);
     for (uint64_t j = 0; j < nb; j++) {
         uint32_t blen = (uint32_t)(j + 1 < nb ? WSYNC_DELTA_BLOCK : n - j * WSYNC_DELTA_BLOCK);
-        uint32_t k = 0, e = 0, mode;
+        uint32_t k = 0, e = 0, mode, flag = 0;
         uint64_t bytes;
         cursor_t s = at;
 
@@ -535,6 +608,17 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
             for (uint32_t i = 0; i < k; i++)
                 bm[idx[i] >> 6] |= (uint64_t)1 << (idx[i] & 63);
         }
+        if (format == WSYNC_DELTA_FORMAT_STEPS &&
+            (mode == WSYNC_DELTA_SPARSE || mode == WSYNC_DELTA_BITMAP)) {
+            uint64_t vals = align8((uint64_t)k * esize), sb;
+            if (mode == WSYNC_DELTA_BITMAP && dense)
+                bits_to_idx(bm, blen, idx);
+            sb = make_steps(&nv, &ov, at, idx, k, (uint8_t *)steps);
+            if (sb < vals) {            /* the steps only where they are smaller */
+                flag = WSYNC_DELTA_STEPS_FLAG;
+                bytes = bytes - vals + sb;
+            }
+        }
         /* the next block is diffed the way that suits this one's density (the output is the
          * same either way) */
         dense = k > blen / DENSE_FRACTION;
@@ -546,9 +630,10 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
         st32(o + WSYNC_DELTA_HEADER + 8 * j, (uint32_t)pos);
         if (mode != WSYNC_DELTA_SPARSE)
             e = 0;                      /* stored for SPARSE blocks only */
-        st32(o + WSYNC_DELTA_HEADER + 8 * j + 4, wsync_delta_word(mode, e, k));
+        st32(o + WSYNC_DELTA_HEADER + 8 * j + 4, wsync_delta_word(mode, e, k) | flag);
         if (bytes > 0)
-            write_payload(o + table_end + pos, bytes, mode, &nv, at, blen, bm, idx, k, e, stream);
+            write_payload(o + table_end + pos, bytes, mode, &nv, at, blen, bm, idx, k, e, stream,
+                          flag != 0 ? (const uint8_t *)steps : NULL);
         tree_add(&tree, hash_block(&nv, at, blen));
         pos += bytes;
         nchanged += k;
@@ -592,12 +677,14 @@ static uint32_t bitmap_escapes(const uint8_t *map, uint32_t len)
 
 /* The payload of block j (len elements, k changed, escape count e, mode), bytes long at p: index
  * stream, bitmap and padding, and a BITMAP block's mode against its positions' escape count.
- * Returns WSYNC_OK or the INTEGRITY error naming what and the block. */
+ * vals: the bytes of its values after the index stream or bitmap, padding not counted (a STEPS
+ * block's: its codes padded, then its literals). Returns WSYNC_OK or the INTEGRITY error naming
+ * what and the block. */
 static wsync_status_t check_payload(const uint8_t *p, uint64_t bytes, uint32_t mode, uint32_t len,
-                                    uint32_t k, uint32_t e, uint32_t es, uint64_t j,
-                                    const char *what)
+                                    uint32_t k, uint32_t e, uint32_t es, uint64_t vals,
+                                    uint64_t j, const char *what)
 {
-    uint64_t head = 0, vals = (uint64_t)k * es;
+    uint64_t head = 0;
 
     if (mode == WSYNC_DELTA_SAME)
         return WSYNC_OK;                /* no payload */
@@ -653,12 +740,56 @@ static wsync_status_t check_payload(const uint8_t *p, uint64_t bytes, uint32_t m
                                  "but its k %" PRIu32 " positions of %" PRIu32 " elements have "
                                  "e %" PRIu32 ": %s", what, j, k, len, be, mode_name(want));
         }
-    } else {
-        vals = (uint64_t)len * es;
     }
     if (!all_zero(p + head + vals, bytes - head - vals))
         return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": non-zero padding "
                          "after the %s values", what, j, mode_name(mode));
+    return WSYNC_OK;
+}
+
+/* Format 4: the step values of STEPS block j (k changed, its index stream or bitmap head bytes),
+ * whose payload starts at p with room bytes before the payload area ends: the codes (none 3, the
+ * padding zero) and that the steps are smaller than the plain values. *vals gets the values'
+ * bytes (codes padded, then the literals), *bytes the payload's. */
+static wsync_status_t check_steps(const uint8_t *p, uint64_t room, uint64_t head, uint32_t k,
+                                  uint32_t es, uint64_t j, const char *what, uint64_t *vals,
+                                  uint64_t *bytes)
+{
+    uint64_t cb = ((uint64_t)k + 3) / 4, nl = 0;
+    const uint8_t *c = p + head;
+
+    if (head + align8(cb) > room)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta truncated: block %" PRIu64 "'s %" PRIu64
+                         " bytes of step codes pass the end of the payload area", what, j, cb);
+    for (uint64_t i = 0; i < cb; i++)
+        for (uint32_t b = 0; b < 4; b++) {
+            uint32_t code = (c[i] >> (2 * b)) & 3u;
+            if (i * 4 + b >= k) {
+                if (code != 0)
+                    return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": step "
+                                     "code bits set past its %" PRIu32 " codes (non-zero "
+                                     "padding)", what, j, k);
+            } else if (code == 3) {
+                return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": step code 3 "
+                                 "(0: +1, 1: -1, 2: a value) for change %" PRIu64, what, j,
+                                 i * 4 + b);
+            } else {
+                nl += code == 2;
+            }
+        }
+    if (!all_zero(c + cb, align8(cb) - cb))
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": non-zero padding "
+                         "after the step codes", what, j);
+    *vals = align8(cb) + nl * es;
+    *bytes = head + align8(cb) + align8(nl * es);
+    if (align8(cb) + align8(nl * es) >= align8((uint64_t)k * es))
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": STEPS, but its %"
+                         PRIu32 " codes and %" PRIu64 " values are not smaller than its plain "
+                         "values", what, j, k, nl);
+    if (*bytes > room)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta truncated: block %" PRIu64 "'s STEPS "
+                         "payload of %" PRIu64 " bytes passes the end of the payload area",
+                         what, j, *bytes);
     return WSYNC_OK;
 }
 
@@ -680,9 +811,9 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
     if (magic != WSYNC_DELTA_MAGIC)
         return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta bad magic 0x%08" PRIx32 " (expected "
                          "0x%08x)", what, magic, WSYNC_DELTA_MAGIC);
-    if (p[4] != WSYNC_DELTA_FORMAT)
-        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta format %u, expected %u", what, p[4],
-                         WSYNC_DELTA_FORMAT);
+    if (p[4] != WSYNC_DELTA_FORMAT && p[4] != WSYNC_DELTA_FORMAT_STEPS)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta format %u, expected %u or %u", what,
+                         p[4], WSYNC_DELTA_FORMAT, WSYNC_DELTA_FORMAT_STEPS);
     if (p[5] != esize || !esize_ok(esize))
         return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta esize %u, expected %" PRIu32, what,
                          p[5], esize);
@@ -706,9 +837,9 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
         const uint8_t *t = p + WSYNC_DELTA_HEADER + 8 * j;
         uint32_t off = ld32(t), w = ld32(t + 4), want;
         uint32_t mode = wsync_delta_word_mode(w), e = wsync_delta_word_e(w);
-        uint32_t k = wsync_delta_word_k(w);
+        uint32_t k = wsync_delta_word_k(w), steps = wsync_delta_word_steps(w);
         uint32_t blen = (uint32_t)(j + 1 < nb ? WSYNC_DELTA_BLOCK : n - j * WSYNC_DELTA_BLOCK);
-        uint64_t bytes;
+        uint64_t bytes, vals;
         wsync_status_t st;
 
         if (off % 8 != 0)
@@ -738,13 +869,25 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
                              "%" PRIu32 " of %" PRIu32 " elements is %s", what, j,
                              mode_name(mode), k, blen, mode_name(want));
         }
+        if (steps && (p[4] != WSYNC_DELTA_FORMAT_STEPS ||
+                      (mode != WSYNC_DELTA_SPARSE && mode != WSYNC_DELTA_BITMAP)))
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": the STEPS flag "
+                             "on a %s block of format %u (format 4's SPARSE and BITMAP blocks "
+                             "only)", what, j, mode_name(mode), p[4]);
         bytes = mode_bytes(mode, blen, k, e, esize);
+        vals = mode == WSYNC_DELTA_PLAIN ? (uint64_t)blen * esize : (uint64_t)k * esize;
+        if (steps) {
+            st = check_steps(p + table_end + off, area - off, bytes - align8(vals), k, esize, j,
+                             what, &vals, &bytes);
+            if (st != WSYNC_OK)
+                return st;
+        }
         if (bytes > area - off)
             return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta truncated: block %" PRIu64 "'s %s "
                              "payload of %" PRIu64 " bytes at offset %" PRIu32 " passes the "
                              "end (payload area %" PRIu64 " bytes)", what, j, mode_name(mode),
                              bytes, off, area);
-        st = check_payload(p + table_end + off, bytes, mode, blen, k, e, esize, j, what);
+        st = check_payload(p + table_end + off, bytes, mode, blen, k, e, esize, vals, j, what);
         if (st != WSYNC_OK)
             return st;
         sum += bytes;
@@ -757,12 +900,26 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
 
 /* ---- apply ---------------------------------------------------------------------------------- */
 
-/* Write the k values of vals to the positions the index stream q (sl bytes) names, in the block
- * at `at`. */
-static void scatter_sparse(const view_t *v, cursor_t at, const uint8_t *q, uint64_t sl,
-                           const uint8_t *vals)
+/* Land change j of a block at d: its value from *vals (advanced), or with codes (a STEPS block,
+ * format 4) its step or the next of *vals. */
+static inline void land(uint8_t *d, uint32_t es, const uint8_t *codes, uint32_t j,
+                        const uint8_t **vals)
 {
-    uint32_t skip = 0;                  /* elements to move past before the next byte's gap */
+    uint32_t code = codes == NULL ? 2u : (codes[j >> 2] >> (2 * (j & 3))) & 3u;
+    if (code == 2) {
+        copy_elem(d, *vals, es);
+        *vals += es;
+    } else {
+        step_elem(d, es, code);
+    }
+}
+
+/* Land the changes at the positions the index stream q (sl bytes) names, in the block at `at`:
+ * values from vals, or with codes (STEPS) steps and vals' literals. */
+static void scatter_sparse(const view_t *v, cursor_t at, const uint8_t *q, uint64_t sl,
+                           const uint8_t *codes, const uint8_t *vals)
+{
+    uint32_t skip = 0, j = 0;           /* elements to move past before the next byte's gap */
     for (uint64_t i = 0; i < sl; i++) {
         uint32_t b = q[i];
         if (b == WSYNC_DELTA_ESC) {
@@ -770,17 +927,18 @@ static void scatter_sparse(const view_t *v, cursor_t at, const uint8_t *q, uint6
             continue;
         }
         cursor_add(v, &at, skip + b);
-        copy_elem(view_at(v, at), vals, v->es);
-        vals += v->es;
+        land(view_at(v, at), v->es, codes, j++, &vals);
         skip = 1;
     }
 }
 
-/* Write the values of vals to the elements whose bits are set in the bitmap of a block of len. */
+/* Land the changes at the elements whose bits are set in the bitmap of a block of len (values
+ * and codes as scatter_sparse). */
 static void scatter_bitmap(const view_t *v, cursor_t at, const uint8_t *map, uint32_t len,
-                           const uint8_t *vals)
+                           const uint8_t *codes, const uint8_t *vals)
 {
     uint64_t mbytes = ((uint64_t)len + 7) / 8, prev = 0;
+    uint32_t j = 0;
 
     for (uint64_t w = 0; w < mbytes; w += 8) {
         uint64_t bits = 0;
@@ -790,8 +948,7 @@ static void scatter_bitmap(const view_t *v, cursor_t at, const uint8_t *map, uin
             bits &= bits - 1;
             cursor_add(v, &at, i - prev);
             prev = i;
-            copy_elem(view_at(v, at), vals, v->es);
-            vals += v->es;
+            land(view_at(v, at), v->es, codes, j++, &vals);
         }
     }
 }
@@ -850,16 +1007,21 @@ static void apply_range(const uint8_t *e, uint64_t table_end, uint64_t n, uint64
     for (uint64_t j = b0; j < b1; j++) {
         const uint8_t *t = e + WSYNC_DELTA_HEADER + 8 * j;
         uint32_t off = ld32(t), w = ld32(t + 4), mode = wsync_delta_word_mode(w);
-        uint64_t sl = (uint64_t)wsync_delta_word_k(w) + wsync_delta_word_e(w);
+        uint32_t k = wsync_delta_word_k(w);
+        uint64_t sl = (uint64_t)k + wsync_delta_word_e(w);
         uint32_t blen = (uint32_t)(j + 1 < nb ? WSYNC_DELTA_BLOCK : n - j * WSYNC_DELTA_BLOCK);
-        const uint8_t *p = e + table_end + off;
+        const uint8_t *p = e + table_end + off, *vals;
+        /* a STEPS block's values are its codes, then its literals */
+        uint64_t cb = wsync_delta_word_steps(w) ? align8(((uint64_t)k + 3) / 4) : 0;
 
         switch (mode) {
         case WSYNC_DELTA_SPARSE:
-            scatter_sparse(v, at, p, sl, p + align8(sl));
+            vals = p + align8(sl);
+            scatter_sparse(v, at, p, sl, cb != 0 ? vals : NULL, vals + cb);
             break;
         case WSYNC_DELTA_BITMAP:
-            scatter_bitmap(v, at, p, blen, p + align8(((uint64_t)blen + 7) / 8));
+            vals = p + align8(((uint64_t)blen + 7) / 8);
+            scatter_bitmap(v, at, p, blen, cb != 0 ? vals : NULL, vals + cb);
             break;
         case WSYNC_DELTA_PLAIN:
             copy_in(v, at, blen, p);

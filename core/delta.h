@@ -8,20 +8,22 @@
  * count as changes: a delta version is bit-exact, never "numerically equal").
  *
  * Wire form of one encoded chunk, format 3 (all integers little-endian), for n elements of esize
- * bytes (esize 1, 2, 4 or 8). The check refuses the others: format 1 (u16 SPARSE indices) and
- * format 2 (the same bytes as 3, but payloads contiguous in block order: the GPU encoder then had
- * to find each block's offset from its predecessors', a look-back that cost it 10 % of its time
- * at 5 % changed on an H100, docs/delta.md, session 39).
+ * bytes (esize 1, 2, 4 or 8), and format 4, the same with step-coded values (below). The check
+ * refuses the others: format 1 (u16 SPARSE indices) and format 2 (the same bytes as 3, but
+ * payloads contiguous in block order: the GPU encoder then had to find each block's offset from
+ * its predecessors', a look-back that cost it 10 % of its time at 5 % changed on an H100,
+ * docs/delta.md, session 39).
  *
  *   header   16 bytes   u32 magic WSYNC_DELTA_MAGIC, u8 format WSYNC_DELTA_FORMAT, u8 esize,
  *                       u16 zero, u64 n
  *   blocks   8 * nb     nb = ceil(n / WSYNC_DELTA_BLOCK); block j covers elements
  *                       [j * BLOCK, min(n, (j + 1) * BLOCK)), len_j of them; per block:
  *                       u32 payload offset in bytes from the start of the payload area (a
- *                       multiple of 8), then u32 w = (mode << 30) | (e << 16) | k:
+ *                       multiple of 8), then u32 w = (mode << 30) | (s << 29) | (e << 16) | k:
  *                       k (bits 0..15) = elements that changed (<= len_j <= 4096),
- *                       e (bits 16..29) = escape bytes of a SPARSE block's index stream (below;
- *                       0 in every other mode), mode (bits 30..31)
+ *                       e (bits 16..28) = escape bytes of a SPARSE block's index stream (below;
+ *                       0 in every other mode), s (bit 29) = STEPS (format 4 only, SPARSE and
+ *                       BITMAP blocks only; below), mode (bits 30..31)
  *   payloads            from byte 16 + 8 * nb, each block's at its offset, in any order, each
  *                       starting 8-byte aligned, with zero bytes as padding
  *
@@ -68,6 +70,22 @@
  * its positions. Around the SPARSE/BITMAP break-even e does decide (e.g. bf16, len 4096, k 500:
  * SPARSE for e <= 12, BITMAP for e >= 13).
  *
+ * Format 4, step-coded values (docs/delta.md, "Steps"): at RL learning rates most changed
+ * elements move by one unit in the last place, which is +1 or -1 of the element's bits read as an
+ * unsigned little-endian integer of esize bytes (modulo 2^(8 esize)). Format 4 is format 3 (the
+ * same header but for the format byte, table, modes and mode rule, index streams and bitmaps)
+ * except that a SPARSE or BITMAP block may carry the flag s, and then its k new values are
+ * replaced by: k 2-bit codes, value i's at bits 2 (i mod 4) of byte i / 4, zero-padded to 8
+ * bytes, then the L values whose code is 2 (esize each, in index order), zero-padded to 8:
+ * align8(ceil(k / 4)) + align8(L * esize) bytes. Code 0: new = old + 1; 1: new = old - 1;
+ * 2: new is the next of the L values; 3 is refused. A block has s set exactly when that is
+ * smaller than its k values (align8(k * esize)), so format 4 is never longer than format 3 and
+ * wsync_delta_max_bytes bounds it too. The check can verify that rule for a block with s set (it
+ * counts L), not for one without (that needs the old values: the tree hash covers the result).
+ * Only the CPU codec reads and writes format 4; the CUDA kernels take format 3 alone, so a
+ * sender uses format 4 only toward receivers that apply on the CPU (the store, for readers of
+ * host targets).
+ *
  * Decoding a SPARSE index stream in parallel (the GPU's way): each byte b contributes a position
  * advance (b == 0xFF ? 255 : b + 1) and an element count (b != 0xFF); inclusive scans of both give,
  * for each byte b < 0xFF, its element's position (advance sum - 1) and its value slot (count - 1).
@@ -95,6 +113,7 @@
 
 #define WSYNC_DELTA_MAGIC 0x4c445357u   /* "WSDL" */
 #define WSYNC_DELTA_FORMAT 3u
+#define WSYNC_DELTA_FORMAT_STEPS 4u     /* format 3 with step-coded values (CPU codec only) */
 #define WSYNC_DELTA_BLOCK 4096u         /* elements per block */
 #define WSYNC_DELTA_HEADER 16u
 
@@ -114,7 +133,9 @@ static inline uint32_t wsync_delta_word(uint32_t mode, uint32_t e, uint32_t k)
     return mode << 30 | e << 16 | k;
 }
 static inline uint32_t wsync_delta_word_mode(uint32_t w) { return w >> 30; }
-static inline uint32_t wsync_delta_word_e(uint32_t w) { return (w >> 16) & 0x3fffu; }
+static inline uint32_t wsync_delta_word_e(uint32_t w) { return (w >> 16) & 0x1fffu; }
+static inline uint32_t wsync_delta_word_steps(uint32_t w) { return (w >> 29) & 1u; }
+#define WSYNC_DELTA_STEPS_FLAG (1u << 29)
 static inline uint32_t wsync_delta_word_k(uint32_t w) { return w & 0xffffu; }
 
 /* The payload bytes of a block of len elements of which k changed, with escape count e (the
@@ -144,14 +165,28 @@ wsync_status_t wsync_delta_encode(const void *new_base, const void *old_base,
                                   const wsync_region_t *src, uint32_t esize, void *out,
                                   uint64_t cap, uint64_t *len, uint64_t *hash, uint64_t *changed);
 
-/* Check an encoded chunk's structure before applying it: magic, format (formats 1 and 2 are
- * refused), esize, n equal to the region's elements, offsets aligned and inside len,
+/* wsync_delta_encode in a given format: WSYNC_DELTA_FORMAT (3) or WSYNC_DELTA_FORMAT_STEPS (4,
+ * for a receiver that applies with this CPU codec); WSYNC_ERR_INVALID naming any other. */
+wsync_status_t wsync_delta_encode_format(uint32_t format, const void *new_base,
+                                         const void *old_base, const wsync_region_t *src,
+                                         uint32_t esize, void *out, uint64_t cap, uint64_t *len,
+                                         uint64_t *hash, uint64_t *changed);
+
+/* The format byte of an encoded chunk of len bytes (0 when len holds no header). */
+static inline uint32_t wsync_delta_format(const void *enc, uint64_t len)
+{
+    return len >= WSYNC_DELTA_HEADER ? ((const uint8_t *)enc)[4] : 0;
+}
+
+/* Check an encoded chunk's structure before applying it: magic, format (3 or 4; formats 1 and 2
+ * are refused), esize, n equal to the region's elements, offsets aligned and inside len,
  * k <= len_j, e = 0 outside SPARSE, each block's payload size that of its mode and its mode the
  * one wsync_delta_block_bytes picks for (len_j, k, e) (SPARSE: the table's e; BITMAP: the e of
  * the bitmap's positions, which the check computes; PLAIN: any e, see above), a SPARSE index
  * stream with exactly e bytes 0xFF and k bytes < 0xFF, a last byte < 0xFF and every decoded
  * position < len_j, a BITMAP's popcount equal to k, padding zero, the payloads' sizes adding up to
- * the payload area (no bytes beside them).
+ * the payload area (no bytes beside them); in format 4 a STEPS block's codes (none is 3, padding
+ * zero, L counted) and that its step values are smaller than its plain ones; in format 3 no s.
  * WSYNC_ERR_INTEGRITY naming `what` (e.g. "chunk 12 from sender 1") and the first fault found.
  * Never reads outside enc[0, len). */
 wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint32_t esize,

@@ -1,7 +1,8 @@
 /* Fuzz target: the delta codec (core/delta.c): the check that stands between a received buffer
  * and the receiver's weights, the apply it guards, and the encoder.
  *
- * Input: byte 0 selects the op (bit 0) and the element size (1 << bits 1-2); byte 1 the layout
+ * Input: byte 0 selects the op (bit 0), the element size (1 << bits 1-2) and op 1's format (bit
+ * 3: format 4, step-coded values; else 3); byte 1 the layout
  * of the region (cols 1 + L % 32 with pitch cols + (L >> 5) % 4 when that divides n, else one
  * dense row); then
  *   op 0  an encoded chunk              wsync_delta_check with n from its own header (so that a
@@ -73,26 +74,30 @@ static int outside_same(const uint8_t *after, const uint8_t *before, const layou
     return same;
 }
 
-/* Encode (nw against old) in region l, check, apply onto a copy of old: the region then holds
- * nw's values. Returns the number of changed elements. */
-static uint64_t encode_round_trip(const uint8_t *nw, const uint8_t *old, const layout_t *l)
+/* Encode (nw against old) in region l in format fmt, check, apply onto a copy of old: the region
+ * then holds nw's values. Returns the number of changed elements. */
+static uint64_t encode_round_trip(const uint8_t *nw, const uint8_t *old, const layout_t *l,
+                                  uint32_t fmt)
 {
     uint64_t n = l->r.rows * l->r.cols, cap = wsync_delta_max_bytes(n, l->es);
     uint64_t len = 0, hash = 0, changed = 0, ah = 0, diff = 0;
     uint8_t *enc = malloc(cap), *dst = malloc(l->bytes);
 
     FUZZ_ASSERT(enc != NULL && dst != NULL, "out of memory");
-    FUZZ_ASSERT(wsync_delta_encode(nw, old, &l->r, l->es, enc, cap, &len, &hash, &changed) ==
-                WSYNC_OK, "encode: %s", wsync_last_error());
+    FUZZ_ASSERT(wsync_delta_encode_format(fmt, nw, old, &l->r, l->es, enc, cap, &len, &hash,
+                                          &changed) == WSYNC_OK, "encode: %s", wsync_last_error());
+    FUZZ_ASSERT(wsync_delta_format(enc, len) == fmt, "format %u, asked for %u",
+                wsync_delta_format(enc, len), fmt);
     FUZZ_ASSERT(len <= cap, "encoded %" PRIu64 " > max %" PRIu64, len, cap);
     FUZZ_ASSERT(wsync_delta_check(enc, len, n, l->es, "fuzz") == WSYNC_OK,
                 "an encoded stream fails the check: %s", wsync_last_error());
     if (len > WSYNC_DELTA_HEADER + 8 * wsync_delta_nblocks(n)) {
         uint64_t l2;
-        FUZZ_ASSERT(wsync_delta_encode(nw, old, &l->r, l->es, enc, len - 1, &l2, &hash,
-                                       &changed) == WSYNC_ERR_INVALID, "cap one byte short");
-        FUZZ_ASSERT(wsync_delta_encode(nw, old, &l->r, l->es, enc, cap, &len, &hash, &changed)
-                    == WSYNC_OK, "encode again");
+        FUZZ_ASSERT(wsync_delta_encode_format(fmt, nw, old, &l->r, l->es, enc, len - 1, &l2,
+                                              &hash, &changed) == WSYNC_ERR_INVALID,
+                    "cap one byte short");
+        FUZZ_ASSERT(wsync_delta_encode_format(fmt, nw, old, &l->r, l->es, enc, cap, &len, &hash,
+                                              &changed) == WSYNC_OK, "encode again");
     }
     memcpy(dst, old, l->bytes);
     FUZZ_ASSERT(wsync_delta_apply(enc, len, dst, &l->r, l->es, &ah) == WSYNC_OK, "apply: %s",
@@ -146,13 +151,13 @@ static void op_stream(const uint8_t *p, size_t len, uint32_t es, uint8_t lsel)
                 "apply of a checked stream: %s", wsync_last_error());
     FUZZ_ASSERT(hash == wsync_delta_hash(dst, &l.r, es), "apply's hash is not the result's");
     FUZZ_ASSERT(outside_same(dst, before, &l), "apply wrote outside the region");
-    FUZZ_ASSERT(encode_round_trip(dst, before, &l) <= ksum, "more elements changed than the "
-                "stream's k");
+    FUZZ_ASSERT(encode_round_trip(dst, before, &l, wsync_delta_format(p, len)) <= ksum,
+                "more elements changed than the stream's k");
     free(before);
     free(dst);
 }
 
-static void op_encode(const uint8_t *p, size_t len, uint32_t es, uint8_t lsel)
+static void op_encode(const uint8_t *p, size_t len, uint32_t es, uint8_t lsel, uint32_t fmt)
 {
     fuzz_in_t in = {p, len};
     uint64_t n = 1 + fuzz_take(&in, 2) % MAX_ENC;
@@ -172,7 +177,7 @@ static void op_encode(const uint8_t *p, size_t len, uint32_t es, uint8_t lsel)
         uint32_t b = (uint32_t)fuzz_take(&in, 1) % es;
         at(nw, &l, e)[b] ^= (uint8_t)fuzz_take(&in, 1);
     }
-    encode_round_trip(nw, old, &l);
+    encode_round_trip(nw, old, &l, fmt);
     free(old);
     free(nw);
 }
@@ -185,7 +190,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     es = 1u << ((data[0] >> 1) & 3);
     if (data[0] & 1)
-        op_encode(data + 2, size - 2, es, data[1]);
+        op_encode(data + 2, size - 2, es, data[1],
+                  data[0] & 8 ? WSYNC_DELTA_FORMAT_STEPS : WSYNC_DELTA_FORMAT);
     else
         op_stream(data + 2, size - 2, es, data[1]);
     return 0;

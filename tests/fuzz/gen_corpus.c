@@ -799,7 +799,9 @@ static void safetensors_seeds(const wsync_model_config_t *micro)
 
 /* fuzz_delta: op 0, an encoded chunk (format 3) of each element size with every block mode
  * (block 0 SPARSE with escapes in its index stream: gaps of 299, then one of 4095 - 3900 - 1; 1
- * BITMAP, 2 PLAIN, 3 SAME), in a strided layout; op 1, a list of 40 changes. */
+ * BITMAP, 2 PLAIN, 3 SAME), in a strided layout, and the same in format 4 (block 0's changes are
+ * steps: STEPS); op 1, a list of 40 changes, and the same in format 4 with changes that are
+ * steps where the xor flips bit 0 of the low byte. */
 static void delta_seeds(void)
 {
     enum { N = 3 * WSYNC_DELTA_BLOCK + 100 };
@@ -831,6 +833,11 @@ static void delta_seeds(void)
         seed[1] = 3 + 32;                       /* 4 columns, pitch 5 */
         snprintf(name, sizeof(name), "stream_es%u", es);
         write_seed("delta", name, seed, 2 + len);
+        if (wsync_delta_encode_format(WSYNC_DELTA_FORMAT_STEPS, nw, old, &r, es, seed + 2, cap,
+                                      &len, &hash, NULL) != WSYNC_OK)
+            die("delta seeds: encode in format 4");
+        snprintf(name, sizeof(name), "stream_es%u_steps", es);
+        write_seed("delta", name, seed, 2 + len);
 
         ops[0] = (uint8_t)(i << 1 | 1);         /* op 1 */
         ops[1] = 7 + 64;                        /* 8 columns, pitch 10 */
@@ -845,6 +852,11 @@ static void delta_seeds(void)
             ops[8 + 4 * c] = 0x5a;
         }
         snprintf(name, sizeof(name), "changes_es%u", es);
+        write_seed("delta", name, ops, sizeof(ops));
+        ops[0] |= 8;                            /* format 4 */
+        for (int c = 0; c < 40; c++)
+            ops[7 + 4 * c] = 0, ops[8 + 4 * c] = (uint8_t)(c % 4 == 3 ? 0x5a : 1);
+        snprintf(name, sizeof(name), "changes_es%u_steps", es);
         write_seed("delta", name, ops, sizeof(ops));
         free(old);
         free(nw);

@@ -124,17 +124,38 @@ static uint64_t ref_escapes(const uint64_t *pos, uint64_t k)
     return e;
 }
 
+/* Format 4: the step values of a block's k changes at[] (dense new nd, old od from element lo)
+ * into p (zeroed): codes, then literals; returns their bytes, padded. */
+static uint64_t ref_steps(const uint8_t *nd, const uint8_t *od, uint64_t lo, const uint64_t *at,
+                          uint64_t k, uint32_t es, uint8_t *p)
+{
+    uint64_t mask = es == 8 ? UINT64_MAX : ((uint64_t)1 << (8 * es)) - 1, nl = 0;
+    uint8_t *lit = p + a8((k + 3) / 4);
+    for (uint64_t q = 0; q < k; q++) {
+        uint64_t nv = get_le(nd + (lo + at[q]) * es, (int)es);
+        uint64_t ov = get_le(od + (lo + at[q]) * es, (int)es);
+        uint64_t code = nv == ((ov + 1) & mask) ? 0 : nv == ((ov - 1) & mask) ? 1 : 2;
+        p[q / 4] |= (uint8_t)(code << (2 * (q % 4)));
+        if (code == 2)
+            put_le(lit + es * nl++, nv, (int)es);
+    }
+    return a8((k + 3) / 4) + a8(nl * es);
+}
+
 /* The encoding of dense new nd against dense old od (n elements), written element by element
  * into a zeroed buffer; returns its length. */
 static uint8_t *ref_encode(const uint8_t *nd, const uint8_t *od, uint64_t n, uint32_t es,
-                           uint64_t *len)
+                           uint64_t *len);
+/* The same in format fmt (3, or 4 with step-coded values). */
+static uint8_t *ref_encode_fmt(uint32_t fmt, const uint8_t *nd, const uint8_t *od, uint64_t n,
+                               uint32_t es, uint64_t *len)
 {
     uint64_t nb = (n + B - 1) / B, table = 16 + 8 * nb, pos = 0;
     uint8_t *out = calloc(1, table + nb * a8((uint64_t)B * es) + 8);
     uint64_t *at = xmalloc(B * sizeof(uint64_t));
 
     put_le(out, WSYNC_DELTA_MAGIC, 4);
-    out[4] = 3;   /* format 3, payloads in block order as the CPU encoder lays them */
+    out[4] = (uint8_t)fmt;   /* payloads in block order, as the CPU encoder lays them */
     out[5] = (uint8_t)es;
     put_le(out + 8, n, 8);
     for (uint64_t j = 0; j < nb; j++) {
@@ -161,11 +182,30 @@ static uint8_t *ref_encode(const uint8_t *nd, const uint8_t *od, uint64_t n, uin
         }
         if (m == 3)
             memcpy(p, nd + lo * es, blen * es);
+        if (fmt == 4 && (m == 1 || m == 2)) {
+            /* the steps replace the values only where they are smaller */
+            uint64_t head = sz[m] - a8(k * es);
+            uint8_t *tmp = calloc(1, a8((k + 3) / 4) + a8(k * es) + 8);
+            uint64_t sb = ref_steps(nd, od, lo, at, k, es, tmp);
+            if (sb < a8(k * es)) {
+                memset(p + head, 0, a8(k * es));
+                memcpy(p + head, tmp, sb);
+                sz[m] = head + sb;
+                out[16 + 8 * j + 7] |= 0x20;            /* bit 29 of the word: STEPS */
+            }
+            free(tmp);
+        }
         pos += sz[m];
     }
     free(at);
     *len = table + pos;
     return out;
+}
+
+static uint8_t *ref_encode(const uint8_t *nd, const uint8_t *od, uint64_t n, uint32_t es,
+                           uint64_t *len)
+{
+    return ref_encode_fmt(3, nd, od, n, es, len);
 }
 
 /* The tree hash of dense values, as the header defines it. */
@@ -193,7 +233,18 @@ typedef struct {
     uint64_t nchanged;
 } pair_t;
 
+/* make_pair where a fraction `step` of the changes are one step (+1 or -1 of the bits as an
+ * unsigned integer, wrapping), as most are after an optimizer step at RL learning rates. */
+static pair_t make_pair_steps(wsync_region_t r, uint32_t es, double d, double step,
+                              uint64_t seed);
+
 static pair_t make_pair(wsync_region_t r, uint32_t es, double d, uint64_t seed)
+{
+    return make_pair_steps(r, es, d, 0.0, seed);
+}
+
+static pair_t make_pair_steps(wsync_region_t r, uint32_t es, double d, double step,
+                              uint64_t seed)
 {
     pair_t p = {r, es, (size_t)((r.off + (r.rows - 1) * r.pitch + r.cols + 3) * es), NULL, NULL, 0};
     uint64_t s = seed, n = r.rows * r.cols;
@@ -211,9 +262,15 @@ static pair_t make_pair(wsync_region_t r, uint32_t es, double d, uint64_t seed)
         if (d <= 0.0 || (d < 1.0 && rng_next(&s) >= thresh))
             continue;
         uint8_t *v = elem(p.nw, &r, e, es);
-        uint64_t x;
+        uint64_t x, mask = es == 8 ? UINT64_MAX : ((uint64_t)1 << (8 * es)) - 1;
+        if (step > 0.0 && (double)(rng_next(&s) >> 11) * 0x1p-53 < step) {
+            x = (get_le(v, (int)es) + ((rng_next(&s) & 1) ? 1 : mask)) & mask;
+            put_le(v, x, (int)es);
+            p.nchanged++;
+            continue;
+        }
         do
-            x = rng_next(&s) & (es == 8 ? UINT64_MAX : ((uint64_t)1 << (8 * es)) - 1);
+            x = rng_next(&s) & mask;
         while (x == 0);
         for (uint32_t b = 0; b < es; b++)
             v[b] ^= (uint8_t)(x >> (8 * b));
@@ -229,19 +286,20 @@ static void free_pair(pair_t *p)
     free(p->nw);
 }
 
-/* Encode p, compare with the reference, check, apply onto a copy of old; returns a bit set of
- * the block modes seen. */
-static unsigned round_trip(const pair_t *p, const char *label)
+/* Encode p in format fmt, compare with the reference, check, apply onto a copy of old; returns a
+ * bit set of the block modes seen (bit 4: a STEPS block). */
+static unsigned round_trip_fmt(uint32_t fmt, const pair_t *p, const char *label)
 {
     uint64_t n = p->r.rows * p->r.cols, cap = wsync_delta_max_bytes(n, p->es);
     uint64_t len = 0, hash = 0, changed = 0, ahash = 0, rlen, nb = wsync_delta_nblocks(n);
     uint8_t *enc = xmalloc(cap), *dst = xmalloc(p->bytes), *expect = xmalloc(p->bytes);
     uint8_t *nd = dense(p->nw, &p->r, p->es), *od = dense(p->old, &p->r, p->es);
-    uint8_t *ref = ref_encode(nd, od, n, p->es, &rlen);
+    uint8_t *ref = ref_encode_fmt(fmt, nd, od, n, p->es, &rlen);
     unsigned modes = 0;
 
     memset(enc, 0xEE, cap);     /* padding must be written as zeros, not left as it was */
-    CHECK_OK(wsync_delta_encode(p->nw, p->old, &p->r, p->es, enc, cap, &len, &hash, &changed));
+    CHECK_OK(wsync_delta_encode_format(fmt, p->nw, p->old, &p->r, p->es, enc, cap, &len, &hash,
+                                       &changed));
     CHECK_MSG(changed == p->nchanged, "%s: changed %" PRIu64 ", made %" PRIu64, label, changed,
               p->nchanged);
     CHECK_MSG(len == rlen && memcmp(enc, ref, len) == 0, "%s: encoded %" PRIu64 " bytes, the "
@@ -249,7 +307,8 @@ static unsigned round_trip(const pair_t *p, const char *label)
     CHECK_MSG(hash == ref_hash(nd, n, p->es), "%s: encode's hash is not the XXH3 tree", label);
     CHECK_MSG(hash == wsync_delta_hash(p->nw, &p->r, p->es), "%s: wsync_delta_hash", label);
     for (uint64_t j = 0; j < nb && len >= 16 + 8 * nb; j++)
-        modes |= 1u << (get_le(enc + 16 + 8 * j + 4, 4) >> 30);
+        modes |= 1u << (get_le(enc + 16 + 8 * j + 4, 4) >> 30) |
+                 (get_le(enc + 16 + 8 * j + 4, 4) >> 29 & 1) << 4;
 
     /* check and apply a copy of exactly len bytes, so that ASan sees any read past it */
     uint8_t *exact = xmalloc(len);
@@ -297,6 +356,11 @@ static unsigned round_trip(const pair_t *p, const char *label)
     return modes;
 }
 
+static unsigned round_trip(const pair_t *p, const char *label)
+{
+    return round_trip_fmt(3, p, label);
+}
+
 /* ---- round trips ---------------------------------------------------------------------------- */
 
 static void test_round_trips(void)
@@ -329,6 +393,65 @@ static void test_round_trips(void)
                 free_pair(&p);
             }
         CHECK_MSG(seen == 0xF, "esize %u: block modes seen 0x%x, not all four", sizes[si], seen);
+    }
+}
+
+/* Format 4 (step-coded values) on the round trips' regions: every element size, densities from
+ * sparse to dense, changes all steps, mostly steps, half, none; the reference's bytes, the new
+ * values applied, and never longer than format 3 (shorter where most changes are steps). Then
+ * steps that wrap (all ones + 1, zero - 1). */
+static void test_steps_round_trips(void)
+{
+    static const uint32_t sizes[] = {1, 2, 4, 8};
+    static const double dens[] = {0.01, 0.05, 0.5};
+    static const double steps[] = {1.0, 0.95, 0.5, 0.0};
+    static const wsync_region_t regs[] = {{5, 1013, 37, 1000}, {0, 13, 700, 11}, {2, 5000, 3, 4900}};
+    uint64_t seed = 77;
+
+    for (size_t si = 0; si < 4; si++) {
+        unsigned seen = 0;
+        for (size_t ri = 0; ri < 3; ri++)
+            for (size_t di = 0; di < 3; di++)
+                for (size_t ti = 0; ti < 4; ti++) {
+                    char label[128];
+                    uint32_t es = sizes[si];
+                    pair_t p = make_pair_steps(regs[ri], es, dens[di], steps[ti], seed++);
+                    uint64_t n = p.r.rows * p.r.cols, cap = wsync_delta_max_bytes(n, es);
+                    uint64_t l3, l4, h3, h4;
+                    uint8_t *enc = xmalloc(cap);
+                    snprintf(label, sizeof(label), "format 4, esize %u region %zu density %g "
+                             "steps %g", es, ri, dens[di], steps[ti]);
+                    unsigned m = round_trip_fmt(4, &p, label);
+                    seen |= m;
+                    CHECK_OK(wsync_delta_encode(p.nw, p.old, &p.r, es, enc, cap, &l3, &h3, NULL));
+                    CHECK_OK(wsync_delta_encode_format(4, p.nw, p.old, &p.r, es, enc, cap, &l4,
+                                                       &h4, NULL));
+                    CHECK_MSG(l4 <= l3 && h4 == h3, "%s: %" PRIu64 " bytes, format 3 %" PRIu64,
+                              label, l4, l3);
+                    if (steps[ti] == 1.0 && dens[di] <= 0.05)
+                        CHECK_MSG((m & 16u) != 0 && l4 < l3, "%s: no STEPS block (modes 0x%x)",
+                                  label, m);
+                    if (steps[ti] == 0.0)
+                        CHECK_MSG((m & 16u) == 0 || es == 1, "%s: STEPS without steps", label);
+                    free(enc);
+                    free_pair(&p);
+                }
+        CHECK_MSG((seen & 16u) != 0, "esize %u: no STEPS block seen", sizes[si]);
+    }
+    /* wrapping steps: bits all ones + 1 = 0, 0 - 1 = all ones, in a sparse bf16 block */
+    {
+        uint64_t n = 3000, pos = 0;
+        uint16_t old[3000], nw[3000];
+        for (uint64_t i = 0; i < n; i++)
+            old[i] = nw[i] = (uint16_t)(i * 7 + 3);
+        for (uint64_t i = 0; i < 60; i++) {
+            pos = i * 50 + 1;
+            old[pos] = (uint16_t)(i % 2 ? 0xFFFF : 0);
+            nw[pos] = (uint16_t)(i % 2 ? 0 : 0xFFFF);
+        }
+        pair_t p = {{0, n, 1, n}, 2, sizeof(old), (uint8_t *)old, (uint8_t *)nw, 60};
+        CHECK_MSG(round_trip_fmt(4, &p, "wrapping steps") == (1u << WSYNC_DELTA_SPARSE | 16u),
+                  "wrapping steps: not one STEPS SPARSE block");
     }
 }
 
@@ -695,7 +818,7 @@ static void test_sizes_and_args(void)
 /* A valid bf16 stream of 3 full blocks and a last of 100 elements: block 0 SPARSE (k 10),
  * block 1 PLAIN (k 4000), block 2 SAME, block 3 BITMAP (k 50). */
 #define CN (3 * B + 100)
-static uint8_t *valid_stream(uint64_t *len)
+static uint8_t *valid_stream_fmt(uint32_t fmt, uint64_t *len)
 {
     uint8_t *old = xmalloc(CN * 2), *nw = xmalloc(CN * 2), *enc;
     uint64_t s = 5, cap = wsync_delta_max_bytes(CN, 2), hash;
@@ -710,10 +833,15 @@ static uint8_t *valid_stream(uint64_t *len)
     for (int i = 0; i < 50; i++)
         nw[2 * (3 * B + 2 * i)] ^= 2;
     enc = xmalloc(cap);
-    CHECK_OK(wsync_delta_encode(nw, old, &r, 2, enc, cap, len, &hash, NULL));
+    CHECK_OK(wsync_delta_encode_format(fmt, nw, old, &r, 2, enc, cap, len, &hash, NULL));
     free(old);
     free(nw);
     return enc;
+}
+
+static uint8_t *valid_stream(uint64_t *len)
+{
+    return valid_stream_fmt(3, len);
 }
 
 /* Refused as INTEGRITY, naming the chunk and `fault`. */
@@ -788,7 +916,7 @@ static void test_check_rejects(void)
     MUT(m[0] ^= 1, "bad magic", "magic");
     MUT(m[4] = 1, "format 1, expected 3", "a format-1 header");
     MUT(m[4] = 2, "format 2, expected 3", "a format-2 header");
-    MUT(m[4] = 4, "format 4, expected 3", "format 4");
+    MUT(m[4] = 5, "format 5, expected 3 or 4", "format 5");
     MUT(m[5] = 4, "esize 4, expected 2", "esize byte");
     MUT(m[6] = 1, "header: non-zero padding", "header padding");
     MUT(put_le(m + 8, CN + 1, 8), "header says 12389 elements, the region holds 12388", "n");
@@ -913,13 +1041,58 @@ static void test_check_rejects(void)
     memcpy(m, v, 16);
     put_le(m + 8, 1ull << 33, 8);
     expect_refused(m, 16, 1ull << 33, 2, "8589934592 elements of 2 bytes", "huge n");
-#undef MUT
     free(v);
     free(m);
 }
 
 /* Random single-byte corruptions of a valid stream: the check refuses, or (a value byte, which
  * only the hash can catch) passes and then apply's hash differs from the sender's. */
+/* Format 4: valid_stream's changes in block 0 are steps (bit 0 of the low byte flipped), so it is
+ * STEPS there (10 codes, no literals) and as format 3 elsewhere; each fault of the step values is
+ * refused by name, and a format-3 header under a STEPS block too. */
+static void test_steps_check_rejects(void)
+{
+    uint64_t len, t = 16 + 8 * 4;
+    uint8_t *v = valid_stream_fmt(4, &len), *m = xmalloc(len + 8);
+    uint64_t w0 = get_le(v + 20, 4), k = w0 & 0xffff, e = w0 >> 16 & 0x1fff;
+    uint64_t codes = t + get_le(v + 16, 4) + a8(k + e);     /* block 0's codes */
+    const wsync_region_t r = {0, CN, 1, CN};
+    uint8_t *a = xmalloc(CN * 2), *b = xmalloc(CN * 2);
+    uint64_t l3, ha, hb;
+    uint8_t *v3 = valid_stream(&l3);
+
+    CHECK_OK(wsync_delta_check(v, len, CN, 2, "valid format 4"));
+    CHECK(v[4] == 4 && w0 >> 29 == (WSYNC_DELTA_SPARSE << 1 | 1) && k == 10 &&
+          (get_le(v + 28, 4) >> 29 & 1) == 0 && (get_le(v + 44, 4) >> 29 & 1) == 0);
+    CHECK_MSG(len + (a8(2 * k) - 8) == l3, "format 4: %" PRIu64 " bytes, format 3 %" PRIu64,
+              len, l3);
+    /* the same bytes applied from either format, onto valid_stream's old values */
+    uint64_t seed = 5;
+    fill_random(a, CN * 2, &seed);
+    memcpy(b, a, CN * 2);
+    CHECK_OK(wsync_delta_apply(v, len, a, &r, 2, &ha));
+    CHECK_OK(wsync_delta_apply(v3, l3, b, &r, 2, &hb));
+    CHECK(memcmp(a, b, CN * 2) == 0 && ha == hb);
+
+    MUT(m[4] = 3, "STEPS flag on a SPARSE block of format 3", "STEPS in format 3");
+    MUT(m[16 + 8 * 1 + 7] |= 0x20, "STEPS flag on a PLAIN block", "STEPS on PLAIN");
+    MUT(m[16 + 8 * 2 + 7] |= 0x20, "STEPS flag on a SAME block", "STEPS on SAME");
+    MUT(m[codes] |= 3, "step code 3", "code 3");
+    MUT(m[codes + 2] |= 0x40, "step code bits set past its 10 codes", "code padding bits");
+    MUT(m[codes + 3] = 1, "non-zero padding after the step codes", "code padding bytes");
+    /* one more literal than there are: the block's payload grows over the next one's bytes */
+    MUT(m[codes] = (uint8_t)((m[codes] & ~3u) | 2u), "block 0: non-zero padding after the SPARSE "
+        "values", "a literal not there");
+    /* a BITMAP block whose values are read as codes: refused, whatever the fault */
+    MUT(m[16 + 8 * 3 + 7] |= 0x20, "delta block 3", "STEPS on a plain-valued BITMAP block");
+    free(v);
+    free(v3);
+    free(m);
+    free(a);
+    free(b);
+#undef MUT
+}
+
 static void test_corruptions_caught(void)
 {
     uint64_t len, s = 3, hash_new;
@@ -1004,8 +1177,10 @@ int main(void)
     RUN(test_sizes_and_args);
     RUN(test_single_byte_changes);
     RUN(test_round_trips);
+    RUN(test_steps_round_trips);
     RUN(test_mixed_density);
     RUN(test_check_rejects);
+    RUN(test_steps_check_rejects);
     RUN(test_corruptions_caught);
     RUN(test_speed_report);
     return check_summary();
