@@ -70,6 +70,7 @@ static int work_cmp(const void *x, const void *y)
 /* One shard region some reader asked for (its plan's chunk of this sender), table key order. */
 typedef struct {
     uint32_t shard;
+    uint32_t gpu;                    /* a reader applies it on the GPU: format 3, else 4 */
     wsync_region_t g;
 } dreg_t;
 
@@ -304,17 +305,19 @@ static int region_in_shard(const wsync_sender_t *s, uint32_t shard, const wsync_
            g->rows * g->cols * esz <= UINT32_MAX;
 }
 
-/* A reader's regions (relay STORE_DELTA_TAG): u32 n, n x (u32 shard, u64 off, rows, cols,
- * pitch); new ones join the sorted set. A region outside its shard, or a malformed message, is
- * refused whole (the set as it was; WSYNC_ERR_PROTOCOL naming the reader and the region): that
- * reader then reads those chunks plain, as it does any chunk the table has no row for. */
+/* A reader's regions (relay STORE_DELTA_TAG): u32 n, n x (u32 shard, u32 flags, u64 off, rows,
+ * cols, pitch); new ones join the sorted set, and a region any reader applies on the GPU (flags
+ * without STORE_DELTA_CPU) is encoded in format 3 for all. A region outside its shard, unknown
+ * flags, or a malformed message, is refused whole (the set as it was; WSYNC_ERR_PROTOCOL naming
+ * the reader and the region): that reader then reads those chunks plain, as it does any chunk
+ * the table has no row for. */
 static wsync_status_t add_regions(wsync_sender_t *s, store_dtx_t *d, const wsync_relay_t *m)
 {
     wsync_rbuf_t rb;
     uint32_t n;
 
     wsync_rbuf_init(&rb, m->data, m->len);
-    n = wsync_get_count(&rb, 36);
+    n = wsync_get_count(&rb, 40);
     if (rb.err)
         return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %d: malformed delta regions from "
                          "receiver %d", s->m.rank, m->rank);
@@ -329,13 +332,21 @@ static wsync_status_t add_regions(wsync_sender_t *s, store_dtx_t *d, const wsync
     uint32_t had = d->nregs;
     for (uint32_t i = 0; i < n && !rb.err; i++) {
         dreg_t x;
+        uint32_t flags;
         x.shard = wsync_get_u32(&rb);
+        flags = wsync_get_u32(&rb);
+        x.gpu = !(flags & STORE_DELTA_CPU);
         x.g.off = wsync_get_u64(&rb);
         x.g.rows = wsync_get_u64(&rb);
         x.g.cols = wsync_get_u64(&rb);
         x.g.pitch = wsync_get_u64(&rb);
         if (rb.err)
             break;
+        if (flags & ~STORE_DELTA_CPU) {
+            d->nregs = had;
+            return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %d: receiver %d's delta region "
+                             "%u has unknown flags 0x%x", s->m.rank, m->rank, i, flags);
+        }
         if (!region_in_shard(s, x.shard, &x.g)) {
             d->nregs = had;
             return wsync_err(WSYNC_ERR_PROTOCOL, "store: sender %d: receiver %d asked for deltas "
@@ -344,8 +355,7 @@ static wsync_status_t add_regions(wsync_sender_t *s, store_dtx_t *d, const wsync
                              (unsigned long long)x.g.rows, (unsigned long long)x.g.cols,
                              (unsigned long long)x.g.pitch, x.shard);
         }
-        if (bsearch(&x, d->regs, had, sizeof(x), reg_cmp) == NULL)
-            d->regs[d->nregs++] = x;
+        d->regs[d->nregs++] = x;   /* one the set has already merges below (its flag too) */
     }
     if (rb.err || wsync_rbuf_left(&rb) != 0) {
         d->nregs = had;
@@ -357,6 +367,8 @@ static wsync_status_t add_regions(wsync_sender_t *s, store_dtx_t *d, const wsync
     for (uint32_t i = 0; i < d->nregs; i++)
         if (k == 0 || reg_cmp(&d->regs[k - 1], &d->regs[i]) != 0)
             d->regs[k++] = d->regs[i];
+        else
+            d->regs[k - 1].gpu |= d->regs[i].gpu;
     if (k != had) {
         d->nregs = k;
         d->regs_changed = 1;
@@ -549,8 +561,10 @@ static wsync_status_t tx_item(void *arg, uint32_t item, uint32_t worker)
         d->scratch[worker] = ns;
         d->scratch_cap[worker] = limit;
     }
-    if (wsync_delta_encode(s->shard_data[x->shard], d->bl[x->shard], &x->g, esz,
-                           d->scratch[worker], limit, &n, &h, NULL) != WSYNC_OK ||
+    /* format 4 (step-coded values) where every reader of the region applies on the CPU */
+    if (wsync_delta_encode_format(x->gpu ? WSYNC_DELTA_FORMAT : WSYNC_DELTA_FORMAT_STEPS,
+                                  s->shard_data[x->shard], d->bl[x->shard], &x->g, esz,
+                                  d->scratch[worker], limit, &n, &h, NULL) != WSYNC_OK ||
         n >= limit) {
         d->skip[k] = (uint8_t)(WSYNC_DELTA_REPROBE - 1);
         atomic_fetch_add(&job->enc_ns, wsync_now_ns() - t0);
@@ -1006,6 +1020,7 @@ wsync_status_t wsync_store_drx_create(wsync_receiver_t *r, uint32_t lo, uint32_t
             if (!d->mine[j].capable || c->sender != s)
                 continue;
             wsync_put_u32(&b, c->shard);
+            wsync_put_u32(&b, d->mine[j].cuda ? 0u : STORE_DELTA_CPU);
             wsync_put_u64(&b, c->src.off);
             wsync_put_u64(&b, c->src.rows);
             wsync_put_u64(&b, c->src.cols);
@@ -1144,6 +1159,10 @@ static wsync_status_t rx_check_item(void *arg, uint32_t item, uint32_t worker)
 
     (void)worker;
     rc = wsync_delta_rx_check(job->r, m->chunk, d->enc + m->at, m->len, job->v);
+    if (rc == WSYNC_OK && m->cuda && wsync_delta_format(d->enc + m->at, m->len) != WSYNC_DELTA_FORMAT)
+        rc = wsync_err(WSYNC_ERR_INTEGRITY, "chunk %u: delta format %u, but CUDA targets apply "
+                       "format %u only (the sender was told so)", m->chunk,
+                       wsync_delta_format(d->enc + m->at, m->len), WSYNC_DELTA_FORMAT);
     atomic_fetch_add(&job->check_ns, wsync_now_ns() - t0);
     return rc == WSYNC_OK ? rc : named(job->r, m->seg0, rc);
 }

@@ -11,8 +11,10 @@
  * stream's offset, length (0: read it plain) and the tree hash of the new values, the streams
  * after it; then the baselines are brought to v whole (regions of different readers may
  * overlap). The directory entry's delta part says where (core/proto.h). Host shards encode with
- * the CPU codec; CUDA shards with device baselines with the device codec (kernels/delta.h, one
- * batch over their regions), the streams copied to the host buffer. The buffer of v is reused
+ * the CPU codec, in format 4 (values as steps from the old ones, core/delta.h) where every reader
+ * of the region applies on the CPU (its message says so), else in format 3; CUDA shards with
+ * device baselines with the device codec (kernels/delta.h, one batch over their regions, format
+ * 3), the streams copied to the host buffer. The buffer of v is reused
  * once the coordinator frees v (FREE). A version not published whole leaves no base: the next
  * one is read full by everyone.
  * Reader: for each sender whose base it holds (r->delta_holds == b != 0), it reads the table,
@@ -20,7 +22,8 @@
  * each (wsync_delta_check), applies it to each of its segments of the chunk and compares the
  * tree hash with the sender's (WSYNC_ERR_INTEGRITY naming the param). Everything else it reads
  * plain, as without delta. Host targets apply with the CPU codec; CUDA targets with the device
- * codec, from the pinned host buffer the streams landed in. */
+ * codec, from the pinned host buffer the streams landed in (format 3 only: a stream of another
+ * format is refused before it is applied). */
 #ifndef WSYNC_SCHEMES_STORE_DELTA_H
 #define WSYNC_SCHEMES_STORE_DELTA_H
 
@@ -29,10 +32,14 @@
 #include "core/objects.h"
 #include "core/proto.h"
 
-/* Relay tag: a reader's regions, to each sender it reads from (u32 n, n x (u32 shard, u64 off,
- * rows, cols, pitch)). A sender refuses a message naming a region outside its shard, or a
- * malformed one, whole, with a warning naming the reader: that reader reads those chunks plain. */
+/* Relay tag: a reader's regions, to each sender it reads from (u32 n, n x (u32 shard, u32 flags,
+ * u64 off, rows, cols, pitch)). A sender refuses a message naming a region outside its shard,
+ * unknown flags, or a malformed one, whole, with a warning naming the reader: that reader reads
+ * those chunks plain. */
 #define STORE_DELTA_TAG 1u
+/* A region's flag: the reader applies it on the CPU, so it takes format 4 (core/delta.h: values
+ * as steps from the old); a region without it (CUDA targets) is encoded in format 3. */
+#define STORE_DELTA_CPU 1u
 #include "transports/rma.h"
 
 /* ---- sender ---- */

@@ -14,8 +14,9 @@
  *  - reader 0 fetches 1, 2, 3, skips 4, then 5 and 6: 1 is full (it holds nothing), 2 and 3 are
  *    deltas, 5 is full again (it holds 3, version 5 was encoded against 4), 6 a delta;
  *  - reader 1 joins late: 3 (full: it holds nothing), then 4, 5, 6 as deltas.
- * Every fetched version must equal both references, and each delta fetch must move under a
- * quarter (bf16) of the bytes of a full fetch (the readers' progress reports the bytes read).
+ * Every fetched version must equal both references, and each delta fetch must move under 4 %
+ * (bf16: the readers apply on the CPU, so the senders send format 4, step-coded values) of the
+ * bytes of a full fetch (the readers' progress reports the bytes read).
  *  - a corrupted delta (delta.encoded:corrupt on sender 0 flips a bit of version 2's first
  *    encoded region), the shards published in place: the reader of that region fails version 2
  *    with WSYNC_ERR_INTEGRITY naming the param, never holding wrong bytes as committed; its next
@@ -26,9 +27,9 @@
  *    are split between threads): the bf16 case again, and a corrupted stream in the 12th region
  *    sender 0 encodes, which its reader refuses naming that region's param.
  *  - forged region messages from reader 1 to sender 0 after its first version (regions whose
- *    bounds wrap past 2^64, a message with a byte too many): the sender refuses each whole with
- *    a warning naming the reader and goes on; every version of both readers is right, reader
- *    1's still deltas (its own regions, sent at set-up, stay).
+ *    bounds wrap past 2^64, a message with a byte too many, an unknown flag): the sender refuses
+ *    each whole with a warning naming the reader and goes on; every version of both readers is
+ *    right, reader 1's still deltas (its own regions, sent at set-up, stay).
  */
 #include <signal.h>
 #include <stdint.h>
@@ -271,18 +272,19 @@ static int run_sender(void *arg)
 /* ---- reader ---------------------------------------------------------------------------------- */
 
 /* Reader 1's forged region messages to sender 0 (the format of a reader's regions: u32 n, then
- * n x (u32 shard, u64 off, rows, cols, pitch)): a region whose last row lies 2^64 elements on
- * (rows - 1 = 2^24, pitch 2^40: the sum wraps to a small number), one whose offset wraps, and a
- * good-looking one with a byte too many. */
+ * n x (u32 shard, u32 flags, u64 off, rows, cols, pitch)): a region whose last row lies 2^64
+ * elements on (rows - 1 = 2^24, pitch 2^40: the sum wraps to a small number), one whose offset
+ * wraps, a good-looking one with a byte too many, and one with a flag no reader sends. */
 static void forge_regions(wsync_receiver_t *rv)
 {
     static const uint64_t bad[2][4] = {{0, (1ull << 24) + 1, 1, 1ull << 40},
                                        {UINT64_MAX, 1, 2, 2}};
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         wsync_wbuf_t b;
         wsync_wbuf_init(&b);
         wsync_put_u32(&b, 1);
         wsync_put_u32(&b, 0);
+        wsync_put_u32(&b, k == 3 ? 0x80u | STORE_DELTA_CPU : STORE_DELTA_CPU);
         for (int f = 0; f < 4; f++)
             wsync_put_u64(&b, k < 2 ? bad[k][f] : f == 1 ? 1 : f == 0 ? 0 : 4);
         if (k == 2)
@@ -488,8 +490,10 @@ static void case_delta(int fp8, const char *threads)
                           "bytes, a full fetch reads %llu", transport, r, v,
                           (unsigned long long)got->bytes[v][r], (unsigned long long)full_bytes);
             } else {
-                /* ~3 % of elements changed: sparse blocks; FP8 targets' weights read in full */
-                CHECK_MSG(got->bytes[v][r] > 0 && got->bytes[v][r] * (fp8 ? 1 : 4) < full_bytes,
+                /* ~3 % of elements changed, each by one step (the lowest bit flipped): sparse
+                 * blocks of step codes, format 4 (2.4 % of the full bytes; format 3's values make
+                 * it 5.1 %); FP8 targets' weights read in full */
+                CHECK_MSG(got->bytes[v][r] > 0 && got->bytes[v][r] * (fp8 ? 1 : 25) < full_bytes,
                           "%s: reader %d, version %d (delta): %llu bytes, a full fetch reads %llu",
                           transport, r, v, (unsigned long long)got->bytes[v][r],
                           (unsigned long long)full_bytes);
@@ -628,8 +632,9 @@ static void case_forged_regions(void)
         "outside shard 0 (that reader's regions left out: it reads them plain)",
         "receiver 1 asked for deltas of region 0 (off 18446744073709551615, 1 x 2, pitch 2), "
         "outside shard 0",
-        "malformed delta regions from receiver 1"};
-    for (int k = 0; k < 3; k++)
+        "malformed delta regions from receiver 1",
+        "receiver 1's delta region 0 has unknown flags 0x81"};
+    for (int k = 0; k < 4; k++)
         CHECK_MSG(strstr(text, said[k]) != NULL, "%s: sender 0 did not say \"%s\": %s", transport,
                   said[k], text);
     for (int r = 0; r < TP; r++) {
