@@ -761,25 +761,24 @@ static wsync_status_t check_steps(const uint8_t *p, uint64_t room, uint64_t head
     if (head + align8(cb) > room)
         return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta truncated: block %" PRIu64 "'s %" PRIu64
                          " bytes of step codes pass the end of the payload area", what, j, cb);
-    for (uint64_t i = 0; i < cb; i++)
-        for (uint32_t b = 0; b < 4; b++) {
-            uint32_t code = (c[i] >> (2 * b)) & 3u;
-            if (i * 4 + b >= k) {
-                if (code != 0)
-                    return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": step "
-                                     "code bits set past its %" PRIu32 " codes (non-zero "
-                                     "padding)", what, j, k);
-            } else if (code == 3) {
-                return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": step code 3 "
-                                 "(0: +1, 1: -1, 2: a value) for change %" PRIu64, what, j,
-                                 i * 4 + b);
-            } else {
-                nl += code == 2;
-            }
+    /* 32 codes a word: the low and high bit of each; code 2 is high alone, 3 both */
+    for (uint64_t i = 0; i < align8(cb); i += 8) {
+        uint64_t x = ld64(c + i), left = (uint64_t)k - WSYNC_MIN((uint64_t)k, i * 4);
+        uint64_t valid = left >= 32 ? UINT64_MAX : ((uint64_t)1 << (2 * left)) - 1;
+        uint64_t lo = x & 0x5555555555555555ull, hi = (x >> 1) & 0x5555555555555555ull;
+        if ((x & ~valid) != 0) {
+            uint64_t bit = i * 8 + (uint64_t)__builtin_ctzll(x & ~valid);
+            return wsync_err(WSYNC_ERR_INTEGRITY, bit < cb * 8 ?
+                             "%s: delta block %" PRIu64 ": step code bits set past its %" PRIu32
+                             " codes (non-zero padding)" : "%s: delta block %" PRIu64 ": non-zero "
+                             "padding after the step codes (%" PRIu32 " codes)", what, j, k);
         }
-    if (!all_zero(c + cb, align8(cb) - cb))
-        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": non-zero padding "
-                         "after the step codes", what, j);
+        if ((hi & lo) != 0)
+            return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta block %" PRIu64 ": step code 3 "
+                             "(0: +1, 1: -1, 2: a value) for change %" PRIu64, what, j,
+                             i * 4 + (uint64_t)__builtin_ctzll(hi & lo) / 2);
+        nl += (uint64_t)__builtin_popcountll(hi & ~lo);
+    }
     *vals = align8(cb) + nl * es;
     *bytes = head + align8(cb) + align8(nl * es);
     if (align8(cb) + align8(nl * es) >= align8((uint64_t)k * es))
@@ -793,16 +792,15 @@ static wsync_status_t check_steps(const uint8_t *p, uint64_t room, uint64_t head
     return WSYNC_OK;
 }
 
-wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint32_t esize,
-                                 const char *what)
+/* The header of a stream of len bytes for n elements of esize, and that its table fits: *nb and
+ * *table_end for the blocks' check. */
+static wsync_status_t check_header(const uint8_t *p, uint64_t len, uint64_t n, uint32_t esize,
+                                   const char *what, uint64_t *nb_out, uint64_t *table_end_out)
 {
-    const uint8_t *p = enc;
-    uint64_t nb, table_end, area, sum = 0;
+    uint64_t nb, table_end;
     uint32_t magic;
 
-    if (what == NULL)
-        what = "delta chunk";
-    if (enc == NULL && len > 0)
+    if (p == NULL && len > 0)
         return wsync_err(WSYNC_ERR_INVALID, "%s: delta check: enc is NULL", what);
     if (len < WSYNC_DELTA_HEADER)
         return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta truncated: %" PRIu64 " bytes, the "
@@ -832,8 +830,19 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
         return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta truncated: %" PRIu64 " bytes, header "
                          "and block table of %" PRIu64 " blocks are %" PRIu64, what, len, nb,
                          table_end);
-    area = len - table_end;
-    for (uint64_t j = 0; j < nb; j++) {
+    *nb_out = nb;
+    *table_end_out = table_end;
+    return WSYNC_OK;
+}
+
+/* Blocks [b0, b1) of a stream whose header passed (nb blocks, table ending at table_end, len
+ * bytes): *sum += their payloads' bytes. */
+static wsync_status_t check_blocks(const uint8_t *p, uint64_t len, uint64_t n, uint32_t esize,
+                                   uint64_t nb, uint64_t table_end, uint64_t b0, uint64_t b1,
+                                   const char *what, uint64_t *sum)
+{
+    uint64_t area = len - table_end;
+    for (uint64_t j = b0; j < b1; j++) {
         const uint8_t *t = p + WSYNC_DELTA_HEADER + 8 * j;
         uint32_t off = ld32(t), w = ld32(t + 4), want;
         uint32_t mode = wsync_delta_word_mode(w), e = wsync_delta_word_e(w);
@@ -890,12 +899,52 @@ wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint
         st = check_payload(p + table_end + off, bytes, mode, blen, k, e, esize, vals, j, what);
         if (st != WSYNC_OK)
             return st;
-        sum += bytes;
+        *sum += bytes;
     }
-    if (sum != area)   /* bytes beside the payloads, or payloads overlapping */
-        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta payloads of %" PRIu64 " bytes in all, "
-                         "the payload area holds %" PRIu64, what, sum, area);
     return WSYNC_OK;
+}
+
+wsync_status_t wsync_delta_check_area(uint64_t len, uint64_t n, uint64_t payload,
+                                      const char *what)
+{
+    uint64_t area = len - (WSYNC_DELTA_HEADER + 8 * wsync_delta_nblocks(n));
+
+    if (what == NULL)
+        what = "delta chunk";
+    if (payload != area)   /* bytes beside the payloads, or payloads overlapping */
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta payloads of %" PRIu64 " bytes in all, "
+                         "the payload area holds %" PRIu64, what, payload, area);
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_delta_check_blocks(const void *enc, uint64_t len, uint64_t n, uint32_t esize,
+                                        uint64_t b0, uint64_t b1, const char *what,
+                                        uint64_t *payload)
+{
+    uint64_t nb = 0, table_end = 0, sum = 0;
+    wsync_status_t rc;
+
+    if (what == NULL)
+        what = "delta chunk";
+    if ((rc = check_header(enc, len, n, esize, what, &nb, &table_end)) != WSYNC_OK)
+        return rc;
+    if (b0 > b1 || b1 > nb || payload == NULL)
+        return wsync_err(WSYNC_ERR_INVALID, "%s: delta check_blocks: blocks [%" PRIu64 ", %"
+                         PRIu64 ") of a stream of %" PRIu64 " blocks%s", what, b0, b1, nb,
+                         payload == NULL ? ", payload is NULL" : "");
+    if ((rc = check_blocks(enc, len, n, esize, nb, table_end, b0, b1, what, &sum)) != WSYNC_OK)
+        return rc;
+    *payload = sum;
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint32_t esize,
+                                 const char *what)
+{
+    uint64_t nb = wsync_delta_nblocks(n), sum = 0;
+    wsync_status_t rc = wsync_delta_check_blocks(enc, len, n, esize, 0, nb, what, &sum);
+
+    return rc != WSYNC_OK ? rc : wsync_delta_check_area(len, n, sum, what);
 }
 
 /* ---- apply ---------------------------------------------------------------------------------- */

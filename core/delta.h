@@ -192,6 +192,17 @@ static inline uint32_t wsync_delta_format(const void *enc, uint64_t len)
 wsync_status_t wsync_delta_check(const void *enc, uint64_t len, uint64_t n, uint32_t esize,
                                  const char *what);
 
+/* wsync_delta_check in parts, so that threads check one stream's block ranges at once: the
+ * header and blocks [b0, b1) as wsync_delta_check does (the same errors), *payload getting the
+ * bytes of their payloads; then, once every range passed, wsync_delta_check_area with the ranges'
+ * payloads added up, which must be the payload area (the error wsync_delta_check gives).
+ * WSYNC_ERR_INVALID for a range outside the stream's blocks or a NULL payload. */
+wsync_status_t wsync_delta_check_blocks(const void *enc, uint64_t len, uint64_t n, uint32_t esize,
+                                        uint64_t b0, uint64_t b1, const char *what,
+                                        uint64_t *payload);
+wsync_status_t wsync_delta_check_area(uint64_t len, uint64_t n, uint64_t payload,
+                                      const char *what);
+
 /* Apply a checked encoded chunk to region `dst` of dst_base, which holds the previous values:
  * afterwards the region holds the new values. *hash gets the tree hash of the region's values
  * after applying (compare it with the sender's). WSYNC_ERR_INVALID for bad arguments, and for a

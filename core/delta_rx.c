@@ -80,16 +80,49 @@ int wsync_delta_rx_takes(const wsync_receiver_t *r, const wsync_delta_rx_t *rx, 
     return base != 0 && r->delta_holds == base && wsync_delta_rx_chunk_capable(rx, chunk);
 }
 
+/* What a check's errors name: the receiver, the version, the chunk and its sender. */
+static const char *check_what(const wsync_receiver_t *r, uint32_t chunk, uint64_t version,
+                              char *what, size_t cap)
+{
+    snprintf(what, cap, "receiver %d, version %llu: chunk %u from sender %u", r->m.rank,
+             (unsigned long long)version, chunk, r->m.plan->chunks[chunk].sender);
+    return what;
+}
+
+static uint64_t chunk_elems(const wsync_receiver_t *r, uint32_t chunk)
+{
+    return r->m.plan->chunks[chunk].src.rows * r->m.plan->chunks[chunk].src.cols;
+}
+
 wsync_status_t wsync_delta_rx_check(const wsync_receiver_t *r, uint32_t chunk, const void *enc,
                                     uint64_t len, uint64_t version)
 {
-    const wsync_chunk_t *c = &r->m.plan->chunks[chunk];
     char what[160];
 
-    snprintf(what, sizeof(what), "receiver %d, version %llu: chunk %u from sender %u", r->m.rank,
-             (unsigned long long)version, chunk, c->sender);
-    return wsync_delta_check(enc, len, c->src.rows * c->src.cols,
-                             (uint32_t)wsync_dtype_size(c->dtype), what);
+    return wsync_delta_check(enc, len, chunk_elems(r, chunk),
+                             (uint32_t)wsync_dtype_size(r->m.plan->chunks[chunk].dtype),
+                             check_what(r, chunk, version, what, sizeof(what)));
+}
+
+wsync_status_t wsync_delta_rx_check_blocks(const wsync_receiver_t *r, uint32_t chunk,
+                                           const void *enc, uint64_t len, uint64_t version,
+                                           uint64_t b0, uint64_t b1, uint64_t *payload)
+{
+    char what[160];
+
+    return wsync_delta_check_blocks(enc, len, chunk_elems(r, chunk),
+                                    (uint32_t)wsync_dtype_size(r->m.plan->chunks[chunk].dtype),
+                                    b0, b1, check_what(r, chunk, version, what, sizeof(what)),
+                                    payload);
+}
+
+wsync_status_t wsync_delta_rx_check_area(const wsync_receiver_t *r, uint32_t chunk, uint64_t len,
+                                         uint64_t version, uint64_t payload)
+{
+    char what[160];
+
+    return wsync_delta_check_area(len, chunk_elems(r, chunk), payload,
+                                  check_what(r, chunk, version, what, sizeof(what)));
 }
 
 wsync_status_t wsync_delta_rx_hash_error(const wsync_receiver_t *r, uint32_t seg, uint64_t want,

@@ -139,6 +139,14 @@ int wsync_delta_rx_takes(const wsync_receiver_t *r, const wsync_delta_rx_t *rx, 
  * to any segment): WSYNC_ERR_INTEGRITY naming the chunk, its param and the sender. */
 wsync_status_t wsync_delta_rx_check(const wsync_receiver_t *r, uint32_t chunk, const void *enc,
                                     uint64_t len, uint64_t version);
+/* The same in parts (core/delta.h: wsync_delta_check_blocks, then wsync_delta_check_area): blocks
+ * [b0, b1) of the stream, *payload their payloads' bytes; then the ranges' payloads added up. The
+ * same errors as wsync_delta_rx_check. */
+wsync_status_t wsync_delta_rx_check_blocks(const wsync_receiver_t *r, uint32_t chunk,
+                                           const void *enc, uint64_t len, uint64_t version,
+                                           uint64_t b0, uint64_t b1, uint64_t *payload);
+wsync_status_t wsync_delta_rx_check_area(const wsync_receiver_t *r, uint32_t chunk, uint64_t len,
+                                         uint64_t version, uint64_t payload);
 /* Apply a checked encoded chunk to host segment `seg` (r->m.segs[seg]; its target region holds the base
  * version), then compare the region's tree hash with `hash` (the sender's, of the new values):
  * WSYNC_ERR_INTEGRITY naming the param, the target and the sender on a mismatch. */

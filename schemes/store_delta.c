@@ -916,6 +916,11 @@ struct store_drx {
     uint32_t nwork;
     piece_t *piece;                  /* this version's block ranges to apply, host segments */
     uint32_t npiece, piece_cap;
+    piece_t *cpiece;                 /* and to check, every chunk's once (leaf: its slot in
+                                        csum; the chunks' slots in work order) */
+    uint32_t ncpiece, cpiece_cap;
+    uint64_t *csum;                  /* [ncpiece] each range's payload bytes */
+    uint32_t *cfirst;                /* [nwork + 1] work chunk w's slots: [cfirst[w], cfirst[w+1]) */
     uint64_t *leaves;                /* their leaf hashes: each host segment's, in block order */
     size_t leaves_cap;               /* in leaves */
 };
@@ -930,6 +935,9 @@ void wsync_store_drx_free(store_drx_t *d)
     free(d->enc);
     free(d->work);
     free(d->piece);
+    free(d->cpiece);
+    free(d->csum);
+    free(d->cfirst);
     free(d->leaves);
     free(d->table);
     free(d->mine);
@@ -962,8 +970,9 @@ wsync_status_t wsync_store_drx_create(wsync_receiver_t *r, uint32_t lo, uint32_t
     d->last = calloc((size_t)plan->nsenders + 1, sizeof(*d->last));
     d->at = calloc((size_t)plan->nsenders + 1, sizeof(*d->at));
     d->work = calloc((size_t)(hi - lo) + 1, sizeof(*d->work));
+    d->cfirst = calloc((size_t)(hi - lo) + 2, sizeof(*d->cfirst));
     if (d->mine == NULL || d->of_seg == NULL || d->first == NULL || d->last == NULL ||
-        d->at == NULL || d->work == NULL) {
+        d->at == NULL || d->work == NULL || d->cfirst == NULL) {
         wsync_store_drx_free(d);
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta versions");
     }
@@ -1148,23 +1157,45 @@ typedef struct {
     atomic_uint_fast64_t check_ns, apply_ns;   /* the items' times summed (the log) */
 } rx_job_t;
 
-/* One chunk's stream checked (errors name the param, the target and the chunk). */
+/* One block range of a chunk's stream checked, its payload bytes kept (errors name the param,
+ * the target and the chunk). */
 static wsync_status_t rx_check_item(void *arg, uint32_t item, uint32_t worker)
 {
     rx_job_t *job = arg;
     store_drx_t *d = job->d;
-    const mine_t *m = &d->mine[d->work[item].j];
+    const piece_t *p = &d->cpiece[item];
+    const mine_t *m = &d->mine[p->j];
     uint64_t t0 = wsync_now_ns();
     wsync_status_t rc;
 
     (void)worker;
-    rc = wsync_delta_rx_check(job->r, m->chunk, d->enc + m->at, m->len, job->v);
-    if (rc == WSYNC_OK && m->cuda && wsync_delta_format(d->enc + m->at, m->len) != WSYNC_DELTA_FORMAT)
-        rc = wsync_err(WSYNC_ERR_INTEGRITY, "chunk %u: delta format %u, but CUDA targets apply "
-                       "format %u only (the sender was told so)", m->chunk,
-                       wsync_delta_format(d->enc + m->at, m->len), WSYNC_DELTA_FORMAT);
+    rc = wsync_delta_rx_check_blocks(job->r, m->chunk, d->enc + m->at, m->len, job->v, p->b0,
+                                     p->b1, &d->csum[p->leaf]);
     atomic_fetch_add(&job->check_ns, wsync_now_ns() - t0);
     return rc == WSYNC_OK ? rc : named(job->r, m->seg0, rc);
+}
+
+/* After every range passed: each chunk's ranges' payloads fill its payload area, and a chunk of
+ * CUDA targets is in the one format the device applies; chunks in work order, the first fault
+ * returned. */
+static wsync_status_t check_areas(wsync_receiver_t *r, store_drx_t *d, uint64_t v)
+{
+    for (uint32_t w = 0; w < d->nwork; w++) {
+        const mine_t *m = &d->mine[d->work[w].j];
+        uint64_t payload = 0;
+        wsync_status_t rc;
+        for (uint32_t i = d->cfirst[w]; i < d->cfirst[w + 1]; i++)
+            payload += d->csum[i];
+        rc = wsync_delta_rx_check_area(r, m->chunk, m->len, v, payload);
+        if (rc == WSYNC_OK && m->cuda &&
+            wsync_delta_format(d->enc + m->at, m->len) != WSYNC_DELTA_FORMAT)
+            rc = wsync_err(WSYNC_ERR_INTEGRITY, "chunk %u: delta format %u, but CUDA targets "
+                           "apply format %u only (the sender was told so)", m->chunk,
+                           wsync_delta_format(d->enc + m->at, m->len), WSYNC_DELTA_FORMAT);
+        if (rc != WSYNC_OK)
+            return named(r, m->seg0, rc);
+    }
+    return WSYNC_OK;
 }
 
 /* One block range of a checked stream applied to our host segment, its leaves kept. */
@@ -1184,6 +1215,48 @@ static wsync_status_t rx_apply_item(void *arg, uint32_t item, uint32_t worker)
                                   p->b0, p->b1, d->leaves + p->leaf);
     atomic_fetch_add(&job->apply_ns, wsync_now_ns() - t0);
     return rc == WSYNC_OK ? rc : named(job->r, p->seg, rc);
+}
+
+/* This version's block ranges to check: each chunk's stream once (CUDA targets' too), in ranges
+ * of about as many blocks as the apply's, so that a large chunk is checked by every thread. */
+static wsync_status_t make_check_pieces(wsync_receiver_t *r, store_drx_t *d)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    uint64_t blocks = 0, per;
+    uint32_t n = 0;
+
+    for (uint32_t w = 0; w < d->nwork; w++)
+        blocks += chunk_blocks(&plan->chunks[d->mine[d->work[w].j].chunk]);
+    per = WSYNC_MAX(1, blocks / ((uint64_t)wsync_workpool_size(d->pool) * RX_PIECES_PER_THREAD));
+    uint64_t most = blocks / per + (uint64_t)d->nwork + 1;
+    if (most > d->cpiece_cap) {
+        piece_t *np = most < UINT32_MAX ? realloc(d->cpiece, (size_t)most * sizeof(*np)) : NULL;
+        uint64_t *ns = np != NULL ? realloc(d->csum, (size_t)most * sizeof(*ns)) : NULL;
+        if (np != NULL)
+            d->cpiece = np;
+        if (ns == NULL)
+            return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta versions");
+        d->csum = ns;
+        d->cpiece_cap = (uint32_t)most;
+    }
+    for (uint32_t w = 0; w < d->nwork; w++) {
+        const mine_t *m = &d->mine[d->work[w].j];
+        const wsync_chunk_t *c = &plan->chunks[m->chunk];
+        uint64_t es = wsync_dtype_size(c->dtype), elems = c->src.rows * c->src.cols;
+        uint64_t nb = chunk_blocks(c);
+        d->cfirst[w] = n;
+        for (uint64_t b = 0; b < nb; b += per) {
+            uint64_t b1 = WSYNC_MIN(nb, b + per);
+            uint64_t e1 = WSYNC_MIN(elems, b1 * WSYNC_DELTA_BLOCK);
+            d->cpiece[n] = (piece_t){(e1 - b * WSYNC_DELTA_BLOCK) * es, d->work[w].j, m->seg0, b,
+                                     b1, n};
+            n++;
+        }
+    }
+    d->cfirst[d->nwork] = n;
+    d->ncpiece = n;
+    qsort(d->cpiece, n, sizeof(*d->cpiece), piece_cmp);
+    return WSYNC_OK;
 }
 
 /* This version's block ranges of the checked streams over our host segments, and room for
@@ -1383,9 +1456,10 @@ wsync_status_t wsync_store_drx_read(wsync_receiver_t *r, store_drx_t *d, const w
     if (rc != WSYNC_OK)
         return rc;
     uint64_t t_streams = wsync_now_ns();
-    /* check each stream once (chunk by chunk over the pool, largest first), apply it to each of
-     * our host segments of its chunk (block ranges over the pool, largest first), then compare
-     * each segment's tree hash, made from its ranges' leaves, with the sender's */
+    /* check each stream once (block ranges over the pool, largest first, then each chunk's
+     * ranges' payloads against its area), apply it to each of our host segments of its chunk
+     * (block ranges over the pool, largest first), then compare each segment's tree hash, made
+     * from its ranges' leaves, with the sender's */
     d->nwork = 0;
     for (uint32_t j = 0; j < d->nmine; j++) {
         mine_t *m = &d->mine[j];
@@ -1401,7 +1475,11 @@ wsync_status_t wsync_store_drx_read(wsync_receiver_t *r, store_drx_t *d, const w
     char what[96];
     snprintf(what, sizeof(what), "store: receiver %d: checking version %llu's deltas", r->m.rank,
              (unsigned long long)v);
-    rc = wsync_workpool_run(d->pool, d->nwork, rx_check_item, &job, deadline, what);
+    rc = make_check_pieces(r, d);
+    if (rc == WSYNC_OK)
+        rc = wsync_workpool_run(d->pool, d->ncpiece, rx_check_item, &job, deadline, what);
+    if (rc == WSYNC_OK)
+        rc = check_areas(r, d, v);
     if (rc == WSYNC_OK)
         rc = make_pieces(r, d);
     snprintf(what, sizeof(what), "store: receiver %d: applying version %llu's deltas", r->m.rank,

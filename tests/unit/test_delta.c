@@ -322,12 +322,25 @@ static unsigned round_trip_fmt(uint32_t fmt, const pair_t *p, const char *label)
     CHECK_MSG(memcmp(dst, expect, p->bytes) == 0, "%s: applied buffer differs from the new "
               "values (or bytes outside the region changed)", label);
     CHECK_MSG(ahash == hash, "%s: apply's hash differs from encode's", label);
-    /* the same in block ranges of 1, 2, 3, ... blocks, applied last range first: the same bytes,
-     * and the leaves give the same tree hash */
-    uint64_t *leaves = xmalloc((size_t)(nb + 1) * 8), bounds[64], nr = 0;
+    /* the same in block ranges of 1, 2, 3, ... blocks, checked and applied last range first:
+     * the ranges' payloads add up to the area, the same bytes, and the leaves give the same tree
+     * hash */
+    uint64_t *leaves = xmalloc((size_t)(nb + 1) * 8), bounds[64], nr = 0, payload = 0;
     for (uint64_t b = 0, w = 1; b < nb && nr < 63; b += w++)
         bounds[nr++] = b;
     bounds[nr] = nb;
+    for (uint64_t i = nr; i-- > 0;) {
+        uint64_t part = 0;
+        CHECK_OK(wsync_delta_check_blocks(exact, len, n, p->es, bounds[i], bounds[i + 1], label,
+                                          &part));
+        payload += part;
+    }
+    CHECK_OK(wsync_delta_check_area(len, n, payload, label));
+    CHECK_ST(wsync_delta_check_area(len, n, payload + 8, label), WSYNC_ERR_INTEGRITY);
+    CHECK_ERR_HAS("delta payloads of");
+    CHECK_ST(wsync_delta_check_blocks(exact, len, n, p->es, 0, nb + 1, label, &payload),
+             WSYNC_ERR_INVALID);
+    CHECK_ERR_HAS("delta check_blocks: blocks [0, ");
     memcpy(dst, p->old, p->bytes);
     for (uint64_t i = nr; i-- > 0;)
         CHECK_OK(wsync_delta_apply_blocks(exact, len, dst, &p->r, p->es, bounds[i],
