@@ -1217,6 +1217,28 @@ static wsync_status_t rx_apply_item(void *arg, uint32_t item, uint32_t worker)
     return rc == WSYNC_OK ? rc : named(job->r, p->seg, rc);
 }
 
+/* Blocks per range when a pass has `blocks` in all: about RX_PIECES_PER_THREAD ranges a thread. */
+static uint64_t range_blocks(const store_drx_t *d, uint64_t blocks)
+{
+    return WSYNC_MAX(1, blocks / ((uint64_t)wsync_workpool_size(d->pool) * RX_PIECES_PER_THREAD));
+}
+
+/* Chunk c's stream (mine[j]) in ranges of at most `per` blocks, for our segment seg, into out:
+ * range [b, b1) gets leaf base + b / div. Returns how many. */
+static uint32_t chunk_ranges(const wsync_chunk_t *c, uint32_t j, uint32_t seg, uint64_t per,
+                             uint64_t base, uint64_t div, piece_t *out)
+{
+    uint64_t es = wsync_dtype_size(c->dtype), elems = c->src.rows * c->src.cols;
+    uint64_t nb = chunk_blocks(c);
+    uint32_t n = 0;
+
+    for (uint64_t b = 0; b < nb; b += per) {
+        uint64_t b1 = WSYNC_MIN(nb, b + per), e1 = WSYNC_MIN(elems, b1 * WSYNC_DELTA_BLOCK);
+        out[n++] = (piece_t){(e1 - b * WSYNC_DELTA_BLOCK) * es, j, seg, b, b1, base + b / div};
+    }
+    return n;
+}
+
 /* This version's block ranges to check: each chunk's stream once (CUDA targets' too), in ranges
  * of about as many blocks as the apply's, so that a large chunk is checked by every thread. */
 static wsync_status_t make_check_pieces(wsync_receiver_t *r, store_drx_t *d)
@@ -1227,7 +1249,7 @@ static wsync_status_t make_check_pieces(wsync_receiver_t *r, store_drx_t *d)
 
     for (uint32_t w = 0; w < d->nwork; w++)
         blocks += chunk_blocks(&plan->chunks[d->mine[d->work[w].j].chunk]);
-    per = WSYNC_MAX(1, blocks / ((uint64_t)wsync_workpool_size(d->pool) * RX_PIECES_PER_THREAD));
+    per = range_blocks(d, blocks);
     uint64_t most = blocks / per + (uint64_t)d->nwork + 1;
     if (most > d->cpiece_cap) {
         piece_t *np = most < UINT32_MAX ? realloc(d->cpiece, (size_t)most * sizeof(*np)) : NULL;
@@ -1241,17 +1263,9 @@ static wsync_status_t make_check_pieces(wsync_receiver_t *r, store_drx_t *d)
     }
     for (uint32_t w = 0; w < d->nwork; w++) {
         const mine_t *m = &d->mine[d->work[w].j];
-        const wsync_chunk_t *c = &plan->chunks[m->chunk];
-        uint64_t es = wsync_dtype_size(c->dtype), elems = c->src.rows * c->src.cols;
-        uint64_t nb = chunk_blocks(c);
-        d->cfirst[w] = n;
-        for (uint64_t b = 0; b < nb; b += per) {
-            uint64_t b1 = WSYNC_MIN(nb, b + per);
-            uint64_t e1 = WSYNC_MIN(elems, b1 * WSYNC_DELTA_BLOCK);
-            d->cpiece[n] = (piece_t){(e1 - b * WSYNC_DELTA_BLOCK) * es, d->work[w].j, m->seg0, b,
-                                     b1, n};
-            n++;
-        }
+        d->cfirst[w] = n;      /* the chunk's ranges take slots n, n + 1, ... */
+        n += chunk_ranges(&plan->chunks[m->chunk], d->work[w].j, m->seg0, per, n, per,
+                          d->cpiece + n);
     }
     d->cfirst[d->nwork] = n;
     d->ncpiece = n;
@@ -1272,7 +1286,7 @@ static wsync_status_t make_pieces(wsync_receiver_t *r, store_drx_t *d)
         if (!m->cuda)
             blocks += chunk_blocks(&plan->chunks[m->chunk]) * (m->seg1 - m->seg0);
     }
-    per = WSYNC_MAX(1, blocks / ((uint64_t)wsync_workpool_size(d->pool) * RX_PIECES_PER_THREAD));
+    per = range_blocks(d, blocks);
     uint64_t most = blocks / per + (uint64_t)(d->hi - d->lo) + 1;
     if (most > d->piece_cap) {
         piece_t *np = most < UINT32_MAX ? realloc(d->piece, (size_t)most * sizeof(*np)) : NULL;
@@ -1284,18 +1298,12 @@ static wsync_status_t make_pieces(wsync_receiver_t *r, store_drx_t *d)
     for (uint32_t w = 0; w < d->nwork; w++) {
         const mine_t *m = &d->mine[d->work[w].j];
         const wsync_chunk_t *c = &plan->chunks[m->chunk];
-        uint64_t es = wsync_dtype_size(c->dtype), elems = c->src.rows * c->src.cols;
-        uint64_t nb = chunk_blocks(c);
         if (m->cuda)
             continue;   /* the device applies it */
         for (uint32_t i = m->seg0; i < m->seg1; i++) {
-            for (uint64_t b = 0; b < nb; b += per) {
-                uint64_t b1 = WSYNC_MIN(nb, b + per);
-                uint64_t e1 = WSYNC_MIN(elems, b1 * WSYNC_DELTA_BLOCK);
-                d->piece[n++] = (piece_t){(e1 - b * WSYNC_DELTA_BLOCK) * es, d->work[w].j, i, b,
-                                          b1, nleaf + b};
-            }
-            nleaf += nb;
+            /* block b's leaf at nleaf + b */
+            n += chunk_ranges(c, d->work[w].j, i, per, nleaf, 1, d->piece + n);
+            nleaf += chunk_blocks(c);
         }
     }
     d->npiece = n;
