@@ -907,10 +907,15 @@ static wsync_status_t check_blocks(const uint8_t *p, uint64_t len, uint64_t n, u
 wsync_status_t wsync_delta_check_area(uint64_t len, uint64_t n, uint64_t payload,
                                       const char *what)
 {
-    uint64_t area = len - (WSYNC_DELTA_HEADER + 8 * wsync_delta_nblocks(n));
+    uint64_t table_end = WSYNC_DELTA_HEADER + 8 * wsync_delta_nblocks(n), area;
 
     if (what == NULL)
         what = "delta chunk";
+    if (len < table_end)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta truncated: %" PRIu64 " bytes, header "
+                         "and block table of %" PRIu64 " blocks are %" PRIu64, what, len,
+                         wsync_delta_nblocks(n), table_end);
+    area = len - table_end;
     if (payload != area)   /* bytes beside the payloads, or payloads overlapping */
         return wsync_err(WSYNC_ERR_INTEGRITY, "%s: delta payloads of %" PRIu64 " bytes in all, "
                          "the payload area holds %" PRIu64, what, payload, area);

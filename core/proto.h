@@ -168,7 +168,9 @@ typedef struct {
      * encoded against, 0 = none (every reader reads full bytes; the fields below are then 0 and
      * not on the wire). Else a table of delta_n rows at delta_table, in region delta_region, one
      * per shard region some reader asked for, sorted by (shard, off, rows, cols, pitch): u32
-     * shard, u32 zero, u64 off, rows, cols, pitch (elements), u64 offset of its encoded stream
+     * shard, u32 the stream's format (core/delta.h: 3, or 4 where only readers of host targets
+     * asked for the region; 0 with no stream), u64 off, rows, cols, pitch (elements), u64
+     * offset of its encoded stream
      * from the table's first byte, u64 its length (0: read it plain), u64 the xxh3 tree hash of
      * its new values (core/delta.h); little-endian. */
     uint64_t delta_base;

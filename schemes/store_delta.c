@@ -785,7 +785,10 @@ wsync_status_t wsync_store_dtx_publish(wsync_sender_t *s, store_dtx_t *d, uint64
         for (uint32_t k = 0; k < d->nregs; k++) {
             const dreg_t *x = &d->regs[k];
             uint8_t *row = b->mem + (size_t)k * ROW;
-            put64(row, x->shard);
+            /* the stream's format beside the shard: a reader of CUDA targets reads plain a
+             * region a reader of host targets asked for first (format 4) */
+            put64(row, x->shard | (uint64_t)(d->len[k] != 0 ? wsync_delta_format(
+                                                b->mem + d->off[k], d->len[k]) : 0) << 32);
             put64(row + 8, x->g.off);
             put64(row + 16, x->g.rows);
             put64(row + 24, x->g.cols);
@@ -1423,6 +1426,8 @@ wsync_status_t wsync_store_drx_read(wsync_receiver_t *r, store_drx_t *d, const w
         m->hash = get64(row + 56);
         if (len == 0)
             continue;   /* denser than the break-even point, or not encoded: plain */
+        if (m->cuda && get64(row) >> 32 != WSYNC_DELTA_FORMAT)
+            continue;   /* encoded for readers of host targets before ours came: plain */
         if (len < WSYNC_DELTA_HEADER || len >= plain_bytes(c) || off % 8 != 0 ||
             off < (uint64_t)en->delta_n * ROW || off > end - en->delta_table ||
             len > end - en->delta_table - off)

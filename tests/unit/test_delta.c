@@ -338,6 +338,8 @@ static unsigned round_trip_fmt(uint32_t fmt, const pair_t *p, const char *label)
     CHECK_OK(wsync_delta_check_area(len, n, payload, label));
     CHECK_ST(wsync_delta_check_area(len, n, payload + 8, label), WSYNC_ERR_INTEGRITY);
     CHECK_ERR_HAS("delta payloads of");
+    CHECK_ST(wsync_delta_check_area(16 + 8 * nb - 1, n, 0, label), WSYNC_ERR_INTEGRITY);
+    CHECK_ERR_HAS("delta truncated: ");
     CHECK_ST(wsync_delta_check_blocks(exact, len, n, p->es, 0, nb + 1, label, &payload),
              WSYNC_ERR_INVALID);
     CHECK_ERR_HAS("delta check_blocks: blocks [0, ");
@@ -1058,8 +1060,6 @@ static void test_check_rejects(void)
     free(m);
 }
 
-/* Random single-byte corruptions of a valid stream: the check refuses, or (a value byte, which
- * only the hash can catch) passes and then apply's hash differs from the sender's. */
 /* Format 4: valid_stream's changes in block 0 are steps (bit 0 of the low byte flipped), so it is
  * STEPS there (10 codes, no literals) and as format 3 elsewhere; each fault of the step values is
  * refused by name, and a format-3 header under a STEPS block too. */
@@ -1106,6 +1106,8 @@ static void test_steps_check_rejects(void)
 #undef MUT
 }
 
+/* Random single-byte corruptions of a valid stream: the check refuses, or (a value byte, which
+ * only the hash can catch) passes and then apply's hash differs from the sender's. */
 static void test_corruptions_caught(void)
 {
     uint64_t len, s = 3, hash_new;
