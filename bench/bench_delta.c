@@ -4,6 +4,7 @@
 #include "bench/bench_cuda.h"
 /* the CPU codec, measured on each version's shards (the schemes expose no codec times) */
 #include "core/delta.h"
+#include "core/hash.h"
 /* the reader's pool, for the floor of its pass (bench_delta_read_floor) */
 #include "core/workpool.h"
 
@@ -11,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 /* ---------------------------------------------------------------------------------------- */
 /* The update generator: fp32 master weights and an optimizer's steps                        */

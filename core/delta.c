@@ -9,9 +9,7 @@
 #include <inttypes.h>
 #include <string.h>
 
-#define XXH_STATIC_LINKING_ONLY     /* XXH3_state_t on the stack: no allocation, no failure */
-#include <xxhash.h>
-
+#include "core/hash.h"
 #include "core/status.h"
 #include "core/util.h"
 

@@ -15,10 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "core/delta_state.h"
 #include "core/fault.h"
+#include "core/hash.h"
 #include "core/log.h"
 #include "core/objects.h"
 #include "core/util.h"
