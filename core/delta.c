@@ -442,12 +442,7 @@ static inline uint64_t elem_bits(const uint8_t *d, uint32_t es)
 static inline void step_elem(uint8_t *d, uint32_t es, uint32_t code)
 {
     uint64_t v = elem_bits(d, es) + (code == 0 ? 1u : UINT64_MAX);
-    switch (es) {
-    case 1: *d = (uint8_t)v; break;
-    case 2: memcpy(d, &v, 2); break;
-    case 4: memcpy(d, &v, 4); break;
-    default: memcpy(d, &v, 8); break;
-    }
+    copy_elem(d, (const uint8_t *)&v, es);     /* its low es bytes: the host is little-endian */
 }
 
 /* Format 4: the step values of the k changed elements idx (ascending) of the block at `at` (new

@@ -923,6 +923,7 @@ struct store_drx {
                                         csum; the chunks' slots in work order) */
     uint32_t ncpiece, cpiece_cap;
     uint64_t *csum;                  /* [ncpiece] each range's payload bytes */
+    uint32_t csum_cap;
     uint32_t *cfirst;                /* [nwork + 1] work chunk w's slots: [cfirst[w], cfirst[w+1]) */
     uint64_t *leaves;                /* their leaf hashes: each host segment's, in block order */
     size_t leaves_cap;               /* in leaves */
@@ -1220,6 +1221,19 @@ static wsync_status_t rx_apply_item(void *arg, uint32_t item, uint32_t worker)
     return rc == WSYNC_OK ? rc : named(job->r, p->seg, rc);
 }
 
+/* Room for `most` ranges in *p (*cap of them now). */
+static wsync_status_t grow_pieces(piece_t **p, uint32_t *cap, uint64_t most)
+{
+    if (most <= *cap)
+        return WSYNC_OK;
+    piece_t *np = most < UINT32_MAX ? realloc(*p, (size_t)most * sizeof(*np)) : NULL;
+    if (np == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta versions");
+    *p = np;
+    *cap = (uint32_t)most;
+    return WSYNC_OK;
+}
+
 /* Blocks per range when a pass has `blocks` in all: about RX_PIECES_PER_THREAD ranges a thread. */
 static uint64_t range_blocks(const store_drx_t *d, uint64_t blocks)
 {
@@ -1254,15 +1268,15 @@ static wsync_status_t make_check_pieces(wsync_receiver_t *r, store_drx_t *d)
         blocks += chunk_blocks(&plan->chunks[d->mine[d->work[w].j].chunk]);
     per = range_blocks(d, blocks);
     uint64_t most = blocks / per + (uint64_t)d->nwork + 1;
-    if (most > d->cpiece_cap) {
-        piece_t *np = most < UINT32_MAX ? realloc(d->cpiece, (size_t)most * sizeof(*np)) : NULL;
-        uint64_t *ns = np != NULL ? realloc(d->csum, (size_t)most * sizeof(*ns)) : NULL;
-        if (np != NULL)
-            d->cpiece = np;
+    wsync_status_t rc = grow_pieces(&d->cpiece, &d->cpiece_cap, most);
+    if (rc != WSYNC_OK)
+        return rc;
+    if (most > d->csum_cap) {
+        uint64_t *ns = realloc(d->csum, (size_t)most * sizeof(*ns));
         if (ns == NULL)
             return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta versions");
         d->csum = ns;
-        d->cpiece_cap = (uint32_t)most;
+        d->csum_cap = (uint32_t)most;
     }
     for (uint32_t w = 0; w < d->nwork; w++) {
         const mine_t *m = &d->mine[d->work[w].j];
@@ -1291,13 +1305,9 @@ static wsync_status_t make_pieces(wsync_receiver_t *r, store_drx_t *d)
     }
     per = range_blocks(d, blocks);
     uint64_t most = blocks / per + (uint64_t)(d->hi - d->lo) + 1;
-    if (most > d->piece_cap) {
-        piece_t *np = most < UINT32_MAX ? realloc(d->piece, (size_t)most * sizeof(*np)) : NULL;
-        if (np == NULL)
-            return wsync_err(WSYNC_ERR_NOMEM, "store: no memory for delta versions");
-        d->piece = np;
-        d->piece_cap = (uint32_t)most;
-    }
+    wsync_status_t rc = grow_pieces(&d->piece, &d->piece_cap, most);
+    if (rc != WSYNC_OK)
+        return rc;
     for (uint32_t w = 0; w < d->nwork; w++) {
         const mine_t *m = &d->mine[d->work[w].j];
         const wsync_chunk_t *c = &plan->chunks[m->chunk];
