@@ -2,6 +2,7 @@
 #include "transports/shm.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -13,7 +14,7 @@
 
 wsync_status_t wsync_shm_create(const char *label, size_t bytes, wsync_shm_t *shm)
 {
-    int fd = memfd_create(label, MFD_CLOEXEC);
+    int fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     void *base;
 
     if (fd < 0)
@@ -23,6 +24,12 @@ wsync_status_t wsync_shm_create(const char *label, size_t bytes, wsync_shm_t *sh
         close(fd);
         return wsync_err(WSYNC_ERR_NOMEM, "cannot size shared segment %s to %zu bytes: %s", label,
                          bytes, strerror(e));
+    }
+    /* its size is final: a peer that maps it can trust that no byte of the mapping goes away */
+    if (fcntl(fd, F_ADD_SEALS, WSYNC_SHM_SEALS) != 0) {
+        int e = errno;
+        close(fd);
+        return wsync_err(WSYNC_ERR_IO, "cannot seal shared segment %s: %s", label, strerror(e));
     }
     /* populate now: first-touch faults would otherwise land in the first push */
     base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -42,7 +49,15 @@ wsync_status_t wsync_shm_map_fd(int fd, size_t bytes, wsync_shm_t *shm)
 {
     struct stat sb;
     void *base;
+    int seals = fcntl(fd, F_GET_SEALS);
 
+    /* a segment its owner could still shrink would turn our reads past its new end into SIGBUS */
+    if (seals < 0 || (seals & WSYNC_SHM_SEALS) != WSYNC_SHM_SEALS) {
+        close(fd);
+        return wsync_err(WSYNC_ERR_PROTOCOL, "a peer's shared segment is not sealed against "
+                         "resizing (seals 0x%x, want 0x%x)", seals < 0 ? 0 : seals,
+                         WSYNC_SHM_SEALS);
+    }
     if (fstat(fd, &sb) != 0 || (size_t)sb.st_size < bytes) {
         close(fd);
         return wsync_err(WSYNC_ERR_PROTOCOL, "shared segment is %lld bytes, the peer announced %zu",

@@ -4,9 +4,13 @@
 #ifndef WSYNC_TRANSPORTS_SHM_H
 #define WSYNC_TRANSPORTS_SHM_H
 
+#include <fcntl.h>
 #include <stddef.h>
 
 #include "wsync/wsync.h"
+
+/* The seals of every segment: its size is fixed once made (F_SEAL_SEAL: for good). */
+#define WSYNC_SHM_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
 typedef struct {
     int fd;
@@ -14,9 +18,10 @@ typedef struct {
     size_t bytes;
 } wsync_shm_t;
 
-/* Create and map (read-write) a segment of `bytes`, pages populated. */
+/* Create and map (read-write) a segment of `bytes`, pages populated, sealed (WSYNC_SHM_SEALS). */
 wsync_status_t wsync_shm_create(const char *label, size_t bytes, wsync_shm_t *shm);
-/* Map a segment received as fd (read-only); checks it is at least `bytes` long. Takes fd. */
+/* Map a segment received as fd (read-only); checks that it carries WSYNC_SHM_SEALS (a segment
+ * its owner can still shrink is WSYNC_ERR_PROTOCOL) and is at least `bytes` long. Takes fd. */
 wsync_status_t wsync_shm_map_fd(int fd, size_t bytes, wsync_shm_t *shm);
 void wsync_shm_release(wsync_shm_t *shm);
 
