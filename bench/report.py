@@ -15,6 +15,7 @@ Charts go to the folder of --out, under bench/.
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -653,9 +654,12 @@ def delta_transport(name, j):
 
 
 def delta_series(name, j):
-    """one chart line per scheme, transport and memory"""
-    return "%s, %s, %s%s" % (j["scheme"], delta_transport(name, j), j["mem"],
-                             ", colocated" if j.get("colocated") else "")
+    """one chart line per scheme, transport, memory and link: run.sh's store-link rows
+    ("store-ofi-25g 1e-6") ran with lo limited to that rate (bench/shaped_link.sh)"""
+    link = re.search(r"-([0-9.]+)g$", (name or "").split(" ")[0])
+    return "%s, %s, %s%s%s" % (j["scheme"], delta_transport(name, j), j["mem"],
+                               ", colocated" if j.get("colocated") else "",
+                               ", %s Gbit/s" % link.group(1) if link else "")
 
 
 def delta_rows(path):

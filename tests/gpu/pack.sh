@@ -72,17 +72,19 @@ for m in hf_qwen3_tiny hf_qwen3_moe_tiny hf_deepseek_v3_tiny; do
         if [ -d "$d" ]; then cp -r "$d" "$DEST/testdata/"; break; fi
     done
 done
-# iproute2's `ip` with the libraries it needs beyond libc (the GPU machines have none: the
-# network-namespace steps make veth pairs with it), behind a wrapper that finds them
-if ip=$(command -v ip); then
+# iproute2's `ip` and `tc` with the libraries they need beyond libc (the GPU machines have
+# neither: the network-namespace steps make veth pairs with ip, the delta step's store-link rows
+# limit lo with tc), each behind a wrapper that finds them
+for tool in ip tc; do
+    bin=$(command -v $tool) || continue
     mkdir -p "$DEST/iproute/lib"
-    cp "$(readlink -f "$ip")" "$DEST/iproute/ip.real"
-    ldd "$ip" | awk '$3 ~ /^\// {print $3}' | grep -v -e '/libc\.so' -e '/ld-linux' |
+    cp "$(readlink -f "$bin")" "$DEST/iproute/$tool.real"
+    ldd "$bin" | awk '$3 ~ /^\// {print $3}' | grep -v -e '/libc\.so' -e '/ld-linux' |
         while read -r l; do cp "$(readlink -f "$l")" "$DEST/iproute/lib/$(basename "$l")"; done
-    printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")\nLD_LIBRARY_PATH="$d/lib" exec "$d/ip.real" "$@"\n' \
-        > "$DEST/iproute/ip"
-    chmod +x "$DEST/iproute/ip"
-fi
+    printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")\nLD_LIBRARY_PATH="$d/lib" exec "$d/%s.real" "$@"\n' \
+        $tool > "$DEST/iproute/$tool"
+    chmod +x "$DEST/iproute/$tool"
+done
 tar -czf "$DEST.tgz" "$DEST"
 du -sh "$DEST" "$DEST.tgz"
 # the device tool carries 64 MiB with the working tree: say so before a call fails on it

@@ -49,10 +49,12 @@
 #      the bench shape, qwen3-0.6b when that does not fit this host's memory), ipc colocated
 #      on CUDA memory with delta auto (must resolve off) and on, and the store on CUDA memory
 #      over TCP (WSYNC_STORE_PROVIDER=tcp) over UCX and libfabric ($WSYNC_DELTA_STORE_SHAPE,
-#      default qwen3-0.6b); each run's codec times (kernels on CUDA memory); a table in the
-#      summary; $WSYNC_DELTA_LRS the learning rates, $WSYNC_DELTA_ITERS the timed versions
-#      (3), $WSYNC_DELTA_ROWS the groups of rows ("nccl store ipc store-cuda") to split the
-#      step over calls; rows land in $OUT/delta-partial.jsonl as they finish;
+#      default qwen3-0.6b); the store on host memory again at lr 1e-6 with lo limited to
+#      $WSYNC_DELTA_LINK_GBIT Gbit/s (25; bench/shaped_link.sh, where tc or $TC is there); each
+#      run's codec times (kernels on CUDA memory); a table in the summary; $WSYNC_DELTA_LRS the
+#      learning rates, $WSYNC_DELTA_ITERS the timed versions (3), $WSYNC_DELTA_ROWS the groups
+#      of rows ("nccl store store-link ipc store-cuda") to split the step over calls; rows land
+#      in $OUT/delta-partial.jsonl as they finish;
 # $WSYNC_BENCH_ONLY may name the rows of step 3 to run (e.g. "disagg-nccl disagg-nccl-fp8w
 # disagg-nccl-fp8p disagg-nccl-sock disagg-nccl-sock-fp8w disagg-nccl-sock-fp8p": FP8 on the wire
 # and the bf16 rows it is compared with), the others being left out.
@@ -89,10 +91,12 @@ cp "$WORK/gpus.txt" "$OUT/gpus.txt"
 echo "== $NGPU GPU(s); build $BUILD"
 head -n "$((NGPU + 1))" "$WORK/gpus.txt"
 
-# `ip` (iproute2) for the network-namespace steps: the GPU machines have none, pack.sh carries it
-if ! command -v ip > /dev/null 2>&1 && [ -x "$BUILD/iproute/ip" ]; then
-    export PATH="$(cd "$BUILD/iproute" && pwd):$PATH"
-    echo "== ip from $BUILD/iproute"
+# `ip` and `tc` (iproute2) for the network-namespace steps and the delta step's store-link rows:
+# the GPU machines have neither, pack.sh carries them
+if { ! command -v ip || ! command -v tc; } > /dev/null 2>&1 && [ -d "$BUILD/iproute" ]; then
+    PATH="$(cd "$BUILD/iproute" && pwd):$PATH"
+    export PATH
+    echo "== ip and tc from $BUILD/iproute"
 fi
 
 # the CUDA runtime the build links, if the loader does not find it by itself
@@ -368,8 +372,8 @@ fi
 DELTA_SHAPE=${WSYNC_DELTA_SHAPE:-$SHAPE}
 DELTA_HOST_SHAPE=${WSYNC_DELTA_HOST_SHAPE:-$DELTA_SHAPE}
 DELTA_LRS=${WSYNC_DELTA_LRS:-1e-6 1e-5 1e-4}
-# which groups of rows (to split the step over device calls): nccl store ipc store-cuda
-DELTA_ROWS=" ${WSYNC_DELTA_ROWS:-nccl store ipc store-cuda} "
+# which groups of rows (to split the step over device calls): nccl store store-link ipc store-cuda
+DELTA_ROWS=" ${WSYNC_DELTA_ROWS:-nccl store store-link ipc store-cuda} "
 delta_rows() { [[ "$DELTA_ROWS" == *" $1 "* ]]; }
 : > "$WORK/delta.jsonl"
 delta_bench() {   # name, then the command (env ... wsync-bench ...); returns wsync-bench's status
@@ -410,6 +414,18 @@ if ! skipped delta && [ -x "$BENCH" ]; then
             fi
         done
     done
+    # the store on host memory with lo limited to a link's rate, so that this one host is bound
+    # by the link as across nodes (bench/shaped_link.sh: root and tc, or $TC naming it; the group
+    # is skipped without them): $WSYNC_DELTA_LINK_GBIT Gbit/s (25), lr 1e-6
+    gbit=${WSYNC_DELTA_LINK_GBIT:-25}
+    if delta_rows store-link && ${TC:-tc} qdisc show dev lo > /dev/null 2>&1; then
+        for tr in ucx ofi; do
+            delta_bench "store-$tr-${gbit}g 1e-6" bash bench/shaped_link.sh "$gbit" "$BENCH" \
+                --model-shape "$hshape" --mem host --scheme store --transport $tr --lr 1e-6
+        done
+    elif delta_rows store-link; then
+        echo "delta: group store-link skipped: no tc (iproute2) to limit lo with; \$TC may name one"
+    fi
     for mode in auto on; do
         delta_rows ipc || break
         delta_bench "ipc-coloc $mode" "$BENCH" --model-shape "$DELTA_SHAPE" --mem cuda \
