@@ -668,9 +668,10 @@ void wsync_ipc_drx_free(ipc_drx_t *d)
     free(d);
 }
 
-wsync_status_t wsync_ipc_drx_map(ipc_drx_t *d, int fd, uint32_t n, uint64_t bytes)
+wsync_status_t wsync_ipc_drx_map(ipc_drx_t *d, int fd, uint32_t n, uint64_t bytes,
+                                 const char *what)
 {
-    wsync_status_t rc = wsync_shm_map_fd(fd, (size_t)n * bytes, &d->shm);
+    wsync_status_t rc = wsync_shm_map_fd(fd, (size_t)n * bytes, what, &d->shm);
     if (rc != WSYNC_OK)
         return rc;
     d->nslots = n;

@@ -83,8 +83,10 @@ typedef struct ipc_drx ipc_drx_t;
 wsync_status_t wsync_ipc_drx_create(wsync_receiver_t *r, uint32_t sender, uint32_t seg_first,
                                     uint32_t seg_end, ipc_drx_t **out);
 void wsync_ipc_drx_free(ipc_drx_t *d);
-/* Map the sender's delta slots (DATA_FDS; takes fd, closed on failure too). */
-wsync_status_t wsync_ipc_drx_map(ipc_drx_t *d, int fd, uint32_t n, uint64_t bytes);
+/* Map the sender's delta slots (DATA_FDS; takes fd, closed on failure too); what names them in
+ * errors. */
+wsync_status_t wsync_ipc_drx_map(ipc_drx_t *d, int fd, uint32_t n, uint64_t bytes,
+                                 const char *what);
 /* The version began: DELTA_START to the sender over its data connection. */
 wsync_status_t wsync_ipc_drx_start(wsync_receiver_t *r, ipc_drx_t *d, wsync_conn_t *conn,
                                    uint64_t version);

@@ -448,6 +448,7 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
 {
     const wsync_plan_t *plan = r->m.plan;
     uint64_t region_bytes[MAX_FDS];
+    char what[160];                  /* the segment being mapped, for its errors */
     wsync_rbuf_t rb;
     wsync_status_t rc = WSYNC_OK;
     int me = r->m.rank;
@@ -650,7 +651,8 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
         }
     }
     if (nslots > 0) {
-        rc = wsync_shm_map_fd(fds[k], (size_t)nslots * slot_bytes, &f->shm);
+        snprintf(what, sizeof(what), "ipc: receiver %d: %s's host slots", me, f->conn->name);
+        rc = wsync_shm_map_fd(fds[k], (size_t)nslots * slot_bytes, what, &f->shm);
         fds[k++] = -1;   /* taken, even on failure */
         if (rc != WSYNC_OK)
             goto out;
@@ -658,13 +660,16 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
     f->nslots = nslots;
     f->slot_bytes = slot_bytes;
     if (ndelta > 0) {
-        rc = wsync_ipc_drx_map(f->drx, fds[k], ndelta, delta_bytes);
+        snprintf(what, sizeof(what), "ipc: receiver %d: %s's delta slots", me, f->conn->name);
+        rc = wsync_ipc_drx_map(f->drx, fds[k], ndelta, delta_bytes, what);
         fds[k++] = -1;   /* taken, even on failure */
         if (rc != WSYNC_OK)
             goto out;
     }
     for (uint32_t g = 0; g < nregions; g++) {
-        rc = wsync_shm_map_fd(fds[k], region_bytes[g], &f->regions[g]);
+        snprintf(what, sizeof(what), "ipc: receiver %d: %s's shared region %u", me,
+                 f->conn->name, g);
+        rc = wsync_shm_map_fd(fds[k], region_bytes[g], what, &f->regions[g]);
         fds[k++] = -1;
         if (rc != WSYNC_OK)
             goto out;

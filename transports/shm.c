@@ -45,30 +45,42 @@ wsync_status_t wsync_shm_create(const char *label, size_t bytes, wsync_shm_t *sh
     return WSYNC_OK;
 }
 
-wsync_status_t wsync_shm_map_fd(int fd, size_t bytes, wsync_shm_t *shm)
+wsync_status_t wsync_shm_map_fd(int fd, size_t bytes, const char *what, wsync_shm_t *shm)
 {
     struct stat sb;
     void *base;
-    int seals = fcntl(fd, F_GET_SEALS);
+    int seals = fcntl(fd, F_GET_SEALS), e = errno;
 
+    if (what == NULL)
+        what = "a peer's shared segment";
     /* a segment its owner could still shrink would turn our reads past its new end into SIGBUS */
-    if (seals < 0 || (seals & WSYNC_SHM_SEALS) != WSYNC_SHM_SEALS) {
+    if (seals < 0) {
         close(fd);
-        return wsync_err(WSYNC_ERR_PROTOCOL, "a peer's shared segment is not sealed against "
-                         "resizing (seals 0x%x, want 0x%x)", seals < 0 ? 0 : seals,
+        return wsync_err(WSYNC_ERR_PROTOCOL, "%s: not a sealable shared segment (F_GET_SEALS: %s)",
+                         what, strerror(e));
+    }
+    if ((seals & WSYNC_SHM_SEALS) != WSYNC_SHM_SEALS) {
+        close(fd);
+        return wsync_err(WSYNC_ERR_PROTOCOL, "%s is not sealed against resizing (seals 0x%x, want "
+                         "0x%x; a peer built before its segments were sealed?)", what, seals,
                          WSYNC_SHM_SEALS);
     }
-    if (fstat(fd, &sb) != 0 || (size_t)sb.st_size < bytes) {
+    if (fstat(fd, &sb) != 0) {
+        e = errno;
         close(fd);
-        return wsync_err(WSYNC_ERR_PROTOCOL, "shared segment is %lld bytes, the peer announced %zu",
+        return wsync_err(WSYNC_ERR_IO, "%s: fstat: %s", what, strerror(e));
+    }
+    if ((size_t)sb.st_size < bytes) {
+        close(fd);
+        return wsync_err(WSYNC_ERR_PROTOCOL, "%s is %lld bytes, the peer announced %zu", what,
                          (long long)sb.st_size, bytes);
     }
     base = mmap(NULL, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (base == MAP_FAILED) {
         int e = errno;
         close(fd);
-        return wsync_err(WSYNC_ERR_NOMEM, "cannot map a peer's shared segment (%zu bytes): %s",
-                         bytes, strerror(e));
+        return wsync_err(WSYNC_ERR_NOMEM, "cannot map %s (%zu bytes): %s", what, bytes,
+                         strerror(e));
     }
     shm->fd = fd;
     shm->base = base;
@@ -89,10 +101,15 @@ void wsync_shm_release(wsync_shm_t *shm)
 
 static int shm_probe(char *reason, size_t len)
 {
-    int fd = memfd_create("wsync-probe", MFD_CLOEXEC);
+    int fd = memfd_create("wsync-probe", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 
     if (fd < 0) {
         snprintf(reason, len, "memfd_create failed: %s", strerror(errno));
+        return 0;
+    }
+    if (fcntl(fd, F_ADD_SEALS, WSYNC_SHM_SEALS) != 0) {   /* every segment is sealed */
+        snprintf(reason, len, "memfd sealing failed: %s", strerror(errno));
+        close(fd);
         return 0;
     }
     close(fd);

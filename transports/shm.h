@@ -21,8 +21,10 @@ typedef struct {
 /* Create and map (read-write) a segment of `bytes`, pages populated, sealed (WSYNC_SHM_SEALS). */
 wsync_status_t wsync_shm_create(const char *label, size_t bytes, wsync_shm_t *shm);
 /* Map a segment received as fd (read-only); checks that it carries WSYNC_SHM_SEALS (a segment
- * its owner can still shrink is WSYNC_ERR_PROTOCOL) and is at least `bytes` long. Takes fd. */
-wsync_status_t wsync_shm_map_fd(int fd, size_t bytes, wsync_shm_t *shm);
+ * its owner can still shrink is WSYNC_ERR_PROTOCOL) and is at least `bytes` long. Takes fd.
+ * what names the segment in errors ("ipc: receiver 2: sender 0's host slots"; NULL: "a peer's
+ * shared segment"). */
+wsync_status_t wsync_shm_map_fd(int fd, size_t bytes, const char *what, wsync_shm_t *shm);
 void wsync_shm_release(wsync_shm_t *shm);
 
 #endif
