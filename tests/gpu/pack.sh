@@ -76,7 +76,7 @@ done
 # neither: the network-namespace steps make veth pairs with ip, the delta step's store-link rows
 # limit lo with tc), each behind a wrapper that finds them
 for tool in ip tc; do
-    bin=$(command -v $tool) || continue
+    bin=$(PATH="$PATH:/usr/sbin:/sbin" command -v $tool) || continue
     mkdir -p "$DEST/iproute/lib"
     cp "$(readlink -f "$bin")" "$DEST/iproute/$tool.real"
     ldd "$bin" | awk '$3 ~ /^\// {print $3}' | grep -v -e '/libc\.so' -e '/ld-linux' |
