@@ -77,7 +77,7 @@ wsync_status_t wsync_shm_map_fd(int fd, size_t bytes, const char *what, wsync_sh
     }
     base = mmap(NULL, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (base == MAP_FAILED) {
-        int e = errno;
+        e = errno;
         close(fd);
         return wsync_err(WSYNC_ERR_NOMEM, "cannot map %s (%zu bytes): %s", what, bytes,
                          strerror(e));

@@ -405,16 +405,24 @@ if ! skipped delta && [ -x "$BENCH" ]; then
             --model-shape "$DELTA_SHAPE" --mem cuda --scheme nccl $lay --lr "$lr"
     done
     hshape=$DELTA_HOST_SHAPE
+    # name, transport, lr, then what wsync-bench runs under (may be nothing): the store on host
+    # memory on $hshape, and again on qwen3-0.6b (for this and every later row) when wsync-bench
+    # refuses it as not fitting (status 2)
+    store_host_bench() {
+        local name=$1 tr=$2 lr=$3
+        shift 3
+        delta_bench "$name" "$@" "$BENCH" --model-shape "$hshape" --mem host --scheme store \
+            --transport "$tr" --lr "$lr"
+        if [ $? = 2 ] && [ "$hshape" != qwen3-0.6b ]; then
+            hshape=qwen3-0.6b
+            delta_bench "$name" "$@" "$BENCH" --model-shape "$hshape" --mem host --scheme store \
+                --transport "$tr" --lr "$lr"
+        fi
+    }
     for tr in ucx ofi; do
         delta_rows store || break
         for lr in $DELTA_LRS; do
-            delta_bench "store-$tr $lr" "$BENCH" --model-shape "$hshape" --mem host \
-                --scheme store --transport $tr --lr "$lr"
-            if [ $? = 2 ] && [ "$hshape" != qwen3-0.6b ]; then   # refused: does not fit
-                hshape=qwen3-0.6b
-                delta_bench "store-$tr $lr" "$BENCH" --model-shape "$hshape" --mem host \
-                    --scheme store --transport $tr --lr "$lr"
-            fi
+            store_host_bench "store-$tr $lr" $tr "$lr"
         done
     done
     # the store on host memory with lo limited to a link's rate, so that this one host is bound
@@ -426,14 +434,8 @@ if ! skipped delta && [ -x "$BENCH" ]; then
         why=$(bash bench/shaped_link.sh "$gbit" true 2>&1 > /dev/null)
         if [ $? = 0 ]; then
             for tr in ucx ofi; do
-                delta_bench "store-$tr-${gbit}g 1e-6" bash bench/shaped_link.sh "$gbit" "$BENCH" \
-                    --model-shape "$hshape" --mem host --scheme store --transport $tr --lr 1e-6
-                if [ $? = 2 ] && [ "$hshape" != qwen3-0.6b ]; then   # refused: does not fit
-                    hshape=qwen3-0.6b
-                    delta_bench "store-$tr-${gbit}g 1e-6" bash bench/shaped_link.sh "$gbit" \
-                        "$BENCH" --model-shape "$hshape" --mem host --scheme store \
-                        --transport $tr --lr 1e-6
-                fi
+                store_host_bench "store-$tr-${gbit}g 1e-6" $tr 1e-6 \
+                    bash bench/shaped_link.sh "$gbit"
             done
             # a run killed past its limit leaves its bucket on lo: no later step runs shaped
             if ${TC:-tc} qdisc show dev lo 2> /dev/null | grep -q tbf; then
