@@ -440,49 +440,45 @@ uint32_t wsync_ipc_fds_wanted(const uint8_t *payload, uint32_t len, const char *
     return host + cuda;
 }
 
-/* Map what a sender shared (bucket slots, in-place regions, CUDA memory) and check that every
- * read our plan makes from it stays inside. Takes fds[0..nfds) (closed or kept, never leaked). */
-wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
-                                        const uint8_t *payload, uint32_t len, int *fds,
-                                        uint32_t nfds)
+/* A DATA_FDS message's host memory as decoded: the bucket slots, the delta slots, the regions
+ * shared whole, and how many descriptors they take (in that order, before any CUDA memory's). */
+typedef struct {
+    uint32_t nslots, ndelta, nregions, host_fds;
+    uint64_t slot_bytes, delta_bytes;
+    uint64_t region_bytes[MAX_FDS];
+} ipc_shared_t;
+
+/* DATA_FDS's header into *h, and its tables into f (in-place shards, device slots, each bucket's
+ * slot) and, with CUDA memory, f->cim from fds[h->host_fds .. nfds): every field checked against
+ * the plan and the descriptors that came. */
+static wsync_status_t decode_data_fds(wsync_receiver_t *r, ipc_from_t *f, const uint8_t *payload,
+                                      uint32_t len, int *fds, uint32_t nfds, ipc_shared_t *h)
 {
     const wsync_plan_t *plan = r->m.plan;
-    uint64_t region_bytes[MAX_FDS];
-    char what[160];                  /* the segment being mapped, for its errors */
+    const int me = r->m.rank;
     wsync_rbuf_t rb;
-    wsync_status_t rc = WSYNC_OK;
-    int me = r->m.rank;
-    uint32_t k = 0;
 
-    if (f->nslots != 0 || f->nregions != 0 || f->inplace != NULL) {
-        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: unexpected DATA_FDS", me);
-        goto out;
-    }
     wsync_rbuf_init(&rb, payload, len);
-    uint32_t nslots = wsync_get_u32(&rb);
-    uint64_t slot_bytes = wsync_get_u64(&rb);
-    uint32_t ndelta = wsync_get_u32(&rb);
-    uint64_t delta_bytes = wsync_get_u64(&rb);
-    uint32_t nregions = wsync_get_u32(&rb);
-    if (!rb.err && (ndelta > IPC_SLOTS || delta_bytes > (1ull << 40) ||
-                    (ndelta > 0 && (delta_bytes == 0 || f->drx == NULL)))) {
-        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS from %s: %u delta "
-                       "slots of %llu bytes%s", me, f->conn->name, ndelta,
-                       (unsigned long long)delta_bytes,
-                       f->drx == NULL ? " while the group's delta mode is off" : "");
-        goto out;
-    }
-    if (rb.err || nslots > IPC_SLOTS || nregions >= MAX_FDS || (nslots > 0 && slot_bytes == 0) ||
-        slot_bytes > (1ull << 40)) {
-        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS from %s: %s "
-                       "(%u host slots of %llu bytes, %u host regions)", me, f->conn->name,
-                       rb.err ? "truncated header" : nslots > IPC_SLOTS ? "too many host slots"
-                       : nregions >= MAX_FDS ? "too many host regions" : "bad host slot size",
-                       nslots, (unsigned long long)slot_bytes, nregions);
-        goto out;
-    }
-    for (uint32_t g = 0; g < nregions; g++)
-        region_bytes[g] = wsync_get_u64(&rb);
+    h->nslots = wsync_get_u32(&rb);
+    h->slot_bytes = wsync_get_u64(&rb);
+    h->ndelta = wsync_get_u32(&rb);
+    h->delta_bytes = wsync_get_u64(&rb);
+    h->nregions = wsync_get_u32(&rb);
+    if (!rb.err && (h->ndelta > IPC_SLOTS || h->delta_bytes > (1ull << 40) ||
+                    (h->ndelta > 0 && (h->delta_bytes == 0 || f->drx == NULL))))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS from %s: %u "
+                         "delta slots of %llu bytes%s", me, f->conn->name, h->ndelta,
+                         (unsigned long long)h->delta_bytes,
+                         f->drx == NULL ? " while the group's delta mode is off" : "");
+    if (rb.err || h->nslots > IPC_SLOTS || h->nregions >= MAX_FDS ||
+        (h->nslots > 0 && h->slot_bytes == 0) || h->slot_bytes > (1ull << 40))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS from %s: %s "
+                         "(%u host slots of %llu bytes, %u host regions)", me, f->conn->name,
+                         rb.err ? "truncated header" : h->nslots > IPC_SLOTS ? "too many host slots"
+                         : h->nregions >= MAX_FDS ? "too many host regions" : "bad host slot size",
+                         h->nslots, (unsigned long long)h->slot_bytes, h->nregions);
+    for (uint32_t g = 0; g < h->nregions; g++)
+        h->region_bytes[g] = wsync_get_u64(&rb);
     uint32_t ninplace = wsync_get_count(&rb, 16);
     const char *why = rb.err ? "truncated host regions or host in-place shard count" : NULL;
     uint32_t maxshard = 0;
@@ -491,10 +487,8 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
     f->ninplace_slots = maxshard;
     f->inplace = calloc(maxshard + 1, sizeof(*f->inplace));
     f->slot_of = calloc(f->nbuckets + 1, sizeof(*f->slot_of));
-    if (f->inplace == NULL || f->slot_of == NULL) {
-        rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
-        goto out;
-    }
+    if (f->inplace == NULL || f->slot_of == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
     for (uint32_t i = 0; i < maxshard; i++) {
         f->inplace[i].region = -1;
         f->inplace[i].cregion = -1;
@@ -502,7 +496,7 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
     for (uint32_t i = 0; i < ninplace; i++) {
         uint32_t shard = wsync_get_u32(&rb), g = wsync_get_u32(&rb);
         uint64_t off = wsync_get_u64(&rb);
-        if (rb.err || g >= nregions) {
+        if (rb.err || g >= h->nregions) {
             why = rb.err ? "truncated host in-place shards" : "host in-place shard in no region";
             rb.err = 1;
             break;
@@ -535,22 +529,20 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
     }
     uint32_t nb = wsync_get_u32(&rb);
     if (rb.err || nb != f->nbuckets || f->ndslots > IPC_SLOTS || f->dslot_bytes > (1ull << 40) ||
-        (f->ndslots > 0 && f->dslot_bytes == 0)) {
-        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table from %s: %s "
-                       "(%u in-place, %u CUDA in-place shards; %u buckets, plan has %u; %u device "
-                       "slots of %llu bytes)", me, f->conn->name,
-                       why != NULL ? why : rb.err ? "truncated bucket count"
-                       : nb != f->nbuckets ? "bucket count differs from the plan's"
-                       : f->ndslots > IPC_SLOTS ? "too many device slots" : "bad device slot size",
-                       ninplace, ncinplace, nb, f->nbuckets, f->ndslots,
-                       (unsigned long long)f->dslot_bytes);
-        goto out;
-    }
+        (f->ndslots > 0 && f->dslot_bytes == 0))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table from %s: "
+                         "%s (%u in-place, %u CUDA in-place shards; %u buckets, plan has %u; %u "
+                         "device slots of %llu bytes)", me, f->conn->name,
+                         why != NULL ? why : rb.err ? "truncated bucket count"
+                         : nb != f->nbuckets ? "bucket count differs from the plan's"
+                         : f->ndslots > IPC_SLOTS ? "too many device slots" : "bad device slot size",
+                         ninplace, ncinplace, nb, f->nbuckets, f->ndslots,
+                         (unsigned long long)f->dslot_bytes);
     for (uint32_t b = 0; b < nb && !rb.err; b++) {
         uint32_t slot = wsync_get_u32(&rb);
         if (rb.err) {
             why = "truncated bucket slots";
-        } else if (slot != NO_SLOT && slot >= nslots &&
+        } else if (slot != NO_SLOT && slot >= h->nslots &&
                    (slot < DEV_SLOT0 || slot - DEV_SLOT0 >= f->ndslots)) {
             why = "a bucket names a slot that was not shared";
             rb.err = 1;
@@ -558,46 +550,45 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
         f->slot_of[b] = slot;
     }
     uint32_t has_cuda = wsync_get_u32(&rb);
-    uint32_t host_fds = (nslots > 0) + (ndelta > 0) + nregions;
-    if (rb.err || has_cuda > 1 || nfds < host_fds) {
-        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table from %s: %s "
-                       "(%u descriptors, %u for host memory)", me, f->conn->name,
-                       why != NULL ? why : rb.err ? "truncated CUDA flag"
-                       : has_cuda > 1 ? "bad CUDA flag" : "fewer descriptors than host memory needs",
-                       nfds, host_fds);
-        goto out;
-    }
+    h->host_fds = (h->nslots > 0) + (h->ndelta > 0) + h->nregions;
+    if (rb.err || has_cuda > 1 || nfds < h->host_fds)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table from %s: "
+                         "%s (%u descriptors, %u for host memory)", me, f->conn->name,
+                         why != NULL ? why : rb.err ? "truncated CUDA flag"
+                         : has_cuda > 1 ? "bad CUDA flag"
+                         : "fewer descriptors than host memory needs", nfds, h->host_fds);
     if (has_cuda) {
-        if (!(f->flags & HELLO_GPU)) {
-            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: %s shares CUDA memory, but no "
-                           "segment from it lands in a CUDA target here", me, f->conn->name);
-            goto out;
-        }
-        rc = wsync_cuda_import_open(&rb, fds + host_fds, nfds - host_fds, r->device,
-                                    f->conn->name, &f->cim);
+        if (!(f->flags & HELLO_GPU))
+            return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: %s shares CUDA memory, but "
+                             "no segment from it lands in a CUDA target here", me, f->conn->name);
+        wsync_status_t rc = wsync_cuda_import_open(&rb, fds + h->host_fds, nfds - h->host_fds,
+                                                   r->device, f->conn->name, &f->cim);
         if (rc != WSYNC_OK)
-            goto out;
-    } else if (nfds != host_fds) {
-        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table from %s: "
-                       "%u descriptors for host memory that needs %u, and no CUDA memory", me,
-                       f->conn->name, nfds, host_fds);
-        goto out;
+            return rc;
+    } else if (nfds != h->host_fds) {
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table from %s: "
+                         "%u descriptors for host memory that needs %u, and no CUDA memory", me,
+                         f->conn->name, nfds, h->host_fds);
     }
-    if (rb.err || wsync_rbuf_left(&rb) != 0) {
-        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table from %s: %s",
-                       me, f->conn->name, rb.err ? "truncated CUDA memory description"
-                       : "trailing bytes");
-        goto out;
-    }
+    if (rb.err || wsync_rbuf_left(&rb) != 0)
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed DATA_FDS table from %s: "
+                         "%s", me, f->conn->name, rb.err ? "truncated CUDA memory description"
+                         : "trailing bytes");
+    return WSYNC_OK;
+}
+
+/* Every read our plan makes from what f's sender shared (h, f's tables) stays inside the slot
+ * or region it comes from, and device memory is read only into CUDA targets. */
+static wsync_status_t check_reads(wsync_receiver_t *r, ipc_from_t *f, const ipc_shared_t *h)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    const int me = r->m.rank;
     uint64_t dslots_have = 0;
     void *dslots = f->ndslots > 0 ? wsync_cuda_import_base(f->cim, f->dslot_region, &dslots_have)
                                   : NULL;
-    if (f->ndslots > 0 && (dslots == NULL || dslots_have < f->ndslots * f->dslot_bytes)) {
-        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: %s's device slots are not among the "
-                       "memory it shared", me, f->conn->name);
-        goto out;
-    }
-    /* every read must stay inside the slot or region it comes from */
+    if (f->ndslots > 0 && (dslots == NULL || dslots_have < f->ndslots * f->dslot_bytes))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: %s's device slots are not among "
+                         "the memory it shared", me, f->conn->name);
     for (uint32_t i = f->seg_start[0]; i < f->seg_start[f->nbuckets]; i++) {
         const wsync_segment_t *sg = &r->m.segs[i];
         const wsync_chunk_t *c = &plan->chunks[sg->chunk];
@@ -605,12 +596,10 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
         uint64_t esz = wsync_dtype_size(c->dtype), limit = 0;
         uint32_t slot = f->slot_of[c->bucket];
         int dev_src = 0;
-        if (in_place(ip) && c->rule != 0) {
-            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u offers its shard %u in "
-                           "place, but chunk %u of it travels as FP8 codes its pack makes", me,
-                           c->sender, c->shard, sg->chunk);
-            goto out;
-        }
+        if (in_place(ip) && c->rule != 0)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u offers its shard %u "
+                             "in place, but chunk %u of it travels as FP8 codes its pack makes",
+                             me, c->sender, c->shard, sg->chunk);
         if (in_place(ip)) {
             /* end = offset + (off + (rows - 1) * pitch + cols) * esz, refusing any wrap: the
              * plan only promises the element count fits, not the byte count */
@@ -622,84 +611,114 @@ wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
                        wsync_mul_u64(end, esz, &end) != 0 ||
                        wsync_add_u64(end, ip->offset, &end) != 0;
             if (ip->region >= 0) {
-                limit = region_bytes[ip->region];
+                limit = h->region_bytes[ip->region];
             } else if (wsync_cuda_import_base(f->cim, (uint32_t)ip->cregion, &limit) == NULL) {
                 wrap = 1;
             }
             dev_src = ip->cregion >= 0;
-            if (wrap || end > limit) {
-                rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u's shard %u lies "
-                               "outside the memory it shared", me, c->sender, c->shard);
-                goto out;
-            }
-        } else if (slot == NO_SLOT || (slot < DEV_SLOT0 && c->bucket_off + chunk_bytes(c) > slot_bytes) ||
+            if (wrap || end > limit)
+                return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u's shard %u lies "
+                                 "outside the memory it shared", me, c->sender, c->shard);
+        } else if (slot == NO_SLOT ||
+                   (slot < DEV_SLOT0 && c->bucket_off + chunk_bytes(c) > h->slot_bytes) ||
                    (slot >= DEV_SLOT0 && c->bucket_off + chunk_bytes(c) > f->dslot_bytes)) {
-            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u's slots (%llu bytes) "
-                           "cannot hold its plan", me, c->sender,
-                           (unsigned long long)(slot >= DEV_SLOT0 && slot != NO_SLOT ? f->dslot_bytes
-                                                                                      : slot_bytes));
-            goto out;
+            return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u's slots (%llu bytes) "
+                             "cannot hold its plan", me, c->sender,
+                             (unsigned long long)(slot >= DEV_SLOT0 && slot != NO_SLOT
+                                                      ? f->dslot_bytes : h->slot_bytes));
         } else {
             dev_src = slot >= DEV_SLOT0;
         }
-        if (dev_src && r->targets[sg->target].mem != WSYNC_MEM_CUDA) {
-            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u offers param '%s' in "
-                           "device memory for host target '%s'", me, c->sender,
-                           r->targets[sg->target].pieces[sg->piece].param.name,
-                           r->targets[sg->target].name);
-            goto out;
-        }
+        if (dev_src && r->targets[sg->target].mem != WSYNC_MEM_CUDA)
+            return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: sender %u offers param '%s' "
+                             "in device memory for host target '%s'", me, c->sender,
+                             r->targets[sg->target].pieces[sg->piece].param.name,
+                             r->targets[sg->target].name);
     }
-    if (nslots > 0) {
+    return WSYNC_OK;
+}
+
+/* Map the host memory h describes from fds[0 .. h->host_fds): the bucket slots, the delta slots,
+ * each region. A descriptor is taken (set to -1) as it is tried, mapped or not. */
+static wsync_status_t map_host(wsync_receiver_t *r, ipc_from_t *f, const ipc_shared_t *h,
+                               int *fds)
+{
+    char what[160];                  /* the segment being mapped, for its errors */
+    const int me = r->m.rank;
+    uint32_t k = 0;
+    wsync_status_t rc;
+
+    if (h->nslots > 0) {
         snprintf(what, sizeof(what), "ipc: receiver %d: %s's host slots", me, f->conn->name);
-        rc = wsync_shm_map_fd(fds[k], (size_t)nslots * slot_bytes, what, &f->shm);
-        fds[k++] = -1;   /* taken, even on failure */
-        if (rc != WSYNC_OK)
-            goto out;
-    }
-    f->nslots = nslots;
-    f->slot_bytes = slot_bytes;
-    if (ndelta > 0) {
-        snprintf(what, sizeof(what), "ipc: receiver %d: %s's delta slots", me, f->conn->name);
-        rc = wsync_ipc_drx_map(f->drx, fds[k], ndelta, delta_bytes, what);
-        fds[k++] = -1;   /* taken, even on failure */
-        if (rc != WSYNC_OK)
-            goto out;
-    }
-    for (uint32_t g = 0; g < nregions; g++) {
-        snprintf(what, sizeof(what), "ipc: receiver %d: %s's shared region %u", me,
-                 f->conn->name, g);
-        rc = wsync_shm_map_fd(fds[k], region_bytes[g], what, &f->regions[g]);
+        rc = wsync_shm_map_fd(fds[k], (size_t)h->nslots * h->slot_bytes, what, &f->shm);
         fds[k++] = -1;
         if (rc != WSYNC_OK)
-            goto out;
+            return rc;
+    }
+    f->nslots = h->nslots;
+    f->slot_bytes = h->slot_bytes;
+    if (h->ndelta > 0) {
+        snprintf(what, sizeof(what), "ipc: receiver %d: %s's delta slots", me, f->conn->name);
+        rc = wsync_ipc_drx_map(f->drx, fds[k], h->ndelta, h->delta_bytes, what);
+        fds[k++] = -1;
+        if (rc != WSYNC_OK)
+            return rc;
+    }
+    for (uint32_t g = 0; g < h->nregions; g++) {
+        snprintf(what, sizeof(what), "ipc: receiver %d: %s's shared region %u", me,
+                 f->conn->name, g);
+        rc = wsync_shm_map_fd(fds[k], h->region_bytes[g], what, &f->regions[g]);
+        fds[k++] = -1;
+        if (rc != WSYNC_OK)
+            return rc;
         f->nregions++;
     }
-    if (f->flags & HELLO_GPU) {
-        /* our kernels read the host memory too: pin it (read-only: it is mapped PROT_READ) */
-        if (f->nslots > 0 &&
-            ((rc = wsync_dev_host_register(f->shm.base, f->shm.bytes, 1, &f->shm_registered)) != WSYNC_OK ||
-             (rc = wsync_dev_host_device_ptr(f->shm.base, &f->shm_dev)) != WSYNC_OK))
-            goto out;
-        for (uint32_t g = 0; g < f->nregions; g++) {
-            int reg = 0;
-            if ((rc = wsync_dev_host_register(f->regions[g].base, f->regions[g].bytes, 1, &reg)) != WSYNC_OK)
-                goto out;
-            f->region_registered[g] = (uint8_t)reg;
-            if ((rc = wsync_dev_host_device_ptr(f->regions[g].base, &f->region_dev[g])) != WSYNC_OK)
-                goto out;
-        }
-        /* delta versions: our kernels apply from the sender's delta slots: its device ones
-         * follow its device bucket slots in their region, the host ones are pinned */
-        uint64_t dhave = 0, dskip = (uint64_t)f->ndslots * f->dslot_bytes;
-        const uint8_t *dbase = wsync_cuda_import_base(f->cim, f->dslot_region, &dhave);
-        if (f->drx != NULL &&
-            (rc = wsync_ipc_drx_cuda(f->drx, f->nbuckets,
-                                     dbase != NULL && dhave > dskip ? dbase + dskip : NULL,
-                                     dbase != NULL && dhave > dskip ? dhave - dskip : 0)) != WSYNC_OK)
-            goto out;
+    return WSYNC_OK;
+}
+
+/* Our kernels read the mapped host memory too: pin it (read-only: it is mapped PROT_READ), and
+ * hand the delta receiver the sender's delta slots (its device ones follow its device bucket
+ * slots in their region; the host ones are pinned). */
+static wsync_status_t pin_for_device(ipc_from_t *f)
+{
+    wsync_status_t rc;
+    if (f->nslots > 0 &&
+        ((rc = wsync_dev_host_register(f->shm.base, f->shm.bytes, 1, &f->shm_registered)) != WSYNC_OK ||
+         (rc = wsync_dev_host_device_ptr(f->shm.base, &f->shm_dev)) != WSYNC_OK))
+        return rc;
+    for (uint32_t g = 0; g < f->nregions; g++) {
+        int reg = 0;
+        if ((rc = wsync_dev_host_register(f->regions[g].base, f->regions[g].bytes, 1, &reg)) != WSYNC_OK)
+            return rc;
+        f->region_registered[g] = (uint8_t)reg;
+        if ((rc = wsync_dev_host_device_ptr(f->regions[g].base, &f->region_dev[g])) != WSYNC_OK)
+            return rc;
     }
-out:
+    uint64_t dhave = 0, dskip = (uint64_t)f->ndslots * f->dslot_bytes;
+    const uint8_t *dbase = wsync_cuda_import_base(f->cim, f->dslot_region, &dhave);
+    if (f->drx != NULL)
+        return wsync_ipc_drx_cuda(f->drx, f->nbuckets,
+                                  dbase != NULL && dhave > dskip ? dbase + dskip : NULL,
+                                  dbase != NULL && dhave > dskip ? dhave - dskip : 0);
+    return WSYNC_OK;
+}
+
+/* Map what a sender shared (bucket slots, in-place regions, CUDA memory) and check that every
+ * read our plan makes from it stays inside. Takes fds[0..nfds) (closed or kept, never leaked). */
+wsync_status_t wsync_ipc_take_data_fds(wsync_receiver_t *r, ipc_from_t *f,
+                                        const uint8_t *payload, uint32_t len, int *fds,
+                                        uint32_t nfds)
+{
+    ipc_shared_t h;
+    wsync_status_t rc;
+
+    memset(&h, 0, sizeof(h));
+    if (f->nslots != 0 || f->nregions != 0 || f->inplace != NULL)
+        rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: unexpected DATA_FDS", r->m.rank);
+    else if ((rc = decode_data_fds(r, f, payload, len, fds, nfds, &h)) == WSYNC_OK &&
+             (rc = check_reads(r, f, &h)) == WSYNC_OK &&
+             (rc = map_host(r, f, &h, fds)) == WSYNC_OK && (f->flags & HELLO_GPU))
+        rc = pin_for_device(f);
     for (uint32_t i = 0; i < nfds; i++)
         if (fds[i] >= 0) {
             close(fds[i]);
