@@ -673,10 +673,234 @@ static void ipc_receiver_teardown(wsync_receiver_t *r)
     r->m.scheme_state = NULL;
 }
 
+/* Each sender's ranges of the plan: its buckets' chunks (READY's checksums follow that order)
+ * and our segments from each of its buckets; the buckets we need from it. */
+static void sender_ranges(wsync_receiver_t *r, ipc_receiver_t *st)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    /* segments are ordered by (receiver, chunk) and chunks by (sender, bucket): ours form one
+     * run, grouped by sender and bucket */
+    uint32_t i = 0, c = 0, hi = r->m.nsegs;
+    for (uint32_t s = 0; s < st->nsenders; s++) {
+        ipc_from_t *f = &st->from[s];
+        while (c < plan->nchunks && plan->chunks[c].sender < s)
+            c++;
+        for (uint32_t k = 0; k <= f->nbuckets; k++) {
+            while (c < plan->nchunks && plan->chunks[c].sender == s && plan->chunks[c].bucket < k)
+                c++;
+            f->chunk_start[k] = c;
+        }
+        while (i < hi && plan->chunks[r->m.segs[i].chunk].sender < s)
+            i++;
+        for (uint32_t k = 0; k <= f->nbuckets; k++) {
+            while (i < hi && plan->chunks[r->m.segs[i].chunk].sender == s &&
+                   plan->chunks[r->m.segs[i].chunk].bucket < k)
+                i++;
+            f->seg_start[k] = i;
+            if (k > 0 && f->seg_start[k] > f->seg_start[k - 1])
+                f->needed++;
+        }
+    }
+}
+
+/* FP8 on the wire: a sender that quantizes after our last bucket from it sends PACKED. */
+static wsync_status_t mark_await_packed(const wsync_plan_t *plan, ipc_receiver_t *st)
+{
+    int64_t *last = calloc(st->nsenders + 1, sizeof(*last));
+    if (last == NULL)
+        return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+    wire_last_buckets(plan, 0, plan->nchunks, last);
+    for (uint32_t s = 0; s < st->nsenders; s++) {
+        ipc_from_t *f = &st->from[s];
+        int64_t mine = -1;
+        for (uint32_t k = 0; k < f->nbuckets; k++)
+            if (f->seg_start[k] < f->seg_start[k + 1])
+                mine = k;
+        f->await_packed = f->needed > 0 && mine < last[s];
+    }
+    free(last);
+    return WSYNC_OK;
+}
+
+/* Where our segments land: the bytes of a version, DATA_HELLO's host and GPU flags for each
+ * sender, the buckets our kernels copy (*nevents: one event each). */
+static void classify_segments(wsync_receiver_t *r, ipc_receiver_t *st, uint32_t *nevents)
+{
+    const wsync_plan_t *plan = r->m.plan;
+    for (uint32_t i = 0; i < r->m.nsegs; i++) {
+        const wsync_segment_t *sg = &r->m.segs[i];
+        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+        ipc_from_t *f = &st->from[c->sender];
+        /* an FP8 chunk's segment is the whole chunk: its codes and scales */
+        st->bytes_total += c->rule != 0 ? wsync_chunk_wire_bytes(c)
+                                        : sg->dst.rows * sg->dst.cols *
+                                              wsync_dtype_size(r->land_dtype[sg->target]);
+        if (r->targets[sg->target].mem == WSYNC_MEM_CUDA) {
+            f->flags |= HELLO_GPU;
+            *nevents += !f->gpu[c->bucket];
+            f->gpu[c->bucket] = 1;
+            st->gpu = 1;
+        } else {
+            f->flags |= HELLO_HOST;
+        }
+    }
+}
+
+/* CUDA targets (on r->device, entered): the UUIDs of the GPUs ours can read, ours first (a
+ * sender on one of them is read in place), our stream, the pending copies' room and each GPU
+ * bucket's event. */
+static wsync_status_t gpu_setup(wsync_receiver_t *r, ipc_receiver_t *st, uint32_t nevents,
+                                uint8_t (*uuids)[WSYNC_DEV_UUID_BYTES], uint32_t *nuuids)
+{
+    int n = 0;
+    wsync_status_t rc = wsync_dev_uuid(r->device, uuids[*nuuids]);
+    if (rc == WSYNC_OK) {
+        (*nuuids)++;
+        rc = wsync_dev_count(&n);
+    }
+    for (int d = 0; d < n && rc == WSYNC_OK && *nuuids < MAX_UUIDS; d++) {
+        int can = 0;
+        if (d == r->device)
+            continue;
+        rc = wsync_dev_can_access_peer(r->device, d, &can);
+        if (rc == WSYNC_OK && can && (rc = wsync_dev_uuid(d, uuids[*nuuids])) == WSYNC_OK)
+            (*nuuids)++;
+    }
+    if (rc == WSYNC_OK)
+        rc = wsync_dev_stream_create(&st->stream);
+    st->pend = calloc(nevents + 1, sizeof(*st->pend));
+    st->pend_cap = nevents;
+    st->cache_land[0] = calloc(r->ntargets + 1, sizeof(void *));
+    st->cache_land[1] = calloc(r->ntargets + 1, sizeof(void *));
+    st->cache_scales[0] = calloc(r->ntargets + 1, sizeof(float *));
+    st->cache_scales[1] = calloc(r->ntargets + 1, sizeof(float *));
+    if (rc == WSYNC_OK && (st->pend == NULL || st->cache_land[0] == NULL ||
+                           st->cache_land[1] == NULL || st->cache_scales[0] == NULL ||
+                           st->cache_scales[1] == NULL))
+        rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+    for (uint32_t s = 0; s < st->nsenders && rc == WSYNC_OK; s++) {
+        ipc_from_t *f = &st->from[s];
+        if (!(f->flags & HELLO_GPU))
+            continue;
+        if ((f->ev = calloc(f->nbuckets + 1, sizeof(void *))) == NULL)
+            rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+        /* f->stream: made with the first batches, once we know where the sender's GPU is */
+        for (uint32_t k = 0; k < f->nbuckets && rc == WSYNC_OK; k++)
+            if (f->gpu[k])
+                rc = wsync_dev_event_create(0, &f->ev[k]);
+    }
+    return rc;
+}
+
+/* Connect to each sender we need and ask for its buckets (DATA_HELLO: our rank, pid, flags
+ * and, with CUDA targets, the UUIDs of the GPUs we read); *nconn: how many. */
+static wsync_status_t send_hellos(wsync_receiver_t *r, ipc_receiver_t *st,
+                                  uint8_t (*uuids)[WSYNC_DEV_UUID_BYTES], uint32_t nuuids,
+                                  uint32_t *nconn)
+{
+    for (uint32_t s = 0; s < st->nsenders; s++) {
+        ipc_from_t *f = &st->from[s];
+        const wsync_peer_t *peer = &r->m.planmsg.peers[s];
+        char name[128];
+        int fd;
+        wsync_wbuf_t b;
+        wsync_status_t rc;
+
+        if (f->needed == 0)
+            continue;
+        if ((rc = wsync_unix_connect(peer->data_addr, &fd)) != WSYNC_OK)
+            return rc;
+        snprintf(name, sizeof(name), "sender %u (pid %u)", s, peer->pid);
+        rc = wsync_loop_add(r->m.loop, fd, WSYNC_CONN_UNIX, name, NULL, &f->conn);
+        if (rc != WSYNC_OK)
+            return rc;
+        wsync_wbuf_init(&b);
+        wsync_put_u32(&b, (uint32_t)r->m.rank);
+        wsync_put_u32(&b, (uint32_t)getpid());
+        wsync_put_u32(&b, f->flags | (r->m.ctx->verify ? HELLO_VERIFY : 0u));
+        if (f->flags & HELLO_GPU) {
+            wsync_put_u32(&b, nuuids);
+            for (uint32_t u = 0; u < nuuids; u++)
+                wsync_put_bytes(&b, uuids[u], WSYNC_DEV_UUID_BYTES);
+        }
+        rc = b.err ? wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory")
+                   : wsync_conn_send(f->conn, WSYNC_MSG_DATA_HELLO, b.data, (uint32_t)b.len, NULL,
+                                     0, r->m.timeout_ms);
+        wsync_wbuf_free(&b);
+        if (rc != WSYNC_OK)
+            return rc;
+        (*nconn)++;
+    }
+    return WSYNC_OK;
+}
+
+/* One DATA_FDS frame from f's sender: the first of its message (the table, and how many
+ * descriptors it brings in all) or one that brings more descriptors; once all are in, what it
+ * shared is taken (wsync_ipc_take_data_fds) and *taken set. */
+static wsync_status_t one_data_fds(wsync_receiver_t *r, ipc_from_t *f, wsync_msg_t *msg,
+                                   int *taken)
+{
+    const int me = r->m.rank;
+    int more = msg->len == 4 && msg->payload[0] == 0xff && msg->payload[1] == 0xff &&
+               msg->payload[2] == 0xff && msg->payload[3] == 0xff;
+    *taken = 0;
+    if (f == NULL || (more && f->first == NULL) || (!more && f->first != NULL)) {
+        wsync_msg_free(msg);
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: unexpected DATA_FDS", me);
+    }
+    if (!more) {
+        const char *why = "?";
+        f->want_fds = wsync_ipc_fds_wanted(msg->payload, msg->len, &why);
+        if (f->want_fds == UINT32_MAX) {
+            wsync_status_t rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: malformed "
+                                          "DATA_FDS from %s: %s (%u bytes, %d descriptors in the "
+                                          "first frame)", me, f->conn->name, why, msg->len,
+                                          msg->nfds);
+            wsync_msg_free(msg);
+            return rc;
+        }
+        if ((f->xfds = calloc(f->want_fds + 1, sizeof(int))) == NULL) {
+            wsync_msg_free(msg);
+            return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
+        }
+        WSYNC_LOG_D("ipc: receiver %d: DATA_FDS from %s: %u bytes, %u descriptors in all", me,
+                    f->conn->name, msg->len, f->want_fds);
+        if (f->want_fds > WSYNC_MSG_MAX_FDS)
+            wsync_cuda_ipc_fd_room(f->want_fds);
+    }
+    if (f->nxfds + (uint32_t)msg->nfds > f->want_fds) {
+        wsync_msg_free(msg);
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: %s sent more descriptors than "
+                         "it announced", me, f->conn->name);
+    }
+    for (int i = 0; i < msg->nfds; i++) {
+        f->xfds[f->nxfds++] = msg->fds[i];
+        msg->fds[i] = -1;
+    }
+    if (more)
+        wsync_msg_free(msg);
+    else
+        f->first = msg;
+    if (f->nxfds < f->want_fds)
+        return WSYNC_OK;
+    wsync_status_t rc = wsync_ipc_take_data_fds(r, f, f->first->payload, f->first->len, f->xfds,
+                                                f->nxfds);
+    wsync_msg_free(f->first);
+    f->first = NULL;
+    free(f->xfds);
+    f->xfds = NULL;
+    f->nxfds = 0;
+    *taken = rc == WSYNC_OK;
+    return rc;
+}
+
+/* The receiver's set-up: each sender's ranges of the plan, its delta and FP8 state, our GPU's,
+ * then a DATA_HELLO to each sender we need and what it shares taken from its DATA_FDS (within
+ * the params' timeout). */
 static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
 {
     const wsync_plan_t *plan = r->m.plan;
-    uint32_t me = (uint32_t)r->m.rank, ns = plan->nsenders, lo, hi, nconn = 0;
+    uint32_t me = (uint32_t)r->m.rank, ns = plan->nsenders, nconn = 0;
     const uint16_t fds_t[] = {WSYNC_MSG_DATA_FDS};
     int64_t deadline = wsync_deadline_in(r->m.timeout_ms);
     ipc_receiver_t *st = calloc(1, sizeof(*st));
@@ -692,13 +916,8 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
     st->from = calloc(ns, sizeof(*st->from));
     if (st->from == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
-    /* segments are ordered by (receiver, chunk) and chunks by (sender, bucket): ours form one
-     * run, grouped by sender and bucket */
-    lo = 0;
-    hi = r->m.nsegs;
     for (uint32_t s = 0; s < ns; s++) {
         ipc_from_t *f = &st->from[s];
-        uint32_t i = lo;
         f->shm.fd = -1;
         for (uint32_t g = 0; g < MAX_FDS; g++)
             f->regions[g].fd = -1;
@@ -710,44 +929,10 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
         f->pid = r->m.planmsg.peers[s].pid;
         if (f->seg_start == NULL || f->chunk_start == NULL || f->done == NULL || f->gpu == NULL)
             return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
-        /* chunks are ordered by (sender, bucket): READY's checksums follow that order */
-        {
-            uint32_t c = 0;
-            while (c < plan->nchunks && plan->chunks[c].sender < s)
-                c++;
-            for (uint32_t k = 0; k <= f->nbuckets; k++) {
-                while (c < plan->nchunks && plan->chunks[c].sender == s && plan->chunks[c].bucket < k)
-                    c++;
-                f->chunk_start[k] = c;
-            }
-        }
-        while (i < hi && plan->chunks[r->m.segs[i].chunk].sender < s)
-            i++;
-        for (uint32_t k = 0; k <= f->nbuckets; k++) {
-            while (i < hi && plan->chunks[r->m.segs[i].chunk].sender == s &&
-                   plan->chunks[r->m.segs[i].chunk].bucket < k)
-                i++;
-            f->seg_start[k] = i;
-            if (k > 0 && f->seg_start[k] > f->seg_start[k - 1])
-                f->needed++;
-        }
     }
-    if (plan->nrules > 0) {
-        /* FP8 on the wire: a sender that quantizes after our last bucket from it sends PACKED */
-        int64_t *last = calloc(ns + 1, sizeof(*last));
-        if (last == NULL)
-            return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
-        wire_last_buckets(plan, 0, plan->nchunks, last);
-        for (uint32_t s = 0; s < ns; s++) {
-            ipc_from_t *f = &st->from[s];
-            int64_t mine = -1;
-            for (uint32_t k = 0; k < f->nbuckets; k++)
-                if (f->seg_start[k] < f->seg_start[k + 1])
-                    mine = k;
-            f->await_packed = f->needed > 0 && mine < last[s];
-        }
-        free(last);
-    }
+    sender_ranges(r, st);
+    if (plan->nrules > 0 && (rc = mark_await_packed(plan, st)) != WSYNC_OK)
+        return rc;
     if (r->m.planmsg.delta == WSYNC_DELTA_MODE_ON) {
         /* delta versions: host targets apply them with the CPU, CUDA targets with kernels/delta
          * (a build without CUDA has no CUDA targets) */
@@ -761,107 +946,22 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
                                            &st->from[s].drx)) != WSYNC_OK)
                 return rc;
     }
-    for (uint32_t i = lo; i < hi; i++) {
-        const wsync_segment_t *sg = &r->m.segs[i];
-        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
-        ipc_from_t *f = &st->from[c->sender];
-        /* an FP8 chunk's segment is the whole chunk: its codes and scales */
-        st->bytes_total += c->rule != 0 ? wsync_chunk_wire_bytes(c)
-                                        : sg->dst.rows * sg->dst.cols *
-                                              wsync_dtype_size(r->land_dtype[sg->target]);
-        if (r->targets[sg->target].mem == WSYNC_MEM_CUDA) {
-            f->flags |= HELLO_GPU;
-            nevents += !f->gpu[c->bucket];
-            f->gpu[c->bucket] = 1;
-            st->gpu = 1;
-        } else {
-            f->flags |= HELLO_HOST;
-        }
-    }
+    classify_segments(r, st, &nevents);
     if (st->gpu) {
-        /* the GPUs ours can read, ours first: a sender on one of them is read in place */
-        int n = 0;
         if (r->device < 0)
             return wsync_err(WSYNC_ERR_INTERNAL, "ipc: receiver %d has CUDA targets but no device",
                              r->m.rank);
         if ((rc = wsync_dev_enter(r->device, &saved)) != WSYNC_OK)
             return rc;
-        rc = wsync_dev_uuid(r->device, uuids[nuuids]);
-        if (rc == WSYNC_OK) {
-            nuuids++;
-            rc = wsync_dev_count(&n);
-        }
-        for (int d = 0; d < n && rc == WSYNC_OK && nuuids < MAX_UUIDS; d++) {
-            int can = 0;
-            if (d == r->device)
-                continue;
-            rc = wsync_dev_can_access_peer(r->device, d, &can);
-            if (rc == WSYNC_OK && can && (rc = wsync_dev_uuid(d, uuids[nuuids])) == WSYNC_OK)
-                nuuids++;
-        }
-        if (rc == WSYNC_OK)
-            rc = wsync_dev_stream_create(&st->stream);
-        st->pend = calloc(nevents + 1, sizeof(*st->pend));
-        st->pend_cap = nevents;
-        st->cache_land[0] = calloc(r->ntargets + 1, sizeof(void *));
-        st->cache_land[1] = calloc(r->ntargets + 1, sizeof(void *));
-        st->cache_scales[0] = calloc(r->ntargets + 1, sizeof(float *));
-        st->cache_scales[1] = calloc(r->ntargets + 1, sizeof(float *));
-        if (rc == WSYNC_OK && (st->pend == NULL || st->cache_land[0] == NULL ||
-                               st->cache_land[1] == NULL || st->cache_scales[0] == NULL ||
-                               st->cache_scales[1] == NULL))
-            rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
-        for (uint32_t s = 0; s < ns && rc == WSYNC_OK; s++) {
-            ipc_from_t *f = &st->from[s];
-            if (!(f->flags & HELLO_GPU))
-                continue;
-            if ((f->ev = calloc(f->nbuckets + 1, sizeof(void *))) == NULL)
-                rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
-            /* f->stream: made with the first batches, once we know where the sender's GPU is */
-            for (uint32_t k = 0; k < f->nbuckets && rc == WSYNC_OK; k++)
-                if (f->gpu[k])
-                    rc = wsync_dev_event_create(0, &f->ev[k]);
-        }
-        if (rc != WSYNC_OK)
+        if ((rc = gpu_setup(r, st, nevents, uuids, &nuuids)) != WSYNC_OK)
             goto out;
     }
-    /* connect to each sender we need and ask for its buckets */
-    for (uint32_t s = 0; s < ns; s++) {
-        ipc_from_t *f = &st->from[s];
-        const wsync_peer_t *peer = &r->m.planmsg.peers[s];
-        char name[128];
-        int fd;
-        wsync_wbuf_t b;
-
-        if (f->needed == 0)
-            continue;
-        rc = wsync_unix_connect(peer->data_addr, &fd);
-        if (rc != WSYNC_OK)
-            goto out;
-        snprintf(name, sizeof(name), "sender %u (pid %u)", s, peer->pid);
-        rc = wsync_loop_add(r->m.loop, fd, WSYNC_CONN_UNIX, name, NULL, &f->conn);
-        if (rc != WSYNC_OK)
-            goto out;
-        wsync_wbuf_init(&b);
-        wsync_put_u32(&b, me);
-        wsync_put_u32(&b, (uint32_t)getpid());
-        wsync_put_u32(&b, f->flags | (r->m.ctx->verify ? HELLO_VERIFY : 0u));
-        if (f->flags & HELLO_GPU) {
-            wsync_put_u32(&b, nuuids);
-            for (uint32_t u = 0; u < nuuids; u++)
-                wsync_put_bytes(&b, uuids[u], WSYNC_DEV_UUID_BYTES);
-        }
-        rc = b.err ? wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory")
-                   : wsync_conn_send(f->conn, WSYNC_MSG_DATA_HELLO, b.data, (uint32_t)b.len, NULL,
-                                     0, r->m.timeout_ms);
-        wsync_wbuf_free(&b);
-        if (rc != WSYNC_OK)
-            goto out;
-        nconn++;
-    }
+    if ((rc = send_hellos(r, st, uuids, nuuids, &nconn)) != WSYNC_OK)
+        goto out;
     while (nconn > 0) {
         wsync_msg_t *msg;
         ipc_from_t *f = NULL;
+        int taken = 0;
 
         rc = wsync_inbox_pop(&r->m.inbox, fds_t, 1, deadline, &msg);
         if (rc == WSYNC_ERR_TIMEOUT) {
@@ -874,59 +974,9 @@ static wsync_status_t ipc_receiver_setup(wsync_receiver_t *r)
         for (uint32_t s = 0; s < ns; s++)
             if (st->from[s].conn == msg->conn)
                 f = &st->from[s];
-        int more = msg->len == 4 && msg->payload[0] == 0xff && msg->payload[1] == 0xff &&
-                   msg->payload[2] == 0xff && msg->payload[3] == 0xff;
-        if (f == NULL || (more && f->first == NULL) || (!more && f->first != NULL)) {
-            wsync_msg_free(msg);
-            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %u: unexpected DATA_FDS", me);
+        if ((rc = one_data_fds(r, f, msg, &taken)) != WSYNC_OK)
             goto out;
-        }
-        if (!more) {
-            const char *why = "?";
-            f->want_fds = wsync_ipc_fds_wanted(msg->payload, msg->len, &why);
-            if (f->want_fds == UINT32_MAX) {
-                rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %u: malformed DATA_FDS from %s: "
-                               "%s (%u bytes, %d descriptors in the first frame)", me,
-                               f->conn->name, why, msg->len, msg->nfds);
-                wsync_msg_free(msg);
-                goto out;
-            }
-            if ((f->xfds = calloc(f->want_fds + 1, sizeof(int))) == NULL) {
-                wsync_msg_free(msg);
-                rc = wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory");
-                goto out;
-            }
-            WSYNC_LOG_D("ipc: receiver %u: DATA_FDS from %s: %u bytes, %u descriptors in all", me,
-                        f->conn->name, msg->len, f->want_fds);
-            if (f->want_fds > WSYNC_MSG_MAX_FDS)
-                wsync_cuda_ipc_fd_room(f->want_fds);
-        }
-        if (f->nxfds + (uint32_t)msg->nfds > f->want_fds) {
-            wsync_msg_free(msg);
-            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %u: %s sent more descriptors than it "
-                           "announced", me, f->conn->name);
-            goto out;
-        }
-        for (int i = 0; i < msg->nfds; i++) {
-            f->xfds[f->nxfds++] = msg->fds[i];
-            msg->fds[i] = -1;
-        }
-        if (more)
-            wsync_msg_free(msg);
-        else
-            f->first = msg;
-        if (f->nxfds < f->want_fds)
-            continue;
-        rc = wsync_ipc_take_data_fds(r, f, f->first->payload, f->first->len, f->xfds,
-                                     f->nxfds);
-        wsync_msg_free(f->first);
-        f->first = NULL;
-        free(f->xfds);
-        f->xfds = NULL;
-        f->nxfds = 0;
-        if (rc != WSYNC_OK)
-            goto out;
-        nconn--;
+        nconn -= (uint32_t)taken;
     }
     if (st->gpu) {
         st->cur = 0;
