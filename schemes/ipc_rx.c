@@ -258,9 +258,148 @@ static void poll_pause(uint32_t idle)
 }
 
 /* One version, with the receiver in its device context when it has CUDA targets. */
-wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_t version)
+/* A READY frame as read: its version, bucket and slot, and its checksums (into st->sums) when
+ * it carries them; a delta sender's stream lengths and hashes went to its delta receiver. */
+typedef struct {
+    uint64_t v;
+    uint32_t k, slot, nsums;
+    int has_sums, packed;            /* packed: a PACKED notice (k == the sender's nbuckets) */
+} ipc_ready_t;
+
+/* Read READY msg (freed here) from f's sender (NULL: not a sender of ours) while receiving
+ * `version`: WSYNC_ERR_PROTOCOL for anything but the next bucket we need from it (or a PACKED
+ * notice, checked by take_packed), WSYNC_ERR_INTEGRITY for a bucket without checksums when we
+ * verify. */
+static wsync_status_t read_ready(wsync_receiver_t *r, ipc_receiver_t *st, ipc_from_t *f,
+                                 uint32_t s, wsync_msg_t *msg, uint64_t version, ipc_ready_t *y)
+{
+    wsync_rbuf_t rb;
+    wsync_status_t rc;
+
+    memset(y, 0, sizeof(*y));
+    wsync_rbuf_init(&rb, msg->payload, msg->len);
+    y->v = wsync_get_u64(&rb);
+    y->k = wsync_get_u32(&rb);
+    y->slot = wsync_get_u32(&rb);
+    if (f != NULL && !rb.err && y->k == f->nbuckets) {
+        /* PACKED: every FP8 chunk of this sender passed its check (ipc_internal.h) */
+        int ok = f->await_packed && !f->packed && y->v == version && y->slot == NO_SLOT &&
+                 wsync_rbuf_left(&rb) == 0;
+        wsync_msg_free(msg);
+        y->packed = 1;
+        return take_packed(r, f, s, ok, y->v, version);
+    }
+    if (f != NULL && f->drx != NULL && !rb.err && y->k < f->nbuckets &&
+        (rc = wsync_ipc_drx_ready(r, f->drx, &rb, y->k, f->chunk_start[y->k],
+                                  f->chunk_start[y->k + 1], version)) != WSYNC_OK) {
+        wsync_msg_free(msg);
+        return rc;
+    }
+    y->has_sums = wsync_rbuf_left(&rb) > 0;
+    if (y->has_sums) {
+        y->nsums = wsync_get_count(&rb, 8);
+        if (!rb.err && y->nsums > st->sums_cap) {
+            uint64_t *nsp = realloc(st->sums, (size_t)y->nsums * sizeof(*nsp));
+            if (nsp == NULL) {
+                wsync_msg_free(msg);
+                return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for %u checksums", y->nsums);
+            }
+            st->sums = nsp;
+            st->sums_cap = y->nsums;
+        }
+        for (uint32_t i = 0; i < y->nsums && !rb.err; i++)
+            st->sums[i] = wsync_get_u64(&rb);
+    }
+    wsync_msg_free(msg);
+    const uint32_t k = y->k;
+    if (f == NULL || rb.err || y->v != version || k >= f->nbuckets || y->slot != f->slot_of[k] ||
+        f->done[k] || f->seg_start[k] == f->seg_start[k + 1] ||
+        (y->has_sums && y->nsums != f->chunk_start[k + 1] - f->chunk_start[k]))
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: unexpected READY (version "
+                         "%llu, bucket %u, slot %u) while receiving version %llu", r->m.rank,
+                         (unsigned long long)y->v, k, y->slot, (unsigned long long)version);
+    if (r->m.ctx->verify && !y->has_sums)
+        return wsync_err(WSYNC_ERR_INTEGRITY, "ipc: receiver %d: version %llu refused: it "
+                         "cannot be verified, sender %u (pid %u) sent bucket %u without "
+                         "checksums", r->m.rank, (unsigned long long)version, s, f->pid, k);
+    return WSYNC_OK;
+}
+
+/* Bucket k of f's sender into our CUDA targets: one launch (its copy batch, or the delta
+ * batches, and the direct quantizations), finished when f->ev[k] completes. */
+static wsync_status_t launch_bucket(wsync_receiver_t *r, ipc_receiver_t *st, ipc_from_t *f,
+                                    uint32_t k, int gpu_times)
+{
+    wsync_kcopy_batch_t *batch = f->batch[st->cur][k];
+    /* odd buckets on the second stream (sender_stream says why) */
+    int two = f->stream2 != NULL && f->drx == NULL && (k & 1);
+    void *strm = two ? f->stream2 : f->stream;
+    wsync_status_t rc;
+    if (gpu_times && (rc = wsync_ipc_gpu_times_mark(f, k, 0, strm)) != WSYNC_OK)
+        return rc;
+    if (f->drx != NULL && (rc = wsync_ipc_delta_batches(r, st, f, k, &batch)) != WSYNC_OK)
+        return rc;
+    if (batch != NULL && (rc = wsync_dev_batch_launch(batch, strm)) != WSYNC_OK)
+        return rc;
+    if (f->qrun_start != NULL && f->qrun_start[k + 1] > f->qrun_start[k] &&
+        (rc = wsync_qdirect_launch(r, f->qrun_list + f->qrun_start[k],
+                                   f->qrun_start[k + 1] - f->qrun_start[k], f->qblocks, strm)) !=
+            WSYNC_OK)
+        return rc;
+    if (gpu_times && (rc = wsync_ipc_gpu_times_mark(f, k, 1, strm)) != WSYNC_OK)
+        return rc;
+    return wsync_dev_event_record(f->ev[k], strm);
+}
+
+/* Bucket k of f's sender (in `slot`) into our host targets, segment by segment: FP8 codes
+ * unpacked, deltas applied and checked, the rest copied from the sender's shard in place or
+ * from its host slot. *bytes: the bucket's bytes for us, CUDA targets' included. */
+static wsync_status_t land_host(wsync_receiver_t *r, ipc_from_t *f, uint32_t k, uint32_t slot,
+                                uint64_t version, uint64_t *bytes)
 {
     const wsync_plan_t *plan = r->m.plan;
+    int slot_dev = 0;
+    const uint8_t *base = from_slot(f, slot, &slot_dev);
+    wsync_status_t rc = WSYNC_OK;
+
+    *bytes = 0;
+    for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
+        const wsync_segment_t *sg = &r->m.segs[i];
+        const wsync_chunk_t *c = &plan->chunks[sg->chunk];
+        const ipc_inplace_t *ip = &f->inplace[c->shard];
+        void *dst = r->land[sg->target];
+        wsync_dtype_t dst_dtype = r->land_dtype[sg->target];
+        *bytes += c->rule != 0 ? wsync_chunk_wire_bytes(c)
+                               : sg->dst.rows * sg->dst.cols * wsync_dtype_size(dst_dtype);
+        if (r->targets[sg->target].mem == WSYNC_MEM_CUDA)
+            continue;   /* in the batch */
+        if (c->rule != 0) {
+            if ((rc = unpack_wire_host(r, plan, sg, base, slot_dev || in_place(ip))) != WSYNC_OK)
+                return rc;
+            continue;
+        }
+        if (f->drx != NULL && wsync_ipc_drx_segment(r, f->drx, i, version, &rc)) {
+            if (rc != WSYNC_OK)
+                return rc;
+            continue;   /* applied from the delta slot, checked against the sender's hash */
+        }
+        if (ip->region >= 0) {   /* straight from the sender's shard */
+            const uint8_t *shard = (const uint8_t *)f->regions[ip->region].base + ip->offset;
+            rc = wsync_exec_copy(shard, c->dtype, &c->src, dst, dst_dtype, &sg->dst);
+        } else if (base == NULL || slot_dev || ip->cregion >= 0) {
+            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: bucket %u of sender %u "
+                           "came without a host slot", r->m.rank, k, c->sender);
+        } else {
+            rc = wsync_exec_unpack(sg, c, base, dst_dtype, dst);
+        }
+        if (rc != WSYNC_OK)
+            return rc;
+    }
+    return WSYNC_OK;
+}
+
+wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_t version)
+{
     const uint16_t types[] = {WSYNC_MSG_READY};
     uint32_t remaining = 0, total, launched = 0, idle = 0;
     const int gpu_times = wsync_ipc_gpu_times_on();
@@ -288,10 +427,8 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
     last_ms = wsync_now_ms();
     while (remaining > 0 || st->npend > 0) {
         wsync_msg_t *msg;
-        wsync_rbuf_t rb;
         ipc_from_t *f = NULL;
-        uint32_t s, nsums = 0, reaped = 0;
-        int has_sums;
+        uint32_t s, reaped = 0;
 
         if (st->npend > 0 &&
             (rc = reap(r, st, version, &bytes_done, &last_ms, &reaped)) != WSYNC_OK)
@@ -339,115 +476,25 @@ wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint
             if (st->from[s].conn == msg->conn)
                 f = &st->from[s];
         s--;
-
-        wsync_rbuf_init(&rb, msg->payload, msg->len);
-        uint64_t v = wsync_get_u64(&rb);
-        uint32_t k = wsync_get_u32(&rb);
-        uint32_t slot = wsync_get_u32(&rb);
-        if (f != NULL && !rb.err && k == f->nbuckets) {
-            /* PACKED: every FP8 chunk of this sender passed its check (ipc_internal.h) */
-            int ok = f->await_packed && !f->packed && v == version && slot == NO_SLOT &&
-                     wsync_rbuf_left(&rb) == 0;
-            wsync_msg_free(msg);
-            if ((rc = take_packed(r, f, s, ok, v, version)) != WSYNC_OK)
-                return rc;
+        ipc_ready_t y;
+        if ((rc = read_ready(r, st, f, s, msg, version, &y)) != WSYNC_OK)
+            return rc;
+        if (y.packed) {
             remaining--;
             last_ms = wsync_now_ms();
             continue;
         }
-        if (f != NULL && f->drx != NULL && !rb.err && k < f->nbuckets &&
-            (rc = wsync_ipc_drx_ready(r, f->drx, &rb, k, f->chunk_start[k], f->chunk_start[k + 1],
-                                      version)) != WSYNC_OK) {
-            wsync_msg_free(msg);
-            return rc;
-        }
-        has_sums = wsync_rbuf_left(&rb) > 0;
-        if (has_sums) {
-            nsums = wsync_get_count(&rb, 8);
-            if (!rb.err && nsums > st->sums_cap) {
-                uint64_t *nsp = realloc(st->sums, (size_t)nsums * sizeof(*nsp));
-                if (nsp == NULL) {
-                    wsync_msg_free(msg);
-                    return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for %u checksums", nsums);
-                }
-                st->sums = nsp;
-                st->sums_cap = nsums;
-            }
-            for (uint32_t i = 0; i < nsums && !rb.err; i++)
-                st->sums[i] = wsync_get_u64(&rb);
-        }
-        wsync_msg_free(msg);
-        if (f == NULL || rb.err || v != version || k >= f->nbuckets || slot != f->slot_of[k] ||
-            f->done[k] || f->seg_start[k] == f->seg_start[k + 1] ||
-            (has_sums && nsums != f->chunk_start[k + 1] - f->chunk_start[k]))
-            return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: unexpected READY (version "
-                             "%llu, bucket %u, slot %u) while receiving version %llu", r->m.rank,
-                             (unsigned long long)v, k, slot, (unsigned long long)version);
-        if (r->m.ctx->verify && !has_sums)
-            return wsync_err(WSYNC_ERR_INTEGRITY, "ipc: receiver %d: version %llu refused: it "
-                             "cannot be verified, sender %u (pid %u) sent bucket %u without "
-                             "checksums", r->m.rank, (unsigned long long)version, s, f->pid, k);
-        int slot_dev = 0;
-        const uint8_t *base = from_slot(f, slot, &slot_dev);
+        const uint32_t k = y.k, slot = y.slot;
         uint64_t bytes = 0;
         r->torn = 1;   /* the targets no longer hold only the last version */
         if (f->gpu[k]) {
-            /* the segments into CUDA targets: one launch, finished when its event completes */
-            wsync_kcopy_batch_t *batch = f->batch[st->cur][k];
-            /* odd buckets on the second stream (sender_stream says why) */
-            int two = f->stream2 != NULL && f->drx == NULL && (k & 1);
-            void *strm = two ? f->stream2 : f->stream;
-            if (gpu_times && (rc = wsync_ipc_gpu_times_mark(f, k, 0, strm)) != WSYNC_OK)
-                return rc;
-            if (f->drx != NULL && (rc = wsync_ipc_delta_batches(r, st, f, k, &batch)) != WSYNC_OK)
-                return rc;
-            if (batch != NULL && (rc = wsync_dev_batch_launch(batch, strm)) != WSYNC_OK)
-                return rc;
-            if (f->qrun_start != NULL && f->qrun_start[k + 1] > f->qrun_start[k] &&
-                (rc = wsync_qdirect_launch(r, f->qrun_list + f->qrun_start[k],
-                                           f->qrun_start[k + 1] - f->qrun_start[k],
-                                           f->qblocks, strm)) != WSYNC_OK)
-                return rc;
-            if (gpu_times && (rc = wsync_ipc_gpu_times_mark(f, k, 1, strm)) != WSYNC_OK)
-                return rc;
-            if ((rc = wsync_dev_event_record(f->ev[k], strm)) != WSYNC_OK)
+            if ((rc = launch_bucket(r, st, f, k, gpu_times)) != WSYNC_OK)
                 return rc;
             launched++;
         }
         uint64_t tc = wsync_now_ns();
-        for (uint32_t i = f->seg_start[k]; i < f->seg_start[k + 1]; i++) {
-            const wsync_segment_t *sg = &r->m.segs[i];
-            const wsync_chunk_t *c = &plan->chunks[sg->chunk];
-            const ipc_inplace_t *ip = &f->inplace[c->shard];
-            void *dst = r->land[sg->target];
-            wsync_dtype_t dst_dtype = r->land_dtype[sg->target];
-            bytes += c->rule != 0 ? wsync_chunk_wire_bytes(c)
-                                  : sg->dst.rows * sg->dst.cols * wsync_dtype_size(dst_dtype);
-            if (r->targets[sg->target].mem == WSYNC_MEM_CUDA)
-                continue;   /* in the batch */
-            if (c->rule != 0) {
-                if ((rc = unpack_wire_host(r, plan, sg, base, slot_dev || in_place(ip))) !=
-                    WSYNC_OK)
-                    return rc;
-                continue;
-            }
-            if (f->drx != NULL && wsync_ipc_drx_segment(r, f->drx, i, version, &rc)) {
-                if (rc != WSYNC_OK)
-                    return rc;
-                continue;   /* applied from the delta slot, checked against the sender's hash */
-            }
-            if (ip->region >= 0) {   /* straight from the sender's shard */
-                const uint8_t *shard = (const uint8_t *)f->regions[ip->region].base + ip->offset;
-                rc = wsync_exec_copy(shard, c->dtype, &c->src, dst, dst_dtype, &sg->dst);
-            } else if (base == NULL || slot_dev || ip->cregion >= 0) {
-                rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: receiver %d: bucket %u of sender %u "
-                               "came without a host slot", r->m.rank, k, c->sender);
-            } else {
-                rc = wsync_exec_unpack(sg, c, base, dst_dtype, dst);
-            }
-            if (rc != WSYNC_OK)
-                return rc;
-        }
+        if ((rc = land_host(r, f, k, slot, version, &bytes)) != WSYNC_OK)
+            return rc;
         t_cpu += wsync_now_ns() - tc;
         f->done[k] = 1;
         remaining--;
