@@ -365,6 +365,123 @@ static wsync_status_t wire_schedule(wsync_sender_t *s, ipc_sender_t *st, uint32_
     return WSYNC_OK;
 }
 
+/* Our schedule: each bucket's chunks (ours are one run, ordered by (bucket, offset); *c0: the
+ * first), which receivers take each bucket (our chunks' records in their lists), and *expected:
+ * how many receivers need any. */
+static void sender_schedule(wsync_sender_t *s, ipc_sender_t *st, uint32_t *c0, uint32_t *expected)
+{
+    const wsync_plan_t *plan = s->m.plan;
+    uint32_t me = (uint32_t)s->m.rank, nr = plan->nreceivers, c;
+
+    for (c = 0; c < plan->nchunks && plan->chunks[c].sender < me; c++)
+        ;
+    *c0 = c;
+    for (uint32_t k = 0; k <= st->nbuckets; k++) {
+        while (c < plan->nchunks && plan->chunks[c].sender == me && plan->chunks[c].bucket < k)
+            c++;
+        st->chunk_start[k] = c;
+    }
+    for (uint32_t rv = 0; rv < nr; rv++)
+        for (uint32_t k = plan->ref0[rv]; k < plan->ref0[rv + 1]; k++) {
+            uint32_t a, b;
+            wsync_plan_list_range(plan, plan->refs[k].list, *c0, st->chunk_start[st->nbuckets],
+                                  &a, &b);
+            for (; a < b; a++)
+                st->need[(size_t)plan->chunks[plan->lsegs[a].chunk].bucket * nr + rv] = 1;
+        }
+    *expected = 0;
+    for (uint32_t rv = 0; rv < nr; rv++)
+        for (uint32_t k = 0; k < st->nbuckets && !st->needs_any[rv]; k++)
+            if (st->need[(size_t)k * nr + rv]) {
+                st->needs_any[rv] = 1;
+                (*expected)++;
+            }
+}
+
+/* Host shards in shareable memory (wsync_mem_alloc regions) are read in place, each region
+ * shared once while the first DATA_FDS frame has room; the rest is staged. Notes our GPU when a
+ * shard is in CUDA memory. */
+static void share_host_shards(wsync_sender_t *s, ipc_sender_t *st)
+{
+    for (size_t i = 0; i < s->nshards; i++) {
+        const wsync_shard_desc_t *d = &s->shards[i];
+        uint64_t bytes = shard_bytes(d);
+        wsync_alloc_t a;
+        st->inplace[i].region = -1;
+        st->inplace[i].cregion = -1;
+        if (d->mem == WSYNC_MEM_CUDA)
+            st->device = s->device;
+        if (d->mem != WSYNC_MEM_HOST || bytes == 0 || st->wire_shard[i] ||
+            !wsync_ctx_find_alloc(s->m.ctx, s->shard_data[i], bytes, &a))
+            continue;
+        uint32_t g;
+        for (g = 0; g < st->nregions && st->region_fds[g] != a.fd; g++)
+            ;
+        if (g == st->nregions) {
+            /* the first DATA_FDS frame also carries the bucket slots (and the delta slots) */
+            int room = MAX_FDS - 1 - (s->m.planmsg.delta == WSYNC_DELTA_MODE_ON);
+            if ((int)st->nregions == room) {
+                WSYNC_LOG_W("ipc: sender %d: more than %d shareable regions; param '%s' is staged",
+                            s->m.rank, room, d->param.name);
+                continue;
+            }
+            st->region_fds[st->nregions] = a.fd;
+            st->region_bytes[st->nregions++] = a.bytes;
+        }
+        st->inplace[i].region = (int32_t)g;
+        st->inplace[i].offset = (uint64_t)((const uint8_t *)s->shard_data[i] - (uint8_t *)a.base);
+    }
+}
+
+/* A receiver's DATA_HELLO (msg, freed here): its rank, pid and flags, and with CUDA targets
+ * whether its GPU can read ours (my_uuid); its connection then named and tagged with its rank.
+ * WSYNC_ERR_PROTOCOL (the connection closed) for one we do not expect. */
+static wsync_status_t take_hello(wsync_sender_t *s, ipc_sender_t *st, wsync_msg_t *msg,
+                                 const uint8_t *my_uuid, uint32_t *rank_out)
+{
+    const uint32_t nr = s->m.plan->nreceivers;
+    wsync_rbuf_t r;
+    uint32_t rank, pid, flags = 0;
+    int reach = 0;
+
+    wsync_rbuf_init(&r, msg->payload, msg->len);
+    rank = wsync_get_u32(&r);
+    pid = wsync_get_u32(&r);
+    if (wsync_rbuf_left(&r) >= 4)
+        flags = wsync_get_u32(&r);
+    if (flags & HELLO_VERIFY)
+        st->verify = 1;   /* this receiver verifies: ship checksums to all */
+    if (flags & HELLO_GPU) {
+        /* the GPUs its GPU can read: is ours among them? */
+        uint32_t nu = wsync_get_count(&r, WSYNC_DEV_UUID_BYTES);
+        for (uint32_t i = 0; i < nu && !r.err && i < MAX_UUIDS; i++) {
+            const void *u = wsync_get_bytes(&r, WSYNC_DEV_UUID_BYTES);
+            if (u != NULL && st->device >= 0 && memcmp(u, my_uuid, WSYNC_DEV_UUID_BYTES) == 0)
+                reach = 1;
+        }
+    }
+    if (r.err || rank >= nr || !st->needs_any[rank] || st->rconn[rank] != NULL) {
+        wsync_loop_close(s->m.loop, msg->conn, WSYNC_ERR_PROTOCOL, "unexpected DATA_HELLO");
+        wsync_msg_free(msg);
+        return wsync_err(WSYNC_ERR_PROTOCOL, "ipc: sender %d: unexpected data connection from "
+                         "receiver %u", s->m.rank, rank);
+    }
+    st->rconn[rank] = msg->conn;
+    atomic_store(&msg->conn->tag, rank + 1);
+    st->rflags[rank] = flags;
+    st->rreach[rank] = (uint8_t)reach;
+    pthread_mutex_lock(&msg->conn->send_lock);
+    snprintf(msg->conn->name, sizeof(msg->conn->name), "receiver %u (pid %u)", rank, pid);
+    pthread_mutex_unlock(&msg->conn->send_lock);
+    wsync_msg_free(msg);
+    *rank_out = rank;
+    return WSYNC_OK;
+}
+
+/* The sender's set-up: its schedule, its shards shared in place or staged, then each receiver
+ * that needs its buckets connects once (DATA_HELLO) and gets what it shares (DATA_FDS): at once
+ * with host shards only, once all have connected with CUDA shards (where each is read from
+ * depends on what every receiver's GPU can read). */
 static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
 {
     const wsync_plan_t *plan = s->m.plan;
@@ -399,68 +516,14 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for the schedule");
     for (uint32_t i = 0; i < 2 * IPC_SLOTS; i++)
         st->last_in_slot[i] = -1;
-
-    /* chunks are ordered by (sender, bucket, offset): find our range and its bucket bounds */
-    for (c0 = 0; c0 < plan->nchunks && plan->chunks[c0].sender < me; c0++)
-        ;
-    {
-        uint32_t c = c0;
-        for (uint32_t k = 0; k <= st->nbuckets; k++) {
-            while (c < plan->nchunks && plan->chunks[c].sender == me && plan->chunks[c].bucket < k)
-                c++;
-            st->chunk_start[k] = c;
-        }
-    }
-    /* which receivers take each of our buckets: our chunks' records in their lists */
-    for (uint32_t rv = 0; rv < nr; rv++)
-        for (uint32_t k = plan->ref0[rv]; k < plan->ref0[rv + 1]; k++) {
-            uint32_t a, b;
-            wsync_plan_list_range(plan, plan->refs[k].list, c0, st->chunk_start[st->nbuckets],
-                                  &a, &b);
-            for (; a < b; a++)
-                st->need[(size_t)plan->chunks[plan->lsegs[a].chunk].bucket * nr + rv] = 1;
-        }
-    for (uint32_t rv = 0; rv < nr; rv++)
-        for (uint32_t k = 0; k < st->nbuckets && !st->needs_any[rv]; k++)
-            if (st->need[(size_t)k * nr + rv]) {
-                st->needs_any[rv] = 1;
-                expected++;
-            }
-    /* host shards in shareable memory are read in place; the rest is staged */
+    sender_schedule(s, st, &c0, &expected);
     st->inplace = calloc(s->nshards + 1, sizeof(*st->inplace));
     st->staged = calloc(st->nbuckets + 1, 1);
     if (st->inplace == NULL || st->staged == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "ipc: no memory for the schedule");
     if ((rc = wire_schedule(s, st, c0)) != WSYNC_OK)
         return rc;
-    for (size_t i = 0; i < s->nshards; i++) {
-        const wsync_shard_desc_t *d = &s->shards[i];
-        uint64_t bytes = shard_bytes(d);
-        wsync_alloc_t a;
-        st->inplace[i].region = -1;
-        st->inplace[i].cregion = -1;
-        if (d->mem == WSYNC_MEM_CUDA)
-            st->device = s->device;
-        if (d->mem != WSYNC_MEM_HOST || bytes == 0 || st->wire_shard[i] ||
-            !wsync_ctx_find_alloc(s->m.ctx, s->shard_data[i], bytes, &a))
-            continue;
-        uint32_t g;
-        for (g = 0; g < st->nregions && st->region_fds[g] != a.fd; g++)
-            ;
-        if (g == st->nregions) {
-            /* the first DATA_FDS frame also carries the bucket slots (and the delta slots) */
-            int room = MAX_FDS - 1 - (s->m.planmsg.delta == WSYNC_DELTA_MODE_ON);
-            if ((int)st->nregions == room) {
-                WSYNC_LOG_W("ipc: sender %u: more than %d shareable regions; param '%s' is staged",
-                            me, room, d->param.name);
-                continue;
-            }
-            st->region_fds[st->nregions] = a.fd;
-            st->region_bytes[st->nregions++] = a.bytes;
-        }
-        st->inplace[i].region = (int32_t)g;
-        st->inplace[i].offset = (uint64_t)((const uint8_t *)s->shard_data[i] - (uint8_t *)a.base);
-    }
+    share_host_shards(s, st);
     if (st->device >= 0) {
         if ((rc = wsync_dev_enter(st->device, &saved)) != WSYNC_OK)
             return rc;
@@ -475,9 +538,7 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
     /* every receiver that needs our buckets connects once and gets the descriptors */
     while (connected < expected) {
         wsync_msg_t *msg;
-        wsync_rbuf_t r;
-        uint32_t rank, pid, flags = 0;
-        int reach = 0;
+        uint32_t rank = 0;
 
         rc = wsync_inbox_pop(&s->m.inbox, hello_t, 1, deadline, &msg);
         if (rc == WSYNC_ERR_TIMEOUT) {
@@ -490,39 +551,8 @@ static wsync_status_t ipc_sender_setup(wsync_sender_t *s)
                            "ms", me, missing, s->m.timeout_ms);
             goto out;
         }
-        if (rc != WSYNC_OK)
+        if (rc != WSYNC_OK || (rc = take_hello(s, st, msg, my_uuid, &rank)) != WSYNC_OK)
             goto out;
-        wsync_rbuf_init(&r, msg->payload, msg->len);
-        rank = wsync_get_u32(&r);
-        pid = wsync_get_u32(&r);
-        if (wsync_rbuf_left(&r) >= 4)
-            flags = wsync_get_u32(&r);
-        if (flags & HELLO_VERIFY)
-            st->verify = 1;   /* this receiver verifies: ship checksums to all */
-        if (flags & HELLO_GPU) {
-            /* the GPUs its GPU can read: is ours among them? */
-            uint32_t nu = wsync_get_count(&r, WSYNC_DEV_UUID_BYTES);
-            for (uint32_t i = 0; i < nu && !r.err && i < MAX_UUIDS; i++) {
-                const void *u = wsync_get_bytes(&r, WSYNC_DEV_UUID_BYTES);
-                if (u != NULL && st->device >= 0 && memcmp(u, my_uuid, WSYNC_DEV_UUID_BYTES) == 0)
-                    reach = 1;
-            }
-        }
-        if (r.err || rank >= nr || !st->needs_any[rank] || st->rconn[rank] != NULL) {
-            wsync_loop_close(s->m.loop, msg->conn, WSYNC_ERR_PROTOCOL, "unexpected DATA_HELLO");
-            wsync_msg_free(msg);
-            rc = wsync_err(WSYNC_ERR_PROTOCOL, "ipc: sender %u: unexpected data connection from "
-                           "receiver %u", me, rank);
-            goto out;
-        }
-        st->rconn[rank] = msg->conn;
-        atomic_store(&msg->conn->tag, rank + 1);
-        st->rflags[rank] = flags;
-        st->rreach[rank] = (uint8_t)reach;
-        pthread_mutex_lock(&msg->conn->send_lock);
-        snprintf(msg->conn->name, sizeof(msg->conn->name), "receiver %u (pid %u)", rank, pid);
-        pthread_mutex_unlock(&msg->conn->send_lock);
-        wsync_msg_free(msg);
         if (st->device < 0 && (rc = wsync_ipc_send_fds(s, st, rank)) != WSYNC_OK)
             goto out;
         connected++;
