@@ -257,7 +257,6 @@ static void poll_pause(uint32_t idle)
     nanosleep(&ts, NULL);
 }
 
-/* One version, with the receiver in its device context when it has CUDA targets. */
 /* A READY frame as read: its version, bucket and slot, and its checksums (into st->sums) when
  * it carries them; a delta sender's stream lengths and hashes went to its delta receiver. */
 typedef struct {
@@ -398,6 +397,7 @@ static wsync_status_t land_host(wsync_receiver_t *r, ipc_from_t *f, uint32_t k, 
     return WSYNC_OK;
 }
 
+/* One version, with the receiver in its device context when it has CUDA targets. */
 wsync_status_t wsync_ipc_recv_body(wsync_receiver_t *r, ipc_receiver_t *st, uint64_t version)
 {
     const uint16_t types[] = {WSYNC_MSG_READY};
