@@ -210,11 +210,16 @@ wsync_status_t wsync_negotiate_probed(const wsync_group_info_t *g, const char *c
         const char *end = strchr(line, '\n');
         size_t llen = end != NULL ? (size_t)(end - line) + 1 : strlen(line);
         int w;
-        if (s->score(g, reason, 1024) == 0 && s->score(&g2, reason, 1024) > 0) {
+        const int now = s->score(g, reason, 1024);
+        if (now == 0 && s->score(&g2, reason, 1024) > 0) {
             unprobed_reason(g, wsync_scheme_transports(s->name), reason, 1024);
             w = snprintf(out + used, len - used, "%s: refused: %s\n", s->name, reason);
             if (choice != NULL && strcmp(choice, s->name) == 0)
                 want_unprobed = 1;
+        } else if (now == 0) {
+            /* refused either way: g2's reason, which holds whatever was probed (g's may name a
+             * transport some participant never looked for as one it lacks) */
+            w = snprintf(out + used, len - used, "%s: refused: %s\n", s->name, reason);
         } else {
             w = snprintf(out + used, len - used, "%.*s", (int)llen, line);
         }

@@ -193,6 +193,37 @@ static void test_explain_tells_unprobed_from_missing(void)
     CHECK_MSG(strncmp(line, "ipc: chosen: all 3 participants share host a", 44) == 0, "'%s'",
               line);
 
+    /* CUDA memory, everyone on one GPU and asking for ipc (a colocated group): nccl is refused
+     * for the shared GPU, whatever was probed, and its line says so, not that NCCL is missing */
+    group_t cu;
+    static const uint8_t gpu0[16] = {0x9a, 1, 2, 3};
+    const uint8_t *const one_gpu[3] = {gpu0, gpu0, gpu0};
+    group_make(&cu, "auto", "auto");
+    cu.g.mem_kinds = 1u << WSYNC_MEM_CUDA;
+    cu.g.sender_gpu = one_gpu;
+    cu.g.receiver_gpu = one_gpu + 1;
+    for (int i = 0; i < 3; i++)
+        cu.h[i].transports |= bit("nccl");
+    const wsync_scheme_ops_t *nccl = wsync_scheme_find("nccl");
+    char shared[1024];
+    int nccl_known = nccl->score(&cu.g, shared, sizeof(shared)) == 0 &&
+                     strstr(shared, "NCCL allows one rank per GPU") != NULL;
+    group_make(&gr, "ipc", "ipc");
+    gr.g.mem_kinds = cu.g.mem_kinds;
+    gr.g.sender_gpu = one_gpu;
+    gr.g.receiver_gpu = one_gpu + 1;
+    for (int i = 0; i < 3; i++)
+        gr.h[i].transports |= bit("cuda_ipc");
+    CHECK_OK(wsync_negotiate_probed(&gr.g, "ipc", &c2, b, sizeof(b)));
+    explain_line(b, "nccl", line, sizeof(line));
+    if (nccl_known) {
+        snprintf(plain, sizeof(plain), "nccl: refused: %s", shared);
+        CHECK_MSG(strcmp(line, plain) == 0, "nccl's line '%s', want '%s'", line, plain);
+        CHECK_MSG(strstr(line, "sender 0 and receiver 0 share GPU") != NULL, "'%s'", line);
+    } else {
+        printf("  (no NCCL in this build: its line for a shared GPU untested: %s)\n", shared);
+    }
+
     /* a receiver that probed everything and lacks UCX and libfabric: lacking, not unprobed */
     group_make(&gr, "ipc", NULL);
     gr.h[2].transports &= ~(bit("ucx") | bit("ofi"));
