@@ -852,6 +852,19 @@ def delta_section(host_path, *gpu_paths, plots=True, plot_dir=None, rel_dir="ben
     return out
 
 
+def hand_written(sec_dir, prefix=""):
+    """the hand-written sections of docs/bench/sections/ (figures no generator here produces:
+    other tools' runs, arithmetic) whose file names start with prefix, in name order, as lines
+    of the page. A name starts with its issue's number: 17_ files are subsections of the delta
+    section and go right after it."""
+    lines = []
+    for name in sorted(os.listdir(sec_dir)) if os.path.isdir(sec_dir) else []:
+        if name.endswith(".md") and name.startswith(prefix):
+            with open(os.path.join(sec_dir, name)) as f:
+                lines += [f.read().rstrip(), ""]
+    return lines
+
+
 def splice_section(path, heading, lines):
     """replace the section of page `path` that starts at `heading` (up to the next heading of
     its level) with lines; the rest of the page stays as it is."""
@@ -898,9 +911,11 @@ def main():
         fail("--delta takes the host file, then one or more GPU files")
     if args.section == "delta":
         plot_dir = os.path.join(os.path.dirname(os.path.abspath(args.out)), "bench")
+        # the section runs to the next "## " heading: the 17_ subsections are in it
         splice_section(args.out, "## Delta versions (issue 17)",
                        delta_section(*args.delta, plots=not args.no_plots, plot_dir=plot_dir,
-                                     rel_dir="bench"))
+                                     rel_dir="bench")
+                       + hand_written(os.path.join(plot_dir, "sections"), "17_"))
         print("wrote the delta section of %s" % args.out, file=sys.stderr)
         return 0
     results = args.results or [f for f in ["docs/bench/gpu.json"] if os.path.exists(f)]
@@ -930,12 +945,7 @@ def main():
         fail("gnuplot not found: install it (apt-get install gnuplot-nox) or pass --no-plots")
     page += moe_section(*args.moe, terminal=term, plot_dir=plot_dir, rel_dir="bench")
     page += delta_section(*args.delta, plots=term is not None, plot_dir=plot_dir, rel_dir="bench")
-    # hand-written sections (figures no generator here produces: other tools' runs, arithmetic)
-    sec_dir = os.path.join(os.path.dirname(os.path.abspath(args.out)), "bench", "sections")
-    for name in sorted(os.listdir(sec_dir)) if os.path.isdir(sec_dir) else []:
-        if name.endswith(".md"):
-            with open(os.path.join(sec_dir, name)) as f:
-                page += [f.read().rstrip(), ""]
+    page += hand_written(os.path.join(plot_dir, "sections"))
     page += cpu_section(cpu, args)
     with open(args.out, "w") as f:
         f.write("\n".join(page).rstrip() + "\n")
