@@ -16,9 +16,13 @@ static uint64_t chunk_bytes(const wsync_chunk_t *c)
     return wsync_chunk_wire_bytes(c);
 }
 
+/* What the build works from beside the schedule, freed when it ends. */
 typedef struct {
     const wsync_plan_t *plan;
-    const uint32_t *rstart, *rlist;  /* distinct receivers of chunk c: rlist[rstart[c]..[c+1]) */
+    uint32_t *rstart, *rlist;  /* distinct receivers of chunk c: rlist[rstart[c]..[c+1]) */
+    uint32_t *chunk_group;     /* [nchunks] chunk c's broadcast group, UINT32_MAX for none */
+    uint32_t *sbase, *cstart;  /* sender r's bucket k: chunks from cstart[sbase[r] + k] */
+    uint32_t nsb;              /* buckets of all senders */
 } sched_ctx_t;
 
 static int cmp_chunk_sets(const void *a, const void *b, void *arg)
@@ -160,124 +164,162 @@ void wsync_nccl_sched_free(wsync_nccl_sched_t *s)
     free(s);
 }
 
-wsync_status_t wsync_nccl_sched_build(const wsync_plan_t *plan, uint64_t direct_min,
-                                      uint32_t max_splits, wsync_nccl_sched_t **out)
+/* Each chunk's distinct receivers into x->rstart, x->rlist: receivers are visited in rank order,
+ * so each chunk's receivers come out ascending. 0, or -1 out of memory. */
+static int chunk_receivers(sched_ctx_t *x)
 {
-    uint32_t nc = plan->nchunks, nsb = 0, nmulti = 0;
-    wsync_nccl_sched_t *s = calloc(1, sizeof(*s));
-    uint32_t *rstart = calloc((size_t)nc + 1, sizeof(uint32_t));
-    uint32_t *chunk_group = malloc(((size_t)nc + 1) * sizeof(uint32_t));
-    uint32_t *rlist = NULL, *multi = NULL, *cstart = NULL, *sbase = NULL, *list = NULL;
-    uint32_t *small = NULL, *cand = NULL;
-    pair_t *pairs = NULL;
-    uint32_t *rch = NULL;            /* one receiver's chunks */
+    const wsync_plan_t *plan = x->plan;
+    const uint32_t nc = plan->nchunks;
+    uint32_t *rch = NULL, *fill = NULL;   /* one receiver's chunks; each chunk's fill cursor */
     size_t rch_cap = 0;
-    builder_t b = {s, 0, 0, 0};
-    wsync_status_t st = WSYNC_OK;
+    int rc = -1;
 
-    if (s == NULL || rstart == NULL || chunk_group == NULL)
-        goto nomem;
-    /* distinct receivers of each chunk: receivers are visited in rank order, so each chunk's
-     * receivers come out ascending */
+    x->rstart = calloc((size_t)nc + 1, sizeof(uint32_t));
+    if (x->rstart == NULL)
+        return -1;
     for (uint32_t r = 0; r < plan->nreceivers; r++) {
         uint32_t m;
         if (wsync_plan_rx_chunks(plan, r, 0, nc, &rch, &rch_cap, &m) != WSYNC_OK)
-            goto nomem;
+            goto out;
         for (uint32_t k = 0; k < m; k++)
-            rstart[rch[k] + 1]++;
+            x->rstart[rch[k] + 1]++;
     }
     for (uint32_t c = 0; c < nc; c++)
-        rstart[c + 1] += rstart[c];
-    rlist = malloc(((size_t)rstart[nc] + 1) * sizeof(uint32_t));
-    list = calloc((size_t)nc + 1, sizeof(uint32_t));   /* fill cursor, then a scratch list */
-    if (rlist == NULL || list == NULL)
-        goto nomem;
+        x->rstart[c + 1] += x->rstart[c];
+    x->rlist = malloc(((size_t)x->rstart[nc] + 1) * sizeof(uint32_t));
+    fill = calloc((size_t)nc + 1, sizeof(uint32_t));
+    if (x->rlist == NULL || fill == NULL)
+        goto out;
     for (uint32_t r = 0; r < plan->nreceivers; r++) {
         uint32_t m;
         if (wsync_plan_rx_chunks(plan, r, 0, nc, &rch, &rch_cap, &m) != WSYNC_OK)
-            goto nomem;
+            goto out;
         for (uint32_t k = 0; k < m; k++)
-            rlist[rstart[rch[k]] + list[rch[k]]++] = r;
+            x->rlist[x->rstart[rch[k]] + fill[rch[k]]++] = r;
     }
+    rc = 0;
+out:
     free(rch);
-    rch = NULL;
-    /* receiver sets shared by several receivers: the broadcast groups */
-    sched_ctx_t x = {plan, rstart, rlist};
-    multi = malloc(((size_t)nc + 1) * sizeof(uint32_t));
-    if (multi == NULL)
-        goto nomem;
+    free(fill);
+    return rc;
+}
+
+/* The broadcast groups: receiver sets shared by several receivers, one group per (sender, set),
+ * into s->groups, and x->chunk_group. 0, or -1 out of memory. */
+static int find_groups(sched_ctx_t *x, wsync_nccl_sched_t *s)
+{
+    const wsync_plan_t *plan = x->plan;
+    const uint32_t nc = plan->nchunks;
+    uint32_t nmulti = 0;
+    uint32_t *multi = malloc(((size_t)nc + 1) * sizeof(uint32_t));
+    int rc = -1;
+
+    x->chunk_group = malloc(((size_t)nc + 1) * sizeof(uint32_t));
+    if (multi == NULL || x->chunk_group == NULL)
+        goto out;
     for (uint32_t c = 0; c < nc; c++) {
-        chunk_group[c] = UINT32_MAX;
-        if (rstart[c + 1] - rstart[c] >= 2)
+        x->chunk_group[c] = UINT32_MAX;
+        if (x->rstart[c + 1] - x->rstart[c] >= 2)
             multi[nmulti++] = c;
     }
-    qsort_r(multi, nmulti, sizeof(uint32_t), cmp_chunk_sets, &x);
+    qsort_r(multi, nmulti, sizeof(uint32_t), cmp_chunk_sets, x);
     for (uint32_t i = 0; i < nmulti; i++) {
         uint32_t c = multi[i];
-        if (i == 0 || !same_set(&x, multi[i - 1], c)) {
+        if (i == 0 || !same_set(x, multi[i - 1], c)) {
             wsync_nccl_group_t *ng = realloc(s->groups, (s->ngroups + 1) * sizeof(*ng));
             if (ng == NULL)
-                goto nomem;
+                goto out;
             s->groups = ng;
             wsync_nccl_group_t *g = &s->groups[s->ngroups++];
             memset(g, 0, sizeof(*g));
             g->sender = plan->chunks[c].sender;
-            g->nrecv = rstart[c + 1] - rstart[c];
+            g->nrecv = x->rstart[c + 1] - x->rstart[c];
             g->split = -1;
             g->recv = malloc(g->nrecv * sizeof(uint32_t));
             if (g->recv == NULL)
-                goto nomem;
-            memcpy(g->recv, rlist + rstart[c], g->nrecv * sizeof(uint32_t));
+                goto out;
+            memcpy(g->recv, x->rlist + x->rstart[c], g->nrecv * sizeof(uint32_t));
             g->whole = plan->nsenders == 1 && g->nrecv == plan->nreceivers;
             g->used = g->whole;
         }
-        chunk_group[c] = s->ngroups - 1;
+        x->chunk_group[c] = s->ngroups - 1;
         s->groups[s->ngroups - 1].bytes += chunk_bytes(&plan->chunks[c]);
     }
-    /* sub-communicators for the sets carrying the most bytes; numbered in group order */
-    cand = malloc(((size_t)s->ngroups + 1) * sizeof(uint32_t));
+    rc = 0;
+out:
+    free(multi);
+    return rc;
+}
+
+/* Sub-communicators for the max_splits groups carrying the most bytes (a group of every
+ * receiver of a lone sender needs none), numbered in group order. 0, or -1 out of memory. */
+static int pick_splits(wsync_nccl_sched_t *s, uint32_t max_splits)
+{
+    uint32_t ncand = 0;
+    uint32_t *cand = malloc(((size_t)s->ngroups + 1) * sizeof(uint32_t));
+    split_ctx_t sx = {s->groups};
+
     if (cand == NULL)
-        goto nomem;
-    {
-        uint32_t ncand = 0;
-        split_ctx_t sx = {s->groups};
-        for (uint32_t g = 0; g < s->ngroups; g++)
-            if (!s->groups[g].whole)
-                cand[ncand++] = g;
-        qsort_r(cand, ncand, sizeof(uint32_t), cmp_split, &sx);
-        for (uint32_t i = 0; i < ncand && i < max_splits; i++)
-            s->groups[cand[i]].used = 1;
-        for (uint32_t g = 0; g < s->ngroups; g++)
-            if (s->groups[g].used && !s->groups[g].whole)
-                s->groups[g].split = (int)s->nsplits++;
-    }
-    /* chunk ranges of each sender's buckets (chunks come by sender, bucket) */
-    sbase = calloc((size_t)plan->nsenders + 1, sizeof(uint32_t));
-    if (sbase == NULL)
-        goto nomem;
+        return -1;
+    for (uint32_t g = 0; g < s->ngroups; g++)
+        if (!s->groups[g].whole)
+            cand[ncand++] = g;
+    qsort_r(cand, ncand, sizeof(uint32_t), cmp_split, &sx);
+    for (uint32_t i = 0; i < ncand && i < max_splits; i++)
+        s->groups[cand[i]].used = 1;
+    for (uint32_t g = 0; g < s->ngroups; g++)
+        if (s->groups[g].used && !s->groups[g].whole)
+            s->groups[g].split = (int)s->nsplits++;
+    free(cand);
+    return 0;
+}
+
+/* The chunk range of each sender's buckets (the plan's chunks come by sender, then bucket) into
+ * x->sbase, x->cstart, x->nsb, and s->nsteps: the most buckets of any sender. 0, or -1. */
+static int bucket_ranges(sched_ctx_t *x, wsync_nccl_sched_t *s)
+{
+    const wsync_plan_t *plan = x->plan;
+    uint32_t c = 0;
+
+    x->sbase = calloc((size_t)plan->nsenders + 1, sizeof(uint32_t));
+    if (x->sbase == NULL)
+        return -1;
     for (uint32_t r = 0; r < plan->nsenders; r++) {
-        sbase[r + 1] = sbase[r] + plan->nbuckets[r];
+        x->sbase[r + 1] = x->sbase[r] + plan->nbuckets[r];
         s->nsteps = WSYNC_MAX(s->nsteps, plan->nbuckets[r]);
     }
-    nsb = sbase[plan->nsenders];
-    cstart = calloc((size_t)nsb + 1, sizeof(uint32_t));
+    x->nsb = x->sbase[plan->nsenders];
+    x->cstart = calloc((size_t)x->nsb + 1, sizeof(uint32_t));
+    if (x->cstart == NULL)
+        return -1;
+    for (uint32_t r = 0; r < plan->nsenders; r++)
+        for (uint32_t k = 0; k < plan->nbuckets[r]; k++) {
+            while (c < plan->nchunks && (plan->chunks[c].sender < r ||
+                                         (plan->chunks[c].sender == r && plan->chunks[c].bucket < k)))
+                c++;
+            x->cstart[x->sbase[r] + k] = c;
+        }
+    x->cstart[x->nsb] = plan->nchunks;
+    return 0;
+}
+
+/* The ops of every step, into b: step k is bucket k of each sender that has one; first the
+ * broadcasts of the groups in use, by group, then the rest as sends, by (sender, receiver).
+ * 0, or -1 out of memory. */
+static int emit_steps(const sched_ctx_t *x, builder_t *b, uint64_t direct_min)
+{
+    const wsync_plan_t *plan = x->plan;
+    const uint32_t nc = plan->nchunks;
+    wsync_nccl_sched_t *s = b->s;
+    uint32_t *list = malloc(((size_t)nc + 1) * sizeof(uint32_t));
+    uint32_t *small = malloc(((size_t)nc + 1) * sizeof(uint32_t));
+    pair_t *pairs = malloc(((size_t)x->rstart[nc] + 1) * sizeof(pair_t));
+    int rc = -1;
+
     s->step_op = calloc((size_t)s->nsteps + 1, sizeof(uint32_t));
-    small = malloc(((size_t)nc + 1) * sizeof(uint32_t));
-    pairs = malloc(((size_t)rstart[nc] + 1) * sizeof(pair_t));
-    if (cstart == NULL || s->step_op == NULL || small == NULL || pairs == NULL)
-        goto nomem;
-    {
-        uint32_t c = 0;
-        for (uint32_t r = 0; r < plan->nsenders; r++)
-            for (uint32_t k = 0; k < plan->nbuckets[r]; k++) {
-                while (c < nc && (plan->chunks[c].sender < r ||
-                                  (plan->chunks[c].sender == r && plan->chunks[c].bucket < k)))
-                    c++;
-                cstart[sbase[r] + k] = c;
-            }
-        cstart[nsb] = nc;
-    }
-#define CHUNKS_END(r, k) (sbase[r] + (k) + 1 < nsb ? cstart[sbase[r] + (k) + 1] : nc)
+    if (list == NULL || small == NULL || pairs == NULL || s->step_op == NULL)
+        goto out;
+#define CHUNKS_END(r, k) (x->sbase[r] + (k) + 1 < x->nsb ? x->cstart[x->sbase[r] + (k) + 1] : nc)
     for (uint32_t k = 0; k < s->nsteps; k++) {
         s->step_op[k] = s->nops;
         /* broadcasts, by group */
@@ -286,28 +328,28 @@ wsync_status_t wsync_nccl_sched_build(const wsync_plan_t *plan, uint64_t direct_
             uint32_t n = 0, r = gr->sender;
             if (!gr->used || k >= plan->nbuckets[r])
                 continue;
-            for (uint32_t c = cstart[sbase[r] + k]; c < CHUNKS_END(r, k); c++)
-                if (chunk_group[c] == g)
+            for (uint32_t c = x->cstart[x->sbase[r] + k]; c < CHUNKS_END(r, k); c++)
+                if (x->chunk_group[c] == g)
                     list[n++] = c;
-            emit_list(&b, plan, direct_min, WSYNC_NCCL_OP_BCAST, r, UINT32_MAX, g, list, n, small);
+            emit_list(b, plan, direct_min, WSYNC_NCCL_OP_BCAST, r, UINT32_MAX, g, list, n, small);
         }
         /* sends, by (sender, receiver) */
         for (uint32_t r = 0; r < plan->nsenders; r++) {
             uint32_t np = 0;
             if (k >= plan->nbuckets[r])
                 continue;
-            for (uint32_t c = cstart[sbase[r] + k]; c < CHUNKS_END(r, k); c++) {
-                if (chunk_group[c] != UINT32_MAX && s->groups[chunk_group[c]].used)
+            for (uint32_t c = x->cstart[x->sbase[r] + k]; c < CHUNKS_END(r, k); c++) {
+                if (x->chunk_group[c] != UINT32_MAX && s->groups[x->chunk_group[c]].used)
                     continue;
-                for (uint32_t i = rstart[c]; i < rstart[c + 1]; i++)
-                    pairs[np++] = (pair_t){rlist[i], c};
+                for (uint32_t i = x->rstart[c]; i < x->rstart[c + 1]; i++)
+                    pairs[np++] = (pair_t){x->rlist[i], c};
             }
             qsort(pairs, np, sizeof(pair_t), cmp_pair);
             for (uint32_t i = 0; i < np;) {
                 uint32_t j = i, n = 0;
                 while (j < np && pairs[j].receiver == pairs[i].receiver)
                     list[n++] = pairs[j++].chunk;
-                emit_list(&b, plan, direct_min, WSYNC_NCCL_OP_P2P, r, pairs[i].receiver,
+                emit_list(b, plan, direct_min, WSYNC_NCCL_OP_P2P, r, pairs[i].receiver,
                           UINT32_MAX, list, n, small);
                 i = j;
             }
@@ -315,26 +357,36 @@ wsync_status_t wsync_nccl_sched_build(const wsync_plan_t *plan, uint64_t direct_
     }
 #undef CHUNKS_END
     s->step_op[s->nsteps] = s->nops;
-    if (b.err)
-        goto nomem;
-    *out = s;
-    s = NULL;
-    goto out;
-nomem:
-    st = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for the schedule (%u chunks)", nc);
+    rc = b->err ? -1 : 0;
 out:
-    wsync_nccl_sched_free(s);
-    free(rstart);
-    free(chunk_group);
-    free(rlist);
-    free(multi);
-    free(cstart);
-    free(sbase);
     free(list);
     free(small);
-    free(cand);
     free(pairs);
-    free(rch);
+    return rc;
+}
+
+wsync_status_t wsync_nccl_sched_build(const wsync_plan_t *plan, uint64_t direct_min,
+                                      uint32_t max_splits, wsync_nccl_sched_t **out)
+{
+    wsync_nccl_sched_t *s = calloc(1, sizeof(*s));
+    sched_ctx_t x = {.plan = plan};
+    builder_t b = {s, 0, 0, 0};
+    wsync_status_t st = WSYNC_OK;
+
+    if (s == NULL || chunk_receivers(&x) != 0 || find_groups(&x, s) != 0 ||
+        pick_splits(s, max_splits) != 0 || bucket_ranges(&x, s) != 0 ||
+        emit_steps(&x, &b, direct_min) != 0) {
+        st = wsync_err(WSYNC_ERR_NOMEM, "nccl: no memory for the schedule (%u chunks)",
+                       plan->nchunks);
+        wsync_nccl_sched_free(s);
+    } else {
+        *out = s;
+    }
+    free(x.rstart);
+    free(x.rlist);
+    free(x.chunk_group);
+    free(x.sbase);
+    free(x.cstart);
     return st;
 }
 
