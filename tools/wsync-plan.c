@@ -836,6 +836,74 @@ static wsync_status_t fused_shards(const wsync_param_t *fp, size_t nfp, int s, i
     return WSYNC_OK;
 }
 
+/* Each sender's shards (--sender-layout) and each engine rank's targets (--tp, --ep, --quant)
+ * into l; *nsh, *ntg: their counts (the targets of one replica). 0, or 1 with the error printed. */
+static int make_layouts(const options_t *o, const wsync_model_config_t *cfg,
+                        wsync_quant_scheme_t qs, layouts_t *l, size_t *nsh, size_t *ntg)
+{
+    const int per = engine_size(o);
+    wsync_param_t *fused = NULL;
+    size_t nfused = 0;
+
+    *nsh = *ntg = 0;
+    l->shards = calloc((size_t)o->senders, sizeof(*l->shards));
+    l->nshards = calloc((size_t)o->senders, sizeof(*l->nshards));
+    l->targets = calloc((size_t)per, sizeof(*l->targets));
+    l->ntargets = calloc((size_t)per, sizeof(*l->ntargets));
+    if (!l->shards || !l->nshards || !l->targets || !l->ntargets) {
+        fprintf(stderr, PROG ": out of memory\n");
+        goto fail;
+    }
+    if (strcmp(o->sender_layout, "fused") == 0 &&
+        wsync_model_fused_params(cfg, (wsync_dtype_t)0, &fused, &nfused) != WSYNC_OK) {
+        fprintf(stderr, PROG ": --sender-layout fused: %s\n", wsync_last_error());
+        goto fail;
+    }
+    for (int s = 0; s < o->senders; s++) {
+        wsync_status_t st;
+        if (strcmp(o->sender_layout, "ep") == 0)
+            st = wsync_layout_ep_shards(cfg, (wsync_dtype_t)0, s, o->senders, 0, &l->shards[s],
+                                        &l->nshards[s]);
+        else if (strcmp(o->sender_layout, "fused") == 0)
+            st = fused_shards(fused, nfused, s, o->senders, &l->shards[s], &l->nshards[s]);
+        else
+            st = wsync_layout_fsdp_shards(cfg, (wsync_dtype_t)0, s, o->senders, &l->shards[s],
+                                          &l->nshards[s]);
+        if (st != WSYNC_OK) {
+            fprintf(stderr, PROG ": --senders %d (--sender-layout %s): %s\n", o->senders,
+                    o->sender_layout, wsync_last_error());
+            goto fail;
+        }
+        *nsh += l->nshards[s];
+    }
+    wsync_model_params_free(fused, nfused);   /* the shards own copies of the names */
+    fused = NULL;
+    nfused = 0;
+    wsync_tp_options_t topt = WSYNC_TP_OPTIONS_INIT;
+    topt.quant.scheme = qs;
+    if (qs == WSYNC_QUANT_BLOCK)
+        topt.quant.block_rows = topt.quant.block_cols = (int)o->fp8_block;
+    topt.vocab_pad = o->vocab_pad;
+    for (int r = 0; r < per; r++) {
+        /* with --ep, layout r is EP rank r: TP rank r % T of its attention group */
+        topt.ep_size = o->ep;
+        topt.ep_rank = o->ep ? r : 0;
+        if (wsync_layout_tp_targets(cfg, r % o->tp, o->tp, &topt, &l->targets[r],
+                                    &l->ntargets[r]) != WSYNC_OK) {
+            if (o->ep)
+                fprintf(stderr, PROG ": --tp %d --ep %d: %s\n", o->tp, o->ep, wsync_last_error());
+            else
+                fprintf(stderr, PROG ": --tp %d: %s\n", o->tp, wsync_last_error());
+            goto fail;
+        }
+        *ntg += l->ntargets[r];
+    }
+    return 0;
+fail:
+    wsync_model_params_free(fused, nfused);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     options_t o = {NULL, 0, 0, 1, 0, "fsdp", "none", 128, 1, 64, 256.0, 400.0, 0, 0};
@@ -858,8 +926,8 @@ int main(int argc, char **argv)
     }
 
     layouts_t l = {0};
-    wsync_param_t *params = NULL, *fused = NULL;
-    size_t nparams = 0, nfused = 0;
+    wsync_param_t *params = NULL;
+    size_t nparams = 0;
     wsync_shard_t *shards = NULL;
     wsync_target_t *targets = NULL;
     int *shard_sender = NULL, *target_receiver = NULL;
@@ -884,59 +952,9 @@ int main(int argc, char **argv)
     }
 
     double t0 = now_s(CLOCK_MONOTONIC);
-    l.shards = calloc((size_t)o.senders, sizeof(*l.shards));
-    l.nshards = calloc((size_t)o.senders, sizeof(*l.nshards));
-    l.targets = calloc((size_t)per, sizeof(*l.targets));
-    l.ntargets = calloc((size_t)per, sizeof(*l.ntargets));
-    if (!l.shards || !l.nshards || !l.targets || !l.ntargets) {
-        fprintf(stderr, PROG ": out of memory\n");
-        goto out;
-    }
     size_t nsh = 0, ntg = 0;
-    if (strcmp(o.sender_layout, "fused") == 0 &&
-        wsync_model_fused_params(&cfg, (wsync_dtype_t)0, &fused, &nfused) != WSYNC_OK) {
-        fprintf(stderr, PROG ": --sender-layout fused: %s\n", wsync_last_error());
+    if (make_layouts(&o, &cfg, qs, &l, &nsh, &ntg) != 0)
         goto out;
-    }
-    for (int s = 0; s < o.senders; s++) {
-        wsync_status_t st;
-        if (strcmp(o.sender_layout, "ep") == 0)
-            st = wsync_layout_ep_shards(&cfg, (wsync_dtype_t)0, s, o.senders, 0, &l.shards[s],
-                                        &l.nshards[s]);
-        else if (strcmp(o.sender_layout, "fused") == 0)
-            st = fused_shards(fused, nfused, s, o.senders, &l.shards[s], &l.nshards[s]);
-        else
-            st = wsync_layout_fsdp_shards(&cfg, (wsync_dtype_t)0, s, o.senders, &l.shards[s],
-                                          &l.nshards[s]);
-        if (st != WSYNC_OK) {
-            fprintf(stderr, PROG ": --senders %d (--sender-layout %s): %s\n", o.senders,
-                    o.sender_layout, wsync_last_error());
-            goto out;
-        }
-        nsh += l.nshards[s];
-    }
-    wsync_model_params_free(fused, nfused);   /* the shards own copies of the names */
-    fused = NULL;
-    nfused = 0;
-    wsync_tp_options_t topt = WSYNC_TP_OPTIONS_INIT;
-    topt.quant.scheme = qs;
-    if (qs == WSYNC_QUANT_BLOCK)
-        topt.quant.block_rows = topt.quant.block_cols = (int)o.fp8_block;
-    topt.vocab_pad = o.vocab_pad;
-    for (int r = 0; r < per; r++) {
-        /* with --ep, layout r is EP rank r: TP rank r % T of its attention group */
-        topt.ep_size = o.ep;
-        topt.ep_rank = o.ep ? r : 0;
-        if (wsync_layout_tp_targets(&cfg, r % o.tp, o.tp, &topt, &l.targets[r],
-                                    &l.ntargets[r]) != WSYNC_OK) {
-            if (o.ep)
-                fprintf(stderr, PROG ": --tp %d --ep %d: %s\n", o.tp, o.ep, wsync_last_error());
-            else
-                fprintf(stderr, PROG ": --tp %d: %s\n", o.tp, wsync_last_error());
-            goto out;
-        }
-        ntg += l.ntargets[r];
-    }
     ntg *= (size_t)o.replicas;
 
     /* flat arrays of shallow copies; the layouts keep ownership of names and pieces */
@@ -1016,7 +1034,6 @@ out:
     free(targets);
     free(target_receiver);
     layouts_free(&l, &o);
-    wsync_model_params_free(fused, nfused);
     wsync_model_params_free(params, nparams);
     return rc;
 }
