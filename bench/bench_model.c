@@ -850,13 +850,105 @@ static int add_shards(const model_t *m, int rank, wsync_sender_t *sender, void *
     return 0;
 }
 
+/* The block that holds sender `rank`'s shards, `bytes` of them: CUDA memory on its GPU, or host
+ * memory from ctx (registered for the transports). 0, or 1 with the error printed. */
+static int alloc_shard_block(const model_t *m, wsync_ctx_t *ctx, const char *who, size_t bytes,
+                             char **block)
+{
+    const bench_opts_t *o = m->o;
+
+    if (o->mem_cuda) {
+        /* rounded up to 2 MiB as a caching allocator's segments are (PyTorch's): a colocated
+         * receiver reads an odd-sized allocation up to a quarter slower (transports/cuda_ipc.c
+         * warn_odd_size); WSYNC_BENCH_ALLOC_ROUND=N rounds to N bytes instead, 1 not at all */
+        const char *ar = getenv("WSYNC_BENCH_ALLOC_ROUND");
+        char *end = NULL;
+        unsigned long long round = (unsigned long long)2 << 20;
+        if (ar != NULL) {
+            errno = 0;
+            round = strtoull(ar, &end, 10);
+            if (errno != 0 || end == ar || *end != '\0' || ar[0] == '-' || round == 0 ||
+                round > ((unsigned long long)1 << 40)) {
+                fprintf(stderr, PROG ": %s: WSYNC_BENCH_ALLOC_ROUND='%s': expected a number of "
+                        "bytes in [1, 2^40] to round the shards' allocation up to (1: exact)\n",
+                        who, ar);
+                return 1;
+            }
+        }
+        if (bcuda_malloc((void **)block, (bytes + round - 1) / round * round) != 0)
+            return 1;
+    } else if (wsync_mem_alloc(ctx, bytes ? bytes : ALIGN, (void **)block) != WSYNC_OK) {
+        fprintf(stderr, PROG ": %s: wsync_mem_alloc(%zu) failed: %s\n", who, bytes,
+                wsync_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+/* Versions 1 .. warm-up + iters pushed by sender `rank`, each made first (--delta: the
+ * masters stepped and the codec timed) and started with every sender's, the times and push stats
+ * into m->sh. 0, or 1 (or a wsync status' exit code) with the error printed. */
+static int push_versions(model_t *m, int rank, wsync_sender_t *sender, bench_delta_tx_t *dtx,
+                         char *block, void **data, const char *who)
+{
+    const bench_opts_t *o = m->o;
+    model_shared_t *shp = m->sh;
+    const int total = o->warmup + o->iters;
+    wsync_status_t st;
+
+    for (int v = 1; v <= total; v++) {
+        if (o->delta && v > 1) {
+            /* every receiver checked v - 1 (so no fetch of it is still timed): step, outside
+             * the timed region, then the codec's figures on what the step made */
+            bench_wait_at_least(&shp->d.checked[v - 1], m->NR);
+            double a = bench_now_s();
+            uint64_t ch = bench_delta_tx_step(dtx, block, (uint64_t)v);
+            if (ch == UINT64_MAX)
+                return 1;
+            shp->d.changed[v - 1][rank] = ch;
+            shp->d.update_s[v - 1][rank] = bench_now_s() - a;
+            if (bench_delta_tx_codec(dtx, block, rank, (uint64_t)v, &shp->d) != 0)
+                return 1;
+        } else if (v > 1 && write_stripes(m, rank, data, (uint64_t)v) != 0) {
+            return 1;
+        }
+        if (o->store && v > 1) /* no snapshot copy overlaps a timed fetch */
+            bench_wait_at_least(&shp->fetched[v - 1], m->NR);
+        bench_count_up(&shp->arrived[v]);
+        bench_wait_at_least(&shp->arrived[v], m->N);
+        double a = bench_now_s();
+        st = wsync_sender_push(sender, (uint64_t)v);
+        double dt = bench_now_s() - a;
+        if (st != WSYNC_OK) {
+            char call[64];
+            snprintf(call, sizeof(call), "wsync_sender_push(version %d)", v);
+            return bench_wsync_failed(who, call, st);
+        }
+        shp->push_s[v - 1][rank] = dt;
+        if (o->delta) {
+            wsync_push_stats_t ps;
+            if ((st = wsync_sender_stats(sender, &ps)) != WSYNC_OK)
+                return bench_wsync_failed(who, "wsync_sender_stats", st);
+            shp->d.wire[v - 1][rank] = ps.bytes_wire;
+            shp->d.encoded[v - 1][rank] = ps.bytes_encoded;
+            shp->d.plain[v - 1][rank] = ps.bytes_plain;
+            shp->d.base[v - 1][rank] = ps.base_version;
+        }
+        bench_count_up(&shp->pushed[v]);
+        if (rank == 0)
+            fprintf(stderr, PROG ": push %d/%d %s %.4f s (sender 0)\n", v, total,
+                    v > o->warmup ? "timed " : "warmup", dt);
+    }
+    return 0;
+}
+
 static int run_sender(model_t *m, int rank)
 {
     const bench_opts_t *o = m->o;
     model_shared_t *shp = m->sh;
     char who[32];
     snprintf(who, sizeof(who), "sender %d", rank);
-    int rc = 1, total = o->warmup + o->iters;
+    int rc = 1;
     wsync_ctx_t *ctx = NULL;
     wsync_sender_t *sender = NULL;
     wsync_status_t st;
@@ -883,31 +975,8 @@ static int run_sender(model_t *m, int rank)
         rc = bench_wsync_failed(who, "wsync_ctx_create", st);
         goto out;
     }
-    if (o->mem_cuda) {
-        /* rounded up to 2 MiB as a caching allocator's segments are (PyTorch's): a colocated
-         * receiver reads an odd-sized allocation up to a quarter slower (transports/cuda_ipc.c
-         * warn_odd_size); WSYNC_BENCH_ALLOC_ROUND=N rounds to N bytes instead, 1 not at all */
-        const char *ar = getenv("WSYNC_BENCH_ALLOC_ROUND");
-        char *end = NULL;
-        unsigned long long round = (unsigned long long)2 << 20;
-        if (ar != NULL) {
-            errno = 0;
-            round = strtoull(ar, &end, 10);
-            if (errno != 0 || end == ar || *end != '\0' || ar[0] == '-' || round == 0 ||
-                round > ((unsigned long long)1 << 40)) {
-                fprintf(stderr, PROG ": %s: WSYNC_BENCH_ALLOC_ROUND='%s': expected a number of "
-                        "bytes in [1, 2^40] to round the shards' allocation up to (1: exact)\n",
-                        who, ar);
-                goto out;
-            }
-        }
-        if (bcuda_malloc((void **)&block, (bytes + round - 1) / round * round) != 0)
-            goto out;
-    } else if (wsync_mem_alloc(ctx, bytes ? bytes : ALIGN, (void **)&block) != WSYNC_OK) {
-        fprintf(stderr, PROG ": %s: wsync_mem_alloc(%zu) failed: %s\n", who, bytes,
-                wsync_last_error());
+    if (alloc_shard_block(m, ctx, who, bytes, &block) != 0)
         goto out;
-    }
 
     /* the coordinator listens first, so that the others connect while weights are made */
     wsync_sender_params_t sp = sender_params(m, rank);
@@ -949,52 +1018,8 @@ static int run_sender(model_t *m, int rank)
                         strstr(wsync_sender_explain(sender), "FP8 on the wire: off") != NULL;
     }
 
-    for (int v = 1; v <= total; v++) {
-        if (o->delta && v > 1) {
-            /* every receiver checked v - 1 (so no fetch of it is still timed): step, outside
-             * the timed region, then the codec's figures on what the step made */
-            bench_wait_at_least(&shp->d.checked[v - 1], m->NR);
-            double a = bench_now_s();
-            uint64_t ch = bench_delta_tx_step(dtx, block, (uint64_t)v);
-            if (ch == UINT64_MAX)
-                goto out;
-            shp->d.changed[v - 1][rank] = ch;
-            shp->d.update_s[v - 1][rank] = bench_now_s() - a;
-            if (bench_delta_tx_codec(dtx, block, rank, (uint64_t)v, &shp->d) != 0)
-                goto out;
-        } else if (v > 1 && write_stripes(m, rank, data, (uint64_t)v) != 0) {
-            goto out;
-        }
-        if (o->store && v > 1) /* no snapshot copy overlaps a timed fetch */
-            bench_wait_at_least(&shp->fetched[v - 1], m->NR);
-        bench_count_up(&shp->arrived[v]);
-        bench_wait_at_least(&shp->arrived[v], m->N);
-        double a = bench_now_s();
-        st = wsync_sender_push(sender, (uint64_t)v);
-        double dt = bench_now_s() - a;
-        if (st != WSYNC_OK) {
-            char call[64];
-            snprintf(call, sizeof(call), "wsync_sender_push(version %d)", v);
-            rc = bench_wsync_failed(who, call, st);
-            goto out;
-        }
-        shp->push_s[v - 1][rank] = dt;
-        if (o->delta) {
-            wsync_push_stats_t ps;
-            if ((st = wsync_sender_stats(sender, &ps)) != WSYNC_OK) {
-                rc = bench_wsync_failed(who, "wsync_sender_stats", st);
-                goto out;
-            }
-            shp->d.wire[v - 1][rank] = ps.bytes_wire;
-            shp->d.encoded[v - 1][rank] = ps.bytes_encoded;
-            shp->d.plain[v - 1][rank] = ps.bytes_plain;
-            shp->d.base[v - 1][rank] = ps.base_version;
-        }
-        bench_count_up(&shp->pushed[v]);
-        if (rank == 0)
-            fprintf(stderr, PROG ": push %d/%d %s %.4f s (sender 0)\n", v, total,
-                    v > o->warmup ? "timed " : "warmup", dt);
-    }
+    if ((rc = push_versions(m, rank, sender, dtx, block, data, who)) != 0)
+        goto out;
     if (o->store) /* the store lives in the senders: stay until every receiver has left */
         bench_wait_at_least(&shp->receivers_done, m->NR);
     rc = 0;
