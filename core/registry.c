@@ -176,6 +176,7 @@ wsync_status_t wsync_negotiate_probed(const wsync_group_info_t *g, const char *c
     uint32_t n = g->nsenders + g->nreceivers, partial = 0;
     wsync_status_t st = wsync_negotiate(g, choice, chosen, explain, len);
     char first_error[2048];
+    char want_refused[1024] = "";   /* the asked-for scheme's reason when refused either way */
 
     for (uint32_t i = 0; i < n; i++)
         partial += wsync_scheme_transports(probe_member(g, i)->scheme) != all;
@@ -220,6 +221,8 @@ wsync_status_t wsync_negotiate_probed(const wsync_group_info_t *g, const char *c
             /* refused either way: g2's reason, which holds whatever was probed (g's may name a
              * transport some participant never looked for as one it lacks) */
             w = snprintf(out + used, len - used, "%s: refused: %s\n", s->name, reason);
+            if (choice != NULL && strcmp(choice, s->name) == 0)
+                snprintf(want_refused, sizeof(want_refused), "%s", reason);
         } else {
             w = snprintf(out + used, len - used, "%.*s", (int)llen, line);
         }
@@ -235,6 +238,9 @@ wsync_status_t wsync_negotiate_probed(const wsync_group_info_t *g, const char *c
                        reason);
     } else if (st != WSYNC_OK && (choice == NULL || strcmp(choice, "auto") == 0)) {
         st = wsync_err(st, "no scheme can serve this group:\n%s", explain);
+    } else if (st != WSYNC_OK && want_refused[0] != '\0') {
+        st = wsync_err(st, "scheme '%s' was asked for but cannot serve this group: %s", choice,
+                       want_refused);
     } else if (st != WSYNC_OK) {
         st = wsync_err_set_text(st, first_error);   /* as wsync_negotiate said it, prefix and all */
     }

@@ -206,8 +206,8 @@ static void test_explain_tells_unprobed_from_missing(void)
         cu.h[i].transports |= bit("nccl");
     const wsync_scheme_ops_t *nccl = wsync_scheme_find("nccl");
     char shared[1024];
-    int nccl_known = nccl->score(&cu.g, shared, sizeof(shared)) == 0 &&
-                     strstr(shared, "NCCL allows one rank per GPU") != NULL;
+    CHECK(nccl->score(&cu.g, shared, sizeof(shared)) == 0);
+    CHECK_MSG(strstr(shared, "NCCL allows one rank per GPU") != NULL, "'%s'", shared);
     group_make(&gr, "ipc", "ipc");
     gr.g.mem_kinds = cu.g.mem_kinds;
     gr.g.sender_gpu = one_gpu;
@@ -216,13 +216,21 @@ static void test_explain_tells_unprobed_from_missing(void)
         gr.h[i].transports |= bit("cuda_ipc");
     CHECK_OK(wsync_negotiate_probed(&gr.g, "ipc", &c2, b, sizeof(b)));
     explain_line(b, "nccl", line, sizeof(line));
-    if (nccl_known) {
-        snprintf(plain, sizeof(plain), "nccl: refused: %s", shared);
-        CHECK_MSG(strcmp(line, plain) == 0, "nccl's line '%s', want '%s'", line, plain);
-        CHECK_MSG(strstr(line, "sender 0 and receiver 0 share GPU") != NULL, "'%s'", line);
-    } else {
-        printf("  (no NCCL in this build: its line for a shared GPU untested: %s)\n", shared);
-    }
+    snprintf(plain, sizeof(plain), "nccl: refused: %s", shared);
+    CHECK_MSG(strcmp(line, plain) == 0, "nccl's line '%s', want '%s'", line, plain);
+    CHECK_MSG(strstr(line, "sender 0 and receiver 0 share GPU") != NULL, "'%s'", line);
+    /* the sender asks for nccl (and probed it), the receivers asked for ipc: the error names
+     * the shared GPU too, not NCCL missing where nobody looked */
+    group_make(&gr, "nccl", "ipc");
+    gr.g.mem_kinds = cu.g.mem_kinds;
+    gr.g.sender_gpu = one_gpu;
+    gr.g.receiver_gpu = one_gpu + 1;
+    gr.h[0].transports |= bit("nccl");
+    CHECK_ST(wsync_negotiate_probed(&gr.g, "nccl", &c2, b, sizeof(b)), WSYNC_ERR_UNSUPPORTED);
+    snprintf(plain, sizeof(plain), "operation not supported: scheme 'nccl' was asked for but "
+             "cannot serve this group: %s", shared);
+    CHECK_MSG(strcmp(wsync_last_error(), plain) == 0, "'%s', want '%s'", wsync_last_error(),
+              plain);
 
     /* a receiver that probed everything and lacks UCX and libfabric: lacking, not unprobed */
     group_make(&gr, "ipc", NULL);
