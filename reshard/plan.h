@@ -244,6 +244,9 @@ wsync_status_t wsync_plan_flatten(const wsync_plan_t *plan, wsync_segment_t **se
  * a sender, whose chunks are one range, reads of each receiver's lists without expanding them. */
 void wsync_plan_list_range(const wsync_plan_t *plan, uint32_t l, uint32_t c0, uint32_t c1,
                            uint32_t *a, uint32_t *b);
+/* Sender s's buckets in the plan's chunk order (by sender, then bucket): bucket k is chunks
+ * [start[k], start[k + 1]) for k < plan->nbuckets[s]; start has nbuckets[s] + 1 entries. */
+void wsync_plan_bucket_chunks(const wsync_plan_t *plan, uint32_t s, uint32_t *start);
 /* The distinct chunks in [c0, c1) receiver r takes, ascending, into *buf (grown with realloc,
  * *cap elements), *n of them: a sender's view of one receiver (its chunks are one range). */
 wsync_status_t wsync_plan_rx_chunks(const wsync_plan_t *plan, uint32_t r, uint32_t c0,

@@ -542,6 +542,24 @@ void wsync_plan_list_range(const wsync_plan_t *plan, uint32_t l, uint32_t c0, ui
     *b = e;
 }
 
+void wsync_plan_bucket_chunks(const wsync_plan_t *plan, uint32_t s, uint32_t *start)
+{
+    uint32_t lo = 0, hi = plan->nchunks;
+
+    while (lo < hi) {                /* the first chunk of a sender >= s */
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (plan->chunks[mid].sender < s)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (uint32_t k = 0; k <= plan->nbuckets[s]; k++) {
+        while (lo < plan->nchunks && plan->chunks[lo].sender == s && plan->chunks[lo].bucket < k)
+            lo++;
+        start[k] = lo;
+    }
+}
+
 static int cmp_u32(const void *a, const void *b)
 {
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;

@@ -371,16 +371,10 @@ static wsync_status_t wire_schedule(wsync_sender_t *s, ipc_sender_t *st, uint32_
 static void sender_schedule(wsync_sender_t *s, ipc_sender_t *st, uint32_t *c0, uint32_t *expected)
 {
     const wsync_plan_t *plan = s->m.plan;
-    uint32_t me = (uint32_t)s->m.rank, nr = plan->nreceivers, c;
+    uint32_t me = (uint32_t)s->m.rank, nr = plan->nreceivers;
 
-    for (c = 0; c < plan->nchunks && plan->chunks[c].sender < me; c++)
-        ;
-    *c0 = c;
-    for (uint32_t k = 0; k <= st->nbuckets; k++) {
-        while (c < plan->nchunks && plan->chunks[c].sender == me && plan->chunks[c].bucket < k)
-            c++;
-        st->chunk_start[k] = c;
-    }
+    wsync_plan_bucket_chunks(plan, me, st->chunk_start);
+    *c0 = st->chunk_start[0];
     for (uint32_t rv = 0; rv < nr; rv++)
         for (uint32_t k = plan->ref0[rv]; k < plan->ref0[rv + 1]; k++) {
             uint32_t a, b;
@@ -710,16 +704,10 @@ static void sender_ranges(wsync_receiver_t *r, ipc_receiver_t *st)
     const wsync_plan_t *plan = r->m.plan;
     /* segments are ordered by (receiver, chunk) and chunks by (sender, bucket): ours form one
      * run, grouped by sender and bucket */
-    uint32_t i = 0, c = 0, hi = r->m.nsegs;
+    uint32_t i = 0, hi = r->m.nsegs;
     for (uint32_t s = 0; s < st->nsenders; s++) {
         ipc_from_t *f = &st->from[s];
-        while (c < plan->nchunks && plan->chunks[c].sender < s)
-            c++;
-        for (uint32_t k = 0; k <= f->nbuckets; k++) {
-            while (c < plan->nchunks && plan->chunks[c].sender == s && plan->chunks[c].bucket < k)
-                c++;
-            f->chunk_start[k] = c;
-        }
+        wsync_plan_bucket_chunks(plan, s, f->chunk_start);
         while (i < hi && plan->chunks[r->m.segs[i].chunk].sender < s)
             i++;
         for (uint32_t k = 0; k <= f->nbuckets; k++) {

@@ -21,8 +21,8 @@ typedef struct {
     const wsync_plan_t *plan;
     uint32_t *rstart, *rlist;  /* distinct receivers of chunk c: rlist[rstart[c]..[c+1]) */
     uint32_t *chunk_group;     /* [nchunks] chunk c's broadcast group, UINT32_MAX for none */
-    uint32_t *sbase, *cstart;  /* sender r's bucket k: chunks from cstart[sbase[r] + k] */
-    uint32_t nsb;              /* buckets of all senders */
+    /* sender r's bucket k: chunks [cstart[sbase[r] + k], cstart[sbase[r] + k + 1]) */
+    uint32_t *sbase, *cstart;
 } sched_ctx_t;
 
 static int cmp_chunk_sets(const void *a, const void *b, void *arg)
@@ -274,32 +274,24 @@ static int pick_splits(wsync_nccl_sched_t *s, uint32_t max_splits)
     return 0;
 }
 
-/* The chunk range of each sender's buckets (the plan's chunks come by sender, then bucket) into
- * x->sbase, x->cstart, x->nsb, and s->nsteps: the most buckets of any sender. 0, or -1. */
+/* The chunk range of each sender's buckets into x->sbase, x->cstart (wsync_plan_bucket_chunks,
+ * nbuckets + 1 entries a sender), and s->nsteps: the most buckets of any sender. 0, or -1. */
 static int bucket_ranges(sched_ctx_t *x, wsync_nccl_sched_t *s)
 {
     const wsync_plan_t *plan = x->plan;
-    uint32_t c = 0;
 
     x->sbase = calloc((size_t)plan->nsenders + 1, sizeof(uint32_t));
     if (x->sbase == NULL)
         return -1;
     for (uint32_t r = 0; r < plan->nsenders; r++) {
-        x->sbase[r + 1] = x->sbase[r] + plan->nbuckets[r];
+        x->sbase[r + 1] = x->sbase[r] + plan->nbuckets[r] + 1;
         s->nsteps = WSYNC_MAX(s->nsteps, plan->nbuckets[r]);
     }
-    x->nsb = x->sbase[plan->nsenders];
-    x->cstart = calloc((size_t)x->nsb + 1, sizeof(uint32_t));
+    x->cstart = calloc((size_t)x->sbase[plan->nsenders] + 1, sizeof(uint32_t));
     if (x->cstart == NULL)
         return -1;
     for (uint32_t r = 0; r < plan->nsenders; r++)
-        for (uint32_t k = 0; k < plan->nbuckets[r]; k++) {
-            while (c < plan->nchunks && (plan->chunks[c].sender < r ||
-                                         (plan->chunks[c].sender == r && plan->chunks[c].bucket < k)))
-                c++;
-            x->cstart[x->sbase[r] + k] = c;
-        }
-    x->cstart[x->nsb] = plan->nchunks;
+        wsync_plan_bucket_chunks(plan, r, x->cstart + x->sbase[r]);
     return 0;
 }
 
@@ -319,7 +311,6 @@ static int emit_steps(const sched_ctx_t *x, builder_t *b, uint64_t direct_min)
     s->step_op = calloc((size_t)s->nsteps + 1, sizeof(uint32_t));
     if (list == NULL || small == NULL || pairs == NULL || s->step_op == NULL)
         goto out;
-#define CHUNKS_END(r, k) (x->sbase[r] + (k) + 1 < x->nsb ? x->cstart[x->sbase[r] + (k) + 1] : nc)
     for (uint32_t k = 0; k < s->nsteps; k++) {
         s->step_op[k] = s->nops;
         /* broadcasts, by group */
@@ -328,7 +319,7 @@ static int emit_steps(const sched_ctx_t *x, builder_t *b, uint64_t direct_min)
             uint32_t n = 0, r = gr->sender;
             if (!gr->used || k >= plan->nbuckets[r])
                 continue;
-            for (uint32_t c = x->cstart[x->sbase[r] + k]; c < CHUNKS_END(r, k); c++)
+            for (uint32_t c = x->cstart[x->sbase[r] + k]; c < x->cstart[x->sbase[r] + k + 1]; c++)
                 if (x->chunk_group[c] == g)
                     list[n++] = c;
             emit_list(b, plan, direct_min, WSYNC_NCCL_OP_BCAST, r, UINT32_MAX, g, list, n, small);
@@ -338,7 +329,7 @@ static int emit_steps(const sched_ctx_t *x, builder_t *b, uint64_t direct_min)
             uint32_t np = 0;
             if (k >= plan->nbuckets[r])
                 continue;
-            for (uint32_t c = x->cstart[x->sbase[r] + k]; c < CHUNKS_END(r, k); c++) {
+            for (uint32_t c = x->cstart[x->sbase[r] + k]; c < x->cstart[x->sbase[r] + k + 1]; c++) {
                 if (x->chunk_group[c] != UINT32_MAX && s->groups[x->chunk_group[c]].used)
                     continue;
                 for (uint32_t i = x->rstart[c]; i < x->rstart[c + 1]; i++)
@@ -355,7 +346,6 @@ static int emit_steps(const sched_ctx_t *x, builder_t *b, uint64_t direct_min)
             }
         }
     }
-#undef CHUNKS_END
     s->step_op[s->nsteps] = s->nops;
     rc = b->err ? -1 : 0;
 out:

@@ -287,6 +287,24 @@ static void check_plan_shape(const wsync_plan_t *p)
             CHECK(p->bucket_used[base + b] > 0 && p->bucket_used[base + b] <= p->bucket_bytes);
         base += p->nbuckets[s];
     }
+    /* wsync_plan_bucket_chunks: each sender's bucket k is exactly its chunks of bucket k */
+    for (uint32_t s = 0; s < p->nsenders; s++) {
+        uint32_t *start = calloc(p->nbuckets[s] + 1, sizeof(uint32_t)), mine = 0;
+        if (start == NULL)
+            continue;
+        wsync_plan_bucket_chunks(p, s, start);
+        for (uint32_t i = 0; i < p->nchunks; i++) {
+            const wsync_chunk_t *c = &p->chunks[i];
+            if (c->sender != s)
+                continue;
+            mine++;
+            CHECK_MSG(start[c->bucket] <= i && i < start[c->bucket + 1],
+                      "sender %u: chunk %u (bucket %u) outside [%u, %u)", s, i, c->bucket,
+                      start[c->bucket], start[c->bucket + 1]);
+        }
+        CHECK(start[p->nbuckets[s]] - start[0] == mine);
+        free(start);
+    }
     wsync_segment_t *segs = NULL;
     CHECK_OK(wsync_plan_flatten(p, &segs));
     for (uint32_t i = 0; segs != NULL && i < p->nsegments; i++) {
