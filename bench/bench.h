@@ -53,6 +53,9 @@ typedef struct {
 double bench_now_s(void);
 /* Prints "wsync-bench: WHO: CALL failed: NAME (last error)"; returns 1. */
 int bench_wsync_failed(const char *who, const char *call, wsync_status_t st);
+/* Push version v, its seconds into *dt; 0, or 1 with the failure printed as bench_wsync_failed
+ * does ("wsync_sender_push(version V) failed"). */
+int bench_push(const char *who, wsync_sender_t *sender, int v, double *dt);
 /* Sleep (futex) until *word >= target; count_up adds one and wakes every waiter. */
 void bench_wait_at_least(atomic_int *word, int target);
 void bench_count_up(atomic_int *word);

@@ -916,14 +916,9 @@ static int push_versions(model_t *m, int rank, wsync_sender_t *sender, bench_del
             bench_wait_at_least(&shp->fetched[v - 1], m->NR);
         bench_count_up(&shp->arrived[v]);
         bench_wait_at_least(&shp->arrived[v], m->N);
-        double a = bench_now_s();
-        st = wsync_sender_push(sender, (uint64_t)v);
-        double dt = bench_now_s() - a;
-        if (st != WSYNC_OK) {
-            char call[64];
-            snprintf(call, sizeof(call), "wsync_sender_push(version %d)", v);
-            return bench_wsync_failed(who, call, st);
-        }
+        double dt;
+        if (bench_push(who, sender, v, &dt) != 0)
+            return 1;
         shp->push_s[v - 1][rank] = dt;
         if (o->delta) {
             wsync_push_stats_t ps;

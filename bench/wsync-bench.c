@@ -890,6 +890,19 @@ int bench_wsync_failed(const char *who, const char *call, wsync_status_t st)
     return 1;
 }
 
+int bench_push(const char *who, wsync_sender_t *sender, int v, double *dt)
+{
+    const double t0 = bench_now_s();
+    const wsync_status_t st = wsync_sender_push(sender, (uint64_t)v);
+    *dt = bench_now_s() - t0;
+    if (st != WSYNC_OK) {
+        char call[64];
+        snprintf(call, sizeof(call), "wsync_sender_push(version %d)", v);
+        return bench_wsync_failed(who, call, st);
+    }
+    return 0;
+}
+
 /* One target per param, one piece covering it, in `block` at the param's offset. */
 static int add_targets(const char *who, wsync_receiver_t *receiver, const bench_param_t *params,
                        int nparams, char *block)
@@ -1016,15 +1029,9 @@ static int run_sender(const bench_opts_t *o, const char *coordinator, int res_fd
 
     int total = o->warmup + o->iters;
     for (int v = 1; v <= total; v++) {
-        double t0 = bench_now_s();
-        st = wsync_sender_push(sender, (uint64_t)v);
-        double dt = bench_now_s() - t0;
-        if (st != WSYNC_OK) {
-            char call[64];
-            snprintf(call, sizeof(call), "wsync_sender_push(version %d)", v);
-            rc = bench_wsync_failed(who, call, st);
+        double dt;
+        if (bench_push(who, sender, v, &dt) != 0)
             goto out;
-        }
         int timed = v > o->warmup;
         fprintf(stderr, PROG ": push %d/%d %s %.4f s, %.3f GB/s per receiver\n", v, total,
                 timed ? "timed " : "warmup", dt, (double)o->bytes / dt / 1e9);
@@ -1370,15 +1377,9 @@ static int store_sender(const bench_opts_t *o, const char *coordinator, int res_
             bench_wait_at_least(&ss->fetched[v - 1], o->receivers);
         /* interleaved: version v after raw round v - 1 (its snapshot copy overlaps neither) */
         bench_wait_at_least(&ss->raw_done[v - 1], o->receivers);
-        double t0 = bench_now_s();
-        st = wsync_sender_push(sender, (uint64_t)v);
-        double dt = bench_now_s() - t0;
-        if (st != WSYNC_OK) {
-            char call[64];
-            snprintf(call, sizeof(call), "wsync_sender_push(version %d)", v);
-            rc = bench_wsync_failed(who, call, st);
+        double dt;
+        if (bench_push(who, sender, v, &dt) != 0)
             goto out;
-        }
         atomic_store_explicit(&shared->published, v, memory_order_release);
         bench_wake_all(&shared->published);
         int timed = v > o->warmup;
