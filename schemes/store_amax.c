@@ -17,6 +17,9 @@
 #define MEMBER_BYTES 40u             /* u32 sender, u32 shard, u64 off, rows, cols, pitch */
 #define SET_MIN_BYTES (8u + 24u + 4u + MEMBER_BYTES)
 #define PART_HDR 20u                 /* u64 version, u32 flags, u32 who, u32 count */
+/* A refusal carries, after its header (count 0), the refusing sender's own words: at most this
+ * many bytes of its error, so that every sender's error names the param and where */
+#define REFUSAL_TEXT_MAX 512u
 #define PART_REFUSED 1u              /* bits 8-15: the refusing sender's -wsync_status_t */
 #define POISON (-1.0f)               /* a set some sender cannot make: left to its readers */
 
@@ -451,7 +454,7 @@ int wsync_store_amax_due(const store_amax_t *a, uint64_t version)
 }
 
 static void part_encode(wsync_wbuf_t *b, uint64_t version, uint32_t flags, uint32_t who,
-                        const float *v, uint32_t n)
+                        const float *v, uint32_t n, const char *text)
 {
     wsync_put_u64(b, version);
     wsync_put_u32(b, flags);
@@ -459,6 +462,19 @@ static void part_encode(wsync_wbuf_t *b, uint64_t version, uint32_t flags, uint3
     wsync_put_u32(b, n);
     for (uint32_t k = 0; k < n; k++)
         wsync_put_u32(b, f32_bits(v[k]));
+    if (text != NULL)
+        wsync_put_bytes(b, text, strnlen(text, REFUSAL_TEXT_MAX));
+}
+
+/* This sender's refusal in its own words: the last error without its status prefix, into buf
+ * (REFUSAL_TEXT_MAX + 1 bytes). */
+static void refusal_text(wsync_status_t why, char *buf)
+{
+    const char *e = wsync_last_error(), *prefix = wsync_status_str(why);
+    size_t plen = strlen(prefix);
+    if (strncmp(e, prefix, plen) == 0 && e[plen] == ':' && e[plen + 1] == ' ')
+        e += plen + 2;
+    snprintf(buf, REFUSAL_TEXT_MAX + 1, "%s", e);
 }
 
 uint32_t wsync_store_amax_refused_flags(wsync_status_t why)
@@ -477,19 +493,24 @@ wsync_status_t wsync_store_amax_flags_status(uint32_t flags)
     return code ? (wsync_status_t)-(int)code : WSYNC_ERR_INTERNAL;
 }
 
-wsync_status_t wsync_store_amax_refusal(uint32_t who, wsync_status_t why)
+wsync_status_t wsync_store_amax_refusal(uint32_t who, wsync_status_t why, const char *text,
+                                        uint32_t tlen)
 {
+    const char *sep = tlen > 0 ? ": " : "";
     /* only a NaN or Inf is about the weights: a timeout or a device error is not */
     if (why == WSYNC_ERR_NONFINITE)
         return wsync_err(WSYNC_ERR_NONFINITE, "sender %u found a NaN or Inf in its part of a "
-                         "per-tensor target", who);
+                         "per-tensor target%s%.*s", who, sep, (int)tlen, tlen ? text : "");
     return wsync_err(WSYNC_ERR_ABORTED, "sender %u failed its part of the per-tensor amaxes: %s "
-                     "(%s)", who, wsync_status_name(why), wsync_status_str(why));
+                     "(%s)%s%.*s", who, wsync_status_name(why), wsync_status_str(why), sep,
+                     (int)tlen, tlen ? text : "");
 }
 
-/* A partial or agreed message of `version` from `from`: its flags, who, count and values. */
+/* A partial or agreed message of `version` from `from`: its flags, who, count and values; a
+ * refusal's text (no values) in *v, *tlen bytes. */
 static wsync_status_t part_decode(const wsync_relay_t *rl, uint64_t version, const char *from,
-                                  uint32_t *flags, uint32_t *who, uint32_t *n, const uint8_t **v)
+                                  uint32_t *flags, uint32_t *who, uint32_t *n, const uint8_t **v,
+                                  uint32_t *tlen)
 {
     wsync_rbuf_t rb;
     wsync_rbuf_init(&rb, rl->data, rl->len);
@@ -498,6 +519,15 @@ static wsync_status_t part_decode(const wsync_relay_t *rl, uint64_t version, con
     *who = wsync_get_u32(&rb);
     *n = wsync_get_u32(&rb);
     *v = rb.p;
+    *tlen = 0;
+    if (!rb.err && (*flags & PART_REFUSED) && *n == 0 &&
+        wsync_rbuf_left(&rb) <= REFUSAL_TEXT_MAX) {
+        *tlen = (uint32_t)wsync_rbuf_left(&rb);
+        return ver == version ? WSYNC_OK
+                              : wsync_err(WSYNC_ERR_PROTOCOL, "store: per-tensor amaxes from %s: "
+                                          "version %" PRIu64 "; expected version %" PRIu64,
+                                          from, ver, version);
+    }
     if (rb.err || ver != version || (uint64_t)*n * 4u != wsync_rbuf_left(&rb))
         return wsync_err(WSYNC_ERR_PROTOCOL, "store: per-tensor amaxes from %s: version %" PRIu64
                          ", %u values in %u bytes; expected version %" PRIu64, from, ver, *n,
@@ -591,13 +621,17 @@ static wsync_status_t agree_root(store_amax_t *a, wsync_member_t *m, uint64_t ve
     uint32_t due = a->nsenders - 1, who = 0;
     wsync_status_t st = WSYNC_OK;
     wsync_wbuf_t b;
+    char text[REFUSAL_TEXT_MAX + 1] = "";   /* the refusing sender's words */
+
+    if (refused != WSYNC_OK)
+        refusal_text(refused, text);
 
     if (heard == NULL)
         return wsync_err(WSYNC_ERR_NOMEM, "store: no memory");
     while (refused == WSYNC_OK && due > 0 && st == WSYNC_OK) {
         wsync_msg_t *msg = NULL;
         wsync_relay_t rl;
-        uint32_t flags, w, n;
+        uint32_t flags, w, n, tlen;
         const uint8_t *v;
         char from[32];
         st = recv_part(a, m, version, deadline_ms, defer, arg, &msg, &rl);
@@ -618,10 +652,11 @@ static wsync_status_t agree_root(store_amax_t *a, wsync_member_t *m, uint64_t ve
         if (heard[rl.rank])
             st = wsync_err(WSYNC_ERR_PROTOCOL, "per-tensor amaxes from %s twice", from);
         else
-            st = part_decode(&rl, version, from, &flags, &w, &n, &v);
+            st = part_decode(&rl, version, from, &flags, &w, &n, &v, &tlen);
         if (st == WSYNC_OK && (flags & PART_REFUSED)) {
             refused = wsync_store_amax_flags_status(flags);
             who = (uint32_t)rl.rank;
+            snprintf(text, sizeof(text), "%.*s", (int)tlen, (const char *)v);
         } else if (st == WSYNC_OK) {
             heard[rl.rank] = 1;
             due--;
@@ -639,11 +674,11 @@ static wsync_status_t agree_root(store_amax_t *a, wsync_member_t *m, uint64_t ve
         return st;
     wsync_wbuf_init(&b);
     part_encode(&b, version, wsync_store_amax_refused_flags(refused), who, acc,
-                refused != WSYNC_OK ? 0 : count);
+                refused != WSYNC_OK ? 0 : count, refused != WSYNC_OK ? text : NULL);
     st = send_all(a, m, refused != WSYNC_OK && who != 0 ? who : UINT32_MAX, &b);
     wsync_wbuf_free(&b);
     if (st == WSYNC_OK && refused != WSYNC_OK && who != 0)
-        st = wsync_store_amax_refusal(who, refused);
+        st = wsync_store_amax_refusal(who, refused, text, (uint32_t)strlen(text));
     if (st == WSYNC_OK && refused == WSYNC_OK)
         st = keep_agreed(a, version, acc, count);
     return st;
@@ -670,9 +705,12 @@ wsync_status_t wsync_store_amax_agree(store_amax_t *a, wsync_member_t *m, uint64
         free(acc);
         return st;
     }
+    char text[REFUSAL_TEXT_MAX + 1] = "";
+    if (refused != WSYNC_OK)
+        refusal_text(refused, text);
     wsync_wbuf_init(&b);
     part_encode(&b, version, wsync_store_amax_refused_flags(refused), (uint32_t)a->rank, part,
-                refused != WSYNC_OK ? 0 : nsets);
+                refused != WSYNC_OK ? 0 : nsets, refused != WSYNC_OK ? text : NULL);
     st = b.err ? wsync_err(WSYNC_ERR_NOMEM, "store: no memory")
                : wsync_member_relay_send(m, WSYNC_ROLE_SENDER, 0, STORE_AMAX_PART_TAG, b.data,
                                          (uint32_t)b.len);
@@ -681,16 +719,17 @@ wsync_status_t wsync_store_amax_agree(store_amax_t *a, wsync_member_t *m, uint64
         return st;
     wsync_msg_t *msg = NULL;
     wsync_relay_t rl;
-    uint32_t flags, who, n;
+    uint32_t flags, who, n, tlen;
     const uint8_t *v;
     st = recv_part(a, m, version, deadline_ms, defer, arg, &msg, &rl);
     if (st == WSYNC_ERR_TIMEOUT)
         return wsync_err(st, "no per-tensor amaxes from sender 0 by the version's deadline");
     if (st != WSYNC_OK)
         return st;
-    st = part_decode(&rl, version, "sender 0", &flags, &who, &n, &v);
+    st = part_decode(&rl, version, "sender 0", &flags, &who, &n, &v, &tlen);
     if (st == WSYNC_OK && (flags & PART_REFUSED))
-        st = wsync_store_amax_refusal(who, wsync_store_amax_flags_status(flags));
+        st = wsync_store_amax_refusal(who, wsync_store_amax_flags_status(flags), (const char *)v,
+                                      tlen);
     else if (st == WSYNC_OK && n > nsets)
         st = wsync_err(WSYNC_ERR_PROTOCOL, "sender 0 agreed on %u per-tensor sets; we reported "
                        "%u", n, nsets);

@@ -95,7 +95,7 @@ int wsync_store_amax_due(const store_amax_t *a, uint64_t version);
  * length when it computed them). On success the agreed amaxes are kept for
  * wsync_store_amax_agreed until the next exchange. `refused` (not WSYNC_OK: this sender could not
  * compute its partials, e.g. NONFINITE, NOMEM, DEVICE, TIMEOUT): tell sender 0 that status and
- * return at once. Relays of other tags that arrive meanwhile go to defer(arg, msg, rl), which owns
+ * the last error's words (which the caller leaves as its partials set it), and return at once. Relays of other tags that arrive meanwhile go to defer(arg, msg, rl), which owns
  * msg. A sender that refused fails the others as wsync_store_amax_refusal says; a sender silent
  * by deadline_ms is TIMEOUT naming it; a lost one fails the group (the coordinator's ABORT names
  * it). */
@@ -111,8 +111,11 @@ wsync_status_t wsync_store_amax_flags_status(uint32_t flags);
 /* What another sender returns when sender `who` refused with `why`: NONFINITE "sender N found a
  * NaN or Inf in its part of a per-tensor target" for NONFINITE only; any other status is ABORTED
  * naming the sender and that status (a timeout or a device error says nothing of the weights).
- * Sets the last error; returns the status. */
-wsync_status_t wsync_store_amax_refusal(uint32_t who, wsync_status_t why);
+ * Then ": " and the refusing sender's own words, text[0 .. tlen) (which param, where), when it
+ * sent them: whichever sender's failure reaches the coordinator first, the group's error says
+ * what was found. Sets the last error; returns the status. */
+wsync_status_t wsync_store_amax_refusal(uint32_t who, wsync_status_t why, const char *text,
+                                        uint32_t tlen);
 /* The agreed amax of the set keyed `key` for the version just agreed; 0 when it is not agreed. */
 int wsync_store_amax_agreed(const store_amax_t *a, uint64_t key, float *amax);
 

@@ -182,20 +182,30 @@ static void case_refusal(void)
         CHECK_MSG(flags != 0 && wsync_store_amax_flags_status(flags) == kinds[i], "%s: flags %x",
                   wsync_status_name(kinds[i]), flags);
     }
-    CHECK_ST(wsync_store_amax_refusal(1, WSYNC_ERR_NONFINITE), WSYNC_ERR_NONFINITE);
+    CHECK_ST(wsync_store_amax_refusal(1, WSYNC_ERR_NONFINITE, NULL, 0), WSYNC_ERR_NONFINITE);
     CHECK_ERR_HAS("sender 1 found a NaN or Inf in its part of a per-tensor target");
-    CHECK_ST(wsync_store_amax_refusal(2, WSYNC_ERR_TIMEOUT), WSYNC_ERR_ABORTED);
+    CHECK_ST(wsync_store_amax_refusal(2, WSYNC_ERR_TIMEOUT, NULL, 0), WSYNC_ERR_ABORTED);
     CHECK_ERR_HAS("sender 2 failed its part of the per-tensor amaxes: WSYNC_ERR_TIMEOUT "
                   "(deadline passed)");
     CHECK(strstr(wsync_last_error(), "NaN") == NULL);
-    CHECK_ST(wsync_store_amax_refusal(0, WSYNC_ERR_DEVICE), WSYNC_ERR_ABORTED);
+    CHECK_ST(wsync_store_amax_refusal(0, WSYNC_ERR_DEVICE, NULL, 0), WSYNC_ERR_ABORTED);
     CHECK_ERR_HAS("sender 0 failed its part of the per-tensor amaxes: WSYNC_ERR_DEVICE "
                   "(device (CUDA) error)");
     CHECK(strstr(wsync_last_error(), "NaN") == NULL);
-    CHECK_ST(wsync_store_amax_refusal(3, WSYNC_ERR_NOMEM), WSYNC_ERR_ABORTED);
+    CHECK_ST(wsync_store_amax_refusal(3, WSYNC_ERR_NOMEM, NULL, 0), WSYNC_ERR_ABORTED);
     CHECK_ERR_HAS("sender 3 failed its part of the per-tensor amaxes: WSYNC_ERR_NOMEM "
                   "(out of memory)");
     CHECK(strstr(wsync_last_error(), "NaN") == NULL);
+    /* with the refusing sender's words (tlen bytes of them, not NUL-terminated) */
+    static const char words[] = "sender 1: param 'w': NaN at row 2, column 7XXXX";
+    CHECK_ST(wsync_store_amax_refusal(1, WSYNC_ERR_NONFINITE, words, sizeof(words) - 5),
+             WSYNC_ERR_NONFINITE);
+    CHECK_ERR_HAS("sender 1 found a NaN or Inf in its part of a per-tensor target: sender 1: "
+                  "param 'w': NaN at row 2, column 7");
+    CHECK(strstr(wsync_last_error(), "XXXX") == NULL);
+    CHECK_ST(wsync_store_amax_refusal(2, WSYNC_ERR_TIMEOUT, "no answer", 9), WSYNC_ERR_ABORTED);
+    CHECK_ERR_HAS("sender 2 failed its part of the per-tensor amaxes: WSYNC_ERR_TIMEOUT "
+                  "(deadline passed): no answer");
 }
 
 /* The queue of kept relays gives them back in the order they came, past its first growth, and
